@@ -1,0 +1,333 @@
+/*
+ * Per-element and per-block quantization math shared by the CPU (scalar and
+ * SIMD) and CUDA code paths.  Everything here is `static inline` and marked
+ * for host and device so that the paths cannot drift apart.
+ *
+ * The rules implemented here are specified in docs/format.md; every
+ * arithmetic step is a single IEEE-754 binary32 operation rounded to
+ * nearest-even, with no fused multiply-add (build flags forbid contraction:
+ * -ffp-contract=off for C, --fmad=false for CUDA).
+ *
+ * Invariant: a function here never produces a code outside the documented
+ * range, whatever its input.
+ */
+#ifndef ZPP_KERNELS_QUANT_MATH_H
+#define ZPP_KERNELS_QUANT_MATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#if !defined(__CUDACC__)
+#include <string.h>
+#endif
+
+#if defined(__CUDACC__)
+#define ZPP_QM_HD __host__ __device__ __forceinline__
+#else
+#define ZPP_QM_HD inline
+#endif
+
+/* dtype ids: the same values as zpp_dtype_t in <zpp/zpp.h>. */
+enum { ZPP_QM_F32 = 0, ZPP_QM_F16 = 1, ZPP_QM_BF16 = 2 };
+
+/* How a block is encoded (docs/format.md, "Block parameters"). */
+enum {
+  ZPP_QM_KIND_MUL = 0,      /* q = rint(clamp(v * inv))                    */
+  ZPP_QM_KIND_DIV = 1,      /* q = rint(clamp(v / scale)): inv overflowed  */
+  ZPP_QM_KIND_CONST = 2,    /* every code 0 (all-zero or constant block)   */
+  ZPP_QM_KIND_NONFINITE = 3 /* every code 0, scale (and zero) NaN          */
+};
+
+#define ZPP_QM_ABS_MASK 0x7fffffffu
+#define ZPP_QM_EXP_MASK 0x7f800000u /* |x| bits >= this: Inf or NaN */
+#define ZPP_QM_QNAN_BITS 0x7fc00000u
+#define ZPP_QM_MIN_SUBNORMAL_BITS 0x00000001u /* 2^-149 */
+
+typedef struct {
+  float scale; /* stored in the block's metadata */
+  float zero;  /* asymmetric only: the block minimum, stored after scale */
+  float inv;   /* levels / range, used when kind == ZPP_QM_KIND_MUL */
+  float lo, hi; /* clamp bounds of the scaled value, as floats */
+  int kind;
+} zpp_qm_params_t;
+
+/* ---- bit casts --------------------------------------------------------- */
+
+static ZPP_QM_HD uint32_t zpp_qm_f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+static ZPP_QM_HD float zpp_qm_bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+/* ---- dtype conversions (exact to fp32; RNE from fp32) -------------------- */
+
+static ZPP_QM_HD float zpp_qm_bf16_to_f32(uint16_t h) {
+  return zpp_qm_bits_f32((uint32_t)h << 16);
+}
+
+/* Round to nearest even; NaN stays NaN (quietened, sign and top payload
+ * kept); overflow rounds to Inf as IEEE requires. */
+static ZPP_QM_HD uint16_t zpp_qm_f32_to_bf16(float f) {
+  uint32_t u = zpp_qm_f32_bits(f);
+  if ((u & ZPP_QM_ABS_MASK) > ZPP_QM_EXP_MASK)
+    return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static ZPP_QM_HD float zpp_qm_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {
+    /* subnormal half: normalise the mantissa */
+    uint32_t e = 113u;
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      e--;
+    }
+    u = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  }
+  return zpp_qm_bits_f32(u);
+}
+
+/* Round to nearest even, as the F16C instruction vcvtps2ph with imm 0
+ * does, including subnormal results and NaN quietening. */
+static ZPP_QM_HD uint16_t zpp_qm_f32_to_f16(float f) {
+  uint32_t u = zpp_qm_f32_bits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & ZPP_QM_ABS_MASK;
+  if (a > ZPP_QM_EXP_MASK) /* NaN */
+    return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) /* rounds to >= 65520: Inf */
+    return (uint16_t)(sign | 0x7c00u);
+  if (a >= 0x38800000u) { /* normal half: |f| >= 2^-14 */
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (r >> 13));
+  }
+  if (a < 0x33000001u) /* |f| <= 2^-25: rounds to zero */
+    return sign;
+  {
+    /* subnormal half: value = m * 2^-24 with m = a's significand shifted */
+    uint32_t e = a >> 23;
+    uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* in [14, 24] */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u)))
+      q++;
+    return (uint16_t)(sign | q);
+  }
+}
+
+/* Element i of a buffer of `dtype`.  Host code copies bytes, so buffers of
+ * any alignment are accepted; device buffers are naturally aligned. */
+static ZPP_QM_HD float zpp_qm_load(const void *p, size_t i, int dtype) {
+#if defined(__CUDA_ARCH__)
+  if (dtype == ZPP_QM_F32)
+    return ((const float *)p)[i];
+  if (dtype == ZPP_QM_BF16)
+    return zpp_qm_bf16_to_f32(((const uint16_t *)p)[i]);
+  return zpp_qm_f16_to_f32(((const uint16_t *)p)[i]);
+#else
+  if (dtype == ZPP_QM_F32) {
+    float f;
+    memcpy(&f, (const char *)p + 4 * i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    memcpy(&h, (const char *)p + 2 * i, 2);
+    return dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(h) : zpp_qm_f16_to_f32(h);
+  }
+#endif
+}
+
+static ZPP_QM_HD void zpp_qm_store(void *p, size_t i, int dtype, float v) {
+#if defined(__CUDA_ARCH__)
+  if (dtype == ZPP_QM_F32)
+    ((float *)p)[i] = v;
+  else if (dtype == ZPP_QM_BF16)
+    ((uint16_t *)p)[i] = zpp_qm_f32_to_bf16(v);
+  else
+    ((uint16_t *)p)[i] = zpp_qm_f32_to_f16(v);
+#else
+  if (dtype == ZPP_QM_F32) {
+    memcpy((char *)p + 4 * i, &v, 4);
+  } else {
+    uint16_t h =
+        dtype == ZPP_QM_BF16 ? zpp_qm_f32_to_bf16(v) : zpp_qm_f32_to_f16(v);
+    memcpy((char *)p + 2 * i, &h, 2);
+  }
+#endif
+}
+
+/* ---- format geometry ---------------------------------------------------- */
+
+/* Largest code of a symmetric width (127 or 7) and number of steps of an
+ * asymmetric one (255 or 15). */
+static ZPP_QM_HD int zpp_qm_sym_qmax(int bits) { return (1 << (bits - 1)) - 1; }
+static ZPP_QM_HD int zpp_qm_asym_levels(int bits) { return (1 << bits) - 1; }
+
+/* Bytes of metadata per block: fp32 scale, plus fp32 zero if asymmetric. */
+static ZPP_QM_HD size_t zpp_qm_meta_bytes(int asym) { return asym ? 8u : 4u; }
+
+/* Payload bytes of a block of `len` elements: every block starts on a byte
+ * boundary, so blocks can be encoded independently. */
+static ZPP_QM_HD size_t zpp_qm_payload_bytes(size_t len, int bits) {
+  return bits == 8 ? len : (len + 1u) / 2u;
+}
+
+/* ---- scalar rounding ---------------------------------------------------- */
+
+/* Round half to even of a float already clamped to |v| <= 255.  Adding and
+ * subtracting 1.5 * 2^23 rounds to an integer in the current (default,
+ * nearest-even) mode; the two operations cannot be contracted. */
+static ZPP_QM_HD float zpp_qm_rint_small(float v) {
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  const float magic = 12582912.0f; /* 1.5 * 2^23 */
+  float t = v + magic;
+  return t - magic;
+#endif
+}
+
+/* ---- block parameters --------------------------------------------------- */
+
+/* Symmetric: from the largest |x| of the block, as raw fp32 bits (an
+ * integer max over (bits & 0x7fffffff) is exact, order-free, and puts
+ * Inf and NaN above every finite value). */
+static ZPP_QM_HD zpp_qm_params_t zpp_qm_sym_params(uint32_t absmax_bits,
+                                                   int bits) {
+  zpp_qm_params_t p;
+  float qmax = (float)zpp_qm_sym_qmax(bits);
+  p.zero = 0.0f;
+  p.lo = -qmax;
+  p.hi = qmax;
+  p.inv = 0.0f;
+  if (absmax_bits >= ZPP_QM_EXP_MASK) {
+    p.kind = ZPP_QM_KIND_NONFINITE;
+    p.scale = zpp_qm_bits_f32(ZPP_QM_QNAN_BITS);
+    return p;
+  }
+  if (absmax_bits == 0) {
+    p.kind = ZPP_QM_KIND_CONST;
+    p.scale = 0.0f;
+    return p;
+  }
+  {
+    float absmax = zpp_qm_bits_f32(absmax_bits);
+    p.scale = absmax / qmax;
+    if (p.scale == 0.0f) /* underflow: the block is exact at 2^-149 */
+      p.scale = zpp_qm_bits_f32(ZPP_QM_MIN_SUBNORMAL_BITS);
+    p.inv = qmax / absmax;
+    p.kind = (zpp_qm_f32_bits(p.inv) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK
+                 ? ZPP_QM_KIND_DIV
+                 : ZPP_QM_KIND_MUL;
+  }
+  return p;
+}
+
+/* Asymmetric: from the block minimum and maximum (finite; +0 stands for
+ * both zeros) and whether the block holds a non-finite value. */
+static ZPP_QM_HD zpp_qm_params_t zpp_qm_asym_params(float mn, float mx,
+                                                    int nonfinite, int bits) {
+  zpp_qm_params_t p;
+  float levels = (float)zpp_qm_asym_levels(bits);
+  float range;
+  p.lo = 0.0f;
+  p.hi = levels;
+  p.inv = 0.0f;
+  mn = mn + 0.0f; /* -0 becomes +0, so both paths store the same zero */
+  range = nonfinite ? 0.0f : mx - mn;
+  if (nonfinite ||
+      (zpp_qm_f32_bits(range) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK) {
+    /* non-finite input, or a range beyond FLT_MAX (docs/format.md) */
+    p.kind = ZPP_QM_KIND_NONFINITE;
+    p.scale = zpp_qm_bits_f32(ZPP_QM_QNAN_BITS);
+    p.zero = p.scale;
+    return p;
+  }
+  p.zero = mn;
+  if (range == 0.0f) {
+    p.kind = ZPP_QM_KIND_CONST;
+    p.scale = 0.0f;
+    return p;
+  }
+  p.scale = range / levels;
+  if (p.scale == 0.0f)
+    p.scale = zpp_qm_bits_f32(ZPP_QM_MIN_SUBNORMAL_BITS);
+  p.inv = levels / range;
+  p.kind = (zpp_qm_f32_bits(p.inv) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK
+               ? ZPP_QM_KIND_DIV
+               : ZPP_QM_KIND_MUL;
+  return p;
+}
+
+/* ---- per element -------------------------------------------------------- */
+
+/* Code of one finite element; the caller turns it into the stored bits
+ * (two's complement for symmetric, unsigned for asymmetric). */
+static ZPP_QM_HD int zpp_qm_quantize(float x, const zpp_qm_params_t *p) {
+  float v;
+  if (p->kind >= ZPP_QM_KIND_CONST)
+    return 0;
+  v = x - p->zero; /* exact for symmetric (zero is +0) */
+  v = p->kind == ZPP_QM_KIND_MUL ? v * p->inv : v / p->scale;
+  v = v < p->lo ? p->lo : (v > p->hi ? p->hi : v);
+  return (int)zpp_qm_rint_small(v);
+}
+
+/* Decoded value of a code: zero + q * scale, two roundings (the device
+ * intrinsics are never fused into an FMA). */
+static ZPP_QM_HD float zpp_qm_dequantize(int q, float scale, float zero) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(zero, __fmul_rn((float)q, scale));
+#else
+  float prod = (float)q * scale;
+  return zero + prod;
+#endif
+}
+
+/* acc + v as one rounding; decode-accumulate adds the decoded value. */
+static ZPP_QM_HD float zpp_qm_add(float acc, float v) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(acc, v);
+#else
+  return acc + v;
+#endif
+}
+
+/* Stored bits of a code and back.  INT4 lives in a nibble. */
+static ZPP_QM_HD uint8_t zpp_qm_code_bits(int q) { return (uint8_t)(q & 0xff); }
+
+static ZPP_QM_HD int zpp_qm_code_value(uint32_t stored, int bits, int asym) {
+  if (asym)
+    return (int)stored;
+  if (bits == 8)
+    return (int)(int8_t)(uint8_t)stored;
+  return (int)((stored ^ 8u) & 0xfu) - 8;
+}
+
+#endif /* ZPP_KERNELS_QUANT_MATH_H */

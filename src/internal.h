@@ -1,0 +1,81 @@
+/*
+ * Internal helpers shared by the library's C files: error reporting,
+ * logging and settings.  Not installed.
+ */
+#ifndef ZPP_SRC_INTERNAL_H
+#define ZPP_SRC_INTERNAL_H
+
+#include <stdarg.h>
+#include <zpp/zpp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records a thread-local message "func: text" and returns `status`.
+ * Every error return of the library goes through here, so that
+ * zpp_get_last_error() always names the bad argument. */
+zpp_status_t zpp_error(zpp_status_t status, const char *func, const char *fmt,
+                       ...) __attribute__((format(printf, 3, 4)));
+void zpp_error_clear(void);
+
+/* The two check macros: return on error, and jump to a cleanup label. */
+#define ZPP_CHECK(call)                                                        \
+  do {                                                                         \
+    zpp_status_t zpp_check_st_ = (call);                                       \
+    if (zpp_check_st_ != ZPP_OK)                                               \
+      return zpp_check_st_;                                                    \
+  } while (0)
+
+#define ZPP_CHECK_GOTO(call, st, label)                                        \
+  do {                                                                         \
+    (st) = (call);                                                             \
+    if ((st) != ZPP_OK)                                                        \
+      goto label;                                                              \
+  } while (0)
+
+/* ---- logging: ZPP_DEBUG=WARN|INFO|TRACE, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE */
+typedef enum {
+  ZPP_LOG_NONE = 0,
+  ZPP_LOG_WARN = 1,
+  ZPP_LOG_INFO = 2,
+  ZPP_LOG_TRACE = 3
+} zpp_log_level_t;
+
+/* Subsystems, matched by name against ZPP_DEBUG_SUBSYS ("ALL" default). */
+#define ZPP_SUBSYS_INIT "INIT"
+#define ZPP_SUBSYS_QUANT "QUANT"
+#define ZPP_SUBSYS_TOPO "TOPO"
+#define ZPP_SUBSYS_NET "NET"
+#define ZPP_SUBSYS_COLL "COLL"
+
+int zpp_log_enabled(zpp_log_level_t level, const char *subsys);
+void zpp_log(zpp_log_level_t level, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The rank printed in log lines; -1 until a communicator sets it. */
+void zpp_log_set_rank(int rank);
+
+#define ZPP_WARN(subsys, ...) zpp_log(ZPP_LOG_WARN, subsys, __VA_ARGS__)
+#define ZPP_INFO(subsys, ...)                                                  \
+  do {                                                                         \
+    if (zpp_log_enabled(ZPP_LOG_INFO, subsys))                                 \
+      zpp_log(ZPP_LOG_INFO, subsys, __VA_ARGS__);                              \
+  } while (0)
+#define ZPP_TRACE(subsys, ...)                                                 \
+  do {                                                                         \
+    if (zpp_log_enabled(ZPP_LOG_TRACE, subsys))                                \
+      zpp_log(ZPP_LOG_TRACE, subsys, __VA_ARGS__);                             \
+  } while (0)
+
+/* ---- settings: one table (src/settings.c), read once ------------------- */
+/* Raw text of a setting ("" if unset and without default). */
+const char *zpp_setting(const char *name);
+/* Parsed values; a malformed value logs a warning and yields `def`. */
+long zpp_setting_long(const char *name, long def);
+double zpp_setting_double(const char *name, double def);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_INTERNAL_H */

@@ -1,0 +1,313 @@
+/*
+ * Public block-quantizer API: argument checks, then the CPU path chosen at
+ * run time (kernels/quant/quant_cpu.h) or the CUDA launchers.
+ */
+#include "internal.h"
+#include "quant_cpu.h"
+#include "quant_math.h"
+#if ZPP_HAVE_CUDA_KERNELS
+#include "quant_cuda.h"
+#endif
+
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+static zpp_status_t config_check(const char *func,
+                                 const zpp_quant_config_t *cfg) {
+  if (cfg == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
+  if (cfg->struct_size < sizeof(zpp_quant_config_t))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->struct_size %zu: must be sizeof(zpp_quant_config_t) "
+                     "(%zu); initialise with ZPP_QUANT_CONFIG_INIT",
+                     cfg->struct_size, sizeof(zpp_quant_config_t));
+  if (cfg->bits != 8 && cfg->bits != 4)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->bits %d: must be 8 or 4", cfg->bits);
+  if (cfg->block_size < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->block_size 0: must be >= 1");
+  if (cfg->mode != ZPP_QUANT_SYMMETRIC && cfg->mode != ZPP_QUANT_ASYMMETRIC)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->mode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
+                     "ZPP_QUANT_ASYMMETRIC (1)",
+                     (int)cfg->mode);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_config_check(const zpp_quant_config_t *cfg) {
+  return config_check(__func__, cfg);
+}
+
+/* Validates cfg (reporting under `func`) and normalises it. */
+static zpp_status_t to_qcfg(const char *func, const zpp_quant_config_t *cfg,
+                            zpp_qcfg_t *q) {
+  ZPP_CHECK(config_check(func, cfg));
+  q->bits = cfg->bits;
+  q->asym = cfg->mode == ZPP_QUANT_ASYMMETRIC;
+  q->block = cfg->block_size;
+  return ZPP_OK;
+}
+
+static zpp_status_t check_dtype(const char *func, const char *what,
+                                zpp_dtype_t dtype) {
+  if (zpp_dtype_size(dtype) == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
+                     what, (int)dtype);
+  return ZPP_OK;
+}
+
+static zpp_status_t size_of(const char *func, const zpp_qcfg_t *q,
+                            size_t count, size_t *bytes) {
+  int overflow;
+  *bytes = zpp_quant_bytes(q, count, &overflow);
+  if (overflow)
+    return zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: encoded size overflows size_t", count);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_encoded_size(const zpp_quant_config_t *cfg,
+                                    size_t count, size_t *bytes) {
+  zpp_qcfg_t q;
+  size_t b;
+  ZPP_CHECK(to_qcfg(__func__, cfg, &q));
+  if (bytes == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "bytes is NULL");
+  ZPP_CHECK(size_of(__func__, &q, count, &b));
+  *bytes = b;
+  return ZPP_OK;
+}
+
+/* Common checks of encode: config, dtype, pointers, sizes. */
+static zpp_status_t encode_args(const char *func, const zpp_quant_config_t *cfg,
+                                zpp_dtype_t dtype, const void *src,
+                                size_t count, const void *dst,
+                                size_t dst_bytes, zpp_qcfg_t *q) {
+  size_t need;
+  ZPP_CHECK(to_qcfg(func, cfg, q));
+  ZPP_CHECK(check_dtype(func, "dtype", dtype));
+  if (count > SIZE_MAX / zpp_dtype_size(dtype))
+    return zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: input bytes overflow size_t", count);
+  ZPP_CHECK(size_of(func, q, count, &need));
+  if (count == 0)
+    return ZPP_OK;
+  if (src == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "src is NULL (count %zu)",
+                     count);
+  if (dst == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "dst is NULL (count %zu)",
+                     count);
+  if (dst_bytes < need)
+    return zpp_error(ZPP_ERR_BUFFER_TOO_SMALL, func,
+                     "dst_bytes %zu: %zu elements need %zu bytes", dst_bytes,
+                     count, need);
+  return ZPP_OK;
+}
+
+static zpp_status_t decode_args(const char *func, const zpp_quant_config_t *cfg,
+                                const void *src, size_t src_bytes,
+                                size_t count, int out_kind, const void *dst,
+                                zpp_qcfg_t *q) {
+  size_t need;
+  ZPP_CHECK(to_qcfg(func, cfg, q));
+  if (out_kind != ZPP_QM_OUT_ACC) {
+    ZPP_CHECK(check_dtype(func, "dtype", (zpp_dtype_t)out_kind));
+    if (count > SIZE_MAX / zpp_dtype_size((zpp_dtype_t)out_kind))
+      return zpp_error(ZPP_ERR_OVERFLOW, func,
+                       "count %zu: output bytes overflow size_t", count);
+  } else if (count > SIZE_MAX / sizeof(float)) {
+    return zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: output bytes overflow size_t", count);
+  }
+  ZPP_CHECK(size_of(func, q, count, &need));
+  if (count == 0)
+    return ZPP_OK;
+  if (src == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "src is NULL (count %zu)",
+                     count);
+  if (dst == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL (count %zu)",
+                     out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst", count);
+  if (src_bytes < need)
+    return zpp_error(ZPP_ERR_BUFFER_TOO_SMALL, func,
+                     "src_bytes %zu: %zu elements need %zu bytes", src_bytes,
+                     count, need);
+  return ZPP_OK;
+}
+
+/* ---- CPU path selection ------------------------------------------------- */
+
+static const zpp_quant_cpu_ops_t scalar_ops = {
+    "scalar", zpp_quant_encode_scalar, zpp_quant_decode_scalar};
+
+const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_named(const char *name) {
+  if (strcasecmp(name, "scalar") == 0)
+    return &scalar_ops;
+  if (strcasecmp(name, "avx2") == 0)
+    return zpp_quant_cpu_ops_avx2();
+  if (strcasecmp(name, "avx512") == 0)
+    return zpp_quant_cpu_ops_avx512();
+  return NULL;
+}
+
+static pthread_once_t ops_once = PTHREAD_ONCE_INIT;
+static const zpp_quant_cpu_ops_t *ops_in_use;
+
+static void ops_select(void) {
+  const char *want = zpp_setting("ZPP_CPU_ISA");
+  const zpp_quant_cpu_ops_t *best = zpp_quant_cpu_ops_avx512();
+  if (best == NULL)
+    best = zpp_quant_cpu_ops_avx2();
+  if (best == NULL)
+    best = &scalar_ops;
+  ops_in_use = best;
+  if (want[0] != '\0' && strcasecmp(want, "auto") != 0) {
+    const zpp_quant_cpu_ops_t *o = zpp_quant_cpu_ops_named(want);
+    if (o != NULL)
+      ops_in_use = o;
+    else
+      ZPP_WARN(ZPP_SUBSYS_QUANT,
+               "ZPP_CPU_ISA=%s: not built in or not supported by this CPU; "
+               "using %s",
+               want, best->name);
+  }
+  ZPP_INFO(ZPP_SUBSYS_QUANT, "CPU quantizer path: %s", ops_in_use->name);
+}
+
+const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops(void) {
+  pthread_once(&ops_once, ops_select);
+  return ops_in_use;
+}
+
+const char *zpp_quant_cpu_isa(void) { return zpp_quant_cpu_ops()->name; }
+
+/* ---- host API ------------------------------------------------------------ */
+
+zpp_status_t zpp_quant_encode(const zpp_quant_config_t *cfg, zpp_dtype_t dtype,
+                              const void *src, size_t count, void *dst,
+                              size_t dst_bytes) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(encode_args(__func__, cfg, dtype, src, count, dst, dst_bytes, &q));
+  if (count > 0)
+    zpp_quant_cpu_ops()->encode(&q, (int)dtype, src, count, (uint8_t *)dst);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_decode(const zpp_quant_config_t *cfg, const void *src,
+                              size_t src_bytes, size_t count,
+                              zpp_dtype_t dtype, void *dst) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
+                        &q));
+  if (count > 0)
+    zpp_quant_cpu_ops()->decode(&q, (const uint8_t *)src, count, (int)dtype,
+                                dst);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_decode_accumulate(const zpp_quant_config_t *cfg,
+                                         const void *src, size_t src_bytes,
+                                         size_t count, float *acc) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, ZPP_QM_OUT_ACC,
+                        acc, &q));
+  if (count > 0)
+    zpp_quant_cpu_ops()->decode(&q, (const uint8_t *)src, count,
+                                ZPP_QM_OUT_ACC, acc);
+  return ZPP_OK;
+}
+
+/* ---- device API ---------------------------------------------------------- */
+
+#if ZPP_HAVE_CUDA_KERNELS
+int zpp_cuda_available(void) { return zpp_quant_cuda_device_ok(); }
+
+static zpp_status_t device_ptr(const char *func, const char *what,
+                               const void *p) {
+  char err[256];
+  if (!zpp_quant_cuda_is_device_ptr(p, err, sizeof err))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s %p: not device memory (%s)", what, p, err);
+  return ZPP_OK;
+}
+
+static zpp_status_t need_device(const char *func) {
+  if (!zpp_quant_cuda_device_ok())
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "no usable CUDA device (no driver, or no GPU)");
+  return ZPP_OK;
+}
+#else
+int zpp_cuda_available(void) { return 0; }
+
+static zpp_status_t need_device(const char *func) {
+  return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                   "zpp was built without CUDA (ZPP_WITH_CUDA=OFF or no nvcc)");
+}
+#endif
+
+zpp_status_t zpp_quant_encode_device(const zpp_quant_config_t *cfg,
+                                     zpp_dtype_t dtype, const void *src,
+                                     size_t count, void *dst, size_t dst_bytes,
+                                     zpp_stream_t stream) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(encode_args(__func__, cfg, dtype, src, count, dst, dst_bytes, &q));
+  ZPP_CHECK(need_device(__func__));
+#if ZPP_HAVE_CUDA_KERNELS
+  if (count > 0) {
+    char err[256];
+    ZPP_CHECK(device_ptr(__func__, "src", src));
+    ZPP_CHECK(device_ptr(__func__, "dst", dst));
+    if (zpp_quant_cuda_encode(&q, (int)dtype, src, count, (uint8_t *)dst,
+                              stream, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err);
+  }
+#else
+  (void)stream;
+#endif
+  return ZPP_OK;
+}
+
+static zpp_status_t decode_device(const char *func,
+                                  const zpp_quant_config_t *cfg,
+                                  const void *src, size_t src_bytes,
+                                  size_t count, int out_kind, void *dst,
+                                  zpp_stream_t stream) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(decode_args(func, cfg, src, src_bytes, count, out_kind, dst, &q));
+  ZPP_CHECK(need_device(func));
+#if ZPP_HAVE_CUDA_KERNELS
+  if (count > 0) {
+    char err[256];
+    ZPP_CHECK(device_ptr(func, "src", src));
+    ZPP_CHECK(device_ptr(func, out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst", dst));
+    if (zpp_quant_cuda_decode(&q, (const uint8_t *)src, count, out_kind, dst,
+                              stream, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, func, "%s", err);
+  }
+#else
+  (void)stream;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_decode_device(const zpp_quant_config_t *cfg,
+                                     const void *src, size_t src_bytes,
+                                     size_t count, zpp_dtype_t dtype,
+                                     void *dst, zpp_stream_t stream) {
+  return decode_device(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
+                       stream);
+}
+
+zpp_status_t zpp_quant_decode_accumulate_device(const zpp_quant_config_t *cfg,
+                                                const void *src,
+                                                size_t src_bytes, size_t count,
+                                                float *acc,
+                                                zpp_stream_t stream) {
+  return decode_device(__func__, cfg, src, src_bytes, count, ZPP_QM_OUT_ACC,
+                       acc, stream);
+}

@@ -1,0 +1,133 @@
+/*
+ * Every ZPP_* environment variable in one table: name, default, help.
+ * Values are read once, on first use, into the table; zpp_settings_print
+ * shows them all (tools expose it as --print-settings).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char *name;
+  const char *def;
+  const char *help;
+  const char *value; /* environment, else def */
+  int from_env;
+} zpp_setting_t;
+
+static zpp_setting_t settings[] = {
+    {"ZPP_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE", NULL, 0},
+    {"ZPP_DEBUG_SUBSYS", "ALL",
+     "comma list of subsystems to log: INIT,QUANT,TOPO,NET,COLL or ALL", NULL,
+     0},
+    {"ZPP_DEBUG_FILE", "",
+     "log to this file instead of stderr; %h host and %p pid are expanded",
+     NULL, 0},
+    {"ZPP_CPU_ISA", "auto",
+     "CPU quantizer path: auto, scalar, avx2 or avx512", NULL, 0},
+    {"ZPP_TOPO", "",
+     "emulated topology: NxM (N nodes of M ranks) or a rank-to-node list "
+     "such as 0,0,0,1,1; empty: discover",
+     NULL, 0},
+    {"ZPP_TIMEOUT_S", "300",
+     "seconds a collective may wait before its communicator is aborted", NULL,
+     0},
+    {"ZPP_EMU_INTER_GBIT", "0",
+     "emulated inter-node bandwidth in Gbit/s per rank (0: not emulated)",
+     NULL, 0},
+    {"ZPP_EMU_INTER_LAT_US", "0",
+     "emulated inter-node latency per transfer in microseconds", NULL, 0},
+    {"ZPP_CHECK", "0",
+     "1: collectives verify that all ranks passed the same lengths and "
+     "configs (one extra small all-gather per call)",
+     NULL, 0},
+};
+
+#define NSETTINGS (sizeof settings / sizeof settings[0])
+
+static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
+
+static void settings_load(void) {
+  size_t i;
+  for (i = 0; i < NSETTINGS; i++) {
+    const char *env = getenv(settings[i].name);
+    settings[i].from_env = env != NULL;
+    settings[i].value = env != NULL ? env : settings[i].def;
+  }
+}
+
+static zpp_setting_t *find(const char *name) {
+  size_t i;
+  pthread_once(&settings_once, settings_load);
+  for (i = 0; i < NSETTINGS; i++)
+    if (strcmp(settings[i].name, name) == 0)
+      return &settings[i];
+  return NULL;
+}
+
+const char *zpp_setting(const char *name) {
+  zpp_setting_t *s = find(name);
+  return s != NULL ? s->value : "";
+}
+
+long zpp_setting_long(const char *name, long def) {
+  const char *v = zpp_setting(name);
+  char *end;
+  long r;
+  if (v[0] == '\0')
+    return def;
+  errno = 0;
+  r = strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0') {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "%s=\"%s\" is not an integer; using %ld", name,
+             v, def);
+    return def;
+  }
+  return r;
+}
+
+double zpp_setting_double(const char *name, double def) {
+  const char *v = zpp_setting(name);
+  char *end;
+  double r;
+  if (v[0] == '\0')
+    return def;
+  errno = 0;
+  r = strtod(v, &end);
+  if (errno != 0 || *end != '\0') {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "%s=\"%s\" is not a number; using %g", name, v,
+             def);
+    return def;
+  }
+  return r;
+}
+
+zpp_status_t zpp_settings_print(FILE *out) {
+  size_t i;
+  if (out == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
+  pthread_once(&settings_once, settings_load);
+  for (i = 0; i < NSETTINGS; i++)
+    fprintf(out, "%-22s = %-10s (%s; default \"%s\") %s\n", settings[i].name,
+            settings[i].value[0] ? settings[i].value : "\"\"",
+            settings[i].from_env ? "from environment" : "default",
+            settings[i].def, settings[i].help);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_settings_get(const char *name, const char **value) {
+  zpp_setting_t *s;
+  if (name == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "name is NULL");
+  if (value == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "value is NULL");
+  s = find(name);
+  if (s == NULL)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "name \"%s\": not a zpp setting", name);
+  *value = s->value;
+  return ZPP_OK;
+}

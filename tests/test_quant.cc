@@ -1,0 +1,648 @@
+// Tests of the block quantizer on the CPU: the format rules of
+// docs/format.md checked against an independent float64 reference, every
+// SIMD path against the scalar reference bit for bit, and every bad
+// argument against its documented status code.
+//
+// Seed: ZPP_TEST_SEED (default 20261129); it is printed by every test that
+// draws random data.
+#include <gtest/gtest.h>
+
+#include <zpp/zpp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "quant_cpu.h"
+#include "quant_math.h"
+}
+
+namespace {
+
+uint64_t test_seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+std::mt19937_64 seeded_rng(const char *what, uint64_t salt = 0) {
+  uint64_t seed = test_seed();
+  std::printf("[ seed ] %s: ZPP_TEST_SEED=%llu (salt %llu)\n", what,
+              (unsigned long long)seed, (unsigned long long)salt);
+  return std::mt19937_64(seed * 1000003ull + salt);
+}
+
+// ---- independent conversions (float64 based) ------------------------------
+
+float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Round a double to the nearest value with `mant` explicit mantissa bits and
+// minimum normal exponent `emin` (IEEE formats): ties to even, via exact
+// scaling with ldexp.  Overflow handling is the caller's.
+double round_to_format(double x, int mant, int emin) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e;
+  std::frexp(std::fabs(x), &e);  // |x| = m * 2^e, m in [0.5, 1)
+  int exp = std::max(e - 1, emin);
+  double ulp = std::ldexp(1.0, exp - mant);
+  double q = x / ulp;  // exact: power-of-two scaling
+  double r = std::nearbyint(q);  // default mode: ties to even
+  return r * ulp;
+}
+
+float bf16_to_float(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+float half_to_float(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  double v;
+  if (exp == 31) return man ? NAN : (sign ? -INFINITY : INFINITY);
+  if (exp == 0) v = std::ldexp((double)man, -24);
+  else v = std::ldexp(1024.0 + man, exp - 25);
+  return (float)(sign ? -v : v);
+}
+
+// A float made representable in `dtype`, so that the test's float64 view
+// equals what the library reads.
+float representable(float x, zpp_dtype_t dt) {
+  if (dt == ZPP_FLOAT32) return x;
+  if (dt == ZPP_BFLOAT16) return (float)round_to_format(x, 7, -126);
+  double r = round_to_format(x, 10, -14);
+  if (std::fabs(r) > 65504.0) r = std::copysign(65504.0, r);
+  return (float)r;
+}
+
+void put(std::vector<uint8_t> &buf, zpp_dtype_t dt, size_t i, float v) {
+  if (dt == ZPP_FLOAT32) {
+    std::memcpy(&buf[4 * i], &v, 4);
+    return;
+  }
+  uint16_t h = dt == ZPP_BFLOAT16 ? (uint16_t)(bits_of(v) >> 16)
+                                  : zpp_qm_f32_to_f16(v);  // v is exact
+  std::memcpy(&buf[2 * i], &h, 2);
+}
+
+float get(const uint8_t *buf, zpp_dtype_t dt, size_t i) {
+  if (dt == ZPP_FLOAT32) {
+    float f;
+    std::memcpy(&f, buf + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, buf + 2 * i, 2);
+  return dt == ZPP_BFLOAT16 ? bf16_to_float(h) : half_to_float(h);
+}
+
+zpp_quant_config_t make_cfg(int bits, size_t block, bool asym) {
+  zpp_quant_config_t c = ZPP_QUANT_CONFIG_INIT;
+  c.bits = bits;
+  c.block_size = block;
+  c.mode = asym ? ZPP_QUANT_ASYMMETRIC : ZPP_QUANT_SYMMETRIC;
+  return c;
+}
+
+// Independent size formula (docs/format.md, "Layout").
+size_t expected_size(int bits, size_t block, bool asym, size_t n) {
+  if (n == 0) return 0;
+  size_t nb = (n + block - 1) / block;
+  size_t tail = n - (nb - 1) * block;
+  auto pay = [&](size_t len) { return bits == 8 ? len : (len + 1) / 2; };
+  return nb * (asym ? 8 : 4) + (nb - 1) * pay(block) + pay(tail);
+}
+
+std::vector<float> draw(std::mt19937_64 &rng, size_t n, zpp_dtype_t dt,
+                        int dist) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(-3.0f, 3.0f);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; i++) {
+    float v = dist == 0 ? normal(rng) : uni(rng) + 0.5f;  // 1: shifted
+    x[i] = representable(v, dt);
+  }
+  return x;
+}
+
+std::vector<uint8_t> to_bytes(const std::vector<float> &x, zpp_dtype_t dt) {
+  std::vector<uint8_t> b(x.size() * zpp_dtype_size(dt) + 1);
+  for (size_t i = 0; i < x.size(); i++) put(b, dt, i, x[i]);
+  return b;
+}
+
+// Half a unit in the last place of the output format at |v|, plus the
+// smallest subnormal step of that format: the rounding of the final store.
+double store_err(double v, zpp_dtype_t dt) {
+  v = std::fabs(v);
+  if (dt == ZPP_FLOAT32) return 0;  // fp32 roundings are in the main bound
+  if (dt == ZPP_BFLOAT16) return v * std::ldexp(1.0, -8) + std::ldexp(1.0, -133);
+  return v * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+}
+
+// Checks the decoded values of one encoded buffer against x, block by
+// block, with the bound of docs/format.md ("Error bound"):
+//   |x_hat - x| <= scale * (1/2 + 2^-12) + 2^-22 * (|x| + range) + 2^-149
+// plus the store rounding of fp16/bf16 output.  Also checks the stored
+// scale against the rule scale = fl(range / levels).
+void check_block_bounds(const std::vector<float> &x, const uint8_t *enc,
+                        const uint8_t *out, zpp_dtype_t dt, int bits,
+                        size_t block, bool asym, const std::string &ctx) {
+  size_t n = x.size();
+  size_t nb = (n + block - 1) / block;
+  size_t meta = asym ? 8 : 4;
+  int bad = 0;
+  for (size_t b = 0; b < nb && bad < 5; b++) {
+    size_t off = b * block, len = std::min(block, n - off);
+    double mn = INFINITY, mx = -INFINITY, amax = 0;
+    for (size_t i = 0; i < len; i++) {
+      double v = x[off + i];
+      mn = std::min(mn, v);
+      mx = std::max(mx, v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    double range = asym ? mx - mn : amax;
+    float scale;
+    std::memcpy(&scale, enc + b * meta, 4);
+    float levels = asym ? (float)((1 << bits) - 1) : (float)((1 << (bits - 1)) - 1);
+    float want = range == 0 ? 0.0f : (float)range / levels;
+    if (range != 0 && want == 0) want = f32_from_bits(1);
+    if (scale != want) {
+      ADD_FAILURE() << ctx << " block " << b << ": scale " << scale
+                    << " != fl(range/levels) " << want;
+      bad++;
+    }
+    if (asym) {
+      float zero;
+      std::memcpy(&zero, enc + b * meta + 4, 4);
+      if (zero != (float)mn) {
+        ADD_FAILURE() << ctx << " block " << b << ": zero " << zero
+                      << " != min " << mn;
+        bad++;
+      }
+    }
+    for (size_t i = 0; i < len && bad < 5; i++) {
+      double xv = x[off + i], xh = get(out, dt, off + i);
+      double bound = (double)scale * (0.5 + std::ldexp(1.0, -12)) +
+                     std::ldexp(1.0, -22) * (std::fabs(xv) + range) +
+                     std::ldexp(1.0, -149) + store_err(xh, dt);
+      if (!(std::fabs(xh - xv) <= bound)) {
+        ADD_FAILURE() << ctx << " element " << off + i << ": x " << xv
+                      << " decoded " << xh << " error " << std::fabs(xh - xv)
+                      << " > bound " << bound << " (scale " << scale << ")";
+        bad++;
+      }
+    }
+  }
+}
+
+const zpp_dtype_t kDtypes[] = {ZPP_FLOAT32, ZPP_FLOAT16, ZPP_BFLOAT16};
+
+// ---- format ------------------------------------------------------------------
+
+TEST(QuantFormat, EncodedSizeMatchesLayoutFormula) {
+  const size_t lengths[] = {0, 1, 2, 7, 8, 9, 255, 256, 257, 4097, 100003};
+  const size_t blocks[] = {1, 2, 3, 7, 8, 64, 255, 256, 4096, 1u << 20};
+  for (int bits : {8, 4})
+    for (bool asym : {false, true})
+      for (size_t blk : blocks)
+        for (size_t n : lengths) {
+          zpp_quant_config_t c = make_cfg(bits, blk, asym);
+          size_t got = 12345;
+          ASSERT_EQ(zpp_quant_encoded_size(&c, n, &got), ZPP_OK);
+          EXPECT_EQ(got, expected_size(bits, blk, asym, n))
+              << "bits " << bits << " block " << blk << " n " << n;
+        }
+}
+
+TEST(QuantFormat, Int4PacksEvenElementInLowNibble) {
+  // block of 3: codes for x = {7s, -7s, 3s}: 7 -> 0x7, -7 -> 0x9, 3 -> 0x3
+  float x[3] = {7.0f, -7.0f, 3.0f};
+  zpp_quant_config_t c = make_cfg(4, 3, false);
+  uint8_t enc[6];
+  ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x, 3, enc, sizeof enc), ZPP_OK);
+  float scale;
+  std::memcpy(&scale, enc, 4);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(enc[4], 0x97);  // element 0 low nibble, element 1 high nibble
+  EXPECT_EQ(enc[5], 0x03);  // odd tail: high nibble zero
+}
+
+TEST(QuantFormat, Int8AsymmetricLayoutIsScaleZeroPayload) {
+  float x[4] = {-1.0f, 0.0f, 1.0f, 254.0f};  // range 255 -> scale 1
+  zpp_quant_config_t c = make_cfg(8, 4, true);
+  uint8_t enc[12];
+  ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x, 4, enc, sizeof enc), ZPP_OK);
+  float scale, zero;
+  std::memcpy(&scale, enc, 4);
+  std::memcpy(&zero, enc + 4, 4);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(zero, -1.0f);
+  EXPECT_EQ(enc[8], 0);
+  EXPECT_EQ(enc[9], 1);
+  EXPECT_EQ(enc[10], 2);
+  EXPECT_EQ(enc[11], 255);
+}
+
+TEST(QuantFormat, RoundsHalfToEven) {
+  // scale 1 (absmax 127): 2.5 -> 2, 3.5 -> 4, -2.5 -> -2, 0.5 -> 0
+  float x[5] = {127.0f, 2.5f, 3.5f, -2.5f, 0.5f};
+  zpp_quant_config_t c = make_cfg(8, 5, false);
+  uint8_t enc[9];
+  ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x, 5, enc, sizeof enc), ZPP_OK);
+  EXPECT_EQ((int8_t)enc[4], 127);
+  EXPECT_EQ((int8_t)enc[5], 2);
+  EXPECT_EQ((int8_t)enc[6], 4);
+  EXPECT_EQ((int8_t)enc[7], -2);
+  EXPECT_EQ((int8_t)enc[8], 0);
+}
+
+// ---- round trip over the grid of shapes ---------------------------------------
+
+struct Shape {
+  zpp_dtype_t dt;
+  int bits;
+  bool asym;
+};
+
+class QuantRoundTrip : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(QuantRoundTrip, WithinDerivedBoundForEveryLengthAndBlock) {
+  Shape s = GetParam();
+  auto rng = seeded_rng("QuantRoundTrip", s.dt * 100 + s.bits * 10 + s.asym);
+  const size_t lengths[] = {1, 2, 7, 9, 31, 33, 255, 257, 1000, 4097};
+  const size_t blocks[] = {1, 2, 3, 7, 8, 16, 31, 32, 64, 100, 128, 255, 256,
+                           1000, 4096, 5000};
+  for (size_t n : lengths)
+    for (size_t blk : blocks) {
+      auto x = draw(rng, n, s.dt, (n + blk) % 2);
+      auto in = to_bytes(x, s.dt);
+      zpp_quant_config_t c = make_cfg(s.bits, blk, s.asym);
+      size_t sz;
+      ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+      std::vector<uint8_t> enc(sz), out(n * zpp_dtype_size(s.dt));
+      ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK)
+          << zpp_get_last_error();
+      ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, s.dt, out.data()), ZPP_OK);
+      std::string ctx = std::string(zpp_dtype_name(s.dt)) + " bits " +
+                        std::to_string(s.bits) + (s.asym ? " asym" : " sym") +
+                        " n " + std::to_string(n) + " block " + std::to_string(blk);
+      check_block_bounds(x, enc.data(), out.data(), s.dt, s.bits, blk, s.asym, ctx);
+      if (HasFailure()) return;
+    }
+}
+
+TEST_P(QuantRoundTrip, GridValuesRoundTripExactly) {
+  Shape s = GetParam();
+  auto rng = seeded_rng("GridValues", s.dt * 100 + s.bits * 10 + s.asym);
+  const int levels = s.asym ? (1 << s.bits) - 1 : (1 << (s.bits - 1)) - 1;
+  const size_t blk = 37, n = 37 * 5 + 11;
+  std::uniform_int_distribution<int> code(s.asym ? 0 : -levels, levels);
+  std::uniform_int_distribution<int> ex(-6, 3);
+  std::vector<float> x(n);
+  for (size_t b = 0; b * blk < n; b++) {
+    // step 2^e (exact in every dtype), zero point a multiple of the step
+    float step = std::ldexp(1.0f, ex(rng));
+    float zero = s.asym ? step * (float)(code(rng) - levels / 2) : 0.0f;
+    size_t off = b * blk, len = std::min(blk, n - off);
+    for (size_t i = 0; i < len; i++) x[off + i] = zero + step * (float)code(rng);
+    // pin both ends of the range so the scale is exactly `step`
+    x[off] = zero + step * (float)levels;
+    if (len > 1) x[off + 1] = s.asym ? zero : -step * (float)levels;
+  }
+  auto in = to_bytes(x, s.dt);
+  zpp_quant_config_t c = make_cfg(s.bits, blk, s.asym);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz), out(n * zpp_dtype_size(s.dt));
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, s.dt, out.data()), ZPP_OK);
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(get(out.data(), s.dt, i), get(in.data(), s.dt, i)) << "element " << i;
+}
+
+TEST_P(QuantRoundTrip, ZeroBlocksDecodeToExactZeroAndNonFiniteBlocksToNaN) {
+  Shape s = GetParam();
+  auto rng = seeded_rng("ZeroAndNaN", s.dt * 100 + s.bits * 10 + s.asym);
+  const size_t blk = 16, n = 16 * 6 + 5;
+  auto x = draw(rng, n, s.dt, 0);
+  for (size_t i = 16; i < 32; i++) x[i] = 0.0f;          // block 1: zeros
+  for (size_t i = 32; i < 48; i++) x[i] = -0.0f;         // block 2: -0
+  x[48 + 3] = NAN;                                        // block 3: NaN
+  x[64 + 15] = INFINITY;                                  // block 4: +Inf
+  x[96 + 2] = -INFINITY;                                  // tail: -Inf
+  auto in = to_bytes(x, s.dt);
+  zpp_quant_config_t c = make_cfg(s.bits, blk, s.asym);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz), out(n * zpp_dtype_size(s.dt));
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, s.dt, out.data()), ZPP_OK);
+  for (size_t i = 16; i < 48; i++) EXPECT_EQ(get(out.data(), s.dt, i), 0.0f) << i;
+  for (size_t i = 48; i < 80; i++) EXPECT_TRUE(std::isnan(get(out.data(), s.dt, i))) << i;
+  for (size_t i = 96; i < n; i++) EXPECT_TRUE(std::isnan(get(out.data(), s.dt, i))) << i;
+  // the finite blocks are unaffected
+  std::vector<float> x0(x.begin(), x.begin() + 16), x5(x.begin() + 80, x.begin() + 96);
+  for (size_t i = 0; i < 16; i++) {
+    EXPECT_FALSE(std::isnan(get(out.data(), s.dt, i)));
+    EXPECT_FALSE(std::isnan(get(out.data(), s.dt, 80 + i)));
+  }
+  check_block_bounds(x0, enc.data(), out.data(), s.dt, s.bits, blk, s.asym, "block 0");
+}
+
+TEST_P(QuantRoundTrip, ConstantBlocksAsymmetricDecodeExactly) {
+  Shape s = GetParam();
+  if (!s.asym) GTEST_SKIP() << "constant blocks are exact only in asymmetric mode";
+  auto rng = seeded_rng("ConstantBlocks", s.dt * 100 + s.bits);
+  const size_t blk = 10, n = 47;
+  std::vector<float> x(n);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  for (size_t b = 0; b * blk < n; b++) {
+    float v = representable(normal(rng), s.dt);
+    for (size_t i = b * blk; i < std::min(n, (b + 1) * blk); i++) x[i] = v;
+  }
+  auto in = to_bytes(x, s.dt);
+  zpp_quant_config_t c = make_cfg(s.bits, blk, true);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz), out(n * zpp_dtype_size(s.dt));
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, s.dt, out.data()), ZPP_OK);
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(get(out.data(), s.dt, i), x[i]) << i;
+}
+
+TEST_P(QuantRoundTrip, UnalignedPointersGiveTheSameBytes) {
+  Shape s = GetParam();
+  auto rng = seeded_rng("Unaligned", s.dt * 100 + s.bits * 10 + s.asym);
+  const size_t n = 1003, blk = 64;
+  auto x = draw(rng, n, s.dt, 0);
+  auto in = to_bytes(x, s.dt);
+  zpp_quant_config_t c = make_cfg(s.bits, blk, s.asym);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz), enc_u(sz + 3), in_u(in.size() + 3);
+  std::memcpy(in_u.data() + 1, in.data(), in.size());
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK);
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in_u.data() + 1, n, enc_u.data() + 3, sz), ZPP_OK);
+  ASSERT_EQ(std::memcmp(enc.data(), enc_u.data() + 3, sz), 0);
+  std::vector<uint8_t> out(n * 4 + 8), out_u(n * 4 + 8);
+  ASSERT_EQ(zpp_quant_decode(&c, enc_u.data() + 3, sz, n, s.dt, out_u.data() + 1), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, s.dt, out.data()), ZPP_OK);
+  ASSERT_EQ(std::memcmp(out.data(), out_u.data() + 1, n * zpp_dtype_size(s.dt)), 0);
+}
+
+TEST_P(QuantRoundTrip, DecodeAccumulateAddsTheDecodedValuesInFp32) {
+  Shape s = GetParam();
+  auto rng = seeded_rng("DecodeAccumulate", s.dt * 100 + s.bits * 10 + s.asym);
+  const size_t n = 777, blk = 50;
+  auto x = draw(rng, n, s.dt, 1);
+  auto in = to_bytes(x, s.dt);
+  zpp_quant_config_t c = make_cfg(s.bits, blk, s.asym);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz);
+  ASSERT_EQ(zpp_quant_encode(&c, s.dt, in.data(), n, enc.data(), sz), ZPP_OK);
+  std::vector<float> dec(n), acc = draw(rng, n, ZPP_FLOAT32, 0), acc0 = acc;
+  ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, ZPP_FLOAT32, dec.data()), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode_accumulate(&c, enc.data(), sz, n, acc.data()), ZPP_OK);
+  for (size_t i = 0; i < n; i++) {
+    float want = acc0[i] + dec[i];
+    ASSERT_EQ(bits_of(acc[i]), bits_of(want)) << "element " << i;
+  }
+}
+
+std::string ShapeName(const ::testing::TestParamInfo<Shape> &i) {
+  return std::string(zpp_dtype_name(i.param.dt)) + "_int" +
+         std::to_string(i.param.bits) + (i.param.asym ? "_asym" : "_sym");
+}
+
+std::vector<Shape> AllShapes() {
+  std::vector<Shape> v;
+  for (zpp_dtype_t dt : kDtypes)
+    for (int bits : {8, 4})
+      for (bool asym : {false, true}) v.push_back({dt, bits, asym});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllShapes, QuantRoundTrip, ::testing::ValuesIn(AllShapes()),
+                         ShapeName);
+
+// ---- edge values ---------------------------------------------------------------
+
+TEST(QuantEdges, LengthZeroIsANoOpAndAllowsNullBuffers) {
+  zpp_quant_config_t c = make_cfg(8, 32, false);
+  size_t sz = 99;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, 0, &sz), ZPP_OK);
+  EXPECT_EQ(sz, 0u);
+  EXPECT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, nullptr, 0, nullptr, 0), ZPP_OK);
+  EXPECT_EQ(zpp_quant_decode(&c, nullptr, 0, 0, ZPP_FLOAT32, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_quant_decode_accumulate(&c, nullptr, 0, 0, nullptr), ZPP_OK);
+}
+
+TEST(QuantEdges, SubnormalAndHugeBlocksStayWithinBound) {
+  // bf16 keeps fp32's range: tiny and huge values must survive (an fp16
+  // detour would flush them to 0 or Inf).
+  for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16})
+    for (int bits : {8, 4})
+      for (bool asym : {false, true}) {
+        std::vector<float> x = {1e-45f, -3e-45f, 7e-45f, 0.0f,      // subnormal
+                                1e-40f, 2e-39f, -5e-41f, 1e-42f,    // subnormal
+                                3e38f, -1e38f, 2.5e37f, 1e30f,      // huge
+                                1e-30f, -2e-30f, 3e-31f, 1e-32f};   // tiny normal
+        if (asym) x[9] = 1e38f;  // keep max - min finite (docs/format.md)
+        for (auto &v : x) v = representable(v, dt);
+        auto in = to_bytes(x, dt);
+        zpp_quant_config_t c = make_cfg(bits, 4, asym);
+        size_t sz;
+        ASSERT_EQ(zpp_quant_encoded_size(&c, x.size(), &sz), ZPP_OK);
+        std::vector<uint8_t> enc(sz), out(x.size() * zpp_dtype_size(dt));
+        ASSERT_EQ(zpp_quant_encode(&c, dt, in.data(), x.size(), enc.data(), sz), ZPP_OK);
+        ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, x.size(), dt, out.data()), ZPP_OK);
+        check_block_bounds(x, enc.data(), out.data(), dt, bits, 4, asym,
+                           std::string(zpp_dtype_name(dt)) + " extreme");
+        float big = get(out.data(), dt, 8);
+        EXPECT_TRUE(std::isfinite(big) && big > 1e38f) << big;
+      }
+}
+
+TEST(QuantEdges, AsymmetricRangeBeyondFltMaxIsNonFinite) {
+  float x[4] = {3e38f, -3e38f, 1.0f, 2.0f};
+  zpp_quant_config_t c = make_cfg(8, 2, true);
+  uint8_t enc[20];
+  float out[4];
+  ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x, 4, enc, sizeof enc), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&c, enc, sizeof enc, 4, ZPP_FLOAT32, out), ZPP_OK);
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1]));
+  EXPECT_NEAR(out[2], 1.0f, 1.0f / 255);
+  EXPECT_NEAR(out[3], 2.0f, 1.0f / 255);
+}
+
+// ---- conversions ------------------------------------------------------------------
+
+TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
+  auto rng = seeded_rng("Convert");
+  std::uniform_int_distribution<uint32_t> u32;
+  for (int i = 0; i < 2000000; i++) {
+    uint32_t b = u32(rng);
+    if (i < 1000) b = (uint32_t)i << 13 | (i & 1 ? 0x1000u : 0);  // half ties
+    float f = f32_from_bits(b);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(half_to_float(zpp_qm_f32_to_f16(f))));
+      EXPECT_TRUE(std::isnan(bf16_to_float(zpp_qm_f32_to_bf16(f))));
+      continue;
+    }
+    double rh = round_to_format(f, 10, -14);
+    if (std::fabs(rh) > 65504.0) rh = std::copysign(INFINITY, f);
+    float h = half_to_float(zpp_qm_f32_to_f16(f));
+    ASSERT_EQ(bits_of(h), bits_of((float)rh)) << "fp16 of " << f << " bits " << b;
+    ASSERT_EQ(bits_of(zpp_qm_f16_to_f32(zpp_qm_f32_to_f16(f))), bits_of(h));
+    double rb = round_to_format(f, 7, -126);
+    if (std::fabs(rb) > 3.3895313892515355e38) rb = std::copysign(INFINITY, f);
+    ASSERT_EQ(bits_of(bf16_to_float(zpp_qm_f32_to_bf16(f))), bits_of((float)rb))
+        << "bf16 of " << f;
+  }
+}
+
+// ---- SIMD paths against the scalar reference --------------------------------------
+
+class QuantSimd : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(QuantSimd, EncodeAndDecodeAreBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(GetParam());
+  if (ops == nullptr)
+    GTEST_SKIP() << GetParam() << " path not built or not supported by this CPU";
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  auto rng = seeded_rng("QuantSimd");
+  const size_t lengths[] = {1, 5, 8, 15, 16, 17, 63, 64, 65, 1000, 4097, 70001};
+  const size_t blocks[] = {1, 3, 7, 8, 9, 15, 16, 17, 32, 33, 64, 127, 256,
+                           1024, 4096};
+  std::uniform_int_distribution<int> pick(0, 99);
+  for (zpp_dtype_t dt : kDtypes)
+    for (int bits : {8, 4})
+      for (bool asym : {false, true})
+        for (size_t blk : blocks)
+          for (size_t n : lengths) {
+            if (n > 5000 && blk < 32) continue;  // keep the run short
+            auto x = draw(rng, n, dt, (int)(n % 2));
+            for (size_t i = 0; i < n; i++) {  // sprinkle special values
+              int p = pick(rng);
+              if (p == 0) x[i] = 0.0f;
+              if (p == 1) x[i] = -0.0f;
+              if (p == 2 && n > 1000 && i % 4096 < 64) x[i] = NAN;
+              if (p == 3 && n > 1000 && i % 4096 > 4000) x[i] = -INFINITY;
+              if (p == 4) x[i] = representable(x[i] * 1e-6f, dt);
+            }
+            if (n > 64) for (size_t i = 0; i < 40; i++) x[i] = 0.0f;  // zero block
+            auto in = to_bytes(x, dt);
+            zpp_qcfg_t q = {bits, asym, blk};
+            int ovf;
+            size_t sz = zpp_quant_bytes(&q, n, &ovf);
+            std::vector<uint8_t> e0(sz + 1, 0xa5), e1(sz + 1, 0xa5);
+            ref->encode(&q, dt, in.data(), n, e0.data());
+            ops->encode(&q, dt, in.data(), n, e1.data());
+            std::string ctx = std::string(GetParam()) + " " + zpp_dtype_name(dt) +
+                              " bits " + std::to_string(bits) +
+                              (asym ? " asym" : " sym") + " n " + std::to_string(n) +
+                              " block " + std::to_string(blk);
+            ASSERT_EQ(std::memcmp(e0.data(), e1.data(), sz + 1), 0) << ctx << ": encode";
+            for (int out : {0, 1, 2, ZPP_QM_OUT_ACC}) {
+              size_t esz = out == ZPP_QM_OUT_ACC ? 4 : zpp_dtype_size((zpp_dtype_t)out);
+              std::vector<uint8_t> d0(n * esz + 4), d1;
+              for (size_t i = 0; i < d0.size(); i++) d0[i] = (uint8_t)(i * 7);
+              d1 = d0;  // accumulate starts from the same finite values
+              if (out == ZPP_QM_OUT_ACC)
+                for (size_t i = 0; i < n; i++) {
+                  float v = x[(i * 31) % n];
+                  if (!std::isfinite(v)) v = 1.0f;
+                  std::memcpy(&d0[4 * i], &v, 4);
+                  std::memcpy(&d1[4 * i], &v, 4);
+                }
+              ref->decode(&q, e0.data(), n, out, d0.data());
+              ops->decode(&q, e0.data(), n, out, d1.data());
+              ASSERT_EQ(std::memcmp(d0.data(), d1.data(), d0.size()), 0)
+                  << ctx << ": decode to kind " << out;
+            }
+          }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, QuantSimd, ::testing::Values("avx2", "avx512"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param);
+                         });
+
+TEST(QuantSimd, IsaInUseIsNamed) {
+  std::string isa = zpp_quant_cpu_isa();
+  EXPECT_TRUE(isa == "scalar" || isa == "avx2" || isa == "avx512") << isa;
+}
+
+// ---- bad arguments --------------------------------------------------------------------
+
+TEST(QuantErrors, EveryBadArgumentReturnsItsCodeAndNamesIt) {
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  uint8_t enc[64];
+  zpp_quant_config_t c = make_cfg(8, 4, false);
+  auto expect = [](zpp_status_t got, zpp_status_t want, const char *needle) {
+    EXPECT_EQ(got, want) << zpp_get_last_error();
+    EXPECT_NE(std::string(zpp_get_last_error()).find(needle), std::string::npos)
+        << "message \"" << zpp_get_last_error() << "\" should name " << needle;
+  };
+  expect(zpp_quant_encode(nullptr, ZPP_FLOAT32, x, 8, enc, 64), ZPP_ERR_NULL_POINTER, "cfg");
+  expect(zpp_quant_encode(&c, ZPP_FLOAT32, nullptr, 8, enc, 64), ZPP_ERR_NULL_POINTER, "src");
+  expect(zpp_quant_encode(&c, ZPP_FLOAT32, x, 8, nullptr, 64), ZPP_ERR_NULL_POINTER, "dst");
+  expect(zpp_quant_encode(&c, ZPP_FLOAT32, x, 8, enc, 15), ZPP_ERR_BUFFER_TOO_SMALL, "dst_bytes");
+  expect(zpp_quant_encode(&c, (zpp_dtype_t)7, x, 8, enc, 64), ZPP_ERR_INVALID_ARGUMENT, "dtype");
+  expect(zpp_quant_decode(&c, enc, 15, 8, ZPP_FLOAT32, x), ZPP_ERR_BUFFER_TOO_SMALL, "src_bytes");
+  expect(zpp_quant_decode(&c, enc, 64, 8, ZPP_FLOAT32, nullptr), ZPP_ERR_NULL_POINTER, "dst");
+  expect(zpp_quant_decode_accumulate(&c, enc, 64, 8, nullptr), ZPP_ERR_NULL_POINTER, "acc");
+  zpp_quant_config_t b3 = make_cfg(3, 4, false);
+  expect(zpp_quant_encode(&b3, ZPP_FLOAT32, x, 8, enc, 64), ZPP_ERR_INVALID_ARGUMENT, "bits 3");
+  zpp_quant_config_t b0 = make_cfg(8, 0, false);
+  expect(zpp_quant_encoded_size(&b0, 8, nullptr), ZPP_ERR_INVALID_ARGUMENT, "block_size 0");
+  zpp_quant_config_t m9 = make_cfg(8, 4, false);
+  m9.mode = (zpp_quant_mode_t)9;
+  expect(zpp_quant_config_check(&m9), ZPP_ERR_INVALID_ARGUMENT, "mode 9");
+  zpp_quant_config_t old = make_cfg(8, 4, false);
+  old.struct_size = 4;
+  expect(zpp_quant_config_check(&old), ZPP_ERR_INVALID_ARGUMENT, "struct_size");
+  size_t sz;
+  expect(zpp_quant_encoded_size(&c, SIZE_MAX, &sz), ZPP_ERR_OVERFLOW, "count");
+  expect(zpp_quant_encode(&c, ZPP_FLOAT32, x, SIZE_MAX / 2, enc, 64), ZPP_ERR_OVERFLOW, "count");
+  expect(zpp_quant_encoded_size(&c, 8, nullptr), ZPP_ERR_NULL_POINTER, "bytes");
+}
+
+TEST(QuantErrors, DeviceCallsWithoutADeviceSayWhy) {
+  if (zpp_cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  zpp_quant_config_t c = make_cfg(8, 4, false);
+  float x[4] = {1, 2, 3, 4};
+  uint8_t enc[8];
+  EXPECT_EQ(zpp_quant_encode_device(&c, ZPP_FLOAT32, x, 4, enc, 8, nullptr),
+            ZPP_ERR_UNSUPPORTED);
+  EXPECT_FALSE(std::string(zpp_get_last_error()).empty());
+  // argument errors are still reported first
+  EXPECT_EQ(zpp_quant_encode_device(&c, ZPP_FLOAT32, x, 4, enc, 1, nullptr),
+            ZPP_ERR_BUFFER_TOO_SMALL);
+}
+
+TEST(QuantApi, VersionAndStatusStrings) {
+  int v = 0;
+  ASSERT_EQ(zpp_get_version(&v), ZPP_OK);
+  EXPECT_EQ(v, ZPP_VERSION_CODE);
+  EXPECT_EQ(zpp_get_version(nullptr), ZPP_ERR_NULL_POINTER);
+  for (int s = 0; s >= ZPP_ERR_INTERNAL; s--)
+    EXPECT_EQ(std::string(zpp_status_string((zpp_status_t)s)).rfind("ZPP_", 0), 0u) << s;
+  zpp_dtype_t dt;
+  EXPECT_EQ(zpp_dtype_parse("bf16", &dt), ZPP_OK);
+  EXPECT_EQ(dt, ZPP_BFLOAT16);
+  EXPECT_EQ(zpp_dtype_parse("int8", &dt), ZPP_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
