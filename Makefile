@@ -1,0 +1,54 @@
+# zpp top-level driver.  The two commands a user needs:
+#   make demo   install what is missing, build, run the main job
+#   make test   install what is missing, build, run every test
+# (both install Debian packages only when run as root; see scripts/install-deps.sh)
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+.PHONY: all deps configure build asan test test-unit test-asan demo clean help
+
+all: build
+
+help:
+	@echo "make demo    - install missing packages, build, run the demo"
+	@echo "make test    - install missing packages, build, run all tests (incl. ASan/UBSan)"
+	@echo "make build   - configure and build into $(BUILD)/"
+	@echo "make clean   - remove build directories"
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: deps configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU code
+# only: CUDA and MPI stay out of the sanitized build).
+asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_SANITIZE=ON \
+	  -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TOOLS=OFF
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure
+
+test-asan: asan
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -L unit
+
+test: test-unit test-asan
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD))"
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)
