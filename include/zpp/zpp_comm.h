@@ -1,0 +1,172 @@
+/*
+ * zpp communicator: the ranks of a job, their topology (which ranks share
+ * a node, how GPUs on a node are linked), the transport that moves bytes
+ * between them, and exact counts of the bytes each link class carried.
+ *
+ * A communicator is created from an existing MPI communicator with
+ * zpp_comm_create_mpi() (<zpp/zpp_mpi.h>); zpp never calls MPI_Init or
+ * MPI_Finalize.  The collectives (qwZ, hpZ, qgZ) are declared in their own
+ * header and take a zpp_comm_t.
+ *
+ * Topology and groups (docs/design.md, "Topology"):
+ *   - node:       ranks that share a machine (from the launcher), or an
+ *                 emulated node when ZPP_TOPO / zpp_comm_config_t.topology
+ *                 is set; nodes are numbered by their lowest world rank;
+ *   - local rank: position of a rank among its node's ranks, by world rank;
+ *   - groups:     ZPP_GROUP_WORLD (all ranks), ZPP_GROUP_NODE (my node's
+ *                 ranks, ordered by local rank), ZPP_GROUP_CROSS (the ranks
+ *                 with my local rank on every node that has one, ordered by
+ *                 node).  With an uneven layout (3 ranks on one node, 5 on
+ *                 another) CROSS groups differ in size: see "uniform".
+ */
+#ifndef ZPP_ZPP_COMM_H
+#define ZPP_ZPP_COMM_H
+
+#include <zpp/zpp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zpp_comm *zpp_comm_t;
+
+typedef enum {
+  ZPP_BACKEND_AUTO = 0, /* host memory: MPI; device memory: NCCL when it
+                           loads and a device is usable, else MPI staging */
+  ZPP_BACKEND_MPI = 1,  /* host memory; device memory staged through pinned
+                           host buffers */
+  ZPP_BACKEND_NCCL = 2, /* device memory, asynchronous on a CUDA stream */
+  ZPP_BACKEND_UCX = 3   /* reserved: not built yet (docs/design.md) */
+} zpp_backend_t;
+
+typedef enum {
+  ZPP_MEMORY_HOST = 0,  /* buffers passed to operations are host pointers */
+  ZPP_MEMORY_DEVICE = 1 /* buffers are CUDA device pointers */
+} zpp_memory_t;
+
+/* Link class between two ranks.  Byte accounting uses two classes only:
+ * intra-node (every class below ZPP_LINK_NET) and inter-node. */
+typedef enum {
+  ZPP_LINK_SELF = 0,        /* the same rank */
+  ZPP_LINK_SAME_DEVICE = 1, /* two ranks on one GPU */
+  ZPP_LINK_NVLINK = 2,      /* GPUs joined by NVLink or an NVSwitch */
+  ZPP_LINK_PCIE = 3,        /* GPUs with peer access over PCIe */
+  ZPP_LINK_HOST = 4,        /* same node, through host memory (host
+                               buffers, or GPUs without a peer path) */
+  ZPP_LINK_NET = 5          /* different nodes: the network */
+} zpp_link_t;
+
+/* "self", "same-device", "nvlink", "pcie", "host", "net". */
+ZPP_API const char *zpp_link_name(zpp_link_t link);
+
+typedef enum {
+  ZPP_GROUP_WORLD = 0,
+  ZPP_GROUP_NODE = 1,
+  ZPP_GROUP_CROSS = 2
+} zpp_group_t;
+#define ZPP_NGROUPS 3
+
+/* "world", "node", "cross". */
+ZPP_API const char *zpp_group_name(zpp_group_t group);
+/* "auto", "mpi", "nccl", "ucx". */
+ZPP_API const char *zpp_backend_name(zpp_backend_t backend);
+
+typedef struct {
+  size_t struct_size;    /* sizeof(zpp_comm_config_t): set by the INIT macro */
+  zpp_backend_t backend; /* default ZPP_BACKEND_AUTO */
+  zpp_memory_t memory;   /* memory space of operation buffers */
+  int cuda_device;       /* device memory: CUDA device index; -1 (default):
+                            the rank's real local rank modulo the number of
+                            visible devices */
+  const char *topology;  /* emulated topology ("2x4", "0,0,0,1,1"); takes
+                            precedence over ZPP_TOPO; NULL or "": ZPP_TOPO,
+                            else discovery */
+  double timeout_s;      /* > 0: overrides ZPP_TIMEOUT_S for this
+                            communicator; <= 0 (default): ZPP_TIMEOUT_S */
+} zpp_comm_config_t;
+
+#define ZPP_COMM_CONFIG_INIT                                                   \
+  { sizeof(zpp_comm_config_t), ZPP_BACKEND_AUTO, ZPP_MEMORY_HOST, -1, NULL,     \
+    0.0 }
+
+/* Checks a config; the message names the bad field. */
+ZPP_API zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg);
+
+/* Collective over the ranks of the communicator.  Safe on NULL. */
+ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
+
+ZPP_API zpp_status_t zpp_comm_rank(zpp_comm_t comm, int *rank);
+ZPP_API zpp_status_t zpp_comm_size(zpp_comm_t comm, int *size);
+/* Backend actually in use (never ZPP_BACKEND_AUTO) and its memory space. */
+ZPP_API zpp_status_t zpp_comm_backend(zpp_comm_t comm, zpp_backend_t *backend);
+ZPP_API zpp_status_t zpp_comm_memory(zpp_comm_t comm, zpp_memory_t *memory);
+
+/* ---- topology queries -------------------------------------------------- */
+ZPP_API zpp_status_t zpp_comm_nnodes(zpp_comm_t comm, int *nnodes);
+/* Node index of world rank `rank` (0 <= rank < size). */
+ZPP_API zpp_status_t zpp_comm_node_of(zpp_comm_t comm, int rank, int *node);
+/* Local rank of world rank `rank` on its node. */
+ZPP_API zpp_status_t zpp_comm_local_rank_of(zpp_comm_t comm, int rank,
+                                            int *local_rank);
+/* Number of ranks on node `node` (0 <= node < nnodes). */
+ZPP_API zpp_status_t zpp_comm_node_size(zpp_comm_t comm, int node, int *size);
+/* My local rank and the size of my node. */
+ZPP_API zpp_status_t zpp_comm_local_rank(zpp_comm_t comm, int *local_rank);
+ZPP_API zpp_status_t zpp_comm_local_size(zpp_comm_t comm, int *local_size);
+/* 1 when the node map comes from ZPP_TOPO or config.topology. */
+ZPP_API zpp_status_t zpp_comm_topo_emulated(zpp_comm_t comm, int *emulated);
+/* 1 when every node has the same number of ranks (hpZ and two-level qgZ
+ * need it). */
+ZPP_API zpp_status_t zpp_comm_topo_uniform(zpp_comm_t comm, int *uniform);
+/* Link class between world ranks a and b. */
+ZPP_API zpp_status_t zpp_comm_link(zpp_comm_t comm, int a, int b,
+                                   zpp_link_t *link);
+
+/* Writes the map: nodes, ranks, local ranks and, for GPU communicators, the
+ * GPU link matrix of each node in the style of `nvidia-smi topo -m`.
+ * json != 0: one JSON object with at least "emulated", "world_size" and
+ * "nodes": [{"ranks": [...]}, ...].  Local operation (no communication). */
+ZPP_API zpp_status_t zpp_comm_print_topology(zpp_comm_t comm, FILE *out,
+                                             int json);
+
+/* ---- accounting ----------------------------------------------------------
+ * Exact counts of payload bytes this rank's transport sent and received,
+ * split by link class, and calls per group.  Bytes a rank copies to itself
+ * are not counted.  docs/design.md ("Transports") names the algorithm of
+ * every operation and the formulas of its counts. */
+typedef struct {
+  size_t struct_size; /* sizeof(zpp_comm_stats_t): set by the INIT macro */
+  uint64_t intra_bytes_sent;
+  uint64_t intra_bytes_recv;
+  uint64_t inter_bytes_sent;
+  uint64_t inter_bytes_recv;
+  uint64_t calls[ZPP_NGROUPS]; /* transport operations per zpp_group_t */
+  int bytes_derived;  /* 1: some counts are derived from the documented
+                         algorithm of a library collective (NCCL), not
+                         measured per transfer */
+  int topo_emulated;  /* the node map is emulated (ZPP_TOPO) */
+  int link_emulated;  /* inter-node links are slowed (ZPP_EMU_INTER_GBIT) */
+  double emu_gbit;    /* emulated inter-node Gbit/s per rank (0: none) */
+  double emu_lat_us;  /* emulated inter-node latency per transfer, us */
+  double emu_wait_s;  /* seconds this rank slept on emulated links */
+} zpp_comm_stats_t;
+
+#define ZPP_COMM_STATS_INIT                                                    \
+  { sizeof(zpp_comm_stats_t), 0, 0, 0, 0, {0, 0, 0}, 0, 0, 0, 0.0, 0.0, 0.0 }
+
+/* stats->struct_size must be set (ZPP_COMM_STATS_INIT); a smaller, older
+ * struct receives its leading fields.  Local operation. */
+ZPP_API zpp_status_t zpp_comm_get_stats(zpp_comm_t comm,
+                                        zpp_comm_stats_t *stats);
+/* Clears the counters of this rank.  Local operation. */
+ZPP_API zpp_status_t zpp_comm_reset_stats(zpp_comm_t comm);
+
+/* Message of the last error raised by an operation on this communicator
+ * ("" if none), kept until the next error on it. */
+ZPP_API const char *zpp_comm_get_last_error(zpp_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_ZPP_COMM_H */

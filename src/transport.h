@@ -1,0 +1,186 @@
+/*
+ * The transport interface: the only way the collective algorithms (qwZ,
+ * hpZ, qgZ and the baselines) move bytes.  They call the zpp_transport_*
+ * functions below, never MPI or NCCL.  A backend (transport_mpi.c,
+ * transport_nccl.c; a UCX one later, docs/design.md "Transports") fills a
+ * zpp_transport_ops_t; the wrappers here check arguments, serialise calls,
+ * count calls per group and record errors on the communicator, so every
+ * backend gets the same contract.
+ *
+ * Groups (see <zpp/zpp_comm.h>): WORLD, NODE (my node, by local rank),
+ * CROSS (my local rank on each node, by node).  "Member i" of a group is
+ * the i-th rank in that order; buffers are laid out by member index.
+ *
+ * Contract of every operation:
+ *   - collective over the members of the group; all members pass the same
+ *     sizes (ZPP_CHECK=1 verifies it at the cost of a small exchange);
+ *   - `mem` is the memory space of every buffer of the call; `stream` is a
+ *     cudaStream_t for device memory (NULL: legacy default stream), ignored
+ *     for host memory;
+ *   - MPI backend: blocking; on return the output is complete (device
+ *     memory: the stream has been synchronised).  NCCL backend: enqueued on
+ *     `stream`; zpp_transport_sync waits for it with the timeout;
+ *   - send and receive buffers must not overlap, except in-place allgather
+ *     (send == recv + my_index * bytes) and in-place allreduce (send ==
+ *     recv);
+ *   - sizes are bytes for data movement and elements for reductions;
+ *   - reductions are deterministic: reduce_scatter's shard j is the sum of
+ *     the members' contributions in member order 0..n-1 with an fp32
+ *     accumulator, rounded once to the dtype (MPI backend; the NCCL backend
+ *     uses NCCL's ring order, fixed for a given communicator);
+ *     allreduce is computed as that reduce-scatter followed by an allgather,
+ *     so its result equals reduce_scatter's shards bit for bit.
+ *
+ * Threads: the wrappers hold a per-transport mutex, so calls from a
+ * progress thread and the creating thread never interleave on one rank.
+ */
+#ifndef ZPP_SRC_TRANSPORT_H
+#define ZPP_SRC_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zpp/zpp.h>
+#include <zpp/zpp_comm.h>
+
+#include "topo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ZPP_REDUCE_SUM = 0 } zpp_reduce_op_t;
+
+/* The two accounting classes. */
+typedef enum { ZPP_LINKCLASS_INTRA = 0, ZPP_LINKCLASS_INTER = 1 } zpp_linkclass_t;
+#define ZPP_NLINKCLASSES 2
+
+typedef struct zpp_transport zpp_transport_t;
+
+/* Byte counters of one rank (exact, see docs/design.md "Transports"). */
+typedef struct {
+  uint64_t sent[ZPP_NLINKCLASSES];
+  uint64_t recv[ZPP_NLINKCLASSES];
+  uint64_t calls[ZPP_NGROUPS];
+} zpp_transport_counts_t;
+
+/* A backend.  Arguments reach it already checked; it counts its own bytes
+ * with zpp_transport_account (per peer, so each byte lands on its link). */
+typedef struct {
+  const char *name;
+  zpp_status_t (*allgather)(zpp_transport_t *t, zpp_group_t g,
+                            const void *send, size_t bytes, void *recv,
+                            zpp_memory_t mem, void *stream);
+  zpp_status_t (*allgatherv)(zpp_transport_t *t, zpp_group_t g,
+                             const void *send, void *recv,
+                             const size_t *recv_bytes,
+                             const size_t *recv_displs, zpp_memory_t mem,
+                             void *stream);
+  zpp_status_t (*alltoallv)(zpp_transport_t *t, zpp_group_t g,
+                            const void *send, const size_t *send_bytes,
+                            const size_t *send_displs, void *recv,
+                            const size_t *recv_bytes,
+                            const size_t *recv_displs, zpp_memory_t mem,
+                            void *stream);
+  zpp_status_t (*reduce_scatter)(zpp_transport_t *t, zpp_group_t g,
+                                 const void *send, void *recv, size_t count,
+                                 zpp_dtype_t dtype, zpp_reduce_op_t op,
+                                 zpp_memory_t mem, void *stream);
+  zpp_status_t (*allreduce)(zpp_transport_t *t, zpp_group_t g,
+                            const void *send, void *recv, size_t count,
+                            zpp_dtype_t dtype, zpp_reduce_op_t op,
+                            zpp_memory_t mem, void *stream);
+  zpp_status_t (*barrier)(zpp_transport_t *t, zpp_group_t g);
+  /* Waits until the operations enqueued on `stream` completed, polling
+   * asynchronous errors; ZPP_ERR_TIMEOUT after the timeout (the backend is
+   * then aborted and every later call fails).  NULL: nothing to wait for. */
+  zpp_status_t (*sync)(zpp_transport_t *t, void *stream);
+  void (*destroy)(zpp_transport_t *t);
+} zpp_transport_ops_t;
+
+/* ---- what the collectives call ------------------------------------------
+ * All return ZPP_OK or an error whose message is also kept as the
+ * communicator's last error. */
+
+/* The transport of a communicator (never NULL for a valid comm). */
+zpp_transport_t *zpp_comm_transport(zpp_comm_t comm);
+
+/* recv[i * bytes ..] = member i's send (bytes each). */
+zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, size_t bytes,
+                                     void *recv, zpp_memory_t mem,
+                                     void *stream);
+/* Member i contributes recv_bytes[i] bytes, placed at recv + recv_displs[i]
+ * (recv_displs NULL: packed in member order).  My send holds
+ * recv_bytes[my_index] bytes. */
+zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
+                                      const void *send, void *recv,
+                                      const size_t *recv_bytes,
+                                      const size_t *recv_displs,
+                                      zpp_memory_t mem, void *stream);
+/* send[j * bytes ..] goes to member j; recv[i * bytes ..] came from i. */
+zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, size_t bytes,
+                                    void *recv, zpp_memory_t mem,
+                                    void *stream);
+/* Per-peer byte counts; displacements NULL: packed in member order.
+ * send_bytes[j] here must equal member j's recv_bytes[my_index]. */
+zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send,
+                                     const size_t *send_bytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_bytes,
+                                     const size_t *recv_displs,
+                                     zpp_memory_t mem, void *stream);
+/* send holds n * count elements (n = group size); recv (count elements)
+ * receives shard my_index of the sum. */
+zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, void *recv,
+                                          size_t count, zpp_dtype_t dtype,
+                                          zpp_reduce_op_t op,
+                                          zpp_memory_t mem, void *stream);
+/* recv (count elements, any count) = sum of every member's send. */
+zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, void *recv,
+                                     size_t count, zpp_dtype_t dtype,
+                                     zpp_reduce_op_t op, zpp_memory_t mem,
+                                     void *stream);
+zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
+/* Completes what was enqueued on `stream` (no-op for blocking backends). */
+zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
+
+/* ---- queries ------------------------------------------------------------- */
+int zpp_transport_rank(const zpp_transport_t *t);     /* world rank */
+int zpp_transport_size(const zpp_transport_t *t);     /* world size */
+int zpp_transport_group_size(const zpp_transport_t *t, zpp_group_t g);
+int zpp_transport_group_rank(const zpp_transport_t *t, zpp_group_t g);
+/* World rank of member i of group g (-1 when i is out of range). */
+int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
+                               int i);
+/* Link class from me to world rank `peer`. */
+zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer);
+const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
+zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
+/* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT. */
+double zpp_transport_timeout_s(const zpp_transport_t *t);
+
+/* ---- accounting hook -----------------------------------------------------
+ * Adds bytes this rank sent to / received from world rank `peer` to the
+ * class of the link between them (nothing for peer == me).  Backends call
+ * it for every transfer; a collective that moves bytes by other means (none
+ * today) would call it too, so the counts stay the transport's. */
+void zpp_transport_account(zpp_transport_t *t, int peer, uint64_t sent,
+                           uint64_t recv);
+/* Snapshot of the counters (collectives diff two snapshots per call). */
+void zpp_transport_get_counts(zpp_transport_t *t, zpp_transport_counts_t *out);
+void zpp_transport_reset_counts(zpp_transport_t *t);
+
+/* Records the calling thread's last error as the communicator's last error
+ * and returns `st`.  Collectives use it on their own error paths. */
+zpp_status_t zpp_comm_fail(zpp_comm_t comm, zpp_status_t st);
+zpp_status_t zpp_transport_fail(zpp_transport_t *t, zpp_status_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_TRANSPORT_H */
