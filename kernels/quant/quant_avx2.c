@@ -1,4 +1,736 @@
-/* Placeholder until the avx2 path lands: not built, so the table is NULL. */
+/*
+ * AVX2 block codec.  Output is bitwise identical to the scalar reference
+ * (quant_scalar.c, rules in docs/format.md) because every vector step is
+ * one exact or correctly rounded IEEE operation that the scalar path also
+ * performs:
+ *   - absmax is an integer max of (bits & 0x7fffffff), as in the scalar path;
+ *   - min/max are order-free (zero signs do not matter: asym_params
+ *     canonicalises -0, and range = mx - mn is the same for either zero);
+ *   - the block parameters come from zpp_qm_sym_params/zpp_qm_asym_params;
+ *   - sub, mul, div, min, max and cvtps2dq run in the default MXCSR mode
+ *     (round to nearest even), as the scalar magic-number rint does;
+ *   - decode is mul then add (no FMA: the build uses -ffp-contract=off);
+ *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors;
+ *     bf16 output uses the integer rounding of zpp_qm_f32_to_bf16.
+ * Blocks shorter than one vector, and the last (< 8) elements of a block,
+ * go through the shared scalar code.
+ *
+ * Only the functions below carry the AVX2 target attribute: the rest of the
+ * library stays baseline x86-64, and the table is handed out only when the
+ * CPU (and OS) support AVX2, FMA and F16C.
+ */
 #include "quant_cpu.h"
+#include "quant_math.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define ZPP_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define ZPP_AVX2_INLINE static inline __attribute__((always_inline)) ZPP_AVX2_TARGET
+
+/* Elements per vector step; shorter blocks take the scalar path. */
+#define ZPP_AVX2_MIN_BLOCK 8u
+
+/* ---- horizontal reductions ---------------------------------------------- */
+
+ZPP_AVX2_INLINE uint32_t hmax_epu32(__m256i v) {
+  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(v),
+                            _mm256_extracti128_si256(v, 1));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+  return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX2_INLINE uint16_t hmax_epu16(__m256i v) {
+  __m128i h = _mm_max_epu16(_mm256_castsi256_si128(v),
+                            _mm256_extracti128_si256(v, 1));
+  h = _mm_max_epu16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_max_epu16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (uint16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX2_INLINE int16_t hmin_epi16(__m256i v) {
+  __m128i h = _mm_min_epi16(_mm256_castsi256_si128(v),
+                            _mm256_extracti128_si256(v, 1));
+  h = _mm_min_epi16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_min_epi16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_min_epi16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (int16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX2_INLINE int16_t hmax_epi16(__m256i v) {
+  __m128i h = _mm_max_epi16(_mm256_castsi256_si128(v),
+                            _mm256_extracti128_si256(v, 1));
+  h = _mm_max_epi16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epi16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_max_epi16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (int16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX2_INLINE float hmin_ps(__m256 v) {
+  __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_min_ps(h, _mm_shuffle_ps(h, h, 0x4e));
+  h = _mm_min_ps(h, _mm_shuffle_ps(h, h, 0xb1));
+  return _mm_cvtss_f32(h);
+}
+
+ZPP_AVX2_INLINE float hmax_ps(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_shuffle_ps(h, h, 0x4e));
+  h = _mm_max_ps(h, _mm_shuffle_ps(h, h, 0xb1));
+  return _mm_cvtss_f32(h);
+}
+
+/* ---- loads ---------------------------------------------------------------- */
+
+/* Elements [i, i+8) of a `dtype` buffer as fp32 (exact conversions). */
+ZPP_AVX2_INLINE __m256 load8(const void *src, size_t i, int dtype) {
+  if (dtype == ZPP_QM_F32)
+    return _mm256_loadu_ps((const float *)src + i);
+  {
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + i));
+    if (dtype == ZPP_QM_F16)
+      return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/* ---- block statistics (pass 1) ------------------------------------------- */
+
+/* Largest (bits & 0x7fffffff) over an fp32 block, as the scalar path. */
+ZPP_AVX2_INLINE uint32_t absmax_f32(const float *x, size_t len) {
+  const __m256i mask = _mm256_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  uint32_t r;
+  for (; i + 32 <= len; i += 32) {
+    a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
+    a1 = _mm256_max_epu32(a1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 8)), mask));
+    a2 = _mm256_max_epu32(a2, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 16)), mask));
+    a3 = _mm256_max_epu32(a3, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 24)), mask));
+  }
+  for (; i + 8 <= len; i += 8)
+    a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
+  r = hmax_epu32(_mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
+  for (; i < len; i++) {
+    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    r = u > r ? u : r;
+  }
+  return r;
+}
+
+/* Largest (bits & 0x7fff) over an fp16 or bf16 block.  Both are
+ * sign-magnitude, so this is the element of largest |x| (NaN above Inf). */
+ZPP_AVX2_INLINE uint16_t absmax_u16(const uint16_t *x, size_t len) {
+  const __m256i mask = _mm256_set1_epi16(0x7fff);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  size_t i = 0;
+  uint16_t r;
+  for (; i + 32 <= len; i += 32) {
+    a0 = _mm256_max_epu16(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
+    a1 = _mm256_max_epu16(a1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 16)), mask));
+  }
+  for (; i + 16 <= len; i += 16)
+    a0 = _mm256_max_epu16(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
+  r = hmax_epu16(_mm256_max_epu16(a0, a1));
+  for (; i < len; i++) {
+    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    r = u > r ? u : r;
+  }
+  return r;
+}
+
+/* fp32 bits of the largest |x| of a block, exactly as the scalar path
+ * computes it (conversions to fp32 are exact and monotonic in |x|). */
+ZPP_AVX2_INLINE uint32_t block_absmax(const void *src, size_t off, size_t len,
+                                      int dtype) {
+  uint16_t h;
+  if (dtype == ZPP_QM_F32)
+    return absmax_f32((const float *)src + off, len);
+  h = absmax_u16((const uint16_t *)src + off, len);
+  if (dtype == ZPP_QM_BF16)
+    return (uint32_t)h << 16;
+  return zpp_qm_f32_bits(zpp_qm_f16_to_f32(h));
+}
+
+/* Minimum and maximum over the finite elements and the non-finite flag
+ * (the scalar path's loop).  When the block holds Inf or NaN the min/max
+ * returned may be anything: asym_params ignores them then. */
+ZPP_AVX2_INLINE void minmax_f32(const float *x, size_t len, float *mn_out,
+                                float *mx_out, int *nonfinite) {
+  const __m256i mask = _mm256_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m256 v0 = _mm256_loadu_ps(x);
+  __m256 mn0 = v0, mx0 = v0, mn1 = v0, mx1 = v0;
+  __m256i a0 = _mm256_and_si256(_mm256_castps_si256(v0), mask), a1 = a0;
+  size_t i = 8;
+  float mn, mx;
+  uint32_t amax;
+  for (; i + 16 <= len; i += 16) {
+    __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+    mn0 = _mm256_min_ps(mn0, v);
+    mx0 = _mm256_max_ps(mx0, v);
+    a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_castps_si256(v), mask));
+    mn1 = _mm256_min_ps(mn1, w);
+    mx1 = _mm256_max_ps(mx1, w);
+    a1 = _mm256_max_epu32(a1, _mm256_and_si256(_mm256_castps_si256(w), mask));
+  }
+  for (; i + 8 <= len; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    mn0 = _mm256_min_ps(mn0, v);
+    mx0 = _mm256_max_ps(mx0, v);
+    a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_castps_si256(v), mask));
+  }
+  mn = hmin_ps(_mm256_min_ps(mn0, mn1));
+  mx = hmax_ps(_mm256_max_ps(mx0, mx1));
+  amax = hmax_epu32(_mm256_max_epu32(a0, a1));
+  for (; i < len; i++) {
+    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    amax = u > amax ? u : amax;
+    mn = x[i] < mn ? x[i] : mn;
+    mx = x[i] > mx ? x[i] : mx;
+  }
+  *nonfinite = amax >= ZPP_QM_EXP_MASK;
+  *mn_out = mn;
+  *mx_out = mx;
+}
+
+/* The same for fp16/bf16, on the 16-bit patterns: t = h ^ ((h >> 15) &
+ * 0x7fff) maps sign-magnitude to two's complement order (only -0 < +0
+ * differs from float order, which does not matter, see above). */
+ZPP_AVX2_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
+                                float *mn_out, float *mx_out, int *nonfinite) {
+  const __m256i mag = _mm256_set1_epi16(0x7fff);
+  __m256i mn = _mm256_set1_epi16(INT16_MAX), mx = _mm256_set1_epi16(INT16_MIN);
+  __m256i amax = _mm256_setzero_si256();
+  size_t i = 0;
+  int16_t tmn, tmx;
+  uint16_t a, hmn, hmx;
+  float fmn, fmx;
+  for (; i + 16 <= len; i += 16) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(x + i));
+    __m256i t = _mm256_xor_si256(v, _mm256_and_si256(_mm256_srai_epi16(v, 15), mag));
+    mn = _mm256_min_epi16(mn, t);
+    mx = _mm256_max_epi16(mx, t);
+    amax = _mm256_max_epu16(amax, _mm256_and_si256(v, mag));
+  }
+  if (i == 0) { /* shorter than one vector: start from element 0 */
+    mn = mx = _mm256_set1_epi16((int16_t)(x[0] ^ ((x[0] & 0x8000u) ? 0x7fffu : 0u)));
+    amax = _mm256_set1_epi16((int16_t)(x[0] & 0x7fffu));
+  }
+  tmn = hmin_epi16(mn);
+  tmx = hmax_epi16(mx);
+  a = hmax_epu16(amax);
+  hmn = (uint16_t)((uint16_t)tmn ^ (tmn < 0 ? 0x7fffu : 0u));
+  hmx = (uint16_t)((uint16_t)tmx ^ (tmx < 0 ? 0x7fffu : 0u));
+  if (dtype == ZPP_QM_BF16) {
+    fmn = zpp_qm_bf16_to_f32(hmn);
+    fmx = zpp_qm_bf16_to_f32(hmx);
+  } else {
+    fmn = zpp_qm_f16_to_f32(hmn);
+    fmx = zpp_qm_f16_to_f32(hmx);
+  }
+  for (; i < len; i++) {
+    float f;
+    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    a = u > a ? u : a;
+    f = dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(x[i]) : zpp_qm_f16_to_f32(x[i]);
+    fmn = f < fmn ? f : fmn;
+    fmx = f > fmx ? f : fmx;
+  }
+  *nonfinite = a >= (dtype == ZPP_QM_BF16 ? 0x7f80u : 0x7c00u);
+  *mn_out = fmn;
+  *mx_out = fmx;
+}
+
+/* ---- quantize (pass 2) ------------------------------------------------------ */
+
+typedef struct {
+  __m256 zero, inv, scale, lo, hi;
+} qvec_t;
+
+ZPP_AVX2_INLINE void set_qvec(qvec_t *v, const zpp_qm_params_t *p) {
+  v->zero = _mm256_set1_ps(p->zero);
+  v->inv = _mm256_set1_ps(p->inv);
+  v->scale = _mm256_set1_ps(p->scale);
+  v->lo = _mm256_set1_ps(p->lo);
+  v->hi = _mm256_set1_ps(p->hi);
+}
+
+/* Codes of 8 elements: zpp_qm_quantize lane by lane.  Symmetric blocks
+ * skip the subtraction of zero (+0), which is exact.  max/min give the
+ * scalar clamp's value (they differ only in the sign of a zero, and codes
+ * are integers). */
+ZPP_AVX2_INLINE __m256i quant8(__m256 x, const qvec_t *p, int asym, int div) {
+  if (asym)
+    x = _mm256_sub_ps(x, p->zero);
+  x = div ? _mm256_div_ps(x, p->scale) : _mm256_mul_ps(x, p->inv);
+  x = _mm256_min_ps(_mm256_max_ps(x, p->lo), p->hi);
+  return _mm256_cvtps_epi32(x); /* MXCSR default: nearest even */
+}
+
+/* 32 codes (elements in order in q0..q3) to 32 bytes in order.  packs
+ * works within 128-bit lanes; the permutation puts the dwords back. */
+ZPP_AVX2_INLINE __m256i pack32(__m256i q0, __m256i q1, __m256i q2, __m256i q3,
+                               int asym) {
+  __m256i a = _mm256_packs_epi32(q0, q1);
+  __m256i b = _mm256_packs_epi32(q2, q3);
+  __m256i c = asym ? _mm256_packus_epi16(a, b) : _mm256_packs_epi16(a, b);
+  return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 8 codes to 8 bytes in the low half. */
+ZPP_AVX2_INLINE __m128i pack8(__m256i q, int asym) {
+  __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  return asym ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
+
+/* Code bytes -> INT4: in each 16-bit word (even element low byte, odd
+ * element high byte) the packed byte (lo & 0xf) | (hi << 4). */
+ZPP_AVX2_INLINE __m256i nibbles256(__m256i b) {
+  return _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi16(0x000f)),
+                         _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi16(0x00f0)));
+}
+
+ZPP_AVX2_INLINE __m128i nibbles128(__m128i b) {
+  return _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x000f)),
+                      _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi16(0x00f0)));
+}
+
+/* Elements [i, i+32) as four fp32 vectors.  bf16 is widened by
+ * interleaving with zero words, which leaves the elements in the lane
+ * order [0-3 | 8-11], [4-7 | 12-15], [16-19 | 24-27], [20-23 | 28-31] that
+ * packs_epi32 undoes (see pack32_loaded); the other dtypes are in order. */
+ZPP_AVX2_INLINE void load32(const void *src, size_t i, int dtype, __m256 x[4]) {
+  if (dtype == ZPP_QM_BF16) {
+    const __m256i *p = (const __m256i *)((const uint16_t *)src + i);
+    __m256i h0 = _mm256_loadu_si256(p), h1 = _mm256_loadu_si256(p + 1);
+    __m256i z = _mm256_setzero_si256();
+    x[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h0));
+    x[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h0));
+    x[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h1));
+    x[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h1));
+  } else {
+    x[0] = load8(src, i, dtype);
+    x[1] = load8(src, i + 8, dtype);
+    x[2] = load8(src, i + 16, dtype);
+    x[3] = load8(src, i + 24, dtype);
+  }
+}
+
+/* The 32 codes of load32's vectors as 32 bytes in element order. */
+ZPP_AVX2_INLINE __m256i pack32_loaded(__m256i q[4], int dtype, int asym) {
+  if (dtype == ZPP_QM_BF16) {
+    __m256i a = _mm256_packs_epi32(q[0], q[1]); /* elements 0-15 in order */
+    __m256i b = _mm256_packs_epi32(q[2], q[3]); /* 16-31 */
+    __m256i c = asym ? _mm256_packus_epi16(a, b) : _mm256_packs_epi16(a, b);
+    return _mm256_permute4x64_epi64(c, 0xd8); /* qwords 0, 2, 1, 3 */
+  }
+  return pack32(q[0], q[1], q[2], q[3], asym);
+}
+
+/* Code bytes of elements [i, i+32), in order. */
+ZPP_AVX2_INLINE __m256i codes32(const void *src, size_t i, int dtype,
+                                const qvec_t *v, int asym, int div) {
+  __m256 x[4];
+  __m256i q[4];
+  int k;
+  load32(src, i, dtype, x);
+  for (k = 0; k < 4; k++)
+    q[k] = quant8(x[k], v, asym, div);
+  return pack32_loaded(q, dtype, asym);
+}
+
+/* Payload of one finite block of len >= 8 elements. */
+ZPP_AVX2_INLINE void quant_block(const void *src, size_t off, size_t len,
+                                 int dtype, int bits, int asym, int div,
+                                 const zpp_qm_params_t *p, uint8_t *out) {
+  qvec_t v;
+  size_t i = 0;
+  set_qvec(&v, p);
+  if (bits == 8) {
+    for (; i + 32 <= len; i += 32)
+      _mm256_storeu_si256((__m256i *)(out + i),
+                          codes32(src, off + i, dtype, &v, asym, div));
+    for (; i + 8 <= len; i += 8)
+      _mm_storel_epi64((__m128i *)(out + i),
+                       pack8(quant8(load8(src, off + i, dtype), &v, asym, div), asym));
+    for (; i < len; i++)
+      out[i] = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i, dtype), p));
+  } else {
+    for (; i + 64 <= len; i += 64) {
+      __m256i b0 = nibbles256(codes32(src, off + i, dtype, &v, asym, div));
+      __m256i b1 = nibbles256(codes32(src, off + i + 32, dtype, &v, asym, div));
+      /* packus works per lane: qwords come out as 0, 2, 1, 3 */
+      _mm256_storeu_si256((__m256i *)(out + i / 2),
+                          _mm256_permute4x64_epi64(_mm256_packus_epi16(b0, b1), 0xd8));
+    }
+    for (; i + 32 <= len; i += 32) {
+      __m256i b0 = nibbles256(codes32(src, off + i, dtype, &v, asym, div));
+      _mm_storeu_si128((__m128i *)(out + i / 2),
+                       _mm_packus_epi16(_mm256_castsi256_si128(b0),
+                                        _mm256_extracti128_si256(b0, 1)));
+    }
+    for (; i + 8 <= len; i += 8) {
+      __m128i n = nibbles128(pack8(quant8(load8(src, off + i, dtype), &v, asym, div), asym));
+      uint32_t w = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(n, n));
+      memcpy(out + i / 2, &w, 4);
+    }
+    for (; i < len; i += 2) { /* i is even here */
+      uint8_t lo = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i, dtype), p));
+      uint8_t hi = 0;
+      if (i + 1 < len)
+        hi = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i + 1, dtype), p));
+      out[i / 2] = (uint8_t)((lo & 0xfu) | (uint8_t)(hi << 4));
+    }
+  }
+}
+
+/* A whole block of exactly 32 elements, loaded once and kept in registers
+ * (small blocks are dominated by per-block work).  The statistics are
+ * taken on the fp32 values, which is exact: the conversions are exact and
+ * keep Inf/NaN non-finite. */
+ZPP_AVX2_INLINE void encode_block32(const void *src, size_t off, int dtype,
+                                    int bits, int asym, uint8_t *meta,
+                                    uint8_t *payload) {
+  const __m256i mask = _mm256_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m256 x[4];
+  __m256i a;
+  zpp_qm_params_t p;
+  load32(src, off, dtype, x);
+  a = _mm256_max_epu32(
+      _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(x[0]), mask),
+                       _mm256_and_si256(_mm256_castps_si256(x[1]), mask)),
+      _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(x[2]), mask),
+                       _mm256_and_si256(_mm256_castps_si256(x[3]), mask)));
+  if (asym) {
+    /* NaN lanes may leak into min/max: the block is non-finite then */
+    float mn = hmin_ps(_mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3])));
+    float mx = hmax_ps(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
+    p = zpp_qm_asym_params(mn, mx, hmax_epu32(a) >= ZPP_QM_EXP_MASK, bits);
+  } else {
+    p = zpp_qm_sym_params(hmax_epu32(a), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind <= ZPP_QM_KIND_DIV) {
+    qvec_t v;
+    __m256i q[4], c;
+    int k, div = p.kind == ZPP_QM_KIND_DIV;
+    set_qvec(&v, &p);
+    for (k = 0; k < 4; k++)
+      q[k] = div ? quant8(x[k], &v, asym, 1) : quant8(x[k], &v, asym, 0);
+    c = pack32_loaded(q, dtype, asym);
+    if (bits == 8) {
+      _mm256_storeu_si256((__m256i *)payload, c);
+    } else {
+      c = nibbles256(c);
+      _mm_storeu_si128((__m128i *)payload,
+                       _mm_packus_epi16(_mm256_castsi256_si128(c),
+                                        _mm256_extracti128_si256(c, 1)));
+    }
+  } else {
+    memset(payload, 0, bits == 8 ? 32 : 16);
+  }
+}
+
+/* One block of len >= 8 elements: parameters, metadata, payload. */
+ZPP_AVX2_INLINE void encode_block(const void *src, size_t off, size_t len,
+                                  int dtype, int bits, int asym, uint8_t *meta,
+                                  uint8_t *payload) {
+  zpp_qm_params_t p;
+  if (asym) {
+    float mn, mx;
+    int nonfinite;
+    if (dtype == ZPP_QM_F32)
+      minmax_f32((const float *)src + off, len, &mn, &mx, &nonfinite);
+    else
+      minmax_u16((const uint16_t *)src + off, len, dtype, &mn, &mx, &nonfinite);
+    p = zpp_qm_asym_params(mn, mx, nonfinite, bits);
+  } else {
+    p = zpp_qm_sym_params(block_absmax(src, off, len, dtype), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind == ZPP_QM_KIND_MUL)
+    quant_block(src, off, len, dtype, bits, asym, 0, &p, payload);
+  else if (p.kind == ZPP_QM_KIND_DIV)
+    quant_block(src, off, len, dtype, bits, asym, 1, &p, payload);
+  else /* constant or non-finite: every code 0 */
+    memset(payload, 0, zpp_qm_payload_bytes(len, bits));
+}
+
+ZPP_AVX2_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
+                                const void *src, size_t count, uint8_t *dst,
+                                int bits, int asym) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  uint8_t *payload = dst + nb * mb;
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    if (len < ZPP_AVX2_MIN_BLOCK) /* only the tail block can be here */
+      zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
+    else if (len == 32)
+      encode_block32(src, off, dtype, bits, asym, dst + b * mb, payload + b * pb);
+    else
+      encode_block(src, off, len, dtype, bits, asym, dst + b * mb,
+                   payload + b * pb);
+  }
+}
+
+#define ZPP_AVX2_ENCODE_CASE(name, dt, bits, asym)                            \
+  static ZPP_AVX2_TARGET void name(const zpp_qcfg_t *cfg, const void *src,    \
+                                   size_t count, uint8_t *dst) {              \
+    encode_all(cfg, dt, src, count, dst, bits, asym);                         \
+  }
+ZPP_AVX2_ENCODE_CASE(enc_f32_8s, ZPP_QM_F32, 8, 0)
+ZPP_AVX2_ENCODE_CASE(enc_f32_8a, ZPP_QM_F32, 8, 1)
+ZPP_AVX2_ENCODE_CASE(enc_f32_4s, ZPP_QM_F32, 4, 0)
+ZPP_AVX2_ENCODE_CASE(enc_f32_4a, ZPP_QM_F32, 4, 1)
+ZPP_AVX2_ENCODE_CASE(enc_f16_8s, ZPP_QM_F16, 8, 0)
+ZPP_AVX2_ENCODE_CASE(enc_f16_8a, ZPP_QM_F16, 8, 1)
+ZPP_AVX2_ENCODE_CASE(enc_f16_4s, ZPP_QM_F16, 4, 0)
+ZPP_AVX2_ENCODE_CASE(enc_f16_4a, ZPP_QM_F16, 4, 1)
+ZPP_AVX2_ENCODE_CASE(enc_bf16_8s, ZPP_QM_BF16, 8, 0)
+ZPP_AVX2_ENCODE_CASE(enc_bf16_8a, ZPP_QM_BF16, 8, 1)
+ZPP_AVX2_ENCODE_CASE(enc_bf16_4s, ZPP_QM_BF16, 4, 0)
+ZPP_AVX2_ENCODE_CASE(enc_bf16_4a, ZPP_QM_BF16, 4, 1)
+
+typedef void (*encode_case_fn)(const zpp_qcfg_t *, const void *, size_t,
+                               uint8_t *);
+
+/* Indexed [dtype][bits == 4][asym]. */
+static const encode_case_fn encode_cases[3][2][2] = {
+    {{enc_f32_8s, enc_f32_8a}, {enc_f32_4s, enc_f32_4a}},
+    {{enc_f16_8s, enc_f16_8a}, {enc_f16_4s, enc_f16_4a}},
+    {{enc_bf16_8s, enc_bf16_8a}, {enc_bf16_4s, enc_bf16_4a}}};
+
+static void encode_avx2(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                        size_t count, uint8_t *dst) {
+  if (cfg->block < ZPP_AVX2_MIN_BLOCK) {
+    zpp_quant_encode_scalar(cfg, dtype, src, count, dst);
+    return;
+  }
+  encode_cases[dtype][cfg->bits == 4][cfg->asym != 0](cfg, src, count, dst);
+}
+
+/* ---- decode ---------------------------------------------------------------- */
+
+/* fp32 -> bf16 (zpp_qm_f32_to_bf16) of 8 lanes, as 32-bit lanes holding
+ * the 16-bit result.  `nan` 0 when no lane can be NaN (see decode_block). */
+ZPP_AVX2_INLINE __m256i bf16_lanes(__m256 v, int nan) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  if (nan) { /* NaN: quietened, sign and top payload kept */
+    __m256i is_nan = _mm256_cmpgt_epi32(
+        _mm256_and_si256(u, _mm256_set1_epi32((int)ZPP_QM_ABS_MASK)),
+        _mm256_set1_epi32((int)ZPP_QM_EXP_MASK));
+    __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+    r = _mm256_blendv_epi8(r, q, is_nan);
+  }
+  return r;
+}
+
+/* Stores decoded elements [i, i+8). */
+ZPP_AVX2_INLINE void store8(void *dst, size_t i, int out_kind, int nan, __m256 v) {
+  if (out_kind == ZPP_QM_F32) {
+    _mm256_storeu_ps((float *)dst + i, v);
+  } else if (out_kind == ZPP_QM_OUT_ACC) {
+    float *a = (float *)dst + i;
+    _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), v)); /* acc + v */
+  } else if (out_kind == ZPP_QM_F16) {
+    _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    __m256i r = bf16_lanes(v, nan);
+    _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                      _mm256_extracti128_si256(r, 1)));
+  }
+}
+
+/* Stores decoded elements [i, i+16); bf16 packs both vectors at once
+ * (packus works per lane: qwords come out as 0, 2, 1, 3). */
+ZPP_AVX2_INLINE void store16(void *dst, size_t i, int out_kind, int nan,
+                             __m256 v0, __m256 v1) {
+  if (out_kind == ZPP_QM_BF16) {
+    __m256i p = _mm256_packus_epi32(bf16_lanes(v0, nan), bf16_lanes(v1, nan));
+    _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i),
+                        _mm256_permute4x64_epi64(p, 0xd8));
+  } else {
+    store8(dst, i, out_kind, nan, v0);
+    store8(dst, i + 8, out_kind, nan, v1);
+  }
+}
+
+/* Codes (8 bytes, low half of c) to decoded values: zero + q * scale. */
+ZPP_AVX2_INLINE __m256 dequant8(__m128i c, int asym, __m256 scale, __m256 zero) {
+  __m256i q = asym ? _mm256_cvtepu8_epi32(c) : _mm256_cvtepi8_epi32(c);
+  return _mm256_add_ps(zero, _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
+}
+
+/* 16 INT4 codes (8 bytes, low half of b) to 16 code bytes in element
+ * order; symmetric nibbles are sign-extended ((n ^ 8) - 8). */
+ZPP_AVX2_INLINE __m128i unpack_nibbles(__m128i b, int asym, int hi_half) {
+  const __m128i m = _mm_set1_epi8(0x0f);
+  __m128i lo = _mm_and_si128(b, m);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  __m128i e = hi_half ? _mm_unpackhi_epi8(lo, hi) : _mm_unpacklo_epi8(lo, hi);
+  if (!asym)
+    e = _mm_sub_epi8(_mm_xor_si128(e, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  return e;
+}
+
+/* The scalar loop body of zpp_quant_decode_blocks_scalar for one element. */
+ZPP_AVX2_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
+                                int asym, float scale, float zero, void *dst,
+                                size_t j, int out_kind) {
+  uint32_t stored = bits == 8 ? payload[i] : (payload[i / 2] >> (4 * (i & 1))) & 0xfu;
+  float v = zpp_qm_dequantize(zpp_qm_code_value(stored, bits, asym), scale, zero);
+  if (out_kind == ZPP_QM_OUT_ACC)
+    zpp_qm_store(dst, j, ZPP_QM_F32, zpp_qm_add(zpp_qm_load(dst, j, ZPP_QM_F32), v));
+  else
+    zpp_qm_store(dst, j, out_kind, v);
+}
+
+ZPP_AVX2_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
+                                  size_t off, size_t len, int bits, int asym,
+                                  int out_kind, int nan, void *dst) {
+  float scale, zero = 0.0f;
+  __m256 vs, vz;
+  size_t i = 0;
+  memcpy(&scale, meta, 4);
+  if (asym)
+    memcpy(&zero, meta + 4, 4);
+  vs = _mm256_set1_ps(scale);
+  vz = _mm256_set1_ps(zero);
+  if (bits == 8) {
+    for (; i + 32 <= len; i += 32) {
+      __m128i c0 = _mm_loadu_si128((const __m128i *)(in + i));
+      __m128i c1 = _mm_loadu_si128((const __m128i *)(in + i + 16));
+      store16(dst, off + i, out_kind, nan, dequant8(c0, asym, vs, vz),
+              dequant8(_mm_srli_si128(c0, 8), asym, vs, vz));
+      store16(dst, off + i + 16, out_kind, nan, dequant8(c1, asym, vs, vz),
+              dequant8(_mm_srli_si128(c1, 8), asym, vs, vz));
+    }
+    for (; i + 8 <= len; i += 8)
+      store8(dst, off + i, out_kind, nan,
+             dequant8(_mm_loadl_epi64((const __m128i *)(in + i)), asym, vs, vz));
+  } else {
+    for (; i + 32 <= len; i += 32) {
+      __m128i b = _mm_loadu_si128((const __m128i *)(in + i / 2));
+      __m128i e0 = unpack_nibbles(b, asym, 0), e1 = unpack_nibbles(b, asym, 1);
+      store16(dst, off + i, out_kind, nan, dequant8(e0, asym, vs, vz),
+              dequant8(_mm_srli_si128(e0, 8), asym, vs, vz));
+      store16(dst, off + i + 16, out_kind, nan, dequant8(e1, asym, vs, vz),
+              dequant8(_mm_srli_si128(e1, 8), asym, vs, vz));
+    }
+    for (; i + 8 <= len; i += 8) {
+      uint32_t w;
+      memcpy(&w, in + i / 2, 4);
+      store8(dst, off + i, out_kind, nan,
+             dequant8(unpack_nibbles(_mm_cvtsi32_si128((int)w), asym, 0), asym, vs, vz));
+    }
+  }
+  for (; i < len; i++)
+    decode_one(in, i, bits, asym, scale, zero, dst, off + i, out_kind);
+}
+
+/* A decoded value zero + q * scale can be NaN only when scale or zero is
+ * not finite (finite * integer is finite or +-Inf; finite + Inf is Inf). */
+ZPP_AVX2_INLINE int meta_finite(const uint8_t *meta, int asym) {
+  uint32_t s, z = 0;
+  memcpy(&s, meta, 4);
+  if (asym)
+    memcpy(&z, meta + 4, 4);
+  return (s & ZPP_QM_ABS_MASK) < ZPP_QM_EXP_MASK &&
+         (z & ZPP_QM_ABS_MASK) < ZPP_QM_EXP_MASK;
+}
+
+ZPP_AVX2_INLINE void decode_all(const zpp_qcfg_t *cfg, const uint8_t *src,
+                                size_t count, void *dst, int bits, int asym,
+                                int out_kind) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  const uint8_t *payload = src + nb * mb;
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    const uint8_t *meta = src + b * mb;
+    if (out_kind != ZPP_QM_BF16 || meta_finite(meta, asym))
+      decode_block(meta, payload + b * pb, off, len, bits, asym, out_kind, 0, dst);
+    else
+      decode_block(meta, payload + b * pb, off, len, bits, asym, out_kind, 1, dst);
+  }
+}
+
+#define ZPP_AVX2_DECODE_CASE(name, bits, asym, kind)                          \
+  static ZPP_AVX2_TARGET void name(const zpp_qcfg_t *cfg, const uint8_t *src, \
+                                   size_t count, void *dst) {                 \
+    decode_all(cfg, src, count, dst, bits, asym, kind);                       \
+  }
+#define ZPP_AVX2_DECODE_KINDS(p, bits, asym)                                  \
+  ZPP_AVX2_DECODE_CASE(p##_f32, bits, asym, ZPP_QM_F32)                       \
+  ZPP_AVX2_DECODE_CASE(p##_f16, bits, asym, ZPP_QM_F16)                       \
+  ZPP_AVX2_DECODE_CASE(p##_bf16, bits, asym, ZPP_QM_BF16)                     \
+  ZPP_AVX2_DECODE_CASE(p##_acc, bits, asym, ZPP_QM_OUT_ACC)
+ZPP_AVX2_DECODE_KINDS(dec_8s, 8, 0)
+ZPP_AVX2_DECODE_KINDS(dec_8a, 8, 1)
+ZPP_AVX2_DECODE_KINDS(dec_4s, 4, 0)
+ZPP_AVX2_DECODE_KINDS(dec_4a, 4, 1)
+
+typedef void (*decode_case_fn)(const zpp_qcfg_t *, const uint8_t *, size_t,
+                               void *);
+
+/* Indexed [bits == 4][asym][out_kind]; out_kind order F32, F16, BF16, ACC
+ * (the values 0..3 of quant_math.h and quant_cpu.h). */
+static const decode_case_fn decode_cases[2][2][4] = {
+    {{dec_8s_f32, dec_8s_f16, dec_8s_bf16, dec_8s_acc},
+     {dec_8a_f32, dec_8a_f16, dec_8a_bf16, dec_8a_acc}},
+    {{dec_4s_f32, dec_4s_f16, dec_4s_bf16, dec_4s_acc},
+     {dec_4a_f32, dec_4a_f16, dec_4a_bf16, dec_4a_acc}}};
+
+static void decode_avx2(const zpp_qcfg_t *cfg, const uint8_t *src,
+                        size_t count, int out_kind, void *dst) {
+  if (cfg->block < ZPP_AVX2_MIN_BLOCK) {
+    zpp_quant_decode_scalar(cfg, src, count, out_kind, dst);
+    return;
+  }
+  decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
+}
+
+static const zpp_quant_cpu_ops_t avx2_ops = {"avx2", encode_avx2, decode_avx2};
+
+/* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
+ * every compiler.  Its YMM state is covered by the AVX2 check. */
+static int cpu_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
+const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_avx2(void) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      cpu_has_f16c())
+    return &avx2_ops;
+  return NULL;
+}
+
+#else /* not x86-64 with GCC or Clang */
 
 const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_avx2(void) { return NULL; }
+
+#endif
