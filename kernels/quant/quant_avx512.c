@@ -1,4 +1,676 @@
-/* Placeholder until the avx512 path lands: not built, so the table is NULL. */
+/*
+ * AVX-512 block codec (F, BW, VL, DQ and F16C).  The same structure and the
+ * same exactness argument as quant_avx2.c, on 16 lanes:
+ *   - absmax is an integer max of (bits & 0x7fffffff), as in the scalar path;
+ *   - min/max are order-free (zero signs do not matter: asym_params
+ *     canonicalises -0, and range = mx - mn is the same for either zero);
+ *   - the block parameters come from zpp_qm_sym_params/zpp_qm_asym_params;
+ *   - sub, mul, div, min, max and cvtps2dq run in the default MXCSR mode
+ *     (round to nearest even; no embedded rounding is used);
+ *   - codes are narrowed with the truncating vpmovdb/vpmovqb, exact because
+ *     they are clamped to [-127, 255] first;
+ *   - decode is mul then add (no FMA: the build uses -ffp-contract=off);
+ *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors;
+ *     bf16 output uses the integer rounding of zpp_qm_f32_to_bf16.
+ * Blocks shorter than one vector, and the last (< 16) elements of a block,
+ * go through the shared scalar code.
+ *
+ * Only the functions below carry the AVX-512 target attribute: the rest of
+ * the library stays baseline x86-64, and the table is handed out only when
+ * the CPU (and OS) support all of the extensions above.
+ */
 #include "quant_cpu.h"
+#include "quant_math.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define ZPP_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define ZPP_AVX512_INLINE \
+  static inline __attribute__((always_inline)) ZPP_AVX512_TARGET
+
+/* Elements per vector step; shorter blocks take the scalar path. */
+#define ZPP_AVX512_MIN_BLOCK 16u
+
+/* ---- horizontal reductions ---------------------------------------------- */
+
+ZPP_AVX512_INLINE uint32_t hmax_epu32(__m512i v) {
+  __m256i y = _mm256_max_epu32(_mm512_castsi512_si256(v),
+                               _mm512_extracti64x4_epi64(v, 1));
+  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(y),
+                            _mm256_extracti128_si256(y, 1));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+  return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX512_INLINE uint16_t hmax_epu16(__m512i v) {
+  __m256i y = _mm256_max_epu16(_mm512_castsi512_si256(v),
+                               _mm512_extracti64x4_epi64(v, 1));
+  __m128i h = _mm_max_epu16(_mm256_castsi256_si128(y),
+                            _mm256_extracti128_si256(y, 1));
+  h = _mm_max_epu16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_max_epu16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (uint16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX512_INLINE int16_t hmin_epi16(__m512i v) {
+  __m256i y = _mm256_min_epi16(_mm512_castsi512_si256(v),
+                               _mm512_extracti64x4_epi64(v, 1));
+  __m128i h = _mm_min_epi16(_mm256_castsi256_si128(y),
+                            _mm256_extracti128_si256(y, 1));
+  h = _mm_min_epi16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_min_epi16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_min_epi16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (int16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX512_INLINE int16_t hmax_epi16(__m512i v) {
+  __m256i y = _mm256_max_epi16(_mm512_castsi512_si256(v),
+                               _mm512_extracti64x4_epi64(v, 1));
+  __m128i h = _mm_max_epi16(_mm256_castsi256_si128(y),
+                            _mm256_extracti128_si256(y, 1));
+  h = _mm_max_epi16(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epi16(h, _mm_shuffle_epi32(h, 0xb1));
+  h = _mm_max_epi16(h, _mm_shufflelo_epi16(h, 0xb1));
+  return (int16_t)_mm_cvtsi128_si32(h);
+}
+
+ZPP_AVX512_INLINE float hmin_ps(__m512 v) {
+  __m256 y = _mm256_min_ps(_mm512_castps512_ps256(v),
+                           _mm512_extractf32x8_ps(v, 1));
+  __m128 h = _mm_min_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+  h = _mm_min_ps(h, _mm_shuffle_ps(h, h, 0x4e));
+  h = _mm_min_ps(h, _mm_shuffle_ps(h, h, 0xb1));
+  return _mm_cvtss_f32(h);
+}
+
+ZPP_AVX512_INLINE float hmax_ps(__m512 v) {
+  __m256 y = _mm256_max_ps(_mm512_castps512_ps256(v),
+                           _mm512_extractf32x8_ps(v, 1));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+  h = _mm_max_ps(h, _mm_shuffle_ps(h, h, 0x4e));
+  h = _mm_max_ps(h, _mm_shuffle_ps(h, h, 0xb1));
+  return _mm_cvtss_f32(h);
+}
+
+/* ---- loads ---------------------------------------------------------------- */
+
+/* Elements [i, i+16) of a `dtype` buffer as fp32 (exact conversions). */
+ZPP_AVX512_INLINE __m512 load16(const void *src, size_t i, int dtype) {
+  if (dtype == ZPP_QM_F32)
+    return _mm512_loadu_ps((const float *)src + i);
+  {
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i));
+    if (dtype == ZPP_QM_F16)
+      return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+/* ---- block statistics (pass 1) ------------------------------------------- */
+
+/* Largest (bits & 0x7fffffff) over an fp32 block, as the scalar path. */
+ZPP_AVX512_INLINE uint32_t absmax_f32(const float *x, size_t len) {
+  const __m512i mask = _mm512_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  uint32_t r;
+  for (; i + 64 <= len; i += 64) {
+    a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_loadu_si512(x + i), mask));
+    a1 = _mm512_max_epu32(a1, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), mask));
+    a2 = _mm512_max_epu32(a2, _mm512_and_si512(_mm512_loadu_si512(x + i + 32), mask));
+    a3 = _mm512_max_epu32(a3, _mm512_and_si512(_mm512_loadu_si512(x + i + 48), mask));
+  }
+  for (; i + 16 <= len; i += 16)
+    a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_loadu_si512(x + i), mask));
+  r = hmax_epu32(_mm512_max_epu32(_mm512_max_epu32(a0, a1), _mm512_max_epu32(a2, a3)));
+  for (; i < len; i++) {
+    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    r = u > r ? u : r;
+  }
+  return r;
+}
+
+/* Largest (bits & 0x7fff) over an fp16 or bf16 block.  Both are
+ * sign-magnitude, so this is the element of largest |x| (NaN above Inf). */
+ZPP_AVX512_INLINE uint16_t absmax_u16(const uint16_t *x, size_t len) {
+  const __m512i mask = _mm512_set1_epi16(0x7fff);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+  size_t i = 0;
+  uint16_t r;
+  for (; i + 64 <= len; i += 64) {
+    a0 = _mm512_max_epu16(a0, _mm512_and_si512(_mm512_loadu_si512(x + i), mask));
+    a1 = _mm512_max_epu16(a1, _mm512_and_si512(_mm512_loadu_si512(x + i + 32), mask));
+  }
+  for (; i + 32 <= len; i += 32)
+    a0 = _mm512_max_epu16(a0, _mm512_and_si512(_mm512_loadu_si512(x + i), mask));
+  r = hmax_epu16(_mm512_max_epu16(a0, a1));
+  for (; i < len; i++) {
+    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    r = u > r ? u : r;
+  }
+  return r;
+}
+
+/* fp32 bits of the largest |x| of a block, exactly as the scalar path
+ * computes it (conversions to fp32 are exact and monotonic in |x|). */
+ZPP_AVX512_INLINE uint32_t block_absmax(const void *src, size_t off, size_t len,
+                                        int dtype) {
+  uint16_t h;
+  if (dtype == ZPP_QM_F32)
+    return absmax_f32((const float *)src + off, len);
+  h = absmax_u16((const uint16_t *)src + off, len);
+  if (dtype == ZPP_QM_BF16)
+    return (uint32_t)h << 16;
+  return zpp_qm_f32_bits(zpp_qm_f16_to_f32(h));
+}
+
+/* Minimum and maximum over the finite elements and the non-finite flag
+ * (the scalar path's loop); len >= 16.  When the block holds Inf or NaN
+ * the min/max returned may be anything: asym_params ignores them then. */
+ZPP_AVX512_INLINE void minmax_f32(const float *x, size_t len, float *mn_out,
+                                  float *mx_out, int *nonfinite) {
+  const __m512i mask = _mm512_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m512 v0 = _mm512_loadu_ps(x);
+  __m512 mn0 = v0, mx0 = v0, mn1 = v0, mx1 = v0;
+  __m512i a0 = _mm512_and_si512(_mm512_castps_si512(v0), mask), a1 = a0;
+  size_t i = 16;
+  float mn, mx;
+  uint32_t amax;
+  for (; i + 32 <= len; i += 32) {
+    __m512 v = _mm512_loadu_ps(x + i), w = _mm512_loadu_ps(x + i + 16);
+    mn0 = _mm512_min_ps(mn0, v);
+    mx0 = _mm512_max_ps(mx0, v);
+    a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_castps_si512(v), mask));
+    mn1 = _mm512_min_ps(mn1, w);
+    mx1 = _mm512_max_ps(mx1, w);
+    a1 = _mm512_max_epu32(a1, _mm512_and_si512(_mm512_castps_si512(w), mask));
+  }
+  for (; i + 16 <= len; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    mn0 = _mm512_min_ps(mn0, v);
+    mx0 = _mm512_max_ps(mx0, v);
+    a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_castps_si512(v), mask));
+  }
+  mn = hmin_ps(_mm512_min_ps(mn0, mn1));
+  mx = hmax_ps(_mm512_max_ps(mx0, mx1));
+  amax = hmax_epu32(_mm512_max_epu32(a0, a1));
+  for (; i < len; i++) {
+    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    amax = u > amax ? u : amax;
+    mn = x[i] < mn ? x[i] : mn;
+    mx = x[i] > mx ? x[i] : mx;
+  }
+  *nonfinite = amax >= ZPP_QM_EXP_MASK;
+  *mn_out = mn;
+  *mx_out = mx;
+}
+
+/* The same for fp16/bf16, on the 16-bit patterns: t = h ^ ((h >> 15) &
+ * 0x7fff) maps sign-magnitude to two's complement order (only -0 < +0
+ * differs from float order, which does not matter, see above). */
+ZPP_AVX512_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
+                                  float *mn_out, float *mx_out, int *nonfinite) {
+  const __m512i mag = _mm512_set1_epi16(0x7fff);
+  __m512i mn = _mm512_set1_epi16(INT16_MAX), mx = _mm512_set1_epi16(INT16_MIN);
+  __m512i amax = _mm512_setzero_si512();
+  size_t i = 0;
+  int16_t tmn, tmx;
+  uint16_t a, hmn, hmx;
+  float fmn, fmx;
+  for (; i + 32 <= len; i += 32) {
+    __m512i v = _mm512_loadu_si512(x + i);
+    __m512i t = _mm512_xor_si512(v, _mm512_and_si512(_mm512_srai_epi16(v, 15), mag));
+    mn = _mm512_min_epi16(mn, t);
+    mx = _mm512_max_epi16(mx, t);
+    amax = _mm512_max_epu16(amax, _mm512_and_si512(v, mag));
+  }
+  if (i == 0) { /* shorter than one vector: start from element 0 */
+    mn = mx = _mm512_set1_epi16((int16_t)(x[0] ^ ((x[0] & 0x8000u) ? 0x7fffu : 0u)));
+    amax = _mm512_set1_epi16((int16_t)(x[0] & 0x7fffu));
+  }
+  tmn = hmin_epi16(mn);
+  tmx = hmax_epi16(mx);
+  a = hmax_epu16(amax);
+  hmn = (uint16_t)((uint16_t)tmn ^ (tmn < 0 ? 0x7fffu : 0u));
+  hmx = (uint16_t)((uint16_t)tmx ^ (tmx < 0 ? 0x7fffu : 0u));
+  if (dtype == ZPP_QM_BF16) {
+    fmn = zpp_qm_bf16_to_f32(hmn);
+    fmx = zpp_qm_bf16_to_f32(hmx);
+  } else {
+    fmn = zpp_qm_f16_to_f32(hmn);
+    fmx = zpp_qm_f16_to_f32(hmx);
+  }
+  for (; i < len; i++) {
+    float f;
+    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    a = u > a ? u : a;
+    f = dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(x[i]) : zpp_qm_f16_to_f32(x[i]);
+    fmn = f < fmn ? f : fmn;
+    fmx = f > fmx ? f : fmx;
+  }
+  *nonfinite = a >= (dtype == ZPP_QM_BF16 ? 0x7f80u : 0x7c00u);
+  *mn_out = fmn;
+  *mx_out = fmx;
+}
+
+/* ---- quantize (pass 2) ------------------------------------------------------ */
+
+typedef struct {
+  __m512 zero, inv, scale, lo, hi;
+} qvec_t;
+
+ZPP_AVX512_INLINE void set_qvec(qvec_t *v, const zpp_qm_params_t *p) {
+  v->zero = _mm512_set1_ps(p->zero);
+  v->inv = _mm512_set1_ps(p->inv);
+  v->scale = _mm512_set1_ps(p->scale);
+  v->lo = _mm512_set1_ps(p->lo);
+  v->hi = _mm512_set1_ps(p->hi);
+}
+
+/* Codes of 16 elements: zpp_qm_quantize lane by lane.  Symmetric blocks
+ * skip the subtraction of zero (+0), which is exact.  max/min give the
+ * scalar clamp's value (they differ only in the sign of a zero, and codes
+ * are integers). */
+ZPP_AVX512_INLINE __m512i quant16(__m512 x, const qvec_t *p, int asym, int div) {
+  if (asym)
+    x = _mm512_sub_ps(x, p->zero);
+  x = div ? _mm512_div_ps(x, p->scale) : _mm512_mul_ps(x, p->inv);
+  x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
+  return _mm512_cvtps_epi32(x); /* MXCSR default: nearest even */
+}
+
+/* 16 clamped codes to 16 bytes (two's complement or unsigned alike). */
+ZPP_AVX512_INLINE __m128i bytes16(__m512i q) { return _mm512_cvtepi32_epi8(q); }
+
+/* 16 clamped codes to 8 INT4 bytes: in each 64-bit lane (even element low
+ * dword, odd element high dword) (lo & 0xf) | (hi << 4), then vpmovqb. */
+ZPP_AVX512_INLINE __m128i nibbles16(__m512i q) {
+  __m512i n = _mm512_or_si512(
+      _mm512_and_si512(q, _mm512_set1_epi64(0x0f)),
+      _mm512_and_si512(_mm512_srli_epi64(q, 28), _mm512_set1_epi64(0xf0)));
+  return _mm512_cvtepi64_epi8(n);
+}
+
+/* Payload of one finite block of len >= 16 elements. */
+ZPP_AVX512_INLINE void quant_block(const void *src, size_t off, size_t len,
+                                   int dtype, int bits, int asym, int div,
+                                   const zpp_qm_params_t *p, uint8_t *out) {
+  qvec_t v;
+  size_t i = 0;
+  set_qvec(&v, p);
+  if (bits == 8) {
+    for (; i + 64 <= len; i += 64) {
+      __m512i q0 = quant16(load16(src, off + i, dtype), &v, asym, div);
+      __m512i q1 = quant16(load16(src, off + i + 16, dtype), &v, asym, div);
+      __m512i q2 = quant16(load16(src, off + i + 32, dtype), &v, asym, div);
+      __m512i q3 = quant16(load16(src, off + i + 48, dtype), &v, asym, div);
+      _mm_storeu_si128((__m128i *)(out + i), bytes16(q0));
+      _mm_storeu_si128((__m128i *)(out + i + 16), bytes16(q1));
+      _mm_storeu_si128((__m128i *)(out + i + 32), bytes16(q2));
+      _mm_storeu_si128((__m128i *)(out + i + 48), bytes16(q3));
+    }
+    for (; i + 16 <= len; i += 16)
+      _mm_storeu_si128((__m128i *)(out + i),
+                       bytes16(quant16(load16(src, off + i, dtype), &v, asym, div)));
+    for (; i < len; i++)
+      out[i] = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i, dtype), p));
+  } else {
+    for (; i + 64 <= len; i += 64) {
+      __m128i n0 = nibbles16(quant16(load16(src, off + i, dtype), &v, asym, div));
+      __m128i n1 = nibbles16(quant16(load16(src, off + i + 16, dtype), &v, asym, div));
+      __m128i n2 = nibbles16(quant16(load16(src, off + i + 32, dtype), &v, asym, div));
+      __m128i n3 = nibbles16(quant16(load16(src, off + i + 48, dtype), &v, asym, div));
+      _mm_storeu_si128((__m128i *)(out + i / 2), _mm_unpacklo_epi64(n0, n1));
+      _mm_storeu_si128((__m128i *)(out + i / 2 + 16), _mm_unpacklo_epi64(n2, n3));
+    }
+    for (; i + 16 <= len; i += 16)
+      _mm_storel_epi64((__m128i *)(out + i / 2),
+                       nibbles16(quant16(load16(src, off + i, dtype), &v, asym, div)));
+    for (; i < len; i += 2) { /* i is even here */
+      uint8_t lo = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i, dtype), p));
+      uint8_t hi = 0;
+      if (i + 1 < len)
+        hi = zpp_qm_code_bits(zpp_qm_quantize(zpp_qm_load(src, off + i + 1, dtype), p));
+      out[i / 2] = (uint8_t)((lo & 0xfu) | (uint8_t)(hi << 4));
+    }
+  }
+}
+
+/* A whole block of exactly 32 elements, loaded once and kept in registers
+ * (small blocks are dominated by per-block work).  The statistics are
+ * taken on the fp32 values, which is exact: the conversions are exact and
+ * keep Inf/NaN non-finite. */
+ZPP_AVX512_INLINE void encode_block32(const void *src, size_t off, int dtype,
+                                      int bits, int asym, uint8_t *meta,
+                                      uint8_t *payload) {
+  const __m512i mask = _mm512_set1_epi32((int)ZPP_QM_ABS_MASK);
+  __m512 x0 = load16(src, off, dtype), x1 = load16(src, off + 16, dtype);
+  __m512i a = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), mask),
+                               _mm512_and_si512(_mm512_castps_si512(x1), mask));
+  zpp_qm_params_t p;
+  if (asym) {
+    /* NaN lanes may leak into min/max: the block is non-finite then */
+    float mn = hmin_ps(_mm512_min_ps(x0, x1));
+    float mx = hmax_ps(_mm512_max_ps(x0, x1));
+    p = zpp_qm_asym_params(mn, mx, hmax_epu32(a) >= ZPP_QM_EXP_MASK, bits);
+  } else {
+    p = zpp_qm_sym_params(hmax_epu32(a), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind <= ZPP_QM_KIND_DIV) {
+    qvec_t v;
+    __m512i q0, q1;
+    int div = p.kind == ZPP_QM_KIND_DIV;
+    set_qvec(&v, &p);
+    q0 = div ? quant16(x0, &v, asym, 1) : quant16(x0, &v, asym, 0);
+    q1 = div ? quant16(x1, &v, asym, 1) : quant16(x1, &v, asym, 0);
+    if (bits == 8) {
+      _mm_storeu_si128((__m128i *)payload, bytes16(q0));
+      _mm_storeu_si128((__m128i *)(payload + 16), bytes16(q1));
+    } else {
+      _mm_storeu_si128((__m128i *)payload,
+                       _mm_unpacklo_epi64(nibbles16(q0), nibbles16(q1)));
+    }
+  } else {
+    memset(payload, 0, bits == 8 ? 32 : 16);
+  }
+}
+
+/* One block of len >= 16 elements: parameters, metadata, payload. */
+ZPP_AVX512_INLINE void encode_block(const void *src, size_t off, size_t len,
+                                    int dtype, int bits, int asym,
+                                    uint8_t *meta, uint8_t *payload) {
+  zpp_qm_params_t p;
+  if (asym) {
+    float mn, mx;
+    int nonfinite;
+    if (dtype == ZPP_QM_F32)
+      minmax_f32((const float *)src + off, len, &mn, &mx, &nonfinite);
+    else
+      minmax_u16((const uint16_t *)src + off, len, dtype, &mn, &mx, &nonfinite);
+    p = zpp_qm_asym_params(mn, mx, nonfinite, bits);
+  } else {
+    p = zpp_qm_sym_params(block_absmax(src, off, len, dtype), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind == ZPP_QM_KIND_MUL)
+    quant_block(src, off, len, dtype, bits, asym, 0, &p, payload);
+  else if (p.kind == ZPP_QM_KIND_DIV)
+    quant_block(src, off, len, dtype, bits, asym, 1, &p, payload);
+  else /* constant or non-finite: every code 0 */
+    memset(payload, 0, zpp_qm_payload_bytes(len, bits));
+}
+
+ZPP_AVX512_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
+                                  const void *src, size_t count, uint8_t *dst,
+                                  int bits, int asym) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  uint8_t *payload = dst + nb * mb;
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    if (len < ZPP_AVX512_MIN_BLOCK) /* only the tail block can be here */
+      zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
+    else if (len == 32)
+      encode_block32(src, off, dtype, bits, asym, dst + b * mb, payload + b * pb);
+    else
+      encode_block(src, off, len, dtype, bits, asym, dst + b * mb,
+                   payload + b * pb);
+  }
+}
+
+#define ZPP_AVX512_ENCODE_CASE(name, dt, bits, asym)                          \
+  static ZPP_AVX512_TARGET void name(const zpp_qcfg_t *cfg, const void *src,  \
+                                     size_t count, uint8_t *dst) {            \
+    encode_all(cfg, dt, src, count, dst, bits, asym);                         \
+  }
+ZPP_AVX512_ENCODE_CASE(enc_f32_8s, ZPP_QM_F32, 8, 0)
+ZPP_AVX512_ENCODE_CASE(enc_f32_8a, ZPP_QM_F32, 8, 1)
+ZPP_AVX512_ENCODE_CASE(enc_f32_4s, ZPP_QM_F32, 4, 0)
+ZPP_AVX512_ENCODE_CASE(enc_f32_4a, ZPP_QM_F32, 4, 1)
+ZPP_AVX512_ENCODE_CASE(enc_f16_8s, ZPP_QM_F16, 8, 0)
+ZPP_AVX512_ENCODE_CASE(enc_f16_8a, ZPP_QM_F16, 8, 1)
+ZPP_AVX512_ENCODE_CASE(enc_f16_4s, ZPP_QM_F16, 4, 0)
+ZPP_AVX512_ENCODE_CASE(enc_f16_4a, ZPP_QM_F16, 4, 1)
+ZPP_AVX512_ENCODE_CASE(enc_bf16_8s, ZPP_QM_BF16, 8, 0)
+ZPP_AVX512_ENCODE_CASE(enc_bf16_8a, ZPP_QM_BF16, 8, 1)
+ZPP_AVX512_ENCODE_CASE(enc_bf16_4s, ZPP_QM_BF16, 4, 0)
+ZPP_AVX512_ENCODE_CASE(enc_bf16_4a, ZPP_QM_BF16, 4, 1)
+
+typedef void (*encode_case_fn)(const zpp_qcfg_t *, const void *, size_t,
+                               uint8_t *);
+
+/* Indexed [dtype][bits == 4][asym]. */
+static const encode_case_fn encode_cases[3][2][2] = {
+    {{enc_f32_8s, enc_f32_8a}, {enc_f32_4s, enc_f32_4a}},
+    {{enc_f16_8s, enc_f16_8a}, {enc_f16_4s, enc_f16_4a}},
+    {{enc_bf16_8s, enc_bf16_8a}, {enc_bf16_4s, enc_bf16_4a}}};
+
+static void encode_avx512(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                          size_t count, uint8_t *dst) {
+  if (cfg->block < ZPP_AVX512_MIN_BLOCK) {
+    zpp_quant_encode_scalar(cfg, dtype, src, count, dst);
+    return;
+  }
+  encode_cases[dtype][cfg->bits == 4][cfg->asym != 0](cfg, src, count, dst);
+}
+
+/* ---- decode ---------------------------------------------------------------- */
+
+/* fp32 -> bf16 (zpp_qm_f32_to_bf16) of 16 lanes.  `nan` 0 when no lane
+ * can be NaN (see meta_finite). */
+ZPP_AVX512_INLINE __m256i to_bf16x16(__m512 v, int nan) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  if (nan) { /* NaN: quietened, sign and top payload kept */
+    __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32((int)ZPP_QM_ABS_MASK)),
+        _mm512_set1_epi32((int)ZPP_QM_EXP_MASK));
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    r = _mm512_mask_blend_epi32(is_nan, r, q);
+  }
+  return _mm512_cvtepi32_epi16(r); /* every lane <= 0xffff: exact */
+}
+
+/* Stores decoded elements [i, i+16). */
+ZPP_AVX512_INLINE void store16(void *dst, size_t i, int out_kind, int nan,
+                               __m512 v) {
+  if (out_kind == ZPP_QM_F32) {
+    _mm512_storeu_ps((float *)dst + i, v);
+  } else if (out_kind == ZPP_QM_OUT_ACC) {
+    float *a = (float *)dst + i;
+    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), v)); /* acc + v */
+  } else if (out_kind == ZPP_QM_F16) {
+    _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i), to_bf16x16(v, nan));
+  }
+}
+
+/* Codes (16 bytes) to decoded values: zero + q * scale. */
+ZPP_AVX512_INLINE __m512 dequant16(__m128i c, int asym, __m512 scale,
+                                   __m512 zero) {
+  __m512i q = asym ? _mm512_cvtepu8_epi32(c) : _mm512_cvtepi8_epi32(c);
+  return _mm512_add_ps(zero, _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+}
+
+/* 16 INT4 codes (8 bytes, low half of b) to 16 code bytes in element
+ * order; symmetric nibbles are sign-extended ((n ^ 8) - 8). */
+ZPP_AVX512_INLINE __m128i unpack_nibbles(__m128i b, int asym) {
+  const __m128i m = _mm_set1_epi8(0x0f);
+  __m128i lo = _mm_and_si128(b, m);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  __m128i e = _mm_unpacklo_epi8(lo, hi);
+  if (!asym)
+    e = _mm_sub_epi8(_mm_xor_si128(e, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  return e;
+}
+
+/* The scalar loop body of zpp_quant_decode_blocks_scalar for one element. */
+ZPP_AVX512_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
+                                  int asym, float scale, float zero, void *dst,
+                                  size_t j, int out_kind) {
+  uint32_t stored = bits == 8 ? payload[i] : (payload[i / 2] >> (4 * (i & 1))) & 0xfu;
+  float v = zpp_qm_dequantize(zpp_qm_code_value(stored, bits, asym), scale, zero);
+  if (out_kind == ZPP_QM_OUT_ACC)
+    zpp_qm_store(dst, j, ZPP_QM_F32, zpp_qm_add(zpp_qm_load(dst, j, ZPP_QM_F32), v));
+  else
+    zpp_qm_store(dst, j, out_kind, v);
+}
+
+ZPP_AVX512_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
+                                    size_t off, size_t len, int bits, int asym,
+                                    int out_kind, int nan, void *dst) {
+  float scale, zero = 0.0f;
+  __m512 vs, vz;
+  size_t i = 0;
+  memcpy(&scale, meta, 4);
+  if (asym)
+    memcpy(&zero, meta + 4, 4);
+  vs = _mm512_set1_ps(scale);
+  vz = _mm512_set1_ps(zero);
+  if (bits == 8) {
+    for (; i + 64 <= len; i += 64) {
+      store16(dst, off + i, out_kind, nan,
+              dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
+      store16(dst, off + i + 16, out_kind, nan,
+              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 16)), asym, vs, vz));
+      store16(dst, off + i + 32, out_kind, nan,
+              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 32)), asym, vs, vz));
+      store16(dst, off + i + 48, out_kind, nan,
+              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 48)), asym, vs, vz));
+    }
+    for (; i + 16 <= len; i += 16)
+      store16(dst, off + i, out_kind, nan,
+              dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
+  } else {
+    for (; i + 64 <= len; i += 64) {
+      __m128i b0 = _mm_loadu_si128((const __m128i *)(in + i / 2));
+      __m128i b1 = _mm_loadu_si128((const __m128i *)(in + i / 2 + 16));
+      store16(dst, off + i, out_kind, nan,
+              dequant16(unpack_nibbles(b0, asym), asym, vs, vz));
+      store16(dst, off + i + 16, out_kind, nan,
+              dequant16(unpack_nibbles(_mm_srli_si128(b0, 8), asym), asym, vs, vz));
+      store16(dst, off + i + 32, out_kind, nan,
+              dequant16(unpack_nibbles(b1, asym), asym, vs, vz));
+      store16(dst, off + i + 48, out_kind, nan,
+              dequant16(unpack_nibbles(_mm_srli_si128(b1, 8), asym), asym, vs, vz));
+    }
+    for (; i + 16 <= len; i += 16)
+      store16(dst, off + i, out_kind, nan,
+              dequant16(unpack_nibbles(_mm_loadl_epi64((const __m128i *)(in + i / 2)), asym),
+                        asym, vs, vz));
+  }
+  for (; i < len; i++)
+    decode_one(in, i, bits, asym, scale, zero, dst, off + i, out_kind);
+}
+
+/* A decoded value zero + q * scale can be NaN only when scale or zero is
+ * not finite (finite * integer is finite or +-Inf; finite + Inf is Inf). */
+ZPP_AVX512_INLINE int meta_finite(const uint8_t *meta, int asym) {
+  uint32_t s, z = 0;
+  memcpy(&s, meta, 4);
+  if (asym)
+    memcpy(&z, meta + 4, 4);
+  return (s & ZPP_QM_ABS_MASK) < ZPP_QM_EXP_MASK &&
+         (z & ZPP_QM_ABS_MASK) < ZPP_QM_EXP_MASK;
+}
+
+ZPP_AVX512_INLINE void decode_all(const zpp_qcfg_t *cfg, const uint8_t *src,
+                                  size_t count, void *dst, int bits, int asym,
+                                  int out_kind) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  const uint8_t *payload = src + nb * mb;
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    const uint8_t *meta = src + b * mb;
+    if (out_kind != ZPP_QM_BF16 || meta_finite(meta, asym))
+      decode_block(meta, payload + b * pb, off, len, bits, asym, out_kind, 0, dst);
+    else
+      decode_block(meta, payload + b * pb, off, len, bits, asym, out_kind, 1, dst);
+  }
+}
+
+#define ZPP_AVX512_DECODE_CASE(name, bits, asym, kind)                        \
+  static ZPP_AVX512_TARGET void name(const zpp_qcfg_t *cfg,                   \
+                                     const uint8_t *src, size_t count,        \
+                                     void *dst) {                             \
+    decode_all(cfg, src, count, dst, bits, asym, kind);                       \
+  }
+#define ZPP_AVX512_DECODE_KINDS(p, bits, asym)                                \
+  ZPP_AVX512_DECODE_CASE(p##_f32, bits, asym, ZPP_QM_F32)                     \
+  ZPP_AVX512_DECODE_CASE(p##_f16, bits, asym, ZPP_QM_F16)                     \
+  ZPP_AVX512_DECODE_CASE(p##_bf16, bits, asym, ZPP_QM_BF16)                   \
+  ZPP_AVX512_DECODE_CASE(p##_acc, bits, asym, ZPP_QM_OUT_ACC)
+ZPP_AVX512_DECODE_KINDS(dec_8s, 8, 0)
+ZPP_AVX512_DECODE_KINDS(dec_8a, 8, 1)
+ZPP_AVX512_DECODE_KINDS(dec_4s, 4, 0)
+ZPP_AVX512_DECODE_KINDS(dec_4a, 4, 1)
+
+typedef void (*decode_case_fn)(const zpp_qcfg_t *, const uint8_t *, size_t,
+                               void *);
+
+/* Indexed [bits == 4][asym][out_kind]; out_kind order F32, F16, BF16, ACC
+ * (the values 0..3 of quant_math.h and quant_cpu.h). */
+static const decode_case_fn decode_cases[2][2][4] = {
+    {{dec_8s_f32, dec_8s_f16, dec_8s_bf16, dec_8s_acc},
+     {dec_8a_f32, dec_8a_f16, dec_8a_bf16, dec_8a_acc}},
+    {{dec_4s_f32, dec_4s_f16, dec_4s_bf16, dec_4s_acc},
+     {dec_4a_f32, dec_4a_f16, dec_4a_bf16, dec_4a_acc}}};
+
+static void decode_avx512(const zpp_qcfg_t *cfg, const uint8_t *src,
+                          size_t count, int out_kind, void *dst) {
+  if (cfg->block < ZPP_AVX512_MIN_BLOCK) {
+    zpp_quant_decode_scalar(cfg, src, count, out_kind, dst);
+    return;
+  }
+  decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
+}
+
+static const zpp_quant_cpu_ops_t avx512_ops = {"avx512", encode_avx512,
+                                               decode_avx512};
+
+/* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
+ * every compiler.  Its YMM state is covered by the AVX2 check. */
+static int cpu_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
+const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_avx512(void) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      cpu_has_f16c())
+    return &avx512_ops;
+  return NULL;
+}
+
+#else /* not x86-64 with GCC or Clang */
 
 const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_avx512(void) { return NULL; }
+
+#endif
