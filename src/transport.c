@@ -1,0 +1,439 @@
+/*
+ * The generic half of every transport: argument checks, serialisation,
+ * call and byte counters, link emulation and error recording.  Backends
+ * (transport_mpi.c, transport_nccl.c) only move bytes.
+ */
+#include "transport_impl.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- time --------------------------------------------------------------- */
+
+int64_t zpp_time_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void zpp_sleep_until_ns(int64_t deadline_ns) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)(deadline_ns / 1000000000);
+  ts.tv_nsec = (long)(deadline_ns % 1000000000);
+  /* Absolute sleep: a signal only restarts it, never shortens the wait. */
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+
+/* ---- init / teardown ------------------------------------------------------ */
+
+static zpp_linkclass_t link_class(const zpp_transport_t *t, int peer) {
+  return zpp_topo_link(t->topo, t->rank, peer) == ZPP_LINK_NET
+             ? ZPP_LINKCLASS_INTER
+             : ZPP_LINKCLASS_INTRA;
+}
+
+zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
+                                int rank, zpp_memory_t memory,
+                                double timeout_s) {
+  int g, i;
+  memset(t, 0, sizeof *t);
+  t->topo = topo;
+  t->rank = rank;
+  t->size = topo->world_size;
+  t->memory = memory;
+  t->timeout_s = timeout_s;
+  pthread_mutex_init(&t->lock, NULL);
+  pthread_mutex_init(&t->err_lock, NULL);
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    zpp_tgroup_t *gr = &t->grp[g];
+    ZPP_CHECK(zpp_topo_group(topo, (zpp_group_t)g, rank, NULL, &gr->size,
+                             &gr->index));
+    gr->members = malloc((size_t)gr->size * sizeof(int));
+    gr->ring = malloc((size_t)gr->size * sizeof(int));
+    if (gr->members == NULL || gr->ring == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "group tables");
+    ZPP_CHECK(zpp_topo_group(topo, (zpp_group_t)g, rank, gr->members, NULL,
+                             NULL));
+    /* NODE and CROSS members are already in node order; WORLD members are
+     * in world-rank order, which a round-robin placement interleaves. */
+    if (g == ZPP_GROUP_WORLD)
+      memcpy(gr->ring, topo->node_ranks, (size_t)gr->size * sizeof(int));
+    else
+      for (i = 0; i < gr->size; i++)
+        gr->ring[i] = i;
+  }
+  t->emu_gbit = zpp_setting_double("ZPP_EMU_INTER_GBIT", 0.0);
+  t->emu_lat_us = zpp_setting_double("ZPP_EMU_INTER_LAT_US", 0.0);
+  if (t->emu_gbit < 0 || t->emu_lat_us < 0) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "negative ZPP_EMU_INTER_GBIT/ZPP_EMU_INTER_LAT_US "
+             "ignored");
+    t->emu_gbit = t->emu_gbit < 0 ? 0 : t->emu_gbit;
+    t->emu_lat_us = t->emu_lat_us < 0 ? 0 : t->emu_lat_us;
+  }
+  t->emu_on = t->emu_gbit > 0 || t->emu_lat_us > 0;
+  return ZPP_OK;
+}
+
+void zpp_transport_free(zpp_transport_t *t) {
+  int g;
+  if (t == NULL)
+    return;
+  if (t->ops != NULL && t->ops->destroy != NULL)
+    t->ops->destroy(t);
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    free(t->grp[g].members);
+    free(t->grp[g].ring);
+  }
+  zpp_topo_free(t->topo);
+  pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->err_lock);
+  free(t);
+}
+
+void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->broken_why, sizeof t->broken_why, fmt, ap);
+  va_end(ap);
+  t->broken = 1;
+  ZPP_WARN(ZPP_SUBSYS_NET, "communicator unusable: %s", t->broken_why);
+}
+
+/* ---- link emulation ------------------------------------------------------- */
+
+int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
+                                   uint64_t bytes) {
+  int64_t now, start, xfer;
+  if (!t->emu_on || link_class(t, peer) != ZPP_LINKCLASS_INTER)
+    return 0;
+  now = zpp_time_ns();
+  /* Gbit/s is bits per nanosecond. */
+  xfer = t->emu_gbit > 0 ? (int64_t)((double)bytes * 8.0 / t->emu_gbit + 0.5)
+                         : 0;
+  start = now > t->nic_free_ns ? now : t->nic_free_ns;
+  t->nic_free_ns = start + xfer;
+  return t->nic_free_ns + (int64_t)(t->emu_lat_us * 1000.0 + 0.5);
+}
+
+void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns) {
+  int64_t now;
+  if (deadline_ns <= 0)
+    return;
+  now = zpp_time_ns();
+  if (deadline_ns <= now)
+    return;
+  zpp_sleep_until_ns(deadline_ns);
+  atomic_fetch_add(&t->emu_wait_ns, (uint_fast64_t)(zpp_time_ns() - now));
+}
+
+/* ---- accounting ------------------------------------------------------------ */
+
+void zpp_transport_account(zpp_transport_t *t, int peer, uint64_t sent,
+                           uint64_t recv) {
+  zpp_linkclass_t c;
+  if (t == NULL || peer == t->rank || peer < 0 || peer >= t->size)
+    return;
+  c = link_class(t, peer);
+  if (sent)
+    atomic_fetch_add(&t->sent[c], sent);
+  if (recv)
+    atomic_fetch_add(&t->recv[c], recv);
+}
+
+void zpp_transport_get_counts(zpp_transport_t *t, zpp_transport_counts_t *out) {
+  int i;
+  for (i = 0; i < ZPP_NLINKCLASSES; i++) {
+    out->sent[i] = atomic_load(&t->sent[i]);
+    out->recv[i] = atomic_load(&t->recv[i]);
+  }
+  for (i = 0; i < ZPP_NGROUPS; i++)
+    out->calls[i] = atomic_load(&t->calls[i]);
+}
+
+void zpp_transport_reset_counts(zpp_transport_t *t) {
+  int i;
+  for (i = 0; i < ZPP_NLINKCLASSES; i++) {
+    atomic_store(&t->sent[i], 0);
+    atomic_store(&t->recv[i], 0);
+  }
+  for (i = 0; i < ZPP_NGROUPS; i++)
+    atomic_store(&t->calls[i], 0);
+  atomic_store(&t->emu_wait_ns, 0);
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+zpp_status_t zpp_transport_fail(zpp_transport_t *t, zpp_status_t st) {
+  if (t != NULL && st != ZPP_OK) {
+    pthread_mutex_lock(&t->err_lock);
+    snprintf(t->last_error, sizeof t->last_error, "%s", zpp_get_last_error());
+    pthread_mutex_unlock(&t->err_lock);
+  }
+  return st;
+}
+
+/* ---- queries ---------------------------------------------------------------- */
+
+int zpp_transport_rank(const zpp_transport_t *t) { return t->rank; }
+int zpp_transport_size(const zpp_transport_t *t) { return t->size; }
+const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t) {
+  return t->topo;
+}
+zpp_backend_t zpp_transport_backend(const zpp_transport_t *t) {
+  return t->backend;
+}
+double zpp_transport_timeout_s(const zpp_transport_t *t) {
+  return t->timeout_s;
+}
+
+static int group_ok(zpp_group_t g) {
+  return g == ZPP_GROUP_WORLD || g == ZPP_GROUP_NODE || g == ZPP_GROUP_CROSS;
+}
+
+int zpp_transport_group_size(const zpp_transport_t *t, zpp_group_t g) {
+  return group_ok(g) ? t->grp[g].size : -1;
+}
+int zpp_transport_group_rank(const zpp_transport_t *t, zpp_group_t g) {
+  return group_ok(g) ? t->grp[g].index : -1;
+}
+int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
+                               int i) {
+  if (!group_ok(g) || i < 0 || i >= t->grp[g].size)
+    return -1;
+  return t->grp[g].members[i];
+}
+zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer) {
+  if (peer < 0 || peer >= t->size)
+    return ZPP_LINK_NET;
+  return zpp_topo_link(t->topo, t->rank, peer);
+}
+
+/* ---- checked, serialised operations -------------------------------------- */
+
+static zpp_status_t check_common(zpp_transport_t *t, zpp_group_t g,
+                                 zpp_memory_t mem, const char *func) {
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "transport is NULL");
+  if (!group_ok(g))
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "group %d: must be ZPP_GROUP_WORLD, _NODE or _CROSS",
+                     (int)g));
+  if (mem != ZPP_MEMORY_HOST && mem != ZPP_MEMORY_DEVICE)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "mem %d: must be ZPP_MEMORY_HOST or ZPP_MEMORY_DEVICE",
+                     (int)mem));
+  return ZPP_OK;
+}
+
+/* After the argument checks: takes the lock and counts the call. */
+static zpp_status_t begin(zpp_transport_t *t, zpp_group_t g,
+                          const char *func) {
+  pthread_mutex_lock(&t->lock);
+  if (t->broken) {
+    pthread_mutex_unlock(&t->lock);
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_TIMEOUT, func,
+                     "communicator was aborted earlier (%s); destroy it",
+                     t->broken_why));
+  }
+  atomic_fetch_add(&t->calls[g], 1);
+  ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
+            zpp_group_name(g), t->grp[g].size);
+  return ZPP_OK;
+}
+
+static zpp_status_t leave(zpp_transport_t *t, zpp_status_t st) {
+  pthread_mutex_unlock(&t->lock);
+  return zpp_transport_fail(t, st);
+}
+
+static zpp_status_t need(zpp_transport_t *t, const void *p, int needed,
+                         const char *name, const char *func) {
+  if (p == NULL && needed)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL", name));
+  return ZPP_OK;
+}
+
+static zpp_status_t check_bytes_x_members(zpp_transport_t *t, zpp_group_t g,
+                                          size_t bytes, const char *func) {
+  if (bytes > 0 && (size_t)t->grp[g].size > SIZE_MAX / bytes)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "bytes %zu x %d members overflows size_t", bytes,
+                     t->grp[g].size));
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, size_t bytes,
+                                     void *recv, zpp_memory_t mem,
+                                     void *stream) {
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", __func__));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->allgather(t, g, send, bytes, recv, mem, stream));
+}
+
+/* Sum of counts (and with displacements, the largest end) fits size_t. */
+static zpp_status_t check_counts(zpp_transport_t *t, int n,
+                                 const size_t *bytes, const size_t *displs,
+                                 const char *name, const char *func,
+                                 size_t *total) {
+  size_t sum = 0;
+  int i;
+  for (i = 0; i < n; i++) {
+    size_t end = displs ? displs[i] : sum;
+    if (end > SIZE_MAX - bytes[i] || sum > SIZE_MAX - bytes[i])
+      return zpp_transport_fail(
+          t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                       "%s[%d] = %zu: the buffer extent overflows size_t",
+                       name, i, bytes[i]));
+    sum += bytes[i];
+  }
+  *total = sum;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
+                                      const void *send, void *recv,
+                                      const size_t *recv_bytes,
+                                      const size_t *recv_displs,
+                                      zpp_memory_t mem, void *stream) {
+  size_t total = 0;
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", __func__));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", __func__, &total));
+  ZPP_CHECK(need(t, send, recv_bytes[t->grp[g].index] > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, total > 0, "recv", __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->allgatherv(t, g, send, recv, recv_bytes,
+                                     recv_displs, mem, stream));
+}
+
+zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, size_t bytes,
+                                    void *recv, zpp_memory_t mem,
+                                    void *stream) {
+  size_t *counts, i, n;
+  zpp_status_t st;
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", __func__));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, __func__));
+  n = (size_t)t->grp[g].size;
+  counts = malloc(n * sizeof *counts);
+  if (counts == NULL)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%zu counts", n));
+  for (i = 0; i < n; i++)
+    counts[i] = bytes;
+  st = begin(t, g, __func__);
+  if (st == ZPP_OK)
+    st = leave(t, t->ops->alltoallv(t, g, send, counts, NULL, recv, counts,
+                                    NULL, mem, stream));
+  free(counts);
+  return st;
+}
+
+zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send,
+                                     const size_t *send_bytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_bytes,
+                                     const size_t *recv_displs,
+                                     zpp_memory_t mem, void *stream) {
+  size_t stotal = 0, rtotal = 0;
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(need(t, send_bytes, 1, "send_bytes", __func__));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", __func__));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, send_bytes, send_displs,
+                         "send_bytes", __func__, &stotal));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", __func__, &rtotal));
+  ZPP_CHECK(need(t, send, stotal > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, rtotal > 0, "recv", __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->alltoallv(t, g, send, send_bytes, send_displs, recv,
+                                    recv_bytes, recv_displs, mem, stream));
+}
+
+static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
+                                 zpp_dtype_t dtype, zpp_reduce_op_t op,
+                                 size_t count, const char *func) {
+  size_t es = zpp_dtype_size(dtype);
+  if (es == 0)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
+                     "ZPP_BFLOAT16",
+                     (int)dtype));
+  if (op != ZPP_REDUCE_SUM)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "op %d: only ZPP_REDUCE_SUM is supported", (int)op));
+  if (count > SIZE_MAX / es / (size_t)t->grp[g].size)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: the buffer size overflows size_t", count));
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, void *recv,
+                                          size_t count, zpp_dtype_t dtype,
+                                          zpp_reduce_op_t op,
+                                          zpp_memory_t mem, void *stream) {
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(check_reduce(t, g, dtype, op, count, __func__));
+  ZPP_CHECK(need(t, send, count > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, count > 0, "recv", __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->reduce_scatter(t, g, send, recv, count, dtype, op,
+                                         mem, stream));
+}
+
+zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, void *recv,
+                                     size_t count, zpp_dtype_t dtype,
+                                     zpp_reduce_op_t op, zpp_memory_t mem,
+                                     void *stream) {
+  ZPP_CHECK(check_common(t, g, mem, __func__));
+  ZPP_CHECK(check_reduce(t, g, dtype, op, count, __func__));
+  ZPP_CHECK(need(t, send, count > 0, "send", __func__));
+  ZPP_CHECK(need(t, recv, count > 0, "recv", __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->allreduce(t, g, send, recv, count, dtype, op, mem,
+                                    stream));
+}
+
+zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g) {
+  ZPP_CHECK(check_common(t, g, ZPP_MEMORY_HOST, __func__));
+  ZPP_CHECK(begin(t, g, __func__));
+  return leave(t, t->ops->barrier(t, g));
+}
+
+zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
+  zpp_status_t st;
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "transport is NULL");
+  if (t->ops->sync == NULL)
+    return ZPP_OK;
+  pthread_mutex_lock(&t->lock);
+  if (t->broken)
+    st = zpp_error(ZPP_ERR_TIMEOUT, __func__,
+                   "communicator was aborted earlier (%s); destroy it",
+                   t->broken_why);
+  else
+    st = t->ops->sync(t, stream);
+  return leave(t, st);
+}

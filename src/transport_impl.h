@@ -1,0 +1,129 @@
+/*
+ * What the transport backends and the communicator share; the collectives
+ * use src/transport.h only.  One zpp_transport_t per communicator: the
+ * generic part (groups, counters, link emulation, errors) lives here and
+ * in transport.c, a backend hangs its state on `impl`.
+ */
+#ifndef ZPP_SRC_TRANSPORT_IMPL_H
+#define ZPP_SRC_TRANSPORT_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZPP_TRANSPORT_ERRLEN 512
+
+typedef struct {
+  int size;     /* members */
+  int index;    /* my member index */
+  int *members; /* [size] world rank of each member */
+  int *ring;    /* [size] member indices in ring order: by node, then local
+                   rank, so a ring crosses each node boundary once */
+} zpp_tgroup_t;
+
+struct zpp_transport {
+  const zpp_transport_ops_t *ops;
+  void *impl; /* backend state */
+  zpp_backend_t backend;
+  zpp_memory_t memory; /* memory space the communicator was created for */
+  zpp_topo_t *topo;    /* owned */
+  int rank, size;
+  zpp_tgroup_t grp[ZPP_NGROUPS];
+  double timeout_s;
+  /* Link emulation (docs/design.md "Transports"): a per-rank NIC clock in
+   * CLOCK_MONOTONIC nanoseconds, shared by every process on the machine. */
+  double emu_gbit;   /* Gbit/s = bits per ns; 0: bandwidth not limited */
+  double emu_lat_us;
+  int emu_on;
+  int64_t nic_free_ns; /* the time my NIC finishes its queued sends */
+  atomic_uint_fast64_t emu_wait_ns;
+  int bytes_derived;
+  atomic_uint_fast64_t sent[ZPP_NLINKCLASSES];
+  atomic_uint_fast64_t recv[ZPP_NLINKCLASSES];
+  atomic_uint_fast64_t calls[ZPP_NGROUPS];
+  pthread_mutex_t lock;     /* serialises operations */
+  pthread_mutex_t err_lock; /* guards last_error */
+  char last_error[ZPP_TRANSPORT_ERRLEN];
+  int broken; /* set after a timeout or abort: every later call fails */
+  char broken_why[256];
+};
+
+/* The communicator: a transport plus what created it. */
+struct zpp_comm {
+  zpp_transport_t *tr;
+  zpp_comm_config_t cfg; /* as given, topology pointer cleared */
+  char topo_spec[128];   /* the emulation spec in use ("" if discovered) */
+  int cuda_device;       /* -1 for host-memory communicators */
+  /* Frees what the creator owns besides the transport (zpp's MPI
+   * duplicate); called after the transport is freed. */
+  void (*release)(struct zpp_comm *c);
+  void *creator; /* state of the creator (comm_mpi.c) */
+};
+
+/* Bootstrap services a backend may need at creation (the communicator
+ * implements them over MPI), so that backends never depend on MPI. */
+typedef struct {
+  void *ctx;
+  /* Broadcast `bytes` from world rank `root` to every rank. */
+  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root);
+  /* Every rank's `bytes` of `mine`, concatenated by world rank. */
+  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
+                            void *all);
+} zpp_bootstrap_t;
+
+/* Generic part.  Takes ownership of topo (also on failure). */
+zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
+                                int rank, zpp_memory_t memory,
+                                double timeout_s);
+/* Backend destroy, then the generic part; frees t. */
+void zpp_transport_free(zpp_transport_t *t);
+
+/* Marks the transport unusable with a reason; later calls fail with it. */
+void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t zpp_time_ns(void);
+/* Sleeps (never spins) until CLOCK_MONOTONIC reaches `deadline_ns`. */
+void zpp_sleep_until_ns(int64_t deadline_ns);
+
+/* Link emulation: for a send of `bytes` to world rank `peer`, reserves my
+ * NIC and returns the time the receiver may use the data: start =
+ * max(now, nic_free), nic_free = start + bytes * 8 / Gbit, deadline =
+ * nic_free + latency.  Returns 0 when the link is not emulated (intra-node
+ * or emulation off). */
+int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
+                                   uint64_t bytes);
+/* Sleeps until `deadline_ns` (0: no wait) and counts the time slept. */
+void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns);
+
+/* Backend constructors: fill t->ops, t->impl, t->backend. */
+#if ZPP_HAVE_MPI
+#include <mpi.h>
+/* `world` is zpp's duplicate; the backend splits its group communicators
+ * from it and frees them, not `world`. */
+zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
+                                      int cuda_device);
+/* MPI error text of `rc` as a zpp error. */
+zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what);
+#endif
+/* NCCL: libnccl.so.2 is opened with dlopen; ZPP_ERR_UNSUPPORTED when it, a
+ * CUDA device or the build support is missing. */
+zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
+                                       const zpp_bootstrap_t *bs,
+                                       int cuda_device);
+/* 1 when libnccl.so.2 can be opened and zpp was built with NCCL support. */
+int zpp_transport_nccl_available(char *why, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_TRANSPORT_IMPL_H */

@@ -1,0 +1,612 @@
+/*
+ * NCCL backend: device memory, asynchronous on the caller's CUDA stream.
+ * libnccl.so.2 is opened with dlopen and the symbols used are resolved into
+ * a table, so libzpp loads where NCCL is absent; the build needs nccl.h
+ * only.  The communicators are non-blocking (ncclConfig_t.blocking = 0):
+ * every wait polls ncclCommGetAsyncError and gives up after the timeout,
+ * aborting the communicators instead of hanging.
+ *
+ * Routing and counts (docs/design.md "Transports"):
+ *   allgather       ncclAllGather: counts derived from a ring in ring order
+ *                   (NCCL's ring crosses each node boundary once per
+ *                   channel; bytes_derived is set);
+ *   reduce_scatter  ncclReduceScatter: derived the same way;
+ *   allreduce       ncclReduceScatter + ncclAllGather over shards of
+ *                   ceil(count / n) elements (padded), so its result equals
+ *                   reduce_scatter's bit for bit;
+ *   allgatherv,
+ *   alltoall[v]     grouped ncclSend/ncclRecv, one pair per peer: exact;
+ *   barrier         ncclAllGather of one byte per member, then a wait.
+ * Link emulation (ZPP_EMU_INTER_*) is an MPI-backend feature.
+ */
+#include "transport_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if ZPP_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <time.h>
+
+/* ncclCommSplit and non-blocking init need NCCL 2.18. */
+#define ZPP_NCCL_MIN_VERSION 21800
+
+static struct {
+  int ok;
+  char why[256];
+  int version;
+  ncclResult_t (*GetVersion)(int *);
+  ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int,
+                                     ncclConfig_t *);
+  ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t *,
+                            ncclConfig_t *);
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+  ncclResult_t (*CommAbort)(ncclComm_t);
+  ncclResult_t (*CommFinalize)(ncclComm_t);
+  ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommCount)(const ncclComm_t, int *);
+  ncclResult_t (*CommUserRank)(const ncclComm_t, int *);
+  const char *(*GetErrorString)(ncclResult_t);
+  const char *(*GetLastError)(ncclComm_t);
+  ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t,
+                            ncclComm_t, cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t,
+                                ncclRedOp_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t,
+                       cudaStream_t);
+  ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t,
+                       cudaStream_t);
+  ncclResult_t (*GroupStart)(void);
+  ncclResult_t (*GroupEnd)(void);
+} api;
+static pthread_once_t api_once = PTHREAD_ONCE_INIT;
+
+#define ZPP_NCCL_SYM(name)                                                     \
+  do {                                                                         \
+    *(void **)&api.name = dlsym(h, "nccl" #name);                              \
+    if (api.name == NULL) {                                                    \
+      snprintf(api.why, sizeof api.why, "libnccl.so.2 lacks nccl" #name);      \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+
+static void api_load(void) {
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    snprintf(api.why, sizeof api.why, "dlopen(libnccl.so.2): %s", dlerror());
+    return;
+  }
+  ZPP_NCCL_SYM(GetVersion);
+  ZPP_NCCL_SYM(GetUniqueId);
+  ZPP_NCCL_SYM(CommInitRankConfig);
+  ZPP_NCCL_SYM(CommSplit);
+  ZPP_NCCL_SYM(CommGetAsyncError);
+  ZPP_NCCL_SYM(CommAbort);
+  ZPP_NCCL_SYM(CommFinalize);
+  ZPP_NCCL_SYM(CommDestroy);
+  ZPP_NCCL_SYM(CommCount);
+  ZPP_NCCL_SYM(CommUserRank);
+  ZPP_NCCL_SYM(GetErrorString);
+  ZPP_NCCL_SYM(GetLastError);
+  ZPP_NCCL_SYM(AllGather);
+  ZPP_NCCL_SYM(ReduceScatter);
+  ZPP_NCCL_SYM(Send);
+  ZPP_NCCL_SYM(Recv);
+  ZPP_NCCL_SYM(GroupStart);
+  ZPP_NCCL_SYM(GroupEnd);
+  if (api.GetVersion(&api.version) != ncclSuccess ||
+      api.version < ZPP_NCCL_MIN_VERSION) {
+    snprintf(api.why, sizeof api.why,
+             "NCCL version %d: zpp needs %d or later (ncclCommSplit)",
+             api.version, ZPP_NCCL_MIN_VERSION);
+    return;
+  }
+  /* The library stays loaded for the life of the process. */
+  api.ok = 1;
+}
+
+int zpp_transport_nccl_available(char *why, size_t len) {
+  int n = 0;
+  pthread_once(&api_once, api_load);
+  if (!api.ok) {
+    if (why)
+      snprintf(why, len, "%s", api.why);
+    return 0;
+  }
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    if (why)
+      snprintf(why, len, "no usable CUDA device");
+    return 0;
+  }
+  return 1;
+}
+
+typedef struct {
+  ncclComm_t comm[ZPP_NGROUPS];
+  int device;
+  char *scratch; /* one byte per world rank, for the barrier */
+  void *pad;     /* padded allreduce buffers */
+  size_t pad_cap;
+} nccl_impl_t;
+
+static zpp_status_t nccl_err(ncclResult_t r, ncclComm_t c, const char *what,
+                             const char *call) {
+  const char *last = (c != NULL) ? api.GetLastError(c) : NULL;
+  return zpp_error(ZPP_ERR_NCCL, what, "%s: %s%s%s", call,
+                   api.GetErrorString(r), last && last[0] ? ": " : "",
+                   last ? last : "");
+}
+
+static zpp_status_t cuda_err(cudaError_t e, const char *what, const char *call) {
+  return zpp_error(ZPP_ERR_CUDA, what, "%s: %s", call, cudaGetErrorString(e));
+}
+
+static void abort_all(zpp_transport_t *t) {
+  nccl_impl_t *m = t->impl;
+  int g;
+  for (g = ZPP_NGROUPS - 1; g >= 0; g--) {
+    if (m->comm[g] != NULL)
+      api.CommAbort(m->comm[g]);
+    m->comm[g] = NULL;
+  }
+}
+
+static void pause_poll(long *pause_ns) {
+  struct timespec ts = {0, *pause_ns};
+  nanosleep(&ts, NULL);
+  if (*pause_ns < 200000)
+    *pause_ns *= 2;
+}
+
+static int64_t limit_of(const zpp_transport_t *t) {
+  return t->timeout_s > 0 ? zpp_time_ns() + (int64_t)(t->timeout_s * 1e9)
+                          : INT64_MAX;
+}
+
+/* A non-blocking communicator answers ncclInProgress until its last call
+ * has been taken in; wait for that, with the timeout. */
+static zpp_status_t ready(zpp_transport_t *t, ncclComm_t c, const char *what) {
+  int64_t limit = limit_of(t);
+  long pause_ns = 1000;
+  for (;;) {
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = api.CommGetAsyncError(c, &async);
+    if (r != ncclSuccess)
+      return nccl_err(r, c, what, "ncclCommGetAsyncError");
+    if (async == ncclSuccess)
+      return ZPP_OK;
+    if (async != ncclInProgress) {
+      zpp_status_t st = nccl_err(async, c, what, "asynchronous NCCL error");
+      abort_all(t);
+      zpp_transport_break(t, "NCCL error in %s", what);
+      return st;
+    }
+    if (zpp_time_ns() > limit) {
+      abort_all(t);
+      zpp_transport_break(t, "%s timed out", what);
+      return zpp_error(ZPP_ERR_TIMEOUT, what,
+                       "NCCL call not taken in within %.3g s "
+                       "(ZPP_TIMEOUT_S); communicators aborted",
+                       t->timeout_s);
+    }
+    pause_poll(&pause_ns);
+  }
+}
+
+/* Checks a call's immediate result, then waits until it is taken in. */
+static zpp_status_t called(zpp_transport_t *t, ncclResult_t r, ncclComm_t c,
+                           const char *what, const char *call) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    return nccl_err(r, c, what, call);
+  return ready(t, c, what);
+}
+
+static ncclDataType_t nccl_dtype(zpp_dtype_t d) {
+  switch (d) {
+  case ZPP_FLOAT16: return ncclFloat16;
+  case ZPP_BFLOAT16: return ncclBfloat16;
+  case ZPP_FLOAT32: break;
+  }
+  return ncclFloat32;
+}
+
+static zpp_status_t device_only(zpp_memory_t mem, const char *what) {
+  if (mem != ZPP_MEMORY_DEVICE)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, what,
+                     "mem ZPP_MEMORY_HOST: the NCCL backend takes device "
+                     "memory (use the MPI backend for host buffers)");
+  return ZPP_OK;
+}
+
+/* Counts of a ring collective, derived from the algorithm: per step I send
+ * one block of `block` bytes to my ring successor and receive one from my
+ * predecessor; steps = n - 1 per ring pass. */
+static void account_ring(zpp_transport_t *t, zpp_group_t g, uint64_t block,
+                         int passes) {
+  const zpp_tgroup_t *gr = &t->grp[g];
+  int n = gr->size, pos = 0, i;
+  uint64_t total = (uint64_t)(n - 1) * block * (uint64_t)passes;
+  if (n == 1)
+    return;
+  for (i = 0; i < n; i++)
+    if (gr->ring[i] == gr->index)
+      pos = i;
+  zpp_transport_account(t, gr->members[gr->ring[(pos + 1) % n]], total, 0);
+  zpp_transport_account(t, gr->members[gr->ring[(pos + n - 1) % n]], 0, total);
+  t->bytes_derived = 1;
+}
+
+static zpp_status_t nccl_allgather(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, size_t bytes, void *recv,
+                                   zpp_memory_t mem, void *stream) {
+  nccl_impl_t *m = t->impl;
+  ZPP_CHECK(device_only(mem, "allgather"));
+  if (bytes == 0)
+    return ZPP_OK;
+  ZPP_CHECK(called(t, api.AllGather(send, recv, bytes, ncclUint8, m->comm[g],
+                                    (cudaStream_t)stream),
+                   m->comm[g], "allgather", "ncclAllGather"));
+  account_ring(t, g, bytes, 1);
+  return ZPP_OK;
+}
+
+/* Grouped point-to-point exchange: to member j send sb[j] bytes at so[j],
+ * from member j receive rb[j] bytes at ro[j]; my own block is copied. */
+static zpp_status_t p2p(zpp_transport_t *t, zpp_group_t g, const char *send,
+                        const size_t *sb, const size_t *so, char *recv,
+                        const size_t *rb, const size_t *ro, void *stream,
+                        const char *what) {
+  nccl_impl_t *m = t->impl;
+  const zpp_tgroup_t *gr = &t->grp[g];
+  int n = gr->size, me = gr->index, s;
+  ncclResult_t r = ncclSuccess;
+  if (sb[me] > 0 && send + so[me] != recv + ro[me]) {
+    cudaError_t e = cudaMemcpyAsync(recv + ro[me], send + so[me], sb[me],
+                                    cudaMemcpyDeviceToDevice,
+                                    (cudaStream_t)stream);
+    if (e != cudaSuccess)
+      return cuda_err(e, what, "cudaMemcpyAsync of my own block");
+  }
+  if (n == 1)
+    return ZPP_OK;
+  r = api.GroupStart();
+  for (s = 1; s < n && (r == ncclSuccess || r == ncclInProgress); s++) {
+    int to = (me + s) % n, from = (me - s + n) % n;
+    if (rb[from] > 0)
+      r = api.Recv(recv + ro[from], rb[from], ncclUint8, from, m->comm[g],
+                   (cudaStream_t)stream);
+    if (sb[to] > 0 && (r == ncclSuccess || r == ncclInProgress))
+      r = api.Send(send + so[to], sb[to], ncclUint8, to, m->comm[g],
+                   (cudaStream_t)stream);
+  }
+  {
+    ncclResult_t e = api.GroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress)
+      r = e;
+  }
+  ZPP_CHECK(called(t, r, m->comm[g], what, "ncclSend/ncclRecv group"));
+  for (s = 0; s < n; s++) {
+    if (s == me)
+      continue;
+    zpp_transport_account(t, gr->members[s], sb[s], rb[s]);
+  }
+  return ZPP_OK;
+}
+
+static zpp_status_t nccl_allgatherv(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, void *recv,
+                                    const size_t *bytes, const size_t *displs,
+                                    zpp_memory_t mem, void *stream) {
+  int n = t->grp[g].size, me = t->grp[g].index, i;
+  size_t *sb, *so, *ro, acc = 0;
+  zpp_status_t st;
+  ZPP_CHECK(device_only(mem, "allgatherv"));
+  sb = malloc(3 * (size_t)n * sizeof *sb);
+  if (sb == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "allgatherv", "%d peers", n);
+  so = sb + n;
+  ro = so + n;
+  for (i = 0; i < n; i++) {
+    ro[i] = displs ? displs[i] : acc;
+    acc += bytes[i];
+  }
+  /* Every peer receives my block, read from `send`. */
+  for (i = 0; i < n; i++) {
+    sb[i] = bytes[me];
+    so[i] = 0;
+  }
+  /* The own-block copy reads send + so[me] into recv + ro[me]. */
+  st = p2p(t, g, (const char *)send, sb, so, (char *)recv, bytes, ro, stream,
+           "allgatherv");
+  free(sb);
+  return st;
+}
+
+static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, const size_t *sbytes,
+                                   const size_t *sdispls, void *recv,
+                                   const size_t *rbytes, const size_t *rdispls,
+                                   zpp_memory_t mem, void *stream) {
+  int n = t->grp[g].size, me = t->grp[g].index, i;
+  size_t *so, *ro, sa = 0, ra = 0;
+  zpp_status_t st;
+  ZPP_CHECK(device_only(mem, "alltoallv"));
+  if (sbytes[me] != rbytes[me])
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, "alltoallv",
+                     "send_bytes[%d] = %zu but recv_bytes[%d] = %zu: my block "
+                     "to myself must have one size",
+                     me, sbytes[me], me, rbytes[me]);
+  so = malloc(2 * (size_t)n * sizeof *so);
+  if (so == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "alltoallv", "%d peers", n);
+  ro = so + n;
+  for (i = 0; i < n; i++) {
+    so[i] = sdispls ? sdispls[i] : sa;
+    ro[i] = rdispls ? rdispls[i] : ra;
+    sa += sbytes[i];
+    ra += rbytes[i];
+  }
+  st = p2p(t, g, (const char *)send, sbytes, so, (char *)recv, rbytes, ro,
+           stream, "alltoallv");
+  free(so);
+  return st;
+}
+
+static zpp_status_t nccl_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
+                                        const void *send, void *recv,
+                                        size_t count, zpp_dtype_t dtype,
+                                        zpp_reduce_op_t op, zpp_memory_t mem,
+                                        void *stream) {
+  nccl_impl_t *m = t->impl;
+  (void)op;
+  ZPP_CHECK(device_only(mem, "reduce_scatter"));
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(called(t, api.ReduceScatter(send, recv, count, nccl_dtype(dtype),
+                                        ncclSum, m->comm[g],
+                                        (cudaStream_t)stream),
+                   m->comm[g], "reduce_scatter", "ncclReduceScatter"));
+  account_ring(t, g, (uint64_t)count * zpp_dtype_size(dtype), 1);
+  return ZPP_OK;
+}
+
+static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, void *recv, size_t count,
+                                   zpp_dtype_t dtype, zpp_reduce_op_t op,
+                                   zpp_memory_t mem, void *stream) {
+  nccl_impl_t *m = t->impl;
+  int n = t->grp[g].size, me = t->grp[g].index;
+  size_t es = zpp_dtype_size(dtype), shard = (count + (size_t)n - 1) / (size_t)n;
+  cudaStream_t s = (cudaStream_t)stream;
+  ncclComm_t c = m->comm[g];
+  cudaError_t e;
+  (void)op;
+  ZPP_CHECK(device_only(mem, "allreduce"));
+  if (count == 0)
+    return ZPP_OK;
+  if (shard * (size_t)n == count) {
+    /* In-place forms: reduce my shard into its place, gather in place. */
+    char *mine = (char *)recv + (size_t)me * shard * es;
+    ZPP_CHECK(called(t, api.ReduceScatter(send, mine, shard, nccl_dtype(dtype),
+                                          ncclSum, c, s),
+                     c, "allreduce", "ncclReduceScatter"));
+    ZPP_CHECK(called(t, api.AllGather(mine, recv, shard * es, ncclUint8, c, s),
+                     c, "allreduce", "ncclAllGather"));
+  } else {
+    size_t need = 2 * shard * (size_t)n * es;
+    char *pad;
+    if (need > m->pad_cap) {
+      if (m->pad)
+        cudaFree(m->pad);
+      m->pad = NULL;
+      m->pad_cap = 0;
+      e = cudaMalloc(&m->pad, need);
+      if (e != cudaSuccess)
+        return cuda_err(e, "allreduce", "cudaMalloc of the padded buffer");
+      m->pad_cap = need;
+    }
+    pad = m->pad;
+    /* Padding is zero: it only feeds discarded elements. */
+    e = cudaMemsetAsync(pad + count * es, 0, (shard * (size_t)n - count) * es, s);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(pad, send, count * es, cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess)
+      return cuda_err(e, "allreduce", "padding the input");
+    {
+      char *out = pad + shard * (size_t)n * es;
+      char *mine = out + (size_t)me * shard * es;
+      ZPP_CHECK(called(t, api.ReduceScatter(pad, mine, shard, nccl_dtype(dtype),
+                                            ncclSum, c, s),
+                       c, "allreduce", "ncclReduceScatter"));
+      ZPP_CHECK(called(t, api.AllGather(mine, out, shard * es, ncclUint8, c, s),
+                       c, "allreduce", "ncclAllGather"));
+      e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
+      if (e != cudaSuccess)
+        return cuda_err(e, "allreduce", "copying the result");
+    }
+  }
+  account_ring(t, g, (uint64_t)shard * es, 2);
+  return ZPP_OK;
+}
+
+static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
+  nccl_impl_t *m = t->impl;
+  int64_t limit = limit_of(t);
+  long pause_ns = 1000;
+  int g;
+  for (;;) {
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e == cudaSuccess)
+      return ZPP_OK;
+    if (e != cudaErrorNotReady) {
+      zpp_status_t st = cuda_err(e, "sync", "cudaStreamQuery");
+      abort_all(t);
+      zpp_transport_break(t, "CUDA error while waiting");
+      return st;
+    }
+    for (g = 0; g < ZPP_NGROUPS; g++) {
+      ncclResult_t async = ncclSuccess;
+      if (m->comm[g] == NULL)
+        continue;
+      api.CommGetAsyncError(m->comm[g], &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        zpp_status_t st =
+            nccl_err(async, m->comm[g], "sync", "asynchronous NCCL error");
+        abort_all(t);
+        zpp_transport_break(t, "asynchronous NCCL error on group %s",
+                            zpp_group_name((zpp_group_t)g));
+        return st;
+      }
+    }
+    if (zpp_time_ns() > limit) {
+      abort_all(t);
+      zpp_transport_break(t, "stream wait timed out");
+      return zpp_error(ZPP_ERR_TIMEOUT, "sync",
+                       "operations on the stream did not finish within %.3g s "
+                       "(ZPP_TIMEOUT_S); NCCL communicators aborted",
+                       t->timeout_s);
+    }
+    pause_poll(&pause_ns);
+  }
+}
+
+static zpp_status_t nccl_barrier(zpp_transport_t *t, zpp_group_t g) {
+  nccl_impl_t *m = t->impl;
+  int me = t->grp[g].index;
+  ZPP_CHECK(called(t, api.AllGather(m->scratch + me, m->scratch, 1, ncclUint8,
+                                    m->comm[g], NULL),
+                   m->comm[g], "barrier", "ncclAllGather"));
+  account_ring(t, g, 1, 1);
+  return nccl_sync(t, NULL);
+}
+
+static void nccl_destroy(zpp_transport_t *t) {
+  nccl_impl_t *m = t->impl;
+  int g;
+  if (m == NULL)
+    return;
+  for (g = ZPP_NGROUPS - 1; g >= 0; g--) {
+    if (m->comm[g] == NULL)
+      continue;
+    if (t->broken) {
+      api.CommAbort(m->comm[g]);
+    } else {
+      ncclResult_t r = api.CommFinalize(m->comm[g]);
+      if ((r == ncclSuccess || r == ncclInProgress) &&
+          ready(t, m->comm[g], "destroy") == ZPP_OK)
+        api.CommDestroy(m->comm[g]);
+      else if (m->comm[g] != NULL)
+        api.CommAbort(m->comm[g]);
+    }
+    m->comm[g] = NULL;
+  }
+  if (m->scratch)
+    cudaFree(m->scratch);
+  if (m->pad)
+    cudaFree(m->pad);
+  free(m);
+  t->impl = NULL;
+}
+
+static const zpp_transport_ops_t nccl_ops = {
+    "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
+    nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
+    nccl_destroy};
+
+zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
+                                       const zpp_bootstrap_t *bs,
+                                       int cuda_device) {
+  nccl_impl_t *m;
+  ncclUniqueId id;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  const zpp_topo_t *topo = t->topo;
+  char why[256];
+  cudaError_t e;
+  int g;
+  if (!zpp_transport_nccl_available(why, sizeof why))
+    return zpp_error(ZPP_ERR_UNSUPPORTED, __func__, "NCCL backend: %s", why);
+  m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
+  m->device = cuda_device;
+  t->impl = m;
+  t->ops = &nccl_ops;
+  t->backend = ZPP_BACKEND_NCCL;
+  if (t->emu_on) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_EMU_INTER_GBIT/LAT_US apply to the MPI "
+             "backend only; NCCL links are not slowed");
+    t->emu_on = 0;
+    t->emu_gbit = t->emu_lat_us = 0;
+  }
+  e = cudaSetDevice(cuda_device);
+  if (e == cudaSuccess)
+    e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
+  if (e != cudaSuccess)
+    return cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
+  memset(&id, 0, sizeof id);
+  if (t->rank == 0) {
+    ncclResult_t r = api.GetUniqueId(&id);
+    if (r != ncclSuccess)
+      return nccl_err(r, NULL, __func__, "ncclGetUniqueId");
+  }
+  ZPP_CHECK(bs->bcast(bs->ctx, &id, sizeof id, 0));
+  cfg.blocking = 0;
+  ZPP_CHECK(called(t, api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD],
+                                             t->size, id, t->rank, &cfg),
+                   m->comm[ZPP_GROUP_WORLD], __func__,
+                   "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
+                   "the MPI backend for several ranks on one GPU)"));
+  /* NODE: colour node, key local rank; CROSS: colour local rank, key node:
+   * the member order equals the topology's. */
+  ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
+                                    topo->node_of[t->rank],
+                                    topo->local_rank_of[t->rank],
+                                    &m->comm[ZPP_GROUP_NODE], &cfg),
+                   m->comm[ZPP_GROUP_WORLD], __func__, "ncclCommSplit(node)"));
+  ZPP_CHECK(ready(t, m->comm[ZPP_GROUP_NODE], __func__));
+  ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
+                                    topo->local_rank_of[t->rank],
+                                    topo->node_of[t->rank],
+                                    &m->comm[ZPP_GROUP_CROSS], &cfg),
+                   m->comm[ZPP_GROUP_WORLD], __func__, "ncclCommSplit(cross)"));
+  ZPP_CHECK(ready(t, m->comm[ZPP_GROUP_CROSS], __func__));
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    int r = -1, n = -1;
+    api.CommUserRank(m->comm[g], &r);
+    api.CommCount(m->comm[g], &n);
+    if (r != t->grp[g].index || n != t->grp[g].size)
+      return zpp_error(ZPP_ERR_INTERNAL, __func__,
+                       "group %s: NCCL gives rank %d of %d, topology %d of %d",
+                       zpp_group_name((zpp_group_t)g), r, n, t->grp[g].index,
+                       t->grp[g].size);
+  }
+  ZPP_INFO(ZPP_SUBSYS_NET, "NCCL %d backend on device %d", api.version,
+           cuda_device);
+  return ZPP_OK;
+}
+
+#else /* !ZPP_HAVE_NCCL */
+
+int zpp_transport_nccl_available(char *why, size_t len) {
+  if (why)
+    snprintf(why, len, "zpp was built without NCCL support");
+  return 0;
+}
+
+zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
+                                       const zpp_bootstrap_t *bs,
+                                       int cuda_device) {
+  (void)t;
+  (void)bs;
+  (void)cuda_device;
+  return zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                   "backend NCCL: zpp was built without NCCL support");
+}
+
+#endif /* ZPP_HAVE_NCCL */
