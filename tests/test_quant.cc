@@ -574,6 +574,165 @@ TEST_P(QuantSimd, EncodeAndDecodeAreBitwiseEqualToScalar) {
           }
 }
 
+// Raw input bits for the special-value test: per block a random binade
+// (2^-149 .. 2^127, so subnormal, tiny-scale DIV and huge blocks occur), and
+// raw patterns that a float detour would hide (fp16/bf16 signalling NaNs,
+// -0, the largest finite values, the smallest subnormal).
+std::vector<uint8_t> special_input(std::mt19937_64 &rng, zpp_dtype_t dt,
+                                   size_t n, size_t blk, int bits, bool asym) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> binade(-150, 127), pick(0, 63), kind(0, 9);
+  const size_t es = zpp_dtype_size(dt);
+  std::vector<uint8_t> b(n * es + 1);
+  const float qmax = (float)((1 << (bits - 1)) - 1);
+  auto put_bits = [&](size_t i, uint32_t f32bits, uint16_t h16) {
+    if (dt == ZPP_FLOAT32) std::memcpy(&b[4 * i], &f32bits, 4);
+    else std::memcpy(&b[2 * i], &h16, 2);
+  };
+  auto put_float = [&](size_t i, float v) {
+    uint16_t h = dt == ZPP_BFLOAT16 ? (uint16_t)(bits_of(v) >> 16)  // truncate: any pattern is an input
+                                    : zpp_qm_f32_to_f16(v);
+    put_bits(i, bits_of(v), h);
+  };
+  for (size_t off = 0; off < n; off += blk) {
+    size_t len = std::min(blk, n - off);
+    int k = kind(rng);
+    float sc = std::ldexp(1.0f, binade(rng));
+    for (size_t i = 0; i < len; i++) {
+      float v = normal(rng) * sc;
+      if (k == 0) v = (float)(int)(normal(rng) * 40.0f) + 0.5f;  // ties at scale 1
+      if (k == 1) v = asym ? 3.0f + (float)(i % 5) : (float)(int)(normal(rng) * 40.0f);
+      if (k == 2) v = std::ldexp((float)(i % 7), -149);          // subnormal: DIV kind
+      if (k == 3) v = (i % 2 ? 1.0f : -1.0f) * 3.0e38f * (float)(i % 3) / 2.0f;
+      put_float(off + i, v);
+    }
+    if (k == 0) put_float(off, 127.0f);  // absmax 127 -> scale 1 (sym)
+    if (k == 1 && asym) {                // -0 as the block minimum
+      put_bits(off, 0x80000000u, 0x8000);
+      if (len > 2) put_bits(off + 2, 0, 0);
+    }
+    if (k == 1 && !asym) put_float(off + len - 1, -qmax * 2.0f);  // clamp edge
+    if (k == 4)                          // constant block of -0 and +0
+      for (size_t i = 0; i < len; i++) put_bits(off + i, i % 2 ? 0 : 0x80000000u, i % 2 ? 0 : 0x8000);
+    if (k == 5) {                        // one non-finite element, first or last
+      size_t at = pick(rng) % 2 ? off : off + len - 1;
+      int w = pick(rng) % 4;
+      uint32_t f[4] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u};
+      uint16_t h[4] = {(uint16_t)(dt == ZPP_BFLOAT16 ? 0x7f80 : 0x7c00),
+                       (uint16_t)(dt == ZPP_BFLOAT16 ? 0xff80 : 0xfc00),
+                       (uint16_t)(dt == ZPP_BFLOAT16 ? 0xffc1 : 0xfe01),
+                       (uint16_t)(dt == ZPP_BFLOAT16 ? 0x7f81 : 0x7c01)};  // sNaN
+      put_bits(at, f[w], h[w]);
+    }
+    if (k == 6 && len > 1) {             // largest finite and smallest subnormal
+      put_bits(off + len / 2, 0x7f7fffffu, (uint16_t)(dt == ZPP_BFLOAT16 ? 0x7f7f : 0x7bff));
+      put_bits(off, 0x00000001u, 0x0001);
+    }
+  }
+  return b;
+}
+
+TEST_P(QuantSimd, SpecialValuesAndUnalignedBuffersAreBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(GetParam());
+  if (ops == nullptr)
+    GTEST_SKIP() << GetParam() << " path not built or not supported by this CPU";
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  auto rng = seeded_rng("QuantSimdSpecial");
+  const size_t blocks[] = {8, 16, 24, 31, 32, 33, 48, 64, 96, 200, 256, 8192, 8193};
+  const size_t lengths[] = {33, 999, 20011};
+  for (zpp_dtype_t dt : kDtypes)
+    for (int bits : {8, 4})
+      for (bool asym : {false, true})
+        for (size_t blk : blocks)
+          for (size_t n : lengths) {
+            auto in = special_input(rng, dt, n, blk, bits, asym);
+            const size_t es = zpp_dtype_size(dt);
+            zpp_qcfg_t q = {bits, asym, blk};
+            int ovf;
+            size_t sz = zpp_quant_bytes(&q, n, &ovf);
+            // odd byte offsets: nothing in the SIMD path may assume alignment
+            std::vector<uint8_t> in_u(in.size() + 3), e0(sz + 1, 0x5a), e1(sz + 4, 0x5a);
+            std::memcpy(in_u.data() + 3, in.data(), in.size());
+            ref->encode(&q, dt, in.data(), n, e0.data());
+            ops->encode(&q, dt, in_u.data() + 3, n, e1.data() + 1);
+            std::string ctx = std::string(GetParam()) + " " + zpp_dtype_name(dt) +
+                              " bits " + std::to_string(bits) + (asym ? " asym" : " sym") +
+                              " n " + std::to_string(n) + " block " + std::to_string(blk);
+            ASSERT_EQ(std::memcmp(e0.data(), e1.data() + 1, sz), 0) << ctx << ": encode";
+            ASSERT_EQ(e1[0], 0x5a) << ctx << ": wrote before dst";
+            ASSERT_EQ(e1[sz + 1], 0x5a) << ctx << ": wrote past dst";
+            std::memcpy(e1.data() + 1, e0.data(), sz);  // decode from unaligned src
+            for (int out : {0, 1, 2, ZPP_QM_OUT_ACC}) {
+              size_t osz = out == ZPP_QM_OUT_ACC ? 4 : zpp_dtype_size((zpp_dtype_t)out);
+              std::vector<uint8_t> d0(n * osz + 2, 0x77), d1(n * osz + 5, 0x77);
+              if (out == ZPP_QM_OUT_ACC)
+                for (size_t i = 0; i < n; i++) {
+                  float v = (float)(i % 13) - 6.5f;
+                  std::memcpy(&d0[4 * i], &v, 4);
+                  std::memcpy(&d1[4 * i + 3], &v, 4);
+                }
+              ref->decode(&q, e0.data(), n, out, d0.data());
+              ops->decode(&q, e1.data() + 1, n, out, d1.data() + 3);
+              ASSERT_EQ(std::memcmp(d0.data(), d1.data() + 3, n * osz), 0)
+                  << ctx << ": decode to kind " << out;
+              ASSERT_EQ(d1[n * osz + 3], 0x77) << ctx << ": decode wrote past dst";
+            }
+            (void)es;
+          }
+}
+
+// Decode of arbitrary metadata: random scale/zero bit patterns make the
+// decoded values cover the whole fp32 range, so the fp16/bf16 stores are
+// checked on overflow, subnormal results, ties and NaN payloads.  At most
+// one of scale and zero is NaN (with two NaN operands IEEE leaves the
+// payload of zero + q * scale open, and compilers order operands freely).
+TEST_P(QuantSimd, DecodeOfArbitraryMetadataIsBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(GetParam());
+  if (ops == nullptr)
+    GTEST_SKIP() << GetParam() << " path not built or not supported by this CPU";
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  auto rng = seeded_rng("QuantSimdMeta");
+  std::uniform_int_distribution<uint32_t> u32;
+  const size_t n = 4099;
+  for (int bits : {8, 4})
+    for (bool asym : {false, true})
+      for (size_t blk : {16, 32, 37, 64, 256}) {
+        zpp_qcfg_t q = {bits, asym, blk};
+        int ovf;
+        size_t sz = zpp_quant_bytes(&q, n, &ovf);
+        size_t nb = (n + blk - 1) / blk, mb = asym ? 8 : 4;
+        std::vector<uint8_t> enc(sz);
+        for (auto &c : enc) c = (uint8_t)u32(rng);
+        for (size_t b = 0; b < nb; b++) {
+          uint32_t sc = u32(rng), zr = u32(rng);
+          if (b % 4 == 1) sc = (sc & 0x807fffffu) | 0x33000000u;  // fp16 subnormal range
+          if (b % 4 == 2) sc = (sc & 0x80ffffffu) | 0x3b000000u;  // fp16 normal range
+          if ((zr & 0x7fffffffu) > 0x7f800000u && (sc & 0x7fffffffu) > 0x7f800000u)
+            zr = 0x3f800000u;
+          std::memcpy(&enc[b * mb], &sc, 4);
+          if (asym) std::memcpy(&enc[b * mb + 4], &zr, 4);
+        }
+        std::string ctx = std::string(GetParam()) + " bits " + std::to_string(bits) +
+                          (asym ? " asym" : " sym") + " block " + std::to_string(blk);
+        for (int out : {0, 1, 2, ZPP_QM_OUT_ACC}) {
+          size_t osz = out == ZPP_QM_OUT_ACC ? 4 : zpp_dtype_size((zpp_dtype_t)out);
+          std::vector<uint8_t> d0(n * osz), d1;
+          if (out == ZPP_QM_OUT_ACC)
+            for (size_t i = 0; i < n; i++) {  // finite or Inf accumulators
+              uint32_t a = u32(rng);
+              if ((a & 0x7f800000u) == 0x7f800000u) a &= 0xff800000u;
+              std::memcpy(&d0[4 * i], &a, 4);
+            }
+          d1 = d0;
+          ref->decode(&q, enc.data(), n, out, d0.data());
+          ops->decode(&q, enc.data(), n, out, d1.data());
+          for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(std::memcmp(&d0[i * osz], &d1[i * osz], osz), 0)
+                << ctx << ": decode to kind " << out << ", element " << i;
+        }
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, QuantSimd, ::testing::Values("avx2", "avx512"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param);
