@@ -1,0 +1,430 @@
+/*
+ * zpp-quant-bench: single-thread throughput of the CPU block quantizer
+ * (encode, decode, decode-accumulate) for every input dtype and width,
+ * each beside memcpy of the same number of bytes measured in the same run.
+ *
+ * Bandwidth is (bytes read + bytes written) / time, for the codec and for
+ * memcpy alike, so `ratio` = codec GB/s / memcpy GB/s says how close the
+ * codec comes to the memory system on this core.  Times are medians over
+ * --iters runs after --warmup runs; codec and memcpy runs alternate so that
+ * both see the same machine state.  Every row also checks the path's
+ * output against the scalar reference (`wrong` = differing bytes); the
+ * exit status is 1 when any row is wrong, 2 on a bad flag.
+ *
+ * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
+ */
+#include "quant_cpu.h"
+#include "quant_math.h"
+
+#include <zpp/zpp.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef enum { FMT_TABLE, FMT_CSV, FMT_JSON } fmt_t;
+
+typedef struct {
+  size_t n;     /* elements */
+  size_t block; /* elements per block */
+  int iters, warmup;
+  const char *isa;
+  fmt_t fmt;
+  int asym;
+} opts_t;
+
+typedef struct {
+  const char *op;
+  const char *dtype;
+  int bits;
+  double bytes; /* read + written by one run */
+  double ms, gbps, memcpy_ms, memcpy_gbps;
+  size_t wrong;
+} row_t;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int k) {
+  qsort(v, (size_t)k, sizeof *v, cmp_double);
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: zpp-quant-bench [--n N] [--block B] [--iters I] [--warmup W]\n"
+          "                       [--isa auto|scalar|avx2|avx512]\n"
+          "                       [--format table|csv|json] [--sym|--asym]\n"
+          "  --n N        elements per buffer (default 16777216: out of cache)\n"
+          "  --block B    elements per quantization block (default 256)\n"
+          "  --iters I    timed runs per row; the median is reported (default 10)\n"
+          "  --warmup W   untimed runs per row first (default 2)\n"
+          "  --isa P      CPU path; auto = the library's choice (ZPP_CPU_ISA)\n"
+          "  --format F   table (default), csv or json\n"
+          "  --sym/--asym quantization mode (default symmetric)\n");
+}
+
+static int parse_size(const char *flag, const char *s, size_t min, size_t *out) {
+  char *end;
+  unsigned long long v;
+  errno = 0;
+  if (s == NULL || *s == '\0' || *s == '-') {
+    fprintf(stderr, "zpp-quant-bench: %s needs a number\n", flag);
+    return -1;
+  }
+  v = strtoull(s, &end, 10);
+  if (errno != 0 || *end != '\0' || v < min || v > SIZE_MAX / 8) {
+    fprintf(stderr, "zpp-quant-bench: %s %s: must be an integer >= %zu\n", flag,
+            s, min);
+    return -1;
+  }
+  *out = (size_t)v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, opts_t *o) {
+  int i;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    size_t x;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      exit(0);
+    } else if (strcmp(a, "--sym") == 0) {
+      o->asym = 0;
+    } else if (strcmp(a, "--asym") == 0) {
+      o->asym = 1;
+    } else if (strcmp(a, "--n") == 0) {
+      if (parse_size(a, v, 1, &o->n) != 0)
+        return -1;
+      i++;
+    } else if (strcmp(a, "--block") == 0) {
+      if (parse_size(a, v, 1, &o->block) != 0)
+        return -1;
+      i++;
+    } else if (strcmp(a, "--iters") == 0 || strcmp(a, "--warmup") == 0) {
+      int it = strcmp(a, "--iters") == 0;
+      if (parse_size(a, v, it ? 1 : 0, &x) != 0)
+        return -1;
+      if (x > 100000) {
+        fprintf(stderr, "zpp-quant-bench: %s %s: at most 100000\n", a, v);
+        return -1;
+      }
+      *(it ? &o->iters : &o->warmup) = (int)x;
+      i++;
+    } else if (strcmp(a, "--isa") == 0) {
+      if (v == NULL || (strcmp(v, "auto") != 0 && strcmp(v, "scalar") != 0 &&
+                        strcmp(v, "avx2") != 0 && strcmp(v, "avx512") != 0)) {
+        fprintf(stderr, "zpp-quant-bench: --isa %s: must be auto, scalar, "
+                        "avx2 or avx512\n", v ? v : "(missing)");
+        return -1;
+      }
+      o->isa = v;
+      i++;
+    } else if (strcmp(a, "--format") == 0) {
+      if (v != NULL && strcmp(v, "table") == 0)
+        o->fmt = FMT_TABLE;
+      else if (v != NULL && strcmp(v, "csv") == 0)
+        o->fmt = FMT_CSV;
+      else if (v != NULL && strcmp(v, "json") == 0)
+        o->fmt = FMT_JSON;
+      else {
+        fprintf(stderr, "zpp-quant-bench: --format %s: must be table, csv or "
+                        "json\n", v ? v : "(missing)");
+        return -1;
+      }
+      i++;
+    } else {
+      fprintf(stderr, "zpp-quant-bench: unknown argument '%s'\n", a);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void cpu_model(char *buf, size_t len) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  snprintf(buf, len, "unknown");
+  if (f == NULL)
+    return;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10) == 0) {
+      char *c = strchr(line, ':');
+      if (c != NULL) {
+        c++;
+        while (*c == ' ' || *c == '\t')
+          c++;
+        c[strcspn(c, "\n")] = '\0';
+        snprintf(buf, len, "%s", c);
+      }
+      break;
+    }
+  }
+  fclose(f);
+}
+
+/* Deterministic normal-ish data (sum of uniforms): finite, varied scales. */
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+static void fill_input(float *x, size_t n) {
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  size_t i;
+  for (i = 0; i < n; i++) {
+    uint64_t r = rng_next(&s);
+    float u = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) +
+              (float)((r >> 32) & 0xffff) - 98302.5f;
+    x[i] = u * (1.0f / 32768.0f);
+  }
+}
+
+static void *xalloc(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+    return NULL;
+  memset(p, 0, bytes); /* fault the pages in before timing */
+  return p;
+}
+
+typedef struct {
+  const zpp_quant_cpu_ops_t *ops;
+  zpp_qcfg_t q;
+  int dtype;
+  size_t n;
+  const void *src;
+  uint8_t *enc;
+  void *out;
+  int kind; /* 0 encode, 1 decode, 2 decode-accumulate */
+} job_t;
+
+static void run_job(const job_t *j) {
+  if (j->kind == 0)
+    j->ops->encode(&j->q, j->dtype, j->src, j->n, j->enc);
+  else
+    j->ops->decode(&j->q, j->enc, j->n,
+                   j->kind == 1 ? j->dtype : ZPP_QM_OUT_ACC, j->out);
+}
+
+/* Times the job and a memcpy of the same read + written bytes, alternating. */
+static void measure(const opts_t *o, const job_t *j, void *mc_dst,
+                    const void *mc_src, row_t *r) {
+  size_t mc_bytes = (size_t)(r->bytes / 2.0);
+  double *t = malloc(sizeof(double) * (size_t)o->iters);
+  double *m = malloc(sizeof(double) * (size_t)o->iters);
+  int k;
+  if (t == NULL || m == NULL) {
+    fprintf(stderr, "zpp-quant-bench: out of memory\n");
+    exit(1);
+  }
+  for (k = 0; k < o->warmup; k++) {
+    run_job(j);
+    memcpy(mc_dst, mc_src, mc_bytes);
+  }
+  for (k = 0; k < o->iters; k++) {
+    double t0 = now_s();
+    run_job(j);
+    t[k] = now_s() - t0;
+    t0 = now_s();
+    memcpy(mc_dst, mc_src, mc_bytes);
+    m[k] = now_s() - t0;
+  }
+  r->ms = 1e3 * median(t, o->iters);
+  r->memcpy_ms = 1e3 * median(m, o->iters);
+  r->gbps = r->bytes / (r->ms * 1e6);
+  r->memcpy_gbps = 2.0 * (double)mc_bytes / (r->memcpy_ms * 1e6);
+  free(t);
+  free(m);
+}
+
+static size_t count_diff(const void *a, const void *b, size_t len) {
+  const uint8_t *x = a, *y = b;
+  size_t i, d = 0;
+  for (i = 0; i < len; i++)
+    d += x[i] != y[i];
+  return d;
+}
+
+static void print_header(const opts_t *o, const char *cpu, const char *isa) {
+  if (o->fmt == FMT_JSON) {
+    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"n\": %zu, \"block\": %zu, "
+           "\"mode\": \"%s\", \"iters\": %d, \"warmup\": %d, \"rows\": [\n",
+           cpu, isa, o->n, o->block, o->asym ? "asym" : "sym", o->iters,
+           o->warmup);
+    return;
+  }
+  printf("# zpp-quant-bench: cpu \"%s\", isa %s, n %zu, block %zu, %s, "
+         "iters %d (median), warmup %d, single thread\n",
+         cpu, isa, o->n, o->block, o->asym ? "asym" : "sym", o->iters,
+         o->warmup);
+  if (o->fmt == FMT_CSV)
+    printf("op,dtype,bits,isa,block,n,mode,bytes,time_ms,gbps,memcpy_ms,"
+           "memcpy_gbps,ratio,wrong\n");
+  else
+    printf("# %-10s %5s %4s %10s %9s %9s %11s %6s %6s\n", "op", "dtype", "bits",
+           "bytes", "time_ms", "GB/s", "memcpy_GB/s", "ratio", "wrong");
+}
+
+static void print_row(const opts_t *o, const char *isa, const row_t *r,
+                      int first) {
+  double ratio = r->gbps / r->memcpy_gbps;
+  if (o->fmt == FMT_JSON)
+    printf("%s  {\"op\": \"%s\", \"dtype\": \"%s\", \"bits\": %d, "
+           "\"bytes\": %.0f, \"time_ms\": %.4f, \"gbps\": %.3f, "
+           "\"memcpy_ms\": %.4f, \"memcpy_gbps\": %.3f, \"ratio\": %.3f, "
+           "\"wrong\": %zu}",
+           first ? "" : ",\n", r->op, r->dtype, r->bits, r->bytes, r->ms,
+           r->gbps, r->memcpy_ms, r->memcpy_gbps, ratio, r->wrong);
+  else if (o->fmt == FMT_CSV)
+    printf("%s,%s,%d,%s,%zu,%zu,%s,%.0f,%.4f,%.3f,%.4f,%.3f,%.3f,%zu\n", r->op,
+           r->dtype, r->bits, isa, o->block, o->n, o->asym ? "asym" : "sym",
+           r->bytes, r->ms, r->gbps, r->memcpy_ms, r->memcpy_gbps, ratio,
+           r->wrong);
+  else
+    printf("  %-10s %5s %4d %10.0f %9.3f %9.2f %11.2f %6.2f %6zu\n", r->op,
+           r->dtype, r->bits, r->bytes, r->ms, r->gbps, r->memcpy_gbps, ratio,
+           r->wrong);
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  static const int dtypes[3] = {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16};
+  static const char *dtype_names[3] = {"fp32", "fp16", "bf16"};
+  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0};
+  const zpp_quant_cpu_ops_t *ops, *ref;
+  char cpu[256];
+  size_t enc_max, mc_max;
+  float *f32;
+  void *in[3], *out, *out_ref, *acc, *acc_ref, *mc_src, *mc_dst;
+  uint8_t *enc, *enc_ref;
+  int bits_i, d, kind, first = 1, wrong_rows = 0, ovf = 0;
+
+  if (parse_args(argc, argv, &o) != 0) {
+    usage(stderr);
+    return 2;
+  }
+  ops = strcmp(o.isa, "auto") == 0 ? zpp_quant_cpu_ops()
+                                   : zpp_quant_cpu_ops_named(o.isa);
+  ref = zpp_quant_cpu_ops_named("scalar");
+  if (ops == NULL) {
+    fprintf(stderr, "zpp-quant-bench: --isa %s: not built in or not supported "
+                    "by this CPU\n", o.isa);
+    return 2;
+  }
+  cpu_model(cpu, sizeof cpu);
+
+  {
+    zpp_qcfg_t q4 = {4, o.asym, o.block}, q8 = {8, o.asym, o.block};
+    size_t e4 = zpp_quant_bytes(&q4, o.n, &ovf);
+    size_t e8 = zpp_quant_bytes(&q8, o.n, &ovf);
+    if (ovf) {
+      fprintf(stderr, "zpp-quant-bench: --n %zu: encoded size overflows\n", o.n);
+      return 2;
+    }
+    enc_max = e4 > e8 ? e4 : e8;
+  }
+  /* largest row: decode-accumulate reads enc + 4n, writes 4n */
+  mc_max = (enc_max + 8 * o.n) / 2 + 64;
+  f32 = xalloc(4 * o.n);
+  in[0] = f32;
+  in[1] = xalloc(2 * o.n);
+  in[2] = xalloc(2 * o.n);
+  out = xalloc(4 * o.n);
+  out_ref = xalloc(4 * o.n);
+  acc = xalloc(4 * o.n);
+  acc_ref = xalloc(4 * o.n);
+  enc = xalloc(enc_max);
+  enc_ref = xalloc(enc_max);
+  mc_src = xalloc(mc_max);
+  mc_dst = xalloc(mc_max);
+  if (!f32 || !in[1] || !in[2] || !out || !out_ref || !acc || !acc_ref ||
+      !enc || !enc_ref || !mc_src || !mc_dst) {
+    fprintf(stderr, "zpp-quant-bench: out of memory for --n %zu\n", o.n);
+    return 1;
+  }
+  fill_input(f32, o.n);
+  {
+    size_t i;
+    uint16_t *h = in[1], *b = in[2];
+    for (i = 0; i < o.n; i++) {
+      h[i] = zpp_qm_f32_to_f16(f32[i]);
+      b[i] = zpp_qm_f32_to_bf16(f32[i]);
+    }
+  }
+  memset(mc_src, 0x5a, mc_max);
+
+  print_header(&o, cpu, ops->name);
+  for (bits_i = 0; bits_i < 2; bits_i++) {
+    int bits = bits_i == 0 ? 8 : 4;
+    zpp_qcfg_t q = {bits, o.asym, o.block};
+    size_t eb = zpp_quant_bytes(&q, o.n, &ovf);
+    for (kind = 0; kind < 3; kind++) {
+      for (d = 0; d < 3; d++) {
+        size_t esz = dtypes[d] == ZPP_QM_F32 ? 4 : 2;
+        job_t j = {ops, q, dtypes[d], o.n, in[d], enc, NULL, kind};
+        row_t r;
+        memset(&r, 0, sizeof r);
+        r.dtype = dtype_names[d];
+        r.bits = bits;
+        /* encoded input of this dtype for the decode rows */
+        ref->encode(&q, dtypes[d], in[d], o.n, enc_ref);
+        if (kind == 0) {
+          r.op = "encode";
+          r.bytes = (double)(esz * o.n + eb);
+          measure(&o, &j, mc_dst, mc_src, &r);
+          r.wrong = count_diff(enc, enc_ref, eb);
+        } else if (kind == 1) {
+          r.op = "decode";
+          memcpy(enc, enc_ref, eb);
+          j.out = out;
+          r.bytes = (double)(eb + esz * o.n);
+          measure(&o, &j, mc_dst, mc_src, &r);
+          ref->decode(&q, enc, o.n, dtypes[d], out_ref);
+          r.wrong = count_diff(out, out_ref, esz * o.n);
+        } else {
+          /* accumulation is into fp32 whatever the dtype that was encoded:
+           * one row per width, from the fp32 encoding */
+          if (dtypes[d] != ZPP_QM_F32)
+            continue;
+          r.op = "decode_acc";
+          memcpy(enc, enc_ref, eb);
+          memcpy(acc, f32, 4 * o.n);
+          j.out = acc;
+          r.bytes = (double)(eb + 8 * o.n);
+          measure(&o, &j, mc_dst, mc_src, &r);
+          /* the timed runs accumulated warmup + iters times: check one */
+          memcpy(acc, f32, 4 * o.n);
+          memcpy(acc_ref, f32, 4 * o.n);
+          ops->decode(&q, enc, o.n, ZPP_QM_OUT_ACC, acc);
+          ref->decode(&q, enc, o.n, ZPP_QM_OUT_ACC, acc_ref);
+          r.wrong = count_diff(acc, acc_ref, 4 * o.n);
+        }
+        wrong_rows += r.wrong != 0;
+        print_row(&o, ops->name, &r, first);
+        first = 0;
+      }
+    }
+  }
+  if (o.fmt == FMT_JSON)
+    printf("\n], \"wrong_rows\": %d}\n", wrong_rows);
+  else if (wrong_rows)
+    printf("# %d row(s) differ from the scalar reference\n", wrong_rows);
+  return wrong_rows ? 1 : 0;
+}
