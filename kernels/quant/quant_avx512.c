@@ -19,6 +19,16 @@
  * the library stays baseline x86-64, and the table is handed out only when
  * the CPU (and OS) support all of the extensions above.
  */
+/* Bitwise equality needs mul and add kept apart, whatever the build flags:
+ * with contraction allowed, GCC fuses the intrinsics (and quant_math.h's
+ * zero + q * scale) into FMA under these targets.  Before any include, so
+ * every function of this file is compiled alike. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include "quant_cpu.h"
 #include "quant_math.h"
 
