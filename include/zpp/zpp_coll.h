@@ -1,0 +1,199 @@
+/*
+ * The ZeRO++ collectives and their full-precision baselines.
+ *
+ *   zpp_allgather / zpp_reduce_scatter    baselines (no compression)
+ *   zpp_qwz_allgather                     qwZ: quantized weight all-gather
+ *   zpp_hpz_*                             hpZ: secondary partition per node
+ *   zpp_qgz_reduce_scatter                qgZ: hierarchical quantized
+ *                                         reduce-scatter of gradients
+ *
+ * Every collective is written once against the transport table and the
+ * quantizer (docs/design.md, "Collectives"), so the same code serves host
+ * memory over MPI and device memory over NCCL.  Buffers live in the
+ * communicator's memory space (zpp_comm_config_t.memory).
+ *
+ * Counts are elements per rank (like NCCL): all-gather inputs hold `count`
+ * elements and outputs `size * count`; reduce-scatter inputs hold
+ * `size * count` and outputs `count`, rank r receiving slice r.  Any count
+ * works, 0, 1, 7 or a large prime: the quantized collectives encode every
+ * rank's slice on its own (docs/format.md), so nothing is padded and no
+ * multiple of 8 or of the world size is needed.
+ *
+ * Asynchrony: pass `req` to start a collective and wait on it later with
+ * zpp_request_wait (req NULL: the call returns when it completed).  On the
+ * NCCL backend the work is stream-ordered on `stream` and the wait
+ * synchronises it; on the MPI backend a per-communicator progress thread
+ * runs the requests in the order they were started (MPI must then be
+ * initialised with MPI_THREAD_MULTIPLE: zpp_comm_create_mpi checks it and
+ * runs requests inline otherwise).  Until the wait returns, the caller must
+ * not touch the buffers of a started collective.  All ranks must start the
+ * same collectives in the same order.
+ */
+#ifndef ZPP_ZPP_COLL_H
+#define ZPP_ZPP_COLL_H
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_comm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  ZPP_OP_SUM = 0, /* sum over all ranks */
+  ZPP_OP_MEAN = 1 /* the true mean: sum / world size, whatever the layout */
+} zpp_redop_t;
+
+typedef struct zpp_request *zpp_request_t;
+
+/* Waits for a started collective, frees the request and returns the
+ * collective's status.  A NULL request is ZPP_OK. */
+ZPP_API zpp_status_t zpp_request_wait(zpp_request_t req);
+/* *done = 1 when the request completed (then call zpp_request_wait to get
+ * its status and free it). */
+ZPP_API zpp_status_t zpp_request_test(zpp_request_t req, int *done);
+
+/* ---- baselines ----------------------------------------------------------- */
+
+/* recvbuf[r * count ..] = rank r's sendbuf (count elements of dtype).
+ * In place when sendbuf == recvbuf + rank * count. */
+ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
+                                   void *recvbuf, size_t count,
+                                   zpp_dtype_t dtype, zpp_stream_t stream,
+                                   zpp_request_t *req);
+
+/* recvbuf (count elements) = slice `rank` of the sum (or mean) of every
+ * rank's sendbuf (size * count elements), accumulated in fp32 in rank
+ * order and rounded once to dtype. */
+ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
+                                        void *recvbuf, size_t count,
+                                        zpp_dtype_t dtype, zpp_redop_t op,
+                                        zpp_stream_t stream,
+                                        zpp_request_t *req);
+
+/* ---- qwZ ---------------------------------------------------------------- */
+
+/* Each rank encodes its shard with `quant` (scales and payload in one
+ * buffer), one all-gather moves every encoded shard, every rank decodes
+ * them into recvbuf in dtype.  All ranks end with bitwise identical
+ * output, within the per-element bound of docs/format.md of the input. */
+ZPP_API zpp_status_t zpp_qwz_allgather(zpp_comm_t comm,
+                                       const zpp_quant_config_t *quant,
+                                       const void *sendbuf, void *recvbuf,
+                                       size_t count, zpp_dtype_t dtype,
+                                       zpp_stream_t stream,
+                                       zpp_request_t *req);
+
+/* ---- hpZ ---------------------------------------------------------------- */
+
+typedef struct zpp_hpz *zpp_hpz_t;
+
+typedef struct {
+  size_t struct_size;       /* sizeof(zpp_hpz_config_t): INIT macro */
+  int quantized;            /* 1 (default): gathers use qwZ with `quant`;
+                               0: full precision */
+  zpp_quant_config_t quant; /* default INT8, block 256, symmetric */
+} zpp_hpz_config_t;
+
+#define ZPP_HPZ_CONFIG_INIT \
+  { sizeof(zpp_hpz_config_t), 1, ZPP_QUANT_CONFIG_INIT }
+
+typedef struct {
+  size_t struct_size;      /* sizeof(zpp_hpz_info_t): INIT macro */
+  int hierarchical;        /* 1: backward gathers stay inside the node; 0:
+                              uneven nodes, backward gathers fall back to a
+                              world gather (docs/design.md) */
+  uint64_t generation;     /* bumped by zpp_hpz_invalidate */
+  uint64_t secondary_generation; /* generation of the secondary copy; 0:
+                                    none yet */
+  size_t secondary_bytes;  /* extra memory held for the secondary copy */
+} zpp_hpz_info_t;
+
+#define ZPP_HPZ_INFO_INIT { sizeof(zpp_hpz_info_t), 0, 0, 0, 0 }
+
+/* A tensor (or flat parameter group) of `count` elements per rank. */
+ZPP_API zpp_status_t zpp_hpz_create(zpp_comm_t comm,
+                                    const zpp_hpz_config_t *cfg, size_t count,
+                                    zpp_dtype_t dtype, zpp_hpz_t *hpz);
+ZPP_API zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz);
+
+/* Forward gather: like zpp_qwz_allgather (or zpp_allgather when not
+ * quantized) of sendbuf (this rank's primary shard) into recvbuf (size *
+ * count), and it keeps this rank's secondary shard: the encoded shards of
+ * the ranks with my local rank on every node, cut from the gathered data
+ * with no extra communication. */
+ZPP_API zpp_status_t zpp_hpz_forward_gather(zpp_hpz_t hpz,
+                                            const void *sendbuf,
+                                            void *recvbuf,
+                                            zpp_stream_t stream,
+                                            zpp_request_t *req);
+
+/* Backward gather: rebuilds recvbuf from the secondary shards with an
+ * all-gather inside the node only (zero inter-node bytes); the output is
+ * bitwise equal to the forward gather's.  When the parameters changed
+ * since the secondary copy was made (zpp_hpz_invalidate), it never uses
+ * the stale copy: with sendbuf (the current primary shard) it refreshes
+ * by running a forward gather; with sendbuf NULL it returns
+ * ZPP_ERR_STALE.  Before any forward gather it behaves the same way. */
+ZPP_API zpp_status_t zpp_hpz_backward_gather(zpp_hpz_t hpz,
+                                             const void *sendbuf,
+                                             void *recvbuf,
+                                             zpp_stream_t stream,
+                                             zpp_request_t *req);
+
+/* The parameters changed (optimizer step, checkpoint load): the secondary
+ * copy is stale from now on.  Local, no communication; call it on every
+ * rank. */
+ZPP_API zpp_status_t zpp_hpz_invalidate(zpp_hpz_t hpz);
+
+ZPP_API zpp_status_t zpp_hpz_get_info(zpp_hpz_t hpz, zpp_hpz_info_t *info);
+
+/* ---- qgZ ---------------------------------------------------------------- */
+
+typedef struct {
+  size_t struct_size;     /* sizeof(zpp_qgz_config_t): INIT macro */
+  int intra_bits;         /* codes inside the node: 4 (default) or 8 */
+  int inter_bits;         /* codes across nodes: 4 (default) or 8 */
+  size_t block_size;      /* elements per scale, default 256 */
+  zpp_quant_mode_t mode;  /* default symmetric */
+} zpp_qgz_config_t;
+
+#define ZPP_QGZ_CONFIG_INIT \
+  { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC }
+
+/* Floats of the error-feedback residual for a call with `count` elements
+ * per rank (it holds the compression error of both stages). */
+ZPP_API zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
+                                            size_t *residual_count);
+
+/* Hierarchical quantized reduce-scatter: rank r receives slice r (count
+ * elements) of the sum or mean of every rank's sendbuf (size * count).
+ *   1. every rank encodes, for each local rank j of its node, the slices of
+ *      the ranks with local rank j (one contiguous message per
+ *      destination), and an all-to-all inside the node moves them;
+ *   2. each rank decodes and accumulates in fp32, then encodes the partial
+ *      sum of each node's slice, and an all-to-all among the ranks with
+ *      its local rank on the other nodes moves them (one crossing of the
+ *      network, in inter_bits);
+ *   3. decode-accumulate in fp32, divide by the world size for MEAN, round
+ *      once to dtype.
+ * One node: step 1 only.  Uneven nodes: one flat quantized all-to-all over
+ * the world (docs/design.md).  residual (NULL: no error feedback) is a
+ * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before
+ * the first step: each step adds it to the data before encoding and
+ * stores the new compression error into it.  A NaN or Inf in any rank's
+ * gradient makes the owning shard's element non-finite. */
+ZPP_API zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
+                                            const zpp_qgz_config_t *cfg,
+                                            const void *sendbuf,
+                                            void *recvbuf, size_t count,
+                                            zpp_dtype_t dtype, zpp_redop_t op,
+                                            float *residual,
+                                            zpp_stream_t stream,
+                                            zpp_request_t *req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_ZPP_COLL_H */

@@ -1,0 +1,56 @@
+/*
+ * Element-wise helpers of the collectives (fp32 accumulators, error
+ * feedback), for host memory and, in elementwise_cuda.cu, device memory.
+ * Each element follows the same rule on both sides, through quant_math.h.
+ * Internal header: not installed.
+ */
+#ifndef ZPP_KERNELS_ELEMENTWISE_H
+#define ZPP_KERNELS_ELEMENTWISE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[i] = dtype(acc[i] / div): div 1 for a sum, the world size for a
+ * mean (one IEEE division, then one rounding to the dtype). */
+void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
+                        void *out);
+/* buf[i] = dtype(fp32(buf[i]) / div), in place. */
+void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div);
+/* out[i] = fp32(g[i]) + res[i]: the gradient with last step's error. */
+void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
+                              size_t count, float *out);
+/* res[i] = x[i] - res[i] (res holds the decoded x on entry); elements
+ * whose error is not finite store 0, so a skipped step (NaN/Inf gradient)
+ * does not poison the next one. */
+void zpp_ew_residual_host(const float *x, size_t count, float *res);
+
+/* Device versions, enqueued on `stream` (a cudaStream_t).  Return 0, or
+ * non-zero with the CUDA message in err. */
+int zpp_ew_finish_device(const float *acc, size_t count, float div,
+                         int dtype, void *out, void *stream, char *err,
+                         size_t errlen);
+int zpp_ew_scale_device(int dtype, void *buf, size_t count, float div,
+                        void *stream, char *err, size_t errlen);
+int zpp_ew_add_residual_device(int dtype, const void *g, const float *res,
+                               size_t count, float *out, void *stream,
+                               char *err, size_t errlen);
+int zpp_ew_residual_device(const float *x, size_t count, float *res,
+                           void *stream, char *err, size_t errlen);
+/* Stream-ordered allocation, copy and fill of device memory. */
+int zpp_ew_alloc_device(size_t bytes, void **p, void *stream, char *err,
+                        size_t errlen);
+void zpp_ew_free_device(void *p, void *stream);
+int zpp_ew_copy_device(void *dst, const void *src, size_t bytes,
+                       void *stream, char *err, size_t errlen);
+int zpp_ew_zero_device(void *p, size_t bytes, void *stream, char *err,
+                       size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_KERNELS_ELEMENTWISE_H */

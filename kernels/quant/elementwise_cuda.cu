@@ -1,0 +1,116 @@
+// Device element-wise helpers of the collectives (elementwise.h): the same
+// per-element rules as elementwise.c, through quant_math.h.
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+
+#include "elementwise.h"
+#include "quant_math.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int grid_for(size_t count) {
+  size_t blocks = (count + kThreads - 1) / kThreads;
+  return (int)(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride
+}
+
+int report(cudaError_t e, const char *what, char *err, size_t errlen) {
+  if (e == cudaSuccess) return 0;
+  snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+  return 1;
+}
+
+__global__ void finish_kernel(const float *acc, size_t count, float div,
+                              int dtype, void *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    zpp_qm_store(out, i, dtype, div == 1.0f ? acc[i] : __fdiv_rn(acc[i], div));
+}
+
+__global__ void scale_kernel(int dtype, void *buf, size_t count, float div) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    zpp_qm_store(buf, i, dtype, __fdiv_rn(zpp_qm_load(buf, i, dtype), div));
+}
+
+__global__ void add_residual_kernel(int dtype, const void *g, const float *res,
+                                    size_t count, float *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = zpp_qm_add(zpp_qm_load(g, i, dtype), res[i]);
+}
+
+__global__ void residual_kernel(const float *x, size_t count, float *res) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float e = __fsub_rn(x[i], res[i]);
+    res[i] = (zpp_qm_f32_bits(e) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : e;
+  }
+}
+
+}  // namespace
+
+extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
+                                    int dtype, void *out, void *stream,
+                                    char *err, size_t errlen) {
+  if (count == 0) return 0;
+  finish_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
+      acc, count, div, dtype, out);
+  return report(cudaGetLastError(), "finish kernel launch", err, errlen);
+}
+
+extern "C" int zpp_ew_scale_device(int dtype, void *buf, size_t count,
+                                   float div, void *stream, char *err,
+                                   size_t errlen) {
+  if (count == 0) return 0;
+  scale_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
+      dtype, buf, count, div);
+  return report(cudaGetLastError(), "scale kernel launch", err, errlen);
+}
+
+extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
+                                          const float *res, size_t count,
+                                          float *out, void *stream, char *err,
+                                          size_t errlen) {
+  if (count == 0) return 0;
+  add_residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
+      dtype, g, res, count, out);
+  return report(cudaGetLastError(), "add-residual kernel launch", err, errlen);
+}
+
+extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
+                                      void *stream, char *err, size_t errlen) {
+  if (count == 0) return 0;
+  residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
+      x, count, res);
+  return report(cudaGetLastError(), "residual kernel launch", err, errlen);
+}
+
+extern "C" int zpp_ew_alloc_device(size_t bytes, void **p, void *stream,
+                                   char *err, size_t errlen) {
+  *p = nullptr;
+  if (bytes == 0) return 0;
+  return report(cudaMallocAsync(p, bytes, (cudaStream_t)stream),
+                "cudaMallocAsync", err, errlen);
+}
+
+extern "C" void zpp_ew_free_device(void *p, void *stream) {
+  if (p != nullptr) cudaFreeAsync(p, (cudaStream_t)stream);
+}
+
+extern "C" int zpp_ew_copy_device(void *dst, const void *src, size_t bytes,
+                                  void *stream, char *err, size_t errlen) {
+  if (bytes == 0) return 0;
+  return report(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                (cudaStream_t)stream),
+                "cudaMemcpyAsync", err, errlen);
+}
+
+extern "C" int zpp_ew_zero_device(void *p, size_t bytes, void *stream,
+                                  char *err, size_t errlen) {
+  if (bytes == 0) return 0;
+  return report(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)stream),
+                "cudaMemsetAsync", err, errlen);
+}

@@ -1,0 +1,257 @@
+/*
+ * Memory-space dispatch of the kernels the collectives use: host memory
+ * runs the CPU quantizer and element-wise loops; device memory enqueues the
+ * CUDA kernels on the collective's stream.
+ */
+#include "coll_internal.h"
+#include "elementwise.h"
+#include "internal.h"
+#include "quant_math.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
+                           zpp_exec_t *ex) {
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
+  ex->comm = comm;
+  ex->t = zpp_comm_transport(comm);
+  ZPP_CHECK(zpp_comm_memory(comm, &ex->mem));
+  ex->stream = stream;
+  return ZPP_OK;
+}
+
+size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count) {
+  size_t b = 0;
+  if (zpp_quant_encoded_size(q, count, &b) != ZPP_OK)
+    return 0;
+  return b;
+}
+
+#if ZPP_HAVE_CUDA_KERNELS
+#define DEVICE_CALL(func, call)                                                \
+  do {                                                                         \
+    char err_[256];                                                            \
+    if ((call) != 0)                                                           \
+      return zpp_error(ZPP_ERR_CUDA, func, "%s", err_);                        \
+  } while (0)
+#define DEVICE_ERRBUF err_, sizeof err_
+#endif
+
+static zpp_status_t no_device(const char *func) {
+  return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                   "device memory needs zpp built with CUDA kernels");
+}
+
+zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
+  *p = NULL;
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    *p = malloc(bytes);
+    if (*p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                       "scratch of %zu bytes", bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_alloc_device(bytes, p, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+void zpp_k_free(const zpp_exec_t *ex, void *p) {
+  if (p == NULL)
+    return;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    free(p);
+#if ZPP_HAVE_CUDA_KERNELS
+  else
+    zpp_ew_free_device(p, ex->stream);
+#endif
+}
+
+zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
+                        size_t bytes) {
+  if (bytes == 0 || dst == src)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    memmove(dst, src, bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_copy_device(dst, src, bytes, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes) {
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    memset(p, 0, bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_zero_device(p, bytes, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          zpp_dtype_t dtype, const void *src, size_t count,
+                          void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_encode(q, dtype, src, count, dst, bytes);
+  return zpp_quant_encode_device(q, dtype, src, count, dst, bytes, ex->stream);
+}
+
+zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          const void *src, size_t count, zpp_dtype_t dtype,
+                          void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_decode(q, src, bytes, count, dtype, dst);
+  return zpp_quant_decode_device(q, src, bytes, count, dtype, dst, ex->stream);
+}
+
+zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
+                              const zpp_quant_config_t *q, const void *src,
+                              size_t count, float *acc) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_decode_accumulate(q, src, bytes, count, acc);
+  return zpp_quant_decode_accumulate_device(q, src, bytes, count, acc,
+                                            ex->stream);
+}
+
+zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
+                          size_t count, float div, zpp_dtype_t dtype,
+                          void *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_finish_host(acc, count, div, (int)dtype, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_finish_device(acc, count, div, (int)dtype, out,
+                                             ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_scale(const zpp_exec_t *ex, zpp_dtype_t dtype, void *buf,
+                         size_t count, float div) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_scale_host((int)dtype, buf, count, div);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_scale_device((int)dtype, buf, count, div,
+                                            ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                                const void *g, const float *res, size_t count,
+                                float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_add_residual_host((int)dtype, g, res, count, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_add_residual_device((int)dtype, g, res, count,
+                                                   out, ex->stream,
+                                                   DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
+                                   const zpp_quant_config_t *q,
+                                   const float *x, const void *enc,
+                                   size_t count, float *res) {
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_decode(ex, q, enc, count, ZPP_FLOAT32, res));
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_residual_host(x, count, res);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_residual_device(x, count, res, ex->stream,
+                                               DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
+                                 size_t count, int dtype, int op,
+                                 const uint64_t *words, int nwords) {
+  enum { NW = 8 };
+  uint64_t mine[NW];
+  uint64_t *all;
+  int n, r, i, me;
+  zpp_status_t st;
+  if (zpp_setting_long("ZPP_CHECK", 0) == 0)
+    return ZPP_OK;
+  memset(mine, 0, sizeof mine);
+  mine[0] = (uint64_t)count;
+  mine[1] = (uint64_t)(uint32_t)dtype;
+  mine[2] = (uint64_t)(uint32_t)op;
+  for (i = 0; i < nwords && i + 3 < NW; i++)
+    mine[3 + i] = words[i];
+  n = zpp_transport_size(ex->t);
+  me = zpp_transport_rank(ex->t);
+  all = (uint64_t *)malloc(sizeof mine * (size_t)n);
+  if (all == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ZPP_CHECK buffer");
+  /* Host memory even on device communicators: a small metadata exchange. */
+  st = zpp_transport_allgather(ex->t, ZPP_GROUP_WORLD, mine, sizeof mine,
+                               all, ZPP_MEMORY_HOST, NULL);
+  if (st != ZPP_OK) {
+    free(all);
+    return st;
+  }
+  for (r = 0; r < n; r++) {
+    const uint64_t *w = all + (size_t)r * NW;
+    static const char *names[NW] = {"count", "dtype", "op", "config word 0",
+                                    "config word 1", "config word 2",
+                                    "config word 3", "config word 4"};
+    for (i = 0; i < NW; i++) {
+      if (w[i] != all[i]) {
+        st = zpp_error(ZPP_ERR_MISMATCH, func,
+                       "ZPP_CHECK: %s is %llu on rank 0 but %llu on rank %d "
+                       "(this is rank %d); all ranks must pass the same",
+                       names[i], (unsigned long long)all[i],
+                       (unsigned long long)w[i], r, me);
+        free(all);
+        return st;
+      }
+    }
+  }
+  free(all);
+  return ZPP_OK;
+}

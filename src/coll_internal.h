@@ -1,0 +1,98 @@
+/*
+ * Internals of the collectives (src/coll*.c): the memory-space dispatch of
+ * the quantizer and element-wise kernels, and the request machinery.  The
+ * algorithms call these and the transport table (transport.h), never
+ * MPI, NCCL or CUDA directly.
+ */
+#ifndef ZPP_SRC_COLL_INTERNAL_H
+#define ZPP_SRC_COLL_INTERNAL_H
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+
+#include "quant_cpu.h"
+#include "transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a collective's buffers live and which stream orders its work. */
+typedef struct {
+  zpp_comm_t comm;
+  zpp_transport_t *t;
+  zpp_memory_t mem;
+  void *stream;
+} zpp_exec_t;
+
+zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
+                           zpp_exec_t *ex);
+
+/* Scratch memory in the exec's space (device: stream-ordered). */
+zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p);
+void zpp_k_free(const zpp_exec_t *ex, void *p);
+zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
+                        size_t bytes);
+zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes);
+
+/* The quantizer on the exec's memory (dst sized by the encoded size). */
+zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          zpp_dtype_t dtype, const void *src, size_t count,
+                          void *dst);
+zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          const void *src, size_t count, zpp_dtype_t dtype,
+                          void *dst);
+zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
+                              const zpp_quant_config_t *q, const void *src,
+                              size_t count, float *acc);
+/* out = dtype(acc / div). */
+zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
+                          size_t count, float div, zpp_dtype_t dtype,
+                          void *out);
+/* buf = dtype(fp32(buf) / div), in place. */
+zpp_status_t zpp_k_scale(const zpp_exec_t *ex, zpp_dtype_t dtype, void *buf,
+                         size_t count, float div);
+/* out = fp32(g) + res. */
+zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                                const void *g, const float *res, size_t count,
+                                float *out);
+/* res = x - decode(enc), 0 where not finite. */
+zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
+                                   const zpp_quant_config_t *q,
+                                   const float *x, const void *enc,
+                                   size_t count, float *res);
+
+/* Encoded bytes of `count` elements (config already checked). */
+size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);
+
+/* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words)
+ * with one small all-gather and fail together with ZPP_ERR_MISMATCH,
+ * naming the first differing rank, instead of corrupting memory or
+ * hanging.  No-op otherwise. */
+zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
+                                 size_t count, int dtype, int op,
+                                 const uint64_t *words, int nwords);
+
+/* ---- requests ------------------------------------------------------------ */
+
+/* A collective's work, run on the calling thread or the progress thread. */
+typedef zpp_status_t (*zpp_coll_fn)(void *arg);
+
+/* Runs fn(arg) now (req NULL, or the backend is stream-ordered) or queues
+ * it on the communicator's progress thread and returns a request.  arg is
+ * owned by the machinery: freed with free() after fn ran.  On the NCCL
+ * backend the request waits for `stream`. */
+zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
+                             zpp_coll_fn fn, void *arg, void *stream,
+                             zpp_request_t *req);
+
+/* Stops the progress thread of comm (after draining its queue); called by
+ * zpp_comm_destroy. */
+void zpp_coll_comm_release(zpp_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_COLL_INTERNAL_H */

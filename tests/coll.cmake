@@ -1,0 +1,29 @@
+# Multi-rank tests of the collectives (tests/test_coll.cc) under mpirun, one
+# ctest entry per emulated layout (ZPP_TOPO), plus ZPP_CHECK=1 mismatch
+# detection.  Label "mpi".
+if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
+  add_executable(test_coll test_coll.cc)
+  target_link_libraries(test_coll PRIVATE zpp_static GTest::gtest MPI::MPI_C)
+  # C bindings only: no MPI C++ library at link time
+  target_compile_definitions(test_coll PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_include_directories(test_coll PRIVATE ${PROJECT_SOURCE_DIR}/src
+    ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
+  set(_zpp_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+    --mca btl self,vader --bind-to none)
+  # layout name -> ZPP_TOPO and rank count
+  foreach(_layout 1x1:1 1x4:4 2x2:4 2x4:8 4x2:8 3x2:6 8x1:8 "0,0,0,1,1:5")
+    string(REPLACE ":" ";" _p "${_layout}")
+    list(GET _p 0 _topo)
+    list(GET _p 1 _np)
+    string(REPLACE "," "" _tname "${_topo}")
+    add_test(NAME coll_${_tname}
+      COMMAND ${_zpp_mpirun} -np ${_np} $<TARGET_FILE:test_coll>)
+    set_tests_properties(coll_${_tname} PROPERTIES LABELS mpi TIMEOUT 240
+      ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1")
+  endforeach()
+  add_test(NAME coll_check
+    COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>
+      --gtest_filter=BadInput.*)
+  set_tests_properties(coll_check PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "ZPP_TOPO=2x2;ZPP_CHECK=1;OMPI_MCA_mpi_yield_when_idle=1")
+endif()

@@ -1,0 +1,64 @@
+// Shared main for multi-rank GoogleTest suites run under mpirun.
+//
+// Rank 0 prints the usual gtest output; other ranks print only their
+// failures, prefixed with their rank.  The process exit code is non-zero
+// on every rank if any rank failed a test, so mpirun (and ctest) see it.
+// Include this from exactly one .cc of a test executable and define
+// ZPP_MPI_TEST_SETUP / ZPP_MPI_TEST_TEARDOWN hooks before including.
+#ifndef ZPP_TESTS_MPI_GTEST_MAIN_H
+#define ZPP_TESTS_MPI_GTEST_MAIN_H
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace zpp_test {
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] FAILURE %s:%d\n%s\n", rank_,
+                   r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+inline int RunAllRanks(int argc, char **argv, void (*setup)(),
+                       void (*teardown)()) {
+  int provided = 0, rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (rank != 0) {
+    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  if (rank == 0) {
+    const char *topo = std::getenv("ZPP_TOPO");
+    std::printf("%d ranks; topology %s%s\n", size,
+                topo && *topo ? "EMULATED by ZPP_TOPO=" : "discovered",
+                topo && *topo ? topo : "");
+  }
+  if (setup) setup();
+  int failed = RUN_ALL_TESTS() != 0;
+  if (teardown) teardown();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any)
+    std::printf("FAILED on at least one rank (see [rank N] lines)\n");
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
+
+}  // namespace zpp_test
+
+#endif  // ZPP_TESTS_MPI_GTEST_MAIN_H

@@ -1,0 +1,697 @@
+// Multi-rank tests of the collectives (baselines, qwZ, hpZ, qgZ), run under
+// mpirun for several emulated layouts (ZPP_TOPO): see tests/coll.cmake.
+//
+// Every rank regenerates every rank's input from (seed, rank), so each can
+// compute the exact expectation or the float64 reference locally.  Seed:
+// ZPP_TEST_SEED (default 20261129), printed by rank 0.
+//
+// Rules for multi-rank tests: never return early before a collective
+// (every rank must make the same calls), so checks use EXPECT_*.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpi_gtest_main.h"
+
+extern "C" {
+#include "quant_math.h"
+}
+
+namespace {
+
+zpp_comm_t g_comm = nullptr;
+int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+// ---- data -------------------------------------------------------------------
+
+float to_dtype(float v, zpp_dtype_t dt) {
+  if (dt == ZPP_FLOAT32) return v;
+  if (dt == ZPP_BFLOAT16) return zpp_qm_bf16_to_f32(zpp_qm_f32_to_bf16(v));
+  return zpp_qm_f16_to_f32(zpp_qm_f32_to_f16(v));
+}
+
+// n values of rank r for test `tag`, representable in dt.
+std::vector<float> gen(int r, size_t n, zpp_dtype_t dt, uint64_t tag) {
+  std::mt19937_64 rng(seed() * 7919ull + tag * 104729ull + (uint64_t)r);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto &v : x) v = to_dtype(nd(rng), dt);
+  return x;
+}
+
+std::vector<uint8_t> pack(const std::vector<float> &x, zpp_dtype_t dt) {
+  std::vector<uint8_t> b(std::max<size_t>(1, x.size() * zpp_dtype_size(dt)));
+  for (size_t i = 0; i < x.size(); i++) zpp_qm_store(b.data(), i, (int)dt, x[i]);
+  return b;
+}
+
+float at(const std::vector<uint8_t> &b, zpp_dtype_t dt, size_t i) {
+  return zpp_qm_load(b.data(), i, (int)dt);
+}
+
+uint64_t fnv(const void *p, size_t n) {
+  const uint8_t *c = (const uint8_t *)p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+// True on every rank when every rank has the same 64-bit value.
+bool same_on_all_ranks(uint64_t v) {
+  uint64_t mn, mx;
+  MPI_Allreduce(&v, &mn, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&v, &mx, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return mn == mx;
+}
+
+zpp_comm_stats_t stats() {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  zpp_comm_get_stats(g_comm, &s);
+  return s;
+}
+
+// Per-element bound of docs/format.md for a block with the given scale and
+// range, plus the output rounding of dt at |v|.
+double block_bound(double scale, double range, double x, double out,
+                   zpp_dtype_t dt) {
+  double b = scale * (0.5 + std::ldexp(1.0, -12)) +
+             std::ldexp(1.0, -22) * (std::fabs(x) + range) + std::ldexp(1.0, -149);
+  if (dt == ZPP_BFLOAT16) b += std::fabs(out) * std::ldexp(1.0, -8) + 1e-38;
+  if (dt == ZPP_FLOAT16) b += std::fabs(out) * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+  return b;
+}
+
+// Scale and range of the block of x[off, off+len) (docs/format.md).
+void block_params(const float *x, size_t len, int bits, bool asym, double *scale,
+                  double *range) {
+  double mn = INFINITY, mx = -INFINITY, am = 0;
+  for (size_t i = 0; i < len; i++) {
+    mn = std::min(mn, (double)x[i]);
+    mx = std::max(mx, (double)x[i]);
+    am = std::max(am, std::fabs((double)x[i]));
+  }
+  *range = asym ? mx - mn : am;
+  double levels = asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+  *scale = *range / levels * (1 + std::ldexp(1.0, -23));
+}
+
+struct Case {
+  zpp_dtype_t dt;
+  size_t count;
+  int bits;
+  size_t block;
+};
+
+std::string name(const Case &c) {
+  return std::string(zpp_dtype_name(c.dt)) + " count " + std::to_string(c.count) +
+         " int" + std::to_string(c.bits) + " block " + std::to_string(c.block);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_FLOAT16, ZPP_BFLOAT16})
+    for (size_t count : {(size_t)1, (size_t)7, (size_t)4097, (size_t)10007})
+      for (int bits : {8, 4})
+        v.push_back({dt, count, bits, count > 1000 ? (size_t)256 : (size_t)32});
+  return v;
+}
+
+zpp_quant_config_t qcfg(int bits, size_t block, bool asym = false) {
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  q.bits = bits;
+  q.block_size = block;
+  q.mode = asym ? ZPP_QUANT_ASYMMETRIC : ZPP_QUANT_SYMMETRIC;
+  return q;
+}
+
+size_t enc_size(const zpp_quant_config_t &q, size_t count) {
+  size_t b = 0;
+  zpp_quant_encoded_size(&q, count, &b);
+  return b;
+}
+
+// ---- baselines ------------------------------------------------------------------
+
+TEST(Baseline, AllgatherIsBitwiseExact) {
+  for (const Case &c : cases()) {
+    auto mine = pack(gen(g_rank, c.count, c.dt, 1), c.dt);
+    std::vector<uint8_t> out(g_size * c.count * zpp_dtype_size(c.dt));
+    EXPECT_EQ(zpp_allgather(g_comm, mine.data(), out.data(), c.count, c.dt, nullptr,
+                            nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(g_comm);
+    for (int r = 0; r < g_size; r++) {
+      auto want = pack(gen(r, c.count, c.dt, 1), c.dt);
+      EXPECT_EQ(std::memcmp(out.data() + r * c.count * zpp_dtype_size(c.dt),
+                            want.data(), c.count * zpp_dtype_size(c.dt)),
+                0)
+          << name(c) << " shard of rank " << r;
+    }
+  }
+}
+
+TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
+  for (const Case &c : cases()) {
+    size_t n = g_size * c.count;
+    auto mine = pack(gen(g_rank, n, c.dt, 2), c.dt);
+    std::vector<uint8_t> sum(c.count * zpp_dtype_size(c.dt) + 1),
+        mean(c.count * zpp_dtype_size(c.dt) + 1);
+    EXPECT_EQ(zpp_reduce_scatter(g_comm, mine.data(), sum.data(), c.count, c.dt,
+                                 ZPP_OP_SUM, nullptr, nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(g_comm);
+    EXPECT_EQ(zpp_reduce_scatter(g_comm, mine.data(), mean.data(), c.count, c.dt,
+                                 ZPP_OP_MEAN, nullptr, nullptr),
+              ZPP_OK);
+    // fp32 accumulator in rank order, rounded once (transport contract);
+    // MEAN divides the rounded sum by the world size and rounds again.
+    std::vector<float> acc(c.count, 0.0f);
+    for (int r = 0; r < g_size; r++) {
+      auto x = gen(r, n, c.dt, 2);
+      for (size_t i = 0; i < c.count; i++) acc[i] += x[g_rank * c.count + i];
+    }
+    int bad = 0;
+    for (size_t i = 0; i < c.count && bad < 3; i++) {
+      float s = to_dtype(acc[i], c.dt);
+      float m = to_dtype(s / (float)g_size, c.dt);
+      if (at(sum, c.dt, i) != s || at(mean, c.dt, i) != m) {
+        ADD_FAILURE() << name(c) << " element " << i << ": sum " << at(sum, c.dt, i)
+                      << " want " << s << ", mean " << at(mean, c.dt, i) << " want " << m;
+        bad++;
+      }
+    }
+  }
+}
+
+// ---- qwZ -----------------------------------------------------------------------
+
+TEST(Qwz, WithinFormatBoundIdenticalOnAllRanksAndEqualToLocalCodec) {
+  for (const Case &c : cases())
+    for (bool asym : {false, true}) {
+      zpp_quant_config_t q = qcfg(c.bits, c.block, asym);
+      auto mine = pack(gen(g_rank, c.count, c.dt, 3), c.dt);
+      size_t ds = zpp_dtype_size(c.dt);
+      std::vector<uint8_t> out(g_size * c.count * ds);
+      EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, mine.data(), out.data(), c.count, c.dt,
+                                  nullptr, nullptr),
+                ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      EXPECT_TRUE(same_on_all_ranks(fnv(out.data(), out.size()))) << name(c);
+      int bad = 0;
+      for (int r = 0; r < g_size && bad < 3; r++) {
+        auto x = gen(r, c.count, c.dt, 3);
+        // exact: the local codec on the same shard
+        auto in = pack(x, c.dt);
+        std::vector<uint8_t> enc(enc_size(q, c.count)), dec(c.count * ds);
+        zpp_quant_encode(&q, c.dt, in.data(), c.count, enc.data(), enc.size());
+        zpp_quant_decode(&q, enc.data(), enc.size(), c.count, c.dt, dec.data());
+        if (std::memcmp(dec.data(), out.data() + r * c.count * ds, dec.size()) != 0) {
+          ADD_FAILURE() << name(c) << " shard " << r << " differs from the local codec";
+          bad++;
+        }
+        // independent: the per-element bound of the format
+        for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
+          size_t len = std::min(c.block, c.count - b0);
+          double scale, range;
+          block_params(&x[b0], len, c.bits, asym, &scale, &range);
+          for (size_t i = b0; i < b0 + len; i++) {
+            double got = zpp_qm_load(out.data(), r * c.count + i, (int)c.dt);
+            if (std::fabs(got - x[i]) > block_bound(scale, range, x[i], got, c.dt) &&
+                bad++ < 3)
+              ADD_FAILURE() << name(c) << " shard " << r << " element " << i << ": "
+                            << got << " vs " << x[i];
+          }
+        }
+      }
+    }
+}
+
+TEST(Qwz, InterNodeBytesScaleWithTheEncodedSize) {
+  // Same transport algorithm, different message size: qwZ moves E bytes
+  // where the baseline moves count * 2 (bf16), on every link class.
+  const size_t count = 4096;
+  for (int bits : {8, 4}) {
+    zpp_quant_config_t q = qcfg(bits, 256);
+    auto mine = pack(gen(g_rank, count, ZPP_BFLOAT16, 4), ZPP_BFLOAT16);
+    std::vector<uint8_t> out(g_size * count * 2);
+    zpp_comm_reset_stats(g_comm);
+    EXPECT_EQ(zpp_allgather(g_comm, mine.data(), out.data(), count, ZPP_BFLOAT16,
+                            nullptr, nullptr),
+              ZPP_OK);
+    zpp_comm_stats_t base = stats();
+    zpp_comm_reset_stats(g_comm);
+    EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, mine.data(), out.data(), count,
+                                ZPP_BFLOAT16, nullptr, nullptr),
+              ZPP_OK);
+    zpp_comm_stats_t qs = stats();
+    size_t e = enc_size(q, count);  // count * bits / 8 + 4 * count / 256
+    EXPECT_EQ(e, count * bits / 8 + 4 * (count / 256));
+    EXPECT_EQ(qs.inter_bytes_sent * (count * 2), base.inter_bytes_sent * e);
+    EXPECT_EQ(qs.intra_bytes_sent * (count * 2), base.intra_bytes_sent * e);
+    EXPECT_EQ(qs.inter_bytes_recv * (count * 2), base.inter_bytes_recv * e);
+    // some rank's traffic crosses nodes (a ring has quiet ranks)
+    uint64_t mine_inter = base.inter_bytes_sent, world_inter = 0;
+    MPI_Allreduce(&mine_inter, &world_inter, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (g_nnodes > 1) {
+      EXPECT_GT(world_inter, 0u);
+    }
+    if (g_rank == 0 && bits == 8)
+      std::printf("qwZ INT8 inter-node bytes sent by rank 0: %llu vs bf16 %llu (%.4f)\n",
+                  (unsigned long long)qs.inter_bytes_sent,
+                  (unsigned long long)base.inter_bytes_sent,
+                  base.inter_bytes_sent ? (double)qs.inter_bytes_sent / base.inter_bytes_sent
+                                        : 0.0);
+  }
+}
+
+// ---- hpZ ---------------------------------------------------------------------------
+
+TEST(Hpz, BackwardEqualsForwardBitwiseWithZeroInterNodeBytes) {
+  for (const Case &c : cases())
+    for (int quantized : {1, 0}) {
+      zpp_hpz_config_t cfg = ZPP_HPZ_CONFIG_INIT;
+      cfg.quantized = quantized;
+      cfg.quant = qcfg(c.bits, c.block);
+      zpp_hpz_t h = nullptr;
+      EXPECT_EQ(zpp_hpz_create(g_comm, &cfg, c.count, c.dt, &h), ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      size_t ds = zpp_dtype_size(c.dt);
+      auto mine = pack(gen(g_rank, c.count, c.dt, 5), c.dt);
+      std::vector<uint8_t> fwd(g_size * c.count * ds), bwd(fwd.size(), 0xee);
+      EXPECT_EQ(zpp_hpz_forward_gather(h, mine.data(), fwd.data(), nullptr, nullptr),
+                ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      zpp_comm_reset_stats(g_comm);
+      zpp_hpz_info_t info = ZPP_HPZ_INFO_INIT;
+      EXPECT_EQ(zpp_hpz_get_info(h, &info), ZPP_OK);
+      size_t unit = quantized ? enc_size(cfg.quant, c.count) : c.count * ds;
+      if (g_uniform) {
+        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, bwd.data(), nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_comm_get_last_error(g_comm);
+        zpp_comm_stats_t s = stats();
+        EXPECT_EQ(s.inter_bytes_sent + s.inter_bytes_recv, 0u) << name(c);
+        EXPECT_EQ(info.hierarchical, 1);
+        // a node all-gather of one unit per node from each rank
+        EXPECT_EQ(info.secondary_bytes, (size_t)g_nnodes * unit);
+      } else {
+        // uneven nodes: documented fallback, a world gather from the
+        // primary shard; without it the call says what is missing
+        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, bwd.data(), nullptr, nullptr),
+                  c.count ? ZPP_ERR_INVALID_ARGUMENT : ZPP_OK);
+        EXPECT_EQ(zpp_hpz_backward_gather(h, mine.data(), bwd.data(), nullptr, nullptr),
+                  ZPP_OK);
+        EXPECT_EQ(info.hierarchical, 0);
+        EXPECT_EQ(info.secondary_bytes, 0u);
+      }
+      EXPECT_EQ(std::memcmp(fwd.data(), bwd.data(), fwd.size()), 0) << name(c);
+      if (!quantized) {  // full precision: the exact input of every rank
+        for (int r = 0; r < g_size; r++) {
+          auto want = pack(gen(r, c.count, c.dt, 5), c.dt);
+          EXPECT_EQ(std::memcmp(bwd.data() + r * c.count * ds, want.data(),
+                                c.count * ds),
+                    0);
+        }
+      }
+      zpp_hpz_destroy(h);
+    }
+}
+
+TEST(Hpz, StaleSecondaryCopyIsRefusedOrRefreshed) {
+  if (!g_uniform) GTEST_SKIP() << "uneven nodes keep no secondary copy (same on all ranks)";
+  const size_t count = 333;
+  zpp_hpz_config_t cfg = ZPP_HPZ_CONFIG_INIT;
+  zpp_hpz_t h = nullptr;
+  EXPECT_EQ(zpp_hpz_create(g_comm, &cfg, count, ZPP_FLOAT32, &h), ZPP_OK);
+  std::vector<float> p1 = gen(g_rank, count, ZPP_FLOAT32, 6), p2 = gen(g_rank, count, ZPP_FLOAT32, 7);
+  std::vector<float> out(g_size * count), fresh(g_size * count), again(g_size * count);
+  // no forward gather yet: refused without the primary shard
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, out.data(), nullptr, nullptr),
+            ZPP_ERR_STALE);
+  EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("generation"),
+            std::string::npos);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, p1.data(), out.data(), nullptr, nullptr), ZPP_OK);
+  // optimizer step: parameters change, the copy is stale
+  EXPECT_EQ(zpp_hpz_invalidate(h), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, out.data(), nullptr, nullptr),
+            ZPP_ERR_STALE);
+  // with the new primary shard it refreshes (a world gather) ...
+  EXPECT_EQ(zpp_hpz_backward_gather(h, p2.data(), fresh.data(), nullptr, nullptr),
+            ZPP_OK);
+  std::vector<float> ref(g_size * count);
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &cfg.quant, p2.data(), ref.data(), count,
+                              ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_OK);
+  EXPECT_EQ(std::memcmp(fresh.data(), ref.data(), ref.size() * 4), 0);
+  // ... after which the node-local path serves the new parameters
+  zpp_comm_reset_stats(g_comm);
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, again.data(), nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(stats().inter_bytes_sent, 0u);
+  EXPECT_EQ(std::memcmp(again.data(), ref.data(), ref.size() * 4), 0);
+  zpp_hpz_info_t info = ZPP_HPZ_INFO_INIT;
+  zpp_hpz_get_info(h, &info);
+  EXPECT_EQ(info.generation, 2u);
+  EXPECT_EQ(info.secondary_generation, 2u);
+  zpp_hpz_destroy(h);
+}
+
+TEST(Hpz, EmptyShardsWork) {
+  zpp_hpz_config_t cfg = ZPP_HPZ_CONFIG_INIT;
+  zpp_hpz_t h = nullptr;
+  EXPECT_EQ(zpp_hpz_create(g_comm, &cfg, 0, ZPP_BFLOAT16, &h), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, nullptr, nullptr, nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, nullptr, nullptr, nullptr), ZPP_OK);
+  zpp_hpz_destroy(h);
+}
+
+// ---- qgZ -----------------------------------------------------------------------------
+
+// float64 reference of slice `me` and the error bound of the two stages
+// (docs/design.md, "qgZ error bound").
+struct QgzRef {
+  std::vector<double> sum, bound;
+};
+
+QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
+                     uint64_t tag, int me) {
+  size_t n = g_size * c.count;
+  std::vector<std::vector<float>> x(g_size);
+  for (int r = 0; r < g_size; r++) x[r] = gen(r, n, c.dt, tag);
+  int node_of_me, local_me;
+  zpp_comm_node_of(g_comm, me, &node_of_me);
+  zpp_comm_local_rank_of(g_comm, me, &local_me);
+  bool two = g_uniform && g_nnodes > 1;
+  QgzRef ref;
+  ref.sum.assign(c.count, 0.0);
+  ref.bound.assign(c.count, 0.0);
+  std::vector<double> h1sum(c.count, 0.0), abssum(c.count, 0.0);
+  std::vector<std::vector<double>> nodeU(g_nnodes, std::vector<double>(c.count, 0.0));
+  for (int r = 0; r < g_size; r++) {
+    int node;
+    zpp_comm_node_of(g_comm, r, &node);
+    const float *xs = &x[r][(size_t)me * c.count];
+    for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
+      size_t len = std::min(c.block, c.count - b0);
+      double scale, range;
+      block_params(xs + b0, len, intra_bits, asym, &scale, &range);
+      for (size_t i = b0; i < b0 + len; i++) {
+        double h1 = block_bound(scale, range, xs[i], 0, ZPP_FLOAT32);
+        ref.sum[i] += xs[i];
+        h1sum[i] += h1;
+        abssum[i] += std::fabs(xs[i]);
+        nodeU[node][i] += std::fabs(xs[i]) + h1;
+      }
+    }
+  }
+  double levels2 = asym ? (1 << inter_bits) - 1 : (1 << (inter_bits - 1)) - 1;
+  for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
+    size_t len = std::min(c.block, c.count - b0);
+    for (size_t i = b0; i < b0 + len; i++) {
+      double h2 = 0;
+      if (two) {
+        for (int m = 0; m < g_nnodes; m++) {
+          double umax = 0;  // stage-2 input of node m is bounded by U
+          for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, nodeU[m][j]);
+          double range2 = (asym ? 2 : 1) * umax;
+          double scale2 = range2 / levels2 * (1 + std::ldexp(1.0, -22));
+          h2 += block_bound(scale2, range2, nodeU[m][i], 0, ZPP_FLOAT32);
+        }
+      }
+      // fp32 accumulations: at most W + M additions of terms bounded by
+      // sum |x| + the quantization errors
+      double acc = (g_size + g_nnodes) * std::ldexp(1.0, -23) *
+                   (abssum[i] + h1sum[i] + h2);
+      ref.bound[i] = h1sum[i] + h2 + acc;
+    }
+  }
+  return ref;
+}
+
+TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
+  int me = g_rank;
+  for (const Case &c : cases())
+    for (int intra_bits : {4, 8}) {
+      if (c.bits == 8 && intra_bits == 4) continue;  // covers 4/4, 8/4... below
+      int inter_bits = c.bits == 8 ? 8 : 4;
+      if (c.bits == 4 && intra_bits == 8) inter_bits = 4;  // ZeRO++ 8 intra, 4 inter
+      for (bool asym : {false, true}) {
+        zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+        cfg.intra_bits = intra_bits;
+        cfg.inter_bits = inter_bits;
+        cfg.block_size = c.block;
+        cfg.mode = asym ? ZPP_QUANT_ASYMMETRIC : ZPP_QUANT_SYMMETRIC;
+        size_t n = g_size * c.count, ds = zpp_dtype_size(c.dt);
+        auto mine = pack(gen(g_rank, n, c.dt, 8), c.dt);
+        std::vector<uint8_t> sum(c.count * ds), mean(c.count * ds);
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, mine.data(), sum.data(), c.count,
+                                         c.dt, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_comm_get_last_error(g_comm);
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, mine.data(), mean.data(), c.count,
+                                         c.dt, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+                  ZPP_OK);
+        QgzRef ref = qgz_reference(c, intra_bits, inter_bits, asym, 8, me);
+        int bad = 0;
+        for (size_t i = 0; i < c.count && bad < 3; i++) {
+          double s = at(sum, c.dt, i), m = at(mean, c.dt, i);
+          double out_s = c.dt == ZPP_FLOAT32 ? std::ldexp(1.0, -24)
+                         : c.dt == ZPP_BFLOAT16 ? std::ldexp(1.0, -8)
+                                                : std::ldexp(1.0, -11);
+          double bs = ref.bound[i] + out_s * std::fabs(s) + 1e-30;
+          double bm = ref.bound[i] / g_size + out_s * std::fabs(m) +
+                      std::ldexp(1.0, -24) * std::fabs(m) + 1e-30;
+          if (std::fabs(s - ref.sum[i]) > bs || std::fabs(m - ref.sum[i] / g_size) > bm) {
+            ADD_FAILURE() << name(c) << (asym ? " asym" : " sym") << " intra "
+                          << intra_bits << " inter " << inter_bits << " element " << i
+                          << ": sum " << s << " ref " << ref.sum[i] << " bound " << bs
+                          << "; mean " << m << " bound " << bm;
+            bad++;
+          }
+          // MEAN is the true mean: the same fp32 sum divided by the world size
+          if (c.dt == ZPP_FLOAT32 && m != (double)((float)s / (float)g_size) && bad++ < 3)
+            ADD_FAILURE() << "MEAN " << m << " != SUM / " << g_size << " = "
+                          << (float)s / (float)g_size;
+        }
+      }
+    }
+}
+
+TEST(Qgz, NonFiniteGradientShowsUpInTheOwningShard) {
+  const size_t count = 300;
+  size_t n = g_size * count;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+  auto x = gen(g_rank, n, ZPP_FLOAT32, 9);
+  // the last rank poisons element 5 of the last rank's slice with NaN and
+  // element 17 of rank 0's slice with Inf
+  if (g_rank == g_size - 1) {
+    x[(size_t)(g_size - 1) * count + 5] = NAN;
+    x[17] = INFINITY;
+  }
+  std::vector<float> out(count);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  if (g_rank == g_size - 1) {
+    EXPECT_TRUE(!std::isfinite(out[5]));
+  }
+  if (g_rank == 0) {
+    EXPECT_TRUE(!std::isfinite(out[17]));
+  }
+  // elements in other blocks stay finite
+  EXPECT_TRUE(std::isfinite(out[count - 1]));
+}
+
+TEST(Qgz, ErrorFeedbackDrivesTheAverageErrorDown) {
+  // The same gradient every step: without feedback every step makes the
+  // same error; with it, the errors cancel and the average over K steps
+  // approaches the exact sum (its error shrinks like 1/K).
+  const size_t count = 1000;
+  const int steps = 8;
+  size_t n = g_size * count;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+  cfg.block_size = 128;
+  auto x = gen(g_rank, n, ZPP_FLOAT32, 10);
+  size_t rc = 0;
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc), ZPP_OK);
+  EXPECT_EQ(rc, (size_t)(g_size + (g_uniform && g_nnodes > 1 ? g_nnodes : 0)) * count);
+  std::vector<float> residual(rc, 0.0f), out(count);
+  std::vector<double> avg_ef(count, 0.0), plain(count);
+  for (int k = 0; k < steps; k++) {
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
+                                     ZPP_FLOAT32, ZPP_OP_SUM, residual.data(), nullptr,
+                                     nullptr),
+              ZPP_OK);
+    for (size_t i = 0; i < count; i++) avg_ef[i] += out[i] / (double)steps;
+  }
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  double e_ef = 0, e_plain = 0;
+  for (size_t i = 0; i < count; i++) {
+    double exact = 0;
+    for (int r = 0; r < g_size; r++) exact += gen(r, n, ZPP_FLOAT32, 10)[g_rank * count + i];
+    e_ef += (avg_ef[i] - exact) * (avg_ef[i] - exact);
+    e_plain += (out[i] - exact) * (out[i] - exact);
+    if (i == 20) break;  // the reference regeneration is O(W^2 n): sample
+  }
+  EXPECT_LT(e_ef, 0.25 * e_plain) << "error feedback did not reduce the error";
+}
+
+TEST(Qgz, CountsEqualTheFormulas) {
+  const size_t count = 4096;
+  size_t n = g_size * count;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;  // INT4 both stages, block 256
+  cfg.intra_bits = 8;
+  auto x = gen(g_rank, n, ZPP_BFLOAT16, 11);
+  auto in = pack(x, ZPP_BFLOAT16);
+  std::vector<uint8_t> out(count * 2);
+  zpp_comm_reset_stats(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, in.data(), out.data(), count,
+                                   ZPP_BFLOAT16, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  zpp_comm_stats_t s = stats();
+  int local_size = 1;
+  zpp_comm_local_size(g_comm, &local_size);
+  size_t e1 = enc_size(qcfg(8, 256), count), e2 = enc_size(qcfg(4, 256), count);
+  if (g_uniform && g_nnodes > 1) {
+    // stage 1: M encoded slices to each of the S-1 other ranks of my node;
+    // stage 2: one encoded slice to each of the M-1 other nodes
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(local_size - 1) * g_nnodes * e1);
+    EXPECT_EQ(s.inter_bytes_sent, (uint64_t)(g_nnodes - 1) * e2);
+    EXPECT_EQ(s.inter_bytes_recv, (uint64_t)(g_nnodes - 1) * e2);
+  } else if (g_uniform) {  // one node
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(g_size - 1) * e1);
+    EXPECT_EQ(s.inter_bytes_sent, 0u);
+  } else {  // flat fallback: one encoded slice to every other rank
+    EXPECT_EQ(s.intra_bytes_sent + s.inter_bytes_sent, (uint64_t)(g_size - 1) * e1);
+  }
+}
+
+// ---- asynchrony -----------------------------------------------------------------------------
+
+TEST(Async, StartedCollectivesCompleteInOrderWithTheSameResults) {
+  const size_t count = 2048;
+  zpp_quant_config_t q = qcfg(8, 256);
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  auto w = gen(g_rank, count, ZPP_FLOAT32, 12);
+  auto grad = gen(g_rank, g_size * count, ZPP_FLOAT32, 13);
+  std::vector<float> w1(g_size * count), w2(g_size * count), g1(count), g2(count);
+  zpp_request_t r1 = nullptr, r2 = nullptr;
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, w.data(), w1.data(), count, ZPP_FLOAT32,
+                              nullptr, &r1),
+            ZPP_OK);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, grad.data(), g1.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, &r2),
+            ZPP_OK);
+  int done = -1;
+  EXPECT_EQ(zpp_request_test(r2, &done), ZPP_OK);
+  EXPECT_TRUE(done == 0 || done == 1);
+  EXPECT_EQ(zpp_request_wait(r2), ZPP_OK);
+  EXPECT_EQ(zpp_request_wait(r1), ZPP_OK);
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, w.data(), w2.data(), count, ZPP_FLOAT32,
+                              nullptr, nullptr),
+            ZPP_OK);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, grad.data(), g2.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  EXPECT_EQ(std::memcmp(w1.data(), w2.data(), w1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * 4), 0);
+}
+
+// ---- bad input ---------------------------------------------------------------------------------
+
+TEST(BadInput, NullBuffersAndBadConfigsGiveClearErrors) {
+  float x[8] = {0}, y[64] = {0};
+  zpp_quant_config_t q = qcfg(8, 4);
+  zpp_quant_config_t q3 = qcfg(3, 4);
+  auto has = [](const char *needle) {
+    return std::string(zpp_comm_get_last_error(g_comm)).find(needle) != std::string::npos;
+  };
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, nullptr, y, 8, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_TRUE(has("sendbuf")) << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q3, x, y, 8, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has("bits 3")) << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_allgather(g_comm, x, nullptr, 8, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_reduce_scatter(g_comm, x, y, 1, ZPP_FLOAT32, (zpp_redop_t)5, nullptr,
+                               nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has("op 5"));
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  g.inter_bits = 2;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, x, y, 1, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has("inter_bits 2"));
+  EXPECT_EQ(zpp_qwz_allgather(nullptr, &q, x, y, 8, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_allgather(g_comm, x, y, 1, (zpp_dtype_t)9, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_allgather(g_comm, x, y, SIZE_MAX / 2, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_OVERFLOW);
+  // nothing was started: a valid collective still works afterwards
+  EXPECT_EQ(zpp_allgather(g_comm, x, y, 1, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK);
+}
+
+TEST(BadInput, LengthsThatDifferAcrossRanksAreDetectedWithZppCheck) {
+  const char *check = std::getenv("ZPP_CHECK");
+  bool on = check && std::atoi(check) == 1;
+  if (!on || g_size < 2) {
+    // gtest_skip is per rank; all ranks take the same branch here
+    GTEST_SKIP() << "needs ZPP_CHECK=1 and 2+ ranks (ctest runs it as coll_check)";
+  }
+  std::vector<float> x(16, 1.0f), y(16 * g_size, 0.0f);
+  size_t count = g_rank == g_size - 1 ? 9 : 8;  // the last rank disagrees
+  zpp_quant_config_t q = qcfg(8, 4);
+  zpp_status_t st = zpp_qwz_allgather(g_comm, &q, x.data(), y.data(), count,
+                                      ZPP_FLOAT32, nullptr, nullptr);
+  EXPECT_EQ(st, ZPP_ERR_MISMATCH);
+  EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("count"), std::string::npos)
+      << zpp_comm_get_last_error(g_comm);
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  st = zpp_qgz_reduce_scatter(g_comm, &g, y.data(), x.data(), count, ZPP_FLOAT32,
+                              ZPP_OP_SUM, nullptr, nullptr, nullptr);
+  EXPECT_EQ(st, ZPP_ERR_MISMATCH);
+}
+
+void setup() {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &g_comm) != ZPP_OK) {
+    std::fprintf(stderr, "zpp_comm_create_mpi: %s\n", zpp_get_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  zpp_comm_rank(g_comm, &g_rank);
+  zpp_comm_size(g_comm, &g_size);
+  zpp_comm_nnodes(g_comm, &g_nnodes);
+  zpp_comm_topo_uniform(g_comm, &g_uniform);
+  if (g_rank == 0)
+    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d\n",
+                (unsigned long long)seed(), g_nnodes, g_uniform);
+}
+
+void teardown() { zpp_comm_destroy(g_comm); }
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  return zpp_test::RunAllRanks(argc, argv, setup, teardown);
+}
