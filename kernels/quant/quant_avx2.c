@@ -96,6 +96,27 @@ ZPP_AVX2_INLINE float hmax_ps(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
+/* ---- scalar element reads ------------------------------------------------ */
+
+/* Buffers may have any alignment: scalar reads go through memcpy. */
+ZPP_AVX2_INLINE uint32_t ld_bits32(const float *x, size_t i) {
+  uint32_t u;
+  memcpy(&u, (const unsigned char *)x + 4 * i, 4);
+  return u;
+}
+
+ZPP_AVX2_INLINE float ld_f32(const float *x, size_t i) {
+  float f;
+  memcpy(&f, (const unsigned char *)x + 4 * i, 4);
+  return f;
+}
+
+ZPP_AVX2_INLINE uint16_t ld_u16(const uint16_t *x, size_t i) {
+  uint16_t h;
+  memcpy(&h, (const unsigned char *)x + 2 * i, 2);
+  return h;
+}
+
 /* ---- loads ---------------------------------------------------------------- */
 
 /* Elements [i, i+8) of a `dtype` buffer as fp32 (exact conversions). */
@@ -128,7 +149,7 @@ ZPP_AVX2_INLINE uint32_t absmax_f32(const float *x, size_t len) {
     a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
   r = hmax_epu32(_mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
   for (; i < len; i++) {
-    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    uint32_t u = ld_bits32(x, i) & ZPP_QM_ABS_MASK;
     r = u > r ? u : r;
   }
   return r;
@@ -149,7 +170,7 @@ ZPP_AVX2_INLINE uint16_t absmax_u16(const uint16_t *x, size_t len) {
     a0 = _mm256_max_epu16(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), mask));
   r = hmax_epu16(_mm256_max_epu16(a0, a1));
   for (; i < len; i++) {
-    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    uint16_t h = ld_u16(x, i), u = (uint16_t)(h & 0x7fffu);
     r = u > r ? u : r;
   }
   return r;
@@ -199,10 +220,11 @@ ZPP_AVX2_INLINE void minmax_f32(const float *x, size_t len, float *mn_out,
   mx = hmax_ps(_mm256_max_ps(mx0, mx1));
   amax = hmax_epu32(_mm256_max_epu32(a0, a1));
   for (; i < len; i++) {
-    uint32_t u = zpp_qm_f32_bits(x[i]) & ZPP_QM_ABS_MASK;
+    uint32_t u = ld_bits32(x, i) & ZPP_QM_ABS_MASK;
     amax = u > amax ? u : amax;
-    mn = x[i] < mn ? x[i] : mn;
-    mx = x[i] > mx ? x[i] : mx;
+    float f = ld_f32(x, i);
+    mn = f < mn ? f : mn;
+    mx = f > mx ? f : mx;
   }
   *nonfinite = amax >= ZPP_QM_EXP_MASK;
   *mn_out = mn;
@@ -229,8 +251,9 @@ ZPP_AVX2_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
     amax = _mm256_max_epu16(amax, _mm256_and_si256(v, mag));
   }
   if (i == 0) { /* shorter than one vector: start from element 0 */
-    mn = mx = _mm256_set1_epi16((int16_t)(x[0] ^ ((x[0] & 0x8000u) ? 0x7fffu : 0u)));
-    amax = _mm256_set1_epi16((int16_t)(x[0] & 0x7fffu));
+    uint16_t h0 = ld_u16(x, 0);
+    mn = mx = _mm256_set1_epi16((int16_t)(h0 ^ ((h0 & 0x8000u) ? 0x7fffu : 0u)));
+    amax = _mm256_set1_epi16((int16_t)(h0 & 0x7fffu));
   }
   tmn = hmin_epi16(mn);
   tmx = hmax_epi16(mx);
@@ -246,9 +269,9 @@ ZPP_AVX2_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
   }
   for (; i < len; i++) {
     float f;
-    uint16_t u = (uint16_t)(x[i] & 0x7fffu);
+    uint16_t h = ld_u16(x, i), u = (uint16_t)(h & 0x7fffu);
     a = u > a ? u : a;
-    f = dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(x[i]) : zpp_qm_f16_to_f32(x[i]);
+    f = dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(h) : zpp_qm_f16_to_f32(h);
     fmn = f < fmn ? f : fmn;
     fmx = f > fmx ? f : fmx;
   }
