@@ -186,13 +186,95 @@ typedef struct {
   zpp_dtype_t dtype;
 } qwz_arg_t;
 
+/* One in-place all-gather of a pipeline chunk, run on the pipe thread. */
+typedef struct {
+  const zpp_exec_t *ex;
+  uint8_t *all; /* n * bytes; my block at me * bytes */
+  size_t bytes;
+} ag_step_t;
+
+static zpp_status_t ag_step(void *p) {
+  ag_step_t *s = (ag_step_t *)p;
+  int me = zpp_transport_rank(s->ex->t);
+  return zpp_transport_allgather(s->ex->t, ZPP_GROUP_WORLD,
+                                 s->all + (size_t)me * s->bytes, s->bytes,
+                                 s->all, s->ex->mem, s->ex->stream);
+}
+
+#define PIPE_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
+
+/* qwZ in chunks of whole blocks: the all-gather of chunk k + 2 and k + 1
+ * run on the pipe thread while this thread decodes chunk k.  Each chunk is
+ * encoded on its own; since chunks are whole blocks, every block, and so
+ * every decoded value, is the one the unchunked path produces. */
+static zpp_status_t qwz_pipelined(const qwz_arg_t *a, size_t chunk) {
+  const zpp_exec_t *ex = &a->ex;
+  int n = zpp_transport_size(ex->t), me = zpp_transport_rank(ex->t), r;
+  size_t ds = zpp_dtype_size(a->dtype);
+  size_t nchunks = (a->count + chunk - 1) / chunk, k;
+  size_t ebuf = zpp_coll_encoded_size(&a->q, chunk);
+  uint8_t *buf[PIPE_DEPTH] = {NULL, NULL, NULL};
+  ag_step_t step[PIPE_DEPTH];
+  int ticket[PIPE_DEPTH];
+  zpp_pipe_t *pipe = NULL;
+  zpp_status_t st = ZPP_OK;
+  int i;
+  for (i = 0; i < PIPE_DEPTH; i++)
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)n * ebuf, (void **)&buf[i]), st,
+                   out);
+  ZPP_CHECK_GOTO(zpp_pipe_start("zpp_qwz_allgather", &pipe), st, out);
+  ZPP_TRACE(ZPP_SUBSYS_COLL, "qwZ: %zu chunks of %zu elements", nchunks,
+            chunk);
+  for (k = 0; k < nchunks + 2 && st == ZPP_OK; k++) {
+    /* post chunk k (encode first), then decode chunk k - 2 */
+    if (k < nchunks) {
+      size_t off = k * chunk, len = a->count - off < chunk ? a->count - off
+                                                           : chunk;
+      ag_step_t *sp = &step[k % PIPE_DEPTH];
+      sp->ex = ex;
+      sp->all = buf[k % PIPE_DEPTH];
+      sp->bytes = zpp_coll_encoded_size(&a->q, len);
+      st = zpp_k_encode(ex, &a->q, a->dtype, (const uint8_t *)a->send + off * ds,
+                        len, sp->all + (size_t)me * sp->bytes);
+      if (st != ZPP_OK)
+        break;
+      ticket[k % PIPE_DEPTH] = zpp_pipe_post(pipe, ag_step, sp);
+    }
+    if (k >= 2) {
+      size_t j = k - 2, off = j * chunk;
+      size_t len = a->count - off < chunk ? a->count - off : chunk;
+      ag_step_t *sp = &step[j % PIPE_DEPTH];
+      st = zpp_pipe_wait(pipe, ticket[j % PIPE_DEPTH]);
+      for (r = 0; st == ZPP_OK && r < n; r++)
+        st = zpp_k_decode(ex, &a->q, sp->all + (size_t)r * sp->bytes, len,
+                          a->dtype,
+                          (uint8_t *)a->recv + ((size_t)r * a->count + off) * ds);
+    }
+    /* buffer k % 3 is reused by chunk k + 3, posted after chunk k was
+     * decoded in iteration k + 2 */
+  }
+out:
+  if (pipe != NULL) {
+    zpp_status_t fin = zpp_pipe_finish(pipe);
+    if (st == ZPP_OK)
+      st = fin;
+  }
+  for (i = 0; i < PIPE_DEPTH; i++)
+    zpp_k_free(ex, buf[i]);
+  return st;
+}
+
 static zpp_status_t qwz_run(void *p) {
   qwz_arg_t *a = (qwz_arg_t *)p;
   size_t n = (size_t)zpp_transport_size(a->ex.t);
+  size_t chunk;
   void *all;
   zpp_status_t st;
   if (a->count == 0)
     return ZPP_OK;
+  chunk = zpp_pipe_chunk(a->count, a->q.block_size);
+  if (a->ex.mem == ZPP_MEMORY_HOST && n > 1 && chunk < a->count)
+    return qwz_pipelined(a, chunk);
   ZPP_CHECK(zpp_k_alloc(&a->ex, n * zpp_coll_encoded_size(&a->q, a->count),
                         &all));
   st = qwz_gather(&a->ex, &a->q, a->send, a->recv, a->count, a->dtype,

@@ -18,6 +18,10 @@
 extern "C" {
 #endif
 
+/* A collective's work (or one transport step of it), run on the calling
+ * thread, the progress thread or a pipeline thread. */
+typedef zpp_status_t (*zpp_coll_fn)(void *arg);
+
 /* Where a collective's buffers live and which stream orders its work. */
 typedef struct {
   zpp_comm_t comm;
@@ -74,10 +78,27 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
                                  const uint64_t *words, int nwords);
 
+/* ---- pipelining (coll_pipe.c) --------------------------------------------
+ * A thread that runs posted transport operations in posting order while
+ * the caller computes.  Host memory only. */
+typedef struct zpp_pipe zpp_pipe_t;
+zpp_status_t zpp_pipe_start(const char *func, zpp_pipe_t **out);
+/* Posts fn(arg) (arg stays owned by the caller); returns its ticket. */
+int zpp_pipe_post(zpp_pipe_t *q, zpp_coll_fn fn, void *arg);
+/* Waits until the operation with `ticket` ran; an earlier failure is
+ * returned by every later wait. */
+zpp_status_t zpp_pipe_wait(zpp_pipe_t *q, int ticket);
+/* Runs what is left, joins the thread, returns the first error. */
+zpp_status_t zpp_pipe_finish(zpp_pipe_t *q);
+/* Elements per chunk: a whole number of blocks, about count / 8 and at
+ * least ZPP_PIPE_MIN_CHUNK (below that, thread hand-offs and per-message
+ * latency cost more than the overlap hides), so chunk boundaries are
+ * block boundaries and the chunked result is bitwise the unchunked one.
+ * Returns count when the collective should not be pipelined. */
+size_t zpp_pipe_chunk(size_t count, size_t block);
+
 /* ---- requests ------------------------------------------------------------ */
 
-/* A collective's work, run on the calling thread or the progress thread. */
-typedef zpp_status_t (*zpp_coll_fn)(void *arg);
 
 /* Runs fn(arg) now (req NULL, or the backend is stream-ordered) or queues
  * it on the communicator's progress thread and returns a request.  arg is

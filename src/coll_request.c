@@ -151,7 +151,7 @@ zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
   zpp_transport_t *t = zpp_comm_transport(comm);
   int stream_ordered = zpp_transport_backend(t) == ZPP_BACKEND_NCCL;
   struct zpp_request *r;
-  worker_t *w;
+  worker_t *w = NULL;
   zpp_status_t st;
 
   if (stream_ordered || (req == NULL && find_worker(comm) == NULL)) {

@@ -59,129 +59,251 @@ zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
   return ZPP_OK;
 }
 
-/* Stage-1 source: the gradient itself, or gradient + residual in fp32. */
+/* One all-to-all step of the pipeline (run on the pipe thread, or at
+ * once when the collective is not pipelined). */
 typedef struct {
-  const void *data;
-  zpp_dtype_t dtype;
-} src_t;
+  const zpp_exec_t *ex;
+  zpp_group_t g;
+  const uint8_t *send;
+  uint8_t *recv;
+  size_t bytes; /* per peer */
+} a2a_step_t;
 
-/* Encodes slice `w` of src into dst, and updates that slice's residual. */
-static zpp_status_t encode_slice(const qgz_arg_t *a,
-                                 const zpp_quant_config_t *q, src_t src,
-                                 int w, float *res, void *dst) {
-  size_t off = (size_t)w * a->count;
-  const uint8_t *p = (const uint8_t *)src.data + off * zpp_dtype_size(src.dtype);
-  ZPP_CHECK(zpp_k_encode(&a->ex, q, src.dtype, p, a->count, dst));
-  if (res != NULL)
-    ZPP_CHECK(zpp_k_update_residual(&a->ex, q, (const float *)p, dst, a->count,
-                                    res + off));
+static zpp_status_t a2a_step(void *p) {
+  a2a_step_t *s = (a2a_step_t *)p;
+  return zpp_transport_alltoall(s->ex->t, s->g, s->send, s->bytes, s->recv,
+                                s->ex->mem, s->ex->stream);
+}
+
+static zpp_status_t post(zpp_pipe_t *pipe, a2a_step_t *s, int *ticket) {
+  if (pipe == NULL) /* not pipelined: posting order is running order */
+    return a2a_step(s);
+  *ticket = zpp_pipe_post(pipe, a2a_step, s);
   return ZPP_OK;
 }
 
-static zpp_status_t qgz_flat(const qgz_arg_t *a, src_t src, float *acc,
-                             uint8_t *sbuf, uint8_t *rbuf) {
-  int n = zpp_transport_size(a->ex.t), r;
-  size_t e = zpp_coll_encoded_size(&a->q1, a->count);
-  for (r = 0; r < n; r++)
-    ZPP_CHECK(encode_slice(a, &a->q1, src, r, a->residual, sbuf + (size_t)r * e));
-  ZPP_CHECK(zpp_transport_alltoall(a->ex.t, ZPP_GROUP_WORLD, sbuf, e, rbuf,
-                                   a->ex.mem, a->ex.stream));
-  for (r = 0; r < n; r++)
-    ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, rbuf + (size_t)r * e, a->count,
-                               acc));
-  return ZPP_OK;
+static zpp_status_t wait_step(zpp_pipe_t *pipe, int ticket) {
+  return pipe != NULL ? zpp_pipe_wait(pipe, ticket) : ZPP_OK;
 }
 
-/* Two levels; on return acc[0..count) holds my slice's world sum. */
-static zpp_status_t qgz_hier(const qgz_arg_t *a, src_t src, float *acc,
-                             uint8_t *sbuf, uint8_t *rbuf) {
+#define QGZ_DEPTH 3 /* chunk slots in flight */
+
+/* The plan of one call: stage 1 sends, to each member j of group g1, the
+ * chunk of slices slice(j, 0..m1-1); stage 2 (two levels only) sends
+ * partial sum m to CROSS member m. */
+typedef struct {
+  const qgz_arg_t *a;
+  const zpp_topo_t *topo;
+  zpp_group_t g1;
+  int s1, m1, two;
+  size_t chunk, nchunks;
+  float *tmp; /* error feedback: one slice chunk of gradient + residual */
+  struct {
+    uint8_t *s1, *r1, *s2, *r2;
+    float *acc; /* m1 partial sums of the chunk */
+    a2a_step_t n, c;
+    int tn, tc;
+  } slot[QGZ_DEPTH];
+  float *acc2;
+} plan_t;
+
+static int slice_of(const plan_t *p, int j, int m) {
+  if (!p->two)
+    return zpp_transport_group_member(p->a->ex.t, p->g1, j);
+  return p->topo->node_ranks[p->topo->node_off[m] + j];
+}
+
+static size_t chunk_len(const plan_t *p, size_t k) {
+  size_t off = k * p->chunk;
+  return p->a->count - off < p->chunk ? p->a->count - off : p->chunk;
+}
+
+/* Stage 1 encode of chunk k into its slot, residuals updated. */
+static zpp_status_t stage1_encode(plan_t *p, size_t k) {
+  const qgz_arg_t *a = p->a;
   const zpp_exec_t *ex = &a->ex;
-  const zpp_topo_t *topo = zpp_transport_topo(ex->t);
-  int s = zpp_transport_group_size(ex->t, ZPP_GROUP_NODE);
-  int m = topo->nnodes, j, node;
-  size_t e1 = zpp_coll_encoded_size(&a->q1, a->count);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, a->count);
-  size_t per = (size_t)m * e1;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e1 = zpp_coll_encoded_size(&a->q1, len), ds = zpp_dtype_size(a->dtype);
+  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
+  int j, m;
+  for (j = 0; j < p->s1; j++) {
+    for (m = 0; m < p->m1; m++, out += e1) {
+      size_t at = (size_t)slice_of(p, j, m) * a->count + off;
+      const uint8_t *g = (const uint8_t *)a->send + at * ds;
+      if (a->residual == NULL) {
+        ZPP_CHECK(zpp_k_encode(ex, &a->q1, a->dtype, g, len, out));
+        continue;
+      }
+      ZPP_CHECK(zpp_k_add_residual(ex, a->dtype, g, a->residual + at, len,
+                                   p->tmp));
+      ZPP_CHECK(zpp_k_encode(ex, &a->q1, ZPP_FLOAT32, p->tmp, len, out));
+      ZPP_CHECK(zpp_k_update_residual(ex, &a->q1, p->tmp, out, len,
+                                      a->residual + at));
+    }
+  }
+  return ZPP_OK;
+}
+
+/* Stage 1 decode-accumulate of chunk k (sources in member order). */
+static zpp_status_t stage1_reduce(plan_t *p, size_t k) {
+  const qgz_arg_t *a = p->a;
+  size_t len = chunk_len(p, k), e1 = zpp_coll_encoded_size(&a->q1, len);
+  const uint8_t *in = p->slot[k % QGZ_DEPTH].r1;
+  float *acc = p->slot[k % QGZ_DEPTH].acc;
+  int j, m;
+  ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
+  for (j = 0; j < p->s1; j++)
+    for (m = 0; m < p->m1; m++, in += e1)
+      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
+  return ZPP_OK;
+}
+
+/* Stage 2 encode of the partial sums of chunk k (stage-2 residual after
+ * the W * count stage-1 residual). */
+static zpp_status_t stage2_encode(plan_t *p, size_t k) {
+  const qgz_arg_t *a = p->a;
+  const zpp_exec_t *ex = &a->ex;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+  float *acc = p->slot[k % QGZ_DEPTH].acc;
+  uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
   float *res2 = a->residual != NULL
                     ? a->residual + (size_t)zpp_transport_size(ex->t) * a->count
                     : NULL;
-
-  /* stage 1: message j = slices w(0, j) .. w(M-1, j), each encoded alone */
-  for (j = 0; j < s; j++)
-    for (node = 0; node < m; node++)
-      ZPP_CHECK(encode_slice(a, &a->q1, src,
-                             topo->node_ranks[topo->node_off[node] + j],
-                             a->residual,
-                             sbuf + (size_t)j * per + (size_t)node * e1));
-  ZPP_CHECK(zpp_transport_alltoall(ex->t, ZPP_GROUP_NODE, sbuf, per, rbuf,
-                                   ex->mem, ex->stream));
-  for (j = 0; j < s; j++) /* local-rank order: deterministic */
-    for (node = 0; node < m; node++)
-      ZPP_CHECK(zpp_k_decode_acc(ex, &a->q1,
-                                 rbuf + (size_t)j * per + (size_t)node * e1,
-                                 a->count, acc + (size_t)node * a->count));
-
-  /* stage 2: partial sums of each node's slice, across nodes */
-  if (res2 != NULL) /* add last step's stage-2 error (in place) */
-    ZPP_CHECK(zpp_k_add_residual(ex, ZPP_FLOAT32, acc, res2,
-                                 (size_t)m * a->count, acc));
-  for (node = 0; node < m; node++) {
-    size_t off = (size_t)node * a->count;
-    ZPP_CHECK(zpp_k_encode(ex, &a->q2, ZPP_FLOAT32, acc + off, a->count,
-                           sbuf + (size_t)node * e2));
-    if (res2 != NULL)
-      ZPP_CHECK(zpp_k_update_residual(ex, &a->q2, acc + off,
-                                      sbuf + (size_t)node * e2, a->count,
-                                      res2 + off));
+  int m;
+  for (m = 0; m < p->m1; m++, out += e2) {
+    float *part = acc + (size_t)m * len;
+    float *res = res2 != NULL ? res2 + (size_t)m * a->count + off : NULL;
+    if (res != NULL) /* add last step's stage-2 error, in place */
+      ZPP_CHECK(zpp_k_add_residual(ex, ZPP_FLOAT32, part, res, len, part));
+    ZPP_CHECK(zpp_k_encode(ex, &a->q2, ZPP_FLOAT32, part, len, out));
+    if (res != NULL)
+      ZPP_CHECK(zpp_k_update_residual(ex, &a->q2, part, out, len, res));
   }
-  ZPP_CHECK(zpp_transport_alltoall(ex->t, ZPP_GROUP_CROSS, sbuf, e2, rbuf,
-                                   ex->mem, ex->stream));
-  ZPP_CHECK(zpp_k_zero(ex, acc, a->count * sizeof(float)));
-  for (node = 0; node < m; node++) /* node order: deterministic */
-    ZPP_CHECK(zpp_k_decode_acc(ex, &a->q2, rbuf + (size_t)node * e2, a->count,
-                               acc));
   return ZPP_OK;
 }
 
-static zpp_status_t qgz_run(void *p) {
-  qgz_arg_t *a = (qgz_arg_t *)p;
+static zpp_status_t finish(plan_t *p, size_t k, const float *acc) {
+  const qgz_arg_t *a = p->a;
+  size_t off = k * p->chunk;
+  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
+  return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
+                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+}
+
+/* The schedule.  Iteration k posts stage 1 of chunk k, reduces stage 1 of
+ * chunk k - 1 and posts its stage 2, and finishes chunk k - 2, so the
+ * transfers of two chunks overlap this thread's work on a third.  Posting
+ * order (N0 N1 C0 N2 C1 ...) is the same on every rank. */
+static zpp_status_t schedule(plan_t *p, zpp_pipe_t *pipe) {
+  const qgz_arg_t *a = p->a;
+  size_t k, last = p->nchunks + (p->two ? 2 : 1);
+  for (k = 0; k < last; k++) {
+    if (k < p->nchunks) {
+      size_t len = chunk_len(p, k);
+      a2a_step_t *n = &p->slot[k % QGZ_DEPTH].n;
+      ZPP_CHECK(stage1_encode(p, k));
+      n->ex = &a->ex;
+      n->g = p->g1;
+      n->send = p->slot[k % QGZ_DEPTH].s1;
+      n->recv = p->slot[k % QGZ_DEPTH].r1;
+      n->bytes = (size_t)p->m1 * zpp_coll_encoded_size(&a->q1, len);
+      ZPP_CHECK(post(pipe, n, &p->slot[k % QGZ_DEPTH].tn));
+    }
+    if (k >= 1 && k - 1 < p->nchunks) {
+      size_t j = k - 1;
+      ZPP_CHECK(wait_step(pipe, p->slot[j % QGZ_DEPTH].tn));
+      ZPP_CHECK(stage1_reduce(p, j));
+      if (!p->two) {
+        ZPP_CHECK(finish(p, j, p->slot[j % QGZ_DEPTH].acc));
+      } else {
+        a2a_step_t *c = &p->slot[j % QGZ_DEPTH].c;
+        ZPP_CHECK(stage2_encode(p, j));
+        c->ex = &a->ex;
+        c->g = ZPP_GROUP_CROSS;
+        c->send = p->slot[j % QGZ_DEPTH].s2;
+        c->recv = p->slot[j % QGZ_DEPTH].r2;
+        c->bytes = zpp_coll_encoded_size(&a->q2, chunk_len(p, j));
+        ZPP_CHECK(post(pipe, c, &p->slot[j % QGZ_DEPTH].tc));
+      }
+    }
+    if (p->two && k >= 2) {
+      size_t j = k - 2, len = chunk_len(p, j);
+      size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+      const uint8_t *in = p->slot[j % QGZ_DEPTH].r2;
+      int m;
+      ZPP_CHECK(wait_step(pipe, p->slot[j % QGZ_DEPTH].tc));
+      ZPP_CHECK(zpp_k_zero(&a->ex, p->acc2, len * sizeof(float)));
+      for (m = 0; m < p->m1; m++, in += e2) /* node order: deterministic */
+        ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, p->acc2));
+      ZPP_CHECK(finish(p, j, p->acc2));
+    }
+  }
+  return ZPP_OK;
+}
+
+static zpp_status_t qgz_run(void *arg) {
+  qgz_arg_t *a = (qgz_arg_t *)arg;
   const zpp_exec_t *ex = &a->ex;
-  size_t n = (size_t)zpp_transport_size(ex->t);
-  int two = qgz_two_level(ex->t);
-  size_t m = two ? (size_t)zpp_transport_topo(ex->t)->nnodes : 1;
-  size_t e1 = zpp_coll_encoded_size(&a->q1, a->count);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, a->count);
-  size_t sbytes = n * e1 > m * e2 ? n * e1 : m * e2;
-  void *x = NULL, *acc = NULL, *sbuf = NULL, *rbuf = NULL;
-  src_t src = {a->send, a->dtype};
-  zpp_status_t st;
+  plan_t p;
+  zpp_pipe_t *pipe = NULL;
+  zpp_status_t st = ZPP_OK, fin;
+  size_t e1, e2;
+  int i, nslots;
   if (a->count == 0)
     return ZPP_OK;
-  ZPP_CHECK_GOTO(zpp_k_alloc(ex, sbytes, &sbuf), st, out);
-  ZPP_CHECK_GOTO(zpp_k_alloc(ex, sbytes, &rbuf), st, out);
-  ZPP_CHECK_GOTO(zpp_k_alloc(ex, m * a->count * sizeof(float), &acc), st, out);
-  ZPP_CHECK_GOTO(zpp_k_zero(ex, acc, m * a->count * sizeof(float)), st, out);
-  if (a->residual != NULL) { /* error feedback: encode gradient + residual */
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, n * a->count * sizeof(float), &x), st, out);
-    ZPP_CHECK_GOTO(zpp_k_add_residual(ex, a->dtype, a->send, a->residual,
-                                      n * a->count, (float *)x),
+  memset(&p, 0, sizeof p);
+  p.a = a;
+  p.topo = zpp_transport_topo(ex->t);
+  p.two = qgz_two_level(ex->t);
+  p.g1 = p.two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
+  p.s1 = zpp_transport_group_size(ex->t, p.g1);
+  p.m1 = p.two ? p.topo->nnodes : 1;
+  p.chunk = ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1
+                ? zpp_pipe_chunk(a->count, a->q1.block_size)
+                : a->count;
+  p.nchunks = (a->count + p.chunk - 1) / p.chunk;
+  nslots = p.nchunks < QGZ_DEPTH ? (int)p.nchunks : QGZ_DEPTH;
+  e1 = zpp_coll_encoded_size(&a->q1, p.chunk);
+  e2 = zpp_coll_encoded_size(&a->q2, p.chunk);
+  for (i = 0; i < nslots; i++) {
+    size_t w = (size_t)p.s1 * (size_t)p.m1;
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, w * e1, (void **)&p.slot[i].s1), st, out);
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, w * e1, (void **)&p.slot[i].r1), st, out);
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * p.chunk * sizeof(float),
+                               (void **)&p.slot[i].acc),
                    st, out);
-    src.data = x;
-    src.dtype = ZPP_FLOAT32;
+    if (p.two) {
+      ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * e2, (void **)&p.slot[i].s2),
+                     st, out);
+      ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * e2, (void **)&p.slot[i].r2),
+                     st, out);
+    }
   }
-  if (two)
-    st = qgz_hier(a, src, (float *)acc, (uint8_t *)sbuf, (uint8_t *)rbuf);
-  else
-    st = qgz_flat(a, src, (float *)acc, (uint8_t *)sbuf, (uint8_t *)rbuf);
-  if (st == ZPP_OK)
-    st = zpp_k_finish(ex, (const float *)acc, a->count,
-                      a->op == ZPP_OP_MEAN ? (float)n : 1.0f, a->dtype,
-                      a->recv);
+  if (p.two)
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.acc2),
+                   st, out);
+  if (a->residual != NULL)
+    ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.tmp),
+                   st, out);
+  if (p.nchunks > 1)
+    ZPP_CHECK_GOTO(zpp_pipe_start("zpp_qgz_reduce_scatter", &pipe), st, out);
+  ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
+            p.two ? "two levels" : "one level", p.nchunks, p.chunk);
+  st = schedule(&p, pipe);
 out:
-  zpp_k_free(ex, x);
-  zpp_k_free(ex, acc);
-  zpp_k_free(ex, rbuf);
-  zpp_k_free(ex, sbuf);
+  fin = zpp_pipe_finish(pipe); /* runs what was posted, joins */
+  if (st == ZPP_OK)
+    st = fin;
+  for (i = 0; i < QGZ_DEPTH; i++) {
+    zpp_k_free(ex, p.slot[i].s1);
+    zpp_k_free(ex, p.slot[i].r1);
+    zpp_k_free(ex, p.slot[i].acc);
+    zpp_k_free(ex, p.slot[i].s2);
+    zpp_k_free(ex, p.slot[i].r2);
+  }
+  zpp_k_free(ex, p.acc2);
+  zpp_k_free(ex, p.tmp);
   return st;
 }
 

@@ -40,6 +40,10 @@ static zpp_setting_t settings[] = {
      NULL, 0},
     {"ZPP_EMU_INTER_LAT_US", "0",
      "emulated inter-node latency per transfer in microseconds", NULL, 0},
+    {"ZPP_PIPE_MIN_CHUNK", "65536",
+     "smallest pipeline chunk of qwZ and qgZ on host memory, in elements "
+     "(rounded up to whole quantization blocks); 0 turns pipelining off",
+     NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "
      "configs (one extra small all-gather per call)",

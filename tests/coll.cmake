@@ -18,8 +18,15 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
     string(REPLACE "," "" _tname "${_topo}")
     add_test(NAME coll_${_tname}
       COMMAND ${_zpp_mpirun} -np ${_np} $<TARGET_FILE:test_coll>)
+    # Some layouts run with small pipeline chunks, so the chunked
+    # (pipelined) qwZ/qgZ paths are checked against the same bounds and
+    # byte formulas as the unchunked ones.
+    set(_pipe "")
+    if(_topo MATCHES "^(2x4|3x2|0,0,0,1,1|1x4)$")
+      set(_pipe ";ZPP_PIPE_MIN_CHUNK=256")
+    endif()
     set_tests_properties(coll_${_tname} PROPERTIES LABELS mpi TIMEOUT 240
-      ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1")
+      ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1${_pipe}")
   endforeach()
   add_test(NAME coll_check
     COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>
