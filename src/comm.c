@@ -53,6 +53,9 @@ zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
 zpp_status_t zpp_comm_destroy(zpp_comm_t comm) {
   if (comm == NULL)
     return ZPP_OK;
+  /* Drain and stop the progress thread of started collectives first: it
+   * may still be using the transport. */
+  zpp_coll_comm_release(comm);
   zpp_transport_free(comm->tr);
   comm->tr = NULL;
   if (comm->release != NULL)
