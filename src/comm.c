@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll_internal.h"
 #include "transport_impl.h"
 
 const char *zpp_backend_name(zpp_backend_t backend) {
