@@ -44,6 +44,10 @@ static zpp_setting_t settings[] = {
      "smallest pipeline chunk of qwZ and qgZ on host memory, in elements "
      "(rounded up to whole quantization blocks); 0 turns pipelining off",
      NULL, 0},
+    {"ZPP_NET_SPIN_US", "1000",
+     "MPI transport: microseconds a wait keeps polling (yielding the core) "
+     "after the last completed transfer before it sleeps between polls",
+     NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "
      "configs (one extra small all-gather per call)",

@@ -17,10 +17,11 @@
  *                   allgatherv of the reduced shards;
  *   barrier         MPI_Ibarrier (no payload).
  *
- * Operations are blocking.  Waits poll with MPI_Testall and sleep between
- * polls (1 us growing to 200 us), so a rank waiting for a slower peer does
- * not take a core from the ranks sharing the machine; a wait longer than
- * the timeout breaks the communicator and returns ZPP_ERR_TIMEOUT.
+ * Operations are blocking.  Waits poll while transfers progress and sleep
+ * once nothing has completed for ZPP_NET_SPIN_US (see wait_all), so a rank
+ * waiting for a slower peer does not take a core from the ranks sharing
+ * the machine; a wait longer than the timeout breaks the communicator and
+ * returns ZPP_ERR_TIMEOUT.
  * Device memory is staged through pinned host buffers.
  */
 #include "transport_impl.h"
@@ -28,6 +29,7 @@
 #if ZPP_HAVE_MPI
 
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,6 +56,9 @@ typedef struct {
   int emu_cap;
   void *tmp; /* host scratch of reductions */
   size_t tmp_cap;
+  int *idx; /* MPI_Testsome indices */
+  int idx_cap;
+  int64_t spin_ns; /* ZPP_NET_SPIN_US: busy polling after progress */
   void *stage_in, *stage_out; /* pinned staging of device memory */
   size_t stage_in_cap, stage_out_cap;
 } mpi_impl_t;
@@ -114,31 +119,59 @@ static zpp_status_t reserve(mpi_impl_t *m, int nreq, int nemu) {
   return ZPP_OK;
 }
 
-/* Waits for n requests, sleeping between polls; breaks the transport after
- * the timeout. */
+/* Waits for n requests.  It polls without sleeping (yielding the core to
+ * any runnable rank) for spin_ns after the start or the last completed
+ * request, so a transfer in flight -- a large intra-node message moves in
+ * fragments that need both sides to poll -- runs at full speed; after that
+ * it sleeps between polls, 1 us doubling to 200 us, so a rank waiting for
+ * a late peer does not burn a core.  Past the timeout the transport is
+ * broken and ZPP_ERR_TIMEOUT returned. */
 static zpp_status_t wait_all(zpp_transport_t *t, MPI_Request *req, int n,
-                             const char *what, zpp_group_t g) {
-  int64_t start = zpp_time_ns(), limit;
+                             int cancellable, const char *what,
+                             zpp_group_t g) {
+  mpi_impl_t *m = t->impl;
+  int64_t now = zpp_time_ns(), limit, quiet_until;
   long pause_ns = 1000;
-  int polls = 0, flag = 0, rc, i;
-  limit = start + (int64_t)(t->timeout_s * 1e9);
-  for (;;) {
-    rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+  int left = n, out = 0, rc, i;
+  limit = t->timeout_s > 0 ? now + (int64_t)(t->timeout_s * 1e9) : INT64_MAX;
+  quiet_until = now + m->spin_ns;
+  if (n > m->idx_cap) {
+    int *p = realloc(m->idx, (size_t)n * sizeof *p);
+    if (p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "%d request indices", n);
+    m->idx = p;
+    m->idx_cap = n;
+  }
+  while (left > 0) {
+    rc = MPI_Testsome(n, req, &out, m->idx, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS)
-      return zpp_mpi_error(rc, what, "MPI_Testall");
-    if (flag)
-      return ZPP_OK;
-    if (zpp_time_ns() > limit)
+      return zpp_mpi_error(rc, what, "MPI_Testsome");
+    if (out == MPI_UNDEFINED)
+      break; /* every request is inactive */
+    now = zpp_time_ns();
+    if (out > 0) {
+      left -= out;
+      quiet_until = now + m->spin_ns;
+      pause_ns = 1000;
+      continue;
+    }
+    if (now > limit)
       break;
-    /* A few quick polls catch transfers already in flight; then sleep. */
-    if (++polls > 32) {
+    if (now < quiet_until) {
+      sched_yield();
+    } else {
       struct timespec ts = {0, pause_ns};
       nanosleep(&ts, NULL);
       if (pause_ns < 200000)
         pause_ns *= 2;
     }
   }
-  for (i = 0; i < n; i++) {
+  if (left <= 0 || out == MPI_UNDEFINED)
+    return ZPP_OK;
+  /* Point-to-point requests are cancelled and released; a non-blocking
+   * collective may be neither (MPI forbids it), so it is left to finish
+   * when the late peers arrive. */
+  for (i = 0; cancellable && i < n; i++) {
     if (req[i] != MPI_REQUEST_NULL) {
       MPI_Cancel(&req[i]);
       MPI_Request_free(&req[i]);
@@ -218,7 +251,7 @@ static zpp_status_t exchange(zpp_transport_t *t, zpp_group_t g,
       left -= b;
     }
   }
-  ZPP_CHECK(wait_all(t, m->req, nreq, what, g));
+  ZPP_CHECK(wait_all(t, m->req, nreq, 1, what, g));
   for (i = 0; i < ns; i++)
     zpp_transport_account(t, gr->members[send[i].peer], send[i].bytes, 0);
   for (i = 0; i < nr; i++)
@@ -497,6 +530,9 @@ static zpp_status_t stage_in(zpp_transport_t *t, const void *src, size_t bytes,
                              size_t out_bytes, void *stream, const char *what) {
   mpi_impl_t *m = t->impl;
   cudaError_t e;
+  if (!zpp_cuda_available())
+    return zpp_error(ZPP_ERR_UNSUPPORTED, what,
+                     "mem ZPP_MEMORY_DEVICE: no usable CUDA device");
   ZPP_CHECK(pinned(&m->stage_in, &m->stage_in_cap, bytes + 1, what));
   ZPP_CHECK(pinned(&m->stage_out, &m->stage_out_cap, out_bytes + 1, what));
   if (bytes == 0)
@@ -660,7 +696,7 @@ static zpp_status_t mpi_barrier(zpp_transport_t *t, zpp_group_t g) {
   int rc = MPI_Ibarrier(m->comm[g], &r);
   if (rc != MPI_SUCCESS)
     return zpp_mpi_error(rc, "barrier", "MPI_Ibarrier");
-  return wait_all(t, &r, 1, "barrier", g);
+  return wait_all(t, &r, 1, 0, "barrier", g);
 }
 
 static void mpi_destroy(zpp_transport_t *t) {
@@ -682,6 +718,7 @@ static void mpi_destroy(zpp_transport_t *t) {
     cudaFreeHost(m->stage_out);
 #endif
   free(m->req);
+  free(m->idx);
   free(m->emu_hdr);
   free(m->emu_out);
   free(m->tmp);
@@ -701,6 +738,9 @@ zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
   if (m == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "MPI backend state");
   m->cuda_device = cuda_device;
+  m->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 1000) * 1000;
+  if (m->spin_ns < 0)
+    m->spin_ns = 0;
   m->comm[ZPP_GROUP_WORLD] = world;
   m->comm[ZPP_GROUP_NODE] = m->comm[ZPP_GROUP_CROSS] = MPI_COMM_NULL;
   t->impl = m;

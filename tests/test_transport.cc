@@ -1,0 +1,1050 @@
+// Multi-rank tests of the communicator and its transports, run under
+// mpirun with the layouts of tests/transport.cmake (ZPP_TOPO).  Every
+// operation on every group is checked bit for bit against an expectation
+// computed here from the inputs of all ranks (each rank regenerates the
+// others' random inputs from the seed), and every byte count against the
+// formulas of the documented algorithms (docs/design.md "Transports").
+//
+// Seed: ZPP_TEST_SEED (default 20261129), printed by rank 0.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if ZPP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+extern "C" {
+#include "transport.h"
+}
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+uint64_t g_seed = 20261129ull;
+zpp_comm_t g_comm = nullptr;
+
+// ---- the layout, derived here from ZPP_TOPO independently of topology/ ----
+struct Layout {
+  std::vector<int> node_of;
+  int nnodes = 1;
+  bool emulated = false;
+  int node_size(int n) const {
+    return (int)std::count(node_of.begin(), node_of.end(), n);
+  }
+  int local_rank(int r) const {
+    int l = 0;
+    for (int q = 0; q < r; q++) l += node_of[q] == node_of[r];
+    return l;
+  }
+};
+Layout g_layout;
+
+Layout make_layout(int size) {
+  Layout L;
+  const char *spec = std::getenv("ZPP_TOPO");
+  L.node_of.assign(size, 0);
+  if (spec && *spec) {
+    L.emulated = true;
+    std::string s(spec);
+    size_t x = s.find_first_of("xX");
+    if (x != std::string::npos) {
+      int per = std::atoi(s.c_str() + x + 1);
+      for (int r = 0; r < size; r++) L.node_of[r] = r / per;
+    } else {
+      size_t pos = 0;
+      for (int r = 0; r < size; r++) {
+        L.node_of[r] = std::atoi(s.c_str() + pos);
+        pos = s.find(',', pos) + 1;
+      }
+    }
+  }
+  L.nnodes = *std::max_element(L.node_of.begin(), L.node_of.end()) + 1;
+  return L;
+}
+
+// Members of a group seen from `me`, in group order.
+std::vector<int> members(zpp_group_t g, int me) {
+  std::vector<int> m;
+  const Layout &L = g_layout;
+  if (g == ZPP_GROUP_WORLD) {
+    for (int r = 0; r < g_size; r++) m.push_back(r);
+  } else if (g == ZPP_GROUP_NODE) {
+    for (int r = 0; r < g_size; r++)
+      if (L.node_of[r] == L.node_of[me]) m.push_back(r);
+  } else {
+    for (int n = 0; n < L.nnodes; n++)
+      for (int r = 0; r < g_size; r++)
+        if (L.node_of[r] == n && L.local_rank(r) == L.local_rank(me))
+          m.push_back(r);
+  }
+  return m;
+}
+int index_of(const std::vector<int> &m, int r) {
+  return (int)(std::find(m.begin(), m.end(), r) - m.begin());
+}
+// Ring order of the ring algorithms, as member indices: by node, then by
+// world rank (docs/design.md).
+std::vector<int> ring(zpp_group_t g, int me) {
+  std::vector<int> m = members(g, me), idx(m.size());
+  for (size_t i = 0; i < m.size(); i++) idx[i] = (int)i;
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+    return g_layout.node_of[m[a]] < g_layout.node_of[m[b]];
+  });
+  return idx;
+}
+
+const zpp_group_t kGroups[] = {ZPP_GROUP_WORLD, ZPP_GROUP_NODE,
+                               ZPP_GROUP_CROSS};
+
+// ---- byte-count expectations --------------------------------------------
+struct Bytes {
+  uint64_t intra_sent = 0, intra_recv = 0, inter_sent = 0, inter_recv = 0;
+  void add(int peer, uint64_t sent, uint64_t recv) {
+    if (peer == g_rank) return;
+    bool inter = g_layout.node_of[peer] != g_layout.node_of[g_rank];
+    (inter ? inter_sent : intra_sent) += sent;
+    (inter ? inter_recv : intra_recv) += recv;
+  }
+};
+
+void expect_bytes(const Bytes &want, const zpp_comm_stats_t &got,
+                  const std::string &what) {
+  EXPECT_EQ(got.intra_bytes_sent, want.intra_sent) << what << " intra sent";
+  EXPECT_EQ(got.intra_bytes_recv, want.intra_recv) << what << " intra recv";
+  EXPECT_EQ(got.inter_bytes_sent, want.inter_sent) << what << " inter sent";
+  EXPECT_EQ(got.inter_bytes_recv, want.inter_recv) << what << " inter recv";
+}
+
+zpp_comm_stats_t stats() {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  EXPECT_EQ(zpp_comm_get_stats(g_comm, &s), ZPP_OK);
+  return s;
+}
+
+// Ring allgatherv: I forward every block but my successor's, receive every
+// block but mine.
+Bytes ring_bytes(zpp_group_t g, const std::vector<uint64_t> &blk) {
+  std::vector<int> m = members(g, g_rank), R = ring(g, g_rank);
+  int n = (int)m.size(), me = index_of(m, g_rank), pos = index_of(R, me);
+  Bytes b;
+  if (n == 1) return b;
+  int next = R[(pos + 1) % n], prev = R[(pos + n - 1) % n];
+  uint64_t total = 0;
+  for (uint64_t x : blk) total += x;
+  b.add(m[next], total - blk[next], 0);
+  b.add(m[prev], 0, total - blk[me]);
+  return b;
+}
+
+// ---- random inputs: any rank can regenerate any other's ------------------
+std::mt19937_64 rng_for(uint64_t salt, int rank) {
+  return std::mt19937_64(g_seed * 1000003ull + salt * 7919ull + (uint64_t)rank);
+}
+std::vector<uint8_t> bytes_of(uint64_t salt, int rank, size_t n) {
+  auto rng = rng_for(salt, rank);
+  std::vector<uint8_t> v(n);
+  for (auto &x : v) x = (uint8_t)rng();
+  return v;
+}
+
+// Independent dtype conversions (float64 based, round to nearest even).
+float f32_of_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+uint32_t bits_of_f32(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float h2f(uint16_t h) {
+  int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? std::ldexp((double)m, -24)
+                    : std::ldexp(1024.0 + m, e - 25);
+  if (e == 31) return m ? NAN : (s ? -INFINITY : INFINITY);
+  return (float)(s ? -v : v);
+}
+uint16_t f2h(float f) {
+  double x = f, a = std::fabs(x);
+  uint16_t s = std::signbit(x) ? 0x8000 : 0;
+  if (a == 0) return s;
+  int e = std::ilogb(a);
+  if (e < -14) e = -14;
+  double q = std::nearbyint(std::ldexp(a, 10 - e));  // mantissa with 10 bits
+  if (q >= 2048) { q /= 2; e++; }
+  if (e > 15) return s | 0x7c00;
+  if (q < 1024) return s | (uint16_t)q;  // subnormal
+  return s | (uint16_t)((e + 15) << 10) | (uint16_t)(q - 1024);
+}
+float b2f(uint16_t h) { return f32_of_bits((uint32_t)h << 16); }
+uint16_t f2b(float f) {
+  uint32_t u = bits_of_f32(f);
+  double x = f;
+  // Truncate, then compare the remainder exactly in float64.
+  uint16_t t = (uint16_t)(u >> 16);
+  double lo = b2f(t), hi = b2f((uint16_t)(t + 1));
+  double dl = std::fabs(x - lo), dh = std::fabs(hi - x);
+  if (dh < dl || (dh == dl && (t & 1))) return (uint16_t)(t + 1);
+  return t;
+}
+float load(const void *p, size_t i, zpp_dtype_t dt) {
+  if (dt == ZPP_FLOAT32) { float f; std::memcpy(&f, (const char *)p + 4 * i, 4); return f; }
+  uint16_t h; std::memcpy(&h, (const char *)p + 2 * i, 2);
+  return dt == ZPP_FLOAT16 ? h2f(h) : b2f(h);
+}
+void store(void *p, size_t i, zpp_dtype_t dt, float v) {
+  if (dt == ZPP_FLOAT32) { std::memcpy((char *)p + 4 * i, &v, 4); return; }
+  uint16_t h = dt == ZPP_FLOAT16 ? f2h(v) : f2b(v);
+  std::memcpy((char *)p + 2 * i, &h, 2);
+}
+// Elements representable in dt, uniform in [-8, 8), never all zero.
+std::vector<uint8_t> floats_of(uint64_t salt, int rank, size_t count,
+                               zpp_dtype_t dt) {
+  auto rng = rng_for(salt, rank);
+  std::uniform_real_distribution<float> d(-8.0f, 8.0f);
+  std::vector<uint8_t> v(count * zpp_dtype_size(dt) + 1);
+  for (size_t i = 0; i < count; i++) store(v.data(), i, dt, d(rng));
+  return v;
+}
+// The documented sum: member order, fp32 accumulator, one rounding to dt.
+std::vector<uint8_t> expected_sum(uint64_t salt, const std::vector<int> &m,
+                                  size_t count, zpp_dtype_t dt, size_t first,
+                                  size_t len) {
+  std::vector<std::vector<uint8_t>> in;
+  for (int r : m) in.push_back(floats_of(salt, r, count, dt));
+  std::vector<uint8_t> out(len * zpp_dtype_size(dt) + 1);
+  for (size_t e = 0; e < len; e++) {
+    float acc = load(in[0].data(), first + e, dt);
+    for (size_t i = 1; i < in.size(); i++)
+      acc = acc + load(in[i].data(), first + e, dt);
+    store(out.data(), e, dt, acc);
+  }
+  return out;
+}
+
+std::string tag(zpp_group_t g, const char *op, size_t n, zpp_dtype_t dt = ZPP_FLOAT32) {
+  return std::string(op) + " group " + zpp_group_name(g) + " size " +
+         std::to_string(n) + " " + zpp_dtype_name(dt) + " rank " +
+         std::to_string(g_rank);
+}
+
+zpp_transport_t *T() { return zpp_comm_transport(g_comm); }
+
+}  // namespace
+
+// ---- topology -------------------------------------------------------------
+
+TEST(Topology, MatchesTheLayout) {
+  int nn = 0, em = -1, un = -1, lr = -1, ls = -1;
+  ASSERT_EQ(zpp_comm_nnodes(g_comm, &nn), ZPP_OK);
+  EXPECT_EQ(nn, g_layout.nnodes);
+  ASSERT_EQ(zpp_comm_topo_emulated(g_comm, &em), ZPP_OK);
+  EXPECT_EQ(em, g_layout.emulated ? 1 : 0);
+  bool uniform = true;
+  for (int n = 1; n < nn; n++) uniform &= g_layout.node_size(n) == g_layout.node_size(0);
+  ASSERT_EQ(zpp_comm_topo_uniform(g_comm, &un), ZPP_OK);
+  EXPECT_EQ(un, uniform ? 1 : 0);
+  for (int r = 0; r < g_size; r++) {
+    int node = -1, l = -1;
+    ASSERT_EQ(zpp_comm_node_of(g_comm, r, &node), ZPP_OK);
+    ASSERT_EQ(zpp_comm_local_rank_of(g_comm, r, &l), ZPP_OK);
+    EXPECT_EQ(node, g_layout.node_of[r]) << "rank " << r;
+    EXPECT_EQ(l, g_layout.local_rank(r)) << "rank " << r;
+    zpp_link_t link;
+    ASSERT_EQ(zpp_comm_link(g_comm, g_rank, r, &link), ZPP_OK);
+    EXPECT_EQ(link, r == g_rank ? ZPP_LINK_SELF
+                    : g_layout.node_of[r] == g_layout.node_of[g_rank]
+                        ? ZPP_LINK_HOST : ZPP_LINK_NET);
+  }
+  for (int n = 0; n < nn; n++) {
+    int s = -1;
+    ASSERT_EQ(zpp_comm_node_size(g_comm, n, &s), ZPP_OK);
+    EXPECT_EQ(s, g_layout.node_size(n));
+  }
+  ASSERT_EQ(zpp_comm_local_rank(g_comm, &lr), ZPP_OK);
+  ASSERT_EQ(zpp_comm_local_size(g_comm, &ls), ZPP_OK);
+  EXPECT_EQ(lr, g_layout.local_rank(g_rank));
+  EXPECT_EQ(ls, g_layout.node_size(g_layout.node_of[g_rank]));
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    EXPECT_EQ(zpp_transport_group_size(T(), g), (int)m.size()) << zpp_group_name(g);
+    EXPECT_EQ(zpp_transport_group_rank(T(), g), index_of(m, g_rank));
+    for (size_t i = 0; i < m.size(); i++)
+      EXPECT_EQ(zpp_transport_group_member(T(), g, (int)i), m[i]);
+    EXPECT_EQ(zpp_transport_group_member(T(), g, (int)m.size()), -1);
+  }
+}
+
+TEST(Topology, ReportSaysWhatItIs) {
+  char *buf = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ASSERT_EQ(zpp_comm_print_topology(g_comm, f, 1), ZPP_OK);
+  std::fclose(f);
+  std::string js(buf, len);
+  std::free(buf);
+  EXPECT_NE(js.find(g_layout.emulated ? "\"emulated\": true" : "\"emulated\": false"),
+            std::string::npos) << js;
+  EXPECT_NE(js.find("\"world_size\": " + std::to_string(g_size)), std::string::npos);
+  EXPECT_NE(js.find("\"backend\": \"mpi\""), std::string::npos) << js;
+  zpp_comm_stats_t s = stats();
+  EXPECT_EQ(s.topo_emulated, g_layout.emulated ? 1 : 0);
+}
+
+// ---- data movement ----------------------------------------------------------
+
+TEST(Ops, AllgatherEveryGroup) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (size_t B : {0ul, 1ul, 7ul, 1000ul, 65539ul}) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        uint64_t salt = 100 + B + 7 * inplace + 31 * g;
+        std::vector<uint8_t> mine = bytes_of(salt, g_rank, B);
+        std::vector<uint8_t> out(n * B + 1, 0xEE);
+        const void *send = mine.data();
+        if (inplace) {
+          std::memcpy(out.data() + me * B, mine.data(), B);
+          send = out.data() + me * B;
+        }
+        zpp_comm_reset_stats(g_comm);
+        ASSERT_EQ(zpp_transport_allgather(T(), g, send, B, out.data(),
+                                          ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+            << zpp_comm_get_last_error(g_comm);
+        for (int i = 0; i < n; i++)
+          EXPECT_EQ(0, std::memcmp(out.data() + i * B,
+                                   bytes_of(salt, m[i], B).data(), B))
+              << tag(g, "allgather", B) << " block " << i;
+        EXPECT_EQ(out[n * B], 0xEE) << "wrote past the end";
+        zpp_comm_stats_t s = stats();
+        expect_bytes(ring_bytes(g, std::vector<uint64_t>(n, B)), s,
+                     tag(g, "allgather", B));
+        EXPECT_EQ(s.calls[g], 1u);
+      }
+    }
+  }
+}
+
+TEST(Ops, AllgathervEveryGroup) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (int gaps = 0; gaps < 2; gaps++) {
+      uint64_t salt = 300 + 31 * g + gaps;
+      std::vector<size_t> cnt(n), dis(n);
+      std::vector<uint64_t> blk(n);
+      size_t total = 0;
+      for (int i = 0; i < n; i++) {
+        cnt[i] = (size_t)((m[i] * 37 + 11 * gaps) % 5 == 0 ? 0 : 50 + m[i] * 131 % 997);
+        blk[i] = cnt[i];
+        dis[i] = total + (gaps ? 3 : 0);
+        total = dis[i] + cnt[i];
+      }
+      std::vector<uint8_t> mine = bytes_of(salt, g_rank, cnt[me]);
+      std::vector<uint8_t> out(total + 1, 0xEE);
+      zpp_comm_reset_stats(g_comm);
+      ASSERT_EQ(zpp_transport_allgatherv(T(), g, mine.data(), out.data(),
+                                         cnt.data(), gaps ? dis.data() : nullptr,
+                                         ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      for (int i = 0; i < n; i++) {
+        EXPECT_EQ(0, std::memcmp(out.data() + dis[i],
+                                 bytes_of(salt, m[i], cnt[i]).data(), cnt[i]))
+            << tag(g, "allgatherv", total) << " block " << i;
+        if (gaps) {
+          for (int k = 1; k <= 3; k++)
+            EXPECT_EQ(out[dis[i] - k], 0xEE) << "gap written";
+        }
+      }
+      expect_bytes(ring_bytes(g, blk), stats(), tag(g, "allgatherv", total));
+    }
+  }
+}
+
+TEST(Ops, AlltoallEveryGroup) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (size_t B : {0ul, 1ul, 13ul, 4099ul}) {
+      uint64_t salt = 500 + B + 31 * g;
+      std::vector<uint8_t> mine = bytes_of(salt, g_rank, n * B);
+      std::vector<uint8_t> out(n * B + 1, 0xEE);
+      zpp_comm_reset_stats(g_comm);
+      ASSERT_EQ(zpp_transport_alltoall(T(), g, mine.data(), B, out.data(),
+                                       ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      Bytes want;
+      for (int i = 0; i < n; i++) {
+        std::vector<uint8_t> theirs = bytes_of(salt, m[i], n * B);
+        EXPECT_EQ(0, std::memcmp(out.data() + i * B, theirs.data() + me * B, B))
+            << tag(g, "alltoall", B) << " from member " << i;
+        want.add(m[i], B, B);
+      }
+      EXPECT_EQ(out[n * B], 0xEE);
+      expect_bytes(want, stats(), tag(g, "alltoall", B));
+    }
+  }
+}
+
+TEST(Ops, AlltoallvEveryGroup) {
+  // Member i sends f(i, j) bytes to member j (zero for some pairs).
+  auto f = [](int i, int j, int c) -> size_t {
+    return (size_t)((i * 7 + j * 3 + c) % 6 == 0 ? 0 : (i * 53 + j * 29 + c) % 211 + 1);
+  };
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (int c = 0; c < 2; c++) {
+      uint64_t salt = 700 + 31 * g + c;
+      auto layout = [&](int i, std::vector<size_t> &sc, std::vector<size_t> &sd) {
+        size_t acc = 0;
+        sc.resize(n);
+        sd.resize(n);
+        for (int j = 0; j < n; j++) {
+          sc[j] = f(m[i], m[j], c);
+          sd[j] = acc + (c ? 5 : 0);
+          acc = sd[j] + sc[j];
+        }
+        return acc;
+      };
+      std::vector<size_t> sc, sd, rc(n), rd(n);
+      size_t stotal = layout(me, sc, sd), rtotal = 0;
+      for (int i = 0; i < n; i++) {
+        rc[i] = f(m[i], m[me], c);
+        rd[i] = rtotal + (c ? 2 : 0);
+        rtotal = rd[i] + rc[i];
+      }
+      std::vector<uint8_t> mine = bytes_of(salt, g_rank, stotal);
+      std::vector<uint8_t> out(rtotal + 1, 0xEE);
+      zpp_comm_reset_stats(g_comm);
+      ASSERT_EQ(zpp_transport_alltoallv(T(), g, mine.data(), sc.data(),
+                                        c ? sd.data() : nullptr, out.data(),
+                                        rc.data(), c ? rd.data() : nullptr,
+                                        ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      Bytes want;
+      for (int i = 0; i < n; i++) {
+        std::vector<size_t> tc, td;
+        size_t tt = layout(i, tc, td);
+        std::vector<uint8_t> theirs = bytes_of(salt, m[i], tt);
+        size_t d = c ? rd[i] : rd[i];
+        EXPECT_EQ(0, std::memcmp(out.data() + d, theirs.data() + (c ? td[me] : td[me]), rc[i]))
+            << tag(g, "alltoallv", rtotal) << " from member " << i;
+        want.add(m[i], sc[i], rc[i]);
+      }
+      expect_bytes(want, stats(), tag(g, "alltoallv", rtotal));
+    }
+  }
+}
+
+// ---- reductions ---------------------------------------------------------------
+
+TEST(Ops, ReduceScatterEveryGroupAndDtype) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_FLOAT16, ZPP_BFLOAT16}) {
+      size_t es = zpp_dtype_size(dt);
+      for (size_t count : {1ul, 5ul, 333ul}) {
+        uint64_t salt = 900 + count + 31 * g + 1000 * dt;
+        std::vector<uint8_t> in = floats_of(salt, g_rank, n * count, dt);
+        std::vector<uint8_t> out(count * es + 1, 0xEE), again(count * es + 1, 0xEE);
+        zpp_comm_reset_stats(g_comm);
+        ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), out.data(), count,
+                                               dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
+                                               nullptr), ZPP_OK)
+            << zpp_comm_get_last_error(g_comm);
+        Bytes want;
+        for (int i = 0; i < n; i++) want.add(m[i], count * es, count * es);
+        expect_bytes(want, stats(), tag(g, "reduce_scatter", count, dt));
+        std::vector<uint8_t> ref = expected_sum(salt, m, n * count, dt, me * count, count);
+        EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), count * es))
+            << tag(g, "reduce_scatter", count, dt);
+        EXPECT_EQ(out[count * es], 0xEE);
+        // Deterministic: the same bits every run.
+        ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), again.data(), count,
+                                               dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
+                                               nullptr), ZPP_OK);
+        EXPECT_EQ(out, again);
+      }
+    }
+  }
+}
+
+TEST(Ops, AllreduceEqualsReduceScatterShards) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_FLOAT16, ZPP_BFLOAT16}) {
+      size_t es = zpp_dtype_size(dt);
+      for (size_t count : {(size_t)1, (size_t)n + 1, (size_t)7 * n, (size_t)1001}) {
+        for (int inplace = 0; inplace < 2; inplace++) {
+          uint64_t salt = 1300 + count + 31 * g + 1000 * dt;
+          std::vector<uint8_t> in = floats_of(salt, g_rank, count, dt);
+          std::vector<uint8_t> out(count * es + 1, 0xEE);
+          const void *send = in.data();
+          if (inplace) {
+            std::memcpy(out.data(), in.data(), count * es);
+            send = out.data();
+          }
+          zpp_comm_reset_stats(g_comm);
+          ASSERT_EQ(zpp_transport_allreduce(T(), g, send, out.data(), count, dt,
+                                            ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
+                    ZPP_OK)
+              << zpp_comm_get_last_error(g_comm);
+          std::vector<uint8_t> ref = expected_sum(salt, m, count, dt, 0, count);
+          EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), count * es))
+              << tag(g, "allreduce", count, dt) << (inplace ? " in place" : "");
+          EXPECT_EQ(out[count * es], 0xEE);
+          // Bytes: pairwise exchange of balanced shards, then a ring
+          // allgatherv of the reduced shards.
+          std::vector<uint64_t> blk(n);
+          Bytes want;
+          for (int j = 0; j < n; j++) blk[j] = (count / n + ((size_t)j < count % n)) * es;
+          for (int j = 0; j < n; j++) want.add(m[j], blk[j], blk[me]);
+          Bytes ring = ring_bytes(g, blk);
+          want.intra_sent += ring.intra_sent; want.intra_recv += ring.intra_recv;
+          want.inter_sent += ring.inter_sent; want.inter_recv += ring.inter_recv;
+          expect_bytes(want, stats(), tag(g, "allreduce", count, dt));
+          // Where the shards are equal, allreduce's slice is reduce_scatter's
+          // shard bit for bit.
+          if (count % n == 0 && !inplace) {
+            size_t c = count / n;
+            std::vector<uint8_t> rs(c * es + 1);
+            ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), rs.data(), c, dt,
+                                                   ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
+                                                   nullptr), ZPP_OK);
+            EXPECT_EQ(0, std::memcmp(rs.data(), out.data() + me * c * es, c * es))
+                << tag(g, "allreduce vs reduce_scatter", count, dt);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Ops, BarrierCountsACallAndNoBytes) {
+  for (zpp_group_t g : kGroups) {
+    zpp_comm_reset_stats(g_comm);
+    ASSERT_EQ(zpp_transport_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    zpp_comm_stats_t s = stats();
+    EXPECT_EQ(s.calls[g], 1u);
+    expect_bytes(Bytes(), s, tag(g, "barrier", 0));
+  }
+}
+
+// Summed over ranks, a world allgather of B bytes puts (n-1) * B * nnodes
+// bytes on the network when nnodes > 1: the ring crosses each node
+// boundary once.  Every byte sent is received on the same class.
+TEST(Stats, WorldTotalsFollowTheRingFormula) {
+  const size_t B = 1024;
+  std::vector<uint8_t> in = bytes_of(42, g_rank, B), out(B * g_size);
+  zpp_comm_reset_stats(g_comm);
+  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                    ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  zpp_comm_stats_t s = stats();
+  uint64_t mine[4] = {s.intra_bytes_sent, s.intra_bytes_recv, s.inter_bytes_sent,
+                      s.inter_bytes_recv}, sum[4];
+  MPI_Allreduce(mine, sum, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  uint64_t n = (uint64_t)g_size, nn = (uint64_t)g_layout.nnodes;
+  EXPECT_EQ(sum[2], nn > 1 ? (n - 1) * B * nn : 0);
+  EXPECT_EQ(sum[0] + sum[2], (n - 1) * B * n);
+  EXPECT_EQ(sum[0], sum[1]);
+  EXPECT_EQ(sum[2], sum[3]);
+  ASSERT_EQ(zpp_comm_reset_stats(g_comm), ZPP_OK);
+  s = stats();
+  EXPECT_EQ(s.inter_bytes_sent + s.intra_bytes_sent + s.calls[0], 0u);
+}
+
+TEST(Stats, OlderSmallerStructGetsItsLeadingFields) {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  s.struct_size = offsetof(zpp_comm_stats_t, calls);
+  s.calls[0] = 777;
+  ASSERT_EQ(zpp_comm_get_stats(g_comm, &s), ZPP_OK);
+  EXPECT_EQ(s.calls[0], 777u) << "wrote past struct_size";
+  s.struct_size = 3;
+  EXPECT_EQ(zpp_comm_get_stats(g_comm, &s), ZPP_ERR_INVALID_ARGUMENT);
+}
+
+// The collectives layer calls the transport from a progress thread.
+TEST(Threads, OperationsFromAnotherThread) {
+  const size_t B = 512;
+  std::vector<uint8_t> in = bytes_of(77, g_rank, B), out(B * g_size);
+  zpp_status_t st = ZPP_ERR_INTERNAL;
+  std::thread th([&] {
+    st = zpp_transport_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                 ZPP_MEMORY_HOST, nullptr);
+  });
+  th.join();
+  ASSERT_EQ(st, ZPP_OK);
+  for (int r = 0; r < g_size; r++)
+    EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(77, r, B).data(), B));
+}
+
+// ---- errors -------------------------------------------------------------------
+
+TEST(Errors, BadArgumentsAreNamed) {
+  std::vector<uint8_t> buf(64 * g_size);
+  auto expect = [&](zpp_status_t got, zpp_status_t want, const char *needle) {
+    EXPECT_EQ(got, want) << needle;
+    std::string msg = zpp_comm_get_last_error(g_comm);
+    EXPECT_NE(msg.find(needle), std::string::npos)
+        << "message \"" << msg << "\" lacks \"" << needle << "\"";
+  };
+  zpp_comm_reset_stats(g_comm);
+  expect(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
+                                 ZPP_MEMORY_HOST, nullptr),
+         ZPP_ERR_NULL_POINTER, "send is NULL");
+  expect(zpp_transport_allgather(T(), (zpp_group_t)9, buf.data(), 8, buf.data(),
+                                 ZPP_MEMORY_HOST, nullptr),
+         ZPP_ERR_INVALID_ARGUMENT, "group 9");
+  expect(zpp_transport_alltoall(T(), ZPP_GROUP_NODE, buf.data(), 8, buf.data(),
+                                (zpp_memory_t)5, nullptr),
+         ZPP_ERR_INVALID_ARGUMENT, "mem 5");
+  expect(zpp_transport_reduce_scatter(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+                                      1, (zpp_dtype_t)8, ZPP_REDUCE_SUM,
+                                      ZPP_MEMORY_HOST, nullptr),
+         ZPP_ERR_INVALID_ARGUMENT, "dtype 8");
+  expect(zpp_transport_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(), 1,
+                                 ZPP_FLOAT32, (zpp_reduce_op_t)3, ZPP_MEMORY_HOST,
+                                 nullptr),
+         ZPP_ERR_INVALID_ARGUMENT, "op 3");
+  expect(zpp_transport_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+                                 SIZE_MAX / 2, ZPP_FLOAT32, ZPP_REDUCE_SUM,
+                                 ZPP_MEMORY_HOST, nullptr),
+         ZPP_ERR_OVERFLOW, "count");
+  expect(zpp_transport_allgatherv(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+                                  nullptr, nullptr, ZPP_MEMORY_HOST, nullptr),
+         ZPP_ERR_NULL_POINTER, "recv_bytes is NULL");
+  expect(zpp_transport_alltoallv(T(), ZPP_GROUP_WORLD, buf.data(), nullptr, nullptr,
+                                 buf.data(), nullptr, nullptr, ZPP_MEMORY_HOST,
+                                 nullptr),
+         ZPP_ERR_NULL_POINTER, "send_bytes is NULL");
+  int x;
+  expect(zpp_comm_node_of(g_comm, g_size, &x), ZPP_ERR_INVALID_ARGUMENT, "rank");
+  expect(zpp_comm_node_size(g_comm, -1, &x), ZPP_ERR_INVALID_ARGUMENT, "node -1");
+  expect(zpp_comm_rank(g_comm, nullptr), ZPP_ERR_NULL_POINTER, "rank is NULL");
+  EXPECT_EQ(zpp_comm_rank(nullptr, &x), ZPP_ERR_NULL_POINTER);
+  EXPECT_STREQ(zpp_comm_get_last_error(nullptr), "");
+  EXPECT_EQ(zpp_comm_destroy(nullptr), ZPP_OK);
+  // Rejected calls are not counted as calls.
+  zpp_comm_stats_t s = stats();
+  EXPECT_EQ(s.calls[0] + s.calls[1] + s.calls[2], 0u);
+}
+
+TEST(Errors, BadConfigsAreNamed) {
+  zpp_comm_t c = nullptr;
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  auto bad = [&](zpp_status_t want, const char *needle) {
+    c = nullptr;
+    EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), want) << needle;
+    EXPECT_EQ(c, nullptr);
+    EXPECT_NE(std::string(zpp_get_last_error()).find(needle), std::string::npos)
+        << zpp_get_last_error();
+    zpp_comm_destroy(c);
+    cfg = ZPP_COMM_CONFIG_INIT;
+  };
+  cfg.struct_size = 8;
+  bad(ZPP_ERR_INVALID_ARGUMENT, "struct_size");
+  cfg.backend = ZPP_BACKEND_NCCL;
+  bad(ZPP_ERR_INVALID_ARGUMENT, "needs cfg->memory ZPP_MEMORY_DEVICE");
+  cfg.backend = (zpp_backend_t)17;
+  bad(ZPP_ERR_INVALID_ARGUMENT, "cfg->backend 17");
+  cfg.backend = ZPP_BACKEND_UCX;
+  bad(ZPP_ERR_UNSUPPORTED, "UCX: not built yet");
+  cfg.cuda_device = -2;
+  bad(ZPP_ERR_INVALID_ARGUMENT, "cuda_device -2");
+  std::string wrong = std::to_string(g_size + 1) + "x1";
+  cfg.topology = wrong.c_str();
+  bad(ZPP_ERR_INVALID_ARGUMENT, "describes");
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, nullptr), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_NULL, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT);
+}
+
+// Ranks that disagree on the emulated layout all fail, none hangs.
+TEST(Errors, RanksDisagreeingOnTheTopologyAllFail) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::string a = "1x" + std::to_string(g_size), b = std::to_string(g_size) + "x1";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.topology = g_rank == 0 ? a.c_str() : b.c_str();
+  zpp_comm_t c = nullptr;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_MISMATCH);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_TOPO"), std::string::npos);
+  EXPECT_EQ(c, nullptr);
+}
+
+// config.topology takes precedence over ZPP_TOPO.
+TEST(Config, TopologyStringOverridesTheEnvironment) {
+  std::string spec = std::to_string(g_size) + "x1";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.topology = spec.c_str();
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+      << zpp_get_last_error();
+  int nn = 0, em = 0, ls = 0;
+  zpp_comm_nnodes(c, &nn);
+  zpp_comm_topo_emulated(c, &em);
+  zpp_comm_local_size(c, &ls);
+  EXPECT_EQ(nn, g_size);
+  EXPECT_EQ(em, 1);
+  EXPECT_EQ(ls, 1);
+  // The caller's communicator is duplicated, never used directly.
+  MPI_Comm dup;
+  ASSERT_EQ(zpp_comm_get_mpi_comm(c, &dup), ZPP_OK);
+  int cmp = MPI_IDENT;
+  MPI_Comm_compare(dup, MPI_COMM_WORLD, &cmp);
+  EXPECT_EQ(cmp, MPI_CONGRUENT);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+}
+
+// A peer that never arrives: the waiting rank gets ZPP_ERR_TIMEOUT after
+// the timeout instead of hanging, and its communicator stays aborted.
+TEST(Errors, TimeoutInsteadOfHanging) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 0.5;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  if (g_rank == 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(s, 0.5);
+    EXPECT_LT(s, 5.0);
+    EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("ZPP_TIMEOUT_S"),
+              std::string::npos) << zpp_comm_get_last_error(c);
+    char b = 0;
+    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, &b, 0, &b,
+                                      ZPP_MEMORY_HOST, nullptr), ZPP_ERR_TIMEOUT);
+    EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("aborted earlier"),
+              std::string::npos);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_OK)
+        << zpp_comm_get_last_error(c);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  zpp_comm_destroy(c);
+}
+
+// ---- device memory ---------------------------------------------------------
+
+TEST(Device, ClearErrorWithoutAGpu) {
+  if (zpp_cuda_available())
+    GTEST_SKIP() << "a CUDA device is present: see Device.* and Nccl.*";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  zpp_comm_t c = nullptr;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_UNSUPPORTED);
+  std::string msg = zpp_get_last_error();
+  EXPECT_TRUE(msg.find("no usable CUDA device") != std::string::npos ||
+              msg.find("built without CUDA") != std::string::npos) << msg;
+  char b[8] = {0};
+  EXPECT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, b, 1, b,
+                                    ZPP_MEMORY_DEVICE, nullptr),
+            ZPP_HAVE_CUDA ? ZPP_ERR_UNSUPPORTED : ZPP_ERR_UNSUPPORTED);
+}
+
+#if ZPP_HAVE_CUDA
+namespace {
+// Runs every op on device buffers and compares with the host results.
+void device_ops(zpp_comm_t c, const char *what) {
+  zpp_transport_t *t = zpp_comm_transport(c);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    const size_t B = 4099, count = 1001;
+    void *din, *dout;
+    ASSERT_EQ(cudaMalloc(&din, n * B * 4 + 64), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, n * B * 4 + 64), cudaSuccess);
+    // allgather
+    std::vector<uint8_t> in = bytes_of(2000 + g, g_rank, B), out(n * B);
+    cudaMemcpy(din, in.data(), B, cudaMemcpyHostToDevice);
+    ASSERT_EQ(zpp_transport_allgather(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
+    cudaMemcpy(out.data(), dout, n * B, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < n; i++)
+      EXPECT_EQ(0, std::memcmp(out.data() + i * B, bytes_of(2000 + g, m[i], B).data(), B))
+          << what << " " << tag(g, "allgather", B);
+    // alltoall
+    in = bytes_of(2100 + g, g_rank, n * B);
+    cudaMemcpy(din, in.data(), n * B, cudaMemcpyHostToDevice);
+    ASSERT_EQ(zpp_transport_alltoall(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK);
+    ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
+    cudaMemcpy(out.data(), dout, n * B, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < n; i++)
+      EXPECT_EQ(0, std::memcmp(out.data() + i * B,
+                               bytes_of(2100 + g, m[i], n * B).data() + me * B, B))
+          << what << " " << tag(g, "alltoall", B);
+    // allreduce (fp32): MPI staging is bitwise the documented sum; NCCL's
+    // order is its own, so compare within the fp32 error bound there.
+    zpp_backend_t be;
+    zpp_comm_backend(c, &be);
+    std::vector<uint8_t> fin = floats_of(2200 + g, g_rank, count, ZPP_FLOAT32);
+    std::vector<uint8_t> fout(count * 4);
+    cudaMemcpy(din, fin.data(), count * 4, cudaMemcpyHostToDevice);
+    ASSERT_EQ(zpp_transport_allreduce(t, g, din, dout, count, ZPP_FLOAT32,
+                                      ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE, s), ZPP_OK);
+    ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
+    cudaMemcpy(fout.data(), dout, count * 4, cudaMemcpyDeviceToHost);
+    std::vector<uint8_t> ref = expected_sum(2200 + g, m, count, ZPP_FLOAT32, 0, count);
+    if (be == ZPP_BACKEND_MPI) {
+      EXPECT_EQ(0, std::memcmp(fout.data(), ref.data(), count * 4)) << what;
+    } else {
+      // Each of n-1 fp32 additions of |x| < 8 * n adds <= 2^-24 relative
+      // error of the partial sum: bound 8 * n * n * 2^-24 per element.
+      double bound = 8.0 * n * n * std::ldexp(1.0, -24);
+      for (size_t e = 0; e < count; e++)
+        EXPECT_NEAR(load(fout.data(), e, ZPP_FLOAT32), load(ref.data(), e, ZPP_FLOAT32),
+                    bound) << what << " element " << e;
+    }
+    cudaFree(din);
+    cudaFree(dout);
+  }
+  cudaStreamDestroy(s);
+}
+}  // namespace
+
+// The MPI backend stages device memory through pinned host buffers, so
+// several ranks may share one GPU.
+TEST(Device, MpiStagingOnDeviceMemory) {
+  if (!zpp_cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_MPI;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK) << zpp_get_last_error();
+  device_ops(c, "mpi staging");
+  zpp_comm_destroy(c);
+}
+
+TEST(Nccl, OpsOnDeviceMemory) {
+  if (!zpp_cuda_available())
+    GTEST_SKIP() << "no CUDA device on this machine: the NCCL backend needs a GPU";
+  int ndev = 0;
+  cudaGetDeviceCount(&ndev);
+  int local = g_layout.local_rank(g_rank);
+  (void)local;
+  int need = 0, mine = 1;
+  MPI_Allreduce(&mine, &need, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  // Ranks of this machine: all of them in these tests.
+  if (ndev < need)
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << need << " ranks share "
+                 << ndev << " device(s) (the MPI backend covers this case)";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_NCCL;
+  zpp_comm_t c = nullptr;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  if (st == ZPP_ERR_UNSUPPORTED)
+    GTEST_SKIP() << "NCCL not usable: " << zpp_get_last_error();
+  ASSERT_EQ(st, ZPP_OK) << zpp_get_last_error();
+  device_ops(c, "nccl");
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  zpp_comm_get_stats(c, &s);
+  EXPECT_EQ(s.bytes_derived, 1);
+  zpp_comm_destroy(c);
+}
+#else
+TEST(Nccl, OpsOnDeviceMemory) {
+  GTEST_SKIP() << "zpp built without CUDA: no NCCL backend";
+}
+#endif
+
+// ---- emulated links (run with ZPP_EMU_INTER_GBIT set: tests/transport.cmake)
+
+namespace {
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // shared by all ranks of the machine
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+double cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
+
+TEST(Emu, InterNodeTransferTakesBytesOverBandwidth) {
+  zpp_comm_stats_t s0 = stats();
+  if (!s0.link_emulated)
+    GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT (ctest transport_emu_* does)";
+  if (g_layout.nnodes < 2) GTEST_SKIP() << "needs 2 nodes";
+  const double G = s0.emu_gbit, lat = s0.emu_lat_us * 1e-6;
+  const size_t B = 4u << 20;
+  const double xfer = B * 8.0 / G * 1e-9;  // seconds
+  std::vector<uint8_t> in = bytes_of(3000, g_rank, B);
+  std::vector<uint8_t> out(B * g_size);
+  int ncross = zpp_transport_group_size(T(), ZPP_GROUP_CROSS);
+
+  // CROSS: one inter-node transfer per step.  My result cannot be complete
+  // before my predecessor's start + latency + B / bandwidth.
+  MPI_Barrier(MPI_COMM_WORLD);
+  double start = now_s();
+  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
+                                    ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  double end = now_s();
+  std::vector<double> starts(g_size);
+  MPI_Allgather(&start, 1, MPI_DOUBLE, starts.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+  if (ncross > 1) {
+    std::vector<int> m = members(ZPP_GROUP_CROSS, g_rank);
+    int me = index_of(m, g_rank);
+    int prev = m[(me + (int)m.size() - 1) % m.size()];
+    // n-1 sequential steps, each >= latency + transfer.
+    double least = (ncross - 1) * (xfer + lat);
+    EXPECT_GE(end - starts[prev], least * 0.999) << "finished too early";
+    double first = *std::min_element(starts.begin(), starts.end());
+    EXPECT_LE(end - first, least + 1.0) << "generous upper bound";
+    std::printf("[ emu  ] rank %d: CROSS allgather %zu B x %d steps at %g Gbit/s: "
+                "%.1f ms (model >= %.1f ms)\n", g_rank, B, ncross - 1, G,
+                (end - starts[prev]) * 1e3, least * 1e3);
+  }
+
+  // NODE: intra-node traffic is not slowed: the same B bytes per member
+  // move in well under the emulated time of the same inter-node steps.
+  int nnode = zpp_transport_group_size(T(), ZPP_GROUP_NODE);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = now_s();
+  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_NODE, in.data(), B, out.data(),
+                                    ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  double el = now_s() - t0;
+  if (nnode > 1) {
+    EXPECT_LT(el, (nnode - 1) * xfer / 2) << "intra-node traffic was slowed";
+  }
+}
+
+// Concurrent inter-node sends of one rank share its bandwidth.
+TEST(Emu, ConcurrentTransfersShareTheNic) {
+  zpp_comm_stats_t s0 = stats();
+  if (!s0.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
+  if (g_layout.nnodes < 2) GTEST_SKIP() << "needs 2 nodes";
+  const size_t B = 1u << 20;
+  const double xfer = B * 8.0 / s0.emu_gbit * 1e-9, lat = s0.emu_lat_us * 1e-6;
+  // My inter-node peers in WORLD: each gets B bytes from me, back to back.
+  int inter = 0;
+  for (int r = 0; r < g_size; r++) inter += g_layout.node_of[r] != g_layout.node_of[g_rank];
+  int most = 0;
+  MPI_Allreduce(&inter, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  std::vector<uint8_t> in(B * g_size, 1), out(B * g_size);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double start = now_s();
+  ASSERT_EQ(zpp_transport_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                   ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  double end = now_s(), first, last;
+  MPI_Allreduce(&start, &first, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&end, &last, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // The rank with `most` inter-node peers finishes its last send no earlier
+  // than its start + most * xfer; its receiver waits for it.  `first` is the
+  // latest start, so last - first underestimates: compare with the earliest
+  // start instead.
+  double earliest;
+  MPI_Allreduce(&start, &earliest, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_GE(last - earliest, (most * xfer + lat) * 0.999);
+  EXPECT_LE(last - earliest, most * xfer + lat + 1.0);
+  (void)first;
+}
+
+// Waiting on an emulated link sleeps: CPU time stays well below wall time.
+// Every rank takes part (skips are collective), ranks alone in their CROSS
+// group check nothing.
+TEST(Emu, WaitingDoesNotBurnACore) {
+  zpp_comm_stats_t s0 = stats();
+  if (!s0.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
+  if (g_layout.nnodes < 2) GTEST_SKIP() << "needs 2 nodes";
+  int ncross = zpp_transport_group_size(T(), ZPP_GROUP_CROSS);
+  // About 0.3 s of emulated transfer per rank.
+  const size_t B = (size_t)(0.3 * s0.emu_gbit * 1e9 / 8);
+  std::vector<uint8_t> in(B, 3), out(B * g_size);
+  zpp_comm_reset_stats(g_comm);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double c0 = cpu_s(), w0 = now_s();
+  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
+                                    ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  double cpu = cpu_s() - c0, wall = now_s() - w0;
+  if (ncross < 2) return;
+  std::printf("[ emu  ] rank %d: %.0f ms wall, %.0f ms CPU (%.0f%%), slept %.0f ms\n",
+              g_rank, wall * 1e3, cpu * 1e3, 100 * cpu / wall, stats().emu_wait_s * 1e3);
+  EXPECT_GE(wall, 0.25);
+  EXPECT_LT(cpu, 0.35 * wall) << "the wait burns CPU";
+  EXPECT_GT(stats().emu_wait_s, 0.0);
+}
+
+TEST(Emu, ReportsSayTheLinksAreEmulated) {
+  zpp_comm_stats_t s = stats();
+  if (!s.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
+  char *buf = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  zpp_comm_print_topology(g_comm, f, 0);
+  std::fclose(f);
+  std::string txt(buf, len);
+  std::free(buf);
+  EXPECT_NE(txt.find("EMULATED inter-node links"), std::string::npos) << txt;
+  EXPECT_GT(s.emu_gbit, 0.0);
+}
+
+// ---- main ---------------------------------------------------------------------
+
+namespace {
+class RankPrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] FAILED %s:%d\n%s\n", g_rank,
+                   r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+  }
+};
+}  // namespace
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (const char *s = std::getenv("ZPP_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
+  if (g_rank != 0) {
+    auto &l = ::testing::UnitTest::GetInstance()->listeners();
+    delete l.Release(l.default_result_printer());
+    l.Append(new RankPrinter);
+  }
+  g_layout = make_layout(g_size);
+  if (g_rank == 0) {
+    const char *t = std::getenv("ZPP_TOPO");
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; %s%s\n",
+                (unsigned long long)g_seed, g_size,
+                t && *t ? "emulated topology ZPP_TOPO=" : "discovered topology",
+                t && *t ? t : "");
+  }
+  int failed = 1;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &g_comm);
+  if (st != ZPP_OK) {
+    std::fprintf(stderr, "[rank %d] zpp_comm_create_mpi: %s\n", g_rank,
+                 zpp_get_last_error());
+  } else {
+    if (g_rank == 0) zpp_comm_print_topology(g_comm, stdout, 0);
+    failed = RUN_ALL_TESTS() != 0;
+    zpp_comm_destroy(g_comm);
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (g_rank == 0 && any) std::printf("FAILED on at least one rank\n");
+  MPI_Finalize();
+  return any;
+}

@@ -1,0 +1,56 @@
+# Transport suites under mpirun (ctest label "mpi"): every operation on every
+# group, exact byte counts per link class, errors and timeouts, for each
+# layout below (ZPP_TOPO emulates the nodes on this machine); then the
+# emulated-link timing on two layouts.  tests/CMakeLists.txt includes this.
+if(ZPP_WITH_MPI_ENABLED)
+  add_executable(test_transport test_transport.cc)
+  target_link_libraries(test_transport PRIVATE zpp_static GTest::gtest MPI::MPI_C)
+  target_include_directories(test_transport PRIVATE ${PROJECT_SOURCE_DIR}/src
+    ${PROJECT_SOURCE_DIR}/topology)
+  # The C API of MPI only (no C++ bindings to link).
+  target_compile_definitions(test_transport PRIVATE
+    ZPP_HAVE_CUDA=$<BOOL:${ZPP_WITH_CUDA_ENABLED}> OMPI_SKIP_MPICXX=1
+    MPICH_SKIP_MPICXX=1)
+  if(ZPP_WITH_CUDA_ENABLED)
+    target_include_directories(test_transport PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+
+  # Oversubscribed ranks must not spin: Open MPI yields when idle, and zpp
+  # sleeps between polls.
+  set(_zpp_mpi_env "OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  function(zpp_add_mpi_test name np)
+    add_test(NAME ${name} COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root
+      --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_transport> ${ARGN})
+    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 120
+      PROCESSORS 2 ENVIRONMENT "${_zpp_mpi_env};${ZPP_TEST_ENV}")
+  endfunction()
+
+  # name, ranks, ZPP_TOPO ("" = discovered: one node)
+  set(_zpp_layouts
+    "1x4|4|1x4" "2x2|4|2x2" "2x4|8|2x4" "4x2|8|4x2" "3x2|6|3x2"
+    "uneven_3_2|5|0,0,0,1,1" "roundrobin_2x2|4|0,1,0,1" "discovered|3|")
+  foreach(_l ${_zpp_layouts})
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(LENGTH _f _nf)
+    set(ZPP_TEST_ENV "")
+    if(_nf GREATER 2)
+      list(GET _f 2 _topo)
+      if(NOT _topo STREQUAL "")
+        set(ZPP_TEST_ENV "ZPP_TOPO=${_topo}")
+      endif()
+    endif()
+    zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=-Emu.*)
+  endforeach()
+
+  # Emulated links: 1 Gbit/s per rank and 200 us latency between nodes.
+  foreach(_l "2x2|4|2x2" "uneven_3_2|5|0,0,0,1,1")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    set(ZPP_TEST_ENV "ZPP_TOPO=${_topo};ZPP_EMU_INTER_GBIT=1;ZPP_EMU_INTER_LAT_US=200")
+    zpp_add_mpi_test(transport_emu_${_name} ${_np} --gtest_filter=Emu.*:Topology.*)
+  endforeach()
+endif()
