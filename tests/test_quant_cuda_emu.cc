@@ -1,0 +1,206 @@
+// The CUDA block codec (kernels/quant/quant_cuda.cu) run on the CPU under
+// the emulator of tests/cuda_emu/cuda_runtime.h and compared with the scalar
+// reference bit for bit: encoded bytes with memcmp, decoded outputs bit for
+// bit.  It runs on every machine, GPU or not, and checks what the device
+// test cannot check without a GPU: the work decomposition (groups, chunks,
+// segments), the packing, the reductions and their synchronisation (a
+// shuffle or barrier not reached by every thread fails the launch), the
+// choice between the vector, element and byte access paths, and the three
+// encode paths for long blocks.  The per-element floating point is the
+// shared math of quant_math.h in its host form; test_quant_cuda checks the
+// device form on a GPU.
+//
+// Seed: ZPP_TEST_SEED (default 20261129), printed by every test.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+// CTAs per launch; lowered by one test to run the kernels' grid-stride loops.
+static size_t g_max_grid = (size_t)1 << 30;
+#define ZPP_QUANT_CUDA_MAX_GRID g_max_grid
+#include "quant_cuda.cu"  // kernels and launchers, compiled as C++
+#include "quant_cuda_testdata.h"
+
+namespace {
+
+using namespace zpp_test;
+
+struct Shape {
+  int dt, bits;
+  bool asym;
+};
+
+std::vector<Shape> AllShapes() {
+  std::vector<Shape> v;
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (int bits : {8, 4})
+      for (bool asym : {false, true}) v.push_back({dt, bits, asym});
+  return v;
+}
+
+std::string ShapeName(const ::testing::TestParamInfo<Shape> &i) {
+  const Shape &s = i.param;
+  return std::string(s.dt == ZPP_QM_F32 ? "fp32" : s.dt == ZPP_QM_F16 ? "fp16" : "bf16") +
+         "_int" + std::to_string(s.bits) + (s.asym ? "_asym" : "_sym");
+}
+
+// Offsets in bytes added to each buffer, to reach the element and byte
+// access paths.
+struct Offsets {
+  size_t src = 0, enc = 0, out = 0;
+};
+
+// Encodes and decodes one case on the emulator and on the scalar reference;
+// returns false (with a failure recorded) on the first difference.
+bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_t> &in,
+                const std::vector<float> &acc0, Offsets o = Offsets()) {
+  zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block};
+  std::string ctx = describe(s.dt, s.bits, s.asym, block, n) + " offsets src " +
+                    std::to_string(o.src) + " enc " + std::to_string(o.enc) + " out " +
+                    std::to_string(o.out);
+  int ovf = 0;
+  size_t sz = zpp_quant_bytes(&q, n, &ovf);
+  size_t es = dtype_size(s.dt);
+  // inputs at the requested offset
+  std::vector<uint8_t> src(n * es + o.src + 16);
+  std::memcpy(src.data() + o.src, in.data(), n * es);
+  std::vector<uint8_t> ref(sz + 1, 0xa5), got(sz + o.enc + 1, 0xa5);
+  zpp_quant_encode_scalar(&q, s.dt, in.data(), n, ref.data());
+  char err[256] = "";
+  zq_emu::st().error.clear();
+  int rc = zpp_quant_cuda_encode(&q, s.dt, src.data() + o.src, n, got.data() + o.enc,
+                                 nullptr, err, sizeof err);
+  EXPECT_EQ(rc, 0) << ctx << ": " << err << " " << zq_emu::st().error;
+  if (rc != 0) return false;
+  if (std::memcmp(ref.data(), got.data() + o.enc, sz + 1) != 0) {
+    size_t i = 0;
+    while (ref[i] == got[o.enc + i]) i++;
+    ADD_FAILURE() << ctx << ": encoded byte " << i << " of " << sz << " is "
+                  << (int)got[o.enc + i] << ", reference " << (int)ref[i]
+                  << " (metadata ends at " << zpp_quant_nblocks(&q, n) * (s.asym ? 8 : 4)
+                  << ")";
+    return false;
+  }
+  for (int kind : {(int)ZPP_QM_F32, (int)ZPP_QM_F16, (int)ZPP_QM_BF16, ZPP_QM_OUT_ACC}) {
+    size_t w = out_size(kind);
+    std::vector<uint8_t> d0(n * w + 8), d1(n * w + o.out + 8);
+    for (size_t i = 0; i < d0.size(); i++) d0[i] = (uint8_t)(i * 13 + 1);
+    for (size_t i = 0; i < d1.size(); i++) d1[i] = (uint8_t)((i - o.out) * 13 + 1);
+    if (kind == ZPP_QM_OUT_ACC) {
+      std::memcpy(d0.data(), acc0.data(), 4 * n);
+      std::memcpy(d1.data() + o.out, acc0.data(), 4 * n);
+    }
+    // the encoded input at the encode offset (it was written there)
+    zpp_quant_decode_scalar(&q, ref.data(), n, kind, d0.data());
+    rc = zpp_quant_cuda_decode(&q, got.data() + o.enc, n, kind, d1.data() + o.out,
+                               nullptr, err, sizeof err);
+    EXPECT_EQ(rc, 0) << ctx << " decode " << kind_name(kind) << ": " << err;
+    if (rc != 0) return false;
+    if (std::memcmp(d0.data(), d1.data() + o.out, n * w + 8) != 0) {
+      size_t i = first_mismatch(d0.data(), d1.data() + o.out, n, kind);
+      ADD_FAILURE() << ctx << " decode " << kind_name(kind) << ": element " << i
+                    << " differs (or the bytes after the output were touched)";
+      return false;
+    }
+  }
+  return true;
+}
+
+class QuantCudaEmu : public ::testing::TestWithParam<Shape> {};
+
+// Every block size class (1, odd, powers of two, around the warp, CTA and
+// segment limits, long blocks split over CTAs) against lengths that make
+// partial chunks and tails.
+TEST_P(QuantCudaEmu, EncodeAndDecodeAreBitwiseEqualToScalar) {
+  const Shape s = GetParam();
+  uint64_t seed = print_seed("QuantCudaEmu");
+  const size_t blocks[] = {1, 2, 3, 7, 8, 9, 16, 33, 64, 256, 257, 4096, 8192, 8193, 20000};
+  const size_t lengths[] = {1, 2, 7, 8, 9, 33, 257, 4097, 20011, 41017};
+  auto in = make_input(seed, s.dt, 45007);
+  auto acc = make_acc(seed, 45007);
+  for (size_t block : blocks)
+    for (size_t n : lengths) {
+      if (block < 8 && n > 5000) continue;  // one fiber per element: slow
+      if (!check_case(s, block, n, in, acc)) return;
+    }
+}
+
+// Pointers off their vector alignment, off their element alignment, and
+// metadata off 4 bytes (the looping path for long blocks).
+TEST_P(QuantCudaEmu, AnyPointerAlignmentGivesTheSameBytes) {
+  const Shape s = GetParam();
+  uint64_t seed = print_seed("QuantCudaEmu alignment");
+  auto in = make_input(seed, s.dt, 40009);
+  auto acc = make_acc(seed, 40009);
+  const size_t es = dtype_size(s.dt);
+  const Offsets offs[] = {{es, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 2, 0},
+                          {0, 0, 4}, {0, 0, 2}, {0, 0, 1}, {2 * es, 4, 8}};
+  for (size_t block : {3, 32, 8200, 20000})
+    for (size_t n : {9, block == 3 ? 4097 : 24001})
+      for (Offsets o : offs)
+        if (!check_case(s, block, n, in, acc, o)) return;
+}
+
+// A few CTAs per launch, so that each CTA loops over many work items and
+// reuses its shared memory.
+TEST_P(QuantCudaEmu, KernelsLoopWhenTheGridIsCapped) {
+  const Shape s = GetParam();
+  uint64_t seed = print_seed("QuantCudaEmu capped grid");
+  auto in = make_input(seed, s.dt, 30011);
+  auto acc = make_acc(seed, 30011);
+  struct Restore {
+    ~Restore() { g_max_grid = (size_t)1 << 30; }
+  } restore;
+  for (size_t grid : {1, 3})
+    for (size_t block : {5, 64, 1024, 20000}) {
+      g_max_grid = grid;
+      if (!check_case(s, block, 30011, in, acc)) return;
+      if (!check_case(s, block, 30011, in, acc, Offsets{0, 1, 0})) return;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, QuantCudaEmu, ::testing::ValuesIn(AllShapes()), ShapeName);
+
+// The launches each path makes, so that the tests above are known to cover
+// all of them.
+TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
+  print_seed("QuantCudaEmuPaths");
+  auto in = make_input(test_seed(), ZPP_QM_F32, 70001);
+  std::vector<uint8_t> enc(70001 * 9 + 16);
+  char err[256];
+  auto kernels_of = [&](size_t block, size_t n, size_t enc_off) {
+    zpp_qcfg_t q = {8, 0, block};
+    zq_emu::st().kernels.clear();
+    EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F32, in.data(), n, enc.data() + enc_off,
+                                    nullptr, err, sizeof err),
+              0)
+        << err;
+    return zq_emu::st().kernels;
+  };
+  const void *full = reinterpret_cast<const void *>(&encode_kernel<ZPP_QM_F32, 8, false, kFull>);
+  // one segment per block
+  EXPECT_EQ(kernels_of(256, 70001, 0), std::vector<const void *>{full});
+  // long blocks, few of them: reset, reduce, quantise, finish
+  auto split = kernels_of(20000, 70001, 0);
+  ASSERT_EQ(split.size(), 4u);
+  EXPECT_EQ(split[1], reinterpret_cast<const void *>(&encode_kernel<ZPP_QM_F32, 8, false, kReduce>));
+  EXPECT_EQ(split[2], reinterpret_cast<const void *>(&encode_kernel<ZPP_QM_F32, 8, false, kQuant>));
+  // long blocks with unaligned metadata: one looping CTA per block
+  EXPECT_EQ(kernels_of(20000, 70001, 1), std::vector<const void *>{full});
+  EXPECT_EQ(zq_emu::st().max_threads, kMaxGroup);
+  // a count shorter than the block: one short block, no split
+  EXPECT_EQ(kernels_of((size_t)1 << 20, 9, 0), std::vector<const void *>{full});
+}
+
+TEST(QuantCudaEmuPaths, ZeroCountLaunchesNothing) {
+  zpp_qcfg_t q = {4, 1, 7};
+  char err[8];
+  zq_emu::st().kernels.clear();
+  EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F16, nullptr, 0, nullptr, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(zpp_quant_cuda_decode(&q, nullptr, 0, ZPP_QM_OUT_ACC, nullptr, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(zq_emu::st().kernels.empty());
+}
+
+}  // namespace
