@@ -1,0 +1,1123 @@
+/*
+ * zpp-bench: benchmark of the zpp collectives against their full-precision
+ * baselines, shaped like nccl-tests (a harness, one small file per
+ * collective: bench_allgather.c, bench_reducescatter.c, bench_hpz.c).
+ *
+ *   mpirun -np 8 zpp-bench --coll allgather -b 1M -e 64M -f 4
+ *
+ * Per size (from -b to -e, times -f) and per variant, every rank runs -w
+ * untimed warm-up calls, then -n timed calls, each after MPI_Barrier on
+ * MPI_COMM_WORLD and timed alone with clock_gettime(CLOCK_MONOTONIC);
+ * time_us is the MAX over ranks of each rank's MEAN.  The byte columns come
+ * from zpp_comm_get_stats around the first timed call; the check (-c 1)
+ * looks at that call's output (the output buffer is poisoned with NaN
+ * bytes before it).  Exit status: 0 all good, 1 a check found wrong
+ * elements, 2 bad flags, 3 a zpp or CUDA call failed (or --memory device
+ * without a device).
+ *
+ * Only rank 0 prints rows; any rank prints the error it met, to stderr.
+ */
+#include "zpp_bench_common.h"
+
+#include <zpp/zpp_mpi.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if ZPP_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define BENCH_MAX_VARIANTS 16
+#define BENCH_CHECK_FULL_BYTES ((size_t)1 << 20) /* check all up to 1 MiB */
+
+enum { EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_ZPP = 3 };
+
+static int g_rank = 0;
+
+/* ---- data and reference helpers ------------------------------------------ */
+
+static uint64_t mix64(uint64_t z) { /* splitmix64 finalizer */
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static int mant_bits(zpp_dtype_t dt) {
+  return dt == ZPP_FLOAT32 ? 23 : dt == ZPP_FLOAT16 ? 10 : 7;
+}
+
+static int min_exp(zpp_dtype_t dt) { return dt == ZPP_FLOAT16 ? -14 : -126; }
+
+double zpp_bench_round(double v, zpp_dtype_t dt) {
+  int k, e;
+  double q, r;
+  if (v == 0 || !isfinite(v))
+    return v;
+  frexp(fabs(v), &k); /* |v| in [2^(k-1), 2^k) */
+  e = k - 1 < min_exp(dt) ? min_exp(dt) : k - 1;
+  q = ldexp(1.0, e - mant_bits(dt)); /* the ulp at |v| (subnormals: fixed) */
+  r = rint(v / q) * q;               /* exact scaling; rint: nearest even */
+  if (fabs(r) >= (dt == ZPP_FLOAT16 ? 65536.0 : ldexp(1.0, 128)))
+    return copysign(INFINITY, v);
+  return r;
+}
+
+double zpp_bench_value(uint64_t seed, int rank, size_t i, zpp_dtype_t dt) {
+  uint64_t key = mix64(seed ^ mix64(0x7a70700000000000ull + (uint64_t)rank));
+  uint64_t h1 = mix64(key + (uint64_t)i), h2 = mix64(h1 ^ key);
+  double u1 = ((double)(h1 >> 11) + 1.0) * ldexp(1.0, -53); /* (0, 1] */
+  double u2 = (double)(h2 >> 11) * ldexp(1.0, -53);         /* [0, 1) */
+  double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+  return zpp_bench_round(z, dt);
+}
+
+static uint16_t f16_bits(double v) { /* v finite and representable */
+  uint16_t sign = signbit(v) ? 0x8000 : 0;
+  double a = fabs(v);
+  int k, e;
+  if (isnan(v))
+    return 0x7e00;
+  if (isinf(v))
+    return sign | 0x7c00;
+  if (a == 0)
+    return sign;
+  frexp(a, &k);
+  e = k - 1;
+  if (e < -14) /* subnormal: multiples of 2^-24 */
+    return sign | (uint16_t)ldexp(a, 24);
+  return sign | (uint16_t)((e + 15) << 10) |
+         (uint16_t)((ldexp(a, -e) - 1.0) * 1024.0);
+}
+
+static double f16_value(uint16_t h) {
+  int ex = (h >> 10) & 31, man = h & 1023;
+  double v = ex == 0    ? ldexp((double)man, -24)
+             : ex == 31 ? (man ? NAN : INFINITY)
+                        : ldexp((double)(1024 + man), ex - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+double zpp_bench_load(const void *buf, size_t i, zpp_dtype_t dt) {
+  const uint8_t *p = (const uint8_t *)buf;
+  if (dt == ZPP_FLOAT32) {
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    if (dt == ZPP_FLOAT16)
+      return f16_value(h);
+    {
+      uint32_t u = (uint32_t)h << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+  }
+}
+
+void zpp_bench_store(void *buf, size_t i, zpp_dtype_t dt, double v) {
+  uint8_t *p = (uint8_t *)buf;
+  float f;
+  v = zpp_bench_round(v, dt);
+  if (dt == ZPP_FLOAT16) {
+    uint16_t h = f16_bits(v);
+    memcpy(p + 2 * i, &h, 2);
+    return;
+  }
+  f = (float)v; /* exact: v is representable */
+  if (dt == ZPP_FLOAT32) {
+    memcpy(p + 4 * i, &f, 4);
+  } else {
+    uint32_t u;
+    uint16_t h;
+    memcpy(&u, &f, 4);
+    h = (uint16_t)(u >> 16);
+    memcpy(p + 2 * i, &h, 2);
+  }
+}
+
+int zpp_bench_same_bits(const void *a, const void *b, size_t i,
+                        zpp_dtype_t dt) {
+  size_t ds = zpp_dtype_size(dt);
+  return memcmp((const uint8_t *)a + i * ds, (const uint8_t *)b + i * ds, ds) ==
+         0;
+}
+
+int zpp_bench_equal_bits(const void *buf, size_t i, zpp_dtype_t dt, double v) {
+  uint8_t want[4];
+  size_t ds = zpp_dtype_size(dt);
+  zpp_bench_store(want, 0, dt, v);
+  return memcmp((const uint8_t *)buf + i * ds, want, ds) == 0;
+}
+
+size_t zpp_bench_block_stride(size_t size_bytes) {
+  if (size_bytes <= BENCH_CHECK_FULL_BYTES)
+    return 1;
+  return (size_bytes + BENCH_CHECK_FULL_BYTES - 1) / BENCH_CHECK_FULL_BYTES;
+}
+
+int zpp_bench_block_checked(size_t b, size_t nb, size_t stride) {
+  return b % stride == 0 || b + 1 == nb;
+}
+
+void zpp_bench_block_params(const double *x, size_t len, int bits,
+                            double *scale, double *range) {
+  double am = 0;
+  size_t i;
+  for (i = 0; i < len; i++)
+    am = fmax(am, fabs(x[i]));
+  *range = am;
+  *scale = am / (double)((1 << (bits - 1)) - 1) * (1 + ldexp(1.0, -23));
+}
+
+double zpp_bench_out_rel(zpp_dtype_t dt) {
+  return dt == ZPP_FLOAT32   ? ldexp(1.0, -24)
+         : dt == ZPP_FLOAT16 ? ldexp(1.0, -11)
+                             : ldexp(1.0, -8);
+}
+
+double zpp_bench_quant_bound(double scale, double range, double x, double out,
+                             zpp_dtype_t dt) {
+  double b = scale * (0.5 + ldexp(1.0, -12)) +
+             ldexp(1.0, -22) * (fabs(x) + range) + ldexp(1.0, -149);
+  if (dt == ZPP_BFLOAT16)
+    b += fabs(out) * ldexp(1.0, -8) + 1e-38;
+  if (dt == ZPP_FLOAT16)
+    b += fabs(out) * ldexp(1.0, -11) + ldexp(1.0, -25);
+  return b;
+}
+
+void zpp_bench_check_add(zpp_bench_check_t *chk, double got, double ref,
+                         int ok) {
+  double e = fabs(got - ref);
+  chk->checked++;
+  if (!ok)
+    chk->wrong++;
+  if (e > chk->max_err || isnan(e))
+    chk->max_err = isnan(e) ? INFINITY : e;
+}
+
+/* ---- buffers ------------------------------------------------------------- */
+
+#if ZPP_BENCH_CUDA
+static zpp_status_t cuda_fail(cudaError_t e, const char *call, size_t bytes) {
+  fprintf(stderr, "zpp-bench: rank %d: %s (%zu bytes): %s\n", g_rank, call,
+          bytes, cudaGetErrorString(e));
+  return ZPP_ERR_CUDA;
+}
+#endif
+
+zpp_status_t zpp_bench_buf_alloc(const zpp_bench_ctx_t *ctx, size_t bytes,
+                                 zpp_bench_buf_t *buf) {
+  buf->bytes = bytes;
+  buf->dev = NULL;
+  buf->host = malloc(bytes > 0 ? bytes : 1);
+  if (buf->host == NULL) {
+    fprintf(stderr, "zpp-bench: rank %d: out of host memory (%zu bytes)\n",
+            g_rank, bytes);
+    return ZPP_ERR_OUT_OF_MEMORY;
+  }
+  if (ctx->opt->memory == ZPP_MEMORY_HOST) {
+    buf->dev = buf->host;
+    return ZPP_OK;
+  }
+#if ZPP_BENCH_CUDA
+  {
+    cudaError_t e = cudaMalloc(&buf->dev, bytes > 0 ? bytes : 1);
+    if (e != cudaSuccess) {
+      buf->dev = NULL;
+      return cuda_fail(e, "cudaMalloc", bytes);
+    }
+  }
+  return ZPP_OK;
+#else
+  return ZPP_ERR_UNSUPPORTED; /* main refuses --memory device first */
+#endif
+}
+
+void zpp_bench_buf_free(const zpp_bench_ctx_t *ctx, zpp_bench_buf_t *buf) {
+#if ZPP_BENCH_CUDA
+  if (buf->dev != NULL && buf->dev != buf->host)
+    cudaFree(buf->dev);
+#endif
+  (void)ctx;
+  free(buf->host);
+  buf->host = buf->dev = NULL;
+}
+
+zpp_status_t zpp_bench_buf_upload(const zpp_bench_ctx_t *ctx,
+                                  zpp_bench_buf_t *buf) {
+  (void)ctx;
+  if (buf->dev == buf->host || buf->bytes == 0)
+    return ZPP_OK;
+#if ZPP_BENCH_CUDA
+  {
+    cudaError_t e =
+        cudaMemcpy(buf->dev, buf->host, buf->bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+      return cuda_fail(e, "cudaMemcpy to device", buf->bytes);
+  }
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_bench_buf_download(const zpp_bench_ctx_t *ctx,
+                                    zpp_bench_buf_t *buf) {
+  (void)ctx;
+  if (buf->dev == buf->host || buf->bytes == 0)
+    return ZPP_OK;
+#if ZPP_BENCH_CUDA
+  {
+    cudaError_t e =
+        cudaMemcpy(buf->host, buf->dev, buf->bytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+      return cuda_fail(e, "cudaMemcpy to host", buf->bytes);
+  }
+#endif
+  return ZPP_OK;
+}
+
+/* Fills the buffer with 0xff bytes: NaN in fp32, fp16 and bf16. */
+static zpp_status_t buf_poison(const zpp_bench_ctx_t *ctx,
+                               zpp_bench_buf_t *buf) {
+  memset(buf->host, 0xff, buf->bytes);
+  return zpp_bench_buf_upload(ctx, buf);
+}
+
+/* ---- flags --------------------------------------------------------------- */
+
+static const zpp_bench_coll_t *const g_colls[] = {
+    &zpp_bench_allgather, &zpp_bench_reducescatter, &zpp_bench_hpz};
+#define NCOLLS (sizeof g_colls / sizeof g_colls[0])
+
+static void usage(FILE *f) {
+  size_t i;
+  fprintf(
+      f,
+      "usage: mpirun -np N zpp-bench [flags]\n"
+      "  -b, --minbytes SIZE  smallest size (default 64K); K, M, G = 2^10,\n"
+      "                       2^20, 2^30.  allgather, hpz-gather: bytes of\n"
+      "                       one rank's shard; reducescatter: bytes of one\n"
+      "                       rank's input (count = size / dtype / world)\n"
+      "  -e, --maxbytes SIZE  largest size (default 4M)\n"
+      "  -f, --stepfactor F   multiply the size by F (integer >= 2; default "
+      "4)\n"
+      "  -n, --iters N        timed iterations per row (default 20)\n"
+      "  -w, --warmup_iters W untimed iterations first (default 5)\n"
+      "  -c, --check 0|1      check the first timed iteration (default 1)\n"
+      "  --coll C             allgather (default), reducescatter, hpz-gather\n"
+      "  --variant LIST       comma list (default: all of the collective);\n"
+      "                       the baseline is added when missing\n"
+      "  --dtype D            fp32, fp16 or bf16 (default bf16): the data;\n"
+      "                       the baseline variant moves it and is named so\n"
+      "  --block B            elements per quantization scale (default 256)\n"
+      "  --op sum|mean        reducescatter reduction (default sum)\n"
+      "  --format F           table (default), csv or json\n"
+      "  --memory host|device buffers in host memory (default) or CUDA\n"
+      "                       device memory (needs zpp built with CUDA and a\n"
+      "                       device; otherwise: error \"no CUDA device\")\n"
+      "  --seed S             data seed (default 20261129)\n"
+      "  --corrupt            checker self-test: rank 0 spoils one output\n"
+      "                       element before the check (must exit 1)\n"
+      "  --print-settings     print every ZPP_* setting and exit\n"
+      "variants:\n");
+  for (i = 0; i < NCOLLS; i++)
+    fprintf(f, "  %-14s %s\n", g_colls[i]->name, g_colls[i]->variant_help);
+  fprintf(f, "environment: ZPP_TOPO (emulated nodes, e.g. 2x4), "
+             "ZPP_EMU_INTER_GBIT and\nZPP_EMU_INTER_LAT_US (emulated "
+             "inter-node link per rank); see --print-settings.\n"
+             "exit status: 0 ok, 1 a check failed, 2 bad flags, 3 a zpp or "
+             "CUDA call failed\n");
+}
+
+static int flag_error(const char *fmt, ...) {
+  va_list ap;
+  if (g_rank == 0) {
+    fprintf(stderr, "zpp-bench: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see --help)\n");
+  }
+  return -1;
+}
+
+/* Unsigned integer with an optional K, M or G suffix (powers of 1024). */
+static int parse_bytes(const char *flag, const char *s, size_t min,
+                       size_t *out) {
+  char *end;
+  unsigned long long v, mul = 1;
+  errno = 0;
+  if (s == NULL || *s < '0' || *s > '9')
+    return flag_error("%s '%s': must be a number", flag, s ? s : "");
+  v = strtoull(s, &end, 10);
+  if (*end == 'K' || *end == 'k')
+    mul = 1ull << 10;
+  else if (*end == 'M' || *end == 'm')
+    mul = 1ull << 20;
+  else if (*end == 'G' || *end == 'g')
+    mul = 1ull << 30;
+  if (mul > 1)
+    end++;
+  if (errno != 0 || *end != '\0' || v > (unsigned long long)SIZE_MAX / mul ||
+      v * mul < min)
+    return flag_error("%s '%s': must be an integer >= %zu with an optional "
+                      "K, M or G suffix",
+                      flag, s, min);
+  *out = (size_t)(v * mul);
+  return 0;
+}
+
+static int parse_int(const char *flag, const char *s, int min, int max,
+                     int *out) {
+  size_t v = 0;
+  if (parse_bytes(flag, s, 0, &v) != 0)
+    return -1;
+  if (v < (size_t)min || v > (size_t)max)
+    return flag_error("%s %s: must be in [%d, %d]", flag, s, min, max);
+  *out = (int)v;
+  return 0;
+}
+
+enum {
+  OPT_COLL = 256,
+  OPT_VARIANT,
+  OPT_DTYPE,
+  OPT_BLOCK,
+  OPT_FORMAT,
+  OPT_OP,
+  OPT_MEMORY,
+  OPT_SEED,
+  OPT_CORRUPT,
+  OPT_SETTINGS
+};
+
+/* 0: run; 1: exit 0 (help); -1: bad flags. */
+static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
+                      int *print_settings) {
+  static const struct option longs[] = {
+      {"minbytes", required_argument, NULL, 'b'},
+      {"maxbytes", required_argument, NULL, 'e'},
+      {"stepfactor", required_argument, NULL, 'f'},
+      {"iters", required_argument, NULL, 'n'},
+      {"warmup_iters", required_argument, NULL, 'w'},
+      {"check", required_argument, NULL, 'c'},
+      {"help", no_argument, NULL, 'h'},
+      {"coll", required_argument, NULL, OPT_COLL},
+      {"variant", required_argument, NULL, OPT_VARIANT},
+      {"dtype", required_argument, NULL, OPT_DTYPE},
+      {"block", required_argument, NULL, OPT_BLOCK},
+      {"format", required_argument, NULL, OPT_FORMAT},
+      {"op", required_argument, NULL, OPT_OP},
+      {"memory", required_argument, NULL, OPT_MEMORY},
+      {"seed", required_argument, NULL, OPT_SEED},
+      {"corrupt", no_argument, NULL, OPT_CORRUPT},
+      {"print-settings", no_argument, NULL, OPT_SETTINGS},
+      {NULL, 0, NULL, 0}};
+  int c;
+  size_t v;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":b:e:f:n:w:c:h", longs, NULL)) != -1) {
+    switch (c) {
+    case 'b':
+      if (parse_bytes("-b", optarg, 1, &o->min_bytes) != 0)
+        return -1;
+      break;
+    case 'e':
+      if (parse_bytes("-e", optarg, 1, &o->max_bytes) != 0)
+        return -1;
+      break;
+    case 'f':
+      if (parse_bytes("-f", optarg, 2, &o->factor) != 0)
+        return -1;
+      break;
+    case 'n':
+      if (parse_int("-n", optarg, 1, 1000000, &o->iters) != 0)
+        return -1;
+      break;
+    case 'w':
+      if (parse_int("-w", optarg, 0, 1000000, &o->warmup) != 0)
+        return -1;
+      break;
+    case 'c':
+      if (parse_int("-c", optarg, 0, 1, &o->check) != 0)
+        return -1;
+      break;
+    case 'h':
+      if (g_rank == 0)
+        usage(stdout);
+      return 1;
+    case OPT_COLL:
+      o->coll = optarg;
+      break;
+    case OPT_VARIANT:
+      o->variants = optarg;
+      break;
+    case OPT_DTYPE:
+      if (strcmp(optarg, "fp32") == 0)
+        o->dtype = ZPP_FLOAT32;
+      else if (strcmp(optarg, "fp16") == 0)
+        o->dtype = ZPP_FLOAT16;
+      else if (strcmp(optarg, "bf16") == 0)
+        o->dtype = ZPP_BFLOAT16;
+      else
+        return flag_error("--dtype %s: must be fp32, fp16 or bf16", optarg);
+      break;
+    case OPT_BLOCK:
+      if (parse_bytes("--block", optarg, 1, &o->block) != 0)
+        return -1;
+      break;
+    case OPT_FORMAT:
+      if (strcmp(optarg, "table") == 0)
+        o->format = ZPP_BENCH_TABLE;
+      else if (strcmp(optarg, "csv") == 0)
+        o->format = ZPP_BENCH_CSV;
+      else if (strcmp(optarg, "json") == 0)
+        o->format = ZPP_BENCH_JSON;
+      else
+        return flag_error("--format %s: must be table, csv or json", optarg);
+      break;
+    case OPT_OP:
+      if (strcmp(optarg, "sum") == 0)
+        o->op = ZPP_OP_SUM;
+      else if (strcmp(optarg, "mean") == 0)
+        o->op = ZPP_OP_MEAN;
+      else
+        return flag_error("--op %s: must be sum or mean", optarg);
+      break;
+    case OPT_MEMORY:
+      if (strcmp(optarg, "host") == 0)
+        o->memory = ZPP_MEMORY_HOST;
+      else if (strcmp(optarg, "device") == 0)
+        o->memory = ZPP_MEMORY_DEVICE;
+      else
+        return flag_error("--memory %s: must be host or device", optarg);
+      break;
+    case OPT_SEED:
+      if (parse_bytes("--seed", optarg, 0, &v) != 0)
+        return -1;
+      o->seed = (uint64_t)v;
+      break;
+    case OPT_CORRUPT:
+      o->corrupt = 1;
+      break;
+    case OPT_SETTINGS:
+      *print_settings = 1;
+      break;
+    case ':':
+      return flag_error("%s needs a value", argv[optind - 1]);
+    default:
+      return flag_error("unknown flag '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc)
+    return flag_error("unexpected argument '%s'", argv[optind]);
+  if (o->min_bytes > o->max_bytes)
+    return flag_error("-b %zu is larger than -e %zu", o->min_bytes,
+                      o->max_bytes);
+  return 0;
+}
+
+/* Splits o->variants (or the default list) into parsed variants and puts
+ * the baseline first when it is missing. */
+static int parse_variants(const zpp_bench_coll_t *coll,
+                          const zpp_bench_opts_t *o, zpp_bench_variant_t *v,
+                          int *nv, int *added_baseline) {
+  char list[512], err[256], *tok, *save = NULL;
+  int n = 0, have_base = 0;
+  if (o->variants != NULL)
+    snprintf(list, sizeof list, "%s", o->variants);
+  else
+    coll->default_variants(o->dtype, list, sizeof list);
+  for (tok = strtok_r(list, ",", &save); tok != NULL;
+       tok = strtok_r(NULL, ",", &save)) {
+    if (n + 1 >= BENCH_MAX_VARIANTS)
+      return flag_error("--variant: at most %d variants",
+                        BENCH_MAX_VARIANTS - 1);
+    if (coll->parse_variant(tok, o->dtype, &v[n], err, sizeof err) != 0)
+      return flag_error("--variant %s of --coll %s: %s", tok, coll->name, err);
+    have_base |= v[n].baseline;
+    n++;
+  }
+  if (n == 0)
+    return flag_error("--variant '%s': empty list", o->variants);
+  *added_baseline = !have_base;
+  if (!have_base) { /* ratios are against a baseline of this run */
+    memmove(&v[1], &v[0], (size_t)n * sizeof *v);
+    coll->parse_variant(zpp_dtype_name(o->dtype), o->dtype, &v[0], err,
+                        sizeof err);
+    n++;
+  }
+  *nv = n;
+  return 0;
+}
+
+/* ---- output -------------------------------------------------------------- */
+
+typedef struct {
+  const char *variant;
+  size_t size, count;
+  double time_us, algbw, busbw;
+  double intra_bytes, inter_bytes; /* sent per rank, mean over ranks */
+  uint64_t inter_bytes_max;        /* sent, max over ranks */
+  double ratio;                    /* < 0: no baseline time */
+  int checked;
+  double max_err;
+  uint64_t wrong;
+} row_t;
+
+static const char *const CSV_HEADER =
+    "coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,"
+    "inter_bytes,ratio,max_err,wrong,inter_bytes_max";
+
+/* Byte means are exact when the sum divides by the world size. */
+static void fmt_bytes(char *buf, size_t len, double b) {
+  if (b == floor(b))
+    snprintf(buf, len, "%.0f", b);
+  else
+    snprintf(buf, len, "%.3f", b);
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+typedef struct {
+  const zpp_bench_coll_t *coll;
+  const zpp_bench_opts_t *o;
+  const zpp_bench_ctx_t *ctx;
+  const zpp_bench_variant_t *v;
+  int nv, added_baseline;
+  const char *backend, *topo;
+  int topo_emulated, link_emulated, bytes_derived;
+  double gbit, lat_us;
+  int *node_sizes;
+  int nrows; /* JSON rows written so far */
+} header_t;
+
+/* The header as (key, text) lines; JSON gets the same texts as fields. */
+static void header_texts(const header_t *h, char lines[][800],
+                         const char **keys, int *n) {
+  const zpp_bench_opts_t *o = h->o;
+  const char *dt = zpp_dtype_name(o->dtype);
+  char vl[256] = "", nodes[200] = "";
+  int i, k = 0, even = 1;
+  for (i = 0; i < h->nv; i++)
+    snprintf(vl + strlen(vl), sizeof vl - strlen(vl), "%s%s", i ? "," : "",
+             h->v[i].name);
+  for (i = 1; i < h->ctx->nnodes; i++)
+    even &= h->node_sizes[i] == h->node_sizes[0];
+  if (even) {
+    snprintf(nodes, sizeof nodes, "%d nodes x %d ranks per node",
+             h->ctx->nnodes, h->node_sizes[0]);
+  } else {
+    snprintf(nodes, sizeof nodes, "%d nodes, uneven: ranks per node ",
+             h->ctx->nnodes);
+    for (i = 0; i < h->ctx->nnodes; i++)
+      snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d",
+               i ? "," : "", h->node_sizes[i]);
+  }
+#define LINE(key, ...)                                                         \
+  do {                                                                         \
+    keys[k] = key;                                                             \
+    snprintf(lines[k++], 800, __VA_ARGS__);                                    \
+  } while (0)
+  LINE("run",
+       "zpp-bench: coll %s, variants %s%s, dtype %s, block %zu%s%s, "
+       "memory %s, backend %s",
+       h->coll->name, vl, h->added_baseline ? " (baseline added)" : "", dt,
+       o->block, h->coll == &zpp_bench_reducescatter ? ", op " : "",
+       h->coll == &zpp_bench_reducescatter
+           ? (o->op == ZPP_OP_MEAN ? "mean" : "sum")
+           : "",
+       o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend);
+  LINE("world", "world %d ranks: %s", h->ctx->world, nodes);
+  if (h->topo_emulated)
+    LINE("topology", "topology EMULATED (ZPP_TOPO=%s)", h->topo);
+  else
+    LINE("topology", "topology discovered (ranks that share a host form a "
+                     "node)");
+  if (h->link_emulated && h->gbit > 0)
+    LINE("link",
+         "inter-node link EMULATED at %g Gbit/s per rank, %g us "
+         "latency",
+         h->gbit, h->lat_us);
+  else if (h->link_emulated)
+    LINE("link",
+         "inter-node link EMULATED at unlimited Gbit/s per rank, %g "
+         "us latency",
+         h->lat_us);
+  else
+    LINE("link", "links not slowed (ZPP_EMU_INTER_GBIT unset)");
+  LINE("seed",
+       "seed %llu: element i of rank r is N(0,1) from (seed, r, i), "
+       "rounded to %s",
+       (unsigned long long)o->seed, dt);
+  LINE("timing",
+       "timing: MPI_Barrier(MPI_COMM_WORLD) before each timed "
+       "iteration, wall time of each by clock_gettime("
+       "CLOCK_MONOTONIC); time_us = MAX over ranks of the MEAN over "
+       "-n %d iterations; -w %d warm-up iterations untimed",
+       o->iters, o->warmup);
+  LINE("size", "%s", h->coll->size_help);
+  LINE("bandwidth", "%s; GB/s = 1e9 bytes/s", h->coll->bytes_help);
+  LINE("bytes",
+       "intra_bytes, inter_bytes = bytes SENT per rank in the first "
+       "timed iteration, MEAN over ranks; inter_bytes_max = MAX over "
+       "ranks (zpp_comm_get_stats%s)",
+       h->bytes_derived ? "; some counts DERIVED from NCCL's algorithm" : "");
+  LINE("ratio",
+       "ratio = time_us / time_us of the baseline %s at the same "
+       "size in this run",
+       dt);
+  if (o->check)
+    LINE("check",
+         "check of the first timed iteration: max_err = max |out - "
+         "float64 reference|, wrong = elements outside the bound "
+         "(%s); every element when size <= 1 MiB, else one block of "
+         "%zu in every ceil(size / 1 MiB), plus the last",
+         h->coll->check_help, o->block);
+  else
+    LINE("check", "check off (-c 0): max_err and wrong not computed");
+#undef LINE
+  *n = k;
+}
+
+static void print_header(header_t *h, FILE *f) {
+  char lines[16][800];
+  const char *keys[16];
+  int n, i;
+  header_texts(h, lines, keys, &n);
+  if (h->o->format != ZPP_BENCH_JSON) {
+    for (i = 0; i < n; i++)
+      fprintf(f, "# %s\n", lines[i]);
+    if (h->o->format == ZPP_BENCH_CSV)
+      fprintf(f, "%s\n", CSV_HEADER);
+    else
+      fprintf(f,
+              "#\n# %-10s %12s %11s %5s %11s %9s %9s %12s %12s %8s %10s "
+              "%7s %12s\n",
+              "variant", "size", "count", "type", "time(us)", "algbw", "busbw",
+              "intra_bytes", "inter_bytes", "ratio", "max_err", "#wrong",
+              "inter_max");
+    fflush(f);
+    return;
+  }
+  fprintf(f, "{\"header\": {\"program\": \"zpp-bench\", \"coll\": ");
+  json_string(f, h->coll->name);
+  fprintf(f, ", \"variants\": [");
+  for (i = 0; i < h->nv; i++) {
+    fprintf(f, "%s", i ? ", " : "");
+    json_string(f, h->v[i].name);
+  }
+  fprintf(f,
+          "], \"dtype\": \"%s\", \"block\": %zu, \"op\": \"%s\", "
+          "\"memory\": \"%s\", \"backend\": \"%s\", \"world\": %d, "
+          "\"nodes\": %d, \"ranks_per_node\": [",
+          zpp_dtype_name(h->o->dtype), h->o->block,
+          h->o->op == ZPP_OP_MEAN ? "mean" : "sum",
+          h->o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend,
+          h->ctx->world, h->ctx->nnodes);
+  for (i = 0; i < h->ctx->nnodes; i++)
+    fprintf(f, "%s%d", i ? ", " : "", h->node_sizes[i]);
+  fprintf(f, "], \"topology_emulated\": %s, \"zpp_topo\": ",
+          h->topo_emulated ? "true" : "false");
+  json_string(f, h->topo);
+  fprintf(f,
+          ", \"link_emulated\": %s, \"emu_gbit\": %g, \"emu_lat_us\": %g, "
+          "\"seed\": %llu, \"iters\": %d, \"warmup\": %d, \"check\": %d",
+          h->link_emulated ? "true" : "false", h->gbit, h->lat_us,
+          (unsigned long long)h->o->seed, h->o->iters, h->o->warmup,
+          h->o->check);
+  fprintf(f, ", \"notes\": {"); /* the text of the table header */
+  for (i = 0; i < n; i++) {
+    fprintf(f, "%s\"%s\": ", i ? ", " : "", keys[i]);
+    json_string(f, lines[i]);
+  }
+  fprintf(f, "}},\n\"rows\": [");
+  fflush(f);
+}
+
+static void print_row(header_t *h, const row_t *r, FILE *f) {
+  const zpp_bench_opts_t *o = h->o;
+  const char *dt = zpp_dtype_name(o->dtype);
+  char intra[32], inter[32], ratio[32], err[32], wrong[32];
+  fmt_bytes(intra, sizeof intra, r->intra_bytes);
+  fmt_bytes(inter, sizeof inter, r->inter_bytes);
+  if (r->ratio >= 0)
+    snprintf(ratio, sizeof ratio, "%.4f", r->ratio);
+  else
+    snprintf(ratio, sizeof ratio, "%s", "");
+  if (r->checked) {
+    snprintf(err, sizeof err, "%.4g", r->max_err);
+    snprintf(wrong, sizeof wrong, "%llu", (unsigned long long)r->wrong);
+  } else {
+    err[0] = wrong[0] = '\0';
+  }
+  if (o->format == ZPP_BENCH_CSV) {
+    fprintf(f, "%s,%s,%zu,%zu,%s,%.2f,%.4f,%.4f,%s,%s,%s,%s,%s,%llu\n",
+            h->coll->name, r->variant, r->size, r->count, dt, r->time_us,
+            r->algbw, r->busbw, intra, inter, ratio, err, wrong,
+            (unsigned long long)r->inter_bytes_max);
+  } else if (o->format == ZPP_BENCH_TABLE) {
+    fprintf(f,
+            "  %-10s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
+            "%10s %7s %12llu\n",
+            r->variant, r->size, r->count, dt, r->time_us, r->algbw, r->busbw,
+            intra, inter, ratio[0] ? ratio : "-", err[0] ? err : "-",
+            wrong[0] ? wrong : "-", (unsigned long long)r->inter_bytes_max);
+  } else {
+    fprintf(f,
+            "%s\n  {\"coll\": \"%s\", \"variant\": \"%s\", \"size\": %zu, "
+            "\"count\": %zu, \"dtype\": \"%s\", \"time_us\": %.2f, "
+            "\"algbw\": %.4f, \"busbw\": %.4f, \"intra_bytes\": %s, "
+            "\"inter_bytes\": %s, \"ratio\": %s, \"max_err\": %s, "
+            "\"wrong\": %s, \"inter_bytes_max\": %llu}",
+            h->nrows ? "," : "", h->coll->name, r->variant, r->size, r->count,
+            dt, r->time_us, r->algbw, r->busbw, intra, inter,
+            ratio[0] ? ratio : "null", err[0] ? err : "null",
+            wrong[0] ? wrong : "null", (unsigned long long)r->inter_bytes_max);
+    h->nrows++;
+  }
+  fflush(f);
+}
+
+static void print_footer(header_t *h, FILE *f, uint64_t wrong,
+                         const char *error) {
+  const char *verdict = error[0] ? "ERROR" : wrong ? "FAILED" : "PASSED";
+  if (h->o->format == ZPP_BENCH_JSON) {
+    fprintf(f,
+            "\n], \"wrong_total\": %llu, \"checked\": %s, \"status\": "
+            "\"%s\", \"error\": ",
+            (unsigned long long)wrong, h->o->check ? "true" : "false", verdict);
+    json_string(f, error);
+    fprintf(f, "}\n");
+  } else {
+    if (error[0])
+      fprintf(f, "# error: %s\n", error);
+    fprintf(f, "# wrong values: %llu%s; %s\n", (unsigned long long)wrong,
+            h->o->check ? "" : " (check off)", verdict);
+  }
+  fflush(f);
+}
+
+/* ---- running one (size, variant) ----------------------------------------- */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Every rank learns the worst status (statuses are <= 0). */
+static zpp_status_t agree(zpp_status_t st) {
+  int mine = (int)st, worst = 0;
+  MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return (zpp_status_t)worst;
+}
+
+static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
+                           const zpp_bench_case_t *c, zpp_status_t st) {
+  fprintf(stderr,
+          "zpp-bench: rank %d: %s of %s %s, size %zu (count %zu): %s: %s\n",
+          ctx->rank, what, ctx->opt->coll, c->v->name, c->bytes, c->count,
+          zpp_status_string(st), zpp_comm_get_last_error(ctx->comm));
+}
+
+/* Runs one row; returns the agreed status (ZPP_OK or the worst error). */
+static zpp_status_t run_case(const zpp_bench_coll_t *coll,
+                             const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c,
+                             row_t *row) {
+  const zpp_bench_opts_t *o = ctx->opt;
+  zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
+  zpp_bench_check_t chk = {0, 0, 0};
+  double total = 0, mean, tmax;
+  uint64_t sent[2], sum[2] = {0, 0}, inter_max = 0;
+  zpp_status_t st, all;
+  int it;
+  st = coll->setup(ctx, c);
+  if (st != ZPP_OK)
+    report_failure(ctx, "setup", c, st);
+  all = agree(st);
+  for (it = 0; all == ZPP_OK && it < o->warmup; it++) {
+    st = coll->run(ctx, c);
+    if (st != ZPP_OK)
+      report_failure(ctx, "warm-up", c, st);
+    all = agree(st);
+  }
+  if (all == ZPP_OK && o->check) {
+    st = buf_poison(ctx, c->out);
+    all = agree(st);
+  }
+  for (it = 0; all == ZPP_OK && it < o->iters; it++) {
+    double t0, t1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (it == 0)
+      zpp_comm_get_stats(ctx->comm, &s0);
+    t0 = now_s();
+    st = coll->run(ctx, c);
+    t1 = now_s();
+    total += t1 - t0;
+    if (it == 0)
+      zpp_comm_get_stats(ctx->comm, &s1);
+    if (st != ZPP_OK)
+      report_failure(ctx, "timed iteration", c, st);
+    if (it == 0 && st == ZPP_OK && o->check) {
+      st = zpp_bench_buf_download(ctx, c->out);
+      if (st == ZPP_OK) {
+        if (o->corrupt && ctx->rank == 0 && c->count > 0)
+          zpp_bench_store(c->out->host, 0, o->dtype, 4096.0);
+        coll->check(ctx, c, &chk);
+      }
+    }
+    all = agree(st);
+  }
+  coll->teardown(ctx, c);
+  if (all != ZPP_OK)
+    return all;
+  mean = total / o->iters;
+  MPI_Allreduce(&mean, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  sent[0] = s1.intra_bytes_sent - s0.intra_bytes_sent;
+  sent[1] = s1.inter_bytes_sent - s0.inter_bytes_sent;
+  MPI_Allreduce(sent, sum, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&sent[1], &inter_max, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  row->variant = c->v->name;
+  row->size = c->bytes;
+  row->count = c->count;
+  row->time_us = tmax * 1e6;
+  row->algbw =
+      tmax > 0 ? coll->algbw_bytes(c->bytes, ctx->world) / tmax / 1e9 : 0;
+  row->busbw = row->algbw * coll->busbw_factor(ctx->world);
+  row->intra_bytes = (double)sum[0] / ctx->world;
+  row->inter_bytes = (double)sum[1] / ctx->world;
+  row->inter_bytes_max = inter_max;
+  row->ratio = -1;
+  row->checked = o->check;
+  row->max_err = 0;
+  row->wrong = 0;
+  if (o->check) {
+    MPI_Allreduce(&chk.max_err, &row->max_err, 1, MPI_DOUBLE, MPI_MAX,
+                  MPI_COMM_WORLD);
+    MPI_Allreduce(&chk.wrong, &row->wrong, 1, MPI_UINT64_T, MPI_SUM,
+                  MPI_COMM_WORLD);
+  }
+  return ZPP_OK;
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
+                 zpp_comm_t comm) {
+  zpp_bench_variant_t v[BENCH_MAX_VARIANTS];
+  zpp_bench_ctx_t ctx;
+  header_t h;
+  zpp_comm_stats_t stats = ZPP_COMM_STATS_INIT;
+  zpp_backend_t backend = ZPP_BACKEND_MPI;
+  size_t ds = zpp_dtype_size(o->dtype), size;
+  uint64_t wrong_total = 0;
+  char error[1024] = "";
+  int nv = 0, i, rc = 0;
+  FILE *out = stdout;
+
+  memset(&ctx, 0, sizeof ctx);
+  memset(&h, 0, sizeof h);
+  ctx.opt = o;
+  ctx.comm = comm;
+  zpp_comm_rank(comm, &ctx.rank);
+  zpp_comm_size(comm, &ctx.world);
+  zpp_comm_nnodes(comm, &ctx.nnodes);
+  zpp_comm_topo_uniform(comm, &ctx.uniform);
+  ctx.node_of = malloc((size_t)ctx.world * sizeof *ctx.node_of);
+  h.node_sizes = malloc((size_t)ctx.nnodes * sizeof *h.node_sizes);
+  if (ctx.node_of == NULL || h.node_sizes == NULL) {
+    fprintf(stderr, "zpp-bench: rank %d: out of memory\n", ctx.rank);
+    free(ctx.node_of);
+    free(h.node_sizes);
+    return EXIT_ZPP;
+  }
+  for (i = 0; i < ctx.world; i++)
+    zpp_comm_node_of(comm, i, &ctx.node_of[i]);
+  for (i = 0; i < ctx.nnodes; i++)
+    zpp_comm_node_size(comm, i, &h.node_sizes[i]);
+  if (parse_variants(coll, o, v, &nv, &h.added_baseline) != 0) {
+    free(ctx.node_of);
+    free(h.node_sizes);
+    return EXIT_USAGE;
+  }
+  zpp_comm_get_stats(comm, &stats);
+  zpp_comm_backend(comm, &backend);
+  zpp_comm_topo_emulated(comm, &h.topo_emulated);
+  if (zpp_settings_get("ZPP_TOPO", &h.topo) != ZPP_OK)
+    h.topo = "";
+  h.coll = coll;
+  h.o = o;
+  h.ctx = &ctx;
+  h.v = v;
+  h.nv = nv;
+  h.backend = zpp_backend_name(backend);
+  h.link_emulated = stats.link_emulated;
+  h.bytes_derived = stats.bytes_derived;
+  h.gbit = stats.emu_gbit;
+  h.lat_us = stats.emu_lat_us;
+  if (ctx.rank == 0)
+    print_header(&h, out);
+
+  for (size = o->min_bytes; size <= o->max_bytes;) {
+    size_t count = coll->count_of(size, ds, ctx.world);
+    zpp_bench_buf_t in = {NULL, NULL, 0}, outb = {NULL, NULL, 0};
+    row_t rows[BENCH_MAX_VARIANTS];
+    zpp_status_t st;
+    double base_us = -1;
+    size_t k;
+    memset(rows, 0, sizeof rows);
+    st = zpp_bench_buf_alloc(&ctx, coll->in_elems(count, ctx.world) * ds, &in);
+    if (st == ZPP_OK)
+      st = zpp_bench_buf_alloc(&ctx, coll->out_elems(count, ctx.world) * ds,
+                               &outb);
+    if (st == ZPP_OK) {
+      size_t n = coll->in_elems(count, ctx.world);
+      for (k = 0; k < n; k++)
+        zpp_bench_store(in.host, k, o->dtype,
+                        zpp_bench_value(o->seed, ctx.rank, k, o->dtype));
+      st = zpp_bench_buf_upload(&ctx, &in);
+    }
+    if (agree(st) != ZPP_OK) {
+      snprintf(error, sizeof error, "buffers of size %zu: %s (see stderr)",
+               size, zpp_status_string(st != ZPP_OK ? st : ZPP_ERR_INTERNAL));
+      zpp_bench_buf_free(&ctx, &in);
+      zpp_bench_buf_free(&ctx, &outb);
+      break;
+    }
+    for (i = 0; i < nv && error[0] == '\0'; i++) {
+      zpp_bench_case_t c;
+      c.v = &v[i];
+      c.count = count;
+      c.bytes = coll->bytes_of(count, ds, ctx.world);
+      c.in = &in;
+      c.out = &outb;
+      c.state = NULL;
+      st = run_case(coll, &ctx, &c, &rows[i]);
+      if (st != ZPP_OK)
+        snprintf(error, sizeof error,
+                 "%s %s, size %zu: %s (each failing rank printed its "
+                 "message to stderr)",
+                 coll->name, v[i].name, c.bytes, zpp_status_string(st));
+      else if (v[i].baseline && base_us < 0)
+        base_us = rows[i].time_us;
+    }
+    zpp_bench_buf_free(&ctx, &in);
+    zpp_bench_buf_free(&ctx, &outb);
+    if (error[0])
+      break;
+    for (i = 0; i < nv; i++) {
+      rows[i].ratio = base_us > 0 ? rows[i].time_us / base_us : -1;
+      wrong_total += rows[i].wrong;
+      if (ctx.rank == 0)
+        print_row(&h, &rows[i], out);
+    }
+    if (size > o->max_bytes / o->factor)
+      break;
+    size *= o->factor;
+  }
+  if (error[0])
+    rc = EXIT_ZPP;
+  else if (wrong_total > 0)
+    rc = EXIT_WRONG;
+  if (ctx.rank == 0)
+    print_footer(&h, out, wrong_total, error);
+  free(ctx.node_of);
+  free(h.node_sizes);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  zpp_bench_opts_t o;
+  const zpp_bench_coll_t *coll = NULL;
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  zpp_comm_t comm = NULL;
+  zpp_status_t st;
+  int print_settings = 0, rc, i;
+
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  memset(&o, 0, sizeof o);
+  o.min_bytes = (size_t)64 << 10;
+  o.max_bytes = (size_t)4 << 20;
+  o.factor = 4;
+  o.iters = 20;
+  o.warmup = 5;
+  o.check = 1;
+  o.coll = "allgather";
+  o.dtype = ZPP_BFLOAT16;
+  o.block = 256;
+  o.format = ZPP_BENCH_TABLE;
+  o.op = ZPP_OP_SUM;
+  o.memory = ZPP_MEMORY_HOST;
+  o.seed = 20261129ull;
+  rc = parse_args(argc, argv, &o, &print_settings);
+  if (rc != 0) {
+    MPI_Finalize();
+    return rc > 0 ? 0 : EXIT_USAGE;
+  }
+  if (print_settings) {
+    if (g_rank == 0)
+      zpp_settings_print(stdout);
+    MPI_Finalize();
+    return 0;
+  }
+  for (i = 0; i < (int)NCOLLS; i++)
+    if (strcmp(o.coll, g_colls[i]->name) == 0)
+      coll = g_colls[i];
+  if (coll == NULL) {
+    flag_error("--coll %s: must be allgather, reducescatter or hpz-gather",
+               o.coll);
+    MPI_Finalize();
+    return EXIT_USAGE;
+  }
+  if (o.memory == ZPP_MEMORY_DEVICE &&
+      (!ZPP_BENCH_CUDA || !zpp_cuda_available())) {
+    if (g_rank == 0)
+      fprintf(stderr, "zpp-bench: --memory device: no CUDA device (%s)\n",
+              ZPP_BENCH_CUDA ? "zpp_cuda_available() is 0: no usable device"
+                             : "zpp was built without CUDA, so zpp-bench "
+                               "cannot allocate device memory");
+    MPI_Finalize();
+    return EXIT_ZPP;
+  }
+  cfg.memory = o.memory;
+  st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
+  if (agree(st) != ZPP_OK) {
+    if (st != ZPP_OK)
+      fprintf(stderr, "zpp-bench: rank %d: zpp_comm_create_mpi: %s: %s\n",
+              g_rank, zpp_status_string(st), zpp_get_last_error());
+    if (comm != NULL)
+      zpp_comm_destroy(comm);
+    MPI_Finalize();
+    return EXIT_ZPP;
+  }
+  rc = bench(coll, &o, comm);
+  zpp_comm_destroy(comm);
+  MPI_Finalize();
+  return rc;
+}
