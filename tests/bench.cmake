@@ -1,0 +1,50 @@
+# zpp-bench under mpirun (label "mpi"): each collective on small sizes for
+# ZPP_TOPO=2x2 (4 ranks) and 2x4 (8 ranks), one JSON run, the checker's
+# self-test (--corrupt must exit 1) and, without CUDA, --memory device
+# (must say "no CUDA device" and exit 3).  tests/bench/check_bench.cmake
+# runs the benchmark and checks the exit status, the exact CSV header, and
+# that baseline rows have wrong = 0 and ratio 1.
+if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
+  set(_zpp_bench_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root
+    --oversubscribe --mca btl self,vader --bind-to none)
+  set(_zpp_bench_check ${CMAKE_CURRENT_SOURCE_DIR}/bench/check_bench.cmake)
+  set(_zpp_bench_small -b 1K -e 64K -f 4 -n 2 -w 1 -c 1)
+
+  # name, ranks, ZPP_TOPO, the benchmark's arguments (a list), then more
+  # -D definitions for the script.  Lists travel joined with '|' (a ';'
+  # would split the -D argument).
+  function(zpp_bench_test name np topo args)
+    string(REPLACE ";" "|" _mpi "${_zpp_bench_mpirun}")
+    string(REPLACE ";" "|" _args "${args}")
+    add_test(NAME ${name}
+      COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_mpi}" -DNP=${np}
+        -DBENCH=$<TARGET_FILE:zpp-bench> -DEXPECT_TOPO=${topo}
+        "-DARGS=${_args}" ${ARGN} -P ${_zpp_bench_check})
+    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 60
+      ENVIRONMENT "ZPP_TOPO=${topo};OMPI_MCA_mpi_yield_when_idle=1")
+  endfunction()
+
+  foreach(_layout 2x2:4 2x4:8)
+    string(REPLACE ":" ";" _p "${_layout}")
+    list(GET _p 0 _topo)
+    list(GET _p 1 _np)
+    foreach(_coll allgather reducescatter hpz-gather)
+      zpp_bench_test(bench_${_coll}_${_topo} ${_np} ${_topo}
+        "--coll;${_coll};${_zpp_bench_small};--format;csv")
+    endforeach()
+  endforeach()
+
+  # JSON, MEAN, fp16, every qgZ width and a non-default block
+  set(_args --coll reducescatter --op mean --dtype fp16 --block 64
+    --variant qgz4,qgz8,qgz8-4,qgz4-8,fp16 ${_zpp_bench_small} --format json)
+  zpp_bench_test(bench_json_2x2 4 2x2 "${_args}" -DFORMAT=json)
+
+  # The checker must catch one spoiled element (exit 1, wrong > 0).
+  set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
+  zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
+
+  if(NOT ZPP_WITH_CUDA_ENABLED)
+    zpp_bench_test(bench_device_no_cuda 1 1x1 "--memory;device"
+      -DEXPECT_RC=3 "-DEXPECT_ERR=no CUDA device")
+  endif()
+endif()
