@@ -670,6 +670,10 @@ static void header_texts(const header_t *h, char lines[][800],
          h->lat_us);
   else
     LINE("link", "links not slowed (ZPP_EMU_INTER_GBIT unset)");
+  if (h->coll == &zpp_bench_hpz && !h->ctx->uniform)
+    LINE("hpz", "uneven nodes: hpZ keeps no secondary copy, so hpz-bwd "
+                "variants run the documented fallback, a world gather from "
+                "the primary shard");
   LINE("seed",
        "seed %llu: element i of rank r is N(0,1) from (seed, r, i), "
        "rounded to %s",
