@@ -358,6 +358,15 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, &topo);
   ZPP_CHECK_GOTO(agree(mc->dup, st, __func__), st, err_topo);
+  ZPP_INFO(ZPP_SUBSYS_TOPO, "%d ranks on %d nodes%s (%s%s%s); I am node %d, "
+           "local rank %d of %d%s",
+           size, topo->nnodes, topo->uniform ? "" : " of uneven sizes",
+           topo->emulated ? "EMULATED by \"" : topo->source,
+           topo->emulated ? topo->spec : "", topo->emulated ? "\"" : "",
+           topo->node_of[rank], topo->local_rank_of[rank],
+           topo->node_off[topo->node_of[rank] + 1] -
+               topo->node_off[topo->node_of[rank]],
+           topo->emulated ? "; real placement ignored for nodes" : "");
 
   ZPP_CHECK_GOTO(resolve_backend(mc->dup, cfg, &backend), st, err_topo);
   st = ZPP_OK;

@@ -533,6 +533,9 @@ static zpp_status_t stage_in(zpp_transport_t *t, const void *src, size_t bytes,
   if (!zpp_cuda_available())
     return zpp_error(ZPP_ERR_UNSUPPORTED, what,
                      "mem ZPP_MEMORY_DEVICE: no usable CUDA device");
+  /* The current device is per thread (a progress thread may call us). */
+  if (m->cuda_device >= 0 && (e = cudaSetDevice(m->cuda_device)) != cudaSuccess)
+    return cuda_err(e, what, "cudaSetDevice");
   ZPP_CHECK(pinned(&m->stage_in, &m->stage_in_cap, bytes + 1, what));
   ZPP_CHECK(pinned(&m->stage_out, &m->stage_out_cap, out_bytes + 1, what));
   if (bytes == 0)

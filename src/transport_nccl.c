@@ -224,6 +224,17 @@ static zpp_status_t device_only(zpp_memory_t mem, const char *what) {
   return ZPP_OK;
 }
 
+/* CUDA's current device is per thread, and a progress thread may call us:
+ * make the communicator's device current before touching CUDA or NCCL. */
+static zpp_status_t on_device(zpp_transport_t *t, zpp_memory_t mem,
+                              const char *what) {
+  nccl_impl_t *m = t->impl;
+  cudaError_t e;
+  ZPP_CHECK(device_only(mem, what));
+  e = cudaSetDevice(m->device);
+  return e == cudaSuccess ? ZPP_OK : cuda_err(e, what, "cudaSetDevice");
+}
+
 /* Counts of a ring collective, derived from the algorithm: per step I send
  * one block of `block` bytes to my ring successor and receive one from my
  * predecessor; steps = n - 1 per ring pass. */
@@ -246,7 +257,7 @@ static zpp_status_t nccl_allgather(zpp_transport_t *t, zpp_group_t g,
                                    const void *send, size_t bytes, void *recv,
                                    zpp_memory_t mem, void *stream) {
   nccl_impl_t *m = t->impl;
-  ZPP_CHECK(device_only(mem, "allgather"));
+  ZPP_CHECK(on_device(t, mem, "allgather"));
   if (bytes == 0)
     return ZPP_OK;
   ZPP_CHECK(called(t, api.AllGather(send, recv, bytes, ncclUint8, m->comm[g],
@@ -306,7 +317,7 @@ static zpp_status_t nccl_allgatherv(zpp_transport_t *t, zpp_group_t g,
   int n = t->grp[g].size, me = t->grp[g].index, i;
   size_t *sb, *so, *ro, acc = 0;
   zpp_status_t st;
-  ZPP_CHECK(device_only(mem, "allgatherv"));
+  ZPP_CHECK(on_device(t, mem, "allgatherv"));
   sb = malloc(3 * (size_t)n * sizeof *sb);
   if (sb == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "allgatherv", "%d peers", n);
@@ -336,7 +347,7 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
   int n = t->grp[g].size, me = t->grp[g].index, i;
   size_t *so, *ro, sa = 0, ra = 0;
   zpp_status_t st;
-  ZPP_CHECK(device_only(mem, "alltoallv"));
+  ZPP_CHECK(on_device(t, mem, "alltoallv"));
   if (sbytes[me] != rbytes[me])
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, "alltoallv",
                      "send_bytes[%d] = %zu but recv_bytes[%d] = %zu: my block "
@@ -365,7 +376,7 @@ static zpp_status_t nccl_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
                                         void *stream) {
   nccl_impl_t *m = t->impl;
   (void)op;
-  ZPP_CHECK(device_only(mem, "reduce_scatter"));
+  ZPP_CHECK(on_device(t, mem, "reduce_scatter"));
   if (count == 0)
     return ZPP_OK;
   ZPP_CHECK(called(t, api.ReduceScatter(send, recv, count, nccl_dtype(dtype),
@@ -387,7 +398,7 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   ncclComm_t c = m->comm[g];
   cudaError_t e;
   (void)op;
-  ZPP_CHECK(device_only(mem, "allreduce"));
+  ZPP_CHECK(on_device(t, mem, "allreduce"));
   if (count == 0)
     return ZPP_OK;
   if (shard * (size_t)n == count) {
@@ -440,6 +451,7 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
   int64_t limit = limit_of(t);
   long pause_ns = 1000;
   int g;
+  ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "sync"));
   for (;;) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess)
@@ -479,6 +491,7 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
 static zpp_status_t nccl_barrier(zpp_transport_t *t, zpp_group_t g) {
   nccl_impl_t *m = t->impl;
   int me = t->grp[g].index;
+  ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "barrier"));
   ZPP_CHECK(called(t, api.AllGather(m->scratch + me, m->scratch, 1, ncclUint8,
                                     m->comm[g], NULL),
                    m->comm[g], "barrier", "ncclAllGather"));

@@ -160,7 +160,9 @@ std::mt19937_64 rng_for(uint64_t salt, int rank) {
 }
 std::vector<uint8_t> bytes_of(uint64_t salt, int rank, size_t n) {
   auto rng = rng_for(salt, rank);
-  std::vector<uint8_t> v(n);
+  std::vector<uint8_t> v;
+  v.reserve(n + 1);  // data() is never NULL, even for 0 bytes
+  v.resize(n);
   for (auto &x : v) x = (uint8_t)rng();
   return v;
 }
