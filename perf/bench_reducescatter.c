@@ -126,8 +126,9 @@ static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
   }
 }
 
-/* qgZ: the two-stage bound of tests/test_coll.cc (qgz_reference), for one
- * block of my slice.  Stage 1 quantizes each rank's block with intra_bits
+/* qgZ: the two-stage bound of docs/collectives.md ("qgZ", "Error bound"),
+ * as tests/test_coll.cc qgz_reference computes it, for one block of my
+ * slice.  Stage 1 quantizes each rank's block with intra_bits
  * (error h1 from that block's own scale); stage 2, with two levels, the
  * partial sum of each node, bounded by U = sum over the node of |x| + h1;
  * plus (world + nodes) fp32 additions and the output rounding. */
@@ -222,8 +223,8 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "symmetric, --block elements per scale, no error feedback)",
     "baseline: bitwise equal to the fp32 sum in rank order rounded once "
     "(MEAN: that sum / world in fp32, rounded again); qgz: |out - float64 "
-    "sum| within the two-stage bound of tests/test_coll.cc qgz_reference "
-    "(block scales of every rank's input) plus the output rounding",
+    "sum| within the two-stage bound of docs/collectives.md (block scales "
+    "of every rank's input) plus the output rounding",
     rs_default_variants,
     rs_parse_variant,
     rs_count_of,
