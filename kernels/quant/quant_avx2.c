@@ -637,6 +637,65 @@ ZPP_AVX2_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
     zpp_qm_store(dst, j, out_kind, v);
 }
 
+/* INT4 to fp16/bf16: a block has only 16 decoded values, so they are
+ * computed once per block with the same vector arithmetic (lane k holds
+ * the value of stored nibble k) and the elements are looked up with
+ * pshufb, low and high output bytes from two 16-byte tables. */
+ZPP_AVX2_INLINE void decode_block_lut4(const uint8_t *in, size_t off,
+                                       size_t len, int asym, int out_kind,
+                                       __m256 vs, __m256 vz, void *dst) {
+  /* stored nibble k -> code: k (asym), ((k ^ 8) & 0xf) - 8 (sym) */
+  const __m128i k = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i codes = asym ? k : _mm_sub_epi8(_mm_xor_si128(k, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+  __m256 v0 = dequant8(codes, asym, vs, vz), v1 = dequant8(_mm_srli_si128(codes, 8), asym, vs, vz);
+  __m128i h0, h1, tl, th;
+  __m256i TL, TH;
+  size_t i = 0;
+  if (out_kind == ZPP_QM_F16) {
+    h0 = _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT);
+    h1 = _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT);
+  } else { /* NaN-aware: built once per block */
+    __m256i r0 = bf16_lanes(v0, 1), r1 = bf16_lanes(v1, 1);
+    h0 = _mm_packus_epi32(_mm256_castsi256_si128(r0), _mm256_extracti128_si256(r0, 1));
+    h1 = _mm_packus_epi32(_mm256_castsi256_si128(r1), _mm256_extracti128_si256(r1, 1));
+  }
+  tl = _mm_unpacklo_epi64(_mm_shuffle_epi8(h0, even), _mm_shuffle_epi8(h1, even));
+  th = _mm_unpacklo_epi64(_mm_shuffle_epi8(h0, odd), _mm_shuffle_epi8(h1, odd));
+  TL = _mm256_broadcastsi128_si256(tl);
+  TH = _mm256_broadcastsi128_si256(th);
+  for (; i + 32 <= len; i += 32) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(in + i / 2));
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    /* lane 0: elements 0-15, lane 1: 16-31 */
+    __m256i idx = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                                          _mm_unpackhi_epi8(lo, hi), 1);
+    __m256i L = _mm256_shuffle_epi8(TL, idx), H = _mm256_shuffle_epi8(TH, idx);
+    __m256i o0 = _mm256_unpacklo_epi8(L, H); /* 0-7 | 16-23 */
+    __m256i o1 = _mm256_unpackhi_epi8(L, H); /* 8-15 | 24-31 */
+    uint16_t *d = (uint16_t *)dst + off + i;
+    _mm256_storeu_si256((__m256i *)d, _mm256_permute2x128_si256(o0, o1, 0x20));
+    _mm256_storeu_si256((__m256i *)(d + 16), _mm256_permute2x128_si256(o0, o1, 0x31));
+  }
+  for (; i + 8 <= len; i += 8) {
+    uint32_t w;
+    __m128i b, idx;
+    memcpy(&w, in + i / 2, 4);
+    b = _mm_cvtsi32_si128((int)w);
+    idx = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    _mm_storeu_si128((__m128i *)((uint16_t *)dst + off + i),
+                     _mm_unpacklo_epi8(_mm_shuffle_epi8(tl, idx), _mm_shuffle_epi8(th, idx)));
+  }
+  for (; i < len; i++) {
+    uint32_t stored = (in[i / 2] >> (4 * (i & 1))) & 0xfu;
+    float v = zpp_qm_dequantize(zpp_qm_code_value(stored, 4, asym), _mm256_cvtss_f32(vs),
+                                _mm256_cvtss_f32(vz));
+    zpp_qm_store(dst, off + i, out_kind, v);
+  }
+}
+
 ZPP_AVX2_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
                                   size_t off, size_t len, int bits, int asym,
                                   int out_kind, int nan, void *dst) {
@@ -648,6 +707,10 @@ ZPP_AVX2_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
     memcpy(&zero, meta + 4, 4);
   vs = _mm256_set1_ps(scale);
   vz = _mm256_set1_ps(zero);
+  if (bits == 4 && (out_kind == ZPP_QM_F16 || out_kind == ZPP_QM_BF16)) {
+    decode_block_lut4(in, off, len, asym, out_kind, vs, vz, dst);
+    return;
+  }
   if (bits == 8) {
     for (; i + 32 <= len; i += 32) {
       __m128i c0 = _mm_loadu_si128((const __m128i *)(in + i));

@@ -569,6 +569,45 @@ ZPP_AVX512_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
     zpp_qm_store(dst, j, out_kind, v);
 }
 
+/* INT4 to fp16/bf16: a block has only 16 decoded values, so they are
+ * computed once per block with the same vector arithmetic (lane k holds
+ * the value of stored nibble k) and the elements are looked up with
+ * vpermw from that 16-entry table of 16-bit results. */
+ZPP_AVX512_INLINE void decode_block_lut4(const uint8_t *in, size_t off,
+                                         size_t len, int asym, int out_kind,
+                                         __m512 vs, __m512 vz, void *dst) {
+  /* stored nibble k -> code: k (asym), ((k ^ 8) & 0xf) - 8 (sym) */
+  const __m128i k = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i codes = asym ? k : _mm_sub_epi8(_mm_xor_si128(k, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  __m512 v = dequant16(codes, asym, vs, vz);
+  __m256i t16 = out_kind == ZPP_QM_F16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
+                                       : to_bf16x16(v, 1); /* once per block */
+  __m512i tab = _mm512_castsi256_si512(t16);
+  size_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(in + i / 2));
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    __m256i idx8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                                           _mm_unpackhi_epi8(lo, hi), 1);
+    _mm512_storeu_si512((uint16_t *)dst + off + i,
+                        _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(idx8), tab));
+  }
+  for (; i + 16 <= len; i += 16) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(in + i / 2));
+    __m128i idx8 = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    _mm256_storeu_si256((__m256i *)((uint16_t *)dst + off + i),
+                        _mm512_castsi512_si256(_mm512_permutexvar_epi16(
+                            _mm512_castsi256_si512(_mm256_cvtepu8_epi16(idx8)), tab)));
+  }
+  for (; i < len; i++) {
+    uint32_t stored = (in[i / 2] >> (4 * (i & 1))) & 0xfu;
+    float x = zpp_qm_dequantize(zpp_qm_code_value(stored, 4, asym), _mm512_cvtss_f32(vs),
+                                _mm512_cvtss_f32(vz));
+    zpp_qm_store(dst, off + i, out_kind, x);
+  }
+}
+
 ZPP_AVX512_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
                                     size_t off, size_t len, int bits, int asym,
                                     int out_kind, int nan, void *dst) {
@@ -580,6 +619,10 @@ ZPP_AVX512_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
     memcpy(&zero, meta + 4, 4);
   vs = _mm512_set1_ps(scale);
   vz = _mm512_set1_ps(zero);
+  if (bits == 4 && (out_kind == ZPP_QM_F16 || out_kind == ZPP_QM_BF16)) {
+    decode_block_lut4(in, off, len, asym, out_kind, vs, vz, dst);
+    return;
+  }
   if (bits == 8) {
     for (; i + 64 <= len; i += 64) {
       store16(dst, off + i, out_kind, nan,
