@@ -3,16 +3,17 @@
  * specified in docs/format.md; every per-element and per-block rule comes
  * from quant_math.h, so the output equals the CPU path bit for bit.
  *
- * Work decomposition.  A *chunk* is C consecutive elements of one block
- * whose codes fill one 32-bit payload word (C = 4 for INT8, 8 for INT4);
- * chunks are counted from the start of their block, so a chunk never
- * straddles two blocks and INT4 pairs are never split.  A *group* of G
- * threads (a power of two, 1..512) works on one block, or on one
- * *segment* of G * R chunks of a block; thread t of the group takes chunks
- * t, t + G, ..., t + (R - 1) G of the segment, so consecutive threads touch
- * consecutive words (coalesced).  G <= 32: several groups share a warp and
- * reduce with xor shuffles; G > 32: the group is a whole CTA (or the CTA
- * holds 256 / G groups) and warp partials meet in shared memory.
+ * Work decomposition.  A *chunk* is C consecutive elements of one block:
+ * 16 bytes of fp16/bf16 or fp32 (32 bytes for fp32 INT4), whose codes fill
+ * one or two whole 32-bit payload words.  Chunks are counted from the start
+ * of their block, so a chunk never straddles two blocks and INT4 pairs are
+ * never split.  A *group* of G threads (a power of two, 1..512) works on
+ * one block, or on one *segment* of G * R chunks (16 G elements) of a
+ * block; thread t of the group takes chunks t, t + G, ..., t + (R - 1) G
+ * of the segment, so consecutive threads touch consecutive 16-byte pieces
+ * (coalesced) and each thread has R loads in flight.  G <= 32: several
+ * groups share a warp and reduce with xor shuffles; G > 32: warp partials
+ * meet in shared memory (a CTA holds max(G, 256) / G groups).
  *
  * Encode paths, chosen from the longest block (min(block, count)):
  *  - one segment per block (block <= 512 * 16 elements): the group loads
@@ -30,11 +31,11 @@
  *    max/min are exact and order-free, so the result is deterministic.
  * Decode needs no reduction: groups take segments of blocks directly.
  *
- * Memory access.  Whole chunks use one vector access (16-byte loads of
- * fp32, 8/16-byte loads of fp16/bf16, one 32-bit payload word) when every
- * block starts on a chunk boundary and the pointers are aligned; otherwise
- * element accesses, and byte accesses when a pointer is not even aligned to
- * its element size, so any pointer works and gives the same bytes.
+ * Memory access.  Whole chunks use vector accesses (16-byte loads and
+ * stores of the elements, 32-bit payload words) when every block starts on
+ * a chunk boundary and the pointers are aligned; otherwise element
+ * accesses, and byte accesses when a pointer is not even aligned to its
+ * element size, so any pointer works and gives the same bytes.
  *
  * Everything is asynchronous on the caller's stream: kernel launches only
  * (no allocation, no memset, no synchronisation), so the launchers can be
@@ -71,9 +72,12 @@ enum { kFull = 0, kReduce = 1, kQuant = 2 }; /* encode kernel modes */
 enum { kAccessVec = 0, kAccessElem = 1, kAccessByte = 2 };
 enum { kOutAcc = ZPP_QM_OUT_ACC };
 
-template <int BITS> struct Chunk {
-  static constexpr int C = BITS == 8 ? 4 : 8; /* elements per 32-bit word */
-  static constexpr int R = kEpt / C;          /* chunks per thread per segment */
+/* A chunk of a block: C elements (16 bytes of fp16/bf16, 16 or 32 of
+ * fp32) whose codes fill W whole 32-bit payload words. */
+template <int BITS, int ES> struct Chunk {
+  static constexpr int C = BITS == 8 && ES == 4 ? 4 : 8;
+  static constexpr int W = C * BITS / 32; /* payload words per chunk */
+  static constexpr int R = kEpt / C;      /* chunks per thread per segment */
 };
 
 __host__ __device__ constexpr int elem_size(int kind) {
@@ -85,6 +89,11 @@ __host__ __device__ __forceinline__ size_t ceil_div(size_t a, size_t b) {
 }
 __host__ __device__ __forceinline__ size_t min_sz(size_t a, size_t b) {
   return a < b ? a : b;
+}
+/* a / b, in 32 bits when both fit (a 64-bit division is a long software
+ * routine on the GPU). */
+__device__ __forceinline__ size_t div_sz(size_t a, size_t b) {
+  return ((a | b) >> 32) == 0 ? (size_t)((uint32_t)a / (uint32_t)b) : a / b;
 }
 __device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) {
   return a > b ? a : b;
@@ -111,6 +120,28 @@ __device__ __forceinline__ uint32_t ld_bytes(const uint8_t *p, int n) {
 __device__ __forceinline__ void st_bytes(uint8_t *p, uint32_t v, int n) {
   for (int i = 0; i < n; i++)
     p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The first n bytes of a chunk's payload words (unrolled: the words stay
+ * in registers). */
+template <int W>
+__device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t (&w)[W],
+                                         int n) {
+#pragma unroll
+  for (int k = 0; k < W; k++)
+    w[k] = 0;
+#pragma unroll
+  for (int k = 0; k < 4 * W; k++)
+    if (k < n)
+      w[k / 4] |= (uint32_t)p[k] << (8 * (k % 4));
+}
+template <int W>
+__device__ __forceinline__ void st_words(uint8_t *p, const uint32_t (&w)[W],
+                                         int n) {
+#pragma unroll
+  for (int k = 0; k < 4 * W; k++)
+    if (k < n)
+      p[k] = (uint8_t)(w[k / 4] >> (8 * (k % 4)));
 }
 
 __device__ __forceinline__ float half_bits_to_f32(int dt, uint32_t h) {
@@ -186,6 +217,9 @@ __device__ __forceinline__ void load_chunk(const void *src, size_t e,
   }
 }
 
+/* The stores go through __stwb (st.global.wb, the default caching): a
+ * plain vector store was merged with the element path's scalar stores to
+ * the same addresses and split into 4-byte stores. */
 template <int OUT, int C>
 __device__ __forceinline__ void store_chunk(void *dst, size_t e,
                                             const float (&v)[C]) {
@@ -206,7 +240,7 @@ __device__ __forceinline__ void store_chunk(void *dst, size_t e,
         f.z = v[4 * q + 2];
         f.w = v[4 * q + 3];
       }
-      p[q] = f;
+      __stwb(p + q, f);
     }
   } else {
     uint32_t u[C / 2];
@@ -222,14 +256,14 @@ __device__ __forceinline__ void store_chunk(void *dst, size_t e,
       uint2 w;
       w.x = u[0];
       w.y = u[1];
-      *reinterpret_cast<uint2 *>((uint16_t *)dst + e) = w;
+      __stwb(reinterpret_cast<uint2 *>((uint16_t *)dst + e), w);
     } else {
       uint4 w;
       w.x = u[0];
       w.y = u[1];
       w.z = u[2];
       w.w = u[3];
-      *reinterpret_cast<uint4 *>((uint16_t *)dst + e) = w;
+      __stwb(reinterpret_cast<uint4 *>((uint16_t *)dst + e), w);
     }
   }
 }
@@ -333,17 +367,17 @@ struct EncArgs {
   size_t spb;   /* segments per block (kReduce, kQuant) */
   unsigned G;   /* threads per group */
   int src_access;   /* kAccessVec, kAccessElem or kAccessByte */
-  int pay_vec;      /* a full chunk's payload is one aligned 32-bit store */
+  int pay_vec;      /* a full chunk's payload is aligned 32-bit stores */
   int meta_aligned; /* metadata slots are 4-byte aligned */
 };
 
+template <int DT, int BITS> using EncChunk = Chunk<BITS, elem_size(DT)>;
+
 template <int DT, int BITS>
-__device__ __forceinline__ void load_segment(const EncArgs &a, size_t off,
-                                             size_t len, size_t seg,
-                                             unsigned t,
-                                             float (&x)[Chunk<BITS>::R]
-                                                       [Chunk<BITS>::C]) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+__device__ __forceinline__ void load_segment(
+    const EncArgs &a, size_t off, size_t len, size_t seg, unsigned t,
+    float (&x)[EncChunk<DT, BITS>::R][EncChunk<DT, BITS>::C]) {
+  constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
 #pragma unroll
   for (int k = 0; k < R; k++) {
     size_t j = (seg * R + k) * a.G + t;
@@ -360,11 +394,11 @@ __device__ __forceinline__ void load_segment(const EncArgs &a, size_t off,
   }
 }
 
-template <int BITS, bool ASYM>
+template <int DT, int BITS, bool ASYM>
 __device__ __forceinline__ void reduce_segment(
     const EncArgs &a, size_t len, size_t seg, unsigned t,
-    const float (&x)[Chunk<BITS>::R][Chunk<BITS>::C], Red &r) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+    const float (&x)[EncChunk<DT, BITS>::R][EncChunk<DT, BITS>::C], Red &r) {
+  constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
 #pragma unroll
   for (int k = 0; k < R; k++) {
     int n = chunk_elems<C>(len, (seg * R + k) * a.G + t);
@@ -375,39 +409,48 @@ __device__ __forceinline__ void reduce_segment(
   }
 }
 
-template <int BITS>
+template <int DT, int BITS>
 __device__ __forceinline__ void quantize_segment(
     const EncArgs &a, uint8_t *pay, size_t len, size_t seg, unsigned t,
-    const float (&x)[Chunk<BITS>::R][Chunk<BITS>::C],
+    const float (&x)[EncChunk<DT, BITS>::R][EncChunk<DT, BITS>::C],
     const zpp_qm_params_t &p) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+  constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
+  constexpr int W = EncChunk<DT, BITS>::W;
 #pragma unroll
   for (int k = 0; k < R; k++) {
     size_t j = (seg * R + k) * a.G + t;
     int n = chunk_elems<C>(len, j);
     if (n == 0)
       continue;
-    uint32_t word = 0;
+    uint32_t word[W];
+#pragma unroll
+    for (int w = 0; w < W; w++)
+      word[w] = 0;
 #pragma unroll
     for (int i = 0; i < C; i++) {
       if (i < n) {
         uint32_t code = zpp_qm_code_bits(zpp_qm_quantize(x[k][i], &p));
-        word |= BITS == 8 ? code << (8 * i) : (code & 0xfu) << (4 * i);
+        if (BITS == 4)
+          code &= 0xfu;
+        word[i * BITS / 32] |= code << (i * BITS % 32);
       }
     }
-    /* chunk j holds 4 payload bytes; an odd INT4 tail leaves its high
+    /* chunk j holds 4 * W payload bytes; an odd INT4 tail leaves its high
      * nibble 0, as the format requires */
-    uint8_t *q = pay + 4 * j;
-    if (n == C && a.pay_vec)
-      *reinterpret_cast<uint32_t *>(q) = word;
-    else
-      st_bytes(q, word, BITS == 8 ? n : (n + 1) / 2);
+    uint8_t *q = pay + 4 * W * j;
+    if (n == C && a.pay_vec) {
+#pragma unroll
+      for (int w = 0; w < W; w++)
+        reinterpret_cast<uint32_t *>(q)[w] = word[w];
+    } else {
+      st_words<W>(q, word, BITS == 8 ? n : (n + 1) / 2);
+    }
   }
 }
 
 template <int DT, int BITS, bool ASYM, int MODE>
 __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+  constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
   __shared__ uint32_t s_red[2][kMaxGroup / 32];
   const unsigned G = a.G;
   const unsigned t = threadIdx.x & (G - 1);
@@ -426,7 +469,7 @@ __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
       size_t seg = 0;
       b = w;
       if (MODE != kFull) {
-        b = w / a.spb;
+        b = div_sz(w, a.spb);
         seg = w - b * a.spb;
       }
       len = min_sz(a.block, a.count - b * a.block);
@@ -444,7 +487,7 @@ __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
       Red r = red_init<ASYM>();
       for (size_t s = s0; s < s1; s++) {
         load_segment<DT, BITS>(a, off, len, s, t, x);
-        reduce_segment<BITS, ASYM>(a, len, s, t, x, r);
+        reduce_segment<DT, BITS, ASYM>(a, len, s, t, x, r);
       }
       r = group_reduce<ASYM>(r, G, s_red);
       if (MODE == kReduce) {
@@ -485,7 +528,7 @@ __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
     for (size_t s = s0; s < s1; s++) {
       if (MODE == kQuant || s1 - s0 > 1)
         load_segment<DT, BITS>(a, off, len, s, t, x);
-      quantize_segment<BITS>(a, pay, len, s, t, x, p);
+      quantize_segment<DT, BITS>(a, pay, len, s, t, x, p);
     }
   }
 }
@@ -535,7 +578,8 @@ struct DecArgs {
 
 template <int BITS, bool ASYM, int OUT>
 __global__ void __launch_bounds__(kMaxGroup) decode_kernel(DecArgs a) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+  using K = Chunk<BITS, elem_size(OUT)>;
+  constexpr int C = K::C, R = K::R, W = K::W;
   const unsigned G = a.G;
   const unsigned t = threadIdx.x & (G - 1);
   const size_t gic = threadIdx.x / G, gpc = blockDim.x / G;
@@ -546,7 +590,7 @@ __global__ void __launch_bounds__(kMaxGroup) decode_kernel(DecArgs a) {
        w += (size_t)gridDim.x * gpc) {
     size_t b = w, seg = 0;
     if (a.spb > 1) {
-      b = w / a.spb;
+      b = div_sz(w, a.spb);
       seg = w - b * a.spb;
     }
     const size_t off = b * a.block;
@@ -569,15 +613,20 @@ __global__ void __launch_bounds__(kMaxGroup) decode_kernel(DecArgs a) {
       int n = chunk_elems<C>(len, j);
       if (n == 0)
         continue;
-      uint32_t word =
-          n == C && a.pay_vec
-              ? *reinterpret_cast<const uint32_t *>(pay + 4 * j)
-              : ld_bytes(pay + 4 * j, BITS == 8 ? n : (n + 1) / 2);
+      const uint8_t *q = pay + 4 * W * j;
+      uint32_t word[W];
+      if (n == C && a.pay_vec) {
+#pragma unroll
+        for (int w = 0; w < W; w++)
+          word[w] = reinterpret_cast<const uint32_t *>(q)[w];
+      } else {
+        ld_words<W>(q, word, BITS == 8 ? n : (n + 1) / 2);
+      }
       float v[C];
 #pragma unroll
       for (int i = 0; i < C; i++) {
         uint32_t stored =
-            BITS == 8 ? (word >> (8 * i)) & 0xffu : (word >> (4 * i)) & 0xfu;
+            (word[i * BITS / 32] >> (i * BITS % 32)) & ((1u << BITS) - 1u);
         v[i] = zpp_qm_dequantize(zpp_qm_code_value(stored, BITS, ASYM), scale,
                                  zero);
       }
@@ -638,7 +687,7 @@ size_t cta_count(size_t nwork, unsigned G) {
 template <int DT, int BITS, bool ASYM>
 int encode_run(const zpp_qcfg_t *cfg, const void *src, size_t count,
                uint8_t *dst, cudaStream_t st, char *err, size_t errlen) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+  constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
   constexpr size_t es = elem_size(DT);
   EncArgs a = {};
   a.src = src;
@@ -690,7 +739,8 @@ int encode_run(const zpp_qcfg_t *cfg, const void *src, size_t count,
 template <int BITS, bool ASYM, int OUT>
 int decode_run(const zpp_qcfg_t *cfg, const uint8_t *src, size_t count,
                void *dst, cudaStream_t st, char *err, size_t errlen) {
-  constexpr int C = Chunk<BITS>::C, R = Chunk<BITS>::R;
+  constexpr int C = Chunk<BITS, elem_size(OUT)>::C;
+  constexpr int R = Chunk<BITS, elem_size(OUT)>::R;
   constexpr size_t os = elem_size(OUT);
   DecArgs a = {};
   a.src = src;

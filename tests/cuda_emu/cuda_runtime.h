@@ -235,6 +235,12 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return r;
 }
 
+// Store with an explicit cache operator: a plain store here.
+template <typename T>
+inline void __stwb(T *p, T v) {
+  *p = v;
+}
+
 inline unsigned atomicMax(unsigned *p, unsigned v) {
   unsigned old = *p;
   if (v > old) *p = v;
