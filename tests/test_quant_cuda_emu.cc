@@ -13,6 +13,9 @@
 // Seed: ZPP_TEST_SEED (default 20261129), printed by every test.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,6 +55,27 @@ struct Offsets {
   size_t src = 0, enc = 0, out = 0;
 };
 
+// n bytes that end where an inaccessible page begins: a kernel reading
+// past its input faults.
+struct Guarded {
+  uint8_t *base = nullptr, *p = nullptr;
+  size_t map = 0;
+  explicit Guarded(size_t n) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (n + page - 1) / page * page;
+    map = body + page;
+    void *m = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    base = (uint8_t *)m;
+    mprotect(base + body, page, PROT_NONE);
+    p = base + body - n;
+  }
+  Guarded(const Guarded &) = delete;
+  Guarded &operator=(const Guarded &) = delete;
+  ~Guarded() {
+    if (base) munmap(base, map);
+  }
+};
+
 // Encodes and decodes one case on the emulator and on the scalar reference;
 // returns false (with a failure recorded) on the first difference.
 bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_t> &in,
@@ -63,14 +87,18 @@ bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_
   int ovf = 0;
   size_t sz = zpp_quant_bytes(&q, n, &ovf);
   size_t es = dtype_size(s.dt);
-  // inputs at the requested offset
-  std::vector<uint8_t> src(n * es + o.src + 16);
-  std::memcpy(src.data() + o.src, in.data(), n * es);
+  // inputs at the requested offset, ending at a guard page
+  Guarded src(n * es + o.src);
+  if (src.p == nullptr) {
+    ADD_FAILURE() << "mmap failed";
+    return false;
+  }
+  std::memcpy(src.p + o.src, in.data(), n * es);
   std::vector<uint8_t> ref(sz + 1, 0xa5), got(sz + o.enc + 1, 0xa5);
   zpp_quant_encode_scalar(&q, s.dt, in.data(), n, ref.data());
   char err[256] = "";
   zq_emu::st().error.clear();
-  int rc = zpp_quant_cuda_encode(&q, s.dt, src.data() + o.src, n, got.data() + o.enc,
+  int rc = zpp_quant_cuda_encode(&q, s.dt, src.p + o.src, n, got.data() + o.enc,
                                  nullptr, err, sizeof err);
   EXPECT_EQ(rc, 0) << ctx << ": " << err << " " << zq_emu::st().error;
   if (rc != 0) return false;
@@ -83,6 +111,8 @@ bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_
                   << ")";
     return false;
   }
+  Guarded enc(sz + o.enc);  // the encoding again, ending at a guard page
+  std::memcpy(enc.p, got.data(), sz + o.enc);
   for (int kind : {(int)ZPP_QM_F32, (int)ZPP_QM_F16, (int)ZPP_QM_BF16, ZPP_QM_OUT_ACC}) {
     size_t w = out_size(kind);
     std::vector<uint8_t> d0(n * w + 8), d1(n * w + o.out + 8);
@@ -92,9 +122,8 @@ bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_
       std::memcpy(d0.data(), acc0.data(), 4 * n);
       std::memcpy(d1.data() + o.out, acc0.data(), 4 * n);
     }
-    // the encoded input at the encode offset (it was written there)
     zpp_quant_decode_scalar(&q, ref.data(), n, kind, d0.data());
-    rc = zpp_quant_cuda_decode(&q, got.data() + o.enc, n, kind, d1.data() + o.out,
+    rc = zpp_quant_cuda_decode(&q, enc.p + o.enc, n, kind, d1.data() + o.out,
                                nullptr, err, sizeof err);
     EXPECT_EQ(rc, 0) << ctx << " decode " << kind_name(kind) << ": " << err;
     if (rc != 0) return false;
