@@ -48,6 +48,10 @@ static zpp_setting_t settings[] = {
      "MPI transport: microseconds a wait keeps polling (yielding the core) "
      "after the last completed transfer before it sleeps between polls",
      NULL, 0},
+    {"ZPP_NET_RINGS", "1",
+     "MPI transport: rings a ring all-gather runs at once, each rotated so "
+     "its node boundaries fall on other ranks (like NCCL's channels)",
+     NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "
      "configs (one extra small all-gather per call)",

@@ -5,7 +5,8 @@
  *
  *   allgather[v]    ring over the members in ring order (by node, then
  *                   local rank): n-1 steps, each member forwards one block
- *                   to its successor per step;
+ *                   to its successor per step; ZPP_NET_RINGS > 1 runs
+ *                   several rotated rings on chunks of the blocks;
  *   alltoall[v]     pairwise exchange: member i sends block j straight to
  *                   member j and receives block j from j; all n-1 pairs
  *                   posted at once, in the order i+1, i+2, ...;
@@ -59,6 +60,7 @@ typedef struct {
   int *idx; /* MPI_Testsome indices */
   int idx_cap;
   int64_t spin_ns; /* ZPP_NET_SPIN_US: busy polling after progress */
+  int rings;       /* ZPP_NET_RINGS: rings of a ring all-gather */
   void *stage_in, *stage_out; /* pinned staging of device memory */
   size_t stage_in_cap, stage_out_cap;
 } mpi_impl_t;
@@ -265,41 +267,111 @@ static zpp_status_t exchange(zpp_transport_t *t, zpp_group_t g,
 
 /* ---- host algorithms ------------------------------------------------------ */
 
+/* Rings ("channels"): ZPP_NET_RINGS rings run at once, each over its own
+ * share of every block (chunk c of C: floor split, the first b % C chunks
+ * one byte longer).  Ring c visits the nodes in order and each node's
+ * members rotated by c, so its node boundaries -- the inter-node hops --
+ * fall on other ranks than ring 0's, and the inter-node bytes leave
+ * through C ranks per node instead of one.  C is capped by the largest
+ * node run of the group (rotating a run of one changes nothing). */
+static int ring_channels(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
+  const mpi_impl_t *m = t->impl;
+  int i = 0, best = 1, n = gr->size;
+  while (i < n) {
+    int node = t->topo->node_of[gr->members[gr->ring[i]]], j = i;
+    while (j < n && t->topo->node_of[gr->members[gr->ring[j]]] == node)
+      j++;
+    if (j - i > best)
+      best = j - i;
+    i = j;
+  }
+  return m->rings < best ? m->rings : best;
+}
+
+/* Ring order of channel c: gr->ring with each node's run rotated by c. */
+static void channel_ring(const zpp_transport_t *t, const zpp_tgroup_t *gr,
+                         int c, int *out) {
+  int n = gr->size, i = 0, k;
+  while (i < n) {
+    int node = t->topo->node_of[gr->members[gr->ring[i]]], j = i, len;
+    while (j < n && t->topo->node_of[gr->members[gr->ring[j]]] == node)
+      j++;
+    len = j - i;
+    for (k = 0; k < len; k++)
+      out[i + k] = gr->ring[i + (k + c) % len];
+    i = j;
+  }
+}
+
+static void chunk_of(size_t b, int c, int nc, size_t *lo, size_t *len) {
+  size_t q = b / (size_t)nc, r = b % (size_t)nc, cc = (size_t)c;
+  *len = q + (cc < r ? 1 : 0);
+  *lo = q * cc + (cc < r ? cc : r);
+}
+
 /* Ring allgatherv: blocks by member index at displs (packed when NULL).
- * My block must already be in place. */
+ * My block must already be in place.  n-1 steps; per step and ring every
+ * member forwards one chunk to its successor. */
 static zpp_status_t ring_allgatherv(zpp_transport_t *t, zpp_group_t g,
                                    char *recv, const size_t *bytes,
                                    const size_t *displs, const char *what) {
   const zpp_tgroup_t *gr = &t->grp[g];
-  int n = gr->size, pos = 0, s, i;
+  int n = gr->size, nc, s, i, c, *rings = NULL, *pos;
   size_t *off = NULL;
+  xfer_t *out, *in;
   zpp_status_t st = ZPP_OK;
   if (n == 1)
     return ZPP_OK;
+  nc = ring_channels(t, gr);
+  off = malloc((size_t)n * sizeof *off);
+  rings = malloc(((size_t)nc * (size_t)(n + 1)) * sizeof *rings);
+  out = malloc(2 * (size_t)nc * sizeof *out);
+  if (off == NULL || rings == NULL || out == NULL) {
+    free(off);
+    free(rings);
+    free(out);
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "ring tables of %d members",
+                     n);
+  }
+  in = out + nc;
+  pos = rings + (size_t)nc * (size_t)n;
   if (displs == NULL) {
     size_t acc = 0;
-    off = malloc((size_t)n * sizeof *off);
-    if (off == NULL)
-      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "%d displacements", n);
     for (i = 0; i < n; i++) {
       off[i] = acc;
       acc += bytes[i];
     }
     displs = off;
   }
-  for (i = 0; i < n; i++)
-    if (gr->ring[i] == gr->index)
-      pos = i;
-  for (s = 0; s < n - 1; s++) {
-    int next = gr->ring[(pos + 1) % n], prev = gr->ring[(pos + n - 1) % n];
-    int sb = gr->ring[(pos - s + n) % n];         /* block I forward */
-    int rb = gr->ring[(pos - s - 1 + 2 * n) % n]; /* block I receive */
-    xfer_t out = {next, recv + displs[sb], bytes[sb]};
-    xfer_t in = {prev, recv + displs[rb], bytes[rb]};
-    st = exchange(t, g, &out, 1, &in, 1, what);
-    if (st != ZPP_OK)
-      break;
+  for (c = 0; c < nc; c++) {
+    int *R = rings + (size_t)c * (size_t)n;
+    channel_ring(t, gr, c, R);
+    for (i = 0; i < n; i++)
+      if (R[i] == gr->index)
+        pos[c] = i;
   }
+  for (s = 0; s < n - 1 && st == ZPP_OK; s++) {
+    for (c = 0; c < nc; c++) {
+      const int *R = rings + (size_t)c * (size_t)n;
+      int p = pos[c];
+      int sb = R[(p - s + n) % n];         /* block I forward */
+      int rb = R[(p - s - 1 + 2 * n) % n]; /* block I receive */
+      size_t lo, len;
+      chunk_of(bytes[sb], c, nc, &lo, &len);
+      out[c].peer = R[(p + 1) % n];
+      out[c].buf = recv + displs[sb] + lo;
+      out[c].bytes = len;
+      chunk_of(bytes[rb], c, nc, &lo, &len);
+      in[c].peer = R[(p + n - 1) % n];
+      in[c].buf = recv + displs[rb] + lo;
+      in[c].bytes = len;
+    }
+    /* Two rings may join the same pair of ranks: both sides post them in
+     * ring order, and MPI matches messages of one pair in order. */
+    st = exchange(t, g, out, nc, in, nc, what);
+  }
+  free(out);
+  free(rings);
   free(off);
   return st;
 }
@@ -744,6 +816,12 @@ zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
   m->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 1000) * 1000;
   if (m->spin_ns < 0)
     m->spin_ns = 0;
+  m->rings = (int)zpp_setting_long("ZPP_NET_RINGS", 1);
+  if (m->rings < 1 || m->rings > 64) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_NET_RINGS=%d: must be in [1, 64]; using 1",
+             m->rings);
+    m->rings = 1;
+  }
   m->comm[ZPP_GROUP_WORLD] = world;
   m->comm[ZPP_GROUP_NODE] = m->comm[ZPP_GROUP_CROSS] = MPI_COMM_NULL;
   t->impl = m;

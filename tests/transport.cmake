@@ -44,6 +44,18 @@ if(ZPP_WITH_MPI_ENABLED)
     zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=-Emu.*)
   endforeach()
 
+  # Several rotated rings (ZPP_NET_RINGS): same data, counts per ring.
+  foreach(_l "2x4_rings4|8|2x4|4" "uneven_3_2_rings3|5|0,0,0,1,1|3"
+             "roundrobin_2x2_rings2|4|0,1,0,1|2")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    list(GET _f 3 _rings)
+    set(ZPP_TEST_ENV "ZPP_TOPO=${_topo};ZPP_NET_RINGS=${_rings}")
+    zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=Ops.*:Stats.*)
+  endforeach()
+
   # Emulated links: 1 Gbit/s per rank and 200 us latency between nodes.
   foreach(_l "2x2|4|2x2" "uneven_3_2|5|0,0,0,1,1")
     string(REPLACE "|" ";" _f "${_l}")
