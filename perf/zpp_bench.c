@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if ZPP_BENCH_CUDA
 #include <cuda_runtime.h>
@@ -614,7 +615,23 @@ typedef struct {
   double gbit, lat_us;
   int *node_sizes;
   int nrows; /* JSON rows written so far */
+  char host[64], loadavg[32];
 } header_t;
+
+/* Rank 0's host name and 1-minute load average, for the header. */
+static void host_info(header_t *h) {
+  FILE *f = fopen("/proc/loadavg", "r");
+  snprintf(h->loadavg, sizeof h->loadavg, "unknown");
+  if (f != NULL) {
+    double l;
+    if (fscanf(f, "%lf", &l) == 1)
+      snprintf(h->loadavg, sizeof h->loadavg, "%.2f", l);
+    fclose(f);
+  }
+  if (gethostname(h->host, sizeof h->host) != 0)
+    snprintf(h->host, sizeof h->host, "unknown");
+  h->host[sizeof h->host - 1] = '\0';
+}
 
 /* The header as (key, text) lines; JSON gets the same texts as fields. */
 static void header_texts(const header_t *h, char lines[][800],
@@ -653,6 +670,10 @@ static void header_texts(const header_t *h, char lines[][800],
            : "",
        o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend);
   LINE("world", "world %d ranks: %s", h->ctx->world, nodes);
+  LINE("host",
+       "rank 0 host %s, load average %s at start (other processes "
+       "on the cores make times noisy)",
+       h->host, h->loadavg);
   if (h->topo_emulated)
     LINE("topology", "topology EMULATED (ZPP_TOPO=%s)", h->topo);
   else
@@ -984,6 +1005,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   h.bytes_derived = stats.bytes_derived;
   h.gbit = stats.emu_gbit;
   h.lat_us = stats.emu_lat_us;
+  host_info(&h);
   if (ctx.rank == 0)
     print_header(&h, out);
 
