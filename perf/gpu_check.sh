@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# One-shot check of the CUDA block quantizer on a machine with a GPU:
+# build (CUDA on), run test_quant and test_quant_cuda, run
+# zpp-quant-bench-gpu, and write a markdown summary plus the raw logs.
+#
+# How to run it through the device tool (one call, from the repository
+# root; the summary and logs come back from $OUT):
+#
+#   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
+#        timeout_s: 540
+#
+# That machine reaches no network, so GoogleTest cannot be installed there
+# if it is missing.  The script then builds it from source: from
+# build-gpu-deps/googletest if present, else /usr/src/googletest.  To bring
+# the source along, before the call, here:
+#
+#   mkdir -p build-gpu-deps && cp -r /usr/src/googletest build-gpu-deps/
+#
+# and add  carry: ["build-gpu-deps"]  to the call (build*/ is git-ignored).
+#
+# Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
+# Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
+# keep the build short), ZPP_GPU_CHECK_BUDGET_S (default 450: every step's
+# time limit is cut to what is left of it), ZPP_GPU_CHECK_JOBS (default 16),
+# ZPP_GPU_CHECK_GTEST_SRC (build GoogleTest from this source tree even if
+# it is installed), ZPP_TEST_SEED (the tests' seed).
+# Logs go beside the summary: gpu_check_build.log, gpu_check_test_quant.log,
+# gpu_check_test_quant_cuda.log, gpu_check_bench.log.
+# Exit status: 0 when the build, every test and the benchmark's check
+# passed; 1 otherwise.
+set -u
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+SUMMARY=${1:-perf/results/gpu_check.md}
+mkdir -p "$(dirname "$SUMMARY")" || exit 1
+SUMMARY=$(cd "$(dirname "$SUMMARY")" && pwd)/$(basename "$SUMMARY")
+LOGDIR=$(dirname "$SUMMARY")
+BUILD=$ROOT/build-gpu
+ARCH=${ZPP_CUDA_ARCH:-90-real}
+BUDGET=${ZPP_GPU_CHECK_BUDGET_S:-450}
+JOBS=${ZPP_GPU_CHECK_JOBS:-16}
+START=$SECONDS
+FAIL=0
+ROWS=()   # summary table rows
+
+say() { printf '[gpu_check %3ds] %s\n' $((SECONDS - START)) "$*"; }
+
+# seconds left for a step: its own cap, or what is left of the budget
+limit() {
+  local left=$((BUDGET - (SECONDS - START)))
+  ((left < 10)) && left=10
+  ((left < $1)) && echo "$left" || echo "$1"
+}
+
+row() { ROWS+=("| $1 | $2 | $3 s |"); }
+
+# ---- tools: cmake and nvcc may live off the PATH ---------------------------
+if ! command -v cmake >/dev/null; then
+  for c in /opt/torch/.venv/bin/cmake /usr/local/bin/cmake; do
+    [ -x "$c" ] && PATH=$(dirname "$c"):$PATH && break
+  done
+fi
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  for c in /usr/local/cuda*/bin/nvcc /opt/cuda/bin/nvcc; do
+    [ -x "$c" ] && export CUDACXX=$c && break
+  done
+fi
+: >"$LOGDIR/gpu_check_build.log"
+
+# ---- GoogleTest ---------------------------------------------------------------
+GTEST_ARGS=()
+have_gtest() {
+  local f
+  for f in /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
+           /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/lib/*/cmake/GTest/GTestConfig.cmake \
+           /usr/lib64/cmake/GTest/GTestConfig.cmake; do
+    [ -e "$f" ] && return 0
+  done
+  # FindGTest's way: the header and the library
+  [ -f /usr/include/gtest/gtest.h ] || return 1
+  for f in /usr/lib/*/libgtest.a /usr/lib/*/libgtest.so /usr/lib/libgtest.a /usr/lib64/libgtest.a; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+t0=$SECONDS
+if [ -n "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
+  have_gtest() { return 1; }  # build GoogleTest from the given source
+fi
+if ! have_gtest && [ -z "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "GoogleTest missing: trying apt-get install -y libgtest-dev cmake"
+    timeout 90 apt-get install -y libgtest-dev cmake >>"$LOGDIR/gpu_check_build.log" 2>&1 || true
+  fi
+fi
+if ! have_gtest; then
+  SRC=""
+  for d in ${ZPP_GPU_CHECK_GTEST_SRC:-} "$ROOT/build-gpu-deps/googletest" /usr/src/googletest; do
+    [ -f "$d/CMakeLists.txt" ] && SRC=$d && break
+  done
+  if [ -z "$SRC" ]; then
+    say "FAIL: GoogleTest is not installed and no source found (see the header of $0)"
+    echo "# zpp GPU check: FAILED, no GoogleTest (see perf/gpu_check.sh)" >"$SUMMARY"
+    exit 1
+  fi
+  say "building GoogleTest from $SRC"
+  if ! { cmake -S "$SRC" -B "$BUILD/_gtest" -DCMAKE_BUILD_TYPE=Release \
+           -DCMAKE_INSTALL_PREFIX="$BUILD/_gtest_install" -DBUILD_GMOCK=OFF \
+           -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+         cmake --build "$BUILD/_gtest" -j$JOBS &&
+         cmake --install "$BUILD/_gtest"; } >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+    say "FAIL: GoogleTest build (gpu_check_build.log)"
+    echo "# zpp GPU check: FAILED, GoogleTest build" >"$SUMMARY"
+    exit 1
+  fi
+  GTEST_ARGS=(-DCMAKE_PREFIX_PATH="$BUILD/_gtest_install")
+fi
+
+# ---- build ----------------------------------------------------------------------
+say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
+TARGETS=(test_quant test_quant_cuda zpp-quant-bench-gpu)
+if timeout "$(limit 300)" bash -c '
+    cmake -S "$1" -B "$2" -DZPP_WITH_CUDA=ON -DZPP_BUILD_TESTS=ON -DZPP_BUILD_TOOLS=ON \
+      -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_ARCHITECTURES="$3" "${@:5}" &&
+    cmake --build "$2" -j"$4" --target test_quant test_quant_cuda zpp-quant-bench-gpu' \
+    _ "$ROOT" "$BUILD" "$ARCH" "$JOBS" "${GTEST_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+  row build ok $((SECONDS - t0))
+else
+  say "FAIL: build (gpu_check_build.log):"
+  grep -E 'error|Error' "$LOGDIR/gpu_check_build.log" | head -20
+  row build "**FAILED** (see gpu_check_build.log)" $((SECONDS - t0))
+  printf '# zpp GPU check: build FAILED\n\n| step | result | time |\n| --- | --- | --- |\n%s\n' \
+    "${ROWS[@]}" >"$SUMMARY"
+  exit 1
+fi
+
+# ---- tests ------------------------------------------------------------------------
+# gtest result line: "N passed, M failed, K skipped"
+gtest_result() {
+  local log=$1 rc=$2 p f s
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+  local r="${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
+  if [ "$rc" != 0 ]; then
+    [ "$rc" = 124 ] && r="$r, **TIMED OUT**" || r="$r, **exit $rc**"
+  fi
+  echo "$r"
+}
+
+run_test() {
+  local name=$1 cap=$2 log="$LOGDIR/gpu_check_$1.log" t=$SECONDS rc
+  say "running $name"
+  timeout "$(limit "$cap")" "$BUILD/tests/$name" --gtest_color=no >"$log" 2>&1
+  rc=$?
+  local res
+  res=$(gtest_result "$log" $rc)
+  say "$name: $res"
+  if [ $rc != 0 ]; then
+    FAIL=1
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u | head -20
+    res="**FAILED**: $res"
+  fi
+  row "$name" "$res" $((SECONDS - t))
+}
+
+run_test test_quant 60
+run_test test_quant_cuda 240
+if grep -q 'no CUDA device' "$LOGDIR/gpu_check_test_quant_cuda.log"; then
+  say "FAIL: test_quant_cuda skipped: no CUDA device visible"
+  FAIL=1
+  ROWS+=("| device | **no CUDA device: the device tests skipped** | |")
+fi
+
+# ---- benchmark ----------------------------------------------------------------------
+BENCH="$BUILD/perf/zpp-quant-bench-gpu"
+BLOG="$LOGDIR/gpu_check_bench.log"
+: >"$BLOG"
+t=$SECONDS
+brc=0
+for mode in sym asym; do
+  say "zpp-quant-bench-gpu --mode $mode"
+  echo "## mode $mode" >>"$BLOG"
+  timeout "$(limit 90)" "$BENCH" --mode "$mode" --count 134217728 \
+    --block 32,256,4096,1048576 --format csv >"$BLOG.$mode.csv" 2>>"$BLOG"
+  rc=$?
+  cat "$BLOG.$mode.csv" >>"$BLOG"
+  [ $rc != 0 ] && brc=$rc
+done
+if [ $brc != 0 ]; then
+  FAIL=1
+  row zpp-quant-bench-gpu "**FAILED** (exit $brc, see gpu_check_bench.log)" $((SECONDS - t))
+else
+  row zpp-quant-bench-gpu ok $((SECONDS - t))
+fi
+
+# ---- summary --------------------------------------------------------------------------
+{
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null | head -1)" ] && rev="$rev+local changes"
+  echo "# zpp GPU check: $([ $FAIL = 0 ] && echo passed || echo FAILED)"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), GPU: ${gpu:-unknown}, commit $rev," \
+       "CUDA arch $ARCH, seed ZPP_TEST_SEED=${ZPP_TEST_SEED:-20261129 (default)}, $((SECONDS - START)) s in all."
+  echo
+  echo "| step | result | time |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${ROWS[@]}"
+  for mode in sym asym; do
+    f="$BLOG.$mode.csv"
+    [ -s "$f" ] || continue
+    echo
+    echo "## Throughput, $mode (134217728 elements; GB/s = bytes read + written per second;"
+    echo "d2d = cudaMemcpyAsync of the same traffic in the same run; ratio = GB/s / d2d)"
+    echo
+    echo "| op | dtype | bits | block | GB/s | d2d GB/s | ratio |"
+    echo "| --- | --- | --- | --- | ---: | ---: | ---: |"
+    tail -n +2 "$f" | awk -F, '{printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7}'
+  done
+  if [ $FAIL != 0 ]; then
+    echo
+    echo "## Failed tests"
+    echo
+    grep -hE '^\[  FAILED  \] [A-Za-z]' "$LOGDIR"/gpu_check_test_quant*.log 2>/dev/null |
+      sort -u | sed 's/^/    /' | head -40
+  fi
+} >"$SUMMARY"
+rm -f "$BLOG".*.csv
+
+say "summary: $SUMMARY"
+cat "$SUMMARY"
+exit $FAIL
