@@ -13,7 +13,8 @@
  *
  * Contract of every operation:
  *   - collective over the members of the group; all members pass the same
- *     sizes (ZPP_CHECK=1 verifies it at the cost of a small exchange);
+ *     sizes (the transport does not verify this; the collectives do under
+ *     ZPP_CHECK=1);
  *   - `mem` is the memory space of every buffer of the call; `stream` is a
  *     cudaStream_t for device memory (NULL: legacy default stream), ignored
  *     for host memory;
