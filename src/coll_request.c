@@ -97,6 +97,7 @@ static zpp_status_t get_worker(const char *func, zpp_comm_t comm,
     }
     w->next = workers;
     workers = w;
+    zpp_comm_set_before_destroy(comm, zpp_coll_comm_release);
   }
   pthread_mutex_unlock(&workers_mu);
   *out = w;

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll_internal.h"
 #include "transport_impl.h"
 
 const char *zpp_backend_name(zpp_backend_t backend) {
@@ -54,15 +53,21 @@ zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
 zpp_status_t zpp_comm_destroy(zpp_comm_t comm) {
   if (comm == NULL)
     return ZPP_OK;
-  /* Drain and stop the progress thread of started collectives first: it
-   * may still be using the transport. */
-  zpp_coll_comm_release(comm);
+  /* Upper layers (the collectives' progress thread) drain first: they may
+   * still be using the transport. */
+  if (comm->before_destroy != NULL)
+    comm->before_destroy(comm);
   zpp_transport_free(comm->tr);
   comm->tr = NULL;
   if (comm->release != NULL)
     comm->release(comm);
   free(comm);
   return ZPP_OK;
+}
+
+void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t)) {
+  if (comm != NULL)
+    comm->before_destroy = fn;
 }
 
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm) {

@@ -102,6 +102,10 @@ typedef struct {
  * All return ZPP_OK or an error whose message is also kept as the
  * communicator's last error. */
 
+/* Registers fn to run first in zpp_comm_destroy, while the transport
+ * still works (upper layers drain their work there; one hook). */
+void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t));
+
 /* The transport of a communicator (never NULL for a valid comm). */
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm);
 

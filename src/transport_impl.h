@@ -65,6 +65,9 @@ struct zpp_comm {
    * duplicate); called after the transport is freed. */
   void (*release)(struct zpp_comm *c);
   void *creator; /* state of the creator (comm_mpi.c) */
+  /* Set by a layer above (the collectives' progress thread): called first
+   * in zpp_comm_destroy, while the transport still works. */
+  void (*before_destroy)(struct zpp_comm *c);
 };
 
 /* Bootstrap services a backend may need at creation (the communicator
