@@ -228,9 +228,8 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
   all = (uint64_t *)malloc(sizeof mine * (size_t)n);
   if (all == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ZPP_CHECK buffer");
-  /* Host memory even on device communicators: a small metadata exchange. */
-  st = zpp_transport_allgather(ex->t, ZPP_GROUP_WORLD, mine, sizeof mine,
-                               all, ZPP_MEMORY_HOST, NULL);
+  /* Out of band, host memory, on every backend, not counted. */
+  st = zpp_comm_meta_allgather(ex->comm, mine, sizeof mine, all);
   if (st != ZPP_OK) {
     free(all);
     return st;

@@ -70,6 +70,14 @@ void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t)) {
     comm->before_destroy = fn;
 }
 
+zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
+                                     size_t bytes, void *all) {
+  if (comm == NULL || comm->boot.allgather == NULL)
+    return zpp_error(ZPP_ERR_INTERNAL, __func__,
+                     "communicator has no bootstrap channel");
+  return comm->boot.allgather(comm->boot.ctx, mine, bytes, all);
+}
+
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm) {
   return comm != NULL ? comm->tr : NULL;
 }

@@ -387,6 +387,9 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
     topo = NULL; /* owned by the transport now */
   }
   if (st == ZPP_OK) {
+    c->boot.ctx = &mc->dup;
+    c->boot.bcast = bs_bcast;
+    c->boot.allgather = bs_allgather;
     if (backend == ZPP_BACKEND_NCCL) {
       zpp_bootstrap_t bs = {&mc->dup, bs_bcast, bs_allgather};
       st = zpp_transport_nccl_create(c->tr, &bs, c->cuda_device);

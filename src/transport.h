@@ -106,6 +106,12 @@ typedef struct {
  * still works (upper layers drain their work there; one hook). */
 void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t));
 
+/* Every rank's `bytes` of host memory `mine`, concatenated by world rank,
+ * over the communicator's bootstrap channel: works on every backend (NCCL
+ * included) and is not counted in the statistics.  For metadata only. */
+zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
+                                     size_t bytes, void *all);
+
 /* The transport of a communicator (never NULL for a valid comm). */
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm);
 

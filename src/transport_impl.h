@@ -56,6 +56,17 @@ struct zpp_transport {
 };
 
 /* The communicator: a transport plus what created it. */
+/* Bootstrap services a backend may need at creation (the communicator
+ * implements them over MPI), so that backends never depend on MPI. */
+typedef struct {
+  void *ctx;
+  /* Broadcast `bytes` from world rank `root` to every rank. */
+  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root);
+  /* Every rank's `bytes` of `mine`, concatenated by world rank. */
+  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
+                            void *all);
+} zpp_bootstrap_t;
+
 struct zpp_comm {
   zpp_transport_t *tr;
   zpp_comm_config_t cfg; /* as given, topology pointer cleared */
@@ -68,18 +79,11 @@ struct zpp_comm {
   /* Set by a layer above (the collectives' progress thread): called first
    * in zpp_comm_destroy, while the transport still works. */
   void (*before_destroy)(struct zpp_comm *c);
+  /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
+   * backend; not counted in the statistics. */
+  zpp_bootstrap_t boot;
 };
 
-/* Bootstrap services a backend may need at creation (the communicator
- * implements them over MPI), so that backends never depend on MPI. */
-typedef struct {
-  void *ctx;
-  /* Broadcast `bytes` from world rank `root` to every rank. */
-  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root);
-  /* Every rank's `bytes` of `mine`, concatenated by world rank. */
-  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
-                            void *all);
-} zpp_bootstrap_t;
 
 /* Generic part.  Takes ownership of topo (also on failure). */
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
