@@ -598,12 +598,17 @@ std::vector<uint8_t> special_input(std::mt19937_64 &rng, zpp_dtype_t dt,
     size_t len = std::min(blk, n - off);
     int k = kind(rng);
     float sc = std::ldexp(1.0f, binade(rng));
+    float edge_base = std::ldexp(1.0f + std::fabs(normal(rng)) / 4.0f, binade(rng) / 2);
     for (size_t i = 0; i < len; i++) {
       float v = normal(rng) * sc;
       if (k == 0) v = (float)(int)(normal(rng) * 40.0f) + 0.5f;  // ties at scale 1
       if (k == 1) v = asym ? 3.0f + (float)(i % 5) : (float)(int)(normal(rng) * 40.0f);
       if (k == 2) v = std::ldexp((float)(i % 7), -149);          // subnormal: DIV kind
       if (k == 3) v = (i % 2 ? 1.0f : -1.0f) * 3.0e38f * (float)(i % 3) / 2.0f;
+      if (k == 7) {  // every element at +-absmax or one ulp inside: codes at +-qmax
+        float edge = i % 4 < 2 ? edge_base : std::nextafter(edge_base, 0.0f);
+        v = i % 2 ? -edge : edge;
+      }
       put_float(off + i, v);
     }
     if (k == 0) put_float(off, 127.0f);  // absmax 127 -> scale 1 (sym)

@@ -9,9 +9,12 @@
  *   - the block parameters come from zpp_qm_sym_params/zpp_qm_asym_params;
  *   - sub, mul, div, min, max and cvtps2dq run in the default MXCSR mode
  *     (round to nearest even), as the scalar magic-number rint does;
- *   - decode is mul then add (no FMA: the build uses -ffp-contract=off);
- *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors;
- *     bf16 output uses the integer rounding of zpp_qm_f32_to_bf16.
+ *   - decode is mul then add (never fused: see the pragma below);
+ *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors
+ *     (checked on all 2^32 inputs, NaN quietening included); bf16 output
+ *     uses the integer rounding of zpp_qm_f32_to_bf16;
+ *   - INT4 to fp16/bf16 looks the 16 values of a block up in a table
+ *     built with the same arithmetic.
  * Blocks shorter than one vector, and the last (< 8) elements of a block,
  * go through the shared scalar code.
  *
@@ -119,7 +122,9 @@ ZPP_AVX2_INLINE uint16_t ld_u16(const uint16_t *x, size_t i) {
 
 /* ---- loads ---------------------------------------------------------------- */
 
-/* Elements [i, i+8) of a `dtype` buffer as fp32 (exact conversions). */
+/* Elements [i, i+8) of a `dtype` buffer as fp32 (exact conversions;
+ * vcvtph2ps quietens a signalling NaN where zpp_qm_f16_to_f32 does not,
+ * which cannot show: blocks holding a NaN are never quantized). */
 ZPP_AVX2_INLINE __m256 load8(const void *src, size_t i, int dtype) {
   if (dtype == ZPP_QM_F32)
     return _mm256_loadu_ps((const float *)src + i);
@@ -297,12 +302,23 @@ ZPP_AVX2_INLINE void set_qvec(qvec_t *v, const zpp_qm_params_t *p) {
 /* Codes of 8 elements: zpp_qm_quantize lane by lane.  Symmetric blocks
  * skip the subtraction of zero (+0), which is exact.  max/min give the
  * scalar clamp's value (they differ only in the sign of a zero, and codes
- * are integers). */
+ * are integers).
+ *
+ * The clamp is only needed for the DIV kind (scale raised to 2^-149).  For
+ * the MUL kind it cannot change a code, so it is skipped (it costs about a
+ * quarter of the in-cache encode time): with L = qmax (sym) or levels
+ * (asym), R = absmax or range, inv = fl(L / R) is a normal float (L / R >=
+ * 7 / FLT_MAX > FLT_MIN), so inv <= (L / R)(1 + 2^-24); every |v| <= R
+ * (asym: 0 <= fl(x - zero) <= fl(mx - mn) = R, rounding is monotonic), so
+ * |fl(v * inv)| <= fl(R * inv) <= L (1 + 2^-24)^2 < L + 1/2, and the
+ * nearest-even integer is already within [-L, L] (sym) or [0, L] (asym).
+ * The bitwise tests put elements at +-absmax in every block. */
 ZPP_AVX2_INLINE __m256i quant8(__m256 x, const qvec_t *p, int asym, int div) {
   if (asym)
     x = _mm256_sub_ps(x, p->zero);
   x = div ? _mm256_div_ps(x, p->scale) : _mm256_mul_ps(x, p->inv);
-  x = _mm256_min_ps(_mm256_max_ps(x, p->lo), p->hi);
+  if (div)
+    x = _mm256_min_ps(_mm256_max_ps(x, p->lo), p->hi);
   return _mm256_cvtps_epi32(x); /* MXCSR default: nearest even */
 }
 

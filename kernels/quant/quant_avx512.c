@@ -8,10 +8,13 @@
  *   - sub, mul, div, min, max and cvtps2dq run in the default MXCSR mode
  *     (round to nearest even; no embedded rounding is used);
  *   - codes are narrowed with the truncating vpmovdb/vpmovqb, exact because
- *     they are clamped to [-127, 255] first;
- *   - decode is mul then add (no FMA: the build uses -ffp-contract=off);
- *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors;
- *     bf16 output uses the integer rounding of zpp_qm_f32_to_bf16.
+ *     they lie in [-127, 255] (see quant16);
+ *   - decode is mul then add (never fused: see the pragma below);
+ *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors
+ *     (checked on all 2^32 inputs, NaN quietening included); bf16 output
+ *     uses the integer rounding of zpp_qm_f32_to_bf16;
+ *   - INT4 to fp16/bf16 looks the 16 values of a block up in a table
+ *     built with the same arithmetic.
  * Blocks shorter than one vector, and the last (< 16) elements of a block,
  * go through the shared scalar code.
  *
@@ -133,7 +136,9 @@ ZPP_AVX512_INLINE uint16_t ld_u16(const uint16_t *x, size_t i) {
 
 /* ---- loads ---------------------------------------------------------------- */
 
-/* Elements [i, i+16) of a `dtype` buffer as fp32 (exact conversions). */
+/* Elements [i, i+16) of a `dtype` buffer as fp32 (exact conversions;
+ * vcvtph2ps quietens a signalling NaN where zpp_qm_f16_to_f32 does not,
+ * which cannot show: blocks holding a NaN are never quantized). */
 ZPP_AVX512_INLINE __m512 load16(const void *src, size_t i, int dtype) {
   if (dtype == ZPP_QM_F32)
     return _mm512_loadu_ps((const float *)src + i);
@@ -311,19 +316,30 @@ ZPP_AVX512_INLINE void set_qvec(qvec_t *v, const zpp_qm_params_t *p) {
 /* Codes of 16 elements: zpp_qm_quantize lane by lane.  Symmetric blocks
  * skip the subtraction of zero (+0), which is exact.  max/min give the
  * scalar clamp's value (they differ only in the sign of a zero, and codes
- * are integers). */
+ * are integers).
+ *
+ * The clamp is only needed for the DIV kind (scale raised to 2^-149).  For
+ * the MUL kind it cannot change a code, so it is skipped (it costs about a
+ * quarter of the in-cache encode time): with L = qmax (sym) or levels
+ * (asym), R = absmax or range, inv = fl(L / R) is a normal float (L / R >=
+ * 7 / FLT_MAX > FLT_MIN), so inv <= (L / R)(1 + 2^-24); every |v| <= R
+ * (asym: 0 <= fl(x - zero) <= fl(mx - mn) = R, rounding is monotonic), so
+ * |fl(v * inv)| <= fl(R * inv) <= L (1 + 2^-24)^2 < L + 1/2, and the
+ * nearest-even integer is already within [-L, L] (sym) or [0, L] (asym).
+ * The bitwise tests put elements at +-absmax in every block. */
 ZPP_AVX512_INLINE __m512i quant16(__m512 x, const qvec_t *p, int asym, int div) {
   if (asym)
     x = _mm512_sub_ps(x, p->zero);
   x = div ? _mm512_div_ps(x, p->scale) : _mm512_mul_ps(x, p->inv);
-  x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
+  if (div)
+    x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
   return _mm512_cvtps_epi32(x); /* MXCSR default: nearest even */
 }
 
-/* 16 clamped codes to 16 bytes (two's complement or unsigned alike). */
+/* 16 codes in [-127, 255] to 16 bytes (two's complement or unsigned alike). */
 ZPP_AVX512_INLINE __m128i bytes16(__m512i q) { return _mm512_cvtepi32_epi8(q); }
 
-/* 16 clamped codes to 8 INT4 bytes: in each 64-bit lane (even element low
+/* 16 codes in [-8, 15] to 8 INT4 bytes: in each 64-bit lane (even element low
  * dword, odd element high dword) (lo & 0xf) | (hi << 4), then vpmovqb. */
 ZPP_AVX512_INLINE __m128i nibbles16(__m512i q) {
   __m512i n = _mm512_or_si512(
