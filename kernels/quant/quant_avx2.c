@@ -238,12 +238,13 @@ ZPP_AVX2_INLINE void minmax_f32(const float *x, size_t len, float *mn_out,
 
 /* The same for fp16/bf16, on the 16-bit patterns: t = h ^ ((h >> 15) &
  * 0x7fff) maps sign-magnitude to two's complement order (only -0 < +0
- * differs from float order, which does not matter, see above). */
+ * differs from float order, which does not matter, see above).  In that
+ * order +Inf/+NaN lie above every finite value and -Inf/-NaN below, so
+ * the block holds a non-finite element iff its min or max is one. */
 ZPP_AVX2_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
                                 float *mn_out, float *mx_out, int *nonfinite) {
   const __m256i mag = _mm256_set1_epi16(0x7fff);
   __m256i mn = _mm256_set1_epi16(INT16_MAX), mx = _mm256_set1_epi16(INT16_MIN);
-  __m256i amax = _mm256_setzero_si256();
   size_t i = 0;
   int16_t tmn, tmx;
   uint16_t a, hmn, hmx;
@@ -253,18 +254,18 @@ ZPP_AVX2_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
     __m256i t = _mm256_xor_si256(v, _mm256_and_si256(_mm256_srai_epi16(v, 15), mag));
     mn = _mm256_min_epi16(mn, t);
     mx = _mm256_max_epi16(mx, t);
-    amax = _mm256_max_epu16(amax, _mm256_and_si256(v, mag));
   }
   if (i == 0) { /* shorter than one vector: start from element 0 */
     uint16_t h0 = ld_u16(x, 0);
     mn = mx = _mm256_set1_epi16((int16_t)(h0 ^ ((h0 & 0x8000u) ? 0x7fffu : 0u)));
-    amax = _mm256_set1_epi16((int16_t)(h0 & 0x7fffu));
   }
   tmn = hmin_epi16(mn);
   tmx = hmax_epi16(mx);
-  a = hmax_epu16(amax);
   hmn = (uint16_t)((uint16_t)tmn ^ (tmn < 0 ? 0x7fffu : 0u));
   hmx = (uint16_t)((uint16_t)tmx ^ (tmx < 0 ? 0x7fffu : 0u));
+  a = (uint16_t)(hmn & 0x7fffu); /* largest |h| of the extremes */
+  if ((hmx & 0x7fffu) > a)
+    a = (uint16_t)(hmx & 0x7fffu);
   if (dtype == ZPP_QM_BF16) {
     fmn = zpp_qm_bf16_to_f32(hmn);
     fmx = zpp_qm_bf16_to_f32(hmx);

@@ -252,12 +252,13 @@ ZPP_AVX512_INLINE void minmax_f32(const float *x, size_t len, float *mn_out,
 
 /* The same for fp16/bf16, on the 16-bit patterns: t = h ^ ((h >> 15) &
  * 0x7fff) maps sign-magnitude to two's complement order (only -0 < +0
- * differs from float order, which does not matter, see above). */
+ * differs from float order, which does not matter, see above).  In that
+ * order +Inf/+NaN lie above every finite value and -Inf/-NaN below, so
+ * the block holds a non-finite element iff its min or max is one. */
 ZPP_AVX512_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
                                   float *mn_out, float *mx_out, int *nonfinite) {
   const __m512i mag = _mm512_set1_epi16(0x7fff);
   __m512i mn = _mm512_set1_epi16(INT16_MAX), mx = _mm512_set1_epi16(INT16_MIN);
-  __m512i amax = _mm512_setzero_si512();
   size_t i = 0;
   int16_t tmn, tmx;
   uint16_t a, hmn, hmx;
@@ -267,18 +268,18 @@ ZPP_AVX512_INLINE void minmax_u16(const uint16_t *x, size_t len, int dtype,
     __m512i t = _mm512_xor_si512(v, _mm512_and_si512(_mm512_srai_epi16(v, 15), mag));
     mn = _mm512_min_epi16(mn, t);
     mx = _mm512_max_epi16(mx, t);
-    amax = _mm512_max_epu16(amax, _mm512_and_si512(v, mag));
   }
   if (i == 0) { /* shorter than one vector: start from element 0 */
     uint16_t h0 = ld_u16(x, 0);
     mn = mx = _mm512_set1_epi16((int16_t)(h0 ^ ((h0 & 0x8000u) ? 0x7fffu : 0u)));
-    amax = _mm512_set1_epi16((int16_t)(h0 & 0x7fffu));
   }
   tmn = hmin_epi16(mn);
   tmx = hmax_epi16(mx);
-  a = hmax_epu16(amax);
   hmn = (uint16_t)((uint16_t)tmn ^ (tmn < 0 ? 0x7fffu : 0u));
   hmx = (uint16_t)((uint16_t)tmx ^ (tmx < 0 ? 0x7fffu : 0u));
+  a = (uint16_t)(hmn & 0x7fffu); /* largest |h| of the extremes */
+  if ((hmx & 0x7fffu) > a)
+    a = (uint16_t)(hmx & 0x7fffu);
   if (dtype == ZPP_QM_BF16) {
     fmn = zpp_qm_bf16_to_f32(hmn);
     fmx = zpp_qm_bf16_to_f32(hmx);
