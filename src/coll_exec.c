@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "quant_math.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,12 +45,108 @@ static zpp_status_t no_device(const char *func) {
                    "device memory needs zpp built with CUDA kernels");
 }
 
+/* ---- host scratch cache --------------------------------------------------
+ * Collectives need large scratch buffers on every call (a qwZ all-gather of
+ * 16 MiB per rank over 8 ranks needs ~70 MB).  Freshly malloc'ed memory of
+ * that size is mmap'ed and returned to the kernel on free, so every call
+ * would pay page faults and zeroing.  Each thread keeps the buffers it
+ * freed (up to ZPP_SCRATCH_CACHE_MB) and reuses the smallest that fits;
+ * they are released when the thread exits. */
+
+#define CACHE_SLOTS 8
+#define CACHE_HDR 64 /* keeps the buffer 64-byte aligned, holds its size */
+
+typedef struct {
+  void *p[CACHE_SLOTS]; /* base pointers (header first) */
+  size_t cap[CACHE_SLOTS];
+  size_t total;
+} scratch_cache_t;
+
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static void cache_release(void *v) {
+  scratch_cache_t *c = (scratch_cache_t *)v;
+  int i;
+  for (i = 0; i < CACHE_SLOTS; i++)
+    free(c->p[i]);
+  free(c);
+}
+
+static void cache_init(void) { pthread_key_create(&cache_key, cache_release); }
+
+static scratch_cache_t *cache_get(void) {
+  scratch_cache_t *c;
+  pthread_once(&cache_once, cache_init);
+  c = (scratch_cache_t *)pthread_getspecific(cache_key);
+  if (c == NULL) {
+    c = (scratch_cache_t *)calloc(1, sizeof *c);
+    if (c != NULL && pthread_setspecific(cache_key, c) != 0) {
+      free(c);
+      c = NULL;
+    }
+  }
+  return c;
+}
+
+static void *host_alloc(size_t bytes) {
+  scratch_cache_t *c = cache_get();
+  int i, best = -1;
+  void *base;
+  for (i = 0; c != NULL && i < CACHE_SLOTS; i++)
+    if (c->p[i] != NULL && c->cap[i] >= bytes &&
+        (best < 0 || c->cap[i] < c->cap[best]))
+      best = i;
+  if (best >= 0) {
+    base = c->p[best];
+    c->p[best] = NULL;
+    c->total -= c->cap[best];
+    return (char *)base + CACHE_HDR;
+  }
+  if (bytes > SIZE_MAX - CACHE_HDR ||
+      posix_memalign(&base, CACHE_HDR, bytes + CACHE_HDR) != 0)
+    return NULL;
+  memcpy(base, &bytes, sizeof bytes);
+  return (char *)base + CACHE_HDR;
+}
+
+static void host_free(void *p) {
+  scratch_cache_t *c = cache_get();
+  void *base = (char *)p - CACHE_HDR;
+  size_t cap, limit = (size_t)zpp_setting_long("ZPP_SCRATCH_CACHE_MB", 512)
+                      << 20;
+  int i, slot = -1;
+  memcpy(&cap, base, sizeof cap);
+  for (i = 0; c != NULL && i < CACHE_SLOTS && slot < 0; i++)
+    if (c->p[i] == NULL)
+      slot = i;
+  if (c == NULL || slot < 0 || cap > limit) {
+    free(base);
+    return;
+  }
+  /* make room under the limit by dropping the smallest buffers */
+  while (c->total + cap > limit) {
+    int small = -1;
+    for (i = 0; i < CACHE_SLOTS; i++)
+      if (c->p[i] != NULL && (small < 0 || c->cap[i] < c->cap[small]))
+        small = i;
+    if (small < 0)
+      break;
+    free(c->p[small]);
+    c->p[small] = NULL;
+    c->total -= c->cap[small];
+  }
+  c->p[slot] = base;
+  c->cap[slot] = cap;
+  c->total += cap;
+}
+
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
   *p = NULL;
   if (bytes == 0)
     return ZPP_OK;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    *p = malloc(bytes);
+    *p = host_alloc(bytes);
     if (*p == NULL)
       return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                        "scratch of %zu bytes", bytes);
@@ -67,7 +164,7 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
   if (ex->mem == ZPP_MEMORY_HOST)
-    free(p);
+    host_free(p);
 #if ZPP_HAVE_CUDA_KERNELS
   else
     zpp_ew_free_device(p, ex->stream);

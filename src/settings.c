@@ -52,6 +52,10 @@ static zpp_setting_t settings[] = {
      "MPI transport: rings a ring all-gather runs at once, each rotated so "
      "its node boundaries fall on other ranks (like NCCL's channels)",
      NULL, 0},
+    {"ZPP_SCRATCH_CACHE_MB", "512",
+     "host scratch memory each thread keeps between collectives, in MiB "
+     "(reused instead of malloc/free per call; 0 keeps none)",
+     NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "
      "configs (one extra small all-gather per call)",
