@@ -1,0 +1,166 @@
+/*
+ * Runtime-facing API: parameter groups for a ZeRO-3 / ZeRO++ runtime.
+ *
+ * A parameter group is a list of tensors flattened into one buffer of the
+ * working dtype and partitioned over the ranks of a communicator: rank r
+ * owns elements [r * shard_numel, (r + 1) * shard_numel) of the padded flat
+ * buffer.  A runtime drives it as follows (docs/runtime.md):
+ *
+ *   create      layout from the tensor sizes; every rank calls it
+ *   fetch/wait  gather the shards into the full buffer before use
+ *               (forward: qwZ when qwz_bits; backward: hpZ when hpz)
+ *   release     the full buffer is not needed any more (freed)
+ *   reduce_gradients
+ *               reduce-scatter a full gradient into the owner's shard
+ *               (qgZ when qgz_bits, with error feedback when asked;
+ *               the full-precision baseline otherwise)
+ *   params_changed
+ *               after the optimizer step or a checkpoint load: cached
+ *               copies (hpZ secondary partition) are stale
+ *
+ * Every function is collective in the sense of the collectives: all ranks
+ * call the same group functions in the same order.  Only this header's
+ * functions and <zpp/zpp_coll.h> are used underneath: the group adds no
+ * transport of its own.
+ */
+#ifndef ZPP_ZPP_RUNTIME_H
+#define ZPP_ZPP_RUNTIME_H
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zpp_pgroup *zpp_pgroup_t;
+
+typedef struct {
+  size_t struct_size;   /* sizeof(zpp_pgroup_config_t): INIT macro */
+  zpp_dtype_t dtype;    /* working dtype of parameters and gradients
+                           (default ZPP_BFLOAT16) */
+  int qwz_bits;         /* 0 (default): full-precision gathers; 8 or 4 */
+  size_t qwz_block;     /* qwZ elements per scale (default 256) */
+  int hpz;              /* 1: backward fetches gather inside the node from
+                           a secondary partition (default 0) */
+  int qgz_bits;         /* 0 (default): baseline reduce-scatter; 4 or 8:
+                           qgZ with these inter-node bits */
+  int qgz_intra_bits;   /* qgZ intra-node bits; 0 (default): qgz_bits */
+  size_t qgz_block;     /* qgZ elements per scale (default 256) */
+  int error_feedback;   /* 1: qgZ keeps a residual (needs qgz_bits) */
+  size_t align;         /* shard_numel is a multiple of this (elements);
+                           0 (default): the quantization blocks in use
+                           (lcm of qwz_block and qgz_block), else 1 */
+} zpp_pgroup_config_t;
+
+#define ZPP_PGROUP_CONFIG_INIT                                                 \
+  { sizeof(zpp_pgroup_config_t), ZPP_BFLOAT16, 0, 256, 0, 0, 0, 256, 0, 0 }
+
+typedef enum {
+  ZPP_FETCH_FORWARD = 0, /* qwZ (or full precision) world gather; with hpZ
+                            it also refreshes the secondary partition */
+  ZPP_FETCH_BACKWARD = 1 /* hpZ: gather inside the node from the secondary
+                            partition (refreshed first when stale);
+                            without hpZ the same as forward */
+} zpp_fetch_t;
+
+typedef struct {
+  size_t struct_size;   /* sizeof(zpp_pgroup_info_t): INIT macro */
+  int world_size;
+  int rank;
+  int ntensors;
+  size_t numel;         /* sum of the tensor sizes */
+  size_t padded_numel;  /* shard_numel * world_size >= numel; the padding
+                           is at the end and is zero in the group's shard */
+  size_t shard_numel;   /* elements owned by every rank */
+  size_t shard_offset;  /* rank * shard_numel */
+  size_t full_bytes;    /* bytes of the full buffer held now (0 after
+                           release) */
+  size_t hpz_bytes;     /* hpZ secondary partition held (0 without hpZ) */
+  size_t residual_bytes; /* qgZ error-feedback residual held */
+  uint64_t generation;  /* bumped by zpp_pgroup_params_changed */
+} zpp_pgroup_info_t;
+
+#define ZPP_PGROUP_INFO_INIT                                                   \
+  { sizeof(zpp_pgroup_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Creates a group of `ntensors` tensors of sizes[t] elements, packed in
+ * order (tensor t at the sum of the sizes before it).  cfg NULL: defaults.
+ * Host-memory communicators: the group allocates its shard (zeroed) at
+ * creation and the full buffer at each fetch.  Device-memory
+ * communicators: the caller provides them with zpp_pgroup_attach.  The
+ * configuration must be the same on all ranks. */
+ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
+                                       const zpp_pgroup_config_t *cfg,
+                                       const size_t *sizes, int ntensors,
+                                       zpp_pgroup_t *out);
+/* Frees what the group allocated (not attached buffers).  Waits for a
+ * pending fetch first.  Safe on NULL. */
+ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg);
+
+ZPP_API zpp_status_t zpp_pgroup_get_info(zpp_pgroup_t pg,
+                                         zpp_pgroup_info_t *info);
+
+/* Tensor t: its offset in the flat buffer, its size, and the first and
+ * last rank whose shard holds part of it (a tensor of size 0 is "owned"
+ * by the rank whose shard holds its offset). */
+ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
+                                       size_t *numel, int *first_rank,
+                                       int *last_rank);
+
+/* Caller-owned buffers in the communicator's memory space (required for
+ * device memory, optional for host memory; NULL keeps the group's own):
+ * shard (shard_numel elements of dtype), full (padded_numel elements) and
+ * residual (zpp_pgroup_residual_count floats, zero before the first
+ * reduction; needed only with error feedback).  Not during a fetch. */
+ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
+                                       void *full, float *residual);
+
+/* Floats of the error-feedback residual (0 without error feedback). */
+ZPP_API zpp_status_t zpp_pgroup_residual_count(zpp_pgroup_t pg,
+                                               size_t *count);
+
+/* This rank's shard of the working-dtype parameters (shard_numel
+ * elements): the optimizer writes its new values here, then calls
+ * zpp_pgroup_params_changed. */
+ZPP_API zpp_status_t zpp_pgroup_shard(zpp_pgroup_t pg, void **shard);
+
+/* Starts gathering every rank's shard into the full buffer (padded_numel
+ * elements of dtype).  Asynchronous: the next group can be fetched before
+ * this one is waited for.  ZPP_ERR_INVALID_ARGUMENT while a fetch of this
+ * group is pending or `kind` is unknown. */
+ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
+                                      zpp_stream_t stream);
+/* Waits for the pending fetch and returns the full buffer (valid until
+ * zpp_pgroup_release).  Returns the gather's status; with no fetch
+ * pending and none held, ZPP_ERR_INVALID_ARGUMENT. */
+ZPP_API zpp_status_t zpp_pgroup_wait(zpp_pgroup_t pg, void **full);
+/* The full buffer is not needed any more: the group frees it (attached:
+ * only marks it free).  Waits for a pending fetch first. */
+ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
+
+/* full_grad (padded_numel elements of dtype; elements past numel should
+ * be zero) of every rank is reduced into grad_shard (shard_numel
+ * elements) of its owner: qgZ when qgz_bits (with the group's residual
+ * when error_feedback), else the baseline zpp_reduce_scatter (fp32 sum in
+ * rank order, rounded once).  req NULL: returns when done; otherwise
+ * zpp_request_wait(*req) finishes it. */
+ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
+                                                 const void *full_grad,
+                                                 void *grad_shard,
+                                                 zpp_redop_t op,
+                                                 zpp_stream_t stream,
+                                                 zpp_request_t *req);
+
+/* The parameters changed (optimizer step, checkpoint load): the hpZ
+ * secondary partition and a held full buffer are stale from now on (the
+ * next backward fetch refreshes, never uses the stale copy).  Local, no
+ * communication; call it on every rank. */
+ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_ZPP_RUNTIME_H */

@@ -1,0 +1,638 @@
+/*
+ * zpp-train: reference trainer for the runtime API (docs/runtime.md).
+ *
+ * An MLP (tanh hidden layers, MSE loss against a fixed random teacher) is
+ * trained with Adam (fp32 master weights, bf16 working copies) on
+ * synthetic data from a fixed seed; the global batch is split over the
+ * ranks.  One parameter group per layer.  Modes:
+ *
+ *   dp      every rank holds everything; gradients all-reduced
+ *   zero1   optimizer state (master, m, v) sharded
+ *   zero2   + gradients sharded
+ *   zero3   + parameters sharded: fetched per layer before use, released
+ *           after, the next layer prefetched
+ *   zeropp  zero3 with qwZ, hpZ and qgZ (each switchable)
+ *
+ * Summation order (why dp..zero3 are bitwise equal, docs/runtime.md): every
+ * mode reduces the bf16 gradient of each layer with the same call,
+ * zpp_pgroup_reduce_gradients (the baseline reduce-scatter: fp32 sum in
+ * rank order, rounded once, then the mean); dp and zero1 all-gather the
+ * reduced shards (the transport's all-reduce is exactly that pair), and
+ * Adam runs the same element-wise code on each element wherever it is
+ * stored.
+ *
+ *   mpirun -np 4 zpp-train --mode zero3 [--steps 50] [--json]
+ *
+ * Exit status: 0 on success, 2 for a bad flag, 1 when a call fails.
+ */
+#include <mpi.h>
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+#include <zpp/zpp_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_math.h"
+
+#define PROG "zpp-train"
+
+typedef enum { M_DP, M_ZERO1, M_ZERO2, M_ZERO3, M_ZEROPP } mode_t_;
+static const char *mode_names[] = {"dp", "zero1", "zero2", "zero3", "zeropp"};
+
+typedef struct {
+  mode_t_ mode;
+  int depth, width, in_dim, out_dim, batch, steps;
+  float lr;
+  uint64_t seed;
+  int json, quiet;
+  int qwz_bits, hpz, qgz_bits, qgz_intra_bits, ef;
+  size_t block;
+} opts_t;
+
+static int g_rank = 0, g_size = 1;
+
+#define DIE(...)                                                               \
+  do {                                                                         \
+    fprintf(stderr, PROG ": rank %d: ", g_rank);                               \
+    fprintf(stderr, __VA_ARGS__);                                              \
+    fprintf(stderr, "\n");                                                     \
+    MPI_Abort(MPI_COMM_WORLD, 1);                                              \
+  } while (0)
+#define ZCALL(call)                                                            \
+  do {                                                                         \
+    zpp_status_t st_ = (call);                                                 \
+    if (st_ != ZPP_OK)                                                         \
+      DIE("%s: %s: %s", #call, zpp_status_string(st_), zpp_get_last_error()); \
+  } while (0)
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz);
+  if (!p)
+    DIE("out of memory (%zu x %zu bytes)", n, sz);
+  return p;
+}
+
+/* ---- deterministic random numbers (splitmix64) --------------------------- */
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+/* uniform in [-1, 1) from (seed, stream, index) */
+static float urand(uint64_t seed, uint64_t stream, uint64_t i) {
+  uint64_t h = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(i)));
+  return (float)((double)(h >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+static float bf(uint16_t h) { return zpp_qm_bf16_to_f32(h); }
+static uint16_t tobf(float f) { return zpp_qm_f32_to_bf16(f); }
+
+/* ---- one layer = one parameter group ------------------------------------- */
+typedef struct {
+  int fan_in, fan_out;
+  size_t n;              /* fan_out * fan_in + fan_out (weights, then bias) */
+  zpp_pgroup_t pg;
+  size_t shard, padded;  /* elements */
+  /* model state kept between steps (sizes depend on the mode) */
+  float *master, *m, *v; /* fp32: padded (dp) or shard (zero*) elements */
+  uint16_t *wfull;       /* bf16 full parameters (dp, zero1, zero2) */
+  uint16_t *gfull;       /* bf16 full gradient (dp, zero1: state; zero2/3:
+                            points to the shared one-layer buffer) */
+  uint16_t *gshard;      /* bf16 reduced gradient shard */
+} layer_t;
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: mpirun -np N " PROG " [options]\n"
+          "  --mode M        dp | zero1 | zero2 | zero3 | zeropp (zero3)\n"
+          "  --depth L       layers (14)        --width H   hidden width (62)\n"
+          "  --in D          input features (16) --out K    outputs (4)\n"
+          "  --large         depth 8, width 1024 (about 7.4M parameters)\n"
+          "  --batch B       global batch, a multiple of N (64)\n"
+          "  --steps S       (50)               --lr X      Adam lr (1e-3)\n"
+          "  --seed S        data and init seed (1)\n"
+          "  --qwz BITS      zeropp weight bits: 8, 4, 0 off (8)\n"
+          "  --hpz 0|1       zeropp secondary partition (1)\n"
+          "  --qgz BITS      zeropp gradient bits across nodes: 4, 8, 0 off (4)\n"
+          "  --qgz-intra BITS  bits inside the node (4)\n"
+          "  --ef 0|1        qgZ error feedback (1)\n"
+          "  --block N       quantization block and shard alignment (256)\n"
+          "  --json          end with one JSON object (rank 0)\n"
+          "  --quiet         no per-step lines\n");
+}
+
+static int parse(int argc, char **argv, opts_t *o) {
+  *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0,
+                8, 1, 4, 4, 1, 256};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV                                                                  \
+  if (!v) {                                                                    \
+    fprintf(stderr, PROG ": %s needs a value\n", a);                           \
+    return 2;                                                                  \
+  }                                                                            \
+  i++;
+    if (!strcmp(a, "--mode")) {
+      NEEDV;
+      int k = -1;
+      for (int j = 0; j < 5; j++)
+        if (!strcmp(v, mode_names[j]))
+          k = j;
+      if (k < 0) {
+        fprintf(stderr, PROG ": --mode %s: must be dp, zero1, zero2, zero3 "
+                        "or zeropp\n", v);
+        return 2;
+      }
+      o->mode = (mode_t_)k;
+    } else if (!strcmp(a, "--depth")) { NEEDV; o->depth = atoi(v);
+    } else if (!strcmp(a, "--width")) { NEEDV; o->width = atoi(v);
+    } else if (!strcmp(a, "--in")) { NEEDV; o->in_dim = atoi(v);
+    } else if (!strcmp(a, "--out")) { NEEDV; o->out_dim = atoi(v);
+    } else if (!strcmp(a, "--large")) { o->depth = 8; o->width = 1024;
+    } else if (!strcmp(a, "--batch")) { NEEDV; o->batch = atoi(v);
+    } else if (!strcmp(a, "--steps")) { NEEDV; o->steps = atoi(v);
+    } else if (!strcmp(a, "--lr")) { NEEDV; o->lr = strtof(v, NULL);
+    } else if (!strcmp(a, "--seed")) { NEEDV; o->seed = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--qwz")) { NEEDV; o->qwz_bits = atoi(v);
+    } else if (!strcmp(a, "--hpz")) { NEEDV; o->hpz = atoi(v);
+    } else if (!strcmp(a, "--qgz")) { NEEDV; o->qgz_bits = atoi(v);
+    } else if (!strcmp(a, "--qgz-intra")) { NEEDV; o->qgz_intra_bits = atoi(v);
+    } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v);
+    } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--json")) { o->json = 1;
+    } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 1;
+    } else {
+      fprintf(stderr, PROG ": unknown flag %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+#undef NEEDV
+  }
+  if (o->depth < 1 || o->width < 1 || o->in_dim < 1 || o->out_dim < 1 ||
+      o->steps < 0 || o->batch < 1 || o->block < 1 || !(o->lr > 0)) {
+    fprintf(stderr, PROG ": --depth, --width, --in, --out, --batch, --block "
+                    "must be >= 1, --steps >= 0, --lr > 0\n");
+    return 2;
+  }
+  return 0;
+}
+
+/* Adam on one element; the same code for every mode (bitwise agreement). */
+static void adam(float *p, float *m, float *v, float g, float lr, float bc1,
+                 float bc2) {
+  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  *m = b1 * *m + (1.0f - b1) * g;
+  *v = b2 * *v + (1.0f - b2) * (g * g);
+  float mh = *m / bc1, vh = *v / bc2;
+  *p = *p - lr * mh / (sqrtf(vh) + eps);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const uint8_t *c = (const uint8_t *)p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  opts_t o;
+  int pr = parse(argc, argv, &o);
+  if (pr) {
+    MPI_Finalize();
+    return pr == 1 ? 0 : 2;
+  }
+  if (o.batch % g_size) {
+    if (g_rank == 0)
+      fprintf(stderr, PROG ": --batch %d: must be a multiple of the %d ranks\n",
+              o.batch, g_size);
+    MPI_Finalize();
+    return 2;
+  }
+  const int W = g_size, L = o.depth, bl = o.batch / W;
+  const mode_t_ mode = o.mode;
+  const int sharded_opt = mode != M_DP;
+  const int sharded_grad = mode >= M_ZERO2;
+  const int sharded_param = mode >= M_ZERO3;
+
+  zpp_comm_t comm;
+  zpp_comm_config_t cc = ZPP_COMM_CONFIG_INIT;
+  ZCALL(zpp_comm_create_mpi(MPI_COMM_WORLD, &cc, &comm));
+  int nnodes = 1;
+  ZCALL(zpp_comm_nnodes(comm, &nnodes));
+
+  /* ---- layers and groups ---- */
+  layer_t *ly = xcalloc((size_t)L, sizeof(layer_t));
+  size_t psi_real = 0, psi = 0, max_padded = 0;
+  for (int l = 0; l < L; l++) {
+    layer_t *y = &ly[l];
+    y->fan_in = l == 0 ? o.in_dim : o.width;
+    y->fan_out = l == L - 1 ? o.out_dim : o.width;
+    size_t sizes[2] = {(size_t)y->fan_out * y->fan_in, (size_t)y->fan_out};
+    y->n = sizes[0] + sizes[1];
+    zpp_pgroup_config_t pc = ZPP_PGROUP_CONFIG_INIT;
+    pc.align = o.block; /* same layout in every mode */
+    if (mode == M_ZEROPP) {
+      pc.qwz_bits = o.qwz_bits;
+      pc.qwz_block = o.block;
+      pc.hpz = o.hpz;
+      pc.qgz_bits = o.qgz_bits;
+      pc.qgz_intra_bits = o.qgz_intra_bits;
+      pc.qgz_block = o.block;
+      pc.error_feedback = o.qgz_bits ? o.ef : 0;
+    }
+    ZCALL(zpp_pgroup_create(comm, &pc, sizes, 2, &y->pg));
+    zpp_pgroup_info_t pi = ZPP_PGROUP_INFO_INIT;
+    ZCALL(zpp_pgroup_get_info(y->pg, &pi));
+    y->shard = pi.shard_numel;
+    y->padded = pi.padded_numel;
+    psi_real += y->n;
+    psi += y->padded;
+    if (y->padded > max_padded)
+      max_padded = y->padded;
+  }
+
+  /* ---- model state (bytes kept between steps, per rank) ---- */
+  size_t state_bytes = 0, buf_bytes_grad = 0, buf_bytes_gshard = 0;
+  uint16_t *gbuf = NULL; /* zero2/3: one layer's full gradient, reused */
+  if (sharded_grad) {
+    gbuf = xcalloc(max_padded, 2);
+    buf_bytes_grad = max_padded * 2;
+  }
+  for (int l = 0; l < L; l++) {
+    layer_t *y = &ly[l];
+    size_t no = sharded_opt ? y->shard : y->padded;
+    y->master = xcalloc(no, 4);
+    y->m = xcalloc(no, 4);
+    y->v = xcalloc(no, 4);
+    state_bytes += 12 * no;
+    /* init: Xavier-uniform weights, zero bias; padded tail zero */
+    float a = sqrtf(6.0f / (float)(y->fan_in + y->fan_out));
+    size_t base = sharded_opt ? y->shard * (size_t)g_rank : 0;
+    size_t nw = (size_t)y->fan_out * y->fan_in;
+    for (size_t i = 0; i < no; i++) {
+      size_t gi = base + i;
+      y->master[i] = gi < nw ? a * urand(o.seed, 1000 + (uint64_t)l, gi) : 0.f;
+    }
+    void *shard;
+    ZCALL(zpp_pgroup_shard(y->pg, &shard));
+    if (!sharded_param) {
+      y->wfull = xcalloc(y->padded, 2);
+      state_bytes += 2 * y->padded;
+      /* The group's shard is my slice of the full copy: the in-place
+       * all-gather refreshes the full copy after the optimizer step. */
+      ZCALL(zpp_pgroup_attach(y->pg, y->wfull + y->shard * (size_t)g_rank,
+                              y->wfull, NULL));
+      for (size_t i = 0; i < y->padded; i++) {
+        size_t gi = i;
+        y->wfull[i] = tobf(gi < nw ? a * urand(o.seed, 1000 + (uint64_t)l, gi)
+                                   : 0.f);
+      }
+    } else {
+      uint16_t *s = shard;
+      for (size_t i = 0; i < y->shard; i++)
+        s[i] = tobf(y->master[i]);
+      state_bytes += 2 * y->shard; /* the group's bf16 shard */
+    }
+    if (!sharded_grad) {
+      y->gfull = xcalloc(y->padded, 2);
+      state_bytes += 2 * y->padded;
+      y->gshard = xcalloc(y->shard, 2);
+      buf_bytes_gshard += 2 * y->shard; /* reduce-scatter output, consumed
+                                           by the all-gather / Adam */
+    } else {
+      y->gfull = gbuf;
+      y->gshard = xcalloc(y->shard, 2);
+      state_bytes += 2 * y->shard;
+    }
+  }
+
+  /* ---- activations (per rank, fp32) ---- */
+  int maxd = o.width > o.in_dim ? o.width : o.in_dim;
+  if (o.out_dim > maxd)
+    maxd = o.out_dim;
+  float **act = xcalloc((size_t)L + 1, sizeof(float *));
+  for (int l = 0; l <= L; l++)
+    act[l] = xcalloc((size_t)bl * maxd, 4);
+  float *dcur = xcalloc((size_t)bl * maxd, 4), *dprev = xcalloc((size_t)bl * maxd, 4);
+  float *gacc = xcalloc(max_padded, 4);
+  float *wtmp = xcalloc(max_padded, 4);
+
+  zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
+  ZCALL(zpp_comm_reset_stats(comm));
+  double final_loss = 0;
+  uint64_t tot_inter = 0, tot_intra = 0;
+  uint64_t *all_stats = xcalloc(2 * (size_t)W, 8);
+  size_t peak_full = 0, hpz_bytes = 0, resid_bytes = 0;
+  double *losses = xcalloc((size_t)W, sizeof(double));
+
+  if (g_rank == 0 && !o.quiet)
+    printf("# %s: %d ranks on %d nodes, %d layers, %zu parameters (%zu padded"
+           "), global batch %d\n",
+           mode_names[mode], W, nnodes, L, psi_real, psi, o.batch);
+
+  for (int step = 1; step <= o.steps; step++) {
+    ZCALL(zpp_comm_get_stats(comm, &s0));
+    /* data: sample j of the global batch of this step; teacher targets */
+    int sample0 = g_rank * bl;
+    for (int b = 0; b < bl; b++)
+      for (int i = 0; i < o.in_dim; i++)
+        act[0][(size_t)b * maxd + i] =
+            urand(o.seed, 2, ((uint64_t)step << 32) ^
+                                 ((uint64_t)(sample0 + b) * o.in_dim + i));
+    /* ---- forward ---- */
+    size_t full_live = 0;
+    if (sharded_param)
+      ZCALL(zpp_pgroup_fetch(ly[0].pg, ZPP_FETCH_FORWARD, NULL));
+    for (int l = 0; l < L; l++) {
+      layer_t *y = &ly[l];
+      const uint16_t *w = y->wfull;
+      if (sharded_param) {
+        void *full;
+        full_live += y->padded * 2;
+        if (l + 1 < L) { /* prefetch the next layer */
+          ZCALL(zpp_pgroup_fetch(ly[l + 1].pg, ZPP_FETCH_FORWARD, NULL));
+          full_live += ly[l + 1].padded * 2;
+        }
+        if (full_live > peak_full)
+          peak_full = full_live;
+        ZCALL(zpp_pgroup_wait(y->pg, &full));
+        w = full;
+      }
+      for (size_t i = 0; i < y->n; i++)
+        wtmp[i] = bf(w[i]);
+      const float *bias = wtmp + (size_t)y->fan_out * y->fan_in;
+      for (int b = 0; b < bl; b++) {
+        const float *x = act[l] + (size_t)b * maxd;
+        float *z = act[l + 1] + (size_t)b * maxd;
+        for (int k = 0; k < y->fan_out; k++) {
+          const float *wr = wtmp + (size_t)k * y->fan_in;
+          float s = bias[k];
+          for (int i = 0; i < y->fan_in; i++)
+            s += wr[i] * x[i];
+          z[k] = l == L - 1 ? s : tanhf(s);
+        }
+      }
+      if (sharded_param) {
+        ZCALL(zpp_pgroup_release(y->pg));
+        full_live -= y->padded * 2;
+      }
+    }
+    /* ---- loss: mean over samples and outputs of (y - t)^2 ---- */
+    double lsum = 0;
+    for (int b = 0; b < bl; b++) {
+      const float *x = act[0] + (size_t)b * maxd;
+      const float *yv = act[L] + (size_t)b * maxd;
+      for (int k = 0; k < o.out_dim; k++) {
+        float t = 0;
+        for (int i = 0; i < o.in_dim; i++)
+          t += urand(o.seed, 3, (uint64_t)k * o.in_dim + i) * x[i];
+        t = tanhf(t);
+        float e = yv[k] - t;
+        lsum += (double)e * e;
+        dcur[(size_t)b * maxd + k] = 2.0f * e / (float)(bl * o.out_dim);
+      }
+    }
+    double lloc = lsum / (bl * o.out_dim);
+    MPI_Allgather(&lloc, 1, MPI_DOUBLE, losses, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    double loss = 0;
+    for (int r = 0; r < W; r++) /* rank order: the same on every rank */
+      loss += losses[r];
+    loss /= W;
+    final_loss = loss;
+
+    /* ---- backward ---- */
+    if (sharded_param)
+      ZCALL(zpp_pgroup_fetch(ly[L - 1].pg, ZPP_FETCH_BACKWARD, NULL));
+    for (int l = L - 1; l >= 0; l--) {
+      layer_t *y = &ly[l];
+      const uint16_t *w = y->wfull;
+      if (sharded_param) {
+        void *full;
+        if (l > 0)
+          ZCALL(zpp_pgroup_fetch(ly[l - 1].pg, ZPP_FETCH_BACKWARD, NULL));
+        ZCALL(zpp_pgroup_wait(y->pg, &full));
+        w = full;
+      }
+      for (size_t i = 0; i < y->n; i++)
+        wtmp[i] = bf(w[i]);
+      if (sharded_param)
+        ZCALL(zpp_pgroup_release(y->pg));
+      /* dcur holds dLoss/d(output of layer l) pre-activation for the last
+       * layer; for tanh layers convert through the derivative */
+      if (l != L - 1)
+        for (int b = 0; b < bl; b++)
+          for (int k = 0; k < y->fan_out; k++) {
+            float a = act[l + 1][(size_t)b * maxd + k];
+            dcur[(size_t)b * maxd + k] *= 1.0f - a * a;
+          }
+      memset(gacc, 0, y->n * 4);
+      float *gb = gacc + (size_t)y->fan_out * y->fan_in;
+      for (int b = 0; b < bl; b++) { /* samples in order: deterministic */
+        const float *x = act[l] + (size_t)b * maxd;
+        const float *d = dcur + (size_t)b * maxd;
+        for (int k = 0; k < y->fan_out; k++) {
+          float *gr = gacc + (size_t)k * y->fan_in;
+          for (int i = 0; i < y->fan_in; i++)
+            gr[i] += d[k] * x[i];
+          gb[k] += d[k];
+        }
+      }
+      if (l > 0)
+        for (int b = 0; b < bl; b++) {
+          const float *d = dcur + (size_t)b * maxd;
+          float *dp = dprev + (size_t)b * maxd;
+          for (int i = 0; i < y->fan_in; i++) {
+            float s = 0;
+            for (int k = 0; k < y->fan_out; k++)
+              s += wtmp[(size_t)k * y->fan_in + i] * d[k];
+            dp[i] = s;
+          }
+        }
+      float *t = dcur;
+      dcur = dprev;
+      dprev = t;
+      /* the bf16 gradient (padded tail zero) is reduced into its owner's
+       * shard: the same call in every non-quantized mode */
+      for (size_t i = 0; i < y->padded; i++)
+        y->gfull[i] = i < y->n ? tobf(gacc[i]) : 0;
+      ZCALL(zpp_pgroup_reduce_gradients(y->pg, y->gfull, y->gshard,
+                                        ZPP_OP_MEAN, NULL, NULL));
+      if (mode == M_DP) /* all-reduce = reduce-scatter + all-gather */
+        ZCALL(zpp_allgather(comm, y->gshard, y->gfull, y->shard,
+                            ZPP_BFLOAT16, NULL, NULL));
+    }
+
+    /* ---- optimizer ---- */
+    float bc1 = 1.0f - powf(0.9f, (float)step);
+    float bc2 = 1.0f - powf(0.999f, (float)step);
+    for (int l = 0; l < L; l++) {
+      layer_t *y = &ly[l];
+      if (mode == M_DP) {
+        for (size_t i = 0; i < y->padded; i++) {
+          adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gfull[i]), o.lr, bc1,
+               bc2);
+          y->wfull[i] = tobf(y->master[i]);
+        }
+        continue;
+      }
+      void *shard;
+      ZCALL(zpp_pgroup_shard(y->pg, &shard));
+      uint16_t *s = shard;
+      for (size_t i = 0; i < y->shard; i++) {
+        adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, bc1,
+             bc2);
+        s[i] = tobf(y->master[i]);
+      }
+      ZCALL(zpp_pgroup_params_changed(y->pg));
+    }
+    if (mode == M_ZERO1 || mode == M_ZERO2) /* refresh the full copies */
+    {
+      for (int l = 0; l < L; l++) /* all started, then all waited for */
+        ZCALL(zpp_pgroup_fetch(ly[l].pg, ZPP_FETCH_FORWARD, NULL));
+      for (int l = 0; l < L; l++)
+        ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
+    }
+
+    ZCALL(zpp_comm_get_stats(comm, &s1));
+    uint64_t mine[2] = {s1.inter_bytes_sent - s0.inter_bytes_sent,
+                        s1.intra_bytes_sent - s0.intra_bytes_sent};
+    tot_inter += mine[0];
+    tot_intra += mine[1];
+    MPI_Gather(mine, 2, MPI_UINT64_T, all_stats, 2, MPI_UINT64_T, 0,
+               MPI_COMM_WORLD);
+    if (g_rank == 0 && !o.quiet) {
+      printf("step %3d loss %.6f  bytes sent intra/inter per rank:", step,
+             loss);
+      for (int r = 0; r < W; r++)
+        printf(" r%d %llu/%llu", r, (unsigned long long)all_stats[2 * r + 1],
+               (unsigned long long)all_stats[2 * r]);
+      printf("\n");
+      fflush(stdout);
+    }
+  }
+  for (int l = 0; l < L; l++) {
+    zpp_pgroup_info_t pi = ZPP_PGROUP_INFO_INIT;
+    ZCALL(zpp_pgroup_get_info(ly[l].pg, &pi));
+    hpz_bytes += pi.hpz_bytes;
+    resid_bytes += pi.residual_bytes;
+  }
+
+  /* ---- checksum of the final fp32 master parameters (real elements) ---- */
+  uint64_t h = 1469598103934665603ull;
+  for (int l = 0; l < L; l++) {
+    layer_t *y = &ly[l];
+    float *full = y->master;
+    float *tmp = NULL;
+    if (sharded_opt) {
+      tmp = xcalloc(y->padded, 4);
+      MPI_Allgather(y->master, (int)y->shard, MPI_FLOAT, tmp, (int)y->shard,
+                    MPI_FLOAT, MPI_COMM_WORLD);
+      full = tmp;
+    }
+    h = fnv(h, full, y->n * 4);
+    free(tmp);
+  }
+  uint64_t hmin, hmax;
+  MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (hmin != hmax)
+    DIE("param_checksum differs between ranks");
+
+  uint64_t pr_inter[2] = {tot_inter, tot_intra};
+  uint64_t *tots = xcalloc(2 * (size_t)W, 8);
+  MPI_Gather(pr_inter, 2, MPI_UINT64_T, tots, 2, MPI_UINT64_T, 0,
+             MPI_COMM_WORLD);
+  unsigned long long sb = state_bytes, sbmin, sbmax;
+  MPI_Allreduce(&sb, &sbmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&sb, &sbmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+
+  if (g_rank == 0) {
+    int steps = o.steps > 0 ? o.steps : 1;
+    uint64_t wi = 0, wa = 0;
+    for (int r = 0; r < W; r++) {
+      wi += tots[2 * r];
+      wa += tots[2 * r + 1];
+    }
+    if (!o.quiet || !o.json)
+      printf("# final loss %.9g  param_checksum %016llx  model state %llu "
+             "bytes/rank  inter %.0f intra %.0f bytes/step (all ranks)\n",
+             final_loss, (unsigned long long)h, sb, (double)wi / steps,
+             (double)wa / steps);
+    if (o.json) {
+      printf("{\"mode\": \"%s\", \"world_size\": %d, \"nodes\": %d, "
+             "\"steps\": %d, \"final_loss\": %.9g, "
+             "\"param_checksum\": \"%016llx\", ",
+             mode_names[mode], W, nnodes, o.steps, final_loss,
+             (unsigned long long)h);
+      printf("\"inter_bytes_per_step\": %.17g, \"intra_bytes_per_step\": "
+             "%.17g, ",
+             (double)wi / steps, (double)wa / steps);
+      printf("\"inter_bytes_per_step_per_rank\": [");
+      for (int r = 0; r < W; r++)
+        printf("%s%.17g", r ? ", " : "", (double)tots[2 * r] / steps);
+      printf("], \"intra_bytes_per_step_per_rank\": [");
+      for (int r = 0; r < W; r++)
+        printf("%s%.17g", r ? ", " : "", (double)tots[2 * r + 1] / steps);
+      printf("], \"model_state_bytes\": %llu, \"model_state_bytes_max\": %llu, "
+             "\"psi\": %zu, \"psi_real\": %zu, \"shards\": [",
+             sbmin, sbmax, psi, psi_real);
+      for (int l = 0; l < L; l++)
+        printf("%s%zu", l ? ", " : "", ly[l].shard);
+      printf("], \"buffers\": {\"gathered_params_peak\": %zu, "
+             "\"grad_full_one_layer\": %zu, \"grad_shard_reduce_out\": %zu, "
+             "\"hpz_secondary\": %zu, \"qgz_residual\": %zu, "
+             "\"padding_elems\": %zu}, ",
+             peak_full, buf_bytes_grad, buf_bytes_gshard, hpz_bytes,
+             resid_bytes, psi - psi_real);
+      printf("\"qwz_bits\": %d, \"hpz\": %d, \"qgz_bits\": %d, "
+             "\"qgz_intra_bits\": %d, \"error_feedback\": %d, \"block\": %zu}"
+             "\n",
+             mode == M_ZEROPP ? o.qwz_bits : 0, mode == M_ZEROPP ? o.hpz : 0,
+             mode == M_ZEROPP ? o.qgz_bits : 0,
+             mode == M_ZEROPP && o.qgz_bits ? o.qgz_intra_bits : 0,
+             mode == M_ZEROPP && o.qgz_bits ? o.ef : 0, o.block);
+    }
+    fflush(stdout);
+  }
+
+  for (int l = 0; l < L; l++) {
+    ZCALL(zpp_pgroup_destroy(ly[l].pg));
+    free(ly[l].master);
+    free(ly[l].m);
+    free(ly[l].v);
+    free(ly[l].wfull);
+    if (!sharded_grad)
+      free(ly[l].gfull);
+    free(ly[l].gshard);
+  }
+  for (int l = 0; l <= L; l++)
+    free(act[l]);
+  free(act);
+  free(ly);
+  free(gbuf);
+  free(dcur);
+  free(dprev);
+  free(gacc);
+  free(wtmp);
+  free(all_stats);
+  free(tots);
+  free(losses);
+  ZCALL(zpp_comm_destroy(comm));
+  MPI_Finalize();
+  return 0;
+}
