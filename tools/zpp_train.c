@@ -334,7 +334,8 @@ int main(int argc, char **argv) {
 
   zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
   ZCALL(zpp_comm_reset_stats(comm));
-  double final_loss = 0;
+  double final_loss = 0, tail_sum = 0, first_loss = 0;
+  int tail_n = 0;
   uint64_t tot_inter = 0, tot_intra = 0;
   uint64_t *all_stats = xcalloc(2 * (size_t)W, 8);
   size_t peak_full = 0, hpz_bytes = 0, resid_bytes = 0;
@@ -414,6 +415,10 @@ int main(int argc, char **argv) {
       loss += losses[r];
     loss /= W;
     final_loss = loss;
+    if (step == 1)
+      first_loss = loss;
+    if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
+      tail_sum += loss, tail_n++;
 
     /* ---- backward ---- */
     if (sharded_param)
@@ -576,9 +581,11 @@ int main(int argc, char **argv) {
     if (o.json) {
       printf("{\"mode\": \"%s\", \"world_size\": %d, \"nodes\": %d, "
              "\"steps\": %d, \"final_loss\": %.9g, "
-             "\"param_checksum\": \"%016llx\", ",
+             "\"param_checksum\": \"%016llx\", \"loss_last10\": %.9g, "
+             "\"first_loss\": %.9g, ",
              mode_names[mode], W, nnodes, o.steps, final_loss,
-             (unsigned long long)h);
+             (unsigned long long)h, tail_n ? tail_sum / tail_n : final_loss,
+             first_loss);
       printf("\"inter_bytes_per_step\": %.17g, \"intra_bytes_per_step\": "
              "%.17g, ",
              (double)wi / steps, (double)wa / steps);

@@ -1,0 +1,411 @@
+// Multi-rank tests of the runtime API (zpp_pgroup_*, include/zpp/zpp_runtime.h)
+// under mpirun: see tests/runtime.cmake.
+//
+// Every rank regenerates every rank's data from (seed, rank), so each can
+// compute the exact expectation locally.  Seed: ZPP_TEST_SEED (default
+// 20261129), printed by rank 0.  Never return early before a collective:
+// all ranks must make the same calls, so checks use EXPECT_*.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+#include <zpp/zpp_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpi_gtest_main.h"
+
+extern "C" {
+#include "quant_math.h"
+}
+
+namespace {
+
+zpp_comm_t g_comm = nullptr;
+int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+float bf16_round(float v) { return zpp_qm_bf16_to_f32(zpp_qm_f32_to_bf16(v)); }
+
+// n bf16 values of rank r for test `tag`.
+std::vector<uint16_t> gen(int r, size_t n, uint64_t tag) {
+  std::mt19937_64 rng(seed() * 7919ull + tag * 104729ull + (uint64_t)r);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> x(n);
+  for (auto &v : x) v = zpp_qm_f32_to_bf16(nd(rng));
+  return x;
+}
+
+uint64_t inter_sent() {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  zpp_comm_get_stats(g_comm, &s);
+  return s.inter_bytes_sent;
+}
+
+uint64_t world_sum(uint64_t v) {
+  uint64_t t = 0;
+  MPI_Allreduce(&v, &t, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return t;
+}
+
+TEST(PGroup, LayoutPadsToTheWorldAndTheAlignment) {
+  const size_t sizes[] = {5, 0, 1000, 37, 1};
+  for (size_t align : {0, 1, 7, 256}) {
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.align = align;
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 5, &pg), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+    ASSERT_EQ(zpp_pgroup_get_info(pg, &info), ZPP_OK);
+    size_t a = align ? align : 1;  // no quantizer: auto alignment is 1
+    size_t per = (1043 + g_size - 1) / g_size;
+    per = (per + a - 1) / a * a;
+    EXPECT_EQ(info.numel, 1043u);
+    EXPECT_EQ(info.shard_numel, per) << "align " << align;
+    EXPECT_EQ(info.padded_numel, per * g_size);
+    EXPECT_EQ(info.shard_offset, per * g_rank);
+    EXPECT_EQ(info.world_size, g_size);
+    EXPECT_EQ(info.ntensors, 5);
+    size_t off = 0;
+    for (int t = 0; t < 5; t++) {
+      size_t o = 99, n = 99;
+      int fr = -1, lr = -1;
+      ASSERT_EQ(zpp_pgroup_tensor(pg, t, &o, &n, &fr, &lr), ZPP_OK);
+      EXPECT_EQ(o, off);
+      EXPECT_EQ(n, sizes[t]);
+      size_t last = n ? o + n - 1 : o;
+      EXPECT_EQ(fr, std::min<int>((int)(o / per), g_size - 1)) << "tensor " << t;
+      EXPECT_EQ(lr, std::min<int>((int)(last / per), g_size - 1)) << "tensor " << t;
+      off += sizes[t];
+    }
+    // The shard starts zeroed (the padding must be zero).
+    void *shard = nullptr;
+    ASSERT_EQ(zpp_pgroup_shard(pg, &shard), ZPP_OK);
+    std::vector<uint16_t> zero(per, 0);
+    EXPECT_EQ(std::memcmp(shard, zero.data(), per * 2), 0);
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  }
+  // Auto alignment with quantizers: the lcm of the two blocks.
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qwz_bits = 8;
+  cfg.qwz_block = 96;
+  cfg.qgz_bits = 4;
+  cfg.qgz_block = 64;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 5, &pg), ZPP_OK);
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  ASSERT_EQ(zpp_pgroup_get_info(pg, &info), ZPP_OK);
+  EXPECT_EQ(info.shard_numel % 192, 0u);
+  EXPECT_GE(info.padded_numel, 1043u);
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+// Fills my shard with gen(rank) and returns every rank's shard concatenated.
+std::vector<uint16_t> fill_shard(zpp_pgroup_t pg, size_t shard, uint64_t tag) {
+  void *p = nullptr;
+  EXPECT_EQ(zpp_pgroup_shard(pg, &p), ZPP_OK);
+  auto mine = gen(g_rank, shard, tag);
+  if (p) std::memcpy(p, mine.data(), shard * 2);
+  std::vector<uint16_t> all;
+  for (int r = 0; r < g_size; r++) {
+    auto x = gen(r, shard, tag);
+    all.insert(all.end(), x.begin(), x.end());
+  }
+  return all;
+}
+
+TEST(PGroup, FetchForwardAndBackwardGatherEveryShardExactly) {
+  const size_t sizes[] = {333, 1200};
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 2, &pg), ZPP_OK);
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  auto want = fill_shard(pg, info.shard_numel, 1);
+  for (zpp_fetch_t k : {ZPP_FETCH_FORWARD, ZPP_FETCH_BACKWARD}) {
+    void *full = nullptr;
+    EXPECT_EQ(zpp_pgroup_fetch(pg, k, nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK) << zpp_get_last_error();
+    ASSERT_NE(full, nullptr);
+    EXPECT_EQ(std::memcmp(full, want.data(), want.size() * 2), 0) << "kind " << k;
+    zpp_pgroup_info_t held = ZPP_PGROUP_INFO_INIT;
+    zpp_pgroup_get_info(pg, &held);
+    EXPECT_EQ(held.full_bytes, info.padded_numel * 2);
+    EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
+    zpp_pgroup_get_info(pg, &held);
+    EXPECT_EQ(held.full_bytes, 0u) << "release frees the full buffer";
+  }
+  // Two groups in flight: the second is prefetched before the first waits.
+  zpp_pgroup_t pg2 = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 1, &pg2), ZPP_OK);
+  zpp_pgroup_info_t info2 = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg2, &info2);
+  auto want2 = fill_shard(pg2, info2.shard_numel, 2);
+  void *f1 = nullptr, *f2 = nullptr;
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_fetch(pg2, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg, &f1), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg2, &f2), ZPP_OK);
+  if (f1) {
+    EXPECT_EQ(std::memcmp(f1, want.data(), want.size() * 2), 0);
+  }
+  if (f2) {
+    EXPECT_EQ(std::memcmp(f2, want2.data(), want2.size() * 2), 0);
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(pg2), ZPP_OK);  // destroy while held: frees
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+TEST(PGroup, HpzBackwardEqualsForwardStaysInTheNodeAndRefreshesWhenStale) {
+  const size_t sizes[] = {4000, 100};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qwz_bits = 8;
+  cfg.hpz = 1;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 2, &pg), ZPP_OK)
+      << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t padded = info.padded_numel;
+  fill_shard(pg, info.shard_numel, 3);
+  void *full = nullptr;
+  std::vector<uint16_t> fwd(padded), bwd(padded);
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
+  if (full) std::memcpy(fwd.data(), full, padded * 2);
+  EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
+  uint64_t before = world_sum(inter_sent());
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_BACKWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
+  if (full) std::memcpy(bwd.data(), full, padded * 2);
+  EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
+  uint64_t after = world_sum(inter_sent());
+  EXPECT_EQ(std::memcmp(fwd.data(), bwd.data(), padded * 2), 0)
+      << "hpZ backward output must equal the forward output bit for bit";
+  bool uneven = !g_uniform;
+  if (!uneven) {
+    EXPECT_EQ(after - before, 0u) << "backward fetch crossed nodes";
+  }
+  zpp_pgroup_get_info(pg, &info);
+  if (g_nnodes > 1 && g_uniform) {
+    EXPECT_GT(info.hpz_bytes, 0u);
+  }
+
+  // New parameters: after params_changed a backward fetch must not serve
+  // the stale secondary copy; it gathers the new values (a refresh).
+  auto want = fill_shard(pg, info.shard_numel, 4);
+  EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_OK);
+  zpp_pgroup_info_t info2 = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info2);
+  EXPECT_EQ(info2.generation, info.generation + 1);
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_BACKWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
+  if (full) std::memcpy(bwd.data(), full, padded * 2);
+  EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
+  // The INT8 code of a bf16 value is within half a step of its block's
+  // absmax / 127 (docs/format.md); check against that generous bound and
+  // that the values moved away from the stale ones.
+  int bad = 0, changed = 0;
+  for (size_t b0 = 0; b0 < padded; b0 += 256) {
+    size_t b1 = std::min(padded, b0 + 256);
+    // blocks are per shard; a shard is a multiple of 256 here (auto align)
+    float amax = 0;
+    for (size_t i = b0; i < b1; i++)
+      amax = std::max(amax, std::fabs(zpp_qm_bf16_to_f32(want[i])));
+    for (size_t i = b0; i < b1; i++) {
+      float w = zpp_qm_bf16_to_f32(want[i]), g = zpp_qm_bf16_to_f32(bwd[i]);
+      if (std::fabs(g - w) > amax / 127.0f * 0.51f + std::fabs(w) * 0.008f) bad++;
+      if (bwd[i] != fwd[i]) changed++;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "refreshed backward fetch is not the new parameters";
+  EXPECT_GT(changed, (int)(padded / 2)) << "stale secondary copy was used";
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
+  const size_t sizes[] = {777, 3, 250};
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 3, &pg), ZPP_OK);
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t s = info.shard_numel, n = info.padded_numel;
+  auto mine = gen(g_rank, n, 5);
+  std::vector<uint16_t> out(s + 1);
+  EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, mine.data(), out.data(),
+                                        ZPP_OP_MEAN, nullptr, nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  // fp32 sum in rank order, rounded once to bf16; MEAN divides and rounds
+  // again (docs/collectives.md, baselines).
+  std::vector<float> acc(s, 0.0f);
+  for (int r = 0; r < g_size; r++) {
+    auto x = gen(r, n, 5);
+    for (size_t i = 0; i < s; i++) acc[i] += zpp_qm_bf16_to_f32(x[g_rank * s + i]);
+  }
+  int bad = 0;
+  for (size_t i = 0; i < s; i++) {
+    float m = bf16_round(bf16_round(acc[i]) / (float)g_size);
+    if (zpp_qm_bf16_to_f32(out[i]) != m && bad++ < 3)
+      ADD_FAILURE() << "element " << i << ": " << zpp_qm_bf16_to_f32(out[i])
+                    << " want " << m;
+  }
+  // Asynchronous form gives the same bits.
+  std::vector<uint16_t> out2(s + 1);
+  zpp_request_t req = nullptr;
+  EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, mine.data(), out2.data(),
+                                        ZPP_OP_MEAN, nullptr, &req),
+            ZPP_OK);
+  EXPECT_EQ(zpp_request_wait(req), ZPP_OK);
+  EXPECT_EQ(std::memcmp(out.data(), out2.data(), s * 2), 0);
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
+  const size_t sizes[] = {3000};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qgz_bits = 4;
+  cfg.qgz_intra_bits = 8;
+  cfg.qgz_block = 128;
+  cfg.error_feedback = 1;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK)
+      << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
+  EXPECT_EQ(info.shard_numel % 128, 0u);
+  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
+  EXPECT_EQ(rc, want_rc);
+  EXPECT_EQ(info.residual_bytes, rc * 4);
+  // Reference: the collective itself with our own residual, same inputs,
+  // three steps (the residual carries over between steps).
+  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+  q.inter_bits = 4;
+  q.intra_bits = 8;
+  q.block_size = 128;
+  std::vector<float> resid(rc, 0.0f);
+  for (int step = 0; step < 3; step++) {
+    auto g = gen(g_rank, n, 10 + step);
+    std::vector<uint16_t> a(s + 1), b(s + 1);
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN,
+                                          nullptr, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, resid.data(),
+                                     nullptr, nullptr),
+              ZPP_OK);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
+  const size_t sizes[] = {10};
+  zpp_pgroup_t pg = nullptr;
+  auto msg = []() { return std::string(zpp_get_last_error()); };
+  EXPECT_EQ(zpp_pgroup_create(nullptr, nullptr, sizes, 1, &pg),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(msg().find("comm"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_create(g_comm, nullptr, nullptr, 1, &pg),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(msg().find("sizes"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, -1, &pg),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("ntensors"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 1, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  struct Bad { const char *field; void (*set)(zpp_pgroup_config_t *); };
+  const Bad bads[] = {
+      {"struct_size", [](zpp_pgroup_config_t *c) { c->struct_size = 8; }},
+      {"dtype", [](zpp_pgroup_config_t *c) { c->dtype = (zpp_dtype_t)9; }},
+      {"qwz_bits", [](zpp_pgroup_config_t *c) { c->qwz_bits = 3; }},
+      {"qwz_block", [](zpp_pgroup_config_t *c) { c->qwz_bits = 8; c->qwz_block = 0; }},
+      {"qgz_bits", [](zpp_pgroup_config_t *c) { c->qgz_bits = 2; }},
+      {"qgz_intra_bits", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_intra_bits = 16; }},
+      {"qgz_block", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_block = 0; }},
+      {"hpz", [](zpp_pgroup_config_t *c) { c->hpz = 2; }},
+      {"error_feedback", [](zpp_pgroup_config_t *c) { c->error_feedback = 1; }},
+  };
+  for (const Bad &b : bads) {
+    zpp_pgroup_config_t c = ZPP_PGROUP_CONFIG_INIT;
+    b.set(&c);
+    pg = nullptr;
+    EXPECT_EQ(zpp_pgroup_create(g_comm, &c, sizes, 1, &pg),
+              ZPP_ERR_INVALID_ARGUMENT) << b.field;
+    EXPECT_NE(msg().find(b.field), std::string::npos) << msg();
+    EXPECT_EQ(pg, nullptr) << "output set on error";
+  }
+  ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 1, &pg), ZPP_OK);
+  size_t o;
+  EXPECT_EQ(zpp_pgroup_tensor(pg, 1, &o, nullptr, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("t 1"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_wait(pg, nullptr), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("fetch"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_fetch(pg, (zpp_fetch_t)7, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("kind"), std::string::npos) << msg();
+  // A second fetch while one is pending, and params_changed meanwhile.
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("pending"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_pgroup_wait(pg, nullptr), ZPP_OK);
+  // params_changed makes the held copy stale: wait refuses it.
+  EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_wait(pg, nullptr), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, nullptr, nullptr, ZPP_OP_MEAN,
+                                        nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(msg().find("full_grad"), std::string::npos) << msg();
+  EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, (float *)&o),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("residual"), std::string::npos) << msg();
+  zpp_pgroup_info_t small = ZPP_PGROUP_INFO_INIT;
+  small.struct_size = 4;
+  EXPECT_EQ(zpp_pgroup_get_info(pg, &small), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_destroy(nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_fetch(nullptr, ZPP_FETCH_FORWARD, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(msg().find("pg"), std::string::npos) << msg();
+}
+
+void setup() {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &g_comm) != ZPP_OK) {
+    std::fprintf(stderr, "zpp_comm_create_mpi: %s\n", zpp_get_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  zpp_comm_rank(g_comm, &g_rank);
+  zpp_comm_size(g_comm, &g_size);
+  zpp_comm_nnodes(g_comm, &g_nnodes);
+  zpp_comm_topo_uniform(g_comm, &g_uniform);
+  if (g_rank == 0)
+    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d\n",
+                (unsigned long long)seed(), g_nnodes, g_uniform);
+}
+
+void teardown() { zpp_comm_destroy(g_comm); }
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  return zpp_test::RunAllRanks(argc, argv, setup, teardown);
+}
