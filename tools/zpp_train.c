@@ -114,7 +114,7 @@ static void usage(FILE *out) {
           "  --mode M        dp | zero1 | zero2 | zero3 | zeropp (zero3)\n"
           "  --depth L       layers (14)        --width H   hidden width (62)\n"
           "  --in D          input features (16) --out K    outputs (4)\n"
-          "  --large         depth 8, width 1024 (about 7.4M parameters)\n"
+          "  --large         depth 8, width 1024 (about 6.3M parameters)\n"
           "  --batch B       global batch, a multiple of N (64)\n"
           "  --steps S       (50)               --lr X      Adam lr (1e-3)\n"
           "  --seed S        data and init seed (1)\n"
