@@ -124,7 +124,8 @@ static void usage(FILE *out) {
           "  --qgz-intra BITS  bits inside the node (4)\n"
           "  --ef 0|1        qgZ error feedback (1)\n"
           "  --block N       quantization block and shard alignment (256)\n"
-          "  --json          end with one JSON object (rank 0)\n"
+          "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
+"                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
 }
 
@@ -346,7 +347,13 @@ int main(int argc, char **argv) {
            "), global batch %d\n",
            mode_names[mode], W, nnodes, L, psi_real, psi, o.batch);
 
+  /* Step time: from a barrier to the end of the optimizer step on the
+   * slowest rank (MPI_Wtime, max over ranks); the first step warms caches
+   * and allocators, so the mean leaves it out when there are more. */
+  double time_sum = 0.0, time_first = 0.0;
   for (int step = 1; step <= o.steps; step++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t_step = MPI_Wtime();
     ZCALL(zpp_comm_get_stats(comm, &s0));
     /* data: sample j of the global batch of this step; teacher targets */
     int sample0 = g_rank * bl;
@@ -513,6 +520,14 @@ int main(int argc, char **argv) {
         ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
 
+    t_step = MPI_Wtime() - t_step;
+    double t_max = 0.0;
+    MPI_Allreduce(&t_step, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (step == 1)
+      time_first = t_max;
+    else
+      time_sum += t_max;
+
     ZCALL(zpp_comm_get_stats(comm, &s1));
     uint64_t mine[2] = {s1.inter_bytes_sent - s0.inter_bytes_sent,
                         s1.intra_bytes_sent - s0.intra_bytes_sent};
@@ -521,8 +536,9 @@ int main(int argc, char **argv) {
     MPI_Gather(mine, 2, MPI_UINT64_T, all_stats, 2, MPI_UINT64_T, 0,
                MPI_COMM_WORLD);
     if (g_rank == 0 && !o.quiet) {
-      printf("step %3d loss %.6f  bytes sent intra/inter per rank:", step,
-             loss);
+      printf("step %3d loss %.6f  time %.4f s  bytes sent intra/inter per "
+             "rank:",
+             step, loss, t_max);
       for (int r = 0; r < W; r++)
         printf(" r%d %llu/%llu", r, (unsigned long long)all_stats[2 * r + 1],
                (unsigned long long)all_stats[2 * r]);
@@ -589,6 +605,8 @@ int main(int argc, char **argv) {
       printf("\"inter_bytes_per_step\": %.17g, \"intra_bytes_per_step\": "
              "%.17g, ",
              (double)wi / steps, (double)wa / steps);
+      printf("\"step_time_s\": %.9g, \"first_step_time_s\": %.9g, ",
+             o.steps > 1 ? time_sum / (o.steps - 1) : time_first, time_first);
       printf("\"inter_bytes_per_step_per_rank\": [");
       for (int r = 0; r < W; r++)
         printf("%s%.17g", r ? ", " : "", (double)tots[2 * r] / steps);
