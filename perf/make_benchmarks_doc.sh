@@ -38,6 +38,7 @@ command -v taskset > /dev/null && pin=(taskset -c 1)
 ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/quant_error_tables.sh" "$gen/quant_error.md" "$gen/quant_error.png"
 bash "$root/perf/collective_targets.sh" "$gen/collective_targets.md" "$build"
+bash "$root/perf/bandwidth_study.sh" "$gen" "$build"
 
 python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'
 import re, sys, pathlib

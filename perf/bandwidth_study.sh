@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Cross-node bandwidth study: 8 ranks as an EMULATED 2x4 cluster, the
+# inter-node link EMULATED at 0.1, 0.4, 1 and 10 Gbit/s per rank and not
+# slowed ("unlimited"); every variant of the all-gather (bf16, qwz8, qwz4),
+# the reduce-scatter (bf16, qgz4, qgz8-4) and the hpZ gathers (bf16,
+# hpz-fwd8, hpz-bwd8) at 256 KiB .. 16 MiB (x4).  Each speedup is the bf16
+# baseline's time divided by the variant's, both measured in the same
+# zpp-bench run.  Then, when BUILD_DIR/tools/zpp-train exists, a training
+# step study (zpp-train --large --mode zero3 vs zeropp, 5 steps) at the same
+# link speeds.
+#   usage: perf/bandwidth_study.sh OUT_DIR [BUILD_DIR]
+# Writes OUT_DIR/bandwidth_study.csv (every zpp-bench row, the link speed
+# first), OUT_DIR/bandwidth_study.md (tables and the exact commands),
+# OUT_DIR/bandwidth_study_busbw.png, OUT_DIR/bandwidth_study_speedup.png
+# and, with zpp-train, OUT_DIR/bandwidth_study_train.{csv,png}.
+#
+# Run time on 2 cores: about 5-8 minutes.  To keep it there every row is
+# -w 1 -n 2 (one untimed, two timed iterations), and at 0.1 Gbit/s -n 1:
+# a bf16 all-gather of 16 MiB shards moves 7 * 16 MiB through one rank per
+# node there, about 10 s per iteration.
+# For a quick smoke run: ZPP_STUDY_SPEEDS="1 unlimited" ZPP_STUDY_MAXBYTES=1M.
+set -euo pipefail
+prog=bandwidth_study.sh
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $prog OUT_DIR [BUILD_DIR]" >&2
+  exit 2
+fi
+out=$1
+build=${2:-build}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bench=$build/perf/zpp-bench
+train=$build/tools/zpp-train
+[ -x "$bench" ] || { echo "$prog: no $bench: build first" >&2; exit 1; }
+python3 -c 'import matplotlib' 2> /dev/null || {
+  echo "$prog: python3 matplotlib is missing (pip install matplotlib)" >&2
+  exit 1
+}
+mkdir -p "$out"
+
+export OMPI_MCA_mpi_yield_when_idle=1
+mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
+        --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
+read -r -a speeds <<< "${ZPP_STUDY_SPEEDS:-0.1 0.4 1 10 unlimited}"
+maxbytes=${ZPP_STUDY_MAXBYTES:-16M}
+colls=(allgather reducescatter hpz-gather)
+declare -A variants=([allgather]=bf16,qwz8,qwz4 [reducescatter]=bf16,qgz4,qgz8-4
+                     [hpz-gather]=bf16,hpz-fwd8,hpz-bwd8)
+
+csv=$out/bandwidth_study.csv
+cmds=$out/bandwidth_study.cmds
+echo "link_gbit,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max" > "$csv"
+: > "$cmds"
+status=0
+t0=$(date +%s)
+for gbit in "${speeds[@]}"; do
+  iters=2
+  [ "$gbit" = 0.1 ] && iters=1
+  emu=${gbit/unlimited/0}
+  for coll in "${colls[@]}"; do
+    args=(--coll "$coll" --variant "${variants[$coll]}" -b 256K -e "$maxbytes" -f 4
+          -n "$iters" -w 1 -c 1 --format csv)
+    cmd="ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$emu mpirun -np 8 zpp-bench ${args[*]}"
+    echo "$cmd" >> "$cmds"
+    echo "\$ $cmd" >&2
+    # A failed check (exit 1) still prints its rows: keep them, report it.
+    rc=0
+    "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$bench" "${args[@]}" \
+        > "$out/.bench.out" 2> "$out/.bench.err" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      echo "$prog: zpp-bench exited $rc at $gbit Gbit/s, $coll:" >&2
+      tail -5 "$out/.bench.err" >&2
+      status=1
+    fi
+    grep -v '^#' "$out/.bench.out" | grep -v '^coll,' | sed "s/^/$gbit,/" >> "$csv" || true
+  done
+done
+rm -f "$out/.bench.out" "$out/.bench.err"
+t1=$(date +%s)
+
+# ---- training step study --------------------------------------------------
+tcsv=$out/bandwidth_study_train.csv
+tmd=$out/.train.md
+rm -f "$tcsv"
+if [ -x "$train" ]; then
+  steps=5
+  echo "link_gbit,mode,steps,wall_s,step_time_s,step_time_source,inter_bytes_per_step,inter_bytes_per_step_per_rank" > "$tcsv"
+  for gbit in "${speeds[@]}"; do
+    emu=${gbit/unlimited/0}
+    for mode in zero3 zeropp; do
+      targs=(--mode "$mode" --large --steps "$steps" --json)
+      cmd="ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$emu mpirun -np 8 zpp-train ${targs[*]}"
+      echo "$cmd" >> "$cmds"
+      echo "\$ $cmd" >&2
+      ts=$(date +%s.%N)
+      rc=0
+      "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$train" "${targs[@]}" \
+          2> "$out/.train.err" | python3 "$here/plot_bandwidth_study.py" --stamp \
+          > "$out/.train.out" || rc=$?
+      te=$(date +%s.%N)
+      if [ "$rc" -ne 0 ]; then
+        echo "$prog: zpp-train exited $rc at $gbit Gbit/s, --mode $mode:" >&2
+        tail -5 "$out/.train.err" >&2
+        status=1
+        continue
+      fi
+      python3 "$here/plot_bandwidth_study.py" --train-row "$gbit" "$mode" \
+          "$steps" "$ts" "$te" "$out/.train.out" >> "$tcsv" || status=1
+    done
+  done
+  rm -f "$out/.train.out" "$out/.train.err"
+fi
+t2=$(date +%s)
+
+# ---- markdown and plots ----------------------------------------------------
+python3 "$here/plot_bandwidth_study.py" --markdown "$csv" "$cmds" \
+    "$tcsv" "$train" "$((t1 - t0))" "$((t2 - t1))" > "$out/bandwidth_study.md"
+python3 "$here/plot_bandwidth_study.py" --plot "$csv" "$tcsv" "$out"
+rm -f "$cmds" "$tmd"
+echo "wrote $out/bandwidth_study.{csv,md} and PNGs ($((t1 - t0)) s collectives, $((t2 - t1)) s training)" >&2
+exit "$status"
