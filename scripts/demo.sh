@@ -38,9 +38,24 @@ if [ -x "$build/perf/zpp-bench" ]; then
     --coll hpz-gather --variant bf16,hpz-fwd8,hpz-bwd8 -b 4M -e 4M -n 3 -w 1
 fi
 
+if [ -x "$build/tools/zpp-train" ]; then
+  echo
+  echo "-- 5. a training step: ZeRO-3 vs ZeRO++ (qwZ INT8 + hpZ + qgZ INT4), MLP of 6.3M parameters --"
+  for mode in zero3 zeropp; do
+    echo "\$ ZPP_EMU_INTER_GBIT=$gbit mpirun -np $np zpp-train --mode $mode --large --steps 3 --json"
+    "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$gbit" "$build/tools/zpp-train" \
+      --mode "$mode" --large --steps 3 --quiet --json | tail -n 1 | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+print("   %-7s step %.3f s   inter-node %6.2f MB/step   intra-node %6.2f MB/step   loss %.4f   model state %.1f MB/rank"
+      % (d["mode"], d["step_time_s"], d["inter_bytes_per_step"] / 1e6,
+         d["intra_bytes_per_step"] / 1e6, d["final_loss"], d["model_state_bytes"] / 1e6))'
+  done
+fi
+
 if [ -x "$build/tools/zpp-quant-error" ]; then
   echo
-  echo "-- 5. quantization error per block size (1M normal and outlier-heavy values) --"
+  echo "-- 6. quantization error per block size (1M normal and outlier-heavy values) --"
   echo "\$ zpp-quant-error --dist normal,normal-outliers --bits 8,4 --block 32,256,4096,0 --n 1048576"
   "$build/tools/zpp-quant-error" --dist normal,normal-outliers --bits 8,4 \
     --block 32,256,4096,0 --n 1048576
@@ -48,7 +63,7 @@ fi
 
 if [ -x "$build/perf/zpp-quant-bench" ]; then
   echo
-  echo "-- 6. quantizer throughput vs memcpy, one core (4M elements) --"
+  echo "-- 7. quantizer throughput vs memcpy, one core (4M elements) --"
   "$build/perf/zpp-quant-bench" --n 4194304 --iters 5
 fi
 
