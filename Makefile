@@ -47,7 +47,11 @@ test-asan: asan
 test: test-unit test-asan
 	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD))"
 
-demo: build
+# The demo needs only the tools and benchmarks, not the test suites.
+DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench
+
+demo: deps configure
+	cmake --build $(BUILD) -j$(JOBS) --target $(DEMO_TARGETS)
 	@bash scripts/demo.sh $(BUILD)
 
 clean:
