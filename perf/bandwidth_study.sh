@@ -83,11 +83,16 @@ tmd=$out/.train.md
 rm -f "$tcsv"
 if [ -x "$train" ]; then
   steps=5
-  echo "link_gbit,mode,steps,wall_s,step_time_s,step_time_source,inter_bytes_per_step,inter_bytes_per_step_per_rank" > "$tcsv"
+  echo "batch,link_gbit,mode,steps,wall_s,step_time_s,step_time_source,inter_bytes_per_step,inter_bytes_per_step_per_rank" > "$tcsv"
+  # Two global batches: 8 (one sample per rank) keeps the step's compute
+  # small next to its traffic, as on GPUs, where a step's FLOPs take far
+  # less time than here; 64 (the trainer's default) is compute-heavy on
+  # 2 shared cores.  docs/benchmarks.md section 4 explains the choice.
+  for batch in 8 64; do
   for gbit in "${speeds[@]}"; do
     emu=${gbit/unlimited/0}
     for mode in zero3 zeropp; do
-      targs=(--mode "$mode" --large --steps "$steps" --json)
+      targs=(--mode "$mode" --large --batch "$batch" --steps "$steps" --json)
       cmd="ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$emu mpirun -np 8 zpp-train ${targs[*]}"
       echo "$cmd" >> "$cmds"
       echo "\$ $cmd" >&2
@@ -103,9 +108,10 @@ if [ -x "$train" ]; then
         status=1
         continue
       fi
-      python3 "$here/plot_bandwidth_study.py" --train-row "$gbit" "$mode" \
+      python3 "$here/plot_bandwidth_study.py" --train-row "$batch" "$gbit" "$mode" \
           "$steps" "$ts" "$te" "$out/.train.out" >> "$tcsv" || status=1
     done
+  done
   done
   rm -f "$out/.train.out" "$out/.train.err"
 fi

@@ -10,7 +10,7 @@
         the markdown section on stdout
     plot_bandwidth_study.py --stamp < zpp-train output > STAMPED
         prefix each line with its arrival time
-    plot_bandwidth_study.py --train-row GBIT MODE STEPS T_START T_END STAMPED
+    plot_bandwidth_study.py --train-row BATCH GBIT MODE STEPS T_START T_END STAMPED
         one CSV row of the training table from zpp-train --json output
 
 STUDY.csv is zpp-bench's CSV with the link speed (Gbit/s per rank, or
@@ -115,10 +115,12 @@ def stamp():
         sys.stdout.flush()
 
 
-def train_row(gbit, mode, steps, t_start, t_end, stamped_path):
+def train_row(batch, gbit, mode, steps, t_start, t_end, stamped_path):
     """zpp-train prints a line per step (rank 0, flushed) and then one JSON
-    object; the step time is the spacing of the step lines' arrival times
-    (start-up and the first step excluded), else wall time / steps."""
+    object; the step time is its own step_time_s (barrier to the end of the
+    optimizer step, max over ranks, first step excluded) when it reports
+    one, else the spacing of the step lines' arrival times, else wall time
+    / steps."""
     obj, step_t = None, []
     for raw in open(stamped_path):
         t, _, line = raw.partition("\t")
@@ -134,7 +136,9 @@ def train_row(gbit, mode, steps, t_start, t_end, stamped_path):
         fail(2, f"{stamped_path}: no JSON object in zpp-train's output")
     steps = int(steps)
     wall = float(t_end) - float(t_start)
-    if len(step_t) >= 2:
+    if isinstance(obj.get("step_time_s"), (int, float)):
+        step_s, source = float(obj["step_time_s"]), "zpp-train step_time_s"
+    elif len(step_t) >= 2:
         step_s = (step_t[-1] - step_t[0]) / (len(step_t) - 1)
         source = f"step lines ({len(step_t) - 1} intervals)"
     else:
@@ -143,7 +147,7 @@ def train_row(gbit, mode, steps, t_start, t_end, stamped_path):
     inter = obj.get("inter_bytes_per_step")
     inter_all = f"{inter:.0f}" if isinstance(inter, (int, float)) else ""
     inter_rank = f"{inter / world:.0f}" if isinstance(inter, (int, float)) else ""
-    print(f"{gbit},{mode},{steps},{wall:.3f},{step_s:.6f},{source},{inter_all},{inter_rank}")
+    print(f"{batch},{gbit},{mode},{steps},{wall:.3f},{step_s:.6f},{source},{inter_all},{inter_rank}")
 
 
 # ---- markdown ---------------------------------------------------------------
@@ -232,18 +236,21 @@ def markdown(study, cmds_path, train_path, train_bin, s_coll, s_train):
           f"(no `{train_bin}`), so there is no training-step study in this "
           f"version of the document.")
     else:
-        p(f"{s_train} s in all. step time = the spacing of zpp-train's per-step "
-          f"lines as rank 0 prints them (start-up and the first step excluded; "
-          f"the last column says how many intervals), else wall time / steps; "
-          f"inter MB/step = zpp-train's `inter_bytes_per_step` (the sum over "
-          f"all 8 ranks) / 8 ranks / 1e6, i.e. per rank.")
+        p(f"{s_train} s in all. step time = zpp-train's `step_time_s` (from a "
+          f"barrier to the end of the optimizer step, max over ranks, mean over "
+          f"steps 2..); inter MB/step = zpp-train's `inter_bytes_per_step` (the "
+          f"sum over all 8 ranks) / 8 ranks / 1e6, i.e. per rank. The global "
+          f"batch is 8 (one sample per rank) or 64 (the trainer's default).")
         p("")
-        p("| link per rank | zero3 step (ms) | zeropp step (ms) | speedup | "
+        p("| batch | link per rank | zero3 step (ms) | zeropp step (ms) | speedup | "
           "zero3 inter MB/step/rank | zeropp inter MB/step/rank | step time from |")
-        p("|---|---:|---:|---:|---:|---:|---|")
-        tb = {(r["link_gbit"], r["mode"]): r for r in train}
-        for g in ordered([r["link_gbit"] for r in train], SPEED_ORDER):
-            z3, zp = tb.get((g, "zero3")), tb.get((g, "zeropp"))
+        p("|---:|---|---:|---:|---:|---:|---:|---|")
+        tb = {(r["batch"], r["link_gbit"], r["mode"]): r for r in train}
+        for b, g in [(b, g) for b in sorted({r["batch"] for r in train}, key=int)
+                     for g in ordered([r["link_gbit"] for r in train], SPEED_ORDER)]:
+            z3, zp = tb.get((b, g, "zero3")), tb.get((b, g, "zeropp"))
+            if not z3 and not zp:
+                continue
 
             def ms(r):
                 return f"{float(r['step_time_s']) * 1e3:.1f}" if r else "-"
@@ -255,7 +262,7 @@ def markdown(study, cmds_path, train_path, train_bin, s_coll, s_train):
             if z3 and zp and float(zp["step_time_s"]) > 0:
                 sp = f"{float(z3['step_time_s']) / float(zp['step_time_s']):.2f}"
             src = (z3 or zp)["step_time_source"]
-            p(f"| {speed_label(g)} | {ms(z3)} | {ms(zp)} | {sp} | {mb(z3)} | {mb(zp)} | {src} |")
+            p(f"| {b} | {speed_label(g)} | {ms(z3)} | {ms(zp)} | {sp} | {mb(z3)} | {mb(zp)} | {src} |")
     p("")
     p("Commands (`mpirun` stands for `mpirun --allow-run-as-root --oversubscribe "
       "--mca btl self,vader --bind-to none`, with `OMPI_MCA_mpi_yield_when_idle=1`; "
@@ -345,10 +352,16 @@ def plot(study, train_path, out_dir):
     train = read_train(train_path)
     if train:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for k, mode in enumerate(["zero3", "zeropp"]):
-            pts = sorted((speed_x(r["link_gbit"]), float(r["step_time_s"]) * 1e3)
-                         for r in train if r["mode"] == mode)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[k], label=mode)
+        k = 0
+        for batch in sorted({r["batch"] for r in train}, key=int):
+            for mode in ["zero3", "zeropp"]:
+                pts = sorted((speed_x(r["link_gbit"]), float(r["step_time_s"]) * 1e3)
+                             for r in train if r["mode"] == mode and r["batch"] == batch)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                        marker=markers[k % len(markers)],
+                        linestyle="-" if batch == "8" else "--",
+                        label=f"{mode}, batch {batch}")
+                k += 1
         tsp = ordered([r["link_gbit"] for r in train], SPEED_ORDER)
         ax.set_xticks([speed_x(g) for g in tsp])
         ax.set_xticklabels([g if g != "unlimited" else "unl." for g in tsp])
@@ -370,8 +383,8 @@ def main(argv):
         markdown(read_study(argv[2]), *argv[3:8])
     elif len(argv) == 2 and argv[1] == "--stamp":
         stamp()
-    elif len(argv) >= 2 and argv[1] == "--train-row" and len(argv) == 8:
-        train_row(*argv[2:8])
+    elif len(argv) >= 2 and argv[1] == "--train-row" and len(argv) == 9:
+        train_row(*argv[2:9])
     else:
         print(__doc__, file=sys.stderr)
         return 2
