@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <zpp/zpp_mpi.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,25 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  private:
   int rank_;
 };
+
+// Creates the suite's communicator over MPI_COMM_WORLD (ZPP_TOPO applies)
+// and reads the layout; aborts the job when creation fails, since no test
+// can run without it.  Rank 0 prints the seed and the layout.
+inline void OpenComm(unsigned long long seed, zpp_comm_t *comm, int *rank,
+                     int *size, int *nnodes, int *uniform) {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, comm) != ZPP_OK) {
+    std::fprintf(stderr, "zpp_comm_create_mpi: %s\n", zpp_get_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  zpp_comm_rank(*comm, rank);
+  zpp_comm_size(*comm, size);
+  zpp_comm_nnodes(*comm, nnodes);
+  zpp_comm_topo_uniform(*comm, uniform);
+  if (*rank == 0)
+    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d\n", seed,
+                *nnodes, *uniform);
+}
 
 inline int RunAllRanks(int argc, char **argv, void (*setup)(),
                        void (*teardown)()) {

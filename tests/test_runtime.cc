@@ -388,18 +388,8 @@ TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
 }
 
 void setup() {
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &g_comm) != ZPP_OK) {
-    std::fprintf(stderr, "zpp_comm_create_mpi: %s\n", zpp_get_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  zpp_comm_rank(g_comm, &g_rank);
-  zpp_comm_size(g_comm, &g_size);
-  zpp_comm_nnodes(g_comm, &g_nnodes);
-  zpp_comm_topo_uniform(g_comm, &g_uniform);
-  if (g_rank == 0)
-    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d\n",
-                (unsigned long long)seed(), g_nnodes, g_uniform);
+  zpp_test::OpenComm((unsigned long long)seed(), &g_comm, &g_rank, &g_size,
+                     &g_nnodes, &g_uniform);
 }
 
 void teardown() { zpp_comm_destroy(g_comm); }
