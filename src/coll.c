@@ -273,7 +273,8 @@ static zpp_status_t qwz_run(void *p) {
   if (a->count == 0)
     return ZPP_OK;
   chunk = zpp_pipe_chunk(a->count, a->q.block_size);
-  if (a->ex.mem == ZPP_MEMORY_HOST && n > 1 && chunk < a->count)
+  if (a->ex.mem == ZPP_MEMORY_HOST && n > 1 && chunk < a->count &&
+      (zpp_comm_thread_caps(a->ex.comm) & ZPP_THREADS_PIPE))
     return qwz_pipelined(a, chunk);
   ZPP_CHECK(zpp_k_alloc(&a->ex, n * zpp_coll_encoded_size(&a->q, a->count),
                         &all));

@@ -13,6 +13,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 struct zpp_request {
@@ -22,7 +23,9 @@ struct zpp_request {
   void *stream;     /* stream-ordered: wait synchronises it */
   int stream_ordered;
   int done;
+  int ran_on_worker;
   zpp_status_t status;
+  char msg[512]; /* the worker thread's error message, for the waiter */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct zpp_request *next; /* queue link */
@@ -69,6 +72,9 @@ static void *worker_main(void *p) {
     st = r->fn(r->arg);
     free(r->arg);
     r->arg = NULL;
+    /* zpp_error is thread-local: carry the message to the waiting thread */
+    if (st != ZPP_OK)
+      snprintf(r->msg, sizeof r->msg, "%s", zpp_get_last_error());
     complete(r, st);
   }
 }
@@ -141,6 +147,11 @@ static zpp_status_t wait_done(struct zpp_request *r) {
     pthread_cond_wait(&r->cv, &r->mu);
   st = r->status;
   pthread_mutex_unlock(&r->mu);
+  if (st != ZPP_OK && r->ran_on_worker) {
+    /* the message on this thread and on the communicator */
+    zpp_error(st, "zpp_request_wait", "%s", r->msg);
+    return zpp_transport_fail(r->t, st);
+  }
   if (st == ZPP_OK && r->stream_ordered)
     st = zpp_transport_sync(r->t, r->stream);
   return st;
@@ -155,7 +166,11 @@ zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
   worker_t *w = NULL;
   zpp_status_t st;
 
-  if (stream_ordered || (req == NULL && find_worker(comm) == NULL)) {
+  /* Run now when the work is stream-ordered, when nothing is queued ahead
+   * of a blocking call, or when MPI does not allow a progress thread (the
+   * request then completes at once, as <zpp/zpp_coll.h> says). */
+  if (stream_ordered || (req == NULL && find_worker(comm) == NULL) ||
+      !(zpp_comm_thread_caps(comm) & ZPP_THREADS_PROGRESS)) {
     /* Enqueue on the stream, or run on this thread: nothing is queued
      * ahead of us, so the order of operations is kept. */
     st = fn(arg);
@@ -181,6 +196,7 @@ zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
     free(arg);
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "request");
   }
+  r->ran_on_worker = 1;
   st = get_worker(func, comm, &w);
   if (st != ZPP_OK) {
     free_request(r);
@@ -198,9 +214,9 @@ zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
     *req = r;
     return ZPP_OK;
   }
-  st = wait_done(r);
+  st = wait_done(r); /* on error: message already on comm and thread */
   free_request(r);
-  return st == ZPP_OK ? ZPP_OK : zpp_comm_fail(comm, st);
+  return st;
 }
 
 zpp_status_t zpp_request_wait(zpp_request_t req) {

@@ -78,6 +78,10 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
   return comm->boot.allgather(comm->boot.ctx, mine, bytes, all);
 }
 
+int zpp_comm_thread_caps(zpp_comm_t comm) {
+  return comm != NULL ? comm->thread_caps : 0;
+}
+
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm) {
   return comm != NULL ? comm->tr : NULL;
 }

@@ -298,12 +298,22 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
   MPI_Comm_size(mc->dup, &size);
   zpp_log_set_rank(rank);
   {
+    /* What the collectives may do with threads (transport.h,
+     * zpp_comm_thread_caps): a pipeline thread calls MPI while the caller
+     * only computes (SERIALIZED is enough); a progress thread for started
+     * collectives runs while the caller may call MPI too (MULTIPLE). */
     int level = 0;
     MPI_Query_thread(&level);
-    if (level < MPI_THREAD_SERIALIZED)
-      ZPP_INFO(ZPP_SUBSYS_NET, "MPI thread level %d: call this communicator "
-               "from the thread that initialised MPI only (a progress thread "
-               "needs MPI_THREAD_SERIALIZED)", level);
+    c->thread_caps = (level >= MPI_THREAD_SERIALIZED ? ZPP_THREADS_PIPE : 0) |
+                     (level >= MPI_THREAD_MULTIPLE ? ZPP_THREADS_PROGRESS : 0);
+    if (level < MPI_THREAD_MULTIPLE)
+      ZPP_INFO(ZPP_SUBSYS_NET,
+               "MPI thread level %d: started collectives run to completion "
+               "when started (asynchrony needs MPI_THREAD_MULTIPLE)%s",
+               level,
+               level < MPI_THREAD_SERIALIZED
+                   ? "; no pipelining (needs MPI_THREAD_SERIALIZED)"
+                   : "");
   }
 
   /* Host identity: the launcher's shared-memory domains. */

@@ -286,7 +286,8 @@ static zpp_status_t qgz_run(void *arg) {
   if (a->residual != NULL)
     ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.tmp),
                    st, out);
-  if (p.nchunks > 1)
+  /* Without a pipe thread the same schedule runs each step when posted. */
+  if (p.nchunks > 1 && (zpp_comm_thread_caps(ex->comm) & ZPP_THREADS_PIPE))
     ZPP_CHECK_GOTO(zpp_pipe_start("zpp_qgz_reduce_scatter", &pipe), st, out);
   ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
             p.two ? "two levels" : "one level", p.nchunks, p.chunk);

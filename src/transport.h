@@ -112,6 +112,14 @@ void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t));
 zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all);
 
+/* What threads the collectives may use on this communicator, from the
+ * MPI thread level at creation: ZPP_THREADS_PIPE, a helper thread that
+ * calls the transport while the caller only computes; ZPP_THREADS_PROGRESS,
+ * a thread that runs started collectives while the caller may call MPI. */
+#define ZPP_THREADS_PIPE 1
+#define ZPP_THREADS_PROGRESS 2
+int zpp_comm_thread_caps(zpp_comm_t comm);
+
 /* The transport of a communicator (never NULL for a valid comm). */
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm);
 

@@ -82,6 +82,7 @@ struct zpp_comm {
   /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
+  int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
 };
 
 

@@ -28,6 +28,13 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
     set_tests_properties(coll_${_tname} PROPERTIES LABELS mpi TIMEOUT 240
       ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1${_pipe}")
   endforeach()
+  # MPI_THREAD_SERIALIZED: started collectives complete inline (no progress
+  # thread), pipelining still runs; the results must not change.
+  add_test(NAME coll_serialized
+    COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>
+      --gtest_filter=Async.*:Qwz.*:Qgz.CountsEqualTheFormulas)
+  set_tests_properties(coll_serialized PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "ZPP_TOPO=2x2;ZPP_TEST_MPI_THREAD=serialized;ZPP_PIPE_MIN_CHUNK=256;OMPI_MCA_mpi_yield_when_idle=1")
   add_test(NAME coll_check
     COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>
       --gtest_filter=BadInput.*)

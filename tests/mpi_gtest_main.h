@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace zpp_test {
 
@@ -53,7 +54,12 @@ inline void OpenComm(unsigned long long seed, zpp_comm_t *comm, int *rank,
 inline int RunAllRanks(int argc, char **argv, void (*setup)(),
                        void (*teardown)()) {
   int provided = 0, rank = 0, size = 1;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  // ZPP_TEST_MPI_THREAD=serialized runs a suite at the lower level, where
+  // zpp must run started collectives inline instead of on a thread.
+  const char *lvl = std::getenv("ZPP_TEST_MPI_THREAD");
+  int want = lvl && std::string(lvl) == "serialized" ? MPI_THREAD_SERIALIZED
+                                                     : MPI_THREAD_MULTIPLE;
+  MPI_Init_thread(&argc, &argv, want, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   ::testing::InitGoogleTest(&argc, argv);
