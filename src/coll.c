@@ -97,12 +97,14 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
                            size_t count, zpp_dtype_t dtype,
                            zpp_stream_t stream, zpp_request_t *req) {
   base_arg_t a;
+  zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  ZPP_CHECK(zpp_comm_fail(comm, check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_bufs(__func__, &a.ex, sendbuf, recvbuf,
-                                           count, dtype)));
+  st = check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
-                                                    (int)dtype, -1, NULL, 0)));
+                                                    (int)dtype, -1, NULL, 0,
+                                                    st)));
   a.send = sendbuf;
   a.recv = recvbuf;
   a.count = count;
@@ -128,14 +130,16 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                 zpp_redop_t op, zpp_stream_t stream,
                                 zpp_request_t *req) {
   base_arg_t a;
+  zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  ZPP_CHECK(zpp_comm_fail(comm, check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_op(__func__, op)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_bufs(__func__, &a.ex, sendbuf, recvbuf,
-                                           count, dtype)));
+  st = check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = check_op(__func__, op);
+  if (st == ZPP_OK)
+    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
                                                     (int)dtype, (int)op, NULL,
-                                                    0)));
+                                                    0, st)));
   a.send = sendbuf;
   a.recv = recvbuf;
   a.count = count;
@@ -289,15 +293,19 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                size_t count, zpp_dtype_t dtype,
                                zpp_stream_t stream, zpp_request_t *req) {
   qwz_arg_t a;
-  uint64_t w[3];
+  uint64_t w[3] = {0, 0, 0};
+  zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  ZPP_CHECK(zpp_comm_fail(comm, check_quant(__func__, quant)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_bufs(__func__, &a.ex, sendbuf, recvbuf,
-                                           count, dtype)));
-  quant_words(quant, w);
+  st = check_quant(__func__, quant);
+  if (st == ZPP_OK)
+    st = check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+  if (quant != NULL)
+    quant_words(quant, w);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
-                                                    (int)dtype, -1, w, 3)));
+                                                    (int)dtype, -1, w, 3,
+                                                    st)));
   a.q = *quant;
   a.send = sendbuf;
   a.recv = recvbuf;
@@ -514,53 +522,55 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                               int backward) {
   hpz_arg_t a;
   uint64_t w[4];
+  uint64_t planned = 0;
   int plan = HPZ_FORWARD;
+  zpp_status_t st = ZPP_OK;
   if (hpz == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "hpz is NULL");
   ZPP_CHECK(zpp_exec_init(func, hpz->comm, stream, &a.ex));
   if (hpz->count > 0 && recvbuf == NULL)
-    return zpp_comm_fail(hpz->comm, zpp_error(ZPP_ERR_NULL_POINTER, func,
-                                              "recvbuf is NULL (count %zu)",
-                                              hpz->count));
-  if (!backward && hpz->count > 0 && sendbuf == NULL)
-    return zpp_comm_fail(hpz->comm, zpp_error(ZPP_ERR_NULL_POINTER, func,
-                                              "sendbuf is NULL (count %zu)",
-                                              hpz->count));
-  if (backward) {
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
+                   hpz->count);
+  else if (!backward && hpz->count > 0 && sendbuf == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
+                   hpz->count);
+  else if (backward) {
     if (hpz->hierarchical && hpz->planned_generation == hpz->generation)
       plan = HPZ_BACKWARD_NODE;
     else if (sendbuf != NULL || hpz->count == 0)
       plan = HPZ_REFRESH;
     else if (!hpz->hierarchical)
-      return zpp_comm_fail(
-          hpz->comm,
-          zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                    "sendbuf is NULL: with uneven nodes hpZ keeps no "
-                    "secondary copy, so the backward gather needs the "
-                    "primary shard"));
+      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "sendbuf is NULL: with uneven nodes hpZ keeps no "
+                     "secondary copy, so the backward gather needs the "
+                     "primary shard");
     else
-      return zpp_comm_fail(
-          hpz->comm,
-          zpp_error(ZPP_ERR_STALE, func,
-                    "the secondary copy is from generation %llu but the "
-                    "parameters are at generation %llu (invalidated, or no "
-                    "forward gather yet); pass sendbuf to refresh it",
-                    (unsigned long long)hpz->planned_generation,
-                    (unsigned long long)hpz->generation));
+      st = zpp_error(ZPP_ERR_STALE, func,
+                     "the secondary copy is from generation %llu but the "
+                     "parameters are at generation %llu (invalidated, or no "
+                     "forward gather yet); pass sendbuf to refresh it",
+                     (unsigned long long)hpz->planned_generation,
+                     (unsigned long long)hpz->generation);
   }
   quant_words(&hpz->cfg.quant, w);
   w[3] = (uint64_t)hpz->cfg.quantized;
+  /* the plan travels as the op: ranks that invalidated differently differ */
   ZPP_CHECK(zpp_comm_fail(hpz->comm,
                           zpp_coll_check_args(func, &a.ex, hpz->count,
-                                              (int)hpz->dtype, plan, w, 4)));
+                                              (int)hpz->dtype, plan, w, 4,
+                                              st)));
   a.h = hpz;
   a.send = sendbuf;
   a.recv = recvbuf;
   a.generation = hpz->generation;
   a.backward = plan;
+  planned = hpz->planned_generation;
   if (plan != HPZ_BACKWARD_NODE && hpz->hierarchical)
     hpz->planned_generation = hpz->generation;
-  return submit(func, hpz->comm, hpz_run, &a, sizeof a, stream, req);
+  st = submit(func, hpz->comm, hpz_run, &a, sizeof a, stream, req);
+  if (st != ZPP_OK) /* the secondary copy was not refreshed */
+    hpz->planned_generation = planned;
+  return st;
 }
 
 zpp_status_t zpp_hpz_forward_gather(zpp_hpz_t hpz, const void *sendbuf,

@@ -306,24 +306,30 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
 
 zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
-                                 const uint64_t *words, int nwords) {
-  enum { NW = 8 };
+                                 const uint64_t *words, int nwords,
+                                 zpp_status_t local) {
+  enum { NW = 9 }; /* count, dtype, op, 5 config words, local status */
+  static const char *names[NW - 1] = {
+      "count",         "dtype",         "op",
+      "config word 0", "config word 1", "config word 2",
+      "config word 3", "config word 4"};
   uint64_t mine[NW];
   uint64_t *all;
   int n, r, i, me;
   zpp_status_t st;
   if (zpp_setting_long("ZPP_CHECK", 0) == 0)
-    return ZPP_OK;
+    return local;
   memset(mine, 0, sizeof mine);
   mine[0] = (uint64_t)count;
   mine[1] = (uint64_t)(uint32_t)dtype;
   mine[2] = (uint64_t)(uint32_t)op;
-  for (i = 0; i < nwords && i + 3 < NW; i++)
+  for (i = 0; i < nwords && i + 3 < NW - 1; i++)
     mine[3 + i] = words[i];
+  mine[NW - 1] = (uint64_t)(uint32_t)(-(int)local);
   n = zpp_transport_size(ex->t);
   me = zpp_transport_rank(ex->t);
   all = (uint64_t *)malloc(sizeof mine * (size_t)n);
-  if (all == NULL)
+  if (all == NULL) /* cannot take part: the others time out in the exchange */
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ZPP_CHECK buffer");
   /* Out of band, host memory, on every backend, not counted. */
   st = zpp_comm_meta_allgather(ex->comm, mine, sizeof mine, all);
@@ -331,12 +337,24 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
     free(all);
     return st;
   }
+  /* A rank whose own checks failed makes every rank fail, after the
+   * exchange, so no rank goes on into a collective the others skip. */
+  for (r = 0; r < n; r++) {
+    uint64_t bad = all[(size_t)r * NW + NW - 1];
+    if (bad != 0) {
+      free(all);
+      if (local != ZPP_OK)
+        return local; /* this rank's own message stands */
+      return zpp_error(ZPP_ERR_MISMATCH, func,
+                       "ZPP_CHECK: rank %d failed its argument checks "
+                       "(%s); this is rank %d",
+                       r, zpp_status_string((zpp_status_t)(-(int64_t)bad)),
+                       me);
+    }
+  }
   for (r = 0; r < n; r++) {
     const uint64_t *w = all + (size_t)r * NW;
-    static const char *names[NW] = {"count", "dtype", "op", "config word 0",
-                                    "config word 1", "config word 2",
-                                    "config word 3", "config word 4"};
-    for (i = 0; i < NW; i++) {
+    for (i = 0; i < NW - 1; i++) {
       if (w[i] != all[i]) {
         st = zpp_error(ZPP_ERR_MISMATCH, func,
                        "ZPP_CHECK: %s is %llu on rank 0 but %llu on rank %d "

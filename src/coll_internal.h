@@ -70,13 +70,17 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
 /* Encoded bytes of `count` elements (config already checked). */
 size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);
 
-/* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words)
- * with one small all-gather and fail together with ZPP_ERR_MISMATCH,
- * naming the first differing rank, instead of corrupting memory or
- * hanging.  No-op otherwise. */
+/* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words) and
+ * the result of their local argument checks (`local`) with one small
+ * all-gather, and fail together: a rank whose own checks failed returns
+ * its error, every other rank ZPP_ERR_MISMATCH naming it; differing
+ * arguments give ZPP_ERR_MISMATCH naming the field and the first differing
+ * rank.  So one rank's bad call never leaves the others hanging.  Without
+ * ZPP_CHECK it returns `local`. */
 zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
-                                 const uint64_t *words, int nwords);
+                                 const uint64_t *words, int nwords,
+                                 zpp_status_t local);
 
 /* ---- pipelining (coll_pipe.c) --------------------------------------------
  * A thread that runs posted transport operations in posting order while

@@ -343,40 +343,41 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   uint64_t w[5];
   size_t n, ds, rc; /* rc: only checked, so an overflowing size fails */
+  zpp_status_t st;
   void *copy;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  ZPP_CHECK(zpp_comm_fail(comm, check_cfg(__func__, cfg)));
-  if (zpp_dtype_size(dtype) == 0)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                                         "dtype %d: must be ZPP_FLOAT32, "
-                                         "ZPP_FLOAT16 or ZPP_BFLOAT16",
-                                         (int)dtype));
-  if (op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                                         "op %d: must be ZPP_OP_SUM or "
-                                         "ZPP_OP_MEAN",
-                                         (int)op));
   n = (size_t)zpp_transport_size(a.ex.t);
   ds = zpp_dtype_size(dtype);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_qgz_residual_count(comm, count, &rc)));
-  if (count > SIZE_MAX / n / ds)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OVERFLOW, __func__,
-                                         "count %zu: size x count overflows",
-                                         count));
-  if (count > 0 && sendbuf == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
-                                         "sendbuf is NULL (count %zu)", count));
-  if (count > 0 && recvbuf == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
-                                         "recvbuf is NULL (count %zu)", count));
-  w[0] = (uint64_t)cfg->intra_bits;
-  w[1] = (uint64_t)cfg->inter_bits;
-  w[2] = (uint64_t)cfg->block_size;
-  w[3] = (uint64_t)cfg->mode;
+  st = check_cfg(__func__, cfg);
+  if (st == ZPP_OK && ds == 0)
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                   "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
+                   (int)dtype);
+  if (st == ZPP_OK && op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                   "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
+  if (st == ZPP_OK)
+    st = zpp_qgz_residual_count(comm, count, &rc);
+  if (st == ZPP_OK && count > SIZE_MAX / n / ds)
+    st = zpp_error(ZPP_ERR_OVERFLOW, __func__,
+                   "count %zu: size x count overflows", count);
+  if (st == ZPP_OK && count > 0 && sendbuf == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__,
+                   "sendbuf is NULL (count %zu)", count);
+  if (st == ZPP_OK && count > 0 && recvbuf == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__,
+                   "recvbuf is NULL (count %zu)", count);
+  memset(w, 0, sizeof w);
+  if (st == ZPP_OK) {
+    w[0] = (uint64_t)cfg->intra_bits;
+    w[1] = (uint64_t)cfg->inter_bits;
+    w[2] = (uint64_t)cfg->block_size;
+    w[3] = (uint64_t)cfg->mode;
+  }
   w[4] = residual != NULL;
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
-                                                    (int)dtype, (int)op, w,
-                                                    5)));
+                                                    (int)dtype, (int)op, w, 5,
+                                                    st)));
   q.block_size = cfg->block_size;
   q.mode = cfg->mode;
   a.q1 = q;

@@ -677,6 +677,31 @@ TEST(BadInput, LengthsThatDifferAcrossRanksAreDetectedWithZppCheck) {
   st = zpp_qgz_reduce_scatter(g_comm, &g, y.data(), x.data(), count, ZPP_FLOAT32,
                               ZPP_OP_SUM, nullptr, nullptr, nullptr);
   EXPECT_EQ(st, ZPP_ERR_MISMATCH);
+  // One rank fails its own checks (NULL buffer): it returns that error, the
+  // others ZPP_ERR_MISMATCH naming it, and nobody waits in a collective.
+  bool culprit = g_rank == g_size - 1;
+  st = zpp_qwz_allgather(g_comm, &q, culprit ? nullptr : x.data(), y.data(), 8,
+                         ZPP_FLOAT32, nullptr, nullptr);
+  EXPECT_EQ(st, culprit ? ZPP_ERR_NULL_POINTER : ZPP_ERR_MISMATCH)
+      << zpp_comm_get_last_error(g_comm);
+  if (!culprit) {
+    EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm))
+                  .find("rank " + std::to_string(g_size - 1) + " failed"),
+              std::string::npos)
+        << zpp_comm_get_last_error(g_comm);
+  }
+  // hpZ: only one rank invalidated its copy, so the ranks would take
+  // different paths; the plan is compared and everyone fails instead.
+  zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+  zpp_hpz_t h = nullptr;
+  EXPECT_EQ(zpp_hpz_create(g_comm, &hc, 8, ZPP_FLOAT32, &h), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, x.data(), y.data(), nullptr, nullptr), ZPP_OK);
+  if (culprit) {
+    EXPECT_EQ(zpp_hpz_invalidate(h), ZPP_OK);
+  }
+  st = zpp_hpz_backward_gather(h, nullptr, y.data(), nullptr, nullptr);
+  EXPECT_EQ(st, culprit ? ZPP_ERR_STALE : ZPP_ERR_MISMATCH);
+  zpp_hpz_destroy(h);
 }
 
 void setup() {
