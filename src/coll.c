@@ -10,69 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- argument checks shared by the collectives ---------------------------- */
-
-static zpp_status_t check_dtype(const char *func, zpp_dtype_t dtype) {
-  if (zpp_dtype_size(dtype) == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
-                     "ZPP_BFLOAT16",
-                     (int)dtype);
-  return ZPP_OK;
-}
-
-/* count elements per rank: the full buffer (size * count * dtype bytes)
- * must fit size_t; buffers must be non-NULL when there is data. */
-static zpp_status_t check_bufs(const char *func, const zpp_exec_t *ex,
-                               const void *send, const void *recv,
-                               size_t count, zpp_dtype_t dtype) {
-  size_t n = (size_t)zpp_transport_size(ex->t);
-  size_t ds = zpp_dtype_size(dtype);
-  if (count > SIZE_MAX / n / ds)
-    return zpp_error(ZPP_ERR_OVERFLOW, func,
-                     "count %zu: %zu ranks x count x %zu bytes overflows "
-                     "size_t",
-                     count, n, ds);
-  if (count == 0)
-    return ZPP_OK;
-  if (send == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
-                     count);
-  if (recv == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
-                     count);
-  return ZPP_OK;
-}
-
-static zpp_status_t check_op(const char *func, zpp_redop_t op) {
-  if (op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
-  return ZPP_OK;
-}
-
 /* Config words compared across ranks under ZPP_CHECK. */
 static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
   w[0] = (uint64_t)q->bits;
   w[1] = (uint64_t)q->block_size;
   w[2] = (uint64_t)q->mode;
-}
-
-static void *dup_arg(const void *arg, size_t bytes) {
-  void *p = malloc(bytes);
-  if (p != NULL)
-    memcpy(p, arg, bytes);
-  return p;
-}
-
-static zpp_status_t submit(const char *func, zpp_comm_t comm, zpp_coll_fn fn,
-                           const void *arg, size_t bytes, void *stream,
-                           zpp_request_t *req) {
-  void *copy = dup_arg(arg, bytes);
-  if (copy == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                                         "request arguments"));
-  return zpp_coll_submit(func, comm, fn, copy, stream, req);
 }
 
 /* ---- baselines ------------------------------------------------------------ */
@@ -99,9 +41,9 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   base_arg_t a;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  st = check_dtype(__func__, dtype);
+  st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
                                                     (int)dtype, -1, NULL, 0,
                                                     st)));
@@ -110,7 +52,7 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   a.count = count;
   a.dtype = dtype;
   a.op = ZPP_OP_SUM;
-  return submit(__func__, comm, allgather_run, &a, sizeof a, stream, req);
+  return zpp_coll_submit_copy(__func__, comm, allgather_run, &a, sizeof a, stream, req);
 }
 
 static zpp_status_t reduce_scatter_run(void *p) {
@@ -132,11 +74,11 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
   base_arg_t a;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  st = check_dtype(__func__, dtype);
+  st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = check_op(__func__, op);
+    st = zpp_coll_check_op(__func__, op);
   if (st == ZPP_OK)
-    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
                                                     (int)dtype, (int)op, NULL,
                                                     0, st)));
@@ -145,7 +87,7 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
   a.count = count;
   a.dtype = dtype;
   a.op = op;
-  return submit(__func__, comm, reduce_scatter_run, &a, sizeof a, stream, req);
+  return zpp_coll_submit_copy(__func__, comm, reduce_scatter_run, &a, sizeof a, stream, req);
 }
 
 /* ---- qwZ -------------------------------------------------------------------- */
@@ -298,9 +240,9 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
   st = check_quant(__func__, quant);
   if (st == ZPP_OK)
-    st = check_dtype(__func__, dtype);
+    st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   if (quant != NULL)
     quant_words(quant, w);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
@@ -311,7 +253,7 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   a.recv = recvbuf;
   a.count = count;
   a.dtype = dtype;
-  return submit(__func__, comm, qwz_run, &a, sizeof a, stream, req);
+  return zpp_coll_submit_copy(__func__, comm, qwz_run, &a, sizeof a, stream, req);
 }
 
 /* ---- hpZ ---------------------------------------------------------------------- */
@@ -357,8 +299,8 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                                          cfg->quantized));
   if (cfg->quantized)
     ZPP_CHECK(zpp_comm_fail(comm, check_quant(__func__, &cfg->quant)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, check_bufs(__func__, &ex, "", "", count,
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_dtype(__func__, dtype)));
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_bufs(__func__, &ex, "", "", count,
                                            dtype)));
   ZPP_CHECK(zpp_comm_topo_uniform(comm, &uniform));
   h = (struct zpp_hpz *)calloc(1, sizeof *h);
@@ -567,7 +509,7 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
   planned = hpz->planned_generation;
   if (plan != HPZ_BACKWARD_NODE && hpz->hierarchical)
     hpz->planned_generation = hpz->generation;
-  st = submit(func, hpz->comm, hpz_run, &a, sizeof a, stream, req);
+  st = zpp_coll_submit_copy(func, hpz->comm, hpz_run, &a, sizeof a, stream, req);
   if (st != ZPP_OK) /* the secondary copy was not refreshed */
     hpz->planned_generation = planned;
   return st;

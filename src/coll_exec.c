@@ -369,3 +369,61 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
   free(all);
   return ZPP_OK;
 }
+
+/* ---- argument checks and submission shared by the collectives ---------- */
+
+zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype) {
+  if (zpp_dtype_size(dtype) == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
+                     "ZPP_BFLOAT16",
+                     (int)dtype);
+  return ZPP_OK;
+}
+
+/* count elements per rank: the full buffer (size * count * dtype bytes)
+ * must fit size_t; buffers must be non-NULL when there is data. */
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                               const void *send, const void *recv,
+                               size_t count, zpp_dtype_t dtype) {
+  size_t n = (size_t)zpp_transport_size(ex->t);
+  size_t ds = zpp_dtype_size(dtype);
+  if (count > SIZE_MAX / n / ds)
+    return zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: %zu ranks x count x %zu bytes overflows "
+                     "size_t",
+                     count, n, ds);
+  if (count == 0)
+    return ZPP_OK;
+  if (send == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
+                     count);
+  if (recv == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
+                     count);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {
+  if (op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
+  return ZPP_OK;
+}
+
+static void *dup_arg(const void *arg, size_t bytes) {
+  void *p = malloc(bytes);
+  if (p != NULL)
+    memcpy(p, arg, bytes);
+  return p;
+}
+
+zpp_status_t zpp_coll_submit_copy(const char *func, zpp_comm_t comm, zpp_coll_fn fn,
+                           const void *arg, size_t bytes, void *stream,
+                           zpp_request_t *req) {
+  void *copy = dup_arg(arg, bytes);
+  if (copy == NULL)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                         "request arguments"));
+  return zpp_coll_submit(func, comm, fn, copy, stream, req);
+}

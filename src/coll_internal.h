@@ -82,6 +82,15 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  const uint64_t *words, int nwords,
                                  zpp_status_t local);
 
+/* Argument checks shared by the collectives; the message names `func`. */
+zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype);
+zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op);
+/* size * count * dtype bytes must fit size_t; buffers non-NULL when
+ * count > 0. */
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                                 const void *send, const void *recv,
+                                 size_t count, zpp_dtype_t dtype);
+
 /* ---- pipelining (coll_pipe.c) --------------------------------------------
  * A thread that runs posted transport operations in posting order while
  * the caller computes.  Host memory only. */
@@ -111,6 +120,13 @@ size_t zpp_pipe_chunk(size_t count, size_t block);
 zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
                              zpp_coll_fn fn, void *arg, void *stream,
                              zpp_request_t *req);
+
+/* zpp_coll_submit of a copy of the `bytes` of `arg` (the caller's struct
+ * may live on its stack). */
+zpp_status_t zpp_coll_submit_copy(const char *func, zpp_comm_t comm,
+                                  zpp_coll_fn fn, const void *arg,
+                                  size_t bytes, void *stream,
+                                  zpp_request_t *req);
 
 /* Stops the progress thread of comm (after draining its queue); called by
  * zpp_comm_destroy. */

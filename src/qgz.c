@@ -342,31 +342,18 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   qgz_arg_t a;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   uint64_t w[5];
-  size_t n, ds, rc; /* rc: only checked, so an overflowing size fails */
+  size_t rc; /* only checked, so an overflowing residual size fails */
   zpp_status_t st;
-  void *copy;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
-  n = (size_t)zpp_transport_size(a.ex.t);
-  ds = zpp_dtype_size(dtype);
   st = check_cfg(__func__, cfg);
-  if (st == ZPP_OK && ds == 0)
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                   "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
-                   (int)dtype);
-  if (st == ZPP_OK && op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                   "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_op(__func__, op);
   if (st == ZPP_OK)
     st = zpp_qgz_residual_count(comm, count, &rc);
-  if (st == ZPP_OK && count > SIZE_MAX / n / ds)
-    st = zpp_error(ZPP_ERR_OVERFLOW, __func__,
-                   "count %zu: size x count overflows", count);
-  if (st == ZPP_OK && count > 0 && sendbuf == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__,
-                   "sendbuf is NULL (count %zu)", count);
-  if (st == ZPP_OK && count > 0 && recvbuf == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__,
-                   "recvbuf is NULL (count %zu)", count);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
   memset(w, 0, sizeof w);
   if (st == ZPP_OK) {
     w[0] = (uint64_t)cfg->intra_bits;
@@ -390,10 +377,6 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   a.dtype = dtype;
   a.op = op;
   a.residual = residual;
-  copy = malloc(sizeof a);
-  if (copy == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
-                                         "request arguments"));
-  memcpy(copy, &a, sizeof a);
-  return zpp_coll_submit(__func__, comm, qgz_run, copy, stream, req);
+  return zpp_coll_submit_copy(__func__, comm, qgz_run, &a, sizeof a, stream,
+                              req);
 }
