@@ -40,10 +40,12 @@ size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count) {
 #define DEVICE_ERRBUF err_, sizeof err_
 #endif
 
+#if !ZPP_HAVE_CUDA_KERNELS
 static zpp_status_t no_device(const char *func) {
   return zpp_error(ZPP_ERR_UNSUPPORTED, func,
                    "device memory needs zpp built with CUDA kernels");
 }
+#endif
 
 /* ---- host scratch cache --------------------------------------------------
  * Collectives need large scratch buffers on every call (a qwZ all-gather of
