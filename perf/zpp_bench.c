@@ -35,6 +35,13 @@
 #if ZPP_BENCH_CUDA
 #include <cuda_runtime.h>
 #endif
+/* The emulated CUDA runtime of the tests (tests/cuda_emu) defines
+ * ZPP_CUDA_EMU: its "device" runs on the CPU, so its times are no GPU's. */
+#if ZPP_BENCH_CUDA && defined(ZPP_CUDA_EMU)
+#define BENCH_DEVICE_NAME "device (EMULATED CUDA runtime: not GPU times)"
+#else
+#define BENCH_DEVICE_NAME "device"
+#endif
 
 #define BENCH_MAX_VARIANTS 16
 #define BENCH_CHECK_FULL_BYTES ((size_t)1 << 20) /* check all up to 1 MiB */
@@ -328,6 +335,8 @@ static void usage(FILE *f) {
       "  --memory host|device buffers in host memory (default) or CUDA\n"
       "                       device memory (needs zpp built with CUDA and a\n"
       "                       device; otherwise: error \"no CUDA device\")\n"
+      "  --backend B          auto (default), mpi or nccl (device memory:\n"
+      "                       mpi stages it through host memory)\n"
       "  --seed S             data seed (default 20261129)\n"
       "  --corrupt            checker self-test: rank 0 spoils one output\n"
       "                       element before the check (must exit 1)\n"
@@ -399,6 +408,7 @@ enum {
   OPT_FORMAT,
   OPT_OP,
   OPT_MEMORY,
+  OPT_BACKEND,
   OPT_SEED,
   OPT_CORRUPT,
   OPT_SETTINGS
@@ -422,6 +432,7 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       {"format", required_argument, NULL, OPT_FORMAT},
       {"op", required_argument, NULL, OPT_OP},
       {"memory", required_argument, NULL, OPT_MEMORY},
+      {"backend", required_argument, NULL, OPT_BACKEND},
       {"seed", required_argument, NULL, OPT_SEED},
       {"corrupt", no_argument, NULL, OPT_CORRUPT},
       {"print-settings", no_argument, NULL, OPT_SETTINGS},
@@ -504,6 +515,16 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
         o->memory = ZPP_MEMORY_DEVICE;
       else
         return flag_error("--memory %s: must be host or device", optarg);
+      break;
+    case OPT_BACKEND:
+      if (strcmp(optarg, "auto") == 0)
+        o->backend = ZPP_BACKEND_AUTO;
+      else if (strcmp(optarg, "mpi") == 0)
+        o->backend = ZPP_BACKEND_MPI;
+      else if (strcmp(optarg, "nccl") == 0)
+        o->backend = ZPP_BACKEND_NCCL;
+      else
+        return flag_error("--backend %s: must be auto, mpi or nccl", optarg);
       break;
     case OPT_SEED:
       if (parse_bytes("--seed", optarg, 0, &v) != 0)
@@ -668,7 +689,7 @@ static void header_texts(const header_t *h, char lines[][800],
        h->coll == &zpp_bench_reducescatter
            ? (o->op == ZPP_OP_MEAN ? "mean" : "sum")
            : "",
-       o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend);
+       o->memory == ZPP_MEMORY_HOST ? "host" : BENCH_DEVICE_NAME, h->backend);
   LINE("world", "world %d ranks: %s", h->ctx->world, nodes);
   LINE("host",
        "rank 0 host %s, load average %s at start (other processes "
@@ -1102,6 +1123,7 @@ int main(int argc, char **argv) {
   o.format = ZPP_BENCH_TABLE;
   o.op = ZPP_OP_SUM;
   o.memory = ZPP_MEMORY_HOST;
+  o.backend = ZPP_BACKEND_AUTO;
   o.seed = 20261129ull;
   rc = parse_args(argc, argv, &o, &print_settings);
   if (rc != 0) {
@@ -1134,6 +1156,7 @@ int main(int argc, char **argv) {
     return EXIT_ZPP;
   }
   cfg.memory = o.memory;
+  cfg.backend = o.backend;
   st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
   if (agree(st) != ZPP_OK) {
     if (st != ZPP_OK)

@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "test_memory.h"
+
 namespace zpp_test {
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -33,11 +35,14 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 };
 
 // Creates the suite's communicator over MPI_COMM_WORLD (ZPP_TOPO applies)
-// and reads the layout; aborts the job when creation fails, since no test
-// can run without it.  Rank 0 prints the seed and the layout.
+// in the suite's memory space and backend (test_memory.h) and reads the
+// layout; aborts the job when creation fails, since no test can run
+// without it.  Rank 0 prints the seed, the layout and the memory space.
 inline void OpenComm(unsigned long long seed, zpp_comm_t *comm, int *rank,
                      int *size, int *nnodes, int *uniform) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  ApplyMemoryConfig(&cfg);  // ZPP_TEST_MEMORY, ZPP_TEST_BACKEND
+  int dev = UseSuiteDevice();
   if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, comm) != ZPP_OK) {
     std::fprintf(stderr, "zpp_comm_create_mpi: %s\n", zpp_get_last_error());
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -46,9 +51,12 @@ inline void OpenComm(unsigned long long seed, zpp_comm_t *comm, int *rank,
   zpp_comm_size(*comm, size);
   zpp_comm_nnodes(*comm, nnodes);
   zpp_comm_topo_uniform(*comm, uniform);
+  zpp_backend_t be = ZPP_BACKEND_AUTO;
+  zpp_comm_backend(*comm, &be);
   if (*rank == 0)
-    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d\n", seed,
-                *nnodes, *uniform);
+    std::printf("seed ZPP_TEST_SEED=%llu; %d nodes, uniform %d; %s memory%s, backend %s\n",
+                seed, *nnodes, *uniform, dev >= 0 ? "device" : "host",
+                dev >= 0 ? " (ZPP_TEST_MEMORY)" : "", zpp_backend_name(be));
 }
 
 inline int RunAllRanks(int argc, char **argv, void (*setup)(),

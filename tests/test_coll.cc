@@ -7,6 +7,10 @@
 //
 // Rules for multi-rank tests: never return early before a collective
 // (every rank must make the same calls), so checks use EXPECT_*.
+//
+// ZPP_TEST_MEMORY=device runs every test on device memory (test_memory.h):
+// inputs and outputs are passed through zpp_test::Mem, which copies them
+// to and from the device, and checked against the same references.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -24,12 +28,15 @@
 #include <vector>
 
 #include "mpi_gtest_main.h"
+#include "test_memory.h"
 
 extern "C" {
 #include "quant_math.h"
 }
 
 namespace {
+
+using zpp_test::Mem;
 
 zpp_comm_t g_comm = nullptr;
 int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
@@ -153,10 +160,12 @@ TEST(Baseline, AllgatherIsBitwiseExact) {
   for (const Case &c : cases()) {
     auto mine = pack(gen(g_rank, c.count, c.dt, 1), c.dt);
     std::vector<uint8_t> out(g_size * c.count * zpp_dtype_size(c.dt));
-    EXPECT_EQ(zpp_allgather(g_comm, mine.data(), out.data(), c.count, c.dt, nullptr,
+    Mem m;
+    EXPECT_EQ(zpp_allgather(g_comm, m.in(mine), m.out(out), c.count, c.dt, nullptr,
                             nullptr),
               ZPP_OK)
         << zpp_comm_get_last_error(g_comm);
+    m.back();
     for (int r = 0; r < g_size; r++) {
       auto want = pack(gen(r, c.count, c.dt, 1), c.dt);
       EXPECT_EQ(std::memcmp(out.data() + r * c.count * zpp_dtype_size(c.dt),
@@ -173,13 +182,15 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
     auto mine = pack(gen(g_rank, n, c.dt, 2), c.dt);
     std::vector<uint8_t> sum(c.count * zpp_dtype_size(c.dt) + 1),
         mean(c.count * zpp_dtype_size(c.dt) + 1);
-    EXPECT_EQ(zpp_reduce_scatter(g_comm, mine.data(), sum.data(), c.count, c.dt,
+    Mem m;
+    EXPECT_EQ(zpp_reduce_scatter(g_comm, m.in(mine), m.out(sum), c.count, c.dt,
                                  ZPP_OP_SUM, nullptr, nullptr),
               ZPP_OK)
         << zpp_comm_get_last_error(g_comm);
-    EXPECT_EQ(zpp_reduce_scatter(g_comm, mine.data(), mean.data(), c.count, c.dt,
+    EXPECT_EQ(zpp_reduce_scatter(g_comm, m.in(mine), m.out(mean), c.count, c.dt,
                                  ZPP_OP_MEAN, nullptr, nullptr),
               ZPP_OK);
+    m.back();
     // fp32 accumulator in rank order, rounded once (transport contract);
     // MEAN divides the rounded sum by the world size and rounds again.
     std::vector<float> acc(c.count, 0.0f);
@@ -209,10 +220,12 @@ TEST(Qwz, WithinFormatBoundIdenticalOnAllRanksAndEqualToLocalCodec) {
       auto mine = pack(gen(g_rank, c.count, c.dt, 3), c.dt);
       size_t ds = zpp_dtype_size(c.dt);
       std::vector<uint8_t> out(g_size * c.count * ds);
-      EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, mine.data(), out.data(), c.count, c.dt,
+      Mem m;
+      EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, m.in(mine), m.out(out), c.count, c.dt,
                                   nullptr, nullptr),
                 ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
+      m.back();
       EXPECT_TRUE(same_on_all_ranks(fnv(out.data(), out.size()))) << name(c);
       int bad = 0;
       for (int r = 0; r < g_size && bad < 3; r++) {
@@ -251,13 +264,14 @@ TEST(Qwz, InterNodeBytesScaleWithTheEncodedSize) {
     zpp_quant_config_t q = qcfg(bits, 256);
     auto mine = pack(gen(g_rank, count, ZPP_BFLOAT16, 4), ZPP_BFLOAT16);
     std::vector<uint8_t> out(g_size * count * 2);
+    Mem m;
     zpp_comm_reset_stats(g_comm);
-    EXPECT_EQ(zpp_allgather(g_comm, mine.data(), out.data(), count, ZPP_BFLOAT16,
+    EXPECT_EQ(zpp_allgather(g_comm, m.in(mine), m.out(out), count, ZPP_BFLOAT16,
                             nullptr, nullptr),
               ZPP_OK);
     zpp_comm_stats_t base = stats();
     zpp_comm_reset_stats(g_comm);
-    EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, mine.data(), out.data(), count,
+    EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, m.in(mine), m.out(out), count,
                                 ZPP_BFLOAT16, nullptr, nullptr),
               ZPP_OK);
     zpp_comm_stats_t qs = stats();
@@ -295,7 +309,8 @@ TEST(Hpz, BackwardEqualsForwardBitwiseWithZeroInterNodeBytes) {
       size_t ds = zpp_dtype_size(c.dt);
       auto mine = pack(gen(g_rank, c.count, c.dt, 5), c.dt);
       std::vector<uint8_t> fwd(g_size * c.count * ds), bwd(fwd.size(), 0xee);
-      EXPECT_EQ(zpp_hpz_forward_gather(h, mine.data(), fwd.data(), nullptr, nullptr),
+      Mem m;
+      EXPECT_EQ(zpp_hpz_forward_gather(h, m.in(mine), m.out(fwd), nullptr, nullptr),
                 ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
       zpp_comm_reset_stats(g_comm);
@@ -303,7 +318,7 @@ TEST(Hpz, BackwardEqualsForwardBitwiseWithZeroInterNodeBytes) {
       EXPECT_EQ(zpp_hpz_get_info(h, &info), ZPP_OK);
       size_t unit = quantized ? enc_size(cfg.quant, c.count) : c.count * ds;
       if (g_uniform) {
-        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, bwd.data(), nullptr, nullptr),
+        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, m.out(bwd), nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
         zpp_comm_stats_t s = stats();
@@ -314,13 +329,14 @@ TEST(Hpz, BackwardEqualsForwardBitwiseWithZeroInterNodeBytes) {
       } else {
         // uneven nodes: documented fallback, a world gather from the
         // primary shard; without it the call says what is missing
-        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, bwd.data(), nullptr, nullptr),
+        EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, m.out(bwd), nullptr, nullptr),
                   c.count ? ZPP_ERR_INVALID_ARGUMENT : ZPP_OK);
-        EXPECT_EQ(zpp_hpz_backward_gather(h, mine.data(), bwd.data(), nullptr, nullptr),
+        EXPECT_EQ(zpp_hpz_backward_gather(h, m.in(mine), m.out(bwd), nullptr, nullptr),
                   ZPP_OK);
         EXPECT_EQ(info.hierarchical, 0);
         EXPECT_EQ(info.secondary_bytes, 0u);
       }
+      m.back();
       EXPECT_EQ(std::memcmp(fwd.data(), bwd.data(), fwd.size()), 0) << name(c);
       if (!quantized) {  // full precision: the exact input of every rank
         for (int r = 0; r < g_size; r++) {
@@ -342,28 +358,31 @@ TEST(Hpz, StaleSecondaryCopyIsRefusedOrRefreshed) {
   EXPECT_EQ(zpp_hpz_create(g_comm, &cfg, count, ZPP_FLOAT32, &h), ZPP_OK);
   std::vector<float> p1 = gen(g_rank, count, ZPP_FLOAT32, 6), p2 = gen(g_rank, count, ZPP_FLOAT32, 7);
   std::vector<float> out(g_size * count), fresh(g_size * count), again(g_size * count);
+  std::vector<float> ref(g_size * count);
+  Mem m;
   // no forward gather yet: refused without the primary shard
-  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, out.data(), nullptr, nullptr),
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, m.out(out), nullptr, nullptr),
             ZPP_ERR_STALE);
   EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("generation"),
             std::string::npos);
-  EXPECT_EQ(zpp_hpz_forward_gather(h, p1.data(), out.data(), nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, m.in(p1), m.out(out), nullptr, nullptr), ZPP_OK);
   // optimizer step: parameters change, the copy is stale
   EXPECT_EQ(zpp_hpz_invalidate(h), ZPP_OK);
-  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, out.data(), nullptr, nullptr),
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, m.out(out), nullptr, nullptr),
             ZPP_ERR_STALE);
   // with the new primary shard it refreshes (a world gather) ...
-  EXPECT_EQ(zpp_hpz_backward_gather(h, p2.data(), fresh.data(), nullptr, nullptr),
+  EXPECT_EQ(zpp_hpz_backward_gather(h, m.in(p2), m.out(fresh), nullptr, nullptr),
             ZPP_OK);
-  std::vector<float> ref(g_size * count);
-  EXPECT_EQ(zpp_qwz_allgather(g_comm, &cfg.quant, p2.data(), ref.data(), count,
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &cfg.quant, m.in(p2), m.out(ref), count,
                               ZPP_FLOAT32, nullptr, nullptr),
             ZPP_OK);
+  m.back();
   EXPECT_EQ(std::memcmp(fresh.data(), ref.data(), ref.size() * 4), 0);
   // ... after which the node-local path serves the new parameters
   zpp_comm_reset_stats(g_comm);
-  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, again.data(), nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_backward_gather(h, nullptr, m.out(again), nullptr, nullptr), ZPP_OK);
   EXPECT_EQ(stats().inter_bytes_sent, 0u);
+  m.back();
   EXPECT_EQ(std::memcmp(again.data(), ref.data(), ref.size() * 4), 0);
   zpp_hpz_info_t info = ZPP_HPZ_INFO_INIT;
   zpp_hpz_get_info(h, &info);
@@ -460,13 +479,15 @@ TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
         size_t n = g_size * c.count, ds = zpp_dtype_size(c.dt);
         auto mine = pack(gen(g_rank, n, c.dt, 8), c.dt);
         std::vector<uint8_t> sum(c.count * ds), mean(c.count * ds);
-        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, mine.data(), sum.data(), c.count,
+        Mem m;
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine), m.out(sum), c.count,
                                          c.dt, ZPP_OP_SUM, nullptr, nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
-        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, mine.data(), mean.data(), c.count,
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine), m.out(mean), c.count,
                                          c.dt, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
                   ZPP_OK);
+        m.back();
         QgzRef ref = qgz_reference(c, intra_bits, inter_bits, asym, 8, me);
         int bad = 0;
         for (size_t i = 0; i < c.count && bad < 3; i++) {
@@ -505,9 +526,11 @@ TEST(Qgz, NonFiniteGradientShowsUpInTheOwningShard) {
     x[17] = INFINITY;
   }
   std::vector<float> out(count);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
+  Mem m;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count,
                                    ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
             ZPP_OK);
+  m.back();
   if (g_rank == g_size - 1) {
     EXPECT_TRUE(!std::isfinite(out[5]));
   }
@@ -533,16 +556,19 @@ TEST(Qgz, ErrorFeedbackDrivesTheAverageErrorDown) {
   EXPECT_EQ(rc, (size_t)(g_size + (g_uniform && g_nnodes > 1 ? g_nnodes : 0)) * count);
   std::vector<float> residual(rc, 0.0f), out(count);
   std::vector<double> avg_ef(count, 0.0), plain(count);
+  Mem m;
   for (int k = 0; k < steps; k++) {
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
-                                     ZPP_FLOAT32, ZPP_OP_SUM, residual.data(), nullptr,
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count,
+                                     ZPP_FLOAT32, ZPP_OP_SUM, m.out(residual), nullptr,
                                      nullptr),
               ZPP_OK);
+    m.back();
     for (size_t i = 0; i < count; i++) avg_ef[i] += out[i] / (double)steps;
   }
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, x.data(), out.data(), count,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count,
                                    ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
+  m.back();
   double e_ef = 0, e_plain = 0;
   for (size_t i = 0; i < count; i++) {
     double exact = 0;
@@ -562,8 +588,9 @@ TEST(Qgz, CountsEqualTheFormulas) {
   auto x = gen(g_rank, n, ZPP_BFLOAT16, 11);
   auto in = pack(x, ZPP_BFLOAT16);
   std::vector<uint8_t> out(count * 2);
+  Mem m;
   zpp_comm_reset_stats(g_comm);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, in.data(), out.data(), count,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(in), m.out(out), count,
                                    ZPP_BFLOAT16, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
             ZPP_OK);
   zpp_comm_stats_t s = stats();
@@ -594,10 +621,11 @@ TEST(Async, StartedCollectivesCompleteInOrderWithTheSameResults) {
   auto grad = gen(g_rank, g_size * count, ZPP_FLOAT32, 13);
   std::vector<float> w1(g_size * count), w2(g_size * count), g1(count), g2(count);
   zpp_request_t r1 = nullptr, r2 = nullptr;
-  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, w.data(), w1.data(), count, ZPP_FLOAT32,
+  Mem m;
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, m.in(w), m.out(w1), count, ZPP_FLOAT32,
                               nullptr, &r1),
             ZPP_OK);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, grad.data(), g1.data(), count,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, m.in(grad), m.out(g1), count,
                                    ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, &r2),
             ZPP_OK);
   int done = -1;
@@ -611,12 +639,13 @@ TEST(Async, StartedCollectivesCompleteInOrderWithTheSameResults) {
   }
   EXPECT_EQ(zpp_request_wait(r2), ZPP_OK);
   EXPECT_EQ(zpp_request_wait(r1), ZPP_OK);
-  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, w.data(), w2.data(), count, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, m.in(w), m.out(w2), count, ZPP_FLOAT32,
                               nullptr, nullptr),
             ZPP_OK);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, grad.data(), g2.data(), count,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, m.in(grad), m.out(g2), count,
                                    ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
+  m.back();
   EXPECT_EQ(std::memcmp(w1.data(), w2.data(), w1.size() * 4), 0);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * 4), 0);
 }
@@ -624,7 +653,9 @@ TEST(Async, StartedCollectivesCompleteInOrderWithTheSameResults) {
 // ---- bad input ---------------------------------------------------------------------------------
 
 TEST(BadInput, NullBuffersAndBadConfigsGiveClearErrors) {
-  float x[8] = {0}, y[64] = {0};
+  float hx[8] = {0}, hy[64] = {0};
+  Mem m;
+  float *x = m.out(hx), *y = m.out(hy);  // in the suite's memory space
   zpp_quant_config_t q = qcfg(8, 4);
   zpp_quant_config_t q3 = qcfg(3, 4);
   auto has = [](const char *needle) {
@@ -665,22 +696,24 @@ TEST(BadInput, LengthsThatDifferAcrossRanksAreDetectedWithZppCheck) {
     // gtest_skip is per rank; all ranks take the same branch here
     GTEST_SKIP() << "needs ZPP_CHECK=1 and 2+ ranks (ctest runs it as coll_check)";
   }
-  std::vector<float> x(16, 1.0f), y(16 * g_size, 0.0f);
+  std::vector<float> hx(16, 1.0f), hy(16 * g_size, 0.0f);
+  Mem m;
+  float *x = m.out(hx), *y = m.out(hy);  // in the suite's memory space
   size_t count = g_rank == g_size - 1 ? 9 : 8;  // the last rank disagrees
   zpp_quant_config_t q = qcfg(8, 4);
-  zpp_status_t st = zpp_qwz_allgather(g_comm, &q, x.data(), y.data(), count,
+  zpp_status_t st = zpp_qwz_allgather(g_comm, &q, x, y, count,
                                       ZPP_FLOAT32, nullptr, nullptr);
   EXPECT_EQ(st, ZPP_ERR_MISMATCH);
   EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("count"), std::string::npos)
       << zpp_comm_get_last_error(g_comm);
   zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
-  st = zpp_qgz_reduce_scatter(g_comm, &g, y.data(), x.data(), count, ZPP_FLOAT32,
+  st = zpp_qgz_reduce_scatter(g_comm, &g, y, x, count, ZPP_FLOAT32,
                               ZPP_OP_SUM, nullptr, nullptr, nullptr);
   EXPECT_EQ(st, ZPP_ERR_MISMATCH);
   // One rank fails its own checks (NULL buffer): it returns that error, the
   // others ZPP_ERR_MISMATCH naming it, and nobody waits in a collective.
   bool culprit = g_rank == g_size - 1;
-  st = zpp_qwz_allgather(g_comm, &q, culprit ? nullptr : x.data(), y.data(), 8,
+  st = zpp_qwz_allgather(g_comm, &q, culprit ? nullptr : x, y, 8,
                          ZPP_FLOAT32, nullptr, nullptr);
   EXPECT_EQ(st, culprit ? ZPP_ERR_NULL_POINTER : ZPP_ERR_MISMATCH)
       << zpp_comm_get_last_error(g_comm);
@@ -695,11 +728,11 @@ TEST(BadInput, LengthsThatDifferAcrossRanksAreDetectedWithZppCheck) {
   zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
   zpp_hpz_t h = nullptr;
   EXPECT_EQ(zpp_hpz_create(g_comm, &hc, 8, ZPP_FLOAT32, &h), ZPP_OK);
-  EXPECT_EQ(zpp_hpz_forward_gather(h, x.data(), y.data(), nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, x, y, nullptr, nullptr), ZPP_OK);
   if (culprit) {
     EXPECT_EQ(zpp_hpz_invalidate(h), ZPP_OK);
   }
-  st = zpp_hpz_backward_gather(h, nullptr, y.data(), nullptr, nullptr);
+  st = zpp_hpz_backward_gather(h, nullptr, y, nullptr, nullptr);
   EXPECT_EQ(st, culprit ? ZPP_ERR_STALE : ZPP_ERR_MISMATCH);
   zpp_hpz_destroy(h);
 }
