@@ -22,6 +22,21 @@ int report(cudaError_t e, const char *what, char *err, size_t errlen) {
   return 1;
 }
 
+/* kernel<<<grid_for(count), kThreads, 0, stream>>>(args...), written as
+ * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
+ * emulator (tests/cuda_emu).  The launch's own return value is dropped:
+ * callers read cudaGetLastError(), which holds it, as after <<<>>>. */
+template <typename... Exp, typename... Act>
+void launch(void (*kernel)(Exp...), size_t count, void *stream,
+            Act &&...args) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3((unsigned)grid_for(count), 1, 1);
+  lc.blockDim = dim3(kThreads, 1, 1);
+  lc.dynamicSmemBytes = 0;
+  lc.stream = (cudaStream_t)stream;
+  (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+}
+
 __global__ void finish_kernel(const float *acc, size_t count, float div,
                               int dtype, void *out) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
@@ -56,8 +71,7 @@ extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
                                     int dtype, void *out, void *stream,
                                     char *err, size_t errlen) {
   if (count == 0) return 0;
-  finish_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      acc, count, div, dtype, out);
+  launch(finish_kernel, count, stream, acc, count, div, dtype, out);
   return report(cudaGetLastError(), "finish kernel launch", err, errlen);
 }
 
@@ -65,8 +79,7 @@ extern "C" int zpp_ew_scale_device(int dtype, void *buf, size_t count,
                                    float div, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  scale_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      dtype, buf, count, div);
+  launch(scale_kernel, count, stream, dtype, buf, count, div);
   return report(cudaGetLastError(), "scale kernel launch", err, errlen);
 }
 
@@ -75,16 +88,14 @@ extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
                                           float *out, void *stream, char *err,
                                           size_t errlen) {
   if (count == 0) return 0;
-  add_residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      dtype, g, res, count, out);
+  launch(add_residual_kernel, count, stream, dtype, g, res, count, out);
   return report(cudaGetLastError(), "add-residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
                                       void *stream, char *err, size_t errlen) {
   if (count == 0) return 0;
-  residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      x, count, res);
+  launch(residual_kernel, count, stream, x, count, res);
   return report(cudaGetLastError(), "residual kernel launch", err, errlen);
 }
 
