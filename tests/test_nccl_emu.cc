@@ -3,8 +3,8 @@
 // non-blocking creation, the errors NCCL gives (two ranks on one device,
 // NULL or dead communicators, host pointers, use before ready), stream
 // ordering, groups, abort and timeouts, and the numbers of the reductions
-// against an independent reference (CUDA's own host conversions for fp16
-// and bf16).  Device memory is read and written only with cudaMemcpy, as
+// against an independent reference (fp32 sums rounded with zpp's own
+// fp16/bf16 conversions).  Device memory is read and written only with cudaMemcpy, as
 // the emulated runtime requires.
 //
 // Seed: ZPP_TEST_SEED (default 20261129), printed by the tests that draw.
@@ -23,6 +23,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+extern "C" {
+#include "quant_math.h"
+}
 
 namespace {
 
@@ -325,27 +329,23 @@ TEST(Stream, DataIsNotThereBeforeTheStreamReachesTheCall) {
 namespace {
 // Values with |x| in [1/4, 4) of the type: the fp32 sum of two of them and
 // of their partial sums (up to 4 ranks) is exact, so rounding the fp32 sum
-// with CUDA's own conversion is an independent correctly rounded add.
+// with zpp's own conversions (quant_math.h, tested against the format
+// spec) is an independent correctly rounded fp16/bf16 add.
+float round_to(float v, ncclDataType_t dt) {
+  if (dt == ncclFloat16) return zpp_qm_f16_to_f32(zpp_qm_f32_to_f16(v));
+  if (dt == ncclBfloat16) return zpp_qm_bf16_to_f32(zpp_qm_f32_to_bf16(v));
+  return v;
+}
 float draw(std::mt19937_64 &g, ncclDataType_t dt) {
   std::uniform_real_distribution<float> u(0.25f, 4.0f);
   float v = (g() & 1) ? u(g) : -u(g);
-  if (dt == ncclFloat16) return __half2float(__float2half_rn(v));
-  if (dt == ncclBfloat16) return __bfloat162float(__float2bfloat16_rn(v));
-  return v;
-}
-float round_to(float v, ncclDataType_t dt) {
-  if (dt == ncclFloat16) return __half2float(__float2half_rn(v));
-  if (dt == ncclBfloat16) return __bfloat162float(__float2bfloat16_rn(v));
-  return v;
+  return round_to(v, dt);
 }
 void store(std::vector<uint8_t> &b, size_t i, float v, ncclDataType_t dt) {
   if (dt == ncclFloat32) {
     std::memcpy(&b[i * 4], &v, 4);
-  } else if (dt == ncclFloat16) {
-    __half h = __float2half_rn(v);
-    std::memcpy(&b[i * 2], &h, 2);
   } else {
-    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    uint16_t h = dt == ncclFloat16 ? zpp_qm_f32_to_f16(v) : zpp_qm_f32_to_bf16(v);
     std::memcpy(&b[i * 2], &h, 2);
   }
 }
@@ -355,14 +355,9 @@ float load(const std::vector<uint8_t> &b, size_t i, ncclDataType_t dt) {
     std::memcpy(&v, &b[i * 4], 4);
     return v;
   }
-  if (dt == ncclFloat16) {
-    __half h;
-    std::memcpy(&h, &b[i * 2], 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
+  uint16_t h;
   std::memcpy(&h, &b[i * 2], 2);
-  return __bfloat162float(h);
+  return dt == ncclFloat16 ? zpp_qm_f16_to_f32(h) : zpp_qm_bf16_to_f32(h);
 }
 size_t dsize(ncclDataType_t dt) { return dt == ncclFloat32 ? 4 : 2; }
 }  // namespace

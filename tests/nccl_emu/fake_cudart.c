@@ -8,7 +8,7 @@
  * current device per thread, streams that run their work in order on a
  * worker thread each (the NULL stream is one legacy stream per device),
  * host functions, synchronous and asynchronous copies, pointer attributes
- * of cudaMalloc'd memory.  Does not model: kernels, events, protection of
+ * of cudaMalloc'd and cudaHostAlloc'd memory.  Does not model: kernels, events, protection of
  * device memory from host threads, the legacy stream's implicit
  * synchronisation with other streams, errors of a real device.
  */
@@ -45,6 +45,7 @@ typedef struct alloc {
   char *p;
   size_t len;
   int dev;
+  enum cudaMemoryType type;
 } alloc_t;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -250,7 +251,7 @@ FAKE_API cudaError_t cudaMemset(void *p, int v, size_t n) {
   return cudaSuccess;
 }
 
-FAKE_API cudaError_t cudaMalloc(void **p, size_t n) {
+static cudaError_t alloc_of(void **p, size_t n, enum cudaMemoryType type) {
   alloc_t *a = calloc(1, sizeof *a);
   if (a == NULL || (a->p = malloc(n ? n : 1)) == NULL) {
     free(a);
@@ -258,6 +259,7 @@ FAKE_API cudaError_t cudaMalloc(void **p, size_t n) {
   }
   a->len = n;
   a->dev = t_dev;
+  a->type = type;
   pthread_mutex_lock(&g_lock);
   a->next = g_allocs;
   g_allocs = a;
@@ -266,13 +268,13 @@ FAKE_API cudaError_t cudaMalloc(void **p, size_t n) {
   return cudaSuccess;
 }
 
-FAKE_API cudaError_t cudaFree(void *p) {
+static cudaError_t free_of(void *p, enum cudaMemoryType type) {
   alloc_t **pp, *a = NULL;
   if (p == NULL)
     return cudaSuccess;
   pthread_mutex_lock(&g_lock);
   for (pp = &g_allocs; *pp; pp = &(*pp)->next)
-    if ((*pp)->p == p) {
+    if ((*pp)->p == p && (*pp)->type == type) {
       a = *pp;
       *pp = a->next;
       break;
@@ -285,6 +287,23 @@ FAKE_API cudaError_t cudaFree(void *p) {
   return cudaSuccess;
 }
 
+FAKE_API cudaError_t cudaMalloc(void **p, size_t n) {
+  return alloc_of(p, n, cudaMemoryTypeDevice);
+}
+
+FAKE_API cudaError_t cudaFree(void *p) {
+  return free_of(p, cudaMemoryTypeDevice);
+}
+
+FAKE_API cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  (void)flags;
+  return alloc_of(p, n, cudaMemoryTypeHost);
+}
+
+FAKE_API cudaError_t cudaFreeHost(void *p) {
+  return free_of(p, cudaMemoryTypeHost);
+}
+
 FAKE_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at,
                                               const void *p) {
   alloc_t *a;
@@ -294,9 +313,10 @@ FAKE_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at,
   pthread_mutex_lock(&g_lock);
   for (a = g_allocs; a; a = a->next)
     if ((const char *)p >= a->p && (const char *)p < a->p + (a->len ? a->len : 1)) {
-      at->type = cudaMemoryTypeDevice;
+      at->type = a->type;
       at->device = a->dev;
       at->devicePointer = (void *)p;
+      at->hostPointer = a->type == cudaMemoryTypeHost ? (void *)p : NULL;
       break;
     }
   pthread_mutex_unlock(&g_lock);

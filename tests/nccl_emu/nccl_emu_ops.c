@@ -1,16 +1,25 @@
 /*
  * The NCCL stand-in's operations: argument checks on the caller's thread,
- * groups, and a host function per stream that moves the bytes when the
+ * groups, and per stream a sequence of work that moves the bytes when the
  * stream reaches it.
  *
- * A host function runs a batch (one call, or every call of a group on one
- * stream) in two phases: first every send of every operation (the blocks
- * of a collective, ncclSend payloads, and a "clear to send" for every
- * ncclRecv), then every receive.  Sends never wait for the peer's stream
- * (its receiver thread drains them), so a group of sends and receives in
- * any pattern completes, and an ungrouped ncclSend waits for the matching
- * ncclRecv to be posted, as NCCL's does.  The host function touches device
- * memory directly and calls no CUDA function (CUDA forbids it there).
+ * A host function may neither call CUDA nor touch device memory (the
+ * emulated runtime enforces both, as the real one forbids the first and
+ * faults on the second), so a batch (one call, or every call of a group on
+ * one stream) is enqueued as:
+ *   1. cudaMemcpyAsync of every input from device memory into pinned host
+ *      staging buffers;
+ *   2. a host function that exchanges and reduces the staged bytes, in two
+ *      phases: first every send of every operation (the blocks of a
+ *      collective, ncclSend payloads, and a "clear to send" for every
+ *      ncclRecv), then every receive;
+ *   3. cudaMemcpyAsync of every result from staging into device memory;
+ *   4. a host function that returns the staging buffers and completes the
+ *      batch.
+ * Sends never wait for the peer's stream (its receiver thread drains
+ * them), so a group of sends and receives in any pattern completes, and an
+ * ungrouped ncclSend waits for the matching ncclRecv to be posted, as
+ * NCCL's does.
  *
  * Reductions follow a ring reduce-scatter over the ranks in rank order
  * (see nccl_emu.c): shard i = x[i+1] + x[i+2] + ... + x[i], each addition
@@ -27,9 +36,19 @@
 
 enum { OP_ALLGATHER, OP_REDUCE_SCATTER, OP_SEND, OP_RECV };
 
+/* A pinned host buffer; kept in one pool for the life of the process,
+ * since a host function (where the last reference to a communicator may
+ * go) cannot give it back to CUDA. */
+typedef struct emu_stage {
+  struct emu_stage *next;
+  unsigned char *p;
+  size_t cap;
+} emu_stage_t;
+
 typedef struct {
   int kind;
   emu_comm_t *c; /* holds a reference */
+  emu_stage_t *in, *out; /* staged input and result (NULL: none) */
   const void *sbuf;
   void *rbuf;
   size_t count; /* elements: per rank (allgather), per shard (reduce-scatter) */
@@ -248,14 +267,71 @@ static void reduce_in_order(const unsigned char *const *contrib, const int *o,
 #undef EMU_REDUCE_INT
 }
 
-/* ---- the host function ---------------------------------------------------------- */
+/* ---- staging ------------------------------------------------------------------- */
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static emu_stage_t *pool;
+
+/* The smallest free buffer of at least `len` bytes, else a new one (on the
+ * caller's thread: cudaHostAlloc is not allowed in a host function). */
+static emu_stage_t *stage_get(size_t len) {
+  emu_stage_t **pp, **best = NULL, *s;
+  size_t cap = 4096;
+  pthread_mutex_lock(&pool_lock);
+  for (pp = &pool; *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->cap >= len && (best == NULL || (*pp)->cap < (*best)->cap))
+      best = pp;
+  if (best != NULL) {
+    s = *best;
+    *best = s->next;
+    pthread_mutex_unlock(&pool_lock);
+    s->next = NULL;
+    return s;
+  }
+  pthread_mutex_unlock(&pool_lock);
+  while (cap < len)
+    cap *= 2;
+  s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  if (cudaHostAlloc((void **)&s->p, cap, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    free(s);
+    return NULL;
+  }
+  s->cap = cap;
+  return s;
+}
+
+static void stage_put(emu_stage_t *s) {
+  if (s == NULL)
+    return;
+  pthread_mutex_lock(&pool_lock);
+  s->next = pool;
+  pool = s;
+  pthread_mutex_unlock(&pool_lock);
+}
+
+/* Bytes of device input and result each operation stages. */
+static void stage_sizes(const emu_op_t *o, size_t *in, size_t *out) {
+  size_t bytes = o->count * emu_dtype_size(o->dt), n = (size_t)o->c->nranks;
+  *in = *out = 0;
+  switch (o->kind) {
+  case OP_ALLGATHER: *in = bytes; *out = n * bytes; break;
+  case OP_REDUCE_SCATTER: *in = n * bytes; *out = bytes; break;
+  case OP_SEND: *in = bytes; break;
+  case OP_RECV: *out = bytes; break;
+  }
+}
+
+/* ---- the host functions ------------------------------------------------------------ */
 
 static void op_fail(emu_op_t *o, ncclResult_t r) {
   if (o->result == ncclSuccess)
     o->result = r;
 }
 
-/* Phase 1: everything this operation sends. */
+/* Phase 1: everything this operation sends, from its staged input. */
 static void op_post(emu_op_t *o) {
   emu_comm_t *c = o->c;
   size_t es = emu_dtype_size(o->dt), bytes = o->count * es;
@@ -273,17 +349,17 @@ static void op_post(emu_op_t *o) {
   switch (o->kind) {
   case OP_ALLGATHER:
     for (i = 1; i < n && r == ncclSuccess; i++)
-      r = emu_send(c, (me + i) % n, EMU_MSG_COLL, o->tag, o->sbuf, bytes);
+      r = emu_send(c, (me + i) % n, EMU_MSG_COLL, o->tag, o->in->p, bytes);
     break;
   case OP_REDUCE_SCATTER:
     for (i = 1; i < n && r == ncclSuccess; i++) {
       int to = (me + i) % n;
-      r = emu_send(c, to, EMU_MSG_COLL, o->tag,
-                   (const unsigned char *)o->sbuf + (size_t)to * bytes, bytes);
+      r = emu_send(c, to, EMU_MSG_COLL, o->tag, o->in->p + (size_t)to * bytes,
+                   bytes);
     }
     break;
   case OP_SEND:
-    r = emu_send(c, o->peer, EMU_MSG_P2P, o->tag, o->sbuf, bytes);
+    r = emu_send(c, o->peer, EMU_MSG_P2P, o->tag, o->in->p, bytes);
     break;
   case OP_RECV:
     r = emu_send(c, o->peer, EMU_MSG_CTS, o->tag, NULL, 0);
@@ -303,7 +379,7 @@ static ncclResult_t check_len(emu_op_t *o, const emu_msg_t *m, size_t want,
   return ncclInvalidUsage;
 }
 
-/* Phase 2: everything this operation receives. */
+/* Phase 2: everything this operation receives, into its staged result. */
 static void op_finish(emu_op_t *o, int64_t deadline) {
   emu_comm_t *c = o->c;
   size_t es = emu_dtype_size(o->dt), bytes = o->count * es;
@@ -314,9 +390,8 @@ static void op_finish(emu_op_t *o, int64_t deadline) {
     return;
   switch (o->kind) {
   case OP_ALLGATHER: {
-    unsigned char *out = o->rbuf;
-    if (out + (size_t)me * bytes != (const unsigned char *)o->sbuf)
-      memmove(out + (size_t)me * bytes, o->sbuf, bytes);
+    unsigned char *out = o->out->p;
+    memcpy(out + (size_t)me * bytes, o->in->p, bytes);
     for (i = 1; i < n && r == ncclSuccess; i++) {
       int from = (me - i + n) % n;
       r = emu_take(c, from, EMU_MSG_COLL, o->tag, deadline, &m);
@@ -333,8 +408,7 @@ static void op_finish(emu_op_t *o, int64_t deadline) {
     const unsigned char **contrib = calloc((size_t)n, sizeof *contrib);
     emu_msg_t **msgs = calloc((size_t)n, sizeof *msgs);
     int *order = calloc((size_t)n, sizeof *order);
-    unsigned char *tmp = malloc(bytes ? bytes : 1);
-    if (contrib == NULL || msgs == NULL || order == NULL || tmp == NULL) {
+    if (contrib == NULL || msgs == NULL || order == NULL) {
       emu_set_async(c, ncclSystemError, "stand-in: out of host memory");
       r = ncclSystemError;
     }
@@ -347,19 +421,17 @@ static void op_finish(emu_op_t *o, int64_t deadline) {
         contrib[from] = msgs[from]->data;
     }
     if (r == ncclSuccess) {
-      contrib[me] = (const unsigned char *)o->sbuf + (size_t)me * bytes;
+      contrib[me] = o->in->p + (size_t)me * bytes;
       /* The ring: my shard starts at my successor and ends with me. */
       for (i = 0; i < n; i++)
         order[i] = (me + 1 + i) % n;
-      reduce_in_order(contrib, order, n, tmp, o->count, o->dt, o->op);
-      memcpy(o->rbuf, tmp, bytes);
+      reduce_in_order(contrib, order, n, o->out->p, o->count, o->dt, o->op);
     }
     for (i = 0; msgs != NULL && i < n; i++)
       emu_msg_free(msgs[i]);
     free(msgs);
     free(contrib);
     free(order);
-    free(tmp);
     break;
   }
   case OP_SEND:
@@ -372,18 +444,23 @@ static void op_finish(emu_op_t *o, int64_t deadline) {
     if (r == ncclSuccess)
       r = check_len(o, m, bytes, o->peer);
     if (r == ncclSuccess && bytes > 0)
-      memcpy(o->rbuf, m->data, bytes);
+      memcpy(o->out->p, m->data, bytes);
     emu_msg_free(m);
     break;
   }
   op_fail(o, r);
 }
 
-static void release_ops(emu_op_t *ops, int n, int launched) {
+/* Gives back what the operations hold: staging, the pending count (when
+ * they were counted) and their communicator references. */
+static void release_ops(emu_op_t *ops, int n, int counted) {
   int i;
   for (i = 0; i < n; i++) {
     emu_comm_t *c = ops[i].c;
-    if (launched) {
+    stage_put(ops[i].in);
+    stage_put(ops[i].out);
+    ops[i].in = ops[i].out = NULL;
+    if (counted) {
       pthread_mutex_lock(&c->lock);
       c->pending--;
       pthread_cond_broadcast(&c->cond);
@@ -401,6 +478,10 @@ static void CUDART_CB run_batch(void *arg) {
     op_post(&b->ops[i]);
   for (i = 0; i < b->n; i++)
     op_finish(&b->ops[i], deadline);
+}
+
+static void CUDART_CB end_batch(void *arg) {
+  emu_batch_t *b = arg;
   release_ops(b->ops, b->n, 1);
   free(b->ops);
   free(b);
@@ -413,10 +494,14 @@ static __thread ncclResult_t g_err;
 static __thread emu_op_t *g_ops;
 static __thread int g_n, g_cap;
 
-static ncclResult_t launch_stream(emu_op_t *ops, int n) {
-  emu_batch_t *b = malloc(sizeof *b);
-  int prev = -1, dev = ops[0].c->dev, i;
-  cudaError_t e;
+/* Enqueues steps 1-4 of one stream's batch.  *kept: the batch owns the
+ * operations (always on success); else the caller still does. */
+static ncclResult_t launch_stream(emu_op_t *ops, int n, int *kept) {
+  emu_batch_t *b = calloc(1, sizeof *b);
+  int prev = -1, dev = ops[0].c->dev, i, step = 0;
+  cudaStream_t st = ops[0].stream;
+  cudaError_t e = cudaSuccess;
+  *kept = 0;
   for (i = 1; i < n; i++)
     if (ops[i].c->dev != dev) {
       free(b);
@@ -425,53 +510,98 @@ static ncclResult_t launch_stream(emu_op_t *ops, int n) {
                       "communicators on devices %d and %d",
                       dev, ops[i].c->dev);
     }
-  if (b == NULL || (b->ops = malloc((size_t)n * sizeof *ops)) == NULL) {
+  if (b == NULL || (b->ops = calloc((size_t)n, sizeof *ops)) == NULL) {
     free(b);
     return emu_fail(ncclSystemError, "stand-in: out of host memory");
   }
-  /* Numbers in call order: every rank issues a communicator's operations
-   * in the same order, so the k-th collective (or the k-th send to a peer)
-   * meets the k-th on the other side. */
   for (i = 0; i < n; i++) {
-    emu_comm_t *c = ops[i].c;
-    pthread_mutex_lock(&c->lock);
-    if (ops[i].kind == OP_SEND)
-      ops[i].tag = ++c->peers[ops[i].peer].send_seq;
-    else if (ops[i].kind == OP_RECV)
-      ops[i].tag = ++c->peers[ops[i].peer].recv_seq;
-    else
-      ops[i].tag = ++c->coll_seq;
-    c->pending++;
-    pthread_mutex_unlock(&c->lock);
+    size_t in, out;
+    stage_sizes(&ops[i], &in, &out);
+    ops[i].in = in ? stage_get(in) : NULL;
+    ops[i].out = out ? stage_get(out) : NULL;
+    if ((in && ops[i].in == NULL) || (out && ops[i].out == NULL)) {
+      for (; i >= 0; i--) {
+        stage_put(ops[i].in);
+        stage_put(ops[i].out);
+        ops[i].in = ops[i].out = NULL;
+      }
+      free(b->ops);
+      free(b);
+      return emu_fail(ncclSystemError,
+                      "stand-in: cudaHostAlloc of the staging buffers failed");
+    }
   }
-  memcpy(b->ops, ops, (size_t)n * sizeof *ops);
-  b->n = n;
   /* The NULL stream means the legacy stream of the communicator's device,
    * as NCCL makes that device current around its launch. */
   cudaGetDevice(&prev);
   if (prev != dev)
     cudaSetDevice(dev);
-  e = cudaLaunchHostFunc(ops[0].stream, run_batch, b);
+  for (i = 0; i < n && e == cudaSuccess; i++) {
+    size_t in, out;
+    stage_sizes(&ops[i], &in, &out);
+    if (in) {
+      e = cudaMemcpyAsync(ops[i].in->p, ops[i].sbuf, in, cudaMemcpyDeviceToHost,
+                          st);
+      step += e == cudaSuccess;
+    }
+  }
+  if (e == cudaSuccess) {
+    /* From here on the batch is committed: number the operations in call
+     * order (every rank issues a communicator's operations in the same
+     * order, so the k-th collective, or the k-th send to a peer, meets the
+     * k-th on the other side). */
+    for (i = 0; i < n; i++) {
+      emu_comm_t *c = ops[i].c;
+      pthread_mutex_lock(&c->lock);
+      if (ops[i].kind == OP_SEND)
+        ops[i].tag = ++c->peers[ops[i].peer].send_seq;
+      else if (ops[i].kind == OP_RECV)
+        ops[i].tag = ++c->peers[ops[i].peer].recv_seq;
+      else
+        ops[i].tag = ++c->coll_seq;
+      c->pending++;
+      pthread_mutex_unlock(&c->lock);
+    }
+    memcpy(b->ops, ops, (size_t)n * sizeof *ops);
+    b->n = n;
+    e = cudaLaunchHostFunc(st, run_batch, b);
+    if (e == cudaSuccess)
+      step = -1;
+    for (i = 0; i < n && e == cudaSuccess; i++) {
+      size_t in, out;
+      stage_sizes(&ops[i], &in, &out);
+      if (out)
+        e = cudaMemcpyAsync(ops[i].rbuf, ops[i].out->p, out,
+                            cudaMemcpyHostToDevice, st);
+    }
+    if (e == cudaSuccess)
+      e = cudaLaunchHostFunc(st, end_batch, b);
+  }
   if (prev != dev && prev >= 0)
     cudaSetDevice(prev);
-  if (e != cudaSuccess) {
+  if (step == -1)
+    *kept = 1;
+  if (e == cudaSuccess)
+    return ncclSuccess;
+  if (step == -1) {
+    /* Part of the batch is queued and may run: it cannot be taken back.
+     * The communicators fail, and their operations stay counted, so a
+     * destroy gives up on them after the timeout. */
     for (i = 0; i < n; i++)
       emu_set_async(ops[i].c, ncclUnhandledCudaError,
-                    "%s: cudaLaunchHostFunc: %s", op_name(ops[i].kind),
-                    cudaGetErrorString(e));
-    free(b->ops);
-    free(b);
-    /* The references stay with the caller, which releases them. */
-    for (i = 0; i < n; i++) {
-      pthread_mutex_lock(&ops[i].c->lock);
-      ops[i].c->pending--;
-      pthread_cond_broadcast(&ops[i].c->cond);
-      pthread_mutex_unlock(&ops[i].c->lock);
-    }
-    return emu_fail(ncclUnhandledCudaError, "cudaLaunchHostFunc: %s",
+                    "%s: a stream call failed after the batch was queued: %s",
+                    op_name(ops[i].kind), cudaGetErrorString(e));
+    return emu_fail(ncclUnhandledCudaError, "stream call failed: %s",
                     cudaGetErrorString(e));
   }
-  return ncclSuccess;
+  /* Only input copies into staging were queued: the staging buffers are
+   * left to them (not returned to the pool), the rest is undone. */
+  for (i = 0; i < n; i++)
+    ops[i].in = ops[i].out = NULL;
+  free(b->ops);
+  free(b);
+  return emu_fail(ncclUnhandledCudaError, "cudaMemcpyAsync: %s",
+                  cudaGetErrorString(e));
 }
 
 /* One batch per stream, streams in the order they first appear. */
@@ -479,7 +609,7 @@ static ncclResult_t launch(emu_op_t *ops, int n) {
   char *done = calloc((size_t)n, 1);
   emu_op_t *part = malloc((size_t)n * sizeof *part);
   ncclResult_t r = ncclSuccess;
-  int i, j;
+  int i, j, kept;
   if (done == NULL || part == NULL) {
     free(done);
     free(part);
@@ -495,9 +625,10 @@ static ncclResult_t launch(emu_op_t *ops, int n) {
         part[k++] = ops[j];
         done[j] = 1;
       }
+    kept = 0;
     if (r == ncclSuccess)
-      r = launch_stream(part, k);
-    if (r != ncclSuccess)
+      r = launch_stream(part, k, &kept);
+    if (!kept)
       release_ops(part, k, 0);
   }
   free(done);
