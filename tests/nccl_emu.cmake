@@ -4,14 +4,21 @@
 # nccl.h and cuda_runtime_api.h for the types, no GPU and no MPI.  It runs
 # on the emulated CUDA runtime (target zpp_cudart_emu) where the build has
 # one, else on a small fake runtime of its own (tests/nccl_emu/fake_cudart.c)
-# that serves only these tests.  tests/CMakeLists.txt includes this.
+# that serves only these tests.  Not built with ZPP_WITH_NCCL=OFF.
+# tests/CMakeLists.txt includes this.
 find_path(ZPP_NCCL_EMU_NCCL_H nccl.h
   HINTS ${ZPP_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
 find_path(ZPP_NCCL_EMU_CUDA_H cuda_runtime_api.h
   HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-if(ZPP_NCCL_EMU_NCCL_H AND ZPP_NCCL_EMU_CUDA_H)
+if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND ZPP_NCCL_EMU_CUDA_H)
   if(TARGET zpp_cudart_emu)
     set(_zpp_nccl_emu_rt zpp_cudart_emu)
+    # nccl.h alone: its directory holds the real CUDA headers, which must
+    # not hide the emulator's.
+    configure_file(${ZPP_NCCL_EMU_NCCL_H}/nccl.h
+      ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include/nccl.h COPYONLY)
+    set(ZPP_NCCL_EMU_NCCL_H ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include)
+    set(ZPP_NCCL_EMU_CUDA_H "")
   else()
     add_library(zpp_nccl_emu_fakecuda SHARED nccl_emu/fake_cudart.c)
     target_include_directories(zpp_nccl_emu_fakecuda PRIVATE ${ZPP_NCCL_EMU_CUDA_H})
@@ -38,3 +45,4 @@ if(ZPP_NCCL_EMU_NCCL_H AND ZPP_NCCL_EMU_CUDA_H)
   gtest_discover_tests(test_nccl_emu DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS unit TIMEOUT 120)
 endif()
+

@@ -129,7 +129,7 @@ std::vector<uint8_t> bytes_of(uint64_t s, int r, size_t n) {
 // A host function that holds its stream until opened (bounded: 20 s).
 struct Gate {
   std::atomic<int> open{0};
-  static void CUDART_CB hold(void *p) {
+  static void hold(void *p) {
     Gate *g = static_cast<Gate *>(p);
     for (int i = 0; i < 20000 && !g->open.load(); i++)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -470,7 +470,7 @@ static void release_ops(emu_op_t *ops, int n, int counted) {
   }
 }
 
-static void CUDART_CB run_batch(void *arg) {
+static void run_batch(void *arg) {
   emu_batch_t *b = arg;
   int64_t deadline = emu_deadline();
   int i;
@@ -480,7 +480,7 @@ static void CUDART_CB run_batch(void *arg) {
     op_finish(&b->ops[i], deadline);
 }
 
-static void CUDART_CB end_batch(void *arg) {
+static void end_batch(void *arg) {
   emu_batch_t *b = arg;
   release_ops(b->ops, b->n, 1);
   free(b->ops);
