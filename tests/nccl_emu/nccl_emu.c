@@ -23,9 +23,12 @@
  *   - two ranks of one communicator on one device (same PCI bus id, same
  *     host) fail creation with ncclInvalidUsage on every rank;
  *   - ncclAllGather, ncclReduceScatter, ncclSend, ncclRecv are stream
- *     ordered: they enqueue a host function (cudaLaunchHostFunc) that moves
- *     the bytes when the stream reaches it, touching device memory only
- *     there and calling no CUDA function there;
+ *     ordered: on the given stream (NULL: the legacy stream of the
+ *     communicator's device) they enqueue copies of the inputs into pinned
+ *     host staging, a host function (cudaLaunchHostFunc) that exchanges and
+ *     reduces the staged bytes when the stream reaches it, and copies of
+ *     the results back; the host function calls no CUDA function and never
+ *     touches device memory (nccl_emu_ops.c);
  *   - a send completes only once the peer posted the matching receive, so
  *     ungrouped send/recv cycles hang (here: time out) as on a GPU, while
  *     send/recv pairs inside ncclGroupStart/End are matched as a group;
@@ -49,8 +52,10 @@
  * calls, user buffer registration, ncclAllReduce, ncclBroadcast, ncclReduce
  * and the other calls zpp does not make, ncclAvg and ncclPreMulSum, fp8
  * types, communicators spanning machines (ranks meet over UNIX sockets of
- * one host), and kernels that hang the device: a stream blocked in a
- * stand-in operation blocks only that stream.
+ * one host), kernels that hang the device (a stream blocked in a
+ * stand-in operation blocks only that stream), and the check that the
+ * stream belongs to the communicator's device (the emulated runtime has no
+ * cudaStreamGetDevice to ask).
  *
  * Between ranks (threads or processes of one machine) bytes travel over
  * UNIX-domain sockets in the abstract namespace, named from the unique id
