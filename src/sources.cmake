@@ -5,4 +5,5 @@ list(APPEND ZPP_C_SOURCES
   src/transport.c
   src/transport_mpi.c
   src/transport_nccl.c
+  src/xop_shim.c
   src/runtime.c) # parameter groups for a ZeRO runtime (docs/runtime.md)

@@ -32,8 +32,9 @@
  *     allreduce is computed as that reduce-scatter followed by an allgather,
  *     so its result equals reduce_scatter's shards bit for bit.
  *
- * Threads: the wrappers hold a per-transport mutex, so calls from a
- * progress thread and the creating thread never interleave on one rank.
+ * Threads: the wrappers hold a per-transport mutex while they start an
+ * operation, so calls from the engine thread and the creating thread never
+ * interleave on one rank; no lock is held while an operation is awaited.
  */
 #ifndef ZPP_SRC_TRANSPORT_H
 #define ZPP_SRC_TRANSPORT_H
@@ -96,6 +97,10 @@ typedef struct {
    * then aborted and every later call fails).  NULL: nothing to wait for. */
   zpp_status_t (*sync)(zpp_transport_t *t, void *stream);
   void (*destroy)(zpp_transport_t *t);
+  /* Non-blocking check for asynchronous errors (NCCL's
+   * ncclCommGetAsyncError); on one, the backend aborts and breaks the
+   * transport and returns the error.  NULL: there are none. */
+  zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
 } zpp_transport_ops_t;
 
 /* ---- what the collectives call ------------------------------------------
@@ -113,10 +118,8 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all);
 
 /* What threads the collectives may use on this communicator, from the
- * MPI thread level at creation: ZPP_THREADS_PIPE, a helper thread that
- * calls the transport while the caller only computes; ZPP_THREADS_PROGRESS,
- * a thread that runs started collectives while the caller may call MPI. */
-#define ZPP_THREADS_PIPE 1
+ * MPI thread level at creation: ZPP_THREADS_PROGRESS, the engine thread
+ * that runs started collectives while the caller may call MPI. */
 #define ZPP_THREADS_PROGRESS 2
 int zpp_comm_thread_caps(zpp_comm_t comm);
 
@@ -164,8 +167,77 @@ zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
                                      zpp_reduce_op_t op, zpp_memory_t mem,
                                      void *stream);
 zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
+/* Asynchronous errors of the backend, without blocking (ZPP_OK when the
+ * backend has none); a transport broken earlier answers its error. */
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
 /* Completes what was enqueued on `stream` (no-op for blocking backends). */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
+
+/* ---- non-blocking operations (the engine's transfer steps) ----------------
+ * zpp_transport_start_* starts the same operation as its blocking twin
+ * above (same arguments, same checks, same counters and results) and
+ * returns at once with a handle; zpp_xop_test advances it without
+ * blocking.  Several operations may be in flight on one transport, also on
+ * different groups; they must be started in the same order on every
+ * member of their group (each gets a tag from a per-group sequence, so
+ * their messages never match another operation's).  Blocking operations
+ * are start + zpp_xop_wait.
+ *
+ *   host-only backends (MPI, UCX): the algorithms (ring, pairwise, member-
+ *     order reduction, emulation, accounting) run as state machines over
+ *     rounds of point-to-point transfers in src/transport_algo.c; device
+ *     buffers are staged through pinned host memory (the stage-in copy is
+ *     synchronous at start, the stage-out copy is enqueued on `stream` at
+ *     completion);
+ *   stream-ordered backends (NCCL): start enqueues on `stream`; the
+ *     operation is then done as far as the host is concerned (its
+ *     completion is the stream's business: plans record an event).
+ *
+ * A failed or timed-out operation (ZPP_TIMEOUT_S from its start) breaks
+ * the transport as the blocking calls do.  Single-threaded per transport:
+ * the caller (the engine, src/engine.c) serialises calls. */
+typedef struct zpp_xop zpp_xop_t;
+
+zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
+                                           const void *send, size_t bytes,
+                                           void *recv, zpp_memory_t mem,
+                                           void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_allgatherv(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_alltoallv(
+    zpp_transport_t *t, zpp_group_t g, const void *send,
+    const size_t *send_bytes, const size_t *send_displs, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, size_t bytes,
+                                          void *recv, zpp_memory_t mem,
+                                          void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_reduce_scatter(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop);
+zpp_status_t zpp_transport_start_allreduce(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop);
+zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
+                                         zpp_xop_t **op);
+/* Advances op without blocking; *done = 1 once its output is complete
+ * (host memory) or enqueued (stream-ordered / staged device output).  An
+ * error (also a timeout) is returned once; the op is then done. */
+zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done);
+/* Earliest CLOCK_MONOTONIC time (ns) at which testing op again can make
+ * progress when nothing else happens (an emulated link's deadline), or 0:
+ * poll as usual.  Lets the engine sleep instead of spinning. */
+int64_t zpp_xop_wake_ns(const zpp_xop_t *op);
+/* Polls op (spin, then sleep, like the blocking wait) until done. */
+zpp_status_t zpp_xop_wait(zpp_xop_t *op);
+/* Frees a done op; an op still in flight is cancelled first (its peers then
+ * time out; the transport is broken). */
+void zpp_xop_free(zpp_xop_t *op);
 
 /* ---- queries ------------------------------------------------------------- */
 int zpp_transport_rank(const zpp_transport_t *t);     /* world rank */

@@ -43,7 +43,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
   zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
 
-  if(NOT ZPP_WITH_CUDA_ENABLED)
+  if(NOT ZPP_HAVE_CUDA_RT)
     zpp_bench_test(bench_device_no_cuda 1 1x1 "--memory;device"
       -DEXPECT_RC=3 "-DEXPECT_ERR=no CUDA device")
   endif()

@@ -9,7 +9,7 @@ if(ZPP_WITH_MPI_ENABLED)
     ${PROJECT_SOURCE_DIR}/topology)
   # The C API of MPI only (no C++ bindings to link).
   target_compile_definitions(test_transport PRIVATE
-    ZPP_HAVE_CUDA=$<BOOL:${ZPP_WITH_CUDA_ENABLED}> OMPI_SKIP_MPICXX=1
+    ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}> OMPI_SKIP_MPICXX=1
     MPICH_SKIP_MPICXX=1)
   if(ZPP_WITH_CUDA_ENABLED)
     target_include_directories(test_transport PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
