@@ -14,14 +14,11 @@ if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
     "ZPP_TIMEOUT_S=120;OMPI_MCA_mpi_yield_when_idle=1"
     "OMPI_MCA_rmaps_base_oversubscribe=1")
   # Expected failures: tests that fail because of a known library bug, one
-  # list per bug.  They are left out of the main entry and run in an entry
-  # of their own marked WILL_FAIL, so that the fix of the bug makes that
-  # entry fail: then delete the list (and the entries it leaves empty).
-  #   issue 9, 2a: zpp_transport_nccl_create passes m->comm[WORLD] to
-  #   called() in the same call that initialises it, so the readiness poll
-  #   gets NULL: "ncclCommGetAsyncError: invalid argument" on every rank.
-  set(ZPP_NCCL_EMU_XFAIL_2A_INIT_HANDLE "Nccl.OpsOnDeviceMemory")
-  set(_xfail "${ZPP_NCCL_EMU_XFAIL_2A_INIT_HANDLE}")
+  # list per bug, appended to _xfail.  They are left out of the main entry
+  # and run in an entry of their own marked WILL_FAIL, so that the fix of
+  # the bug makes that entry fail: then delete the list.  None today (the
+  # init-handle bug of issue 9, 2a, had one until main fixed it).
+  set(_xfail "")
   foreach(_l "1x1|1" "2x2|4" "2x4|8" "3x2|6")
     string(REPLACE "|" ";" _f "${_l}")
     list(GET _f 0 _topo)
