@@ -1,36 +1,23 @@
 # The NCCL stand-in (tests/nccl_emu/): a shared library with NCCL's API that
 # libzpp opens instead of libnccl.so.2 when ZPP_NCCL_LIBRARY names it, and
 # its own contract tests (test_nccl_emu, label unit).  It needs the real
-# nccl.h and cuda_runtime_api.h for the types, no GPU and no MPI.  It runs
-# on the emulated CUDA runtime (target zpp_cudart_emu) where the build has
-# one, else on a small fake runtime of its own (tests/nccl_emu/fake_cudart.c)
-# that serves only these tests.  Not built with ZPP_WITH_NCCL=OFF.
-# tests/CMakeLists.txt includes this.
+# nccl.h for the types, no GPU and no MPI, and runs on the emulated CUDA
+# runtime (target zpp_cudart_emu, built with the tests except under the
+# sanitizers).  Not built with ZPP_WITH_NCCL=OFF.  tests/CMakeLists.txt
+# includes this.
 find_path(ZPP_NCCL_EMU_NCCL_H nccl.h
   HINTS ${ZPP_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-find_path(ZPP_NCCL_EMU_CUDA_H cuda_runtime_api.h
-  HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND ZPP_NCCL_EMU_CUDA_H)
-  if(TARGET zpp_cudart_emu)
-    set(_zpp_nccl_emu_rt zpp_cudart_emu)
-    # nccl.h alone: its directory holds the real CUDA headers, which must
-    # not hide the emulator's.
-    configure_file(${ZPP_NCCL_EMU_NCCL_H}/nccl.h
-      ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include/nccl.h COPYONLY)
-    set(ZPP_NCCL_EMU_NCCL_H ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include)
-    set(ZPP_NCCL_EMU_CUDA_H "")
-  else()
-    add_library(zpp_nccl_emu_fakecuda SHARED nccl_emu/fake_cudart.c)
-    target_include_directories(zpp_nccl_emu_fakecuda PRIVATE ${ZPP_NCCL_EMU_CUDA_H})
-    set_target_properties(zpp_nccl_emu_fakecuda PROPERTIES C_VISIBILITY_PRESET hidden)
-    target_link_libraries(zpp_nccl_emu_fakecuda PRIVATE Threads::Threads)
-    set(_zpp_nccl_emu_rt zpp_nccl_emu_fakecuda)
-  endif()
+if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND TARGET zpp_cudart_emu)
+  set(_zpp_nccl_emu_rt zpp_cudart_emu)
+  # nccl.h alone: its directory holds the real CUDA headers, which must not
+  # hide the emulator's.
+  configure_file(${ZPP_NCCL_EMU_NCCL_H}/nccl.h
+    ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include/nccl.h COPYONLY)
+  set(ZPP_NCCL_EMU_NCCL_H ${CMAKE_CURRENT_BINARY_DIR}/nccl_emu_include)
 
   add_library(zpp_nccl_emu SHARED nccl_emu/nccl_emu.c nccl_emu/nccl_emu_net.c
     nccl_emu/nccl_emu_ops.c)
-  target_include_directories(zpp_nccl_emu PRIVATE ${ZPP_NCCL_EMU_NCCL_H}
-    ${ZPP_NCCL_EMU_CUDA_H})
+  target_include_directories(zpp_nccl_emu PRIVATE ${ZPP_NCCL_EMU_NCCL_H})
   # Only the nccl* names are exported; the stand-in shares the process's
   # CUDA runtime (the emulated one is loaded once, by libzpp's user).
   set_target_properties(zpp_nccl_emu PROPERTIES C_VISIBILITY_PRESET hidden)
@@ -39,7 +26,7 @@ if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND ZPP_NCCL_EMU_CUD
 
   add_executable(test_nccl_emu test_nccl_emu.cc)
   target_include_directories(test_nccl_emu PRIVATE ${ZPP_NCCL_EMU_NCCL_H}
-    ${ZPP_NCCL_EMU_CUDA_H} ${PROJECT_SOURCE_DIR}/kernels/quant)
+    ${PROJECT_SOURCE_DIR}/kernels/quant)
   target_link_libraries(test_nccl_emu PRIVATE zpp_nccl_emu ${_zpp_nccl_emu_rt}
     GTest::gtest GTest::gtest_main Threads::Threads)
   gtest_discover_tests(test_nccl_emu DISCOVERY_TIMEOUT 60
