@@ -56,6 +56,10 @@ static zpp_setting_t settings[] = {
      "host scratch memory each thread keeps between collectives, in MiB "
      "(reused instead of malloc/free per call; 0 keeps none)",
      NULL, 0},
+    {"ZPP_NCCL_LIBRARY", "libnccl.so.2",
+     "NCCL library the NCCL backend opens with dlopen: a file name the "
+     "loader searches for, or a path (tests name the NCCL stand-in here)",
+     NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "
      "configs (one extra small all-gather per call)",
