@@ -829,44 +829,6 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
   return ZPP_OK;
 }
 
-zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
-                            int sync_out, zpp_xop_t **out) {
-  const zpp_tgroup_t *gr = &t->grp[a->g];
-  int n = gr->size, ring = a->kind == ZPP_XOP_ALLGATHER ||
-                           a->kind == ZPP_XOP_ALLGATHERV ||
-                           a->kind == ZPP_XOP_ALLREDUCE;
-  uint32_t span = t->tag_limit / NSUB;
-  zpp_xop_t *op;
-  zpp_status_t st;
-  /* The tag is taken before anything can fail, so every member's sequence
-   * stays in step with the others'. */
-  uint32_t seq = t->grp[a->g].seq++;
-  op = op_alloc(n, ring ? ring_channels(t, gr) : 1);
-  if (op == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "operation of %d members",
-                     n);
-  op->t = t;
-  op->kind = a->kind;
-  op->g = a->g;
-  op->what = a->what;
-  op->n = n;
-  op->me = gr->index;
-  op->nc = ring ? ring_channels(t, gr) : 1;
-  op->tag = (span > 0 ? seq % span : 0) * NSUB;
-  op->sync_out = sync_out;
-  op->limit_ns = t->timeout_s > 0
-                     ? zpp_time_ns() + (int64_t)(t->timeout_s * 1e9)
-                     : INT64_MAX;
-  st = setup(op, a);
-  if (st != ZPP_OK) {
-    release_buffers(op, 0);
-    free(op);
-    return st;
-  }
-  *out = op;
-  return ZPP_OK;
-}
-
 /* ---- progress ------------------------------------------------------------------ */
 
 static void cancel_round(zpp_xop_t *op) {
@@ -980,6 +942,48 @@ static zpp_status_t advance(zpp_xop_t *op) {
       return ZPP_OK;
   }
   return ZPP_OK; /* more next time */
+}
+
+zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
+                            int sync_out, zpp_xop_t **out) {
+  const zpp_tgroup_t *gr = &t->grp[a->g];
+  int n = gr->size, ring = a->kind == ZPP_XOP_ALLGATHER ||
+                           a->kind == ZPP_XOP_ALLGATHERV ||
+                           a->kind == ZPP_XOP_ALLREDUCE;
+  uint32_t span = t->tag_limit / NSUB;
+  zpp_xop_t *op;
+  zpp_status_t st;
+  /* The tag is taken before anything can fail, so every member's sequence
+   * stays in step with the others'. */
+  uint32_t seq = t->grp[a->g].seq++;
+  op = op_alloc(n, ring ? ring_channels(t, gr) : 1);
+  if (op == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "operation of %d members",
+                     n);
+  op->t = t;
+  op->kind = a->kind;
+  op->g = a->g;
+  op->what = a->what;
+  op->n = n;
+  op->me = gr->index;
+  op->nc = ring ? ring_channels(t, gr) : 1;
+  op->tag = (span > 0 ? seq % span : 0) * NSUB;
+  op->sync_out = sync_out;
+  op->limit_ns = t->timeout_s > 0
+                     ? zpp_time_ns() + (int64_t)(t->timeout_s * 1e9)
+                     : INT64_MAX;
+  st = setup(op, a);
+  /* The first round goes out now, so the transfer overlaps whatever the
+   * caller does before it tests. */
+  if (st == ZPP_OK)
+    st = advance(op);
+  if (st != ZPP_OK) {
+    release_buffers(op, 0);
+    free(op);
+    return st;
+  }
+  *out = op;
+  return ZPP_OK;
 }
 
 zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done) {
