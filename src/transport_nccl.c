@@ -527,10 +527,17 @@ static void nccl_destroy(zpp_transport_t *t) {
   t->impl = NULL;
 }
 
+/* Stream-ordered: the operations enqueue; no round primitive. */
 static const zpp_transport_ops_t nccl_ops = {
-    "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
-    nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
-    nccl_destroy};
+    .name = "nccl",
+    .allgather = nccl_allgather,
+    .allgatherv = nccl_allgatherv,
+    .alltoallv = nccl_alltoallv,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allreduce = nccl_allreduce,
+    .barrier = nccl_barrier,
+    .sync = nccl_sync,
+    .destroy = nccl_destroy};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
