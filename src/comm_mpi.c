@@ -222,7 +222,24 @@ err_free:
   return st;
 }
 
+/* Whether another rank of my real machine uses my GPU (NCCL refuses two
+ * ranks on one device).  Real machines, not emulated nodes: two emulated
+ * nodes on one machine may share a GPU. */
+static int shares_gpu(const zpp_topo_t *topo, const boot_rec_t *rec,
+                      int rank) {
+  int b;
+  if (topo->gpu == NULL || topo->gpu[rank].bus_id[0] == '\0')
+    return 0;
+  for (b = 0; b < topo->world_size; b++)
+    if (b != rank && rec[b].key == rec[rank].key &&
+        strcmp(topo->gpu[b].bus_id, topo->gpu[rank].bus_id) == 0)
+      return 1;
+  return 0;
+}
+
 static zpp_status_t resolve_backend(MPI_Comm comm, const zpp_comm_config_t *cfg,
+                                    const zpp_topo_t *topo,
+                                    const boot_rec_t *rec, int rank,
                                     zpp_backend_t *out) {
   zpp_backend_t b = cfg->backend;
   if (b == ZPP_BACKEND_UCX)
@@ -232,10 +249,19 @@ static zpp_status_t resolve_backend(MPI_Comm comm, const zpp_comm_config_t *cfg,
   if (b == ZPP_BACKEND_AUTO) {
     int mine = 0, all = 0;
     char why[256];
-    if (cfg->memory == ZPP_MEMORY_DEVICE)
+    if (cfg->memory == ZPP_MEMORY_DEVICE) {
       mine = zpp_transport_nccl_available(why, sizeof why);
+      if (mine && shares_gpu(topo, rec, rank)) {
+        mine = 0;
+        snprintf(why, sizeof why,
+                 "ranks share GPU %d, and NCCL needs one GPU per rank",
+                 topo->gpu != NULL ? topo->gpu[rank].device : -1);
+      }
+    }
     /* Every rank must pick the same backend. */
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm);
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS)
+      return zpp_error(ZPP_ERR_MPI, "zpp_comm_create_mpi",
+                       "MPI_Allreduce of the backend choice");
     b = all ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
     if (cfg->memory == ZPP_MEMORY_DEVICE && !all)
       ZPP_INFO(ZPP_SUBSYS_NET, "backend auto: NCCL not usable on every rank "
@@ -299,21 +325,18 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
   zpp_log_set_rank(rank);
   {
     /* What the collectives may do with threads (transport.h,
-     * zpp_comm_thread_caps): a pipeline thread calls MPI while the caller
-     * only computes (SERIALIZED is enough); a progress thread for started
-     * collectives runs while the caller may call MPI too (MULTIPLE). */
+     * zpp_comm_thread_caps): the engine thread that runs started
+     * collectives calls MPI while the caller may call MPI too, which needs
+     * MPI_THREAD_MULTIPLE.  Blocking collectives (and chunked, pipelined
+     * ones) run on the calling thread and need nothing more. */
     int level = 0;
     MPI_Query_thread(&level);
-    c->thread_caps = (level >= MPI_THREAD_SERIALIZED ? ZPP_THREADS_PIPE : 0) |
-                     (level >= MPI_THREAD_MULTIPLE ? ZPP_THREADS_PROGRESS : 0);
+    c->thread_caps = level >= MPI_THREAD_MULTIPLE ? ZPP_THREADS_PROGRESS : 0;
     if (level < MPI_THREAD_MULTIPLE)
       ZPP_INFO(ZPP_SUBSYS_NET,
                "MPI thread level %d: started collectives run to completion "
-               "when started (asynchrony needs MPI_THREAD_MULTIPLE)%s",
-               level,
-               level < MPI_THREAD_SERIALIZED
-                   ? "; no pipelining (needs MPI_THREAD_SERIALIZED)"
-                   : "");
+               "when started (asynchrony needs MPI_THREAD_MULTIPLE)",
+               level);
   }
 
   /* Host identity: the launcher's shared-memory domains. */
@@ -378,7 +401,6 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
                topo->node_off[topo->node_of[rank]],
            topo->emulated ? "; real placement ignored for nodes" : "");
 
-  ZPP_CHECK_GOTO(resolve_backend(mc->dup, cfg, &backend), st, err_topo);
   st = ZPP_OK;
   if (cfg->memory == ZPP_MEMORY_DEVICE) {
     st = pick_device(cfg, mine.real_local_rank, &c->cuda_device);
@@ -386,6 +408,9 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
     st = gpu_links(mc->dup, topo, rec, rank, c->cuda_device);
     ZPP_CHECK_GOTO(agree(mc->dup, st, __func__), st, err_topo);
   }
+  /* After the GPU map: AUTO must know whether ranks share a GPU. */
+  ZPP_CHECK_GOTO(resolve_backend(mc->dup, cfg, topo, rec, rank, &backend), st,
+                 err_topo);
 
   timeout = cfg->timeout_s > 0 ? cfg->timeout_s
                                : zpp_setting_double("ZPP_TIMEOUT_S", 300.0);
@@ -396,6 +421,9 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
     topo = NULL; /* owned by the transport now */
   }
+  /* A rank that failed here must not leave the others inside the
+   * backend's creation exchanges. */
+  ZPP_CHECK_GOTO(agree(mc->dup, st, __func__), st, err_tr);
   if (st == ZPP_OK) {
     c->boot.ctx = &mc->dup;
     c->boot.bcast = bs_bcast;

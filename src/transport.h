@@ -82,7 +82,7 @@ typedef struct {
   uint32_t tag;   /* < t->tag_limit: a receive matches the peer's send of
                      the same group and tag; several transfers of one pair,
                      group and tag match in posting order */
-} zpp_xfer_t;
+} zpp_p2p_t;
 
 /* A posted round; each backend defines struct zpp_round privately. */
 typedef struct zpp_round zpp_round_t;
@@ -122,6 +122,10 @@ typedef struct {
    * then aborted and every later call fails).  NULL: nothing to wait for. */
   zpp_status_t (*sync)(zpp_transport_t *t, void *stream);
   void (*destroy)(zpp_transport_t *t);
+  /* Non-blocking check for asynchronous errors (NCCL's
+   * ncclCommGetAsyncError); on one, the backend aborts and breaks the
+   * transport and returns the error.  NULL: there are none. */
+  zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
   /* -- host backends: the round primitive (NULL for stream-ordered ones) --
    * All three are called with the transport's mutex held and never block.
    * round_post posts every receive of recv[0..nrecv), then every send of
@@ -130,8 +134,8 @@ typedef struct {
    * be reused once it returns; the buffers stay untouched until the round
    * completes or is cancelled. */
   zpp_status_t (*round_post)(zpp_transport_t *t, zpp_group_t g,
-                             const zpp_xfer_t *recv, int nrecv,
-                             const zpp_xfer_t *send, int nsend,
+                             const zpp_p2p_t *recv, int nrecv,
+                             const zpp_p2p_t *send, int nsend,
                              zpp_round_t **round);
   /* Advances the round without blocking; *done = 1 when every transfer
    * completed, and the handle is then released.  Calls
@@ -164,10 +168,8 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all);
 
 /* What threads the collectives may use on this communicator, from the
- * MPI thread level at creation: ZPP_THREADS_PIPE, a helper thread that
- * calls the transport while the caller only computes; ZPP_THREADS_PROGRESS,
- * a thread that runs started collectives while the caller may call MPI. */
-#define ZPP_THREADS_PIPE 1
+ * MPI thread level at creation: ZPP_THREADS_PROGRESS, the engine thread
+ * that runs started collectives while the caller may call MPI. */
 #define ZPP_THREADS_PROGRESS 2
 int zpp_comm_thread_caps(zpp_comm_t comm);
 
@@ -215,6 +217,9 @@ zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
                                      zpp_reduce_op_t op, zpp_memory_t mem,
                                      void *stream);
 zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
+/* Asynchronous errors of the backend, without blocking (ZPP_OK when the
+ * backend has none); a transport broken earlier answers its error. */
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
 /* Completes what was enqueued on `stream` (no-op for host backends).  The
  * mutex is not held while it waits. */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);

@@ -94,6 +94,7 @@ struct zpp_comm {
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
+  void *engine;    /* the plan engine (src/engine.c), created on first use */
 };
 
 
