@@ -82,7 +82,7 @@ typedef struct {
   uint32_t tag;   /* < t->tag_limit: a receive matches the peer's send of
                      the same group and tag; several transfers of one pair,
                      group and tag match in posting order */
-} zpp_p2p_t;
+} zpp_xfer_t;
 
 /* A posted round; each backend defines struct zpp_round privately. */
 typedef struct zpp_round zpp_round_t;
@@ -134,8 +134,8 @@ typedef struct {
    * be reused once it returns; the buffers stay untouched until the round
    * completes or is cancelled. */
   zpp_status_t (*round_post)(zpp_transport_t *t, zpp_group_t g,
-                             const zpp_p2p_t *recv, int nrecv,
-                             const zpp_p2p_t *send, int nsend,
+                             const zpp_xfer_t *recv, int nrecv,
+                             const zpp_xfer_t *send, int nsend,
                              zpp_round_t **round);
   /* Advances the round without blocking; *done = 1 when every transfer
    * completed, and the handle is then released.  Calls

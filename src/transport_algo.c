@@ -263,8 +263,8 @@ struct zpp_xop {
   zpp_round_t *round;
   int ctl; /* the round carries control messages: not counted, no emulation */
   int nin, nout, nhdr;
-  zpp_p2p_t *din, *dout; /* [k] */
-  zpp_p2p_t *rx, *sx;    /* [2k] */
+  zpp_xfer_t *din, *dout; /* [k] */
+  zpp_xfer_t *rx, *sx;    /* [2k] */
   int64_t *hin, *hout;    /* [k] deadlines received / sent */
   int64_t wake_ns;        /* emulated data not usable before (0: none) */
   int64_t arrived_ns;     /* when that round's data arrived */
@@ -426,11 +426,11 @@ static zpp_status_t post_round(zpp_xop_t *op) {
   int nr = 0, ns = 0, i, emu = t->emu_on && !op->ctl;
   op->nhdr = 0;
   for (i = 0; i < op->nin; i++) {
-    const zpp_p2p_t *x = &op->din[i];
+    const zpp_xfer_t *x = &op->din[i];
     if (x->bytes == 0)
       continue;
     if (emu && link_is_net(t, mem[x->peer])) {
-      zpp_p2p_t *h = &op->rx[nr++];
+      zpp_xfer_t *h = &op->rx[nr++];
       h->peer = x->peer;
       h->buf = &op->hin[op->nhdr++];
       h->bytes = sizeof(int64_t);
@@ -439,12 +439,12 @@ static zpp_status_t post_round(zpp_xop_t *op) {
     op->rx[nr++] = *x;
   }
   for (i = 0; i < op->nout; i++) {
-    const zpp_p2p_t *x = &op->dout[i];
+    const zpp_xfer_t *x = &op->dout[i];
     int peer = mem[x->peer];
     if (x->bytes == 0)
       continue;
     if (emu && link_is_net(t, peer)) {
-      zpp_p2p_t *h = &op->sx[ns++];
+      zpp_xfer_t *h = &op->sx[ns++];
       op->hout[i] = zpp_transport_emu_deadline(t, peer, x->bytes);
       h->peer = x->peer;
       h->buf = &op->hout[i];
@@ -460,7 +460,7 @@ static zpp_status_t post_round(zpp_xop_t *op) {
   return t->ops->round_post(t, op->g, op->rx, nr, op->sx, ns, &op->round);
 }
 
-static void data_xfer(zpp_xop_t *op, zpp_p2p_t *x, int peer, const void *buf,
+static void data_xfer(zpp_xop_t *op, zpp_xfer_t *x, int peer, const void *buf,
                       size_t bytes) {
   x->peer = peer;
   x->buf = (void *)buf;
@@ -704,7 +704,7 @@ static zpp_xop_t *op_alloc(int n, int nc) {
   if (k < 1)
     k = 1;
   sz = sizeof *op + 8 * nn * sizeof(size_t) + nn * sizeof(void *) +
-       6 * (size_t)k * sizeof(zpp_p2p_t) + 2 * (size_t)k * sizeof(int64_t) +
+       6 * (size_t)k * sizeof(zpp_xfer_t) + 2 * (size_t)k * sizeof(int64_t) +
        ((size_t)nc * nn + (size_t)nc) * sizeof(int);
   op = calloc(1, sz);
   if (op == NULL)

@@ -89,7 +89,7 @@ static void mpi_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
   round_put(t->impl, r);
 }
 
-static zpp_status_t post(zpp_round_t *r, const zpp_p2p_t *x, int n, int send,
+static zpp_status_t post(zpp_round_t *r, const zpp_xfer_t *x, int n, int send,
                          MPI_Comm comm) {
   int i, rc;
   for (i = 0; i < n; i++) {
@@ -112,8 +112,8 @@ static zpp_status_t post(zpp_round_t *r, const zpp_p2p_t *x, int n, int send,
 }
 
 static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
-                                   const zpp_p2p_t *recv, int nrecv,
-                                   const zpp_p2p_t *send, int nsend,
+                                   const zpp_xfer_t *recv, int nrecv,
+                                   const zpp_xfer_t *send, int nsend,
                                    zpp_round_t **round) {
   mpi_impl_t *m = t->impl;
   zpp_round_t *r;
