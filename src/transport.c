@@ -200,6 +200,9 @@ zpp_backend_t zpp_transport_backend(const zpp_transport_t *t) {
 double zpp_transport_timeout_s(const zpp_transport_t *t) {
   return t->timeout_s;
 }
+uint64_t zpp_transport_progress(const zpp_transport_t *t) {
+  return (uint64_t)atomic_load(&((zpp_transport_t *)t)->progress);
+}
 
 static int group_ok(zpp_group_t g) {
   return g == ZPP_GROUP_WORLD || g == ZPP_GROUP_NODE || g == ZPP_GROUP_CROSS;

@@ -317,6 +317,10 @@ const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
 zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
 /* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT. */
 double zpp_transport_timeout_s(const zpp_transport_t *t);
+/* A counter that grows whenever a transfer of a host backend completed
+ * (also partway through an op): a poll loop keeps spinning while it moves,
+ * as zpp_xop_wait does, and sleeps only once it stops (ZPP_NET_SPIN_US). */
+uint64_t zpp_transport_progress(const zpp_transport_t *t);
 
 /* ---- accounting hook -----------------------------------------------------
  * Adds bytes this rank sent to / received from world rank `peer` to the

@@ -268,8 +268,11 @@ struct zpp_xop {
   int64_t *hin, *hout;    /* [k] deadlines received / sent */
   int64_t wake_ns;        /* emulated data not usable before (0: none) */
   int64_t arrived_ns;     /* when that round's data arrived */
-  /* Ring phase: blocks by member index at ring_buf + displs[i]. */
+  /* Ring phase: blocks by member index at ring_buf + displs[i].  My own
+   * block is sent in round 0 from ring_send when it is not in place yet,
+   * and copied into place while that round is on the wire. */
   char *ring_buf;
+  const char *ring_send;
   size_t *bytes, *displs; /* [n] */
   int nc;                 /* rings */
   int *rings, *pos;       /* [nc * n], [nc] */
@@ -482,7 +485,10 @@ static zpp_status_t ring_round(zpp_xop_t *op) {
     size_t lo, len;
     chunk_of(op->bytes[sb], c, op->nc, &lo, &len);
     data_xfer(op, &op->dout[c], R[(p + 1) % n],
-              op->ring_buf + op->displs[sb] + lo, len);
+              (s == 0 && op->ring_send != NULL
+                   ? op->ring_send
+                   : op->ring_buf + op->displs[sb]) + lo,
+              len);
     chunk_of(op->bytes[rb], c, op->nc, &lo, &len);
     data_xfer(op, &op->din[c], R[(p + n - 1) % n],
               op->ring_buf + op->displs[rb] + lo, len);
@@ -681,10 +687,19 @@ static zpp_status_t setup_reduce(zpp_xop_t *op, const void *send, void *dst) {
   return ZPP_OK;
 }
 
-static void setup_ring(zpp_xop_t *op, char *buf) {
+/* send: my block's source (NULL: already in place). */
+static void setup_ring(zpp_xop_t *op, char *buf, const void *send) {
   const zpp_tgroup_t *gr = &op->t->grp[op->g];
   int c, i, n = op->n;
+  char *mine = buf + op->displs[op->me];
   op->ring_buf = buf;
+  op->ring_send = NULL;
+  if (send != NULL && send != mine && op->bytes[op->me] > 0) {
+    if (n == 1)
+      memmove(mine, send, op->bytes[op->me]);
+    else
+      op->ring_send = send;
+  }
   for (c = 0; c < op->nc; c++) {
     int *R = op->rings + (size_t)c * (size_t)n;
     channel_ring(op->t, gr, c, R);
@@ -744,25 +759,18 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     ZPP_CHECK(stage(op, a, &send, &recv));
   switch (a->kind) {
   case ZPP_XOP_ALLGATHER: {
-    char *mine = (char *)recv + (size_t)me * a->bytes;
     for (i = 0; i < n; i++) {
       op->bytes[i] = a->bytes;
       op->displs[i] = (size_t)i * a->bytes;
     }
-    if (send != mine && a->bytes > 0)
-      memcpy(mine, send, a->bytes);
-    setup_ring(op, recv);
+    setup_ring(op, recv, send);
     op->plan[np++] = PH_RING;
     break;
   }
   case ZPP_XOP_ALLGATHERV: {
-    char *mine;
     memcpy(op->bytes, a->recv_bytes, (size_t)n * sizeof(size_t));
     offsets(a->recv_bytes, a->recv_displs, n, op->displs);
-    mine = (char *)recv + op->displs[me];
-    if (send != mine && op->bytes[me] > 0)
-      memmove(mine, send, op->bytes[me]);
-    setup_ring(op, recv);
+    setup_ring(op, recv, send);
     op->plan[np++] = PH_RING;
     break;
   }
@@ -813,7 +821,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     /* The reduced shard lands in place in recv; reading send's shard `me`
      * and writing recv's is element by element, so send == recv is safe. */
     ZPP_CHECK(setup_reduce(op, send, (char *)recv + op->displs[me]));
-    setup_ring(op, recv);
+    setup_ring(op, recv, NULL);
     if (n > 1) {
       op->plan[np++] = PH_PAIR;
       op->plan[np++] = PH_REDUCE;
@@ -861,6 +869,12 @@ static zpp_status_t next_step(zpp_xop_t *op) {
       break;
     {
       zpp_status_t st = ring_round(op); /* runs step op->step */
+      if (st == ZPP_OK && op->step == 0 && op->ring_send != NULL) {
+        /* Round 0 reads my block from ring_send and writes another block:
+         * put mine in place meanwhile (later rounds forward it from there). */
+        memmove(op->ring_buf + op->displs[op->me], op->ring_send,
+                op->bytes[op->me]);
+      }
       op->step++;
       return st;
     }
