@@ -18,9 +18,11 @@
  *   - `mem` is the memory space of every buffer of the call; `stream` is a
  *     cudaStream_t for device memory (NULL: legacy default stream), ignored
  *     for host memory;
- *   - MPI backend: blocking; on return the output is complete (device
- *     memory: the stream has been synchronised).  NCCL backend: enqueued on
- *     `stream`; zpp_transport_sync waits for it with the timeout;
+ *   - host backends (MPI): a blocking call returns with the output
+ *     complete (device memory: the stream has been synchronised); the
+ *     non-blocking form below is complete when zpp_xop_test says done.
+ *     NCCL backend: enqueued on `stream`; zpp_transport_sync waits for it
+ *     with the timeout;
  *   - send and receive buffers must not overlap, except in-place allgather
  *     (send == recv + my_index * bytes) and in-place allreduce (send ==
  *     recv);
