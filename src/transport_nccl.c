@@ -554,10 +554,18 @@ static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
   return ZPP_OK;
 }
 
+/* Stream-ordered: the operations enqueue; no round primitive. */
 static const zpp_transport_ops_t nccl_ops = {
-    "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
-    nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
-    nccl_destroy, nccl_check_async};
+    .name = "nccl",
+    .allgather = nccl_allgather,
+    .allgatherv = nccl_allgatherv,
+    .alltoallv = nccl_alltoallv,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allreduce = nccl_allreduce,
+    .barrier = nccl_barrier,
+    .sync = nccl_sync,
+    .destroy = nccl_destroy,
+    .check_async = nccl_check_async};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
