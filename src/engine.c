@@ -350,6 +350,7 @@ static zpp_status_t execute(zpp_plan_t *p) {
   int64_t quiet_until = zpp_time_ns() + spin_ns;
   long pause_ns = 1000;
   int n = p->n, next_x = 0, ndone = 0, i;
+  uint64_t moved = zpp_transport_progress(p->ex.t);
   zpp_status_t st = ZPP_OK;
   if (p->oom)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, p->func, "plan steps");
@@ -400,6 +401,13 @@ static zpp_status_t execute(zpp_plan_t *p) {
       ndone++;
       progressed = 1;
       break;
+    }
+    /* a transfer inside an operation completed (a round of a ring, a
+     * fragment): keep spinning, large intra-node messages need both sides
+     * to poll */
+    if (zpp_transport_progress(p->ex.t) != moved) {
+      moved = zpp_transport_progress(p->ex.t);
+      progressed = 1;
     }
     if (progressed) {
       quiet_until = zpp_time_ns() + spin_ns;
