@@ -568,7 +568,7 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
     if (r != ncclSuccess)
       return nccl_err(r, NULL, __func__, "ncclGetUniqueId");
   }
-  ZPP_CHECK(bs->bcast(bs->ctx, &id, sizeof id, 0));
+  ZPP_CHECK(bs->bcast(bs->ctx, &id, sizeof id, 0, t->timeout_s));
   cfg.blocking = 0;
   ZPP_CHECK(called(t, api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD],
                                              t->size, id, t->rank, &cfg),
