@@ -300,8 +300,8 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
   if (cfg->quantized)
     ZPP_CHECK(zpp_comm_fail(comm, check_quant(__func__, &cfg->quant)));
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_bufs(__func__, &ex, "", "", count,
-                                           dtype)));
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_count(__func__, &ex, count,
+                                                    dtype)));
   ZPP_CHECK(zpp_comm_topo_uniform(comm, &uniform));
   h = (struct zpp_hpz *)calloc(1, sizeof *h);
   if (h == NULL)
@@ -318,7 +318,8 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
   h->generation = 1;
   h->secondary_generation = 0;
   if (h->hierarchical) {
-    st = zpp_k_alloc(&ex, (size_t)h->nnodes * h->unit, &h->secondary);
+    st = zpp_k_alloc_persistent(&ex, (size_t)h->nnodes * h->unit,
+                                &h->secondary);
     if (st != ZPP_OK) {
       free(h);
       return zpp_comm_fail(comm, st);
@@ -336,8 +337,10 @@ zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz) {
   zpp_exec_t ex;
   if (hpz == NULL)
     return ZPP_OK;
+  /* cudaFree waits for the device: gathers still queued on any stream
+   * finish with the copy before it goes. */
   if (zpp_exec_init(__func__, hpz->comm, NULL, &ex) == ZPP_OK)
-    zpp_k_free(&ex, hpz->secondary);
+    zpp_k_free_persistent(&ex, hpz->secondary);
   free(hpz);
   return ZPP_OK;
 }
@@ -494,6 +497,11 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                      (unsigned long long)hpz->planned_generation,
                      (unsigned long long)hpz->generation);
   }
+  /* Device communicators: the caller's buffers are classified once here. */
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &a.ex, "recvbuf", recvbuf);
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &a.ex, "sendbuf", sendbuf);
   quant_words(&hpz->cfg.quant, w);
   w[3] = (uint64_t)hpz->cfg.quantized;
   /* the plan travels as the op: ranks that invalidated differently differ */

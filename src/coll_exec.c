@@ -173,6 +173,36 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
 #endif
 }
 
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p) {
+  *p = NULL;
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    *p = malloc(bytes);
+    if (*p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%zu bytes", bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_alloc_persistent(bytes, p, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
+  if (p == NULL)
+    return;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    free(p);
+#if ZPP_HAVE_CUDA_KERNELS
+  else
+    zpp_ew_free_persistent(p);
+#endif
+}
+
 zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
                         size_t bytes) {
   if (bytes == 0 || dst == src)
@@ -210,7 +240,8 @@ zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_encode(q, dtype, src, count, dst, bytes);
-  return zpp_quant_encode_device(q, dtype, src, count, dst, bytes, ex->stream);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, dst, bytes,
+                                         ex->stream);
 }
 
 zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
@@ -219,7 +250,8 @@ zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode(q, src, bytes, count, dtype, dst);
-  return zpp_quant_decode_device(q, src, bytes, count, dtype, dst, ex->stream);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, (int)dtype, dst,
+                                         ex->stream);
 }
 
 zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
@@ -228,8 +260,8 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode_accumulate(q, src, bytes, count, acc);
-  return zpp_quant_decode_accumulate_device(q, src, bytes, count, acc,
-                                            ex->stream);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, ZPP_QM_OUT_ACC,
+                                         acc, ex->stream);
 }
 
 zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
@@ -385,9 +417,8 @@ zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype) {
 
 /* count elements per rank: the full buffer (size * count * dtype bytes)
  * must fit size_t; buffers must be non-NULL when there is data. */
-zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                               const void *send, const void *recv,
-                               size_t count, zpp_dtype_t dtype) {
+zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
+                                  size_t count, zpp_dtype_t dtype) {
   size_t n = (size_t)zpp_transport_size(ex->t);
   size_t ds = zpp_dtype_size(dtype);
   if (count > SIZE_MAX / n / ds)
@@ -395,6 +426,20 @@ zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
                      "count %zu: %zu ranks x count x %zu bytes overflows "
                      "size_t",
                      count, n, ds);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
+                                       const char *what, const void *p) {
+  if (ex->mem != ZPP_MEMORY_DEVICE || p == NULL)
+    return ZPP_OK;
+  return zpp_quant_check_device_ptr(func, what, p);
+}
+
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                               const void *send, const void *recv,
+                               size_t count, zpp_dtype_t dtype) {
+  ZPP_CHECK(zpp_coll_check_count(func, ex, count, dtype));
   if (count == 0)
     return ZPP_OK;
   if (send == NULL)
@@ -403,7 +448,10 @@ zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
   if (recv == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
                      count);
-  return ZPP_OK;
+  /* Device memory: the caller's buffers are classified here, once per
+   * call; the kernels the collective launches then skip the query. */
+  ZPP_CHECK(zpp_coll_check_device_buf(func, ex, "sendbuf", send));
+  return zpp_coll_check_device_buf(func, ex, "recvbuf", recv);
 }
 
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {

@@ -36,6 +36,13 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
 /* Scratch memory in the exec's space (device: stream-ordered). */
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p);
 void zpp_k_free(const zpp_exec_t *ex, void *p);
+/* Memory that outlives a call and is used on whatever stream later calls
+ * pass (hpZ's secondary copy): cudaMalloc/cudaFree, never stream-ordered
+ * on the legacy stream, which would not order with the non-blocking
+ * streams frameworks use.  Host: malloc/free. */
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p);
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p);
 zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
                         size_t bytes);
 zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes);
@@ -85,8 +92,15 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
 /* Argument checks shared by the collectives; the message names `func`. */
 zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype);
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op);
-/* size * count * dtype bytes must fit size_t; buffers non-NULL when
- * count > 0. */
+/* size * count * dtype bytes must fit size_t. */
+zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
+                                  size_t count, zpp_dtype_t dtype);
+/* On a device-memory communicator, p (if not NULL) must be device memory:
+ * one pointer query per buffer and call (the kernels skip theirs). */
+zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
+                                       const char *what, const void *p);
+/* zpp_coll_check_count; buffers non-NULL when count > 0, and on device
+ * communicators classified as device memory once. */
 zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
                                  const void *send, const void *recv,
                                  size_t count, zpp_dtype_t dtype);

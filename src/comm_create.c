@@ -299,15 +299,42 @@ static zpp_status_t requested_backend(const zpp_comm_config_t *cfg,
 }
 
 /* The same choice on every rank: it depends only on exchanged facts. */
+/* Two ranks of one real machine on one GPU (NCCL refuses that); real
+ * machines, not emulated nodes: two emulated nodes may share a GPU. */
+static int shared_gpu(const zpp_topo_t *topo, const boot_rec_t *rec, int n,
+                      int *device) {
+  int a, b;
+  if (topo->gpu == NULL)
+    return 0;
+  for (a = 0; a < n; a++) {
+    if (topo->gpu[a].bus_id[0] == '\0')
+      continue;
+    for (b = a + 1; b < n; b++)
+      if (rec[b].key == rec[a].key &&
+          strcmp(topo->gpu[b].bus_id, topo->gpu[a].bus_id) == 0) {
+        *device = topo->gpu[a].device;
+        return 1;
+      }
+  }
+  return 0;
+}
+
 static zpp_status_t resolve_backend(zpp_backend_t want,
                                     const zpp_comm_config_t *cfg,
                                     const zpp_creator_t *cr,
-                                    const boot_rec_t *rec, int n,
+                                    const boot_rec_t *rec,
+                                    const zpp_topo_t *topo, int n,
                                     const char *func, zpp_backend_t *out) {
-  int r, nccl = 1, ucx = 1;
+  int r, nccl = 1, ucx = 1, dev = -1;
   for (r = 0; r < n; r++) {
     nccl &= (rec[r].flags & REC_NCCL) != 0;
     ucx &= (rec[r].flags & REC_UCX) != 0;
+  }
+  if (want == ZPP_BACKEND_AUTO && cfg->memory == ZPP_MEMORY_DEVICE && nccl &&
+      shared_gpu(topo, rec, n, &dev)) {
+    nccl = 0;
+    ZPP_INFO(ZPP_SUBSYS_NET, "backend auto: ranks share GPU %d, and NCCL "
+             "needs one GPU per rank", dev);
   }
   if (want == ZPP_BACKEND_AUTO) {
     if (cfg->memory == ZPP_MEMORY_DEVICE && nccl)
@@ -468,8 +495,6 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      rank, spec, r, (int)rec[r].spec_len);
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
-  if (st == ZPP_OK)
-    st = resolve_backend(want, cfg, cr, rec, size, func, &backend);
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_topo);
   ZPP_INFO(ZPP_SUBSYS_TOPO, "%d ranks on %d nodes%s (%s%s%s); I am node %d, "
            "local rank %d of %d%s",
@@ -487,6 +512,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                              c->cuda_device, func),
                    st, err_topo);
   }
+  /* After the GPU map: AUTO must know whether ranks share a GPU.  The
+   * choice depends on exchanged facts only, so it is the same everywhere. */
+  ZPP_CHECK_GOTO(resolve_backend(want, cfg, cr, rec, topo, size, func,
+                                 &backend),
+                 st, err_topo);
 
   c->tr = calloc(1, sizeof *c->tr);
   if (c->tr == NULL) {
@@ -499,15 +529,14 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   c->boot.name = c->boot_name;
   c->thread_caps = cr->thread_caps;
   c->split = cr->split;
-  /* Backends that exchange over the bootstrap take part whatever st is. */
+  /* A rank that failed here must not leave the others inside the
+   * backend's creation exchanges. */
+  ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
   if (backend == ZPP_BACKEND_UCX) {
-    xs = zpp_transport_ucx_create(st == ZPP_OK ? c->tr : NULL, bs,
-                                  c->cuda_device);
-    if (st == ZPP_OK)
-      st = xs;
-  } else if (st == ZPP_OK && backend == ZPP_BACKEND_NCCL) {
+    st = zpp_transport_ucx_create(c->tr, bs, c->cuda_device);
+  } else if (backend == ZPP_BACKEND_NCCL) {
     st = zpp_transport_nccl_create(c->tr, bs, c->cuda_device);
-  } else if (st == ZPP_OK) {
+  } else {
     st = cr->mpi_transport(c->tr, cr->state, c->cuda_device);
   }
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);

@@ -354,6 +354,8 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
     st = zpp_qgz_residual_count(comm, count, &rc);
   if (st == ZPP_OK)
     st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+  if (st == ZPP_OK && count > 0)
+    st = zpp_coll_check_device_buf(__func__, &a.ex, "residual", residual);
   memset(w, 0, sizeof w);
   if (st == ZPP_OK) {
     w[0] = (uint64_t)cfg->intra_bits;

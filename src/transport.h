@@ -167,6 +167,72 @@ zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
 /* Completes what was enqueued on `stream` (no-op for blocking backends). */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
 
+/* ---- non-blocking operations (the engine's transfer steps) ----------------
+ * zpp_transport_start_* starts the same operation as its blocking twin
+ * above (same arguments, same checks, same counters and results) and
+ * returns at once with a handle; zpp_xop_test advances it without
+ * blocking.  Several operations may be in flight on one transport, also on
+ * different groups; they must be started in the same order on every
+ * member of their group (each gets a tag from a per-group sequence, so
+ * their messages never match another operation's).  Blocking operations
+ * are start + zpp_xop_wait.
+ *
+ *   host-only backends (MPI, UCX): the algorithms (ring, pairwise, member-
+ *     order reduction, emulation, accounting) run as state machines over
+ *     rounds of point-to-point transfers in src/transport_algo.c; device
+ *     buffers are staged through pinned host memory (the stage-in copy is
+ *     synchronous at start, the stage-out copy is enqueued on `stream` at
+ *     completion);
+ *   stream-ordered backends (NCCL): start enqueues on `stream`; the
+ *     operation is then done as far as the host is concerned (its
+ *     completion is the stream's business: plans record an event).
+ *
+ * A failed or timed-out operation (ZPP_TIMEOUT_S from its start) breaks
+ * the transport as the blocking calls do.  Single-threaded per transport:
+ * the caller (the engine, src/engine.c) serialises calls. */
+typedef struct zpp_xop zpp_xop_t;
+
+zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
+                                           const void *send, size_t bytes,
+                                           void *recv, zpp_memory_t mem,
+                                           void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_allgatherv(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_alltoallv(
+    zpp_transport_t *t, zpp_group_t g, const void *send,
+    const size_t *send_bytes, const size_t *send_displs, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, size_t bytes,
+                                          void *recv, zpp_memory_t mem,
+                                          void *stream, zpp_xop_t **op);
+zpp_status_t zpp_transport_start_reduce_scatter(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop);
+zpp_status_t zpp_transport_start_allreduce(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop);
+zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
+                                         zpp_xop_t **op);
+/* Advances op without blocking; *done = 1 once its output is complete
+ * (host memory) or enqueued (stream-ordered / staged device output).  An
+ * error (also a timeout) is returned once; the op is then done. */
+zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done);
+/* Earliest CLOCK_MONOTONIC time (ns) at which testing op again can make
+ * progress when nothing else happens (an emulated link's deadline), or 0:
+ * poll as usual.  Lets the engine sleep instead of spinning. */
+int64_t zpp_xop_wake_ns(const zpp_xop_t *op);
+/* Polls op (spin, then sleep, like the blocking wait) until done. */
+zpp_status_t zpp_xop_wait(zpp_xop_t *op);
+/* Frees a done op; an op still in flight is cancelled first (its peers then
+ * time out; the transport is broken). */
+void zpp_xop_free(zpp_xop_t *op);
+
 /* ---- queries ------------------------------------------------------------- */
 int zpp_transport_rank(const zpp_transport_t *t);     /* world rank */
 int zpp_transport_size(const zpp_transport_t *t);     /* world size */

@@ -541,38 +541,75 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   const zpp_topo_t *topo = t->topo;
   char why[256];
   cudaError_t e;
+  ncclResult_t rinit;
+  struct {
+    int32_t status;
+    ncclUniqueId id;
+  } mine, *all;
+  zpp_status_t st = ZPP_OK;
   int g;
-  if (!zpp_transport_nccl_available(why, sizeof why))
-    return zpp_error(ZPP_ERR_UNSUPPORTED, __func__, "NCCL backend: %s", why);
-  m = calloc(1, sizeof *m);
-  if (m == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
-  m->device = cuda_device;
-  t->impl = m;
-  t->ops = &nccl_ops;
-  t->backend = ZPP_BACKEND_NCCL;
   if (t->emu_on) {
     ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_EMU_INTER_GBIT/LAT_US apply to the MPI "
              "backend only; NCCL links are not slowed");
     t->emu_on = 0;
     t->emu_gbit = t->emu_lat_us = 0;
   }
-  e = cudaSetDevice(cuda_device);
-  if (e == cudaSuccess)
-    e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
-  if (e != cudaSuccess)
-    return cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
-  memset(&id, 0, sizeof id);
-  if (t->rank == 0) {
-    ncclResult_t r = api.GetUniqueId(&id);
-    if (r != ncclSuccess)
-      return nccl_err(r, NULL, __func__, "ncclGetUniqueId");
+  /* Everything that can fail locally happens before the exchange of the
+   * unique id, and every rank learns every other rank's outcome in that
+   * exchange: a rank that failed here never leaves the others waiting for
+   * an id (or inside ncclCommInitRankConfig) that will not come. */
+  memset(&mine, 0, sizeof mine);
+  m = NULL;
+  if (!zpp_transport_nccl_available(why, sizeof why))
+    st = zpp_error(ZPP_ERR_UNSUPPORTED, __func__, "NCCL backend: %s", why);
+  else if ((m = calloc(1, sizeof *m)) == NULL)
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
+  if (m != NULL) {
+    m->device = cuda_device;
+    t->impl = m;
+    t->ops = &nccl_ops;
+    t->backend = ZPP_BACKEND_NCCL;
+    e = cudaSetDevice(cuda_device);
+    if (e == cudaSuccess)
+      e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
+    if (e != cudaSuccess)
+      st = cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
   }
-  ZPP_CHECK(bs->bcast(bs->ctx, &id, sizeof id, 0, t->timeout_s));
+  if (st == ZPP_OK && t->rank == 0) {
+    ncclResult_t r = api.GetUniqueId(&mine.id);
+    if (r != ncclSuccess)
+      st = nccl_err(r, NULL, __func__, "ncclGetUniqueId");
+  }
+  mine.status = (int32_t)st;
+  all = malloc((size_t)t->size * sizeof *all);
+  if (all == NULL)
+    return st != ZPP_OK ? st
+                        : zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                                    "%d bootstrap records", t->size);
+  {
+    zpp_status_t xs =
+        bs->allgather(bs->ctx, &mine, sizeof mine, all, t->timeout_s);
+    if (xs != ZPP_OK) {
+      free(all);
+      return st != ZPP_OK ? st : xs;
+    }
+  }
+  for (g = 0; g < t->size && st == ZPP_OK; g++)
+    if (all[g].status != ZPP_OK)
+      st = zpp_error((zpp_status_t)all[g].status, __func__,
+                     "rank %d failed before NCCL initialisation (%s); see "
+                     "its log",
+                     g, zpp_status_string((zpp_status_t)all[g].status));
+  id = all[0].id;
+  free(all);
+  if (st != ZPP_OK)
+    return st;
   cfg.blocking = 0;
-  ZPP_CHECK(called(t, api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD],
-                                             t->size, id, t->rank, &cfg),
-                   m->comm[ZPP_GROUP_WORLD], __func__,
+  /* The handle is written by the call: read it only after the call
+   * returned (as an argument of the same call its value is unspecified). */
+  rinit = api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD], t->size, id,
+                                 t->rank, &cfg);
+  ZPP_CHECK(called(t, rinit, m->comm[ZPP_GROUP_WORLD], __func__,
                    "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:

@@ -49,6 +49,20 @@ int zpp_ew_copy_device(void *dst, const void *src, size_t bytes,
 int zpp_ew_zero_device(void *p, size_t bytes, void *stream, char *err,
                        size_t errlen);
 
+/* Long-lived device memory (not stream-ordered: cudaMalloc / cudaFree),
+ * for buffers that outlive one call and are used on several streams, such
+ * as hpZ's secondary copy. */
+int zpp_ew_alloc_persistent(size_t bytes, void **p, char *err, size_t errlen);
+void zpp_ew_free_persistent(void *p);
+/* The calling thread's current device. */
+int zpp_ew_get_device(int *dev, char *err, size_t errlen);
+int zpp_ew_set_device(int dev, char *err, size_t errlen);
+/* An event recorded on `stream` now (timing disabled); query: *done = 1
+ * once the work before it completed. */
+int zpp_ew_event_record(void **ev, void *stream, char *err, size_t errlen);
+int zpp_ew_event_query(void *ev, int *done, char *err, size_t errlen);
+void zpp_ew_event_destroy(void *ev);
+
 #ifdef __cplusplus
 }
 #endif

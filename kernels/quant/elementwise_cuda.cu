@@ -114,3 +114,52 @@ extern "C" int zpp_ew_zero_device(void *p, size_t bytes, void *stream,
   return report(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)stream),
                 "cudaMemsetAsync", err, errlen);
 }
+
+/* ---- persistent memory, devices and events (the engine, src/engine.c) -- */
+
+extern "C" int zpp_ew_alloc_persistent(size_t bytes, void **p, char *err,
+                                       size_t errlen) {
+  *p = nullptr;
+  if (bytes == 0) return 0;
+  return report(cudaMalloc(p, bytes), "cudaMalloc", err, errlen);
+}
+
+extern "C" void zpp_ew_free_persistent(void *p) {
+  if (p != nullptr) cudaFree(p);
+}
+
+extern "C" int zpp_ew_get_device(int *dev, char *err, size_t errlen) {
+  return report(cudaGetDevice(dev), "cudaGetDevice", err, errlen);
+}
+
+extern "C" int zpp_ew_set_device(int dev, char *err, size_t errlen) {
+  return report(cudaSetDevice(dev), "cudaSetDevice", err, errlen);
+}
+
+extern "C" int zpp_ew_event_record(void **ev, void *stream, char *err,
+                                   size_t errlen) {
+  cudaEvent_t e = nullptr;
+  int rc = report(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                  "cudaEventCreateWithFlags", err, errlen);
+  if (rc != 0) return rc;
+  rc = report(cudaEventRecord(e, (cudaStream_t)stream), "cudaEventRecord",
+              err, errlen);
+  if (rc != 0) {
+    cudaEventDestroy(e);
+    return rc;
+  }
+  *ev = (void *)e;
+  return 0;
+}
+
+extern "C" int zpp_ew_event_query(void *ev, int *done, char *err,
+                                  size_t errlen) {
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  *done = e == cudaSuccess;
+  if (e == cudaErrorNotReady) return 0;
+  return report(e, "cudaEventQuery", err, errlen);
+}
+
+extern "C" void zpp_ew_event_destroy(void *ev) {
+  if (ev != nullptr) cudaEventDestroy((cudaEvent_t)ev);
+}
