@@ -955,7 +955,14 @@ zpp_status_t zpp_tcp_boot_create(const zpp_unique_id_t *id, int nranks,
     }
     for (r = 0; r < nranks; r++)
       b->fd[r] = -1;
-    st = root_gather(b, lfd, f.session, deadline, timeout_s, func);
+    /* The root stops waiting for late ranks a little before the others
+     * give up on it, so its verdict ("rank 3 never arrived") reaches them
+     * within their timeout. */
+    int64_t root_deadline =
+        deadline == INT64_MAX
+            ? deadline
+            : zpp_time_ns() + (int64_t)(timeout_s * 0.85 * 1e9);
+    st = root_gather(b, lfd, f.session, root_deadline, timeout_s * 0.85, func);
     close(lfd);
   } else {
     fill_hello(&h, f.session, rank, nranks);
