@@ -33,6 +33,19 @@ if(Python3_Interpreter_FOUND AND TARGET test_coll)
   set_tests_properties(coll_env_check PROPERTIES LABELS bootstrap TIMEOUT 120
     ENVIRONMENT "ZPP_TOPO=2x2;ZPP_CHECK=1;${_env_common}")
 
+  # The tools over the TCP bootstrap: their headers name it and the backend.
+  add_test(NAME tools_env_zpp_topo
+    COMMAND ${_launch} -n 4 --timeout 60
+      --expect-output "\"bootstrap\": \"tcp\", \"backend\": \"ucx\""
+      -- $<TARGET_FILE:zpp-topo> --json)
+  add_test(NAME tools_env_zpp_bench
+    COMMAND ${_launch} -n 4 --timeout 100
+      --expect-output "backend ucx, bootstrap tcp"
+      -- $<TARGET_FILE:zpp-bench> --coll reducescatter -b 4K -e 16K -n 2 -w 1
+        --format csv)
+  set_tests_properties(tools_env_zpp_topo tools_env_zpp_bench PROPERTIES
+    LABELS "bootstrap;tools" TIMEOUT 120 ENVIRONMENT "ZPP_TOPO=2x2")
+
   # Bad launches: name, processes, expected output, then launcher flags.
   function(zpp_bad_launch name n want)
     add_test(NAME bootstrap_bad_${name}
@@ -60,6 +73,11 @@ if(TARGET test_coll)
   set_tests_properties(coll_mpi_ucx_2x2 PROPERTIES LABELS "mpi;bootstrap"
     TIMEOUT 180 PROCESSORS 2
     ENVIRONMENT "ZPP_TOPO=2x2;ZPP_BACKEND=ucx;OMPI_MCA_mpi_yield_when_idle=1")
+  # zpp-bench under mpirun on the UCX transport (MPI bootstrap).
+  if(COMMAND zpp_bench_test)
+    zpp_bench_test(bench_allgather_ucx_2x2 4 2x2
+      "--coll;allgather;--backend;ucx;-b;1K;-e;64K;-f;4;-n;2;-w;1;--format;csv")
+  endif()
   add_test(NAME coll_subset_mpi_2x4
     COMMAND ${_zpp_mpirun_b} -np 8 $<TARGET_FILE:test_coll>
       --gtest_filter=Baseline.*:Qwz.*:Hpz.*:Qgz.CountsEqualTheFormulas:Qgz.NonFinite*)

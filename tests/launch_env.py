@@ -15,6 +15,8 @@ Bad launches (tests of zpp's bootstrap errors):
                       seconds, and the output of each must match RE (a
                       list of RE separated by '|||' may give one per rank)
   --within S          the bound for --expect-fail (default: --timeout)
+  --expect-output RE  (a good launch) every process must exit 0 and their
+                      output together must match RE
 
 Exit status: 0 when the expectation holds, 1 otherwise (the reason is
 printed), 2 for bad arguments.
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--hold-port", action="store_true")
     ap.add_argument("--expect-fail", default=None)
     ap.add_argument("--within", type=float, default=None)
+    ap.add_argument("--expect-output", default=None)
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
@@ -74,7 +77,7 @@ def main():
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", port + 1))
         holder.listen(64)  # accepts into the backlog, never answers
-    capture = a.expect_fail is not None
+    capture = a.expect_fail is not None or a.expect_output is not None
     procs = []
     start = time.monotonic()
     for i, r in enumerate(ranks):
@@ -119,8 +122,15 @@ def main():
         return 1
     if holder is not None:
         holder.close()
-    if not capture:
+    if a.expect_fail is None:
         bad = [i for i, c in enumerate(codes) if c != 0]
+        text = "".join(outs)
+        if capture:
+            sys.stdout.write(text)
+            if not re.search(a.expect_output, text):
+                print("launch_env: the output does not match /%s/"
+                      % a.expect_output)
+                return 1
         if bad:
             print("launch_env: processes %s exited non-zero (%s)"
                   % (bad, [codes[i] for i in bad]))
