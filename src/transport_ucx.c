@@ -25,9 +25,10 @@
  * primitive.
  *
  * Waiting: ucp_worker_progress, yielding, for ZPP_NET_SPIN_US after the
- * last progress; then the worker is armed and the wait sleeps in poll() on
- * its event fd, so ranks waiting for a late peer (or an idle communicator)
- * keep no core busy.  Past the timeout the requests are cancelled, the
+ * last progress; then the worker is armed and the wait sleeps in ppoll() on
+ * its event fd (10 us doubling to 200 us at most, as not every transport
+ * signals it), so ranks waiting for a late peer keep no core busy; an idle
+ * communicator runs nothing at all.  Past the timeout the requests are cancelled, the
  * transport is broken and the error names the peers that did not deliver.
  * An endpoint error (peer gone, unreachable) fails the call naming the
  * peer.
@@ -344,6 +345,7 @@ static zpp_status_t wait_all(zpp_transport_t *t, int n, const char *what,
                              zpp_group_t g) {
   ucx_impl_t *u = t->impl;
   int64_t now = zpp_time_ns(), limit, quiet_until;
+  long pause_ns = 10000;
   int i, left = n;
   limit = t->timeout_s > 0 ? now + (int64_t)(t->timeout_s * 1e9) : INT64_MAX;
   quiet_until = now + u->spin_ns;
@@ -396,6 +398,7 @@ static zpp_status_t wait_all(zpp_transport_t *t, int n, const char *what,
     now = zpp_time_ns();
     if (got > 0 || fin > 0) {
       quiet_until = now + u->spin_ns;
+      pause_ns = 10000;
       continue;
     }
     if (now > limit) {
@@ -419,11 +422,18 @@ static zpp_status_t wait_all(zpp_transport_t *t, int n, const char *what,
     if (now < quiet_until) {
       sched_yield();
     } else if (api.worker_arm(u->worker) == UCS_OK) {
-      /* Nothing pending inside UCX: sleep until an event or 100 ms (the
-       * timeout is checked between sleeps). */
+      /* Nothing pending inside UCX: sleep until an event, or a short
+       * while -- 10 us doubling to 200 us, as the MPI backend's wait --
+       * since not every transport signals the event fd for every step of
+       * a large (rendezvous, fragmented) transfer; the timeout is checked
+       * between sleeps. */
       struct pollfd p = {u->efd, POLLIN, 0};
-      int64_t ms = (limit - now) / 1000000 + 1;
-      poll(&p, 1, ms > 100 ? 100 : (int)ms);
+      struct timespec ts = {0, pause_ns};
+      if (limit - now < pause_ns)
+        ts.tv_nsec = (long)(limit - now > 0 ? limit - now : 0);
+      ppoll(&p, 1, &ts, NULL);
+      if (pause_ns < 200000)
+        pause_ns *= 2;
     }
   }
   return ZPP_OK;
