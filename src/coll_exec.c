@@ -8,7 +8,6 @@
 #include "internal.h"
 #include "quant_math.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,108 +46,17 @@ static zpp_status_t no_device(const char *func) {
 }
 #endif
 
-/* ---- host scratch cache --------------------------------------------------
- * Collectives need large scratch buffers on every call (a qwZ all-gather of
- * 16 MiB per rank over 8 ranks needs ~70 MB).  Freshly malloc'ed memory of
- * that size is mmap'ed and returned to the kernel on free, so every call
- * would pay page faults and zeroing.  Each thread keeps the buffers it
- * freed (up to ZPP_SCRATCH_CACHE_MB) and reuses the smallest that fits;
- * they are released when the thread exits. */
-
-#define CACHE_SLOTS 8
-#define CACHE_HDR 64 /* keeps the buffer 64-byte aligned, holds its size */
-
-typedef struct {
-  void *p[CACHE_SLOTS]; /* base pointers (header first) */
-  size_t cap[CACHE_SLOTS];
-  size_t total;
-} scratch_cache_t;
-
-static pthread_key_t cache_key;
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
-
-static void cache_release(void *v) {
-  scratch_cache_t *c = (scratch_cache_t *)v;
-  int i;
-  for (i = 0; i < CACHE_SLOTS; i++)
-    free(c->p[i]);
-  free(c);
-}
-
-static void cache_init(void) { pthread_key_create(&cache_key, cache_release); }
-
-static scratch_cache_t *cache_get(void) {
-  scratch_cache_t *c;
-  pthread_once(&cache_once, cache_init);
-  c = (scratch_cache_t *)pthread_getspecific(cache_key);
-  if (c == NULL) {
-    c = (scratch_cache_t *)calloc(1, sizeof *c);
-    if (c != NULL && pthread_setspecific(cache_key, c) != 0) {
-      free(c);
-      c = NULL;
-    }
-  }
-  return c;
-}
-
-static void *host_alloc(size_t bytes) {
-  scratch_cache_t *c = cache_get();
-  int i, best = -1;
-  void *base;
-  for (i = 0; c != NULL && i < CACHE_SLOTS; i++)
-    if (c->p[i] != NULL && c->cap[i] >= bytes &&
-        (best < 0 || c->cap[i] < c->cap[best]))
-      best = i;
-  if (best >= 0) {
-    base = c->p[best];
-    c->p[best] = NULL;
-    c->total -= c->cap[best];
-    return (char *)base + CACHE_HDR;
-  }
-  if (bytes > SIZE_MAX - CACHE_HDR ||
-      posix_memalign(&base, CACHE_HDR, bytes + CACHE_HDR) != 0)
-    return NULL;
-  memcpy(base, &bytes, sizeof bytes);
-  return (char *)base + CACHE_HDR;
-}
-
-static void host_free(void *p) {
-  scratch_cache_t *c = cache_get();
-  void *base = (char *)p - CACHE_HDR;
-  size_t cap, limit = (size_t)zpp_setting_long("ZPP_SCRATCH_CACHE_MB", 512)
-                      << 20;
-  int i, slot = -1;
-  memcpy(&cap, base, sizeof cap);
-  for (i = 0; c != NULL && i < CACHE_SLOTS && slot < 0; i++)
-    if (c->p[i] == NULL)
-      slot = i;
-  if (c == NULL || slot < 0 || cap > limit) {
-    free(base);
-    return;
-  }
-  /* make room under the limit by dropping the smallest buffers */
-  while (c->total + cap > limit) {
-    int small = -1;
-    for (i = 0; i < CACHE_SLOTS; i++)
-      if (c->p[i] != NULL && (small < 0 || c->cap[i] < c->cap[small]))
-        small = i;
-    if (small < 0)
-      break;
-    free(c->p[small]);
-    c->p[small] = NULL;
-    c->total -= c->cap[small];
-  }
-  c->p[slot] = base;
-  c->cap[slot] = cap;
-  c->total += cap;
-}
+/* Host scratch comes from the communicator's engine (src/engine.c): a
+ * cache kept for the life of the communicator, freed by destroy. */
+void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes);
+void zpp_engine_host_free(zpp_comm_t comm, void *p);
 
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
   *p = NULL;
   if (bytes == 0)
     return ZPP_OK;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    *p = host_alloc(bytes);
+    *p = zpp_engine_host_alloc(ex->comm, bytes);
     if (*p == NULL)
       return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                        "scratch of %zu bytes", bytes);
@@ -166,7 +74,7 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
   if (ex->mem == ZPP_MEMORY_HOST)
-    host_free(p);
+    zpp_engine_host_free(ex->comm, p);
 #if ZPP_HAVE_CUDA_KERNELS
   else
     zpp_ew_free_device(p, ex->stream);
@@ -461,19 +369,18 @@ zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {
   return ZPP_OK;
 }
 
-static void *dup_arg(const void *arg, size_t bytes) {
-  void *p = malloc(bytes);
-  if (p != NULL)
-    memcpy(p, arg, bytes);
-  return p;
-}
-
-zpp_status_t zpp_coll_submit_copy(const char *func, zpp_comm_t comm, zpp_coll_fn fn,
-                           const void *arg, size_t bytes, void *stream,
-                           zpp_request_t *req) {
-  void *copy = dup_arg(arg, bytes);
-  if (copy == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                                         "request arguments"));
-  return zpp_coll_submit(func, comm, fn, copy, stream, req);
+/* Chunk length: whole blocks, about count / 8 and at least
+ * ZPP_PIPE_MIN_CHUNK elements; count itself (no pipelining) when that
+ * setting is 0 or the data fits one chunk. */
+size_t zpp_plan_chunk(size_t count, size_t block) {
+  long min = zpp_setting_long("ZPP_PIPE_MIN_CHUNK", 65536);
+  size_t target = count / 8, nblk;
+  if (min <= 0 || block == 0)
+    return count;
+  if (target < (size_t)min)
+    target = (size_t)min;
+  nblk = target / block + (target % block != 0);
+  if (nblk > SIZE_MAX / block)
+    return count;
+  return nblk * block >= count ? count : nblk * block;
 }

@@ -603,7 +603,7 @@ zpp_status_t zpp_comm_create(const zpp_bootstrap_t *bs,
   ZPP_CHECK(check_table(bs, __func__));
   memset(&cr, 0, sizeof cr);
   cr.name = bs->name != NULL ? bs->name : "user";
-  cr.thread_caps = ZPP_THREADS_PIPE | ZPP_THREADS_PROGRESS;
+  cr.thread_caps = ZPP_THREADS_PROGRESS;
   return zpp_comm_create_with(bs, cfg, &cr, __func__, out);
 }
 
@@ -639,7 +639,7 @@ static zpp_status_t create_tcp(const zpp_unique_id_t *id, int nranks, int rank,
                                 &bs, func));
   memset(&cr, 0, sizeof cr);
   cr.name = "tcp";
-  cr.thread_caps = ZPP_THREADS_PIPE | ZPP_THREADS_PROGRESS;
+  cr.thread_caps = ZPP_THREADS_PROGRESS;
   cr.tcp = bs.ctx;
   cr.release = release_tcp;
   st = zpp_comm_create_with(&bs, cfg, &cr, func, out);

@@ -155,20 +155,17 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
   memset(&cr, 0, sizeof cr);
   cr.name = "mpi";
   /* What the collectives may do with threads (transport.h,
-   * zpp_comm_thread_caps): a pipeline thread calls MPI while the caller
-   * only computes (SERIALIZED is enough); a progress thread for started
-   * collectives runs while the caller may call MPI too (MULTIPLE). */
+   * zpp_comm_thread_caps): the engine thread that runs started
+   * collectives calls MPI while the caller may call MPI too, which needs
+   * MPI_THREAD_MULTIPLE.  Blocking collectives (and chunked, pipelined
+   * ones) run on the calling thread and need nothing more. */
   MPI_Query_thread(&level);
-  cr.thread_caps = (level >= MPI_THREAD_SERIALIZED ? ZPP_THREADS_PIPE : 0) |
-                   (level >= MPI_THREAD_MULTIPLE ? ZPP_THREADS_PROGRESS : 0);
+  cr.thread_caps = level >= MPI_THREAD_MULTIPLE ? ZPP_THREADS_PROGRESS : 0;
   if (level < MPI_THREAD_MULTIPLE)
     ZPP_INFO(ZPP_SUBSYS_NET,
              "MPI thread level %d: started collectives run to completion "
-             "when started (asynchrony needs MPI_THREAD_MULTIPLE)%s",
-             level,
-             level < MPI_THREAD_SERIALIZED
-                 ? "; no pipelining (needs MPI_THREAD_SERIALIZED)"
-                 : "");
+             "when started (asynchrony needs MPI_THREAD_MULTIPLE)",
+             level);
 
   /* Host identity: the launcher's shared-memory domains; the lowest world
    * rank of each is its key. */

@@ -8,4 +8,5 @@ list(APPEND ZPP_C_SOURCES
   src/transport_mpi.c
   src/transport_nccl.c
   src/transport_ucx.c
+  src/xop_shim.c
   src/runtime.c) # parameter groups for a ZeRO runtime (docs/runtime.md)

@@ -437,3 +437,16 @@ zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
     st = t->ops->sync(t, stream);
   return leave(t, st);
 }
+
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, what, "transport is NULL");
+  if (t->broken)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_TIMEOUT, what,
+                     "communicator was aborted earlier (%s); destroy it",
+                     t->broken_why));
+  if (t->ops->check_async == NULL)
+    return ZPP_OK;
+  return zpp_transport_fail(t, t->ops->check_async(t, what));
+}

@@ -32,8 +32,9 @@
  *     allreduce is computed as that reduce-scatter followed by an allgather,
  *     so its result equals reduce_scatter's shards bit for bit.
  *
- * Threads: the wrappers hold a per-transport mutex, so calls from a
- * progress thread and the creating thread never interleave on one rank.
+ * Threads: the wrappers hold a per-transport mutex while they start an
+ * operation, so calls from the engine thread and the creating thread never
+ * interleave on one rank; no lock is held while an operation is awaited.
  */
 #ifndef ZPP_SRC_TRANSPORT_H
 #define ZPP_SRC_TRANSPORT_H
@@ -96,6 +97,10 @@ typedef struct {
    * then aborted and every later call fails).  NULL: nothing to wait for. */
   zpp_status_t (*sync)(zpp_transport_t *t, void *stream);
   void (*destroy)(zpp_transport_t *t);
+  /* Non-blocking check for asynchronous errors (NCCL's
+   * ncclCommGetAsyncError); on one, the backend aborts and breaks the
+   * transport and returns the error.  NULL: there are none. */
+  zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
 } zpp_transport_ops_t;
 
 /* ---- what the collectives call ------------------------------------------
@@ -113,10 +118,8 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all);
 
 /* What threads the collectives may use on this communicator, from the
- * MPI thread level at creation: ZPP_THREADS_PIPE, a helper thread that
- * calls the transport while the caller only computes; ZPP_THREADS_PROGRESS,
- * a thread that runs started collectives while the caller may call MPI. */
-#define ZPP_THREADS_PIPE 1
+ * MPI thread level at creation: ZPP_THREADS_PROGRESS, the engine thread
+ * that runs started collectives while the caller may call MPI. */
 #define ZPP_THREADS_PROGRESS 2
 int zpp_comm_thread_caps(zpp_comm_t comm);
 
@@ -164,6 +167,9 @@ zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
                                      zpp_reduce_op_t op, zpp_memory_t mem,
                                      void *stream);
 zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
+/* Asynchronous errors of the backend, without blocking (ZPP_OK when the
+ * backend has none); a transport broken earlier answers its error. */
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
 /* Completes what was enqueued on `stream` (no-op for blocking backends). */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
 

@@ -80,6 +80,7 @@ struct zpp_comm {
   zpp_bootstrap_t boot;
   char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
+  void *engine;    /* the plan engine (src/engine.c), created on first use */
 };
 
 /* Generic part.  Takes ownership of topo (also on failure). */

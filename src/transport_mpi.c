@@ -803,7 +803,7 @@ static void mpi_destroy(zpp_transport_t *t) {
 
 static const zpp_transport_ops_t mpi_ops = {
     "mpi",          mpi_allgather, mpi_allgatherv, mpi_alltoallv,
-    mpi_reduce_scatter, mpi_allreduce, mpi_barrier, NULL, mpi_destroy};
+    mpi_reduce_scatter, mpi_allreduce, mpi_barrier, NULL, mpi_destroy, NULL};
 
 zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
                                       int cuda_device) {

@@ -527,10 +527,31 @@ static void nccl_destroy(zpp_transport_t *t) {
   t->impl = NULL;
 }
 
+/* Asynchronous errors of the three communicators, without waiting. */
+static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
+  nccl_impl_t *m = t->impl;
+  int g;
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    ncclResult_t async = ncclSuccess;
+    if (m->comm[g] == NULL)
+      continue;
+    api.CommGetAsyncError(m->comm[g], &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      zpp_status_t st =
+          nccl_err(async, m->comm[g], what, "asynchronous NCCL error");
+      abort_all(t);
+      zpp_transport_break(t, "asynchronous NCCL error on group %s",
+                          zpp_group_name((zpp_group_t)g));
+      return st;
+    }
+  }
+  return ZPP_OK;
+}
+
 static const zpp_transport_ops_t nccl_ops = {
     "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
     nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
-    nccl_destroy};
+    nccl_destroy, nccl_check_async};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,

@@ -1089,7 +1089,7 @@ static void u_destroy(zpp_transport_t *t) {
 
 static const zpp_transport_ops_t ucx_ops = {
     "ucx",       u_allgather, u_allgatherv, u_alltoallv, u_reduce_scatter,
-    u_allreduce, ucx_barrier, NULL,         u_destroy};
+    u_allreduce, ucx_barrier, NULL,         u_destroy,      NULL};
 
 /* ---- creation --------------------------------------------------------------------- */
 

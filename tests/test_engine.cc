@@ -1,0 +1,150 @@
+// The execution engine (src/engine.c), under mpirun: what it promises about
+// threads and memory, which the collectives' results cannot show.
+//
+//   - a blocking collective, chunked (pipelined) or not, creates no thread:
+//     the plan runs on the caller (before the engine, every pipelined call
+//     started a thread of its own);
+//   - started collectives share one engine thread per communicator;
+//   - the host scratch cache belongs to the communicator and is freed by
+//     zpp_comm_destroy (it used to be per thread and outlive it).
+//
+// pthread_create is wrapped at link time (-Wl,--wrap=pthread_create) and
+// counted.  ctest runs this with ZPP_PIPE_MIN_CHUNK=256, so the counts used
+// below are cut into 8 chunks.  Seed: ZPP_TEST_SEED, printed by rank 0.
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <mpi.h>
+#include <pthread.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "mpi_gtest_main.h"
+
+extern "C" {
+int __real_pthread_create(pthread_t *, const pthread_attr_t *,
+                          void *(*)(void *), void *);
+static std::atomic<int> g_threads_created{0};
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg) {
+  g_threads_created++;
+  return __real_pthread_create(t, a, fn, arg);
+}
+}
+
+namespace {
+
+zpp_comm_t g_comm = nullptr;
+int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+std::vector<float> gen(size_t n, uint64_t tag) {
+  std::mt19937_64 rng(seed() * 31ull + tag * 977ull + (uint64_t)g_rank);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto &v : x) v = nd(rng);
+  return x;
+}
+
+// Elements per rank: 8 chunks of 1024 at ZPP_PIPE_MIN_CHUNK=256, block 256.
+constexpr size_t kCount = 8192;
+
+TEST(EngineThreads, BlockingChunkedCollectivesCreateNoThread) {
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  std::vector<float> x = gen(kCount, 1), y(kCount * (size_t)g_size);
+  std::vector<float> grad = gen(kCount * (size_t)g_size, 2), out(kCount);
+  int before = g_threads_created.load();
+  for (int it = 0; it < 3; it++) {
+    EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, x.data(), y.data(), kCount,
+                                ZPP_FLOAT32, nullptr, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, grad.data(), out.data(),
+                                     kCount, ZPP_FLOAT32, ZPP_OP_MEAN, nullptr,
+                                     nullptr, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+  }
+  EXPECT_EQ(g_threads_created.load() - before, 0)
+      << "blocking (chunked) collectives created threads";
+}
+
+TEST(EngineThreads, StartedCollectivesShareOneEngineThread) {
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  const int k = 6;
+  std::vector<std::vector<float>> x(k), y(k);
+  std::vector<zpp_request_t> req(k, nullptr);
+  zpp_comm_t c = nullptr;
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  int before = g_threads_created.load();
+  for (int i = 0; i < k; i++) {
+    x[i] = gen(kCount, 10 + (uint64_t)i);
+    y[i].assign(kCount * (size_t)g_size, 0.0f);
+    EXPECT_EQ(zpp_qwz_allgather(c, &q, x[i].data(), y[i].data(), kCount,
+                                ZPP_FLOAT32, nullptr, &req[i]),
+              ZPP_OK)
+        << zpp_get_last_error();
+  }
+  for (int i = 0; i < k; i++)
+    EXPECT_EQ(zpp_request_wait(req[i]), ZPP_OK) << zpp_get_last_error();
+  // MPI_THREAD_MULTIPLE (the suite's default): exactly the engine thread.
+  EXPECT_EQ(g_threads_created.load() - before, 1);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+}
+
+size_t heap_in_use() {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  // 1M elements per rank: the scratch of one call is megabytes.
+  const size_t n = (size_t)1 << 20;
+  std::vector<float> x = gen(n, 3), y(n * (size_t)g_size);
+  size_t before = heap_in_use(), during;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  EXPECT_EQ(zpp_qwz_allgather(c, &q, x.data(), y.data(), n, ZPP_FLOAT32,
+                              nullptr, nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  during = heap_in_use();
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  size_t after = heap_in_use();
+  // The gather keeps n * size encoded bytes of scratch (> n bytes) cached;
+  // destroy must give it back (what MPI keeps for the communicator is far
+  // smaller).
+  EXPECT_GT(during, before + n) << "expected cached scratch while alive";
+  EXPECT_LT(after, before + n / 4)
+      << "heap in use: before " << before << ", with the communicator "
+      << during << ", after destroy " << after;
+}
+
+void setup() {
+  zpp_test::OpenComm((unsigned long long)seed(), &g_comm, &g_rank, &g_size,
+                     &g_nnodes, &g_uniform);
+}
+
+void teardown() { zpp_comm_destroy(g_comm); }
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  return zpp_test::RunAllRanks(argc, argv, setup, teardown);
+}
