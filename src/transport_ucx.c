@@ -912,7 +912,6 @@ static size_t extent(const size_t *b, const size_t *d, int n) {
 }
 
 #if ZPP_HAVE_CUDA
-#define STAGE_OR_FAIL(call) ZPP_CHECK(call)
 #define DEVICE_PATH 1
 #else
 #define DEVICE_PATH 0
