@@ -35,6 +35,18 @@ static zpp_setting_t settings[] = {
     {"ZPP_TIMEOUT_S", "300",
      "seconds a collective may wait before its communicator is aborted", NULL,
      0},
+    {"ZPP_BACKEND", "",
+     "transport when the config says ZPP_BACKEND_AUTO: mpi, nccl or ucx; "
+     "empty: automatic",
+     NULL, 0},
+    {"ZPP_BOOTSTRAP_ADDR", "",
+     "TCP bootstrap: IPv4 address or host name the root listens on "
+     "(empty: MASTER_ADDR, else 127.0.0.1)",
+     NULL, 0},
+    {"ZPP_BOOTSTRAP_PORT", "0",
+     "TCP bootstrap: port the root listens on (0: any free port for "
+     "zpp_get_unique_id, MASTER_PORT + 1 from the environment)",
+     NULL, 0},
     {"ZPP_EMU_INTER_GBIT", "0",
      "emulated inter-node bandwidth in Gbit/s per rank (0: not emulated)",
      NULL, 0},

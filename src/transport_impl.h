@@ -66,37 +66,33 @@ struct zpp_transport {
   char broken_why[256];
 };
 
-/* The communicator: a transport plus what created it. */
-/* Bootstrap services a backend may need at creation (the communicator
- * implements them over MPI), so that backends never depend on MPI. */
-typedef struct {
-  void *ctx;
-  /* Broadcast `bytes` from world rank `root` to every rank. */
-  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root);
-  /* Every rank's `bytes` of `mine`, concatenated by world rank. */
-  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
-                            void *all);
-} zpp_bootstrap_t;
-
+/* The communicator: a transport plus what created it.  The bootstrap
+ * table (public zpp_bootstrap_t, <zpp/zpp_comm.h>) is also what backends
+ * use at creation (NCCL's unique id, UCX's worker addresses), so backends
+ * never depend on MPI. */
 struct zpp_comm {
   zpp_transport_t *tr;
   zpp_comm_config_t cfg; /* as given, topology pointer cleared */
   char topo_spec[128];   /* the emulation spec in use ("" if discovered) */
   int cuda_device;       /* -1 for host-memory communicators */
   /* Frees what the creator owns besides the transport (zpp's MPI
-   * duplicate); called after the transport is freed. */
+   * duplicate, the TCP bootstrap); called after the transport is freed. */
   void (*release)(struct zpp_comm *c);
   void *creator; /* state of the creator (comm_mpi.c) */
+  void *tcp;     /* zpp's TCP bootstrap state, freed on destroy (or NULL) */
+  /* A subset communicator made the creator's way (NULL: a TCP star). */
+  zpp_status_t (*split)(struct zpp_comm *parent, int color, int key,
+                        const zpp_comm_config_t *cfg, struct zpp_comm **out);
   /* Set by a layer above (the collectives' progress thread): called first
    * in zpp_comm_destroy, while the transport still works. */
   void (*before_destroy)(struct zpp_comm *c);
   /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
+  char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
   void *engine;    /* the plan engine (src/engine.c), created on first use */
 };
-
 
 /* Generic part.  Takes ownership of topo (also on failure). */
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
@@ -177,12 +173,21 @@ zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
 zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what);
 #endif
 /* NCCL: libnccl.so.2 is opened with dlopen; ZPP_ERR_UNSUPPORTED when it, a
- * CUDA device or the build support is missing. */
+ * CUDA device or the build support is missing.  bs: the communicator's
+ * bootstrap (rank 0's unique id is broadcast over it). */
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
                                        int cuda_device);
 /* 1 when libnccl.so.2 can be opened and zpp was built with NCCL support. */
 int zpp_transport_nccl_available(char *why, size_t len);
+/* UCX: libucp.so.0 is opened with dlopen; worker addresses are exchanged
+ * over bs (one allgather, taken part in even by a rank that failed, so
+ * failures are agreed).  ZPP_ERR_UNSUPPORTED when UCX cannot be loaded. */
+zpp_status_t zpp_transport_ucx_create(zpp_transport_t *t,
+                                      const zpp_bootstrap_t *bs,
+                                      int cuda_device);
+/* 1 when libucp.so.0 can be opened with every symbol zpp uses. */
+int zpp_transport_ucx_available(char *why, size_t len);
 
 #ifdef __cplusplus
 }

@@ -622,7 +622,8 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                         : zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                                     "%d bootstrap records", t->size);
   {
-    zpp_status_t xs = bs->allgather(bs->ctx, &mine, sizeof mine, all);
+    zpp_status_t xs =
+        bs->allgather(bs->ctx, &mine, sizeof mine, all, t->timeout_s);
     if (xs != ZPP_OK) {
       free(all);
       return st != ZPP_OK ? st : xs;

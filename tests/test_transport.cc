@@ -39,6 +39,9 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 uint64_t g_seed = 20261129ull;
+// The backend under test: ZPP_BACKEND (ctest runs this suite once per
+// backend, the same tests), default mpi.
+std::string g_backend = "mpi";
 zpp_comm_t g_comm = nullptr;
 
 // ---- the layout, derived here from ZPP_TOPO independently of topology/ ----
@@ -320,7 +323,8 @@ TEST(Topology, ReportSaysWhatItIs) {
   EXPECT_NE(js.find(g_layout.emulated ? "\"emulated\": true" : "\"emulated\": false"),
             std::string::npos) << js;
   EXPECT_NE(js.find("\"world_size\": " + std::to_string(g_size)), std::string::npos);
-  EXPECT_NE(js.find("\"backend\": \"mpi\""), std::string::npos) << js;
+  EXPECT_NE(js.find("\"backend\": \"" + g_backend + "\""), std::string::npos) << js;
+  EXPECT_NE(js.find("\"bootstrap\": \"mpi\""), std::string::npos) << js;
   zpp_comm_stats_t s = stats();
   EXPECT_EQ(s.topo_emulated, g_layout.emulated ? 1 : 0);
 }
@@ -938,6 +942,43 @@ TEST(Xop, NullArgumentsAreNamed) {
 
 // ---- errors -------------------------------------------------------------------
 
+namespace {
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // shared by all ranks of the machine
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+double cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
+
+// Neither an idle communicator nor a rank waiting for a late peer keeps a
+// core busy (MPI: sleeps between polls; UCX: the worker's event fd).
+TEST(Threads, IdleAndLateWaitsUseLittleCpu) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  MPI_Barrier(MPI_COMM_WORLD);
+  double c0 = cpu_s(), w0 = now_s();
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  double idle_cpu = cpu_s() - c0, idle_wall = now_s() - w0;
+  EXPECT_LT(idle_cpu, 0.1 * idle_wall) << "an idle process used CPU";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  c0 = cpu_s();
+  w0 = now_s();
+  EXPECT_EQ(zpp_transport_barrier(T(), ZPP_GROUP_WORLD), ZPP_OK);
+  double cpu = cpu_s() - c0, wall = now_s() - w0;
+  if (g_rank == 0) {
+    std::printf("[ wait ] rank 0 waited %.0f ms for late peers, %.0f ms CPU\n",
+                wall * 1e3, cpu * 1e3);
+    EXPECT_GE(wall, 0.5);
+    EXPECT_LT(cpu, 0.3 * wall) << "waiting for a late peer burns CPU";
+  }
+}
+
 TEST(Errors, BadArgumentsAreNamed) {
   std::vector<uint8_t> buf(64 * g_size);
   auto expect = [&](zpp_status_t got, zpp_status_t want, const char *needle) {
@@ -1005,8 +1046,6 @@ TEST(Errors, BadConfigsAreNamed) {
   bad(ZPP_ERR_INVALID_ARGUMENT, "needs cfg->memory ZPP_MEMORY_DEVICE");
   cfg.backend = (zpp_backend_t)17;
   bad(ZPP_ERR_INVALID_ARGUMENT, "cfg->backend 17");
-  cfg.backend = ZPP_BACKEND_UCX;
-  bad(ZPP_ERR_UNSUPPORTED, "UCX: not built yet");
   cfg.cuda_device = -2;
   bad(ZPP_ERR_INVALID_ARGUMENT, "cuda_device -2");
   std::string wrong = std::to_string(g_size + 1) + "x1";
@@ -1026,6 +1065,29 @@ TEST(Errors, RanksDisagreeingOnTheTopologyAllFail) {
   EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_MISMATCH);
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_TOPO"), std::string::npos);
   EXPECT_EQ(c, nullptr);
+}
+
+// An explicit backend in the config wins over ZPP_BACKEND, on the MPI
+// bootstrap too (UCX's worker addresses travel over MPI then).
+TEST(Config, ExplicitBackendIsUsed) {
+  for (zpp_backend_t b : {ZPP_BACKEND_MPI, ZPP_BACKEND_UCX}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.backend = b;
+    zpp_comm_t c = nullptr;
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_backend_t got = ZPP_BACKEND_AUTO;
+    EXPECT_EQ(zpp_comm_backend(c, &got), ZPP_OK);
+    EXPECT_EQ(got, b);
+    EXPECT_STREQ(zpp_comm_bootstrap_name(c), "mpi");
+    uint32_t mine = 0x5a000000u + (uint32_t)g_rank;
+    std::vector<uint32_t> all(g_size, 0);
+    EXPECT_EQ(zpp_transport_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD, &mine, 4,
+                                      all.data(), ZPP_MEMORY_HOST, nullptr),
+              ZPP_OK);
+    for (int r = 0; r < g_size; r++) EXPECT_EQ(all[r], 0x5a000000u + (uint32_t)r);
+    EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  }
 }
 
 // config.topology takes precedence over ZPP_TOPO.
@@ -1076,8 +1138,14 @@ TEST(Errors, TimeoutInsteadOfHanging) {
               std::string::npos);
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_OK)
-        << zpp_comm_get_last_error(c);
+    // MPI leaves rank 0's barrier request behind (a collective cannot be
+    // cancelled), so the late ranks complete; point-to-point backends
+    // (UCX) cancelled rank 0's part, and the late ranks time out in turn.
+    zpp_status_t st = zpp_transport_barrier(t, ZPP_GROUP_WORLD);
+    if (g_backend == "mpi")
+      EXPECT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
+    else
+      EXPECT_TRUE(st == ZPP_OK || st == ZPP_ERR_TIMEOUT) << zpp_comm_get_last_error(c);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   zpp_comm_destroy(c);
@@ -1252,20 +1320,6 @@ TEST(Nccl, OpsOnDeviceMemory) {
 #endif
 
 // ---- emulated links (run with ZPP_EMU_INTER_GBIT set: tests/transport.cmake)
-
-namespace {
-double now_s() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // shared by all ranks of the machine
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-double cpu_s() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
-         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-}  // namespace
 
 TEST(Emu, InterNodeTransferTakesBytesOverBandwidth) {
   zpp_comm_stats_t s0 = stats();
@@ -1499,6 +1553,7 @@ int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (const char *s = std::getenv("ZPP_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
   if (const char *s = std::getenv("ZPP_NET_RINGS")) g_rings = std::max(1, std::atoi(s));
+  if (const char *s = std::getenv("ZPP_BACKEND"); s && *s) g_backend = s;
   if (g_rank != 0) {
     auto &l = ::testing::UnitTest::GetInstance()->listeners();
     delete l.Release(l.default_result_printer());
@@ -1507,8 +1562,8 @@ int main(int argc, char **argv) {
   g_layout = make_layout(g_size);
   if (g_rank == 0) {
     const char *t = std::getenv("ZPP_TOPO");
-    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; %s%s\n",
-                (unsigned long long)g_seed, g_size,
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; %s%s\n",
+                (unsigned long long)g_seed, g_size, g_backend.c_str(),
                 t && *t ? "emulated topology ZPP_TOPO=" : "discovered topology",
                 t && *t ? t : "");
   }
