@@ -49,7 +49,7 @@ typedef struct {
   int deps[ZPP_STEP_MAXDEPS];
   zpp_kernel_fn fn;
   size_t arg;
-  zpp_xfer_t x;
+  zpp_step_xfer_t x;
   int state;
   zpp_xop_t *op;
 } step_t;
@@ -254,7 +254,7 @@ int zpp_plan_kernel(zpp_plan_t *p, zpp_kernel_fn fn, size_t arg, int dep0,
   return i;
 }
 
-int zpp_plan_xfer(zpp_plan_t *p, const zpp_xfer_t *x, int dep0, int dep1) {
+int zpp_plan_xfer(zpp_plan_t *p, const zpp_step_xfer_t *x, int dep0, int dep1) {
   int i = add_step(p, ZPP_STEP_XFER, dep0, dep1);
   if (i != ZPP_NO_STEP)
     p->steps[i].x = *x;
@@ -289,7 +289,7 @@ static int deps_done(const zpp_plan_t *p, const step_t *s) {
 
 static zpp_status_t start_xfer(zpp_plan_t *p, step_t *s) {
   const zpp_exec_t *ex = &p->ex;
-  const zpp_xfer_t *x = &s->x;
+  const zpp_step_xfer_t *x = &s->x;
   switch (x->kind) {
   case ZPP_XFER_ALLGATHER:
     return zpp_transport_start_allgather(ex->t, x->group, x->send, x->bytes,

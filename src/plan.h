@@ -56,7 +56,7 @@ typedef struct {
   size_t count;
   zpp_dtype_t dtype;
   zpp_reduce_op_t op;
-} zpp_xfer_t;
+} zpp_step_xfer_t;
 
 /* A kernel step: fn(ctx, arg).  ctx is the plan's context. */
 typedef zpp_status_t (*zpp_kernel_fn)(void *ctx, size_t arg);
@@ -78,7 +78,7 @@ zpp_status_t zpp_plan_create(const char *func, const zpp_exec_t *ex,
  * dep1 are earlier step indices or ZPP_NO_STEP. */
 int zpp_plan_kernel(zpp_plan_t *p, zpp_kernel_fn fn, size_t arg, int dep0,
                     int dep1);
-int zpp_plan_xfer(zpp_plan_t *p, const zpp_xfer_t *x, int dep0, int dep1);
+int zpp_plan_xfer(zpp_plan_t *p, const zpp_step_xfer_t *x, int dep0, int dep1);
 /* The context of a plan (for collectives that fill it after creation). */
 void *zpp_plan_ctx(zpp_plan_t *p);
 

@@ -197,9 +197,9 @@ static void qgz_release(void *ctx) {
   free(p);
 }
 
-static zpp_xfer_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
+static zpp_step_xfer_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
                       size_t bytes) {
-  zpp_xfer_t x;
+  zpp_step_xfer_t x;
   memset(&x, 0, sizeof x);
   x.kind = ZPP_XFER_ALLTOALL;
   x.group = g;
@@ -271,7 +271,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (k < p->nchunks) {
       int sl = (int)(k % QGZ_DEPTH), e;
       size_t len = chunk_len(p, k);
-      zpp_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
+      zpp_step_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
                          (size_t)p->m1 * zpp_coll_encoded_size(&a->q1, len));
       e = zpp_plan_kernel(plan, stage1_encode, k, free_after[sl], ZPP_NO_STEP);
       red[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */
@@ -283,7 +283,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       if (!p->two) {
         free_after[sl] = r;
       } else {
-        zpp_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
+        zpp_step_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
                            zpp_coll_encoded_size(&a->q2, chunk_len(p, j)));
         red[sl] = zpp_plan_xfer(plan, &x, r, ZPP_NO_STEP); /* C_j */
       }

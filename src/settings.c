@@ -45,16 +45,20 @@ static zpp_setting_t settings[] = {
      "(rounded up to whole quantization blocks); 0 turns pipelining off",
      NULL, 0},
     {"ZPP_NET_SPIN_US", "1000",
-     "MPI transport: microseconds a wait keeps polling (yielding the core) "
+     "host transports (MPI): microseconds a wait keeps polling (yielding the core) "
      "after the last completed transfer before it sleeps between polls",
      NULL, 0},
     {"ZPP_NET_RINGS", "1",
-     "MPI transport: rings a ring all-gather runs at once, each rotated so "
+     "host transports (MPI): rings a ring all-gather runs at once, each rotated so "
      "its node boundaries fall on other ranks (like NCCL's channels)",
      NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
      "host scratch memory each thread keeps between collectives, in MiB "
      "(reused instead of malloc/free per call; 0 keeps none)",
+     NULL, 0},
+    {"ZPP_NCCL_LIBRARY", "libnccl.so.2",
+     "NCCL library the NCCL backend opens with dlopen: a file name the "
+     "loader searches for, or a path (tests name the NCCL stand-in here)",
      NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "

@@ -18,9 +18,11 @@
  *   - `mem` is the memory space of every buffer of the call; `stream` is a
  *     cudaStream_t for device memory (NULL: legacy default stream), ignored
  *     for host memory;
- *   - MPI backend: blocking; on return the output is complete (device
- *     memory: the stream has been synchronised).  NCCL backend: enqueued on
- *     `stream`; zpp_transport_sync waits for it with the timeout;
+ *   - host backends (MPI): a blocking call returns with the output
+ *     complete (device memory: the stream has been synchronised); the
+ *     non-blocking form below is complete when zpp_xop_test says done.
+ *     NCCL backend: enqueued on `stream`; zpp_transport_sync waits for it
+ *     with the timeout;
  *   - send and receive buffers must not overlap, except in-place allgather
  *     (send == recv + my_index * bytes) and in-place allreduce (send ==
  *     recv);
@@ -32,9 +34,11 @@
  *     allreduce is computed as that reduce-scatter followed by an allgather,
  *     so its result equals reduce_scatter's shards bit for bit.
  *
- * Threads: the wrappers hold a per-transport mutex while they start an
- * operation, so calls from the engine thread and the creating thread never
- * interleave on one rank; no lock is held while an operation is awaited.
+ * Threads: one thread at a time per transport (the engine serialises its
+ * calls; the blocking wrappers may be called from any one thread at a
+ * time, e.g. a progress thread).  A per-transport mutex guards each short
+ * step (start, one test, free), so MPI is never entered by two threads of
+ * one transport at once; it is never held while a wait sleeps or polls.
  */
 #ifndef ZPP_SRC_TRANSPORT_H
 #define ZPP_SRC_TRANSPORT_H
@@ -65,8 +69,31 @@ typedef struct {
   uint64_t calls[ZPP_NGROUPS];
 } zpp_transport_counts_t;
 
-/* A backend.  Arguments reach it already checked; it counts its own bytes
- * with zpp_transport_account (per peer, so each byte lands on its link). */
+/* ---- the round primitive of host backends --------------------------------
+ * A round is a set of point-to-point transfers within one group, posted
+ * together and complete when all of them are.  src/transport_algo.c builds
+ * every operation of a host backend (MPI, UCX) from rounds and does
+ * everything else itself: algorithms, tags, byte accounting, link
+ * emulation (the deadline header is one more 8-byte transfer of the
+ * round), device staging, timeouts (docs/design.md "Transports"). */
+typedef struct {
+  int peer;       /* member index in the round's group */
+  void *buf;      /* host memory: read for a send, written for a receive */
+  size_t bytes;   /* > 0 (the algorithms never post empty transfers); any
+                     size: the backend splits what it must */
+  uint32_t tag;   /* < t->tag_limit: a receive matches the peer's send of
+                     the same group and tag; several transfers of one pair,
+                     group and tag match in posting order */
+} zpp_xfer_t;
+
+/* A posted round; each backend defines struct zpp_round privately. */
+typedef struct zpp_round zpp_round_t;
+
+/* A backend.  Arguments reach it already checked.  Stream-ordered
+ * backends (NCCL) fill the operations and count their own bytes with
+ * zpp_transport_account (per peer, so each byte lands on its link); host
+ * backends fill only the round primitive at the end (and destroy): the
+ * operations are then the algorithms of src/transport_algo.c. */
 typedef struct {
   const char *name;
   zpp_status_t (*allgather)(zpp_transport_t *t, zpp_group_t g,
@@ -101,6 +128,31 @@ typedef struct {
    * ncclCommGetAsyncError); on one, the backend aborts and breaks the
    * transport and returns the error.  NULL: there are none. */
   zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
+  /* -- host backends: the round primitive (NULL for stream-ordered ones) --
+   * All three are called with the transport's mutex held and never block.
+   * round_post posts every receive of recv[0..nrecv), then every send of
+   * send[0..nsend), in that order (the order a send takes the NIC), and
+   * returns a handle; on error nothing stays posted.  The xfer arrays may
+   * be reused once it returns; the buffers stay untouched until the round
+   * completes or is cancelled. */
+  zpp_status_t (*round_post)(zpp_transport_t *t, zpp_group_t g,
+                             const zpp_xfer_t *recv, int nrecv,
+                             const zpp_xfer_t *send, int nsend,
+                             zpp_round_t **round);
+  /* Advances the round without blocking; *done = 1 when every transfer
+   * completed, and the handle is then released.  Calls
+   * zpp_transport_progressed(t) whenever a transfer completed (the waits
+   * keep spinning while things move).  An error leaves the handle to
+   * round_cancel. */
+  zpp_status_t (*round_test)(zpp_transport_t *t, zpp_round_t *round,
+                             int *done);
+  /* Cancels what is still pending and releases the handle. */
+  void (*round_cancel)(zpp_transport_t *t, zpp_round_t *round);
+  /* Optional: a barrier of group g as a round (tested and cancelled like
+   * one; cancel may leave it to complete when the peers arrive).  NULL:
+   * the algorithms run a dissemination barrier of 1-byte messages. */
+  zpp_status_t (*barrier_post)(zpp_transport_t *t, zpp_group_t g,
+                               uint32_t tag, zpp_round_t **round);
 } zpp_transport_ops_t;
 
 /* ---- what the collectives call ------------------------------------------
@@ -170,7 +222,8 @@ zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
 /* Asynchronous errors of the backend, without blocking (ZPP_OK when the
  * backend has none); a transport broken earlier answers its error. */
 zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
-/* Completes what was enqueued on `stream` (no-op for blocking backends). */
+/* Completes what was enqueued on `stream` (no-op for host backends).  The
+ * mutex is not held while it waits. */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
 
 /* ---- non-blocking operations (the engine's transfer steps) ----------------
@@ -238,6 +291,19 @@ zpp_status_t zpp_xop_wait(zpp_xop_t *op);
 /* Frees a done op; an op still in flight is cancelled first (its peers then
  * time out; the transport is broken). */
 void zpp_xop_free(zpp_xop_t *op);
+/* Details of the implementation (src/transport_algo.c):
+ *   - tags: each start on group g takes the next number of g's sequence;
+ *     the op's transfers carry tags derived from it, so ops in flight at
+ *     once never match each other's messages, also on one pair of ranks;
+ *   - the blocking wrappers are start + wait + free, and with staged
+ *     device memory they also synchronise `stream` (as before: on return
+ *     the output is complete);
+ *   - an op started on a group of one member, or with nothing to send,
+ *     may be done at start (its first test says so). */
+
+/* Testing: on = 1 makes barriers of host backends run the dissemination
+ * barrier of rounds even where the backend has its own (barrier_post). */
+void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on);
 
 /* ---- queries ------------------------------------------------------------- */
 int zpp_transport_rank(const zpp_transport_t *t);     /* world rank */
@@ -253,6 +319,10 @@ const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
 zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
 /* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT. */
 double zpp_transport_timeout_s(const zpp_transport_t *t);
+/* A counter that grows whenever a transfer of a host backend completed
+ * (also partway through an op): a poll loop keeps spinning while it moves,
+ * as zpp_xop_wait does, and sleeps only once it stops (ZPP_NET_SPIN_US). */
+uint64_t zpp_transport_progress(const zpp_transport_t *t);
 
 /* ---- accounting hook -----------------------------------------------------
  * Adds bytes this rank sent to / received from world rank `peer` to the

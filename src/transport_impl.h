@@ -26,7 +26,10 @@ typedef struct {
   int *members; /* [size] world rank of each member */
   int *ring;    /* [size] member indices in ring order: by node, then local
                    rank, so a ring crosses each node boundary once */
+  uint32_t seq; /* operations started on this group (their tags) */
 } zpp_tgroup_t;
+
+struct zpp_algo; /* transport_algo.c's per-transport caches */
 
 struct zpp_transport {
   const zpp_transport_ops_t *ops;
@@ -48,7 +51,15 @@ struct zpp_transport {
   atomic_uint_fast64_t sent[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t recv[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t calls[ZPP_NGROUPS];
-  pthread_mutex_t lock;     /* serialises operations */
+  /* Host backends (transport_algo.c). */
+  int64_t spin_ns;    /* ZPP_NET_SPIN_US: busy polling after progress */
+  int rings;          /* ZPP_NET_RINGS: rings of a ring all-gather */
+  uint32_t tag_limit; /* tags the backend can carry: [0, tag_limit) */
+  int cuda_device;    /* device of staged device buffers (-1: current) */
+  int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
+  atomic_uint_fast64_t progress; /* bumped when a transfer completes */
+  struct zpp_algo *algo;         /* owned; freed with the transport */
+  pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[ZPP_TRANSPORT_ERRLEN];
   int broken; /* set after a timeout or abort: every later call fails */
@@ -113,7 +124,49 @@ int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
 /* Sleeps until `deadline_ns` (0: no wait) and counts the time slept. */
 void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns);
 
-/* Backend constructors: fill t->ops, t->impl, t->backend. */
+/* Round backends call this whenever a transfer completed. */
+static inline void zpp_transport_progressed(zpp_transport_t *t) {
+  atomic_fetch_add_explicit(&t->progress, 1, memory_order_relaxed);
+}
+
+/* ---- operations (transport.c checks, transport_algo.c runs) ------------- */
+typedef enum {
+  ZPP_XOP_ALLGATHER,
+  ZPP_XOP_ALLGATHERV,
+  ZPP_XOP_ALLTOALLV, /* send_bytes NULL: alltoall of `bytes` per peer */
+  ZPP_XOP_REDUCE_SCATTER,
+  ZPP_XOP_ALLREDUCE,
+  ZPP_XOP_BARRIER
+} zpp_xop_kind_t;
+
+/* One operation's checked arguments (arrays are copied at start). */
+typedef struct {
+  zpp_xop_kind_t kind;
+  zpp_group_t g;
+  const char *what; /* the name errors carry: "allgather", ... */
+  const void *send;
+  void *recv;
+  size_t bytes; /* allgather, alltoall */
+  const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs;
+  size_t count; /* reductions, elements */
+  zpp_dtype_t dtype;
+  zpp_memory_t mem;
+  void *stream;
+} zpp_xop_args_t;
+
+/* Starts a on a host backend; called with t->lock held, after the call was
+ * counted.  sync_out: staged device output is synchronised at completion
+ * (the blocking wrappers).  On error no op is returned. */
+zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
+                            int sync_out, zpp_xop_t **op);
+/* The op of a stream-ordered backend once enqueued: done from the start
+ * (shared, never written; zpp_xop_free ignores it). */
+zpp_xop_t *zpp_xop_done(void);
+/* Frees the per-transport caches (after the backend's destroy). */
+void zpp_algo_destroy(zpp_transport_t *t);
+
+/* Backend constructors: fill t->ops, t->impl, t->backend (host backends
+ * also t->tag_limit). */
 #if ZPP_HAVE_MPI
 #include <mpi.h>
 /* `world` is zpp's duplicate; the backend splits its group communicators

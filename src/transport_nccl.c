@@ -70,15 +70,21 @@ static pthread_once_t api_once = PTHREAD_ONCE_INIT;
   do {                                                                         \
     *(void **)&api.name = dlsym(h, "nccl" #name);                              \
     if (api.name == NULL) {                                                    \
-      snprintf(api.why, sizeof api.why, "libnccl.so.2 lacks nccl" #name);      \
+      snprintf(api.why, sizeof api.why, "%s lacks nccl" #name, lib);           \
       return;                                                                  \
     }                                                                          \
   } while (0)
 
 static void api_load(void) {
-  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  /* ZPP_NCCL_LIBRARY: the real libnccl by default; tests name a stand-in. */
+  const char *lib = zpp_setting("ZPP_NCCL_LIBRARY");
+  void *h;
+  if (lib[0] == '\0')
+    lib = "libnccl.so.2";
+  h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) {
-    snprintf(api.why, sizeof api.why, "dlopen(libnccl.so.2): %s", dlerror());
+    snprintf(api.why, sizeof api.why, "dlopen(%s) (ZPP_NCCL_LIBRARY): %s", lib,
+             dlerror());
     return;
   }
   ZPP_NCCL_SYM(GetVersion);
@@ -548,10 +554,18 @@ static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
   return ZPP_OK;
 }
 
+/* Stream-ordered: the operations enqueue; no round primitive. */
 static const zpp_transport_ops_t nccl_ops = {
-    "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
-    nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
-    nccl_destroy, nccl_check_async};
+    .name = "nccl",
+    .allgather = nccl_allgather,
+    .allgatherv = nccl_allgatherv,
+    .alltoallv = nccl_alltoallv,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allreduce = nccl_allreduce,
+    .barrier = nccl_barrier,
+    .sync = nccl_sync,
+    .destroy = nccl_destroy,
+    .check_async = nccl_check_async};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
