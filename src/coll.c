@@ -20,24 +20,12 @@ static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
 
 /* ---- baselines ------------------------------------------------------------ */
 
-typedef struct {
-  zpp_exec_t ex;
-  void *recv;
-  size_t count;
-  zpp_dtype_t dtype;
-  float div;
-} base_ctx_t;
-
-/* One plan of one transfer step (plus a kernel step for MEAN). */
+/* A plan of one transfer step. */
 static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
-                               const zpp_step_xfer_t *x, base_ctx_t *ctx,
-                               zpp_kernel_fn after, zpp_request_t *req) {
+                               const zpp_step_xfer_t *x, zpp_request_t *req) {
   zpp_plan_t *p;
-  int xs;
-  ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, ctx, free, &p)));
-  xs = zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
-  if (after != NULL)
-    zpp_plan_kernel(p, after, 0, xs, ZPP_NO_STEP);
+  ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, NULL, NULL, &p)));
+  zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
   return zpp_plan_submit(p, req);
 }
 
@@ -60,13 +48,7 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   x.send = sendbuf;
   x.recv = recvbuf;
   x.bytes = count * zpp_dtype_size(dtype);
-  return submit_one(__func__, &ex, &x, NULL, NULL, req);
-}
-
-static zpp_status_t scale_step(void *p, size_t arg) {
-  base_ctx_t *c = (base_ctx_t *)p;
-  (void)arg;
-  return zpp_k_scale(&c->ex, c->dtype, c->recv, c->count, c->div);
+  return submit_one(__func__, &ex, &x, req);
 }
 
 zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
@@ -75,7 +57,6 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                 zpp_request_t *req) {
   zpp_exec_t ex;
   zpp_step_xfer_t x;
-  base_ctx_t *c = NULL;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype(__func__, dtype);
@@ -93,19 +74,9 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
   x.recv = recvbuf;
   x.count = count;
   x.dtype = dtype;
-  x.op = ZPP_REDUCE_SUM;
-  if (op == ZPP_OP_MEAN && count > 0) {
-    c = (base_ctx_t *)calloc(1, sizeof *c);
-    if (c == NULL)
-      return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
-                                           "plan context"));
-    c->ex = ex;
-    c->recv = recvbuf;
-    c->count = count;
-    c->dtype = dtype;
-    c->div = (float)zpp_transport_size(ex.t);
-  }
-  return submit_one(__func__, &ex, &x, c, c != NULL ? scale_step : NULL, req);
+  /* MEAN divides the fp32 sum before the one rounding (transport.h) */
+  x.op = op == ZPP_OP_MEAN ? ZPP_REDUCE_MEAN : ZPP_REDUCE_SUM;
+  return submit_one(__func__, &ex, &x, req);
 }
 
 /* ---- qwZ -------------------------------------------------------------------- */

@@ -299,10 +299,11 @@ static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
                      "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
                      "ZPP_BFLOAT16",
                      (int)dtype));
-  if (op != ZPP_REDUCE_SUM)
+  if (op != ZPP_REDUCE_SUM && op != ZPP_REDUCE_MEAN)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "op %d: only ZPP_REDUCE_SUM is supported", (int)op));
+                     "op %d: must be ZPP_REDUCE_SUM or ZPP_REDUCE_MEAN",
+                     (int)op));
   if (count > SIZE_MAX / es / (size_t)t->grp[g].size)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_OVERFLOW, func,
@@ -338,10 +339,10 @@ static zpp_status_t enqueue(zpp_transport_t *t, const zpp_xop_args_t *a) {
                         a->stream);
   case ZPP_XOP_REDUCE_SCATTER:
     return o->reduce_scatter(t, a->g, a->send, a->recv, a->count, a->dtype,
-                             ZPP_REDUCE_SUM, a->mem, a->stream);
+                             a->op, a->mem, a->stream);
   case ZPP_XOP_ALLREDUCE:
     return o->allreduce(t, a->g, a->send, a->recv, a->count, a->dtype,
-                        ZPP_REDUCE_SUM, a->mem, a->stream);
+                        a->op, a->mem, a->stream);
   case ZPP_XOP_BARRIER:
     return o->barrier(t, a->g);
   }
@@ -599,6 +600,7 @@ static zpp_status_t reduce_args(zpp_transport_t *t, zpp_xop_kind_t kind,
   a->recv = recv;
   a->count = count;
   a->dtype = dtype;
+  a->op = op;
   a->mem = mem;
   a->stream = stream;
   return ZPP_OK;

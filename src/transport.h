@@ -29,8 +29,10 @@
  *   - sizes are bytes for data movement and elements for reductions;
  *   - reductions are deterministic: reduce_scatter's shard j is the sum of
  *     the members' contributions in member order 0..n-1 with an fp32
- *     accumulator, rounded once to the dtype (MPI backend; the NCCL backend
- *     uses NCCL's ring order, fixed for a given communicator);
+ *     accumulator, rounded once to the dtype, after the division by the
+ *     member count for ZPP_REDUCE_MEAN (host backends; the NCCL backend
+ *     sums in fp32 too, in NCCL's ring order, fixed for a given
+ *     communicator, then rounds once);
  *     allreduce is computed as that reduce-scatter followed by an allgather,
  *     so its result equals reduce_scatter's shards bit for bit.
  *
@@ -54,7 +56,10 @@
 extern "C" {
 #endif
 
-typedef enum { ZPP_REDUCE_SUM = 0 } zpp_reduce_op_t;
+/* SUM: the sum over the group's members.  MEAN: that sum divided by the
+ * number of members, in fp32, before the one rounding to the dtype (a true
+ * mean, not a rounded sum rounded again). */
+typedef enum { ZPP_REDUCE_SUM = 0, ZPP_REDUCE_MEAN = 1 } zpp_reduce_op_t;
 
 /* The two accounting classes. */
 typedef enum { ZPP_LINKCLASS_INTRA = 0, ZPP_LINKCLASS_INTER = 1 } zpp_linkclass_t;

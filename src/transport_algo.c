@@ -286,6 +286,7 @@ struct zpp_xop {
   const void **blocks; /* [n] */
   void *dst;
   zpp_dtype_t dtype;
+  zpp_reduce_op_t rop;
   buf_t tmp;
   /* Barrier: one byte each way per round. */
   char bar_out, bar_in;
@@ -356,14 +357,17 @@ static void shard(size_t count, int n, int j, size_t *off, size_t *len) {
 /* dst[e] = sum over members i = 0..n-1 of block i, element e, in member
  * order with an fp32 accumulator, rounded once to dtype. */
 static void reduce_blocks(void *dst, const void *const *blocks, int n,
-                          size_t count, zpp_dtype_t dtype) {
+                          size_t count, zpp_dtype_t dtype, int mean) {
   size_t e;
   int i, dt = (int)dtype;
+  float div = (float)n;
   for (e = 0; e < count; e++) {
     float acc = zpp_qm_load(blocks[0], e, dt);
     for (i = 1; i < n; i++)
       acc = zpp_qm_add(acc, zpp_qm_load(blocks[i], e, dt));
-    zpp_qm_store(dst, e, dt, acc);
+    /* MEAN: one IEEE division in fp32, then the one rounding to dtype
+     * (elementwise.c's finish does the same) */
+    zpp_qm_store(dst, e, dt, mean ? acc / div : acc);
   }
 }
 
@@ -800,6 +804,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     break;
   case ZPP_XOP_REDUCE_SCATTER:
     op->dtype = a->dtype;
+    op->rop = a->op;
     for (i = 0; i < n; i++) {
       op->off[i] = (size_t)i * a->count;
       op->len[i] = a->count;
@@ -813,6 +818,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
   case ZPP_XOP_ALLREDUCE: {
     size_t es = zpp_dtype_size(a->dtype);
     op->dtype = a->dtype;
+    op->rop = a->op;
     for (i = 0; i < n; i++) {
       shard(a->count, n, i, &op->off[i], &op->len[i]);
       op->displs[i] = op->off[i] * es;
@@ -884,7 +890,8 @@ static zpp_status_t next_step(zpp_xop_t *op) {
     op->step = 1;
     return pair_round(op);
   case PH_REDUCE:
-    reduce_blocks(op->dst, op->blocks, op->n, op->len[op->me], op->dtype);
+    reduce_blocks(op->dst, op->blocks, op->n, op->len[op->me], op->dtype,
+                  op->rop == ZPP_REDUCE_MEAN);
     break;
   case PH_BARRIER:
     if (op->n == 1)

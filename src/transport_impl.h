@@ -146,6 +146,7 @@ typedef struct {
   const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs;
   size_t count; /* reductions, elements */
   zpp_dtype_t dtype;
+  zpp_reduce_op_t op; /* reductions */
   zpp_memory_t mem;
   void *stream;
 } zpp_xop_args_t;

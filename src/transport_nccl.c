@@ -10,8 +10,11 @@
  *   allgather       ncclAllGather: counts derived from a ring in ring order
  *                   (NCCL's ring crosses each node boundary once per
  *                   channel; bytes_derived is set);
- *   reduce_scatter  ncclReduceScatter: derived the same way;
- *   allreduce       ncclReduceScatter + ncclAllGather over shards of
+ *   reduce_scatter  ncclReduceScatter in fp32 (16-bit inputs widened
+ *                   first, one rounding to the dtype after it, MEAN divided
+ *                   before that rounding): derived the same way, 4 bytes
+ *                   per element;
+ *   allreduce       that reduce-scatter + ncclAllGather over shards of
  *                   ceil(count / n) elements (padded), so its result equals
  *                   reduce_scatter's bit for bit;
  *   allgatherv,
@@ -29,6 +32,8 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
+
+#include "elementwise.h"
 #include <pthread.h>
 #include <time.h>
 
@@ -139,6 +144,10 @@ typedef struct {
   char *scratch; /* one byte per world rank, for the barrier */
   void *pad;     /* padded allreduce buffers */
   size_t pad_cap;
+  float *wide;   /* fp32 copies of reduction inputs (reduce_fp32) */
+  size_t wide_cap;
+  float *acc;    /* fp32 reduced shard (reduce_fp32) */
+  size_t acc_cap;
 } nccl_impl_t;
 
 static zpp_status_t nccl_err(ncclResult_t r, ncclComm_t c, const char *what,
@@ -375,24 +384,91 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
   return st;
 }
 
+/* Grows a device buffer (not stream-ordered: kept for the communicator's
+ * life; cudaFree waits for the work that may still use the old one). */
+static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
+                             const char *what) {
+  cudaError_t e;
+  if (bytes <= *cap)
+    return ZPP_OK;
+  if (*p != NULL)
+    cudaFree(*p);
+  *p = NULL;
+  *cap = 0;
+  e = cudaMalloc(p, bytes);
+  if (e != cudaSuccess)
+    return cuda_err(e, what, "cudaMalloc of reduction scratch");
+  *cap = bytes;
+  return ZPP_OK;
+}
+
+/* The reduction zpp promises (transport.h): each member's shard j summed
+ * in fp32 and rounded once to the dtype (after the division for MEAN).
+ * NCCL's own fp16/bf16 reduce-scatter rounds at every step, so 16-bit
+ * inputs are widened to fp32 first (NCCL then carries 4-byte elements:
+ * twice the bytes of the dtype) and the fp32 shard is finished into `out`.
+ * Summation order is NCCL's ring order.  `send` holds `valid` elements of
+ * the n * shard the reduction reads; the rest is taken as zero. */
+static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
+                                const void *send, size_t valid, void *out,
+                                size_t shard, zpp_dtype_t dtype,
+                                zpp_reduce_op_t op, void *stream,
+                                const char *what) {
+  nccl_impl_t *m = t->impl;
+  size_t n = (size_t)t->grp[g].size, total = shard * n;
+  float div = op == ZPP_REDUCE_MEAN ? (float)n : 1.0f;
+  cudaStream_t s = (cudaStream_t)stream;
+  const float *in = (const float *)send;
+  char err[256];
+  cudaError_t e;
+  if (dtype != ZPP_FLOAT32 || valid < total) {
+    ZPP_CHECK(grow_dev((void **)&m->wide, &m->wide_cap, total * sizeof(float),
+                       what));
+    if (valid < total) {
+      e = cudaMemsetAsync(m->wide + valid, 0, (total - valid) * sizeof(float),
+                          s);
+      if (e != cudaSuccess)
+        return cuda_err(e, what, "cudaMemsetAsync of the padding");
+    }
+    if (zpp_ew_widen_device((int)dtype, send, valid, m->wide, stream, err,
+                            sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
+    in = m->wide;
+  }
+  if (dtype == ZPP_FLOAT32 && div == 1.0f) { /* fp32 sum: straight out */
+    ZPP_CHECK(called(t, api.ReduceScatter(in, out, shard, ncclFloat32, ncclSum,
+                                          m->comm[g], s),
+                     m->comm[g], what, "ncclReduceScatter"));
+  } else {
+    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float),
+                       what));
+    ZPP_CHECK(called(t, api.ReduceScatter(in, m->acc, shard, ncclFloat32,
+                                          ncclSum, m->comm[g], s),
+                     m->comm[g], what, "ncclReduceScatter"));
+    if (zpp_ew_finish_device(m->acc, shard, div, (int)dtype, out, stream, err,
+                             sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
+  }
+  account_ring(t, g, (uint64_t)shard * sizeof(float), 1);
+  return ZPP_OK;
+}
+
 static zpp_status_t nccl_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
                                         const void *send, void *recv,
                                         size_t count, zpp_dtype_t dtype,
                                         zpp_reduce_op_t op, zpp_memory_t mem,
                                         void *stream) {
-  nccl_impl_t *m = t->impl;
-  (void)op;
+  size_t n = (size_t)t->grp[g].size;
   ZPP_CHECK(on_device(t, mem, "reduce_scatter"));
   if (count == 0)
     return ZPP_OK;
-  ZPP_CHECK(called(t, api.ReduceScatter(send, recv, count, nccl_dtype(dtype),
-                                        ncclSum, m->comm[g],
-                                        (cudaStream_t)stream),
-                   m->comm[g], "reduce_scatter", "ncclReduceScatter"));
-  account_ring(t, g, (uint64_t)count * zpp_dtype_size(dtype), 1);
-  return ZPP_OK;
+  return reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
+                     "reduce_scatter");
 }
 
+/* reduce_fp32 over shards of ceil(count / n) elements (zero padding), then
+ * an all-gather of the rounded shards: the result equals reduce_scatter's
+ * shards bit for bit. */
 static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
                                    const void *send, void *recv, size_t count,
                                    zpp_dtype_t dtype, zpp_reduce_op_t op,
@@ -403,52 +479,28 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   cudaStream_t s = (cudaStream_t)stream;
   ncclComm_t c = m->comm[g];
   cudaError_t e;
-  (void)op;
+  char *out;
   ZPP_CHECK(on_device(t, mem, "allreduce"));
   if (count == 0)
     return ZPP_OK;
   if (shard * (size_t)n == count) {
-    /* In-place forms: reduce my shard into its place, gather in place. */
-    char *mine = (char *)recv + (size_t)me * shard * es;
-    ZPP_CHECK(called(t, api.ReduceScatter(send, mine, shard, nccl_dtype(dtype),
-                                          ncclSum, c, s),
-                     c, "allreduce", "ncclReduceScatter"));
-    ZPP_CHECK(called(t, api.AllGather(mine, recv, shard * es, ncclUint8, c, s),
-                     c, "allreduce", "ncclAllGather"));
+    out = (char *)recv; /* reduce my shard into its place, gather in place */
   } else {
-    size_t need = 2 * shard * (size_t)n * es;
-    char *pad;
-    if (need > m->pad_cap) {
-      if (m->pad)
-        cudaFree(m->pad);
-      m->pad = NULL;
-      m->pad_cap = 0;
-      e = cudaMalloc(&m->pad, need);
-      if (e != cudaSuccess)
-        return cuda_err(e, "allreduce", "cudaMalloc of the padded buffer");
-      m->pad_cap = need;
-    }
-    pad = m->pad;
-    /* Padding is zero: it only feeds discarded elements. */
-    e = cudaMemsetAsync(pad + count * es, 0, (shard * (size_t)n - count) * es, s);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync(pad, send, count * es, cudaMemcpyDeviceToDevice, s);
-    if (e != cudaSuccess)
-      return cuda_err(e, "allreduce", "padding the input");
-    {
-      char *out = pad + shard * (size_t)n * es;
-      char *mine = out + (size_t)me * shard * es;
-      ZPP_CHECK(called(t, api.ReduceScatter(pad, mine, shard, nccl_dtype(dtype),
-                                            ncclSum, c, s),
-                       c, "allreduce", "ncclReduceScatter"));
-      ZPP_CHECK(called(t, api.AllGather(mine, out, shard * es, ncclUint8, c, s),
-                       c, "allreduce", "ncclAllGather"));
-      e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
-      if (e != cudaSuccess)
-        return cuda_err(e, "allreduce", "copying the result");
-    }
+    ZPP_CHECK(grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es,
+                       "allreduce"));
+    out = (char *)m->pad;
   }
-  account_ring(t, g, (uint64_t)shard * es, 2);
+  ZPP_CHECK(reduce_fp32(t, g, send, count, out + (size_t)me * shard * es,
+                        shard, dtype, op, stream, "allreduce"));
+  ZPP_CHECK(called(t, api.AllGather(out + (size_t)me * shard * es, out,
+                                    shard * es, ncclUint8, c, s),
+                   c, "allreduce", "ncclAllGather"));
+  account_ring(t, g, (uint64_t)shard * es, 1);
+  if (out != (char *)recv) {
+    e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess)
+      return cuda_err(e, "allreduce", "copying the result");
+  }
   return ZPP_OK;
 }
 
@@ -529,6 +581,10 @@ static void nccl_destroy(zpp_transport_t *t) {
     cudaFree(m->scratch);
   if (m->pad)
     cudaFree(m->pad);
+  if (m->wide)
+    cudaFree(m->wide);
+  if (m->acc)
+    cudaFree(m->acc);
   free(m);
   t->impl = NULL;
 }

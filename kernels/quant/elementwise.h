@@ -40,6 +40,9 @@ int zpp_ew_add_residual_device(int dtype, const void *g, const float *res,
                                char *err, size_t errlen);
 int zpp_ew_residual_device(const float *x, size_t count, float *res,
                            void *stream, char *err, size_t errlen);
+/* out[i] = fp32(src[i]) (src of `dtype`), enqueued on `stream`. */
+int zpp_ew_widen_device(int dtype, const void *src, size_t count, float *out,
+                        void *stream, char *err, size_t errlen);
 /* Stream-ordered allocation, copy and fill of device memory. */
 int zpp_ew_alloc_device(size_t bytes, void **p, void *stream, char *err,
                         size_t errlen);

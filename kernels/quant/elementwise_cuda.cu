@@ -65,7 +65,22 @@ __global__ void residual_kernel(const float *x, size_t count, float *res) {
   }
 }
 
+__global__ void widen_kernel(int dtype, const void *src, size_t count,
+                             float *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = zpp_qm_load(src, i, dtype);
+}
+
 }  // namespace
+
+extern "C" int zpp_ew_widen_device(int dtype, const void *src, size_t count,
+                                   float *out, void *stream, char *err,
+                                   size_t errlen) {
+  if (count == 0) return 0;
+  launch(widen_kernel, count, stream, dtype, src, count, out);
+  return report(cudaGetLastError(), "widen kernel launch", err, errlen);
+}
 
 extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
                                     int dtype, void *out, void *stream,
