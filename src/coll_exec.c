@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "quant_math.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,28 @@ static zpp_status_t no_device(const char *func) {
 void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes);
 void zpp_engine_host_free(zpp_comm_t comm, void *p);
 
+#if ZPP_HAVE_CUDA_KERNELS
+/* Plans allocate their device scratch while they are built, on the
+ * caller's thread, whose current device may be another: allocate (and
+ * free) on the communicator's device, restoring the thread's. */
+static int dev_enter(const zpp_exec_t *ex, int *saved) {
+  char err[256];
+  int want = zpp_comm_device(ex->comm), cur = -1;
+  *saved = -1;
+  if (want < 0 || zpp_ew_get_device(&cur, err, sizeof err) != 0 ||
+      cur == want)
+    return 0;
+  *saved = cur;
+  return zpp_ew_set_device(want, err, sizeof err);
+}
+
+static void dev_leave(int saved) {
+  char err[256];
+  if (saved >= 0)
+    zpp_ew_set_device(saved, err, sizeof err);
+}
+#endif
+
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
   *p = NULL;
   if (bytes == 0)
@@ -63,7 +86,18 @@ zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
-  DEVICE_CALL(__func__, zpp_ew_alloc_device(bytes, p, ex->stream, DEVICE_ERRBUF));
+  {
+    char err_[256];
+    int saved, rc = dev_enter(ex, &saved);
+    if (rc == 0)
+      rc = zpp_ew_alloc_device(bytes, p, ex->stream, err_, sizeof err_);
+    else
+      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
+               zpp_comm_device(ex->comm));
+    dev_leave(saved);
+    if (rc != 0)
+      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
+  }
   return ZPP_OK;
 #else
   return no_device(__func__);
@@ -76,8 +110,12 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
   if (ex->mem == ZPP_MEMORY_HOST)
     zpp_engine_host_free(ex->comm, p);
 #if ZPP_HAVE_CUDA_KERNELS
-  else
+  else {
+    int saved;
+    dev_enter(ex, &saved);
     zpp_ew_free_device(p, ex->stream);
+    dev_leave(saved);
+  }
 #endif
 }
 
@@ -93,7 +131,18 @@ zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
-  DEVICE_CALL(__func__, zpp_ew_alloc_persistent(bytes, p, DEVICE_ERRBUF));
+  {
+    char err_[256];
+    int saved, rc = dev_enter(ex, &saved);
+    if (rc == 0)
+      rc = zpp_ew_alloc_persistent(bytes, p, err_, sizeof err_);
+    else
+      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
+               zpp_comm_device(ex->comm));
+    dev_leave(saved);
+    if (rc != 0)
+      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
+  }
   return ZPP_OK;
 #else
   return no_device(__func__);
@@ -106,8 +155,12 @@ void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
   if (ex->mem == ZPP_MEMORY_HOST)
     free(p);
 #if ZPP_HAVE_CUDA_KERNELS
-  else
+  else {
+    int saved;
+    dev_enter(ex, &saved);
     zpp_ew_free_persistent(p);
+    dev_leave(saved);
+  }
 #endif
 }
 

@@ -80,6 +80,10 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                               comm->tr != NULL ? comm->tr->timeout_s : 0);
 }
 
+int zpp_comm_device(zpp_comm_t comm) {
+  return comm != NULL ? comm->cuda_device : -1;
+}
+
 int zpp_comm_thread_caps(zpp_comm_t comm) {
   return comm != NULL ? comm->thread_caps : 0;
 }

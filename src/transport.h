@@ -180,6 +180,9 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
 #define ZPP_THREADS_PROGRESS 2
 int zpp_comm_thread_caps(zpp_comm_t comm);
 
+/* The CUDA device of a device-memory communicator (-1 for host memory). */
+int zpp_comm_device(zpp_comm_t comm);
+
 /* The transport of a communicator (never NULL for a valid comm). */
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm);
 

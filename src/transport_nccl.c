@@ -222,14 +222,6 @@ static zpp_status_t called(zpp_transport_t *t, ncclResult_t r, ncclComm_t c,
   return ready(t, c, what);
 }
 
-static ncclDataType_t nccl_dtype(zpp_dtype_t d) {
-  switch (d) {
-  case ZPP_FLOAT16: return ncclFloat16;
-  case ZPP_BFLOAT16: return ncclBfloat16;
-  case ZPP_FLOAT32: break;
-  }
-  return ncclFloat32;
-}
 
 static zpp_status_t device_only(zpp_memory_t mem, const char *what) {
   if (mem != ZPP_MEMORY_DEVICE)

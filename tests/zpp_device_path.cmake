@@ -1,3 +1,5 @@
+# (Named zpp_* so that it comes after tests/nccl_emu.cmake, which defines
+# the stand-in: tests/CMakeLists.txt includes the fragments in name order.)
 # The device path's contract (tests/test_device_path.cc): one ctest entry per
 # bug of issue 9 part 2 whose effect the collectives' results do not show,
 # each with the backend, devices and ranks it needs.  Emulated builds only
