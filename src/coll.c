@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "topo.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,7 +249,33 @@ struct zpp_hpz {
   uint64_t generation;
   uint64_t secondary_generation; /* set when a forward gather completed */
   uint64_t planned_generation;   /* set when one was started */
+  /* Gathers started and not yet released by the engine hold a reference:
+   * zpp_hpz_destroy with gathers still queued on the engine thread frees
+   * the handle and the secondary copy when the last one is done. */
+  pthread_mutex_t mu;
+  int refs, destroyed;
 };
+
+/* Frees the secondary copy and the handle (no gather holds it). */
+static void hpz_free(zpp_hpz_t h) {
+  zpp_exec_t ex;
+  /* cudaFree waits for the device: gathers still queued on any stream
+   * finish with the copy before it goes. */
+  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK)
+    zpp_k_free_persistent(&ex, h->secondary);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+/* Drops a gather's reference; the last one after destroy frees h. */
+static void hpz_put(zpp_hpz_t h) {
+  int last;
+  pthread_mutex_lock(&h->mu);
+  last = --h->refs == 0 && h->destroyed;
+  pthread_mutex_unlock(&h->mu);
+  if (last)
+    hpz_free(h);
+}
 
 zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                             size_t count, zpp_dtype_t dtype, zpp_hpz_t *hpz) {
@@ -293,10 +320,12 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                            : count * zpp_dtype_size(dtype);
   h->generation = 1;
   h->secondary_generation = 0;
+  pthread_mutex_init(&h->mu, NULL);
   if (h->hierarchical) {
     st = zpp_k_alloc_persistent(&ex, (size_t)h->nnodes * h->unit,
                                 &h->secondary);
     if (st != ZPP_OK) {
+      pthread_mutex_destroy(&h->mu);
       free(h);
       return zpp_comm_fail(comm, st);
     }
@@ -310,14 +339,15 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
 }
 
 zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz) {
-  zpp_exec_t ex;
+  int last;
   if (hpz == NULL)
     return ZPP_OK;
-  /* cudaFree waits for the device: gathers still queued on any stream
-   * finish with the copy before it goes. */
-  if (zpp_exec_init(__func__, hpz->comm, NULL, &ex) == ZPP_OK)
-    zpp_k_free_persistent(&ex, hpz->secondary);
-  free(hpz);
+  pthread_mutex_lock(&hpz->mu);
+  hpz->destroyed = 1;
+  last = hpz->refs == 0;
+  pthread_mutex_unlock(&hpz->mu);
+  if (last)
+    hpz_free(hpz);
   return ZPP_OK;
 }
 
@@ -361,8 +391,10 @@ typedef struct {
 
 static void hpz_release(void *p) {
   hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
   zpp_k_free(&c->ex, c->all);
   free(c);
+  hpz_put(h);
 }
 
 static zpp_status_t hpz_encode(void *p, size_t arg) {
@@ -550,6 +582,9 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                                               "plan context"));
   c->ex = ex;
   c->h = hpz;
+  pthread_mutex_lock(&hpz->mu);
+  hpz->refs++; /* dropped by hpz_release */
+  pthread_mutex_unlock(&hpz->mu);
   c->send = sendbuf;
   c->recv = recvbuf;
   c->generation = hpz->generation;

@@ -62,6 +62,8 @@ struct zpp_request {
   char msg[512];        /* the error message of the thread that ran it */
   void *event;          /* device plans: recorded after the last step */
   int64_t started_ns;   /* for the timeout of the event wait */
+  int abandoned;        /* its waiter gave up while the plan ran: the
+                           engine frees the request when it completes */
   pthread_mutex_t mu;
   pthread_cond_t cv;
 };
@@ -551,6 +553,12 @@ static void free_request(struct zpp_request *r) {
 
 static void complete(struct zpp_request *r, zpp_status_t st, void *event) {
   pthread_mutex_lock(&r->mu);
+  if (r->abandoned) { /* nobody waits for it any more */
+    pthread_mutex_unlock(&r->mu);
+    r->event = event;
+    free_request(r);
+    return;
+  }
   r->status = st;
   if (st != ZPP_OK) /* zpp_error is thread-local: carry the message */
     snprintf(r->msg, sizeof r->msg, "%s", zpp_get_last_error());
@@ -644,13 +652,48 @@ static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
       pthread_mutex_unlock(&r->mu);
       return zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the communicator's engine made no progress for "
-                       "%.3g s (ZPP_TIMEOUT_S %.3g); the request is still "
-                       "queued or running",
+                       "%.3g s (ZPP_TIMEOUT_S %.3g); the communicator is "
+                       "aborted",
                        2.0 * to + 1.0, to);
     }
   }
   pthread_mutex_unlock(&r->mu);
   return ZPP_OK;
+}
+
+/* A wait for r timed out: the communicator is aborted and r is freed.  A
+ * plan still queued is dropped (it must not touch the caller's buffers
+ * after the call returned); one running now frees r when it completes. */
+static void abandon(engine_t *e, struct zpp_request *r, const char *func) {
+  zpp_plan_t *p = NULL, *prev = NULL, *q;
+  int ran;
+  zpp_transport_break(r->t, "%s: the communicator's engine made no progress "
+                            "within the timeout", func);
+  pthread_mutex_lock(&e->mu);
+  for (q = e->head; q != NULL; prev = q, q = q->next) {
+    if (q->req != r)
+      continue;
+    p = q;
+    if (prev != NULL)
+      prev->next = q->next;
+    else
+      e->head = q->next;
+    if (e->tail == q)
+      e->tail = prev;
+    break;
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (p != NULL) {
+    plan_free(p);
+    free_request(r);
+    return;
+  }
+  pthread_mutex_lock(&r->mu);
+  ran = r->ran;
+  r->abandoned = !ran;
+  pthread_mutex_unlock(&r->mu);
+  if (ran)
+    free_request(r);
 }
 
 /* The request's result, on this thread and on the communicator. */
@@ -743,8 +786,11 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
       return zpp_comm_fail(comm, st);
     }
     st = wait_ran(e, r, func);
-    if (st == ZPP_OK)
-      st = request_result(r, func);
+    if (st != ZPP_OK) { /* r may still be queued or running */
+      abandon(e, r, func);
+      return zpp_comm_fail(comm, st);
+    }
+    st = request_result(r, func);
     free_request(r);
     return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
   }
@@ -760,14 +806,18 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
 }
 
 zpp_status_t zpp_request_wait(zpp_request_t req) {
+  engine_t *e;
   zpp_status_t st;
   if (req == NULL)
     return ZPP_OK;
-  st = wait_ran((engine_t *)req->comm->engine, req, __func__);
-  if (st == ZPP_OK)
-    st = request_result(req, __func__);
-  else
-    return zpp_comm_fail(req->comm, st); /* still queued: keep it alive */
+  e = (engine_t *)req->comm->engine;
+  st = wait_ran(e, req, __func__);
+  if (st != ZPP_OK) { /* still queued or running */
+    zpp_comm_t comm = req->comm;
+    abandon(e, req, __func__);
+    return zpp_comm_fail(comm, st);
+  }
+  st = request_result(req, __func__);
   free_request(req);
   return st;
 }
