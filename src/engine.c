@@ -474,8 +474,14 @@ static zpp_status_t run_plan(zpp_plan_t *p, void **event) {
   }
 #endif
   leave_device(p, saved);
-  if (st != ZPP_OK)
+  if (st != ZPP_OK) {
+    /* This rank left the collective part-way: its peers still run the
+     * transfers it skipped, and its next operations would take their
+     * tags.  Nothing sane can follow on this communicator. */
     zpp_transport_fail(p->ex.t, st);
+    zpp_transport_break(p->ex.t, "%s failed on this rank: %s", p->func,
+                        zpp_status_string(st));
+  }
   plan_free(p);
   return st;
 }
