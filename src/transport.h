@@ -322,8 +322,14 @@ int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
 zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer);
 const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
 zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
-/* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT. */
+/* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT (<= 0: no
+ * limit; never above ZPP_TIMEOUT_MAX_S). */
 double zpp_transport_timeout_s(const zpp_transport_t *t);
+/* The largest timeout in seconds (about 31.7 years): deadlines are int64_t
+ * nanoseconds, and a larger timeout (1e12, inf) overflowed that, putting
+ * every deadline in the past.  Larger values are taken as this one. */
+#define ZPP_TIMEOUT_MAX_S 1e9
+double zpp_timeout_clamp(double timeout_s);
 /* A counter that grows whenever a transfer of a host backend completed
  * (also partway through an op): a poll loop keeps spinning while it moves,
  * as zpp_xop_wait does, and sleeps only once it stops (ZPP_NET_SPIN_US). */

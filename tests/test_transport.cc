@@ -1151,6 +1151,34 @@ TEST(Errors, TimeoutInsteadOfHanging) {
   zpp_comm_destroy(c);
 }
 
+// A huge timeout means "practically none" (ZPP_TIMEOUT_MAX_S), not an
+// immediate one: timeout_s * 1e9 used to overflow int64_t nanoseconds and
+// put every deadline in the past, so any wait not done at its first test
+// (creation's bootstrap included) failed at once.  Rank 0 arrives late, so
+// the others' first tests see nothing done.
+TEST(Errors, HugeTimeoutIsNoTimeout) {
+  for (double to : {1e12, (double)INFINITY}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.timeout_s = to;
+    zpp_comm_t c = nullptr;
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_get_last_error();
+    zpp_transport_t *t = zpp_comm_transport(c);
+    EXPECT_EQ(zpp_transport_timeout_s(t), ZPP_TIMEOUT_MAX_S);
+    const size_t B = 64;
+    std::vector<uint8_t> in = bytes_of(4401, g_rank, B), out(B * g_size);
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                      ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_comm_get_last_error(c);
+    for (int r = 0; r < g_size; r++)
+      EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(4401, r, B).data(), B)) << r;
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_comm_destroy(c);
+  }
+}
+
 // ---- device memory ---------------------------------------------------------
 
 TEST(Device, ClearErrorWithoutAGpu) {
