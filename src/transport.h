@@ -2,7 +2,7 @@
  * The transport interface: the only way the collective algorithms (qwZ,
  * hpZ, qgZ and the baselines) move bytes.  They call the zpp_transport_*
  * functions below, never MPI or NCCL.  A backend (transport_mpi.c,
- * transport_nccl.c; a UCX one later, docs/design.md "Transports") fills a
+ * transport_nccl.c, transport_ucx.c; docs/design.md "Transports") fills a
  * zpp_transport_ops_t; the wrappers here check arguments, serialise calls,
  * count calls per group and record errors on the communicator, so every
  * backend gets the same contract.
@@ -40,7 +40,11 @@
  * calls; the blocking wrappers may be called from any one thread at a
  * time, e.g. a progress thread).  A per-transport mutex guards each short
  * step (start, one test, free), so MPI is never entered by two threads of
- * one transport at once; it is never held while a wait sleeps or polls.
+ * one transport at once.  On host backends (the round primitive) it is
+ * never held while a wait sleeps or polls; backends that fill the
+ * operations run them under it (NCCL: until each call is taken in, and its
+ * barrier until the stream is done; UCX: the whole blocking operation),
+ * bounded by the timeout.
  */
 #ifndef ZPP_SRC_TRANSPORT_H
 #define ZPP_SRC_TRANSPORT_H
