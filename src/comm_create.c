@@ -395,9 +395,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
 
   if (cfg == NULL)
     cfg = &def;
-  timeout = (cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
-                ? cfg->timeout_s
-                : zpp_setting_double("ZPP_TIMEOUT_S", 300.0);
+  timeout = zpp_timeout_clamp(
+      (cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
+          ? cfg->timeout_s
+          : zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
   zpp_log_set_rank(rank);
   if (st == ZPP_OK)
     st = zpp_comm_config_check(cfg);
@@ -624,8 +625,8 @@ const char *zpp_comm_bootstrap_name(zpp_comm_t comm) {
 
 static double timeout_of(const zpp_comm_config_t *cfg) {
   if (cfg != NULL && cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
-    return cfg->timeout_s;
-  return zpp_setting_double("ZPP_TIMEOUT_S", 300.0);
+    return zpp_timeout_clamp(cfg->timeout_s);
+  return zpp_timeout_clamp(zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
 }
 
 static zpp_status_t create_tcp(const zpp_unique_id_t *id, int nranks, int rank,

@@ -28,6 +28,10 @@ void zpp_sleep_until_ns(int64_t deadline_ns) {
   }
 }
 
+double zpp_timeout_clamp(double timeout_s) {
+  return timeout_s > ZPP_TIMEOUT_MAX_S ? ZPP_TIMEOUT_MAX_S : timeout_s;
+}
+
 /* ---- init / teardown ------------------------------------------------------ */
 
 static zpp_linkclass_t link_class(const zpp_transport_t *t, int peer) {
@@ -45,7 +49,7 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
   t->rank = rank;
   t->size = topo->world_size;
   t->memory = memory;
-  t->timeout_s = timeout_s;
+  t->timeout_s = zpp_timeout_clamp(timeout_s);
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->err_lock, NULL);
   for (g = 0; g < ZPP_NGROUPS; g++) {

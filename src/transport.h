@@ -2,7 +2,7 @@
  * The transport interface: the only way the collective algorithms (qwZ,
  * hpZ, qgZ and the baselines) move bytes.  They call the zpp_transport_*
  * functions below, never MPI or NCCL.  A backend (transport_mpi.c,
- * transport_nccl.c; a UCX one later, docs/design.md "Transports") fills a
+ * transport_nccl.c, transport_ucx.c; docs/design.md "Transports") fills a
  * zpp_transport_ops_t; the wrappers here check arguments, serialise calls,
  * count calls per group and record errors on the communicator, so every
  * backend gets the same contract.
@@ -40,7 +40,11 @@
  * calls; the blocking wrappers may be called from any one thread at a
  * time, e.g. a progress thread).  A per-transport mutex guards each short
  * step (start, one test, free), so MPI is never entered by two threads of
- * one transport at once; it is never held while a wait sleeps or polls.
+ * one transport at once.  On host backends (the round primitive) it is
+ * never held while a wait sleeps or polls; backends that fill the
+ * operations run them under it (NCCL: until each call is taken in, and its
+ * barrier until the stream is done; UCX: the whole blocking operation),
+ * bounded by the timeout.
  */
 #ifndef ZPP_SRC_TRANSPORT_H
 #define ZPP_SRC_TRANSPORT_H
@@ -325,8 +329,14 @@ int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
 zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer);
 const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
 zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
-/* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT. */
+/* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT (<= 0: no
+ * limit; never above ZPP_TIMEOUT_MAX_S). */
 double zpp_transport_timeout_s(const zpp_transport_t *t);
+/* The largest timeout in seconds (about 31.7 years): deadlines are int64_t
+ * nanoseconds, and a larger timeout (1e12, inf) overflowed that, putting
+ * every deadline in the past.  Larger values are taken as this one. */
+#define ZPP_TIMEOUT_MAX_S 1e9
+double zpp_timeout_clamp(double timeout_s);
 /* A counter that grows whenever a transfer of a host backend completed
  * (also partway through an op): a poll loop keeps spinning while it moves,
  * as zpp_xop_wait does, and sleeps only once it stops (ZPP_NET_SPIN_US). */

@@ -148,6 +148,11 @@ typedef struct {
   size_t wide_cap;
   float *acc;    /* fp32 reduced shard (reduce_fp32) */
   size_t acc_cap;
+  /* wide, acc and pad serve every reduction of the transport, and two
+   * reductions may be enqueued on different streams: each waits on its
+   * stream for this event, recorded after the previous one's last use. */
+  cudaEvent_t scratch_ev;
+  int scratch_ev_made;
 } nccl_impl_t;
 
 static zpp_status_t nccl_err(ncclResult_t r, ncclComm_t c, const char *what,
@@ -394,6 +399,38 @@ static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
   return ZPP_OK;
 }
 
+/* A reduction that uses the shared scratch starts on `s` only after the
+ * previous user's last access (scratch_ev, possibly on another stream)... */
+static zpp_status_t scratch_acquire(zpp_transport_t *t, cudaStream_t s,
+                                    const char *what) {
+  nccl_impl_t *m = t->impl;
+  cudaError_t e;
+  if (!m->scratch_ev_made)
+    return ZPP_OK; /* no reduction used it yet */
+  e = cudaStreamWaitEvent(s, m->scratch_ev, 0);
+  return e == cudaSuccess
+             ? ZPP_OK
+             : cuda_err(e, what, "cudaStreamWaitEvent for the reduction scratch");
+}
+
+/* ... and marks its own last access (also after an error: what was
+ * enqueued may still run). */
+static zpp_status_t scratch_release(zpp_transport_t *t, cudaStream_t s,
+                                    const char *what) {
+  nccl_impl_t *m = t->impl;
+  cudaError_t e = cudaSuccess;
+  if (!m->scratch_ev_made) {
+    e = cudaEventCreateWithFlags(&m->scratch_ev, cudaEventDisableTiming);
+    m->scratch_ev_made = e == cudaSuccess;
+  }
+  if (e == cudaSuccess)
+    e = cudaEventRecord(m->scratch_ev, s);
+  if (e == cudaSuccess)
+    return ZPP_OK;
+  /* The next reduction could not be ordered after this one: report. */
+  return cuda_err(e, what, "cudaEventRecord after the reduction scratch");
+}
+
 /* The reduction zpp promises (transport.h): each member's shard j summed
  * in fp32 and rounded once to the dtype (after the division for MEAN).
  * NCCL's own fp16/bf16 reduce-scatter rounds at every step, so 16-bit
@@ -451,11 +488,18 @@ static zpp_status_t nccl_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
                                         zpp_reduce_op_t op, zpp_memory_t mem,
                                         void *stream) {
   size_t n = (size_t)t->grp[g].size;
+  zpp_status_t st, rs;
   ZPP_CHECK(on_device(t, mem, "reduce_scatter"));
   if (count == 0)
     return ZPP_OK;
-  return reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
-                     "reduce_scatter");
+  if (dtype == ZPP_FLOAT32 && op == ZPP_REDUCE_SUM) /* no scratch */
+    return reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
+                       "reduce_scatter");
+  ZPP_CHECK(scratch_acquire(t, (cudaStream_t)stream, "reduce_scatter"));
+  st = reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
+                   "reduce_scatter");
+  rs = scratch_release(t, (cudaStream_t)stream, "reduce_scatter");
+  return st != ZPP_OK ? st : rs;
 }
 
 /* reduce_fp32 over shards of ceil(count / n) elements (zero padding), then
@@ -472,28 +516,40 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   ncclComm_t c = m->comm[g];
   cudaError_t e;
   char *out;
+  zpp_status_t st, rs = ZPP_OK;
+  int scratch;
   ZPP_CHECK(on_device(t, mem, "allreduce"));
   if (count == 0)
     return ZPP_OK;
+  scratch = shard * (size_t)n != count || dtype != ZPP_FLOAT32 ||
+            op != ZPP_REDUCE_SUM;
+  if (scratch)
+    ZPP_CHECK(scratch_acquire(t, s, "allreduce"));
   if (shard * (size_t)n == count) {
     out = (char *)recv; /* reduce my shard into its place, gather in place */
+    st = ZPP_OK;
   } else {
-    ZPP_CHECK(grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es,
-                       "allreduce"));
+    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, "allreduce");
     out = (char *)m->pad;
   }
-  ZPP_CHECK(reduce_fp32(t, g, send, count, out + (size_t)me * shard * es,
-                        shard, dtype, op, stream, "allreduce"));
-  ZPP_CHECK(called(t, api.AllGather(out + (size_t)me * shard * es, out,
-                                    shard * es, ncclUint8, c, s),
-                   c, "allreduce", "ncclAllGather"));
-  account_ring(t, g, (uint64_t)shard * es, 1);
-  if (out != (char *)recv) {
-    e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
-    if (e != cudaSuccess)
-      return cuda_err(e, "allreduce", "copying the result");
+  if (st == ZPP_OK)
+    st = reduce_fp32(t, g, send, count, out + (size_t)me * shard * es, shard,
+                     dtype, op, stream, "allreduce");
+  if (st == ZPP_OK)
+    st = called(t, api.AllGather(out + (size_t)me * shard * es, out,
+                                 shard * es, ncclUint8, c, s),
+                c, "allreduce", "ncclAllGather");
+  if (st == ZPP_OK) {
+    account_ring(t, g, (uint64_t)shard * es, 1);
+    if (out != (char *)recv) {
+      e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
+      if (e != cudaSuccess)
+        st = cuda_err(e, "allreduce", "copying the result");
+    }
   }
-  return ZPP_OK;
+  if (scratch)
+    rs = scratch_release(t, s, "allreduce");
+  return st != ZPP_OK ? st : rs;
 }
 
 static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
@@ -577,6 +633,8 @@ static void nccl_destroy(zpp_transport_t *t) {
     cudaFree(m->wide);
   if (m->acc)
     cudaFree(m->acc);
+  if (m->scratch_ev_made)
+    cudaEventDestroy(m->scratch_ev);
   free(m);
   t->impl = NULL;
 }

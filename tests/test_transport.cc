@@ -1151,6 +1151,34 @@ TEST(Errors, TimeoutInsteadOfHanging) {
   zpp_comm_destroy(c);
 }
 
+// A huge timeout means "practically none" (ZPP_TIMEOUT_MAX_S), not an
+// immediate one: timeout_s * 1e9 used to overflow int64_t nanoseconds and
+// put every deadline in the past, so any wait not done at its first test
+// (creation's bootstrap included) failed at once.  Rank 0 arrives late, so
+// the others' first tests see nothing done.
+TEST(Errors, HugeTimeoutIsNoTimeout) {
+  for (double to : {1e12, (double)INFINITY}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.timeout_s = to;
+    zpp_comm_t c = nullptr;
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_get_last_error();
+    zpp_transport_t *t = zpp_comm_transport(c);
+    EXPECT_EQ(zpp_transport_timeout_s(t), ZPP_TIMEOUT_MAX_S);
+    const size_t B = 64;
+    std::vector<uint8_t> in = bytes_of(4401, g_rank, B), out(B * g_size);
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                      ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_comm_get_last_error(c);
+    for (int r = 0; r < g_size; r++)
+      EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(4401, r, B).data(), B)) << r;
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_comm_destroy(c);
+  }
+}
+
 // ---- device memory ---------------------------------------------------------
 
 TEST(Device, ClearErrorWithoutAGpu) {
@@ -1311,6 +1339,112 @@ TEST(Nccl, OpsOnDeviceMemory) {
   zpp_comm_get_stats(c, &s);
   // One rank sends nothing, so no count is derived (zpp_comm.h).
   EXPECT_EQ(s.bytes_derived, g_size > 1 ? 1 : 0);
+  zpp_comm_destroy(c);
+}
+
+// Reductions enqueued on two streams at once.  The NCCL backend's fp32
+// scratch (widened 16-bit inputs, the accumulator, the allreduce padding)
+// belongs to the transport; a reduction on one stream must not overwrite
+// it while one on another stream still reads it.  The emulated runtime
+// runs the two streams concurrently with random delays, so unordered
+// scratch mixes some of the 12 rounds' inputs; each result is checked
+// against its own inputs: the exact sum within the error of fp32 ring
+// additions, (n - 1) 2^-24 sum|x| (each addition's relative error 2^-24 of
+// a partial sum <= sum|x|), plus the one rounding to the dtype.
+TEST(Nccl, ReductionsOnTwoStreamsKeepTheirOwnInputs) {
+  if (!zpp_cuda_available())
+    GTEST_SKIP() << "no CUDA device on this machine: the NCCL backend needs a GPU";
+  int ndev = 0, need = 0, mine = 1;
+  cudaGetDeviceCount(&ndev);
+  MPI_Allreduce(&mine, &need, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (ndev < need)
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << need << " ranks share "
+                 << ndev << " device(s)";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_NCCL;
+  zpp_comm_t c = nullptr;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  if (st == ZPP_ERR_UNSUPPORTED)
+    GTEST_SKIP() << "NCCL not usable: " << zpp_get_last_error();
+  ASSERT_EQ(st, ZPP_OK) << zpp_get_last_error();
+  zpp_transport_t *t = zpp_comm_transport(c);
+  const zpp_group_t g = ZPP_GROUP_WORLD;
+  std::vector<int> m = members(g, g_rank);
+  const int n = (int)m.size(), me = index_of(m, g_rank), kRounds = 12;
+  const size_t count = 1001;  // allreduce: 1001 % n != 0 for n > 1 (padding)
+  cudaStream_t str[2];
+  ASSERT_EQ(cudaStreamCreateWithFlags(&str[0], cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&str[1], cudaStreamNonBlocking), cudaSuccess);
+  struct Op {
+    int stream;
+    zpp_dtype_t dt;
+    bool allreduce;
+    uint64_t salt;
+    size_t in_elems;
+    void *din, *dout;
+  };
+  // Per round: stream 0 a bf16 reduce-scatter (wide, acc); stream 1 an fp16
+  // reduce-scatter (wide, acc) and an fp32 allreduce (wide, pad).
+  std::vector<Op> ops;
+  for (int r = 0; r < kRounds; r++) {
+    ops.push_back({0, ZPP_BFLOAT16, false, 5000 + 3 * (uint64_t)r, n * count, nullptr, nullptr});
+    ops.push_back({1, ZPP_FLOAT16, false, 5001 + 3 * (uint64_t)r, n * count, nullptr, nullptr});
+    ops.push_back({1, ZPP_FLOAT32, true, 5002 + 3 * (uint64_t)r, count, nullptr, nullptr});
+  }
+  for (Op &o : ops) {
+    size_t es = zpp_dtype_size(o.dt);
+    std::vector<uint8_t> in = floats_of(o.salt, g_rank, o.in_elems, o.dt);
+    ASSERT_EQ(cudaMalloc(&o.din, o.in_elems * es), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&o.dout, count * es), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(o.din, in.data(), o.in_elems * es, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  for (Op &o : ops) {
+    st = o.allreduce
+             ? zpp_transport_allreduce(t, g, o.din, o.dout, count, o.dt, ZPP_REDUCE_SUM,
+                                       ZPP_MEMORY_DEVICE, str[o.stream])
+             : zpp_transport_reduce_scatter(t, g, o.din, o.dout, count, o.dt,
+                                            ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE,
+                                            str[o.stream]);
+    ASSERT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
+  }
+  ASSERT_EQ(zpp_transport_sync(t, str[0]), ZPP_OK) << zpp_comm_get_last_error(c);
+  ASSERT_EQ(zpp_transport_sync(t, str[1]), ZPP_OK) << zpp_comm_get_last_error(c);
+  int wrong_ops = 0;
+  for (size_t k = 0; k < ops.size(); k++) {
+    const Op &o = ops[k];
+    size_t es = zpp_dtype_size(o.dt), first = o.allreduce ? 0 : me * count;
+    std::vector<uint8_t> out(count * es);
+    ASSERT_EQ(cudaMemcpy(out.data(), o.dout, count * es, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<std::vector<uint8_t>> all;
+    for (int r : m) all.push_back(floats_of(o.salt, r, o.in_elems, o.dt));
+    const double u = o.dt == ZPP_FLOAT32 ? 0 : std::ldexp(1.0, o.dt == ZPP_FLOAT16 ? -11 : -8);
+    int bad = 0;
+    for (size_t e = 0; e < count; e++) {
+      double exact = 0, mag = 0;
+      for (auto &x : all) {
+        double v = load(x.data(), first + e, o.dt);
+        exact += v;
+        mag += std::fabs(v);
+      }
+      double e32 = (n - 1) * std::ldexp(1.0, -24) * mag * 1.0001;
+      double bound = e32 + u * (std::fabs(exact) + e32);
+      double got = load(out.data(), e, o.dt);
+      if (!(std::fabs(got - exact) <= bound) && bad++ < 2)
+        ADD_FAILURE() << "round " << k / 3 << " op " << k % 3 << " on stream "
+                      << o.stream << ", element " << e << ": " << got << ", exact "
+                      << exact << ", bound " << bound;
+    }
+    wrong_ops += bad > 0;
+  }
+  EXPECT_EQ(wrong_ops, 0) << "of " << ops.size() << " reductions";
+  for (Op &o : ops) {
+    cudaFree(o.din);
+    cudaFree(o.dout);
+  }
+  cudaStreamDestroy(str[0]);
+  cudaStreamDestroy(str[1]);
   zpp_comm_destroy(c);
 }
 #else

@@ -94,7 +94,8 @@ typedef struct {
                             precedence over ZPP_TOPO; NULL or "": ZPP_TOPO,
                             else discovery */
   double timeout_s;      /* > 0: overrides ZPP_TIMEOUT_S for this
-                            communicator; <= 0 (default): ZPP_TIMEOUT_S */
+                            communicator; <= 0 (default): ZPP_TIMEOUT_S;
+                            either is taken as at most 1e9 s */
 } zpp_comm_config_t;
 
 #define ZPP_COMM_CONFIG_INIT                                                   \
