@@ -258,9 +258,11 @@ zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
  *     operation is then done as far as the host is concerned (its
  *     completion is the stream's business: plans record an event).
  *
- * A failed or timed-out operation (ZPP_TIMEOUT_S from its start) breaks
- * the transport as the blocking calls do.  Single-threaded per transport:
- * the caller (the engine, src/engine.c) serialises calls. */
+ * A timed-out operation (ZPP_TIMEOUT_S from its start), or one freed while
+ * in flight, breaks the transport; other failures return their error and
+ * the engine breaks the transport for any plan that failed part-way (its
+ * peers still run the transfers this rank skipped).  Single-threaded per
+ * transport: the caller (the engine, src/engine.c) serialises calls. */
 typedef struct zpp_xop zpp_xop_t;
 
 zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
