@@ -149,7 +149,7 @@ static zpp_status_t context_get(ucp_context_h *out, const char *func) {
       p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
       /* Tag matching only: the waits are transport_algo.c's (poll, then
        * sleep), so no event fd is needed. */
-      p.features = UCP_FEATURE_TAG;
+      p.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
       /* Workers of different communicators may be driven by different
        * threads. */
       p.mt_workers_shared = 1;
@@ -440,12 +440,15 @@ static void ucx_destroy(zpp_transport_t *t) {
     ucp_request_param_t prm;
     int64_t deadline = zpp_time_ns() + 2000000000;
     memset(&prm, 0, sizeof prm);
-    /* Deliver what is queued, then close without waiting for peers that
-     * may be gone. */
+    /* Deliver what is queued, then close: gracefully (flushed, the peer
+     * told) while the communicator works, so a peer still receiving my
+     * last messages or still wiring up its endpoint to me does not see
+     * my endpoints vanish first; forcibly once broken (peers may be gone).
+     * Both bounded by the deadline. */
     if (!t->broken)
       finish(u, api.worker_flush_nbx(u->worker, &prm), deadline);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    prm.flags = t->broken ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     for (r = 0; u->ep != NULL && r < t->size; r++)
       if (u->ep[r] != NULL)
         finish(u, api.ep_close_nbx(u->ep[r], &prm), deadline);
