@@ -2,7 +2,7 @@
  * The transport interface: the only way the collective algorithms (qwZ,
  * hpZ, qgZ and the baselines) move bytes.  They call the zpp_transport_*
  * functions below, never MPI or NCCL.  A backend (transport_mpi.c,
- * transport_nccl.c; a UCX one later, docs/design.md "Transports") fills a
+ * transport_nccl.c, transport_ucx.c; docs/design.md "Transports") fills a
  * zpp_transport_ops_t; the wrappers here check arguments, serialise calls,
  * count calls per group and record errors on the communicator, so every
  * backend gets the same contract.

@@ -149,7 +149,7 @@ static zpp_status_t context_get(ucp_context_h *out, const char *func) {
       p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
       /* Tag matching only: the waits are transport_algo.c's (poll, then
        * sleep), so no event fd is needed. */
-      p.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+      p.features = UCP_FEATURE_TAG;
       /* Workers of different communicators may be driven by different
        * threads. */
       p.mt_workers_shared = 1;

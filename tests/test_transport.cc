@@ -968,7 +968,7 @@ double cpu_s() {
 }  // namespace
 
 // Neither an idle communicator nor a rank waiting for a late peer keeps a
-// core busy (MPI: sleeps between polls; UCX: the worker's event fd).
+// core busy (host backends: zpp_xop_wait sleeps between polls).
 TEST(Threads, IdleAndLateWaitsUseLittleCpu) {
   if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
   MPI_Barrier(MPI_COMM_WORLD);
