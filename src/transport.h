@@ -162,6 +162,11 @@ typedef struct {
    * the algorithms run a dissemination barrier of 1-byte messages. */
   zpp_status_t (*barrier_post)(zpp_transport_t *t, zpp_group_t g,
                                uint32_t tag, zpp_round_t **round);
+  /* Optional: writes the transfers of `round` still pending, by world
+   * rank ("from 3, to 1"), into buf (len bytes, NUL-terminated), so a
+   * timeout names the peers it waited for.  NULL: they are not named. */
+  void (*round_pending)(zpp_transport_t *t, const zpp_round_t *round,
+                        char *buf, size_t len);
 } zpp_transport_ops_t;
 
 /* ---- what the collectives call ------------------------------------------

@@ -854,15 +854,19 @@ static void cancel_round(zpp_xop_t *op) {
 
 static zpp_status_t timed_out(zpp_xop_t *op) {
   zpp_transport_t *t = op->t;
+  char who[160] = "";
+  if (op->round != NULL && t->ops->round_pending != NULL)
+    t->ops->round_pending(t, op->round, who, sizeof who);
   /* Point-to-point transfers are cancelled; a backend barrier may be left
    * to finish when the late peers arrive (MPI cannot cancel one). */
   cancel_round(op);
   zpp_transport_break(t, "%s on group %s timed out after %.3g s", op->what,
                       zpp_group_name(op->g), t->timeout_s);
   return zpp_error(ZPP_ERR_TIMEOUT, op->what,
-                   "group %s: no completion within %.3g s (ZPP_TIMEOUT_S); "
+                   "group %s: no completion within %.3g s (ZPP_TIMEOUT_S)%s%s; "
                    "a peer is missing or stuck; the communicator is aborted",
-                   zpp_group_name(op->g), t->timeout_s);
+                   zpp_group_name(op->g), t->timeout_s,
+                   who[0] ? " of transfers " : "", who);
 }
 
 /* Runs the next step of the plan: posts a round (op->round), or completes
