@@ -2,6 +2,9 @@
 # Regenerates docs/benchmarks.md: every table in it comes from a run of the
 # project's own tools made by this script, on this machine, now.
 #   usage: perf/make_benchmarks_doc.sh [BUILD_DIR]   (a few minutes)
+#          perf/make_benchmarks_doc.sh --assemble-only
+#          (only pastes docs/generated/*.md into docs/benchmarks.md, for a
+#          section whose own script was run alone, e.g. compare_builds.sh)
 # Steps: quantizer throughput (zpp-quant-bench, one core, pinned), the
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
 # collectives' targets (perf/collective_targets.sh); then docs/benchmarks.md
@@ -11,6 +14,9 @@ build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 gen=$root/docs/generated
 mkdir -p "$gen"
+assemble_only=0
+[ "$build" = --assemble-only ] && assemble_only=1
+if [ $assemble_only = 0 ]; then
 
 qb=$build/perf/zpp-quant-bench
 pin=()
@@ -39,6 +45,7 @@ ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/quant_error_tables.sh" "$gen/quant_error.md" "$gen/quant_error.png"
 bash "$root/perf/collective_targets.sh" "$gen/collective_targets.md" "$build"
 bash "$root/perf/bandwidth_study.sh" "$gen" "$build"
+fi
 
 python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'
 import re, sys, pathlib
