@@ -868,6 +868,7 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
     ids = malloc((size_t)n * sizeof *ids);
     if (ids == NULL) {
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "ids");
+      zpp_tcp_unlisten(&id);
       goto done;
     }
     /* Everyone takes part, also after a local failure: the status rides
@@ -895,6 +896,8 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
     if (st == ZPP_OK && color != ZPP_SPLIT_NONE)
       st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, __func__,
                       newcomm);
+    else if (me == 0)
+      zpp_tcp_unlisten(&id); /* a rank failed: nobody will join it */
     free(ids);
   }
 done:
