@@ -102,6 +102,7 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   for (j = 0; j < p->s1; j++) {
     for (m = 0; m < p->m1; m++, out += e1) {
       size_t at = (size_t)slice_of(p, j, m) * a->count + off;
+      zpp_plan_poll(); /* keep the transfers in flight moving */
       const uint8_t *g = (const uint8_t *)a->send + at * ds;
       if (a->residual == NULL) {
         ZPP_CHECK(zpp_k_encode(ex, &a->q1, a->dtype, g, len, out));
@@ -140,6 +141,7 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   int m;
   for (m = 0; m < p->m1; m++, out += e2) {
     float *part = acc + (size_t)m * len;
+    zpp_plan_poll();
     float *res = res2 != NULL ? res2 + (size_t)m * a->count + off : NULL;
     if (res != NULL) /* add last step's stage-2 error, in place */
       ZPP_CHECK(zpp_k_add_residual(ex, ZPP_FLOAT32, part, res, len, part));
@@ -160,9 +162,12 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   int j, m;
   ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1; m++, in += e1)
+  for (j = 0; j < p->s1; j++) {
+    for (m = 0; m < p->m1; m++, in += e1) {
+      zpp_plan_poll();
       ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
+    }
+  }
   return p->two ? stage2_encode(p, k) : finish(p, k, acc);
 }
 
@@ -176,8 +181,10 @@ static zpp_status_t stage2_reduce(void *ctx, size_t k) {
   float *acc2 = p->slot[k % QGZ_DEPTH].acc2;
   int m;
   ZPP_CHECK(zpp_k_zero(&a->ex, acc2, len * sizeof(float)));
-  for (m = 0; m < p->m1; m++, in += e2)
+  for (m = 0; m < p->m1; m++, in += e2) {
+    zpp_plan_poll();
     ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
+  }
   return finish(p, k, acc2);
 }
 
