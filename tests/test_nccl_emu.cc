@@ -141,7 +141,9 @@ struct Gate {
 // ---- creation -----------------------------------------------------------------
 
 TEST(Init, NonBlockingIsInProgressUntilReadyAndRejectsEarlyUse) {
-  ScopedEnv delay("ZPP_NCCL_EMU_INIT_DELAY_MS", "300");
+  // Long enough that a loaded machine cannot run the checks below after
+  // the communicator became ready (300 ms was, at load average 20).
+  ScopedEnv delay("ZPP_NCCL_EMU_INIT_DELAY_MS", "3000");
   ncclUniqueId id = new_id();
   on_ranks(2, [&](int r) {
     ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
