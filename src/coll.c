@@ -7,6 +7,7 @@
 #include "internal.h"
 #include "topo.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,7 +103,10 @@ static zpp_status_t qwz_gather(const zpp_exec_t *ex,
   int n = zpp_transport_size(ex->t), me = zpp_transport_rank(ex->t), r;
   size_t e = zpp_coll_encoded_size(q, count);
   size_t ds = zpp_dtype_size(dtype);
-  ZPP_CHECK(zpp_k_encode(ex, q, dtype, send, count, all + (size_t)me * e));
+  /* stochastic rounding draws at the element's index in the whole tensor */
+  ZPP_CHECK(zpp_k_encode_at(ex, q, dtype, send, count,
+                            (uint64_t)me * (uint64_t)count,
+                            all + (size_t)me * e));
   ZPP_CHECK(zpp_transport_allgather(ex->t, ZPP_GROUP_WORLD,
                                     all + (size_t)me * e, e, all, ex->mem,
                                     ex->stream));
@@ -248,7 +252,7 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
                                                     (int)dtype, -1, w, 3,
                                                     st)));
-  a.q = *quant;
+  zpp_quant_config_get(quant, &a.q); /* any accepted struct_size */
   a.send = sendbuf;
   a.recv = recvbuf;
   a.count = count;
@@ -287,7 +291,9 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
   if (hpz == NULL)
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
                                          "hpz is NULL"));
-  if (cfg->struct_size < sizeof(zpp_hpz_config_t))
+  /* 0.1 structs embed the smaller 0.1 quant config (its last field) */
+  if (cfg->struct_size <
+      offsetof(zpp_hpz_config_t, quant) + ZPP_QUANT_CONFIG_V1_SIZE)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                         "cfg->struct_size %zu: initialise with "
@@ -308,7 +314,14 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                                          "hpz handle"));
   h->comm = comm;
-  h->cfg = *cfg;
+  h->cfg.struct_size = sizeof h->cfg;
+  h->cfg.quantized = cfg->quantized;
+  {
+    zpp_quant_config_t dq = ZPP_QUANT_CONFIG_INIT;
+    h->cfg.quant = dq;
+    if (cfg->quantized)
+      zpp_quant_config_get(&cfg->quant, &h->cfg.quant);
+  }
   h->count = count;
   h->dtype = dtype;
   h->hierarchical = uniform;

@@ -566,7 +566,7 @@ static const encode_case_fn encode_cases[3][2][2] = {
 
 static void encode_avx2(const zpp_qcfg_t *cfg, int dtype, const void *src,
                         size_t count, uint8_t *dst) {
-  if (cfg->block < ZPP_AVX2_MIN_BLOCK) {
+  if (cfg->block < ZPP_AVX2_MIN_BLOCK || cfg->sr) {
     zpp_quant_encode_scalar(cfg, dtype, src, count, dst);
     return;
   }
