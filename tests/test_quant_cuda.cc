@@ -171,7 +171,7 @@ void check_case(int dt, int bits, bool asym, size_t block, size_t n, cudaStream_
   const Input &in = input_for(dt);
   ASSERT_NE(in.dev->p, nullptr) << "cudaMalloc of the input failed";
   const zpp_quant_config_t cfg = make_cfg(bits, block, asym);
-  const zpp_qcfg_t q = {bits, asym ? 1 : 0, block};
+  const zpp_qcfg_t q = {bits, asym ? 1 : 0, block, 0, 0, 0, 0};
   size_t sz = 0;
   ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
   const size_t es = dtype_size(dt);
@@ -370,7 +370,7 @@ TEST(QuantCudaPointers, ManagedMemoryIsAccepted) {
   print_seed("QuantCudaPointers managed");
   const size_t n = 70001;
   zpp_quant_config_t cfg = make_cfg(4, 256, true);
-  const zpp_qcfg_t q = {4, 1, 256};
+  const zpp_qcfg_t q = {4, 1, 256, 0, 0, 0, 0};
   size_t sz = 0;
   ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
   const Input &in = input_for(ZPP_QM_BF16);
@@ -414,7 +414,7 @@ TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {
     SCOPED_TRACE("block " + std::to_string(block));
     const size_t n = 3 * ((size_t)1 << 20) + 5;
     zpp_quant_config_t cfg = make_cfg(8, block, true);
-    const zpp_qcfg_t q = {8, 1, block};
+    const zpp_qcfg_t q = {8, 1, block, 0, 0, 0, 0};
     size_t sz = 0;
     ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
     DevBuf d_enc(sz), d_acc(4 * n);
