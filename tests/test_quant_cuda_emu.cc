@@ -80,7 +80,7 @@ struct Guarded {
 // returns false (with a failure recorded) on the first difference.
 bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_t> &in,
                 const std::vector<float> &acc0, Offsets o = Offsets()) {
-  zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block};
+  zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block, 0, 0, 0, 0};
   std::string ctx = describe(s.dt, s.bits, s.asym, block, n) + " offsets src " +
                     std::to_string(o.src) + " enc " + std::to_string(o.enc) + " out " +
                     std::to_string(o.out);
@@ -200,7 +200,7 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
   std::vector<uint8_t> enc(70001 * 9 + 16);
   char err[256];
   auto kernels_of = [&](size_t block, size_t n, size_t enc_off) {
-    zpp_qcfg_t q = {8, 0, block};
+    zpp_qcfg_t q = {8, 0, block, 0, 0, 0, 0};
     zq_emu::st().kernels.clear();
     EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F32, in.data(), n, enc.data() + enc_off,
                                     nullptr, err, sizeof err),
@@ -224,7 +224,7 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
 }
 
 TEST(QuantCudaEmuPaths, ZeroCountLaunchesNothing) {
-  zpp_qcfg_t q = {4, 1, 7};
+  zpp_qcfg_t q = {4, 1, 7, 0, 0, 0, 0};
   char err[8];
   zq_emu::st().kernels.clear();
   EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F16, nullptr, 0, nullptr, nullptr, err, sizeof err), 0);
