@@ -184,8 +184,10 @@ static zpp_status_t qwz_pipelined(const qwz_arg_t *a, size_t chunk) {
       sp->ex = ex;
       sp->all = buf[k % PIPE_DEPTH];
       sp->bytes = zpp_coll_encoded_size(&a->q, len);
-      st = zpp_k_encode(ex, &a->q, a->dtype, (const uint8_t *)a->send + off * ds,
-                        len, sp->all + (size_t)me * sp->bytes);
+      st = zpp_k_encode_at(ex, &a->q, a->dtype,
+                           (const uint8_t *)a->send + off * ds, len,
+                           (uint64_t)me * a->count + off,
+                           sp->all + (size_t)me * sp->bytes);
       if (st != ZPP_OK)
         break;
       ticket[k % PIPE_DEPTH] = zpp_pipe_post(pipe, ag_step, sp);

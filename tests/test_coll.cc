@@ -26,6 +26,7 @@
 #include "mpi_gtest_main.h"
 
 extern "C" {
+#include "internal.h"
 #include "quant_math.h"
 }
 
@@ -584,6 +585,32 @@ TEST(Qgz, CountsEqualTheFormulas) {
   }
 }
 
+
+
+// qwZ with stochastic rounding: rank r's shard draws at its index in the
+// whole tensor (r * count + i), chunked or not, so the output equals the
+// local codec run with that index base for every shard, on every rank.
+TEST(Qwz, StochasticRoundingDrawsAtTheIndexInTheWholeTensor) {
+  const size_t count = 5000;
+  zpp_quant_config_t q = qcfg(4, 256);
+  q.rounding = ZPP_ROUND_STOCHASTIC;
+  q.seed = 11;
+  auto x = gen(g_rank, count, ZPP_FLOAT32, 25);
+  std::vector<float> out(count * g_size);
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, x.data(), out.data(), count, ZPP_FLOAT32, nullptr,
+                              nullptr), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+  size_t e = enc_size(q, count);
+  std::vector<uint8_t> enc(e);
+  std::vector<float> dec(count);
+  for (int r = 0; r < g_size; r++) {
+    auto xr = gen(r, count, ZPP_FLOAT32, 25);
+    EXPECT_EQ(zpp_quant_encode_at(&q, ZPP_FLOAT32, xr.data(), count, (uint64_t)r * count,
+                                  enc.data(), e), ZPP_OK);
+    EXPECT_EQ(zpp_quant_decode(&q, enc.data(), e, count, ZPP_FLOAT32, dec.data()), ZPP_OK);
+    EXPECT_EQ(0, std::memcmp(dec.data(), out.data() + (size_t)r * count, count * 4))
+        << "shard of rank " << r;
+  }
+}
 
 // ---- qgZ options of issue 14: Hadamard, stochastic rounding, INT8 residual ---------
 
