@@ -60,11 +60,12 @@ def main():
     if "bf16" not in order:
         fail(2, f"{a.csv}: no bf16 runs to compare with")
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
-    for cfg in order:
+    for ci, cfg in enumerate(order):
+        color = f"C{ci % 10}"  # the same colour in both panels
         seeds = sorted(s for (c, s) in loss if c == cfg)
         steps = sorted(set.intersection(*(set(loss[(cfg, s)]) for s in seeds)))
         mean = [sum(loss[(cfg, s)][t] for s in seeds) / len(seeds) for t in steps]
-        ax0.plot(steps, smooth(mean, a.window), label=cfg,
+        ax0.plot(steps, smooth(mean, a.window), label=cfg, color=color,
                  lw=2.0 if cfg == "bf16" else 1.2)
         rel_seeds = [s for s in seeds if ("bf16", s) in loss]
         if cfg == "bf16" or not rel_seeds:
@@ -76,7 +77,7 @@ def main():
             rel.append(100 * sum(v) / len(v))
         sm = smooth(rel, a.window)
         half = len(steps) // 2
-        ax1.plot(steps[half:], sm[half:], label=cfg)
+        ax1.plot(steps[half:], sm[half:], label=cfg, color=color)
     ax0.set_yscale("log")
     ax0.set_xlabel("step")
     ax0.set_ylabel(f"loss (mean over seeds, moving average of {a.window})")
