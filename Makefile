@@ -5,16 +5,19 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build asan test test-unit test-asan demo clean help
+.PHONY: all deps configure build asan emu test test-unit test-asan test-emu demo clean help
 
 all: build
 
 help:
 	@echo "make demo    - install missing packages, build, run the demo"
-	@echo "make test    - install missing packages, build, run all tests (incl. ASan/UBSan)"
+	@echo "make test    - install missing packages, build, run all tests (incl. ASan/UBSan"
+	@echo "               and the device path on the emulated CUDA runtime)"
+	@echo "make test-emu - only the device path on the emulated CUDA runtime ($(EMU_BUILD)/)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -36,6 +39,20 @@ asan: deps
 	  -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TOOLS=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
+# The device path (kernels, device memory, streams, NCCL) built against the
+# CPU emulator of the CUDA runtime (tests/cuda_emu): no GPU needed.  Only
+# the targets of the tests labelled "emu" are built.
+EMU_TARGETS = zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_coll test_transport \
+  test_runtime test_device_path zpp-bench
+
+emu: deps
+	cmake -S . -B $(EMU_BUILD) -DCMAKE_BUILD_TYPE=Release -DZPP_CUDA_EMU=ON \
+	  -DZPP_WITH_CUDA=OFF $(CMAKE_ARGS)
+	cmake --build $(EMU_BUILD) -j$(JOBS) --target $(EMU_TARGETS)
+
+test-emu: emu
+	cd $(EMU_BUILD) && ctest --output-on-failure -L emu
+
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
@@ -44,8 +61,8 @@ test-asan: asan
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -L unit
 
-test: test-unit test-asan
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD))"
+test: test-unit test-asan test-emu
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD), emulated GPU: $(EMU_BUILD))"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench
@@ -55,4 +72,4 @@ demo: deps configure
 	@bash scripts/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(EMU_BUILD)

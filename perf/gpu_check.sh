@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# One-shot check of the CUDA block quantizer on a machine with a GPU:
-# build (CUDA on), run test_quant and test_quant_cuda, run
-# zpp-quant-bench-gpu, and write a markdown summary plus the raw logs.
+# One-shot check of the device path on a machine with a GPU (issue 9): build
+# (CUDA, NCCL and MPI on), run the unit tests (test_quant, test_quant_cuda),
+# the device-memory collective tests (test_coll with ZPP_TEST_MEMORY=device:
+# 4 ranks sharing the GPU through MPI staging, and 1 rank on NCCL; the
+# transport's Device.* tests on 2 ranks), and zpp-quant-bench-gpu against a
+# device-to-device copy in the same run (goals: INT8 encode and decode at
+# least 0.8 of the copy's bandwidth, INT4 at least 0.7), and write a
+# markdown summary plus the raw logs.  Budget: 8 minutes in all.
 #
 # How to run it through the device tool (one call, from the repository
 # root; the summary and logs come back from $OUT):
@@ -9,14 +14,17 @@
 #   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
 #        timeout_s: 540
 #
-# That machine reaches no network, so GoogleTest cannot be installed there
-# if it is missing.  The script then builds it from source: from
-# build-gpu-deps/googletest if present, else /usr/src/googletest.  To bring
-# the source along, before the call, here:
+# That machine reaches no network, so GoogleTest and MPI cannot be
+# installed there if they are missing.  Before the call, here, run
 #
-#   mkdir -p build-gpu-deps && cp -r /usr/src/googletest build-gpu-deps/
+#   bash perf/gpu_check_prep.sh
 #
-# and add  carry: ["build-gpu-deps"]  to the call (build*/ is git-ignored).
+# which puts GoogleTest's source and Debian's Open MPI (unpacked) under
+# build-gpu-deps/, and add  carry: ["build-gpu-deps"]  to the call (build*/
+# is git-ignored).  GoogleTest is then built from build-gpu-deps/googletest
+# (or /usr/src/googletest); Open MPI is used from build-gpu-deps/mpi when
+# the machine has no mpicc of its own.  NCCL: libnccl.so.2 from the loader
+# path, else the one of the nvidia-nccl Python package (ZPP_NCCL_LIBRARY).
 #
 # Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
 # Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
@@ -117,15 +125,44 @@ if ! have_gtest; then
   GTEST_ARGS=(-DCMAKE_PREFIX_PATH="$BUILD/_gtest_install")
 fi
 
+# ---- MPI and NCCL ---------------------------------------------------------------
+HAVE_MPI=0
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+  HAVE_MPI=1
+elif [ -x "$ROOT/build-gpu-deps/mpi/usr/bin/mpicc.openmpi" ]; then
+  R=$ROOT/build-gpu-deps/mpi
+  mkdir -p "$BUILD/_mpibin"
+  ln -sf "$R/usr/bin/mpicc.openmpi" "$BUILD/_mpibin/mpicc"
+  ln -sf "$R/usr/bin/mpiexec.openmpi" "$BUILD/_mpibin/mpirun"
+  export OPAL_PREFIX=$R/usr PATH=$BUILD/_mpibin:$R/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  HAVE_MPI=1
+  say "MPI: Open MPI carried in build-gpu-deps/mpi"
+else
+  say "no MPI here (run perf/gpu_check_prep.sh and carry build-gpu-deps): the collective tests will not run"
+fi
+NCCL_ARGS=()
+if [ -z "${ZPP_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
+  d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) or list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  [ -z "$d" ] && d=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [ -n "$d" ] && [ -e "$d/lib/libnccl.so.2" ]; then
+    export ZPP_NCCL_LIBRARY=$d/lib/libnccl.so.2
+    [ -e "$d/include/nccl.h" ] && NCCL_ARGS=(-DZPP_NCCL_INCLUDE_DIR="$d/include")
+  fi
+fi
+say "NCCL: ${ZPP_NCCL_LIBRARY:-libnccl.so.2 from the loader path}"
+
 # ---- build ----------------------------------------------------------------------
 say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
 TARGETS=(test_quant test_quant_cuda zpp-quant-bench-gpu)
+[ $HAVE_MPI = 1 ] && TARGETS+=(test_coll test_transport)
 if timeout "$(limit 300)" bash -c '
     cmake -S "$1" -B "$2" -DZPP_WITH_CUDA=ON -DZPP_BUILD_TESTS=ON -DZPP_BUILD_TOOLS=ON \
-      -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_ARCHITECTURES="$3" "${@:5}" &&
-    cmake --build "$2" -j"$4" --target test_quant test_quant_cuda zpp-quant-bench-gpu' \
-    _ "$ROOT" "$BUILD" "$ARCH" "$JOBS" "${GTEST_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+      -DZPP_WITH_MPI=$5 -DZPP_WITH_NCCL=AUTO -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_ARCHITECTURES="$3" "${@:7}" &&
+    cmake --build "$2" -j"$4" --target $6' \
+    _ "$ROOT" "$BUILD" "$ARCH" "$JOBS" "$([ $HAVE_MPI = 1 ] && echo ON || echo OFF)" \
+    "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
   row build ok $((SECONDS - t0))
 else
   say "FAIL: build (gpu_check_build.log):"
@@ -174,6 +211,40 @@ if grep -q 'no CUDA device' "$LOGDIR/gpu_check_test_quant_cuda.log"; then
   ROWS+=("| device | **no CUDA device: the device tests skipped** | |")
 fi
 
+# ---- device-memory collectives ---------------------------------------------------
+# run_mpi NAME CAP NP ENV... -- BINARY ARGS...
+run_mpi() {
+  local name=$1 cap=$2 np=$3 log="$LOGDIR/gpu_check_$1.log" t=$SECONDS rc res
+  shift 3
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=(-x "$1"); shift; done
+  shift
+  say "running $name (mpirun -np $np)"
+  timeout "$(limit "$cap")" mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    -np "$np" -x OMPI_MCA_mpi_yield_when_idle=1 -x ZPP_TIMEOUT_S=60 \
+    ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} "${envs[@]}" "$@" --gtest_color=no >"$log" 2>&1
+  rc=$?
+  res=$(gtest_result "$log" $rc)
+  say "$name: $res"
+  if [ $rc != 0 ]; then
+    FAIL=1
+    grep -E '^\[  FAILED  \] [A-Za-z]|rank [0-9]+\] FAILURE' "$log" | sort -u | head -20
+    res="**FAILED**: $res"
+  fi
+  row "$name" "$res" $((SECONDS - t))
+}
+if [ $HAVE_MPI = 1 ] && [ -x "$BUILD/tests/test_coll" ]; then
+  run_mpi coll_device_mpi_2x2 150 4 ZPP_TOPO=2x2 ZPP_TEST_MEMORY=device \
+    ZPP_TEST_BACKEND=mpi ZPP_PIPE_MIN_CHUNK=4096 -- "$BUILD/tests/test_coll"
+  run_mpi coll_device_nccl_1x1 90 1 ZPP_TOPO=1x1 ZPP_TEST_MEMORY=device \
+    ZPP_TEST_BACKEND=nccl -- "$BUILD/tests/test_coll"
+  run_mpi transport_device_2x1 60 2 ZPP_TOPO=2x1 -- "$BUILD/tests/test_transport" \
+    --gtest_filter='Device.*:Nccl.*'
+else
+  FAIL=1
+  ROWS+=("| device collectives | **not run: no MPI (perf/gpu_check_prep.sh)** | |")
+fi
+
 # ---- benchmark ----------------------------------------------------------------------
 BENCH="$BUILD/perf/zpp-quant-bench-gpu"
 BLOG="$LOGDIR/gpu_check_bench.log"
@@ -216,15 +287,20 @@ fi
     echo "## Throughput, $mode (134217728 elements; GB/s = bytes read + written per second;"
     echo "d2d = cudaMemcpyAsync of the same traffic in the same run; ratio = GB/s / d2d)"
     echo
-    echo "| op | dtype | bits | block | GB/s | d2d GB/s | ratio |"
-    echo "| --- | --- | --- | --- | ---: | ---: | ---: |"
-    tail -n +2 "$f" | awk -F, '{printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7}'
+    echo "| op | dtype | bits | block | GB/s | d2d GB/s | ratio | goal |"
+    echo "| --- | --- | --- | --- | ---: | ---: | ---: | --- |"
+    # goal (issue 9): INT8 encode/decode >= 0.8 of the copy, INT4 >= 0.7
+    tail -n +2 "$f" | awk -F, '{
+      g = ($3 == 8) ? 0.8 : 0.7; v = "";
+      if ($1 == "encode" || $1 == "decode")
+        v = ($7 + 0 >= g) ? sprintf(">= %.1f met", g) : sprintf("**< %.1f missed**", g);
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, v}'
   done
   if [ $FAIL != 0 ]; then
     echo
     echo "## Failed tests"
     echo
-    grep -hE '^\[  FAILED  \] [A-Za-z]' "$LOGDIR"/gpu_check_test_quant*.log 2>/dev/null |
+    grep -hE '^\[  FAILED  \] [A-Za-z]' "$LOGDIR"/gpu_check_*.log 2>/dev/null |
       sort -u | sed 's/^/    /' | head -40
   fi
 } >"$SUMMARY"

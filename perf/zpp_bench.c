@@ -4,10 +4,16 @@
  * collective: bench_allgather.c, bench_reducescatter.c, bench_hpz.c).
  *
  *   mpirun -np 8 zpp-bench --coll allgather -b 1M -e 64M -f 4
+ *   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. zpp-bench ...
+ *       (started like torchrun starts workers: zpp's TCP bootstrap, no MPI)
  *
- * Per size (from -b to -e, times -f) and per variant, every rank runs -w
- * untimed warm-up calls, then -n timed calls, each after MPI_Barrier on
- * MPI_COMM_WORLD and timed alone with clock_gettime(CLOCK_MONOTONIC);
+ * --bootstrap mpi|env picks the bootstrap (default: env when RANK and
+ * WORLD_SIZE are set and no MPI launcher is seen), --backend the
+ * transport; the header names both.  Per size (from -b to -e, times -f)
+ * and per variant, every rank runs -w untimed warm-up calls, then -n timed
+ * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
+ * bootstrap's barrier without MPI) and timed alone with
+ * clock_gettime(CLOCK_MONOTONIC);
  * time_us is the MAX over ranks of each rank's MEAN.  The byte columns come
  * from zpp_comm_get_stats around the first timed call; the check (-c 1)
  * looks at that call's output (the output buffer is poisoned with NaN
@@ -35,6 +41,13 @@
 #if ZPP_BENCH_CUDA
 #include <cuda_runtime.h>
 #endif
+/* The emulated CUDA runtime of the tests (tests/cuda_emu) defines
+ * ZPP_CUDA_EMU: its "device" runs on the CPU, so its times are no GPU's. */
+#if ZPP_BENCH_CUDA && defined(ZPP_CUDA_EMU)
+#define BENCH_DEVICE_NAME "device (EMULATED CUDA runtime: not GPU times)"
+#else
+#define BENCH_DEVICE_NAME "device"
+#endif
 
 #define BENCH_MAX_VARIANTS 16
 #define BENCH_CHECK_FULL_BYTES ((size_t)1 << 20) /* check all up to 1 MiB */
@@ -42,6 +55,78 @@
 enum { EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_ZPP = 3 };
 
 static int g_rank = 0;
+
+/* ---- the harness's own exchanges: MPI_COMM_WORLD under mpirun, else the
+ * communicator's bootstrap (never while a collective is in flight) ----- */
+
+static int g_env = 0;            /* started from torchrun's environment */
+static zpp_comm_t g_comm = NULL; /* set once created */
+
+static int env_launch(void) {
+  return getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL &&
+         getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL &&
+         getenv("PMIX_RANK") == NULL;
+}
+
+static void h_barrier(void) {
+  zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
+  if (!g_env) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    return;
+  }
+  if (zpp_comm_get_bootstrap(g_comm, &bs) == ZPP_OK &&
+      bs.barrier(bs.ctx, 0) != ZPP_OK)
+    fprintf(stderr, "zpp-bench: rank %d: bootstrap barrier: %s\n", g_rank,
+            zpp_get_last_error());
+}
+
+enum { H_MIN, H_MAX, H_SUM };
+
+/* One double (or uint64) per rank reduced over all ranks. */
+static int h_gather(const void *mine, size_t bytes, void *all) {
+  zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
+  if (zpp_comm_get_bootstrap(g_comm, &bs) != ZPP_OK ||
+      bs.allgather(bs.ctx, mine, bytes, all, 0) != ZPP_OK) {
+    fprintf(stderr, "zpp-bench: rank %d: bootstrap allgather: %s\n", g_rank,
+            zpp_get_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+static double h_double(double v, int op) {
+  double r = v, *all;
+  int n = 0, i;
+  if (!g_env) {
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, op == H_MAX ? MPI_MAX : MPI_MIN,
+                  MPI_COMM_WORLD);
+    return r;
+  }
+  zpp_comm_size(g_comm, &n);
+  all = malloc((size_t)n * sizeof *all);
+  if (all != NULL && h_gather(&v, sizeof v, all) == 0)
+    for (i = 0; i < n; i++)
+      r = op == H_MAX ? (all[i] > r ? all[i] : r) : (all[i] < r ? all[i] : r);
+  free(all);
+  return r;
+}
+
+static uint64_t h_u64(uint64_t v, int op) {
+  uint64_t r = op == H_SUM ? 0 : v, *all;
+  int n = 0, i;
+  if (!g_env) {
+    MPI_Allreduce(&v, &r, 1, MPI_UINT64_T, op == H_SUM ? MPI_SUM : MPI_MAX,
+                  MPI_COMM_WORLD);
+    return r;
+  }
+  zpp_comm_size(g_comm, &n);
+  all = malloc((size_t)n * sizeof *all);
+  if (all != NULL && h_gather(&v, sizeof v, all) == 0)
+    for (i = 0; i < n; i++)
+      r = op == H_SUM ? r + all[i] : (all[i] > r ? all[i] : r);
+  free(all);
+  return r;
+}
 
 /* ---- data and reference helpers ------------------------------------------ */
 
@@ -328,10 +413,17 @@ static void usage(FILE *f) {
       "  --memory host|device buffers in host memory (default) or CUDA\n"
       "                       device memory (needs zpp built with CUDA and a\n"
       "                       device; otherwise: error \"no CUDA device\")\n"
+      "  --backend B          auto (default), mpi, ucx or nccl (device memory:\n"
+      "                       mpi and ucx stage it through host memory)\n"
       "  --seed S             data seed (default 20261129)\n"
       "  --corrupt            checker self-test: rank 0 spoils one output\n"
       "                       element before the check (must exit 1)\n"
       "  --print-settings     print every ZPP_* setting and exit\n"
+      "  --bootstrap mpi|env  mpi: under mpirun; env: started like torchrun "
+      "(RANK, WORLD_SIZE,\n"
+      "                       MASTER_ADDR, MASTER_PORT; no MPI); default: env "
+      "when RANK is set\n"
+      "                       and no MPI launcher is seen\n"
       "variants:\n");
   for (i = 0; i < NCOLLS; i++)
     fprintf(f, "  %-14s %s\n", g_colls[i]->name, g_colls[i]->variant_help);
@@ -399,9 +491,11 @@ enum {
   OPT_FORMAT,
   OPT_OP,
   OPT_MEMORY,
+  OPT_BACKEND,
   OPT_SEED,
   OPT_CORRUPT,
-  OPT_SETTINGS
+  OPT_SETTINGS,
+  OPT_BOOTSTRAP
 };
 
 /* 0: run; 1: exit 0 (help); -1: bad flags. */
@@ -422,9 +516,11 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       {"format", required_argument, NULL, OPT_FORMAT},
       {"op", required_argument, NULL, OPT_OP},
       {"memory", required_argument, NULL, OPT_MEMORY},
+      {"backend", required_argument, NULL, OPT_BACKEND},
       {"seed", required_argument, NULL, OPT_SEED},
       {"corrupt", no_argument, NULL, OPT_CORRUPT},
       {"print-settings", no_argument, NULL, OPT_SETTINGS},
+      {"bootstrap", required_argument, NULL, OPT_BOOTSTRAP},
       {NULL, 0, NULL, 0}};
   int c;
   size_t v;
@@ -505,6 +601,19 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       else
         return flag_error("--memory %s: must be host or device", optarg);
       break;
+    case OPT_BACKEND:
+      if (strcmp(optarg, "auto") == 0)
+        o->backend = ZPP_BACKEND_AUTO;
+      else if (strcmp(optarg, "mpi") == 0)
+        o->backend = ZPP_BACKEND_MPI;
+      else if (strcmp(optarg, "ucx") == 0)
+        o->backend = ZPP_BACKEND_UCX;
+      else if (strcmp(optarg, "nccl") == 0)
+        o->backend = ZPP_BACKEND_NCCL;
+      else
+        return flag_error("--backend %s: must be auto, mpi, ucx or nccl",
+                          optarg);
+      break;
     case OPT_SEED:
       if (parse_bytes("--seed", optarg, 0, &v) != 0)
         return -1;
@@ -515,6 +624,10 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       break;
     case OPT_SETTINGS:
       *print_settings = 1;
+      break;
+    case OPT_BOOTSTRAP: /* chosen in main, before MPI_Init */
+      if (strcmp(optarg, "mpi") != 0 && strcmp(optarg, "env") != 0)
+        return flag_error("--bootstrap %s: must be mpi or env", optarg);
       break;
     case ':':
       return flag_error("%s needs a value", argv[optind - 1]);
@@ -610,7 +723,7 @@ typedef struct {
   const zpp_bench_ctx_t *ctx;
   const zpp_bench_variant_t *v;
   int nv, added_baseline;
-  const char *backend, *topo;
+  const char *backend, *topo, *bootstrap;
   int topo_emulated, link_emulated, bytes_derived;
   double gbit, lat_us;
   int *node_sizes;
@@ -662,13 +775,14 @@ static void header_texts(const header_t *h, char lines[][800],
   } while (0)
   LINE("run",
        "zpp-bench: coll %s, variants %s%s, dtype %s, block %zu%s%s, "
-       "memory %s, backend %s",
+       "memory %s, backend %s, bootstrap %s",
        h->coll->name, vl, h->added_baseline ? " (baseline added)" : "", dt,
        o->block, h->coll == &zpp_bench_reducescatter ? ", op " : "",
        h->coll == &zpp_bench_reducescatter
            ? (o->op == ZPP_OP_MEAN ? "mean" : "sum")
            : "",
-       o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend);
+       o->memory == ZPP_MEMORY_HOST ? "host" : BENCH_DEVICE_NAME, h->backend,
+       h->bootstrap);
   LINE("world", "world %d ranks: %s", h->ctx->world, nodes);
   LINE("host",
        "rank 0 host %s, load average %s at start (other processes "
@@ -700,10 +814,11 @@ static void header_texts(const header_t *h, char lines[][800],
        "rounded to %s",
        (unsigned long long)o->seed, dt);
   LINE("timing",
-       "timing: MPI_Barrier(MPI_COMM_WORLD) before each timed "
+       "timing: %s before each timed "
        "iteration, wall time of each by clock_gettime("
        "CLOCK_MONOTONIC); time_us = MAX over ranks of the MEAN over "
        "-n %d iterations; -w %d warm-up iterations untimed",
+       g_env ? "the bootstrap's barrier" : "MPI_Barrier(MPI_COMM_WORLD)",
        o->iters, o->warmup);
   LINE("size", "%s", h->coll->size_help);
   LINE("bandwidth", "%s; GB/s = 1e9 bytes/s", h->coll->bytes_help);
@@ -758,11 +873,12 @@ static void print_header(header_t *h, FILE *f) {
   }
   fprintf(f,
           "], \"dtype\": \"%s\", \"block\": %zu, \"op\": \"%s\", "
-          "\"memory\": \"%s\", \"backend\": \"%s\", \"world\": %d, "
-          "\"nodes\": %d, \"ranks_per_node\": [",
+          "\"memory\": \"%s\", \"backend\": \"%s\", \"bootstrap\": \"%s\", "
+          "\"world\": %d, \"nodes\": %d, \"ranks_per_node\": [",
           zpp_dtype_name(h->o->dtype), h->o->block,
           h->o->op == ZPP_OP_MEAN ? "mean" : "sum",
           h->o->memory == ZPP_MEMORY_HOST ? "host" : "device", h->backend,
+          h->bootstrap,
           h->ctx->world, h->ctx->nnodes);
   for (i = 0; i < h->ctx->nnodes; i++)
     fprintf(f, "%s%d", i ? ", " : "", h->node_sizes[i]);
@@ -857,9 +973,7 @@ static double now_s(void) {
 
 /* Every rank learns the worst status (statuses are <= 0). */
 static zpp_status_t agree(zpp_status_t st) {
-  int mine = (int)st, worst = 0;
-  MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return (zpp_status_t)worst;
+  return (zpp_status_t)(int)h_double((double)st, H_MIN);
 }
 
 static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
@@ -897,7 +1011,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   }
   for (it = 0; all == ZPP_OK && it < o->iters; it++) {
     double t0, t1;
-    MPI_Barrier(MPI_COMM_WORLD);
+    h_barrier();
     if (it == 0)
       zpp_comm_get_stats(ctx->comm, &s0);
     t0 = now_s();
@@ -922,11 +1036,12 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   if (all != ZPP_OK)
     return all;
   mean = total / o->iters;
-  MPI_Allreduce(&mean, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  tmax = h_double(mean, H_MAX);
   sent[0] = s1.intra_bytes_sent - s0.intra_bytes_sent;
   sent[1] = s1.inter_bytes_sent - s0.inter_bytes_sent;
-  MPI_Allreduce(sent, sum, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(&sent[1], &inter_max, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  sum[0] = h_u64(sent[0], H_SUM);
+  sum[1] = h_u64(sent[1], H_SUM);
+  inter_max = h_u64(sent[1], H_MAX);
   row->variant = c->v->name;
   row->size = c->bytes;
   row->count = c->count;
@@ -942,10 +1057,8 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   row->max_err = 0;
   row->wrong = 0;
   if (o->check) {
-    MPI_Allreduce(&chk.max_err, &row->max_err, 1, MPI_DOUBLE, MPI_MAX,
-                  MPI_COMM_WORLD);
-    MPI_Allreduce(&chk.wrong, &row->wrong, 1, MPI_UINT64_T, MPI_SUM,
-                  MPI_COMM_WORLD);
+    row->max_err = h_double(chk.max_err, H_MAX);
+    row->wrong = h_u64(chk.wrong, H_SUM);
   }
   return ZPP_OK;
 }
@@ -998,6 +1111,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   h.coll = coll;
   h.o = o;
   h.ctx = &ctx;
+  h.bootstrap = zpp_comm_bootstrap_name(comm);
   h.v = v;
   h.nv = nv;
   h.backend = zpp_backend_name(backend);
@@ -1077,6 +1191,12 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   return rc;
 }
 
+#define FINALIZE()                                                             \
+  do {                                                                         \
+    if (!g_env)                                                                \
+      MPI_Finalize();                                                          \
+  } while (0)
+
 int main(int argc, char **argv) {
   zpp_bench_opts_t o;
   const zpp_bench_coll_t *coll = NULL;
@@ -1085,10 +1205,18 @@ int main(int argc, char **argv) {
   zpp_status_t st;
   int print_settings = 0, rc, i, provided = 0;
 
-  /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
-   * thread while this thread computes (it never calls MPI meanwhile). */
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  g_env = env_launch();
+  for (i = 1; i + 1 < argc; i++)
+    if (strcmp(argv[i], "--bootstrap") == 0)
+      g_env = strcmp(argv[i + 1], "env") == 0;
+  if (g_env) {
+    g_rank = getenv("RANK") != NULL ? atoi(getenv("RANK")) : 0;
+  } else {
+    /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
+     * thread while this thread computes (it never calls MPI meanwhile). */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  }
   memset(&o, 0, sizeof o);
   o.min_bytes = (size_t)64 << 10;
   o.max_bytes = (size_t)4 << 20;
@@ -1102,16 +1230,17 @@ int main(int argc, char **argv) {
   o.format = ZPP_BENCH_TABLE;
   o.op = ZPP_OP_SUM;
   o.memory = ZPP_MEMORY_HOST;
+  o.backend = ZPP_BACKEND_AUTO;
   o.seed = 20261129ull;
   rc = parse_args(argc, argv, &o, &print_settings);
   if (rc != 0) {
-    MPI_Finalize();
+    FINALIZE();
     return rc > 0 ? 0 : EXIT_USAGE;
   }
   if (print_settings) {
     if (g_rank == 0)
       zpp_settings_print(stdout);
-    MPI_Finalize();
+    FINALIZE();
     return 0;
   }
   for (i = 0; i < (int)NCOLLS; i++)
@@ -1120,7 +1249,7 @@ int main(int argc, char **argv) {
   if (coll == NULL) {
     flag_error("--coll %s: must be allgather, reducescatter or hpz-gather",
                o.coll);
-    MPI_Finalize();
+    FINALIZE();
     return EXIT_USAGE;
   }
   if (o.memory == ZPP_MEMORY_DEVICE &&
@@ -1130,22 +1259,23 @@ int main(int argc, char **argv) {
               ZPP_BENCH_CUDA ? "zpp_cuda_available() is 0: no usable device"
                              : "zpp was built without CUDA, so zpp-bench "
                                "cannot allocate device memory");
-    MPI_Finalize();
+    FINALIZE();
     return EXIT_ZPP;
   }
   cfg.memory = o.memory;
-  st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
-  if (agree(st) != ZPP_OK) {
-    if (st != ZPP_OK)
-      fprintf(stderr, "zpp-bench: rank %d: zpp_comm_create_mpi: %s: %s\n",
-              g_rank, zpp_status_string(st), zpp_get_last_error());
-    if (comm != NULL)
-      zpp_comm_destroy(comm);
-    MPI_Finalize();
+  cfg.backend = o.backend;
+  /* Creation fails on every rank alike (zpp agrees on it). */
+  st = g_env ? zpp_comm_create_from_env(&cfg, &comm)
+             : zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
+  if (st != ZPP_OK) {
+    fprintf(stderr, "zpp-bench: rank %d: %s: %s\n", g_rank,
+            zpp_status_string(st), zpp_get_last_error());
+    FINALIZE();
     return EXIT_ZPP;
   }
+  g_comm = comm;
   rc = bench(coll, &o, comm);
   zpp_comm_destroy(comm);
-  MPI_Finalize();
+  FINALIZE();
   return rc;
 }

@@ -39,6 +39,7 @@ typedef struct {
   zpp_bench_format_t format;   /* --format */
   zpp_redop_t op;              /* --op (reducescatter) */
   zpp_memory_t memory;         /* --memory */
+  zpp_backend_t backend;       /* --backend */
   uint64_t seed;               /* --seed */
   int corrupt;                 /* --corrupt: checker self-test */
 } zpp_bench_opts_t;

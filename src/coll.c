@@ -4,9 +4,11 @@
  * docs/design.md, "Collectives".
  */
 #include "coll_internal.h"
+#include "plan.h"
 #include "internal.h"
 #include "topo.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,246 +22,220 @@ static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
 
 /* ---- baselines ------------------------------------------------------------ */
 
-typedef struct {
-  zpp_exec_t ex;
-  const void *send;
-  void *recv;
-  size_t count;
-  zpp_dtype_t dtype;
-  zpp_redop_t op;
-} base_arg_t;
-
-static zpp_status_t allgather_run(void *p) {
-  base_arg_t *a = (base_arg_t *)p;
-  return zpp_transport_allgather(a->ex.t, ZPP_GROUP_WORLD, a->send,
-                                 a->count * zpp_dtype_size(a->dtype), a->recv,
-                                 a->ex.mem, a->ex.stream);
+/* A plan of one transfer step. */
+static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
+                               const zpp_step_xfer_t *x, zpp_request_t *req) {
+  zpp_plan_t *p;
+  ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, NULL, NULL, &p)));
+  zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
+  return zpp_plan_submit(p, req);
 }
 
 zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
                            size_t count, zpp_dtype_t dtype,
                            zpp_stream_t stream, zpp_request_t *req) {
-  base_arg_t a;
+  zpp_exec_t ex;
+  zpp_step_xfer_t x;
   zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
+    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, -1, NULL, 0,
                                                     st)));
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.op = ZPP_OP_SUM;
-  return zpp_coll_submit_copy(__func__, comm, allgather_run, &a, sizeof a, stream, req);
-}
-
-static zpp_status_t reduce_scatter_run(void *p) {
-  base_arg_t *a = (base_arg_t *)p;
-  ZPP_CHECK(zpp_transport_reduce_scatter(a->ex.t, ZPP_GROUP_WORLD, a->send,
-                                         a->recv, a->count, a->dtype,
-                                         ZPP_REDUCE_SUM, a->ex.mem,
-                                         a->ex.stream));
-  if (a->op == ZPP_OP_MEAN)
-    return zpp_k_scale(&a->ex, a->dtype, a->recv, a->count,
-                       (float)zpp_transport_size(a->ex.t));
-  return ZPP_OK;
+  memset(&x, 0, sizeof x);
+  x.kind = ZPP_XFER_ALLGATHER;
+  x.group = ZPP_GROUP_WORLD;
+  x.send = sendbuf;
+  x.recv = recvbuf;
+  x.bytes = count * zpp_dtype_size(dtype);
+  return submit_one(__func__, &ex, &x, req);
 }
 
 zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                 void *recvbuf, size_t count, zpp_dtype_t dtype,
                                 zpp_redop_t op, zpp_stream_t stream,
                                 zpp_request_t *req) {
-  base_arg_t a;
+  zpp_exec_t ex;
+  zpp_step_xfer_t x;
   zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
     st = zpp_coll_check_op(__func__, op);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
+    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, (int)op, NULL,
                                                     0, st)));
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.op = op;
-  return zpp_coll_submit_copy(__func__, comm, reduce_scatter_run, &a, sizeof a, stream, req);
+  memset(&x, 0, sizeof x);
+  x.kind = ZPP_XFER_REDUCE_SCATTER;
+  x.group = ZPP_GROUP_WORLD;
+  x.send = sendbuf;
+  x.recv = recvbuf;
+  x.count = count;
+  x.dtype = dtype;
+  /* MEAN divides the fp32 sum before the one rounding (transport.h) */
+  x.op = op == ZPP_OP_MEAN ? ZPP_REDUCE_MEAN : ZPP_REDUCE_SUM;
+  return submit_one(__func__, &ex, &x, req);
 }
 
 /* ---- qwZ -------------------------------------------------------------------- */
-
-/* Encodes my shard into all + me * E, gathers every encoded shard into
- * `all` (n * E bytes, in place), and decodes them into recv when recv is
- * not NULL. */
-static zpp_status_t qwz_gather(const zpp_exec_t *ex,
-                               const zpp_quant_config_t *q, const void *send,
-                               void *recv, size_t count, zpp_dtype_t dtype,
-                               uint8_t *all) {
-  int n = zpp_transport_size(ex->t), me = zpp_transport_rank(ex->t), r;
-  size_t e = zpp_coll_encoded_size(q, count);
-  size_t ds = zpp_dtype_size(dtype);
-  /* stochastic rounding draws at the element's index in the whole tensor */
-  ZPP_CHECK(zpp_k_encode_at(ex, q, dtype, send, count,
-                            (uint64_t)me * (uint64_t)count,
-                            all + (size_t)me * e));
-  ZPP_CHECK(zpp_transport_allgather(ex->t, ZPP_GROUP_WORLD,
-                                    all + (size_t)me * e, e, all, ex->mem,
-                                    ex->stream));
-  for (r = 0; recv != NULL && r < n; r++)
-    ZPP_CHECK(zpp_k_decode(ex, q, all + (size_t)r * e, count, dtype,
-                           (uint8_t *)recv + (size_t)r * count * ds));
-  return ZPP_OK;
-}
 
 static zpp_status_t check_quant(const char *func, const zpp_quant_config_t *q) {
   zpp_status_t st;
   if (q == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "quant is NULL");
   st = zpp_quant_config_check(q);
-  if (st != ZPP_OK) /* keep the field name, report under this function */
-    return zpp_error(st, func, "quant: %s",
-                     strchr(zpp_get_last_error(), ':') + 2);
+  if (st != ZPP_OK) {
+    /* Keep the field name, report under this function.  The message is
+     * copied first: zpp_error writes the buffer it would be read from. */
+    char why[256];
+    const char *colon;
+    snprintf(why, sizeof why, "%s", zpp_get_last_error());
+    colon = strstr(why, ": ");
+    return zpp_error(st, func, "quant: %s", colon != NULL ? colon + 2 : why);
+  }
   return ZPP_OK;
 }
 
+#define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
+
+/* qwZ as a plan.  The shard is cut into chunks of whole blocks (one chunk
+ * unless chunking pays: zpp_plan_chunk); per chunk k, in buffer slot
+ * k % QWZ_DEPTH:
+ *   E_k  encode my chunk into slot + me * bytes_k     (after D_{k-DEPTH})
+ *   X_k  in-place all-gather of the slot over WORLD   (after E_k)
+ *   D_k  decode every rank's chunk into recv          (after X_k)
+ * so the engine decodes chunk k while k+1 and k+2 are on the wire.  Since
+ * chunks are whole blocks, every decoded value is the unchunked one. */
 typedef struct {
   zpp_exec_t ex;
   zpp_quant_config_t q;
   const void *send;
   void *recv;
-  size_t count;
+  size_t count, chunk;
   zpp_dtype_t dtype;
-} qwz_arg_t;
+  int n, me;
+  uint8_t *buf[QWZ_DEPTH];
+} qwz_ctx_t;
 
-/* One in-place all-gather of a pipeline chunk, run on the pipe thread. */
-typedef struct {
-  const zpp_exec_t *ex;
-  uint8_t *all; /* n * bytes; my block at me * bytes */
-  size_t bytes;
-} ag_step_t;
-
-static zpp_status_t ag_step(void *p) {
-  ag_step_t *s = (ag_step_t *)p;
-  int me = zpp_transport_rank(s->ex->t);
-  return zpp_transport_allgather(s->ex->t, ZPP_GROUP_WORLD,
-                                 s->all + (size_t)me * s->bytes, s->bytes,
-                                 s->all, s->ex->mem, s->ex->stream);
-}
-
-#define PIPE_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
-
-/* qwZ in chunks of whole blocks: the all-gather of chunk k + 2 and k + 1
- * run on the pipe thread while this thread decodes chunk k.  Each chunk is
- * encoded on its own; since chunks are whole blocks, every block, and so
- * every decoded value, is the one the unchunked path produces. */
-static zpp_status_t qwz_pipelined(const qwz_arg_t *a, size_t chunk) {
-  const zpp_exec_t *ex = &a->ex;
-  int n = zpp_transport_size(ex->t), me = zpp_transport_rank(ex->t), r;
-  size_t ds = zpp_dtype_size(a->dtype);
-  size_t nchunks = (a->count + chunk - 1) / chunk, k;
-  size_t ebuf = zpp_coll_encoded_size(&a->q, chunk);
-  uint8_t *buf[PIPE_DEPTH] = {NULL, NULL, NULL};
-  ag_step_t step[PIPE_DEPTH];
-  int ticket[PIPE_DEPTH];
-  zpp_pipe_t *pipe = NULL;
-  zpp_status_t st = ZPP_OK;
+static void qwz_release(void *p) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
   int i;
-  for (i = 0; i < PIPE_DEPTH; i++)
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)n * ebuf, (void **)&buf[i]), st,
-                   out);
-  ZPP_CHECK_GOTO(zpp_pipe_start("zpp_qwz_allgather", &pipe), st, out);
-  ZPP_TRACE(ZPP_SUBSYS_COLL, "qwZ: %zu chunks of %zu elements", nchunks,
-            chunk);
-  for (k = 0; k < nchunks + 2 && st == ZPP_OK; k++) {
-    /* post chunk k (encode first), then decode chunk k - 2 */
-    if (k < nchunks) {
-      size_t off = k * chunk, len = a->count - off < chunk ? a->count - off
-                                                           : chunk;
-      ag_step_t *sp = &step[k % PIPE_DEPTH];
-      sp->ex = ex;
-      sp->all = buf[k % PIPE_DEPTH];
-      sp->bytes = zpp_coll_encoded_size(&a->q, len);
-      st = zpp_k_encode_at(ex, &a->q, a->dtype,
-                           (const uint8_t *)a->send + off * ds, len,
-                           (uint64_t)me * a->count + off,
-                           sp->all + (size_t)me * sp->bytes);
-      if (st != ZPP_OK)
-        break;
-      ticket[k % PIPE_DEPTH] = zpp_pipe_post(pipe, ag_step, sp);
-    }
-    if (k >= 2) {
-      size_t j = k - 2, off = j * chunk;
-      size_t len = a->count - off < chunk ? a->count - off : chunk;
-      ag_step_t *sp = &step[j % PIPE_DEPTH];
-      st = zpp_pipe_wait(pipe, ticket[j % PIPE_DEPTH]);
-      for (r = 0; st == ZPP_OK && r < n; r++)
-        st = zpp_k_decode(ex, &a->q, sp->all + (size_t)r * sp->bytes, len,
-                          a->dtype,
-                          (uint8_t *)a->recv + ((size_t)r * a->count + off) * ds);
-    }
-    /* buffer k % 3 is reused by chunk k + 3, posted after chunk k was
-     * decoded in iteration k + 2 */
-  }
-out:
-  if (pipe != NULL) {
-    zpp_status_t fin = zpp_pipe_finish(pipe);
-    if (st == ZPP_OK)
-      st = fin;
-  }
-  for (i = 0; i < PIPE_DEPTH; i++)
-    zpp_k_free(ex, buf[i]);
-  return st;
+  for (i = 0; i < QWZ_DEPTH; i++)
+    zpp_k_free(&c->ex, c->buf[i]);
+  free(c);
 }
 
-static zpp_status_t qwz_run(void *p) {
-  qwz_arg_t *a = (qwz_arg_t *)p;
-  size_t n = (size_t)zpp_transport_size(a->ex.t);
-  size_t chunk;
-  void *all;
-  zpp_status_t st;
-  if (a->count == 0)
-    return ZPP_OK;
-  chunk = zpp_pipe_chunk(a->count, a->q.block_size);
-  if (a->ex.mem == ZPP_MEMORY_HOST && n > 1 && chunk < a->count &&
-      (zpp_comm_thread_caps(a->ex.comm) & ZPP_THREADS_PIPE))
-    return qwz_pipelined(a, chunk);
-  ZPP_CHECK(zpp_k_alloc(&a->ex, n * zpp_coll_encoded_size(&a->q, a->count),
-                        &all));
-  st = qwz_gather(&a->ex, &a->q, a->send, a->recv, a->count, a->dtype,
-                  (uint8_t *)all);
-  zpp_k_free(&a->ex, all);
-  return st;
+static size_t qwz_len(const qwz_ctx_t *c, size_t k) {
+  size_t off = k * c->chunk;
+  return c->count - off < c->chunk ? c->count - off : c->chunk;
+}
+
+static zpp_status_t qwz_encode(void *p, size_t k) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
+  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
+  const uint8_t *src =
+      (const uint8_t *)c->send + k * c->chunk * zpp_dtype_size(c->dtype);
+  /* stochastic rounding draws at the element's index in the whole tensor
+   * (rank me's shard starts at me * count), so chunking does not change
+   * the bytes */
+  return zpp_k_encode_at(&c->ex, &c->q, c->dtype, src, len,
+                         (uint64_t)c->me * c->count + k * c->chunk,
+                         c->buf[k % QWZ_DEPTH] + (size_t)c->me * e);
+}
+
+static zpp_status_t qwz_decode(void *p, size_t k) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
+  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
+  size_t ds = zpp_dtype_size(c->dtype), off = k * c->chunk;
+  int r;
+  for (r = 0; r < c->n; r++)
+    ZPP_CHECK(zpp_k_decode(&c->ex, &c->q, c->buf[k % QWZ_DEPTH] + (size_t)r * e,
+                           len, c->dtype,
+                           (uint8_t *)c->recv + ((size_t)r * c->count + off) * ds));
+  return ZPP_OK;
+}
+
+static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
+                             const zpp_quant_config_t *q, const void *send,
+                             void *recv, size_t count, zpp_dtype_t dtype,
+                             zpp_request_t *req) {
+  qwz_ctx_t *c;
+  zpp_plan_t *p;
+  size_t nchunks, k, ebuf;
+  int i, nslots, dec[QWZ_DEPTH];
+  zpp_status_t st = ZPP_OK;
+  c = (qwz_ctx_t *)calloc(1, sizeof *c);
+  if (c == NULL)
+    return zpp_comm_fail(ex->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                             "plan context"));
+  c->ex = *ex;
+  zpp_quant_config_get(q, &c->q); /* any accepted struct_size */
+  c->send = send;
+  c->recv = recv;
+  c->count = count;
+  c->dtype = dtype;
+  c->n = zpp_transport_size(ex->t);
+  c->me = zpp_transport_rank(ex->t);
+  c->chunk = count;
+  if (ex->mem == ZPP_MEMORY_HOST && c->n > 1 && count > 0)
+    c->chunk = zpp_plan_chunk(count, q->block_size);
+  nchunks = count == 0 ? 0 : (count + c->chunk - 1) / c->chunk;
+  nslots = nchunks < QWZ_DEPTH ? (int)nchunks : QWZ_DEPTH;
+  ebuf = zpp_coll_encoded_size(q, c->chunk);
+  for (i = 0; i < nslots && st == ZPP_OK; i++)
+    st = zpp_k_alloc(ex, (size_t)c->n * ebuf, (void **)&c->buf[i]);
+  if (st != ZPP_OK) {
+    qwz_release(c);
+    return zpp_comm_fail(ex->comm, st);
+  }
+  ZPP_CHECK(zpp_comm_fail(ex->comm,
+                          zpp_plan_create(func, ex, c, qwz_release, &p)));
+  for (i = 0; i < QWZ_DEPTH; i++)
+    dec[i] = ZPP_NO_STEP;
+  if (nchunks > 0)
+    ZPP_TRACE(ZPP_SUBSYS_COLL, "qwZ: %zu chunk(s) of %zu elements", nchunks,
+              c->chunk);
+  for (k = 0; k < nchunks; k++) {
+    size_t bytes = zpp_coll_encoded_size(q, qwz_len(c, k));
+    uint8_t *slot = c->buf[k % QWZ_DEPTH];
+    zpp_step_xfer_t x;
+    int e, xs;
+    e = zpp_plan_kernel(p, qwz_encode, k, dec[k % QWZ_DEPTH], ZPP_NO_STEP);
+    memset(&x, 0, sizeof x);
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_WORLD;
+    x.send = slot + (size_t)c->me * bytes;
+    x.recv = slot;
+    x.bytes = bytes;
+    xs = zpp_plan_xfer(p, &x, e, ZPP_NO_STEP);
+    dec[k % QWZ_DEPTH] = zpp_plan_kernel(p, qwz_decode, k, xs, ZPP_NO_STEP);
+  }
+  return zpp_plan_submit(p, req);
 }
 
 zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                const void *sendbuf, void *recvbuf,
                                size_t count, zpp_dtype_t dtype,
                                zpp_stream_t stream, zpp_request_t *req) {
-  qwz_arg_t a;
+  zpp_exec_t ex;
   uint64_t w[3] = {0, 0, 0};
   zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = check_quant(__func__, quant);
   if (st == ZPP_OK)
     st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
   if (quant != NULL)
     quant_words(quant, w);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, -1, w, 3,
                                                     st)));
-  zpp_quant_config_get(quant, &a.q); /* any accepted struct_size */
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  return zpp_coll_submit_copy(__func__, comm, qwz_run, &a, sizeof a, stream, req);
+  return qwz_plan(__func__, &ex, quant, sendbuf, recvbuf, count, dtype, req);
 }
 
 /* ---- hpZ ---------------------------------------------------------------------- */
@@ -278,7 +254,33 @@ struct zpp_hpz {
   uint64_t generation;
   uint64_t secondary_generation; /* set when a forward gather completed */
   uint64_t planned_generation;   /* set when one was started */
+  /* Gathers started and not yet released by the engine hold a reference:
+   * zpp_hpz_destroy with gathers still queued on the engine thread frees
+   * the handle and the secondary copy when the last one is done. */
+  pthread_mutex_t mu;
+  int refs, destroyed;
 };
+
+/* Frees the secondary copy and the handle (no gather holds it). */
+static void hpz_free(zpp_hpz_t h) {
+  zpp_exec_t ex;
+  /* cudaFree waits for the device: gathers still queued on any stream
+   * finish with the copy before it goes. */
+  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK)
+    zpp_k_free_persistent(&ex, h->secondary);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+/* Drops a gather's reference; the last one after destroy frees h. */
+static void hpz_put(zpp_hpz_t h) {
+  int last;
+  pthread_mutex_lock(&h->mu);
+  last = --h->refs == 0 && h->destroyed;
+  pthread_mutex_unlock(&h->mu);
+  if (last)
+    hpz_free(h);
+}
 
 zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                             size_t count, zpp_dtype_t dtype, zpp_hpz_t *hpz) {
@@ -308,8 +310,8 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
   if (cfg->quantized)
     ZPP_CHECK(zpp_comm_fail(comm, check_quant(__func__, &cfg->quant)));
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_dtype(__func__, dtype)));
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_bufs(__func__, &ex, "", "", count,
-                                           dtype)));
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_count(__func__, &ex, count,
+                                                    dtype)));
   ZPP_CHECK(zpp_comm_topo_uniform(comm, &uniform));
   h = (struct zpp_hpz *)calloc(1, sizeof *h);
   if (h == NULL)
@@ -332,9 +334,12 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                            : count * zpp_dtype_size(dtype);
   h->generation = 1;
   h->secondary_generation = 0;
+  pthread_mutex_init(&h->mu, NULL);
   if (h->hierarchical) {
-    st = zpp_k_alloc(&ex, (size_t)h->nnodes * h->unit, &h->secondary);
+    st = zpp_k_alloc_persistent(&ex, (size_t)h->nnodes * h->unit,
+                                &h->secondary);
     if (st != ZPP_OK) {
+      pthread_mutex_destroy(&h->mu);
       free(h);
       return zpp_comm_fail(comm, st);
     }
@@ -348,12 +353,15 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
 }
 
 zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz) {
-  zpp_exec_t ex;
+  int last;
   if (hpz == NULL)
     return ZPP_OK;
-  if (zpp_exec_init(__func__, hpz->comm, NULL, &ex) == ZPP_OK)
-    zpp_k_free(&ex, hpz->secondary);
-  free(hpz);
+  pthread_mutex_lock(&hpz->mu);
+  hpz->destroyed = 1;
+  last = hpz->refs == 0;
+  pthread_mutex_unlock(&hpz->mu);
+  if (last)
+    hpz_free(hpz);
   return ZPP_OK;
 }
 
@@ -382,109 +390,172 @@ zpp_status_t zpp_hpz_get_info(zpp_hpz_t hpz, zpp_hpz_info_t *info) {
   return ZPP_OK;
 }
 
+/* What a gather does, decided when it is started (so a queued forward
+ * gather counts), identically on every rank that made the same calls. */
+enum { HPZ_FORWARD = 0, HPZ_BACKWARD_NODE = 1, HPZ_REFRESH = 2 };
+
 typedef struct {
   zpp_exec_t ex;
   zpp_hpz_t h;
   const void *send;
   void *recv;
   uint64_t generation; /* of the parameters when the gather was started */
-  int backward; /* HPZ_FORWARD, HPZ_BACKWARD_NODE or HPZ_REFRESH */
-} hpz_arg_t;
+  uint8_t *all;        /* gathered encoded shards (scratch) */
+} hpz_ctx_t;
 
-/* World gather into recv, keeping the shards of my CROSS group. */
-static zpp_status_t hpz_forward(hpz_arg_t *a) {
-  zpp_hpz_t h = a->h;
-  const zpp_exec_t *ex = &a->ex;
-  size_t n = (size_t)zpp_transport_size(ex->t);
-  size_t ds = zpp_dtype_size(h->dtype);
-  uint8_t *all = NULL;
-  const uint8_t *src;
-  zpp_status_t st = ZPP_OK;
-  int i;
-  if (h->count == 0) {
-    h->secondary_generation = a->generation;
-    return ZPP_OK;
-  }
-  if (h->cfg.quantized) {
-    ZPP_CHECK(zpp_k_alloc(ex, n * h->unit, (void **)&all));
-    st = qwz_gather(ex, &h->cfg.quant, a->send, a->recv, h->count, h->dtype,
-                    all);
-    src = all;
-  } else {
-    st = zpp_transport_allgather(ex->t, ZPP_GROUP_WORLD, a->send,
-                                 h->count * ds, a->recv, ex->mem, ex->stream);
-    src = (const uint8_t *)a->recv;
-  }
-  /* The secondary copy is cut from what was gathered: no extra traffic. */
-  for (i = 0; st == ZPP_OK && h->hierarchical && i < h->nnodes; i++) {
-    int w = zpp_transport_group_member(ex->t, ZPP_GROUP_CROSS, i);
-    st = zpp_k_copy(ex, (uint8_t *)h->secondary + (size_t)i * h->unit,
-                    src + (size_t)w * h->unit, h->unit);
-  }
-  zpp_k_free(ex, all);
-  if (st == ZPP_OK && h->hierarchical)
-    h->secondary_generation = a->generation;
-  return st;
+static void hpz_release(void *p) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  zpp_k_free(&c->ex, c->all);
+  free(c);
+  hpz_put(h);
 }
 
-/* Node-local gather of the secondary shards; every world rank's shard is
- * held by exactly one rank of each node (its local rank's CROSS group). */
-static zpp_status_t hpz_backward(hpz_arg_t *a) {
-  zpp_hpz_t h = a->h;
-  const zpp_exec_t *ex = &a->ex;
-  const zpp_topo_t *topo = zpp_transport_topo(ex->t);
-  int s = zpp_transport_group_size(ex->t, ZPP_GROUP_NODE);
+static zpp_status_t hpz_encode(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  int me = zpp_transport_rank(c->ex.t);
+  (void)arg;
+  /* stochastic rounding draws at the element's index in the whole tensor */
+  return zpp_k_encode_at(&c->ex, &c->h->cfg.quant, c->h->dtype, c->send,
+                         c->h->count, (uint64_t)me * c->h->count,
+                         c->all + (size_t)me * c->h->unit);
+}
+
+static zpp_status_t hpz_decode_world(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  size_t ds = zpp_dtype_size(h->dtype);
+  int n = zpp_transport_size(c->ex.t), r;
+  (void)arg;
+  for (r = 0; r < n; r++)
+    ZPP_CHECK(zpp_k_decode(&c->ex, &h->cfg.quant, c->all + (size_t)r * h->unit,
+                           h->count, h->dtype,
+                           (uint8_t *)c->recv + (size_t)r * h->count * ds));
+  return ZPP_OK;
+}
+
+/* The secondary copy is cut from what was gathered (the encoded shards, or
+ * recv): no extra traffic. */
+static zpp_status_t hpz_keep(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  const uint8_t *src = h->cfg.quantized ? c->all : (const uint8_t *)c->recv;
+  int i;
+  (void)arg;
+  for (i = 0; h->hierarchical && i < h->nnodes; i++) {
+    int w = zpp_transport_group_member(c->ex.t, ZPP_GROUP_CROSS, i);
+    ZPP_CHECK(zpp_k_copy(&c->ex, (uint8_t *)h->secondary + (size_t)i * h->unit,
+                         src + (size_t)w * h->unit, h->unit));
+  }
+  return ZPP_OK;
+}
+
+static zpp_status_t hpz_mark(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  (void)arg;
+  if (c->h->hierarchical || c->h->count == 0)
+    c->h->secondary_generation = c->generation;
+  return ZPP_OK;
+}
+
+/* Every world rank's shard is held by exactly one rank of each node (its
+ * local rank's CROSS group): decode (or copy) the node's gathered
+ * secondary copies into recv. */
+static zpp_status_t hpz_unpack_node(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  const zpp_topo_t *topo = zpp_transport_topo(c->ex.t);
+  int s = zpp_transport_group_size(c->ex.t, ZPP_GROUP_NODE);
   int m = h->nnodes, l, node;
   size_t ds = zpp_dtype_size(h->dtype), per = (size_t)m * h->unit;
-  uint8_t *all;
-  zpp_status_t st;
-  if (h->count == 0)
-    return ZPP_OK;
-  ZPP_CHECK(zpp_k_alloc(ex, (size_t)s * per, (void **)&all));
-  st = zpp_transport_allgather(ex->t, ZPP_GROUP_NODE, h->secondary, per, all,
-                               ex->mem, ex->stream);
-  for (l = 0; st == ZPP_OK && l < s; l++) {
-    for (node = 0; st == ZPP_OK && node < m; node++) {
+  (void)arg;
+  for (l = 0; l < s; l++) {
+    for (node = 0; node < m; node++) {
       int w = topo->node_ranks[topo->node_off[node] + l];
-      const uint8_t *unit = all + (size_t)l * per + (size_t)node * h->unit;
-      uint8_t *out = (uint8_t *)a->recv + (size_t)w * h->count * ds;
-      st = h->cfg.quantized
-               ? zpp_k_decode(ex, &h->cfg.quant, unit, h->count, h->dtype, out)
-               : zpp_k_copy(ex, out, unit, h->unit);
+      const uint8_t *unit = c->all + (size_t)l * per + (size_t)node * h->unit;
+      uint8_t *out = (uint8_t *)c->recv + (size_t)w * h->count * ds;
+      ZPP_CHECK(h->cfg.quantized
+                    ? zpp_k_decode(&c->ex, &h->cfg.quant, unit, h->count,
+                                   h->dtype, out)
+                    : zpp_k_copy(&c->ex, out, unit, h->unit));
     }
   }
-  zpp_k_free(ex, all);
-  return st;
+  return ZPP_OK;
 }
 
-/* What a gather does, decided when it is started (so a queued forward
- * gather counts), identically on every rank that made the same calls. */
-enum { HPZ_FORWARD = 0, HPZ_BACKWARD_NODE = 1, HPZ_REFRESH = 2 };
-
-static zpp_status_t hpz_run(void *p) {
-  hpz_arg_t *a = (hpz_arg_t *)p;
-  if (a->backward == HPZ_BACKWARD_NODE)
-    return hpz_backward(a);
-  if (a->backward == HPZ_REFRESH)
-    ZPP_INFO(ZPP_SUBSYS_COLL,
-             "hpZ backward gather: %s; running a world gather",
-             a->h->hierarchical ? "secondary copy stale, refreshing"
-                                : "uneven nodes");
-  return hpz_forward(a);
+/* Forward (and refresh): world gather into recv, keeping the shards of my
+ * CROSS group.  Backward: node-local gather of the secondary shards. */
+static zpp_status_t hpz_plan(const char *func, hpz_ctx_t *c, int kind,
+                             zpp_request_t *req) {
+  zpp_hpz_t h = c->h;
+  const zpp_exec_t *ex = &c->ex;
+  size_t n = (size_t)zpp_transport_size(ex->t);
+  zpp_plan_t *p;
+  zpp_step_xfer_t x;
+  zpp_status_t st = ZPP_OK;
+  int me = zpp_transport_rank(ex->t), s = zpp_transport_group_size(
+                                             ex->t, ZPP_GROUP_NODE);
+  if (h->count > 0) {
+    if (kind == HPZ_BACKWARD_NODE)
+      st = zpp_k_alloc(ex, (size_t)s * (size_t)h->nnodes * h->unit,
+                       (void **)&c->all);
+    else if (h->cfg.quantized)
+      st = zpp_k_alloc(ex, n * h->unit, (void **)&c->all);
+  }
+  if (st != ZPP_OK) {
+    hpz_release(c);
+    return zpp_comm_fail(h->comm, st);
+  }
+  ZPP_CHECK(zpp_comm_fail(h->comm, zpp_plan_create(func, ex, c, hpz_release,
+                                                   &p)));
+  memset(&x, 0, sizeof x);
+  if (h->count == 0) {
+    if (kind != HPZ_BACKWARD_NODE)
+      zpp_plan_kernel(p, hpz_mark, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+  } else if (kind == HPZ_BACKWARD_NODE) {
+    int xs;
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_NODE;
+    x.send = h->secondary;
+    x.recv = c->all;
+    x.bytes = (size_t)h->nnodes * h->unit;
+    xs = zpp_plan_xfer(p, &x, ZPP_NO_STEP, ZPP_NO_STEP);
+    zpp_plan_kernel(p, hpz_unpack_node, 0, xs, ZPP_NO_STEP);
+  } else {
+    int e = ZPP_NO_STEP, xs, d = ZPP_NO_STEP, k;
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_WORLD;
+    x.bytes = h->unit;
+    if (h->cfg.quantized) {
+      e = zpp_plan_kernel(p, hpz_encode, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+      x.send = c->all + (size_t)me * h->unit;
+      x.recv = c->all;
+    } else {
+      x.send = c->send;
+      x.recv = c->recv;
+    }
+    xs = zpp_plan_xfer(p, &x, e, ZPP_NO_STEP);
+    if (h->cfg.quantized)
+      d = zpp_plan_kernel(p, hpz_decode_world, 0, xs, ZPP_NO_STEP);
+    k = zpp_plan_kernel(p, hpz_keep, 0, xs, ZPP_NO_STEP);
+    zpp_plan_kernel(p, hpz_mark, 0, k, d);
+  }
+  return zpp_plan_submit(p, req);
 }
 
 static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                               const void *sendbuf, void *recvbuf,
                               zpp_stream_t stream, zpp_request_t *req,
                               int backward) {
-  hpz_arg_t a;
+  zpp_exec_t ex;
+  hpz_ctx_t *c;
   uint64_t w[4];
   uint64_t planned = 0;
   int plan = HPZ_FORWARD;
   zpp_status_t st = ZPP_OK;
   if (hpz == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "hpz is NULL");
-  ZPP_CHECK(zpp_exec_init(func, hpz->comm, stream, &a.ex));
+  ZPP_CHECK(zpp_exec_init(func, hpz->comm, stream, &ex));
   if (hpz->count > 0 && recvbuf == NULL)
     st = zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
                    hpz->count);
@@ -509,22 +580,39 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                      (unsigned long long)hpz->planned_generation,
                      (unsigned long long)hpz->generation);
   }
+  /* Device communicators: the caller's buffers are classified once here. */
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &ex, "recvbuf", recvbuf);
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &ex, "sendbuf", sendbuf);
   quant_words(&hpz->cfg.quant, w);
   w[3] = (uint64_t)hpz->cfg.quantized;
   /* the plan travels as the op: ranks that invalidated differently differ */
   ZPP_CHECK(zpp_comm_fail(hpz->comm,
-                          zpp_coll_check_args(func, &a.ex, hpz->count,
+                          zpp_coll_check_args(func, &ex, hpz->count,
                                               (int)hpz->dtype, plan, w, 4,
                                               st)));
-  a.h = hpz;
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.generation = hpz->generation;
-  a.backward = plan;
+  c = (hpz_ctx_t *)calloc(1, sizeof *c);
+  if (c == NULL)
+    return zpp_comm_fail(hpz->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                              "plan context"));
+  c->ex = ex;
+  c->h = hpz;
+  pthread_mutex_lock(&hpz->mu);
+  hpz->refs++; /* dropped by hpz_release */
+  pthread_mutex_unlock(&hpz->mu);
+  c->send = sendbuf;
+  c->recv = recvbuf;
+  c->generation = hpz->generation;
+  if (plan == HPZ_REFRESH)
+    ZPP_INFO(ZPP_SUBSYS_COLL,
+             "hpZ backward gather: %s; running a world gather",
+             hpz->hierarchical ? "secondary copy stale, refreshing"
+                               : "uneven nodes");
   planned = hpz->planned_generation;
   if (plan != HPZ_BACKWARD_NODE && hpz->hierarchical)
     hpz->planned_generation = hpz->generation;
-  st = zpp_coll_submit_copy(func, hpz->comm, hpz_run, &a, sizeof a, stream, req);
+  st = hpz_plan(func, c, plan, req);
   if (st != ZPP_OK) /* the secondary copy was not refreshed */
     hpz->planned_generation = planned;
   return st;

@@ -9,7 +9,7 @@
 #include "quant_math.h"
 #include "transform.h"
 
-#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,115 +48,57 @@ static zpp_status_t no_device(const char *func) {
 }
 #endif
 
-/* ---- host scratch cache --------------------------------------------------
- * Collectives need large scratch buffers on every call (a qwZ all-gather of
- * 16 MiB per rank over 8 ranks needs ~70 MB).  Freshly malloc'ed memory of
- * that size is mmap'ed and returned to the kernel on free, so every call
- * would pay page faults and zeroing.  Each thread keeps the buffers it
- * freed (up to ZPP_SCRATCH_CACHE_MB) and reuses the smallest that fits;
- * they are released when the thread exits. */
+/* Host scratch comes from the communicator's engine (src/engine.c): a
+ * cache kept for the life of the communicator, freed by destroy. */
+void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes);
+void zpp_engine_host_free(zpp_comm_t comm, void *p);
 
-#define CACHE_SLOTS 8
-#define CACHE_HDR 64 /* keeps the buffer 64-byte aligned, holds its size */
-
-typedef struct {
-  void *p[CACHE_SLOTS]; /* base pointers (header first) */
-  size_t cap[CACHE_SLOTS];
-  size_t total;
-} scratch_cache_t;
-
-static pthread_key_t cache_key;
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
-
-static void cache_release(void *v) {
-  scratch_cache_t *c = (scratch_cache_t *)v;
-  int i;
-  for (i = 0; i < CACHE_SLOTS; i++)
-    free(c->p[i]);
-  free(c);
+#if ZPP_HAVE_CUDA_KERNELS
+/* Plans allocate their device scratch while they are built, on the
+ * caller's thread, whose current device may be another: allocate (and
+ * free) on the communicator's device, restoring the thread's. */
+static int dev_enter(const zpp_exec_t *ex, int *saved) {
+  char err[256];
+  int want = zpp_comm_device(ex->comm), cur = -1;
+  *saved = -1;
+  if (want < 0 || zpp_ew_get_device(&cur, err, sizeof err) != 0 ||
+      cur == want)
+    return 0;
+  *saved = cur;
+  return zpp_ew_set_device(want, err, sizeof err);
 }
 
-static void cache_init(void) { pthread_key_create(&cache_key, cache_release); }
-
-static scratch_cache_t *cache_get(void) {
-  scratch_cache_t *c;
-  pthread_once(&cache_once, cache_init);
-  c = (scratch_cache_t *)pthread_getspecific(cache_key);
-  if (c == NULL) {
-    c = (scratch_cache_t *)calloc(1, sizeof *c);
-    if (c != NULL && pthread_setspecific(cache_key, c) != 0) {
-      free(c);
-      c = NULL;
-    }
-  }
-  return c;
+static void dev_leave(int saved) {
+  char err[256];
+  if (saved >= 0)
+    zpp_ew_set_device(saved, err, sizeof err);
 }
-
-static void *host_alloc(size_t bytes) {
-  scratch_cache_t *c = cache_get();
-  int i, best = -1;
-  void *base;
-  for (i = 0; c != NULL && i < CACHE_SLOTS; i++)
-    if (c->p[i] != NULL && c->cap[i] >= bytes &&
-        (best < 0 || c->cap[i] < c->cap[best]))
-      best = i;
-  if (best >= 0) {
-    base = c->p[best];
-    c->p[best] = NULL;
-    c->total -= c->cap[best];
-    return (char *)base + CACHE_HDR;
-  }
-  if (bytes > SIZE_MAX - CACHE_HDR ||
-      posix_memalign(&base, CACHE_HDR, bytes + CACHE_HDR) != 0)
-    return NULL;
-  memcpy(base, &bytes, sizeof bytes);
-  return (char *)base + CACHE_HDR;
-}
-
-static void host_free(void *p) {
-  scratch_cache_t *c = cache_get();
-  void *base = (char *)p - CACHE_HDR;
-  size_t cap, limit = (size_t)zpp_setting_long("ZPP_SCRATCH_CACHE_MB", 512)
-                      << 20;
-  int i, slot = -1;
-  memcpy(&cap, base, sizeof cap);
-  for (i = 0; c != NULL && i < CACHE_SLOTS && slot < 0; i++)
-    if (c->p[i] == NULL)
-      slot = i;
-  if (c == NULL || slot < 0 || cap > limit) {
-    free(base);
-    return;
-  }
-  /* make room under the limit by dropping the smallest buffers */
-  while (c->total + cap > limit) {
-    int small = -1;
-    for (i = 0; i < CACHE_SLOTS; i++)
-      if (c->p[i] != NULL && (small < 0 || c->cap[i] < c->cap[small]))
-        small = i;
-    if (small < 0)
-      break;
-    free(c->p[small]);
-    c->p[small] = NULL;
-    c->total -= c->cap[small];
-  }
-  c->p[slot] = base;
-  c->cap[slot] = cap;
-  c->total += cap;
-}
+#endif
 
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
   *p = NULL;
   if (bytes == 0)
     return ZPP_OK;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    *p = host_alloc(bytes);
+    *p = zpp_engine_host_alloc(ex->comm, bytes);
     if (*p == NULL)
       return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                        "scratch of %zu bytes", bytes);
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
-  DEVICE_CALL(__func__, zpp_ew_alloc_device(bytes, p, ex->stream, DEVICE_ERRBUF));
+  {
+    char err_[256];
+    int saved, rc = dev_enter(ex, &saved);
+    if (rc == 0)
+      rc = zpp_ew_alloc_device(bytes, p, ex->stream, err_, sizeof err_);
+    else
+      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
+               zpp_comm_device(ex->comm));
+    dev_leave(saved);
+    if (rc != 0)
+      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
+  }
   return ZPP_OK;
 #else
   return no_device(__func__);
@@ -167,10 +109,59 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
   if (ex->mem == ZPP_MEMORY_HOST)
-    host_free(p);
+    zpp_engine_host_free(ex->comm, p);
 #if ZPP_HAVE_CUDA_KERNELS
-  else
+  else {
+    int saved;
+    dev_enter(ex, &saved);
     zpp_ew_free_device(p, ex->stream);
+    dev_leave(saved);
+  }
+#endif
+}
+
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p) {
+  *p = NULL;
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    *p = malloc(bytes);
+    if (*p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%zu bytes", bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    char err_[256];
+    int saved, rc = dev_enter(ex, &saved);
+    if (rc == 0)
+      rc = zpp_ew_alloc_persistent(bytes, p, err_, sizeof err_);
+    else
+      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
+               zpp_comm_device(ex->comm));
+    dev_leave(saved);
+    if (rc != 0)
+      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
+  }
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
+  if (p == NULL)
+    return;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    free(p);
+#if ZPP_HAVE_CUDA_KERNELS
+  else {
+    int saved;
+    dev_enter(ex, &saved);
+    zpp_ew_free_persistent(p);
+    dev_leave(saved);
+  }
 #endif
 }
 
@@ -211,7 +202,8 @@ zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_encode(q, dtype, src, count, dst, bytes);
-  return zpp_quant_encode_device(q, dtype, src, count, dst, bytes, ex->stream);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, 0, dst, bytes,
+                                         ex->stream);
 }
 
 zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
@@ -220,7 +212,8 @@ zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode(q, src, bytes, count, dtype, dst);
-  return zpp_quant_decode_device(q, src, bytes, count, dtype, dst, ex->stream);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, (int)dtype, dst,
+                                         ex->stream);
 }
 
 zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
@@ -229,8 +222,8 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode_accumulate(q, src, bytes, count, acc);
-  return zpp_quant_decode_accumulate_device(q, src, bytes, count, acc,
-                                            ex->stream);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, ZPP_QM_OUT_ACC,
+                                         acc, ex->stream);
 }
 
 zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
@@ -386,9 +379,8 @@ zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype) {
 
 /* count elements per rank: the full buffer (size * count * dtype bytes)
  * must fit size_t; buffers must be non-NULL when there is data. */
-zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                               const void *send, const void *recv,
-                               size_t count, zpp_dtype_t dtype) {
+zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
+                                  size_t count, zpp_dtype_t dtype) {
   size_t n = (size_t)zpp_transport_size(ex->t);
   size_t ds = zpp_dtype_size(dtype);
   if (count > SIZE_MAX / n / ds)
@@ -396,6 +388,20 @@ zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
                      "count %zu: %zu ranks x count x %zu bytes overflows "
                      "size_t",
                      count, n, ds);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
+                                       const char *what, const void *p) {
+  if (ex->mem != ZPP_MEMORY_DEVICE || p == NULL)
+    return ZPP_OK;
+  return zpp_quant_check_device_ptr(func, what, p);
+}
+
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                               const void *send, const void *recv,
+                               size_t count, zpp_dtype_t dtype) {
+  ZPP_CHECK(zpp_coll_check_count(func, ex, count, dtype));
   if (count == 0)
     return ZPP_OK;
   if (send == NULL)
@@ -404,7 +410,10 @@ zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
   if (recv == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
                      count);
-  return ZPP_OK;
+  /* Device memory: the caller's buffers are classified here, once per
+   * call; the kernels the collective launches then skip the query. */
+  ZPP_CHECK(zpp_coll_check_device_buf(func, ex, "sendbuf", send));
+  return zpp_coll_check_device_buf(func, ex, "recvbuf", recv);
 }
 
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {
@@ -414,21 +423,20 @@ zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {
   return ZPP_OK;
 }
 
-static void *dup_arg(const void *arg, size_t bytes) {
-  void *p = malloc(bytes);
-  if (p != NULL)
-    memcpy(p, arg, bytes);
-  return p;
-}
-
-zpp_status_t zpp_coll_submit_copy(const char *func, zpp_comm_t comm, zpp_coll_fn fn,
-                           const void *arg, size_t bytes, void *stream,
-                           zpp_request_t *req) {
-  void *copy = dup_arg(arg, bytes);
-  if (copy == NULL)
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                                         "request arguments"));
-  return zpp_coll_submit(func, comm, fn, copy, stream, req);
+/* Chunk length: whole blocks, about count / 8 and at least
+ * ZPP_PIPE_MIN_CHUNK elements; count itself (no pipelining) when that
+ * setting is 0 or the data fits one chunk. */
+size_t zpp_plan_chunk(size_t count, size_t block) {
+  long min = zpp_setting_long("ZPP_PIPE_MIN_CHUNK", 65536);
+  size_t target = count / 8, nblk;
+  if (min <= 0 || block == 0)
+    return count;
+  if (target < (size_t)min)
+    target = (size_t)min;
+  nblk = target / block + (target % block != 0);
+  if (nblk > SIZE_MAX / block)
+    return count;
+  return nblk * block >= count ? count : nblk * block;
 }
 
 /* ---- transforms of issue 14 ---------------------------------------------- */
@@ -439,8 +447,8 @@ zpp_status_t zpp_k_encode_at(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_encode_at(q, dtype, src, count, index_base, dst, bytes);
-  return zpp_quant_encode_device_at(q, dtype, src, count, index_base, dst,
-                                    bytes, ex->stream);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, index_base,
+                                         dst, bytes, ex->stream);
 }
 
 zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,

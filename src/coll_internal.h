@@ -1,8 +1,8 @@
 /*
- * Internals of the collectives (src/coll*.c): the memory-space dispatch of
- * the quantizer and element-wise kernels, and the request machinery.  The
- * algorithms call these and the transport table (transport.h), never
- * MPI, NCCL or CUDA directly.
+ * Internals of the collectives (src/coll*.c, src/qgz.c): the memory-space
+ * dispatch of the quantizer and element-wise kernels and the shared
+ * argument checks.  The algorithms build plans (plan.h) of these kernels
+ * and transport operations, never calling MPI, NCCL or CUDA directly.
  */
 #ifndef ZPP_SRC_COLL_INTERNAL_H
 #define ZPP_SRC_COLL_INTERNAL_H
@@ -18,10 +18,6 @@
 extern "C" {
 #endif
 
-/* A collective's work (or one transport step of it), run on the calling
- * thread, the progress thread or a pipeline thread. */
-typedef zpp_status_t (*zpp_coll_fn)(void *arg);
-
 /* Where a collective's buffers live and which stream orders its work. */
 typedef struct {
   zpp_comm_t comm;
@@ -36,6 +32,13 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
 /* Scratch memory in the exec's space (device: stream-ordered). */
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p);
 void zpp_k_free(const zpp_exec_t *ex, void *p);
+/* Memory that outlives a call and is used on whatever stream later calls
+ * pass (hpZ's secondary copy): cudaMalloc/cudaFree, never stream-ordered
+ * on the legacy stream, which would not order with the non-blocking
+ * streams frameworks use.  Host: malloc/free. */
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p);
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p);
 zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
                         size_t bytes);
 zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes);
@@ -85,52 +88,26 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
 /* Argument checks shared by the collectives; the message names `func`. */
 zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype);
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op);
-/* size * count * dtype bytes must fit size_t; buffers non-NULL when
- * count > 0. */
+/* size * count * dtype bytes must fit size_t. */
+zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
+                                  size_t count, zpp_dtype_t dtype);
+/* On a device-memory communicator, p (if not NULL) must be device memory:
+ * one pointer query per buffer and call (the kernels skip theirs). */
+zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
+                                       const char *what, const void *p);
+/* zpp_coll_check_count; buffers non-NULL when count > 0, and on device
+ * communicators classified as device memory once. */
 zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
                                  const void *send, const void *recv,
                                  size_t count, zpp_dtype_t dtype);
 
-/* ---- pipelining (coll_pipe.c) --------------------------------------------
- * A thread that runs posted transport operations in posting order while
- * the caller computes.  Host memory only. */
-typedef struct zpp_pipe zpp_pipe_t;
-zpp_status_t zpp_pipe_start(const char *func, zpp_pipe_t **out);
-/* Posts fn(arg) (arg stays owned by the caller); returns its ticket. */
-int zpp_pipe_post(zpp_pipe_t *q, zpp_coll_fn fn, void *arg);
-/* Waits until the operation with `ticket` ran; an earlier failure is
- * returned by every later wait. */
-zpp_status_t zpp_pipe_wait(zpp_pipe_t *q, int ticket);
-/* Runs what is left, joins the thread, returns the first error. */
-zpp_status_t zpp_pipe_finish(zpp_pipe_t *q);
-/* Elements per chunk: a whole number of blocks, about count / 8 and at
- * least ZPP_PIPE_MIN_CHUNK (below that, thread hand-offs and per-message
- * latency cost more than the overlap hides), so chunk boundaries are
- * block boundaries and the chunked result is bitwise the unchunked one.
- * Returns count when the collective should not be pipelined. */
-size_t zpp_pipe_chunk(size_t count, size_t block);
-
-/* ---- requests ------------------------------------------------------------ */
-
-
-/* Runs fn(arg) now (req NULL, or the backend is stream-ordered) or queues
- * it on the communicator's progress thread and returns a request.  arg is
- * owned by the machinery: freed with free() after fn ran.  On the NCCL
- * backend the request waits for `stream`. */
-zpp_status_t zpp_coll_submit(const char *func, zpp_comm_t comm,
-                             zpp_coll_fn fn, void *arg, void *stream,
-                             zpp_request_t *req);
-
-/* zpp_coll_submit of a copy of the `bytes` of `arg` (the caller's struct
- * may live on its stack). */
-zpp_status_t zpp_coll_submit_copy(const char *func, zpp_comm_t comm,
-                                  zpp_coll_fn fn, const void *arg,
-                                  size_t bytes, void *stream,
-                                  zpp_request_t *req);
-
-/* Stops the progress thread of comm (after draining its queue); called by
- * zpp_comm_destroy. */
-void zpp_coll_comm_release(zpp_comm_t comm);
+/* Elements per chunk of a chunked (pipelined) plan: a whole number of
+ * blocks, about count / 8 and at least ZPP_PIPE_MIN_CHUNK (below that,
+ * per-message latency costs more than the overlap hides), so chunk
+ * boundaries are block boundaries and the chunked result is bitwise the
+ * unchunked one.  Returns count when the collective should not be
+ * chunked. */
+size_t zpp_plan_chunk(size_t count, size_t block);
 
 /* ---- transforms of issue 14 (kernels/quant/transform.h) ----------------- */
 

@@ -1,6 +1,7 @@
 /*
  * The public communicator API that needs no MPI: queries, statistics,
- * reports and errors.  Creation lives in comm_mpi.c.
+ * reports and errors.  Creation lives in comm_create.c (any bootstrap)
+ * and comm_mpi.c (the MPI adapter).
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -75,7 +76,12 @@ zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
   if (comm == NULL || comm->boot.allgather == NULL)
     return zpp_error(ZPP_ERR_INTERNAL, __func__,
                      "communicator has no bootstrap channel");
-  return comm->boot.allgather(comm->boot.ctx, mine, bytes, all);
+  return comm->boot.allgather(comm->boot.ctx, mine, bytes, all,
+                              comm->tr != NULL ? comm->tr->timeout_s : 0);
+}
+
+int zpp_comm_device(zpp_comm_t comm) {
+  return comm != NULL ? comm->cuda_device : -1;
 }
 
 int zpp_comm_thread_caps(zpp_comm_t comm) {
@@ -213,22 +219,24 @@ zpp_status_t zpp_comm_print_topology(zpp_comm_t comm, FILE *out, int json) {
   t = comm->tr;
   if (t->emu_on) {
     snprintf(text, sizeof text,
-             "backend: %s, memory: %s\n# EMULATED inter-node links (a "
-             "simulation of a slower network): %g Gbit/s per rank, %g us "
-             "latency per transfer; intra-node traffic is not slowed\n",
-             zpp_backend_name(t->backend),
+             "bootstrap: %s, backend: %s, memory: %s\n# EMULATED inter-node "
+             "links (a simulation of a slower network): %g Gbit/s per rank, "
+             "%g us latency per transfer; intra-node traffic is not slowed\n",
+             comm->boot_name, zpp_backend_name(t->backend),
              t->memory == ZPP_MEMORY_DEVICE ? "device" : "host", t->emu_gbit,
              t->emu_lat_us);
   } else {
-    snprintf(text, sizeof text, "backend: %s, memory: %s, links: real\n",
-             zpp_backend_name(t->backend),
+    snprintf(text, sizeof text,
+             "bootstrap: %s, backend: %s, memory: %s, links: real\n",
+             comm->boot_name, zpp_backend_name(t->backend),
              t->memory == ZPP_MEMORY_DEVICE ? "device" : "host");
   }
   snprintf(js, sizeof js,
-           "\"backend\": \"%s\", \"memory\": \"%s\", \"gpu_probe\": \"%s\", "
+           "\"bootstrap\": \"%s\", \"backend\": \"%s\", \"memory\": \"%s\", "
+           "\"gpu_probe\": \"%s\", "
            "\"link_emulation\": {\"emulated\": %s, \"gbit_per_rank\": %g, "
            "\"latency_us\": %g}",
-           zpp_backend_name(t->backend),
+           comm->boot_name, zpp_backend_name(t->backend),
            t->memory == ZPP_MEMORY_DEVICE ? "device" : "host",
            t->topo->has_gpu ? zpp_topo_gpu_probe_source() : "none",
            t->emu_on ? "true" : "false", t->emu_gbit, t->emu_lat_us);

@@ -101,6 +101,26 @@ zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
                                         void *dst, size_t dst_bytes,
                                         zpp_stream_t stream);
 
+/* ---- the device codec for the collectives (src/quant.c) ----------------
+ * The public device entry points classify src and dst with
+ * cudaPointerGetAttributes on every call.  The collectives classify the
+ * caller's buffers once per call (zpp_coll_check_bufs) and own their
+ * scratch, so they call these, which skip that (out_kind: ZPP_QM_* of
+ * quant_cpu.h, ZPP_QM_OUT_ACC for decode-accumulate; index_base as for
+ * zpp_quant_encode_device_at). */
+zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
+                                             zpp_dtype_t dtype,
+                                             const void *src, size_t count,
+                                             uint64_t index_base, void *dst,
+                                             size_t dst_bytes, void *stream);
+zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
+                                             const void *src, size_t src_bytes,
+                                             size_t count, int out_kind,
+                                             void *dst, void *stream);
+/* ZPP_OK when p is device memory; else an error naming `what`. */
+zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
+                                        const void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,12 +18,12 @@
  * all ranks).  Bytes and the error bound: docs/design.md, "qgZ".
  */
 #include "coll_internal.h"
+#include "plan.h"
 #include "internal.h"
 #include "quant_math.h"
 #include "topo.h"
 
 #include <stddef.h>
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,66 +123,40 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
   return ZPP_OK;
 }
 
-/* One all-to-all step of the pipeline (run on the pipe thread, or at
- * once when the collective is not pipelined). */
-typedef struct {
-  const zpp_exec_t *ex;
-  zpp_group_t g;
-  const uint8_t *send;
-  uint8_t *recv;
-  size_t bytes; /* per peer */
-} a2a_step_t;
-
-static zpp_status_t a2a_step(void *p) {
-  a2a_step_t *s = (a2a_step_t *)p;
-  return zpp_transport_alltoall(s->ex->t, s->g, s->send, s->bytes, s->recv,
-                                s->ex->mem, s->ex->stream);
-}
-
-static zpp_status_t post(zpp_pipe_t *pipe, a2a_step_t *s, int *ticket) {
-  if (pipe == NULL) /* not pipelined: posting order is running order */
-    return a2a_step(s);
-  *ticket = zpp_pipe_post(pipe, a2a_step, s);
-  return ZPP_OK;
-}
-
-static zpp_status_t wait_step(zpp_pipe_t *pipe, int ticket) {
-  return pipe != NULL ? zpp_pipe_wait(pipe, ticket) : ZPP_OK;
-}
-
 #define QGZ_DEPTH 3 /* chunk slots in flight */
 
-/* The plan of one call: stage 1 sends, to each member j of group g1, the
+/* The state of one call: stage 1 sends, to each member j of group g1, the
  * chunk of slices slice(j, 0..m1-1); stage 2 (two levels only) sends
  * partial sum m to CROSS member m. */
 typedef struct {
-  const qgz_arg_t *a;
+  qgz_arg_t a;
   const zpp_topo_t *topo;
   zpp_group_t g1;
   int s1, m1, two;
   size_t chunk, nchunks;
+  /* Scratch of one kernel step (kernel steps of a plan run one at a time,
+   * and none of these outlives its step, so one of each serves all
+   * slots). */
   float *tmp;  /* one slice chunk: rotated and/or gradient + residual */
   float *tmp2; /* INT8 residual: the chunk's residual, then its new error */
   uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
   size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
   struct {
     uint8_t *s1, *r1, *s2, *r2;
-    float *acc; /* m1 partial sums of the chunk */
-    a2a_step_t n, c;
-    int tn, tc;
+    float *acc;  /* m1 partial sums of the chunk */
+    float *acc2; /* the chunk's final sum (two levels) */
   } slot[QGZ_DEPTH];
-  float *acc2;
-} plan_t;
+} qgz_ctx_t;
 
-static int slice_of(const plan_t *p, int j, int m) {
+static int slice_of(const qgz_ctx_t *p, int j, int m) {
   if (!p->two)
-    return zpp_transport_group_member(p->a->ex.t, p->g1, j);
+    return zpp_transport_group_member(p->a.ex.t, p->g1, j);
   return p->topo->node_ranks[p->topo->node_off[m] + j];
 }
 
-static size_t chunk_len(const plan_t *p, size_t k) {
+static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
   size_t off = k * p->chunk;
-  return p->a->count - off < p->chunk ? p->a->count - off : p->chunk;
+  return p->a.count - off < p->chunk ? p->a.count - off : p->chunk;
 }
 
 /* Stochastic rounding: the config of one encode, with a seed of its own
@@ -205,10 +179,10 @@ static zpp_quant_config_t stream_q(const zpp_quant_config_t *q, int stage,
  * in; INT8: segment seg (E8(count) bytes, the format of docs/format.md),
  * the chunk's blocks gathered into p->rs and decoded, then re-encoded and
  * scattered back (chunks are whole blocks, so they own whole blocks). */
-static zpp_status_t encode_ef(plan_t *p, const zpp_quant_config_t *q,
+static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
                               size_t seg, size_t off, size_t len,
                               zpp_dtype_t dt, const void *x, uint8_t *out) {
-  const qgz_arg_t *a = p->a;
+  const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   if (a->residual == NULL)
     return zpp_k_encode_at(ex, q, dt, x, len, off, out);
@@ -235,8 +209,9 @@ static zpp_status_t encode_ef(plan_t *p, const zpp_quant_config_t *q,
 }
 
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
-static zpp_status_t stage1_encode(plan_t *p, size_t k) {
-  const qgz_arg_t *a = p->a;
+static zpp_status_t stage1_encode(void *ctx, size_t k) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e1 = zpp_coll_encoded_size(&a->q1, len), ds = zpp_dtype_size(a->dtype);
@@ -260,24 +235,23 @@ static zpp_status_t stage1_encode(plan_t *p, size_t k) {
   return ZPP_OK;
 }
 
-/* Stage 1 decode-accumulate of chunk k (sources in member order). */
-static zpp_status_t stage1_reduce(plan_t *p, size_t k) {
-  const qgz_arg_t *a = p->a;
-  size_t len = chunk_len(p, k), e1 = zpp_coll_encoded_size(&a->q1, len);
-  const uint8_t *in = p->slot[k % QGZ_DEPTH].r1;
-  float *acc = p->slot[k % QGZ_DEPTH].acc;
-  int j, m;
-  ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1; m++, in += e1)
-      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
-  return ZPP_OK;
+/* acc is the slot's (this chunk's until its last step, which this is), so
+ * the inverse rotation may work in place. */
+static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk;
+  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
+  if (a->hadamard) /* back from the rotated domain, in place */
+    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
+                             chunk_len(p, k), acc));
+  return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
+                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
 }
 
 /* Stage 2 encode of the partial sums of chunk k (stage-2 residual after
  * the W * count stage-1 residual). */
-static zpp_status_t stage2_encode(plan_t *p, size_t k) {
-  const qgz_arg_t *a = p->a;
+static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
@@ -294,142 +268,163 @@ static zpp_status_t stage2_encode(plan_t *p, size_t k) {
   return ZPP_OK;
 }
 
-static zpp_status_t finish(plan_t *p, size_t k, float *acc) {
-  const qgz_arg_t *a = p->a;
-  size_t off = k * p->chunk;
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  if (a->hadamard) /* back from the rotated domain, in place */
-    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
-                             chunk_len(p, k), acc));
-  return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
-                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+/* Stage 1 decode-accumulate of chunk k (sources in member order), then
+ * stage 2's encode (two levels) or the finish (one level). */
+static zpp_status_t stage1_reduce(void *ctx, size_t k) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const qgz_arg_t *a = &p->a;
+  size_t len = chunk_len(p, k), e1 = zpp_coll_encoded_size(&a->q1, len);
+  const uint8_t *in = p->slot[k % QGZ_DEPTH].r1;
+  float *acc = p->slot[k % QGZ_DEPTH].acc;
+  int j, m;
+  ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
+  for (j = 0; j < p->s1; j++)
+    for (m = 0; m < p->m1; m++, in += e1)
+      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
+  return p->two ? stage2_encode(p, k) : finish(p, k, acc);
 }
 
-/* The schedule.  Iteration k posts stage 1 of chunk k, reduces stage 1 of
- * chunk k - 1 and posts its stage 2, and finishes chunk k - 2, so the
- * transfers of two chunks overlap this thread's work on a third.  Posting
- * order (N0 N1 C0 N2 C1 ...) is the same on every rank. */
-static zpp_status_t schedule(plan_t *p, zpp_pipe_t *pipe) {
-  const qgz_arg_t *a = p->a;
-  size_t k, last = p->nchunks + (p->two ? 2 : 1);
-  for (k = 0; k < last; k++) {
+/* Stage 2 decode-accumulate of chunk k in node order (deterministic), then
+ * the finish. */
+static zpp_status_t stage2_reduce(void *ctx, size_t k) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const qgz_arg_t *a = &p->a;
+  size_t len = chunk_len(p, k), e2 = zpp_coll_encoded_size(&a->q2, len);
+  const uint8_t *in = p->slot[k % QGZ_DEPTH].r2;
+  float *acc2 = p->slot[k % QGZ_DEPTH].acc2;
+  int m;
+  ZPP_CHECK(zpp_k_zero(&a->ex, acc2, len * sizeof(float)));
+  for (m = 0; m < p->m1; m++, in += e2)
+    ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
+  return finish(p, k, acc2);
+}
+
+static void qgz_release(void *ctx) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const zpp_exec_t *ex = &p->a.ex;
+  int i;
+  for (i = 0; i < QGZ_DEPTH; i++) {
+    zpp_k_free(ex, p->slot[i].s1);
+    zpp_k_free(ex, p->slot[i].r1);
+    zpp_k_free(ex, p->slot[i].acc);
+    zpp_k_free(ex, p->slot[i].s2);
+    zpp_k_free(ex, p->slot[i].r2);
+    zpp_k_free(ex, p->slot[i].acc2);
+  }
+  zpp_k_free(ex, p->tmp);
+  zpp_k_free(ex, p->tmp2);
+  zpp_k_free(ex, p->rs);
+  free(p);
+}
+
+static zpp_step_xfer_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
+                      size_t bytes) {
+  zpp_step_xfer_t x;
+  memset(&x, 0, sizeof x);
+  x.kind = ZPP_XFER_ALLTOALL;
+  x.group = g;
+  x.send = send;
+  x.recv = recv;
+  x.bytes = bytes;
+  return x;
+}
+
+/* The plan.  Per chunk k in slot k % QGZ_DEPTH:
+ *   E_k  stage 1 encode                    (after the slot's last user)
+ *   N_k  all-to-all in g1                  (after E_k)
+ *   R_k  stage 1 reduce; stage 2 encode    (after N_k)
+ *   C_k  all-to-all in CROSS (two levels)  (after R_k)
+ *   F_k  stage 2 reduce and finish         (after C_k)
+ * Steps are appended in the order N0 N1 C0 N2 C1 ..., which is the order
+ * every rank starts its transfers in; the engine works on one chunk while
+ * the transfers of the next two are on the wire. */
+static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
+                             zpp_request_t *req) {
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  zpp_comm_t comm = ex->comm; /* p (and ex) are freed on failure */
+  zpp_plan_t *plan;
+  zpp_status_t st = ZPP_OK;
+  size_t e1, e2, k, last;
+  int i, nslots, free_after[QGZ_DEPTH], red[QGZ_DEPTH];
+  p->topo = zpp_transport_topo(ex->t);
+  p->two = qgz_two_level(ex->t);
+  p->g1 = p->two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
+  p->s1 = zpp_transport_group_size(ex->t, p->g1);
+  p->m1 = p->two ? p->topo->nnodes : 1;
+  p->chunk = a->count;
+  if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
+      a->count > 0)
+    p->chunk = zpp_plan_chunk(a->count, a->q1.block_size);
+  p->nchunks = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
+  nslots = p->nchunks < QGZ_DEPTH ? (int)p->nchunks : QGZ_DEPTH;
+  e1 = zpp_coll_encoded_size(&a->q1, p->chunk);
+  e2 = zpp_coll_encoded_size(&a->q2, p->chunk);
+  for (i = 0; i < nslots && st == ZPP_OK; i++) {
+    size_t w = (size_t)p->s1 * (size_t)p->m1;
+    st = zpp_k_alloc(ex, w * e1, (void **)&p->slot[i].s1);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, w * e1, (void **)&p->slot[i].r1);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, (size_t)p->m1 * p->chunk * sizeof(float),
+                       (void **)&p->slot[i].acc);
+    if (st == ZPP_OK && p->two)
+      st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].s2);
+    if (st == ZPP_OK && p->two)
+      st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
+    if (st == ZPP_OK && p->two)
+      st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->slot[i].acc2);
+  }
+  if (st == ZPP_OK && (a->residual != NULL || a->hadamard) && p->nchunks > 0)
+    st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp);
+  if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8 &&
+      p->nchunks > 0) {
+    p->res_seg = zpp_coll_encoded_size(&a->qr, a->count);
+    st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp2);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, zpp_coll_encoded_size(&a->qr, p->chunk),
+                       (void **)&p->rs);
+  }
+  if (st != ZPP_OK) {
+    qgz_release(p);
+    return zpp_comm_fail(comm, st);
+  }
+  ZPP_CHECK(zpp_comm_fail(comm,
+                          zpp_plan_create(func, ex, p, qgz_release, &plan)));
+  ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
+            p->two ? "two levels" : "one level", p->nchunks, p->chunk);
+  for (i = 0; i < QGZ_DEPTH; i++)
+    free_after[i] = red[i] = ZPP_NO_STEP;
+  last = p->nchunks + (p->two ? 2 : 1);
+  for (k = 0; p->nchunks > 0 && k < last; k++) {
     if (k < p->nchunks) {
+      int sl = (int)(k % QGZ_DEPTH), e;
       size_t len = chunk_len(p, k);
-      a2a_step_t *n = &p->slot[k % QGZ_DEPTH].n;
-      ZPP_CHECK(stage1_encode(p, k));
-      n->ex = &a->ex;
-      n->g = p->g1;
-      n->send = p->slot[k % QGZ_DEPTH].s1;
-      n->recv = p->slot[k % QGZ_DEPTH].r1;
-      n->bytes = (size_t)p->m1 * zpp_coll_encoded_size(&a->q1, len);
-      ZPP_CHECK(post(pipe, n, &p->slot[k % QGZ_DEPTH].tn));
+      zpp_step_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
+                         (size_t)p->m1 * zpp_coll_encoded_size(&a->q1, len));
+      e = zpp_plan_kernel(plan, stage1_encode, k, free_after[sl], ZPP_NO_STEP);
+      red[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */
     }
     if (k >= 1 && k - 1 < p->nchunks) {
       size_t j = k - 1;
-      ZPP_CHECK(wait_step(pipe, p->slot[j % QGZ_DEPTH].tn));
-      ZPP_CHECK(stage1_reduce(p, j));
+      int sl = (int)(j % QGZ_DEPTH);
+      int r = zpp_plan_kernel(plan, stage1_reduce, j, red[sl], ZPP_NO_STEP);
       if (!p->two) {
-        ZPP_CHECK(finish(p, j, p->slot[j % QGZ_DEPTH].acc));
+        free_after[sl] = r;
       } else {
-        a2a_step_t *c = &p->slot[j % QGZ_DEPTH].c;
-        ZPP_CHECK(stage2_encode(p, j));
-        c->ex = &a->ex;
-        c->g = ZPP_GROUP_CROSS;
-        c->send = p->slot[j % QGZ_DEPTH].s2;
-        c->recv = p->slot[j % QGZ_DEPTH].r2;
-        c->bytes = zpp_coll_encoded_size(&a->q2, chunk_len(p, j));
-        ZPP_CHECK(post(pipe, c, &p->slot[j % QGZ_DEPTH].tc));
+        zpp_step_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
+                           zpp_coll_encoded_size(&a->q2, chunk_len(p, j)));
+        red[sl] = zpp_plan_xfer(plan, &x, r, ZPP_NO_STEP); /* C_j */
       }
     }
     if (p->two && k >= 2) {
-      size_t j = k - 2, len = chunk_len(p, j);
-      size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-      const uint8_t *in = p->slot[j % QGZ_DEPTH].r2;
-      int m;
-      ZPP_CHECK(wait_step(pipe, p->slot[j % QGZ_DEPTH].tc));
-      ZPP_CHECK(zpp_k_zero(&a->ex, p->acc2, len * sizeof(float)));
-      for (m = 0; m < p->m1; m++, in += e2) /* node order: deterministic */
-        ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, p->acc2));
-      ZPP_CHECK(finish(p, j, p->acc2));
+      size_t j = k - 2;
+      int sl = (int)(j % QGZ_DEPTH);
+      free_after[sl] =
+          zpp_plan_kernel(plan, stage2_reduce, j, red[sl], ZPP_NO_STEP);
     }
   }
-  return ZPP_OK;
-}
-
-static zpp_status_t qgz_run(void *arg) {
-  qgz_arg_t *a = (qgz_arg_t *)arg;
-  const zpp_exec_t *ex = &a->ex;
-  plan_t p;
-  zpp_pipe_t *pipe = NULL;
-  zpp_status_t st = ZPP_OK, fin;
-  size_t e1, e2;
-  int i, nslots;
-  if (a->count == 0)
-    return ZPP_OK;
-  memset(&p, 0, sizeof p);
-  p.a = a;
-  p.topo = zpp_transport_topo(ex->t);
-  p.two = qgz_two_level(ex->t);
-  p.g1 = p.two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
-  p.s1 = zpp_transport_group_size(ex->t, p.g1);
-  p.m1 = p.two ? p.topo->nnodes : 1;
-  p.chunk = ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1
-                ? zpp_pipe_chunk(a->count, a->q1.block_size)
-                : a->count;
-  p.nchunks = (a->count + p.chunk - 1) / p.chunk;
-  nslots = p.nchunks < QGZ_DEPTH ? (int)p.nchunks : QGZ_DEPTH;
-  e1 = zpp_coll_encoded_size(&a->q1, p.chunk);
-  e2 = zpp_coll_encoded_size(&a->q2, p.chunk);
-  for (i = 0; i < nslots; i++) {
-    size_t w = (size_t)p.s1 * (size_t)p.m1;
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, w * e1, (void **)&p.slot[i].s1), st, out);
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, w * e1, (void **)&p.slot[i].r1), st, out);
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * p.chunk * sizeof(float),
-                               (void **)&p.slot[i].acc),
-                   st, out);
-    if (p.two) {
-      ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * e2, (void **)&p.slot[i].s2),
-                     st, out);
-      ZPP_CHECK_GOTO(zpp_k_alloc(ex, (size_t)p.m1 * e2, (void **)&p.slot[i].r2),
-                     st, out);
-    }
-  }
-  if (p.two)
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.acc2),
-                   st, out);
-  if (a->residual != NULL || a->hadamard)
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.tmp),
-                   st, out);
-  if (a->residual != NULL && a->residual_bits == 8) {
-    p.res_seg = zpp_coll_encoded_size(&a->qr, a->count);
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, p.chunk * sizeof(float), (void **)&p.tmp2),
-                   st, out);
-    ZPP_CHECK_GOTO(zpp_k_alloc(ex, zpp_coll_encoded_size(&a->qr, p.chunk),
-                               (void **)&p.rs),
-                   st, out);
-  }
-  /* Without a pipe thread the same schedule runs each step when posted. */
-  if (p.nchunks > 1 && (zpp_comm_thread_caps(ex->comm) & ZPP_THREADS_PIPE))
-    ZPP_CHECK_GOTO(zpp_pipe_start("zpp_qgz_reduce_scatter", &pipe), st, out);
-  ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
-            p.two ? "two levels" : "one level", p.nchunks, p.chunk);
-  st = schedule(&p, pipe);
-out:
-  fin = zpp_pipe_finish(pipe); /* runs what was posted, joins */
-  if (st == ZPP_OK)
-    st = fin;
-  for (i = 0; i < QGZ_DEPTH; i++) {
-    zpp_k_free(ex, p.slot[i].s1);
-    zpp_k_free(ex, p.slot[i].r1);
-    zpp_k_free(ex, p.slot[i].acc);
-    zpp_k_free(ex, p.slot[i].s2);
-    zpp_k_free(ex, p.slot[i].r2);
-  }
-  zpp_k_free(ex, p.acc2);
-  zpp_k_free(ex, p.tmp);
-  zpp_k_free(ex, p.tmp2);
-  zpp_k_free(ex, p.rs);
-  return st;
+  return zpp_plan_submit(plan, req);
 }
 
 /* sizeof(zpp_qgz_config_t) of zpp 0.1: the fields up to `mode`. */
@@ -487,13 +482,14 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                     size_t count, zpp_dtype_t dtype,
                                     zpp_redop_t op, void *residual,
                                     zpp_stream_t stream, zpp_request_t *req) {
-  qgz_arg_t a;
+  zpp_exec_t ex;
+  qgz_ctx_t *c;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
-  zpp_qgz_config_t c = ZPP_QGZ_CONFIG_INIT;
+  zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
   uint64_t w[5];
   size_t rc; /* only checked, so an overflowing residual size fails */
   zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &a.ex));
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = check_cfg(__func__, cfg);
   if (st == ZPP_OK)
     st = zpp_coll_check_dtype(__func__, dtype);
@@ -502,39 +498,45 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   if (st == ZPP_OK)
     st = zpp_qgz_residual_count(comm, count, &rc);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &a.ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+  if (st == ZPP_OK && count > 0)
+    st = zpp_coll_check_device_buf(__func__, &ex, "residual", residual);
   memset(w, 0, sizeof w);
   if (st == ZPP_OK) {
-    qgz_config_get(cfg, &c);
+    qgz_config_get(cfg, &cf);
     /* packed so that every field is compared within the 5 words */
-    w[0] = (uint64_t)c.intra_bits | (uint64_t)c.inter_bits << 8 |
-           (uint64_t)c.mode << 16 | (uint64_t)c.rounding << 24 |
-           (uint64_t)c.residual_bits << 32;
-    w[1] = (uint64_t)c.block_size;
-    w[2] = (uint64_t)c.hadamard;
-    w[3] = c.seed;
+    w[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
+           (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
+           (uint64_t)cf.residual_bits << 32;
+    w[1] = (uint64_t)cf.block_size;
+    w[2] = (uint64_t)cf.hadamard;
+    w[3] = cf.seed;
   }
   w[4] = residual != NULL;
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &a.ex, count,
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, (int)op, w, 5,
                                                     st)));
-  q.block_size = c.block_size;
-  q.mode = c.mode;
-  q.rounding = c.rounding;
-  q.seed = c.seed;
-  a.q1 = q;
-  a.q1.bits = c.intra_bits;
-  a.q2 = q;
-  a.q2.bits = c.inter_bits;
-  a.qr = residual_q8(c.block_size);
-  a.hadamard = c.hadamard;
-  a.residual_bits = c.residual_bits;
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.op = op;
-  a.residual = residual;
-  return zpp_coll_submit_copy(__func__, comm, qgz_run, &a, sizeof a, stream,
-                              req);
+  c = (qgz_ctx_t *)calloc(1, sizeof *c);
+  if (c == NULL)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                                         "plan context"));
+  q.block_size = cf.block_size;
+  q.mode = cf.mode;
+  q.rounding = cf.rounding;
+  q.seed = cf.seed;
+  c->a.ex = ex;
+  c->a.q1 = q;
+  c->a.q1.bits = cf.intra_bits;
+  c->a.q2 = q;
+  c->a.q2.bits = cf.inter_bits;
+  c->a.qr = residual_q8(cf.block_size);
+  c->a.hadamard = cf.hadamard;
+  c->a.residual_bits = cf.residual_bits;
+  c->a.send = sendbuf;
+  c->a.recv = recvbuf;
+  c->a.count = count;
+  c->a.dtype = dtype;
+  c->a.op = op;
+  c->a.residual = residual;
+  return qgz_plan(__func__, c, req);
 }

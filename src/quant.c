@@ -323,12 +323,43 @@ static zpp_status_t need_device(const char *func) {
 }
 #endif
 
+/* check_ptrs 0: the caller (a collective) classified its buffers once for
+ * the whole call and owns its scratch, so the two pointer queries per
+ * kernel are skipped (a qgZ call launches thousands of kernels). */
+static zpp_status_t encode_device(const char *func,
+                                  const zpp_quant_config_t *cfg,
+                                  zpp_dtype_t dtype, const void *src,
+                                  size_t count, uint64_t index_base, void *dst,
+                                  size_t dst_bytes, zpp_stream_t stream,
+                                  int check_ptrs) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(encode_args(func, cfg, dtype, src, count, dst, dst_bytes, &q));
+  q.base = index_base;
+  ZPP_CHECK(need_device(func));
+#if ZPP_HAVE_CUDA_KERNELS
+  if (count > 0) {
+    char err[256];
+    if (check_ptrs) {
+      ZPP_CHECK(device_ptr(func, "src", src));
+      ZPP_CHECK(device_ptr(func, "dst", dst));
+    }
+    if (zpp_quant_cuda_encode(&q, (int)dtype, src, count, (uint8_t *)dst,
+                              stream, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, func, "%s", err);
+  }
+#else
+  (void)stream;
+  (void)check_ptrs;
+#endif
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_quant_encode_device(const zpp_quant_config_t *cfg,
                                      zpp_dtype_t dtype, const void *src,
                                      size_t count, void *dst, size_t dst_bytes,
                                      zpp_stream_t stream) {
-  return zpp_quant_encode_device_at(cfg, dtype, src, count, 0, dst, dst_bytes,
-                                    stream);
+  return encode_device(__func__, cfg, dtype, src, count, 0, dst, dst_bytes,
+                       stream, 1);
 }
 
 zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
@@ -336,47 +367,66 @@ zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
                                         size_t count, uint64_t index_base,
                                         void *dst, size_t dst_bytes,
                                         zpp_stream_t stream) {
-  static const char *const F = "zpp_quant_encode_device";
-  zpp_qcfg_t q;
-  ZPP_CHECK(encode_args(F, cfg, dtype, src, count, dst, dst_bytes, &q));
-  q.base = index_base;
-  ZPP_CHECK(need_device(F));
-#if ZPP_HAVE_CUDA_KERNELS
-  if (count > 0) {
-    char err[256];
-    ZPP_CHECK(device_ptr(F, "src", src));
-    ZPP_CHECK(device_ptr(F, "dst", dst));
-    if (zpp_quant_cuda_encode(&q, (int)dtype, src, count, (uint8_t *)dst,
-                              stream, err, sizeof err) != 0)
-      return zpp_error(ZPP_ERR_CUDA, F, "%s", err);
-  }
-#else
-  (void)stream;
-#endif
-  return ZPP_OK;
+  return encode_device("zpp_quant_encode_device", cfg, dtype, src, count,
+                       index_base, dst, dst_bytes, stream, 1);
+}
+
+zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
+                                             zpp_dtype_t dtype,
+                                             const void *src, size_t count,
+                                             uint64_t index_base, void *dst,
+                                             size_t dst_bytes, void *stream) {
+  return encode_device("zpp_quant_encode_device", cfg, dtype, src, count,
+                       index_base, dst, dst_bytes, stream, 0);
 }
 
 static zpp_status_t decode_device(const char *func,
                                   const zpp_quant_config_t *cfg,
                                   const void *src, size_t src_bytes,
                                   size_t count, int out_kind, void *dst,
-                                  zpp_stream_t stream) {
+                                  zpp_stream_t stream, int check_ptrs) {
   zpp_qcfg_t q;
   ZPP_CHECK(decode_args(func, cfg, src, src_bytes, count, out_kind, dst, &q));
   ZPP_CHECK(need_device(func));
 #if ZPP_HAVE_CUDA_KERNELS
   if (count > 0) {
     char err[256];
-    ZPP_CHECK(device_ptr(func, "src", src));
-    ZPP_CHECK(device_ptr(func, out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst", dst));
+    if (check_ptrs) {
+      ZPP_CHECK(device_ptr(func, "src", src));
+      ZPP_CHECK(device_ptr(func, out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst",
+                           dst));
+    }
     if (zpp_quant_cuda_decode(&q, (const uint8_t *)src, count, out_kind, dst,
                               stream, err, sizeof err) != 0)
       return zpp_error(ZPP_ERR_CUDA, func, "%s", err);
   }
 #else
   (void)stream;
+  (void)check_ptrs;
 #endif
   return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
+                                             const void *src, size_t src_bytes,
+                                             size_t count, int out_kind,
+                                             void *dst, void *stream) {
+  return decode_device(out_kind == ZPP_QM_OUT_ACC
+                           ? "zpp_quant_decode_accumulate_device"
+                           : "zpp_quant_decode_device",
+                       cfg, src, src_bytes, count, out_kind, dst, stream, 0);
+}
+
+zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
+                                        const void *p) {
+#if ZPP_HAVE_CUDA_KERNELS
+  ZPP_CHECK(need_device(func));
+  return device_ptr(func, what, p);
+#else
+  (void)what;
+  (void)p;
+  return need_device(func);
+#endif
 }
 
 zpp_status_t zpp_quant_decode_device(const zpp_quant_config_t *cfg,
@@ -384,7 +434,7 @@ zpp_status_t zpp_quant_decode_device(const zpp_quant_config_t *cfg,
                                      size_t count, zpp_dtype_t dtype,
                                      void *dst, zpp_stream_t stream) {
   return decode_device(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
-                       stream);
+                       stream, 1);
 }
 
 zpp_status_t zpp_quant_decode_accumulate_device(const zpp_quant_config_t *cfg,
@@ -393,5 +443,5 @@ zpp_status_t zpp_quant_decode_accumulate_device(const zpp_quant_config_t *cfg,
                                                 float *acc,
                                                 zpp_stream_t stream) {
   return decode_device(__func__, cfg, src, src_bytes, count, ZPP_QM_OUT_ACC,
-                       acc, stream);
+                       acc, stream, 1);
 }

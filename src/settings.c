@@ -35,6 +35,18 @@ static zpp_setting_t settings[] = {
     {"ZPP_TIMEOUT_S", "300",
      "seconds a collective may wait before its communicator is aborted", NULL,
      0},
+    {"ZPP_BACKEND", "",
+     "transport when the config says ZPP_BACKEND_AUTO: mpi, nccl or ucx; "
+     "empty: automatic",
+     NULL, 0},
+    {"ZPP_BOOTSTRAP_ADDR", "",
+     "TCP bootstrap: IPv4 address or host name the root listens on "
+     "(empty: MASTER_ADDR, else 127.0.0.1)",
+     NULL, 0},
+    {"ZPP_BOOTSTRAP_PORT", "0",
+     "TCP bootstrap: port the root listens on (0: any free port for "
+     "zpp_get_unique_id, MASTER_PORT + 1 from the environment)",
+     NULL, 0},
     {"ZPP_EMU_INTER_GBIT", "0",
      "emulated inter-node bandwidth in Gbit/s per rank (0: not emulated)",
      NULL, 0},
@@ -45,16 +57,20 @@ static zpp_setting_t settings[] = {
      "(rounded up to whole quantization blocks); 0 turns pipelining off",
      NULL, 0},
     {"ZPP_NET_SPIN_US", "1000",
-     "MPI transport: microseconds a wait keeps polling (yielding the core) "
+     "host transports (MPI): microseconds a wait keeps polling (yielding the core) "
      "after the last completed transfer before it sleeps between polls",
      NULL, 0},
     {"ZPP_NET_RINGS", "1",
-     "MPI transport: rings a ring all-gather runs at once, each rotated so "
+     "host transports (MPI): rings a ring all-gather runs at once, each rotated so "
      "its node boundaries fall on other ranks (like NCCL's channels)",
      NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
      "host scratch memory each thread keeps between collectives, in MiB "
      "(reused instead of malloc/free per call; 0 keeps none)",
+     NULL, 0},
+    {"ZPP_NCCL_LIBRARY", "libnccl.so.2",
+     "NCCL library the NCCL backend opens with dlopen: a file name the "
+     "loader searches for, or a path (tests name the NCCL stand-in here)",
      NULL, 0},
     {"ZPP_CHECK", "0",
      "1: collectives verify that all ranks passed the same lengths and "

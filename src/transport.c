@@ -28,6 +28,10 @@ void zpp_sleep_until_ns(int64_t deadline_ns) {
   }
 }
 
+double zpp_timeout_clamp(double timeout_s) {
+  return timeout_s > ZPP_TIMEOUT_MAX_S ? ZPP_TIMEOUT_MAX_S : timeout_s;
+}
+
 /* ---- init / teardown ------------------------------------------------------ */
 
 static zpp_linkclass_t link_class(const zpp_transport_t *t, int peer) {
@@ -45,7 +49,7 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
   t->rank = rank;
   t->size = topo->world_size;
   t->memory = memory;
-  t->timeout_s = timeout_s;
+  t->timeout_s = zpp_timeout_clamp(timeout_s);
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->err_lock, NULL);
   for (g = 0; g < ZPP_NGROUPS; g++) {
@@ -75,6 +79,16 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
     t->emu_lat_us = t->emu_lat_us < 0 ? 0 : t->emu_lat_us;
   }
   t->emu_on = t->emu_gbit > 0 || t->emu_lat_us > 0;
+  t->cuda_device = -1;
+  t->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 1000) * 1000;
+  if (t->spin_ns < 0)
+    t->spin_ns = 0;
+  t->rings = (int)zpp_setting_long("ZPP_NET_RINGS", 1);
+  if (t->rings < 1 || t->rings > 64) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_NET_RINGS=%d: must be in [1, 64]; using 1",
+             t->rings);
+    t->rings = 1;
+  }
   return ZPP_OK;
 }
 
@@ -84,6 +98,7 @@ void zpp_transport_free(zpp_transport_t *t) {
     return;
   if (t->ops != NULL && t->ops->destroy != NULL)
     t->ops->destroy(t);
+  zpp_algo_destroy(t);
   for (g = 0; g < ZPP_NGROUPS; g++) {
     free(t->grp[g].members);
     free(t->grp[g].ring);
@@ -189,6 +204,9 @@ zpp_backend_t zpp_transport_backend(const zpp_transport_t *t) {
 double zpp_transport_timeout_s(const zpp_transport_t *t) {
   return t->timeout_s;
 }
+uint64_t zpp_transport_progress(const zpp_transport_t *t) {
+  return (uint64_t)atomic_load(&((zpp_transport_t *)t)->progress);
+}
 
 static int group_ok(zpp_group_t g) {
   return g == ZPP_GROUP_WORLD || g == ZPP_GROUP_NODE || g == ZPP_GROUP_CROSS;
@@ -212,7 +230,13 @@ zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer) {
   return zpp_topo_link(t->topo, t->rank, peer);
 }
 
-/* ---- checked, serialised operations -------------------------------------- */
+/* ---- checked operations -------------------------------------------------- */
+
+void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on) {
+  pthread_mutex_lock(&t->lock);
+  t->p2p_barrier = on;
+  pthread_mutex_unlock(&t->lock);
+}
 
 static zpp_status_t check_common(zpp_transport_t *t, zpp_group_t g,
                                  zpp_memory_t mem, const char *func) {
@@ -231,28 +255,6 @@ static zpp_status_t check_common(zpp_transport_t *t, zpp_group_t g,
   return ZPP_OK;
 }
 
-/* After the argument checks: takes the lock and counts the call. */
-static zpp_status_t begin(zpp_transport_t *t, zpp_group_t g,
-                          const char *func) {
-  pthread_mutex_lock(&t->lock);
-  if (t->broken) {
-    pthread_mutex_unlock(&t->lock);
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_TIMEOUT, func,
-                     "communicator was aborted earlier (%s); destroy it",
-                     t->broken_why));
-  }
-  atomic_fetch_add(&t->calls[g], 1);
-  ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
-            zpp_group_name(g), t->grp[g].size);
-  return ZPP_OK;
-}
-
-static zpp_status_t leave(zpp_transport_t *t, zpp_status_t st) {
-  pthread_mutex_unlock(&t->lock);
-  return zpp_transport_fail(t, st);
-}
-
 static zpp_status_t need(zpp_transport_t *t, const void *p, int needed,
                          const char *name, const char *func) {
   if (p == NULL && needed)
@@ -269,18 +271,6 @@ static zpp_status_t check_bytes_x_members(zpp_transport_t *t, zpp_group_t g,
                      "bytes %zu x %d members overflows size_t", bytes,
                      t->grp[g].size));
   return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send, size_t bytes,
-                                     void *recv, zpp_memory_t mem,
-                                     void *stream) {
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(need(t, send, bytes > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, bytes > 0, "recv", __func__));
-  ZPP_CHECK(check_bytes_x_members(t, g, bytes, __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->allgather(t, g, send, bytes, recv, mem, stream));
 }
 
 /* Sum of counts (and with displacements, the largest end) fits size_t. */
@@ -303,70 +293,6 @@ static zpp_status_t check_counts(zpp_transport_t *t, int n,
   return ZPP_OK;
 }
 
-zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
-                                      const void *send, void *recv,
-                                      const size_t *recv_bytes,
-                                      const size_t *recv_displs,
-                                      zpp_memory_t mem, void *stream) {
-  size_t total = 0;
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", __func__));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
-                         "recv_bytes", __func__, &total));
-  ZPP_CHECK(need(t, send, recv_bytes[t->grp[g].index] > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, total > 0, "recv", __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->allgatherv(t, g, send, recv, recv_bytes,
-                                     recv_displs, mem, stream));
-}
-
-zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
-                                    const void *send, size_t bytes,
-                                    void *recv, zpp_memory_t mem,
-                                    void *stream) {
-  size_t *counts, i, n;
-  zpp_status_t st;
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(need(t, send, bytes > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, bytes > 0, "recv", __func__));
-  ZPP_CHECK(check_bytes_x_members(t, g, bytes, __func__));
-  n = (size_t)t->grp[g].size;
-  counts = malloc(n * sizeof *counts);
-  if (counts == NULL)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%zu counts", n));
-  for (i = 0; i < n; i++)
-    counts[i] = bytes;
-  st = begin(t, g, __func__);
-  if (st == ZPP_OK)
-    st = leave(t, t->ops->alltoallv(t, g, send, counts, NULL, recv, counts,
-                                    NULL, mem, stream));
-  free(counts);
-  return st;
-}
-
-zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send,
-                                     const size_t *send_bytes,
-                                     const size_t *send_displs, void *recv,
-                                     const size_t *recv_bytes,
-                                     const size_t *recv_displs,
-                                     zpp_memory_t mem, void *stream) {
-  size_t stotal = 0, rtotal = 0;
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(need(t, send_bytes, 1, "send_bytes", __func__));
-  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", __func__));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, send_bytes, send_displs,
-                         "send_bytes", __func__, &stotal));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
-                         "recv_bytes", __func__, &rtotal));
-  ZPP_CHECK(need(t, send, stotal > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, rtotal > 0, "recv", __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->alltoallv(t, g, send, send_bytes, send_displs, recv,
-                                    recv_bytes, recv_displs, mem, stream));
-}
-
 static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
                                  zpp_dtype_t dtype, zpp_reduce_op_t op,
                                  size_t count, const char *func) {
@@ -377,14 +303,310 @@ static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
                      "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
                      "ZPP_BFLOAT16",
                      (int)dtype));
-  if (op != ZPP_REDUCE_SUM)
+  if (op != ZPP_REDUCE_SUM && op != ZPP_REDUCE_MEAN)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "op %d: only ZPP_REDUCE_SUM is supported", (int)op));
+                     "op %d: must be ZPP_REDUCE_SUM or ZPP_REDUCE_MEAN",
+                     (int)op));
   if (count > SIZE_MAX / es / (size_t)t->grp[g].size)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_OVERFLOW, func,
                      "count %zu: the buffer size overflows size_t", count));
+  return ZPP_OK;
+}
+
+/* A stream-ordered backend enqueues the operation with its own entry. */
+static zpp_status_t enqueue(zpp_transport_t *t, const zpp_xop_args_t *a) {
+  const zpp_transport_ops_t *o = t->ops;
+  switch (a->kind) {
+  case ZPP_XOP_ALLGATHER:
+    return o->allgather(t, a->g, a->send, a->bytes, a->recv, a->mem, a->stream);
+  case ZPP_XOP_ALLGATHERV:
+    return o->allgatherv(t, a->g, a->send, a->recv, a->recv_bytes,
+                         a->recv_displs, a->mem, a->stream);
+  case ZPP_XOP_ALLTOALLV:
+    if (a->send_bytes == NULL) {
+      size_t n = (size_t)t->grp[a->g].size, i, *counts;
+      zpp_status_t st;
+      counts = malloc(n * sizeof *counts);
+      if (counts == NULL)
+        return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "%zu counts", n);
+      for (i = 0; i < n; i++)
+        counts[i] = a->bytes;
+      st = o->alltoallv(t, a->g, a->send, counts, NULL, a->recv, counts, NULL,
+                        a->mem, a->stream);
+      free(counts);
+      return st;
+    }
+    return o->alltoallv(t, a->g, a->send, a->send_bytes, a->send_displs,
+                        a->recv, a->recv_bytes, a->recv_displs, a->mem,
+                        a->stream);
+  case ZPP_XOP_REDUCE_SCATTER:
+    return o->reduce_scatter(t, a->g, a->send, a->recv, a->count, a->dtype,
+                             a->op, a->mem, a->stream);
+  case ZPP_XOP_ALLREDUCE:
+    return o->allreduce(t, a->g, a->send, a->recv, a->count, a->dtype,
+                        a->op, a->mem, a->stream);
+  case ZPP_XOP_BARRIER:
+    return o->barrier(t, a->g);
+  }
+  return zpp_error(ZPP_ERR_INTERNAL, a->what, "operation kind %d", (int)a->kind);
+}
+
+/* After the argument checks: under the lock, refuses a broken transport,
+ * counts the call and starts the operation (host backends: the
+ * algorithms' state machine; stream-ordered ones: enqueued, done). */
+static zpp_status_t start(zpp_transport_t *t, const zpp_xop_args_t *a,
+                          int blocking, const char *func, zpp_xop_t **op) {
+  zpp_status_t st;
+  pthread_mutex_lock(&t->lock);
+  if (t->broken) {
+    pthread_mutex_unlock(&t->lock);
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_TIMEOUT, func,
+                     "communicator was aborted earlier (%s); destroy it",
+                     t->broken_why));
+  }
+  atomic_fetch_add(&t->calls[a->g], 1);
+  ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
+            zpp_group_name(a->g), t->grp[a->g].size);
+  if (t->ops->round_post != NULL) {
+    st = zpp_algo_start(t, a, blocking, op);
+  } else {
+    st = enqueue(t, a);
+    if (st == ZPP_OK)
+      *op = zpp_xop_done();
+  }
+  pthread_mutex_unlock(&t->lock);
+  return zpp_transport_fail(t, st);
+}
+
+/* The blocking operations: start, wait (no lock held), free. */
+static zpp_status_t run(zpp_transport_t *t, const zpp_xop_args_t *a,
+                        const char *func) {
+  zpp_xop_t *op = NULL;
+  zpp_status_t st;
+  ZPP_CHECK(start(t, a, 1, func, &op));
+  st = zpp_xop_wait(op);
+  zpp_xop_free(op);
+  return st;
+}
+
+static zpp_status_t need_op(zpp_transport_t *t, zpp_xop_t **op,
+                            const char *func) {
+  if (op == NULL)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "op is NULL"));
+  *op = NULL;
+  return ZPP_OK;
+}
+
+/* ---- the operations: checks, then start (non-blocking) or run --------------- */
+
+static zpp_status_t allgather_args(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, size_t bytes, void *recv,
+                                   zpp_memory_t mem, void *stream,
+                                   const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLGATHER;
+  a->g = g;
+  a->what = "allgather";
+  a->send = send;
+  a->recv = recv;
+  a->bytes = bytes;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, size_t bytes,
+                                     void *recv, zpp_memory_t mem,
+                                     void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
+                                           const void *send, size_t bytes,
+                                           void *recv, zpp_memory_t mem,
+                                           void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t allgatherv_args(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, void *recv,
+                                    const size_t *recv_bytes,
+                                    const size_t *recv_displs,
+                                    zpp_memory_t mem, void *stream,
+                                    const char *func, zpp_xop_args_t *a) {
+  size_t total = 0;
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", func, &total));
+  ZPP_CHECK(need(t, send, recv_bytes[t->grp[g].index] > 0, "send", func));
+  ZPP_CHECK(need(t, recv, total > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLGATHERV;
+  a->g = g;
+  a->what = "allgatherv";
+  a->send = send;
+  a->recv = recv;
+  a->recv_bytes = recv_bytes;
+  a->recv_displs = recv_displs;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
+                                      const void *send, void *recv,
+                                      const size_t *recv_bytes,
+                                      const size_t *recv_displs,
+                                      zpp_memory_t mem, void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
+                            stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allgatherv(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
+                            stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t alltoall_args(zpp_transport_t *t, zpp_group_t g,
+                                  const void *send, size_t bytes, void *recv,
+                                  zpp_memory_t mem, void *stream,
+                                  const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLTOALLV;
+  a->g = g;
+  a->what = "alltoallv";
+  a->send = send;
+  a->recv = recv;
+  a->bytes = bytes;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, size_t bytes,
+                                    void *recv, zpp_memory_t mem,
+                                    void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, size_t bytes,
+                                          void *recv, zpp_memory_t mem,
+                                          void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t alltoallv_args(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, const size_t *send_bytes,
+                                   const size_t *send_displs, void *recv,
+                                   const size_t *recv_bytes,
+                                   const size_t *recv_displs,
+                                   zpp_memory_t mem, void *stream,
+                                   const char *func, zpp_xop_args_t *a) {
+  size_t stotal = 0, rtotal = 0;
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send_bytes, 1, "send_bytes", func));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, send_bytes, send_displs,
+                         "send_bytes", func, &stotal));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", func, &rtotal));
+  ZPP_CHECK(need(t, send, stotal > 0, "send", func));
+  ZPP_CHECK(need(t, recv, rtotal > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLTOALLV;
+  a->g = g;
+  a->what = "alltoallv";
+  a->send = send;
+  a->recv = recv;
+  a->send_bytes = send_bytes;
+  a->send_displs = send_displs;
+  a->recv_bytes = recv_bytes;
+  a->recv_displs = recv_displs;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send,
+                                     const size_t *send_bytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_bytes,
+                                     const size_t *recv_displs,
+                                     zpp_memory_t mem, void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
+                           recv_bytes, recv_displs, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_alltoallv(
+    zpp_transport_t *t, zpp_group_t g, const void *send,
+    const size_t *send_bytes, const size_t *send_displs, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
+                           recv_bytes, recv_displs, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t reduce_args(zpp_transport_t *t, zpp_xop_kind_t kind,
+                                zpp_group_t g, const void *send, void *recv,
+                                size_t count, zpp_dtype_t dtype,
+                                zpp_reduce_op_t op, zpp_memory_t mem,
+                                void *stream, const char *func,
+                                zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(check_reduce(t, g, dtype, op, count, func));
+  ZPP_CHECK(need(t, send, count > 0, "send", func));
+  ZPP_CHECK(need(t, recv, count > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = kind;
+  a->g = g;
+  a->what = kind == ZPP_XOP_ALLREDUCE ? "allreduce" : "reduce_scatter";
+  a->send = send;
+  a->recv = recv;
+  a->count = count;
+  a->dtype = dtype;
+  a->op = op;
+  a->mem = mem;
+  a->stream = stream;
   return ZPP_OK;
 }
 
@@ -393,13 +615,21 @@ zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
                                           size_t count, zpp_dtype_t dtype,
                                           zpp_reduce_op_t op,
                                           zpp_memory_t mem, void *stream) {
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(check_reduce(t, g, dtype, op, count, __func__));
-  ZPP_CHECK(need(t, send, count > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, count > 0, "recv", __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->reduce_scatter(t, g, send, recv, count, dtype, op,
-                                         mem, stream));
+  zpp_xop_args_t a;
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
+                        op, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_reduce_scatter(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, xop, __func__));
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
+                        op, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, xop);
 }
 
 zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
@@ -407,33 +637,78 @@ zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
                                      size_t count, zpp_dtype_t dtype,
                                      zpp_reduce_op_t op, zpp_memory_t mem,
                                      void *stream) {
-  ZPP_CHECK(check_common(t, g, mem, __func__));
-  ZPP_CHECK(check_reduce(t, g, dtype, op, count, __func__));
-  ZPP_CHECK(need(t, send, count > 0, "send", __func__));
-  ZPP_CHECK(need(t, recv, count > 0, "recv", __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->allreduce(t, g, send, recv, count, dtype, op, mem,
-                                    stream));
+  zpp_xop_args_t a;
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
+                        mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allreduce(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, xop, __func__));
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
+                        mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, xop);
+}
+
+static zpp_status_t barrier_args(zpp_transport_t *t, zpp_group_t g,
+                                 const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, ZPP_MEMORY_HOST, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_BARRIER;
+  a->g = g;
+  a->what = "barrier";
+  a->mem = ZPP_MEMORY_HOST;
+  return ZPP_OK;
 }
 
 zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g) {
-  ZPP_CHECK(check_common(t, g, ZPP_MEMORY_HOST, __func__));
-  ZPP_CHECK(begin(t, g, __func__));
-  return leave(t, t->ops->barrier(t, g));
+  zpp_xop_args_t a;
+  ZPP_CHECK(barrier_args(t, g, __func__, &a));
+  return run(t, &a, __func__);
 }
 
+zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
+                                         zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(barrier_args(t, g, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+/* The lock guards the broken check only: the backend's wait polls without
+ * it (one thread at a time per transport, see transport.h). */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
-  zpp_status_t st;
+  zpp_status_t st = ZPP_OK;
+  int broken;
   if (t == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "transport is NULL");
   if (t->ops->sync == NULL)
     return ZPP_OK;
   pthread_mutex_lock(&t->lock);
-  if (t->broken)
+  broken = t->broken;
+  if (broken)
     st = zpp_error(ZPP_ERR_TIMEOUT, __func__,
                    "communicator was aborted earlier (%s); destroy it",
                    t->broken_why);
-  else
+  pthread_mutex_unlock(&t->lock);
+  if (!broken)
     st = t->ops->sync(t, stream);
-  return leave(t, st);
+  return zpp_transport_fail(t, st);
+}
+
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, what, "transport is NULL");
+  if (t->broken)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_TIMEOUT, what,
+                     "communicator was aborted earlier (%s); destroy it",
+                     t->broken_why));
+  if (t->ops->check_async == NULL)
+    return ZPP_OK;
+  return zpp_transport_fail(t, t->ops->check_async(t, what));
 }

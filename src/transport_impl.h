@@ -26,7 +26,10 @@ typedef struct {
   int *members; /* [size] world rank of each member */
   int *ring;    /* [size] member indices in ring order: by node, then local
                    rank, so a ring crosses each node boundary once */
+  uint32_t seq; /* operations started on this group (their tags) */
 } zpp_tgroup_t;
+
+struct zpp_algo; /* transport_algo.c's per-transport caches */
 
 struct zpp_transport {
   const zpp_transport_ops_t *ops;
@@ -48,43 +51,48 @@ struct zpp_transport {
   atomic_uint_fast64_t sent[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t recv[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t calls[ZPP_NGROUPS];
-  pthread_mutex_t lock;     /* serialises operations */
+  /* Host backends (transport_algo.c). */
+  int64_t spin_ns;    /* ZPP_NET_SPIN_US: busy polling after progress */
+  int rings;          /* ZPP_NET_RINGS: rings of a ring all-gather */
+  uint32_t tag_limit; /* tags the backend can carry: [0, tag_limit) */
+  int cuda_device;    /* device of staged device buffers (-1: current) */
+  int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
+  atomic_uint_fast64_t progress; /* bumped when a transfer completes */
+  struct zpp_algo *algo;         /* owned; freed with the transport */
+  pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[ZPP_TRANSPORT_ERRLEN];
   int broken; /* set after a timeout or abort: every later call fails */
   char broken_why[256];
 };
 
-/* The communicator: a transport plus what created it. */
-/* Bootstrap services a backend may need at creation (the communicator
- * implements them over MPI), so that backends never depend on MPI. */
-typedef struct {
-  void *ctx;
-  /* Broadcast `bytes` from world rank `root` to every rank. */
-  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root);
-  /* Every rank's `bytes` of `mine`, concatenated by world rank. */
-  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
-                            void *all);
-} zpp_bootstrap_t;
-
+/* The communicator: a transport plus what created it.  The bootstrap
+ * table (public zpp_bootstrap_t, <zpp/zpp_comm.h>) is also what backends
+ * use at creation (NCCL's unique id, UCX's worker addresses), so backends
+ * never depend on MPI. */
 struct zpp_comm {
   zpp_transport_t *tr;
   zpp_comm_config_t cfg; /* as given, topology pointer cleared */
   char topo_spec[128];   /* the emulation spec in use ("" if discovered) */
   int cuda_device;       /* -1 for host-memory communicators */
   /* Frees what the creator owns besides the transport (zpp's MPI
-   * duplicate); called after the transport is freed. */
+   * duplicate, the TCP bootstrap); called after the transport is freed. */
   void (*release)(struct zpp_comm *c);
   void *creator; /* state of the creator (comm_mpi.c) */
+  void *tcp;     /* zpp's TCP bootstrap state, freed on destroy (or NULL) */
+  /* A subset communicator made the creator's way (NULL: a TCP star). */
+  zpp_status_t (*split)(struct zpp_comm *parent, int color, int key,
+                        const zpp_comm_config_t *cfg, struct zpp_comm **out);
   /* Set by a layer above (the collectives' progress thread): called first
    * in zpp_comm_destroy, while the transport still works. */
   void (*before_destroy)(struct zpp_comm *c);
   /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
+  char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
+  void *engine;    /* the plan engine (src/engine.c), created on first use */
 };
-
 
 /* Generic part.  Takes ownership of topo (also on failure). */
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
@@ -112,7 +120,50 @@ int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
 /* Sleeps until `deadline_ns` (0: no wait) and counts the time slept. */
 void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns);
 
-/* Backend constructors: fill t->ops, t->impl, t->backend. */
+/* Round backends call this whenever a transfer completed. */
+static inline void zpp_transport_progressed(zpp_transport_t *t) {
+  atomic_fetch_add_explicit(&t->progress, 1, memory_order_relaxed);
+}
+
+/* ---- operations (transport.c checks, transport_algo.c runs) ------------- */
+typedef enum {
+  ZPP_XOP_ALLGATHER,
+  ZPP_XOP_ALLGATHERV,
+  ZPP_XOP_ALLTOALLV, /* send_bytes NULL: alltoall of `bytes` per peer */
+  ZPP_XOP_REDUCE_SCATTER,
+  ZPP_XOP_ALLREDUCE,
+  ZPP_XOP_BARRIER
+} zpp_xop_kind_t;
+
+/* One operation's checked arguments (arrays are copied at start). */
+typedef struct {
+  zpp_xop_kind_t kind;
+  zpp_group_t g;
+  const char *what; /* the name errors carry: "allgather", ... */
+  const void *send;
+  void *recv;
+  size_t bytes; /* allgather, alltoall */
+  const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs;
+  size_t count; /* reductions, elements */
+  zpp_dtype_t dtype;
+  zpp_reduce_op_t op; /* reductions */
+  zpp_memory_t mem;
+  void *stream;
+} zpp_xop_args_t;
+
+/* Starts a on a host backend; called with t->lock held, after the call was
+ * counted.  sync_out: staged device output is synchronised at completion
+ * (the blocking wrappers).  On error no op is returned. */
+zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
+                            int sync_out, zpp_xop_t **op);
+/* The op of a stream-ordered backend once enqueued: done from the start
+ * (shared, never written; zpp_xop_free ignores it). */
+zpp_xop_t *zpp_xop_done(void);
+/* Frees the per-transport caches (after the backend's destroy). */
+void zpp_algo_destroy(zpp_transport_t *t);
+
+/* Backend constructors: fill t->ops, t->impl, t->backend (host backends
+ * also t->tag_limit). */
 #if ZPP_HAVE_MPI
 #include <mpi.h>
 /* `world` is zpp's duplicate; the backend splits its group communicators
@@ -123,12 +174,21 @@ zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
 zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what);
 #endif
 /* NCCL: libnccl.so.2 is opened with dlopen; ZPP_ERR_UNSUPPORTED when it, a
- * CUDA device or the build support is missing. */
+ * CUDA device or the build support is missing.  bs: the communicator's
+ * bootstrap (rank 0's unique id is broadcast over it). */
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
                                        int cuda_device);
 /* 1 when libnccl.so.2 can be opened and zpp was built with NCCL support. */
 int zpp_transport_nccl_available(char *why, size_t len);
+/* UCX: libucp.so.0 is opened with dlopen; worker addresses are exchanged
+ * over bs (one allgather, taken part in even by a rank that failed, so
+ * failures are agreed).  ZPP_ERR_UNSUPPORTED when UCX cannot be loaded. */
+zpp_status_t zpp_transport_ucx_create(zpp_transport_t *t,
+                                      const zpp_bootstrap_t *bs,
+                                      int cuda_device);
+/* 1 when libucp.so.0 can be opened with every symbol zpp uses. */
+int zpp_transport_ucx_available(char *why, size_t len);
 
 #ifdef __cplusplus
 }

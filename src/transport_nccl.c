@@ -10,8 +10,11 @@
  *   allgather       ncclAllGather: counts derived from a ring in ring order
  *                   (NCCL's ring crosses each node boundary once per
  *                   channel; bytes_derived is set);
- *   reduce_scatter  ncclReduceScatter: derived the same way;
- *   allreduce       ncclReduceScatter + ncclAllGather over shards of
+ *   reduce_scatter  ncclReduceScatter in fp32 (16-bit inputs widened
+ *                   first, one rounding to the dtype after it, MEAN divided
+ *                   before that rounding): derived the same way, 4 bytes
+ *                   per element;
+ *   allreduce       that reduce-scatter + ncclAllGather over shards of
  *                   ceil(count / n) elements (padded), so its result equals
  *                   reduce_scatter's bit for bit;
  *   allgatherv,
@@ -29,6 +32,8 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
+
+#include "elementwise.h"
 #include <pthread.h>
 #include <time.h>
 
@@ -70,15 +75,21 @@ static pthread_once_t api_once = PTHREAD_ONCE_INIT;
   do {                                                                         \
     *(void **)&api.name = dlsym(h, "nccl" #name);                              \
     if (api.name == NULL) {                                                    \
-      snprintf(api.why, sizeof api.why, "libnccl.so.2 lacks nccl" #name);      \
+      snprintf(api.why, sizeof api.why, "%s lacks nccl" #name, lib);           \
       return;                                                                  \
     }                                                                          \
   } while (0)
 
 static void api_load(void) {
-  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  /* ZPP_NCCL_LIBRARY: the real libnccl by default; tests name a stand-in. */
+  const char *lib = zpp_setting("ZPP_NCCL_LIBRARY");
+  void *h;
+  if (lib[0] == '\0')
+    lib = "libnccl.so.2";
+  h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) {
-    snprintf(api.why, sizeof api.why, "dlopen(libnccl.so.2): %s", dlerror());
+    snprintf(api.why, sizeof api.why, "dlopen(%s) (ZPP_NCCL_LIBRARY): %s", lib,
+             dlerror());
     return;
   }
   ZPP_NCCL_SYM(GetVersion);
@@ -133,6 +144,15 @@ typedef struct {
   char *scratch; /* one byte per world rank, for the barrier */
   void *pad;     /* padded allreduce buffers */
   size_t pad_cap;
+  float *wide;   /* fp32 copies of reduction inputs (reduce_fp32) */
+  size_t wide_cap;
+  float *acc;    /* fp32 reduced shard (reduce_fp32) */
+  size_t acc_cap;
+  /* wide, acc and pad serve every reduction of the transport, and two
+   * reductions may be enqueued on different streams: each waits on its
+   * stream for this event, recorded after the previous one's last use. */
+  cudaEvent_t scratch_ev;
+  int scratch_ev_made;
 } nccl_impl_t;
 
 static zpp_status_t nccl_err(ncclResult_t r, ncclComm_t c, const char *what,
@@ -207,14 +227,6 @@ static zpp_status_t called(zpp_transport_t *t, ncclResult_t r, ncclComm_t c,
   return ready(t, c, what);
 }
 
-static ncclDataType_t nccl_dtype(zpp_dtype_t d) {
-  switch (d) {
-  case ZPP_FLOAT16: return ncclFloat16;
-  case ZPP_BFLOAT16: return ncclBfloat16;
-  case ZPP_FLOAT32: break;
-  }
-  return ncclFloat32;
-}
 
 static zpp_status_t device_only(zpp_memory_t mem, const char *what) {
   if (mem != ZPP_MEMORY_DEVICE)
@@ -369,24 +381,130 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
   return st;
 }
 
+/* Grows a device buffer (not stream-ordered: kept for the communicator's
+ * life; cudaFree waits for the work that may still use the old one). */
+static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
+                             const char *what) {
+  cudaError_t e;
+  if (bytes <= *cap)
+    return ZPP_OK;
+  if (*p != NULL)
+    cudaFree(*p);
+  *p = NULL;
+  *cap = 0;
+  e = cudaMalloc(p, bytes);
+  if (e != cudaSuccess)
+    return cuda_err(e, what, "cudaMalloc of reduction scratch");
+  *cap = bytes;
+  return ZPP_OK;
+}
+
+/* A reduction that uses the shared scratch starts on `s` only after the
+ * previous user's last access (scratch_ev, possibly on another stream)... */
+static zpp_status_t scratch_acquire(zpp_transport_t *t, cudaStream_t s,
+                                    const char *what) {
+  nccl_impl_t *m = t->impl;
+  cudaError_t e;
+  if (!m->scratch_ev_made)
+    return ZPP_OK; /* no reduction used it yet */
+  e = cudaStreamWaitEvent(s, m->scratch_ev, 0);
+  return e == cudaSuccess
+             ? ZPP_OK
+             : cuda_err(e, what, "cudaStreamWaitEvent for the reduction scratch");
+}
+
+/* ... and marks its own last access (also after an error: what was
+ * enqueued may still run). */
+static zpp_status_t scratch_release(zpp_transport_t *t, cudaStream_t s,
+                                    const char *what) {
+  nccl_impl_t *m = t->impl;
+  cudaError_t e = cudaSuccess;
+  if (!m->scratch_ev_made) {
+    e = cudaEventCreateWithFlags(&m->scratch_ev, cudaEventDisableTiming);
+    m->scratch_ev_made = e == cudaSuccess;
+  }
+  if (e == cudaSuccess)
+    e = cudaEventRecord(m->scratch_ev, s);
+  if (e == cudaSuccess)
+    return ZPP_OK;
+  /* The next reduction could not be ordered after this one: report. */
+  return cuda_err(e, what, "cudaEventRecord after the reduction scratch");
+}
+
+/* The reduction zpp promises (transport.h): each member's shard j summed
+ * in fp32 and rounded once to the dtype (after the division for MEAN).
+ * NCCL's own fp16/bf16 reduce-scatter rounds at every step, so 16-bit
+ * inputs are widened to fp32 first (NCCL then carries 4-byte elements:
+ * twice the bytes of the dtype) and the fp32 shard is finished into `out`.
+ * Summation order is NCCL's ring order.  `send` holds `valid` elements of
+ * the n * shard the reduction reads; the rest is taken as zero. */
+static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
+                                const void *send, size_t valid, void *out,
+                                size_t shard, zpp_dtype_t dtype,
+                                zpp_reduce_op_t op, void *stream,
+                                const char *what) {
+  nccl_impl_t *m = t->impl;
+  size_t n = (size_t)t->grp[g].size, total = shard * n;
+  float div = op == ZPP_REDUCE_MEAN ? (float)n : 1.0f;
+  cudaStream_t s = (cudaStream_t)stream;
+  const float *in = (const float *)send;
+  char err[256];
+  cudaError_t e;
+  if (dtype != ZPP_FLOAT32 || valid < total) {
+    ZPP_CHECK(grow_dev((void **)&m->wide, &m->wide_cap, total * sizeof(float),
+                       what));
+    if (valid < total) {
+      e = cudaMemsetAsync(m->wide + valid, 0, (total - valid) * sizeof(float),
+                          s);
+      if (e != cudaSuccess)
+        return cuda_err(e, what, "cudaMemsetAsync of the padding");
+    }
+    if (zpp_ew_widen_device((int)dtype, send, valid, m->wide, stream, err,
+                            sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
+    in = m->wide;
+  }
+  if (dtype == ZPP_FLOAT32 && div == 1.0f) { /* fp32 sum: straight out */
+    ZPP_CHECK(called(t, api.ReduceScatter(in, out, shard, ncclFloat32, ncclSum,
+                                          m->comm[g], s),
+                     m->comm[g], what, "ncclReduceScatter"));
+  } else {
+    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float),
+                       what));
+    ZPP_CHECK(called(t, api.ReduceScatter(in, m->acc, shard, ncclFloat32,
+                                          ncclSum, m->comm[g], s),
+                     m->comm[g], what, "ncclReduceScatter"));
+    if (zpp_ew_finish_device(m->acc, shard, div, (int)dtype, out, stream, err,
+                             sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
+  }
+  account_ring(t, g, (uint64_t)shard * sizeof(float), 1);
+  return ZPP_OK;
+}
+
 static zpp_status_t nccl_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
                                         const void *send, void *recv,
                                         size_t count, zpp_dtype_t dtype,
                                         zpp_reduce_op_t op, zpp_memory_t mem,
                                         void *stream) {
-  nccl_impl_t *m = t->impl;
-  (void)op;
+  size_t n = (size_t)t->grp[g].size;
+  zpp_status_t st, rs;
   ZPP_CHECK(on_device(t, mem, "reduce_scatter"));
   if (count == 0)
     return ZPP_OK;
-  ZPP_CHECK(called(t, api.ReduceScatter(send, recv, count, nccl_dtype(dtype),
-                                        ncclSum, m->comm[g],
-                                        (cudaStream_t)stream),
-                   m->comm[g], "reduce_scatter", "ncclReduceScatter"));
-  account_ring(t, g, (uint64_t)count * zpp_dtype_size(dtype), 1);
-  return ZPP_OK;
+  if (dtype == ZPP_FLOAT32 && op == ZPP_REDUCE_SUM) /* no scratch */
+    return reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
+                       "reduce_scatter");
+  ZPP_CHECK(scratch_acquire(t, (cudaStream_t)stream, "reduce_scatter"));
+  st = reduce_fp32(t, g, send, count * n, recv, count, dtype, op, stream,
+                   "reduce_scatter");
+  rs = scratch_release(t, (cudaStream_t)stream, "reduce_scatter");
+  return st != ZPP_OK ? st : rs;
 }
 
+/* reduce_fp32 over shards of ceil(count / n) elements (zero padding), then
+ * an all-gather of the rounded shards: the result equals reduce_scatter's
+ * shards bit for bit. */
 static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
                                    const void *send, void *recv, size_t count,
                                    zpp_dtype_t dtype, zpp_reduce_op_t op,
@@ -397,53 +515,41 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   cudaStream_t s = (cudaStream_t)stream;
   ncclComm_t c = m->comm[g];
   cudaError_t e;
-  (void)op;
+  char *out;
+  zpp_status_t st, rs = ZPP_OK;
+  int scratch;
   ZPP_CHECK(on_device(t, mem, "allreduce"));
   if (count == 0)
     return ZPP_OK;
+  scratch = shard * (size_t)n != count || dtype != ZPP_FLOAT32 ||
+            op != ZPP_REDUCE_SUM;
+  if (scratch)
+    ZPP_CHECK(scratch_acquire(t, s, "allreduce"));
   if (shard * (size_t)n == count) {
-    /* In-place forms: reduce my shard into its place, gather in place. */
-    char *mine = (char *)recv + (size_t)me * shard * es;
-    ZPP_CHECK(called(t, api.ReduceScatter(send, mine, shard, nccl_dtype(dtype),
-                                          ncclSum, c, s),
-                     c, "allreduce", "ncclReduceScatter"));
-    ZPP_CHECK(called(t, api.AllGather(mine, recv, shard * es, ncclUint8, c, s),
-                     c, "allreduce", "ncclAllGather"));
+    out = (char *)recv; /* reduce my shard into its place, gather in place */
+    st = ZPP_OK;
   } else {
-    size_t need = 2 * shard * (size_t)n * es;
-    char *pad;
-    if (need > m->pad_cap) {
-      if (m->pad)
-        cudaFree(m->pad);
-      m->pad = NULL;
-      m->pad_cap = 0;
-      e = cudaMalloc(&m->pad, need);
-      if (e != cudaSuccess)
-        return cuda_err(e, "allreduce", "cudaMalloc of the padded buffer");
-      m->pad_cap = need;
-    }
-    pad = m->pad;
-    /* Padding is zero: it only feeds discarded elements. */
-    e = cudaMemsetAsync(pad + count * es, 0, (shard * (size_t)n - count) * es, s);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync(pad, send, count * es, cudaMemcpyDeviceToDevice, s);
-    if (e != cudaSuccess)
-      return cuda_err(e, "allreduce", "padding the input");
-    {
-      char *out = pad + shard * (size_t)n * es;
-      char *mine = out + (size_t)me * shard * es;
-      ZPP_CHECK(called(t, api.ReduceScatter(pad, mine, shard, nccl_dtype(dtype),
-                                            ncclSum, c, s),
-                       c, "allreduce", "ncclReduceScatter"));
-      ZPP_CHECK(called(t, api.AllGather(mine, out, shard * es, ncclUint8, c, s),
-                       c, "allreduce", "ncclAllGather"));
+    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, "allreduce");
+    out = (char *)m->pad;
+  }
+  if (st == ZPP_OK)
+    st = reduce_fp32(t, g, send, count, out + (size_t)me * shard * es, shard,
+                     dtype, op, stream, "allreduce");
+  if (st == ZPP_OK)
+    st = called(t, api.AllGather(out + (size_t)me * shard * es, out,
+                                 shard * es, ncclUint8, c, s),
+                c, "allreduce", "ncclAllGather");
+  if (st == ZPP_OK) {
+    account_ring(t, g, (uint64_t)shard * es, 1);
+    if (out != (char *)recv) {
       e = cudaMemcpyAsync(recv, out, count * es, cudaMemcpyDeviceToDevice, s);
       if (e != cudaSuccess)
-        return cuda_err(e, "allreduce", "copying the result");
+        st = cuda_err(e, "allreduce", "copying the result");
     }
   }
-  account_ring(t, g, (uint64_t)shard * es, 2);
-  return ZPP_OK;
+  if (scratch)
+    rs = scratch_release(t, s, "allreduce");
+  return st != ZPP_OK ? st : rs;
 }
 
 static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
@@ -523,14 +629,49 @@ static void nccl_destroy(zpp_transport_t *t) {
     cudaFree(m->scratch);
   if (m->pad)
     cudaFree(m->pad);
+  if (m->wide)
+    cudaFree(m->wide);
+  if (m->acc)
+    cudaFree(m->acc);
+  if (m->scratch_ev_made)
+    cudaEventDestroy(m->scratch_ev);
   free(m);
   t->impl = NULL;
 }
 
+/* Asynchronous errors of the three communicators, without waiting. */
+static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
+  nccl_impl_t *m = t->impl;
+  int g;
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    ncclResult_t async = ncclSuccess;
+    if (m->comm[g] == NULL)
+      continue;
+    api.CommGetAsyncError(m->comm[g], &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      zpp_status_t st =
+          nccl_err(async, m->comm[g], what, "asynchronous NCCL error");
+      abort_all(t);
+      zpp_transport_break(t, "asynchronous NCCL error on group %s",
+                          zpp_group_name((zpp_group_t)g));
+      return st;
+    }
+  }
+  return ZPP_OK;
+}
+
+/* Stream-ordered: the operations enqueue; no round primitive. */
 static const zpp_transport_ops_t nccl_ops = {
-    "nccl",         nccl_allgather, nccl_allgatherv, nccl_alltoallv,
-    nccl_reduce_scatter, nccl_allreduce, nccl_barrier, nccl_sync,
-    nccl_destroy};
+    .name = "nccl",
+    .allgather = nccl_allgather,
+    .allgatherv = nccl_allgatherv,
+    .alltoallv = nccl_alltoallv,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allreduce = nccl_allreduce,
+    .barrier = nccl_barrier,
+    .sync = nccl_sync,
+    .destroy = nccl_destroy,
+    .check_async = nccl_check_async};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
@@ -541,38 +682,75 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   const zpp_topo_t *topo = t->topo;
   char why[256];
   cudaError_t e;
+  ncclResult_t rinit;
+  struct {
+    int32_t status;
+    ncclUniqueId id;
+  } mine, *all;
+  zpp_status_t st = ZPP_OK;
   int g;
-  if (!zpp_transport_nccl_available(why, sizeof why))
-    return zpp_error(ZPP_ERR_UNSUPPORTED, __func__, "NCCL backend: %s", why);
-  m = calloc(1, sizeof *m);
-  if (m == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
-  m->device = cuda_device;
-  t->impl = m;
-  t->ops = &nccl_ops;
-  t->backend = ZPP_BACKEND_NCCL;
   if (t->emu_on) {
     ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_EMU_INTER_GBIT/LAT_US apply to the MPI "
              "backend only; NCCL links are not slowed");
     t->emu_on = 0;
     t->emu_gbit = t->emu_lat_us = 0;
   }
-  e = cudaSetDevice(cuda_device);
-  if (e == cudaSuccess)
-    e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
-  if (e != cudaSuccess)
-    return cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
-  memset(&id, 0, sizeof id);
-  if (t->rank == 0) {
-    ncclResult_t r = api.GetUniqueId(&id);
-    if (r != ncclSuccess)
-      return nccl_err(r, NULL, __func__, "ncclGetUniqueId");
+  /* Everything that can fail locally happens before the exchange of the
+   * unique id, and every rank learns every other rank's outcome in that
+   * exchange: a rank that failed here never leaves the others waiting for
+   * an id (or inside ncclCommInitRankConfig) that will not come. */
+  memset(&mine, 0, sizeof mine);
+  m = NULL;
+  if (!zpp_transport_nccl_available(why, sizeof why))
+    st = zpp_error(ZPP_ERR_UNSUPPORTED, __func__, "NCCL backend: %s", why);
+  else if ((m = calloc(1, sizeof *m)) == NULL)
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
+  if (m != NULL) {
+    m->device = cuda_device;
+    t->impl = m;
+    t->ops = &nccl_ops;
+    t->backend = ZPP_BACKEND_NCCL;
+    e = cudaSetDevice(cuda_device);
+    if (e == cudaSuccess)
+      e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
+    if (e != cudaSuccess)
+      st = cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
   }
-  ZPP_CHECK(bs->bcast(bs->ctx, &id, sizeof id, 0));
+  if (st == ZPP_OK && t->rank == 0) {
+    ncclResult_t r = api.GetUniqueId(&mine.id);
+    if (r != ncclSuccess)
+      st = nccl_err(r, NULL, __func__, "ncclGetUniqueId");
+  }
+  mine.status = (int32_t)st;
+  all = malloc((size_t)t->size * sizeof *all);
+  if (all == NULL)
+    return st != ZPP_OK ? st
+                        : zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                                    "%d bootstrap records", t->size);
+  {
+    zpp_status_t xs =
+        bs->allgather(bs->ctx, &mine, sizeof mine, all, t->timeout_s);
+    if (xs != ZPP_OK) {
+      free(all);
+      return st != ZPP_OK ? st : xs;
+    }
+  }
+  for (g = 0; g < t->size && st == ZPP_OK; g++)
+    if (all[g].status != ZPP_OK)
+      st = zpp_error((zpp_status_t)all[g].status, __func__,
+                     "rank %d failed before NCCL initialisation (%s); see "
+                     "its log",
+                     g, zpp_status_string((zpp_status_t)all[g].status));
+  id = all[0].id;
+  free(all);
+  if (st != ZPP_OK)
+    return st;
   cfg.blocking = 0;
-  ZPP_CHECK(called(t, api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD],
-                                             t->size, id, t->rank, &cfg),
-                   m->comm[ZPP_GROUP_WORLD], __func__,
+  /* The handle is written by the call: read it only after the call
+   * returned (as an argument of the same call its value is unspecified). */
+  rinit = api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD], t->size, id,
+                                 t->rank, &cfg);
+  ZPP_CHECK(called(t, rinit, m->comm[ZPP_GROUP_WORLD], __func__,
                    "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:

@@ -1,7 +1,8 @@
 # zpp-bench under mpirun (label "mpi"): each collective on small sizes for
 # ZPP_TOPO=2x2 (4 ranks) and 2x4 (8 ranks), one JSON run, the checker's
-# self-test (--corrupt must exit 1) and, without CUDA, --memory device
-# (must say "no CUDA device" and exit 3).  tests/bench/check_bench.cmake
+# self-test (--corrupt must exit 1), without CUDA, --memory device (must
+# say "no CUDA device" and exit 3), and in an emulated build, --memory
+# device on the emulated CUDA runtime.  tests/bench/check_bench.cmake
 # runs the benchmark and checks the exit status, the exact CSV header, and
 # that baseline rows have wrong = 0 and ratio 1.
 if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
@@ -43,7 +44,30 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
   zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
 
-  if(NOT ZPP_WITH_CUDA_ENABLED)
+  # Emulated build (ZPP_CUDA_EMU): every collective on device memory, with
+  # the MPI backend (staging) and, when the NCCL stand-in is in the tree,
+  # the NCCL backend.  The same checks as on host memory.  Label "emu".
+  if(ZPP_CUDA_EMU)
+    set(_backends mpi)
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/nccl_emu/nccl_emu.c AND ZPP_WITH_NCCL_ENABLED)
+      list(APPEND _backends nccl)
+    endif()
+    foreach(_be ${_backends})
+      foreach(_coll allgather reducescatter hpz-gather)
+        set(_name bench_device_${_be}_${_coll}_2x2)
+        zpp_bench_test(${_name} 4 2x2
+          "--coll;${_coll};--memory;device;--backend;${_be};-b;1K;-e;16K;-f;4;-n;1;-w;1;-c;1;--format;csv")
+        set(_env "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+        if(_be STREQUAL "nccl")
+          string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
+        endif()
+        set_tests_properties(${_name} PROPERTIES LABELS emu TIMEOUT 180
+          ENVIRONMENT "${_env}")
+      endforeach()
+    endforeach()
+  endif()
+
+  if(NOT ZPP_HAVE_CUDA_RT)
     zpp_bench_test(bench_device_no_cuda 1 1x1 "--memory;device"
       -DEXPECT_RC=3 "-DEXPECT_ERR=no CUDA device")
   endif()

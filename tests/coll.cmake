@@ -5,7 +5,8 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
   add_executable(test_coll test_coll.cc)
   target_link_libraries(test_coll PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   # C bindings only: no MPI C++ library at link time
-  target_compile_definitions(test_coll PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_compile_definitions(test_coll PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1
+    ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}>)
   target_include_directories(test_coll PRIVATE ${PROJECT_SOURCE_DIR}/src
     ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
   set(_zpp_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
@@ -35,6 +36,36 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
       --gtest_filter=Async.*:Qwz.*:Qgz.CountsEqualTheFormulas)
   set_tests_properties(coll_serialized PROPERTIES LABELS mpi TIMEOUT 120
     ENVIRONMENT "ZPP_TOPO=2x2;ZPP_TEST_MPI_THREAD=serialized;ZPP_PIPE_MIN_CHUNK=256;OMPI_MCA_mpi_yield_when_idle=1")
+  # Emulated build (ZPP_CUDA_EMU): the same suite on device memory, with the
+  # MPI backend staging through pinned host memory and, when the NCCL
+  # stand-in is in the tree (tests/nccl_emu), with the NCCL backend loading
+  # it through ZPP_NCCL_LIBRARY.  Same references and bounds as on host
+  # memory (test_memory.h).  Label "emu".
+  if(ZPP_CUDA_EMU)
+    set(_backends mpi)
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/nccl_emu/nccl_emu.c AND ZPP_WITH_NCCL_ENABLED)
+      list(APPEND _backends nccl)
+    endif()
+    foreach(_be ${_backends})
+      foreach(_layout 1x1:1 2x2:4 2x4:8 3x2:6)
+        string(REPLACE ":" ";" _p "${_layout}")
+        list(GET _p 0 _topo)
+        list(GET _p 1 _np)
+        set(_env "ZPP_TOPO=${_topo};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=${_be}")
+        string(APPEND _env ";OMPI_MCA_mpi_yield_when_idle=1")
+        if(_topo MATCHES "^(2x4|3x2)$")
+          string(APPEND _env ";ZPP_PIPE_MIN_CHUNK=256")
+        endif()
+        if(_be STREQUAL "nccl")
+          string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
+        endif()
+        add_test(NAME coll_device_${_be}_${_topo}
+          COMMAND ${_zpp_mpirun} -np ${_np} $<TARGET_FILE:test_coll>)
+        set_tests_properties(coll_device_${_be}_${_topo} PROPERTIES LABELS emu
+          TIMEOUT 300 ENVIRONMENT "${_env}")
+      endforeach()
+    endforeach()
+  endif()
   add_test(NAME coll_check
     COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>
       --gtest_filter=BadInput.*)

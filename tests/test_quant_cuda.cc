@@ -8,7 +8,8 @@
 // and a stream captured into a CUDA graph).
 //
 // Every test skips with "no CUDA device: ..." when zpp_cuda_available() is
-// 0, and runs for real on a machine with a GPU (perf/gpu_check.sh).
+// 0, and runs for real on a machine with a GPU (perf/gpu_check.sh), or on
+// the emulated CUDA runtime in an emulated build (ZPP_CUDA_EMU).
 // Seed: ZPP_TEST_SEED (default 20261129), printed by every test.
 #include <gtest/gtest.h>
 
@@ -84,7 +85,12 @@ zpp_quant_config_t make_cfg(int bits, size_t block, bool asym) {
   return c;
 }
 
-const size_t kLong = ((size_t)1 << 24) + 43;  // longest input of the tests
+// The longest input of the tests.  An emulated build (ZPP_CUDA_EMU, where a
+// CPU runs every CUDA thread) shortens it: tests/quant_device_emu.cmake.
+#ifndef ZPP_TEST_QUANT_CUDA_LONG
+#define ZPP_TEST_QUANT_CUDA_LONG (((size_t)1 << 24) + 43)
+#endif
+const size_t kLong = ZPP_TEST_QUANT_CUDA_LONG;
 
 // Host and device copies of one random input per dtype, made once.
 struct Input {
@@ -169,6 +175,7 @@ void check_case(int dt, int bits, bool asym, size_t block, size_t n, cudaStream_
                           std::to_string(o.src) + " enc " + std::to_string(o.enc) +
                           " out " + std::to_string(o.out);
   SCOPED_TRACE(ctx);
+  ASSERT_LE(n, kLong) << "the inputs hold kLong elements";
   const Input &in = input_for(dt);
   ASSERT_NE(in.dev->p, nullptr) << "cudaMalloc of the input failed";
   const zpp_quant_config_t cfg = make_cfg(bits, block, asym);

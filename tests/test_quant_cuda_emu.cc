@@ -1,7 +1,8 @@
 // The CUDA block codec (kernels/quant/quant_cuda.cu) run on the CPU under
-// the emulator of tests/cuda_emu/cuda_runtime.h and compared with the scalar
-// reference bit for bit: encoded bytes with memcmp, decoded outputs bit for
-// bit.  It runs on every machine, GPU or not, and checks what the device
+// the emulated CUDA runtime (tests/cuda_emu, libzpp_cudart_emu) and
+// compared with the scalar reference bit for bit: encoded bytes with
+// memcmp, decoded outputs bit for bit.  Buffers are emulated device memory
+// whose inputs end at a guard page (a kernel reading past them faults).  It runs on every machine, GPU or not, and checks what the device
 // test cannot check without a GPU: the work decomposition (groups, chunks,
 // segments), the packing, the reductions and their synchronisation (a
 // shuffle or barrier not reached by every thread fails the launch), the
@@ -13,9 +14,6 @@
 // Seed: ZPP_TEST_SEED (default 20261129), printed by every test.
 #include <gtest/gtest.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,6 +23,7 @@ static size_t g_max_grid = (size_t)1 << 30;
 #define ZPP_QUANT_CUDA_MAX_GRID g_max_grid
 #include "quant_cuda.cu"  // kernels and launchers, compiled as C++
 #include "quant_cuda_testdata.h"
+#include "zpp_cuda_emu.h"
 
 namespace {
 
@@ -55,53 +54,65 @@ struct Offsets {
   size_t src = 0, enc = 0, out = 0;
 };
 
-// n bytes that end where an inaccessible page begins: a kernel reading
-// past its input faults.
+// n bytes of device memory that end where an inaccessible page begins (the
+// emulator ends every allocation whose size is a multiple of 256 bytes at
+// a guard page): a kernel reading past them faults.
 struct Guarded {
   uint8_t *base = nullptr, *p = nullptr;
-  size_t map = 0;
   explicit Guarded(size_t n) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (n + page - 1) / page * page;
-    map = body + page;
-    void *m = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return;
-    base = (uint8_t *)m;
-    mprotect(base + body, page, PROT_NONE);
+    size_t body = (n + 255) / 256 * 256;
+    if (cudaMalloc(&base, body ? body : 256) != cudaSuccess) return;
     p = base + body - n;
   }
   Guarded(const Guarded &) = delete;
   Guarded &operator=(const Guarded &) = delete;
   ~Guarded() {
-    if (base) munmap(base, map);
+    if (base) cudaFree(base);
   }
 };
 
+std::string fault() { return std::string(" (emulator: ") + zpp_emu_last_fault() + ")"; }
+
 // Encodes and decodes one case on the emulator and on the scalar reference;
 // returns false (with a failure recorded) on the first difference.
+// sr: stochastic rounding with these keys and index base (docs/format.md);
+// nullptr: round to nearest.
 bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_t> &in,
-                const std::vector<float> &acc0, Offsets o = Offsets()) {
+                const std::vector<float> &acc0, Offsets o = Offsets(),
+                const zpp_qcfg_t *sr = nullptr) {
   zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block, 0, 0, 0, 0};
+  if (sr != nullptr) {
+    q.sr = 1;
+    q.k0 = sr->k0;
+    q.k1 = sr->k1;
+    q.base = sr->base;
+  }
   std::string ctx = describe(s.dt, s.bits, s.asym, block, n) + " offsets src " +
                     std::to_string(o.src) + " enc " + std::to_string(o.enc) + " out " +
-                    std::to_string(o.out);
+                    std::to_string(o.out) +
+                    (sr ? " sr base " + std::to_string(sr->base) : std::string());
   int ovf = 0;
   size_t sz = zpp_quant_bytes(&q, n, &ovf);
   size_t es = dtype_size(s.dt);
   // inputs at the requested offset, ending at a guard page
   Guarded src(n * es + o.src);
   if (src.p == nullptr) {
-    ADD_FAILURE() << "mmap failed";
+    ADD_FAILURE() << "cudaMalloc failed";
     return false;
   }
-  std::memcpy(src.p + o.src, in.data(), n * es);
+  EXPECT_EQ(cudaMemcpy(src.p + o.src, in.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
   std::vector<uint8_t> ref(sz + 1, 0xa5), got(sz + o.enc + 1, 0xa5);
   zpp_quant_encode_scalar(&q, s.dt, in.data(), n, ref.data());
+  Guarded denc(got.size());
+  EXPECT_EQ(cudaMemcpy(denc.p, got.data(), got.size(), cudaMemcpyHostToDevice), cudaSuccess);
   char err[256] = "";
-  zq_emu::st().error.clear();
-  int rc = zpp_quant_cuda_encode(&q, s.dt, src.p + o.src, n, got.data() + o.enc,
-                                 nullptr, err, sizeof err);
-  EXPECT_EQ(rc, 0) << ctx << ": " << err << " " << zq_emu::st().error;
+  int rc = zpp_quant_cuda_encode(&q, s.dt, src.p + o.src, n, denc.p + o.enc, nullptr, err,
+                                 sizeof err);
+  EXPECT_EQ(rc, 0) << ctx << ": " << err << fault();
   if (rc != 0) return false;
+  cudaError_t ce = cudaMemcpy(got.data(), denc.p, got.size(), cudaMemcpyDeviceToHost);
+  EXPECT_EQ(ce, cudaSuccess) << ctx << ": " << cudaGetErrorString(ce) << fault();
+  if (ce != cudaSuccess) return false;
   if (std::memcmp(ref.data(), got.data() + o.enc, sz + 1) != 0) {
     size_t i = 0;
     while (ref[i] == got[o.enc + i]) i++;
@@ -112,7 +123,7 @@ bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_
     return false;
   }
   Guarded enc(sz + o.enc);  // the encoding again, ending at a guard page
-  std::memcpy(enc.p, got.data(), sz + o.enc);
+  EXPECT_EQ(cudaMemcpy(enc.p, got.data(), sz + o.enc, cudaMemcpyHostToDevice), cudaSuccess);
   for (int kind : {(int)ZPP_QM_F32, (int)ZPP_QM_F16, (int)ZPP_QM_BF16, ZPP_QM_OUT_ACC}) {
     size_t w = out_size(kind);
     std::vector<uint8_t> d0(n * w + 8), d1(n * w + o.out + 8);
@@ -123,10 +134,16 @@ bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_
       std::memcpy(d1.data() + o.out, acc0.data(), 4 * n);
     }
     zpp_quant_decode_scalar(&q, ref.data(), n, kind, d0.data());
-    rc = zpp_quant_cuda_decode(&q, enc.p + o.enc, n, kind, d1.data() + o.out,
-                               nullptr, err, sizeof err);
-    EXPECT_EQ(rc, 0) << ctx << " decode " << kind_name(kind) << ": " << err;
+    Guarded dout(d1.size());
+    EXPECT_EQ(cudaMemcpy(dout.p, d1.data(), d1.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    rc = zpp_quant_cuda_decode(&q, enc.p + o.enc, n, kind, dout.p + o.out, nullptr, err,
+                               sizeof err);
+    EXPECT_EQ(rc, 0) << ctx << " decode " << kind_name(kind) << ": " << err << fault();
     if (rc != 0) return false;
+    ce = cudaMemcpy(d1.data(), dout.p, d1.size(), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(ce, cudaSuccess) << ctx << " decode " << kind_name(kind) << ": "
+                               << cudaGetErrorString(ce) << fault();
+    if (ce != cudaSuccess) return false;
     if (std::memcmp(d0.data(), d1.data() + o.out, n * w + 8) != 0) {
       size_t i = first_mismatch(d0.data(), d1.data() + o.out, n, kind);
       ADD_FAILURE() << ctx << " decode " << kind_name(kind) << ": element " << i
@@ -190,23 +207,51 @@ TEST_P(QuantCudaEmu, KernelsLoopWhenTheGridIsCapped) {
     }
 }
 
+// Stochastic rounding (issue 14): the kernels draw element i's bits at
+// base + i from the same keyed generator as the scalar codec, so the bytes
+// are equal, whatever the block class, the split over CTAs or the base.
+TEST_P(QuantCudaEmu, StochasticRoundingIsBitwiseEqualToScalar) {
+  const Shape s = GetParam();
+  uint64_t seed = print_seed("QuantCudaEmu stochastic rounding");
+  auto in = make_input(seed, s.dt, 24001);
+  auto acc = make_acc(seed, 24001);
+  zpp_qm_keys_t k = zpp_qm_rng_keys(seed);
+  zpp_qcfg_t sr = {0, 0, 0, 1, k.k0, k.k1, 0};
+  for (uint64_t base : {(uint64_t)0, (uint64_t)24001 * 3, ((uint64_t)1 << 33) + 5})
+    for (size_t block : {7, 256, 8200})
+      for (size_t n : {9, 4097, 24001}) {
+        sr.base = base;
+        if (!check_case(s, block, n, in, acc, Offsets(), &sr)) return;
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, QuantCudaEmu, ::testing::ValuesIn(AllShapes()), ShapeName);
+
+std::vector<const void *> kernel_log() {
+  std::vector<const void *> v(64);
+  size_t n = zpp_emu_kernel_log(v.data(), v.size());
+  v.resize(n < v.size() ? n : v.size());
+  return v;
+}
 
 // The launches each path makes, so that the tests above are known to cover
 // all of them.
 TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
   print_seed("QuantCudaEmuPaths");
   auto in = make_input(test_seed(), ZPP_QM_F32, 70001);
-  std::vector<uint8_t> enc(70001 * 9 + 16);
+  Guarded src(in.size()), enc(70001 * 9 + 16);
+  ASSERT_EQ(cudaMemcpy(src.p, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
   char err[256];
   auto kernels_of = [&](size_t block, size_t n, size_t enc_off) {
     zpp_qcfg_t q = {8, 0, block, 0, 0, 0, 0};
-    zq_emu::st().kernels.clear();
-    EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F32, in.data(), n, enc.data() + enc_off,
-                                    nullptr, err, sizeof err),
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    zpp_emu_kernel_log_clear();
+    EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F32, src.p, n, enc.base + enc_off, nullptr, err,
+                                    sizeof err),
               0)
         << err;
-    return zq_emu::st().kernels;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << fault();
+    return kernel_log();
   };
   const void *full = reinterpret_cast<const void *>(&encode_kernel<ZPP_QM_F32, 8, false, kFull>);
   // one segment per block
@@ -218,7 +263,7 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
   EXPECT_EQ(split[2], reinterpret_cast<const void *>(&encode_kernel<ZPP_QM_F32, 8, false, kQuant>));
   // long blocks with unaligned metadata: one looping CTA per block
   EXPECT_EQ(kernels_of(20000, 70001, 1), std::vector<const void *>{full});
-  EXPECT_EQ(zq_emu::st().max_threads, kMaxGroup);
+  EXPECT_EQ(zpp_emu_max_block_threads(), kMaxGroup);
   // a count shorter than the block: one short block, no split
   EXPECT_EQ(kernels_of((size_t)1 << 20, 9, 0), std::vector<const void *>{full});
 }
@@ -226,10 +271,12 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
 TEST(QuantCudaEmuPaths, ZeroCountLaunchesNothing) {
   zpp_qcfg_t q = {4, 1, 7, 0, 0, 0, 0};
   char err[8];
-  zq_emu::st().kernels.clear();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  zpp_emu_kernel_log_clear();
   EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F16, nullptr, 0, nullptr, nullptr, err, sizeof err), 0);
   EXPECT_EQ(zpp_quant_cuda_decode(&q, nullptr, 0, ZPP_QM_OUT_ACC, nullptr, nullptr, err, sizeof err), 0);
-  EXPECT_TRUE(zq_emu::st().kernels.empty());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(kernel_log().empty());
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ TEST(TopoTool, PrintSettings) {
   ToolRun r = run(kBin + " --print-settings");
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char *s : {"ZPP_TOPO", "ZPP_TIMEOUT_S", "ZPP_EMU_INTER_GBIT",
-                        "ZPP_EMU_INTER_LAT_US", "ZPP_DEBUG"})
+                        "ZPP_EMU_INTER_LAT_US", "ZPP_DEBUG", "ZPP_NCCL_LIBRARY"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

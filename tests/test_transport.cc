@@ -39,6 +39,9 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 uint64_t g_seed = 20261129ull;
+// The backend under test: ZPP_BACKEND (ctest runs this suite once per
+// backend, the same tests), default mpi.
+std::string g_backend = "mpi";
 zpp_comm_t g_comm = nullptr;
 
 // ---- the layout, derived here from ZPP_TOPO independently of topology/ ----
@@ -320,7 +323,8 @@ TEST(Topology, ReportSaysWhatItIs) {
   EXPECT_NE(js.find(g_layout.emulated ? "\"emulated\": true" : "\"emulated\": false"),
             std::string::npos) << js;
   EXPECT_NE(js.find("\"world_size\": " + std::to_string(g_size)), std::string::npos);
-  EXPECT_NE(js.find("\"backend\": \"mpi\""), std::string::npos) << js;
+  EXPECT_NE(js.find("\"backend\": \"" + g_backend + "\""), std::string::npos) << js;
+  EXPECT_NE(js.find("\"bootstrap\": \"mpi\""), std::string::npos) << js;
   zpp_comm_stats_t s = stats();
   EXPECT_EQ(s.topo_emulated, g_layout.emulated ? 1 : 0);
 }
@@ -615,7 +619,376 @@ TEST(Threads, OperationsFromAnotherThread) {
     EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(77, r, B).data(), B));
 }
 
+// ---- non-blocking operations (zpp_transport_start_* / zpp_xop_*) ----------
+
+namespace {
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // the clock zpp's emulation uses
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// Tests every op of `ops` (last started first) until all are done; fails
+// after `limit_s` instead of hanging.
+void test_all(std::vector<zpp_xop_t *> &ops, zpp_comm_t c, double limit_s = 60) {
+  int64_t until = mono_ns() + (int64_t)(limit_s * 1e9);
+  std::vector<int> done(ops.size(), 0);
+  size_t left = ops.size();
+  while (left > 0) {
+    ASSERT_LT(mono_ns(), until) << left << " ops not done";
+    for (size_t i = ops.size(); i-- > 0;) {
+      if (done[i]) continue;
+      int d = 0;
+      ASSERT_EQ(zpp_xop_test(ops[i], &d), ZPP_OK) << "op " << i << ": "
+                                                  << zpp_comm_get_last_error(c);
+      if (d) { done[i] = 1; left--; }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+Bytes operator+(Bytes a, const Bytes &b) {
+  a.intra_sent += b.intra_sent; a.intra_recv += b.intra_recv;
+  a.inter_sent += b.inter_sent; a.inter_recv += b.inter_recv;
+  return a;
+}
+}  // namespace
+
+// Eight operations in flight at once on the three groups -- three of them
+// on the same pairs of ranks (WORLD) -- started in one order and completed
+// in the reverse: each output equals the reference and the blocking call's,
+// bit for bit, and the counters are the sum of the per-op formulas.
+TEST(Xop, SeveralInFlightEqualTheBlockingCalls) {
+  const zpp_group_t W = ZPP_GROUP_WORLD, N = ZPP_GROUP_NODE, C = ZPP_GROUP_CROSS;
+  std::vector<int> mw = members(W, g_rank), mn = members(N, g_rank),
+                   mc = members(C, g_rank);
+  int nw = (int)mw.size(), nn = (int)mn.size(), nc = (int)mc.size();
+  int iw = index_of(mw, g_rank), in = index_of(mn, g_rank), ic = index_of(mc, g_rank);
+  const size_t B1 = 1007, B2 = 65539, B3 = 4099, RS = 333, AR = 1001;
+  const zpp_dtype_t bf = ZPP_BFLOAT16, hf = ZPP_FLOAT16;
+  // Inputs.
+  std::vector<uint8_t> a_in = bytes_of(4001, g_rank, B1), b_in = bytes_of(4002, g_rank, B2),
+                       c_in = bytes_of(4003, g_rank, nw * B3);
+  std::vector<size_t> d_cnt(nn);
+  size_t d_tot = 0;
+  for (int i = 0; i < nn; i++) d_tot += d_cnt[i] = (size_t)(mn[i] * 131 % 997) + (i % 2 ? 0 : 17);
+  std::vector<uint8_t> d_in = bytes_of(4004, g_rank, d_cnt[in]);
+  std::vector<uint8_t> e_in = floats_of(4005, g_rank, nc * RS, bf);
+  std::vector<uint8_t> f_in = floats_of(4006, g_rank, AR, hf);
+  auto gsize = [](int i, int j) { return (size_t)((i * 5 + j * 3) % 4 == 0 ? 0 : 100 + i * 37 + j); };
+  std::vector<size_t> g_sc(nn), g_rc(nn);
+  size_t g_st = 0, g_rt = 0;
+  for (int j = 0; j < nn; j++) { g_st += g_sc[j] = gsize(mn[in], mn[j]); g_rt += g_rc[j] = gsize(mn[j], mn[in]); }
+  std::vector<uint8_t> g_in = bytes_of(4007, g_rank, g_st);
+  // Outputs (one guard byte each).
+  std::vector<uint8_t> a_out(nw * B1 + 1, 0xEE), b_out(nw * B2 + 1, 0xEE),
+      c_out(nw * B3 + 1, 0xEE), d_out(d_tot + 1, 0xEE), e_out(RS * 2 + 1, 0xEE),
+      f_out(AR * 2 + 1, 0xEE), g_out(g_rt + 1, 0xEE);
+
+  zpp_comm_reset_stats(g_comm);
+  std::vector<zpp_xop_t *> ops(8, nullptr);
+  zpp_transport_t *t = T();
+  uint64_t moved = zpp_transport_progress(t);
+  ASSERT_EQ(zpp_transport_start_allgather(t, W, a_in.data(), B1, a_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[0]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_allgather(t, W, b_in.data(), B2, b_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[1]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_alltoall(t, W, c_in.data(), B3, c_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[2]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_allgatherv(t, N, d_in.data(), d_out.data(), d_cnt.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[3]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_reduce_scatter(t, C, e_in.data(), e_out.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[4]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_allreduce(t, W, f_in.data(), f_out.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[5]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, g_out.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[6]), ZPP_OK);
+  ASSERT_EQ(zpp_transport_start_barrier(t, C, &ops[7]), ZPP_OK);
+  // The argument arrays are copied at start: scribbling on them is harmless.
+  std::vector<size_t> d_keep = d_cnt, g_sk = g_sc, g_rk = g_rc;
+  std::fill(d_cnt.begin(), d_cnt.end(), 0);
+  std::fill(g_sc.begin(), g_sc.end(), 0);
+  std::fill(g_rc.begin(), g_rc.end(), 0);
+  test_all(ops, g_comm);
+  for (zpp_xop_t *op : ops) zpp_xop_free(op);
+  zpp_comm_stats_t s = stats();
+  if (nw > 1) {
+    EXPECT_GT(zpp_transport_progress(t), moved) << "transfers completed unseen";
+  }
+  d_cnt = d_keep; g_sc = g_sk; g_rc = g_rk;
+
+  // References, as in the Ops.* tests.
+  for (int i = 0; i < nw; i++) {
+    EXPECT_EQ(0, std::memcmp(a_out.data() + i * B1, bytes_of(4001, mw[i], B1).data(), B1)) << "a block " << i;
+    EXPECT_EQ(0, std::memcmp(b_out.data() + i * B2, bytes_of(4002, mw[i], B2).data(), B2)) << "b block " << i;
+    EXPECT_EQ(0, std::memcmp(c_out.data() + i * B3, bytes_of(4003, mw[i], nw * B3).data() + iw * B3, B3)) << "c from " << i;
+  }
+  for (int i = 0, o = 0; i < nn; o += (int)d_cnt[i], i++)
+    EXPECT_EQ(0, std::memcmp(d_out.data() + o, bytes_of(4004, mn[i], d_cnt[i]).data(), d_cnt[i])) << "d block " << i;
+  std::vector<uint8_t> e_ref = expected_sum(4005, mc, nc * RS, bf, ic * RS, RS);
+  EXPECT_EQ(0, std::memcmp(e_out.data(), e_ref.data(), RS * 2)) << "reduce_scatter";
+  std::vector<uint8_t> f_ref = expected_sum(4006, mw, AR, hf, 0, AR);
+  EXPECT_EQ(0, std::memcmp(f_out.data(), f_ref.data(), AR * 2)) << "allreduce";
+  for (int i = 0, o = 0; i < nn; o += (int)g_rc[i], i++) {
+    size_t from = 0;  // offset of my block in member i's packed send
+    for (int j = 0; j < in; j++) from += gsize(mn[i], mn[j]);
+    size_t tot = 0;
+    for (int j = 0; j < nn; j++) tot += gsize(mn[i], mn[j]);
+    EXPECT_EQ(0, std::memcmp(g_out.data() + o, bytes_of(4007, mn[i], tot).data() + from, g_rc[i])) << "g from " << i;
+  }
+  for (auto *v : {&a_out, &b_out, &c_out, &d_out, &g_out}) EXPECT_EQ(v->back(), 0xEE);
+  EXPECT_EQ(e_out[RS * 2], 0xEE);
+  EXPECT_EQ(f_out[AR * 2], 0xEE);
+
+  // Counters: the sum of each op's formula.
+  Bytes want = ring_bytes(W, std::vector<uint64_t>(nw, B1)) + ring_bytes(W, std::vector<uint64_t>(nw, B2)) +
+               ring_bytes(N, std::vector<uint64_t>(d_cnt.begin(), d_cnt.end()));
+  for (int i = 0; i < nw; i++) want.add(mw[i], B3, B3);
+  for (int i = 0; i < nc; i++) want.add(mc[i], RS * 2, RS * 2);
+  std::vector<uint64_t> blk(nw);
+  for (int j = 0; j < nw; j++) blk[j] = (AR / nw + ((size_t)j < AR % nw)) * 2;
+  for (int j = 0; j < nw; j++) want.add(mw[j], blk[j], blk[iw]);
+  want = want + ring_bytes(W, blk);
+  for (int j = 0; j < nn; j++) want.add(mn[j], g_sc[j], g_rc[j]);
+  expect_bytes(want, s, "eight ops in flight");
+  EXPECT_EQ(s.calls[W], 4u);
+  EXPECT_EQ(s.calls[N], 2u);
+  EXPECT_EQ(s.calls[C], 2u);
+
+  // The blocking calls give the same bits.
+  std::vector<uint8_t> x(nw * B2 + 1, 0xEE);
+  ASSERT_EQ(zpp_transport_allgather(t, W, b_in.data(), B2, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  EXPECT_EQ(x, b_out);
+  x.assign(nw * B3 + 1, 0xEE);
+  ASSERT_EQ(zpp_transport_alltoall(t, W, c_in.data(), B3, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  EXPECT_EQ(x, c_out);
+  x.assign(RS * 2 + 1, 0xEE);
+  ASSERT_EQ(zpp_transport_reduce_scatter(t, C, e_in.data(), x.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  EXPECT_EQ(x, e_out);
+  x.assign(AR * 2 + 1, 0xEE);
+  ASSERT_EQ(zpp_transport_allreduce(t, W, f_in.data(), x.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  EXPECT_EQ(x, f_out);
+  x.assign(g_rt + 1, 0xEE);
+  ASSERT_EQ(zpp_transport_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, x.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  EXPECT_EQ(x, g_out);
+}
+
+// Two ops on one group started back to back, the second completed first:
+// their messages never match each other's (tags from the group sequence).
+TEST(Xop, TwoOnOnePairCompleteInEitherOrder) {
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size();
+    const size_t B = 3001;
+    std::vector<uint8_t> in1 = bytes_of(4101 + g, g_rank, B), in2 = bytes_of(4201 + g, g_rank, B);
+    std::vector<uint8_t> o1(n * B), o2(n * B);
+    zpp_xop_t *x1 = nullptr, *x2 = nullptr;
+    ASSERT_EQ(zpp_transport_start_allgather(T(), g, in1.data(), B, o1.data(), ZPP_MEMORY_HOST, nullptr, &x1), ZPP_OK);
+    ASSERT_EQ(zpp_transport_start_allgather(T(), g, in2.data(), B, o2.data(), ZPP_MEMORY_HOST, nullptr, &x2), ZPP_OK);
+    ASSERT_EQ(zpp_xop_wait(x2), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    ASSERT_EQ(zpp_xop_wait(x1), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    zpp_xop_free(x1);
+    zpp_xop_free(x2);
+    for (int i = 0; i < n; i++) {
+      EXPECT_EQ(0, std::memcmp(o1.data() + i * B, bytes_of(4101 + g, m[i], B).data(), B)) << tag(g, "first", B);
+      EXPECT_EQ(0, std::memcmp(o2.data() + i * B, bytes_of(4201 + g, m[i], B).data(), B)) << tag(g, "second", B);
+    }
+  }
+}
+
+// zpp_xop_test never waits for a peer: rank 0 starts, tests (not done:
+// the others have not started) and only then lets the others start.  A
+// test that blocked would deadlock here until the communicator's timeout.
+TEST(Xop, TestReturnsWhileThePeersAreLate) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 30;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK) << zpp_get_last_error();
+  zpp_transport_t *t = zpp_comm_transport(c);
+  const size_t B = 777;
+  std::vector<uint8_t> in = bytes_of(4301, g_rank, B), out(g_size * B);
+  for (int p2p = 0; p2p < 2; p2p++) {
+    zpp_transport_set_p2p_barrier(t, p2p);
+    for (int kind = 0; kind < 2; kind++) {  // allgather, barrier
+      char go = 1;
+      zpp_xop_t *op = nullptr;
+      auto start = [&] {
+        return kind == 0 ? zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.data(), B,
+                                                         out.data(), ZPP_MEMORY_HOST,
+                                                         nullptr, &op)
+                         : zpp_transport_start_barrier(t, ZPP_GROUP_WORLD, &op);
+      };
+      if (g_rank == 0) {
+        ASSERT_EQ(start(), ZPP_OK);
+        int done = 1;
+        for (int k = 0; k < 3; k++) {
+          ASSERT_EQ(zpp_xop_test(op, &done), ZPP_OK);
+          EXPECT_EQ(done, 0) << (kind ? "barrier" : "allgather") << " done without its peers"
+                             << (p2p ? " (p2p barrier)" : "");
+        }
+        EXPECT_EQ(zpp_xop_wake_ns(op), 0) << "no emulated deadline is pending";
+        for (int r = 1; r < g_size; r++) MPI_Send(&go, 1, MPI_CHAR, r, 99, MPI_COMM_WORLD);
+      } else {
+        MPI_Recv(&go, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        ASSERT_EQ(start(), ZPP_OK);
+      }
+      ASSERT_EQ(zpp_xop_wait(op), ZPP_OK) << zpp_comm_get_last_error(c);
+      int done = 0;
+      EXPECT_EQ(zpp_xop_test(op, &done), ZPP_OK);
+      EXPECT_EQ(done, 1);
+      zpp_xop_free(op);
+      if (kind == 0) {
+        for (int r = 0; r < g_size; r++)
+          EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(4301, r, B).data(), B));
+      }
+    }
+  }
+  zpp_comm_destroy(c);
+}
+
+// The dissemination barrier (backends without a barrier of their own)
+// counts a call and no bytes, on every group.
+TEST(Xop, DisseminationBarrierCountsNoBytes) {
+  zpp_transport_set_p2p_barrier(T(), 1);
+  for (zpp_group_t g : kGroups) {
+    zpp_comm_reset_stats(g_comm);
+    for (int k = 0; k < 3; k++)
+      ASSERT_EQ(zpp_transport_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    zpp_comm_stats_t s = stats();
+    EXPECT_EQ(s.calls[g], 3u);
+    expect_bytes(Bytes(), s, tag(g, "p2p barrier", 0));
+  }
+  zpp_transport_set_p2p_barrier(T(), 0);
+}
+
+// An op whose peers never start: the test that sees the timeout returns
+// ZPP_ERR_TIMEOUT once, naming the group; the transport is then broken.
+TEST(Xop, TimeoutNamesTheGroupAndBreaksTheTransport) {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 0.5;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  // Rank 0's first group (CROSS, NODE, WORLD) with a peer.
+  zpp_group_t g = ZPP_GROUP_WORLD;
+  for (zpp_group_t h : {ZPP_GROUP_CROSS, ZPP_GROUP_NODE})
+    if (members(h, 0).size() > 1) { g = h; break; }
+  if (g_rank == 0 && members(g, 0).size() > 1) {
+    const size_t B = 64;
+    std::vector<uint8_t> in(B, 1), out(B * g_size);
+    zpp_xop_t *op = nullptr;
+    ASSERT_EQ(zpp_transport_start_allgather(t, g, in.data(), B, out.data(),
+                                            ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
+    zpp_status_t st = ZPP_OK;
+    int done = 0;
+    int64_t t0 = mono_ns();
+    while (st == ZPP_OK && !done && mono_ns() - t0 < 10000000000LL) {
+      st = zpp_xop_test(op, &done);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(st, ZPP_ERR_TIMEOUT);
+    std::string msg = zpp_comm_get_last_error(c);
+    EXPECT_NE(msg.find(std::string("group ") + zpp_group_name(g)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ZPP_TIMEOUT_S"), std::string::npos) << msg;
+    // UCX names the transfers it waited for, among them the receive from
+    // my predecessor in the (first) ring, whose send never came.  The MPI
+    // backend does not list them.
+    if (g_backend == "ucx") {
+      std::vector<int> m = members(g, 0), base = ring(g, 0);
+      int n = (int)m.size(), pos = index_of(base, index_of(m, 0));
+      int pred = m[base[(pos - 1 + n) % n]];
+      EXPECT_NE(msg.find("of transfers "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("from " + std::to_string(pred)), std::string::npos)
+          << msg << " (predecessor: rank " << pred << ")";
+    }
+    EXPECT_GE((mono_ns() - t0) * 1e-9, 0.45) << "timed out before the timeout";
+    // Returned once; the op is then done.
+    EXPECT_EQ(zpp_xop_test(op, &done), ZPP_OK);
+    EXPECT_EQ(done, 1);
+    zpp_xop_free(op);
+    zpp_xop_t *again = nullptr;
+    EXPECT_EQ(zpp_transport_start_barrier(t, ZPP_GROUP_WORLD, &again), ZPP_ERR_TIMEOUT);
+    EXPECT_EQ(again, nullptr);
+    EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("aborted earlier"), std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  zpp_comm_destroy(c);
+}
+
+// Freeing an op in flight cancels it and breaks the transport (its peers
+// could not complete without it).
+TEST(Xop, FreeInFlightBreaksTheTransport) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 5;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  if (g_rank == 0) {
+    std::vector<uint8_t> in(32, 1), out(32 * g_size);
+    zpp_xop_t *op = nullptr;
+    ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.data(), 32, out.data(),
+                                            ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
+    zpp_xop_free(op);
+    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
+    EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("freed while in flight"),
+              std::string::npos) << zpp_comm_get_last_error(c);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  zpp_comm_destroy(c);
+}
+
+TEST(Xop, NullArgumentsAreNamed) {
+  std::vector<uint8_t> buf(8 * g_size);
+  EXPECT_EQ(zpp_transport_start_allgather(T(), ZPP_GROUP_WORLD, buf.data(), 8, buf.data(),
+                                          ZPP_MEMORY_HOST, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("op is NULL"), std::string::npos);
+  zpp_xop_t *op = nullptr;
+  EXPECT_EQ(zpp_transport_start_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
+                                          ZPP_MEMORY_HOST, nullptr, &op),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(op, nullptr);
+  EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("send is NULL"), std::string::npos);
+  int done = 0;
+  EXPECT_EQ(zpp_xop_test(nullptr, &done), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_xop_wait(nullptr), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_xop_wake_ns(nullptr), 0);
+  zpp_xop_free(nullptr);
+}
+
 // ---- errors -------------------------------------------------------------------
+
+namespace {
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // shared by all ranks of the machine
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+double cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
+
+// Neither an idle communicator nor a rank waiting for a late peer keeps a
+// core busy (host backends: zpp_xop_wait sleeps between polls).
+TEST(Threads, IdleAndLateWaitsUseLittleCpu) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  MPI_Barrier(MPI_COMM_WORLD);
+  double c0 = cpu_s(), w0 = now_s();
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  double idle_cpu = cpu_s() - c0, idle_wall = now_s() - w0;
+  EXPECT_LT(idle_cpu, 0.1 * idle_wall) << "an idle process used CPU";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  c0 = cpu_s();
+  w0 = now_s();
+  EXPECT_EQ(zpp_transport_barrier(T(), ZPP_GROUP_WORLD), ZPP_OK);
+  double cpu = cpu_s() - c0, wall = now_s() - w0;
+  if (g_rank == 0) {
+    std::printf("[ wait ] rank 0 waited %.0f ms for late peers, %.0f ms CPU\n",
+                wall * 1e3, cpu * 1e3);
+    EXPECT_GE(wall, 0.5);
+    EXPECT_LT(cpu, 0.3 * wall) << "waiting for a late peer burns CPU";
+  }
+}
 
 TEST(Errors, BadArgumentsAreNamed) {
   std::vector<uint8_t> buf(64 * g_size);
@@ -684,8 +1057,6 @@ TEST(Errors, BadConfigsAreNamed) {
   bad(ZPP_ERR_INVALID_ARGUMENT, "needs cfg->memory ZPP_MEMORY_DEVICE");
   cfg.backend = (zpp_backend_t)17;
   bad(ZPP_ERR_INVALID_ARGUMENT, "cfg->backend 17");
-  cfg.backend = ZPP_BACKEND_UCX;
-  bad(ZPP_ERR_UNSUPPORTED, "UCX: not built yet");
   cfg.cuda_device = -2;
   bad(ZPP_ERR_INVALID_ARGUMENT, "cuda_device -2");
   std::string wrong = std::to_string(g_size + 1) + "x1";
@@ -705,6 +1076,30 @@ TEST(Errors, RanksDisagreeingOnTheTopologyAllFail) {
   EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_MISMATCH);
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_TOPO"), std::string::npos);
   EXPECT_EQ(c, nullptr);
+}
+
+// An explicit backend in the config wins over ZPP_BACKEND, on the MPI
+// bootstrap too (UCX's worker addresses travel over MPI then).
+TEST(Config, ExplicitBackendIsUsed) {
+  for (zpp_backend_t b : {ZPP_BACKEND_MPI, ZPP_BACKEND_UCX}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.backend = b;
+    zpp_comm_t c = nullptr;
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_backend_t got = ZPP_BACKEND_AUTO;
+    EXPECT_EQ(zpp_comm_backend(c, &got), ZPP_OK);
+    EXPECT_EQ(got, b);
+    EXPECT_STREQ(zpp_comm_bootstrap_name(c), "mpi");
+    uint32_t mine = 0x5a000000u + (uint32_t)g_rank;
+    std::vector<uint32_t> all(g_size, 0);
+    EXPECT_EQ(zpp_transport_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD, &mine, 4,
+                                      all.data(), ZPP_MEMORY_HOST, nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(c);
+    for (int r = 0; r < g_size; r++) EXPECT_EQ(all[r], 0x5a000000u + (uint32_t)r);
+    EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  }
 }
 
 // config.topology takes precedence over ZPP_TOPO.
@@ -755,11 +1150,45 @@ TEST(Errors, TimeoutInsteadOfHanging) {
               std::string::npos);
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_OK)
-        << zpp_comm_get_last_error(c);
+    // MPI leaves rank 0's barrier request behind (a collective cannot be
+    // cancelled), so the late ranks complete; point-to-point backends
+    // (UCX) cancelled rank 0's part, and the late ranks time out in turn.
+    zpp_status_t st = zpp_transport_barrier(t, ZPP_GROUP_WORLD);
+    if (g_backend == "mpi")
+      EXPECT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
+    else
+      EXPECT_TRUE(st == ZPP_OK || st == ZPP_ERR_TIMEOUT) << zpp_comm_get_last_error(c);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   zpp_comm_destroy(c);
+}
+
+// A huge timeout means "practically none" (ZPP_TIMEOUT_MAX_S), not an
+// immediate one: timeout_s * 1e9 used to overflow int64_t nanoseconds and
+// put every deadline in the past, so any wait not done at its first test
+// (creation's bootstrap included) failed at once.  Rank 0 arrives late, so
+// the others' first tests see nothing done.
+TEST(Errors, HugeTimeoutIsNoTimeout) {
+  for (double to : {1e12, (double)INFINITY}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.timeout_s = to;
+    zpp_comm_t c = nullptr;
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_get_last_error();
+    zpp_transport_t *t = zpp_comm_transport(c);
+    EXPECT_EQ(zpp_transport_timeout_s(t), ZPP_TIMEOUT_MAX_S);
+    const size_t B = 64;
+    std::vector<uint8_t> in = bytes_of(4401, g_rank, B), out(B * g_size);
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                      ZPP_MEMORY_HOST, nullptr), ZPP_OK)
+        << "timeout_s " << to << ": " << zpp_comm_get_last_error(c);
+    for (int r = 0; r < g_size; r++)
+      EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(4401, r, B).data(), B)) << r;
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_comm_destroy(c);
+  }
 }
 
 // ---- device memory ---------------------------------------------------------
@@ -836,6 +1265,46 @@ void device_ops(zpp_comm_t c, const char *what) {
         EXPECT_NEAR(load(fout.data(), e, ZPP_FLOAT32), load(ref.data(), e, ZPP_FLOAT32),
                     bound) << what << " element " << e;
     }
+    // reduce_scatter in fp16 and bf16: MPI staging is the documented sum
+    // (fp32 accumulator, one rounding).  NCCL adds in the dtype along its
+    // ring and rounds after every addition: each of the n - 1 roundings
+    // adds at most u * |partial sum| <= u * (1 + u)^n * sum |x| (u: the
+    // dtype's unit roundoff) to the error against the exact sum.
+    for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16}) {
+      const size_t es = zpp_dtype_size(dt);
+      const uint64_t salt = 2300 + g + 10 * (uint64_t)dt;
+      std::vector<uint8_t> rin = floats_of(salt, g_rank, n * count, dt), rout(count * es);
+      cudaMemcpy(din, rin.data(), n * count * es, cudaMemcpyHostToDevice);
+      ASSERT_EQ(zpp_transport_reduce_scatter(t, g, din, dout, count, dt, ZPP_REDUCE_SUM,
+                                             ZPP_MEMORY_DEVICE, s), ZPP_OK)
+          << what << ": " << zpp_comm_get_last_error(c);
+      ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
+      cudaMemcpy(rout.data(), dout, count * es, cudaMemcpyDeviceToHost);
+      if (be == ZPP_BACKEND_MPI) {
+        std::vector<uint8_t> want = expected_sum(salt, m, n * count, dt, me * count, count);
+        EXPECT_EQ(0, std::memcmp(rout.data(), want.data(), count * es))
+            << what << " " << tag(g, "reduce_scatter", count, dt);
+        continue;
+      }
+      std::vector<std::vector<uint8_t>> all;
+      for (int r : m) all.push_back(floats_of(salt, r, n * count, dt));
+      const double u = std::ldexp(1.0, dt == ZPP_FLOAT16 ? -11 : -8);
+      int bad = 0;
+      for (size_t e = 0; e < count && bad < 3; e++) {
+        double exact = 0, mag = 0;
+        for (auto &x : all) {
+          double v = load(x.data(), me * count + e, dt);
+          exact += v;
+          mag += std::fabs(v);
+        }
+        double bound = (n - 1) * u * std::pow(1 + u, n) * mag;
+        double got = load(rout.data(), e, dt);
+        if (!(std::fabs(got - exact) <= bound) && bad++ < 3)
+          ADD_FAILURE() << what << " " << tag(g, "reduce_scatter", count, dt)
+                        << " element " << e << ": " << got << ", exact " << exact
+                        << ", bound " << bound;
+      }
+    }
     cudaFree(din);
     cudaFree(dout);
   }
@@ -880,7 +1349,114 @@ TEST(Nccl, OpsOnDeviceMemory) {
   device_ops(c, "nccl");
   zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
   zpp_comm_get_stats(c, &s);
-  EXPECT_EQ(s.bytes_derived, 1);
+  // One rank sends nothing, so no count is derived (zpp_comm.h).
+  EXPECT_EQ(s.bytes_derived, g_size > 1 ? 1 : 0);
+  zpp_comm_destroy(c);
+}
+
+// Reductions enqueued on two streams at once.  The NCCL backend's fp32
+// scratch (widened 16-bit inputs, the accumulator, the allreduce padding)
+// belongs to the transport; a reduction on one stream must not overwrite
+// it while one on another stream still reads it.  The emulated runtime
+// runs the two streams concurrently with random delays, so unordered
+// scratch mixes some of the 12 rounds' inputs; each result is checked
+// against its own inputs: the exact sum within the error of fp32 ring
+// additions, (n - 1) 2^-24 sum|x| (each addition's relative error 2^-24 of
+// a partial sum <= sum|x|), plus the one rounding to the dtype.
+TEST(Nccl, ReductionsOnTwoStreamsKeepTheirOwnInputs) {
+  if (!zpp_cuda_available())
+    GTEST_SKIP() << "no CUDA device on this machine: the NCCL backend needs a GPU";
+  int ndev = 0, need = 0, mine = 1;
+  cudaGetDeviceCount(&ndev);
+  MPI_Allreduce(&mine, &need, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (ndev < need)
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << need << " ranks share "
+                 << ndev << " device(s)";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_NCCL;
+  zpp_comm_t c = nullptr;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  if (st == ZPP_ERR_UNSUPPORTED)
+    GTEST_SKIP() << "NCCL not usable: " << zpp_get_last_error();
+  ASSERT_EQ(st, ZPP_OK) << zpp_get_last_error();
+  zpp_transport_t *t = zpp_comm_transport(c);
+  const zpp_group_t g = ZPP_GROUP_WORLD;
+  std::vector<int> m = members(g, g_rank);
+  const int n = (int)m.size(), me = index_of(m, g_rank), kRounds = 12;
+  const size_t count = 1001;  // allreduce: 1001 % n != 0 for n > 1 (padding)
+  cudaStream_t str[2];
+  ASSERT_EQ(cudaStreamCreateWithFlags(&str[0], cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&str[1], cudaStreamNonBlocking), cudaSuccess);
+  struct Op {
+    int stream;
+    zpp_dtype_t dt;
+    bool allreduce;
+    uint64_t salt;
+    size_t in_elems;
+    void *din, *dout;
+  };
+  // Per round: stream 0 a bf16 reduce-scatter (wide, acc); stream 1 an fp16
+  // reduce-scatter (wide, acc) and an fp32 allreduce (wide, pad).
+  std::vector<Op> ops;
+  for (int r = 0; r < kRounds; r++) {
+    ops.push_back({0, ZPP_BFLOAT16, false, 5000 + 3 * (uint64_t)r, n * count, nullptr, nullptr});
+    ops.push_back({1, ZPP_FLOAT16, false, 5001 + 3 * (uint64_t)r, n * count, nullptr, nullptr});
+    ops.push_back({1, ZPP_FLOAT32, true, 5002 + 3 * (uint64_t)r, count, nullptr, nullptr});
+  }
+  for (Op &o : ops) {
+    size_t es = zpp_dtype_size(o.dt);
+    std::vector<uint8_t> in = floats_of(o.salt, g_rank, o.in_elems, o.dt);
+    ASSERT_EQ(cudaMalloc(&o.din, o.in_elems * es), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&o.dout, count * es), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(o.din, in.data(), o.in_elems * es, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  for (Op &o : ops) {
+    st = o.allreduce
+             ? zpp_transport_allreduce(t, g, o.din, o.dout, count, o.dt, ZPP_REDUCE_SUM,
+                                       ZPP_MEMORY_DEVICE, str[o.stream])
+             : zpp_transport_reduce_scatter(t, g, o.din, o.dout, count, o.dt,
+                                            ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE,
+                                            str[o.stream]);
+    ASSERT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
+  }
+  ASSERT_EQ(zpp_transport_sync(t, str[0]), ZPP_OK) << zpp_comm_get_last_error(c);
+  ASSERT_EQ(zpp_transport_sync(t, str[1]), ZPP_OK) << zpp_comm_get_last_error(c);
+  int wrong_ops = 0;
+  for (size_t k = 0; k < ops.size(); k++) {
+    const Op &o = ops[k];
+    size_t es = zpp_dtype_size(o.dt), first = o.allreduce ? 0 : me * count;
+    std::vector<uint8_t> out(count * es);
+    ASSERT_EQ(cudaMemcpy(out.data(), o.dout, count * es, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<std::vector<uint8_t>> all;
+    for (int r : m) all.push_back(floats_of(o.salt, r, o.in_elems, o.dt));
+    const double u = o.dt == ZPP_FLOAT32 ? 0 : std::ldexp(1.0, o.dt == ZPP_FLOAT16 ? -11 : -8);
+    int bad = 0;
+    for (size_t e = 0; e < count; e++) {
+      double exact = 0, mag = 0;
+      for (auto &x : all) {
+        double v = load(x.data(), first + e, o.dt);
+        exact += v;
+        mag += std::fabs(v);
+      }
+      double e32 = (n - 1) * std::ldexp(1.0, -24) * mag * 1.0001;
+      double bound = e32 + u * (std::fabs(exact) + e32);
+      double got = load(out.data(), e, o.dt);
+      if (!(std::fabs(got - exact) <= bound) && bad++ < 2)
+        ADD_FAILURE() << "round " << k / 3 << " op " << k % 3 << " on stream "
+                      << o.stream << ", element " << e << ": " << got << ", exact "
+                      << exact << ", bound " << bound;
+    }
+    wrong_ops += bad > 0;
+  }
+  EXPECT_EQ(wrong_ops, 0) << "of " << ops.size() << " reductions";
+  for (Op &o : ops) {
+    cudaFree(o.din);
+    cudaFree(o.dout);
+  }
+  cudaStreamDestroy(str[0]);
+  cudaStreamDestroy(str[1]);
   zpp_comm_destroy(c);
 }
 #else
@@ -890,20 +1466,6 @@ TEST(Nccl, OpsOnDeviceMemory) {
 #endif
 
 // ---- emulated links (run with ZPP_EMU_INTER_GBIT set: tests/transport.cmake)
-
-namespace {
-double now_s() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // shared by all ranks of the machine
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-double cpu_s() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
-         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-}  // namespace
 
 TEST(Emu, InterNodeTransferTakesBytesOverBandwidth) {
   zpp_comm_stats_t s0 = stats();
@@ -1014,6 +1576,95 @@ TEST(Emu, WaitingDoesNotBurnACore) {
   EXPECT_GT(stats().emu_wait_s, 0.0);
 }
 
+// Non-blocking under emulation: the data of a round arrives long before
+// its deadline; the op is not done before the deadline, zpp_xop_wake_ns
+// says when, and that time is the sender's deadline: its start + bytes /
+// bandwidth + latency on a fresh NIC clock (docs/design.md "Link
+// emulation").  Compared with the sender's start, bracketed by clock reads
+// around its zpp_transport_start_allgather (which posts the first round).
+TEST(Emu, NonBlockingWakeIsTheSendersDeadline) {
+  zpp_comm_stats_t s0 = stats();
+  if (!s0.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
+  if (g_layout.nnodes < 2) GTEST_SKIP() << "needs 2 nodes";
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_OK);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  const size_t B = (size_t)(0.2 * s0.emu_gbit * 1e9 / 8);  // ~0.2 s on the link
+  const int64_t xfer = std::llround(B * 8.0 / s0.emu_gbit), lat = std::llround(s0.emu_lat_us * 1000);
+  // A cheap pattern per rank (tens of MB; Ops.* check random data).
+  auto pattern = [&](int r) {
+    std::vector<uint8_t> v(B);
+    for (size_t i = 0; i < B; i++) v[i] = (uint8_t)(i * 131 + (i >> 8) + r * 29);
+    return v;
+  };
+  std::vector<uint8_t> in = pattern(g_rank), out(B * g_size);
+  std::vector<int> m = members(ZPP_GROUP_CROSS, g_rank);
+  int n = (int)m.size(), me = index_of(m, g_rank);
+  MPI_Barrier(MPI_COMM_WORLD);
+  zpp_xop_t *op = nullptr;
+  int64_t before = mono_ns();
+  ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_CROSS, in.data(), B, out.data(),
+                                          ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
+  int64_t after = mono_ns();
+  std::vector<int64_t> befores(g_size), afters(g_size);
+  MPI_Allgather(&before, 1, MPI_INT64_T, befores.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  MPI_Allgather(&after, 1, MPI_INT64_T, afters.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  if (n > 1) {
+    int prev = m[(me + n - 1) % n];
+    int64_t wake = 0, until = mono_ns() + 20000000000LL;
+    int done = 0;
+    while (!wake && !done && mono_ns() < until) {
+      ASSERT_EQ(zpp_xop_test(op, &done), ZPP_OK) << zpp_comm_get_last_error(c);
+      wake = zpp_xop_wake_ns(op);
+      if (!wake) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (!wake) {
+      // A loaded machine delivered the data after its deadline: then the op
+      // must at least not have completed before the deadline.
+      EXPECT_GE(mono_ns(), befores[prev] + xfer + lat) << "done before the deadline";
+      std::printf("[ emu  ] rank %d: data arrived after its deadline (loaded machine); "
+                  "wake time not observable in this run\n", g_rank);
+    }
+  }
+  if (n > 1 && zpp_xop_wake_ns(op) != 0) {
+    int prev = m[(me + n - 1) % n];
+    int64_t wake = zpp_xop_wake_ns(op), until;
+    int done = 0;
+    EXPECT_GE(wake, befores[prev] + xfer + lat - 1) << "deadline earlier than the model";
+    EXPECT_LE(wake, afters[prev] + xfer + lat + 1) << "deadline later than the model";
+    int64_t now = mono_ns();
+    if (now < wake) {
+      ASSERT_EQ(zpp_xop_test(op, &done), ZPP_OK);
+      if (mono_ns() < wake) {
+        EXPECT_EQ(done, 0) << "done before the deadline";
+      }
+    }
+    until = mono_ns() + 20000000000LL;
+    while (!done && mono_ns() < until) {
+      int64_t w = zpp_xop_wake_ns(op);
+      if (w > mono_ns()) {
+        timespec ts = {(time_t)(w / 1000000000), (long)(w % 1000000000)};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+      }
+      ASSERT_EQ(zpp_xop_test(op, &done), ZPP_OK) << zpp_comm_get_last_error(c);
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_EQ(done, 1);
+    EXPECT_GE(mono_ns(), wake);
+    zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+    zpp_comm_get_stats(c, &s);
+    EXPECT_GT(s.emu_wait_s, 0.0);
+    std::printf("[ emu  ] rank %d: wake %.3f ms after the sender's start (model %.3f ms + "
+                "start window %.3f ms)\n", g_rank, (wake - befores[prev]) * 1e-6,
+                (xfer + lat) * 1e-6, (afters[prev] - befores[prev]) * 1e-6);
+  }
+  ASSERT_EQ(zpp_xop_wait(op), ZPP_OK);
+  zpp_xop_free(op);
+  for (int i = 0; i < n; i++)
+    EXPECT_EQ(0, std::memcmp(out.data() + i * B, pattern(m[i]).data(), B)) << "block " << i;
+  zpp_comm_destroy(c);
+}
+
 TEST(Emu, ReportsSayTheLinksAreEmulated) {
   zpp_comm_stats_t s = stats();
   if (!s.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
@@ -1048,6 +1699,7 @@ int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (const char *s = std::getenv("ZPP_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
   if (const char *s = std::getenv("ZPP_NET_RINGS")) g_rings = std::max(1, std::atoi(s));
+  if (const char *s = std::getenv("ZPP_BACKEND"); s && *s) g_backend = s;
   if (g_rank != 0) {
     auto &l = ::testing::UnitTest::GetInstance()->listeners();
     delete l.Release(l.default_result_printer());
@@ -1056,8 +1708,8 @@ int main(int argc, char **argv) {
   g_layout = make_layout(g_size);
   if (g_rank == 0) {
     const char *t = std::getenv("ZPP_TOPO");
-    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; %s%s\n",
-                (unsigned long long)g_seed, g_size,
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; %s%s\n",
+                (unsigned long long)g_seed, g_size, g_backend.c_str(),
                 t && *t ? "emulated topology ZPP_TOPO=" : "discovered topology",
                 t && *t ? t : "");
   }

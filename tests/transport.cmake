@@ -9,7 +9,7 @@ if(ZPP_WITH_MPI_ENABLED)
     ${PROJECT_SOURCE_DIR}/topology)
   # The C API of MPI only (no C++ bindings to link).
   target_compile_definitions(test_transport PRIVATE
-    ZPP_HAVE_CUDA=$<BOOL:${ZPP_WITH_CUDA_ENABLED}> OMPI_SKIP_MPICXX=1
+    ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}> OMPI_SKIP_MPICXX=1
     MPICH_SKIP_MPICXX=1)
   if(ZPP_WITH_CUDA_ENABLED)
     target_include_directories(test_transport PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
@@ -53,8 +53,26 @@ if(ZPP_WITH_MPI_ENABLED)
     list(GET _f 2 _topo)
     list(GET _f 3 _rings)
     set(ZPP_TEST_ENV "ZPP_TOPO=${_topo};ZPP_NET_RINGS=${_rings}")
-    zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=Ops.*:Stats.*)
+    zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=Ops.*:Stats.*:Xop.SeveralInFlight*:Xop.TwoOnOnePair*)
   endforeach()
+
+  # The same suite on the UCX transport (MPI bootstrap): ZPP_BACKEND=ucx.
+  foreach(_l "2x2|4|2x2|1" "uneven_3_2|5|0,0,0,1,1|1" "roundrobin_2x2|4|0,1,0,1|1"
+             "2x4_rings4|8|2x4|4")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    list(GET _f 3 _rings)
+    set(ZPP_TEST_ENV "ZPP_BACKEND=ucx;ZPP_TOPO=${_topo};ZPP_NET_RINGS=${_rings}")
+    zpp_add_mpi_test(transport_ucx_${_name} ${_np} --gtest_filter=-Emu.*:Device.*)
+  endforeach()
+  # 0.25 Gbit/s: the emulated link must be slower than the real one, and
+  # UCX on this machine (cma,self fails at endpoint creation here) moved
+  # 37 MB between two ranks in about 0.3 s with the cores busy, as long as
+  # the 1 Gbit/s emulation: the ranks then had nothing left to sleep.
+  set(ZPP_TEST_ENV "ZPP_BACKEND=ucx;ZPP_TOPO=2x2;ZPP_EMU_INTER_GBIT=0.25;ZPP_EMU_INTER_LAT_US=200")
+  zpp_add_mpi_test(transport_emu_ucx_2x2 4 --gtest_filter=Emu.*)
 
   # Emulated links: 1 Gbit/s per rank and 200 us latency between nodes.
   foreach(_l "2x2|4|2x2" "uneven_3_2|5|0,0,0,1,1")

@@ -5,7 +5,14 @@
  * inter-node links are emulated (ZPP_TOPO, ZPP_EMU_INTER_*).
  *
  *   mpirun -np 8 zpp-topo [--json]        the live map of an MPI job
+ *   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. zpp-topo
+ *                                          the same, started like torchrun
+ *                                          does (zpp's TCP bootstrap)
  *   zpp-topo --offline --topo 2x4 [--json] a spec's map, without MPI
+ *
+ * --bootstrap mpi|env picks the bootstrap (default: env when RANK and
+ * WORLD_SIZE are set and no MPI launcher is seen, else mpi); --backend
+ * picks the transport.  The report's first line names both.
  *   zpp-topo --print-settings              every ZPP_* setting
  *
  * Exit status: 0 on success; 2 for a bad flag; 1 when the library returns
@@ -46,8 +53,12 @@ static void usage(FILE *out) {
           "  --host            never touch GPUs\n"
           "  --offline         no MPI: print the map of SPEC (or ZPP_TOPO) "
           "alone\n"
+          "  --bootstrap B     mpi (under mpirun) or env (torchrun's RANK, "
+          "WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\n"
+          "  --backend B       auto, mpi, ucx or nccl\n"
           "  --print-settings  every ZPP_* setting with its value and help\n"
-          "Run under mpirun for the live map of a job.\n");
+          "Run under mpirun, or with torchrun's environment, for the live map "
+          "of a job.\n");
 }
 
 static int offline(const char *spec, int json) {
@@ -71,9 +82,41 @@ static int offline(const char *spec, int json) {
   return 0;
 }
 
+static int parse_backend(const char *s, zpp_backend_t *b) {
+  if (strcmp(s, "auto") == 0) *b = ZPP_BACKEND_AUTO;
+  else if (strcmp(s, "mpi") == 0) *b = ZPP_BACKEND_MPI;
+  else if (strcmp(s, "ucx") == 0) *b = ZPP_BACKEND_UCX;
+  else if (strcmp(s, "nccl") == 0) *b = ZPP_BACKEND_NCCL;
+  else return 0;
+  return 1;
+}
+
+/* The bootstrap to use when none is named: torchrun's environment without
+ * an MPI launcher's, else MPI. */
+static int env_launch(void) {
+  return getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL &&
+         getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL &&
+         getenv("PMIX_RANK") == NULL;
+}
+
+/* Prints the map of a live communicator (rank 0). */
+static int report(zpp_comm_t comm, int json) {
+  int rank = 0, rc = 0;
+  zpp_comm_rank(comm, &rank);
+  if (rank == 0 && zpp_comm_print_topology(comm, stdout, json) != ZPP_OK) {
+    fprintf(stderr, PROG ": %s\n", zpp_comm_get_last_error(comm));
+    rc = 1;
+  }
+  fflush(stdout);
+  zpp_comm_destroy(comm);
+  return rc;
+}
+
 int main(int argc, char **argv) {
-  int json = 0, off = 0, device = -1, i, rc = 0;
+  int json = 0, off = 0, device = -1, i, rc = 0, use_env = -1;
   const char *spec = NULL;
+  zpp_backend_t backend = ZPP_BACKEND_AUTO;
+  int backend_given = 0;
   for (i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) {
       json = 1;
@@ -85,6 +128,14 @@ int main(int argc, char **argv) {
       device = 0;
     } else if (strcmp(argv[i], "--offline") == 0) {
       off = 1;
+    } else if (strcmp(argv[i], "--bootstrap") == 0 && i + 1 < argc &&
+               (strcmp(argv[i + 1], "mpi") == 0 ||
+                strcmp(argv[i + 1], "env") == 0)) {
+      use_env = strcmp(argv[++i], "env") == 0;
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc &&
+               parse_backend(argv[i + 1], &backend)) {
+      i++;
+      backend_given = 1;
     } else if (strcmp(argv[i], "--print-settings") == 0) {
       return zpp_settings_print(stdout) == ZPP_OK ? 0 : 1;
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -103,38 +154,47 @@ int main(int argc, char **argv) {
   }
   if (off)
     return offline(spec, json);
-#if ZPP_TOPO_TOOL_MPI
+  if (use_env < 0)
+    use_env = !ZPP_TOPO_TOOL_MPI || env_launch();
   {
     zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
     zpp_comm_t comm = NULL;
-    int provided, rank = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     cfg.topology = spec;
-    cfg.backend = ZPP_BACKEND_MPI; /* the map needs no NCCL communicator */
     if (device < 0)
       device = zpp_cuda_available();
     cfg.memory = device ? ZPP_MEMORY_DEVICE : ZPP_MEMORY_HOST;
-    if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm) != ZPP_OK) {
-      if (rank == 0)
+    /* The map needs no NCCL communicator: unless asked, MPI under mpirun,
+     * UCX (the only transport without MPI) otherwise. */
+    cfg.backend = backend_given ? backend
+                  : use_env     ? ZPP_BACKEND_AUTO
+                                : ZPP_BACKEND_MPI;
+    if (use_env) {
+      if (zpp_comm_create_from_env(&cfg, &comm) != ZPP_OK) {
         fprintf(stderr, PROG ": %s\n", zpp_get_last_error());
-      rc = 1;
-    } else {
-      if (rank == 0 && zpp_comm_print_topology(comm, stdout, json) != ZPP_OK) {
-        fprintf(stderr, PROG ": %s\n", zpp_comm_get_last_error(comm));
-        rc = 1;
+        return 1;
       }
-      fflush(stdout);
-      zpp_comm_destroy(comm);
+      return report(comm, json);
     }
-    MPI_Finalize();
-    return rc;
-  }
+#if ZPP_TOPO_TOOL_MPI
+    {
+      int provided, rank = 0;
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm) != ZPP_OK) {
+        if (rank == 0)
+          fprintf(stderr, PROG ": %s\n", zpp_get_last_error());
+        rc = 1;
+      } else {
+        rc = report(comm, json);
+      }
+      MPI_Finalize();
+      return rc;
+    }
 #else
-  (void)device;
-  (void)rc;
-  fprintf(stderr, PROG ": built without MPI: only --offline and "
-          "--print-settings are available\n");
-  return 1;
+    (void)rc;
+    fprintf(stderr, PROG ": built without MPI: use --bootstrap env (torchrun's "
+            "environment), --offline or --print-settings\n");
+    return 1;
 #endif
+  }
 }

@@ -20,12 +20,20 @@
  * multiple of 8 or of the world size is needed.
  *
  * Asynchrony: pass `req` to start a collective and wait on it later with
- * zpp_request_wait (req NULL: the call returns when it completed).  On the
- * NCCL backend the work is stream-ordered on `stream` and the wait
- * synchronises it; on the MPI backend a per-communicator progress thread
- * runs the requests in the order they were started (MPI must then be
- * initialised with MPI_THREAD_MULTIPLE: zpp_comm_create_mpi checks it and
- * runs requests inline otherwise).  Until the wait returns, the caller must
+ * zpp_request_wait (req NULL: the call returns when it completed).  Each
+ * collective is a plan of steps run by the communicator's engine
+ * (docs/design.md, "Execution"), never by a thread of its own.  On device
+ * memory the steps go to `stream` in order, and a collective is complete
+ * when an event recorded on `stream` after its last step has completed:
+ * zpp_request_test says done only then, and waiting does not wait for
+ * other work queued later on the stream; a blocking call returns when the
+ * device finished it.  The work runs on the communicator's device whatever
+ * the calling thread's current device (which is restored).  On host memory
+ * started collectives run on the communicator's engine thread in the order
+ * they were started (MPI must then be initialised with
+ * MPI_THREAD_MULTIPLE: zpp_comm_create_mpi checks it and runs requests to
+ * completion when started otherwise).  Every wait is bounded by the
+ * communicator's timeout (ZPP_TIMEOUT_S).  Until the wait returns, the caller must
  * not touch the buffers of a started collective.  All ranks must start the
  * same collectives in the same order.
  */
@@ -63,8 +71,12 @@ ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
                                    zpp_request_t *req);
 
 /* recvbuf (count elements) = slice `rank` of the sum (or mean) of every
- * rank's sendbuf (size * count elements), accumulated in fp32 in rank
- * order and rounded once to dtype. */
+ * rank's sendbuf (size * count elements), accumulated in fp32 and rounded
+ * once to dtype; MEAN divides the fp32 sum by the world size before that
+ * one rounding.  Order of the additions: rank order on the host backends
+ * (MPI, UCX: bitwise reproducible, independent of the layout), NCCL's ring
+ * order on NCCL (which then carries fp32: 4 bytes per element, also for
+ * fp16/bf16 input). */
 ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                         void *recvbuf, size_t count,
                                         zpp_dtype_t dtype, zpp_redop_t op,

@@ -3,10 +3,17 @@
  * a node, how GPUs on a node are linked), the transport that moves bytes
  * between them, and exact counts of the bytes each link class carried.
  *
- * A communicator is created from an existing MPI communicator with
- * zpp_comm_create_mpi() (<zpp/zpp_mpi.h>); zpp never calls MPI_Init or
- * MPI_Finalize.  The collectives (qwZ, hpZ, qgZ) are declared in their own
- * header and take a zpp_comm_t.
+ * A communicator is created over a *bootstrap*: a small out-of-band
+ * exchange (allgather, bcast, barrier) used at creation and for metadata.
+ * Three ways in:
+ *   - zpp_comm_create_from_id / zpp_comm_create_from_env: zpp's own TCP
+ *     bootstrap, from a unique id or torchrun's environment (no MPI);
+ *   - zpp_comm_create_mpi (<zpp/zpp_mpi.h>): MPI is the bootstrap (zpp never
+ *     calls MPI_Init or MPI_Finalize);
+ *   - zpp_comm_create: any bootstrap the caller provides (a table below).
+ * zpp_comm_split and zpp_comm_create_from_ranks make communicators of any
+ * subset.  The collectives (qwZ, hpZ, qgZ) are declared in their own header
+ * and take a zpp_comm_t.
  *
  * Topology and groups (docs/design.md, "Topology"):
  *   - node:       ranks that share a machine (from the launcher), or an
@@ -31,12 +38,16 @@ extern "C" {
 typedef struct zpp_comm *zpp_comm_t;
 
 typedef enum {
-  ZPP_BACKEND_AUTO = 0, /* host memory: MPI; device memory: NCCL when it
-                           loads and a device is usable, else MPI staging */
+  ZPP_BACKEND_AUTO = 0, /* ZPP_BACKEND names one, else: host memory: MPI
+                           (under an MPI bootstrap), else UCX; device
+                           memory: NCCL when it loads and a device is
+                           usable, else MPI (or UCX) staging */
   ZPP_BACKEND_MPI = 1,  /* host memory; device memory staged through pinned
                            host buffers */
   ZPP_BACKEND_NCCL = 2, /* device memory, asynchronous on a CUDA stream */
-  ZPP_BACKEND_UCX = 3   /* reserved: not built yet (docs/design.md) */
+  ZPP_BACKEND_UCX = 3   /* UCX (ucp, tag matching), host memory; device
+                           memory staged through host buffers (zpp loads
+                           libucp.so.0 at run time) */
 } zpp_backend_t;
 
 typedef enum {
@@ -73,7 +84,8 @@ ZPP_API const char *zpp_backend_name(zpp_backend_t backend);
 
 typedef struct {
   size_t struct_size;    /* sizeof(zpp_comm_config_t): set by the INIT macro */
-  zpp_backend_t backend; /* default ZPP_BACKEND_AUTO */
+  zpp_backend_t backend; /* default ZPP_BACKEND_AUTO (then the setting
+                            ZPP_BACKEND=mpi|nccl|ucx decides, if set) */
   zpp_memory_t memory;   /* memory space of operation buffers */
   int cuda_device;       /* device memory: CUDA device index; -1 (default):
                             the rank's real local rank modulo the number of
@@ -82,7 +94,8 @@ typedef struct {
                             precedence over ZPP_TOPO; NULL or "": ZPP_TOPO,
                             else discovery */
   double timeout_s;      /* > 0: overrides ZPP_TIMEOUT_S for this
-                            communicator; <= 0 (default): ZPP_TIMEOUT_S */
+                            communicator; <= 0 (default): ZPP_TIMEOUT_S;
+                            either is taken as at most 1e9 s */
 } zpp_comm_config_t;
 
 #define ZPP_COMM_CONFIG_INIT                                                   \
@@ -91,6 +104,110 @@ typedef struct {
 
 /* Checks a config; the message names the bad field. */
 ZPP_API zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg);
+
+/* ---- bootstrap -----------------------------------------------------------
+ * The out-of-band exchange a communicator is built over (docs/design.md,
+ * "Bootstrap").  Every function is collective over the bootstrap's `size`
+ * ranks, takes and returns host memory, and must return within
+ * `timeout_s` seconds (<= 0: no limit) with ZPP_OK or an error status
+ * (ZPP_ERR_TIMEOUT when a peer did not take part in time); every rank calls
+ * them in the same order.  zpp calls them at creation, in zpp_comm_split
+ * and for metadata checks (ZPP_CHECK=1), from one thread at a time. */
+typedef struct {
+  size_t struct_size; /* sizeof(zpp_bootstrap_t): ZPP_BOOTSTRAP_INIT */
+  const char *name;   /* shown in reports ("mpi", "tcp", ...); NULL: "user" */
+  int rank, size;     /* my rank, number of ranks (0 <= rank < size) */
+  void *ctx;          /* passed to every function; owned by the caller */
+  /* all[r * bytes ..] = rank r's `mine` (bytes each, the same on all). */
+  zpp_status_t (*allgather)(void *ctx, const void *mine, size_t bytes,
+                            void *all, double timeout_s);
+  /* buf (bytes) of rank `root` to every rank. */
+  zpp_status_t (*bcast)(void *ctx, void *buf, size_t bytes, int root,
+                        double timeout_s);
+  zpp_status_t (*barrier)(void *ctx, double timeout_s);
+} zpp_bootstrap_t;
+
+#define ZPP_BOOTSTRAP_INIT                                                     \
+  { sizeof(zpp_bootstrap_t), NULL, 0, 0, NULL, NULL, NULL, NULL }
+
+/* Collective over the bootstrap's ranks: a communicator of bs->size ranks,
+ * world rank bs->rank.  The table is copied; bs->ctx must stay valid until
+ * zpp_comm_destroy.  Topology discovery exchanges host identities over the
+ * bootstrap (host name, boot id and network namespace: equal identities
+ * share a node) and, for device memory, GPU bus ids; ZPP_TOPO still
+ * emulates.  cfg NULL: defaults.  Backend AUTO: UCX for host memory.
+ * Errors are agreed on: when one rank fails, every rank returns an error
+ * naming that rank and its message. */
+ZPP_API zpp_status_t zpp_comm_create(const zpp_bootstrap_t *bs,
+                                     const zpp_comm_config_t *cfg,
+                                     zpp_comm_t *out);
+
+/* A copy of the bootstrap table a communicator was built over (its own
+ * TCP or MPI adapter, or the caller's).  Tools use it for their own
+ * barriers and reductions; never call it while a started collective of
+ * the communicator is in flight (ZPP_CHECK uses the same channel). */
+ZPP_API zpp_status_t zpp_comm_get_bootstrap(zpp_comm_t comm,
+                                            zpp_bootstrap_t *bs);
+
+/* zpp's TCP bootstrap.  One process -- the one that calls
+ * zpp_get_unique_id, which must also be one of the ranks -- listens on an
+ * address (ZPP_BOOTSTRAP_ADDR, else MASTER_ADDR, else 127.0.0.1; port
+ * ZPP_BOOTSTRAP_PORT, else any free one); the id carries that address and a
+ * random session number.  Pass the id to every rank out of band, then call
+ * zpp_comm_create_from_id on each.  Ranks connect to that process (a star);
+ * every wait is bounded by the timeout (cfg->timeout_s, else
+ * ZPP_TIMEOUT_S).  Errors name the problem on every rank: a malformed id
+ * (ZPP_ERR_INVALID_ARGUMENT), an id whose root is gone (stale:
+ * ZPP_ERR_TIMEOUT after retrying for the timeout, or ZPP_ERR_MISMATCH when
+ * another session answers), rank >= nranks, a rank claimed twice
+ * (ZPP_ERR_MISMATCH), a rank that never arrives (ZPP_ERR_TIMEOUT naming
+ * it), a port already in use (ZPP_ERR_SYSTEM). */
+#define ZPP_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[ZPP_UNIQUE_ID_BYTES];
+} zpp_unique_id_t;
+
+ZPP_API zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id);
+
+ZPP_API zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id,
+                                             int nranks, int rank,
+                                             const zpp_comm_config_t *cfg,
+                                             zpp_comm_t *out);
+
+/* The TCP bootstrap from torchrun's environment: RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT (LOCAL_RANK, when set, is recorded and checked
+ * against the discovered local rank: a mismatch is logged).  Rank 0 listens
+ * on MASTER_ADDR at port ZPP_BOOTSTRAP_PORT, else MASTER_PORT + 1 (torchrun's
+ * own store holds MASTER_PORT).  Missing or malformed variables give
+ * ZPP_ERR_INVALID_ARGUMENT naming them. */
+ZPP_API zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
+                                              zpp_comm_t *out);
+
+/* Name of the bootstrap of a communicator: "tcp", "mpi", or the caller's
+ * zpp_bootstrap_t.name ("user" when NULL). */
+ZPP_API const char *zpp_comm_bootstrap_name(zpp_comm_t comm);
+
+/* ---- communicators of a subset ------------------------------------------
+ * Collective over the ranks of `comm`.  Ranks with the same `color` (>= 0)
+ * form one new communicator, ordered by (key, rank in comm); color
+ * ZPP_SPLIT_NONE gives *newcomm = NULL.  The new communicator has the
+ * backend and memory space of `comm`; its node map is `comm`'s restricted
+ * to its ranks (an emulated map stays emulated).  Its bootstrap: an MPI
+ * split for communicators made by zpp_comm_create_mpi, else a new TCP star
+ * rooted at its first rank (address: the one `comm`'s TCP bootstrap uses,
+ * else ZPP_BOOTSTRAP_ADDR, else 127.0.0.1 when every member shares a
+ * host). */
+#define ZPP_SPLIT_NONE (-1)
+ZPP_API zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
+                                    zpp_comm_t *newcomm);
+
+/* Collective over the ranks of `comm`, every rank passing the same list:
+ * a communicator of comm's ranks ranks[0..n-1] in that order (rank i of the
+ * new communicator is ranks[i]); ranks not in the list get NULL.  Ranks
+ * must be distinct and in [0, size). */
+ZPP_API zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
+                                                const int *ranks,
+                                                zpp_comm_t *newcomm);
 
 /* Collective over the ranks of the communicator.  Safe on NULL. */
 ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);

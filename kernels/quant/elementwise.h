@@ -40,6 +40,9 @@ int zpp_ew_add_residual_device(int dtype, const void *g, const float *res,
                                char *err, size_t errlen);
 int zpp_ew_residual_device(const float *x, size_t count, float *res,
                            void *stream, char *err, size_t errlen);
+/* out[i] = fp32(src[i]) (src of `dtype`), enqueued on `stream`. */
+int zpp_ew_widen_device(int dtype, const void *src, size_t count, float *out,
+                        void *stream, char *err, size_t errlen);
 /* Stream-ordered allocation, copy and fill of device memory. */
 int zpp_ew_alloc_device(size_t bytes, void **p, void *stream, char *err,
                         size_t errlen);
@@ -48,6 +51,20 @@ int zpp_ew_copy_device(void *dst, const void *src, size_t bytes,
                        void *stream, char *err, size_t errlen);
 int zpp_ew_zero_device(void *p, size_t bytes, void *stream, char *err,
                        size_t errlen);
+
+/* Long-lived device memory (not stream-ordered: cudaMalloc / cudaFree),
+ * for buffers that outlive one call and are used on several streams, such
+ * as hpZ's secondary copy. */
+int zpp_ew_alloc_persistent(size_t bytes, void **p, char *err, size_t errlen);
+void zpp_ew_free_persistent(void *p);
+/* The calling thread's current device. */
+int zpp_ew_get_device(int *dev, char *err, size_t errlen);
+int zpp_ew_set_device(int dev, char *err, size_t errlen);
+/* An event recorded on `stream` now (timing disabled); query: *done = 1
+ * once the work before it completed. */
+int zpp_ew_event_record(void **ev, void *stream, char *err, size_t errlen);
+int zpp_ew_event_query(void *ev, int *done, char *err, size_t errlen);
+void zpp_ew_event_destroy(void *ev);
 
 #ifdef __cplusplus
 }

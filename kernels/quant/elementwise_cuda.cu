@@ -22,6 +22,21 @@ int report(cudaError_t e, const char *what, char *err, size_t errlen) {
   return 1;
 }
 
+/* kernel<<<grid_for(count), kThreads, 0, stream>>>(args...), written as
+ * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
+ * emulator (tests/cuda_emu).  The launch's own return value is dropped:
+ * callers read cudaGetLastError(), which holds it, as after <<<>>>. */
+template <typename... Exp, typename... Act>
+void launch(void (*kernel)(Exp...), size_t count, void *stream,
+            Act &&...args) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3((unsigned)grid_for(count), 1, 1);
+  lc.blockDim = dim3(kThreads, 1, 1);
+  lc.dynamicSmemBytes = 0;
+  lc.stream = (cudaStream_t)stream;
+  (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+}
+
 __global__ void finish_kernel(const float *acc, size_t count, float div,
                               int dtype, void *out) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
@@ -50,14 +65,28 @@ __global__ void residual_kernel(const float *x, size_t count, float *res) {
   }
 }
 
+__global__ void widen_kernel(int dtype, const void *src, size_t count,
+                             float *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = zpp_qm_load(src, i, dtype);
+}
+
 }  // namespace
+
+extern "C" int zpp_ew_widen_device(int dtype, const void *src, size_t count,
+                                   float *out, void *stream, char *err,
+                                   size_t errlen) {
+  if (count == 0) return 0;
+  launch(widen_kernel, count, stream, dtype, src, count, out);
+  return report(cudaGetLastError(), "widen kernel launch", err, errlen);
+}
 
 extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
                                     int dtype, void *out, void *stream,
                                     char *err, size_t errlen) {
   if (count == 0) return 0;
-  finish_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      acc, count, div, dtype, out);
+  launch(finish_kernel, count, stream, acc, count, div, dtype, out);
   return report(cudaGetLastError(), "finish kernel launch", err, errlen);
 }
 
@@ -65,8 +94,7 @@ extern "C" int zpp_ew_scale_device(int dtype, void *buf, size_t count,
                                    float div, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  scale_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      dtype, buf, count, div);
+  launch(scale_kernel, count, stream, dtype, buf, count, div);
   return report(cudaGetLastError(), "scale kernel launch", err, errlen);
 }
 
@@ -75,16 +103,14 @@ extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
                                           float *out, void *stream, char *err,
                                           size_t errlen) {
   if (count == 0) return 0;
-  add_residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      dtype, g, res, count, out);
+  launch(add_residual_kernel, count, stream, dtype, g, res, count, out);
   return report(cudaGetLastError(), "add-residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
                                       void *stream, char *err, size_t errlen) {
   if (count == 0) return 0;
-  residual_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      x, count, res);
+  launch(residual_kernel, count, stream, x, count, res);
   return report(cudaGetLastError(), "residual kernel launch", err, errlen);
 }
 
@@ -113,4 +139,53 @@ extern "C" int zpp_ew_zero_device(void *p, size_t bytes, void *stream,
   if (bytes == 0) return 0;
   return report(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)stream),
                 "cudaMemsetAsync", err, errlen);
+}
+
+/* ---- persistent memory, devices and events (the engine, src/engine.c) -- */
+
+extern "C" int zpp_ew_alloc_persistent(size_t bytes, void **p, char *err,
+                                       size_t errlen) {
+  *p = nullptr;
+  if (bytes == 0) return 0;
+  return report(cudaMalloc(p, bytes), "cudaMalloc", err, errlen);
+}
+
+extern "C" void zpp_ew_free_persistent(void *p) {
+  if (p != nullptr) cudaFree(p);
+}
+
+extern "C" int zpp_ew_get_device(int *dev, char *err, size_t errlen) {
+  return report(cudaGetDevice(dev), "cudaGetDevice", err, errlen);
+}
+
+extern "C" int zpp_ew_set_device(int dev, char *err, size_t errlen) {
+  return report(cudaSetDevice(dev), "cudaSetDevice", err, errlen);
+}
+
+extern "C" int zpp_ew_event_record(void **ev, void *stream, char *err,
+                                   size_t errlen) {
+  cudaEvent_t e = nullptr;
+  int rc = report(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                  "cudaEventCreateWithFlags", err, errlen);
+  if (rc != 0) return rc;
+  rc = report(cudaEventRecord(e, (cudaStream_t)stream), "cudaEventRecord",
+              err, errlen);
+  if (rc != 0) {
+    cudaEventDestroy(e);
+    return rc;
+  }
+  *ev = (void *)e;
+  return 0;
+}
+
+extern "C" int zpp_ew_event_query(void *ev, int *done, char *err,
+                                  size_t errlen) {
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  *done = e == cudaSuccess;
+  if (e == cudaErrorNotReady) return 0;
+  return report(e, "cudaEventQuery", err, errlen);
+}
+
+extern "C" void zpp_ew_event_destroy(void *ev) {
+  if (ev != nullptr) cudaEventDestroy((cudaEvent_t)ev);
 }

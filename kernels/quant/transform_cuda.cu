@@ -31,6 +31,21 @@ int report(cudaError_t e, const char *what, char *err, size_t errlen) {
   return 1;
 }
 
+/* kernel<<<ctas, threads, 0, stream>>>(args...), written as
+ * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
+ * emulator (tests/cuda_emu).  The launch's own return value is dropped:
+ * callers read cudaGetLastError(), which holds it, as after <<<>>>. */
+template <typename... Exp, typename... Act>
+void launch(void (*kernel)(Exp...), unsigned ctas, unsigned threads,
+            cudaStream_t stream, Act &&...args) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(ctas, 1, 1);
+  lc.blockDim = dim3(threads, 1, 1);
+  lc.dynamicSmemBytes = 0;
+  lc.stream = stream;
+  (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+}
+
 __global__ void convert_kernel(int dtype, const void *src, size_t count,
                                float *dst) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
@@ -96,8 +111,8 @@ extern "C" int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
   cudaStream_t st = (cudaStream_t)stream;
   if (count == 0) return 0;
   if (dtype != ZPP_QM_F32 || (const void *)dst != src) {
-    convert_kernel<<<grid_for(count), kThreads, 0, st>>>(dtype, src, count,
-                                                         dst);
+    launch(convert_kernel, (unsigned)grid_for(count), kThreads, st, dtype, src,
+           count, dst);
     if (report(cudaGetLastError(), "hadamard convert kernel launch", err,
                errlen))
       return 1;
@@ -110,18 +125,19 @@ extern "C" int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
     size_t gpc = threads / g;
     size_t ctas = (ngroups + gpc - 1) / gpc;
     if (ctas > 65535 * 16) ctas = 65535 * 16;
-    hadamard_smem_kernel<<<(unsigned)ctas, threads, 0, st>>>(
-        dst, ngroups, (unsigned)g, c);
+    launch(hadamard_smem_kernel, (unsigned)ctas, threads, st, dst, ngroups,
+           (unsigned)g, c);
     return report(cudaGetLastError(), "hadamard kernel launch", err, errlen);
   }
   size_t n = ngroups * g;
   for (size_t h = 1; h < g; h *= 2) {
-    hadamard_stage_kernel<<<grid_for(n / 2), kThreads, 0, st>>>(dst, n, h);
+    launch(hadamard_stage_kernel, (unsigned)grid_for(n / 2), kThreads, st, dst,
+           n, h);
     if (report(cudaGetLastError(), "hadamard stage kernel launch", err,
                errlen))
       return 1;
   }
-  scale_kernel<<<grid_for(n), kThreads, 0, st>>>(dst, n, c);
+  launch(scale_kernel, (unsigned)grid_for(n), kThreads, st, dst, n, c);
   return report(cudaGetLastError(), "hadamard scale kernel launch", err,
                 errlen);
 }
@@ -131,8 +147,8 @@ extern "C" int zpp_tf_wdiff_device(int dtype, const void *recon,
                                    float *out, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  wdiff_kernel<<<grid_for(count), kThreads, 0, (cudaStream_t)stream>>>(
-      dtype, recon, target, count, out);
+  launch(wdiff_kernel, (unsigned)grid_for(count), kThreads,
+         (cudaStream_t)stream, dtype, recon, target, count, out);
   return report(cudaGetLastError(), "weight-difference kernel launch", err,
                 errlen);
 }

@@ -1,246 +1,307 @@
-// A CPU stand-in for the few parts of the CUDA runtime and device language
-// that kernels/quant/quant_cuda.cu uses, so that its kernels and launchers
-// can be compiled as C++ and run on a machine without a GPU
-// (test_quant_cuda_emu).  It checks the index arithmetic, the chunk
-// packing, the reductions and the choice of paths; it does not check the
-// device's floating point (that is quant_math.h's business and is checked
-// on a GPU by test_quant_cuda).
-//
-// Model: every CUDA thread of a CTA is a fiber (ucontext) on one OS thread;
-// CTAs run one after another, so a function-scope `static` is exactly
-// __shared__ memory.  A warp shuffle is two barriers of the 32 lanes of the
-// warp and __syncthreads is a barrier of the whole CTA; both require every
-// thread to arrive, as the real ones do (a full mask, no exited lanes).  A
-// round in which no fiber reaches a barrier or finishes is a deadlock: the
-// launch fails with cudaErrorLaunchFailure and emu_error() says where.
+/*
+ * cuda_runtime.h of the CUDA emulator (libzpp_cudart_emu, tests only).
+ *
+ * Two parts:
+ *  - the runtime API, usable from C and C++: the types, constants and
+ *    functions of the real CUDA runtime that zpp, its tests and the NCCL
+ *    stand-in call, with the real names, values and C linkage, implemented
+ *    by tests/cuda_emu/cuda_emu.cc (what it models and what it does not is
+ *    written at the top of that file);
+ *  - the device language, C++ only (`#ifdef __cplusplus`): __global__ and
+ *    friends, the built-in variables, __syncthreads, warp shuffles, the
+ *    rounding intrinsics the kernels use, and cudaLaunchKernelEx, which
+ *    packs a launch into a closure and queues it on the stream through
+ *    zpp_emu_launch().  `<<<>>>` cannot be written in C++: kernels are
+ *    launched with cudaLaunchKernelEx, which real CUDA has too.
+ *
+ * The emulator's test hooks are in zpp_cuda_emu.h.
+ */
 #ifndef ZPP_TESTS_CUDA_EMU_CUDA_RUNTIME_H
 #define ZPP_TESTS_CUDA_EMU_CUDA_RUNTIME_H
 
-#include <ucontext.h>
+#include <stddef.h>
+#include <stdint.h>
 
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <utility>
-#include <string>
-#include <vector>
+/* The runtime version the API below follows (nccl.h tests it). */
+#define CUDART_VERSION 13000
+/* Set only by the emulator: code may say why it differs under emulation. */
+#define ZPP_CUDA_EMU 1
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(...)
+#ifdef __cplusplus
+#define ZPP_EMU_DEFAULT(v) = v
+extern "C" {
+#else
+#define ZPP_EMU_DEFAULT(v)
+#endif
 
-struct dim3 {
-  unsigned x, y, z;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1)
-      : x(x_), y(y_), z(z_) {}
-};
-struct alignas(16) float4 {
-  float x, y, z, w;
-};
-struct alignas(8) uint2 {
-  unsigned x, y;
-};
-struct alignas(16) uint4 {
-  unsigned x, y, z, w;
-};
+/* ---- types and constants (values as in the real driver_types.h) -------- */
 
-typedef struct zq_emu_stream *cudaStream_t;
-enum cudaError_t {
+typedef enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
-  cudaErrorLaunchFailure = 719
-};
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorPeerAccessAlreadyEnabled = 704,
+  cudaErrorPeerAccessNotEnabled = 705,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorNotPermitted = 800,
+  cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorTimeout = 909,
+  cudaErrorUnknown = 999
+} cudaError_t;
+
 enum cudaMemoryType {
   cudaMemoryTypeUnregistered = 0,
   cudaMemoryTypeHost = 1,
   cudaMemoryTypeDevice = 2,
   cudaMemoryTypeManaged = 3
 };
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+
 struct cudaPointerAttributes {
-  cudaMemoryType type;
+  enum cudaMemoryType type;
   int device;
   void *devicePointer;
   void *hostPointer;
+  long reserved[8];
 };
-struct cudaLaunchConfig_t {
-  dim3 gridDim, blockDim;
+
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaEventInterprocess 0x04
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
+#define cudaMemAttachGlobal 0x01
+#define cudaMemAttachHost 0x02
+#define cudaCpuDeviceId ((int)-1)
+#define cudaInvalidDeviceId ((int)-2)
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef void (*cudaHostFn_t)(void *userData);
+
+/* The per-device legacy default stream, also reached as stream 0. */
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+/* Not modelled: calls that get it fail with cudaErrorNotSupported. */
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+typedef struct dim3 {
+  unsigned int x, y, z;
+#ifdef __cplusplus
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
+      : x(vx), y(vy), z(vz) {}
+#endif
+} dim3;
+
+typedef struct __attribute__((aligned(16))) float4 { float x, y, z, w; } float4;
+typedef struct __attribute__((aligned(8))) uint2 { unsigned int x, y; } uint2;
+typedef struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; } uint4;
+
+/* Launch attributes are not modelled: numAttrs must be 0. */
+typedef struct cudaLaunchAttribute_st cudaLaunchAttribute;
+typedef struct cudaLaunchConfig_st {
+  dim3 gridDim;
+  dim3 blockDim;
   size_t dynamicSmemBytes;
   cudaStream_t stream;
-  void *attrs;
-  unsigned numAttrs;
+  cudaLaunchAttribute *attrs;
+  unsigned int numAttrs;
+} cudaLaunchConfig_t;
+
+/* ---- the runtime API --------------------------------------------------- */
+
+/* errors */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+
+/* devices */
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
+cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *pciBusId);
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device,
+                                    int peerDevice);
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags);
+
+/* memory */
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMallocManaged(void **devPtr, size_t size,
+                              unsigned int flags ZPP_EMU_DEFAULT(cudaMemAttachGlobal));
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                     const void *ptr);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
+                       enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                            enum cudaMemcpyKind kind,
+                            cudaStream_t stream ZPP_EMU_DEFAULT(0));
+cudaError_t cudaMemset(void *devPtr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
+                            cudaStream_t stream ZPP_EMU_DEFAULT(0));
+
+/* streams */
+cudaError_t cudaStreamCreate(cudaStream_t *pStream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned int flags ZPP_EMU_DEFAULT(0));
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
+                               void *userData);
+
+/* events */
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventRecord(cudaEvent_t event,
+                            cudaStream_t stream ZPP_EMU_DEFAULT(0));
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* graphs: stream capture, instantiate, launch */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                   enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags ZPP_EMU_DEFAULT(0));
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
+/* ---- the emulator's side of a kernel launch (not CUDA API) --------------- */
+
+/* Queues a grid: run(closure) is the body of every CUDA thread,
+ * destroy(closure) frees it once the launch (or the graph holding it) is
+ * gone.  ptrs: the pointer arguments, checked when the kernel executes. */
+cudaError_t zpp_emu_launch(const cudaLaunchConfig_t *cfg, const void *kernel,
+                           void (*run)(void *), void (*destroy)(void *),
+                           void *closure, const void *const *ptrs, size_t nptrs);
+
+/* The built-in variables of the CUDA thread the emulator runs now. */
+struct zpp_emu_builtins {
+  dim3 threadIdx, blockIdx, blockDim, gridDim;
 };
+extern struct zpp_emu_builtins zpp_emu_builtin;
+void zpp_emu_syncthreads(void);
+uint64_t zpp_emu_shfl_xor(uint64_t bits, unsigned int mask, int lane_mask,
+                          int width);
 
-namespace zq_emu {
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+#undef ZPP_EMU_DEFAULT
 
-constexpr size_t kStack = 64 * 1024;
+#ifdef __cplusplus
+/* ---- C++: typed allocation overloads, as the real header has ------------ */
 
-struct Fiber {
-  ucontext_t ctx;
-  bool done;
-};
-
-struct State {
-  dim3 grid, block, bidx, tidx;
-  std::vector<Fiber> fibers;
-  std::vector<char> stacks;
-  ucontext_t sched;
-  unsigned cur = 0;
-  void (*body)(void *) = nullptr;
-  void *body_arg = nullptr;
-  unsigned cta_count = 0, cta_gen = 0;
-  std::vector<unsigned> warp_count, warp_gen;
-  std::vector<uint64_t> warp_slot;
-  unsigned long progress = 0;
-  std::string error;       // last failure (deadlock, bad mask)
-  unsigned long launches = 0;
-  unsigned long max_threads = 0;  // largest CTA seen
-  std::vector<const void *> kernels;  // every kernel launched, in order
-};
-
-inline State &st() {
-  static State s;
-  return s;
+template <class T>
+inline cudaError_t cudaMalloc(T **p, size_t n) {
+  return cudaMalloc(reinterpret_cast<void **>(p), n);
+}
+template <class T>
+inline cudaError_t cudaMallocHost(T **p, size_t n) {
+  return cudaMallocHost(reinterpret_cast<void **>(p), n);
+}
+template <class T>
+inline cudaError_t cudaHostAlloc(T **p, size_t n, unsigned int flags) {
+  return cudaHostAlloc(reinterpret_cast<void **>(p), n, flags);
+}
+template <class T>
+inline cudaError_t cudaMallocManaged(T **p, size_t n,
+                                     unsigned int flags = cudaMemAttachGlobal) {
+  return cudaMallocManaged(reinterpret_cast<void **>(p), n, flags);
+}
+template <class T>
+inline cudaError_t cudaMallocAsync(T **p, size_t n, cudaStream_t s) {
+  return cudaMallocAsync(reinterpret_cast<void **>(p), n, s);
 }
 
-inline void yield() {
-  State &s = st();
-  swapcontext(&s.fibers[s.cur].ctx, &s.sched);
-}
+/* ---- C++: the device language ------------------------------------------- */
 
-inline void barrier(unsigned &count, unsigned &gen, unsigned expected) {
-  unsigned g = gen;
-  st().progress++;
-  if (++count == expected) {
-    count = 0;
-    gen++;
-    return;
-  }
-  while (gen == g) yield();
-}
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
-inline void fail(const std::string &what) {
-  if (st().error.empty()) st().error = what;
-}
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+/* CTAs run one after another and one device operation at a time, so a
+ * function-scope static is exactly __shared__ memory. */
+#define __shared__ static
+#define __launch_bounds__(...)
 
-inline void trampoline() {
-  State &s = st();
-  s.body(s.body_arg);
-  s.fibers[s.cur].done = true;
-  s.progress++;
-  // returning resumes uc_link (the scheduler)
-}
+inline const dim3 &threadIdx = zpp_emu_builtin.threadIdx;
+inline const dim3 &blockIdx = zpp_emu_builtin.blockIdx;
+inline const dim3 &blockDim = zpp_emu_builtin.blockDim;
+inline const dim3 &gridDim = zpp_emu_builtin.gridDim;
 
-// Runs one CTA to completion; false on deadlock.
-inline bool run_cta() {
-  State &s = st();
-  unsigned n = s.block.x;
-  if (s.fibers.size() < n) {
-    s.fibers.resize(n);
-    s.stacks.resize(n * kStack);
-  }
-  size_t warps = (n + 31) / 32;
-  s.warp_count.assign(warps, 0);
-  s.warp_gen.assign(warps, 0);
-  s.warp_slot.assign(warps * 32, 0);
-  s.cta_count = 0;
-  s.cta_gen = 0;
-  for (unsigned i = 0; i < n; i++) {
-    Fiber &f = s.fibers[i];
-    f.done = false;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = &s.stacks[i * kStack];
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = &s.sched;
-    makecontext(&f.ctx, trampoline, 0);
-  }
-  // Warps run in a shuffled priority order, and the first warp that can
-  // move runs as far as it can before the next one gets a turn: a warp
-  // races ahead of the others after every __syncthreads, which exposes
-  // shared memory reused without a barrier.
-  std::vector<unsigned> order(warps);
-  for (unsigned w = 0; w < warps; w++) order[w] = w;
-  uint64_t h = 0x9e3779b97f4a7c15ull * (s.launches * 1000003ull + s.bidx.x + 1);
-  for (size_t w = warps; w > 1; w--) {
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    std::swap(order[w - 1], order[(h >> 17) % w]);
-  }
-  for (;;) {
-    bool moved = false;
-    for (unsigned w : order) {
-      for (;;) {  // this warp, until it is stuck or done
-        unsigned long before = s.progress;
-        bool live = false;
-        for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++) {
-          if (s.fibers[i].done) continue;
-          s.cur = i;
-          s.tidx.x = i;
-          swapcontext(&s.sched, &s.fibers[i].ctx);
-          live = live || !s.fibers[i].done;
-        }
-        if (s.progress != before) moved = true;
-        if (!live || s.progress == before) break;
-      }
-      if (moved) break;  // back to the warp of highest priority
-    }
-    bool all_done = true;
-    for (unsigned i = 0; i < n; i++) all_done = all_done && s.fibers[i].done;
-    if (all_done) return true;
-    if (!moved) {
-      fail("deadlock: threads wait at a shuffle or __syncthreads that not "
-           "every thread reaches (block " + std::to_string(s.bidx.x) + ")");
-      return false;
-    }
-  }
-}
+/* A barrier of the whole CTA: every thread must reach it. */
+inline void __syncthreads() { zpp_emu_syncthreads(); }
 
-template <typename F>
-void call_body(void *f) {
-  (*static_cast<F *>(f))();
-}
-
-}  // namespace zq_emu
-
-// The built-in variables, as references into the emulator state (the
-// scheduler sets tidx.x before it resumes a thread).
-inline const dim3 &threadIdx = zq_emu::st().tidx;
-inline const dim3 &blockIdx = zq_emu::st().bidx;
-inline const dim3 &blockDim = zq_emu::st().block;
-inline const dim3 &gridDim = zq_emu::st().grid;
-
-inline void __syncthreads() {
-  zq_emu::State &s = zq_emu::st();
-  zq_emu::barrier(s.cta_count, s.cta_gen, s.block.x);
-}
-
+/* Two barriers of the lanes of the warp; mask must be full. */
 template <typename T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-  zq_emu::State &s = zq_emu::st();
-  static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
-  if (mask != 0xffffffffu) zq_emu::fail("__shfl_xor_sync: mask is not full");
-  unsigned lane = s.cur % 32, warp = s.cur / 32;
-  unsigned lanes = s.block.x - warp * 32 < 32 ? s.block.x - warp * 32 : 32;
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value,
+                "shuffle of a value wider than 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof v);
-  s.warp_slot[warp * 32 + lane] = bits;
-  zq_emu::barrier(s.warp_count[warp], s.warp_gen[warp], lanes);
-  unsigned src = lane ^ (unsigned)lane_mask;
-  if ((src / (unsigned)width) != (lane / (unsigned)width) || src >= lanes) src = lane;
+  bits = zpp_emu_shfl_xor(bits, mask, lane_mask, width);
   T r;
-  std::memcpy(&r, &s.warp_slot[warp * 32 + src], sizeof r);
-  zq_emu::barrier(s.warp_count[warp], s.warp_gen[warp], lanes);
+  std::memcpy(&r, &bits, sizeof r);
   return r;
 }
 
-// Store with an explicit cache operator: a plain store here.
+/* Store with an explicit cache operator: a plain store here. */
 template <typename T>
 inline void __stwb(T *p, T v) {
   *p = v;
 }
 
+/* Device atomics.  Fibers switch only at barriers and one CTA runs at a
+ * time, so a read-modify-write is atomic. */
 inline unsigned atomicMax(unsigned *p, unsigned v) {
   unsigned old = *p;
   if (v > old) *p = v;
@@ -251,55 +312,71 @@ inline unsigned atomicMin(unsigned *p, unsigned v) {
   if (v < old) *p = v;
   return old;
 }
-
-// ---- runtime API ------------------------------------------------------------
-
-inline cudaError_t cudaGetDeviceCount(int *n) {
-  *n = 1;
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char *cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error"
-         : e == cudaErrorLaunchFailure ? "unspecified launch failure (emulator)"
-                                       : "invalid argument";
-}
-inline const char *cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess"
-         : e == cudaErrorLaunchFailure ? "cudaErrorLaunchFailure"
-                                       : "cudaErrorInvalidValue";
-}
-// Every pointer is "device memory" to the emulator.
-inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a,
-                                            const void *p) {
-  a->type = cudaMemoryTypeDevice;
-  a->device = 0;
-  a->devicePointer = const_cast<void *>(p);
-  a->hostPointer = nullptr;
-  return cudaSuccess;
+inline unsigned atomicAdd(unsigned *p, unsigned v) {
+  unsigned old = *p;
+  *p = old + v;
+  return old;
 }
 
-// Runs the grid synchronously, CTA after CTA.
-template <typename... Exp, typename... Act>
-cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *cfg,
-                               void (*kernel)(Exp...), Act &&...args) {
-  zq_emu::State &s = zq_emu::st();
-  if (cfg->gridDim.x == 0 || cfg->blockDim.x == 0 || cfg->blockDim.x > 1024 ||
-      cfg->gridDim.y != 1 || cfg->blockDim.y != 1)
-    return cudaErrorInvalidValue;
-  s.launches++;
-  s.kernels.push_back(reinterpret_cast<const void *>(kernel));
-  if (cfg->blockDim.x > s.max_threads) s.max_threads = cfg->blockDim.x;
-  s.grid = cfg->gridDim;
-  s.block = cfg->blockDim;
-  auto body = [&]() { kernel(args...); };
-  s.body = &zq_emu::call_body<decltype(body)>;
-  s.body_arg = &body;
-  for (unsigned b = 0; b < cfg->gridDim.x; b++) {
-    s.bidx = dim3(b, 0, 0);
-    if (!zq_emu::run_cta()) return cudaErrorLaunchFailure;
+/* Round-to-nearest float intrinsics: IEEE operations of the host (the
+ * build has no FMA contraction). */
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+namespace zpp_emu_detail {
+
+template <typename T>
+inline void pointer_of(const T &v, const void **out, size_t *n) {
+  if constexpr (std::is_pointer<T>::value)
+    out[(*n)++] = reinterpret_cast<const void *>(v);
+  (void)v;
+  (void)out;
+  (void)n;
+}
+
+template <typename K, typename Tuple>
+struct Closure {
+  K kernel;
+  Tuple args;
+  static void run(void *p) {
+    Closure *c = static_cast<Closure *>(p);
+    std::apply(c->kernel, c->args);
   }
-  return s.error.empty() ? cudaSuccess : cudaErrorLaunchFailure;
+  static void destroy(void *p) { delete static_cast<Closure *>(p); }
+};
+
+}  // namespace zpp_emu_detail
+
+/* As the real template: the arguments are converted to the kernel's
+ * parameter types and copied (a launch owns its arguments). */
+template <typename... Exp, typename... Act>
+inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
+                                      void (*kernel)(Exp...), Act &&...args) {
+  static_assert(sizeof...(Exp) == sizeof...(Act),
+                "cudaLaunchKernelEx: wrong number of kernel arguments");
+  using Tuple = std::tuple<std::decay_t<Exp>...>;
+  using C = zpp_emu_detail::Closure<void (*)(Exp...), Tuple>;
+  C *c = new C{kernel, Tuple(static_cast<Exp>(std::forward<Act>(args))...)};
+  const void *ptrs[sizeof...(Exp) + 1] = {nullptr};
+  size_t n = 0;
+  std::apply([&](const auto &...a) { (zpp_emu_detail::pointer_of(a, ptrs, &n), ...); },
+             c->args);
+  return zpp_emu_launch(config, reinterpret_cast<const void *>(kernel), &C::run,
+                        &C::destroy, c, ptrs, n);
 }
 
-#endif  // ZPP_TESTS_CUDA_EMU_CUDA_RUNTIME_H
+#endif /* __cplusplus */
+
+#endif /* ZPP_TESTS_CUDA_EMU_CUDA_RUNTIME_H */

@@ -1,0 +1,1614 @@
+// libzpp_cudart_emu: a CUDA runtime emulated on the CPU, for tests.  It
+// keeps the contract of the real runtime, failure modes included, so that
+// zpp's device path (kernels, device memory, streams, events, the NCCL
+// stand-in) runs in `make test` on machines without a GPU.
+//
+// What it models (each rule has a test in tests/test_cuda_emu.cc):
+//  - ZPP_EMU_DEVICES devices (default 8), a current device per host thread
+//    (default 0); device d has the PCI bus id 0000:<d+1>:00.0 in every
+//    process, so two processes that use the same index use "the same GPU";
+//  - a registry of allocations: kind (device, pinned host, managed) and
+//    device; cudaPointerGetAttributes answers from it (anything else is
+//    unregistered host memory);
+//  - streams: each belongs to the device current at its creation and runs
+//    its work in order on a worker thread, asynchronously from the host,
+//    after a random delay (ZPP_EMU_DELAY_US, default 300: uniform in
+//    [0, 2 x 300] us, seed ZPP_EMU_SEED, printed at first use), so that a
+//    missing synchronisation shows up as a failing test, not as luck; one
+//    device operation (kernel, copy, set, stream-ordered alloc/free) runs
+//    at a time in the process;
+//  - the legacy stream (0, cudaStreamLegacy), one per device, waits for
+//    the earlier work of the blocking streams of its device, and they wait
+//    for its earlier work; streams created with cudaStreamNonBlocking do
+//    not synchronise with it;
+//  - multi-device rules of the CUDA programming guide ("Stream and Event
+//    Behavior"): a kernel launched into a stream of another device than the
+//    current one fails with cudaErrorInvalidResourceHandle, and so does
+//    cudaEventRecord of an event and a stream of different devices; copies
+//    and memsets into another device's stream are allowed;
+//  - events complete when the work before them did; cudaStreamWaitEvent
+//    orders streams;
+//  - the synchronous copy and memset follow the runtime's "API
+//    synchronization behavior": cudaMemcpy returns after the copy except
+//    device to device (asynchronous), cudaMemset is asynchronous unless
+//    the target is pinned or managed memory;
+//  - device memory lives in one arena that is PROT_NONE except while a
+//    device operation runs, so host code touching it is caught:
+//    "zpp cuda emu: host code touched device memory at <p>", then abort.
+//    While a device operation runs, only the allocations it touches are
+//    opened (on their first access, from the fault handler), and only if
+//    they belong to its device or to a peer the device enabled; freed
+//    memory is never reused and stays PROT_NONE.  Any other access by
+//    device code (freed memory, another device's memory, a guard page past
+//    an allocation) is a sticky cudaErrorIllegalAddress of that device,
+//    as are kernel pointer arguments to another device's memory or to
+//    unregistered host memory;
+//  - stream-ordered allocation: cudaMallocAsync's memory exists from its
+//    point in the stream, cudaFreeAsync's memory is gone from its point;
+//  - a host function (cudaLaunchHostFunc) runs in stream order on the
+//    stream's worker; CUDA calls from it fail with cudaErrorNotPermitted,
+//    and it cannot touch device memory;
+//  - stream capture into a graph (kernels, copies, memsets, host
+//    functions), instantiate and launch;
+//  - per-thread last error, sticky errors per device.
+//
+// What it does NOT model:
+//  - host code touching device memory while any device operation runs
+//    (the touched allocations are open then) escapes detection;
+//  - system calls given device memory (write, process_vm_readv of an MPI
+//    library) fail with EFAULT instead of faulting;
+//  - pointers inside struct arguments of a kernel are checked only by the
+//    fault handler (another device's or freed memory), not for pageable
+//    host memory;
+//  - reads of up to 255 bytes before an allocation's start, and overruns of
+//    an allocation whose size is not a multiple of 256 bytes within its
+//    last 256, are not caught (allocations end at a guard page, rounded up
+//    to 256 bytes);
+//  - concurrency between device operations, 2-D/3-D grids, dynamic shared
+//    memory, launch attributes, cudaStreamPerThread, memory pools, IPC,
+//    managed-memory migration, device properties, timing accuracy;
+//  - performance: a kernel runs on one CPU thread, one CUDA thread at a time.
+#include "cuda_runtime.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_emu_internal.h"
+#include "zpp_cuda_emu.h"
+
+#define ZPP_EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+// ---- settings -------------------------------------------------------------
+
+constexpr int kMaxDevices = 64;
+
+unsigned long env_ul(const char *name, unsigned long dflt) {
+  const char *v = getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  char *end = nullptr;
+  unsigned long x = strtoul(v, &end, 0);
+  return end && *end == '\0' ? x : dflt;
+}
+
+struct Settings {
+  int devices = 8;
+  std::atomic<unsigned> delay_us{300};
+  uint64_t seed = 0;
+  unsigned timeout_s = 300;
+  size_t arena_bytes = (size_t)64 << 30;
+  size_t device_bytes = (size_t)16 << 30;
+};
+
+// ---- the API counters -------------------------------------------------------
+
+#define ZPP_EMU_APIS(X)                                                          \
+  X(cudaGetLastError) X(cudaPeekAtLastError) X(cudaGetDeviceCount)               \
+  X(cudaSetDevice) X(cudaGetDevice) X(cudaDeviceSynchronize)                     \
+  X(cudaDeviceGetPCIBusId) X(cudaDeviceGetByPCIBusId) X(cudaDeviceCanAccessPeer) \
+  X(cudaDeviceEnablePeerAccess) X(cudaMalloc) X(cudaFree) X(cudaMallocAsync)     \
+  X(cudaFreeAsync) X(cudaMallocHost) X(cudaHostAlloc) X(cudaFreeHost)            \
+  X(cudaMallocManaged) X(cudaPointerGetAttributes) X(cudaMemcpy)                 \
+  X(cudaMemcpyAsync) X(cudaMemset) X(cudaMemsetAsync) X(cudaStreamCreate)        \
+  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamSynchronize)     \
+  X(cudaStreamQuery) X(cudaStreamWaitEvent) X(cudaLaunchHostFunc)                \
+  X(cudaEventCreate) X(cudaEventCreateWithFlags) X(cudaEventRecord)              \
+  X(cudaEventQuery) X(cudaEventSynchronize) X(cudaEventDestroy)                  \
+  X(cudaEventElapsedTime) X(cudaStreamBeginCapture) X(cudaStreamEndCapture)      \
+  X(cudaGraphInstantiate) X(cudaGraphLaunch) X(cudaGraphExecDestroy)             \
+  X(cudaGraphDestroy) X(cudaLaunchKernelEx)
+
+enum Api {
+#define ZPP_EMU_ENUM(n) k_##n,
+  ZPP_EMU_APIS(ZPP_EMU_ENUM)
+#undef ZPP_EMU_ENUM
+      kApiCount
+};
+const char *const kApiNames[] = {
+#define ZPP_EMU_NAME(n) #n,
+    ZPP_EMU_APIS(ZPP_EMU_NAME)
+#undef ZPP_EMU_NAME
+};
+std::atomic<unsigned long> g_calls[kApiCount];
+
+// ---- memory -----------------------------------------------------------------
+
+enum Kind { kDevice, kPinned, kManaged };
+enum State { kPending, kLive, kFreed };
+
+struct Alloc {
+  uintptr_t base = 0;  // what the caller got
+  size_t size = 0;     // what the caller asked for
+  uintptr_t region = 0;  // pages of the allocation (device memory)
+  size_t region_len = 0;
+  Kind kind = kDevice;
+  int device = 0;
+  State state = kLive;
+};
+
+// ---- streams, operations, events --------------------------------------------
+
+struct Stream;
+
+struct Dep {
+  Stream *s;
+  uint64_t seq;  // done when s->done >= seq
+};
+
+// A kernel's closure, shared by a launch and the graphs that hold it.
+struct Closure {
+  void (*run)(void *) = nullptr;
+  void (*destroy)(void *) = nullptr;
+  void *p = nullptr;
+  ~Closure() {
+    if (destroy) destroy(p);
+  }
+};
+
+enum OpKind { kOpKernel, kOpCopy, kOpSet, kOpHostFn, kOpMarker, kOpWait, kOpAlloc, kOpFree };
+
+struct Op {
+  OpKind kind = kOpMarker;
+  uint64_t seq = 0;
+  std::vector<Dep> deps;
+  // kernel
+  dim3 grid, block;
+  const void *kernel = nullptr;
+  std::shared_ptr<Closure> closure;
+  std::vector<const void *> ptrs;
+  // copy / set
+  void *dst = nullptr;
+  const void *src = nullptr;
+  size_t bytes = 0;
+  int value = 0;
+  // host function
+  cudaHostFn_t fn = nullptr;
+  void *user = nullptr;
+  // marker (event record): completion time
+  std::shared_ptr<double> time;
+  // alloc / free
+  uintptr_t alloc = 0;
+};
+
+struct Graph {
+  std::vector<Op> ops;
+};
+
+struct Stream {
+  int device = 0;
+  bool nonblocking = false, legacy = false, destroyed = false;
+  std::deque<Op> q;
+  uint64_t next = 0, done = 0;  // seq of the last queued and last completed op
+  bool held = false, running = false;
+  bool worker = false;
+  Graph *capture = nullptr;
+  bool capture_broken = false;
+  uint64_t rng = 0;
+};
+
+struct Event {
+  int device = 0;
+  unsigned flags = 0;
+  Stream *s = nullptr;
+  uint64_t seq = 0;
+  std::shared_ptr<double> time;
+};
+
+struct Device {
+  Stream *legacy = nullptr;
+  cudaError_t sticky = cudaSuccess;
+  bool peer[kMaxDevices] = {};
+  size_t live_bytes = 0;
+};
+
+struct Emu {
+  Settings cfg;
+  std::mutex mu;  // streams, events, devices
+  std::condition_variable cv;
+  std::vector<Stream *> streams;  // every stream ever created (never freed)
+  std::set<Stream *> live_streams;
+  std::set<Event *> live_events;
+  std::set<Graph *> live_graphs;
+  Device dev[kMaxDevices];
+  std::mutex reg_mu;  // the registry, taken by the fault handler too
+  std::map<uintptr_t, Alloc> reg;
+  uintptr_t arena_lo = 0, arena_hi = 0, arena_next = 0;
+  size_t page = 4096;
+  std::mutex exec_mu;  // one device operation at a time
+  std::mutex log_mu;
+  std::vector<const void *> kernel_log;
+  std::atomic<int> last_kernel_device{-1};
+  std::atomic<const void *> last_kernel{nullptr};
+  std::atomic<unsigned> max_threads{0};
+  std::string last_fault;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  struct sigaction old_segv = {}, old_bus = {};
+};
+
+Emu *g_emu = nullptr;
+pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+// Per host thread.  Initial-exec TLS: the fault handler reads it.
+__thread int t_device __attribute__((tls_model("initial-exec"))) = 0;
+__thread cudaError_t t_last __attribute__((tls_model("initial-exec"))) = cudaSuccess;
+__thread int t_in_host_fn __attribute__((tls_model("initial-exec"))) = 0;
+
+// The device operation this worker thread runs now (fault handler state).
+struct Exec {
+  int device = 0;
+  cudaError_t err = cudaErrorIllegalAddress;  // of a fault, when fault is set
+  uint64_t allowed = 0;  // devices whose memory the operation may touch
+  std::vector<std::pair<uintptr_t, size_t>> opened;
+  char fault[256] = "";
+  sigjmp_buf env;
+};
+__thread Exec *t_exec __attribute__((tls_model("initial-exec"))) = nullptr;
+
+void install_handlers();
+
+void init_once() {
+  Emu *e = new Emu;
+  e->cfg.devices = (int)std::min<unsigned long>(env_ul("ZPP_EMU_DEVICES", 8), kMaxDevices);
+  e->cfg.delay_us = (unsigned)env_ul("ZPP_EMU_DELAY_US", 300);
+  e->cfg.seed = env_ul("ZPP_EMU_SEED",
+                       (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count() ^
+                           ((unsigned long)getpid() << 20));
+  e->cfg.timeout_s = (unsigned)env_ul("ZPP_EMU_TIMEOUT_S", 300);
+  e->cfg.arena_bytes = (size_t)env_ul("ZPP_EMU_ARENA_GB", 64) << 30;
+  e->cfg.device_bytes = (size_t)env_ul("ZPP_EMU_DEVICE_MEM_MB", 16384) << 20;
+  e->page = (size_t)sysconf(_SC_PAGESIZE);
+  void *m = mmap(nullptr, e->cfg.arena_bytes, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) {
+    std::fprintf(stderr, "zpp cuda emu: cannot reserve %zu bytes of device arena\n",
+                 e->cfg.arena_bytes);
+    std::abort();
+  }
+  e->arena_lo = e->arena_next = (uintptr_t)m;
+  e->arena_hi = e->arena_lo + e->cfg.arena_bytes;
+  g_emu = e;
+  std::fprintf(stderr,
+               "zpp cuda emu: pid %d, %d devices, delay per operation 0..%u us, "
+               "seed %llu (ZPP_EMU_DEVICES, ZPP_EMU_DELAY_US, ZPP_EMU_SEED)\n",
+               (int)getpid(), e->cfg.devices, 2 * e->cfg.delay_us.load(),
+               (unsigned long long)e->cfg.seed);
+  install_handlers();
+}
+
+Emu &E() {
+  if (g_emu == nullptr) pthread_once(&g_once, init_once);
+  return *g_emu;
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - E().t0)
+      .count();
+}
+
+cudaError_t ret(cudaError_t e) {
+  if (e != cudaSuccess) t_last = e;
+  return e;
+}
+
+// Every API function starts here.
+#define API(name)                                     \
+  g_calls[k_##name].fetch_add(1, std::memory_order_relaxed); \
+  Emu &emu = E();                                     \
+  (void)emu;                                          \
+  if (t_in_host_fn) return ret(cudaErrorNotPermitted)
+
+bool valid_device(int d) { return d >= 0 && d < E().cfg.devices; }
+
+cudaError_t sticky(int d) { return valid_device(d) ? E().dev[d].sticky : cudaSuccess; }
+
+// ---- the fault handler --------------------------------------------------------
+
+const Alloc *find_locked(uintptr_t a) {
+  Emu &e = *g_emu;
+  auto it = e.reg.upper_bound(a);
+  if (it == e.reg.begin()) return nullptr;
+  --it;
+  const Alloc &al = it->second;
+  if (al.kind == kDevice) {
+    if (a >= al.region && a < al.region + al.region_len) return &al;
+  } else if (a >= al.base && a < al.base + al.size) {
+    return &al;
+  }
+  return nullptr;
+}
+
+void fault_text(Exec *x, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(x->fault, sizeof x->fault, fmt, ap);
+  va_end(ap);
+}
+
+// Opens the allocation holding a for the device operation this thread
+// runs, if it may touch it; otherwise records why not.
+bool open_for_exec(Exec *x, uintptr_t a) {
+  Emu &e = *g_emu;
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  const Alloc *al = find_locked(a);
+  if (al == nullptr) {
+    fault_text(x, "access to %p: no allocation there (past the end of one, or never allocated)",
+               (void *)a);
+    return false;
+  }
+  if (al->state == kFreed) {
+    fault_text(x, "access to %p: freed device memory (allocation %p of %zu bytes)", (void *)a,
+               (void *)al->base, al->size);
+    return false;
+  }
+  if (al->state == kPending) {
+    fault_text(x, "access to %p: stream-ordered allocation %p not made yet in stream order",
+               (void *)a, (void *)al->base);
+    return false;
+  }
+  if (!(x->allowed >> al->device & 1)) {
+    fault_text(x, "access to %p: memory of device %d from device %d without peer access",
+               (void *)a, al->device, x->device);
+    return false;
+  }
+  if (mprotect((void *)al->region, al->region_len, PROT_READ | PROT_WRITE) != 0) return false;
+  x->opened.emplace_back(al->region, al->region_len);
+  return true;
+}
+
+void write_err(const char *s) {
+  ssize_t r = write(2, s, strlen(s));
+  (void)r;
+}
+
+void chain(int sig, siginfo_t *si, void *uc, const struct sigaction &old) {
+  if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction != nullptr) {
+    old.sa_sigaction(sig, si, uc);
+    return;
+  }
+  if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+    old.sa_handler(sig);
+    return;
+  }
+  // default action: re-raise on return
+  signal(sig, SIG_DFL);
+}
+
+void on_fault(int sig, siginfo_t *si, void *uc) {
+  Emu *e = g_emu;
+  uintptr_t a = (uintptr_t)si->si_addr;
+  bool in_arena = e != nullptr && a >= e->arena_lo && a < e->arena_hi;
+  Exec *x = t_exec;
+  if (x != nullptr) {  // device code faulted
+    if (in_arena && open_for_exec(x, a)) return;
+    if (!in_arena)
+      fault_text(x, "access to %p: not device memory (pageable host memory, or a guard page)",
+                 (void *)a);
+    siglongjmp(x->env, 1);
+  }
+  if (in_arena) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "zpp cuda emu: host code touched device memory at %p\n", (void *)a);
+    write_err(msg);
+    abort();
+  }
+  chain(sig, si, uc, sig == SIGSEGV ? e->old_segv : e->old_bus);
+}
+
+void install_one(int sig, struct sigaction *old) {
+  struct sigaction cur = {};
+  sigaction(sig, nullptr, &cur);
+  if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) return;
+  struct sigaction sa = {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, old);
+}
+
+// Also called when memory or streams are made: a library that installs
+// its own handler later (MPI does) is put behind ours again.
+void install_handlers() {
+  install_one(SIGSEGV, &E().old_segv);
+  install_one(SIGBUS, &E().old_bus);
+}
+
+// ---- the registry --------------------------------------------------------------
+
+struct PtrInfo {
+  bool registered = false;  // pinned, managed or device (any state)
+  bool in_arena = false;
+  Alloc a;
+};
+
+PtrInfo classify(const void *p) {
+  Emu &e = E();
+  PtrInfo r;
+  uintptr_t a = (uintptr_t)p;
+  r.in_arena = a >= e.arena_lo && a < e.arena_hi;
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  const Alloc *al = find_locked(a);
+  if (al != nullptr) {
+    r.registered = true;
+    r.a = *al;
+  }
+  return r;
+}
+
+bool is_live_device(const PtrInfo &i) {
+  return i.registered && i.a.kind == kDevice && i.a.state != kFreed;
+}
+
+// Device memory: [base, base + size) at the end of its pages, followed by
+// a PROT_NONE guard page, never reused.
+cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
+  Emu &e = E();
+  install_handlers();
+  size_t sz = (size + 255) & ~(size_t)255;
+  size_t len = (sz + e.page - 1) / e.page * e.page;
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  if (e.dev[device].live_bytes + sz > e.cfg.device_bytes) return cudaErrorMemoryAllocation;
+  if (e.arena_next + len + e.page > e.arena_hi) return cudaErrorMemoryAllocation;
+  Alloc al;
+  al.region = e.arena_next;
+  al.region_len = len;
+  al.base = al.region + len - sz;
+  al.size = size;
+  al.kind = kDevice;
+  al.device = device;
+  al.state = st;
+  e.arena_next += len + e.page;
+  e.reg[al.base] = al;
+  e.dev[device].live_bytes += sz;
+  *out = (void *)al.base;
+  return cudaSuccess;
+}
+
+// Makes a device allocation inaccessible for good.  Caller holds exec_mu.
+void arena_release(uintptr_t base) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  auto it = e.reg.find(base);
+  if (it == e.reg.end() || it->second.state == kFreed) return;
+  Alloc &al = it->second;
+  al.state = kFreed;
+  e.dev[al.device].live_bytes -= (al.size + 255) & ~(size_t)255;
+  mprotect((void *)al.region, al.region_len, PROT_NONE);
+  madvise((void *)al.region, al.region_len, MADV_DONTNEED);
+}
+
+cudaError_t host_alloc(size_t size, Kind kind, void **out) {
+  Emu &e = E();
+  install_handlers();
+  size_t len = (std::max<size_t>(size, 1) + e.page - 1) / e.page * e.page;
+  void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+  Alloc al;
+  al.base = (uintptr_t)m;
+  al.size = std::max<size_t>(size, 1);
+  al.region = al.base;
+  al.region_len = len;
+  al.kind = kind;
+  al.device = t_device;
+  al.state = kLive;
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  e.reg[al.base] = al;
+  *out = m;
+  return cudaSuccess;
+}
+
+// ---- streams -------------------------------------------------------------------
+
+void worker_main(Stream *s);
+
+Stream *new_stream(int device, bool nonblocking, bool legacy) {
+  Emu &e = E();
+  Stream *s = new Stream;
+  s->device = device;
+  s->nonblocking = nonblocking;
+  s->legacy = legacy;
+  s->rng = e.cfg.seed ^ (0x9e3779b97f4a7c15ull * (e.streams.size() + 1));
+  e.streams.push_back(s);
+  if (!legacy) e.live_streams.insert(s);
+  return s;
+}
+
+// The stream a handle names, for the calling thread; nullptr if invalid.
+// Caller holds mu.
+Stream *resolve(cudaStream_t h, cudaError_t *err) {
+  Emu &e = E();
+  *err = cudaSuccess;
+  if (h == nullptr || h == cudaStreamLegacy) {
+    Device &d = e.dev[t_device];
+    if (d.legacy == nullptr) d.legacy = new_stream(t_device, false, true);
+    return d.legacy;
+  }
+  if (h == cudaStreamPerThread) {
+    *err = cudaErrorNotSupported;
+    return nullptr;
+  }
+  Stream *s = reinterpret_cast<Stream *>(h);
+  if (!e.live_streams.count(s)) {
+    *err = cudaErrorInvalidResourceHandle;
+    return nullptr;
+  }
+  return s;
+}
+
+bool deps_done(const Op &op) {
+  for (const Dep &d : op.deps)
+    if (d.s->done < d.seq) return false;
+  return true;
+}
+
+// Queues op on s (or appends it to the graph s captures).  Caller holds mu.
+cudaError_t enqueue(Stream *s, Op op) {
+  Emu &e = E();
+  if (s->capture != nullptr) {
+    if (op.kind == kOpAlloc || op.kind == kOpFree || op.kind == kOpMarker || op.kind == kOpWait) {
+      s->capture_broken = true;
+      return cudaErrorStreamCaptureUnsupported;
+    }
+    s->capture->ops.push_back(std::move(op));
+    return cudaSuccess;
+  }
+  // the legacy stream's implicit synchronisation
+  if (s->legacy) {
+    for (Stream *b : e.streams)
+      if (b != s && b->device == s->device && !b->legacy && !b->nonblocking && b->next > b->done)
+        op.deps.push_back({b, b->next});
+  } else if (!s->nonblocking) {
+    Stream *l = e.dev[s->device].legacy;
+    if (l != nullptr && l->next > l->done) op.deps.push_back({l, l->next});
+  }
+  op.seq = ++s->next;
+  s->q.push_back(std::move(op));
+  if (!s->worker) {
+    s->worker = true;
+    std::thread(worker_main, s).detach();
+  }
+  e.cv.notify_all();
+  return cudaSuccess;
+}
+
+// Waits (bounded) until pred() holds.  Caller holds lk on mu.
+bool wait_for(std::unique_lock<std::mutex> &lk, const std::function<bool()> &pred) {
+  Emu &e = E();
+  return e.cv.wait_for(lk, std::chrono::seconds(e.cfg.timeout_s), pred);
+}
+
+uint64_t next_rand(uint64_t &x) {
+  x += 0x9e3779b97f4a7c15ull;
+  uint64_t z = x;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void set_sticky(int device, cudaError_t err, const char *what) {
+  Emu &e = E();
+  {
+    std::lock_guard<std::mutex> lk(e.mu);
+    if (e.dev[device].sticky == cudaSuccess) e.dev[device].sticky = err;
+  }
+  {
+    std::lock_guard<std::mutex> lk(e.log_mu);
+    e.last_fault = what;
+  }
+  std::fprintf(stderr, "zpp cuda emu: device %d: %s: %s\n", device, cudaGetErrorName(err), what);
+}
+
+// Runs a device operation under the device lock, with the fault handler
+// armed.  Returns false (and makes the error sticky) on a fault.
+bool run_device_op(int device, uint64_t allowed, const std::function<bool(Exec *)> &body) {
+  Emu &e = E();
+  zpp_emu::prepare_thread();
+  // One Exec per worker thread, in memory the handler and siglongjmp leave
+  // alone (no local of this frame changes between sigsetjmp and the jump).
+  static thread_local Exec *const x = new Exec;
+  std::lock_guard<std::mutex> lk(e.exec_mu);
+  x->device = device;
+  x->allowed = allowed;
+  x->err = cudaErrorIllegalAddress;
+  x->fault[0] = '\0';
+  x->opened.clear();
+  x->opened.reserve(64);
+  bool ok = false;
+  if (sigsetjmp(x->env, 1) == 0) {
+    t_exec = x;
+    ok = body(x);
+    t_exec = nullptr;
+  } else {
+    t_exec = nullptr;
+    ok = false;
+  }
+  for (auto &r : x->opened) mprotect((void *)r.first, r.second, PROT_NONE);
+  x->opened.clear();
+  if (!ok)
+    set_sticky(device, x->fault[0] ? x->err : cudaErrorLaunchFailure,
+               x->fault[0] ? x->fault : "launch failed");
+  return ok;
+}
+
+uint64_t allowed_for(int device) {
+  Emu &e = E();
+  uint64_t m = 1ull << device;
+  for (int p = 0; p < e.cfg.devices; p++)
+    if (e.dev[device].peer[p]) m |= 1ull << p;
+  return m;
+}
+
+uint64_t device_bit(const void *p) {
+  PtrInfo i = classify(p);
+  return i.registered && i.a.kind == kDevice ? 1ull << i.a.device : 0;
+}
+
+void exec_op(Stream *s, Op &op) {
+  Emu &e = E();
+  int d = s->device;
+  switch (op.kind) {
+  case kOpKernel: {
+    uint64_t allowed;
+    {
+      std::lock_guard<std::mutex> lk(e.mu);
+      allowed = allowed_for(d);
+    }
+    run_device_op(d, allowed, [&](Exec *x) {
+      for (size_t i = 0; i < op.ptrs.size(); i++) {
+        const void *p = op.ptrs[i];
+        if (p == nullptr) continue;
+        PtrInfo pi = classify(p);
+        if (!pi.in_arena && !pi.registered) {
+          fault_text(x, "kernel argument %zu (%p) is pageable host memory", i, p);
+          return false;
+        }
+        if (is_live_device(pi) && !(allowed >> pi.a.device & 1)) {
+          fault_text(x, "kernel argument %zu (%p) is memory of device %d, kernel runs on device %d",
+                     i, p, pi.a.device, d);
+          return false;
+        }
+      }
+      std::string why;
+      bool ok = zpp_emu::run_grid(op.grid, op.block, op.closure->run, op.closure->p, &why);
+      e.last_kernel_device = d;
+      e.last_kernel = op.kernel;
+      {
+        std::lock_guard<std::mutex> lk(e.log_mu);
+        if (e.kernel_log.size() < 100000) e.kernel_log.push_back(op.kernel);
+      }
+      unsigned m = e.max_threads.load();
+      while (op.block.x > m && !e.max_threads.compare_exchange_weak(m, op.block.x)) {
+      }
+      if (!ok) {
+        x->err = cudaErrorLaunchFailure;
+        fault_text(x, "%s", why.c_str());
+      }
+      return ok;
+    });
+    break;
+  }
+  case kOpCopy: {
+    uint64_t allowed = device_bit(op.dst) | device_bit(op.src);
+    run_device_op(d, allowed, [&](Exec *) {
+      std::memmove(op.dst, op.src, op.bytes);
+      return true;
+    });
+    break;
+  }
+  case kOpSet: {
+    uint64_t allowed = device_bit(op.dst);
+    run_device_op(d, allowed, [&](Exec *) {
+      std::memset(op.dst, op.value, op.bytes);
+      return true;
+    });
+    break;
+  }
+  case kOpAlloc: {
+    std::lock_guard<std::mutex> lk(e.exec_mu);
+    std::lock_guard<std::mutex> rl(e.reg_mu);
+    auto it = e.reg.find(op.alloc);
+    if (it != e.reg.end() && it->second.state == kPending) it->second.state = kLive;
+    break;
+  }
+  case kOpFree: {
+    std::lock_guard<std::mutex> lk(e.exec_mu);
+    arena_release(op.alloc);
+    break;
+  }
+  case kOpHostFn:
+    t_in_host_fn = 1;
+    op.fn(op.user);
+    t_in_host_fn = 0;
+    break;
+  case kOpMarker:
+    if (op.time) *op.time = now_ms();
+    break;
+  case kOpWait:
+    break;
+  }
+}
+
+bool delayed(OpKind k) { return k != kOpMarker && k != kOpWait; }
+
+void worker_main(Stream *s) {
+  Emu &e = E();
+  zpp_emu::prepare_thread();
+  prctl(PR_SET_TIMERSLACK, 1UL);  // delays of a few microseconds stay short
+  std::unique_lock<std::mutex> lk(e.mu);
+  for (;;) {
+    // no bound: a worker waits for work as long as its stream lives
+    e.cv.wait(lk, [&] {
+      return (!s->q.empty() && !s->held && deps_done(s->q.front())) ||
+             (s->destroyed && s->q.empty());
+    });
+    if (s->q.empty()) break;  // destroyed and drained
+    Op op = s->q.front();  // stays queued (not done) while it runs
+    s->running = true;
+    bool skip = e.dev[s->device].sticky != cudaSuccess;
+    unsigned delay = e.cfg.delay_us.load();
+    uint64_t r = next_rand(s->rng);
+    lk.unlock();
+    if (delayed(op.kind) && delay > 0 && !skip)
+      std::this_thread::sleep_for(std::chrono::microseconds(r % (2ull * delay + 1)));
+    if (!skip || op.kind == kOpMarker || op.kind == kOpWait) exec_op(s, op);
+    lk.lock();
+    s->q.pop_front();
+    s->done = op.seq;
+    s->running = false;
+    e.cv.notify_all();
+  }
+  s->worker = false;
+}
+
+// Waits until s has done everything queued so far.  Caller holds lk.
+bool stream_wait_locked(std::unique_lock<std::mutex> &lk, Stream *s) {
+  uint64_t target = s->next;
+  return wait_for(lk, [&] { return s->done >= target; });
+}
+
+// The work a sync of s must wait for: s itself and, for a legacy stream,
+// the blocking streams of its device (as a legacy-stream operation would).
+std::vector<Dep> sync_targets(Stream *s) {
+  Emu &e = E();
+  std::vector<Dep> t{{s, s->next}};
+  if (s->legacy)
+    for (Stream *b : e.streams)
+      if (b != s && b->device == s->device && !b->legacy && !b->nonblocking)
+        t.push_back({b, b->next});
+  return t;
+}
+
+cudaError_t wait_deps(std::unique_lock<std::mutex> &lk, const std::vector<Dep> &t) {
+  bool ok = wait_for(lk, [&] {
+    for (const Dep &d : t)
+      if (d.s->done < d.seq) return false;
+    return true;
+  });
+  return ok ? cudaSuccess : cudaErrorTimeout;
+}
+
+cudaError_t device_wait_locked(std::unique_lock<std::mutex> &lk, int device) {
+  Emu &e = E();
+  std::vector<Dep> t;
+  for (Stream *b : e.streams)
+    if (b->device == device) t.push_back({b, b->next});
+  return wait_deps(lk, t);
+}
+
+// ---- copies ---------------------------------------------------------------------
+
+bool host_side(const PtrInfo &i) { return !i.registered || i.a.kind != kDevice; }
+bool device_side(const PtrInfo &i) {
+  return i.registered && i.a.state != kFreed;  // device, managed or pinned
+}
+
+// Checks a copy's kind against what the pointers are and that device
+// ranges lie inside their allocation.
+cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                       PtrInfo *di, PtrInfo *si) {
+  *di = classify(dst);
+  *si = classify(src);
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  for (const PtrInfo *i : {di, si}) {
+    if (i->in_arena && (!i->registered || i->a.state == kFreed)) return cudaErrorInvalidValue;
+    if (i->registered && i->a.kind == kDevice) {
+      uintptr_t p = i == di ? (uintptr_t)dst : (uintptr_t)src;
+      if (p < i->a.base || p + n > i->a.base + i->a.size) return cudaErrorInvalidValue;
+    }
+  }
+  bool dd = di->registered && di->a.kind == kDevice, sd = si->registered && si->a.kind == kDevice;
+  bool dm = di->registered && di->a.kind == kManaged, sm = si->registered && si->a.kind == kManaged;
+  switch (kind) {
+  case cudaMemcpyHostToHost:
+    return dd || sd ? cudaErrorInvalidValue : cudaSuccess;
+  case cudaMemcpyHostToDevice:
+    return (dd || dm) && host_side(*si) ? cudaSuccess : cudaErrorInvalidValue;
+  case cudaMemcpyDeviceToHost:
+    return (sd || sm) && host_side(*di) ? cudaSuccess : cudaErrorInvalidValue;
+  case cudaMemcpyDeviceToDevice:
+    return device_side(*di) && device_side(*si) ? cudaSuccess : cudaErrorInvalidValue;
+  case cudaMemcpyDefault:
+    return cudaSuccess;
+  default:
+    return cudaErrorInvalidMemcpyDirection;
+  }
+}
+
+cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t h,
+                 bool sync) {
+  Emu &e = E();
+  PtrInfo di, si;
+  cudaError_t err = check_copy(dst, src, n, kind, &di, &si);
+  if (err != cudaSuccess) return err;
+  std::unique_lock<std::mutex> lk(e.mu);
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return err;
+  if ((err = e.dev[s->device].sticky) != cudaSuccess) return err;
+  if (n == 0) return cudaSuccess;
+  Op op;
+  op.kind = kOpCopy;
+  op.dst = dst;
+  op.src = src;
+  op.bytes = n;
+  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return err;
+  // cudaMemcpy: returns after the copy, except device to device
+  bool both_device = di.registered && di.a.kind == kDevice && si.registered && si.a.kind == kDevice;
+  if (sync && !both_device) {
+    if (!stream_wait_locked(lk, s)) return cudaErrorTimeout;
+    return e.dev[s->device].sticky;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t set(void *p, int value, size_t n, cudaStream_t h, bool sync) {
+  Emu &e = E();
+  PtrInfo pi = classify(p);
+  if (n == 0) return cudaSuccess;
+  if (!pi.registered || pi.a.state == kFreed) return cudaErrorInvalidValue;
+  if ((uintptr_t)p + n > pi.a.base + pi.a.size) return cudaErrorInvalidValue;
+  cudaError_t err;
+  std::unique_lock<std::mutex> lk(e.mu);
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return err;
+  if ((err = e.dev[s->device].sticky) != cudaSuccess) return err;
+  Op op;
+  op.kind = kOpSet;
+  op.dst = p;
+  op.value = value;
+  op.bytes = n;
+  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return err;
+  if (sync && pi.a.kind != kDevice) {
+    if (!stream_wait_locked(lk, s)) return cudaErrorTimeout;
+    return e.dev[s->device].sticky;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// ==== the runtime API ==============================================================
+
+ZPP_EMU_EXPORT cudaError_t cudaGetLastError(void) {
+  g_calls[k_cudaGetLastError]++;
+  Emu &e = E();
+  cudaError_t s = sticky(t_device);
+  cudaError_t r = t_last;
+  t_last = cudaSuccess;
+  (void)e;
+  return s != cudaSuccess ? s : r;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaPeekAtLastError(void) {
+  g_calls[k_cudaPeekAtLastError]++;
+  E();
+  cudaError_t s = sticky(t_device);
+  return s != cudaSuccess ? s : t_last;
+}
+
+ZPP_EMU_EXPORT const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+#define ZPP_EMU_CASE(n) \
+  case n:               \
+    return #n;
+    ZPP_EMU_CASE(cudaSuccess)
+    ZPP_EMU_CASE(cudaErrorInvalidValue)
+    ZPP_EMU_CASE(cudaErrorMemoryAllocation)
+    ZPP_EMU_CASE(cudaErrorInitializationError)
+    ZPP_EMU_CASE(cudaErrorInvalidConfiguration)
+    ZPP_EMU_CASE(cudaErrorInvalidDevicePointer)
+    ZPP_EMU_CASE(cudaErrorInvalidMemcpyDirection)
+    ZPP_EMU_CASE(cudaErrorNoDevice)
+    ZPP_EMU_CASE(cudaErrorInvalidDevice)
+    ZPP_EMU_CASE(cudaErrorInvalidResourceHandle)
+    ZPP_EMU_CASE(cudaErrorNotReady)
+    ZPP_EMU_CASE(cudaErrorIllegalAddress)
+    ZPP_EMU_CASE(cudaErrorPeerAccessAlreadyEnabled)
+    ZPP_EMU_CASE(cudaErrorPeerAccessNotEnabled)
+    ZPP_EMU_CASE(cudaErrorLaunchFailure)
+    ZPP_EMU_CASE(cudaErrorNotPermitted)
+    ZPP_EMU_CASE(cudaErrorNotSupported)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureUnsupported)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureInvalidated)
+    ZPP_EMU_CASE(cudaErrorTimeout)
+    ZPP_EMU_CASE(cudaErrorUnknown)
+#undef ZPP_EMU_CASE
+  }
+  return "cudaErrorUnknown";
+}
+
+ZPP_EMU_EXPORT const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInitializationError: return "initialization error";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+  case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+  case cudaErrorNotReady: return "device not ready";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
+  case cudaErrorPeerAccessNotEnabled: return "peer access has not been enabled";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorNotPermitted: return "operation not permitted";
+  case cudaErrorNotSupported: return "operation not supported";
+  case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+  case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+  case cudaErrorTimeout: return "wait operation timed out";
+  default: return "unknown error";
+  }
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGetDeviceCount(int *count) {
+  API(cudaGetDeviceCount);
+  if (count == nullptr) return ret(cudaErrorInvalidValue);
+  *count = emu.cfg.devices;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaSetDevice(int device) {
+  API(cudaSetDevice);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGetDevice(int *device) {
+  API(cudaGetDevice);
+  if (device == nullptr) return ret(cudaErrorInvalidValue);
+  *device = t_device;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceSynchronize(void) {
+  API(cudaDeviceSynchronize);
+  std::unique_lock<std::mutex> lk(emu.mu);
+  cudaError_t err = device_wait_locked(lk, t_device);
+  if (err == cudaSuccess) err = emu.dev[t_device].sticky;
+  return ret(err);
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {
+  API(cudaDeviceGetPCIBusId);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  char buf[32];
+  int n = snprintf(buf, sizeof buf, "0000:%02X:00.0", device + 1);
+  if (id == nullptr || len <= n) return ret(cudaErrorInvalidValue);
+  std::memcpy(id, buf, (size_t)n + 1);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *id) {
+  API(cudaDeviceGetByPCIBusId);
+  if (device == nullptr || id == nullptr) return ret(cudaErrorInvalidValue);
+  unsigned dom = 0, bus = 0, dv = 0, fn = 0;
+  if (sscanf(id, "%x:%x:%x.%x", &dom, &bus, &dv, &fn) != 4) {
+    dom = 0;
+    if (sscanf(id, "%x:%x.%x", &bus, &dv, &fn) != 3) return ret(cudaErrorInvalidValue);
+  }
+  if (dom != 0 || dv != 0 || fn != 0 || !valid_device((int)bus - 1))
+    return ret(cudaErrorInvalidDevice);
+  *device = (int)bus - 1;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+  API(cudaDeviceCanAccessPeer);
+  if (can == nullptr) return ret(cudaErrorInvalidValue);
+  if (!valid_device(device) || !valid_device(peer)) return ret(cudaErrorInvalidDevice);
+  *can = device != peer;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
+  API(cudaDeviceEnablePeerAccess);
+  if (flags != 0) return ret(cudaErrorInvalidValue);
+  if (!valid_device(peer) || peer == t_device) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  bool &p = emu.dev[t_device].peer[peer];
+  if (p) return ret(cudaErrorPeerAccessAlreadyEnabled);
+  p = true;
+  return cudaSuccess;
+}
+
+// ---- memory ----
+
+ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
+  API(cudaMalloc);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  cudaError_t s = sticky(t_device);
+  if (s != cudaSuccess) return ret(s);
+  if (size == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  return ret(arena_alloc(size, t_device, kLive, p));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
+  API(cudaMallocAsync);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  cudaError_t err;
+  int device;
+  {
+    std::lock_guard<std::mutex> lk(emu.mu);
+    Stream *s = resolve(h, &err);
+    if (s == nullptr) return ret(err);
+    if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+    if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+    device = s->device;  // the pool of the stream's device
+  }
+  if (size == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  void *q = nullptr;
+  if ((err = arena_alloc(size, device, kPending, &q)) != cudaSuccess) return ret(err);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  Op op;
+  op.kind = kOpAlloc;
+  op.alloc = (uintptr_t)q;
+  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return ret(err);
+  *p = q;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
+  API(cudaFree);
+  if (p == nullptr) return cudaSuccess;
+  PtrInfo i = classify(p);
+  if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
+    return ret(cudaErrorInvalidValue);
+  std::unique_lock<std::mutex> lk(emu.mu);
+  // cudaFree synchronises: the device finishes the work that may use p
+  cudaError_t err = device_wait_locked(lk, i.a.device);
+  if (err != cudaSuccess) return ret(err);
+  lk.unlock();
+  if (i.a.kind == kManaged) {
+    std::lock_guard<std::mutex> xl(emu.exec_mu);
+    std::lock_guard<std::mutex> rl(emu.reg_mu);
+    emu.reg.erase(i.a.base);
+    munmap((void *)i.a.region, i.a.region_len);
+  } else {
+    std::lock_guard<std::mutex> xl(emu.exec_mu);
+    arena_release(i.a.base);
+  }
+  return ret(sticky(t_device));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t h) {
+  API(cudaFreeAsync);
+  if (p == nullptr) return cudaSuccess;
+  PtrInfo i = classify(p);
+  if (!i.registered || i.a.kind != kDevice || i.a.base != (uintptr_t)p || i.a.state == kFreed)
+    return ret(cudaErrorInvalidValue);
+  cudaError_t err;
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  Op op;
+  op.kind = kOpFree;
+  op.alloc = i.a.base;
+  return ret(enqueue(s, std::move(op)));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocHost(void **p, size_t size) {
+  API(cudaMallocHost);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  return ret(host_alloc(size, kPinned, p));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
+  API(cudaHostAlloc);
+  if (p == nullptr || (flags & ~0x7u) != 0) return ret(cudaErrorInvalidValue);
+  return ret(host_alloc(size, kPinned, p));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
+  API(cudaMallocManaged);
+  if (p == nullptr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
+    return ret(cudaErrorInvalidValue);
+  return ret(host_alloc(size, kManaged, p));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaFreeHost(void *p) {
+  API(cudaFreeHost);
+  if (p == nullptr) return cudaSuccess;
+  PtrInfo i = classify(p);
+  if (!i.registered || i.a.kind != kPinned || i.a.base != (uintptr_t)p)
+    return ret(cudaErrorInvalidValue);
+  {
+    // queued copies may still use it: every device finishes first
+    std::unique_lock<std::mutex> lk(emu.mu);
+    for (int d = 0; d < emu.cfg.devices; d++) {
+      cudaError_t err = device_wait_locked(lk, d);
+      if (err != cudaSuccess) return ret(err);
+    }
+  }
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  emu.reg.erase(i.a.base);
+  munmap((void *)i.a.region, i.a.region_len);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a,
+                                                    const void *p) {
+  API(cudaPointerGetAttributes);
+  if (a == nullptr) return ret(cudaErrorInvalidValue);
+  std::memset(a, 0, sizeof *a);
+  PtrInfo i = classify(p);
+  if (!i.registered || i.a.state == kFreed) {
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = cudaInvalidDeviceId;
+    a->hostPointer = const_cast<void *>(p);
+    return cudaSuccess;
+  }
+  a->device = i.a.device;
+  a->devicePointer = const_cast<void *>(p);
+  switch (i.a.kind) {
+  case kDevice:
+    a->type = cudaMemoryTypeDevice;
+    break;
+  case kPinned:
+    a->type = cudaMemoryTypeHost;
+    a->hostPointer = const_cast<void *>(p);
+    break;
+  case kManaged:
+    a->type = cudaMemoryTypeManaged;
+    a->hostPointer = const_cast<void *>(p);
+    break;
+  }
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                                      enum cudaMemcpyKind kind) {
+  API(cudaMemcpy);
+  return ret(copy(dst, src, n, kind, nullptr, true));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                           enum cudaMemcpyKind kind, cudaStream_t s) {
+  API(cudaMemcpyAsync);
+  return ret(copy(dst, src, n, kind, s, false));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemset(void *p, int v, size_t n) {
+  API(cudaMemset);
+  return ret(set(p, v, n, nullptr, true));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  API(cudaMemsetAsync);
+  return ret(set(p, v, n, s, false));
+}
+
+// ---- streams ----
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *p, unsigned flags) {
+  API(cudaStreamCreateWithFlags);
+  if (p == nullptr || (flags & ~1u) != 0) return ret(cudaErrorInvalidValue);
+  install_handlers();
+  std::lock_guard<std::mutex> lk(emu.mu);
+  if (emu.dev[t_device].sticky != cudaSuccess) return ret(emu.dev[t_device].sticky);
+  *p = reinterpret_cast<cudaStream_t>(new_stream(t_device, flags & 1, false));
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *p) {
+  API(cudaStreamCreate);
+  g_calls[k_cudaStreamCreateWithFlags]--;  // counted once, as cudaStreamCreate
+  return cudaStreamCreateWithFlags(p, cudaStreamDefault);
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
+  API(cudaStreamDestroy);
+  if (h == nullptr || h == cudaStreamLegacy || h == cudaStreamPerThread)
+    return ret(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  // returns at once; the queued work still runs (as the real runtime)
+  emu.live_streams.erase(s);
+  s->destroyed = true;
+  s->held = false;
+  emu.cv.notify_all();
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  API(cudaStreamSynchronize);
+  std::unique_lock<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = wait_deps(lk, sync_targets(s))) != cudaSuccess) return ret(err);
+  return ret(emu.dev[s->device].sticky);
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
+  API(cudaStreamQuery);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  for (const Dep &d : sync_targets(s))
+    if (d.s->done < d.seq) return cudaErrorNotReady;  // not an error: last error unchanged
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, unsigned flags) {
+  API(cudaStreamWaitEvent);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  Event *e = reinterpret_cast<Event *>(ev);
+  if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  if (flags != 0) return ret(cudaErrorInvalidValue);
+  if (e->s == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  Op op;
+  op.kind = kOpWait;
+  op.deps.push_back({e->s, e->seq});
+  return ret(enqueue(s, std::move(op)));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *user) {
+  API(cudaLaunchHostFunc);
+  if (fn == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  Op op;
+  op.kind = kOpHostFn;
+  op.fn = fn;
+  op.user = user;
+  return ret(enqueue(s, std::move(op)));
+}
+
+// ---- events ----
+
+ZPP_EMU_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *p, unsigned flags) {
+  API(cudaEventCreateWithFlags);
+  if (p == nullptr || (flags & ~7u) != 0) return ret(cudaErrorInvalidValue);
+  if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+    return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Event *e = new Event;
+  e->device = t_device;
+  e->flags = flags;
+  emu.live_events.insert(e);
+  *p = reinterpret_cast<cudaEvent_t>(e);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *p) {
+  API(cudaEventCreate);
+  g_calls[k_cudaEventCreateWithFlags]--;
+  return cudaEventCreateWithFlags(p, cudaEventDefault);
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
+  API(cudaEventRecord);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Event *e = reinterpret_cast<Event *>(ev);
+  if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if (s->device != e->device) return ret(cudaErrorInvalidResourceHandle);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  Op op;
+  op.kind = kOpMarker;
+  auto t = std::make_shared<double>(-1.0);
+  op.time = t;
+  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return ret(err);
+  e->s = s;
+  e->seq = s->next;
+  e->time = t;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  API(cudaEventQuery);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Event *e = reinterpret_cast<Event *>(ev);
+  if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  if (emu.dev[e->device].sticky != cudaSuccess) return ret(emu.dev[e->device].sticky);
+  if (e->s == nullptr || e->s->done >= e->seq) return cudaSuccess;
+  return cudaErrorNotReady;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  API(cudaEventSynchronize);
+  std::unique_lock<std::mutex> lk(emu.mu);
+  Event *e = reinterpret_cast<Event *>(ev);
+  if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  if (e->s != nullptr) {
+    Stream *s = e->s;
+    uint64_t seq = e->seq;
+    if (!wait_for(lk, [&] { return s->done >= seq; })) return ret(cudaErrorTimeout);
+  }
+  return ret(emu.dev[e->device].sticky);
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  API(cudaEventDestroy);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Event *e = reinterpret_cast<Event *>(ev);
+  if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  emu.live_events.erase(e);
+  delete e;  // a pending record completes without it (its marker owns the time)
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  API(cudaEventElapsedTime);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Event *ea = reinterpret_cast<Event *>(a), *eb = reinterpret_cast<Event *>(b);
+  if (ms == nullptr) return ret(cudaErrorInvalidValue);
+  if (!emu.live_events.count(ea) || !emu.live_events.count(eb) || ea->device != eb->device ||
+      (ea->flags & cudaEventDisableTiming) || (eb->flags & cudaEventDisableTiming))
+    return ret(cudaErrorInvalidResourceHandle);
+  if (ea->s == nullptr || eb->s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (ea->s->done < ea->seq || eb->s->done < eb->seq) return ret(cudaErrorNotReady);
+  *ms = (float)(*eb->time - *ea->time);
+  return cudaSuccess;
+}
+
+// ---- graphs ----
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode) {
+  API(cudaStreamBeginCapture);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if (s->legacy || s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  s->capture = new Graph;
+  s->capture_broken = false;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) {
+  API(cudaStreamEndCapture);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if (g == nullptr || s->capture == nullptr) return ret(cudaErrorInvalidValue);
+  Graph *gr = s->capture;
+  s->capture = nullptr;
+  if (s->capture_broken) {
+    delete gr;
+    *g = nullptr;
+    return ret(cudaErrorStreamCaptureInvalidated);
+  }
+  emu.live_graphs.insert(gr);
+  *g = reinterpret_cast<cudaGraph_t>(gr);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g,
+                                                unsigned long long) {
+  API(cudaGraphInstantiate);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Graph *gr = reinterpret_cast<Graph *>(g);
+  if (x == nullptr || !emu.live_graphs.count(gr)) return ret(cudaErrorInvalidValue);
+  Graph *copy = new Graph(*gr);
+  emu.live_graphs.insert(copy);
+  *x = reinterpret_cast<cudaGraphExec_t>(copy);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h) {
+  API(cudaGraphLaunch);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Graph *gr = reinterpret_cast<Graph *>(x);
+  if (!emu.live_graphs.count(gr)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  for (const Op &op : gr->ops)
+    if ((err = enqueue(s, op)) != cudaSuccess) return ret(err);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
+  API(cudaGraphExecDestroy);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Graph *gr = reinterpret_cast<Graph *>(x);
+  if (!emu.live_graphs.erase(gr)) return ret(cudaErrorInvalidResourceHandle);
+  delete gr;  // queued copies of its operations hold their closures
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  API(cudaGraphDestroy);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  Graph *gr = reinterpret_cast<Graph *>(g);
+  if (!emu.live_graphs.erase(gr)) return ret(cudaErrorInvalidResourceHandle);
+  delete gr;
+  return cudaSuccess;
+}
+
+// ---- kernel launch ----
+
+ZPP_EMU_EXPORT cudaError_t zpp_emu_launch(const cudaLaunchConfig_t *cfg, const void *kernel,
+                                          void (*run)(void *), void (*destroy)(void *),
+                                          void *closure, const void *const *ptrs,
+                                          size_t nptrs) {
+  auto c = std::make_shared<Closure>();
+  c->run = run;
+  c->destroy = destroy;
+  c->p = closure;  // freed by c whatever happens below
+  API(cudaLaunchKernelEx);
+  if (cfg == nullptr || kernel == nullptr) return ret(cudaErrorInvalidValue);
+  const dim3 g = cfg->gridDim, b = cfg->blockDim;
+  if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 ||
+      (size_t)b.x * b.y * b.z > 1024 || g.y > 65535 || g.z > 65535)
+    return ret(cudaErrorInvalidConfiguration);
+  if (g.y != 1 || g.z != 1 || b.y != 1 || b.z != 1 || cfg->dynamicSmemBytes != 0 ||
+      cfg->numAttrs != 0) {
+    std::fprintf(stderr, "zpp cuda emu: a launch the emulator does not model "
+                         "(2-D/3-D, dynamic shared memory or attributes)\n");
+    return ret(cudaErrorNotSupported);
+  }
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(cfg->stream, &err);
+  if (s == nullptr) return ret(err);
+  // "A kernel launch will fail if it is issued to a stream that is not
+  // associated to the current device" (programming guide)
+  if (s->device != t_device) return ret(cudaErrorInvalidResourceHandle);
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  Op op;
+  op.kind = kOpKernel;
+  op.grid = g;
+  op.block = b;
+  op.kernel = kernel;
+  op.closure = std::move(c);
+  op.ptrs.assign(ptrs, ptrs + nptrs);
+  return ret(enqueue(s, std::move(op)));
+}
+
+// ==== test hooks (zpp_cuda_emu.h) ===================================================
+
+namespace {
+cudaError_t hold(cudaStream_t h, bool on) {
+  Emu &emu = E();
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return err;
+  s->held = on;
+  emu.cv.notify_all();
+  return cudaSuccess;
+}
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t zpp_emu_stream_hold(cudaStream_t s) { return hold(s, true); }
+ZPP_EMU_EXPORT cudaError_t zpp_emu_stream_release(cudaStream_t s) { return hold(s, false); }
+
+ZPP_EMU_EXPORT unsigned long zpp_emu_api_calls(const char *name) {
+  for (int i = 0; i < kApiCount; i++)
+    if (name && std::strcmp(name, kApiNames[i]) == 0) return g_calls[i].load();
+  return 0;
+}
+
+ZPP_EMU_EXPORT void zpp_emu_reset_api_calls(void) {
+  for (auto &c : g_calls) c = 0;
+}
+
+ZPP_EMU_EXPORT int zpp_emu_last_kernel_device(void) { return E().last_kernel_device.load(); }
+ZPP_EMU_EXPORT const void *zpp_emu_last_kernel(void) { return E().last_kernel.load(); }
+
+ZPP_EMU_EXPORT size_t zpp_emu_kernel_log(const void **out, size_t max) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.log_mu);
+  for (size_t i = 0; i < max && i < e.kernel_log.size(); i++) out[i] = e.kernel_log[i];
+  return e.kernel_log.size();
+}
+
+ZPP_EMU_EXPORT void zpp_emu_kernel_log_clear(void) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.log_mu);
+  e.kernel_log.clear();
+}
+
+ZPP_EMU_EXPORT unsigned zpp_emu_max_block_threads(void) { return E().max_threads.load(); }
+
+ZPP_EMU_EXPORT const char *zpp_emu_last_fault(void) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.log_mu);
+  thread_local std::string copy;
+  copy = e.last_fault;
+  return copy.c_str();
+}
+
+ZPP_EMU_EXPORT void zpp_emu_clear_sticky_error(int device) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.mu);
+  if (valid_device(device)) e.dev[device].sticky = cudaSuccess;
+  std::lock_guard<std::mutex> ll(e.log_mu);
+  e.last_fault.clear();
+}
+
+ZPP_EMU_EXPORT unsigned zpp_emu_set_delay_us(unsigned us) { return E().cfg.delay_us.exchange(us); }

@@ -1,0 +1,58 @@
+/*
+ * Test hooks of the CUDA emulator (libzpp_cudart_emu): what a test needs to
+ * see or steer that the CUDA runtime does not offer.  Not CUDA API; only
+ * tests include this header.
+ */
+#ifndef ZPP_TESTS_CUDA_EMU_ZPP_CUDA_EMU_H
+#define ZPP_TESTS_CUDA_EMU_ZPP_CUDA_EMU_H
+
+#include <stddef.h>
+
+#include "cuda_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Work queued on a held stream waits (it does not start) until the stream
+ * is released, so a test can see "not done" deterministically.  Stream 0
+ * means the legacy stream of the current device.  A wait on a held stream
+ * returns cudaErrorTimeout after ZPP_EMU_TIMEOUT_S. */
+cudaError_t zpp_emu_stream_hold(cudaStream_t stream);
+cudaError_t zpp_emu_stream_release(cudaStream_t stream);
+
+/* Calls of the named runtime function ("cudaPointerGetAttributes") since
+ * the last reset, by every thread of the process; 0 for an unknown name. */
+unsigned long zpp_emu_api_calls(const char *name);
+void zpp_emu_reset_api_calls(void);
+
+/* The device the last executed kernel ran on (-1: none yet), and the
+ * kernel (its function address). */
+int zpp_emu_last_kernel_device(void);
+const void *zpp_emu_last_kernel(void);
+/* Kernels executed since the last clear, in order: copies up to max of
+ * them into out and returns how many there were. */
+size_t zpp_emu_kernel_log(const void **out, size_t max);
+void zpp_emu_kernel_log_clear(void);
+/* The largest CTA (threads) executed so far. */
+unsigned zpp_emu_max_block_threads(void);
+
+/* What the last device fault was (illegal address, deadlock in a CTA,
+ * ...), "" if none. */
+const char *zpp_emu_last_fault(void);
+
+/* Clears the sticky error of a device, so that one test's deliberate fault
+ * does not fail the next test in the process.  Allocations and streams
+ * stay (a real cudaDeviceReset would destroy them). */
+void zpp_emu_clear_sticky_error(int device);
+
+/* Sets the delay before each operation (microseconds, drawn uniformly
+ * from [0, 2 us]); returns the previous one.  ZPP_EMU_DELAY_US sets it at
+ * start. */
+unsigned zpp_emu_set_delay_us(unsigned us);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_TESTS_CUDA_EMU_ZPP_CUDA_EMU_H */

@@ -1,0 +1,683 @@
+// The NCCL stand-in's contract (tests/nccl_emu/), checked in one process
+// with one thread per rank, each rank on its own emulated device:
+// non-blocking creation, the errors NCCL gives (two ranks on one device,
+// NULL or dead communicators, host pointers, use before ready), stream
+// ordering, groups, abort and timeouts, and the numbers of the reductions
+// against an independent reference (fp32 sums rounded with zpp's own
+// fp16/bf16 conversions).  Device memory is read and written only with cudaMemcpy, as
+// the emulated runtime requires.
+//
+// Seed: ZPP_TEST_SEED (default 20261129), printed by the tests that draw.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "quant_math.h"
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+uint64_t seed(const char *what) {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  uint64_t v = s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+  std::printf("[ seed ] %s: ZPP_TEST_SEED=%llu\n", what, (unsigned long long)v);
+  return v;
+}
+
+// Sets an environment variable for the life of the object.
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char *n, const char *v) : name(n) {
+    const char *o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+// Runs f(rank) on n threads at once.
+void on_ranks(int n, const std::function<void(int)> &f) {
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; r++) t.emplace_back(f, r);
+  for (auto &x : t) x.join();
+}
+
+// Polls the communicator until it leaves ncclInProgress (bounded).
+ncclResult_t wait_ready(ncclComm_t c, double limit_s = 30) {
+  auto t0 = Clock::now();
+  ncclResult_t st = ncclInProgress;
+  while (since(t0) < limit_s) {
+    if (ncclCommGetAsyncError(c, &st) != ncclSuccess) return ncclInternalError;
+    if (st != ncclInProgress) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return st;
+}
+
+ncclConfig_t nonblocking() {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  return cfg;
+}
+
+// A ready non-blocking communicator for rank r of n on device dev.
+ncclComm_t make_comm(int n, const ncclUniqueId &id, int r, int dev) {
+  EXPECT_EQ(cudaSetDevice(dev), cudaSuccess);
+  ncclConfig_t cfg = nonblocking();
+  ncclComm_t c = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&c, n, id, r, &cfg), ncclInProgress);
+  EXPECT_NE(c, nullptr);
+  EXPECT_EQ(wait_ready(c), ncclSuccess) << ncclGetLastError(c);
+  return c;
+}
+
+ncclUniqueId new_id() {
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  return id;
+}
+
+void *dev_alloc(size_t bytes) {
+  void *p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  return p;
+}
+
+void to_dev(void *d, const void *h, size_t n) {
+  ASSERT_EQ(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+std::vector<uint8_t> from_dev(const void *d, size_t n) {
+  std::vector<uint8_t> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+std::vector<uint8_t> bytes_of(uint64_t s, int r, size_t n) {
+  std::mt19937_64 g(s * 31 + (uint64_t)r);
+  std::vector<uint8_t> v(n);
+  for (auto &b : v) b = (uint8_t)g();
+  return v;
+}
+
+// A host function that holds its stream until opened (bounded: 20 s).
+struct Gate {
+  std::atomic<int> open{0};
+  static void hold(void *p) {
+    Gate *g = static_cast<Gate *>(p);
+    for (int i = 0; i < 20000 && !g->open.load(); i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+}  // namespace
+
+// ---- creation -----------------------------------------------------------------
+
+TEST(Init, NonBlockingIsInProgressUntilReadyAndRejectsEarlyUse) {
+  ScopedEnv delay("ZPP_NCCL_EMU_INIT_DELAY_MS", "300");
+  ncclUniqueId id = new_id();
+  on_ranks(2, [&](int r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    void *buf = dev_alloc(64);
+    ncclConfig_t cfg = nonblocking();
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&c, 2, id, r, &cfg), ncclInProgress);
+    ASSERT_NE(c, nullptr) << "the handle is written before the call returns";
+    ncclResult_t st = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
+    EXPECT_EQ(st, ncclInProgress);
+    // A caller that does not poll is caught.
+    EXPECT_EQ(ncclAllGather(buf, buf, 1, ncclUint8, c, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(c)).find("ncclCommGetAsyncError"),
+              std::string::npos) << ncclGetLastError(c);
+    int n = -1;
+    EXPECT_EQ(ncclCommCount(c, &n), ncclInvalidArgument);
+    EXPECT_EQ(wait_ready(c), ncclSuccess) << ncclGetLastError(c);
+    int rank = -1;
+    EXPECT_EQ(ncclCommCount(c, &n), ncclSuccess);
+    EXPECT_EQ(ncclCommUserRank(c, &rank), ncclSuccess);
+    EXPECT_EQ(n, 2);
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(ncclCommFinalize(c), ncclSuccess);
+    EXPECT_EQ(wait_ready(c), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    cudaFree(buf);
+  });
+}
+
+TEST(Init, BlockingInitReturnsAReadyCommunicator) {
+  ncclUniqueId id = new_id();
+  on_ranks(3, [&](int r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommInitRank(&c, 3, id, r), ncclSuccess) << ncclGetLastError(nullptr);
+    ncclResult_t st = ncclInProgress;
+    EXPECT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
+    EXPECT_EQ(st, ncclSuccess);
+    int dev = -1;
+    EXPECT_EQ(ncclCommCuDevice(c, &dev), ncclSuccess);
+    EXPECT_EQ(dev, r);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  });
+}
+
+TEST(Init, TwoRanksOnOneDeviceFailOnEveryRank) {
+  ncclUniqueId id = new_id();
+  on_ranks(3, [&](int r) {
+    // ranks 0 and 2 share device 1
+    ASSERT_EQ(cudaSetDevice(r == 1 ? 0 : 1), cudaSuccess);
+    ncclConfig_t cfg = nonblocking();
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&c, 3, id, r, &cfg), ncclInProgress);
+    EXPECT_EQ(wait_ready(c), ncclInvalidUsage);
+    std::string msg = ncclGetLastError(c);
+    EXPECT_NE(msg.find("Duplicate GPU"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0 and rank 2"), std::string::npos) << msg;
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  });
+}
+
+TEST(Init, BadArgumentsAreRejected) {
+  ncclUniqueId id = new_id(), junk;
+  std::memset(&junk, 7, sizeof junk);
+  ncclComm_t c = nullptr;
+  ncclConfig_t cfg = nonblocking();
+  EXPECT_EQ(ncclCommInitRankConfig(nullptr, 1, id, 0, &cfg), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 0, id, 0, &cfg), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 2, id, 2, &cfg), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 1, junk, 0, &cfg), ncclInvalidArgument);
+  ncclConfig_t raw;
+  std::memset(&raw, 0, sizeof raw);
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 1, id, 0, &raw), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("NCCL_CONFIG_INITIALIZER"),
+            std::string::npos);
+  EXPECT_EQ(c, nullptr);
+}
+
+// ---- handles ---------------------------------------------------------------------
+
+TEST(Comm, NullUnknownDestroyedAndAbortedCommunicatorsAreRejected) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  void *buf = dev_alloc(16);
+  ncclResult_t st;
+  EXPECT_EQ(ncclCommGetAsyncError(nullptr, &st), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllGather(buf, buf, 1, ncclUint8, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(buf, 1, ncclUint8, 0, nullptr, nullptr), ncclInvalidArgument);
+  int fake_storage[16] = {0};
+  ncclComm_t bogus = reinterpret_cast<ncclComm_t>(fake_storage);
+  EXPECT_EQ(ncclCommGetAsyncError(bogus, &st), ncclInvalidArgument);
+  EXPECT_EQ(ncclReduceScatter(buf, buf, 1, ncclFloat32, ncclSum, bogus, nullptr),
+            ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("not a communicator"),
+            std::string::npos);
+
+  ncclComm_t a = make_comm(1, new_id(), 0, 0);
+  ncclComm_t b = make_comm(1, new_id(), 0, 0);
+  EXPECT_EQ(ncclCommDestroy(a), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(b), ncclSuccess);
+  for (ncclComm_t dead : {a, b}) {
+    EXPECT_EQ(ncclCommGetAsyncError(dead, &st), ncclInvalidArgument);
+    EXPECT_EQ(ncclAllGather(buf, buf, 1, ncclUint8, dead, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("destroyed or aborted"),
+              std::string::npos);
+    EXPECT_EQ(ncclCommDestroy(dead), ncclInvalidArgument);
+  }
+  // NULL is accepted by destroy and abort, as by NCCL.
+  EXPECT_EQ(ncclCommDestroy(nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+  cudaFree(buf);
+}
+
+TEST(Comm, HostPointersAndOtherDevicesBuffersAreRejected) {
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void *other = dev_alloc(64);
+  ncclComm_t c = make_comm(1, new_id(), 0, 0);
+  void *mine = dev_alloc(64);
+  std::vector<uint8_t> host(64);
+  EXPECT_EQ(ncclAllGather(host.data(), mine, 4, ncclUint8, c, nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("sendbuff"), std::string::npos)
+      << ncclGetLastError(c);
+  EXPECT_EQ(ncclAllGather(mine, other, 4, ncclUint8, c, nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("device 1"), std::string::npos)
+      << ncclGetLastError(c);
+  EXPECT_EQ(ncclReduceScatter(mine, mine, 4, ncclFloat32, ncclAvg, c, nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(mine, 4, ncclUint8, 1, c, nullptr), ncclInvalidArgument);
+  // Rejected calls leave the communicator usable.
+  ncclResult_t st = ncclInternalError;
+  EXPECT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
+  EXPECT_EQ(st, ncclSuccess);
+  EXPECT_EQ(ncclAllGather(mine, mine, 4, ncclUint8, c, nullptr), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  cudaFree(mine);
+  cudaFree(other);
+}
+
+// ---- stream order ------------------------------------------------------------------
+
+TEST(Stream, DataIsNotThereBeforeTheStreamReachesTheCall) {
+  const size_t B = 1000;
+  const uint64_t s = seed("Stream.DataIsNotThere");
+  ncclUniqueId id = new_id();
+  on_ranks(3, [&](int r) {
+    ncclComm_t c = make_comm(3, id, r, r);
+    cudaStream_t st, peek;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&peek, cudaStreamNonBlocking), cudaSuccess);
+    void *in = dev_alloc(B), *out = dev_alloc(3 * B);
+    to_dev(in, bytes_of(s, r, B).data(), B);
+    std::vector<uint8_t> before(3 * B, 0xab);
+    to_dev(out, before.data(), 3 * B);
+    Gate gate;
+    ASSERT_EQ(cudaLaunchHostFunc(st, Gate::hold, &gate), cudaSuccess);
+    ASSERT_EQ(ncclAllGather(in, out, B, ncclUint8, c, st), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Peek from another stream: still the old bytes.
+    std::vector<uint8_t> now(3 * B);
+    ASSERT_EQ(cudaMemcpyAsync(now.data(), out, 3 * B, cudaMemcpyDeviceToHost, peek),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(peek), cudaSuccess);
+    EXPECT_EQ(now, before) << "rank " << r << ": data moved before its stream ran";
+    EXPECT_EQ(cudaStreamQuery(st), cudaErrorNotReady);
+    gate.open = 1;
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    std::vector<uint8_t> got = from_dev(out, 3 * B);
+    for (int q = 0; q < 3; q++)
+      EXPECT_EQ(0, std::memcmp(got.data() + q * B, bytes_of(s, q, B).data(), B))
+          << "rank " << r << " block of " << q;
+    ncclResult_t as = ncclInternalError;
+    EXPECT_EQ(ncclCommGetAsyncError(c, &as), ncclSuccess);
+    EXPECT_EQ(as, ncclSuccess) << ncclGetLastError(c);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    cudaFree(in);
+    cudaFree(out);
+    cudaStreamDestroy(st);
+    cudaStreamDestroy(peek);
+  });
+}
+
+// ---- collectives, numbers -----------------------------------------------------------
+
+namespace {
+// Values with |x| in [1/4, 4) of the type: the fp32 sum of two of them and
+// of their partial sums (up to 4 ranks) is exact, so rounding the fp32 sum
+// with zpp's own conversions (quant_math.h, tested against the format
+// spec) is an independent correctly rounded fp16/bf16 add.
+float round_to(float v, ncclDataType_t dt) {
+  if (dt == ncclFloat16) return zpp_qm_f16_to_f32(zpp_qm_f32_to_f16(v));
+  if (dt == ncclBfloat16) return zpp_qm_bf16_to_f32(zpp_qm_f32_to_bf16(v));
+  return v;
+}
+float draw(std::mt19937_64 &g, ncclDataType_t dt) {
+  std::uniform_real_distribution<float> u(0.25f, 4.0f);
+  float v = (g() & 1) ? u(g) : -u(g);
+  return round_to(v, dt);
+}
+void store(std::vector<uint8_t> &b, size_t i, float v, ncclDataType_t dt) {
+  if (dt == ncclFloat32) {
+    std::memcpy(&b[i * 4], &v, 4);
+  } else {
+    uint16_t h = dt == ncclFloat16 ? zpp_qm_f32_to_f16(v) : zpp_qm_f32_to_bf16(v);
+    std::memcpy(&b[i * 2], &h, 2);
+  }
+}
+float load(const std::vector<uint8_t> &b, size_t i, ncclDataType_t dt) {
+  if (dt == ncclFloat32) {
+    float v;
+    std::memcpy(&v, &b[i * 4], 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, &b[i * 2], 2);
+  return dt == ncclFloat16 ? zpp_qm_f16_to_f32(h) : zpp_qm_bf16_to_f32(h);
+}
+size_t dsize(ncclDataType_t dt) { return dt == ncclFloat32 ? 4 : 2; }
+}  // namespace
+
+TEST(ReduceScatter, SumsInRingOrderRoundingEveryStep) {
+  const int n = 4;
+  const size_t count = 4096;
+  const uint64_t s = seed("ReduceScatter.SumsInRingOrder");
+  for (ncclDataType_t dt : {ncclFloat32, ncclFloat16, ncclBfloat16}) {
+    // x[r][j]: rank r's element j of the n * count input
+    std::vector<std::vector<float>> x(n, std::vector<float>(n * count));
+    for (int r = 0; r < n; r++) {
+      std::mt19937_64 g(s + 977 * (uint64_t)r + 13 * (uint64_t)dt);
+      for (auto &v : x[r]) v = draw(g, dt);
+    }
+    std::atomic<int> differ_from_one_rounding{0};
+    ncclUniqueId id = new_id();
+    on_ranks(n, [&](int r) {
+      ncclComm_t c = make_comm(n, id, r, r);
+      size_t es = dsize(dt);
+      std::vector<uint8_t> in(n * count * es), outh;
+      for (size_t j = 0; j < n * count; j++) store(in, j, x[r][j], dt);
+      void *din = dev_alloc(in.size()), *dout = dev_alloc(count * es);
+      to_dev(din, in.data(), in.size());
+      ASSERT_EQ(ncclReduceScatter(din, dout, count, dt, ncclSum, c, nullptr), ncclSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      outh = from_dev(dout, count * es);
+      int bad = 0, differ = 0;
+      for (size_t e = 0; e < count; e++) {
+        size_t j = (size_t)r * count + e;
+        // the ring: rank r+1 first, rank r last, rounded after each add
+        float acc = x[(r + 1) % n][j];
+        for (int k = 2; k <= n; k++) acc = round_to(acc + x[(r + k) % n][j], dt);
+        float once = 0;
+        for (int q = 0; q < n; q++) once += x[q][j];
+        once = round_to(once, dt);
+        float got = load(outh, e, dt);
+        differ += got != once;
+        if (got != acc && bad++ < 3)
+          ADD_FAILURE() << "dtype " << dt << " rank " << r << " element " << e
+                        << ": " << got << ", ring order gives " << acc;
+      }
+      differ_from_one_rounding += differ;
+      EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+      cudaFree(din);
+      cudaFree(dout);
+    });
+    // Rounding every step is visible in fp16 and bf16: this is the
+    // behaviour zpp's reduce-scatter promise has to be checked against.
+    if (dt != ncclFloat32) {
+      EXPECT_GT(differ_from_one_rounding.load(), 0) << "dtype " << dt;
+    }
+    std::printf("dtype %d: %d of %zu outputs differ from one rounding of the "
+                "exact sum\n", (int)dt, differ_from_one_rounding.load(), n * count);
+  }
+}
+
+TEST(ReduceScatter, InPlaceGivesTheSameResult) {
+  const int n = 3;
+  const size_t count = 777;
+  ncclUniqueId id = new_id();
+  on_ranks(n, [&](int r) {
+    ncclComm_t c = make_comm(n, id, r, r);
+    std::vector<float> x(n * count);
+    for (size_t j = 0; j < x.size(); j++) x[j] = (float)((j * 7 + r * 3) % 11) - 5.0f;
+    void *buf = dev_alloc(x.size() * 4), *out = dev_alloc(count * 4);
+    to_dev(buf, x.data(), x.size() * 4);
+    ASSERT_EQ(ncclReduceScatter(buf, out, count, ncclFloat32, ncclSum, c, nullptr), ncclSuccess);
+    char *mine = (char *)buf + (size_t)r * count * 4;
+    ASSERT_EQ(ncclReduceScatter(buf, mine, count, ncclFloat32, ncclSum, c, nullptr), ncclSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    std::vector<uint8_t> a = from_dev(out, count * 4), b = from_dev(mine, count * 4);
+    EXPECT_EQ(a, b);
+    float v;
+    std::memcpy(&v, a.data(), 4);  // small integers: exact in any order
+    float want = 0;
+    for (int q = 0; q < n; q++) want += (float)(((size_t)r * count * 7 + q * 3) % 11) - 5.0f;
+    EXPECT_EQ(v, want);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    cudaFree(buf);
+    cudaFree(out);
+  });
+}
+
+// ---- groups and point-to-point ---------------------------------------------------------
+
+TEST(Group, AllToAllOfSendsAndReceivesInOneGroupCompletes) {
+  const int n = 4;
+  const size_t B = 3001;
+  const uint64_t s = seed("Group.AllToAll");
+  ncclUniqueId id = new_id();
+  on_ranks(n, [&](int r) {
+    ncclComm_t c = make_comm(n, id, r, r);
+    cudaStream_t st;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    void *in = dev_alloc(n * B), *out = dev_alloc(n * B);
+    to_dev(in, bytes_of(s, r, n * B).data(), n * B);
+    // Everybody sends first, in the same order: fine only inside a group.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int q = 0; q < n; q++)
+      ASSERT_EQ(ncclSend((char *)in + q * B, B, ncclUint8, q, c, st), ncclSuccess);
+    for (int q = 0; q < n; q++)
+      ASSERT_EQ(ncclRecv((char *)out + q * B, B, ncclUint8, q, c, st), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    std::vector<uint8_t> got = from_dev(out, n * B);
+    for (int q = 0; q < n; q++)
+      EXPECT_EQ(0, std::memcmp(got.data() + q * B, bytes_of(s, q, n * B).data() + r * B, B))
+          << "rank " << r << " from " << q;
+    ncclResult_t as = ncclInternalError;
+    ncclCommGetAsyncError(c, &as);
+    EXPECT_EQ(as, ncclSuccess) << ncclGetLastError(c);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    cudaFree(in);
+    cudaFree(out);
+    cudaStreamDestroy(st);
+  });
+}
+
+TEST(Group, AFailedCallDiscardsTheWholeGroup) {
+  ncclComm_t c = make_comm(1, new_id(), 0, 0);
+  void *buf = dev_alloc(8);
+  std::vector<uint8_t> seven(8, 7);
+  to_dev(buf, seven.data(), 8);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclSend(buf, 4, ncclUint8, 0, c, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv((char *)buf + 4, 4, ncclUint8, 5, c, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage) << "no group is open";
+  // The communicator still works: a send to myself, matched in a group.
+  std::vector<uint8_t> src(8);
+  for (int i = 0; i < 8; i++) src[i] = (uint8_t)(i + 1);
+  to_dev(buf, src.data(), 8);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclSend(buf, 4, ncclUint8, 0, c, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv((char *)buf + 4, 4, ncclUint8, 0, c, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  std::vector<uint8_t> got = from_dev(buf, 8);
+  EXPECT_EQ(0, std::memcmp(got.data() + 4, src.data(), 4));
+  EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  cudaFree(buf);
+}
+
+// Without a group, two ranks that both send first wait for each other's
+// receive, as on a GPU: here that ends in an asynchronous error.
+TEST(P2p, UngroupedSendSendCycleTimesOutWithAnAsyncError) {
+  ScopedEnv t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
+  ncclUniqueId id = new_id();
+  on_ranks(2, [&](int r) {
+    ncclComm_t c = make_comm(2, id, r, r);
+    cudaStream_t st;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    void *a = dev_alloc(16), *b = dev_alloc(16);
+    auto t0 = Clock::now();
+    ASSERT_EQ(ncclSend(a, 16, ncclUint8, 1 - r, c, st), ncclSuccess);
+    ASSERT_EQ(ncclRecv(b, 16, ncclUint8, 1 - r, c, st), ncclSuccess);
+    ncclResult_t as = wait_ready(c, 10);
+    // the first wait fails after the 1 s timeout
+    for (int i = 0; i < 1000 && as == ncclSuccess; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ncclCommGetAsyncError(c, &as);
+    }
+    EXPECT_EQ(as, ncclRemoteError);
+    EXPECT_NE(std::string(ncclGetLastError(c)).find("matching ncclRecv"), std::string::npos)
+        << ncclGetLastError(c);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_LT(since(t0), 8.0);
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+    cudaFree(a);
+    cudaFree(b);
+    cudaStreamDestroy(st);
+  });
+}
+
+TEST(P2p, MismatchedSizesAreAnAsyncError) {
+  ncclUniqueId id = new_id();
+  on_ranks(2, [&](int r) {
+    ncclComm_t c = make_comm(2, id, r, r);
+    void *a = dev_alloc(64);
+    if (r == 0)
+      ASSERT_EQ(ncclSend(a, 32, ncclUint8, 1, c, nullptr), ncclSuccess);
+    else
+      ASSERT_EQ(ncclRecv(a, 16, ncclUint8, 0, c, nullptr), ncclSuccess);
+    if (r == 1) {
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      ncclResult_t as = ncclSuccess;
+      ncclCommGetAsyncError(c, &as);
+      EXPECT_EQ(as, ncclInvalidUsage);
+      EXPECT_NE(std::string(ncclGetLastError(c)).find("sent 32 bytes"), std::string::npos)
+          << ncclGetLastError(c);
+    }
+    // rank 0's send is released by the receive having been posted
+    EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+    cudaFree(a);
+  });
+}
+
+// ---- split --------------------------------------------------------------------------------
+
+TEST(Split, ColoursAndKeysGiveTheDocumentedRanks) {
+  const int n = 4;
+  const size_t B = 100;
+  const uint64_t s = seed("Split");
+  ncclUniqueId id = new_id();
+  on_ranks(n, [&](int r) {
+    ncclComm_t c = make_comm(n, id, r, r);
+    ncclConfig_t cfg = nonblocking();
+    ncclComm_t sub = nullptr;
+    // colour r % 2, key -r: members in descending parent rank
+    ASSERT_EQ(ncclCommSplit(c, r % 2, -r, &sub, &cfg), ncclInProgress);
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(wait_ready(c), ncclSuccess);
+    EXPECT_EQ(wait_ready(sub), ncclSuccess) << ncclGetLastError(sub);
+    int sn = -1, sr = -1;
+    EXPECT_EQ(ncclCommCount(sub, &sn), ncclSuccess);
+    EXPECT_EQ(ncclCommUserRank(sub, &sr), ncclSuccess);
+    EXPECT_EQ(sn, 2);
+    EXPECT_EQ(sr, r < 2 ? 1 : 0);
+    void *in = dev_alloc(B), *out = dev_alloc(2 * B);
+    to_dev(in, bytes_of(s, r, B).data(), B);
+    ASSERT_EQ(ncclAllGather(in, out, B, ncclUint8, sub, nullptr), ncclSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    std::vector<uint8_t> got = from_dev(out, 2 * B);
+    int hi = r % 2 + 2, lo = r % 2;  // sub-rank 0 is the higher parent rank
+    EXPECT_EQ(0, std::memcmp(got.data(), bytes_of(s, hi, B).data(), B));
+    EXPECT_EQ(0, std::memcmp(got.data() + B, bytes_of(s, lo, B).data(), B));
+    // NCCL_SPLIT_NOCOLOR: no communicator
+    ncclComm_t none = reinterpret_cast<ncclComm_t>(1);
+    ASSERT_EQ(ncclCommSplit(c, r == 0 ? NCCL_SPLIT_NOCOLOR : 0, r, &none, &cfg),
+              ncclInProgress);
+    EXPECT_EQ(wait_ready(c), ncclSuccess);
+    if (r == 0) {
+      EXPECT_EQ(none, nullptr);
+    } else {
+      EXPECT_EQ(wait_ready(none), ncclSuccess);
+      int k = 0;
+      ncclCommCount(none, &k);
+      EXPECT_EQ(k, 3);
+      EXPECT_EQ(ncclCommDestroy(none), ncclSuccess);
+    }
+    EXPECT_EQ(ncclCommDestroy(sub), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    cudaFree(in);
+    cudaFree(out);
+  });
+}
+
+// ---- abort and failures ----------------------------------------------------------------------
+
+TEST(Abort, PendingOperationEndsWithAnErrorAndNothingHangs) {
+  ncclUniqueId id = new_id();
+  on_ranks(2, [&](int r) {
+    ncclComm_t c = make_comm(2, id, r, r);
+    cudaStream_t st;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    void *in = dev_alloc(64), *out = dev_alloc(128);
+    if (r == 0) {
+      // rank 1 never joins: the all-gather waits until the abort
+      ASSERT_EQ(ncclAllGather(in, out, 64, ncclUint8, c, st), ncclSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      EXPECT_EQ(cudaStreamQuery(st), cudaErrorNotReady);
+      auto t0 = Clock::now();
+      EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_LT(since(t0), 5.0) << "abort left the stream waiting";
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      // rank 0 is gone: my all-gather fails instead of waiting 60 s
+      auto t0 = Clock::now();
+      ASSERT_EQ(ncclAllGather(in, out, 64, ncclUint8, c, st), ncclSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_LT(since(t0), 5.0);
+      ncclResult_t as = ncclSuccess;
+      ncclCommGetAsyncError(c, &as);
+      EXPECT_EQ(as, ncclRemoteError);
+      EXPECT_NE(std::string(ncclGetLastError(c)).find("rank 0"), std::string::npos)
+          << ncclGetLastError(c);
+      EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    }
+    cudaFree(in);
+    cudaFree(out);
+    cudaStreamDestroy(st);
+  });
+}
+
+TEST(Abort, CreationWaitingForAMissingRankStopsAtOnce) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclConfig_t cfg = nonblocking();
+  ncclComm_t c = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&c, 2, new_id(), 1, &cfg), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ncclResult_t st = ncclSuccess;
+  ncclCommGetAsyncError(c, &st);
+  EXPECT_EQ(st, ncclInProgress);
+  auto t0 = Clock::now();
+  EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  EXPECT_LT(since(t0), 1.0);
+}
+
+TEST(Timeout, CreationWithAMissingRankFailsAfterTheTimeout) {
+  ScopedEnv t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclConfig_t cfg = nonblocking();
+  ncclComm_t c = nullptr;
+  auto t0 = Clock::now();
+  ASSERT_EQ(ncclCommInitRankConfig(&c, 2, new_id(), 1, &cfg), ncclInProgress);
+  EXPECT_EQ(wait_ready(c, 10), ncclSystemError);
+  EXPECT_GE(since(t0), 0.9);
+  EXPECT_LT(since(t0), 8.0);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("never appeared"), std::string::npos)
+      << ncclGetLastError(c);
+  EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+}
+
+TEST(Version, IsTheHeaderVersion) {
+  int v = 0;
+  EXPECT_EQ(ncclGetVersion(&v), ncclSuccess);
+  EXPECT_EQ(v, NCCL_VERSION_CODE);
+  EXPECT_EQ(ncclGetVersion(nullptr), ncclInvalidArgument);
+  EXPECT_STRNE(ncclGetErrorString(ncclInProgress), ncclGetErrorString(ncclSuccess));
+}

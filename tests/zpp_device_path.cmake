@@ -1,0 +1,30 @@
+# (Named zpp_* so that it comes after tests/nccl_emu.cmake, which defines
+# the stand-in: tests/CMakeLists.txt includes the fragments in name order.)
+# The device path's contract (tests/test_device_path.cc): one ctest entry per
+# bug of issue 9 part 2 whose effect the collectives' results do not show,
+# each with the backend, devices and ranks it needs.  Emulated builds only
+# (it uses the emulator's hooks, tests/cuda_emu/zpp_cuda_emu.h).  Label emu.
+if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
+  add_executable(test_device_path test_device_path.cc)
+  target_link_libraries(test_device_path PRIVATE zpp_static zpp_cudart_emu
+    GTest::gtest MPI::MPI_C)
+  target_include_directories(test_device_path BEFORE PRIVATE
+    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+  target_compile_definitions(test_device_path PRIVATE OMPI_SKIP_MPICXX=1
+    MPICH_SKIP_MPICXX=1)
+  set(_run ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+    --mca btl self,vader --bind-to none -np 2 $<TARGET_FILE:test_device_path>)
+  set(_env "ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>;ZPP_TIMEOUT_S=60"
+    "OMPI_MCA_mpi_yield_when_idle=1")
+  foreach(_case request device hpz auto queries)
+    set(_e ${_env} "ZPP_TEST_CASE=${_case}" "ZPP_TOPO=2x1")
+    if(_case STREQUAL "auto")
+      list(APPEND _e "ZPP_EMU_DEVICES=1")
+    else()
+      list(APPEND _e "ZPP_EMU_DEVICES=2")
+    endif()
+    add_test(NAME device_path_${_case} COMMAND ${_run})
+    set_tests_properties(device_path_${_case} PROPERTIES LABELS emu
+      TIMEOUT 120 ENVIRONMENT "${_e}")
+  endforeach()
+endif()
