@@ -2,6 +2,9 @@
 # Regenerates docs/benchmarks.md: every table in it comes from a run of the
 # project's own tools made by this script, on this machine, now.
 #   usage: perf/make_benchmarks_doc.sh [BUILD_DIR]   (a few minutes)
+#          perf/make_benchmarks_doc.sh --assemble-only
+#          (only pastes docs/generated/*.md into docs/benchmarks.md, for a
+#          section whose own script was run alone, e.g. compare_builds.sh)
 # Steps: quantizer throughput (zpp-quant-bench, one core, pinned), the
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
 # Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
@@ -13,6 +16,9 @@ build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 gen=$root/docs/generated
 mkdir -p "$gen"
+assemble_only=0
+[ "$build" = --assemble-only ] && assemble_only=1
+if [ $assemble_only = 0 ]; then
 
 qb=$build/perf/zpp-quant-bench
 pin=()
@@ -43,6 +49,7 @@ ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/hadamard_error_tables.sh" "$gen/hadamard_error.md"
 bash "$root/perf/collective_targets.sh" "$gen/collective_targets.md" "$build"
 bash "$root/perf/bandwidth_study.sh" "$gen" "$build"
+fi
 
 # The convergence study takes about 3 hours on 2 cores: it runs only with
 # ZPP_RUN_CONVERGENCE=1 (it resumes from its per-run files in

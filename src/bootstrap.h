@@ -59,6 +59,9 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
 zpp_status_t zpp_tcp_listen(uint32_t ip, int port, uint64_t session,
                             zpp_unique_id_t *id, const char *func);
 uint64_t zpp_tcp_random_session(void);
+/* Closes the listener of `id` if this process holds it (an id that will
+ * not be used: its creation failed on some rank). */
+void zpp_tcp_unlisten(const zpp_unique_id_t *id);
 /* ZPP_BOOTSTRAP_ADDR, else MASTER_ADDR, else 127.0.0.1. */
 zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip);
 /* The id of torchrun's environment (rank 0 also starts listening). */

@@ -354,6 +354,17 @@ uint64_t zpp_tcp_random_session(void) {
   return s ? s : 1;
 }
 
+void zpp_tcp_unlisten(const zpp_unique_id_t *id) {
+  id_fields_t f;
+  int fd;
+  memcpy(&f, id->internal, sizeof f);
+  if (memcmp(f.magic, ID_MAGIC, 8) != 0)
+    return;
+  fd = reg_take(f.session);
+  if (fd >= 0)
+    close(fd);
+}
+
 zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip) {
   const char *a = zpp_setting("ZPP_BOOTSTRAP_ADDR");
   const char *what = "ZPP_BOOTSTRAP_ADDR";
@@ -375,6 +386,11 @@ zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
   ZPP_CHECK(zpp_tcp_listen_addr(__func__, &ip));
   port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
+  if (port < 0 || port > 65535) /* before the cast to int */
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "ZPP_BOOTSTRAP_PORT %ld: must be in [0, 65535] (0: any "
+                     "free port)",
+                     port);
   return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id,
                         __func__);
 }
@@ -400,6 +416,13 @@ zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {
                      "MASTER_PORT \"%s\": must be a port number in [1, 65535]",
                      ps);
   port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
+  /* Checked on every rank: only rank 0 listens, and a non-root rank would
+   * otherwise connect to the port's 16 low bits. */
+  if (port < 0 || port > 65535)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_BOOTSTRAP_PORT %ld: must be in [1, 65535] (0 or "
+                     "unset: MASTER_PORT + 1)",
+                     port);
   if (port == 0)
     port = mport + 1;
   if (port > 65535)
@@ -603,12 +626,27 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
   sa.sin_port = f->port;
   for (;;) {
     int e;
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking: a blocking connect waits for the kernel's SYN retries
+     * (about two minutes when the root's host drops SYNs, e.g. a full
+     * accept queue or a firewall), past ZPP_TIMEOUT_S. */
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
       return zpp_error(ZPP_ERR_SYSTEM, func, "socket: %s", strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
       break;
     e = errno;
+    if (e == EINPROGRESS) {
+      int w = wait_fd(fd, POLLOUT, deadline);
+      socklen_t el = sizeof e;
+      if (w == 1)
+        e = ETIMEDOUT;
+      else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0)
+        e = errno;
+      else if (e == 0 && w == 0)
+        break;
+      else if (e == 0)
+        e = EIO;
+    }
     close(fd);
     fd = -1;
     if (e != ECONNREFUSED && e != EAGAIN && e != ETIMEDOUT && e != EINTR &&

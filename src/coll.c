@@ -152,10 +152,12 @@ static zpp_status_t qwz_decode(void *p, size_t k) {
   size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
   size_t ds = zpp_dtype_size(c->dtype), off = k * c->chunk;
   int r;
-  for (r = 0; r < c->n; r++)
+  for (r = 0; r < c->n; r++) {
+    zpp_plan_poll(); /* keep the next chunks' gathers moving */
     ZPP_CHECK(zpp_k_decode(&c->ex, &c->q, c->buf[k % QWZ_DEPTH] + (size_t)r * e,
                            len, c->dtype,
                            (uint8_t *)c->recv + ((size_t)r * c->count + off) * ds));
+  }
   return ZPP_OK;
 }
 

@@ -32,6 +32,8 @@
 typedef struct {
   int32_t status; /* this rank's status so far */
   int32_t flags;  /* REC_* */
+  int32_t want;   /* the backend asked for (cfg, else ZPP_BACKEND) */
+  int32_t memory; /* cfg->memory */
   int64_t key;    /* launcher's host key (REC_KEY), else -1 */
   int32_t real_local_rank;
   int32_t spec_len;
@@ -437,6 +439,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.host_id = host_identity(mine.host);
   mine.spec_hash = hash_str(spec);
   mine.spec_len = (int32_t)strlen(spec);
+  mine.want = (int32_t)want;
+  mine.memory = (int32_t)cfg->memory;
   if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
       (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
       zpp_transport_nccl_available(why, sizeof why))
@@ -494,6 +498,23 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "topology: rank %d uses \"%s\" but rank %d uses another "
                      "(%d characters); set ZPP_TOPO alike on every rank",
                      rank, spec, r, (int)rec[r].spec_len);
+  /* Ranks that asked for different backends or memory spaces would build
+   * transports that cannot talk to each other (and wait for each other
+   * until the timeout, or inside MPI). */
+  for (r = 0; r < size && st == ZPP_OK; r++) {
+    if (rec[r].want != mine.want)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "backend: rank %d asks for %s but rank %d for %s; pass "
+                     "the same cfg->backend (or ZPP_BACKEND) on every rank",
+                     rank, zpp_backend_name((zpp_backend_t)mine.want), r,
+                     zpp_backend_name((zpp_backend_t)rec[r].want));
+    else if (rec[r].memory != mine.memory)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "memory: rank %d uses %s memory but rank %d %s memory; "
+                     "pass the same cfg->memory on every rank",
+                     rank, mine.memory == ZPP_MEMORY_DEVICE ? "device" : "host",
+                     r, rec[r].memory == ZPP_MEMORY_DEVICE ? "device" : "host");
+  }
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_topo);
@@ -868,6 +889,7 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
     ids = malloc((size_t)n * sizeof *ids);
     if (ids == NULL) {
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "ids");
+      zpp_tcp_unlisten(&id);
       goto done;
     }
     /* Everyone takes part, also after a local failure: the status rides
@@ -895,6 +917,8 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
     if (st == ZPP_OK && color != ZPP_SPLIT_NONE)
       st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, __func__,
                       newcomm);
+    else if (me == 0)
+      zpp_tcp_unlisten(&id); /* a rank failed: nobody will join it */
     free(ids);
   }
 done:

@@ -70,6 +70,8 @@ struct zpp_request {
 
 struct zpp_plan {
   const char *func;
+  int ndone;       /* steps done (execute) */
+  zpp_status_t poll_st; /* first error seen by zpp_plan_poll */
   zpp_exec_t ex;
   void *ctx;
   void (*release)(void *ctx);
@@ -82,7 +84,7 @@ struct zpp_plan {
 
 /* ---- the per-communicator engine ----------------------------------------- */
 
-#define CACHE_SLOTS 8
+#define CACHE_SLOTS 32
 #define CACHE_HDR 64 /* keeps buffers 64-byte aligned, holds their size */
 
 typedef struct {
@@ -347,16 +349,54 @@ static void idle_wait(const zpp_plan_t *p, int64_t quiet_until,
   }
 }
 
+/* The plan whose kernel step this thread is running (zpp_plan_poll). */
+static _Thread_local zpp_plan_t *tl_running;
+
+/* Tests every transfer in flight once; marks the done ones. */
+static zpp_status_t poll_xfers(zpp_plan_t *p, int *progressed) {
+  int i;
+  for (i = 0; i < p->n; i++) {
+    step_t *s = &p->steps[i];
+    int done = 0;
+    zpp_status_t st;
+    if (s->state != STEP_RUNNING)
+      continue;
+    st = zpp_xop_test(s->op, &done);
+    if (st != ZPP_OK)
+      return st;
+    if (done) {
+      zpp_xop_free(s->op);
+      s->op = NULL;
+      s->state = STEP_DONE;
+      p->ndone++;
+      *progressed = 1;
+    }
+  }
+  return ZPP_OK;
+}
+
+void zpp_plan_poll(void) {
+  zpp_plan_t *p = tl_running;
+  int progressed = 0;
+  zpp_status_t st;
+  if (p == NULL || p->poll_st != ZPP_OK)
+    return;
+  st = poll_xfers(p, &progressed);
+  if (st != ZPP_OK) /* reported by the executor after the kernel step */
+    p->poll_st = st;
+}
+
 static zpp_status_t execute(zpp_plan_t *p) {
   int64_t spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 1000) * 1000;
   int64_t quiet_until = zpp_time_ns() + spin_ns;
   long pause_ns = 1000;
-  int n = p->n, next_x = 0, ndone = 0, i;
+  int n = p->n, next_x = 0, i;
   uint64_t moved = zpp_transport_progress(p->ex.t);
   zpp_status_t st = ZPP_OK;
   if (p->oom)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, p->func, "plan steps");
-  while (ndone < n) {
+  p->ndone = 0;
+  while (p->ndone < n) {
     int progressed = 0;
     /* transfers start in index order, the same on every rank */
     while (next_x < n) {
@@ -374,33 +414,24 @@ static zpp_status_t execute(zpp_plan_t *p) {
       next_x++;
       progressed = 1;
     }
-    for (i = 0; i < n; i++) {
-      step_t *s = &p->steps[i];
-      int done = 0;
-      if (s->state != STEP_RUNNING)
-        continue;
-      st = zpp_xop_test(s->op, &done);
-      if (st != ZPP_OK)
-        return st;
-      if (done) {
-        zpp_xop_free(s->op);
-        s->op = NULL;
-        s->state = STEP_DONE;
-        ndone++;
-        progressed = 1;
-      }
-    }
+    st = poll_xfers(p, &progressed);
+    if (st != ZPP_OK)
+      return st;
     /* one kernel step, then look at the wire again */
     for (i = 0; i < n; i++) {
       step_t *s = &p->steps[i];
       if (s->kind != ZPP_STEP_KERNEL || s->state != STEP_WAITING ||
           !deps_done(p, s))
         continue;
+      tl_running = p;
       st = s->fn(p->ctx, s->arg);
+      tl_running = NULL;
+      if (st == ZPP_OK && p->poll_st != ZPP_OK)
+        st = p->poll_st; /* a transfer failed while the kernel polled */
       if (st != ZPP_OK)
         return st;
       s->state = STEP_DONE;
-      ndone++;
+      p->ndone++;
       progressed = 1;
       break;
     }

@@ -90,6 +90,13 @@ void *zpp_plan_ctx(zpp_plan_t *p);
  * an event recorded after the last step). */
 zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req);
 
+/* For kernel steps that run long (encode or decode of many slices): tests
+ * the transfers of the running plan that are in flight, so they keep
+ * moving while the step computes (MPI moves a large message only while
+ * both sides poll).  Call it between pieces of work; it never blocks.
+ * No-op outside a kernel step. */
+void zpp_plan_poll(void);
+
 /* Frees a plan that will not be submitted (runs release). */
 void zpp_plan_discard(zpp_plan_t *p);
 

@@ -220,6 +220,7 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   for (j = 0; j < p->s1; j++) {
     for (m = 0; m < p->m1; m++, out += e1) {
       int sl = slice_of(p, j, m);
+      zpp_plan_poll(); /* keep the transfers in flight moving */
       size_t at = (size_t)sl * a->count + off;
       const void *g = (const uint8_t *)a->send + at * ds;
       zpp_dtype_t dt = a->dtype;
@@ -260,6 +261,7 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   size_t w = (size_t)zpp_transport_size(ex->t);
   int m, me = zpp_transport_rank(ex->t);
   for (m = 0; m < p->m1; m++, out += e2) {
+    zpp_plan_poll();
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
     /* stage-2 residual segments follow the W stage-1 ones */
     ZPP_CHECK(encode_ef(p, &q, w + (size_t)m, off, len, ZPP_FLOAT32,
@@ -278,9 +280,12 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   int j, m;
   ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1; m++, in += e1)
+  for (j = 0; j < p->s1; j++) {
+    for (m = 0; m < p->m1; m++, in += e1) {
+      zpp_plan_poll();
       ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
+    }
+  }
   return p->two ? stage2_encode(p, k) : finish(p, k, acc);
 }
 
@@ -294,8 +299,10 @@ static zpp_status_t stage2_reduce(void *ctx, size_t k) {
   float *acc2 = p->slot[k % QGZ_DEPTH].acc2;
   int m;
   ZPP_CHECK(zpp_k_zero(&a->ex, acc2, len * sizeof(float)));
-  for (m = 0; m < p->m1; m++, in += e2)
+  for (m = 0; m < p->m1; m++, in += e2) {
+    zpp_plan_poll();
     ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
+  }
   return finish(p, k, acc2);
 }
 

@@ -4,6 +4,9 @@
 // fails at 9ec3fac (said per test) and passes now.
 //
 //   b  a started collective is not done before the device ran it
+//   e  when one rank cannot create its NCCL communicator (here: its
+//      ZPP_NCCL_LIBRARY does not exist), every rank fails creation,
+//      naming the rank, within the timeout, instead of waiting for it
 //   c  work runs on the communicator's device, whatever the calling or
 //      engine thread's current device, and the caller's device is restored
 //   d  hpZ's secondary copy survives destroy while its gathers are queued
@@ -197,6 +200,31 @@ TEST(DevicePath, HpzDestroyWaitsForQueuedGathers) {
       << "backward gather differs from forward";
   cudaStreamDestroy(s);
   zpp_comm_destroy(comm);
+}
+
+// e: rank 0 cannot load NCCL (the ctest entry gives it a library that does
+// not exist); every rank must fail creation, and quickly (at 9ec3fac the
+// failing rank returned before broadcasting the unique id and the others
+// waited in the broadcast).
+TEST(DevicePath, CreationFailsOnEveryRankWhenOneCannot) {
+  if (!run_case("creation")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_NCCL;
+  cfg.timeout_s = 20;
+  zpp_comm_t c = nullptr;
+  double t0 = MPI_Wtime();
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  double dt = MPI_Wtime() - t0;
+  EXPECT_NE(st, ZPP_OK);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_LT(dt, 25.0) << "creation took " << dt << " s";
+  std::string msg = zpp_get_last_error();
+  if (g_rank == 0)
+    EXPECT_NE(msg.find("NCCL"), std::string::npos) << msg;
+  else
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  if (c != nullptr) zpp_comm_destroy(c);
 }
 
 // f: with ranks sharing one GPU (ZPP_EMU_DEVICES=1), AUTO chooses MPI

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mpi_gtest_main.h"
@@ -237,6 +238,25 @@ TEST(EngineTimeout, GivingUpDropsTheQueuedPlan) {
       << "a blocking call's plan ran after the call had timed out";
   EXPECT_EQ(started_ran.load(), 0)
       << "a started call's plan ran after its wait had timed out";
+}
+
+// Creation where ranks ask for different backends fails on every rank,
+// naming the field and a rank, within the timeout (before, rank 0 built a
+// UCX transport and the others MPI ones, and they waited for each other).
+TEST(Creation, DifferentBackendsAcrossRanksFailOnEveryRank) {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.backend = g_rank == 0 ? ZPP_BACKEND_UCX : ZPP_BACKEND_MPI;
+  cfg.timeout_s = 10;
+  zpp_comm_t c = nullptr;
+  double t0 = MPI_Wtime();
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  EXPECT_EQ(st, ZPP_ERR_MISMATCH) << zpp_get_last_error();
+  EXPECT_EQ(c, nullptr);
+  EXPECT_LT(MPI_Wtime() - t0, 15.0);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("backend"),
+            std::string::npos)
+      << zpp_get_last_error();
+  if (c != nullptr) zpp_comm_destroy(c);
 }
 
 void setup() {

@@ -27,4 +27,13 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
     set_tests_properties(device_path_${_case} PROPERTIES LABELS emu
       TIMEOUT 120 ENVIRONMENT "${_e}")
   endforeach()
+  # e: rank 0 alone gets a NCCL library that does not exist (an MPMD launch
+  # gives the two ranks different environments).
+  add_test(NAME device_path_creation COMMAND ${MPIEXEC_EXECUTABLE}
+    --allow-run-as-root --oversubscribe --mca btl self,vader --bind-to none
+    -np 1 -x ZPP_NCCL_LIBRARY=/nonexistent/libnccl.so.2
+      $<TARGET_FILE:test_device_path> :
+    -np 1 $<TARGET_FILE:test_device_path>)
+  set_tests_properties(device_path_creation PROPERTIES LABELS emu TIMEOUT 120
+    ENVIRONMENT "${_env};ZPP_TEST_CASE=creation;ZPP_TOPO=2x1;ZPP_EMU_DEVICES=2")
 endif()
