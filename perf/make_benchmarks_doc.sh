@@ -7,7 +7,9 @@
 #          section whose own script was run alone, e.g. compare_builds.sh)
 # Steps: quantizer throughput (zpp-quant-bench, one core, pinned), the
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
-# collectives' targets (perf/collective_targets.sh); then docs/benchmarks.md
+# Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
+# collectives' targets (perf/collective_targets.sh), the bandwidth study,
+# with ZPP_RUN_CONVERGENCE=1 the convergence study; then docs/benchmarks.md
 # = docs/benchmarks.md.in with the generated sections pasted in.
 set -euo pipefail
 build=${1:-build}
@@ -43,8 +45,19 @@ command -v taskset > /dev/null && pin=(taskset -c 1)
 
 ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/quant_error_tables.sh" "$gen/quant_error.md" "$gen/quant_error.png"
+ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
+  bash "$root/perf/hadamard_error_tables.sh" "$gen/hadamard_error.md"
 bash "$root/perf/collective_targets.sh" "$gen/collective_targets.md" "$build"
 bash "$root/perf/bandwidth_study.sh" "$gen" "$build"
+fi
+
+# The convergence study takes about 3 hours on 2 cores: it runs only with
+# ZPP_RUN_CONVERGENCE=1 (it resumes from its per-run files in
+# $ZPP_CONV_RUNS, default /tmp/zpp_convergence_runs); otherwise the
+# committed docs/generated/convergence_study.* are pasted as they are.
+if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ]; then
+  ZPP_CONV_RUNS=${ZPP_CONV_RUNS:-/tmp/zpp_convergence_runs} \
+    bash "$root/perf/convergence_study.sh" "$gen" "$build"
 fi
 
 python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'

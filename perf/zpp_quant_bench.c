@@ -331,7 +331,8 @@ int main(int argc, char **argv) {
   cpu_model(cpu, sizeof cpu);
 
   {
-    zpp_qcfg_t q4 = {4, o.asym, o.block}, q8 = {8, o.asym, o.block};
+    zpp_qcfg_t q4 = {4, o.asym, o.block, 0, 0, 0, 0},
+               q8 = {8, o.asym, o.block, 0, 0, 0, 0};
     size_t e4 = zpp_quant_bytes(&q4, o.n, &ovf);
     size_t e8 = zpp_quant_bytes(&q8, o.n, &ovf);
     if (ovf) {
@@ -373,7 +374,7 @@ int main(int argc, char **argv) {
   print_header(&o, cpu, ops->name);
   for (bits_i = 0; bits_i < 2; bits_i++) {
     int bits = bits_i == 0 ? 8 : 4;
-    zpp_qcfg_t q = {bits, o.asym, o.block};
+    zpp_qcfg_t q = {bits, o.asym, o.block, 0, 0, 0, 0};
     size_t eb = zpp_quant_bytes(&q, o.n, &ovf);
     for (kind = 0; kind < 3; kind++) {
       for (d = 0; d < 3; d++) {

@@ -9,6 +9,7 @@
 #include "topo.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,8 +139,12 @@ static zpp_status_t qwz_encode(void *p, size_t k) {
   size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
   const uint8_t *src =
       (const uint8_t *)c->send + k * c->chunk * zpp_dtype_size(c->dtype);
-  return zpp_k_encode(&c->ex, &c->q, c->dtype, src, len,
-                      c->buf[k % QWZ_DEPTH] + (size_t)c->me * e);
+  /* stochastic rounding draws at the element's index in the whole tensor
+   * (rank me's shard starts at me * count), so chunking does not change
+   * the bytes */
+  return zpp_k_encode_at(&c->ex, &c->q, c->dtype, src, len,
+                         (uint64_t)c->me * c->count + k * c->chunk,
+                         c->buf[k % QWZ_DEPTH] + (size_t)c->me * e);
 }
 
 static zpp_status_t qwz_decode(void *p, size_t k) {
@@ -170,7 +175,7 @@ static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
     return zpp_comm_fail(ex->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                              "plan context"));
   c->ex = *ex;
-  c->q = *q;
+  zpp_quant_config_get(q, &c->q); /* any accepted struct_size */
   c->send = send;
   c->recv = recv;
   c->count = count;
@@ -292,7 +297,9 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
   if (hpz == NULL)
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
                                          "hpz is NULL"));
-  if (cfg->struct_size < sizeof(zpp_hpz_config_t))
+  /* 0.1 structs embed the smaller 0.1 quant config (its last field) */
+  if (cfg->struct_size <
+      offsetof(zpp_hpz_config_t, quant) + ZPP_QUANT_CONFIG_V1_SIZE)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                         "cfg->struct_size %zu: initialise with "
@@ -313,7 +320,14 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                                          "hpz handle"));
   h->comm = comm;
-  h->cfg = *cfg;
+  h->cfg.struct_size = sizeof h->cfg;
+  h->cfg.quantized = cfg->quantized;
+  {
+    zpp_quant_config_t dq = ZPP_QUANT_CONFIG_INIT;
+    h->cfg.quant = dq;
+    if (cfg->quantized)
+      zpp_quant_config_get(&cfg->quant, &h->cfg.quant);
+  }
   h->count = count;
   h->dtype = dtype;
   h->hierarchical = uniform;
@@ -403,8 +417,10 @@ static zpp_status_t hpz_encode(void *p, size_t arg) {
   hpz_ctx_t *c = (hpz_ctx_t *)p;
   int me = zpp_transport_rank(c->ex.t);
   (void)arg;
-  return zpp_k_encode(&c->ex, &c->h->cfg.quant, c->h->dtype, c->send,
-                      c->h->count, c->all + (size_t)me * c->h->unit);
+  /* stochastic rounding draws at the element's index in the whole tensor */
+  return zpp_k_encode_at(&c->ex, &c->h->cfg.quant, c->h->dtype, c->send,
+                         c->h->count, (uint64_t)me * c->h->count,
+                         c->all + (size_t)me * c->h->unit);
 }
 
 static zpp_status_t hpz_decode_world(void *p, size_t arg) {

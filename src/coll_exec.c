@@ -7,6 +7,7 @@
 #include "elementwise.h"
 #include "internal.h"
 #include "quant_math.h"
+#include "transform.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,7 +202,7 @@ zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_encode(q, dtype, src, count, dst, bytes);
-  return zpp_quant_encode_device_trusted(q, dtype, src, count, dst, bytes,
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, 0, dst, bytes,
                                          ex->stream);
 }
 
@@ -436,4 +437,54 @@ size_t zpp_plan_chunk(size_t count, size_t block) {
   if (nblk > SIZE_MAX / block)
     return count;
   return nblk * block >= count ? count : nblk * block;
+}
+
+/* ---- transforms of issue 14 ---------------------------------------------- */
+
+zpp_status_t zpp_k_encode_at(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *src, size_t count,
+                             uint64_t index_base, void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_encode_at(q, dtype, src, count, index_base, dst, bytes);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, index_base,
+                                         dst, bytes, ex->stream);
+}
+
+zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,
+                            zpp_dtype_t dtype, const void *src, size_t count,
+                            float *dst) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_tf_hadamard_host(zpp_quant_cpu_simd(), group, (int)dtype, src, count,
+                         dst);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_tf_hadamard_device(group, (int)dtype, src, count,
+                                               dst, ex->stream,
+                                               DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                         const void *recon, const float *target, size_t count,
+                         float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_tf_wdiff_host((int)dtype, recon, target, count, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_tf_wdiff_device((int)dtype, recon, target, count,
+                                            out, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
 }

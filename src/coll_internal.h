@@ -109,6 +109,24 @@ zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
  * chunked. */
 size_t zpp_plan_chunk(size_t count, size_t block);
 
+/* ---- transforms of issue 14 (kernels/quant/transform.h) ----------------- */
+
+/* zpp_k_encode whose element i draws its stochastic-rounding bits at index
+ * index_base + i (docs/format.md, "Stochastic rounding"). */
+zpp_status_t zpp_k_encode_at(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *src, size_t count,
+                             uint64_t index_base, void *dst);
+/* dst = fp32(src) with every whole group of `group` elements rotated by the
+ * orthonormal Hadamard transform (its own inverse); the last count % group
+ * elements copied.  dst may equal src for fp32. */
+zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,
+                            zpp_dtype_t dtype, const void *src, size_t count,
+                            float *dst);
+/* out = target - fp32(recon) (qWD). */
+zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                         const void *recon, const float *target, size_t count,
+                         float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #define ZPP_SRC_INTERNAL_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <zpp/zpp.h>
 
 #ifdef __cplusplus
@@ -74,17 +75,44 @@ const char *zpp_setting(const char *name);
 long zpp_setting_long(const char *name, long def);
 double zpp_setting_double(const char *name, double def);
 
+/* ---- quantizer configs (src/quant.c) ------------------------------------
+ * sizeof(zpp_quant_config_t) of zpp 0.1 (fields up to `mode`): accepted,
+ * the later fields take their defaults. */
+#define ZPP_QUANT_CONFIG_V1_SIZE                                               \
+  ((offsetof(zpp_quant_config_t, mode) + sizeof(zpp_quant_mode_t) +          \
+    sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
+/* The full current config of a checked one of any accepted size. */
+void zpp_quant_config_get(const zpp_quant_config_t *in,
+                          zpp_quant_config_t *out);
+/* 1 when the CPU path in use is a SIMD one (the host transforms then take
+ * their AVX2 path; bitwise equal to the scalar one). */
+int zpp_quant_cpu_simd(void);
+/* zpp_quant_encode / zpp_quant_encode_device whose element i draws its
+ * stochastic-rounding bits at index index_base + i (the position of the
+ * element in the caller's whole tensor, so a split call gives the same
+ * bytes as an unsplit one). */
+zpp_status_t zpp_quant_encode_at(const zpp_quant_config_t *cfg,
+                                 zpp_dtype_t dtype, const void *src,
+                                 size_t count, uint64_t index_base, void *dst,
+                                 size_t dst_bytes);
+zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
+                                        zpp_dtype_t dtype, const void *src,
+                                        size_t count, uint64_t index_base,
+                                        void *dst, size_t dst_bytes,
+                                        zpp_stream_t stream);
+
 /* ---- the device codec for the collectives (src/quant.c) ----------------
  * The public device entry points classify src and dst with
  * cudaPointerGetAttributes on every call.  The collectives classify the
  * caller's buffers once per call (zpp_coll_check_bufs) and own their
  * scratch, so they call these, which skip that (out_kind: ZPP_QM_* of
- * quant_cpu.h, ZPP_QM_OUT_ACC for decode-accumulate). */
+ * quant_cpu.h, ZPP_QM_OUT_ACC for decode-accumulate; index_base as for
+ * zpp_quant_encode_device_at). */
 zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
                                              zpp_dtype_t dtype,
                                              const void *src, size_t count,
-                                             void *dst, size_t dst_bytes,
-                                             void *stream);
+                                             uint64_t index_base, void *dst,
+                                             size_t dst_bytes, void *stream);
 zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
                                              const void *src, size_t src_bytes,
                                              size_t count, int out_kind,

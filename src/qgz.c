@@ -20,20 +20,25 @@
 #include "coll_internal.h"
 #include "plan.h"
 #include "internal.h"
+#include "quant_math.h"
 #include "topo.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
   zpp_exec_t ex;
   zpp_quant_config_t q1, q2; /* stage 1 (intra) and stage 2 (inter) */
+  zpp_quant_config_t qr;     /* INT8 residual storage (residual_bits 8) */
   const void *send;
   void *recv;
   size_t count;
   zpp_dtype_t dtype;
   zpp_redop_t op;
-  float *residual;
+  void *residual;
+  size_t hadamard;   /* rotation group, 0: off */
+  int residual_bits; /* 32 or 8 */
 } qgz_arg_t;
 
 static int qgz_two_level(const zpp_transport_t *t) {
@@ -60,6 +65,64 @@ zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
   return ZPP_OK;
 }
 
+static size_t qgz_levels(const zpp_transport_t *t) {
+  return (size_t)zpp_transport_size(t) +
+         (qgz_two_level(t) ? (size_t)zpp_transport_topo(t)->nnodes : 0);
+}
+
+/* The INT8 residual format: symmetric, nearest, the qgZ block. */
+static zpp_quant_config_t residual_q8(size_t block) {
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  q.bits = 8;
+  q.block_size = block;
+  return q;
+}
+
+/* Reads a config of any accepted size (0.1: fields up to `mode`). */
+static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
+  zpp_qgz_config_t d = ZPP_QGZ_CONFIG_INIT;
+  if (in->struct_size >= sizeof(zpp_qgz_config_t)) {
+    d = *in;
+  } else {
+    d.intra_bits = in->intra_bits;
+    d.inter_bits = in->inter_bits;
+    d.block_size = in->block_size;
+    d.mode = in->mode;
+  }
+  d.struct_size = sizeof(zpp_qgz_config_t);
+  *out = d;
+}
+
+static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *c);
+
+zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
+                                    const zpp_qgz_config_t *cfg, size_t count,
+                                    size_t *bytes) {
+  zpp_qgz_config_t c;
+  size_t n, per;
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  if (bytes == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "bytes is NULL");
+  ZPP_CHECK(check_cfg(__func__, cfg));
+  qgz_config_get(cfg, &c);
+  n = qgz_levels(zpp_comm_transport(comm));
+  if (c.residual_bits == 8) {
+    zpp_quant_config_t q = residual_q8(c.block_size);
+    ZPP_CHECK(zpp_quant_encoded_size(&q, count, &per));
+  } else {
+    if (count > SIZE_MAX / sizeof(float))
+      return zpp_error(ZPP_ERR_OVERFLOW, __func__,
+                       "count %zu: residual size overflows size_t", count);
+    per = count * sizeof(float);
+  }
+  if (per != 0 && n > SIZE_MAX / per)
+    return zpp_error(ZPP_ERR_OVERFLOW, __func__,
+                     "count %zu: residual size overflows size_t", count);
+  *bytes = n * per;
+  return ZPP_OK;
+}
+
 #define QGZ_DEPTH 3 /* chunk slots in flight */
 
 /* The state of one call: stage 1 sends, to each member j of group g1, the
@@ -71,7 +134,13 @@ typedef struct {
   zpp_group_t g1;
   int s1, m1, two;
   size_t chunk, nchunks;
-  float *tmp; /* error feedback: one slice chunk of gradient + residual */
+  /* Scratch of one kernel step (kernel steps of a plan run one at a time,
+   * and none of these outlives its step, so one of each serves all
+   * slots). */
+  float *tmp;  /* one slice chunk: rotated and/or gradient + residual */
+  float *tmp2; /* INT8 residual: the chunk's residual, then its new error */
+  uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
+  size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
   struct {
     uint8_t *s1, *r1, *s2, *r2;
     float *acc;  /* m1 partial sums of the chunk */
@@ -90,6 +159,55 @@ static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
   return p->a.count - off < p->chunk ? p->a.count - off : p->chunk;
 }
 
+/* Stochastic rounding: the config of one encode, with a seed of its own
+ * for each (stage, rank, slice or partial sum), so no two encodes of a
+ * call share random bits; elements draw at their index in the slice. */
+static zpp_quant_config_t stream_q(const zpp_quant_config_t *q, int stage,
+                                   int rank, int slice) {
+  zpp_quant_config_t r = *q;
+  if (r.rounding == ZPP_ROUND_STOCHASTIC) {
+    zpp_qm_keys_t k = zpp_qm_rng_keys(q->seed ^ ((uint64_t)stage << 62));
+    r.seed = ((uint64_t)k.k1 << 32 | k.k0) ^
+             ((uint64_t)(uint32_t)rank << 32 | (uint32_t)slice);
+  }
+  return r;
+}
+
+/* Error feedback around one encode of `len` elements at `off` of slice
+ * (or partial sum) `seg`: x (fp32, may be p->tmp) += residual, encode x
+ * into out, store the new error.  fp32 residual: seg * count + off floats
+ * in; INT8: segment seg (E8(count) bytes, the format of docs/format.md),
+ * the chunk's blocks gathered into p->rs and decoded, then re-encoded and
+ * scattered back (chunks are whole blocks, so they own whole blocks). */
+static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
+                              size_t seg, size_t off, size_t len,
+                              zpp_dtype_t dt, const void *x, uint8_t *out) {
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  if (a->residual == NULL)
+    return zpp_k_encode_at(ex, q, dt, x, len, off, out);
+  if (a->residual_bits == 32) {
+    float *res = (float *)a->residual + seg * a->count + off;
+    ZPP_CHECK(zpp_k_add_residual(ex, dt, x, res, len, p->tmp));
+    ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
+    return zpp_k_update_residual(ex, q, p->tmp, out, len, res);
+  }
+  {
+    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
+    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
+    uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
+    ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
+    ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
+    ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
+    ZPP_CHECK(zpp_k_add_residual(ex, dt, x, p->tmp2, len, p->tmp));
+    ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
+    ZPP_CHECK(zpp_k_update_residual(ex, q, p->tmp, out, len, p->tmp2));
+    ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
+    ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
+    return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
+  }
+}
+
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
 static zpp_status_t stage1_encode(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
@@ -98,30 +216,35 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e1 = zpp_coll_encoded_size(&a->q1, len), ds = zpp_dtype_size(a->dtype);
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
-  int j, m;
+  int j, m, me = zpp_transport_rank(ex->t);
   for (j = 0; j < p->s1; j++) {
     for (m = 0; m < p->m1; m++, out += e1) {
-      size_t at = (size_t)slice_of(p, j, m) * a->count + off;
+      int sl = slice_of(p, j, m);
       zpp_plan_poll(); /* keep the transfers in flight moving */
-      const uint8_t *g = (const uint8_t *)a->send + at * ds;
-      if (a->residual == NULL) {
-        ZPP_CHECK(zpp_k_encode(ex, &a->q1, a->dtype, g, len, out));
-        continue;
+      size_t at = (size_t)sl * a->count + off;
+      const void *g = (const uint8_t *)a->send + at * ds;
+      zpp_dtype_t dt = a->dtype;
+      zpp_quant_config_t q = stream_q(&a->q1, 1, me, sl);
+      if (a->hadamard) { /* groups start at the slice's first element */
+        ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, dt, g, len, p->tmp));
+        g = p->tmp;
+        dt = ZPP_FLOAT32;
       }
-      ZPP_CHECK(zpp_k_add_residual(ex, a->dtype, g, a->residual + at, len,
-                                   p->tmp));
-      ZPP_CHECK(zpp_k_encode(ex, &a->q1, ZPP_FLOAT32, p->tmp, len, out));
-      ZPP_CHECK(zpp_k_update_residual(ex, &a->q1, p->tmp, out, len,
-                                      a->residual + at));
+      ZPP_CHECK(encode_ef(p, &q, (size_t)sl, off, len, dt, g, out));
     }
   }
   return ZPP_OK;
 }
 
-static zpp_status_t finish(const qgz_ctx_t *p, size_t k, const float *acc) {
+/* acc is the slot's (this chunk's until its last step, which this is), so
+ * the inverse rotation may work in place. */
+static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk;
   float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
+  if (a->hadamard) /* back from the rotated domain, in place */
+    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
+                             chunk_len(p, k), acc));
   return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
                       (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
 }
@@ -135,19 +258,14 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
-  float *res2 = a->residual != NULL
-                    ? a->residual + (size_t)zpp_transport_size(ex->t) * a->count
-                    : NULL;
-  int m;
+  size_t w = (size_t)zpp_transport_size(ex->t);
+  int m, me = zpp_transport_rank(ex->t);
   for (m = 0; m < p->m1; m++, out += e2) {
-    float *part = acc + (size_t)m * len;
     zpp_plan_poll();
-    float *res = res2 != NULL ? res2 + (size_t)m * a->count + off : NULL;
-    if (res != NULL) /* add last step's stage-2 error, in place */
-      ZPP_CHECK(zpp_k_add_residual(ex, ZPP_FLOAT32, part, res, len, part));
-    ZPP_CHECK(zpp_k_encode(ex, &a->q2, ZPP_FLOAT32, part, len, out));
-    if (res != NULL)
-      ZPP_CHECK(zpp_k_update_residual(ex, &a->q2, part, out, len, res));
+    zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
+    /* stage-2 residual segments follow the W stage-1 ones */
+    ZPP_CHECK(encode_ef(p, &q, w + (size_t)m, off, len, ZPP_FLOAT32,
+                        acc + (size_t)m * len, out));
   }
   return ZPP_OK;
 }
@@ -201,6 +319,8 @@ static void qgz_release(void *ctx) {
     zpp_k_free(ex, p->slot[i].acc2);
   }
   zpp_k_free(ex, p->tmp);
+  zpp_k_free(ex, p->tmp2);
+  zpp_k_free(ex, p->rs);
   free(p);
 }
 
@@ -229,6 +349,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
                              zpp_request_t *req) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
+  zpp_comm_t comm = ex->comm; /* p (and ex) are freed on failure */
   zpp_plan_t *plan;
   zpp_status_t st = ZPP_OK;
   size_t e1, e2, k, last;
@@ -261,13 +382,21 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (st == ZPP_OK && p->two)
       st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->slot[i].acc2);
   }
-  if (st == ZPP_OK && a->residual != NULL && p->nchunks > 0)
+  if (st == ZPP_OK && (a->residual != NULL || a->hadamard) && p->nchunks > 0)
     st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp);
+  if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8 &&
+      p->nchunks > 0) {
+    p->res_seg = zpp_coll_encoded_size(&a->qr, a->count);
+    st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp2);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, zpp_coll_encoded_size(&a->qr, p->chunk),
+                       (void **)&p->rs);
+  }
   if (st != ZPP_OK) {
     qgz_release(p);
-    return zpp_comm_fail(ex->comm, st);
+    return zpp_comm_fail(comm, st);
   }
-  ZPP_CHECK(zpp_comm_fail(ex->comm,
+  ZPP_CHECK(zpp_comm_fail(comm,
                           zpp_plan_create(func, ex, p, qgz_release, &plan)));
   ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
             p->two ? "two levels" : "one level", p->nchunks, p->chunk);
@@ -305,14 +434,22 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   return zpp_plan_submit(plan, req);
 }
 
-static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *c) {
-  if (c == NULL)
+/* sizeof(zpp_qgz_config_t) of zpp 0.1: the fields up to `mode`. */
+#define QGZ_CONFIG_V1_SIZE                                                     \
+  ((offsetof(zpp_qgz_config_t, mode) + sizeof(zpp_quant_mode_t) +            \
+    sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
+
+static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
+  zpp_qgz_config_t cc;
+  const zpp_qgz_config_t *c = &cc;
+  if (in == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
-  if (c->struct_size < sizeof(zpp_qgz_config_t))
+  if (in->struct_size < QGZ_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->struct_size %zu: initialise with "
                      "ZPP_QGZ_CONFIG_INIT",
-                     c->struct_size);
+                     in->struct_size);
+  qgz_config_get(in, &cc);
   if (c->intra_bits != 4 && c->intra_bits != 8)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->intra_bits %d: must be 4 or 8", c->intra_bits);
@@ -327,6 +464,22 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *c) {
                      "cfg->mode %d: must be ZPP_QUANT_SYMMETRIC or "
                      "ZPP_QUANT_ASYMMETRIC",
                      (int)c->mode);
+  if (c->hadamard != 0 &&
+      (c->hadamard < 2 || (c->hadamard & (c->hadamard - 1)) != 0 ||
+       c->block_size % c->hadamard != 0))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->hadamard %zu: must be 0 (off) or a power of two "
+                     ">= 2 that divides block_size %zu",
+                     c->hadamard, c->block_size);
+  if (c->rounding != ZPP_ROUND_NEAREST && c->rounding != ZPP_ROUND_STOCHASTIC)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->rounding %d: must be ZPP_ROUND_NEAREST or "
+                     "ZPP_ROUND_STOCHASTIC",
+                     (int)c->rounding);
+  if (c->residual_bits != 32 && c->residual_bits != 8)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->residual_bits %d: must be 32 (fp32) or 8 (INT8)",
+                     c->residual_bits);
   return ZPP_OK;
 }
 
@@ -334,11 +487,12 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                     const zpp_qgz_config_t *cfg,
                                     const void *sendbuf, void *recvbuf,
                                     size_t count, zpp_dtype_t dtype,
-                                    zpp_redop_t op, float *residual,
+                                    zpp_redop_t op, void *residual,
                                     zpp_stream_t stream, zpp_request_t *req) {
   zpp_exec_t ex;
   qgz_ctx_t *c;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
   uint64_t w[5];
   size_t rc; /* only checked, so an overflowing residual size fails */
   zpp_status_t st;
@@ -356,10 +510,14 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
     st = zpp_coll_check_device_buf(__func__, &ex, "residual", residual);
   memset(w, 0, sizeof w);
   if (st == ZPP_OK) {
-    w[0] = (uint64_t)cfg->intra_bits;
-    w[1] = (uint64_t)cfg->inter_bits;
-    w[2] = (uint64_t)cfg->block_size;
-    w[3] = (uint64_t)cfg->mode;
+    qgz_config_get(cfg, &cf);
+    /* packed so that every field is compared within the 5 words */
+    w[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
+           (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
+           (uint64_t)cf.residual_bits << 32;
+    w[1] = (uint64_t)cf.block_size;
+    w[2] = (uint64_t)cf.hadamard;
+    w[3] = cf.seed;
   }
   w[4] = residual != NULL;
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
@@ -369,13 +527,18 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   if (c == NULL)
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                                          "plan context"));
-  q.block_size = cfg->block_size;
-  q.mode = cfg->mode;
+  q.block_size = cf.block_size;
+  q.mode = cf.mode;
+  q.rounding = cf.rounding;
+  q.seed = cf.seed;
   c->a.ex = ex;
   c->a.q1 = q;
-  c->a.q1.bits = cfg->intra_bits;
+  c->a.q1.bits = cf.intra_bits;
   c->a.q2 = q;
-  c->a.q2.bits = cfg->inter_bits;
+  c->a.q2.bits = cf.inter_bits;
+  c->a.qr = residual_q8(cf.block_size);
+  c->a.hadamard = cf.hadamard;
+  c->a.residual_bits = cf.residual_bits;
   c->a.send = sendbuf;
   c->a.recv = recvbuf;
   c->a.count = count;

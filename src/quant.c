@@ -5,6 +5,7 @@
 #include "internal.h"
 #include "quant_cpu.h"
 #include "quant_math.h"
+#include "transform.h"
 #if ZPP_HAVE_CUDA_KERNELS
 #include "quant_cuda.h"
 #endif
@@ -13,15 +14,32 @@
 #include <string.h>
 #include <strings.h>
 
+void zpp_quant_config_get(const zpp_quant_config_t *in,
+                          zpp_quant_config_t *out) {
+  zpp_quant_config_t d = ZPP_QUANT_CONFIG_INIT;
+  if (in->struct_size >= sizeof(zpp_quant_config_t)) {
+    d = *in;
+  } else { /* a 0.1 struct: the fields up to `mode` */
+    d.bits = in->bits;
+    d.block_size = in->block_size;
+    d.mode = in->mode;
+  }
+  d.struct_size = sizeof(zpp_quant_config_t);
+  *out = d;
+}
+
 static zpp_status_t config_check(const char *func,
-                                 const zpp_quant_config_t *cfg) {
-  if (cfg == NULL)
+                                 const zpp_quant_config_t *in) {
+  zpp_quant_config_t c;
+  const zpp_quant_config_t *cfg = &c;
+  if (in == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
-  if (cfg->struct_size < sizeof(zpp_quant_config_t))
+  if (in->struct_size < ZPP_QUANT_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->struct_size %zu: must be sizeof(zpp_quant_config_t) "
                      "(%zu); initialise with ZPP_QUANT_CONFIG_INIT",
-                     cfg->struct_size, sizeof(zpp_quant_config_t));
+                     in->struct_size, sizeof(zpp_quant_config_t));
+  zpp_quant_config_get(in, &c);
   if (cfg->bits != 8 && cfg->bits != 4)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->bits %d: must be 8 or 4", cfg->bits);
@@ -33,6 +51,12 @@ static zpp_status_t config_check(const char *func,
                      "cfg->mode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
                      "ZPP_QUANT_ASYMMETRIC (1)",
                      (int)cfg->mode);
+  if (cfg->rounding != ZPP_ROUND_NEAREST &&
+      cfg->rounding != ZPP_ROUND_STOCHASTIC)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->rounding %d: must be ZPP_ROUND_NEAREST (0) or "
+                     "ZPP_ROUND_STOCHASTIC (1)",
+                     (int)cfg->rounding);
   return ZPP_OK;
 }
 
@@ -41,12 +65,21 @@ zpp_status_t zpp_quant_config_check(const zpp_quant_config_t *cfg) {
 }
 
 /* Validates cfg (reporting under `func`) and normalises it. */
-static zpp_status_t to_qcfg(const char *func, const zpp_quant_config_t *cfg,
+static zpp_status_t to_qcfg(const char *func, const zpp_quant_config_t *in,
                             zpp_qcfg_t *q) {
-  ZPP_CHECK(config_check(func, cfg));
-  q->bits = cfg->bits;
-  q->asym = cfg->mode == ZPP_QUANT_ASYMMETRIC;
-  q->block = cfg->block_size;
+  zpp_quant_config_t c;
+  ZPP_CHECK(config_check(func, in));
+  zpp_quant_config_get(in, &c);
+  memset(q, 0, sizeof *q);
+  q->bits = c.bits;
+  q->asym = c.mode == ZPP_QUANT_ASYMMETRIC;
+  q->block = c.block_size;
+  if (c.rounding == ZPP_ROUND_STOCHASTIC) {
+    zpp_qm_keys_t k = zpp_qm_rng_keys(c.seed);
+    q->sr = 1;
+    q->k0 = k.k0;
+    q->k1 = k.k1;
+  }
   return ZPP_OK;
 }
 
@@ -185,13 +218,53 @@ const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops(void) {
 
 const char *zpp_quant_cpu_isa(void) { return zpp_quant_cpu_ops()->name; }
 
+int zpp_quant_cpu_simd(void) {
+  return strcmp(zpp_quant_cpu_ops()->name, "scalar") != 0 &&
+         zpp_tf_have_avx2();
+}
+
+zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype, const void *src,
+                          size_t count, float *dst) {
+  if (group < 2 || (group & (group - 1)) != 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "group %zu: must be a power of two >= 2", group);
+  ZPP_CHECK(check_dtype(__func__, "dtype", dtype));
+  if (count > SIZE_MAX / sizeof(float))
+    return zpp_error(ZPP_ERR_OVERFLOW, __func__,
+                     "count %zu: output bytes overflow size_t", count);
+  if (count == 0)
+    return ZPP_OK;
+  if (src == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "src is NULL (count %zu)",
+                     count);
+  if (dst == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "dst is NULL (count %zu)",
+                     count);
+  if (dtype != ZPP_FLOAT32 && (const void *)dst == src)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "dst == src: in place only for ZPP_FLOAT32 (dtype %s)",
+                     zpp_dtype_name(dtype));
+  zpp_tf_hadamard_host(zpp_quant_cpu_simd(), group, (int)dtype, src, count,
+                       dst);
+  return ZPP_OK;
+}
+
 /* ---- host API ------------------------------------------------------------ */
 
 zpp_status_t zpp_quant_encode(const zpp_quant_config_t *cfg, zpp_dtype_t dtype,
                               const void *src, size_t count, void *dst,
                               size_t dst_bytes) {
+  return zpp_quant_encode_at(cfg, dtype, src, count, 0, dst, dst_bytes);
+}
+
+zpp_status_t zpp_quant_encode_at(const zpp_quant_config_t *cfg,
+                                 zpp_dtype_t dtype, const void *src,
+                                 size_t count, uint64_t index_base, void *dst,
+                                 size_t dst_bytes) {
   zpp_qcfg_t q;
-  ZPP_CHECK(encode_args(__func__, cfg, dtype, src, count, dst, dst_bytes, &q));
+  ZPP_CHECK(encode_args("zpp_quant_encode", cfg, dtype, src, count, dst,
+                        dst_bytes, &q));
+  q.base = index_base;
   if (count > 0)
     zpp_quant_cpu_ops()->encode(&q, (int)dtype, src, count, (uint8_t *)dst);
   return ZPP_OK;
@@ -256,10 +329,12 @@ static zpp_status_t need_device(const char *func) {
 static zpp_status_t encode_device(const char *func,
                                   const zpp_quant_config_t *cfg,
                                   zpp_dtype_t dtype, const void *src,
-                                  size_t count, void *dst, size_t dst_bytes,
-                                  zpp_stream_t stream, int check_ptrs) {
+                                  size_t count, uint64_t index_base, void *dst,
+                                  size_t dst_bytes, zpp_stream_t stream,
+                                  int check_ptrs) {
   zpp_qcfg_t q;
   ZPP_CHECK(encode_args(func, cfg, dtype, src, count, dst, dst_bytes, &q));
+  q.base = index_base;
   ZPP_CHECK(need_device(func));
 #if ZPP_HAVE_CUDA_KERNELS
   if (count > 0) {
@@ -283,17 +358,26 @@ zpp_status_t zpp_quant_encode_device(const zpp_quant_config_t *cfg,
                                      zpp_dtype_t dtype, const void *src,
                                      size_t count, void *dst, size_t dst_bytes,
                                      zpp_stream_t stream) {
-  return encode_device(__func__, cfg, dtype, src, count, dst, dst_bytes,
+  return encode_device(__func__, cfg, dtype, src, count, 0, dst, dst_bytes,
                        stream, 1);
+}
+
+zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
+                                        zpp_dtype_t dtype, const void *src,
+                                        size_t count, uint64_t index_base,
+                                        void *dst, size_t dst_bytes,
+                                        zpp_stream_t stream) {
+  return encode_device("zpp_quant_encode_device", cfg, dtype, src, count,
+                       index_base, dst, dst_bytes, stream, 1);
 }
 
 zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
                                              zpp_dtype_t dtype,
                                              const void *src, size_t count,
-                                             void *dst, size_t dst_bytes,
-                                             void *stream) {
-  return encode_device("zpp_quant_encode_device", cfg, dtype, src, count, dst,
-                       dst_bytes, stream, 0);
+                                             uint64_t index_base, void *dst,
+                                             size_t dst_bytes, void *stream) {
+  return encode_device("zpp_quant_encode_device", cfg, dtype, src, count,
+                       index_base, dst, dst_bytes, stream, 0);
 }
 
 static zpp_status_t decode_device(const char *func,

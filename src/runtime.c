@@ -8,6 +8,7 @@
 
 #include "internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,8 +25,10 @@ struct zpp_pgroup {
   void *shard, *own_shard;
   void *full, *own_full;    /* full: attached or allocated at fetch */
   int full_attached;
-  float *residual, *own_residual;
-  size_t residual_count;
+  void *residual, *own_residual;
+  size_t residual_count; /* floats (INT8: the bytes rounded up to floats) */
+  size_t residual_bytes;
+  uint64_t calls;        /* qgZ / qWD calls: stochastic-rounding seeds */
   zpp_hpz_t hpz;
   zpp_request_t pending;    /* fetch in flight */
   int held;                 /* the full buffer holds gathered data */
@@ -49,13 +52,32 @@ static zpp_status_t check_bits(const char *func, const char *name, int bits,
                    name, bits, allow_zero ? "0 (off), " : "");
 }
 
+/* sizeof(zpp_pgroup_config_t) of zpp 0.1: the fields up to `align`. */
+#define PGROUP_CONFIG_V1_SIZE                                                  \
+  (offsetof(zpp_pgroup_config_t, align) + sizeof(size_t))
+
+/* The full current config of one of any accepted size. */
+static void config_get(const zpp_pgroup_config_t *in,
+                       zpp_pgroup_config_t *out) {
+  zpp_pgroup_config_t d = ZPP_PGROUP_CONFIG_INIT;
+  if (in->struct_size >= sizeof(zpp_pgroup_config_t))
+    d = *in;
+  else
+    memcpy(&d, in, PGROUP_CONFIG_V1_SIZE);
+  d.struct_size = sizeof(zpp_pgroup_config_t);
+  *out = d;
+}
+
 static zpp_status_t check_config(const char *func,
-                                 const zpp_pgroup_config_t *c) {
-  if (c->struct_size < sizeof(zpp_pgroup_config_t))
+                                 const zpp_pgroup_config_t *in) {
+  zpp_pgroup_config_t cc;
+  const zpp_pgroup_config_t *c = &cc;
+  if (in->struct_size < PGROUP_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->struct_size %zu: must be sizeof(zpp_pgroup_config_t)"
                      " = %zu (use ZPP_PGROUP_CONFIG_INIT)",
-                     c->struct_size, sizeof(zpp_pgroup_config_t));
+                     in->struct_size, sizeof(zpp_pgroup_config_t));
+  config_get(in, &cc);
   if (zpp_dtype_size(c->dtype) == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
@@ -82,7 +104,48 @@ static zpp_status_t check_config(const char *func,
                      "cfg->error_feedback 1: needs cfg->qgz_bits 4 or 8 "
                      "(the baseline reduce-scatter has no compression "
                      "error)");
+  ZPP_CHECK(check_bits(func, "cfg->qwd_bits", c->qwd_bits, 1));
+  if (c->qwd_bits && c->qwd_block == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->qwd_block 0: must be >= 1");
+  if (c->qwd_bits && (c->qwz_bits || c->hpz))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->qwd_bits %d: qWD groups keep the full parameters "
+                     "and gather differences; qwz_bits and hpz must be 0",
+                     c->qwd_bits);
+  if (c->qgz_hadamard != 0 &&
+      (c->qgz_bits == 0 || c->qgz_hadamard < 2 ||
+       (c->qgz_hadamard & (c->qgz_hadamard - 1)) != 0 ||
+       c->qgz_block % c->qgz_hadamard != 0))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->qgz_hadamard %zu: must be 0, or (with qgz_bits) a "
+                     "power of two >= 2 that divides qgz_block %zu",
+                     c->qgz_hadamard, c->qgz_block);
+  if (c->rounding != ZPP_ROUND_NEAREST && c->rounding != ZPP_ROUND_STOCHASTIC)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->rounding %d: must be ZPP_ROUND_NEAREST or "
+                     "ZPP_ROUND_STOCHASTIC",
+                     (int)c->rounding);
+  if (c->error_feedback_bits != 32 && c->error_feedback_bits != 8)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->error_feedback_bits %d: must be 32 (fp32) or 8 "
+                     "(INT8)",
+                     c->error_feedback_bits);
   return ZPP_OK;
+}
+
+/* The qgZ config of the group's reduce-scatters (call `call`). */
+static zpp_qgz_config_t group_qgz(const zpp_pgroup_config_t *c,
+                                  uint64_t call) {
+  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+  q.inter_bits = c->qgz_bits;
+  q.intra_bits = c->qgz_intra_bits;
+  q.block_size = c->qgz_block;
+  q.hadamard = c->qgz_hadamard;
+  q.rounding = c->rounding;
+  q.seed = c->seed ^ (call * 0x9e3779b97f4a7c15ull);
+  q.residual_bits = c->error_feedback_bits;
+  return q;
 }
 
 ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
@@ -110,8 +173,7 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
   if (pg == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "group struct");
   pg->comm = comm;
-  pg->cfg = *cfg;
-  pg->cfg.struct_size = sizeof(zpp_pgroup_config_t);
+  config_get(cfg, &pg->cfg);
   if (pg->cfg.qgz_intra_bits == 0)
     pg->cfg.qgz_intra_bits = pg->cfg.qgz_bits;
   pg->esize = zpp_dtype_size(cfg->dtype);
@@ -170,9 +232,13 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
     ZPP_CHECK_GOTO(zpp_hpz_create(comm, &hc, per, cfg->dtype, &pg->hpz), st,
                    err_offsets);
   }
-  if (cfg->error_feedback)
-    ZPP_CHECK_GOTO(zpp_qgz_residual_count(comm, per, &pg->residual_count),
+  if (cfg->error_feedback) {
+    zpp_qgz_config_t q = group_qgz(&pg->cfg, 0);
+    ZPP_CHECK_GOTO(zpp_qgz_residual_bytes(comm, &q, per, &pg->residual_bytes),
                    st, err_hpz);
+    pg->residual_count = (pg->residual_bytes + sizeof(float) - 1) /
+                         sizeof(float);
+  }
 
   if (pg->memory == ZPP_MEMORY_HOST) {
     pg->own_shard = calloc(per ? per : 1, pg->esize);
@@ -181,6 +247,15 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
       goto err_hpz;
     }
     pg->shard = pg->own_shard;
+    if (pg->cfg.qwd_bits) { /* the reconstruction qWD keeps, zero */
+      pg->own_full = calloc(per * w != 0 ? per * w : 1, pg->esize);
+      if (pg->own_full == NULL) {
+        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F,
+                       "qWD full buffer of %zu elements", per * w);
+        goto err_shard;
+      }
+      pg->full = pg->own_full;
+    }
     if (pg->residual_count) {
       pg->own_residual = calloc(pg->residual_count, sizeof(float));
       if (pg->own_residual == NULL) {
@@ -195,6 +270,7 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
   return ZPP_OK;
 
 err_shard:
+  free(pg->own_full);
   free(pg->own_shard);
 err_hpz:
   zpp_hpz_destroy(pg->hpz);
@@ -253,7 +329,7 @@ ZPP_API zpp_status_t zpp_pgroup_get_info(zpp_pgroup_t pg,
     ZPP_CHECK(zpp_hpz_get_info(pg->hpz, &hi));
     r.hpz_bytes = hi.secondary_bytes;
   }
-  r.residual_bytes = pg->own_residual ? pg->residual_count * sizeof(float) : 0;
+  r.residual_bytes = pg->own_residual ? pg->residual_bytes : 0;
   r.generation = pg->generation;
   *info = r;
   return ZPP_OK;
@@ -288,7 +364,7 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
 }
 
 ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
-                                       void *full, float *residual) {
+                                       void *full, void *residual) {
   static const char *F = "zpp_pgroup_attach";
   if (pg == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
@@ -357,6 +433,11 @@ ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "a fetch of this group is pending: zpp_pgroup_wait "
                      "first");
+  if (pg->cfg.qwd_bits)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "qWD group (cfg->qwd_bits %d): it keeps the full "
+                     "parameters; refresh them with zpp_pgroup_update_params",
+                     pg->cfg.qwd_bits);
   if (pg->shard == NULL || (pg->memory != ZPP_MEMORY_HOST && !pg->full))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "device-memory group: attach shard and full buffers "
@@ -415,7 +496,7 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   zpp_status_t st = finish_pending(pg);
   pg->held = 0;
-  if (pg->own_full) {
+  if (pg->own_full && !pg->cfg.qwd_bits) { /* qWD keeps its reconstruction */
     free(pg->own_full);
     pg->own_full = NULL;
     pg->full = NULL;
@@ -442,10 +523,7 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                        "device-memory group with error feedback: attach a "
                        "residual first (zpp_pgroup_attach)");
-    zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
-    q.inter_bits = c->qgz_bits;
-    q.intra_bits = c->qgz_intra_bits;
-    q.block_size = c->qgz_block;
+    zpp_qgz_config_t q = group_qgz(c, pg->calls++);
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
                                   c->error_feedback ? pg->residual : NULL,
@@ -467,5 +545,40 @@ ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg) {
   pg->held = 0; /* a held full buffer is stale: zpp_pgroup_wait refuses it */
   if (pg->hpz)
     ZPP_CHECK(zpp_hpz_invalidate(pg->hpz));
+  return ZPP_OK;
+}
+
+ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
+                                              const float *master_shard,
+                                              zpp_stream_t stream) {
+  static const char *F = "zpp_pgroup_update_params";
+  if (pg == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
+  if (pg->cfg.qwd_bits == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "the group has no qWD (cfg->qwd_bits 0): write the shard "
+                     "and fetch instead");
+  if (pg->pending)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "a fetch or update of this group is pending: "
+                     "zpp_pgroup_wait first");
+  if (pg->shard_numel && master_shard == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "master_shard is NULL");
+  if (pg->full == NULL)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "device-memory group: attach the full buffer first "
+                     "(zpp_pgroup_attach)");
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  q.bits = pg->cfg.qwd_bits;
+  q.block_size = pg->cfg.qwd_block;
+  q.rounding = pg->cfg.rounding;
+  q.seed = pg->cfg.seed ^ (pg->calls++ * 0x9e3779b97f4a7c15ull);
+  zpp_request_t req = NULL;
+  pg->held = 0;
+  ZPP_CHECK(zpp_qwd_allgather(pg->comm, &q, master_shard, pg->full,
+                              pg->shard_numel, pg->cfg.dtype, stream, &req));
+  pg->pending = req;
+  if (req == NULL) /* completed inline */
+    pg->held = 1;
   return ZPP_OK;
 }

@@ -31,6 +31,7 @@
 #include "test_memory.h"
 
 extern "C" {
+#include "internal.h"
 #include "quant_math.h"
 }
 
@@ -633,6 +634,433 @@ TEST(Qgz, CountsEqualTheFormulas) {
   } else {  // flat fallback: one encoded slice to every other rank
     EXPECT_EQ(s.intra_bytes_sent + s.inter_bytes_sent, (uint64_t)(g_size - 1) * e1);
   }
+}
+
+
+
+// qwZ with stochastic rounding: rank r's shard draws at its index in the
+// whole tensor (r * count + i), chunked or not, so the output equals the
+// local codec run with that index base for every shard, on every rank.
+TEST(Qwz, StochasticRoundingDrawsAtTheIndexInTheWholeTensor) {
+  const size_t count = 5000;
+  zpp_quant_config_t q = qcfg(4, 256);
+  q.rounding = ZPP_ROUND_STOCHASTIC;
+  q.seed = 11;
+  auto x = gen(g_rank, count, ZPP_FLOAT32, 25);
+  std::vector<float> out(count * g_size);
+  Mem m;
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, m.in(x), m.out(out), count, ZPP_FLOAT32, nullptr,
+                              nullptr), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+  m.back();
+  size_t e = enc_size(q, count);
+  std::vector<uint8_t> enc(e);
+  std::vector<float> dec(count);
+  for (int r = 0; r < g_size; r++) {
+    auto xr = gen(r, count, ZPP_FLOAT32, 25);
+    EXPECT_EQ(zpp_quant_encode_at(&q, ZPP_FLOAT32, xr.data(), count, (uint64_t)r * count,
+                                  enc.data(), e), ZPP_OK);
+    EXPECT_EQ(zpp_quant_decode(&q, enc.data(), e, count, ZPP_FLOAT32, dec.data()), ZPP_OK);
+    EXPECT_EQ(0, std::memcmp(dec.data(), out.data() + (size_t)r * count, count * 4))
+        << "shard of rank " << r;
+  }
+}
+
+// ---- qgZ options of issue 14: Hadamard, stochastic rounding, INT8 residual ---------
+
+// float64 H x / sqrt(g) of one group (Sylvester order, as the butterflies).
+void hadamard64(const double *x, size_t g, double *y) {
+  for (size_t i = 0; i < g; i++) {
+    double s = 0;
+    for (size_t j = 0; j < g; j++) s += (__builtin_popcountll(i & j) & 1 ? -x[j] : x[j]);
+    y[i] = s / std::sqrt((double)g);
+  }
+}
+
+// Heavy-tailed gradients: normal, with one element in 64 multiplied by 40.
+std::vector<float> gen_outliers(int r, size_t n, zpp_dtype_t dt, uint64_t tag) {
+  auto x = gen(r, n, dt, tag);
+  for (size_t i = (size_t)r % 64; i < n; i += 64) x[i] = to_dtype(x[i] * 40.0f, dt);
+  return x;
+}
+
+// The bound of docs/collectives.md, "qgZ with a Hadamard rotation": the
+// two-stage bound B_j of the plain qgZ applied to the rotated inputs
+// (computed from |y| + e, y = R x in float64 and e the bound of the fp32
+// rotation, docs/format.md), carried back through the inverse rotation:
+//   |out_i - sum_r x_r,i| <= c sum_{j in group} (B_j + sum_r e_r,j)
+//       + k 2^-24 (1 + 2^-20) c sum_j |z_j| + 2^-22 |sum_r x_r,i|
+// (the inverse's rounding, with |z_j| <= sum_r (|y_r,j| + e_r,j) + B_j, and
+// the relative 2^-23 by which fl(1/sqrt(g))^2 g may miss 1), plus the final
+// dtype rounding.  Elements of the last count % g are not rotated: the
+// plain bound.  SR doubles the quantization term (one step, not half).
+struct HadRef {
+  std::vector<double> sum, bound;
+};
+
+HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int inter_bits,
+                              size_t block, size_t g, bool sr, uint64_t tag, int me) {
+  size_t n = g_size * count, whole = count / g * g;
+  int k = 0;
+  while (((size_t)1 << k) < g) k++;
+  double c = 1.0 / std::sqrt((double)g), u = std::ldexp(1.0, -24);
+  double half = sr ? 1.0 : 0.5;
+  HadRef ref;
+  ref.sum.assign(count, 0.0);
+  ref.bound.assign(count, 0.0);
+  std::vector<double> h1sum(count, 0.0), abssum(count, 0.0), esum(count, 0.0);
+  std::vector<std::vector<double>> nodeU(g_nnodes, std::vector<double>(count, 0.0));
+  bool two = g_uniform && g_nnodes > 1;
+  for (int r = 0; r < g_size; r++) {
+    auto x = gen_outliers(r, n, dt, tag);
+    const float *xs = &x[(size_t)me * count];
+    std::vector<double> y(count), mag(count);
+    for (size_t i = 0; i < count; i++) {
+      ref.sum[i] += xs[i];
+      y[i] = xs[i];
+      mag[i] = std::fabs((double)xs[i]);
+    }
+    for (size_t b0 = 0; b0 < whole; b0 += g) {
+      std::vector<double> xd(xs + b0, xs + b0 + g);
+      hadamard64(xd.data(), g, &y[b0]);
+      double l1 = 0;
+      for (size_t j = 0; j < g; j++) l1 += std::fabs(xd[j]);
+      for (size_t j = 0; j < g; j++) {
+        double e = k * u * (1 + std::ldexp(1.0, -20)) * l1 * c + 2 * u * std::fabs(y[b0 + j]) +
+                   std::ldexp(1.0, -149);
+        esum[b0 + j] += e;
+        mag[b0 + j] = std::fabs(y[b0 + j]) + e;
+      }
+    }
+    int node;
+    zpp_comm_node_of(g_comm, r, &node);
+    for (size_t b0 = 0; b0 < count; b0 += block) {
+      size_t len = std::min(block, count - b0);
+      double range = 0;
+      for (size_t i = b0; i < b0 + len; i++) range = std::max(range, mag[i]);
+      double scale = range / ((1 << (intra_bits - 1)) - 1) * (1 + std::ldexp(1.0, -23));
+      for (size_t i = b0; i < b0 + len; i++) {
+        double h1 = scale * (half + std::ldexp(1.0, -12)) +
+                    std::ldexp(1.0, -22) * (mag[i] + range) + std::ldexp(1.0, -149);
+        h1sum[i] += h1;
+        abssum[i] += mag[i];
+        nodeU[node][i] += mag[i] + h1;
+      }
+    }
+  }
+  std::vector<double> B(count, 0.0), zmag(count, 0.0);
+  double levels2 = (1 << (inter_bits - 1)) - 1;
+  for (size_t b0 = 0; b0 < count; b0 += block) {
+    size_t len = std::min(block, count - b0);
+    for (size_t i = b0; i < b0 + len; i++) {
+      double h2 = 0;
+      if (two)
+        for (int m = 0; m < g_nnodes; m++) {
+          double umax = 0;
+          for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, nodeU[m][j]);
+          double scale2 = umax / levels2 * (1 + std::ldexp(1.0, -22));
+          h2 += scale2 * (half + std::ldexp(1.0, -12)) +
+                std::ldexp(1.0, -22) * (nodeU[m][i] + umax);
+        }
+      double acc = (g_size + g_nnodes) * std::ldexp(1.0, -23) * (abssum[i] + h1sum[i] + h2);
+      B[i] = h1sum[i] + h2 + acc;
+      zmag[i] = abssum[i] + B[i];
+    }
+  }
+  for (size_t b0 = 0; b0 < whole; b0 += g) {
+    double sb = 0, sz = 0;
+    for (size_t j = 0; j < g; j++) {
+      sb += B[b0 + j] + esum[b0 + j];
+      sz += zmag[b0 + j];
+    }
+    for (size_t i = b0; i < b0 + g; i++)
+      ref.bound[i] = c * sb + k * u * (1 + std::ldexp(1.0, -20)) * c * sz +
+                     std::ldexp(1.0, -22) * std::fabs(ref.sum[i]);
+  }
+  for (size_t i = whole; i < count; i++) ref.bound[i] = B[i];
+  return ref;
+}
+
+TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
+  struct HC {
+    zpp_dtype_t dt;
+    size_t count, block, g;
+    int intra, inter;
+    bool sr;
+  };
+  const HC hcs[] = {{ZPP_FLOAT32, 4097, 256, 32, 4, 4, false},
+                    {ZPP_BFLOAT16, 10007, 256, 32, 8, 4, false},
+                    {ZPP_FLOAT32, 7, 32, 8, 4, 4, false},   // all tail
+                    {ZPP_FLOAT16, 1000, 64, 64, 4, 4, true},
+                    {ZPP_FLOAT32, 2048, 1024, 1024, 8, 4, false}};
+  for (const HC &h : hcs) {
+    zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+    cfg.intra_bits = h.intra;
+    cfg.inter_bits = h.inter;
+    cfg.block_size = h.block;
+    cfg.hadamard = h.g;
+    cfg.rounding = h.sr ? ZPP_ROUND_STOCHASTIC : ZPP_ROUND_NEAREST;
+    cfg.seed = 99;
+    size_t n = g_size * h.count, ds = zpp_dtype_size(h.dt);
+    auto mine = pack(gen_outliers(g_rank, n, h.dt, 21), h.dt);
+    std::vector<uint8_t> sum(h.count * ds), plain(h.count * ds);
+    Mem m;
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine), m.out(sum), h.count, h.dt,
+                                     ZPP_OP_SUM, nullptr, nullptr, nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(g_comm);
+    cfg.hadamard = 0;  // the same call unrotated gives other bits (the option does act)
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine), m.out(plain), h.count, h.dt,
+                                     ZPP_OP_SUM, nullptr, nullptr, nullptr),
+              ZPP_OK);
+    m.back();
+    if (h.count >= h.g) {
+      EXPECT_NE(sum, plain) << "g " << h.g << ": the rotation changed nothing";
+    }
+    HadRef ref = qgz_hadamard_reference(h.count, h.dt, h.intra, h.inter, h.block, h.g, h.sr,
+                                        21, g_rank);
+    double out_u = h.dt == ZPP_FLOAT32 ? std::ldexp(1.0, -24)
+                   : h.dt == ZPP_BFLOAT16 ? std::ldexp(1.0, -8)
+                                          : std::ldexp(1.0, -11);
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < h.count; i++) {
+      double s = at(sum, h.dt, i), b = ref.bound[i] + out_u * std::fabs(s) + 1e-30;
+      worst = std::max(worst, std::fabs(s - ref.sum[i]) / b);
+      if (!(std::fabs(s - ref.sum[i]) <= b) && bad++ < 3)
+        ADD_FAILURE() << zpp_dtype_name(h.dt) << " count " << h.count << " g " << h.g
+                      << " element " << i << ": " << s << " ref " << ref.sum[i] << " bound " << b;
+    }
+    if (g_rank == 0)
+      std::printf("[ info ] hadamard %zu %s count %zu: largest error / bound %.3f\n", h.g,
+                  zpp_dtype_name(h.dt), h.count, worst);
+  }
+}
+
+TEST(Qgz, StochasticRoundingIsReproducibleAndSeedsDiffer) {
+  const size_t count = 3001;
+  size_t n = g_size * count;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+  cfg.rounding = ZPP_ROUND_STOCHASTIC;
+  cfg.seed = 5;
+  auto x = gen(g_rank, n, ZPP_FLOAT32, 22);
+  std::vector<float> a(count), b(count), c(count);
+  Mem m;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(a), count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(b), count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr), ZPP_OK);
+  cfg.seed = 6;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(c), count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr), ZPP_OK);
+  m.back();
+  EXPECT_EQ(a, b) << "same seed, different result";
+  if (g_size > 1) {
+    EXPECT_NE(a, c) << "seeds 5 and 6 gave the same result";
+  }
+}
+
+// INT8 residual: the same error feedback (the average of K steps on a
+// fixed gradient approaches the exact sum) in about a quarter of the
+// memory: (W + M) E8(count) bytes instead of 4 (W + M) count.
+TEST(Qgz, Int8ResidualKeepsErrorFeedbackInAQuarterOfTheMemory) {
+  const size_t count = 1000;
+  const int steps = 8;
+  size_t n = g_size * count;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+  cfg.block_size = 128;
+  cfg.residual_bits = 8;
+  size_t bytes = 0, rc = 0;
+  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &bytes), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc), ZPP_OK);
+  size_t levels = rc / count;  // W + M
+  EXPECT_EQ(bytes, levels * enc_size(qcfg(8, 128), count));
+  EXPECT_LT(bytes * 3, rc * sizeof(float));
+  auto x = gen(g_rank, n, ZPP_FLOAT32, 23);
+  std::vector<uint8_t> residual(bytes, 0);
+  std::vector<float> out(count);
+  std::vector<double> avg(count, 0.0);
+  Mem m;  // the residual stays in the suite's memory space across the steps
+  for (int k = 0; k < steps; k++) {
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
+                                     ZPP_OP_SUM, m.out(residual), nullptr, nullptr),
+              ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    m.back();
+    for (size_t i = 0; i < count; i++) avg[i] += out[i] / (double)steps;
+  }
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr), ZPP_OK);
+  m.back();
+  double e_ef = 0, e_plain = 0;
+  std::vector<std::vector<float>> all(g_size);
+  for (int r = 0; r < g_size; r++) all[r] = gen(r, n, ZPP_FLOAT32, 23);
+  for (size_t i = 0; i < count; i++) {
+    double exact = 0;
+    for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
+    e_ef += (avg[i] - exact) * (avg[i] - exact);
+    e_plain += (out[i] - exact) * (out[i] - exact);
+  }
+  if (g_size > 1) {
+    EXPECT_LT(e_ef, 0.25 * e_plain) << "INT8 error feedback did not help";
+  }
+  // the fp32 residual on the same steps: the INT8 one loses only the
+  // rounding of the stored error (1/254 of its block's largest), so the
+  // two averages are close
+  {
+    zpp_qgz_config_t c32 = cfg;
+    c32.residual_bits = 32;
+    size_t rc32 = 0;
+    EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc32), ZPP_OK);
+    std::vector<float> r32(rc32, 0.0f);
+    std::vector<double> avg32(count, 0.0);
+    for (int k = 0; k < steps; k++) {
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c32, m.in(x), m.out(out), count, ZPP_FLOAT32,
+                                       ZPP_OP_SUM, m.out(r32), nullptr, nullptr), ZPP_OK);
+      m.back();
+      for (size_t i = 0; i < count; i++) avg32[i] += out[i] / (double)steps;
+    }
+    double e32 = 0;
+    for (size_t i = 0; i < count; i++) {
+      double exact = 0;
+      for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
+      e32 += (avg32[i] - exact) * (avg32[i] - exact);
+    }
+    if (g_rank == 0)
+      std::printf("[ info ] squared error of the %d-step average: no feedback %.4g, INT8 "
+                  "residual %.4g, fp32 residual %.4g\n", steps, e_plain, e_ef, e32);
+    if (g_size > 1) {
+      EXPECT_LT(e_ef, 2 * e32 + 1e-12) << "the INT8 residual loses much more than its rounding";
+    }
+  }
+  cfg.residual_bits = 16;
+  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &bytes), ZPP_ERR_INVALID_ARGUMENT);
+  cfg.residual_bits = 32;
+  cfg.hadamard = 48;
+  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &bytes), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("hadamard 48"), std::string::npos);
+}
+
+// A qgZ config from zpp 0.1 (fields up to `mode`) still works, with the
+// defaults for the rest: the same bytes as the current struct.
+TEST(Qgz, OlderSmallerConfigStructStillWorks) {
+  struct v1 {
+    size_t struct_size;
+    int intra_bits, inter_bits;
+    size_t block_size;
+    zpp_quant_mode_t mode;
+  } old = {sizeof(v1), 8, 4, 128, ZPP_QUANT_SYMMETRIC};
+  zpp_qgz_config_t cur = ZPP_QGZ_CONFIG_INIT;
+  cur.intra_bits = 8;
+  cur.block_size = 128;
+  const size_t count = 777;
+  auto x = gen(g_rank, g_size * count, ZPP_FLOAT32, 24);
+  std::vector<float> a(count), b(count);
+  Mem m;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, reinterpret_cast<const zpp_qgz_config_t *>(&old),
+                                   m.in(x), m.out(a), count, ZPP_FLOAT32, ZPP_OP_MEAN, nullptr,
+                                   nullptr, nullptr), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cur, m.in(x), m.out(b), count, ZPP_FLOAT32,
+                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr), ZPP_OK);
+  m.back();
+  EXPECT_EQ(a, b);
+}
+
+// ---- qWD ---------------------------------------------------------------------------------
+
+// 100 optimizer steps of a random walk on fp32 master weights; after each,
+// qWD brings every rank's reconstruction up to date.  Checked each step:
+//   - the reconstruction is bitwise identical on all ranks;
+//   - for every element, with r the previous reconstruction (fp32 of dt),
+//     d = fl(t - r) the difference sent, D its block's range and s its
+//     stored scale (<= D / qmax (1 + 2^-23)):
+//       |recon - t| <= s (1/2 + 2^-12) + 2^-22 (|d| + D) + 2^-149   (codec)
+//                      + 2^-24 |t - r|                               (fl of d)
+//                      + 2^-24 |recon|                               (fp32 add)
+//                      + half an ulp of dt at |recon|                (store)
+//     a bound of this step alone: the error does not accumulate.  The
+//     largest error over the last 50 steps stays within 2x that of the
+//     first 50 (a drift would grow linearly).
+TEST(Qwd, ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate) {
+  for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16})
+    for (int bits : {4, 8}) {
+      const size_t count = 3001, block = 512;
+      const int steps = 100;
+      size_t n = g_size * count, ds = zpp_dtype_size(dt);
+      zpp_quant_config_t q = qcfg(bits, block);
+      std::vector<std::vector<float>> truth(g_size);
+      for (int r = 0; r < g_size; r++) truth[r] = gen(r, count, ZPP_FLOAT32, 30);
+      std::vector<uint8_t> recon(n * ds);  // initial: the truth in dt, everywhere
+      for (int r = 0; r < g_size; r++)
+        for (size_t i = 0; i < count; i++)
+          zpp_qm_store(recon.data(), r * count + i, (int)dt, truth[r][i]);
+      double qmax = (1 << (bits - 1)) - 1;
+      double worst_early = 0, worst_late = 0;
+      int bad = 0;
+      std::mt19937_64 walk(seed() + 31);
+      std::normal_distribution<float> step_nd(0.0f, 1e-2f);
+      for (int s = 0; s < steps; s++) {
+        for (int r = 0; r < g_size; r++)  // every rank moves every truth alike
+          for (size_t i = 0; i < count; i++) truth[r][i] += step_nd(walk);
+        std::vector<uint8_t> prev = recon;
+        {
+          Mem m;  // this step's truth and reconstruction, in the suite's memory space
+          EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, m.in(truth[g_rank]), m.out(recon), count, dt,
+                                      nullptr, nullptr),
+                    ZPP_OK) << zpp_comm_get_last_error(g_comm);
+          m.back();
+        }
+        EXPECT_TRUE(same_on_all_ranks(fnv(recon.data(), recon.size())))
+            << "step " << s << ": reconstructions differ between ranks";
+        for (int r = 0; r < g_size; r++)
+          for (size_t b0 = 0; b0 < count; b0 += block) {
+            size_t len = std::min(block, count - b0);
+            double D = 0;
+            std::vector<double> d(len);
+            for (size_t i = 0; i < len; i++) {
+              float rv = zpp_qm_load(prev.data(), r * count + b0 + i, (int)dt);
+              d[i] = (double)(truth[r][b0 + i] - rv);  // fl(t - r), as sent
+              D = std::max(D, std::fabs(d[i]));
+            }
+            double sc = D / qmax * (1 + std::ldexp(1.0, -23));
+            for (size_t i = 0; i < len; i++) {
+              double t = truth[r][b0 + i];
+              double got = zpp_qm_load(recon.data(), r * count + b0 + i, (int)dt);
+              double ulp = dt == ZPP_FLOAT32 ? 0 : std::fabs(got) * std::ldexp(1.0, -8) + 1e-38;
+              double bound = sc * (0.5 + std::ldexp(1.0, -12)) +
+                             std::ldexp(1.0, -22) * (std::fabs(d[i]) + D) +
+                             std::ldexp(1.0, -149) + std::ldexp(1.0, -24) * std::fabs(d[i]) +
+                             std::ldexp(1.0, -24) * std::fabs(got) + ulp;
+              double err = std::fabs(got - t);
+              (s < steps / 2 ? worst_early : worst_late) =
+                  std::max(s < steps / 2 ? worst_early : worst_late, err);
+              if (!(err <= bound) && bad++ < 3)
+                ADD_FAILURE() << zpp_dtype_name(dt) << " int" << bits << " step " << s
+                              << " rank " << r << " element " << b0 + i << ": error " << err
+                              << " > bound " << bound;
+            }
+          }
+      }
+      EXPECT_LE(worst_late, 2 * worst_early + 1e-30)
+          << "the error grows with the steps: " << worst_early << " then " << worst_late;
+      if (g_rank == 0)
+        std::printf("[ info ] qWD %s int%d: largest error steps 0-49 %.3g, 50-99 %.3g\n",
+                    zpp_dtype_name(dt), bits, worst_early, worst_late);
+    }
+}
+
+TEST(Qwd, BadArgumentsAreNamed) {
+  float t[4] = {1, 2, 3, 4};
+  std::vector<float> rec(4 * g_size);
+  zpp_quant_config_t q = qcfg(4, 256);
+  EXPECT_EQ(zpp_qwd_allgather(g_comm, nullptr, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("quant"), std::string::npos);
+  q.bits = 3;
+  EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("bits 3"), std::string::npos);
+  q.bits = 4;
+  EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, nullptr, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+            ZPP_ERR_NULL_POINTER);
 }
 
 // ---- asynchrony -----------------------------------------------------------------------------

@@ -197,3 +197,33 @@ TEST(Plan, BadInputExits2NamingTheFlag) {
     EXPECT_NE(r.out.find(c.flag), std::string::npos) << c.args << ": " << r.out;
   }
 }
+
+// Issue 14, the same small case (c = 125000, N = 8, M = 2, block 256):
+//   --ef 32: residual 4 (N + M) c = 4 * 10 * 125000 = 5000000 bytes;
+//   --ef 8:  (N + M) E8(c), E8 = 125000 + 4 * 489 = 126956: 1269560 bytes;
+//            both added to zeropp's model state;
+//   --qwd 4 (block 2048): E4(c) = ceil(c/2048) = 62 scales (61 * 2048 =
+//            124928, tail 72): 62 * 4 + 61 * 1024 + 36 = 62748 bytes, moved
+//            by zero1/zero2's all-gather instead of B = 250000; inter-node
+//            per rank (world total / N) (N - 1) E / S = 7 * 62748 / 4 =
+//            109809; scratch per update N E + 4 c = 501984 + 500000.
+TEST(Plan, ErrorFeedbackResidualAndQwdByHand) {
+  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 32 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "zeropp", "residual_bytes"), 5000000.0);
+  EXPECT_EQ(field(r.out, "zeropp", "model_state_bytes"),
+            field(r.out, "zero3", "model_state_bytes") +
+                field(r.out, "zeropp", "hpz_secondary_bytes") + 5000000.0);
+  r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 8 --qwd 4 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "zeropp", "residual_bytes"), 1269560.0);
+  EXPECT_EQ(field(r.out, "zero2", "qwd_scratch_bytes"), 8 * 62748.0 + 500000.0);
+  EXPECT_EQ(field(r.out, "zero2", "model_state_bytes"),
+            field(r.out, "zero2", "param_bytes") + field(r.out, "zero2", "grad_bytes") +
+                field(r.out, "zero2", "optimizer_bytes"));
+  // zero2's inter-node bytes: the pairwise reduce-scatter (N - S) 2c =
+  // 4 * 250000 = 1000000 plus the qWD ring all-gather 109809
+  EXPECT_EQ(field(r.out, "zero2", "inter_bytes_per_step"), 1000000.0 + 109809.0);
+  EXPECT_EQ(run("--params 1M --ranks 8 --ef 16").status, 2);
+  EXPECT_EQ(run("--params 1M --ranks 8 --qwd 2").status, 2);
+}

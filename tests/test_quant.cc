@@ -19,8 +19,10 @@
 #include <vector>
 
 extern "C" {
+#include "internal.h"
 #include "quant_cpu.h"
 #include "quant_math.h"
+#include "transform.h"
 }
 
 namespace {
@@ -549,7 +551,7 @@ TEST_P(QuantSimd, EncodeAndDecodeAreBitwiseEqualToScalar) {
             }
             if (n > 64) for (size_t i = 0; i < 40; i++) x[i] = 0.0f;  // zero block
             auto in = to_bytes(x, dt);
-            zpp_qcfg_t q = {bits, asym, blk};
+            zpp_qcfg_t q = {bits, asym, blk, 0, 0, 0, 0};
             int ovf;
             size_t sz = zpp_quant_bytes(&q, n, &ovf);
             std::vector<uint8_t> e0(sz + 1, 0xa5), e1(sz + 1, 0xa5);
@@ -658,7 +660,7 @@ TEST_P(QuantSimd, SpecialValuesAndUnalignedBuffersAreBitwiseEqualToScalar) {
           for (size_t n : lengths) {
             auto in = special_input(rng, dt, n, blk, bits, asym);
             const size_t es = zpp_dtype_size(dt);
-            zpp_qcfg_t q = {bits, asym, blk};
+            zpp_qcfg_t q = {bits, asym, blk, 0, 0, 0, 0};
             int ovf;
             size_t sz = zpp_quant_bytes(&q, n, &ovf);
             // odd byte offsets: nothing in the SIMD path may assume alignment
@@ -708,7 +710,7 @@ TEST_P(QuantSimd, DecodeOfArbitraryMetadataIsBitwiseEqualToScalar) {
   for (int bits : {8, 4})
     for (bool asym : {false, true})
       for (size_t blk : {16, 32, 37, 64, 256}) {
-        zpp_qcfg_t q = {bits, asym, blk};
+        zpp_qcfg_t q = {bits, asym, blk, 0, 0, 0, 0};
         int ovf;
         size_t sz = zpp_quant_bytes(&q, n, &ovf);
         size_t nb = (n + blk - 1) / blk, mb = asym ? 8 : 4;
@@ -752,6 +754,319 @@ INSTANTIATE_TEST_SUITE_P(Paths, QuantSimd, ::testing::Values("avx2", "avx512"),
 TEST(QuantSimd, IsaInUseIsNamed) {
   std::string isa = zpp_quant_cpu_isa();
   EXPECT_TRUE(isa == "scalar" || isa == "avx2" || isa == "avx512") << isa;
+}
+
+
+// ---- stochastic rounding (docs/format.md, "Stochastic rounding") ----------------------
+
+zpp_quant_config_t sr_cfg(int bits, size_t block, bool asym, uint64_t seed) {
+  zpp_quant_config_t c = make_cfg(bits, block, asym);
+  c.rounding = ZPP_ROUND_STOCHASTIC;
+  c.seed = seed;
+  return c;
+}
+
+TEST_P(QuantSimd, StochasticRoundingIsBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(GetParam());
+  if (ops == nullptr)
+    GTEST_SKIP() << GetParam() << " path not built or not supported by this CPU";
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  auto rng = seeded_rng("QuantSimd.StochasticRounding");
+  const size_t lengths[] = {1, 7, 16, 17, 65, 1000, 4097};
+  const size_t blocks[] = {1, 7, 8, 16, 17, 32, 33, 256, 1024};
+  // index bases: 0, and one whose vectors cross a 2^32 boundary (the SIMD
+  // paths hand those elements to the scalar code)
+  const uint64_t bases[] = {0, 0xfffffff0ull - 37, 5ull << 32};
+  for (zpp_dtype_t dt : kDtypes)
+    for (int bits : {8, 4})
+      for (bool asym : {false, true})
+        for (size_t blk : blocks)
+          for (size_t n : lengths)
+            for (uint64_t base : bases) {
+              auto x = draw(rng, n, dt, (int)(n % 2));
+              if (n > 64) x[3] = NAN;  // a non-finite block among the others
+              if (n > 100) for (size_t i = 40; i < 72; i++) x[i] = 0.0f;
+              auto in = to_bytes(x, dt);
+              zpp_qm_keys_t k = zpp_qm_rng_keys(rng());
+              zpp_qcfg_t q = {bits, asym, blk, 1, k.k0, k.k1, base};
+              int ovf;
+              size_t sz = zpp_quant_bytes(&q, n, &ovf);
+              std::vector<uint8_t> e0(sz + 1, 0xa5), e1(sz + 1, 0xa5);
+              ref->encode(&q, dt, in.data(), n, e0.data());
+              ops->encode(&q, dt, in.data(), n, e1.data());
+              if (e0 != e1) {
+                size_t at = 0;
+                while (e0[at] == e1[at]) at++;
+                ADD_FAILURE() << GetParam() << " " << zpp_dtype_name(dt) << " bits " << bits
+                              << (asym ? " asym" : " sym") << " block " << blk << " n " << n
+                              << " base " << base << ": first differing byte " << at;
+                return;
+              }
+            }
+}
+
+// Every stochastic code is one of the two grid neighbours of the scaled
+// value, so the error is below one step (not half of one):
+//   |x_hat - x| <= scale * (1 + 2^-12) + 2^-22 * (|x| + range) + 2^-149
+// (docs/format.md, "Stochastic rounding"), for every dtype and mode; the
+// same seed gives the same bytes, another seed other bytes, and a call
+// split at a block boundary (index base = the offset) the same bytes.
+TEST(QuantStochastic, ReproducibleSplittableAndWithinOneStep) {
+  auto rng = seeded_rng("QuantStochastic.Reproducible");
+  for (zpp_dtype_t dt : kDtypes)
+    for (int bits : {8, 4})
+      for (bool asym : {false, true}) {
+        const size_t n = 3001, block = 100;
+        auto x = draw(rng, n, dt, asym ? 1 : 0);
+        auto in = to_bytes(x, dt);
+        zpp_quant_config_t c = sr_cfg(bits, block, asym, 77);
+        size_t sz;
+        ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+        std::vector<uint8_t> a(sz), b(sz), d(sz);
+        ASSERT_EQ(zpp_quant_encode(&c, dt, in.data(), n, a.data(), sz), ZPP_OK);
+        ASSERT_EQ(zpp_quant_encode(&c, dt, in.data(), n, b.data(), sz), ZPP_OK);
+        EXPECT_EQ(a, b) << "same seed, different bytes";
+        zpp_quant_config_t c2 = sr_cfg(bits, block, asym, 78);
+        ASSERT_EQ(zpp_quant_encode(&c2, dt, in.data(), n, d.data(), sz), ZPP_OK);
+        EXPECT_NE(a, d) << "seeds 77 and 78 drew the same codes";
+        // split at element 1000 (block 10): the second part draws at 1000+i
+        size_t s1, s2, cut = 1000, ds = zpp_dtype_size(dt);
+        ASSERT_EQ(zpp_quant_encoded_size(&c, cut, &s1), ZPP_OK);
+        ASSERT_EQ(zpp_quant_encoded_size(&c, n - cut, &s2), ZPP_OK);
+        std::vector<uint8_t> p1(s1), p2(s2), w1(cut * ds), w2((n - cut) * ds), whole(n * ds);
+        ASSERT_EQ(zpp_quant_encode_at(&c, dt, in.data(), cut, 0, p1.data(), s1), ZPP_OK);
+        ASSERT_EQ(zpp_quant_encode_at(&c, dt, in.data() + cut * ds, n - cut, cut, p2.data(), s2),
+                  ZPP_OK);
+        ASSERT_EQ(zpp_quant_decode(&c, p1.data(), s1, cut, dt, w1.data()), ZPP_OK);
+        ASSERT_EQ(zpp_quant_decode(&c, p2.data(), s2, n - cut, dt, w2.data()), ZPP_OK);
+        ASSERT_EQ(zpp_quant_decode(&c, a.data(), sz, n, dt, whole.data()), ZPP_OK);
+        EXPECT_EQ(0, std::memcmp(w1.data(), whole.data(), cut * ds));
+        EXPECT_EQ(0, std::memcmp(w2.data(), whole.data() + cut * ds, (n - cut) * ds))
+            << "a call split at a block boundary drew other bits";
+        // within one step
+        size_t meta = asym ? 8 : 4;
+        int bad = 0;
+        for (size_t i = 0; i < n && bad < 3; i++) {
+          size_t blk = i / block, off = blk * block, len = std::min(block, n - off);
+          double mn = INFINITY, mx = -INFINITY, amax = 0;
+          for (size_t j = off; j < off + len; j++) {
+            mn = std::min(mn, (double)x[j]);
+            mx = std::max(mx, (double)x[j]);
+            amax = std::max(amax, std::fabs((double)x[j]));
+          }
+          float scale;
+          std::memcpy(&scale, a.data() + blk * meta, 4);
+          double range = asym ? mx - mn : amax;
+          double xh = get(whole.data(), dt, i);
+          double bound = scale * (1 + std::ldexp(1.0, -12)) +
+                         std::ldexp(1.0, -22) * (std::fabs(x[i]) + range) +
+                         std::ldexp(1.0, -149) + store_err(xh, dt);
+          if (!(std::fabs(xh - x[i]) <= bound)) {
+            ADD_FAILURE() << zpp_dtype_name(dt) << " bits " << bits << (asym ? " asym" : " sym")
+                          << " element " << i << ": x " << x[i] << " decoded " << xh
+                          << " error " << std::fabs(xh - x[i]) << " > one step " << bound;
+            bad++;
+          }
+        }
+      }
+}
+
+// Unbiasedness at the rate the math gives.  For element i of a block with
+// step D (the stored scale), the scaled value v lies between the codes f
+// and f + 1 with fraction p = v - f; a stochastic code is f + 1 with
+// probability p (to within 2^-24), so the decoded error e = x_hat - x
+// takes the values (1 - p) D and -p D: mean 0, variance D^2 p (1 - p) <=
+// D^2 / 4.  The mean of K encodings with independent seeds then has
+//   E[mean - x] = 0,  Var[mean - x] = D^2 p (1 - p) / K   (std <= D / (2 sqrt K)),
+// so T = sum_i (mean_i - x_i)^2 / sum_i D_i^2 p_i (1 - p_i) / K has mean 1
+// and, over N = 4096 elements, a standard deviation of about sqrt(2 / N) =
+// 0.022 (the mean of K >= 16 two-valued draws is close to normal).  The
+// test asks 0.85 <= T <= 1.15 at K = 16 and at K = 256: the error falls
+// as 1/sqrt(K), neither faster (correlated seeds would not average) nor
+// slower (a bias would not average away: T would grow with K), and also
+// checks every element against Hoeffding's bound D sqrt(ln(2N/1e-9)/(2K))
+// (each error lies in an interval of length D).  Rounding to nearest, by
+// contrast, makes the same error every time.
+TEST(QuantStochastic, MeanOfKEncodingsConvergesToTheInputAtTheDerivedRate) {
+  auto rng = seeded_rng("QuantStochastic.Unbiased");
+  const size_t n = 4096, block = 64;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float &v : x) v = normal(rng);
+  zpp_quant_config_t c = sr_cfg(4, block, false, 0);
+  size_t sz;
+  ASSERT_EQ(zpp_quant_encoded_size(&c, n, &sz), ZPP_OK);
+  std::vector<uint8_t> enc(sz);
+  std::vector<float> dec(n);
+  std::vector<double> sum(n, 0.0), var(n, 0.0), step(n, 0.0);
+  uint64_t seed0 = rng();
+  int k = 0;
+  for (int K : {16, 256}) {
+    for (; k < K; k++) {
+      c.seed = seed0 + (uint64_t)k;
+      ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x.data(), n, enc.data(), sz), ZPP_OK);
+      ASSERT_EQ(zpp_quant_decode(&c, enc.data(), sz, n, ZPP_FLOAT32, dec.data()), ZPP_OK);
+      for (size_t i = 0; i < n; i++) sum[i] += dec[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+      float scale;
+      std::memcpy(&scale, enc.data() + (i / block) * 4, 4);
+      double v = (double)x[i] / scale, p = v - std::floor(v);
+      step[i] = scale;
+      var[i] = (double)scale * scale * p * (1 - p) / K;
+    }
+    double num = 0, den = 0;
+    int bad = 0;
+    double hoeff = std::sqrt(std::log(2.0 * n / 1e-9) / (2.0 * K));
+    for (size_t i = 0; i < n; i++) {
+      double err = sum[i] / K - x[i];
+      num += err * err;
+      den += var[i];
+      if (std::fabs(err) > step[i] * (hoeff + 1e-4) && bad++ < 3)
+        ADD_FAILURE() << "K " << K << " element " << i << ": mean error " << err
+                      << " beyond Hoeffding's " << step[i] * hoeff;
+    }
+    double T = num / den;
+    std::printf("[ info ] K %d: sum of squared mean errors / predicted = %.4f\n", K, T);
+    EXPECT_GT(T, 0.85) << "K " << K << ": the mean converges faster than independent draws can";
+    EXPECT_LT(T, 1.15) << "K " << K << ": the mean does not converge at 1/sqrt(K) (bias or "
+                       << "correlated random bits)";
+  }
+  // nearest rounding: the same error on every encoding, so its mean does
+  // not improve; at K = 256 the stochastic mean is far closer
+  zpp_quant_config_t rtn = make_cfg(4, block, false);
+  ASSERT_EQ(zpp_quant_encode(&rtn, ZPP_FLOAT32, x.data(), n, enc.data(), sz), ZPP_OK);
+  ASSERT_EQ(zpp_quant_decode(&rtn, enc.data(), sz, n, ZPP_FLOAT32, dec.data()), ZPP_OK);
+  double e_rtn = 0, e_sr = 0;
+  for (size_t i = 0; i < n; i++) {
+    e_rtn += (dec[i] - x[i]) * (double)(dec[i] - x[i]);
+    e_sr += (sum[i] / 256 - x[i]) * (sum[i] / 256 - x[i]);
+  }
+  EXPECT_LT(e_sr, 0.2 * e_rtn);
+}
+
+// A config from zpp 0.1 (no rounding, no seed) is still accepted and
+// encodes as the current one with the defaults.
+TEST(QuantApi, OlderSmallerConfigStructsStillWork) {
+  struct v1_config {
+    size_t struct_size;
+    int bits;
+    size_t block_size;
+    zpp_quant_mode_t mode;
+  } old = {sizeof(v1_config), 4, 64, ZPP_QUANT_SYMMETRIC};
+  static_assert(sizeof(v1_config) == ZPP_QUANT_CONFIG_V1_SIZE, "0.1 layout");
+  const zpp_quant_config_t *oc = reinterpret_cast<const zpp_quant_config_t *>(&old);
+  zpp_quant_config_t nc = make_cfg(4, 64, false);
+  std::vector<float> x(300);
+  for (size_t i = 0; i < x.size(); i++) x[i] = std::sin((double)i);
+  size_t s1, s2;
+  ASSERT_EQ(zpp_quant_encoded_size(oc, x.size(), &s1), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_quant_encoded_size(&nc, x.size(), &s2), ZPP_OK);
+  ASSERT_EQ(s1, s2);
+  std::vector<uint8_t> a(s1), b(s2);
+  ASSERT_EQ(zpp_quant_encode(oc, ZPP_FLOAT32, x.data(), x.size(), a.data(), s1), ZPP_OK);
+  ASSERT_EQ(zpp_quant_encode(&nc, ZPP_FLOAT32, x.data(), x.size(), b.data(), s2), ZPP_OK);
+  EXPECT_EQ(a, b);
+  zpp_quant_config_t bad = make_cfg(8, 64, false);
+  bad.rounding = (zpp_rounding_t)5;
+  EXPECT_EQ(zpp_quant_config_check(&bad), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("rounding 5"), std::string::npos);
+}
+
+// ---- Hadamard rotation (docs/format.md, "Hadamard rotation") ---------------------------
+
+// float64 H x / sqrt(g) of one group (Sylvester order: H[i][j] =
+// (-1)^popcount(i & j), what the butterflies compute).
+std::vector<double> hadamard_ref(const float *x, size_t g) {
+  std::vector<double> y(g, 0.0);
+  for (size_t i = 0; i < g; i++)
+    for (size_t j = 0; j < g; j++)
+      y[i] += (__builtin_popcountll(i & j) & 1 ? -1.0 : 1.0) * x[j];
+  for (double &v : y) v /= std::sqrt((double)g);
+  return y;
+}
+
+// The fp32 rotation against float64: each output is a sum of g = 2^k
+// terms +-x_j formed in k rounded additions, so its error is at most
+// k 2^-24 sum_j |x_j| (to first order); times c = fl(1/sqrt(g)) (relative
+// error 2^-24 for odd k) and one rounding of the product:
+//   |y_hat - y| <= (k 2^-24 (1 + 2^-20) sum_j |x_j| ) c + 2^-23 |y| + 2^-149.
+TEST(QuantHadamard, MatchesFloat64WithinTheRoundingBoundAndLeavesTheTail) {
+  auto rng = seeded_rng("QuantHadamard.Float64");
+  for (zpp_dtype_t dt : kDtypes)
+    for (size_t g : {2, 4, 8, 32, 256, 1024}) {
+      size_t n = 3 * g + 5;  // a tail of 5 elements is not rotated
+      auto x = draw(rng, n, dt, 0);
+      for (size_t i = 0; i < n; i += 97) x[i] = representable(x[i] * 100.0f, dt);  // outliers
+      auto in = to_bytes(x, dt);
+      std::vector<float> y(n);
+      ASSERT_EQ(zpp_hadamard(g, dt, in.data(), n, y.data()), ZPP_OK);
+      int k = 0;
+      while (((size_t)1 << k) < g) k++;
+      double c = 1.0 / std::sqrt((double)g);
+      int bad = 0;
+      for (size_t b0 = 0; b0 + g <= n; b0 += g) {
+        auto ref = hadamard_ref(&x[b0], g);
+        double l1 = 0;
+        for (size_t j = 0; j < g; j++) l1 += std::fabs(x[b0 + j]);
+        for (size_t i = 0; i < g && bad < 3; i++) {
+          double bound = k * std::ldexp(1.0, -24) * (1 + std::ldexp(1.0, -20)) * l1 * c +
+                         std::ldexp(1.0, -23) * std::fabs(ref[i]) + std::ldexp(1.0, -149);
+          if (!(std::fabs(y[b0 + i] - ref[i]) <= bound) && bad++ < 3)
+            ADD_FAILURE() << zpp_dtype_name(dt) << " g " << g << " element " << b0 + i << ": "
+                          << y[b0 + i] << " vs " << ref[i] << " bound " << bound;
+        }
+      }
+      for (size_t i = n / g * g; i < n; i++)
+        EXPECT_EQ(y[i], x[i]) << "tail element " << i << " was changed";
+      // its own inverse: the second rotation brings x back to within the
+      // two rounding bounds (the first one's error passes through the
+      // orthonormal second rotation unchanged in norm)
+      std::vector<float> z(n);
+      ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, y.data(), n, z.data()), ZPP_OK);
+      ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, y.data(), n, y.data()), ZPP_OK);  // in place
+      EXPECT_EQ(0, std::memcmp(z.data(), y.data(), n * 4)) << "in place differs";
+      for (size_t b0 = 0; b0 + g <= n; b0 += g) {
+        double l1 = 0;
+        for (size_t j = 0; j < g; j++) l1 += std::fabs(x[b0 + j]);
+        for (size_t i = 0; i < g; i++) {
+          double bound = 2 * (k + 2) * std::ldexp(1.0, -24) * (1 + std::ldexp(1.0, -20)) * l1;
+          if (!(std::fabs(z[b0 + i] - x[b0 + i]) <= bound) && bad++ < 3)
+            ADD_FAILURE() << "g " << g << " inverse element " << b0 + i << ": " << z[b0 + i]
+                          << " vs " << x[b0 + i] << " bound " << bound;
+        }
+      }
+    }
+}
+
+TEST(QuantHadamard, Avx2IsBitwiseEqualToScalar) {
+  if (!zpp_tf_have_avx2()) GTEST_SKIP() << "this CPU has no AVX2";
+  auto rng = seeded_rng("QuantHadamard.Avx2");
+  for (zpp_dtype_t dt : kDtypes)
+    for (size_t g : {2, 4, 8, 16, 32, 64, 512, 4096})
+      for (size_t n : {(size_t)1, g - 1, g, 2 * g + 3, 9 * g}) {
+        auto x = draw(rng, n, dt, 1);
+        auto in = to_bytes(x, dt);
+        std::vector<float> a(n, -1.0f), b(n, -2.0f);
+        zpp_tf_hadamard_scalar(g, dt, in.data(), n, a.data());
+        zpp_tf_hadamard_avx2(g, dt, in.data(), n, b.data());
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * 4))
+            << zpp_dtype_name(dt) << " g " << g << " n " << n;
+      }
+}
+
+TEST(QuantHadamard, BadArgumentsAreNamed) {
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+  uint16_t h[8] = {0};
+  EXPECT_EQ(zpp_hadamard(3, ZPP_FLOAT32, x, 8, y), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("group 3"), std::string::npos);
+  EXPECT_EQ(zpp_hadamard(1, ZPP_FLOAT32, x, 8, y), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_hadamard(8, (zpp_dtype_t)9, x, 8, y), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_hadamard(8, ZPP_FLOAT32, nullptr, 8, y), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_hadamard(8, ZPP_FLOAT32, x, 8, nullptr), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(zpp_hadamard(8, ZPP_BFLOAT16, h, 4, reinterpret_cast<float *>(h)),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zpp_hadamard(8, ZPP_FLOAT32, nullptr, 0, nullptr), ZPP_OK);
 }
 
 // ---- bad arguments --------------------------------------------------------------------

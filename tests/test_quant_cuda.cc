@@ -28,6 +28,7 @@
 #include "quant_cpu.h"
 #include "quant_cuda_testdata.h"
 #include "quant_math.h"
+#include "transform.h"
 
 namespace {
 
@@ -178,7 +179,7 @@ void check_case(int dt, int bits, bool asym, size_t block, size_t n, cudaStream_
   const Input &in = input_for(dt);
   ASSERT_NE(in.dev->p, nullptr) << "cudaMalloc of the input failed";
   const zpp_quant_config_t cfg = make_cfg(bits, block, asym);
-  const zpp_qcfg_t q = {bits, asym ? 1 : 0, block};
+  const zpp_qcfg_t q = {bits, asym ? 1 : 0, block, 0, 0, 0, 0};
   size_t sz = 0;
   ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
   const size_t es = dtype_size(dt);
@@ -377,7 +378,7 @@ TEST(QuantCudaPointers, ManagedMemoryIsAccepted) {
   print_seed("QuantCudaPointers managed");
   const size_t n = 70001;
   zpp_quant_config_t cfg = make_cfg(4, 256, true);
-  const zpp_qcfg_t q = {4, 1, 256};
+  const zpp_qcfg_t q = {4, 1, 256, 0, 0, 0, 0};
   size_t sz = 0;
   ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
   const Input &in = input_for(ZPP_QM_BF16);
@@ -421,7 +422,7 @@ TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {
     SCOPED_TRACE("block " + std::to_string(block));
     const size_t n = 3 * ((size_t)1 << 20) + 5;
     zpp_quant_config_t cfg = make_cfg(8, block, true);
-    const zpp_qcfg_t q = {8, 1, block};
+    const zpp_qcfg_t q = {8, 1, block, 0, 0, 0, 0};
     size_t sz = 0;
     ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
     DevBuf d_enc(sz), d_acc(4 * n);
@@ -464,6 +465,73 @@ TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
+}
+
+
+// ---- issue 14: stochastic rounding and the Hadamard rotation on the device ----------
+
+// The encode kernel draws the same bits as the CPU (zpp_qm_rand24 of the
+// element index plus the base): every path of the launcher (one segment,
+// looping, split blocks) gives the CPU's bytes.
+TEST(QuantCudaIssue14, StochasticRoundingIsBitwiseEqualToCpu) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  Stream st;
+  const size_t blocks[] = {7, 32, 256, 5000, (size_t)1 << 16, (size_t)1 << 22};
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (int bits : {8, 4})
+      for (bool asym : {false, true})
+        for (size_t block : blocks) {
+          size_t n = block >= ((size_t)1 << 16) ? 2 * block + 5 : 100003;
+          SCOPED_TRACE(describe(dt, bits, asym, block, n) + " stochastic");
+          const Input &in = input_for(dt);
+          zpp_quant_config_t cfg = make_cfg(bits, block, asym);
+          cfg.rounding = ZPP_ROUND_STOCHASTIC;
+          cfg.seed = 1234 + (uint64_t)block;
+          zpp_qm_keys_t k = zpp_qm_rng_keys(cfg.seed);
+          const zpp_qcfg_t q = {bits, asym ? 1 : 0, block, 1, k.k0, k.k1, 0};
+          size_t sz = 0;
+          ASSERT_EQ(zpp_quant_encoded_size(&cfg, n, &sz), ZPP_OK);
+          std::vector<uint8_t> ref(sz), got(sz);
+          cpu_encode(q, dt, in.host.data(), n, ref.data());
+          DevBuf d_enc(sz);
+          ASSERT_EQ(zpp_quant_encode_device(&cfg, (zpp_dtype_t)dt, in.dev->p, n, d_enc.p, sz,
+                                            st.s), ZPP_OK) << zpp_get_last_error();
+          CUDA_OK(cudaMemcpyAsync(got.data(), d_enc.p, sz, cudaMemcpyDeviceToHost, st.s));
+          CUDA_OK(cudaStreamSynchronize(st.s));
+          ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), sz));
+        }
+}
+
+// The device rotation performs the host's operations in the same order:
+// bitwise equal for every dtype, shared-memory groups (<= 1024) and the
+// staged path (larger groups), with a tail left unrotated.
+TEST(QuantCudaIssue14, HadamardIsBitwiseEqualToCpu) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  Stream st;
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (size_t g : {2, 8, 32, 256, 1024, 4096, 65536}) {
+      size_t n = 37 * g + 11;
+      if (n > kLong) n = kLong;
+      const Input &in = input_for(dt);
+      std::vector<float> ref(n), got(n);
+      zpp_tf_hadamard_scalar(g, dt, in.host.data(), n, ref.data());
+      DevBuf d_out(n * 4);
+      char err[256] = "";
+      ASSERT_EQ(zpp_tf_hadamard_device(g, dt, in.dev->p, n, (float *)d_out.p, st.s, err,
+                                       sizeof err), 0) << err;
+      CUDA_OK(cudaMemcpyAsync(got.data(), d_out.p, n * 4, cudaMemcpyDeviceToHost, st.s));
+      CUDA_OK(cudaStreamSynchronize(st.s));
+      size_t bad = first_mismatch((const uint8_t *)ref.data(), (const uint8_t *)got.data(), n,
+                                  ZPP_QM_F32);
+      EXPECT_EQ(bad, n) << "dtype " << dt << " g " << g << " first mismatch at " << bad;
+      // in place on fp32, applied again: the host's second rotation
+      ASSERT_EQ(zpp_tf_hadamard_device(g, ZPP_QM_F32, d_out.p, n, (float *)d_out.p, st.s, err,
+                                       sizeof err), 0) << err;
+      zpp_tf_hadamard_scalar(g, ZPP_QM_F32, ref.data(), n, ref.data());
+      CUDA_OK(cudaMemcpyAsync(got.data(), d_out.p, n * 4, cudaMemcpyDeviceToHost, st.s));
+      CUDA_OK(cudaStreamSynchronize(st.s));
+      EXPECT_EQ(0, std::memcmp(ref.data(), got.data(), n * 4)) << "in place, g " << g;
+    }
 }
 
 }  // namespace

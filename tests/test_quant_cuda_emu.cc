@@ -75,12 +75,22 @@ std::string fault() { return std::string(" (emulator: ") + zpp_emu_last_fault() 
 
 // Encodes and decodes one case on the emulator and on the scalar reference;
 // returns false (with a failure recorded) on the first difference.
+// sr: stochastic rounding with these keys and index base (docs/format.md);
+// nullptr: round to nearest.
 bool check_case(const Shape &s, size_t block, size_t n, const std::vector<uint8_t> &in,
-                const std::vector<float> &acc0, Offsets o = Offsets()) {
-  zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block};
+                const std::vector<float> &acc0, Offsets o = Offsets(),
+                const zpp_qcfg_t *sr = nullptr) {
+  zpp_qcfg_t q = {s.bits, s.asym ? 1 : 0, block, 0, 0, 0, 0};
+  if (sr != nullptr) {
+    q.sr = 1;
+    q.k0 = sr->k0;
+    q.k1 = sr->k1;
+    q.base = sr->base;
+  }
   std::string ctx = describe(s.dt, s.bits, s.asym, block, n) + " offsets src " +
                     std::to_string(o.src) + " enc " + std::to_string(o.enc) + " out " +
-                    std::to_string(o.out);
+                    std::to_string(o.out) +
+                    (sr ? " sr base " + std::to_string(sr->base) : std::string());
   int ovf = 0;
   size_t sz = zpp_quant_bytes(&q, n, &ovf);
   size_t es = dtype_size(s.dt);
@@ -197,6 +207,24 @@ TEST_P(QuantCudaEmu, KernelsLoopWhenTheGridIsCapped) {
     }
 }
 
+// Stochastic rounding (issue 14): the kernels draw element i's bits at
+// base + i from the same keyed generator as the scalar codec, so the bytes
+// are equal, whatever the block class, the split over CTAs or the base.
+TEST_P(QuantCudaEmu, StochasticRoundingIsBitwiseEqualToScalar) {
+  const Shape s = GetParam();
+  uint64_t seed = print_seed("QuantCudaEmu stochastic rounding");
+  auto in = make_input(seed, s.dt, 24001);
+  auto acc = make_acc(seed, 24001);
+  zpp_qm_keys_t k = zpp_qm_rng_keys(seed);
+  zpp_qcfg_t sr = {0, 0, 0, 1, k.k0, k.k1, 0};
+  for (uint64_t base : {(uint64_t)0, (uint64_t)24001 * 3, ((uint64_t)1 << 33) + 5})
+    for (size_t block : {7, 256, 8200})
+      for (size_t n : {9, 4097, 24001}) {
+        sr.base = base;
+        if (!check_case(s, block, n, in, acc, Offsets(), &sr)) return;
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, QuantCudaEmu, ::testing::ValuesIn(AllShapes()), ShapeName);
 
 std::vector<const void *> kernel_log() {
@@ -215,7 +243,7 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
   ASSERT_EQ(cudaMemcpy(src.p, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
   char err[256];
   auto kernels_of = [&](size_t block, size_t n, size_t enc_off) {
-    zpp_qcfg_t q = {8, 0, block};
+    zpp_qcfg_t q = {8, 0, block, 0, 0, 0, 0};
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zpp_emu_kernel_log_clear();
     EXPECT_EQ(zpp_quant_cuda_encode(&q, ZPP_QM_F32, src.p, n, enc.base + enc_off, nullptr, err,
@@ -241,7 +269,7 @@ TEST(QuantCudaEmuPaths, EachEncodePathIsTaken) {
 }
 
 TEST(QuantCudaEmuPaths, ZeroCountLaunchesNothing) {
-  zpp_qcfg_t q = {4, 1, 7};
+  zpp_qcfg_t q = {4, 1, 7, 0, 0, 0, 0};
   char err[8];
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   zpp_emu_kernel_log_clear();

@@ -14,6 +14,8 @@
 #include <zpp/zpp_mpi.h>
 #include <zpp/zpp_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -385,6 +387,176 @@ TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
   EXPECT_EQ(zpp_pgroup_fetch(nullptr, ZPP_FETCH_FORWARD, nullptr),
             ZPP_ERR_NULL_POINTER);
   EXPECT_NE(msg().find("pg"), std::string::npos) << msg();
+}
+
+
+// ---- issue 14: qWD groups, INT8 error feedback, Hadamard, old structs -------------
+
+uint64_t fnv64(const void *p, size_t n) {
+  const uint8_t *c = (const uint8_t *)p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+bool same_on_all_ranks(uint64_t v) {
+  uint64_t mn, mx;
+  MPI_Allreduce(&v, &mn, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&v, &mx, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return mn == mx;
+}
+
+// A ZeRO-2 style group with qWD: after each "optimizer step" on the fp32
+// master shard, update_params leaves the same full buffer on every rank,
+// each element within one quantization of this step's difference (plus
+// the bf16 store) of its master value (docs/collectives.md, "qWD"), and
+// the group's own full buffer stays between steps (it is the
+// reconstruction the next difference is taken against).
+TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
+  const size_t sizes[] = {5000, 77};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qwd_bits = 4;
+  cfg.qwd_block = 512;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 2, &pg), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t s = info.shard_numel, n = info.padded_numel;
+  EXPECT_EQ(info.full_bytes, n * 2) << "the qWD reconstruction is held from creation";
+  EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("update_params"), std::string::npos);
+  std::mt19937_64 rng(seed() + 40 + (uint64_t)g_rank);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> master(s);
+  for (size_t i = 0; i < s; i++)
+    master[i] = info.shard_offset + i < info.numel ? nd(rng) : 0.0f;
+  std::vector<uint16_t> prev(n, 0);  // the group's own buffer starts at zero
+  for (int step = 0; step < 20; step++) {
+    for (size_t i = 0; i < s; i++)
+      if (info.shard_offset + i < info.numel) master[i] += 0.01f * nd(rng);
+    EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_OK);
+    EXPECT_EQ(zpp_pgroup_update_params(pg, master.data(), nullptr), ZPP_OK)
+        << zpp_get_last_error();
+    void *full = nullptr;
+    EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
+    if (full == nullptr) break;
+    const uint16_t *f = (const uint16_t *)full;
+    EXPECT_TRUE(same_on_all_ranks(fnv64(f, n * 2))) << "step " << step;
+    const uint16_t *mine = f + info.shard_offset, *old = prev.data() + info.shard_offset;
+    int bad = 0;
+    for (size_t b0 = 0; b0 < s; b0 += 512) {
+      size_t len = std::min<size_t>(512, s - b0);
+      double D = 0;
+      for (size_t i = b0; i < b0 + len; i++)
+        D = std::max(D, std::fabs((double)(master[i] - zpp_qm_bf16_to_f32(old[i]))));
+      for (size_t i = b0; i < b0 + len && bad < 3; i++) {
+        double got = zpp_qm_bf16_to_f32(mine[i]);
+        double bound = D / 7 * (1 + std::ldexp(1.0, -23)) * (0.5 + std::ldexp(1.0, -12)) +
+                       std::ldexp(1.0, -21) * (D + std::fabs(got)) +
+                       std::ldexp(1.0, -8) * std::fabs(got) + 1e-38;
+        if (!(std::fabs(got - master[i]) <= bound) && bad++ < 3)
+          ADD_FAILURE() << "step " << step << " element " << i << ": " << got << " vs master "
+                        << master[i] << " bound " << bound;
+      }
+    }
+    std::memcpy(prev.data(), f, n * 2);
+    EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);  // keeps the reconstruction
+    zpp_pgroup_get_info(pg, &info);
+    EXPECT_EQ(info.full_bytes, n * 2);
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  // update_params needs qWD
+  ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 2, &pg), ZPP_OK);
+  std::vector<float> m(4096);
+  EXPECT_EQ(zpp_pgroup_update_params(pg, m.data(), nullptr), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("qwd_bits"), std::string::npos);
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+// INT8 error feedback and Hadamard through the group: the same bits as
+// the collective with the same options and its own INT8 residual, in the
+// memory zpp_qgz_residual_bytes gives (about a quarter of fp32's).
+TEST(PGroup, Int8ErrorFeedbackWithHadamardEqualsTheCollective) {
+  const size_t sizes[] = {3000};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qgz_bits = 4;
+  cfg.qgz_intra_bits = 8;
+  cfg.qgz_block = 128;
+  cfg.qgz_hadamard = 32;
+  cfg.error_feedback = 1;
+  cfg.error_feedback_bits = 8;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t s = info.shard_numel, n = info.padded_numel, rc = 0, fp32 = 0, bytes = 0;
+  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+  q.inter_bits = 4;
+  q.intra_bits = 8;
+  q.block_size = 128;
+  q.hadamard = 32;
+  q.residual_bits = 8;
+  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &q, s, &bytes), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &fp32), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+  EXPECT_EQ(info.residual_bytes, bytes);
+  EXPECT_EQ(rc, (bytes + 3) / 4);
+  EXPECT_LT(bytes * 3, fp32 * 4) << "INT8 residual not smaller";
+  std::vector<uint8_t> resid(bytes, 0);
+  for (int step = 0; step < 3; step++) {
+    auto g = gen(g_rank, n, 50 + step);
+    std::vector<uint16_t> a(s + 1), b(s + 1);
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN, nullptr,
+                                          nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, resid.data(), nullptr, nullptr), ZPP_OK);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+}
+
+TEST(PGroup, OlderSmallerConfigStructStillWorksAndNewFieldsAreChecked) {
+  struct v1 {  // zpp 0.1: the fields up to `align`
+    size_t struct_size;
+    zpp_dtype_t dtype;
+    int qwz_bits;
+    size_t qwz_block;
+    int hpz, qgz_bits, qgz_intra_bits;
+    size_t qgz_block;
+    int error_feedback;
+    size_t align;
+  } old = {sizeof(v1), ZPP_BFLOAT16, 8, 256, 0, 4, 0, 256, 1, 0};
+  const size_t sizes[] = {1000};
+  zpp_pgroup_t pg = nullptr;
+  EXPECT_EQ(zpp_pgroup_create(g_comm, reinterpret_cast<const zpp_pgroup_config_t *>(&old),
+                              sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  size_t rc = 0, want = 0;
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, info.shard_numel, &want), ZPP_OK);
+  EXPECT_EQ(rc, want) << "defaults: an fp32 residual";
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  struct Bad { const char *field; void (*set)(zpp_pgroup_config_t *); };
+  const Bad bads[] = {
+      {"qwd_bits", [](zpp_pgroup_config_t *c) { c->qwd_bits = 3; }},
+      {"qwd_block", [](zpp_pgroup_config_t *c) { c->qwd_bits = 4; c->qwd_block = 0; }},
+      {"qwd_bits", [](zpp_pgroup_config_t *c) { c->qwd_bits = 4; c->qwz_bits = 8; }},
+      {"qgz_hadamard", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_hadamard = 48; }},
+      {"qgz_hadamard", [](zpp_pgroup_config_t *c) { c->qgz_hadamard = 32; }},
+      {"rounding", [](zpp_pgroup_config_t *c) { c->rounding = (zpp_rounding_t)7; }},
+      {"error_feedback_bits", [](zpp_pgroup_config_t *c) { c->error_feedback_bits = 16; }},
+  };
+  for (const Bad &b : bads) {
+    zpp_pgroup_config_t c = ZPP_PGROUP_CONFIG_INIT;
+    b.set(&c);
+    pg = nullptr;
+    EXPECT_EQ(zpp_pgroup_create(g_comm, &c, sizes, 1, &pg), ZPP_ERR_INVALID_ARGUMENT)
+        << b.field;
+    EXPECT_NE(std::string(zpp_get_last_error()).find(b.field), std::string::npos)
+        << zpp_get_last_error();
+    EXPECT_EQ(pg, nullptr);
+  }
 }
 
 void setup() {

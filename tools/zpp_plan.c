@@ -22,6 +22,16 @@
  *           rank's CROSS group, M * E(c) bytes (about PSI / S elements):
  *           INT8 (--hpz-bits 8) E(c) = c + 4 ceil(c / block) with fp32
  *           scales; bf16 (--hpz-bits 16) E(c) = 2 c.
+ *           + with --ef 32|8, qgZ's error-feedback residual: N + M
+ *           segments of c elements (the stage-1 error of all N slices of
+ *           the rank's gradient, the stage-2 error of M partial sums):
+ *           fp32 4 (N + M) c, INT8 (N + M) E8(c) (zpp_qgz_residual_bytes).
+ *   --qwd B  zero1 and zero2 refresh their full parameters with qWD
+ *           (quantized differences, B bits, --qwd-block): the all-gather
+ *           moves E_B(c) instead of 2c bytes; no state beyond the full
+ *           parameters these stages hold already; per update a scratch of
+ *           N E_B(c) + 4 c bytes (the encoded differences and one fp32
+ *           shard), reported as qwd_scratch_bytes.
  *
  * Communication per step, bytes SENT per rank (bf16, d = 2 bytes):
  *   ring all-gather of B bytes per rank (world ring in node order): a rank
@@ -85,6 +95,9 @@ typedef struct {
   uint64_t k;      /* optimizer bytes per parameter */
   uint64_t block;  /* elements per quantization scale */
   int hpz_bits;    /* 8 or 16 */
+  int ef_bits;     /* 0 (no error feedback), 32 or 8 */
+  int qwd_bits;    /* 0, 4 or 8 */
+  uint64_t qwd_block;
   double intra_gbps, inter_gbps;     /* Gbit/s per rank */
   double intra_lat_us, inter_lat_us; /* per round */
   int json;
@@ -105,6 +118,8 @@ typedef struct {
   const char *key;
   const char *what;
   uint64_t params_bytes, grads_bytes, optim_bytes, hpz_bytes;
+  uint64_t residual_bytes; /* qgZ error feedback (zeropp, --ef) */
+  uint64_t qwd_scratch_bytes; /* transient, per qWD update (--qwd) */
   uint64_t model_state_bytes;
   plan_coll_t colls[PLAN_MAX_COLLS];
   int ncolls;
@@ -126,6 +141,11 @@ static void usage(FILE *out) {
 "                      master weights, Adam momentum and variance)\n"
 "  --block B           elements per quantization scale (default 256)\n"
 "  --hpz-bits 8|16     dtype of hpZ's secondary copy: INT8 (default) or bf16\n"
+"  --ef 0|32|8         zeropp error-feedback residual: none (default), fp32\n"
+"                      or INT8 (LoCo style): (N+M) c floats or (N+M) E8(c)\n"
+"  --qwd 0|4|8         zero1/zero2 gather their new parameters as qWD\n"
+"                      differences of that many bits (default 0: bf16)\n"
+"  --qwd-block B       qWD elements per scale (default 2048)\n"
 "  --intra-gbps G      intra-node link per rank, Gbit/s (default 3600)\n"
 "  --inter-gbps G      inter-node link per rank, Gbit/s (default 400)\n"
 "  --intra-lat-us L    intra-node latency per round, us (default 2)\n"
@@ -235,6 +255,9 @@ static int plan_parse_args(int argc, char **argv, plan_args_t *a) {
   a->k = 12;
   a->block = 256;
   a->hpz_bits = 8;
+  a->ef_bits = 0;
+  a->qwd_bits = 0;
+  a->qwd_block = 2048;
   a->intra_gbps = 3600;
   a->inter_gbps = 400;
   a->intra_lat_us = 2;
@@ -291,6 +314,23 @@ static int plan_parse_args(int argc, char **argv, plan_args_t *a) {
         return 2;
       }
       a->hpz_bits = (int)u;
+    } else if (strcmp(f, "--ef") == 0) {
+      if (plan_parse_u64(v, 0, 32, &u) != 0 || (u != 0 && u != 8 && u != 32)) {
+        plan_bad(f, v, "must be 0 (off), 32 (fp32) or 8 (INT8)");
+        return 2;
+      }
+      a->ef_bits = (int)u;
+    } else if (strcmp(f, "--qwd") == 0) {
+      if (plan_parse_u64(v, 0, 8, &u) != 0 || (u != 0 && u != 4 && u != 8)) {
+        plan_bad(f, v, "must be 0 (off), 4 or 8");
+        return 2;
+      }
+      a->qwd_bits = (int)u;
+    } else if (strcmp(f, "--qwd-block") == 0) {
+      if (plan_parse_u64(v, 1, 1u << 30, &a->qwd_block) != 0) {
+        plan_bad(f, v, "must be an integer in [1, 2^30]");
+        return 2;
+      }
     } else if (strcmp(f, "--intra-gbps") == 0 || strcmp(f, "--inter-gbps") == 0) {
       double *dst = strcmp(f, "--intra-gbps") == 0 ? &a->intra_gbps
                                                    : &a->inter_gbps;
@@ -417,14 +457,15 @@ static void print_json(const plan_args_t *a, uint64_t c, const plan_stage_t *st,
   int i, j;
   printf("{\n  \"inputs\": {\"params\": %llu, \"ranks\": %llu, "
          "\"ranks_per_node\": %llu, \"nodes\": %llu, \"k\": %llu, "
-         "\"block\": %llu, \"hpz_bits\": %d, \"shard_elements\": %llu, "
+         "\"block\": %llu, \"hpz_bits\": %d, \"ef_bits\": %d, \"qwd_bits\": %d, "
+         "\"qwd_block\": %llu, \"shard_elements\": %llu, "
          "\"intra_gbps\": %g, \"inter_gbps\": %g, \"intra_lat_us\": %g, "
          "\"inter_lat_us\": %g, \"bytes_averaging\": \"world total / ranks\"},\n",
          (unsigned long long)a->params, (unsigned long long)a->ranks,
          (unsigned long long)a->per_node,
          (unsigned long long)(a->ranks / a->per_node), (unsigned long long)a->k,
-         (unsigned long long)a->block, a->hpz_bits, (unsigned long long)c,
-         a->intra_gbps, a->inter_gbps, a->intra_lat_us, a->inter_lat_us);
+         (unsigned long long)a->block, a->hpz_bits, a->ef_bits, a->qwd_bits,
+         (unsigned long long)a->qwd_block, (unsigned long long)c, a->intra_gbps, a->inter_gbps, a->intra_lat_us, a->inter_lat_us);
   for (i = 0; i < nst; i++) {
     const plan_stage_t *s = &st[i];
     printf("  \"%s\": {\n", s->key);
@@ -433,6 +474,9 @@ static void print_json(const plan_args_t *a, uint64_t c, const plan_stage_t *st,
            "\"optimizer_bytes\": %llu, \"hpz_secondary_bytes\": %llu,\n",
            (unsigned long long)s->params_bytes, (unsigned long long)s->grads_bytes,
            (unsigned long long)s->optim_bytes, (unsigned long long)s->hpz_bytes);
+    printf("    \"residual_bytes\": %llu, \"qwd_scratch_bytes\": %llu,\n",
+           (unsigned long long)s->residual_bytes,
+           (unsigned long long)s->qwd_scratch_bytes);
     printf("    \"intra_bytes_per_step\": ");
     json_num(s->intra);
     printf(",\n    \"inter_bytes_per_step\": ");
@@ -498,13 +542,24 @@ static void print_table(const plan_args_t *a, uint64_t c, const plan_stage_t *st
          (unsigned long long)st[nst - 1].hpz_bytes,
          a->hpz_bits == 8 ? "INT8 with fp32 scales" : "bf16",
          (unsigned long long)(a->ranks / a->per_node));
+  if (a->ef_bits)
+    printf("zeropp memory includes qgZ's error-feedback residual (%s): %llu "
+           "bytes per rank (fp32 would be %llu).\n",
+           a->ef_bits == 8 ? "INT8" : "fp32",
+           (unsigned long long)st[nst - 1].residual_bytes,
+           (unsigned long long)(4 * (a->ranks + a->ranks / a->per_node) * c));
+  if (a->qwd_bits)
+    printf("zero1/zero2 gather their parameters as qWD INT%d differences "
+           "(block %llu): no extra state; %llu bytes of scratch per update.\n",
+           a->qwd_bits, (unsigned long long)a->qwd_block,
+           (unsigned long long)st[1].qwd_scratch_bytes);
 }
 
 int main(int argc, char **argv) {
   plan_args_t a;
   plan_stage_t st[5];
   plan_net_t k;
-  uint64_t c, n, s, m, e8, e4, ehpz, b;
+  uint64_t c, n, s, m, e8, e4, ehpz, b, ewd = 0;
   int rc = plan_parse_args(argc, argv, &a);
   if (rc == 1)
     return 0;
@@ -518,6 +573,18 @@ int main(int argc, char **argv) {
   if (plan_encoded(c, 8, a.block, &e8) != 0 || plan_encoded(c, 4, a.block, &e4) != 0)
     return PLAN_EXIT_LIBRARY;
   ehpz = a.hpz_bits == 8 ? e8 : b;
+  if (a.qwd_bits) {
+    zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+    size_t by = 0;
+    q.bits = a.qwd_bits;
+    q.block_size = (size_t)a.qwd_block;
+    if (zpp_quant_encoded_size(&q, (size_t)c, &by) != ZPP_OK) {
+      fprintf(stderr, PROG ": zpp_quant_encoded_size failed: %s\n",
+              zpp_get_last_error());
+      return PLAN_EXIT_LIBRARY;
+    }
+    ewd = by;
+  }
   k.n = (double)n;
   k.s = (double)s;
   k.m = (double)m;
@@ -551,11 +618,20 @@ int main(int argc, char **argv) {
   st[4].key = "zeropp";
   st[4].hpz_bytes = m * ehpz;
   st[4].paper_factor = 0.75;
+  if (a.ef_bits) { /* N + M segments of c elements (zpp_qgz_residual_bytes) */
+    uint64_t e8r = 0;
+    if (a.ef_bits == 8 && plan_encoded(c, 8, a.block, &e8r) != 0)
+      return PLAN_EXIT_LIBRARY;
+    st[4].residual_bytes = (n + m) * (a.ef_bits == 8 ? e8r : 4 * c);
+  }
+  if (a.qwd_bits)
+    st[1].qwd_scratch_bytes = st[2].qwd_scratch_bytes = n * ewd + 4 * c;
   {
     int i;
     for (i = 0; i < 5; i++)
       st[i].model_state_bytes = st[i].params_bytes + st[i].grads_bytes +
-                                st[i].optim_bytes + st[i].hpz_bytes;
+                                st[i].optim_bytes + st[i].hpz_bytes +
+                                st[i].residual_bytes;
   }
   {
     double rs_in = (double)(s - 1) * (double)b, rs_out = (double)(n - s) * (double)b;
@@ -564,7 +640,10 @@ int main(int argc, char **argv) {
     plan_add(&st[0], plan_ring_allgather("allgather", b, &k), &k);
     for (i = 1; i <= 2; i++) {
       plan_add(&st[i], plan_pairwise("reduce_scatter", rs_in, rs_out, 0), &k);
-      plan_add(&st[i], plan_ring_allgather("allgather", b, &k), &k);
+      if (a.qwd_bits)
+        plan_add(&st[i], plan_ring_allgather("qwd_allgather", ewd, &k), &k);
+      else
+        plan_add(&st[i], plan_ring_allgather("allgather", b, &k), &k);
     }
     plan_add(&st[3], plan_ring_allgather("fwd_allgather", b, &k), &k);
     plan_add(&st[3], plan_ring_allgather("bwd_allgather", b, &k), &k);

@@ -202,6 +202,13 @@ typedef struct {
   int format;
   /* generator flags given explicitly: an error together with --input */
   const char *gen_flag_given;
+  /* issue 14: Hadamard group sizes (0: off) and roundings; with either
+   * flag the output gains the columns hadamard,rounding */
+  size_t hadamards[QE_MAX_LIST];
+  int nhadamards;
+  int roundings[QE_MAX_LIST]; /* zpp_rounding_t */
+  int nroundings;
+  int extra_cols;
 } qe_opts_t;
 
 static void qe_usage(FILE *out) {
@@ -238,6 +245,17 @@ static void qe_usage(FILE *out) {
 "  --decode-to D        same (decode into the data's dtype, as a\n"
 "                       collective would; default) or fp32 (quantizer error\n"
 "                       alone)\n"
+"  --hadamard LIST      Hadamard group sizes (powers of two >= 2; 0: off;\n"
+"                       default 0): the tensor is rotated in groups of G\n"
+"                       (zpp_hadamard, as qgZ's option does; the last n %% G\n"
+"                       elements stay), encoded and decoded in fp32,\n"
+"                       rotated back, then stored in the data's dtype.  A\n"
+"                       block must be a multiple of G (other pairs are\n"
+"                       skipped with a note); the whole tensor always is\n"
+"  --rounding LIST      nearest and/or stochastic (default nearest; the\n"
+"                       stochastic seed is --seed).  With --hadamard or\n"
+"                       --rounding the columns hadamard,rounding follow\n"
+"                       bits_per_elem\n"
 "Output:\n"
 "  --format F           table (default), csv or json.  Columns:\n"
 "                       dist,bits,block,mode,rel_l2,max_abs,snr_db,\n"
@@ -344,6 +362,26 @@ static void qe_item_mode(const char *flag, const char *tok, int idx,
     qe_fail(QE_EXIT_USAGE, "%s %s: must be sym or asym", flag, tok);
 }
 
+static void qe_item_hadamard(const char *flag, const char *tok, int idx,
+                             void *ctx) {
+  size_t *g = ctx;
+  g[idx] = qe_parse_size(flag, tok);
+  if (g[idx] != 0 && (g[idx] < 2 || (g[idx] & (g[idx] - 1)) != 0))
+    qe_fail(QE_EXIT_USAGE, "%s %s: must be 0 (off) or a power of two >= 2",
+            flag, tok);
+}
+
+static void qe_item_rounding(const char *flag, const char *tok, int idx,
+                             void *ctx) {
+  int *r = ctx;
+  if (strcmp(tok, "nearest") == 0)
+    r[idx] = ZPP_ROUND_NEAREST;
+  else if (strcmp(tok, "stochastic") == 0)
+    r[idx] = ZPP_ROUND_STOCHASTIC;
+  else
+    qe_fail(QE_EXIT_USAGE, "%s %s: must be nearest or stochastic", flag, tok);
+}
+
 static int qe_parse_dtype(const char *flag, const char *s) {
   zpp_dtype_t dt;
   if (zpp_dtype_parse(s, &dt) != ZPP_OK)
@@ -381,12 +419,14 @@ static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
   o->dtype = -1;
   o->input_dtype = -1;
   o->format = QE_FMT_TABLE;
+  o->nhadamards = 1;
+  o->nroundings = 1;
 
   static const char *const valued[] = {
       "--dist",  "--outliers", "--outlier-scale", "--n",
       "--seed",  "--bits",     "--block",         "--mode",
       "--dtype", "--decode-to", "--input",        "--input-dtype",
-      "--format"};
+      "--format", "--hadamard", "--rounding"};
   qe_parsing_args = 1;
   for (i = 1; i < argc; i++) {
     char flag[64];
@@ -482,6 +522,12 @@ static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
       o->input = val;
     } else if (strcmp(flag, "--input-dtype") == 0) {
       o->input_dtype = qe_parse_dtype(flag, val);
+    } else if (strcmp(flag, "--hadamard") == 0) {
+      qe_parse_list(flag, val, &o->nhadamards, qe_item_hadamard, o->hadamards);
+      o->extra_cols = 1;
+    } else if (strcmp(flag, "--rounding") == 0) {
+      qe_parse_list(flag, val, &o->nroundings, qe_item_rounding, o->roundings);
+      o->extra_cols = 1;
     } else if (strcmp(flag, "--format") == 0) {
       if (strcmp(val, "table") == 0)
         o->format = QE_FMT_TABLE;
@@ -1150,6 +1196,8 @@ typedef struct {
   int bits;
   size_t block; /* as requested: 0 is the whole tensor */
   int mode;
+  size_t hadamard; /* 0: off */
+  int rounding;
   double sum_x2, sum_e2, max_abs;
   double bytes, n; /* exact up to 2^53 */
 } qe_row_t;
@@ -1173,7 +1221,8 @@ static qe_row_t *qe_rows_add(qe_rows_t *r) {
 }
 
 static void qe_measure(const qe_tensor_t *t, int bits, int mode,
-                       size_t block, int decode_fp32, qe_row_t *row) {
+                       size_t block, size_t had, int rounding, uint64_t seed,
+                       int decode_fp32, qe_row_t *row) {
   zpp_quant_config_t cfg = ZPP_QUANT_CONFIG_INIT;
   int out_dtype = decode_fp32 ? ZPP_FLOAT32 : t->dtype;
   size_t bytes, i;
@@ -1183,17 +1232,33 @@ static void qe_measure(const qe_tensor_t *t, int bits, int mode,
   cfg.bits = bits;
   cfg.mode = (zpp_quant_mode_t)mode;
   cfg.block_size = block == 0 ? t->n : block;
+  cfg.rounding = (zpp_rounding_t)rounding;
+  cfg.seed = seed;
   qe_check(zpp_quant_encoded_size(&cfg, t->n, &bytes),
            "zpp_quant_encoded_size");
   enc = qe_malloc(bytes, "the encoded tensor");
   dec = qe_malloc(t->n * zpp_dtype_size((zpp_dtype_t)out_dtype),
                   "the decoded tensor");
-  qe_check(zpp_quant_encode(&cfg, (zpp_dtype_t)t->dtype, t->data, t->n, enc,
-                            bytes),
-           "zpp_quant_encode");
-  qe_check(zpp_quant_decode(&cfg, enc, bytes, t->n, (zpp_dtype_t)out_dtype,
-                            dec),
-           "zpp_quant_decode");
+  if (had == 0) {
+    qe_check(zpp_quant_encode(&cfg, (zpp_dtype_t)t->dtype, t->data, t->n, enc,
+                              bytes),
+             "zpp_quant_encode");
+    qe_check(zpp_quant_decode(&cfg, enc, bytes, t->n, (zpp_dtype_t)out_dtype,
+                              dec),
+             "zpp_quant_decode");
+  } else { /* rotate, encode and decode in fp32, rotate back, store */
+    float *rot = qe_malloc(t->n * sizeof(float), "the rotated tensor");
+    qe_check(zpp_hadamard(had, (zpp_dtype_t)t->dtype, t->data, t->n, rot),
+             "zpp_hadamard");
+    qe_check(zpp_quant_encode(&cfg, ZPP_FLOAT32, rot, t->n, enc, bytes),
+             "zpp_quant_encode");
+    qe_check(zpp_quant_decode(&cfg, enc, bytes, t->n, ZPP_FLOAT32, rot),
+             "zpp_quant_decode");
+    qe_check(zpp_hadamard(had, ZPP_FLOAT32, rot, t->n, rot), "zpp_hadamard");
+    for (i = 0; i < t->n; i++)
+      zpp_qm_store(dec, i, out_dtype, rot[i]);
+    free(rot);
+  }
   for (i = 0; i < t->n; i++) {
     double x = zpp_qm_load(t->data, i, t->dtype);
     double y = zpp_qm_load(dec, i, out_dtype);
@@ -1210,6 +1275,8 @@ static void qe_measure(const qe_tensor_t *t, int bits, int mode,
   row->bits = bits;
   row->block = block;
   row->mode = mode;
+  row->hadamard = had;
+  row->rounding = rounding;
   row->sum_x2 = sx;
   row->sum_e2 = se;
   row->max_abs = mx;
@@ -1217,15 +1284,40 @@ static void qe_measure(const qe_tensor_t *t, int bits, int mode,
   row->n = (double)t->n;
 }
 
-/* Every (bits, mode, block) of one tensor, in that nesting order. */
+/* Rows qe_measure_all adds per tensor. */
+static size_t qe_ncfg(const qe_opts_t *o) {
+  size_t n = 0;
+  int k, h;
+  for (k = 0; k < o->nblocks; k++)
+    for (h = 0; h < o->nhadamards; h++)
+      if (o->hadamards[h] == 0 || o->blocks[k] == 0 ||
+          o->blocks[k] % o->hadamards[h] == 0)
+        n++;
+  return n * (size_t)o->nbits * (size_t)o->nmodes * (size_t)o->nroundings;
+}
+
+/* Every (bits, mode, block, hadamard, rounding) of one tensor, in that
+ * nesting order; a Hadamard group must divide the block (as qgZ asks). */
 static void qe_measure_all(const qe_opts_t *o, const qe_tensor_t *t,
                            qe_rows_t *rows) {
-  int b, m, k;
+  int b, m, k, h, r;
   for (b = 0; b < o->nbits; b++)
     for (m = 0; m < o->nmodes; m++)
       for (k = 0; k < o->nblocks; k++)
-        qe_measure(t, o->bits[b], o->modes[m], o->blocks[k], o->decode_fp32,
-                   qe_rows_add(rows));
+        for (h = 0; h < o->nhadamards; h++)
+          for (r = 0; r < o->nroundings; r++) {
+            size_t g = o->hadamards[h], blk = o->blocks[k];
+            if (g != 0 && blk != 0 && blk % g != 0) {
+              static int noted[QE_MAX_LIST][QE_MAX_LIST];
+              if (!noted[k][h]++)
+                fprintf(stderr, QE_PROG ": note: block %zu is not a multiple "
+                                "of --hadamard %zu: skipped\n",
+                        blk, g);
+              continue;
+            }
+            qe_measure(t, o->bits[b], o->modes[m], blk, g, o->roundings[r],
+                       o->seed, o->decode_fp32, qe_rows_add(rows));
+          }
 }
 
 /* ---- output --------------------------------------------------------------- */
@@ -1280,6 +1372,10 @@ static const char *qe_mode_name(int mode) {
   return mode == ZPP_QUANT_ASYMMETRIC ? "asym" : "sym";
 }
 
+static const char *qe_rounding_name(int r) {
+  return r == ZPP_ROUND_STOCHASTIC ? "stochastic" : "nearest";
+}
+
 static void qe_csv_field(FILE *out, const char *s) {
   if (strpbrk(s, ",\"\r\n") == NULL) {
     fputs(s, out);
@@ -1323,16 +1419,20 @@ static void qe_print(const qe_opts_t *o, const qe_rows_t *rows, FILE *out) {
   char b1[40], b2[40], b3[40], b4[40];
   if (o->format == QE_FMT_CSV) {
     fprintf(out,
-            "dist,bits,block,mode,rel_l2,max_abs,snr_db,bits_per_elem\n");
+            "dist,bits,block,mode,rel_l2,max_abs,snr_db,bits_per_elem%s\n",
+            o->extra_cols ? ",hadamard,rounding" : "");
     for (i = 0; i < rows->count; i++) {
       const qe_row_t *r = &rows->rows[i];
       qe_metrics_t m = qe_metrics(r);
       qe_csv_field(out, r->name);
-      fprintf(out, ",%d,%zu,%s,%s,%s,%s,%s\n", r->bits, r->block,
+      fprintf(out, ",%d,%zu,%s,%s,%s,%s,%s", r->bits, r->block,
               qe_mode_name(r->mode), qe_num(b1, sizeof b1, m.rel_l2),
               qe_num(b2, sizeof b2, m.max_abs),
               qe_num(b3, sizeof b3, m.snr_db),
               qe_num(b4, sizeof b4, m.bits_per_elem));
+      if (o->extra_cols)
+        fprintf(out, ",%zu,%s", r->hadamard, qe_rounding_name(r->rounding));
+      fprintf(out, "\n");
     }
   } else if (o->format == QE_FMT_JSON) {
     fprintf(out, "[");
@@ -1351,6 +1451,9 @@ static void qe_print(const qe_opts_t *o, const qe_rows_t *rows, FILE *out) {
       qe_json_num_out(out, m.snr_db);
       fprintf(out, ", \"bits_per_elem\": ");
       qe_json_num_out(out, m.bits_per_elem);
+      if (o->extra_cols)
+        fprintf(out, ", \"hadamard\": %zu, \"rounding\": \"%s\"", r->hadamard,
+                qe_rounding_name(r->rounding));
       fprintf(out, "}");
     }
     fprintf(out, "\n]\n");
@@ -1361,17 +1464,23 @@ static void qe_print(const qe_opts_t *o, const qe_rows_t *rows, FILE *out) {
       if (len > w)
         w = len;
     }
-    fprintf(out, "%-*s %4s %8s %4s %11s %11s %8s %13s\n", w, "dist", "bits",
+    fprintf(out, "%-*s %4s %8s %4s %11s %11s %8s %13s", w, "dist", "bits",
             "block", "mode", "rel_l2", "max_abs", "snr_db", "bits_per_elem");
+    if (o->extra_cols)
+      fprintf(out, " %8s %10s", "hadamard", "rounding");
+    fprintf(out, "\n");
     for (i = 0; i < rows->count; i++) {
       const qe_row_t *r = &rows->rows[i];
       qe_metrics_t m = qe_metrics(r);
-      fprintf(out, "%-*s %4d %8zu %4s %11s %11s %8s %13s\n", w, r->name,
+      fprintf(out, "%-*s %4d %8zu %4s %11s %11s %8s %13s", w, r->name,
               r->bits, r->block, qe_mode_name(r->mode),
               qe_fixed(b1, sizeof b1, "%.4e", m.rel_l2),
               qe_fixed(b2, sizeof b2, "%.4e", m.max_abs),
               qe_fixed(b3, sizeof b3, "%.2f", m.snr_db),
               qe_fixed(b4, sizeof b4, "%.4f", m.bits_per_elem));
+      if (o->extra_cols)
+        fprintf(out, " %8zu %10s", r->hadamard, qe_rounding_name(r->rounding));
+      fprintf(out, "\n");
     }
   }
 }
@@ -1409,7 +1518,7 @@ static qe_st_entry_t *qe_run_safetensors(const qe_opts_t *o, FILE *info,
   uint64_t data_start;
   int count, k, used = 0;
   char source[256];
-  size_t i, ncfg = (size_t)o->nbits * (size_t)o->nmodes * (size_t)o->nblocks;
+  size_t i, ncfg = qe_ncfg(o);
   qe_row_t *overall;
   FILE *f = qe_open(o->input, &size);
   qe_st_entry_t *ents;
@@ -1490,6 +1599,8 @@ static qe_st_entry_t *qe_run_safetensors(const qe_opts_t *o, FILE *info,
       a->bits = r->bits;
       a->block = r->block;
       a->mode = r->mode;
+      a->hadamard = r->hadamard;
+      a->rounding = r->rounding;
       a->sum_x2 += r->sum_x2;
       a->sum_e2 += r->sum_e2;
       if (!(r->max_abs <= a->max_abs))

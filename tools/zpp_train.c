@@ -53,6 +53,12 @@ typedef struct {
   int json, quiet;
   int qwz_bits, hpz, qgz_bits, qgz_intra_bits, ef;
   size_t block;
+  /* issue 14 options */
+  int qwd_bits, hadamard, sr, ef_bits;
+  size_t qwd_block, qwz_block;
+  /* compression flags given on the command line: zero1/zero2 use only
+   * these (so their defaults stay the bitwise baseline) */
+  int given_qwz, given_qgz, given_ef;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -99,6 +105,7 @@ typedef struct {
   int fan_in, fan_out;
   size_t n;              /* fan_out * fan_in + fan_out (weights, then bias) */
   zpp_pgroup_t pg;
+  zpp_pgroup_config_t cfg;
   size_t shard, padded;  /* elements */
   /* model state kept between steps (sizes depend on the mode) */
   float *master, *m, *v; /* fp32: padded (dp) or shard (zero*) elements */
@@ -124,6 +131,15 @@ static void usage(FILE *out) {
           "  --qgz-intra BITS  bits inside the node (4)\n"
           "  --ef 0|1        qgZ error feedback (1)\n"
           "  --block N       quantization block and shard alignment (256)\n"
+          "  --qwz-block N   qwZ block (--block)\n"
+          "  --qwd BITS      zero1/zero2: refresh the full weights with qWD,\n"
+          "                  quantized differences: 4, 8, 0 off (0)\n"
+          "  --qwd-block N   qWD block (2048)\n"
+          "  --hadamard G    qgZ Hadamard group, 0 off (0)\n"
+          "  --sr 0|1        stochastic rounding in qgZ and qWD (0)\n"
+          "  --ef-bits 32|8  error-feedback residual storage (32)\n"
+          "  zero1/zero2 use --qwz, --qgz, --ef only when given (default: the\n"
+          "  bitwise baseline); dp ignores all compression flags\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
@@ -131,7 +147,7 @@ static void usage(FILE *out) {
 
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0,
-                8, 1, 4, 4, 1, 256};
+                8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -162,11 +178,17 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--steps")) { NEEDV; o->steps = atoi(v);
     } else if (!strcmp(a, "--lr")) { NEEDV; o->lr = strtof(v, NULL);
     } else if (!strcmp(a, "--seed")) { NEEDV; o->seed = strtoull(v, NULL, 10);
-    } else if (!strcmp(a, "--qwz")) { NEEDV; o->qwz_bits = atoi(v);
+    } else if (!strcmp(a, "--qwz")) { NEEDV; o->qwz_bits = atoi(v); o->given_qwz = 1;
+    } else if (!strcmp(a, "--qwz-block")) { NEEDV; o->qwz_block = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--qwd")) { NEEDV; o->qwd_bits = atoi(v);
+    } else if (!strcmp(a, "--qwd-block")) { NEEDV; o->qwd_block = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--hadamard")) { NEEDV; o->hadamard = atoi(v);
+    } else if (!strcmp(a, "--sr")) { NEEDV; o->sr = atoi(v);
+    } else if (!strcmp(a, "--ef-bits")) { NEEDV; o->ef_bits = atoi(v);
     } else if (!strcmp(a, "--hpz")) { NEEDV; o->hpz = atoi(v);
-    } else if (!strcmp(a, "--qgz")) { NEEDV; o->qgz_bits = atoi(v);
+    } else if (!strcmp(a, "--qgz")) { NEEDV; o->qgz_bits = atoi(v); o->given_qgz = 1;
     } else if (!strcmp(a, "--qgz-intra")) { NEEDV; o->qgz_intra_bits = atoi(v);
-    } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v);
+    } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v); o->given_ef = 1;
     } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
@@ -184,6 +206,18 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->steps < 0 || o->batch < 1 || o->block < 1 || !(o->lr > 0)) {
     fprintf(stderr, PROG ": --depth, --width, --in, --out, --batch, --block "
                     "must be >= 1, --steps >= 0, --lr > 0\n");
+    return 2;
+  }
+  if (o->qwz_block == 0)
+    o->qwz_block = o->block;
+  if (o->qwd_bits && o->mode != M_ZERO1 && o->mode != M_ZERO2) {
+    fprintf(stderr, PROG ": --qwd: only zero1 and zero2 keep the full "
+                    "parameters between steps\n");
+    return 2;
+  }
+  if (o->qwd_bits && o->given_qwz && o->qwz_bits) {
+    fprintf(stderr, PROG ": --qwd and --qwz: choose one way to send the "
+                    "weights\n");
     return 2;
   }
   return 0;
@@ -249,13 +283,29 @@ int main(int argc, char **argv) {
     pc.align = o.block; /* same layout in every mode */
     if (mode == M_ZEROPP) {
       pc.qwz_bits = o.qwz_bits;
-      pc.qwz_block = o.block;
+      pc.qwz_block = o.qwz_block;
       pc.hpz = o.hpz;
       pc.qgz_bits = o.qgz_bits;
       pc.qgz_intra_bits = o.qgz_intra_bits;
       pc.qgz_block = o.block;
       pc.error_feedback = o.qgz_bits ? o.ef : 0;
+    } else if (mode == M_ZERO1 || mode == M_ZERO2) { /* explicit flags only */
+      pc.qwz_bits = o.given_qwz ? o.qwz_bits : 0;
+      pc.qwz_block = o.qwz_block;
+      pc.qgz_bits = o.given_qgz ? o.qgz_bits : 0;
+      pc.qgz_intra_bits = o.qgz_intra_bits;
+      pc.qgz_block = o.block;
+      pc.error_feedback = pc.qgz_bits && (o.given_ef || o.given_qgz) ? o.ef : 0;
+      pc.qwd_bits = o.qwd_bits;
+      pc.qwd_block = o.qwd_block;
     }
+    if (pc.qgz_bits) {
+      pc.qgz_hadamard = (size_t)o.hadamard;
+      pc.error_feedback_bits = o.ef_bits;
+    }
+    pc.rounding = o.sr ? ZPP_ROUND_STOCHASTIC : ZPP_ROUND_NEAREST;
+    pc.seed = o.seed;
+    y->cfg = pc;
     ZCALL(zpp_pgroup_create(comm, &pc, sizes, 2, &y->pg));
     zpp_pgroup_info_t pi = ZPP_PGROUP_INFO_INIT;
     ZCALL(zpp_pgroup_get_info(y->pg, &pi));
@@ -340,6 +390,7 @@ int main(int argc, char **argv) {
   uint64_t tot_inter = 0, tot_intra = 0;
   uint64_t *all_stats = xcalloc(2 * (size_t)W, 8);
   size_t peak_full = 0, hpz_bytes = 0, resid_bytes = 0;
+  size_t resid_fp32_bytes = 0, qwd_scratch = 0;
   double *losses = xcalloc((size_t)W, sizeof(double));
 
   if (g_rank == 0 && !o.quiet)
@@ -508,14 +559,20 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < y->shard; i++) {
         adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, bc1,
              bc2);
-        s[i] = tobf(y->master[i]);
+        /* qWD: my slice of the full copy is the reconstruction, the same
+         * on every rank; only the update below may write it */
+        if (!y->cfg.qwd_bits)
+          s[i] = tobf(y->master[i]);
       }
       ZCALL(zpp_pgroup_params_changed(y->pg));
     }
     if (mode == M_ZERO1 || mode == M_ZERO2) /* refresh the full copies */
     {
       for (int l = 0; l < L; l++) /* all started, then all waited for */
-        ZCALL(zpp_pgroup_fetch(ly[l].pg, ZPP_FETCH_FORWARD, NULL));
+        if (ly[l].cfg.qwd_bits)
+          ZCALL(zpp_pgroup_update_params(ly[l].pg, ly[l].master, NULL));
+        else
+          ZCALL(zpp_pgroup_fetch(ly[l].pg, ZPP_FETCH_FORWARD, NULL));
       for (int l = 0; l < L; l++)
         ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
@@ -551,6 +608,24 @@ int main(int argc, char **argv) {
     ZCALL(zpp_pgroup_get_info(ly[l].pg, &pi));
     hpz_bytes += pi.hpz_bytes;
     resid_bytes += pi.residual_bytes;
+    /* what an fp32 residual would hold (the INT8 one saves the rest) */
+    if (ly[l].cfg.error_feedback) {
+      size_t rc = 0;
+      ZCALL(zpp_qgz_residual_count(comm, ly[l].shard, &rc));
+      resid_fp32_bytes += rc * sizeof(float);
+    }
+    /* qWD: nothing kept beyond the full parameters these modes hold; per
+     * update the encoded differences of all ranks and one fp32 shard */
+    if (ly[l].cfg.qwd_bits) {
+      zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+      size_t e = 0;
+      q.bits = ly[l].cfg.qwd_bits;
+      q.block_size = ly[l].cfg.qwd_block;
+      ZCALL(zpp_quant_encoded_size(&q, ly[l].shard, &e));
+      size_t scratch = (size_t)W * e + 4 * ly[l].shard;
+      if (scratch > qwd_scratch)
+        qwd_scratch = scratch;
+    }
   }
 
   /* ---- checksum of the final fp32 master parameters (real elements) ---- */
@@ -621,16 +696,23 @@ int main(int argc, char **argv) {
       printf("], \"buffers\": {\"gathered_params_peak\": %zu, "
              "\"grad_full_one_layer\": %zu, \"grad_shard_reduce_out\": %zu, "
              "\"hpz_secondary\": %zu, \"qgz_residual\": %zu, "
+             "\"qgz_residual_fp32\": %zu, \"qwd_scratch_peak\": %zu, "
              "\"padding_elems\": %zu}, ",
              peak_full, buf_bytes_grad, buf_bytes_gshard, hpz_bytes,
-             resid_bytes, psi - psi_real);
+             resid_bytes, resid_fp32_bytes, qwd_scratch, psi - psi_real);
+      const zpp_pgroup_config_t *c0 = &ly[0].cfg;
       printf("\"qwz_bits\": %d, \"hpz\": %d, \"qgz_bits\": %d, "
-             "\"qgz_intra_bits\": %d, \"error_feedback\": %d, \"block\": %zu}"
-             "\n",
-             mode == M_ZEROPP ? o.qwz_bits : 0, mode == M_ZEROPP ? o.hpz : 0,
-             mode == M_ZEROPP ? o.qgz_bits : 0,
-             mode == M_ZEROPP && o.qgz_bits ? o.qgz_intra_bits : 0,
-             mode == M_ZEROPP && o.qgz_bits ? o.ef : 0, o.block);
+             "\"qgz_intra_bits\": %d, \"error_feedback\": %d, \"block\": %zu, "
+             "\"qwz_block\": %zu, \"qwd_bits\": %d, \"qwd_block\": %zu, "
+             "\"hadamard\": %zu, \"stochastic_rounding\": %d, "
+             "\"ef_bits\": %d, \"seed\": %llu}\n",
+             c0->qwz_bits, c0->hpz, c0->qgz_bits,
+             c0->qgz_bits ? c0->qgz_intra_bits : 0, c0->error_feedback,
+             o.block, c0->qwz_bits ? c0->qwz_block : 0, c0->qwd_bits,
+             c0->qwd_bits ? c0->qwd_block : 0, c0->qgz_hadamard,
+             c0->rounding == ZPP_ROUND_STOCHASTIC,
+             c0->error_feedback ? c0->error_feedback_bits : 0,
+             (unsigned long long)o.seed);
     }
     fflush(stdout);
   }

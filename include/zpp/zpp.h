@@ -99,15 +99,28 @@ typedef enum {
   ZPP_QUANT_ASYMMETRIC = 1 /* codes in [0, 2^b-1], scale and zero point     */
 } zpp_quant_mode_t;
 
+typedef enum {
+  ZPP_ROUND_NEAREST = 0,   /* round half to even (default) */
+  ZPP_ROUND_STOCHASTIC = 1 /* unbiased: up with probability equal to the
+                              fraction (docs/format.md) */
+} zpp_rounding_t;
+
 typedef struct {
   size_t struct_size; /* sizeof(zpp_quant_config_t): set by the INIT macro */
   int bits;           /* 8 or 4 */
   size_t block_size;  /* elements per block (one scale each), >= 1 */
   zpp_quant_mode_t mode;
+  /* Fields below were added in 0.2; a struct_size from before (the size
+   * up to `mode`) is accepted and they take their defaults. */
+  zpp_rounding_t rounding; /* default ZPP_ROUND_NEAREST */
+  uint64_t seed;      /* stochastic rounding: element i of a call draws its
+                         random bits from (seed, i) only, so a seed gives
+                         the same bytes on every path (CPU, SIMD, CUDA) */
 } zpp_quant_config_t;
 
 #define ZPP_QUANT_CONFIG_INIT \
-  { sizeof(zpp_quant_config_t), 8, 256, ZPP_QUANT_SYMMETRIC }
+  { sizeof(zpp_quant_config_t), 8, 256, ZPP_QUANT_SYMMETRIC, \
+    ZPP_ROUND_NEAREST, 0 }
 
 /* Checks a config; the message names the bad field. */
 ZPP_API zpp_status_t zpp_quant_config_check(const zpp_quant_config_t *cfg);
@@ -137,6 +150,15 @@ ZPP_API zpp_status_t zpp_quant_decode_accumulate(const zpp_quant_config_t *cfg,
                                                  const void *src,
                                                  size_t src_bytes,
                                                  size_t count, float *acc);
+
+/* Orthonormal Hadamard rotation (docs/format.md, "Hadamard rotation"):
+ * every whole group of `group` elements (a power of two >= 2) of src is
+ * replaced by H x / sqrt(group) in fp32; the last count % group elements
+ * are copied unrotated.  The rotation is its own inverse: applying it to
+ * dst again gives back src (to within the rounding bound of the format
+ * page).  dst holds count floats; dst may equal src when dtype is fp32. */
+ZPP_API zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype,
+                                  const void *src, size_t count, float *dst);
 
 /* CPU code path in use: "scalar", "avx2" or "avx512".  ZPP_CPU_ISA
  * (auto|scalar|avx2|avx512) selects it; a request the CPU cannot run falls

@@ -96,6 +96,27 @@ ZPP_API zpp_status_t zpp_qwz_allgather(zpp_comm_t comm,
                                        zpp_stream_t stream,
                                        zpp_request_t *req);
 
+/* ---- qWD ---------------------------------------------------------------- */
+
+/* Quantized weight differences (SDP4Bit's qWD), for runtimes that keep the
+ * full parameters between steps (ZeRO-1/2).  recon (size * count elements
+ * of dtype) is the reconstruction of the full tensor, identical on all
+ * ranks before the call (e.g. the initial weights, or zeros).  Each rank
+ * encodes d = target - fp32(recon[rank * count ..]) with `quant` (target:
+ * its count fp32 master values), one all-gather moves the encoded
+ * differences, and every rank adds every decoded difference to its recon
+ * (fp32 add, rounded once to dtype).  All ranks end bitwise identical;
+ * the error of recon against the targets is one quantization of one
+ * difference plus the dtype rounding, whatever the number of steps
+ * (docs/collectives.md, "qWD").  Stochastic rounding draws at the
+ * element's index in the full tensor. */
+ZPP_API zpp_status_t zpp_qwd_allgather(zpp_comm_t comm,
+                                       const zpp_quant_config_t *quant,
+                                       const float *target, void *recon,
+                                       size_t count, zpp_dtype_t dtype,
+                                       zpp_stream_t stream,
+                                       zpp_request_t *req);
+
 /* ---- hpZ ---------------------------------------------------------------- */
 
 typedef struct zpp_hpz *zpp_hpz_t;
@@ -162,21 +183,50 @@ ZPP_API zpp_status_t zpp_hpz_get_info(zpp_hpz_t hpz, zpp_hpz_info_t *info);
 
 /* ---- qgZ ---------------------------------------------------------------- */
 
+/* The Hadamard group size the literature uses (SDP4Bit: 32). */
+#define ZPP_QGZ_HADAMARD_DEFAULT 32
+
 typedef struct {
   size_t struct_size;     /* sizeof(zpp_qgz_config_t): INIT macro */
   int intra_bits;         /* codes inside the node: 4 (default) or 8 */
   int inter_bits;         /* codes across nodes: 4 (default) or 8 */
   size_t block_size;      /* elements per scale, default 256 */
   zpp_quant_mode_t mode;  /* default symmetric */
+  /* Fields below were added in 0.2; a struct_size from before (the size
+   * up to `mode`) is accepted and they take their defaults. */
+  size_t hadamard;        /* 0 (default): off; else every rank's slice is
+                             rotated in groups of this many elements (a
+                             power of two >= 2 that divides block_size;
+                             ZPP_QGZ_HADAMARD_DEFAULT is 32) before the
+                             first encode, both stages reduce in the
+                             rotated domain and the inverse is applied
+                             after the last accumulation; the last
+                             count % hadamard elements of a slice are not
+                             rotated (docs/collectives.md) */
+  zpp_rounding_t rounding; /* both stages; default ZPP_ROUND_NEAREST */
+  uint64_t seed;          /* stochastic rounding: the same seed gives the
+                             same result; a runtime passes a new one each
+                             step */
+  int residual_bits;      /* error-feedback residual storage: 32 (default,
+                             fp32) or 8 (INT8, LoCo style: the format of
+                             docs/format.md, symmetric, block_size) */
 } zpp_qgz_config_t;
 
-#define ZPP_QGZ_CONFIG_INIT \
-  { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC }
+#define ZPP_QGZ_CONFIG_INIT                                                    \
+  { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC, 0,             \
+    ZPP_ROUND_NEAREST, 0, 32 }
 
-/* Floats of the error-feedback residual for a call with `count` elements
- * per rank (it holds the compression error of both stages). */
+/* Floats of the fp32 error-feedback residual for a call with `count`
+ * elements per rank (it holds the compression error of both stages). */
 ZPP_API zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
                                             size_t *residual_count);
+
+/* Bytes of the error-feedback residual of `cfg` (either residual_bits):
+ * fp32 4 (W + M) count; INT8 (W + M) E8(count), one encoded INT8 buffer
+ * of `count` elements per stage-1 slice and per stage-2 partial sum. */
+ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
+                                            const zpp_qgz_config_t *cfg,
+                                            size_t count, size_t *bytes);
 
 /* Hierarchical quantized reduce-scatter: rank r receives slice r (count
  * elements) of the sum or mean of every rank's sendbuf (size * count).
@@ -193,14 +243,16 @@ ZPP_API zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before
  * the first step: each step adds it to the data before encoding and
- * stores the new compression error into it.  A NaN or Inf in any rank's
- * gradient makes the owning shard's element non-finite. */
+ * stores the new compression error into it.  With cfg->residual_bits 8 it
+ * is a buffer of zpp_qgz_residual_bytes bytes (all zero before the first
+ * step), any alignment.  A NaN or Inf in any rank's gradient makes the
+ * owning shard's element non-finite. */
 ZPP_API zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                             const zpp_qgz_config_t *cfg,
                                             const void *sendbuf,
                                             void *recvbuf, size_t count,
                                             zpp_dtype_t dtype, zpp_redop_t op,
-                                            float *residual,
+                                            void *residual,
                                             zpp_stream_t stream,
                                             zpp_request_t *req);
 

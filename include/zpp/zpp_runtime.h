@@ -52,10 +52,23 @@ typedef struct {
   size_t align;         /* shard_numel is a multiple of this (elements);
                            0 (default): the quantization blocks in use
                            (lcm of qwz_block and qgz_block), else 1 */
+  /* Fields below were added in 0.2; a struct_size from before (the size
+   * up to `align`) is accepted and they take their defaults. */
+  size_t qgz_hadamard;  /* qgZ Hadamard group (zpp_qgz_config_t.hadamard):
+                           0 (default) off; must divide qgz_block */
+  zpp_rounding_t rounding; /* qgZ and qWD encodes (default nearest) */
+  uint64_t seed;        /* stochastic rounding: call k of the group uses a
+                           seed derived from (seed, k), so runs repeat */
+  int error_feedback_bits; /* residual storage: 32 (default) fp32, 8 INT8 */
+  int qwd_bits;         /* 0 (default) off; 4 or 8: the group holds the full
+                           parameters and zpp_pgroup_update_params sends
+                           quantized differences (ZeRO-1/2 runtimes) */
+  size_t qwd_block;     /* qWD elements per scale (default 2048) */
 } zpp_pgroup_config_t;
 
 #define ZPP_PGROUP_CONFIG_INIT                                                 \
-  { sizeof(zpp_pgroup_config_t), ZPP_BFLOAT16, 0, 256, 0, 0, 0, 256, 0, 0 }
+  { sizeof(zpp_pgroup_config_t), ZPP_BFLOAT16, 0, 256, 0, 0, 0, 256, 0, 0,   \
+    0, ZPP_ROUND_NEAREST, 0, 32, 0, 2048 }
 
 typedef enum {
   ZPP_FETCH_FORWARD = 0, /* qwZ (or full precision) world gather; with hpZ
@@ -113,11 +126,15 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * device memory, optional for host memory; NULL keeps the group's own):
  * shard (shard_numel elements of dtype), full (padded_numel elements) and
  * residual (zpp_pgroup_residual_count floats, zero before the first
- * reduction; needed only with error feedback).  Not during a fetch. */
+ * reduction; needed only with error feedback).  Not during a fetch.
+ * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
+ * it must hold the same values on every rank. */
 ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
-                                       void *full, float *residual);
+                                       void *full, void *residual);
 
-/* Floats of the error-feedback residual (0 without error feedback). */
+/* Floats of the error-feedback residual (0 without error feedback); with
+ * error_feedback_bits 8 the INT8 residual of zpp_qgz_residual_bytes
+ * bytes, rounded up to whole floats. */
 ZPP_API zpp_status_t zpp_pgroup_residual_count(zpp_pgroup_t pg,
                                                size_t *count);
 
@@ -152,6 +169,19 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                                                  zpp_redop_t op,
                                                  zpp_stream_t stream,
                                                  zpp_request_t *req);
+
+/* qWD groups (qwd_bits 4 or 8; ZeRO-1/2 runtimes, which keep the full
+ * parameters): after the optimizer step, brings the full buffer up to date
+ * from this rank's new fp32 master shard (shard_numel floats) with
+ * zpp_qwd_allgather: quantized differences against the full buffer
+ * itself, which the group keeps between steps (its own starts at zero; an
+ * attached one at what the caller put there, the same on every rank).
+ * Asynchronous like a fetch: zpp_pgroup_wait returns the full buffer,
+ * identical on all ranks.  Call zpp_pgroup_params_changed first.
+ * ZPP_ERR_INVALID_ARGUMENT without qwd_bits or while a fetch is pending. */
+ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
+                                              const float *master_shard,
+                                              zpp_stream_t stream);
 
 /* The parameters changed (optimizer step, checkpoint load): the hpZ
  * secondary partition and a held full buffer are stale from now on (the

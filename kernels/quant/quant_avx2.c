@@ -537,10 +537,135 @@ ZPP_AVX2_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* ---- stochastic rounding (docs/format.md) -------------------------------
+ * zpp_qm_quantize_sr lane by lane: the same scaled value v as the scalar
+ * path (always clamped: with the MUL kind v may exceed L by a few ulps,
+ * which rounding to nearest absorbs but a floor plus one would not), the
+ * exact floor (vroundps toward -inf = the scalar rint-minus-one), the
+ * exact fraction v - f, and u = r24 * 2^-24 (exact: r24 < 2^24) compared
+ * with it.  The random bits come from the same 32-bit integer mixing
+ * (vpmulld is the low 32 bits of the product, as the scalar uint32_t
+ * multiplication). */
+
+ZPP_AVX2_INLINE __m256i mix32x8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x7feb352du));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+/* zpp_qm_rand24 of indices idx0 .. idx0 + 7 (their high words equal). */
+ZPP_AVX2_INLINE __m256i rand24x8(const zpp_qcfg_t *cfg, uint64_t idx0) {
+  __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)idx0),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i x = mix32x8(_mm256_xor_si256(lo, _mm256_set1_epi32((int)cfg->k0)));
+  x = _mm256_xor_si256(
+      x, _mm256_set1_epi32((int)((uint32_t)(idx0 >> 32) ^ cfg->k1)));
+  return _mm256_srli_epi32(mix32x8(x), 8);
+}
+
+ZPP_AVX2_INLINE __m256i quant8_sr(__m256 x, const qvec_t *p, int asym,
+                                  int div, __m256i r24) {
+  __m256 f, frac, u;
+  __m256i up;
+  if (asym)
+    x = _mm256_sub_ps(x, p->zero);
+  x = div ? _mm256_div_ps(x, p->scale) : _mm256_mul_ps(x, p->inv);
+  x = _mm256_min_ps(_mm256_max_ps(x, p->lo), p->hi);
+  f = _mm256_floor_ps(x);
+  frac = _mm256_sub_ps(x, f);
+  u = _mm256_mul_ps(_mm256_cvtepi32_ps(r24), _mm256_set1_ps(5.9604644775390625e-08f));
+  up = _mm256_castps_si256(_mm256_cmp_ps(u, frac, _CMP_LT_OQ)); /* -1 or 0 */
+  return _mm256_sub_epi32(_mm256_cvttps_epi32(f), up);
+}
+
+/* One block with stochastic rounding: parameters as encode_block, then
+ * 8 elements at a time; the rest (and any 8 whose indices cross a 2^32
+ * boundary) through the scalar code. */
+ZPP_AVX2_INLINE void encode_block_sr(const zpp_qcfg_t *cfg, const void *src,
+                                     size_t off, size_t len, int dtype,
+                                     int bits, int asym, uint8_t *meta,
+                                     uint8_t *payload) {
+  zpp_qm_params_t p;
+  zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+  qvec_t v;
+  size_t i = 0;
+  int div;
+  if (asym) {
+    float mn, mx;
+    int nonfinite;
+    if (dtype == ZPP_QM_F32)
+      minmax_f32((const float *)src + off, len, &mn, &mx, &nonfinite);
+    else
+      minmax_u16((const uint16_t *)src + off, len, dtype, &mn, &mx, &nonfinite);
+    p = zpp_qm_asym_params(mn, mx, nonfinite, bits);
+  } else {
+    p = zpp_qm_sym_params(block_absmax(src, off, len, dtype), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind > ZPP_QM_KIND_DIV) {
+    memset(payload, 0, zpp_qm_payload_bytes(len, bits));
+    return;
+  }
+  div = p.kind == ZPP_QM_KIND_DIV;
+  set_qvec(&v, &p);
+  for (; i + 8 <= len; i += 8) {
+    uint64_t idx = cfg->base + off + i;
+    __m128i c;
+    if ((uint32_t)idx > 0xfffffff8u)
+      break; /* the high word changes inside these 8: scalar below */
+    c = pack8(quant8_sr(load8(src, off + i, dtype), &v, asym, div,
+                        rand24x8(cfg, idx)),
+              asym);
+    if (bits == 8) {
+      _mm_storel_epi64((__m128i *)(payload + i), c);
+    } else {
+      __m128i n = nibbles128(c);
+      uint32_t w = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(n, n));
+      memcpy(payload + i / 2, &w, 4);
+    }
+  }
+  for (; i < len; i++) {
+    uint8_t c = zpp_qm_code_bits(zpp_qm_quantize_sr(
+        zpp_qm_load(src, off + i, dtype), &p,
+        zpp_qm_rand24(k, cfg->base + off + i)));
+    if (bits == 8)
+      payload[i] = c;
+    else if (i % 2 == 0)
+      payload[i / 2] = (uint8_t)(c & 0xfu);
+    else
+      payload[i / 2] = (uint8_t)(payload[i / 2] | (uint8_t)(c << 4));
+  }
+}
+
+ZPP_AVX2_INLINE void encode_all_sr(const zpp_qcfg_t *cfg, int dtype,
+                                   const void *src, size_t count, uint8_t *dst,
+                                   int bits, int asym) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    if (len < ZPP_AVX2_MIN_BLOCK)
+      zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
+    else
+      encode_block_sr(cfg, src, off, len, dtype, bits, asym, dst + b * mb,
+                      dst + nb * mb + b * pb);
+  }
+}
+
 #define ZPP_AVX2_ENCODE_CASE(name, dt, bits, asym)                            \
   static ZPP_AVX2_TARGET void name(const zpp_qcfg_t *cfg, const void *src,    \
                                    size_t count, uint8_t *dst) {              \
-    encode_all(cfg, dt, src, count, dst, bits, asym);                         \
+    if (cfg->sr)                                                              \
+      encode_all_sr(cfg, dt, src, count, dst, bits, asym);                    \
+    else                                                                      \
+      encode_all(cfg, dt, src, count, dst, bits, asym);                       \
   }
 ZPP_AVX2_ENCODE_CASE(enc_f32_8s, ZPP_QM_F32, 8, 0)
 ZPP_AVX2_ENCODE_CASE(enc_f32_8a, ZPP_QM_F32, 8, 1)

@@ -484,10 +484,126 @@ ZPP_AVX512_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* ---- stochastic rounding (docs/format.md) -------------------------------
+ * As in quant_avx2.c, on 16 lanes: the clamped scaled value, its exact
+ * floor (vrndscaleps toward -inf), the exact fraction and u = r24 * 2^-24
+ * compared with it; the bits from the same 32-bit mixing (vpmulld). */
+
+ZPP_AVX512_INLINE __m512i mix32x16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x7feb352du));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x846ca68bu));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+/* zpp_qm_rand24 of indices idx0 .. idx0 + 15 (their high words equal). */
+ZPP_AVX512_INLINE __m512i rand24x16(const zpp_qcfg_t *cfg, uint64_t idx0) {
+  __m512i lo = _mm512_add_epi32(
+      _mm512_set1_epi32((int)(uint32_t)idx0),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  __m512i x = mix32x16(_mm512_xor_si512(lo, _mm512_set1_epi32((int)cfg->k0)));
+  x = _mm512_xor_si512(
+      x, _mm512_set1_epi32((int)((uint32_t)(idx0 >> 32) ^ cfg->k1)));
+  return _mm512_srli_epi32(mix32x16(x), 8);
+}
+
+ZPP_AVX512_INLINE __m512i quant16_sr(__m512 x, const qvec_t *p, int asym,
+                                     int div, __m512i r24) {
+  __m512 f, frac, u;
+  __mmask16 up;
+  __m512i q;
+  if (asym)
+    x = _mm512_sub_ps(x, p->zero);
+  x = div ? _mm512_div_ps(x, p->scale) : _mm512_mul_ps(x, p->inv);
+  x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
+  f = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  frac = _mm512_sub_ps(x, f);
+  u = _mm512_mul_ps(_mm512_cvtepi32_ps(r24), _mm512_set1_ps(5.9604644775390625e-08f));
+  up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
+  q = _mm512_cvttps_epi32(f);
+  return _mm512_mask_add_epi32(q, up, q, _mm512_set1_epi32(1));
+}
+
+ZPP_AVX512_INLINE void encode_block_sr(const zpp_qcfg_t *cfg, const void *src,
+                                       size_t off, size_t len, int dtype,
+                                       int bits, int asym, uint8_t *meta,
+                                       uint8_t *payload) {
+  zpp_qm_params_t p;
+  zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+  qvec_t v;
+  size_t i = 0;
+  int div;
+  if (asym) {
+    float mn, mx;
+    int nonfinite;
+    if (dtype == ZPP_QM_F32)
+      minmax_f32((const float *)src + off, len, &mn, &mx, &nonfinite);
+    else
+      minmax_u16((const uint16_t *)src + off, len, dtype, &mn, &mx, &nonfinite);
+    p = zpp_qm_asym_params(mn, mx, nonfinite, bits);
+  } else {
+    p = zpp_qm_sym_params(block_absmax(src, off, len, dtype), bits);
+  }
+  memcpy(meta, &p.scale, 4);
+  if (asym)
+    memcpy(meta + 4, &p.zero, 4);
+  if (p.kind > ZPP_QM_KIND_DIV) {
+    memset(payload, 0, zpp_qm_payload_bytes(len, bits));
+    return;
+  }
+  div = p.kind == ZPP_QM_KIND_DIV;
+  set_qvec(&v, &p);
+  for (; i + 16 <= len; i += 16) {
+    uint64_t idx = cfg->base + off + i;
+    __m512i q;
+    if ((uint32_t)idx > 0xfffffff0u)
+      break; /* the high word changes inside these 16: scalar below */
+    q = quant16_sr(load16(src, off + i, dtype), &v, asym, div,
+                   rand24x16(cfg, idx));
+    if (bits == 8)
+      _mm_storeu_si128((__m128i *)(payload + i), bytes16(q));
+    else
+      _mm_storel_epi64((__m128i *)(payload + i / 2), nibbles16(q));
+  }
+  for (; i < len; i++) {
+    uint8_t c = zpp_qm_code_bits(zpp_qm_quantize_sr(
+        zpp_qm_load(src, off + i, dtype), &p,
+        zpp_qm_rand24(k, cfg->base + off + i)));
+    if (bits == 8)
+      payload[i] = c;
+    else if (i % 2 == 0)
+      payload[i / 2] = (uint8_t)(c & 0xfu);
+    else
+      payload[i / 2] = (uint8_t)(payload[i / 2] | (uint8_t)(c << 4));
+  }
+}
+
+ZPP_AVX512_INLINE void encode_all_sr(const zpp_qcfg_t *cfg, int dtype,
+                                     const void *src, size_t count,
+                                     uint8_t *dst, int bits, int asym) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t mb = zpp_qm_meta_bytes(asym);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  size_t b;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    if (len < ZPP_AVX512_MIN_BLOCK)
+      zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
+    else
+      encode_block_sr(cfg, src, off, len, dtype, bits, asym, dst + b * mb,
+                      dst + nb * mb + b * pb);
+  }
+}
+
 #define ZPP_AVX512_ENCODE_CASE(name, dt, bits, asym)                          \
   static ZPP_AVX512_TARGET void name(const zpp_qcfg_t *cfg, const void *src,  \
                                      size_t count, uint8_t *dst) {            \
-    encode_all(cfg, dt, src, count, dst, bits, asym);                         \
+    if (cfg->sr)                                                              \
+      encode_all_sr(cfg, dt, src, count, dst, bits, asym);                    \
+    else                                                                      \
+      encode_all(cfg, dt, src, count, dst, bits, asym);                       \
   }
 ZPP_AVX512_ENCODE_CASE(enc_f32_8s, ZPP_QM_F32, 8, 0)
 ZPP_AVX512_ENCODE_CASE(enc_f32_8a, ZPP_QM_F32, 8, 1)

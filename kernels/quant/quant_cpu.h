@@ -26,6 +26,11 @@ typedef struct {
   int bits;     /* 8 or 4 */
   int asym;     /* 0 symmetric, 1 asymmetric */
   size_t block; /* elements per block, >= 1 */
+  /* Stochastic rounding (docs/format.md): 0 off.  Element i of the call
+   * draws zpp_qm_rand24({k0, k1}, base + i). */
+  int sr;
+  uint32_t k0, k1;
+  uint64_t base;
 } zpp_qcfg_t;
 
 typedef void (*zpp_quant_encode_fn)(const zpp_qcfg_t *cfg, int dtype,

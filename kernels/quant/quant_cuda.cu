@@ -369,6 +369,11 @@ struct EncArgs {
   int src_access;   /* kAccessVec, kAccessElem or kAccessByte */
   int pay_vec;      /* a full chunk's payload is aligned 32-bit stores */
   int meta_aligned; /* metadata slots are 4-byte aligned */
+  /* stochastic rounding (docs/format.md): element e of the call draws
+   * zpp_qm_rand24(keys, base + e); sr 0: round to nearest */
+  int sr;
+  zpp_qm_keys_t keys;
+  uint64_t base;
 };
 
 template <int DT, int BITS> using EncChunk = Chunk<BITS, elem_size(DT)>;
@@ -411,7 +416,8 @@ __device__ __forceinline__ void reduce_segment(
 
 template <int DT, int BITS>
 __device__ __forceinline__ void quantize_segment(
-    const EncArgs &a, uint8_t *pay, size_t len, size_t seg, unsigned t,
+    const EncArgs &a, uint8_t *pay, size_t off, size_t len, size_t seg,
+    unsigned t,
     const float (&x)[EncChunk<DT, BITS>::R][EncChunk<DT, BITS>::C],
     const zpp_qm_params_t &p) {
   constexpr int C = EncChunk<DT, BITS>::C, R = EncChunk<DT, BITS>::R;
@@ -429,7 +435,11 @@ __device__ __forceinline__ void quantize_segment(
 #pragma unroll
     for (int i = 0; i < C; i++) {
       if (i < n) {
-        uint32_t code = zpp_qm_code_bits(zpp_qm_quantize(x[k][i], &p));
+        uint32_t code = zpp_qm_code_bits(
+            a.sr ? zpp_qm_quantize_sr(
+                       x[k][i], &p,
+                       zpp_qm_rand24(a.keys, a.base + off + j * C + i))
+                 : zpp_qm_quantize(x[k][i], &p));
         if (BITS == 4)
           code &= 0xfu;
         word[i * BITS / 32] |= code << (i * BITS % 32);
@@ -528,7 +538,7 @@ __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
     for (size_t s = s0; s < s1; s++) {
       if (MODE == kQuant || s1 - s0 > 1)
         load_segment<DT, BITS>(a, off, len, s, t, x);
-      quantize_segment<DT, BITS>(a, pay, len, s, t, x, p);
+      quantize_segment<DT, BITS>(a, pay, off, len, s, t, x, p);
     }
   }
 }
@@ -695,6 +705,10 @@ int encode_run(const zpp_qcfg_t *cfg, const void *src, size_t count,
   a.count = count;
   a.block = cfg->block;
   a.nb = zpp_quant_nblocks(cfg, count);
+  a.sr = cfg->sr;
+  a.keys.k0 = cfg->k0;
+  a.keys.k1 = cfg->k1;
+  a.base = cfg->base;
   const bool chunk_aligned = a.nb == 1 || a.block % C == 0;
   const uintptr_t s = (uintptr_t)src, d = (uintptr_t)dst;
   a.src_access = chunk_aligned && s % min_sz(16, C * es) == 0 ? kAccessVec

@@ -330,4 +330,106 @@ static ZPP_QM_HD int zpp_qm_code_value(uint32_t stored, int bits, int asym) {
   return (int)((stored ^ 8u) & 0xfu) - 8;
 }
 
+/* ---- stochastic rounding (docs/format.md, "Stochastic rounding") -------- */
+
+/* A bijective 32-bit mixer (two multiply-xorshift rounds).  Only 32-bit
+ * integer operations, so the SIMD paths (vpmulld) and CUDA compute the same
+ * bits as this scalar code. */
+static ZPP_QM_HD uint32_t zpp_qm_mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+/* The two 32-bit keys of a 64-bit seed (the splitmix64 finaliser), computed
+ * once per call. */
+typedef struct {
+  uint32_t k0, k1;
+} zpp_qm_keys_t;
+
+static ZPP_QM_HD zpp_qm_keys_t zpp_qm_rng_keys(uint64_t seed) {
+  zpp_qm_keys_t k;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  k.k0 = (uint32_t)z;
+  k.k1 = (uint32_t)(z >> 32);
+  return k;
+}
+
+/* 24 uniform random bits of element `idx` (counter-based: a pure function
+ * of the keys and the index, so any path and any split of the work gives
+ * the same bits). */
+static ZPP_QM_HD uint32_t zpp_qm_rand24(zpp_qm_keys_t k, uint64_t idx) {
+  uint32_t x = zpp_qm_mix32((uint32_t)idx ^ k.k0);
+  x = zpp_qm_mix32(x ^ (uint32_t)(idx >> 32) ^ k.k1);
+  return x >> 8;
+}
+
+/* Largest integer <= v for |v| <= 256: rint, minus one when it rounded up
+ * (exact). */
+static ZPP_QM_HD float zpp_qm_floor_small(float v) {
+#if defined(__CUDA_ARCH__)
+  return floorf(v);
+#else
+  float r = zpp_qm_rint_small(v);
+  return r > v ? r - 1.0f : r;
+#endif
+}
+
+/* Stochastic code of one finite element: with v the clamped scaled value
+ * (exactly as zpp_qm_quantize computes it), f = floor(v) and the fraction
+ * v - f (exact), the code is f + 1 when u = r24 * 2^-24 < v - f, else f.
+ * So P(f + 1) = ceil((v - f) 2^24) / 2^24: unbiased to within 2^-24 of a
+ * step.  v in [lo, hi] keeps the code in range (v = hi has fraction 0). */
+static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
+                                        uint32_t r24) {
+  float v, f, u;
+  if (p->kind >= ZPP_QM_KIND_CONST)
+    return 0;
+  v = x - p->zero;
+  v = p->kind == ZPP_QM_KIND_MUL ? v * p->inv : v / p->scale;
+  v = v < p->lo ? p->lo : (v > p->hi ? p->hi : v);
+  f = zpp_qm_floor_small(v);
+  u = (float)r24 * 5.9604644775390625e-08f; /* 2^-24: exact */
+  return (int)f + (u < v - f ? 1 : 0);
+}
+
+/* ---- Hadamard rotation (docs/format.md, "Hadamard rotation") ----------- */
+
+/* fl(1 / sqrt(g)) for g = 2^k: 2^(-k/2) exactly for even k; for odd k the
+ * binary32 value nearest 1/sqrt(2) (0x3f3504f3) times 2^(-(k-1)/2), an
+ * exact power-of-two scaling. */
+static ZPP_QM_HD float zpp_qm_hadamard_scale(size_t g) {
+  int k = 0;
+  float s;
+  while (((size_t)1 << k) < g)
+    k++;
+  s = (k & 1) ? zpp_qm_bits_f32(0x3f3504f3u) : 1.0f;
+  return s * zpp_qm_bits_f32((uint32_t)(127 - k / 2) << 23);
+}
+
+/* In place, one group of g = 2^k floats: the butterflies of the fast
+ * Walsh-Hadamard transform in the order h = 1, 2, 4, ..., g/2 (within a
+ * stage the pairs are independent), (a, b) -> (a + b, a - b), then every
+ * element times zpp_qm_hadamard_scale(g).  The SIMD and CUDA paths perform
+ * exactly these operations on every element, in this stage order. */
+static ZPP_QM_HD void zpp_qm_fwht(float *x, size_t g) {
+  size_t h, i, j;
+  float c = zpp_qm_hadamard_scale(g);
+  for (h = 1; h < g; h *= 2)
+    for (i = 0; i < g; i += 2 * h)
+      for (j = i; j < i + h; j++) {
+        float a = x[j], b = x[j + h];
+        x[j] = zpp_qm_add(a, b);
+        x[j + h] = zpp_qm_add(a, -b);
+      }
+  for (i = 0; i < g; i++)
+    x[i] = x[i] * c;
+}
+
 #endif /* ZPP_KERNELS_QUANT_MATH_H */

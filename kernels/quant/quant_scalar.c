@@ -72,6 +72,21 @@ static void encode_block(const zpp_qcfg_t *cfg, int dtype, const void *src,
     p = zpp_qm_sym_params(amax, cfg->bits);
   }
   store_meta(meta, &p, cfg->asym);
+  if (cfg->sr) {
+    zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+    uint64_t idx = cfg->base + off;
+    for (i = 0; i < len; i++) {
+      uint8_t c = zpp_qm_code_bits(zpp_qm_quantize_sr(
+          zpp_qm_load(src, off + i, dtype), &p, zpp_qm_rand24(k, idx + i)));
+      if (cfg->bits == 8)
+        payload[i] = c;
+      else if (i % 2 == 0)
+        payload[i / 2] = (uint8_t)(c & 0xfu);
+      else
+        payload[i / 2] = (uint8_t)(payload[i / 2] | (uint8_t)(c << 4));
+    }
+    return;
+  }
   if (cfg->bits == 8) {
     for (i = 0; i < len; i++)
       payload[i] = zpp_qm_code_bits(
