@@ -64,8 +64,13 @@ python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'
 import re, sys, pathlib
 src, dst, gen = sys.argv[1:]
 text = pathlib.Path(src).read_text()
-text = re.sub(r"@INCLUDE ([\w.]+)@",
-              lambda m: pathlib.Path(gen, m.group(1)).read_text().strip(), text)
+def include(m):
+    f = pathlib.Path(gen, m.group(1))
+    if not f.exists():  # a section whose script has not run yet says so
+        return ("*(not generated yet: `docs/generated/%s` comes from its "
+                "script, which has not been run)*" % m.group(1))
+    return f.read_text().strip()
+text = re.sub(r"@INCLUDE ([\w.]+)@", include, text)
 pathlib.Path(dst).write_text(text)
 PY
 echo "wrote docs/benchmarks.md" >&2
