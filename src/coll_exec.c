@@ -73,6 +73,25 @@ static void dev_leave(int saved) {
   if (saved >= 0)
     zpp_ew_set_device(saved, err, sizeof err);
 }
+
+/* Device memory on the communicator's device: stream-ordered scratch, or
+ * persistent (cudaMalloc) memory. */
+static zpp_status_t device_alloc(const char *func, const zpp_exec_t *ex,
+                                 size_t bytes, int persistent, void **p) {
+  char err[256];
+  int saved, rc = dev_enter(ex, &saved);
+  if (rc == 0)
+    rc = persistent ? zpp_ew_alloc_persistent(bytes, p, err, sizeof err)
+                    : zpp_ew_alloc_device(bytes, p, ex->stream, err,
+                                          sizeof err);
+  else
+    snprintf(err, sizeof err, "cudaSetDevice(%d) failed",
+             zpp_comm_device(ex->comm));
+  dev_leave(saved);
+  if (rc != 0)
+    return zpp_error(ZPP_ERR_CUDA, func, "%s", err);
+  return ZPP_OK;
+}
 #endif
 
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
@@ -87,19 +106,7 @@ zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
-  {
-    char err_[256];
-    int saved, rc = dev_enter(ex, &saved);
-    if (rc == 0)
-      rc = zpp_ew_alloc_device(bytes, p, ex->stream, err_, sizeof err_);
-    else
-      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
-               zpp_comm_device(ex->comm));
-    dev_leave(saved);
-    if (rc != 0)
-      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
-  }
-  return ZPP_OK;
+  return device_alloc(__func__, ex, bytes, 0, p);
 #else
   return no_device(__func__);
 #endif
@@ -132,19 +139,7 @@ zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
-  {
-    char err_[256];
-    int saved, rc = dev_enter(ex, &saved);
-    if (rc == 0)
-      rc = zpp_ew_alloc_persistent(bytes, p, err_, sizeof err_);
-    else
-      snprintf(err_, sizeof err_, "cudaSetDevice(%d) failed",
-               zpp_comm_device(ex->comm));
-    dev_leave(saved);
-    if (rc != 0)
-      return zpp_error(ZPP_ERR_CUDA, __func__, "%s", err_);
-  }
-  return ZPP_OK;
+  return device_alloc(__func__, ex, bytes, 1, p);
 #else
   return no_device(__func__);
 #endif
@@ -238,23 +233,6 @@ zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__, zpp_ew_finish_device(acc, count, div, (int)dtype, out,
                                              ex->stream, DEVICE_ERRBUF));
-  return ZPP_OK;
-#else
-  return no_device(__func__);
-#endif
-}
-
-zpp_status_t zpp_k_scale(const zpp_exec_t *ex, zpp_dtype_t dtype, void *buf,
-                         size_t count, float div) {
-  if (count == 0)
-    return ZPP_OK;
-  if (ex->mem == ZPP_MEMORY_HOST) {
-    zpp_ew_scale_host((int)dtype, buf, count, div);
-    return ZPP_OK;
-  }
-#if ZPP_HAVE_CUDA_KERNELS
-  DEVICE_CALL(__func__, zpp_ew_scale_device((int)dtype, buf, count, div,
-                                            ex->stream, DEVICE_ERRBUF));
   return ZPP_OK;
 #else
   return no_device(__func__);

@@ -57,9 +57,6 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
 zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
                           size_t count, float div, zpp_dtype_t dtype,
                           void *out);
-/* buf = dtype(fp32(buf) / div), in place. */
-zpp_status_t zpp_k_scale(const zpp_exec_t *ex, zpp_dtype_t dtype, void *buf,
-                         size_t count, float div);
 /* out = fp32(g) + res. */
 zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
                                 const void *g, const float *res, size_t count,
