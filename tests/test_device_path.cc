@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "transport.h"
 #include "zpp_cuda_emu.h"
 
 namespace {
@@ -106,6 +107,29 @@ TEST(DevicePath, RequestIsNotDoneBeforeTheDeviceRanIt) {
     EXPECT_EQ(std::memcmp(&y[(size_t)r * n], want.data(), n * 4), 0)
         << "block of rank " << r;
   }
+  cudaStreamDestroy(s);
+  zpp_comm_destroy(comm);
+}
+
+// The NCCL transport's barrier runs on a non-blocking stream of its own:
+// work held on a blocking stream of the caller's (as a framework's default
+// stream may be) does not hold it up (on the legacy stream, as before,
+// the barrier waited for that work: here until ZPP_TIMEOUT_S).
+TEST(DevicePath, NcclBarrierDoesNotWaitForTheCallersStreams) {
+  if (!run_case("barrier")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);  // a blocking stream
+  DevBuf d(1024);
+  ASSERT_EQ(cudaMemsetAsync(d.p, 0, 1024, s), cudaSuccess);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.p, 1, 1024, s), cudaSuccess);  // held back
+  EXPECT_EQ(zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD), ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the held work ran early";
+  ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   cudaStreamDestroy(s);
   zpp_comm_destroy(comm);
 }
