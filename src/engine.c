@@ -536,6 +536,10 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
     if (zpp_time_ns() > limit) {
       zpp_transport_break(t, "%s: device work did not finish within %.3g s",
                           func, to);
+      /* The stream holds work waiting for peers: stop it, or the
+       * caller's stream (and its next synchronisation) never drains. */
+      if (t->ops->abort_device_work != NULL)
+        t->ops->abort_device_work(t);
       return zpp_transport_fail(
           t, zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the collective's work on the stream did not finish "

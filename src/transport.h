@@ -137,6 +137,11 @@ typedef struct {
    * ncclCommGetAsyncError); on one, the backend aborts and breaks the
    * transport and returns the error.  NULL: there are none. */
   zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
+  /* Stops the backend's in-flight device work now (NCCL: ncclCommAbort on
+   * every group), so that streams holding it drain instead of waiting for
+   * peers that will not come; called once the transport is broken.
+   * Idempotent.  NULL: the backend has no such work. */
+  void (*abort_device_work)(zpp_transport_t *t);
   /* -- host backends: the round primitive (NULL for stream-ordered ones) --
    * All three are called with the transport's mutex held and never block.
    * round_post posts every receive of recv[0..nrecv), then every send of

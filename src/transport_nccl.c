@@ -676,7 +676,8 @@ static const zpp_transport_ops_t nccl_ops = {
     .barrier = nccl_barrier,
     .sync = nccl_sync,
     .destroy = nccl_destroy,
-    .check_async = nccl_check_async};
+    .check_async = nccl_check_async,
+    .abort_device_work = abort_all};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,

@@ -25,6 +25,7 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -132,6 +133,36 @@ TEST(DevicePath, NcclBarrierDoesNotWaitForTheCallersStreams) {
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   cudaStreamDestroy(s);
   zpp_comm_destroy(comm);
+}
+
+// A device collective whose peer never comes: the wait returns
+// ZPP_ERR_TIMEOUT and the NCCL communicators are aborted then, so the
+// caller's stream drains (without the abort it held the stand-in's
+// all-gather until the stand-in's own limit, ZPP_NCCL_EMU_TIMEOUT_S, set
+// to 300 s here against the 20 s allowed below).
+TEST(DevicePath, TimedOutDeviceWaitAbortsNcclSoTheStreamDrains) {
+  if (!run_case("abort")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  setenv("ZPP_TIMEOUT_S", "2", 1);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 256;
+  DevBuf dx(n * 4), dy(n * 4 * 2);
+  if (g_rank == 0) {  // rank 1 never calls
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_TIMEOUT)
+        << zpp_get_last_error();
+    auto t0 = std::chrono::steady_clock::now();
+    cudaStreamSynchronize(s);  // the aborted work's status does not matter
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 20.0) << "the stream did not drain after the timeout";
+    EXPECT_NE(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
+        << "a broken communicator must fail fast";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
 }
 
 // c: a communicator on device 1 runs its kernels on device 1 from the
