@@ -37,6 +37,7 @@
 #endif
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,7 @@ struct zpp_plan {
   int n, cap;
   int oom;
   struct zpp_request *req; /* where the result goes; NULL: inline caller */
+  _Atomic int64_t *progress; /* the engine's last_progress_ns, or NULL */
   struct zpp_plan *next;   /* engine queue */
 };
 
@@ -95,7 +97,10 @@ typedef struct {
   int busy;                 /* a plan is running (thread or inline) */
   int thread_started, stop;
   pthread_t thread;
-  int64_t last_progress_ns; /* a plan finished (for bounded waits) */
+  /* A plan started or finished a step, or moved bytes (for bounded waits:
+   * a long plan that keeps moving is not a hung one).  Written by the
+   * running plan without the mutex. */
+  _Atomic int64_t last_progress_ns;
   /* Host scratch: plans need large buffers on every call (a qwZ gather of
    * 16 MiB per rank over 8 ranks needs ~70 MB); fresh malloc'ed memory of
    * that size is mmap'ed and returned on free, so every call would pay
@@ -443,8 +448,11 @@ static zpp_status_t execute(zpp_plan_t *p) {
       progressed = 1;
     }
     if (progressed) {
-      quiet_until = zpp_time_ns() + spin_ns;
+      int64_t now = zpp_time_ns();
+      quiet_until = now + spin_ns;
       pause_ns = 1000;
+      if (p->progress != NULL)
+        atomic_store_explicit(p->progress, now, memory_order_relaxed);
     } else {
       idle_wait(p, quiet_until, &pause_ns);
     }
@@ -630,6 +638,7 @@ static void *engine_main(void *arg) {
     e->busy = 1;
     pthread_mutex_unlock(&e->mu);
     r = p->req;
+    p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
     complete(r, st, event);
     pthread_mutex_lock(&e->mu);
@@ -666,8 +675,9 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
 }
 
 /* Waits until r's host part ran.  The engine runs plans one after
- * another, each bounded by the timeout; a wait gives up when the engine
- * made no progress (finished no plan) for the timeout. */
+ * another, each transfer bounded by the timeout; a wait gives up when the
+ * engine made no progress (no step started or finished, no bytes moved)
+ * for twice the timeout and a second. */
 static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
                              const char *func) {
   double to = zpp_transport_timeout_s(r->t);
@@ -792,6 +802,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   }
   pthread_mutex_unlock(&e->mu);
   if (inline_ok) {
+    p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
