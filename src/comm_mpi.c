@@ -323,12 +323,11 @@ static zpp_status_t idup(MPI_Comm comm, int k, MPI_Comm *out, double timeout_s,
       return ZPP_OK;
     }
     if (zpp_time_ns() > deadline) {
-      /* The requests cannot be cancelled: left to MPI, with their
-       * duplicates (never used). */
+      /* A non-blocking collective can be neither cancelled nor freed
+       * (MPI forbids both): its request is dropped, left to MPI with its
+       * duplicate (never used); one that completed is freed. */
       for (i = 0; i < k; i++) {
-        if (req[i] != MPI_REQUEST_NULL)
-          MPI_Request_free(&req[i]);
-        else if (out[i] != MPI_COMM_NULL)
+        if (req[i] == MPI_REQUEST_NULL && out[i] != MPI_COMM_NULL)
           MPI_Comm_free(&out[i]);
         out[i] = MPI_COMM_NULL;
       }
