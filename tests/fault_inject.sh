@@ -18,7 +18,7 @@
 #                          the survivors running when a rank dies (Open MPI:
 #                          --enable-recovery) and pass the environment
 #                          below to the ranks (mpirun -x, or an exported
-#                          environment);
+#                          environment; ZPP_BACKEND too, when set);
 #        ZPP_FAULT_NP      ranks the launcher starts (default 4);
 #        ZPP_FAULT_VICTIM  the rank to kill or stop (default 2);
 #        ZPP_FAULT_SIGNAL  the command that signals a rank's pid (default
@@ -52,7 +52,7 @@ bad() { note "FAIL: $*"; fail=1; }
 # Open MPI forwards these with -x; other launchers inherit the exports.
 xargs=""
 if [[ -z "${ZPP_FAULT_LAUNCH:-}" ]]; then
-  for v in ZPP_FAULT_OUT ZPP_TIMEOUT_S ZPP_TOPO ZPP_TEST_SEED OMPI_MCA_mpi_yield_when_idle; do
+  for v in ZPP_FAULT_OUT ZPP_TIMEOUT_S ZPP_TOPO ZPP_TEST_SEED ZPP_BACKEND OMPI_MCA_mpi_yield_when_idle; do
     [[ -n "${!v:-}" ]] && xargs="$xargs -x $v"
   done
 fi

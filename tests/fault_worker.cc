@@ -18,8 +18,8 @@
 // result.<rank> at the end: status, the wall-clock time of the failure
 // (CLOCK_REALTIME, s), iterations, wrong elements, whether destroy
 // returned, and the error message.  A rank whose communicator failed
-// skips MPI_Finalize (a dead peer may hang it) and exits 3; else 0 when
-// nothing was wrong, 1 when something was.
+// skips MPI_Finalize (a dead peer may hang it) and exits 3 after 2 s;
+// else 0 when nothing was wrong, 1 when something was.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -166,7 +166,13 @@ int main(int argc, char **argv) {
               wrong, zpp_status_string(st), msg.empty() ? "" : ": ",
               msg.c_str());
   std::fflush(stdout);
-  if (st != ZPP_OK) _exit(3);
+  // Stay 2 s before exiting: a survivor that exits at once looks like a
+  // second failure to the survivors still waiting (UCX sees a closed
+  // connection within milliseconds), and they would name it instead.
+  if (st != ZPP_OK) {
+    sleep(2);
+    _exit(3);
+  }
   MPI_Finalize();
   return wrong != 0 ? 1 : 0;
 }
