@@ -1015,11 +1015,9 @@ static zpp_status_t next_step(zpp_xop_t *op) {
 static zpp_status_t advance(zpp_xop_t *op) {
   zpp_transport_t *t = op->t;
   int guard;
-  if (t->broken) {
+  if (t->broken) { /* also zpp_comm_abort from another thread */
     cancel_round(op);
-    return zpp_error(ZPP_ERR_TIMEOUT, op->what,
-                     "communicator was aborted earlier (%s); destroy it",
-                     t->broken_why);
+    return zpp_transport_broken_error(t, op->what);
   }
   /* Each pass completes a round or a step; the plan has at most
    * 3 + ring steps + barrier rounds of them. */
