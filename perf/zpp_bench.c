@@ -820,6 +820,8 @@ typedef struct {
   double time_us, algbw, busbw;
   double intra_bytes, inter_bytes; /* sent per rank, mean over ranks */
   uint64_t inter_bytes_max;        /* sent, max over ranks */
+  uint64_t inter_node_max; /* sent by a node's ranks together, max over
+                            * nodes: the busiest node link, one way */
   double ratio;                    /* < 0: no baseline time */
   /* Each timed iteration's MAX over ranks: median, min, max over -n. */
   double med_us, min_us, max_us;
@@ -832,7 +834,7 @@ typedef struct {
 static const char *const CSV_HEADER =
     "coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,"
     "inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,"
-    "time_min_us,time_max_us";
+    "time_min_us,time_max_us,inter_bytes_node_max";
 
 /* Byte means are exact when the sum divides by the world size. */
 static void fmt_bytes(char *buf, size_t len, double b) {
@@ -966,7 +968,8 @@ static void header_texts(const header_t *h, char lines[][800],
   LINE("bytes",
        "intra_bytes, inter_bytes = bytes SENT per rank in the first "
        "timed iteration, MEAN over ranks; inter_bytes_max = MAX over "
-       "ranks (zpp_comm_get_stats%s%s)",
+       "ranks; inter_bytes_node_max (CSV, JSON) = the bytes a node's ranks "
+       "send to other nodes together, MAX over nodes (zpp_comm_get_stats%s%s)",
        h->bytes_derived ? "; some counts DERIVED from NCCL's algorithm" : "",
        h->has_mpi ? "; empty for mpi: Open MPI's own collective, whose "
                     "routing zpp cannot see" : "");
@@ -1046,12 +1049,13 @@ static void print_header(header_t *h, FILE *f) {
 static void print_row(header_t *h, const row_t *r, FILE *f) {
   const zpp_bench_opts_t *o = h->o;
   const char *dt = zpp_dtype_name(o->dtype);
-  char intra[32] = "", inter[32] = "", imax[32] = "", ratio[32], err[32],
-       wrong[32];
+  char intra[32] = "", inter[32] = "", imax[32] = "", nmax[32] = "",
+       ratio[32], err[32], wrong[32];
   if (r->counted) {
     fmt_bytes(intra, sizeof intra, r->intra_bytes);
     fmt_bytes(inter, sizeof inter, r->inter_bytes);
     snprintf(imax, sizeof imax, "%llu", (unsigned long long)r->inter_bytes_max);
+    snprintf(nmax, sizeof nmax, "%llu", (unsigned long long)r->inter_node_max);
   }
   if (r->ratio >= 0)
     snprintf(ratio, sizeof ratio, "%.4f", r->ratio);
@@ -1065,10 +1069,10 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
   }
   if (o->format == ZPP_BENCH_CSV) {
     fprintf(f, "%s,%s,%zu,%zu,%s,%.2f,%.4f,%.4f,%s,%s,%s,%s,%s,%s,%.2f,%.2f,"
-            "%.2f\n",
+            "%.2f,%s\n",
             h->coll->name, r->variant, r->size, r->count, dt, r->time_us,
             r->algbw, r->busbw, intra, inter, ratio, err, wrong, imax,
-            r->med_us, r->min_us, r->max_us);
+            r->med_us, r->min_us, r->max_us, nmax);
   } else if (o->format == ZPP_BENCH_TABLE) {
     fprintf(f,
             "  %-10s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
@@ -1085,12 +1089,14 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
             "\"algbw\": %.4f, \"busbw\": %.4f, \"intra_bytes\": %s, "
             "\"inter_bytes\": %s, \"ratio\": %s, \"max_err\": %s, "
             "\"wrong\": %s, \"inter_bytes_max\": %s, \"time_med_us\": %.2f, "
-            "\"time_min_us\": %.2f, \"time_max_us\": %.2f}",
+            "\"time_min_us\": %.2f, \"time_max_us\": %.2f, "
+            "\"inter_bytes_node_max\": %s}",
             h->nrows ? "," : "", h->coll->name, r->variant, r->size, r->count,
             dt, r->time_us, r->algbw, r->busbw, intra[0] ? intra : "null",
             inter[0] ? inter : "null", ratio[0] ? ratio : "null",
             err[0] ? err : "null", wrong[0] ? wrong : "null",
-            imax[0] ? imax : "null", r->med_us, r->min_us, r->max_us);
+            imax[0] ? imax : "null", r->med_us, r->min_us, r->max_us,
+            nmax[0] ? nmax : "null");
     h->nrows++;
   }
   fflush(f);
@@ -1139,6 +1145,18 @@ static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+/* The sum over each node's ranks of v (one value per rank), max over
+ * nodes: one reduction per node, no allocation. */
+static uint64_t node_max(const zpp_bench_ctx_t *ctx, uint64_t v) {
+  uint64_t m = 0, sum;
+  int k;
+  for (k = 0; k < ctx->nnodes; k++) {
+    sum = h_u64(ctx->node_of[ctx->rank] == k ? v : 0, H_SUM);
+    m = sum > m ? sum : m;
+  }
+  return m;
 }
 
 /* Each iteration's time becomes its MAX over ranks (in place); then their
@@ -1221,6 +1239,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   sum[0] = h_u64(sent[0], H_SUM);
   sum[1] = h_u64(sent[1], H_SUM);
   inter_max = h_u64(sent[1], H_MAX);
+  row->inter_node_max = node_max(ctx, sent[1]);
   row->variant = c->v->name;
   row->size = c->bytes;
   row->count = c->count;

@@ -37,8 +37,8 @@ if(EXPECT_RC GREATER 1)
   return() # an error exit: nothing to parse
 endif()
 
-set(_header "coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,time_min_us,time_max_us")
-set(_ncols 17)
+set(_header "coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,time_min_us,time_max_us,inter_bytes_node_max")
+set(_ncols 18)
 set(_nrows 0)
 set(_nwrong 0)
 set(_sizes "")
@@ -93,7 +93,7 @@ if(FORMAT STREQUAL "json")
     set(_vals "")
     foreach(_k coll variant size count dtype time_us algbw busbw intra_bytes
         inter_bytes ratio max_err wrong inter_bytes_max time_med_us time_min_us
-        time_max_us)
+        time_max_us inter_bytes_node_max)
       string(JSON _v GET "${out}" rows ${_i} ${_k})
       list(APPEND _vals "${_v}")
     endforeach()
