@@ -334,9 +334,9 @@ def plot(rows, out_dir):
                 ax.set_xlabel("size per rank")
                 ax.set_xticks(sizes)
                 ax.set_xticklabels([size_label(s) for s in sizes], fontsize=7)
-            if j == len(rates) - 1:
+            if j == 0:
                 ax.legend(fontsize=6, loc="upper left")
-    fig.suptitle("zpp-bench on 2 namespace nodes x 4 ranks: median (bars: min..max of 5); "
+    fig.suptitle("zpp-bench on 2 namespace nodes x 4 ranks: median (bars: min..max of the iterations); "
                  "dashed: link limit of the variant's bytes; dotted: bound", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "cluster_study_time.png"), dpi=90)

@@ -14,7 +14,11 @@
  * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
  * bootstrap's barrier without MPI) and timed alone with
  * clock_gettime(CLOCK_MONOTONIC);
- * time_us is the MAX over ranks of each rank's MEAN.  The byte columns come
+ * time_us is the MAX over ranks of each rank's MEAN; time_med_us,
+ * time_min_us and time_max_us are the median, min and max over the timed
+ * iterations of each iteration's MAX over ranks (the spread a shared machine
+ * or a shaped TCP link puts on single calls).  --variant mpi runs Open
+ * MPI's own MPI_Allgather / MPI_Reduce_scatter_block on the same buffers.  The byte columns come
  * from zpp_comm_get_stats around the first timed call; the check (-c 1)
  * looks at that call's output (the output buffer is poisoned with NaN
  * bytes before it).  Exit status: 0 all good, 1 a check found wrong
