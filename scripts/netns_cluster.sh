@@ -324,5 +324,5 @@ case "${1:-}" in
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "$prog: cannot make a cluster here: $why"; exit 77; fi ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
