@@ -36,7 +36,10 @@
 #   /etc/netns/zpp-*/    hosts and resolv.conf seen inside each namespace
 #                        (ip netns exec bind-mounts them over /etc/): every
 #                        cluster name resolves from files, no DNS is asked
-#   /run/zpp-cluster/    the state: hostfile, rsh agent, settings
+#   /run/zpp-cluster/    the state: hostfile, rsh agent, settings (nodes,
+#                        rate, subnet)
+# up and down take /run/zpp-cluster.lock (not waiting: they refuse while
+# another run holds it), unless their caller holds it as fd 9.
 # The subnet (ZPP_CLUSTER_SUBNET, default 10.213.0) exists only inside these
 # namespaces: the root namespace gets no address or route, so no traffic
 # leaves them.
@@ -60,7 +63,10 @@
 set -euo pipefail
 prog=netns_cluster.sh
 state=/run/zpp-cluster
+lock=/run/zpp-cluster.lock
 net=${ZPP_CLUSTER_SUBNET:-10.213.0}
+# A cluster that is up keeps the subnet it was made with (run, the hosts).
+[ "${1:-}" != up ] && [ -f "$state/subnet" ] && net=$(cat "$state/subnet")
 head_ns=zpp-head
 sw_ns=zpp-sw
 bridge=zpp-br0
@@ -167,16 +173,35 @@ tbf() { # ns dev rate
 }
 
 # tc rate -> bit/s (accepts bit, kbit, mbit, gbit; a plain number is bit/s).
+# Anything else (a fraction, another unit, garbage) dies naming the rate,
+# before anything is made or reshaped.
 rate_bits() {
-  local r=$1
-  case "$r" in
-    *gbit) echo $(( ${r%gbit} * 1000000000 )) ;;
-    *mbit) echo $(( ${r%mbit} * 1000000 )) ;;
-    *kbit) echo $(( ${r%kbit} * 1000 )) ;;
-    *bit) echo "${r%bit}" ;;
-    *[!0-9]*) die "rate '$r': use an integer with bit, kbit, mbit or gbit" ;;
-    *) echo "$r" ;;
+  local r=$1 v mul
+  [[ "$r" =~ ^([0-9]{1,6})(bit|kbit|mbit|gbit)?$ ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
+    die "rate '$r': must be a positive integer (at most 6 digits) with bit, kbit, mbit or gbit (e.g. 400mbit), or none"
+  v=$((10#${BASH_REMATCH[1]}))
+  case "${BASH_REMATCH[2]}" in
+    gbit) mul=1000000000 ;;
+    mbit) mul=1000000 ;;
+    kbit) mul=1000 ;;
+    *) mul=1 ;;
   esac
+  echo $((v * mul))
+}
+
+# A RATE argument as up -r and shape take it: none, 0 or a tc rate.
+check_rate() {
+  [ "$1" = none ] || [ "$1" = 0 ] || rate_bits "$1" > /dev/null
+}
+
+# One cluster at a time per machine.  up and down take /run/zpp-cluster.lock
+# (without waiting) unless the caller holds it and handed it down as fd 9
+# (tests/cluster_tests.sh, perf/cluster_study.sh): a second `up` or `down`
+# would tear down the cluster of the run that holds it, killing its ranks.
+take_lock() {
+  if [ -e /proc/self/fd/9 ] && [ /proc/self/fd/9 -ef "$lock" ]; then return; fi
+  exec 9> "$lock"
+  flock -n 9 || die "another cluster run holds $lock (tests/cluster_tests.sh or perf/cluster_study.sh); leaving its namespaces alone"
 }
 
 shape_all() { # rate
@@ -201,13 +226,24 @@ cmd_up() {
   done
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 64 ] || die "-n $n: must be 1..64"
   [[ "$ppn" =~ ^[0-9]+$ ]] && [ "$ppn" -ge 1 ] && [ "$ppn" -le 256 ] || die "-p $ppn: must be 1..256"
-  [ "$rate" = none ] || [ "$rate" = 0 ] || rate_bits "$rate" > /dev/null
+  check_rate "$rate"
+  [[ "$net" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] &&
+    [ "${BASH_REMATCH[1]}" -le 255 ] && [ "${BASH_REMATCH[2]}" -le 255 ] &&
+    [ "${BASH_REMATCH[3]}" -le 255 ] ||
+    die "ZPP_CLUSTER_SUBNET '$net': must be the first three octets of an IPv4 /24, e.g. 10.213.0"
   why=$(why_not)
   [ -z "$why" ] || die "cannot make a cluster here: $why"
+  take_lock
   teardown   # leftovers of an earlier run, by name
-  trap 'echo "$prog: up failed; tearing down" >&2; teardown' ERR
+  # Any failure from here on (set -e inside the helper functions too, a
+  # die, a signal) tears down what was made: an EXIT trap, since an ERR
+  # trap set here is not inherited by the functions (no errtrace).
+  trap 'rc=$?; trap - EXIT; if [ $rc -ne 0 ]; then echo "$prog: up failed; tearing down" >&2; teardown || true; fi; exit $rc' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   mkdir -p "$state" /etc/netns
   echo "$n" > "$state/nodes"
+  echo "$net" > "$state/subnet"
 
   # hosts: every name of the cluster, from files (no DNS inside)
   {
@@ -251,10 +287,14 @@ exec env -i PATH="$PATH" HOME="\${HOME:-/root}" LD_LIBRARY_PATH="${LD_LIBRARY_PA
   ip netns exec "\$host" unshare --uts sh -c 'hostname "\$0" && exec sh -c "\$1"' "\$host" "\$*"
 EOF
   chmod 755 "$state/rsh"
-  trap - ERR
   # Reachability: every node connects to the head across the bridge (TCP,
-  # what Open MPI's daemons do next).
-  reach_check "$n" || { [ -n "${ZPP_CLUSTER_KEEP:-}" ] || teardown; die "a node cannot reach the head at $net.1 (see above)"; }
+  # what Open MPI's daemons do next).  ZPP_CLUSTER_KEEP=1 keeps the cluster
+  # of a failed check for a look.
+  if ! reach_check "$n"; then
+    [ -z "${ZPP_CLUSTER_KEEP:-}" ] || trap - EXIT
+    die "a node cannot reach the head at $net.1 (see above)"
+  fi
+  trap - EXIT INT TERM
   echo "$prog: $n nodes up (zpp-n0..zpp-n$((n - 1)), $net.11..), link rate ${rate} per node and direction" >&2
 }
 
@@ -315,9 +355,9 @@ cmd_status() {
 
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
-  down) teardown ;;
+  down) take_lock; teardown ;;
   run) shift; cmd_run "$@" ;;
-  shape) [ $# -eq 2 ] || die "usage: $prog shape RATE"; nnodes > /dev/null; shape_all "$2" ;;
+  shape) [ $# -eq 2 ] || die "usage: $prog shape RATE"; nnodes > /dev/null; check_rate "$2"; shape_all "$2" ;;
   link) shift; cmd_link "$@" ;;
   exec) shift; cmd_exec "$@" ;;
   status) cmd_status ;;

@@ -6,6 +6,8 @@
 # over their shaped links.
 #   usage: tests/cluster_tests.sh [BUILD_DIR]
 # Steps, each bounded by `timeout`:
+#   netns_cluster.sh         a failed up tears down what it made; up and
+#                            down refuse while another run holds the lock
 #   2 nodes x 4 ranks, 1 Gbit/s per node link:
 #     zpp-topo --json        2 nodes, hosts zpp-n0 and zpp-n1, not emulated
 #     test_transport         every operation, counts, errors (not Emu.*)
@@ -61,10 +63,40 @@ step() {
 log=$(mktemp /tmp/zpp-cluster-tests.XXXXXX)
 trap '"$cluster" down; rm -f "$log"' EXIT
 
+# ---- netns_cluster.sh itself ---------------------------------------------------
+# A failed up (here: tc refuses to shape, through a stand-in tc first in
+# PATH) tears down what it made; while this script holds the lock, an up
+# or down from a process without it (9>&-) refuses and touches nothing.
+echo "== netns_cluster.sh: teardown after a failed up; the lock"
+shim=$(mktemp -d /tmp/zpp-cluster-tc.XXXXXX)
+printf '#!/bin/sh\ncase " $* " in *" replace "*) echo "stand-in tc: refusing $*" >&2; exit 1 ;; esac\nexec %s "$@"\n' \
+  "$(command -v tc)" > "$shim/tc"
+chmod 755 "$shim/tc"
+self_ok=1
+if PATH=$shim:$PATH timeout -k 5 60 "$cluster" up -n 2 -p 1 -r 100mbit > "$log" 2>&1; then
+  echo "   up succeeded although tc refused"; self_ok=0
+fi
+left=$(ip netns list | awk '{print $1}' | grep -E '^zpp-(n[0-9]+|sw|head)$' | tr '\n' ' ')
+if [ -n "$left" ] || [ -e /run/zpp-cluster ]; then
+  echo "   a failed up left: ${left}$( [ -e /run/zpp-cluster ] && echo /run/zpp-cluster)"; self_ok=0
+fi
+rm -rf "$shim"
+timeout -k 5 60 "$cluster" up -n 1 -p 1 > "$log" 2>&1 || { echo "   up -n 1 failed"; self_ok=0; }
+for c in "up -n 1 -p 1" down; do
+  # shellcheck disable=SC2086
+  if timeout -k 5 30 "$cluster" $c > "$log" 2>&1 9>&-; then
+    echo "   '$c' without the lock succeeded"; self_ok=0
+  elif ! grep -q "holds /run/zpp-cluster.lock" "$log"; then
+    echo "   '$c' without the lock: $(tail -1 "$log")"; self_ok=0
+  fi
+done
+ip netns list | grep -q '^zpp-n0' || { echo "   the cluster was torn down by a process without the lock"; self_ok=0; }
+if [ $self_ok = 1 ]; then echo "   passed"; else echo "   FAILED"; failed+=(netns_cluster.sh); fi
+
 # ---- 2 nodes x 4 ranks, shaped ----------------------------------------------
 "$cluster" up -n 2 -p 4 -r 1gbit || exit 1
 echo "== zpp-topo --json (2 nodes x 4 ranks, discovered)"
-if timeout -k 10 60 "$cluster" run -np 8 "$build/tools/zpp-topo" --json > "$log" 2>&1 &&
+if timeout -k 10 60 "$cluster" run -np 8 "$build/tools/zpp-topo" --json > "$log" 2>&1 9>&- &&
    python3 - "$log" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
