@@ -74,7 +74,7 @@ run() {
   shift 3
   echo "$mode|$link|$text" >> "$cmds"
   echo "\$ $text" >&2
-  "$@" > "$out/.bench.out" 2> "$out/.bench.err" || rc=$?
+  "$@" > "$out/.bench.out" 2> "$out/.bench.err" 9>&- || rc=$?  # 9>&-: no lock for the ranks
   if [ "$rc" -ne 0 ]; then
     echo "$prog: exit $rc: $text" >&2
     tail -5 "$out/.bench.err" >&2

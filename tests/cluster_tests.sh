@@ -27,9 +27,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-build}" && pwd) || { echo "$prog: no build dir ${1:-build}" >&2; exit 1; }
 cluster=$root/scripts/netns_cluster.sh
 
-if ! why=$("$cluster" check); then
+# check exits 77 (and says why) where a cluster cannot be made: a skip.
+# Any other failure of it is a failure, not a skip.
+why=$("$cluster" check) && rc=0 || rc=$?
+if [ $rc -eq 77 ]; then
   echo "$prog: SKIPPED: ${why#*: }"
   exit 0
+elif [ $rc -ne 0 ]; then
+  echo "$prog: scripts/netns_cluster.sh check failed (exit $rc): $why" >&2
+  exit 1
 fi
 for b in tools/zpp-topo tests/test_transport tests/test_coll tests/test_linkcut; do
   [ -x "$build/$b" ] || { echo "$prog: no $build/$b: build first" >&2; exit 1; }
@@ -47,14 +53,19 @@ step() {
   shift 2
   echo "== $name"
   t0=$(date +%s)
+  # 9>&-: the ranks and daemons do not inherit the lock (a straggler would
+  # keep it held after this script)
   timeout -k 10 "$limit" "$cluster" run -x OMPI_MCA_mpi_yield_when_idle=1 "$@" \
-    > "$log" 2>&1
+    > "$log" 2>&1 9>&-
   rc=$?
   if [ $rc -eq 0 ]; then
     grep -E '^\[ (seed|cut|wait) |^\[  (PASSED|SKIPPED) ' "$log" | sed 's/^/   /'
     echo "   passed ($(( $(date +%s) - t0 )) s)"
   else
-    tail -40 "$log" | sed 's/^/   /'
+    # the failures first (gtest's, and every rank's), then the end of the log
+    grep -E -A4 ': Failure$|^\[rank [0-9]+\] ' "$log" | head -60 | sed 's/^/   /'
+    echo "   ... (the end of the log:)"
+    tail -25 "$log" | sed 's/^/   /'
     [ $rc -eq 124 ] && echo "   TIMED OUT after $limit s"
     echo "   FAILED (exit $rc, $(( $(date +%s) - t0 )) s)"
     failed+=("$name")
@@ -119,12 +130,16 @@ fi
 step "test_transport 2x4" 180 -np 8 -x ZPP_TEST_EXPECT_NODES=2x4 \
   "$build/tests/test_transport" --gtest_filter=-Emu.*
 step "test_coll 2x4" 180 -np 8 "$build/tests/test_coll"
+# A failed or killed run may leave the link cut: restore it after each
+# step, so that one failure does not turn into the next step's.
 step "test_linkcut 2x4, link down" 120 -np 8 \
   -x ZPP_TEST_LINK_CUT="$cluster link 1 down" -x ZPP_TEST_LINK_RESTORE="$cluster link 1 up" \
   "$build/tests/test_linkcut"
+"$cluster" link 1 up
 step "test_linkcut 2x4, 100% loss" 120 -np 8 \
   -x ZPP_TEST_LINK_CUT="$cluster link 1 loss" -x ZPP_TEST_LINK_RESTORE="$cluster link 1 unloss" \
   "$build/tests/test_linkcut"
+"$cluster" link 1 unloss
 
 # ---- 3 nodes x 2 ranks, unshaped ----------------------------------------------
 "$cluster" up -n 3 -p 2 || exit 1
