@@ -231,8 +231,10 @@ def targets(p, real, by, rates):
                           f"| {m / b:.2f} | {'yes' if m / b <= 1.3 else 'no'} |")
             for coll, v, goal in (("allgather", "qwz8", 0.6), ("reducescatter", "qgz4", 0.4)):
                 m = med(coll, v, s)
-                best = min(x for x in (med(coll, "bf16", s), med(coll, "mpi", s)) if x)
-                if m:
+                # a run that failed or timed out has no rows: no target row
+                bf16s = [x for x in (med(coll, "bf16", s), med(coll, "mpi", s)) if x]
+                if m and bf16s:
+                    best = min(bf16s)
                     p(f"| {v} <= {goal} x best bf16 | {rate_label(link)} | {size_label(s)} "
                       f"| {m / best:.2f} | {'yes' if m / best <= goal else 'no'} |")
         for coll, word in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter")):
