@@ -79,6 +79,8 @@ why_not() {
   command -v ip > /dev/null || { echo "no ip command (install iproute2)"; return; }
   command -v tc > /dev/null || { echo "no tc command (install iproute2)"; return; }
   command -v unshare > /dev/null || { echo "no unshare command (util-linux)"; return; }
+  command -v flock > /dev/null || { echo "no flock command (util-linux)"; return; }
+  command -v python3 > /dev/null || { echo "no python3 (the reachability check)"; return; }
   command -v mpirun > /dev/null || { echo "no mpirun (Open MPI)"; return; }
   local probe=zpp-probe$$
   if ! ip netns add "$probe" 2> /dev/null; then
