@@ -950,6 +950,11 @@ static void header_texts(const header_t *h, char lines[][800],
          h->lat_us);
   else
     LINE("link", "links not slowed (ZPP_EMU_INTER_GBIT unset)");
+  if (h->has_mpi && h->link_emulated)
+    LINE("mpi", "the mpi rows are NOT on the emulated link: Open MPI's own "
+                "collective moves its bytes through this machine's transport, "
+                "which zpp's emulation does not slow, so their time and ratio "
+                "are not a comparison on the same link");
   if (h->coll == &zpp_bench_hpz && !h->ctx->uniform)
     LINE("hpz", "uneven nodes: hpZ keeps no secondary copy, so hpz-bwd "
                 "variants run the documented fallback, a world gather from "

@@ -61,6 +61,12 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll reducescatter --variant mpi -b 4K -e 4K -n 1 -w 0 --corrupt
     --format csv)
   zpp_bench_test(bench_mpi_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
+  # On an emulated link the mpi rows are not slowed: the header says so.
+  zpp_bench_test(bench_mpi_emulated_link_2x2 4 2x2
+    "--coll;allgather;--variant;bf16,mpi;-b;4K;-e;4K;-n;1;-w;0;--format;csv"
+    "-DEXPECT_OUT=# the mpi rows are NOT on the emulated link")
+  set_tests_properties(bench_mpi_emulated_link_2x2 PROPERTIES ENVIRONMENT
+    "ZPP_TOPO=2x2;ZPP_EMU_INTER_GBIT=100;OMPI_MCA_mpi_yield_when_idle=1")
 
   # Emulated build (ZPP_CUDA_EMU): every collective on device memory, with
   # the MPI backend (staging) and, when the NCCL stand-in is in the tree,

@@ -8,6 +8,7 @@
 #   EXPECT_RC   expected exit status (default 0)
 #   EXPECT_ERR  optional regular expression stderr must match
 #   EXPECT_TOPO optional ZPP_TOPO value the header must call emulated
+#   EXPECT_OUT  optional regular expression stdout must match
 # With EXPECT_RC 0 it checks: the CSV header line is exactly right, every
 # row has all columns, every row has wrong = 0, each size has a baseline row
 # (variant = dtype) with ratio 1, and the footer says PASSED.  With
@@ -32,6 +33,9 @@ if(NOT rc EQUAL EXPECT_RC)
 endif()
 if(DEFINED EXPECT_ERR AND NOT err MATCHES "${EXPECT_ERR}")
   message(FATAL_ERROR "stderr does not match '${EXPECT_ERR}':\n${err}")
+endif()
+if(DEFINED EXPECT_OUT AND NOT out MATCHES "${EXPECT_OUT}")
+  message(FATAL_ERROR "stdout does not match '${EXPECT_OUT}'")
 endif()
 if(EXPECT_RC GREATER 1)
   return() # an error exit: nothing to parse
