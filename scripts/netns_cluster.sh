@@ -86,6 +86,10 @@ why_not() {
   if ! ip netns add "$probe" 2> /dev/null; then
     echo "ip netns add failed (no CAP_SYS_ADMIN, or namespaces disabled)"; return
   fi
+  if ! ip netns exec "$probe" unshare --uts true 2> /dev/null; then
+    ip netns del "$probe" 2> /dev/null || true
+    echo "cannot enter a namespace with a hostname of its own (ip netns exec, unshare --uts)"; return
+  fi
   if ! ip -n "$probe" link add zpp-t0 type veth peer name zpp-t1 2> /dev/null; then
     ip netns del "$probe" 2> /dev/null || true
     echo "cannot create veth pairs (no veth module?)"; return
