@@ -65,7 +65,7 @@ test-asan: asan
 
 # The transport and collective suites on a real cluster on this machine:
 # network namespaces as nodes, shaped veth links, topology discovered
-# (tests/cluster_tests.sh; about 1-2 minutes).  Skipped, saying why, where
+# (tests/cluster_tests.sh; about 1-3 minutes, up to 3 at a load of 20).  Skipped, saying why, where
 # namespaces cannot be made (not root, no iproute2).
 test-cluster: build
 	@bash tests/cluster_tests.sh $(BUILD)
