@@ -3,7 +3,9 @@
  * named after the dtype: fp32, fp16 or bf16) against qwZ
  * (zpp_qwz_allgather, symmetric, --block elements per scale).
  *
- * Variants: <dtype> (baseline), qwz8, qwz4.
+ * Variants: <dtype> (baseline), <dtype>-flat (the same on a communicator
+ * with the flat algorithm, the ring: what zpp ran before the hierarchical
+ * default), qwz8, qwz4.
  * Size: the bytes of one rank's shard in the data dtype; count = size /
  * dtype size elements per rank; the output holds world * count elements.
  */
@@ -29,13 +31,20 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->kind = AG_BASE;
     return 0;
   }
+  if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
+          0 &&
+      strcmp(tok + strlen(zpp_dtype_name(dtype)), "-flat") == 0) {
+    v->kind = AG_BASE;
+    v->flat = 1;
+    return 0;
+  }
   if (strcmp(tok, "qwz8") == 0 || strcmp(tok, "qwz4") == 0) {
     v->kind = AG_QWZ;
     v->bits = tok[3] - '0';
     return 0;
   }
-  snprintf(err, errlen, "must be %s (baseline), qwz8 or qwz4",
-           zpp_dtype_name(dtype));
+  snprintf(err, errlen, "must be %s (baseline), %s-flat, qwz8 or qwz4",
+           zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
 
@@ -74,8 +83,8 @@ static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   if (c->v->kind == AG_BASE)
-    return zpp_allgather(ctx->comm, c->in->dev, c->out->dev, c->count, o->dtype,
-                         NULL, NULL);
+    return zpp_allgather(c->v->flat ? ctx->comm_flat : ctx->comm, c->in->dev,
+                         c->out->dev, c->count, o->dtype, NULL, NULL);
   q.bits = c->v->bits;
   q.block_size = o->block;
   return zpp_qwz_allgather(ctx->comm, &q, c->in->dev, c->out->dev, c->count,
@@ -138,7 +147,8 @@ const zpp_bench_coll_t zpp_bench_allgather = {
     "dtype size elements per rank; output world * count)",
     "algbw = size * world / time; busbw = algbw * (world-1)/world "
     "(nccl-tests all_gather)",
-    "<dtype> (zpp_allgather, the baseline), qwz8, qwz4 (zpp_qwz_allgather, "
+    "<dtype> (zpp_allgather, the baseline), <dtype>-flat (zpp_allgather "
+    "with the flat ring, ZPP_ALGORITHM_FLAT), qwz8, qwz4 (zpp_qwz_allgather, "
     "symmetric INT8/INT4, --block elements per scale)",
     "baseline: bitwise equal to every rank's input; qwzN: |out - in| within "
     "the per-element bound of docs/format.md for the input block",
