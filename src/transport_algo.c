@@ -771,9 +771,15 @@ static zpp_status_t setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
   for (w = 0; w < op->n; w++)
     if (op->len[w] > maxlen)
       maxlen = op->len[w];
-  /* elements: hs * la (ra and pp) + (nh - 1) * len[me], each below the
-   * caller's buffers in size, which the transport checked */
-  total = (size_t)op->hs * op->la + (size_t)(gr->nh - 1) * op->len[op->me];
+  /* elements: hs * la (ra and pp) + (nh - 1) * len[me]; with equal nodes
+   * n * count + (M - 1) * count, the caller's input and a bit; a small
+   * node of an uneven layout owns more */
+  if (op->la > 0 && (size_t)op->hs > SIZE_MAX / es / 2 / op->la)
+    return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
+  total = (size_t)op->hs * op->la;
+  if ((size_t)(gr->nh - 1) * op->len[op->me] > SIZE_MAX / es / 2 - total)
+    return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
+  total += (size_t)(gr->nh - 1) * op->len[op->me];
   ZPP_CHECK(host_get(op->t, total * es + 1, &op->tmp, op->what));
   op->ra = op->tmp.p;
   op->pp = op->ra + (size_t)(op->hs - 1) * op->la * es;
