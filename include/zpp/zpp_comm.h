@@ -92,8 +92,8 @@ typedef enum {
                                 node, and with one rank per node, the flat
                                 algorithms */
   ZPP_ALGORITHM_FLAT = 2     /* ring all-gather and pairwise reduce-scatter
-                                over every group (what zpp ran before): kept for
-                                comparison */
+                                over every group (what zpp ran before):
+                                kept for comparison */
 } zpp_algorithm_t;
 
 typedef struct {
