@@ -3,9 +3,10 @@
  * named after the dtype: fp32, fp16 or bf16) against qwZ
  * (zpp_qwz_allgather, symmetric, --block elements per scale).
  *
- * Variants: <dtype> (baseline), qwz8, qwz4, mpi (Open MPI's own
- * MPI_Allgather of the same input and output buffers, MPI_BYTE; not in the
- * default list).
+ * Variants: <dtype> (baseline), <dtype>-flat (the same on a communicator
+ * with the flat algorithm, the ring: what zpp ran before the hierarchical
+ * default), qwz8, qwz4, mpi (Open MPI's own MPI_Allgather of the same
+ * input and output buffers, MPI_BYTE; not in the default list).
  * Size: the bytes of one rank's shard in the data dtype; count = size /
  * dtype size elements per rank; the output holds world * count elements.
  */
@@ -31,6 +32,13 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->kind = AG_BASE;
     return 0;
   }
+  if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
+          0 &&
+      strcmp(tok + strlen(zpp_dtype_name(dtype)), "-flat") == 0) {
+    v->kind = AG_BASE;
+    v->flat = 1;
+    return 0;
+  }
   if (strcmp(tok, "qwz8") == 0 || strcmp(tok, "qwz4") == 0) {
     v->kind = AG_QWZ;
     v->bits = tok[3] - '0';
@@ -41,8 +49,8 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->foreign = 1;
     return 0;
   }
-  snprintf(err, errlen, "must be %s (baseline), qwz8, qwz4 or mpi",
-           zpp_dtype_name(dtype));
+  snprintf(err, errlen, "must be %s (baseline), %s-flat, qwz8, qwz4 or mpi",
+           zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
 
@@ -80,8 +88,8 @@ static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   if (c->v->kind == AG_BASE)
-    return zpp_allgather(ctx->comm, c->in->dev, c->out->dev, c->count, o->dtype,
-                         NULL, NULL);
+    return zpp_allgather(c->v->flat ? ctx->comm_flat : ctx->comm, c->in->dev,
+                         c->out->dev, c->count, o->dtype, NULL, NULL);
   if (c->v->kind == AG_MPI)
     return zpp_bench_mpi_allgather(ctx, c->in->host, c->out->host,
                                    c->count * zpp_dtype_size(o->dtype));
@@ -147,7 +155,8 @@ const zpp_bench_coll_t zpp_bench_allgather = {
     "dtype size elements per rank; output world * count)",
     "algbw = size * world / time; busbw = algbw * (world-1)/world "
     "(nccl-tests all_gather)",
-    "<dtype> (zpp_allgather, the baseline), qwz8, qwz4 (zpp_qwz_allgather, "
+    "<dtype> (zpp_allgather, the baseline), <dtype>-flat (zpp_allgather "
+    "with the flat ring, ZPP_ALGORITHM_FLAT), qwz8, qwz4 (zpp_qwz_allgather, "
     "symmetric INT8/INT4, --block elements per scale), mpi (Open MPI's "
     "MPI_Allgather on the same buffers)",
     "baseline and mpi: bitwise equal to every rank's input; qwzN: |out - in| "

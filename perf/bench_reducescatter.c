@@ -4,7 +4,8 @@
  * (zpp_qgz_reduce_scatter, symmetric, --block elements per scale, no error
  * feedback), with --op sum or mean.
  *
- * Variants: <dtype> (baseline), qgz4 (INT4 in and across nodes), qgz8
+ * Variants: <dtype> (baseline), <dtype>-flat (the same on a communicator
+ * with the flat algorithm, pairwise), qgz4 (INT4 in and across nodes), qgz8
  * (INT8 both), qgzA-B (A bits inside the node, B across: qgz8-4 is the
  * ZeRO++ setting), mpi (Open MPI's own MPI_Reduce_scatter_block on the same
  * buffers: zpp_bench_mpi_reduce_scatter; not in the default list).
@@ -41,6 +42,13 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->foreign = 1;
     return 0;
   }
+  if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
+          0 &&
+      strcmp(tok + strlen(zpp_dtype_name(dtype)), "-flat") == 0) {
+    v->kind = RS_BASE;
+    v->flat = 1;
+    return 0;
+  }
   if (sscanf(tok, "qgz%d-%d%n", &a, &b, &n) == 2 && tok[n] == '\0' &&
       bits_ok(a) && bits_ok(b)) {
     v->kind = RS_QGZ;
@@ -54,9 +62,9 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   snprintf(err, errlen,
-           "must be %s (baseline), qgz4, qgz8, qgzA-B with A, B in {4, 8} "
-           "(A bits inside the node, B across nodes), or mpi",
-           zpp_dtype_name(dtype));
+           "must be %s (baseline), %s-flat, qgz4, qgz8, qgzA-B with A, B in "
+           "{4, 8} (A bits inside the node, B across nodes), or mpi",
+           zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
 
@@ -93,8 +101,9 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
   if (c->v->kind == RS_BASE)
-    return zpp_reduce_scatter(ctx->comm, c->in->dev, c->out->dev, c->count,
-                              o->dtype, o->op, NULL, NULL);
+    return zpp_reduce_scatter(c->v->flat ? ctx->comm_flat : ctx->comm,
+                              c->in->dev, c->out->dev, c->count, o->dtype,
+                              o->op, NULL, NULL);
   if (c->v->kind == RS_MPI)
     return zpp_bench_mpi_reduce_scatter(ctx, c->in->host, c->out->host,
                                         c->count, o->dtype, o->op);
@@ -105,25 +114,39 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
                                 c->count, o->dtype, o->op, NULL, NULL, NULL);
 }
 
-/* Baseline: the transport contract of zpp_reduce_scatter, exactly: an fp32
- * accumulator in rank order, rounded once to dtype; MEAN divides that
- * rounded sum by the world size in fp32 and rounds again. */
+/* Baseline: the transport contract of zpp_reduce_scatter, exactly
+ * (docs/collectives.md).  Flat: an fp32 accumulator in rank order, rounded
+ * once to dtype.  Hierarchical: each node's fp32 sum in rank order rounded
+ * to dtype, then those in node order in fp32, rounded once.  MEAN divides
+ * the fp32 sum by the world size before that last rounding. */
 static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
                           size_t b0, size_t len, zpp_bench_check_t *chk) {
   const zpp_bench_opts_t *o = ctx->opt;
   size_t base = (size_t)ctx->rank * c->count, i;
-  int r;
+  int r, k, hier = ctx->hier && !c->v->flat;
   for (i = 0; i < len; i++) {
     float acc = 0.0f;
     double ref = 0.0, want, got;
-    for (r = 0; r < ctx->world; r++) {
-      double x = zpp_bench_value(o->seed, r, base + b0 + i, o->dtype);
-      acc = r == 0 ? (float)x : acc + (float)x;
-      ref += x;
+    for (r = 0; r < ctx->world; r++)
+      ref += zpp_bench_value(o->seed, r, base + b0 + i, o->dtype);
+    for (k = 0; k < (hier ? ctx->nnodes : 1); k++) {
+      float part = 0.0f;
+      int first = 1;
+      for (r = 0; r < ctx->world; r++) {
+        double x;
+        if (hier && ctx->node_of[r] != k)
+          continue;
+        x = zpp_bench_value(o->seed, r, base + b0 + i, o->dtype);
+        part = first ? (float)x : part + (float)x;
+        first = 0;
+      }
+      if (hier) /* the partial travels in dtype */
+        part = (float)zpp_bench_round((double)part, o->dtype);
+      acc = k == 0 ? part : acc + part;
     }
     want = zpp_bench_round((double)acc, o->dtype);
     if (o->op == ZPP_OP_MEAN) {
-      float m = (float)want / (float)ctx->world;
+      float m = acc / (float)ctx->world;
       want = zpp_bench_round((double)m, o->dtype);
       ref /= ctx->world;
     }
@@ -266,13 +289,16 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "dtype size / world elements per rank in the output)",
     "algbw = size / time; busbw = algbw * (world-1)/world (nccl-tests "
     "reduce_scatter)",
-    "<dtype> (zpp_reduce_scatter, the baseline), qgz4, qgz8, qgzA-B "
+    "<dtype> (zpp_reduce_scatter, the baseline), <dtype>-flat (pairwise, "
+    "ZPP_ALGORITHM_FLAT), qgz4, qgz8, qgzA-B "
     "(zpp_qgz_reduce_scatter, A bits inside the node, B across nodes, "
     "symmetric, --block elements per scale, no error feedback), mpi (Open "
     "MPI's MPI_Reduce_scatter_block on the same buffers; 16-bit dtypes with "
     "a user-defined sum that rounds each partial sum to the dtype)",
-    "baseline: bitwise equal to the fp32 sum in rank order rounded once "
-    "(MEAN: that sum / world in fp32, rounded again); qgz: |out - float64 "
+    "baseline: bitwise equal to the documented order (flat: the fp32 sum in "
+    "rank order rounded once; hierarchical: each node's sum rounded to the "
+    "dtype, then summed in node order and rounded once; MEAN: the fp32 sum / "
+    "world, rounded once); qgz: |out - float64 "
     "sum| within the two-stage bound of docs/collectives.md (block scales "
     "of every rank's input) plus the output rounding; mpi: |out - float64 "
     "sum| <= gamma_{w-1} sum |x| for any summation order (u per addition: "

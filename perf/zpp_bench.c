@@ -869,6 +869,7 @@ typedef struct {
   const zpp_bench_variant_t *v;
   int nv, added_baseline, has_mpi;
   const char *backend, *topo, *bootstrap;
+  int any_flat; /* a "-flat" variant runs on a second communicator */
   int topo_emulated, link_emulated, bytes_derived;
   double gbit, lat_us;
   int *node_sizes;
@@ -955,6 +956,16 @@ static void header_texts(const header_t *h, char lines[][800],
                 "collective moves its bytes through this machine's transport, "
                 "which zpp's emulation does not slow, so their time and ratio "
                 "are not a comparison on the same link");
+  LINE("algorithm",
+       "algorithm: %s%s",
+       h->ctx->hier
+           ? "hier (all-gather and reduce-scatter rail-aligned and "
+             "hierarchical across nodes, docs/collectives.md)"
+           : "flat (ring all-gather, pairwise reduce-scatter: one node, one "
+             "rank per node, NCCL's own, or ZPP_ALGO=flat)",
+       h->any_flat ? "; the -flat variants run the flat algorithms on a "
+                     "second communicator of the same ranks"
+                   : "");
   if (h->coll == &zpp_bench_hpz && !h->ctx->uniform)
     LINE("hpz", "uneven nodes: hpZ keeps no secondary copy, so hpz-bwd "
                 "variants run the documented fallback, a world gather from "
@@ -1000,8 +1011,8 @@ static void header_texts(const header_t *h, char lines[][800],
 }
 
 static void print_header(header_t *h, FILE *f) {
-  char lines[16][800];
-  const char *keys[16];
+  char lines[20][800];
+  const char *keys[20];
   int n, i;
   header_texts(h, lines, keys, &n);
   if (h->o->format != ZPP_BENCH_JSON) {
@@ -1148,7 +1159,8 @@ static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
   fprintf(stderr,
           "zpp-bench: rank %d: %s of %s %s, size %zu (count %zu): %s: %s\n",
           ctx->rank, what, ctx->opt->coll, c->v->name, c->bytes, c->count,
-          zpp_status_string(st), zpp_comm_get_last_error(ctx->comm));
+          zpp_status_string(st),
+          zpp_comm_get_last_error(c->v->flat ? ctx->comm_flat : ctx->comm));
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -1195,6 +1207,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   double *times = calloc((size_t)o->iters, sizeof *times);
   uint64_t sent[2], sum[2] = {0, 0}, inter_max = 0;
   zpp_status_t st, all;
+  zpp_comm_t comm = c->v->flat ? ctx->comm_flat : ctx->comm;
   int it;
   st = times != NULL ? coll->setup(ctx, c) : ZPP_ERR_OUT_OF_MEMORY;
   if (st != ZPP_OK)
@@ -1214,14 +1227,14 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
     double t0, t1;
     h_barrier();
     if (it == 0)
-      zpp_comm_get_stats(ctx->comm, &s0);
+      zpp_comm_get_stats(comm, &s0);
     t0 = now_s();
     st = coll->run(ctx, c);
     t1 = now_s();
     total += t1 - t0;
     times[it] = t1 - t0;
     if (it == 0)
-      zpp_comm_get_stats(ctx->comm, &s1);
+      zpp_comm_get_stats(comm, &s1);
     if (st != ZPP_OK)
       report_failure(ctx, "timed iteration", c, st);
     if (it == 0 && st == ZPP_OK && o->check) {
@@ -1274,7 +1287,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
 /* ---- main ---------------------------------------------------------------- */
 
 static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
-                 zpp_comm_t comm) {
+                 zpp_comm_t comm, const zpp_comm_config_t *cfg) {
   zpp_bench_variant_t v[BENCH_MAX_VARIANTS];
   zpp_bench_ctx_t ctx;
   header_t h;
@@ -1311,8 +1324,35 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     free(h.node_sizes);
     return EXIT_USAGE;
   }
+  for (i = 0; i < nv; i++)
+    h.any_flat |= v[i].flat;
+  if (h.any_flat) {
+    /* every rank parsed the same list: all create it (over the same
+     * bootstrap), or all fail alike */
+    zpp_comm_config_t fc = *cfg;
+    zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
+    zpp_status_t st;
+    fc.algorithm = ZPP_ALGORITHM_FLAT;
+    st = g_env ? zpp_comm_get_bootstrap(comm, &bs) : ZPP_OK;
+    if (st == ZPP_OK)
+      st = g_env ? zpp_comm_create(&bs, &fc, &ctx.comm_flat)
+                 : zpp_comm_create_mpi(MPI_COMM_WORLD, &fc, &ctx.comm_flat);
+    if (st != ZPP_OK) {
+      fprintf(stderr, "zpp-bench: rank %d: the flat communicator: %s: %s\n",
+              ctx.rank, zpp_status_string(st), zpp_get_last_error());
+      free(ctx.node_of);
+      free(h.node_sizes);
+      return EXIT_ZPP;
+    }
+  }
   zpp_comm_get_stats(comm, &stats);
   zpp_comm_backend(comm, &backend);
+  {
+    zpp_algorithm_t al = ZPP_ALGORITHM_FLAT;
+    zpp_comm_algorithm(comm, &al);
+    ctx.hier = al == ZPP_ALGORITHM_HIER && backend != ZPP_BACKEND_NCCL &&
+               ctx.nnodes > 1 && ctx.nnodes < ctx.world;
+  }
   zpp_comm_topo_emulated(comm, &h.topo_emulated);
   if (zpp_settings_get("ZPP_TOPO", &h.topo) != ZPP_OK)
     h.topo = "";
@@ -1396,6 +1436,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     rc = EXIT_WRONG;
   if (ctx.rank == 0)
     print_footer(&h, out, wrong_total, error);
+  zpp_comm_destroy(ctx.comm_flat);
   free(ctx.node_of);
   free(h.node_sizes);
   return rc;
@@ -1484,7 +1525,7 @@ int main(int argc, char **argv) {
     return EXIT_ZPP;
   }
   g_comm = comm;
-  rc = bench(coll, &o, comm);
+  rc = bench(coll, &o, comm, &cfg);
   if (!g_env)
     mpi_teardown();
   zpp_comm_destroy(comm);

@@ -48,6 +48,14 @@ typedef struct {
 typedef struct {
   const zpp_bench_opts_t *opt;
   zpp_comm_t comm;
+  /* The same ranks with the flat algorithms (ZPP_ALGORITHM_FLAT: ring
+   * all-gather, pairwise reduce-scatter), for the "-flat" variants; NULL
+   * when no variant asks for it. */
+  zpp_comm_t comm_flat;
+  /* 1 when comm's world all-gather and reduce-scatter run hierarchically
+   * (docs/collectives.md): algorithm hier, a host backend, several nodes
+   * and more than one rank on some node. */
+  int hier;
   int rank, world, nnodes, uniform;
   int *node_of; /* world rank -> node index (world entries) */
 } zpp_bench_ctx_t;
@@ -70,6 +78,7 @@ typedef struct {
   int bits2;    /* qgZ: inter-node code width */
   int foreign;  /* 1: not zpp's (Open MPI's own collective): zpp counts
                  * none of its bytes */
+  int flat;     /* runs on ctx->comm_flat (the "-flat" baselines) */
 } zpp_bench_variant_t;
 
 /* One (size, variant) run: the harness owns in/out, the collective owns

@@ -45,6 +45,12 @@ zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
   if (cfg->backend == ZPP_BACKEND_NCCL && cfg->memory != ZPP_MEMORY_DEVICE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                      "cfg->backend NCCL needs cfg->memory ZPP_MEMORY_DEVICE");
+  if ((int)cfg->algorithm < ZPP_ALGORITHM_DEFAULT ||
+      (int)cfg->algorithm > ZPP_ALGORITHM_FLAT)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "cfg->algorithm %d: must be ZPP_ALGORITHM_DEFAULT, _HIER "
+                     "or _FLAT",
+                     (int)cfg->algorithm);
   if (cfg->topology != NULL && strlen(cfg->topology) >= 128)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                      "cfg->topology: longer than 127 characters");
@@ -191,6 +197,12 @@ zpp_status_t zpp_comm_backend(zpp_comm_t comm, zpp_backend_t *backend) {
 zpp_status_t zpp_comm_memory(zpp_comm_t comm, zpp_memory_t *memory) {
   COMM_CHECK(comm, memory);
   *memory = comm->tr->memory;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_algorithm(zpp_comm_t comm, zpp_algorithm_t *algorithm) {
+  COMM_CHECK(comm, algorithm);
+  *algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
   return ZPP_OK;
 }
 

@@ -37,6 +37,8 @@ typedef struct {
   int64_t key;    /* launcher's host key (REC_KEY), else -1 */
   int32_t real_local_rank;
   int32_t spec_len;
+  int32_t algo;       /* zpp_algorithm_t resolved (cfg, else ZPP_ALGO) */
+  int32_t hier_chunk; /* ZPP_HIER_CHUNK: chunks must match everywhere */
   uint64_t spec_hash;
   uint64_t host_id; /* hash of host name, boot id, network namespace */
   uint64_t pid_space; /* hash of boot id and pid namespace: equal ones see
@@ -320,6 +322,25 @@ static zpp_status_t requested_backend(const zpp_comm_config_t *cfg,
   return ZPP_OK;
 }
 
+/* cfg->algorithm, else the setting ZPP_ALGO (hier when unset). */
+static zpp_status_t requested_algorithm(const zpp_comm_config_t *cfg,
+                                        zpp_algorithm_t *out,
+                                        const char *func) {
+  const char *env;
+  *out = cfg->algorithm;
+  if (cfg->algorithm != ZPP_ALGORITHM_DEFAULT)
+    return ZPP_OK;
+  env = zpp_setting("ZPP_ALGO");
+  if (env[0] == '\0' || strcmp(env, "hier") == 0)
+    *out = ZPP_ALGORITHM_HIER;
+  else if (strcmp(env, "flat") == 0)
+    *out = ZPP_ALGORITHM_FLAT;
+  else
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_ALGO \"%s\": must be hier or flat", env);
+  return ZPP_OK;
+}
+
 /* The same choice on every rank: it depends only on exchanged facts. */
 /* Two ranks of one real machine on one GPU (NCCL refuses that); real
  * machines, not emulated nodes: two emulated nodes may share a GPU. */
@@ -410,6 +431,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   zpp_topo_t *topo = NULL;
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
+  zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
+  long hier_chunk = 0;
   double timeout;
   zpp_status_t st = cr->pre_status, xs;
   int rank = bs->rank, size = bs->size, r;
@@ -426,6 +449,13 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_comm_config_check(cfg);
   if (st == ZPP_OK)
     st = requested_backend(cfg, &want, func);
+  if (st == ZPP_OK)
+    st = requested_algorithm(cfg, &algo, func);
+  hier_chunk = zpp_setting_long("ZPP_HIER_CHUNK", 262144);
+  if (st == ZPP_OK && (hier_chunk < 0 || hier_chunk > (1L << 30)))
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "ZPP_HIER_CHUNK %ld: must be in [0, 2^30] bytes",
+                   hier_chunk);
   if (st == ZPP_OK) {
     c = calloc(1, sizeof *c);
     rec = malloc((size_t)size * sizeof *rec);
@@ -463,6 +493,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.spec_len = (int32_t)strlen(spec);
   mine.want = (int32_t)want;
   mine.memory = (int32_t)cfg->memory;
+  mine.algo = (int32_t)algo;
+  mine.hier_chunk = (int32_t)hier_chunk;
   if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
       (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
       zpp_transport_nccl_available(why, sizeof why))
@@ -536,6 +568,17 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "pass the same cfg->memory on every rank",
                      rank, mine.memory == ZPP_MEMORY_DEVICE ? "device" : "host",
                      r, rec[r].memory == ZPP_MEMORY_DEVICE ? "device" : "host");
+    else if (rec[r].algo != mine.algo)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "algorithm: rank %d runs %s but rank %d %s; pass the "
+                     "same cfg->algorithm (or ZPP_ALGO) on every rank",
+                     rank, mine.algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier", r,
+                     rec[r].algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier");
+    else if (rec[r].hier_chunk != mine.hier_chunk)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_HIER_CHUNK: rank %d uses %d but rank %d %d; set it "
+                     "alike on every rank",
+                     rank, (int)mine.hier_chunk, r, (int)rec[r].hier_chunk);
   }
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
@@ -567,6 +610,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "transport");
   } else {
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
+    c->tr->flat = algo == ZPP_ALGORITHM_FLAT;
+    c->tr->hier_chunk = (size_t)hier_chunk;
     topo = NULL; /* owned by the transport now */
   }
   if (st == ZPP_OK && mine.pid_space != 0 &&
@@ -887,6 +932,7 @@ static zpp_status_t split_impl(zpp_comm_t comm, zpp_status_t st, int color,
 subset:
   cfg = comm->cfg;
   cfg.backend = comm->tr->backend;
+  cfg.algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
   cfg.topology = NULL;
   cfg.timeout_s = timeout;
   spec[0] = '\0';

@@ -64,6 +64,17 @@ static zpp_setting_t settings[] = {
      "host transports (MPI): rings a ring all-gather runs at once, each rotated so "
      "its node boundaries fall on other ranks (like NCCL's channels)",
      NULL, 0},
+    {"ZPP_ALGO", "hier",
+     "host transports (MPI, UCX): all-gather and reduce-scatter over several "
+     "nodes: hier (rail-aligned, hierarchical: each inter-node link carries "
+     "the minimum) or flat (ring all-gather, pairwise reduce-scatter); "
+     "cfg->algorithm takes precedence; the same on every rank",
+     NULL, 0},
+    {"ZPP_HIER_CHUNK", "262144",
+     "host transports: smallest chunk, in bytes, of a hierarchical "
+     "all-gather or reduce-scatter (its inter- and intra-node stages overlap "
+     "chunk by chunk; at most 8 chunks; 0: one); the same on every rank",
+     NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
      "host scratch memory each thread keeps between collectives, in MiB "
      "(reused instead of malloc/free per call; 0 keeps none)",

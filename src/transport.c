@@ -42,6 +42,28 @@ static zpp_linkclass_t link_class(const zpp_transport_t *t, int peer) {
              : ZPP_LINKCLASS_INTRA;
 }
 
+/* The node runs of a group's ring order (transport_impl.h). */
+static zpp_status_t group_nodes(const zpp_topo_t *topo, zpp_tgroup_t *gr) {
+  int n = gr->size, i, k = 0;
+  gr->hoff = malloc((size_t)(n + 1) * sizeof(int));
+  gr->hnode = malloc((size_t)n * sizeof(int));
+  gr->hlocal = malloc((size_t)n * sizeof(int));
+  if (gr->hoff == NULL || gr->hnode == NULL || gr->hlocal == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_transport_init",
+                     "group node tables");
+  for (i = 0; i < n; i++) {
+    int m = gr->ring[i];
+    if (i == 0 || topo->node_of[gr->members[m]] !=
+                      topo->node_of[gr->members[gr->ring[i - 1]]])
+      gr->hoff[k++] = i;
+    gr->hnode[m] = k - 1;
+    gr->hlocal[m] = i - gr->hoff[k - 1];
+  }
+  gr->hoff[k] = n;
+  gr->nh = k;
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
                                 int rank, zpp_memory_t memory,
                                 double timeout_s) {
@@ -71,6 +93,7 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
     else
       for (i = 0; i < gr->size; i++)
         gr->ring[i] = i;
+    ZPP_CHECK(group_nodes(topo, gr));
   }
   t->emu_gbit = zpp_setting_double("ZPP_EMU_INTER_GBIT", 0.0);
   t->emu_lat_us = zpp_setting_double("ZPP_EMU_INTER_LAT_US", 0.0);
@@ -81,6 +104,7 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
     t->emu_lat_us = t->emu_lat_us < 0 ? 0 : t->emu_lat_us;
   }
   t->emu_on = t->emu_gbit > 0 || t->emu_lat_us > 0;
+  t->hier_chunk = 262144; /* comm_create sets the agreed ZPP_HIER_CHUNK */
   t->cuda_device = -1;
   t->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 1000) * 1000;
   if (t->spin_ns < 0)
@@ -104,6 +128,9 @@ void zpp_transport_free(zpp_transport_t *t) {
   for (g = 0; g < ZPP_NGROUPS; g++) {
     free(t->grp[g].members);
     free(t->grp[g].ring);
+    free(t->grp[g].hoff);
+    free(t->grp[g].hnode);
+    free(t->grp[g].hlocal);
   }
   zpp_topo_free(t->topo);
   free(t->pid);

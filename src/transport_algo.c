@@ -10,12 +10,14 @@
  *                   local rank): n-1 rounds, each member forwards one block
  *                   to its successor per round; ZPP_NET_RINGS > 1 runs
  *                   several rotated rings on chunks of the blocks;
+ *                   hierarchical on a group over several nodes (below);
  *   alltoall[v]     pairwise exchange: member i sends block j straight to
  *                   member j and receives block j from j; one round of all
  *                   n-1 pairs, in the order i+1, i+2, ...;
  *   reduce_scatter  the same pairwise round of shards, then (when it
  *                   completes) a local sum in member order 0..n-1 with an
  *                   fp32 accumulator, rounded once to the dtype;
+ *                   hierarchical on a group over several nodes (below);
  *   allreduce       reduce_scatter over balanced shards (the first
  *                   count % n members hold one element more), then a ring
  *                   allgatherv of the reduced shards;
@@ -23,6 +25,27 @@
  *                   MPI_Ibarrier), else a dissemination barrier:
  *                   ceil(log2 n) rounds of 1-byte messages to member
  *                   i + 2^k, not counted as payload.
+ *
+ * Hierarchical (ZPP_ALGO=hier, the default, on a group that spans several
+ * nodes with more than one member on some node).  On node m every member
+ * w of the group has an *owner*: the member of node m at position
+ * local(w) mod size(m) of its run (w itself on w's own node; with equal
+ * nodes the rank with w's local rank: rail-aligned).
+ *   all-gather      stage X: my block goes to its owner on every other
+ *                   node (each rank sends (M-1) B across); stage N: each
+ *                   member sends the blocks it owns to every other member
+ *                   of its node;
+ *   reduce-scatter  the transpose: stage A: slice w goes to its owner on
+ *                   my node, which sums the node's contributions in local
+ *                   order (fp32) and rounds the partial sum to the dtype
+ *                   (what travels); stage B: the owner sends it to w,
+ *                   which sums the partials in node order (fp32) and
+ *                   rounds once (MEAN: divided by n first);
+ *   allreduce       that reduce-scatter over balanced shards, then that
+ *                   all-gather.
+ * The blocks are cut in up to 8 chunks (ZPP_HIER_CHUNK bytes) and round r
+ * carries the first stage of chunk r with the second stage of chunk r-1,
+ * so the intra-node work hides behind the inter-node transfers.
  *
  * Also here, once for every host backend: tags (per-group sequence),
  * link emulation (the deadline header is one more transfer of the round;
@@ -50,7 +73,7 @@
 enum { SUB_DATA = 0, SUB_EMU = 1, SUB_CTL = 2, NSUB = 4 };
 
 /* Phases; an op runs its plan in order. */
-enum { PH_RING, PH_PAIR, PH_REDUCE, PH_BARRIER, PH_END };
+enum { PH_RING, PH_PAIR, PH_REDUCE, PH_BARRIER, PH_HAG, PH_HRS, PH_END };
 #define MAX_PHASES 4
 
 /* ---- per-transport caches: reduction scratch and pinned staging ---------
@@ -374,6 +397,19 @@ struct zpp_xop {
   buf_t tmp;
   /* Barrier: one byte each way per round. */
   char bar_out, bar_in;
+  /* Hierarchical phases: hc chunks; my node hn (hs members, mine at
+   * position hl); own[w]: the owner of member w's block or slice on my
+   * node; the na members I own, alist (increasing), ai[w] (their position
+   * there, -1 when not mine), pre[a] (element offset of alist[a]'s slice
+   * in the partial sums, la in all).  RS scratch: ra, the slices I own
+   * from every other member of my node ((hs - 1) * la elements); pp, my
+   * partial sums (la); rbuf, the partials of my slice from the other nodes
+   * ((nh - 1) * len[me]). */
+  int hc, hn, hs, hl, na;
+  int *own, *ai, *alist; /* [n] */
+  size_t *pre;           /* [n] */
+  size_t la;
+  char *ra, *pp, *rbuf;
   /* Device staging: the host algorithm runs on stage_in / stage_out; at
    * the end stage_out is copied to `user_recv` on `stream`. */
   int staged, sync_out;
@@ -438,20 +474,20 @@ static void shard(size_t count, int n, int j, size_t *off, size_t *len) {
   *off = jj * q + (jj < r ? jj : r);
 }
 
-/* dst[e] = sum over members i = 0..n-1 of block i, element e, in member
- * order with an fp32 accumulator, rounded once to dtype. */
+/* dst[e] = sum over i = 0..n-1 of block i, element e, in that order with
+ * an fp32 accumulator, divided by div when div > 0 (MEAN), rounded once
+ * to dtype. */
 static void reduce_blocks(void *dst, const void *const *blocks, int n,
-                          size_t count, zpp_dtype_t dtype, int mean) {
+                          size_t count, zpp_dtype_t dtype, float div) {
   size_t e;
   int i, dt = (int)dtype;
-  float div = (float)n;
   for (e = 0; e < count; e++) {
     float acc = zpp_qm_load(blocks[0], e, dt);
     for (i = 1; i < n; i++)
       acc = zpp_qm_add(acc, zpp_qm_load(blocks[i], e, dt));
     /* MEAN: one IEEE division in fp32, then the one rounding to dtype
      * (elementwise.c's finish does the same) */
-    zpp_qm_store(dst, e, dt, mean ? acc / div : acc);
+    zpp_qm_store(dst, e, dt, div > 0 ? acc / div : acc);
   }
 }
 
@@ -614,6 +650,228 @@ static zpp_status_t barrier_round(zpp_xop_t *op) {
   op->nin = op->nout = 1;
   op->ctl = 1;
   return post_round(op);
+}
+
+/* ---- hierarchical all-gather and reduce-scatter ------------------------------
+ * (the algorithm is described at the top of this file; docs/design.md,
+ * "Transports", gives the byte formulas). */
+
+/* Whether ops on group g run hierarchically: the default algorithm, more
+ * than one node, and some node with more than one member (with one member
+ * per node there is nothing to aggregate: the flat algorithms are it). */
+static int hier_on(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
+  return !t->flat && gr->nh > 1 && gr->nh < gr->size;
+}
+
+/* Chunks of a stage whose largest block is `maxbytes`: the same on every
+ * member, since every member knows every block size. */
+static int hier_chunks(const zpp_transport_t *t, size_t maxbytes) {
+  size_t c;
+  if (t->hier_chunk == 0 || maxbytes <= t->hier_chunk)
+    return 1;
+  c = (maxbytes + t->hier_chunk - 1) / t->hier_chunk;
+  return c > 8 ? 8 : (int)c;
+}
+
+/* Member at position `pos` mod the size of node k's run. */
+static int node_member(const zpp_tgroup_t *gr, int k, int pos) {
+  int size = gr->hoff[k + 1] - gr->hoff[k];
+  return gr->ring[gr->hoff[k] + pos % size];
+}
+
+/* My node, the owners on it, and what I own (the same set for both
+ * collectives: I gather and forward the blocks of the members whose
+ * slices I reduce). */
+static void hier_setup(zpp_xop_t *op) {
+  const zpp_tgroup_t *gr = &op->t->grp[op->g];
+  int w;
+  op->hn = gr->hnode[op->me];
+  op->hl = gr->hlocal[op->me];
+  op->hs = gr->hoff[op->hn + 1] - gr->hoff[op->hn];
+  op->na = 0;
+  for (w = 0; w < op->n; w++) {
+    op->own[w] = node_member(gr, op->hn, gr->hlocal[w]);
+    op->ai[w] = -1;
+    if (op->own[w] == op->me) {
+      op->ai[w] = op->na;
+      op->alist[op->na++] = w;
+    }
+  }
+}
+
+/* Transfers a hierarchical round can hold (sends or receives): stage X or
+ * B is at most one per member, stage N or A at most one per member plus
+ * (hs - 1) per member I own. */
+static int hier_slots(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
+  int hs = gr->hoff[gr->hnode[gr->index] + 1] - gr->hoff[gr->hnode[gr->index]];
+  int na = 0, w;
+  if (!hier_on(t, gr))
+    return 0;
+  for (w = 0; w < gr->size; w++)
+    na += node_member(gr, gr->hnode[gr->index], gr->hlocal[w]) == gr->index;
+  return 2 * gr->size + (hs - 1) * na;
+}
+
+/* All-gather round r: stage X of chunk r (r < hc), stage N of chunk r - 1
+ * (r >= 1).  To one peer both sides list the blocks in member order, so
+ * transfers of a pair match in posting order. */
+static zpp_status_t hag_round(zpp_xop_t *op, int r) {
+  const zpp_tgroup_t *gr = &op->t->grp[op->g];
+  int n = op->n, me = op->me, C = op->hc, ns = 0, nr = 0, s, w, a;
+  size_t lo, len;
+  if (r < C) {
+    const char *mine = op->ring_send != NULL ? op->ring_send
+                                             : op->ring_buf + op->displs[me];
+    chunk_of(op->bytes[me], r, C, &lo, &len);
+    for (s = 1; s < gr->nh; s++)
+      data_xfer(op, &op->dout[ns++],
+                node_member(gr, (op->hn + s) % gr->nh, op->hl), mine + lo,
+                len);
+    for (w = 0; w < n; w++)
+      if (gr->hnode[w] != op->hn && op->own[w] == me) {
+        chunk_of(op->bytes[w], r, C, &lo, &len);
+        data_xfer(op, &op->din[nr++], w, op->ring_buf + op->displs[w] + lo,
+                  len);
+      }
+  }
+  if (r >= 1) {
+    for (s = 1; s < op->hs; s++) {
+      int j = node_member(gr, op->hn, op->hl + s);
+      for (a = 0; a < op->na; a++) {
+        w = op->alist[a];
+        chunk_of(op->bytes[w], r - 1, C, &lo, &len);
+        data_xfer(op, &op->dout[ns++], j, op->ring_buf + op->displs[w] + lo,
+                  len);
+      }
+      for (w = 0; w < n; w++)
+        if (op->own[w] == j) {
+          chunk_of(op->bytes[w], r - 1, C, &lo, &len);
+          data_xfer(op, &op->din[nr++], j, op->ring_buf + op->displs[w] + lo,
+                    len);
+        }
+    }
+  }
+  op->nin = nr;
+  op->nout = ns;
+  op->ctl = 0;
+  return post_round(op);
+}
+
+/* Reduce-scatter round r: stage A of chunk r (r < hc), stage B of chunk
+ * r - 1 (r >= 1).  Chunks are element ranges of each slice. */
+static zpp_status_t hrs_round(zpp_xop_t *op, int r) {
+  const zpp_tgroup_t *gr = &op->t->grp[op->g];
+  size_t es = zpp_dtype_size(op->dtype), lo, cl;
+  int n = op->n, me = op->me, C = op->hc, ns = 0, nr = 0, s, w, a;
+  if (r < C) {
+    for (s = 1; s < op->hs; s++) {
+      int jl = (op->hl + s) % op->hs, jp = jl < op->hl ? jl : jl - 1;
+      int j = node_member(gr, op->hn, jl);
+      for (w = 0; w < n; w++)
+        if (op->own[w] == j) {
+          chunk_of(op->len[w], r, C, &lo, &cl);
+          data_xfer(op, &op->dout[ns++], j,
+                    op->p_send + (op->off[w] + lo) * es, cl * es);
+        }
+      for (a = 0; a < op->na; a++) {
+        chunk_of(op->len[op->alist[a]], r, C, &lo, &cl);
+        data_xfer(op, &op->din[nr++], j,
+                  op->ra + ((size_t)jp * op->la + op->pre[a] + lo) * es,
+                  cl * es);
+      }
+    }
+  }
+  if (r >= 1) {
+    for (a = 0; a < op->na; a++) {
+      w = op->alist[a];
+      if (gr->hnode[w] == op->hn)
+        continue;
+      chunk_of(op->len[w], r - 1, C, &lo, &cl);
+      data_xfer(op, &op->dout[ns++], w, op->pp + (op->pre[a] + lo) * es,
+                cl * es);
+    }
+    chunk_of(op->len[me], r - 1, C, &lo, &cl);
+    for (s = 1; s < gr->nh; s++) {
+      int k = (op->hn + s) % gr->nh, kp = k < op->hn ? k : k - 1;
+      data_xfer(op, &op->din[nr++], node_member(gr, k, op->hl),
+                op->rbuf + ((size_t)kp * op->len[me] + lo) * es, cl * es);
+    }
+  }
+  op->nin = nr;
+  op->nout = ns;
+  op->ctl = 0;
+  return post_round(op);
+}
+
+/* Chunk c of every partial sum I own: my node's contributions in local
+ * order (mine from the send buffer), fp32, rounded to the dtype. */
+static void hrs_partial(zpp_xop_t *op, int c) {
+  size_t es = zpp_dtype_size(op->dtype), lo, cl;
+  int a, jl;
+  for (a = 0; a < op->na; a++) {
+    int w = op->alist[a];
+    chunk_of(op->len[w], c, op->hc, &lo, &cl);
+    for (jl = 0; jl < op->hs; jl++) {
+      int jp = jl < op->hl ? jl : jl - 1;
+      op->blocks[jl] =
+          jl == op->hl
+              ? op->p_send + (op->off[w] + lo) * es
+              : op->ra + ((size_t)jp * op->la + op->pre[a] + lo) * es;
+    }
+    reduce_blocks(op->pp + (op->pre[a] + lo) * es, op->blocks, op->hs, cl,
+                  op->dtype, 0.0f);
+  }
+}
+
+/* Chunk c of my slice: the nodes' partial sums in node order (mine from
+ * pp), fp32, MEAN divided by the group size, rounded once. */
+static void hrs_final(zpp_xop_t *op, int c) {
+  const zpp_tgroup_t *gr = &op->t->grp[op->g];
+  size_t es = zpp_dtype_size(op->dtype), lo, cl, mine = op->len[op->me];
+  int k;
+  chunk_of(mine, c, op->hc, &lo, &cl);
+  for (k = 0; k < gr->nh; k++) {
+    int kp = k < op->hn ? k : k - 1;
+    op->blocks[k] = k == op->hn
+                        ? op->pp + (op->pre[op->ai[op->me]] + lo) * es
+                        : op->rbuf + ((size_t)kp * mine + lo) * es;
+  }
+  reduce_blocks((char *)op->dst + lo * es, op->blocks, gr->nh, cl, op->dtype,
+                op->rop == ZPP_REDUCE_MEAN ? (float)op->n : 0.0f);
+}
+
+/* Reduce-scatter of shards (off[i], len[i]) of `send` into dst: owners,
+ * chunks and the scratch (one buffer for ra, pp and rbuf). */
+static zpp_status_t setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
+  const zpp_tgroup_t *gr = &op->t->grp[op->g];
+  size_t es = zpp_dtype_size(op->dtype), maxlen = 0, total;
+  int a, w;
+  hier_setup(op);
+  op->la = 0;
+  for (a = 0; a < op->na; a++) {
+    op->pre[a] = op->la;
+    op->la += op->len[op->alist[a]];
+  }
+  for (w = 0; w < op->n; w++)
+    if (op->len[w] > maxlen)
+      maxlen = op->len[w];
+  /* elements: hs * la (ra and pp) + (nh - 1) * len[me]; with equal nodes
+   * n * count + (M - 1) * count, the caller's input and a bit; a small
+   * node of an uneven layout owns more */
+  if (op->la > 0 && (size_t)op->hs > SIZE_MAX / es / 2 / op->la)
+    return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
+  total = (size_t)op->hs * op->la;
+  if ((size_t)(gr->nh - 1) * op->len[op->me] > SIZE_MAX / es / 2 - total)
+    return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
+  total += (size_t)(gr->nh - 1) * op->len[op->me];
+  ZPP_CHECK(host_get(op->t, total * es + 1, &op->tmp, op->what));
+  op->ra = op->tmp.p;
+  op->pp = op->ra + (size_t)(op->hs - 1) * op->la * es;
+  op->rbuf = op->pp + op->la * es;
+  op->hc = hier_chunks(op->t, maxlen * es);
+  op->p_send = send;
+  op->dst = dst;
+  return ZPP_OK;
 }
 
 /* ---- staging ----------------------------------------------------------------- */
@@ -799,16 +1057,18 @@ static void setup_ring(zpp_xop_t *op, char *buf, const void *send) {
 
 /* Carves the op and its tables out of one allocation (every table but the
  * int ones, last, has 8-byte elements, so each stays aligned). */
-static zpp_xop_t *op_alloc(int n, int nc) {
+static zpp_xop_t *op_alloc(int n, int nc, int slots) {
   int k = n - 1 > nc ? n - 1 : nc;
   size_t sz, nn = (size_t)n;
   zpp_xop_t *op;
   char *p;
+  if (k < slots)
+    k = slots;
   if (k < 1)
     k = 1;
-  sz = sizeof *op + 8 * nn * sizeof(size_t) + nn * sizeof(void *) +
+  sz = sizeof *op + 9 * nn * sizeof(size_t) + nn * sizeof(void *) +
        6 * (size_t)k * sizeof(zpp_xfer_t) + 2 * (size_t)k * sizeof(int64_t) +
-       ((size_t)nc * nn + (size_t)nc) * sizeof(int);
+       ((size_t)nc * nn + (size_t)nc + 3 * nn) * sizeof(int);
   op = calloc(1, sz);
   if (op == NULL)
     return NULL;
@@ -826,6 +1086,7 @@ static zpp_xop_t *op_alloc(int n, int nc) {
   ZPP_CARVE(ro, nn);
   ZPP_CARVE(off, nn);
   ZPP_CARVE(len, nn);
+  ZPP_CARVE(pre, nn);
   ZPP_CARVE(blocks, nn);
   ZPP_CARVE(din, (size_t)k);
   ZPP_CARVE(dout, (size_t)k);
@@ -835,12 +1096,16 @@ static zpp_xop_t *op_alloc(int n, int nc) {
   ZPP_CARVE(hout, (size_t)k);
   ZPP_CARVE(rings, (size_t)nc * nn);
   ZPP_CARVE(pos, (size_t)nc);
+  ZPP_CARVE(own, nn);
+  ZPP_CARVE(ai, nn);
+  ZPP_CARVE(alist, nn);
 #undef ZPP_CARVE
   return op;
 }
 
 static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
   int n = op->n, me = op->me, i, np = 0;
+  int hier = hier_on(op->t, &op->t->grp[op->g]);
   const void *send = a->send;
   void *recv = a->recv;
   if (a->mem == ZPP_MEMORY_DEVICE && a->kind != ZPP_XOP_BARRIER)
@@ -852,14 +1117,18 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
       op->displs[i] = (size_t)i * a->bytes;
     }
     setup_ring(op, recv, send);
-    op->plan[np++] = PH_RING;
+    if (hier)
+      hier_setup(op);
+    op->plan[np++] = hier ? PH_HAG : PH_RING;
     break;
   }
   case ZPP_XOP_ALLGATHERV: {
     memcpy(op->bytes, a->recv_bytes, (size_t)n * sizeof(size_t));
     offsets(a->recv_bytes, a->recv_displs, n, op->displs);
     setup_ring(op, recv, send);
-    op->plan[np++] = PH_RING;
+    if (hier)
+      hier_setup(op);
+    op->plan[np++] = hier ? PH_HAG : PH_RING;
     break;
   }
   case ZPP_XOP_ALLTOALLV:
@@ -893,6 +1162,11 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
       op->off[i] = (size_t)i * a->count;
       op->len[i] = a->count;
     }
+    if (hier) {
+      ZPP_CHECK(setup_hrs(op, send, recv));
+      op->plan[np++] = PH_HRS;
+      break;
+    }
     ZPP_CHECK(setup_reduce(op, send, recv));
     if (n > 1) {
       op->plan[np++] = PH_PAIR;
@@ -909,9 +1183,17 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
       op->bytes[i] = op->len[i] * es;
     }
     /* The reduced shard lands in place in recv; reading send's shard `me`
-     * and writing recv's is element by element, so send == recv is safe. */
-    ZPP_CHECK(setup_reduce(op, send, (char *)recv + op->displs[me]));
+     * and writing recv's is element by element, so send == recv is safe
+     * (hierarchical: chunk c of my shard is written a round after it was
+     * read, and the shards of the others are only read). */
     setup_ring(op, recv, NULL);
+    if (hier) {
+      ZPP_CHECK(setup_hrs(op, send, (char *)recv + op->displs[me]));
+      op->plan[np++] = PH_HRS;
+      op->plan[np++] = PH_HAG;
+      break;
+    }
+    ZPP_CHECK(setup_reduce(op, send, (char *)recv + op->displs[me]));
     if (n > 1) {
       op->plan[np++] = PH_PAIR;
       op->plan[np++] = PH_REDUCE;
@@ -977,9 +1259,46 @@ static zpp_status_t next_step(zpp_xop_t *op) {
       break;
     op->step = 1;
     return pair_round(op);
+  case PH_HAG: {
+    zpp_status_t st;
+    if (op->step == 0) {
+      size_t maxb = 0;
+      int w;
+      for (w = 0; w < op->n; w++)
+        if (op->bytes[w] > maxb)
+          maxb = op->bytes[w];
+      op->hc = hier_chunks(t, maxb);
+    }
+    if (op->step > op->hc)
+      break;
+    st = hag_round(op, op->step);
+    if (st == ZPP_OK && op->step == 0 && op->ring_send != NULL)
+      /* round 0 sends my block from ring_send: put it in place meanwhile
+       * (stage N forwards it from there) */
+      memmove(op->ring_buf + op->displs[op->me], op->ring_send,
+              op->bytes[op->me]);
+    op->step++;
+    return st;
+  }
+  case PH_HRS: {
+    /* step r: round r - 1 is complete: its stage-A chunk is reduced into
+     * partial sums, its stage-B chunk (r - 2) into my slice; then round r
+     * goes out (it sends the partials of chunk r - 1) */
+    zpp_status_t st;
+    int r = op->step;
+    if (r >= 1 && r - 1 < op->hc)
+      hrs_partial(op, r - 1);
+    if (r >= 2)
+      hrs_final(op, r - 2);
+    if (r > op->hc)
+      break;
+    st = hrs_round(op, r);
+    op->step++;
+    return st;
+  }
   case PH_REDUCE:
     reduce_blocks(op->dst, op->blocks, op->n, op->len[op->me], op->dtype,
-                  op->rop == ZPP_REDUCE_MEAN);
+                  op->rop == ZPP_REDUCE_MEAN ? (float)op->n : 0.0f);
     break;
   case PH_BARRIER:
     if (op->n == 1)
@@ -1057,13 +1376,16 @@ zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
   int n = gr->size, ring = a->kind == ZPP_XOP_ALLGATHER ||
                            a->kind == ZPP_XOP_ALLGATHERV ||
                            a->kind == ZPP_XOP_ALLREDUCE;
+  int hier = ring || a->kind == ZPP_XOP_REDUCE_SCATTER;
+  /* hierarchical ops run one rotated ring: nc = 1 */
+  int nc = ring && !hier_on(t, gr) ? ring_channels(t, gr) : 1;
   uint32_t span = t->tag_limit / NSUB;
   zpp_xop_t *op;
   zpp_status_t st;
   /* The tag is taken before anything can fail, so every member's sequence
    * stays in step with the others'. */
   uint32_t seq = t->grp[a->g].seq++;
-  op = op_alloc(n, ring ? ring_channels(t, gr) : 1);
+  op = op_alloc(n, nc, hier ? hier_slots(t, gr) : 0);
   if (op == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "operation of %d members",
                      n);
@@ -1073,7 +1395,7 @@ zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
   op->what = a->what;
   op->n = n;
   op->me = gr->index;
-  op->nc = ring ? ring_channels(t, gr) : 1;
+  op->nc = nc;
   op->tag = (span > 0 ? seq % span : 0) * NSUB;
   op->sync_out = sync_out;
   op->limit_ns = t->timeout_s > 0

@@ -26,6 +26,13 @@ typedef struct {
   int *members; /* [size] world rank of each member */
   int *ring;    /* [size] member indices in ring order: by node, then local
                    rank, so a ring crosses each node boundary once */
+  /* The group's nodes (hierarchical algorithms, transport_algo.c): node k
+   * of the group (k = 0..nh-1, in ring order) holds the members
+   * ring[hoff[k] .. hoff[k + 1]); member i is on node hnode[i], at
+   * position hlocal[i] of that run. */
+  int nh;
+  int *hoff;          /* [nh + 1] */
+  int *hnode, *hlocal; /* [size] */
   uint32_t seq; /* operations started on this group (their tags) */
 } zpp_tgroup_t;
 
@@ -57,6 +64,8 @@ struct zpp_transport {
   uint32_t tag_limit; /* tags the backend can carry: [0, tag_limit) */
   int cuda_device;    /* device of staged device buffers (-1: current) */
   int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
+  int flat;           /* ZPP_ALGORITHM_FLAT: ring / pairwise on every group */
+  size_t hier_chunk;  /* ZPP_HIER_CHUNK: bytes per hierarchical chunk */
   atomic_uint_fast64_t progress; /* bumped when a transfer completes */
   struct zpp_algo *algo;         /* owned; freed with the transport */
   pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */

@@ -24,10 +24,28 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
     # byte formulas as the unchunked ones.
     set(_pipe "")
     if(_topo MATCHES "^(2x4|3x2|0,0,0,1,1|1x4)$")
-      set(_pipe ";ZPP_PIPE_MIN_CHUNK=256")
+      # and the hierarchical all-gather / reduce-scatter in chunks
+      set(_pipe ";ZPP_PIPE_MIN_CHUNK=256;ZPP_HIER_CHUNK=4096")
     endif()
     set_tests_properties(coll_${_tname} PROPERTIES LABELS mpi TIMEOUT 240
       ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1${_pipe}")
+  endforeach()
+  # The flat algorithms (ZPP_ALGO=flat) on multi-node layouts, and the
+  # hierarchical ones on nodes of 3 + 2 + 1 ranks: the tests whose
+  # expectations depend on the algorithm (baselines, qwZ and hpZ ride on the
+  # world all-gather, qgZ on its own all-to-alls, the started collectives).
+  foreach(_l "flat_2x4|8|2x4|flat" "flat_3x2|6|3x2|flat" "flat_00011|5|0,0,0,1,1|flat"
+             "001112|6|0,0,0,1,1,2|hier")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    list(GET _f 3 _algo)
+    add_test(NAME coll_${_name}
+      COMMAND ${_zpp_mpirun} -np ${_np} $<TARGET_FILE:test_coll>
+        --gtest_filter=Baseline.*:Qwz.*:Hpz.*:Async.*:Qgz.CountsEqualTheFormulas)
+    set_tests_properties(coll_${_name} PROPERTIES LABELS mpi TIMEOUT 240
+      ENVIRONMENT "ZPP_TOPO=${_topo};ZPP_ALGO=${_algo};ZPP_HIER_CHUNK=2048;OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
   # MPI_THREAD_SERIALIZED: started collectives complete inline (no progress
   # thread), pipelining still runs; the results must not change.
@@ -54,7 +72,7 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
         set(_env "ZPP_TOPO=${_topo};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=${_be}")
         string(APPEND _env ";OMPI_MCA_mpi_yield_when_idle=1")
         if(_topo MATCHES "^(2x4|3x2)$")
-          string(APPEND _env ";ZPP_PIPE_MIN_CHUNK=256")
+          string(APPEND _env ";ZPP_PIPE_MIN_CHUNK=256;ZPP_HIER_CHUNK=4096")
         endif()
         if(_be STREQUAL "nccl")
           string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
@@ -64,6 +82,16 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
         set_tests_properties(coll_device_${_be}_${_topo} PROPERTIES LABELS emu
           TIMEOUT 300 ENVIRONMENT "${_env}")
       endforeach()
+      # the flat algorithms on device memory (MPI staging; NCCL routes by
+      # itself)
+      if(_be STREQUAL "mpi")
+        add_test(NAME coll_device_mpi_flat_2x4
+          COMMAND ${_zpp_mpirun} -np 8 $<TARGET_FILE:test_coll>
+            --gtest_filter=Baseline.*:Qwz.*:Hpz.*)
+        set_tests_properties(coll_device_mpi_flat_2x4 PROPERTIES LABELS emu
+          TIMEOUT 300 ENVIRONMENT
+          "ZPP_TOPO=2x4;ZPP_ALGO=flat;ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=mpi;OMPI_MCA_mpi_yield_when_idle=1")
+      endif()
     endforeach()
   endif()
   add_test(NAME coll_check

@@ -41,6 +41,8 @@ using zpp_test::Mem;
 
 zpp_comm_t g_comm = nullptr;
 int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+// ZPP_ALGO (read here, independently of the library): hier unless "flat".
+bool g_hier = true;
 
 uint64_t seed() {
   const char *s = std::getenv("ZPP_TEST_SEED");
@@ -191,20 +193,49 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
     m.back();
     // The promise (zpp_coll.h): an fp32 accumulator, rounded once to the
     // dtype; MEAN divides the fp32 sum before that one rounding.  Host
-    // backends (MPI, UCX) add in rank order, so the result is exact: the
-    // same fp32 additions here.  NCCL adds in its ring order, so the fp32
-    // sum may differ from rank order by gamma_{n-1} * sum|x| (gamma_k =
-    // k u / (1 - k u), u = 2^-24), plus the one rounding to the dtype
-    // (relative u_d = 2^-8 bf16, 2^-11 fp16, 2^-24 fp32): checked against
-    // a float64 reference with that bound.
+    // backends (MPI, UCX) with the flat algorithm add in rank order, so the
+    // result is exact: the same fp32 additions here.  Hierarchical (the
+    // default over several nodes, docs/collectives.md): each node's sum in
+    // rank order (fp32) is rounded to the dtype, then the nodes' sums are
+    // added in node order (fp32) and rounded once more: also exact here, and
+    // within the bound of those roundings of the float64 sum.  NCCL adds in
+    // its ring order, so the fp32 sum may differ from rank order by
+    // gamma_{n-1} * sum|x| (gamma_k = k u / (1 - k u), u = 2^-24), plus the
+    // one rounding to the dtype (relative u_d = 2^-8 bf16, 2^-11 fp16, 2^-24
+    // fp32): checked against a float64 reference with that bound.
     zpp_backend_t be = ZPP_BACKEND_AUTO;
     zpp_comm_backend(g_comm, &be);
+    const bool hier = be != ZPP_BACKEND_NCCL && g_hier && g_nnodes > 1 && g_nnodes < g_size;
     std::vector<float> acc(c.count, 0.0f);
-    std::vector<double> ref(c.count, 0.0), mag(c.count, 0.0);
+    std::vector<double> ref(c.count, 0.0), mag(c.count, 0.0), pmag(c.count, 0.0);
+    std::vector<int> node(g_size);
+    for (int r = 0; r < g_size; r++) zpp_comm_node_of(g_comm, r, &node[r]);
+    if (hier) {  // node order, then rank order inside each node
+      for (int k = 0; k < g_nnodes; k++) {
+        std::vector<float> part(c.count, 0.0f);
+        bool first = true;
+        for (int r = 0; r < g_size; r++) {
+          if (node[r] != k) continue;
+          auto x = gen(r, n, c.dt, 2);
+          for (size_t i = 0; i < c.count; i++)
+            part[i] = first ? x[g_rank * c.count + i] : part[i] + x[g_rank * c.count + i];
+          first = false;
+        }
+        for (size_t i = 0; i < c.count; i++) {
+          float p = to_dtype(part[i], c.dt);
+          acc[i] = k == 0 ? p : acc[i] + p;
+          pmag[i] += std::fabs((double)p);
+        }
+      }
+    } else {
+      for (int r = 0; r < g_size; r++) {
+        auto x = gen(r, n, c.dt, 2);
+        for (size_t i = 0; i < c.count; i++) acc[i] += x[g_rank * c.count + i];
+      }
+    }
     for (int r = 0; r < g_size; r++) {
       auto x = gen(r, n, c.dt, 2);
       for (size_t i = 0; i < c.count; i++) {
-        acc[i] += x[g_rank * c.count + i];
         ref[i] += (double)x[g_rank * c.count + i];
         mag[i] += std::fabs((double)x[g_rank * c.count + i]);
       }
@@ -218,7 +249,18 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
       float s = to_dtype(acc[i], c.dt);
       float mn = to_dtype(acc[i] / (float)g_size, c.dt);
       bool ok;
-      if (be == ZPP_BACKEND_NCCL) {
+      if (hier) {
+        // Bitwise the order above, and within its roundings of the float64
+        // sum: the fp32 additions inside the nodes (gamma_{n-1} of sum |x|),
+        // one rounding of each node's partial (u_d of |partial|, |P| at
+        // most (1 + 2 u_d) times its rounded value), the fp32 additions of
+        // the partials (gamma_{n-1} of their magnitudes), one rounding of
+        // the result.
+        double bs = gamma * mag[i] + ud * pmag[i] * (1.0 + 2.0 * ud) +
+                    gamma * pmag[i] + ud * std::fabs((double)s) * (1.0 + 2.0 * ud);
+        ok = at(sum, c.dt, i) == s && at(mean, c.dt, i) == mn &&
+             std::fabs((double)s - ref[i]) <= bs;
+      } else if (be == ZPP_BACKEND_NCCL) {
         double bs = gamma * mag[i] * (1.0 + ud) + ud * std::fabs(ref[i]);
         double bm = bs / (double)g_size;
         ok = std::fabs((double)at(sum, c.dt, i) - ref[i]) <= bs &&
@@ -1192,6 +1234,15 @@ TEST(BadInput, LengthsThatDifferAcrossRanksAreDetectedWithZppCheck) {
 void setup() {
   zpp_test::OpenComm((unsigned long long)seed(), &g_comm, &g_rank, &g_size,
                      &g_nnodes, &g_uniform);
+  const char *a = std::getenv("ZPP_ALGO");
+  g_hier = !(a && std::string(a) == "flat");
+  zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
+  zpp_comm_algorithm(g_comm, &al);
+  if (al != (g_hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT)) {
+    std::fprintf(stderr, "rank %d: ZPP_ALGO=%s but the communicator runs %d\n",
+                 g_rank, a ? a : "", (int)al);
+    std::exit(2);
+  }
 }
 
 void teardown() { zpp_comm_destroy(g_comm); }

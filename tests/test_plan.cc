@@ -83,8 +83,9 @@ TEST(Plan, MemoryMatchesTheZeroPaperExample) {
 // Ring all-gather of B bytes: each rank sends 7 B; the world total crosses
 // the network M times, so per rank (total / N): inter 7 B / 4, intra
 // 7 B * 3 / 4.  Pairwise reduce-scatter: intra 3 * B, inter 4 * B.
+// --algo flat: the ring all-gather and the pairwise reduce-scatter.
 TEST(Plan, SmallCaseBytesByHand) {
-  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --format json", false);
+  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --algo flat --format json", false);
   ASSERT_EQ(r.status, 0) << r.out;
   const double B = 250000, e8 = 126956, e4 = 64456;
   const double ag_inter = 7 * B / 4, ag_intra = 7 * B * 3 / 4;  // 437500, 1312500
@@ -122,7 +123,7 @@ TEST(Plan, SmallCaseBytesByHand) {
 
 // bf16 hpZ copy: M * 2c = 2 * 250000 bytes in memory and in the backward gather.
 TEST(Plan, Bf16SecondaryCopy) {
-  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --hpz-bits 16 --format json", false);
+  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --hpz-bits 16 --algo flat --format json", false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(field(r.out, "zeropp", "model_state_bytes"), 2e6 + 2 * 250000.0);
   // intra: qwZ 666519 + hpZ 3 * 2 * 250000 + qgZ 386736
@@ -142,11 +143,38 @@ TEST(Plan, Bf16SecondaryCopy) {
 //           = 396.736e-6 + 744.56e-6 = 1.141296e-3    -> 11.519952e-3 s
 TEST(Plan, AlphaBetaTimesByHand) {
   ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --intra-gbps 8 --inter-gbps 0.8 "
-                  "--intra-lat-us 10 --inter-lat-us 100 --format json", false);
+                  "--intra-lat-us 10 --inter-lat-us 100 --algo flat --format json", false);
   ASSERT_EQ(r.status, 0) << r.out;
   // Printed with 9 significant digits: relative 1e-8 covers the rounding.
   EXPECT_NEAR(field(r.out, "zero3", "comm_time_s_per_step"), 46.5e-3, 46.5e-3 * 1e-8);
   EXPECT_NEAR(field(r.out, "zeropp", "comm_time_s_per_step"), 11.519952e-3, 11.519952e-3 * 1e-8);
+}
+
+// The default, --algo hier: every rank sends (M - 1) B across per all-gather
+// and (M - 1) 2c per reduce-scatter, (S - 1) M of them inside the node.
+// 2 nodes of 4, c = 125000, B = 250000: all-gather inter 250000, intra
+// 3 * 2 * 250000 = 1500000; the reduce-scatter the same.  Alpha-beta: one
+// step per class, the slower class: max(10e-6 + 1.5e6 / 1e9,
+// 100e-6 + 250000 / 1e8) = 2.6e-3 per collective.
+TEST(Plan, SmallCaseHierarchicalBytesByHand) {
+  ToolRun r = run("--params 1M --ranks 8 --ranks-per-node 4 --intra-gbps 8 --inter-gbps 0.8 "
+                  "--intra-lat-us 10 --inter-lat-us 100 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"algo\": \"hier\""), std::string::npos) << r.out;
+  const double B = 250000, e8 = 126956, e4 = 64456;
+  for (const char *st : {"dp", "zero1", "zero2"}) {
+    EXPECT_EQ(field(r.out, st, "inter_bytes_per_step"), 2 * B) << st;
+    EXPECT_EQ(field(r.out, st, "intra_bytes_per_step"), 2 * 6 * B) << st;
+  }
+  EXPECT_EQ(field(r.out, "zero3", "inter_bytes_per_step"), 3 * B);
+  EXPECT_EQ(field(r.out, "zero3", "inter_bytes_per_step_max"), 3 * B);
+  EXPECT_EQ(field(r.out, "zero3", "intra_bytes_per_step"), 3 * 6 * B);
+  EXPECT_NEAR(field(r.out, "zero3", "comm_time_s_per_step"), 3 * 2.6e-3, 7.8e-3 * 1e-8);
+  // zeropp: qwZ is the hierarchical all-gather of E8 (inter 1 * E8, intra
+  // 3 * 2 * E8), hpZ backward (3 * 2 * E8 inside), qgZ INT4 as before.
+  EXPECT_EQ(field(r.out, "zeropp", "inter_bytes_per_step"), e8 + e4);
+  EXPECT_EQ(field(r.out, "zeropp", "intra_bytes_per_step"), 6 * e8 + 6 * e8 + 6 * e4);
+  EXPECT_EQ(run("--params 1M --ranks 8 --algo ring").status, 2);
 }
 
 // One node: the ring never leaves it, qgZ runs its intra stage only.
@@ -214,7 +242,8 @@ TEST(Plan, ErrorFeedbackResidualAndQwdByHand) {
   EXPECT_EQ(field(r.out, "zeropp", "model_state_bytes"),
             field(r.out, "zero3", "model_state_bytes") +
                 field(r.out, "zeropp", "hpz_secondary_bytes") + 5000000.0);
-  r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 8 --qwd 4 --format json", false);
+  r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 8 --qwd 4 --algo flat --format json",
+          false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(field(r.out, "zeropp", "residual_bytes"), 1269560.0);
   EXPECT_EQ(field(r.out, "zero2", "qwd_scratch_bytes"), 8 * 62748.0 + 500000.0);
@@ -224,6 +253,10 @@ TEST(Plan, ErrorFeedbackResidualAndQwdByHand) {
   // zero2's inter-node bytes: the pairwise reduce-scatter (N - S) 2c =
   // 4 * 250000 = 1000000 plus the qWD ring all-gather 109809
   EXPECT_EQ(field(r.out, "zero2", "inter_bytes_per_step"), 1000000.0 + 109809.0);
+  // hierarchical (the default): (M - 1) 2c = 250000 plus (M - 1) E = 62748
+  r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 8 --qwd 4 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "zero2", "inter_bytes_per_step"), 250000.0 + 62748.0);
   EXPECT_EQ(run("--params 1M --ranks 8 --ef 16").status, 2);
   EXPECT_EQ(run("--params 1M --ranks 8 --qwd 2").status, 2);
 }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -360,11 +361,23 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
     m.back();
   }
   // fp32 sum in rank order; MEAN divides the fp32 sum and rounds once to
-  // bf16 (docs/collectives.md, baselines).
+  // bf16 (docs/collectives.md, baselines).  Hierarchical (the default over
+  // several nodes with more than one rank on some node): each node's fp32
+  // sum in rank order is rounded to bf16, then those are summed in node
+  // order in fp32.  ZPP_ALGO is read here, independently of the library.
+  const char *algo = std::getenv("ZPP_ALGO");
+  bool hier = !(algo && std::string(algo) == "flat") && g_nnodes > 1 && g_nnodes < g_size;
   std::vector<float> acc(s, 0.0f);
-  for (int r = 0; r < g_size; r++) {
-    auto x = gen(r, n, 5);
-    for (size_t i = 0; i < s; i++) acc[i] += zpp_qm_bf16_to_f32(x[g_rank * s + i]);
+  for (int k = 0; k < (hier ? g_nnodes : 1); k++) {
+    std::vector<float> part(s, 0.0f);
+    for (int r = 0; r < g_size; r++) {
+      int node = 0;
+      zpp_comm_node_of(g_comm, r, &node);
+      if (hier && node != k) continue;
+      auto x = gen(r, n, 5);
+      for (size_t i = 0; i < s; i++) part[i] += zpp_qm_bf16_to_f32(x[g_rank * s + i]);
+    }
+    for (size_t i = 0; i < s; i++) acc[i] += hier ? bf16_round(part[i]) : part[i];
   }
   // NCCL sums the fp32 values in its own order (not rank order): the
   // fp32 sum may then differ in its last bits, which moves the single

@@ -147,16 +147,108 @@ zpp_comm_stats_t stats() {
   return s;
 }
 
-// Ring allgatherv: I forward every block but my successor's, receive every
-// block but mine.  With ZPP_NET_RINGS = C > 1, ring c carries chunk c of
-// every block (b / C, the first b % C chunks one byte longer) and visits
-// each node's members rotated by c; C is capped by the largest node run.
+Bytes operator+(Bytes a, const Bytes &b) {
+  a.intra_sent += b.intra_sent; a.intra_recv += b.intra_recv;
+  a.inter_sent += b.inter_sent; a.inter_recv += b.inter_recv;
+  return a;
+}
+
+// ZPP_ALGO (default hier): the hierarchical algorithms run on a group whose
+// members span several nodes with more than one member on some node
+// (docs/design.md "Transports"); otherwise, and with ZPP_ALGO=flat, the
+// ring all-gather and the pairwise reduce-scatter.
+bool g_hier = true;
+struct Nodes {  // a member list cut by node, in node order
+  std::vector<std::vector<int>> run;  // member indices of each node
+  std::vector<int> node, pos;         // per member: its node, its place there
+};
+Nodes nodes_of(const std::vector<int> &m) {
+  Nodes N;
+  std::vector<int> ids;
+  for (int r : m) ids.push_back(g_layout.node_of[r]);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  N.run.resize(ids.size());
+  N.node.resize(m.size());
+  N.pos.resize(m.size());
+  for (size_t i = 0; i < m.size(); i++) {
+    int k = (int)(std::find(ids.begin(), ids.end(), g_layout.node_of[m[i]]) - ids.begin());
+    N.node[i] = k;
+    N.pos[i] = (int)N.run[k].size();
+    N.run[k].push_back((int)i);
+  }
+  return N;
+}
+bool hier_group(const std::vector<int> &m) {
+  size_t nh = nodes_of(m).run.size();
+  return g_hier && nh > 1 && nh < m.size();
+}
+// The owner of member w on node k: the member at w's place modulo k's size.
+int owner(const Nodes &N, int k, int w) {
+  return N.run[k][N.pos[w] % N.run[k].size()];
+}
+
+// Hierarchical all-gather(v): my block to its owner on every other node,
+// the blocks I own (mine and those sent to me) to every other member of my
+// node.
+Bytes hier_ag_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk) {
+  Nodes N = nodes_of(m);
+  int n = (int)m.size(), me = index_of(m, g_rank), k0 = N.node[me];
+  Bytes b;
+  auto owned_by = [&](int j) {
+    uint64_t t = 0;
+    for (int w = 0; w < n; w++) t += owner(N, k0, w) == j ? blk[w] : 0;
+    return t;
+  };
+  for (int k = 0; k < (int)N.run.size(); k++)
+    if (k != k0) b.add(m[owner(N, k, me)], blk[me], 0);
+  for (int w = 0; w < n; w++)
+    if (N.node[w] != k0 && owner(N, k0, w) == me) b.add(m[w], 0, blk[w]);
+  for (int j : N.run[k0])
+    if (j != me) b.add(m[j], owned_by(me), owned_by(j));
+  return b;
+}
+
+// Reduce-scatter of shards of blk[w] bytes: pairwise (each shard straight
+// to its member), or hierarchical: the transpose of the all-gather (shard w
+// to its owner on my node; the owner's partial sum to w).
+Bytes rs_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk) {
+  int n = (int)m.size(), me = index_of(m, g_rank);
+  Bytes b;
+  if (!hier_group(m)) {
+    for (int i = 0; i < n; i++) b.add(m[i], blk[i], blk[me]);
+    return b;
+  }
+  Nodes N = nodes_of(m);
+  int k0 = N.node[me];
+  for (int j : N.run[k0]) {
+    if (j == me) continue;
+    uint64_t to = 0, from = 0;
+    for (int w = 0; w < n; w++) {
+      if (owner(N, k0, w) == j) to += blk[w];
+      if (owner(N, k0, w) == me) from += blk[w];
+    }
+    b.add(m[j], to, from);
+  }
+  for (int w = 0; w < n; w++)
+    if (N.node[w] != k0 && owner(N, k0, w) == me) b.add(m[w], blk[w], 0);
+  for (int k = 0; k < (int)N.run.size(); k++)
+    if (k != k0) b.add(m[owner(N, k, me)], 0, blk[me]);
+  return b;
+}
+
+// All-gather(v) bytes.  Ring allgatherv: I forward every block but my
+// successor's, receive every block but mine.  With ZPP_NET_RINGS = C > 1,
+// ring c carries chunk c of every block (b / C, the first b % C chunks one
+// byte longer) and visits each node's members rotated by c; C is capped by
+// the largest node run.  Hierarchical: hier_ag_bytes.
 int g_rings = 1;
 Bytes ring_bytes(zpp_group_t g, const std::vector<uint64_t> &blk) {
   std::vector<int> m = members(g, g_rank), base = ring(g, g_rank);
   int n = (int)m.size(), me = index_of(m, g_rank);
   Bytes b;
   if (n == 1) return b;
+  if (hier_group(m)) return hier_ag_bytes(m, blk);
   std::vector<std::pair<int, int>> runs;  // [begin, end) of each node in base
   for (int i = 0; i < n;) {
     int j = i;
@@ -248,17 +340,36 @@ std::vector<uint8_t> floats_of(uint64_t salt, int rank, size_t count,
   for (size_t i = 0; i < count; i++) store(v.data(), i, dt, d(rng));
   return v;
 }
-// The documented sum: member order, fp32 accumulator, one rounding to dt.
+// The documented sum.  Flat: member order, fp32 accumulator, one rounding
+// to dt.  Hierarchical: per node, its members in order (fp32), rounded to
+// dt (what travels); then the nodes in order (fp32), rounded once.
 std::vector<uint8_t> expected_sum(uint64_t salt, const std::vector<int> &m,
                                   size_t count, zpp_dtype_t dt, size_t first,
                                   size_t len) {
   std::vector<std::vector<uint8_t>> in;
   for (int r : m) in.push_back(floats_of(salt, r, count, dt));
   std::vector<uint8_t> out(len * zpp_dtype_size(dt) + 1);
+  bool hier = hier_group(m);
+  Nodes N = nodes_of(m);
   for (size_t e = 0; e < len; e++) {
-    float acc = load(in[0].data(), first + e, dt);
-    for (size_t i = 1; i < in.size(); i++)
-      acc = acc + load(in[i].data(), first + e, dt);
+    float acc = 0;
+    if (!hier) {
+      acc = load(in[0].data(), first + e, dt);
+      for (size_t i = 1; i < in.size(); i++)
+        acc = acc + load(in[i].data(), first + e, dt);
+    } else {
+      for (size_t k = 0; k < N.run.size(); k++) {
+        float part = 0;
+        for (size_t j = 0; j < N.run[k].size(); j++) {
+          float x = load(in[N.run[k][j]].data(), first + e, dt);
+          part = j == 0 ? x : part + x;
+        }
+        uint8_t tmp[4];
+        store(tmp, 0, dt, part);  // rounded to dt
+        part = load(tmp, 0, dt);
+        acc = k == 0 ? part : acc + part;
+      }
+    }
     store(out.data(), e, dt, acc);
   }
   return out;
@@ -497,9 +608,8 @@ TEST(Ops, ReduceScatterEveryGroupAndDtype) {
                                                dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                nullptr), ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
-        Bytes want;
-        for (int i = 0; i < n; i++) want.add(m[i], count * es, count * es);
-        expect_bytes(want, stats(), tag(g, "reduce_scatter", count, dt));
+        expect_bytes(rs_bytes(m, std::vector<uint64_t>(n, count * es)), stats(),
+                     tag(g, "reduce_scatter", count, dt));
         std::vector<uint8_t> ref = expected_sum(salt, m, n * count, dt, me * count, count);
         EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), count * es))
             << tag(g, "reduce_scatter", count, dt);
@@ -539,16 +649,12 @@ TEST(Ops, AllreduceEqualsReduceScatterShards) {
           EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), count * es))
               << tag(g, "allreduce", count, dt) << (inplace ? " in place" : "");
           EXPECT_EQ(out[count * es], 0xEE);
-          // Bytes: pairwise exchange of balanced shards, then a ring
+          // Bytes: a reduce-scatter of balanced shards, then an
           // allgatherv of the reduced shards.
           std::vector<uint64_t> blk(n);
-          Bytes want;
           for (int j = 0; j < n; j++) blk[j] = (count / n + ((size_t)j < count % n)) * es;
-          for (int j = 0; j < n; j++) want.add(m[j], blk[j], blk[me]);
-          Bytes ring = ring_bytes(g, blk);
-          want.intra_sent += ring.intra_sent; want.intra_recv += ring.intra_recv;
-          want.inter_sent += ring.inter_sent; want.inter_recv += ring.inter_recv;
-          expect_bytes(want, stats(), tag(g, "allreduce", count, dt));
+          expect_bytes(rs_bytes(m, blk) + ring_bytes(g, blk), stats(),
+                       tag(g, "allreduce", count, dt));
           // Where the shards are equal, allreduce's slice is reduce_scatter's
           // shard bit for bit.
           if (count % n == 0 && !inplace) {
@@ -577,9 +683,11 @@ TEST(Ops, BarrierCountsACallAndNoBytes) {
 }
 
 // Summed over ranks, a world allgather of B bytes puts (n-1) * B * nnodes
-// bytes on the network when nnodes > 1: the ring crosses each node
-// boundary once.  Every byte sent is received on the same class.
-TEST(Stats, WorldTotalsFollowTheRingFormula) {
+// bytes on the network when nnodes > 1 on the ring (it crosses each node
+// boundary once, so the boundary ranks carry it all), n * (nnodes-1) * B
+// hierarchically, where every rank sends exactly (nnodes-1) * B across: the
+// least any rank can send.  Every byte sent is received on the same class.
+TEST(Stats, WorldTotalsFollowTheFormulas) {
   const size_t B = 1024;
   std::vector<uint8_t> in = bytes_of(42, g_rank, B), out(B * g_size);
   zpp_comm_reset_stats(g_comm);
@@ -590,8 +698,14 @@ TEST(Stats, WorldTotalsFollowTheRingFormula) {
                       s.inter_bytes_recv}, sum[4];
   MPI_Allreduce(mine, sum, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   uint64_t n = (uint64_t)g_size, nn = (uint64_t)g_layout.nnodes;
-  EXPECT_EQ(sum[2], nn > 1 ? (n - 1) * B * nn : 0);
+  bool hier = hier_group(members(ZPP_GROUP_WORLD, g_rank));
+  EXPECT_EQ(sum[2], nn == 1 ? 0 : hier ? n * (nn - 1) * B : (n - 1) * B * nn);
   EXPECT_EQ(sum[0] + sum[2], (n - 1) * B * n);
+  uint64_t most = 0;
+  MPI_Allreduce(&s.inter_bytes_sent, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (hier) {
+    EXPECT_EQ(most, (nn - 1) * B) << "the busiest rank's inter-node bytes";
+  }
   EXPECT_EQ(sum[0], sum[1]);
   EXPECT_EQ(sum[2], sum[3]);
   ASSERT_EQ(zpp_comm_reset_stats(g_comm), ZPP_OK);
@@ -650,12 +764,6 @@ void test_all(std::vector<zpp_xop_t *> &ops, zpp_comm_t c, double limit_s = 60) 
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-}
-
-Bytes operator+(Bytes a, const Bytes &b) {
-  a.intra_sent += b.intra_sent; a.intra_recv += b.intra_recv;
-  a.inter_sent += b.inter_sent; a.inter_recv += b.inter_recv;
-  return a;
 }
 }  // namespace
 
@@ -742,11 +850,10 @@ TEST(Xop, SeveralInFlightEqualTheBlockingCalls) {
   Bytes want = ring_bytes(W, std::vector<uint64_t>(nw, B1)) + ring_bytes(W, std::vector<uint64_t>(nw, B2)) +
                ring_bytes(N, std::vector<uint64_t>(d_cnt.begin(), d_cnt.end()));
   for (int i = 0; i < nw; i++) want.add(mw[i], B3, B3);
-  for (int i = 0; i < nc; i++) want.add(mc[i], RS * 2, RS * 2);
+  want = want + rs_bytes(mc, std::vector<uint64_t>(nc, RS * 2));
   std::vector<uint64_t> blk(nw);
   for (int j = 0; j < nw; j++) blk[j] = (AR / nw + ((size_t)j < AR % nw)) * 2;
-  for (int j = 0; j < nw; j++) want.add(mw[j], blk[j], blk[iw]);
-  want = want + ring_bytes(W, blk);
+  want = want + rs_bytes(mw, blk) + ring_bytes(W, blk);
   for (int j = 0; j < nn; j++) want.add(mn[j], g_sc[j], g_rc[j]);
   expect_bytes(want, s, "eight ops in flight");
   EXPECT_EQ(s.calls[W], 4u);
@@ -1108,6 +1215,57 @@ TEST(Config, ExplicitBackendIsUsed) {
 }
 
 // config.topology takes precedence over ZPP_TOPO.
+// cfg->algorithm takes precedence over ZPP_ALGO; both algorithms give the
+// same all-gather bits and the same reduce-scatter within the bound of two
+// roundings, each with its own byte formula.
+TEST(Config, AlgorithmFromTheConfigIsUsed) {
+  for (zpp_algorithm_t al : {ZPP_ALGORITHM_FLAT, ZPP_ALGORITHM_HIER}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.algorithm = al;
+    zpp_comm_t c = nullptr;
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_algorithm_t got = ZPP_ALGORITHM_DEFAULT;
+    ASSERT_EQ(zpp_comm_algorithm(c, &got), ZPP_OK);
+    EXPECT_EQ(got, al);
+    bool keep = g_hier;
+    g_hier = al == ZPP_ALGORITHM_HIER;  // the expectations of this comm
+    std::vector<int> m = members(ZPP_GROUP_WORLD, g_rank);
+    int n = (int)m.size();
+    const size_t B = 777;
+    std::vector<uint8_t> mine = bytes_of(7100, g_rank, B), out(n * B);
+    zpp_comm_reset_stats(c);
+    ASSERT_EQ(zpp_transport_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD,
+                                      mine.data(), B, out.data(), ZPP_MEMORY_HOST,
+                                      nullptr), ZPP_OK);
+    for (int i = 0; i < n; i++)
+      EXPECT_EQ(0, std::memcmp(out.data() + i * B, bytes_of(7100, m[i], B).data(), B));
+    zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+    zpp_comm_get_stats(c, &s);
+    expect_bytes(ring_bytes(ZPP_GROUP_WORLD, std::vector<uint64_t>(n, B)), s,
+                 al == ZPP_ALGORITHM_FLAT ? "flat allgather" : "hier allgather");
+    g_hier = keep;
+    EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  }
+  zpp_comm_config_t bad = ZPP_COMM_CONFIG_INIT;
+  bad.algorithm = (zpp_algorithm_t)7;
+  zpp_comm_t c = nullptr;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &bad, &c), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->algorithm 7"), std::string::npos)
+      << zpp_get_last_error();
+}
+
+TEST(Errors, RanksDisagreeingOnTheAlgorithmAllFail) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.algorithm = g_rank == 0 ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
+  zpp_comm_t c = nullptr;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_MISMATCH);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_ALGO"), std::string::npos)
+      << zpp_get_last_error();
+  EXPECT_EQ(c, nullptr);
+}
+
 TEST(Config, TopologyStringOverridesTheEnvironment) {
   std::string spec = std::to_string(g_size) + "x1";
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
@@ -1704,6 +1862,7 @@ int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (const char *s = std::getenv("ZPP_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
   if (const char *s = std::getenv("ZPP_NET_RINGS")) g_rings = std::max(1, std::atoi(s));
+  if (const char *s = std::getenv("ZPP_ALGO"); s && std::string(s) == "flat") g_hier = false;
   if (const char *s = std::getenv("ZPP_BACKEND"); s && *s) g_backend = s;
   if (g_rank != 0) {
     auto &l = ::testing::UnitTest::GetInstance()->listeners();
@@ -1714,8 +1873,9 @@ int main(int argc, char **argv) {
   if (g_rank == 0) {
     const char *t = std::getenv("ZPP_TOPO");
     const char *x = std::getenv("ZPP_TEST_EXPECT_NODES");
-    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; %s%s%s%s\n",
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; algorithm %s; %s%s%s%s\n",
                 (unsigned long long)g_seed, g_size, g_backend.c_str(),
+                g_hier ? "hier" : "flat",
                 t && *t ? "emulated topology ZPP_TOPO=" : "discovered topology",
                 t && *t ? t : "",
                 !(t && *t) && x && *x ? ", expected ZPP_TEST_EXPECT_NODES=" : "",

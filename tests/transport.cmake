@@ -41,7 +41,31 @@ if(ZPP_WITH_MPI_ENABLED)
         set(ZPP_TEST_ENV "ZPP_TOPO=${_topo}")
       endif()
     endif()
+    # Two layouts cut the hierarchical all-gather and reduce-scatter in
+    # small chunks (up to 8: the pipelined rounds), the others run whole.
+    if(_name STREQUAL "2x4")
+      list(APPEND ZPP_TEST_ENV "ZPP_HIER_CHUNK=1000")
+    elseif(_name STREQUAL "uneven_3_2")
+      list(APPEND ZPP_TEST_ENV "ZPP_HIER_CHUNK=64")
+    endif()
     zpp_add_mpi_test(transport_mpi_${_name} ${_np} --gtest_filter=-Emu.*)
+  endforeach()
+
+  # The flat algorithms (ZPP_ALGO=flat: ring all-gather, pairwise
+  # reduce-scatter, what zpp ran before the hierarchical default) on the
+  # multi-node layouts, and the hierarchical ones on more uneven nodes
+  # (2 + 3 + 2; 3 + 2 + 1, a node of one): data and byte formulas.
+  foreach(_l "flat_2x4|8|2x4|flat" "flat_3x2|6|3x2|flat" "flat_uneven_3_2|5|0,0,0,1,1|flat"
+             "flat_roundrobin_2x2|4|0,1,0,1|flat" "uneven_2_3_2|7|0,0,1,1,1,2,2|hier"
+             "uneven_3_2_1|6|0,0,0,1,1,2|hier")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    list(GET _f 3 _algo)
+    set(ZPP_TEST_ENV "ZPP_TOPO=${_topo};ZPP_ALGO=${_algo};ZPP_HIER_CHUNK=100")
+    zpp_add_mpi_test(transport_mpi_${_name} ${_np}
+      --gtest_filter=Ops.*:Stats.*:Config.*:Xop.SeveralInFlight*)
   endforeach()
 
   # Several rotated rings (ZPP_NET_RINGS): same data, counts per ring.

@@ -33,7 +33,13 @@
  *           N E_B(c) + 4 c bytes (the encoded differences and one fp32
  *           shard), reported as qwd_scratch_bytes.
  *
- * Communication per step, bytes SENT per rank (bf16, d = 2 bytes):
+ * Communication per step, bytes SENT per rank (bf16, d = 2 bytes), with
+ * --algo hier (the default, zpp's ZPP_ALGO=hier; M > 1 and S > 1):
+ *   hierarchical all-gather of B bytes per rank: inter (M - 1) B on every
+ *     rank (avg = max), intra (S - 1) M B; its two stages overlap (chunks);
+ *   hierarchical reduce-scatter of c elements per rank: the transpose,
+ *     inter (M - 1) c d, intra (S - 1) M c d;
+ * with --algo flat (ZPP_ALGO=flat), and whenever M = 1 or S = 1:
  *   ring all-gather of B bytes per rank (world ring in node order): a rank
  *     sends (N - 1) B to its successor; only the last rank of each node has
  *     its successor on another node, so the inter-node bytes of one rank
@@ -61,6 +67,8 @@
  * the two classes work at once, so a collective costs the slower class:
  *   time = max over classes L it uses of (steps_L alpha_L + bytes_L / beta_L)
  * with bytes_L those of the busiest rank on L:
+ *   hierarchical          steps 1 per class (the stages overlap), bytes as
+ *                          above
  *   ring all-gather       steps N - 1, bytes (N - 1) B on each class used
  *   pairwise (reduce-scatter, all-to-all): every pair posted at once, so
  *                          steps 1, bytes as above
@@ -97,6 +105,7 @@ typedef struct {
   int hpz_bits;    /* 8 or 16 */
   int ef_bits;     /* 0 (no error feedback), 32 or 8 */
   int qwd_bits;    /* 0, 4 or 8 */
+  int flat;        /* --algo flat: ring all-gather, pairwise reduce-scatter */
   uint64_t qwd_block;
   double intra_gbps, inter_gbps;     /* Gbit/s per rank */
   double intra_lat_us, inter_lat_us; /* per round */
@@ -150,6 +159,8 @@ static void usage(FILE *out) {
 "  --inter-gbps G      inter-node link per rank, Gbit/s (default 400)\n"
 "  --intra-lat-us L    intra-node latency per round, us (default 2)\n"
 "  --inter-lat-us L    inter-node latency per round, us (default 5)\n"
+"  --algo hier|flat    zpp's all-gather and reduce-scatter across nodes:\n"
+"                      hier (default, ZPP_ALGO=hier) or flat (ring, pairwise)\n"
 "  --format table|json table (default) or one JSON object with the keys\n"
 "                      dp, zero1, zero2, zero3, zeropp (and \"inputs\")\n"
 "  --help              this text\n"
@@ -157,16 +168,19 @@ static void usage(FILE *out) {
 "  dp (4+K) PSI; zero1 4 PSI + K c; zero2 2 PSI + (2+K) c; zero3 (4+K) c;\n"
 "  zeropp = zero3 + hpZ secondary copy M E(c) (M = N/S nodes; INT8:\n"
 "  E(c) = c + 4 ceil(c/block), bf16: 2c).\n"
-"Bytes sent per rank per step: ring all-gather of B bytes: inter (N-1)B/S,\n"
-"  intra (N-1)B(S-1)/S (world total / N; the busiest rank sends (N-1)B\n"
-"  across); pairwise reduce-scatter: intra (S-1)2c, inter (N-S)2c.\n"
+"Bytes sent per rank per step: hier (M > 1, S > 1): all-gather of B\n"
+"  bytes inter (M-1)B, intra (S-1)MB on every rank; reduce-scatter inter\n"
+"  (M-1)2c, intra (S-1)M2c.  flat: ring all-gather of B bytes: inter\n"
+"  (N-1)B/S, intra (N-1)B(S-1)/S (world total / N; the busiest rank sends\n"
+"  (N-1)B across); pairwise reduce-scatter: intra (S-1)2c, inter (N-S)2c.\n"
 "  dp = all-reduce = reduce-scatter + all-gather; zero1/2 the same;\n"
 "  zero3 = 2 all-gathers + reduce-scatter; zeropp = qwZ INT8 all-gather\n"
 "  (B = E8(c)) + hpZ backward gather in the node (intra (S-1) M E(c))\n"
 "  + qgZ INT4 (intra (S-1) M E4(c), inter (M-1) E4(c)).\n"
 "Time (alpha-beta): a collective costs max over link classes L of\n"
-"  steps_L * lat_L + bytes_L / bw_L, bytes_L of the busiest rank; ring\n"
-"  all-gather N-1 steps, pairwise exchanges 1 step (all pairs posted at\n"
+"  steps_L * lat_L + bytes_L / bw_L, bytes_L of the busiest rank; hier\n"
+"  1 step per class; ring all-gather N-1 steps, pairwise exchanges 1 step\n"
+"  (all pairs posted at\n"
 "  once), hpZ gather S-1 steps, qgZ intra stage then inter stage. The\n"
 "  step sums its collectives: no overlap, no codec cost, no congestion.\n"
 "Paper volumes: per rank in units of the bf16 model 2 PSI: 2 (dp, zero1,\n"
@@ -263,6 +277,7 @@ static int plan_parse_args(int argc, char **argv, plan_args_t *a) {
   a->intra_lat_us = 2;
   a->inter_lat_us = 5;
   a->json = 0;
+  a->flat = 0;
   for (i = 1; i < argc; i++) {
     const char *f = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -348,6 +363,15 @@ static int plan_parse_args(int argc, char **argv, plan_args_t *a) {
         plan_bad(f, v, "must be a number >= 0 (microseconds)");
         return 2;
       }
+    } else if (strcmp(f, "--algo") == 0) {
+      if (strcmp(v, "hier") == 0)
+        a->flat = 0;
+      else if (strcmp(v, "flat") == 0)
+        a->flat = 1;
+      else {
+        plan_bad(f, v, "must be hier or flat");
+        return 2;
+      }
     } else if (strcmp(f, "--format") == 0) {
       if (strcmp(v, "json") == 0)
         a->json = 1;
@@ -399,15 +423,32 @@ static int plan_encoded(uint64_t c, int bits, uint64_t block, uint64_t *out) {
 }
 
 typedef struct {
+  const plan_args_t *args;
   double n, s, m;              /* N, S, M as doubles */
   double a_in, a_out;          /* alpha, seconds */
   double b_in, b_out;          /* beta, bytes per second */
 } plan_net_t;
 
-/* World ring all-gather of B bytes per rank. */
+/* Hierarchical all-gather (or reduce-scatter: the same bytes) of B bytes
+ * per rank: every rank sends (M - 1) B across and (S - 1) M B inside. */
+static plan_coll_t plan_hier(const char *name, uint64_t b,
+                             const plan_net_t *k) {
+  double intra = (k->s - 1) * k->m * (double)b, inter = (k->m - 1) * (double)b;
+  plan_coll_t c = {name, intra, inter, intra, inter, intra > 0, inter > 0, 0,
+                   0};
+  return c;
+}
+
+static int plan_is_hier(const plan_args_t *a, const plan_net_t *k) {
+  return !a->flat && k->m > 1 && k->s > 1;
+}
+
+/* World ring all-gather of B bytes per rank (or hierarchical). */
 static plan_coll_t plan_ring_allgather(const char *name, uint64_t b,
                                        const plan_net_t *k) {
   plan_coll_t c = {name, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (plan_is_hier(k->args, k))
+    return plan_hier(name, b, k);
   double sent = (k->n - 1) * (double)b;
   if (k->m > 1) {
     c.inter_avg = sent / k->s;
@@ -460,12 +501,14 @@ static void print_json(const plan_args_t *a, uint64_t c, const plan_stage_t *st,
          "\"block\": %llu, \"hpz_bits\": %d, \"ef_bits\": %d, \"qwd_bits\": %d, "
          "\"qwd_block\": %llu, \"shard_elements\": %llu, "
          "\"intra_gbps\": %g, \"inter_gbps\": %g, \"intra_lat_us\": %g, "
-         "\"inter_lat_us\": %g, \"bytes_averaging\": \"world total / ranks\"},\n",
+         "\"inter_lat_us\": %g, \"algo\": \"%s\", "
+         "\"bytes_averaging\": \"world total / ranks\"},\n",
          (unsigned long long)a->params, (unsigned long long)a->ranks,
          (unsigned long long)a->per_node,
          (unsigned long long)(a->ranks / a->per_node), (unsigned long long)a->k,
          (unsigned long long)a->block, a->hpz_bits, a->ef_bits, a->qwd_bits,
-         (unsigned long long)a->qwd_block, (unsigned long long)c, a->intra_gbps, a->inter_gbps, a->intra_lat_us, a->inter_lat_us);
+         (unsigned long long)a->qwd_block, (unsigned long long)c, a->intra_gbps, a->inter_gbps, a->intra_lat_us, a->inter_lat_us,
+         a->flat ? "flat" : "hier");
   for (i = 0; i < nst; i++) {
     const plan_stage_t *s = &st[i];
     printf("  \"%s\": {\n", s->key);
@@ -514,9 +557,10 @@ static void print_table(const plan_args_t *a, uint64_t c, const plan_stage_t *st
          (unsigned long long)a->per_node, (unsigned long long)a->k,
          (unsigned long long)a->block, a->hpz_bits == 8 ? "INT8" : "bf16");
   printf("# shard c = %llu elements; links per rank: intra %g Gbit/s %g us, "
-         "inter %g Gbit/s %g us\n",
+         "inter %g Gbit/s %g us; all-gather and reduce-scatter %s\n",
          (unsigned long long)c, a->intra_gbps, a->intra_lat_us, a->inter_gbps,
-         a->inter_lat_us);
+         a->inter_lat_us,
+         a->flat ? "flat (ring, pairwise)" : "hierarchical (--algo hier)");
   printf("# bytes sent per rank per step (world total / N); inter max = busiest "
          "rank; time = alpha-beta, collectives in sequence (--help)\n");
   printf("%-7s %14s %14s %14s %14s %12s %14s\n", "stage", "states GB",
@@ -585,6 +629,7 @@ int main(int argc, char **argv) {
     }
     ewd = by;
   }
+  k.args = &a;
   k.n = (double)n;
   k.s = (double)s;
   k.m = (double)m;
@@ -636,10 +681,13 @@ int main(int argc, char **argv) {
   {
     double rs_in = (double)(s - 1) * (double)b, rs_out = (double)(n - s) * (double)b;
     int i;
-    plan_add(&st[0], plan_pairwise("reduce_scatter", rs_in, rs_out, 0), &k);
+    plan_coll_t rs = plan_is_hier(&a, &k)
+                         ? plan_hier("reduce_scatter", b, &k)
+                         : plan_pairwise("reduce_scatter", rs_in, rs_out, 0);
+    plan_add(&st[0], rs, &k);
     plan_add(&st[0], plan_ring_allgather("allgather", b, &k), &k);
     for (i = 1; i <= 2; i++) {
-      plan_add(&st[i], plan_pairwise("reduce_scatter", rs_in, rs_out, 0), &k);
+      plan_add(&st[i], rs, &k);
       if (a.qwd_bits)
         plan_add(&st[i], plan_ring_allgather("qwd_allgather", ewd, &k), &k);
       else
@@ -647,7 +695,7 @@ int main(int argc, char **argv) {
     }
     plan_add(&st[3], plan_ring_allgather("fwd_allgather", b, &k), &k);
     plan_add(&st[3], plan_ring_allgather("bwd_allgather", b, &k), &k);
-    plan_add(&st[3], plan_pairwise("reduce_scatter", rs_in, rs_out, 0), &k);
+    plan_add(&st[3], rs, &k);
     plan_add(&st[4], plan_ring_allgather("qwz_fwd_allgather", e8, &k), &k);
     {
       /* hpZ backward: ring of S members inside the node, M * E per member. */

@@ -15,11 +15,19 @@
  *
  * Summation order (why dp..zero3 are bitwise equal, docs/runtime.md): every
  * mode reduces the bf16 gradient of each layer with the same call,
- * zpp_pgroup_reduce_gradients (the baseline reduce-scatter: fp32 sum in
- * rank order, rounded once, then the mean); dp and zero1 all-gather the
+ * zpp_pgroup_reduce_gradients (the baseline reduce-scatter in its
+ * documented order, docs/collectives.md); dp and zero1 all-gather the
  * reduced shards (the transport's all-reduce is exactly that pair), and
  * Adam runs the same element-wise code on each element wherever it is
  * stored.
+ *
+ * Overlap (--overlap 1, the default): each layer's gradient reduction is
+ * started (a request) as soon as its gradient is ready and runs on the
+ * communicator's engine thread while the next layer's backward computes;
+ * all are waited for before the optimizer step.  zero2/zero3/zeropp keep
+ * two full-gradient buffers for that (a layer waits for the reduction two
+ * layers back before reusing its buffer).  The same calls in the same
+ * order: the results are bitwise those of --overlap 0.
  *
  *   mpirun -np 4 zpp-train --mode zero3 [--steps 50] [--json]
  *
@@ -50,7 +58,7 @@ typedef struct {
   int depth, width, in_dim, out_dim, batch, steps;
   float lr;
   uint64_t seed;
-  int json, quiet;
+  int json, quiet, overlap;
   int qwz_bits, hpz, qgz_bits, qgz_intra_bits, ef;
   size_t block;
   /* issue 14 options */
@@ -140,13 +148,15 @@ static void usage(FILE *out) {
           "  --ef-bits 32|8  error-feedback residual storage (32)\n"
           "  zero1/zero2 use --qwz, --qgz, --ef only when given (default: the\n"
           "  bitwise baseline); dp ignores all compression flags\n"
+          "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
+          "                  with the next layer's backward (1)\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
-  *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0,
+  *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
                 8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -190,6 +200,7 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--qgz-intra")) { NEEDV; o->qgz_intra_bits = atoi(v);
     } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v); o->given_ef = 1;
     } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
+    } else if (!strcmp(a, "--overlap")) { NEEDV; o->overlap = atoi(v);
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -206,6 +217,10 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->steps < 0 || o->batch < 1 || o->block < 1 || !(o->lr > 0)) {
     fprintf(stderr, PROG ": --depth, --width, --in, --out, --batch, --block "
                     "must be >= 1, --steps >= 0, --lr > 0\n");
+    return 2;
+  }
+  if (o->overlap != 0 && o->overlap != 1) {
+    fprintf(stderr, PROG ": --overlap %d: must be 0 or 1\n", o->overlap);
     return 2;
   }
   if (o->qwz_block == 0)
@@ -319,11 +334,17 @@ int main(int argc, char **argv) {
 
   /* ---- model state (bytes kept between steps, per rank) ---- */
   size_t state_bytes = 0, buf_bytes_grad = 0, buf_bytes_gshard = 0;
-  uint16_t *gbuf = NULL; /* zero2/3: one layer's full gradient, reused */
-  if (sharded_grad) {
-    gbuf = xcalloc(max_padded, 2);
-    buf_bytes_grad = max_padded * 2;
-  }
+  /* zero2/3: one layer's full gradient, reused; with --overlap two, in
+   * turns, since a layer's reduction may still read its buffer while the
+   * next layer's gradient is computed */
+  int ngbuf = sharded_grad ? (o.overlap ? 2 : 1) : 0;
+  uint16_t *gbuf[2] = {NULL, NULL};
+  for (int b = 0; b < ngbuf; b++)
+    gbuf[b] = xcalloc(max_padded, 2);
+  buf_bytes_grad = (size_t)ngbuf * max_padded * 2;
+  /* the reduction in flight on each layer (and dp's all-gather after it) */
+  zpp_request_t *rs_req = xcalloc((size_t)L, sizeof(zpp_request_t));
+  zpp_request_t *ag_req = xcalloc((size_t)L, sizeof(zpp_request_t));
   for (int l = 0; l < L; l++) {
     layer_t *y = &ly[l];
     size_t no = sharded_opt ? y->shard : y->padded;
@@ -366,7 +387,7 @@ int main(int argc, char **argv) {
       buf_bytes_gshard += 2 * y->shard; /* reduce-scatter output, consumed
                                            by the all-gather / Adam */
     } else {
-      y->gfull = gbuf;
+      y->gfull = gbuf[(L - 1 - l) % ngbuf]; /* backward order: in turns */
       y->gshard = xcalloc(y->shard, 2);
       state_bytes += 2 * y->shard;
     }
@@ -392,6 +413,7 @@ int main(int argc, char **argv) {
   size_t peak_full = 0, hpz_bytes = 0, resid_bytes = 0;
   size_t resid_fp32_bytes = 0, qwd_scratch = 0;
   double *losses = xcalloc((size_t)W, sizeof(double));
+  uint64_t loss_hash = 1469598103934665603ull; /* every step's loss, bitwise */
 
   if (g_rank == 0 && !o.quiet)
     printf("# %s: %d ranks on %d nodes, %d layers, %zu parameters (%zu padded"
@@ -473,6 +495,7 @@ int main(int argc, char **argv) {
       loss += losses[r];
     loss /= W;
     final_loss = loss;
+    loss_hash = fnv(loss_hash, &loss, sizeof loss);
     if (step == 1)
       first_loss = loss;
     if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
@@ -530,14 +553,30 @@ int main(int argc, char **argv) {
       dcur = dprev;
       dprev = t;
       /* the bf16 gradient (padded tail zero) is reduced into its owner's
-       * shard: the same call in every non-quantized mode */
+       * shard: the same call in every non-quantized mode.  Overlapped: the
+       * reduction two layers back read this buffer (zero2/3) */
+      if (sharded_grad && o.overlap && l + 2 < L && rs_req[l + 2] != NULL) {
+        ZCALL(zpp_request_wait(rs_req[l + 2]));
+        rs_req[l + 2] = NULL;
+      }
       for (size_t i = 0; i < y->padded; i++)
         y->gfull[i] = i < y->n ? tobf(gacc[i]) : 0;
       ZCALL(zpp_pgroup_reduce_gradients(y->pg, y->gfull, y->gshard,
-                                        ZPP_OP_MEAN, NULL, NULL));
+                                        ZPP_OP_MEAN, NULL,
+                                        o.overlap ? &rs_req[l] : NULL));
       if (mode == M_DP) /* all-reduce = reduce-scatter + all-gather */
         ZCALL(zpp_allgather(comm, y->gshard, y->gfull, y->shard,
-                            ZPP_BFLOAT16, NULL, NULL));
+                            ZPP_BFLOAT16, NULL,
+                            o.overlap ? &ag_req[l] : NULL));
+    }
+    /* every reduction done before the optimizer reads the gradients (in
+     * start order: the engine completes them in that order anyway) */
+    for (int l = L - 1; l >= 0; l--) {
+      if (rs_req[l] != NULL)
+        ZCALL(zpp_request_wait(rs_req[l]));
+      if (ag_req[l] != NULL)
+        ZCALL(zpp_request_wait(ag_req[l]));
+      rs_req[l] = ag_req[l] = NULL;
     }
 
     /* ---- optimizer ---- */
@@ -673,10 +712,11 @@ int main(int argc, char **argv) {
       printf("{\"mode\": \"%s\", \"world_size\": %d, \"nodes\": %d, "
              "\"steps\": %d, \"final_loss\": %.9g, "
              "\"param_checksum\": \"%016llx\", \"loss_last10\": %.9g, "
-             "\"first_loss\": %.9g, ",
+             "\"first_loss\": %.9g, \"loss_curve_checksum\": \"%016llx\", "
+             "\"overlap\": %d, ",
              mode_names[mode], W, nnodes, o.steps, final_loss,
              (unsigned long long)h, tail_n ? tail_sum / tail_n : final_loss,
-             first_loss);
+             first_loss, (unsigned long long)loss_hash, o.overlap);
       printf("\"inter_bytes_per_step\": %.17g, \"intra_bytes_per_step\": "
              "%.17g, ",
              (double)wi / steps, (double)wa / steps);
@@ -694,7 +734,7 @@ int main(int argc, char **argv) {
       for (int l = 0; l < L; l++)
         printf("%s%zu", l ? ", " : "", ly[l].shard);
       printf("], \"buffers\": {\"gathered_params_peak\": %zu, "
-             "\"grad_full_one_layer\": %zu, \"grad_shard_reduce_out\": %zu, "
+             "\"grad_full_buffers\": %zu, \"grad_shard_reduce_out\": %zu, "
              "\"hpz_secondary\": %zu, \"qgz_residual\": %zu, "
              "\"qgz_residual_fp32\": %zu, \"qwd_scratch_peak\": %zu, "
              "\"padding_elems\": %zu}, ",
@@ -731,7 +771,10 @@ int main(int argc, char **argv) {
     free(act[l]);
   free(act);
   free(ly);
-  free(gbuf);
+  free(gbuf[0]);
+  free(gbuf[1]);
+  free(rs_req);
+  free(ag_req);
   free(dcur);
   free(dprev);
   free(gacc);

@@ -82,6 +82,20 @@ ZPP_API const char *zpp_group_name(zpp_group_t group);
 /* "auto", "mpi", "nccl", "ucx". */
 ZPP_API const char *zpp_backend_name(zpp_backend_t backend);
 
+/* How all-gathers and reduce-scatters over several nodes move their bytes
+ * (host backends MPI and UCX; NCCL chooses its own routing). */
+typedef enum {
+  ZPP_ALGORITHM_DEFAULT = 0, /* the setting ZPP_ALGO (hier when unset) */
+  ZPP_ALGORITHM_HIER = 1,    /* rail-aligned and hierarchical across nodes:
+                                every inter-node link carries the minimum
+                                (docs/design.md, "Transports"); inside one
+                                node, and with one rank per node, the flat
+                                algorithms */
+  ZPP_ALGORITHM_FLAT = 2     /* ring all-gather and pairwise reduce-scatter
+                                over every group (what zpp ran before):
+                                kept for comparison */
+} zpp_algorithm_t;
+
 typedef struct {
   size_t struct_size;    /* sizeof(zpp_comm_config_t): set by the INIT macro */
   zpp_backend_t backend; /* default ZPP_BACKEND_AUTO (then the setting
@@ -96,11 +110,14 @@ typedef struct {
   double timeout_s;      /* > 0: overrides ZPP_TIMEOUT_S for this
                             communicator; <= 0 (default): ZPP_TIMEOUT_S;
                             either is taken as at most 1e9 s */
+  zpp_algorithm_t algorithm; /* default ZPP_ALGORITHM_DEFAULT: the setting
+                                ZPP_ALGO=hier|flat decides; every rank must
+                                use the same */
 } zpp_comm_config_t;
 
 #define ZPP_COMM_CONFIG_INIT                                                   \
   { sizeof(zpp_comm_config_t), ZPP_BACKEND_AUTO, ZPP_MEMORY_HOST, -1, NULL,     \
-    0.0 }
+    0.0, ZPP_ALGORITHM_DEFAULT }
 
 /* Checks a config; the message names the bad field. */
 ZPP_API zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg);
@@ -254,6 +271,11 @@ ZPP_API zpp_status_t zpp_comm_size(zpp_comm_t comm, int *size);
 /* Backend actually in use (never ZPP_BACKEND_AUTO) and its memory space. */
 ZPP_API zpp_status_t zpp_comm_backend(zpp_comm_t comm, zpp_backend_t *backend);
 ZPP_API zpp_status_t zpp_comm_memory(zpp_comm_t comm, zpp_memory_t *memory);
+/* Algorithm of multi-node all-gathers and reduce-scatters in use
+ * (ZPP_ALGORITHM_HIER or _FLAT, never _DEFAULT; NCCL communicators report
+ * the setting, though NCCL routes by itself). */
+ZPP_API zpp_status_t zpp_comm_algorithm(zpp_comm_t comm,
+                                        zpp_algorithm_t *algorithm);
 
 /* ---- topology queries -------------------------------------------------- */
 ZPP_API zpp_status_t zpp_comm_nnodes(zpp_comm_t comm, int *nnodes);

@@ -84,6 +84,23 @@ std::vector<double> list(const std::string &j, const std::string &key) {
 
 const char *kStages[] = {"dp", "zero1", "zero2", "zero3"};
 
+// World totals of inter-node bytes per byte of a rank's block (all-gather)
+// or shard (reduce-scatter), W ranks on M equal nodes of S: hierarchical
+// (ZPP_ALGO unset or hier, with M > 1 and S > 1): every rank sends its
+// block (M - 1) times across, and the partial sum of each other node's
+// slices once; flat: the ring crosses each node boundary once ((W - 1) M),
+// the pairwise reduce-scatter sends W^2 - M S^2 shards.
+bool hier_layout(double M, double S) {
+  const char *a = std::getenv("ZPP_ALGO");
+  return !(a && std::string(a) == "flat") && M > 1 && S > 1;
+}
+double ag_world(double W, double M, double S) {
+  return hier_layout(M, S) ? W * (M - 1) : (W - 1) * M;
+}
+double rs_world(double W, double M, double S) {
+  return hier_layout(M, S) ? W * (M - 1) : W * W - M * S * S;
+}
+
 TEST(Train, ZeroStagesGiveBitwiseIdenticalParameters) {
   std::string ref = raw(train("--mode dp").json, "param_checksum");
   EXPECT_FALSE(ref.empty());
@@ -92,6 +109,23 @@ TEST(Train, ZeroStagesGiveBitwiseIdenticalParameters) {
     EXPECT_EQ(raw(r.json, "param_checksum"), ref) << m;
     EXPECT_EQ(raw(r.json, "final_loss"), raw(train("--mode dp").json, "final_loss"))
         << m;
+  }
+}
+
+// --overlap 1 (the default) starts each layer's reduction while the next
+// layer's backward computes; --overlap 0 runs them blocking.  The same
+// calls in the same order: every step's loss and the final parameters are
+// bitwise equal.
+TEST(Train, OverlappedReductionsGiveTheBitsOfBlockingOnes) {
+  for (const char *m : {"zero3", "zeropp", "dp"}) {
+    const std::string &ov = train(std::string("--mode ") + m).json;
+    const std::string &bl = train(std::string("--mode ") + m + " --overlap 0").json;
+    EXPECT_EQ(num(ov, "overlap"), 1) << m;
+    EXPECT_EQ(num(bl, "overlap"), 0) << m;
+    EXPECT_FALSE(raw(ov, "loss_curve_checksum").empty()) << m;
+    EXPECT_EQ(raw(ov, "loss_curve_checksum"), raw(bl, "loss_curve_checksum")) << m;
+    EXPECT_EQ(raw(ov, "param_checksum"), raw(bl, "param_checksum")) << m;
+    EXPECT_EQ(num(ov, "inter_bytes_per_step"), num(bl, "inter_bytes_per_step")) << m;
   }
 }
 
@@ -140,8 +174,8 @@ TEST(Train, InterNodeBytesPerStepMatchTheFormulasAndTheRatio) {
     const std::string &j = train(std::string("--mode ") + m).json;
     double W = num(j, "world_size"), M = num(j, "nodes"), S = W / M;
     double b = num(j, "block");
-    double ag_k = (W - 1) * M;           // ring all-gather: x bytes per rank
-    double rs_k = 2 * (W * W - M * S * S);  // pairwise bf16 reduce-scatter
+    double ag_k = ag_world(W, M, S);      // all-gather: x bytes per rank
+    double rs_k = 2 * rs_world(W, M, S);  // bf16 reduce-scatter
     double e = 0;
     std::string s = m;
     for (double sh : list(j, "shards")) {
@@ -167,7 +201,11 @@ TEST(Train, InterNodeBytesPerStepMatchTheFormulasAndTheRatio) {
               got["zero3"], got["zeropp"], ratio, want["zeropp"] / want["zero3"],
               paper);
   EXPECT_EQ(ratio, want["zeropp"] / want["zero3"]);
-  EXPECT_LT(ratio, paper) << "zpp moves more than the paper's model";
+  // Against the flat baselines (ring, pairwise) zeropp moves less than the
+  // paper's model; against the hierarchical ones, where every collective
+  // moves the least it can across nodes, the paper's model itself, plus
+  // the scales of the partial tail blocks (at most 1% here).
+  EXPECT_LE(ratio, paper * 1.01) << "zpp moves more than the paper's model";
 }
 
 
@@ -189,7 +227,7 @@ TEST(Train, Zero2WithQwdConvergesAndSendsEncodedDifferences) {
   EXPECT_LT(lq, num(qd, "first_loss") / 10);
   double W = num(qd, "world_size"), M = num(qd, "nodes"), S = W / M, e = 0;
   for (double sh : list(qd, "shards"))
-    e += (W - 1) * M * enc(sh, 4, 256) + 2 * (W * W - M * S * S) * sh;
+    e += ag_world(W, M, S) * enc(sh, 4, 256) + 2 * rs_world(W, M, S) * sh;
   EXPECT_EQ(num(qd, "inter_bytes_per_step"), e);
   // nothing kept beyond zero2's own state; the update's scratch is reported
   EXPECT_EQ(num(qd, "model_state_bytes"), num(z2, "model_state_bytes"));
