@@ -25,6 +25,8 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <unistd.h>
 #include <memory>
 #include <chrono>
@@ -381,6 +383,66 @@ TEST(DevicePath, OnePointerQueryPerUserBuffer) {
 }
 
 }  // namespace
+
+// zpp_comm_abort from another thread on a NCCL communicator whose
+// device work waits for a peer that never comes (rank 1): the NCCL
+// communicators are aborted then, and the work they held ends on the
+// stream -- which does not make it done.  A barrier waiting for its
+// stream, and a started all-gather waited for after the abort, return
+// ZPP_ERR_ABORTED, never ZPP_OK (both returned ZPP_OK before: the stream
+// drained after the abort and the waits took that as completion).
+TEST(DevicePath, NcclAbortFromAnotherThreadFailsTheWaits) {
+  if (!run_case("ncclkill")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  for (int round = 0; round < 2; round++) {
+    zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+    ASSERT_NE(comm, nullptr);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const size_t n = 256;
+    DevBuf dx(n * 4), dy(n * 4 * 2);
+    if (g_rank == 0) {  // rank 1 never calls
+      std::atomic<double> aborted_at{0.0};
+      auto now = [] {
+        return std::chrono::duration<double>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+      };
+      zpp_status_t st;
+      if (round == 0) {
+        std::thread killer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          aborted_at = now();
+          EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
+        });
+        st = zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD);
+        killer.join();
+      } else {
+        zpp_request_t req = nullptr;
+        ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+            << zpp_get_last_error();
+        std::thread killer([&] {
+          aborted_at = now();
+          EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
+        });
+        killer.join();
+        // the aborted all-gather's stream drains (its status does not
+        // matter); the wait comes after that
+        cudaStreamSynchronize(s);
+        st = zpp_request_wait(req);
+      }
+      double back = now();
+      EXPECT_EQ(st, ZPP_ERR_ABORTED) << "round " << round << ": " << zpp_get_last_error();
+      EXPECT_LT(back - aborted_at.load(), 10.0) << "round " << round;
+      zpp_status_t as = ZPP_OK;
+      EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+      EXPECT_EQ(as, ZPP_ERR_ABORTED) << zpp_get_last_error();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    cudaStreamDestroy(s);
+    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+  }
+}
 
 int main(int argc, char **argv) {
   int provided = 0, failed, any = 0;
