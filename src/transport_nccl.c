@@ -252,14 +252,17 @@ static zpp_status_t ready(zpp_transport_t *t, ncclComm_t c, const char *what) {
       return st;
     if (async == ncclSuccess)
       return ZPP_OK;
+    /* Broken first (with the status this call returns: the first error
+     * of every later call), then aborted: a thread that finds the
+     * communicators gone reports why. */
     if (async != ncclInProgress) {
+      zpp_transport_break_st(t, st, "NCCL error in %s", what);
       abort_all(t);
-      zpp_transport_break(t, "NCCL error in %s", what);
       return st;
     }
     if (zpp_time_ns() > limit) {
+      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT, "%s timed out", what);
       abort_all(t);
-      zpp_transport_break(t, "%s timed out", what);
       return zpp_error(ZPP_ERR_TIMEOUT, what,
                        "NCCL call not taken in within %.3g s "
                        "(ZPP_TIMEOUT_S); communicators aborted",
@@ -647,19 +650,19 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
       return ZPP_OK;
     if (e != cudaErrorNotReady) {
       st = cuda_err(e, "sync", "cudaStreamQuery");
+      zpp_transport_break_st(t, st, "CUDA error while waiting");
       abort_all(t);
-      zpp_transport_break(t, "CUDA error while waiting");
       return st;
     }
     if (st != ZPP_OK) {
+      zpp_transport_break_st(t, st, "asynchronous NCCL error on group %s",
+                             zpp_group_name((zpp_group_t)(g - 1)));
       abort_all(t);
-      zpp_transport_break(t, "asynchronous NCCL error on group %s",
-                          zpp_group_name((zpp_group_t)(g - 1)));
       return st;
     }
     if (zpp_time_ns() > limit) {
+      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT, "stream wait timed out");
       abort_all(t);
-      zpp_transport_break(t, "stream wait timed out");
       return zpp_error(ZPP_ERR_TIMEOUT, "sync",
                        "operations on the stream did not finish within %.3g s "
                        "(ZPP_TIMEOUT_S); NCCL communicators aborted",
@@ -740,9 +743,9 @@ static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
   if (aborted)
     return aborted_error(t, what);
   if (st != ZPP_OK) {
+    zpp_transport_break_st(t, st, "asynchronous NCCL error on group %s",
+                           zpp_group_name((zpp_group_t)(g - 1)));
     abort_all(t);
-    zpp_transport_break(t, "asynchronous NCCL error on group %s",
-                        zpp_group_name((zpp_group_t)(g - 1)));
   }
   return st;
 }

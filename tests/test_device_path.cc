@@ -444,6 +444,42 @@ TEST(DevicePath, NcclAbortFromAnotherThreadFailsTheWaits) {
   }
 }
 
+// An asynchronous NCCL error (here the stand-in's own limit,
+// ZPP_NCCL_EMU_TIMEOUT_S=1, on an all-gather whose peer never comes, well
+// inside ZPP_TIMEOUT_S): zpp_comm_get_async_error reports ZPP_ERR_NCCL,
+// and it stays the communicator's first error for every later call and
+// query (they answered ZPP_ERR_TIMEOUT before: the break kept no status).
+TEST(DevicePath, NcclAsyncErrorStaysTheFirstError) {
+  if (!run_case("ncclasync")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 256;
+  DevBuf dx(n * 4), dy(n * 4 * 2);
+  if (g_rank == 0) {  // rank 1 never calls
+    zpp_request_t req = nullptr;
+    ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_status_t as = ZPP_OK;
+    for (int i = 0; i < 2000 && as == ZPP_OK; i++) {  // <= 20 s
+      EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+      if (as == ZPP_OK) usleep(10000);
+    }
+    EXPECT_EQ(as, ZPP_ERR_NCCL) << zpp_get_last_error();
+    EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+    EXPECT_EQ(as, ZPP_ERR_NCCL) << "second query: " << zpp_get_last_error();
+    EXPECT_EQ(zpp_request_wait(req), ZPP_ERR_NCCL) << zpp_get_last_error();
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_NCCL)
+        << zpp_get_last_error();
+    cudaStreamSynchronize(s);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
 int main(int argc, char **argv) {
   int provided = 0, failed, any = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
