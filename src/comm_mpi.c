@@ -307,8 +307,10 @@ static zpp_status_t idup(MPI_Comm comm, int k, MPI_Comm *out, double timeout_s,
   for (i = 0; i < k; i++) {
     rc = MPI_Comm_idup(comm, &out[i], &req[i]);
     if (rc != MPI_SUCCESS) {
-      /* the others wait in theirs and time out */
-      for (; i < k; i++)
+      /* The others wait in theirs and time out.  The duplications started
+       * here stay pending: their communicators may not be used or freed
+       * before they complete, so they are left to MPI (as on a timeout). */
+      for (i = 0; i < k; i++)
         out[i] = MPI_COMM_NULL;
       return zpp_mpi_error(rc, func, "MPI_Comm_idup");
     }
