@@ -307,8 +307,10 @@ static zpp_status_t idup(MPI_Comm comm, int k, MPI_Comm *out, double timeout_s,
   for (i = 0; i < k; i++) {
     rc = MPI_Comm_idup(comm, &out[i], &req[i]);
     if (rc != MPI_SUCCESS) {
-      /* the others wait in theirs and time out */
-      for (; i < k; i++)
+      /* The others wait in theirs and time out.  The duplications started
+       * here stay pending: their communicators may not be used or freed
+       * before they complete, so they are left to MPI (as on a timeout). */
+      for (i = 0; i < k; i++)
         out[i] = MPI_COMM_NULL;
       return zpp_mpi_error(rc, func, "MPI_Comm_idup");
     }
@@ -462,7 +464,7 @@ static zpp_status_t mpi_split(zpp_comm_t parent, zpp_status_t st, int color,
                               const int *members, int n, int me,
                               const zpp_comm_config_t *cfg, zpp_comm_t *out) {
   mpi_creator_t *pm = parent->creator;
-  int *map = NULL, i;
+  int *map = NULL, i, nmpi = 0;
   zpp_status_t xs;
   *out = NULL;
   if (pm->boot.broken != ZPP_OK) /* nobody gets past a failed exchange */
@@ -470,6 +472,24 @@ static zpp_status_t mpi_split(zpp_comm_t parent, zpp_status_t st, int color,
                         : zpp_error(pm->boot.broken, "zpp_comm_split",
                                     "the parent's bootstrap failed (%s)",
                                     pm->boot.broken_why);
+  /* The duplication below is collective over every rank of the parent's
+   * MPI communicator.  A subset shares that communicator with the other
+   * ranks of its parent (its siblings), which do not take part here: the
+   * duplication would wait for them until the timeout.  Every rank of
+   * the parent sees the same sizes, so all fail here alike, at once. */
+  MPI_Comm_size(pm->boot.comm, &nmpi);
+  if (nmpi != pm->boot.size)
+    return st != ZPP_OK
+               ? st
+               : zpp_error(ZPP_ERR_UNSUPPORTED, "zpp_comm_split",
+                           "comm is a subset of %d of the %d ranks of its MPI "
+                           "communicator (made by zpp_comm_split or "
+                           "zpp_comm_create_from_ranks): under MPI it cannot "
+                           "be split again (a communicator of a subset's "
+                           "ranks has no MPI form bounded by a timeout); "
+                           "split the communicator of zpp_comm_create_mpi "
+                           "instead",
+                           pm->boot.size, nmpi);
   if (st == ZPP_OK && color != ZPP_SPLIT_NONE) {
     map = malloc((size_t)n * sizeof *map);
     if (map == NULL)
@@ -507,7 +527,7 @@ zpp_status_t zpp_comm_create_mpi(MPI_Comm comm, const zpp_comm_config_t *cfg,
 
 zpp_status_t zpp_comm_get_mpi_comm(zpp_comm_t comm, MPI_Comm *out) {
   mpi_creator_t *m;
-  int n = 0;
+  int n = 0, r;
   if (comm == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
   if (out == NULL)
@@ -523,6 +543,14 @@ zpp_status_t zpp_comm_get_mpi_comm(zpp_comm_t comm, MPI_Comm *out) {
                      "zpp keeps no MPI communicator of exactly its ranks "
                      "(MPI_Comm_split cannot be bounded by a timeout)",
                      comm->tr->size, n);
+  /* All the ranks, reordered by a split: MPI's ranks are not comm's. */
+  for (r = 0; r < n; r++)
+    if (m->boot.mpi_rank[r] != r)
+      return zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                       "comm's rank %d is rank %d of the MPI communicator "
+                       "(reordered by zpp_comm_split): zpp keeps no MPI "
+                       "communicator of its ranks in its order",
+                       r, m->boot.mpi_rank[r]);
   *out = m->world;
   return ZPP_OK;
 }

@@ -544,6 +544,12 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
     int done = 0;
     if (zpp_ew_event_query(event, &done, err, sizeof err) != 0)
       return zpp_transport_fail(t, zpp_error(ZPP_ERR_CUDA, func, "%s", err));
+    /* A backend that aborts its device work on a failure (NCCL: after
+     * zpp_comm_abort, a timeout) lets the aborted work leave the stream,
+     * and the event then completes without the collective having run:
+     * on a broken transport, done is not success. */
+    if (done && t->ops->abort_device_work != NULL)
+      ZPP_CHECK(zpp_transport_broken_error(t, func));
     if (done)
       return ZPP_OK;
     ZPP_CHECK(zpp_transport_check_async(t, func));

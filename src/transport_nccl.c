@@ -139,6 +139,14 @@ int zpp_transport_nccl_available(char *why, size_t len) {
 }
 
 typedef struct {
+  /* mu guards comm[] and aborted, and is held for every NCCL call on a
+   * communicator (one short call: the communicators are non-blocking;
+   * never across a wait).  abort_all may run on any thread
+   * (zpp_comm_abort) while the engine or a caller is inside one of our
+   * calls: ncclCommAbort frees the communicator, so no other thread may
+   * be in NCCL with it then, nor use it after. */
+  pthread_mutex_t mu;
+  int aborted; /* abort_all ran: comm[] are gone, every call fails */
   ncclComm_t comm[ZPP_NGROUPS];
   int device;
   char *scratch; /* one byte per world rank, for the barrier */
@@ -170,14 +178,40 @@ static zpp_status_t cuda_err(cudaError_t e, const char *what, const char *call) 
   return zpp_error(ZPP_ERR_CUDA, what, "%s: %s", call, cudaGetErrorString(e));
 }
 
+/* Aborts every communicator once (any thread; never with mu held). */
 static void abort_all(zpp_transport_t *t) {
   nccl_impl_t *m = t->impl;
   int g;
+  pthread_mutex_lock(&m->mu);
   for (g = ZPP_NGROUPS - 1; g >= 0; g--) {
     if (m->comm[g] != NULL)
       api.CommAbort(m->comm[g]);
     m->comm[g] = NULL;
   }
+  m->aborted = 1;
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* The error of a call after abort_all: the communicator's first error
+ * (zpp_comm_abort's ZPP_ERR_ABORTED, a timeout ...), else a NCCL one. */
+static zpp_status_t aborted_error(zpp_transport_t *t, const char *what) {
+  if (atomic_load(&t->broken))
+    return zpp_transport_broken_error(t, what);
+  return zpp_error(ZPP_ERR_NCCL, what, "the NCCL communicators were aborted");
+}
+
+/* Takes mu for one NCCL call on group g's communicator (*c); after an
+ * abort, fails without holding mu. */
+static zpp_status_t comm_lock(zpp_transport_t *t, zpp_group_t g,
+                              const char *what, ncclComm_t *c) {
+  nccl_impl_t *m = t->impl;
+  pthread_mutex_lock(&m->mu);
+  if (m->aborted || m->comm[g] == NULL) {
+    pthread_mutex_unlock(&m->mu);
+    return aborted_error(t, what);
+  }
+  *c = m->comm[g];
+  return ZPP_OK;
 }
 
 static void pause_poll(long *pause_ns) {
@@ -193,26 +227,42 @@ static int64_t limit_of(const zpp_transport_t *t) {
 }
 
 /* A non-blocking communicator answers ncclInProgress until its last call
- * has been taken in; wait for that, with the timeout. */
+ * has been taken in; wait for that, with the timeout.  c is valid while
+ * not aborted (only abort_all and destroy free it), so each poll looks at
+ * it under mu. */
 static zpp_status_t ready(zpp_transport_t *t, ncclComm_t c, const char *what) {
+  nccl_impl_t *m = t->impl;
   int64_t limit = limit_of(t);
   long pause_ns = 1000;
   for (;;) {
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t r = api.CommGetAsyncError(c, &async);
+    ncclResult_t async = ncclSuccess, r;
+    zpp_status_t st = ZPP_OK;
+    pthread_mutex_lock(&m->mu);
+    if (m->aborted) {
+      pthread_mutex_unlock(&m->mu);
+      return aborted_error(t, what);
+    }
+    r = api.CommGetAsyncError(c, &async);
     if (r != ncclSuccess)
-      return nccl_err(r, c, what, "ncclCommGetAsyncError");
+      st = nccl_err(r, c, what, "ncclCommGetAsyncError");
+    else if (async != ncclSuccess && async != ncclInProgress)
+      st = nccl_err(async, c, what, "asynchronous NCCL error");
+    pthread_mutex_unlock(&m->mu);
+    if (r != ncclSuccess)
+      return st;
     if (async == ncclSuccess)
       return ZPP_OK;
+    /* Broken first (with the status this call returns: the first error
+     * of every later call), then aborted: a thread that finds the
+     * communicators gone reports why. */
     if (async != ncclInProgress) {
-      zpp_status_t st = nccl_err(async, c, what, "asynchronous NCCL error");
+      zpp_transport_break_st(t, st, "NCCL error in %s", what);
       abort_all(t);
-      zpp_transport_break(t, "NCCL error in %s", what);
       return st;
     }
     if (zpp_time_ns() > limit) {
+      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT, "%s timed out", what);
       abort_all(t);
-      zpp_transport_break(t, "%s timed out", what);
       return zpp_error(ZPP_ERR_TIMEOUT, what,
                        "NCCL call not taken in within %.3g s "
                        "(ZPP_TIMEOUT_S); communicators aborted",
@@ -222,11 +272,18 @@ static zpp_status_t ready(zpp_transport_t *t, ncclComm_t c, const char *what) {
   }
 }
 
-/* Checks a call's immediate result, then waits until it is taken in. */
+/* Checks a call's immediate result, then waits until it is taken in.
+ * Called with mu held (comm_lock, or creation before anyone can abort);
+ * releases it. */
 static zpp_status_t called(zpp_transport_t *t, ncclResult_t r, ncclComm_t c,
                            const char *what, const char *call) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    return nccl_err(r, c, what, call);
+  nccl_impl_t *m = t->impl;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    zpp_status_t st = nccl_err(r, c, what, call);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+  }
+  pthread_mutex_unlock(&m->mu);
   return ready(t, c, what);
 }
 
@@ -271,13 +328,14 @@ static void account_ring(zpp_transport_t *t, zpp_group_t g, uint64_t block,
 static zpp_status_t nccl_allgather(zpp_transport_t *t, zpp_group_t g,
                                    const void *send, size_t bytes, void *recv,
                                    zpp_memory_t mem, void *stream) {
-  nccl_impl_t *m = t->impl;
+  ncclComm_t c = NULL;
   ZPP_CHECK(on_device(t, mem, "allgather"));
   if (bytes == 0)
     return ZPP_OK;
-  ZPP_CHECK(called(t, api.AllGather(send, recv, bytes, ncclUint8, m->comm[g],
+  ZPP_CHECK(comm_lock(t, g, "allgather", &c));
+  ZPP_CHECK(called(t, api.AllGather(send, recv, bytes, ncclUint8, c,
                                     (cudaStream_t)stream),
-                   m->comm[g], "allgather", "ncclAllGather"));
+                   c, "allgather", "ncclAllGather"));
   account_ring(t, g, bytes, 1);
   return ZPP_OK;
 }
@@ -288,10 +346,10 @@ static zpp_status_t p2p(zpp_transport_t *t, zpp_group_t g, const char *send,
                         const size_t *sb, const size_t *so, char *recv,
                         const size_t *rb, const size_t *ro, void *stream,
                         const char *what) {
-  nccl_impl_t *m = t->impl;
   const zpp_tgroup_t *gr = &t->grp[g];
   int n = gr->size, me = gr->index, s;
   ncclResult_t r = ncclSuccess;
+  ncclComm_t c = NULL;
   if (sb[me] > 0 && send + so[me] != recv + ro[me]) {
     cudaError_t e = cudaMemcpyAsync(recv + ro[me], send + so[me], sb[me],
                                     cudaMemcpyDeviceToDevice,
@@ -301,14 +359,15 @@ static zpp_status_t p2p(zpp_transport_t *t, zpp_group_t g, const char *send,
   }
   if (n == 1)
     return ZPP_OK;
+  ZPP_CHECK(comm_lock(t, g, what, &c));
   r = api.GroupStart();
   for (s = 1; s < n && (r == ncclSuccess || r == ncclInProgress); s++) {
     int to = (me + s) % n, from = (me - s + n) % n;
     if (rb[from] > 0)
-      r = api.Recv(recv + ro[from], rb[from], ncclUint8, from, m->comm[g],
+      r = api.Recv(recv + ro[from], rb[from], ncclUint8, from, c,
                    (cudaStream_t)stream);
     if (sb[to] > 0 && (r == ncclSuccess || r == ncclInProgress))
-      r = api.Send(send + so[to], sb[to], ncclUint8, to, m->comm[g],
+      r = api.Send(send + so[to], sb[to], ncclUint8, to, c,
                    (cudaStream_t)stream);
   }
   {
@@ -316,7 +375,7 @@ static zpp_status_t p2p(zpp_transport_t *t, zpp_group_t g, const char *send,
     if (r == ncclSuccess || r == ncclInProgress)
       r = e;
   }
-  ZPP_CHECK(called(t, r, m->comm[g], what, "ncclSend/ncclRecv group"));
+  ZPP_CHECK(called(t, r, c, what, "ncclSend/ncclRecv group"));
   for (s = 0; s < n; s++) {
     if (s == me)
       continue;
@@ -453,6 +512,7 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
   const float *in = (const float *)send;
   char err[256];
   cudaError_t e;
+  ncclComm_t c = NULL;
   if (dtype != ZPP_FLOAT32 || valid < total) {
     ZPP_CHECK(grow_dev((void **)&m->wide, &m->wide_cap, total * sizeof(float),
                        what));
@@ -468,15 +528,17 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
     in = m->wide;
   }
   if (dtype == ZPP_FLOAT32 && div == 1.0f) { /* fp32 sum: straight out */
+    ZPP_CHECK(comm_lock(t, g, what, &c));
     ZPP_CHECK(called(t, api.ReduceScatter(in, out, shard, ncclFloat32, ncclSum,
-                                          m->comm[g], s),
-                     m->comm[g], what, "ncclReduceScatter"));
+                                          c, s),
+                     c, what, "ncclReduceScatter"));
   } else {
     ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float),
                        what));
+    ZPP_CHECK(comm_lock(t, g, what, &c));
     ZPP_CHECK(called(t, api.ReduceScatter(in, m->acc, shard, ncclFloat32,
-                                          ncclSum, m->comm[g], s),
-                     m->comm[g], what, "ncclReduceScatter"));
+                                          ncclSum, c, s),
+                     c, what, "ncclReduceScatter"));
     if (zpp_ew_finish_device(m->acc, shard, div, (int)dtype, out, stream, err,
                              sizeof err) != 0)
       return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
@@ -516,7 +578,7 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   int n = t->grp[g].size, me = t->grp[g].index;
   size_t es = zpp_dtype_size(dtype), shard = (count + (size_t)n - 1) / (size_t)n;
   cudaStream_t s = (cudaStream_t)stream;
-  ncclComm_t c = m->comm[g];
+  ncclComm_t c = NULL;
   cudaError_t e;
   char *out;
   zpp_status_t st, rs = ZPP_OK;
@@ -538,6 +600,8 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
   if (st == ZPP_OK)
     st = reduce_fp32(t, g, send, count, out + (size_t)me * shard * es, shard,
                      dtype, op, stream, "allreduce");
+  if (st == ZPP_OK)
+    st = comm_lock(t, g, "allreduce", &c);
   if (st == ZPP_OK)
     st = called(t, api.AllGather(out + (size_t)me * shard * es, out,
                                  shard * es, ncclUint8, c, s),
@@ -563,31 +627,42 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
   ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "sync"));
   for (;;) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
-    if (e == cudaSuccess)
-      return ZPP_OK;
-    if (e != cudaErrorNotReady) {
-      zpp_status_t st = cuda_err(e, "sync", "cudaStreamQuery");
-      abort_all(t);
-      zpp_transport_break(t, "CUDA error while waiting");
-      return st;
-    }
-    for (g = 0; g < ZPP_NGROUPS; g++) {
+    zpp_status_t st = ZPP_OK;
+    int aborted;
+    /* Work that an abort ended (zpp_comm_abort from another thread, an
+     * error) leaves the stream too: drained is not done then. */
+    pthread_mutex_lock(&m->mu);
+    aborted = m->aborted;
+    for (g = 0; g < ZPP_NGROUPS && !aborted && e == cudaErrorNotReady &&
+                st == ZPP_OK;
+         g++) {
       ncclResult_t async = ncclSuccess;
       if (m->comm[g] == NULL)
         continue;
       api.CommGetAsyncError(m->comm[g], &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        zpp_status_t st =
-            nccl_err(async, m->comm[g], "sync", "asynchronous NCCL error");
-        abort_all(t);
-        zpp_transport_break(t, "asynchronous NCCL error on group %s",
-                            zpp_group_name((zpp_group_t)g));
-        return st;
-      }
+      if (async != ncclSuccess && async != ncclInProgress)
+        st = nccl_err(async, m->comm[g], "sync", "asynchronous NCCL error");
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (aborted)
+      return aborted_error(t, "sync");
+    if (e == cudaSuccess)
+      return ZPP_OK;
+    if (e != cudaErrorNotReady) {
+      st = cuda_err(e, "sync", "cudaStreamQuery");
+      zpp_transport_break_st(t, st, "CUDA error while waiting");
+      abort_all(t);
+      return st;
+    }
+    if (st != ZPP_OK) {
+      zpp_transport_break_st(t, st, "asynchronous NCCL error on group %s",
+                             zpp_group_name((zpp_group_t)(g - 1)));
+      abort_all(t);
+      return st;
     }
     if (zpp_time_ns() > limit) {
+      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT, "stream wait timed out");
       abort_all(t);
-      zpp_transport_break(t, "stream wait timed out");
       return zpp_error(ZPP_ERR_TIMEOUT, "sync",
                        "operations on the stream did not finish within %.3g s "
                        "(ZPP_TIMEOUT_S); NCCL communicators aborted",
@@ -600,10 +675,12 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
 static zpp_status_t nccl_barrier(zpp_transport_t *t, zpp_group_t g) {
   nccl_impl_t *m = t->impl;
   int me = t->grp[g].index;
+  ncclComm_t c = NULL;
   ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "barrier"));
+  ZPP_CHECK(comm_lock(t, g, "barrier", &c));
   ZPP_CHECK(called(t, api.AllGather(m->scratch + me, m->scratch, 1, ncclUint8,
-                                    m->comm[g], m->bar_stream),
-                   m->comm[g], "barrier", "ncclAllGather"));
+                                    c, m->bar_stream),
+                   c, "barrier", "ncclAllGather"));
   account_ring(t, g, 1, 1);
   return nccl_sync(t, m->bar_stream);
 }
@@ -613,6 +690,8 @@ static void nccl_destroy(zpp_transport_t *t) {
   int g;
   if (m == NULL)
     return;
+  /* Not concurrent with zpp_comm_abort (zpp_comm.h), and the engine is
+   * gone: no other thread uses the communicators now. */
   for (g = ZPP_NGROUPS - 1; g >= 0; g--) {
     if (m->comm[g] == NULL)
       continue;
@@ -623,7 +702,7 @@ static void nccl_destroy(zpp_transport_t *t) {
       if ((r == ncclSuccess || r == ncclInProgress) &&
           ready(t, m->comm[g], "destroy") == ZPP_OK)
         api.CommDestroy(m->comm[g]);
-      else if (m->comm[g] != NULL)
+      else if (m->comm[g] != NULL && !m->aborted)
         api.CommAbort(m->comm[g]);
     }
     m->comm[g] = NULL;
@@ -640,6 +719,7 @@ static void nccl_destroy(zpp_transport_t *t) {
     cudaFree(m->acc);
   if (m->scratch_ev_made)
     cudaEventDestroy(m->scratch_ev);
+  pthread_mutex_destroy(&m->mu);
   free(m);
   t->impl = NULL;
 }
@@ -647,22 +727,27 @@ static void nccl_destroy(zpp_transport_t *t) {
 /* Asynchronous errors of the three communicators, without waiting. */
 static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
   nccl_impl_t *m = t->impl;
-  int g;
-  for (g = 0; g < ZPP_NGROUPS; g++) {
+  zpp_status_t st = ZPP_OK;
+  int g, aborted;
+  pthread_mutex_lock(&m->mu);
+  aborted = m->aborted;
+  for (g = 0; g < ZPP_NGROUPS && !aborted && st == ZPP_OK; g++) {
     ncclResult_t async = ncclSuccess;
     if (m->comm[g] == NULL)
       continue;
     api.CommGetAsyncError(m->comm[g], &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      zpp_status_t st =
-          nccl_err(async, m->comm[g], what, "asynchronous NCCL error");
-      abort_all(t);
-      zpp_transport_break(t, "asynchronous NCCL error on group %s",
-                          zpp_group_name((zpp_group_t)g));
-      return st;
-    }
+    if (async != ncclSuccess && async != ncclInProgress)
+      st = nccl_err(async, m->comm[g], what, "asynchronous NCCL error");
   }
-  return ZPP_OK;
+  pthread_mutex_unlock(&m->mu);
+  if (aborted)
+    return aborted_error(t, what);
+  if (st != ZPP_OK) {
+    zpp_transport_break_st(t, st, "asynchronous NCCL error on group %s",
+                           zpp_group_name((zpp_group_t)(g - 1)));
+    abort_all(t);
+  }
+  return st;
 }
 
 /* Stream-ordered: the operations enqueue; no round primitive. */
@@ -712,6 +797,7 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   else if ((m = calloc(1, sizeof *m)) == NULL)
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "NCCL backend state");
   if (m != NULL) {
+    pthread_mutex_init(&m->mu, NULL);
     m->device = cuda_device;
     t->impl = m;
     t->ops = &nccl_ops;
@@ -756,6 +842,9 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   cfg.blocking = 0;
   /* The handle is written by the call: read it only after the call
    * returned (as an argument of the same call its value is unspecified). */
+  /* called() releases mu, taken for each call (nobody else can see the
+   * communicators yet). */
+  pthread_mutex_lock(&m->mu);
   rinit = api.CommInitRankConfig(&m->comm[ZPP_GROUP_WORLD], t->size, id,
                                  t->rank, &cfg);
   ZPP_CHECK(called(t, rinit, m->comm[ZPP_GROUP_WORLD], __func__,
@@ -763,12 +852,14 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:
    * the member order equals the topology's. */
+  pthread_mutex_lock(&m->mu);
   ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
                                     topo->node_of[t->rank],
                                     topo->local_rank_of[t->rank],
                                     &m->comm[ZPP_GROUP_NODE], &cfg),
                    m->comm[ZPP_GROUP_WORLD], __func__, "ncclCommSplit(node)"));
   ZPP_CHECK(ready(t, m->comm[ZPP_GROUP_NODE], __func__));
+  pthread_mutex_lock(&m->mu);
   ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
                                     topo->local_rank_of[t->rank],
                                     topo->node_of[t->rank],

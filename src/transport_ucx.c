@@ -289,8 +289,8 @@ static zpp_status_t peer_failed(zpp_transport_t *t, zpp_group_t g,
    * gone or stopped. */
   char others[160] = "";
   zpp_transport_describe_peers(t, others, sizeof others);
-  zpp_transport_break(t, "group %s: rank %d %s", zpp_group_name(g), x->peer,
-                      peer_problem(s));
+  zpp_transport_break_st(t, ZPP_ERR_SYSTEM, "group %s: rank %d %s",
+                         zpp_group_name(g), x->peer, peer_problem(s));
   return zpp_error(ZPP_ERR_SYSTEM, "round",
                    "group %s: %s rank %d: rank %d %s (UCX %s: %s)%s; the "
                    "communicator is aborted",
@@ -392,9 +392,11 @@ static zpp_status_t ucx_round_test(zpp_transport_t *t, zpp_round_t *r,
     if (s != UCS_OK)
       return peer_failed(t, r->g, x, s, "request");
     if (x->is_recv && info.length != x->bytes) {
-      zpp_transport_break(t, "group %s: rank %d sent %zu bytes where %zu "
-                          "were expected", zpp_group_name(r->g), x->peer,
-                          info.length, x->bytes);
+      zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
+                             "group %s: rank %d sent %zu bytes where %zu "
+                             "were expected",
+                             zpp_group_name(r->g), x->peer, info.length,
+                             x->bytes);
       return zpp_error(ZPP_ERR_MISMATCH, "round",
                        "group %s: rank %d sent %zu bytes where %zu were "
                        "expected (ranks passed different sizes); the "

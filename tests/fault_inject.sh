@@ -103,7 +103,8 @@ if [[ "$mode" == kill ]]; then
     wrong=$(awk '$1=="wrong"{print $2}' "$f")
     dt=$(awk -v a="$at" -v k="$t_kill" 'BEGIN{printf "%.2f", a-k}')
     note "rank $r: status $status after ${dt} s (iteration $iters): $msg"
-    [[ "$status" -ne 0 ]] || bad "rank $r finished without an error"
+    [[ -n "$status" && "$status" -ne 0 ]] || bad "rank $r finished without an error"
+    [[ "$at" =~ ^[0-9]+\.[0-9]+$ && "$at" != 0.000 ]] || bad "rank $r: no time of failure ($at)"
     awk -v d="$dt" -v t="$timeout_s" 'BEGIN{exit !(d <= t + 5)}' ||
       bad "rank $r returned ${dt} s after the kill (bound $timeout_s + 5 s)"
     [[ "$msg" == *"rank $victim "* || "$msg" == *"from $victim"* || "$msg" == *"to $victim"* ]] ||
@@ -129,7 +130,7 @@ else
     iters=$(awk '$1=="iters"{print $2}' "$f")
     wrong=$(awk '$1=="wrong"{print $2}' "$f")
     note "rank $r: status $status, $iters iterations, $wrong wrong"
-    [[ "$status" -eq 0 ]] || bad "rank $r failed: $(sed -n 's/^msg //p' "$f")"
+    [[ "$status" == 0 ]] || bad "rank $r failed (status '$status'): $(sed -n 's/^msg //p' "$f")"
     [[ "$wrong" == 0 ]] || bad "rank $r: $wrong results differ from the reference"
   done
 fi

@@ -14,7 +14,8 @@
 // Each rank regenerates every rank's data from the seed, so the reference
 // is computed without communication.
 //
-// Files in $ZPP_FAULT_OUT: pid.<rank> once the communicator exists;
+// Files in $ZPP_FAULT_OUT (each written as tmp.<name>, then renamed, so a
+// reader never sees it partial): pid.<rank> once the communicator exists;
 // result.<rank> at the end: status, the wall-clock time of the failure
 // (CLOCK_REALTIME, s), iterations, wrong elements, whether destroy
 // returned, and the error message.  A rank whose communicator failed
@@ -88,10 +89,12 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   {
-    FILE *f = std::fopen(out_path(dir, "pid", rank).c_str(), "w");
+    std::string path = out_path(dir, "pid", rank);
+    std::string tmp = out_path(dir, "tmp.pid", rank);
+    FILE *f = std::fopen(tmp.c_str(), "w");
     if (f) {
       std::fprintf(f, "%d\n", (int)getpid());
-      std::fclose(f);
+      if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
     }
   }
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
@@ -153,13 +156,17 @@ int main(int argc, char **argv) {
   std::string msg = st != ZPP_OK ? zpp_get_last_error() : "";
   int destroyed = zpp_comm_destroy(c) == ZPP_OK;
   {
-    FILE *f = std::fopen(out_path(dir, "result", rank).c_str(), "w");
+    // Written aside, then renamed: fault_inject.sh reads a result as soon
+    // as its name appears, so it must never see a partial one.
+    std::string path = out_path(dir, "result", rank);
+    std::string tmp = out_path(dir, "tmp.result", rank);
+    FILE *f = std::fopen(tmp.c_str(), "w");
     if (f) {
       std::fprintf(f,
                    "status %d\nfailed_at %.3f\niters %d\nwrong %ld\n"
                    "destroyed %d\nmsg %s\n",
                    (int)st, failed_at, iter, wrong, destroyed, msg.c_str());
-      std::fclose(f);
+      if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
     }
   }
   std::printf("rank %d: %d iterations, %ld wrong, status %s%s%s\n", rank, iter,

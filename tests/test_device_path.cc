@@ -25,6 +25,8 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <unistd.h>
 #include <memory>
 #include <chrono>
@@ -381,6 +383,102 @@ TEST(DevicePath, OnePointerQueryPerUserBuffer) {
 }
 
 }  // namespace
+
+// zpp_comm_abort from another thread on a NCCL communicator whose
+// device work waits for a peer that never comes (rank 1): the NCCL
+// communicators are aborted then, and the work they held ends on the
+// stream -- which does not make it done.  A barrier waiting for its
+// stream, and a started all-gather waited for after the abort, return
+// ZPP_ERR_ABORTED, never ZPP_OK (both returned ZPP_OK before: the stream
+// drained after the abort and the waits took that as completion).
+TEST(DevicePath, NcclAbortFromAnotherThreadFailsTheWaits) {
+  if (!run_case("ncclkill")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  for (int round = 0; round < 2; round++) {
+    zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+    ASSERT_NE(comm, nullptr);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const size_t n = 256;
+    DevBuf dx(n * 4), dy(n * 4 * 2);
+    if (g_rank == 0) {  // rank 1 never calls
+      std::atomic<double> aborted_at{0.0};
+      auto now = [] {
+        return std::chrono::duration<double>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+      };
+      zpp_status_t st;
+      if (round == 0) {
+        std::thread killer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          aborted_at = now();
+          EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
+        });
+        st = zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD);
+        killer.join();
+      } else {
+        zpp_request_t req = nullptr;
+        ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+            << zpp_get_last_error();
+        std::thread killer([&] {
+          aborted_at = now();
+          EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
+        });
+        killer.join();
+        // the aborted all-gather's stream drains (its status does not
+        // matter); the wait comes after that
+        cudaStreamSynchronize(s);
+        st = zpp_request_wait(req);
+      }
+      double back = now();
+      EXPECT_EQ(st, ZPP_ERR_ABORTED) << "round " << round << ": " << zpp_get_last_error();
+      EXPECT_LT(back - aborted_at.load(), 10.0) << "round " << round;
+      zpp_status_t as = ZPP_OK;
+      EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+      EXPECT_EQ(as, ZPP_ERR_ABORTED) << zpp_get_last_error();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    cudaStreamDestroy(s);
+    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+  }
+}
+
+// An asynchronous NCCL error (here the stand-in's own limit,
+// ZPP_NCCL_EMU_TIMEOUT_S=1, on an all-gather whose peer never comes, well
+// inside ZPP_TIMEOUT_S): zpp_comm_get_async_error reports ZPP_ERR_NCCL,
+// and it stays the communicator's first error for every later call and
+// query (they answered ZPP_ERR_TIMEOUT before: the break kept no status).
+TEST(DevicePath, NcclAsyncErrorStaysTheFirstError) {
+  if (!run_case("ncclasync")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 256;
+  DevBuf dx(n * 4), dy(n * 4 * 2);
+  if (g_rank == 0) {  // rank 1 never calls
+    zpp_request_t req = nullptr;
+    ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+        << zpp_get_last_error();
+    zpp_status_t as = ZPP_OK;
+    for (int i = 0; i < 2000 && as == ZPP_OK; i++) {  // <= 20 s
+      EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+      if (as == ZPP_OK) usleep(10000);
+    }
+    EXPECT_EQ(as, ZPP_ERR_NCCL) << zpp_get_last_error();
+    EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+    EXPECT_EQ(as, ZPP_ERR_NCCL) << "second query: " << zpp_get_last_error();
+    EXPECT_EQ(zpp_request_wait(req), ZPP_ERR_NCCL) << zpp_get_last_error();
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_NCCL)
+        << zpp_get_last_error();
+    cudaStreamSynchronize(s);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
 
 int main(int argc, char **argv) {
   int provided = 0, failed, any = 0;

@@ -398,6 +398,61 @@ TEST(Faults, CreateFromRanksListsMustAgree) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A subset of a subset, split by its members only (the other half does
+// something else).  Under MPI sibling subsets share their parent's
+// duplicates, and a duplication is collective over all their ranks: the
+// split used to wait for the other half until the timeout.  It fails at
+// once now, on every member, saying so.  A subset of all the ranks
+// (reordered) has no siblings and splits again, with correct blocks; its
+// MPI communicator is refused (MPI's rank order is not its own).
+TEST(Faults, SplitOfASubsetFailsAtOnceOrWorks) {
+  const double timeout = 5.0;
+  zpp_comm_t c = make_comm(timeout);
+  ASSERT_NE(c, nullptr);
+  zpp_comm_t half = nullptr, inner = nullptr, rev = nullptr;
+  ASSERT_EQ(zpp_comm_split(c, g_rank % 2, g_rank, &half), ZPP_OK)
+      << zpp_get_last_error();
+  if (g_rank % 2 == 0) {
+    int hr = -1;
+    zpp_comm_rank(half, &hr);
+    double t0 = now_s();
+    EXPECT_EQ(zpp_comm_split(half, 0, -hr, &inner), ZPP_ERR_UNSUPPORTED)
+        << zpp_get_last_error();
+    EXPECT_LT(now_s() - t0, kPrompt) << "the inner split waited";
+    EXPECT_NE(std::string(zpp_get_last_error()).find("cannot be split again"),
+              std::string::npos)
+        << zpp_get_last_error();
+    EXPECT_EQ(inner, nullptr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // every rank, reversed; then that again, reversed: the original order
+  ASSERT_EQ(zpp_comm_split(c, 0, -g_rank, &rev), ZPP_OK) << zpp_get_last_error();
+  MPI_Comm mc = MPI_COMM_NULL;
+  EXPECT_EQ(zpp_comm_get_mpi_comm(rev, &mc), ZPP_ERR_UNSUPPORTED);
+  int rr = -1;
+  zpp_comm_rank(rev, &rr);
+  EXPECT_EQ(rr, g_size - 1 - g_rank);
+  ASSERT_EQ(zpp_comm_split(rev, 0, -rr, &inner), ZPP_OK) << zpp_get_last_error();
+  int ir = -1;
+  zpp_comm_rank(inner, &ir);
+  EXPECT_EQ(ir, g_rank);
+  const size_t n = 300;
+  std::vector<float> x = gen(n, 40), all((size_t)g_size * n);
+  std::vector<float> y(n * (size_t)g_size, -1.0f);
+  MPI_Allgather(x.data(), (int)n, MPI_FLOAT, all.data(), (int)n, MPI_FLOAT,
+                MPI_COMM_WORLD);
+  EXPECT_EQ(zpp_allgather(inner, x.data(), y.data(), n, ZPP_FLOAT32, nullptr,
+                          nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(std::memcmp(y.data(), all.data(), y.size() * 4), 0);
+  EXPECT_EQ(zpp_comm_destroy(inner), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(rev), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(half), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {

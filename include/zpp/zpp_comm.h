@@ -209,11 +209,14 @@ ZPP_API const char *zpp_comm_bootstrap_name(zpp_comm_t comm);
  * form one new communicator, ordered by (key, rank in comm); color
  * ZPP_SPLIT_NONE gives *newcomm = NULL.  The new communicator has the
  * backend and memory space of `comm`; its node map is `comm`'s restricted
- * to its ranks (an emulated map stays emulated).  Its bootstrap: an MPI
- * split for communicators made by zpp_comm_create_mpi, else a new TCP star
- * rooted at its first rank (address: the one `comm`'s TCP bootstrap uses,
- * else ZPP_BOOTSTRAP_ADDR, else 127.0.0.1 when every member shares a
- * host). */
+ * to its ranks (an emulated map stays emulated).  Its bootstrap: a
+ * duplicate of the MPI communicator with a rank map for communicators made
+ * by zpp_comm_create_mpi, else a new TCP star rooted at its first rank
+ * (address: the one `comm`'s TCP bootstrap uses, else ZPP_BOOTSTRAP_ADDR,
+ * else 127.0.0.1 when every member shares a host).  Under MPI a subset
+ * that does not hold every rank of its MPI communicator cannot be split
+ * again (nor passed to zpp_comm_create_from_ranks): every rank fails at
+ * once with ZPP_ERR_UNSUPPORTED (zpp_mpi.h). */
 #define ZPP_SPLIT_NONE (-1)
 ZPP_API zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
                                     zpp_comm_t *newcomm);

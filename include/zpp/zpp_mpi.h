@@ -21,7 +21,11 @@ extern "C" {
  * no blocking MPI collective; after the duplication (whose missing ranks
  * MPI cannot name) errors name the ranks that did not take part.  The node
  * map comes from host identities (host name, boot id, network namespace),
- * as on every bootstrap.
+ * as on every bootstrap.  Subsets (zpp_comm_split) are duplicates of the
+ * parent's MPI communicator with a rank map, shared by the subsets of one
+ * split: a subset without every rank of that communicator cannot be split
+ * again (ZPP_ERR_UNSUPPORTED on every rank, at once; the duplication would
+ * wait for the other subsets' ranks).
  *
  * Threads: the communicator's operations may be called from one thread
  * other than the creating one (a progress thread), one call at a time;
@@ -36,8 +40,9 @@ ZPP_API zpp_status_t zpp_comm_create_mpi(MPI_Comm comm,
                                          zpp_comm_t *out);
 
 /* The communicator zpp duplicated from the caller's (for tools and tests;
- * do not free it).  ZPP_ERR_UNSUPPORTED for a subset (zpp_comm_split):
- * zpp keeps no MPI communicator of exactly its ranks. */
+ * do not free it).  ZPP_ERR_UNSUPPORTED for a subset (zpp_comm_split),
+ * also one of every rank in another order: zpp keeps no MPI communicator
+ * of exactly its ranks in its order. */
 ZPP_API zpp_status_t zpp_comm_get_mpi_comm(zpp_comm_t comm, MPI_Comm *out);
 
 #ifdef __cplusplus
