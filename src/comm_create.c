@@ -960,3 +960,8 @@ zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
   }
   return zpp_comm_split(comm, pos >= 0 ? 0 : ZPP_SPLIT_NONE, pos, newcomm);
 }
+
+/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK. */
+zpp_status_t zpp_env_int(const char *name, int *v) {
+  return env_int(name, v, __func__);
+}
