@@ -6,8 +6,10 @@
 # otherwise (ZPP_WITH_CUDA=AUTO).
 set -euo pipefail
 
+# clang and its runtime libraries (libFuzzer, the sanitizers) build the
+# fuzz targets of tests/fuzz (make test-fuzz).
 pkgs=(cmake make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
-      libgtest-dev googletest python3)
+      libgtest-dev googletest python3 clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
