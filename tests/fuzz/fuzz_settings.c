@@ -53,6 +53,14 @@ static void setup(void) {
   for (i = 0; i < NTORCH; i++)
     names[nnames++] = torchrun[i];
   devnull = fopen("/dev/null", "w");
+  /* The log reads ZPP_DEBUG* once, at its first message: latch it now,
+   * quiet and on stderr, so that no fuzzed ZPP_DEBUG_FILE is ever opened
+   * (the log's parsers are called directly below). */
+  for (i = 0; i < nnames; i++)
+    unsetenv(names[i]);
+  setenv("ZPP_DEBUG", "NONE", 1);
+  zpp_settings_reload();
+  (void)zpp_log_enabled(ZPP_LOG_WARN, ZPP_SUBSYS_INIT);
 }
 
 /* The library's default for a numeric setting is never outside its range;
