@@ -94,7 +94,7 @@ mkdir -p "$(dirname "$out")"
   echo "(--leak-check=full, --track-origins=yes, Open MPI's suppressions), 4 ranks on an emulated 2x2"
   echo "under mpirun, every rank under valgrind. Errors, records and bytes are summed over the 4 ranks."
   echo
-  echo "| run | command | exit | seconds | memcheck errors | error/leak records | records with a zpp frame | definitely lost bytes | indirectly lost bytes |"
+  echo "| run | command | exit | seconds | memcheck errors | error/leak records | of them zpp's | definitely lost bytes | indirectly lost bytes |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } > "$out"
