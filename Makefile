@@ -82,10 +82,15 @@ test-emu: emu
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
+# The sanitizers' settings of both ASan targets (see test-asan-mpi: some
+# unit tests also start programs under mpirun).
+ASAN_ENV = OMPI_MCA_mca_base_component_disable_dlclose=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0:fast_unwind_on_malloc=0 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
 test-asan: asan
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -L unit
+	cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -L unit
 
 # The multi-rank suites under ASan + UBSan, every rank sanitized, leaks
 # checked.  Open MPI's own leaks are suppressed by module
@@ -96,10 +101,7 @@ test-asan: asan
 # 2x2 keeps this short; ASAN_MPI_TESTS=. runs every "mpi" suite (long).
 ASAN_MPI_TESTS ?= ^(engine_2x2|coll_2x2|transport_mpi_2x2)$$
 test-asan-mpi: asan
-	cd $(ASAN_BUILD) && OMPI_MCA_mca_base_component_disable_dlclose=1 \
-	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0:fast_unwind_on_malloc=0 \
-	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	cd $(ASAN_BUILD) && $(ASAN_ENV) \
 	  ctest --output-on-failure --no-tests=error -L mpi -R '$(ASAN_MPI_TESTS)'
 
 # UCX_MEM_EVENTS=no: UCX's memory hooks (libucm, loaded with Open MPI's
