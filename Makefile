@@ -6,10 +6,13 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 EMU_BUILD  ?= build-emu
+TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build asan emu test test-unit test-asan test-emu test-cluster demo clean help
+.PHONY: all deps configure build asan emu tsan fuzz test test-unit test-asan test-asan-mpi \
+  test-tsan test-fuzz test-emu test-cluster demo clean help
 
 all: build
 
@@ -20,6 +23,7 @@ help:
 	@echo "make test-emu - only the device path on the emulated CUDA runtime ($(EMU_BUILD)/)"
 	@echo "make test-cluster - the MPI suites on a real cluster of network namespaces"
 	@echo "               (scripts/netns_cluster.sh; needs root, else skipped)"
+	@echo "make test-asan / test-asan-mpi / test-tsan / test-fuzz - one sanitizer suite"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -34,12 +38,34 @@ configure: $(BUILD)/CMakeCache.txt
 build: deps configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU code
-# only: CUDA and MPI stay out of the sanitized build).
+# AddressSanitizer + UndefinedBehaviorSanitizer (CPU code; CUDA stays out).
+# MPI is in: the unit suites and a few multi-rank suites run sanitized
+# (test-asan-mpi).
 asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_SANITIZE=ON \
-	  -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TOOLS=OFF
+	  -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=AUTO -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TOOLS=ON
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+# ThreadSanitizer on the threading code: the engine thread, requests,
+# the transports' locks (tests/sanitizers/README.md).
+TSAN_TARGETS = test_engine test_transport
+
+tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_SANITIZE=thread \
+	  -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=AUTO -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TOOLS=ON
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TARGETS)
+
+# libFuzzer targets (tests/fuzz), built with clang; skipped, saying why,
+# where clang is missing.
+fuzz: deps
+	@if ! command -v clang > /dev/null; then \
+	  echo "make fuzz: skipped: clang is not installed (scripts/install-deps.sh installs it as root)"; \
+	else \
+	  CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_FUZZ=ON \
+	    -DZPP_WITH_CUDA=OFF -DZPP_WITH_MPI=OFF -DZPP_WITH_NCCL=OFF -DZPP_BUILD_TESTS=OFF \
+	    -DZPP_BUILD_TOOLS=OFF && \
+	  cmake --build $(FUZZ_BUILD) -j$(JOBS); \
+	fi
 
 # The device path (kernels, device memory, streams, NCCL) built against the
 # CPU emulator of the CUDA runtime (tests/cuda_emu): no GPU needed.  Only
@@ -58,10 +84,42 @@ test-emu: emu
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
+# The sanitizers' settings of both ASan targets (see test-asan-mpi: some
+# unit tests also start programs under mpirun).
+ASAN_ENV = OMPI_MCA_mca_base_component_disable_dlclose=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0:fast_unwind_on_malloc=0 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
 test-asan: asan
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -L unit
+	cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -L unit
+
+# The multi-rank suites under ASan + UBSan, every rank sanitized, leaks
+# checked.  Open MPI's own leaks are suppressed by module
+# (tests/sanitizers/lsan.supp); for that the stacks must name the modules:
+# Open MPI keeps its plugins loaded (disable_dlclose) and malloc stacks are
+# unwound fully (fast_unwind_on_malloc=0; Open MPI has no frame pointers).
+# A subset that covers every collective, the engine and the transport on
+# 2x2 keeps this short; ASAN_MPI_TESTS=. runs every "mpi" suite (long).
+ASAN_MPI_TESTS ?= ^(engine_2x2|coll_2x2|transport_mpi_2x2)$$
+test-asan-mpi: asan
+	cd $(ASAN_BUILD) && $(ASAN_ENV) \
+	  ctest --output-on-failure --no-tests=error -L mpi -R '$(ASAN_MPI_TESTS)'
+
+# UCX_MEM_EVENTS=no: UCX's memory hooks (libucm, loaded with Open MPI's
+# UCX support or zpp's UCX backend) call into TSan from exiting threads,
+# which crashes the TSan runtime at exit.
+test-tsan: tsan
+	cd $(TSAN_BUILD) && UCX_MEM_EVENTS=no \
+	  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp" \
+	  ctest --output-on-failure --no-tests=error -L mpi -R '^(engine_2x2|transport_mpi_2x2)$$'
+
+test-fuzz: fuzz
+	@if [ -d $(FUZZ_BUILD)/tests/fuzz ]; then \
+	  cd $(FUZZ_BUILD) && ctest --output-on-failure --no-tests=error -L fuzz -j2; \
+	else \
+	  echo "make test-fuzz: skipped: no fuzz build (clang missing, see above)"; \
+	fi
 
 # The transport and collective suites on a real cluster on this machine:
 # network namespaces as nodes, shaped veth links, topology discovered
@@ -70,8 +128,8 @@ test-asan: asan
 test-cluster: build
 	@bash tests/cluster_tests.sh $(BUILD)
 
-test: test-unit test-asan test-emu test-cluster
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster)"
+test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench
@@ -81,4 +139,4 @@ demo: deps configure
 	@bash scripts/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(EMU_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(EMU_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

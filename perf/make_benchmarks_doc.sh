@@ -69,6 +69,15 @@ if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ]; then
     bash "$root/perf/convergence_study.sh" "$gen" "$build"
 fi
 
+# Issue 13's long runs write their own sections when run alone
+# (perf/fuzz.sh, perf/valgrind.sh, perf/soak.sh: minutes each); with
+# ZPP_RUN_ROBUSTNESS=1 they run here too (fuzz.sh needs the clang build).
+if [ "${ZPP_RUN_ROBUSTNESS:-0}" = 1 ] && [ $assemble_only = 0 ]; then
+  bash "$root/perf/fuzz.sh" 300 build-fuzz "$gen/fuzz.md"
+  bash "$root/perf/valgrind.sh" "$build" "$gen/valgrind.md"
+  bash "$root/perf/soak.sh" "$build" 10000 "$gen/soak.md"
+fi
+
 python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'
 import re, sys, pathlib
 src, dst, gen = sys.argv[1:]

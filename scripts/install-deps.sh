@@ -7,9 +7,11 @@
 set -euo pipefail
 
 # iproute2 (ip, tc) and util-linux (unshare, flock): the namespace cluster
-# of scripts/netns_cluster.sh (make test-cluster).
+# of scripts/netns_cluster.sh (make test-cluster).  clang and its runtime
+# libraries (libFuzzer, the sanitizers) build the fuzz targets of
+# tests/fuzz (make test-fuzz).
 pkgs=(cmake make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
-      libgtest-dev googletest python3 iproute2 util-linux)
+      libgtest-dev googletest python3 iproute2 util-linux clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

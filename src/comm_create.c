@@ -1064,3 +1064,8 @@ zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
                     pos, st == ZPP_OK ? n : 0, st == ZPP_OK ? h : 0, __func__,
                     newcomm);
 }
+
+/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK. */
+zpp_status_t zpp_env_int(const char *name, int *v) {
+  return env_int(name, v, __func__);
+}

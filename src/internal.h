@@ -68,12 +68,29 @@ void zpp_log_set_rank(int rank);
       zpp_log(ZPP_LOG_TRACE, subsys, __VA_ARGS__);                             \
   } while (0)
 
+/* The parsers behind ZPP_DEBUG, ZPP_DEBUG_FILE and ZPP_DEBUG_SUBSYS
+ * (src/log.c; separate so tests/fuzz can call them): the level named by
+ * `lvl` (WARN for anything unknown); `pattern` with %h -> host and %p ->
+ * pid into out[cap] (truncated, always terminated; returns its length);
+ * whether `subsys` is in the comma list (or the list is ALL or empty). */
+zpp_log_level_t zpp_log_parse_level(const char *lvl);
+size_t zpp_log_expand_path(const char *pattern, const char *host, int pid,
+                           char *out, size_t cap);
+int zpp_log_subsys_match(const char *list, const char *subsys);
+
 /* ---- settings: one table (src/settings.c), read once ------------------- */
 /* Raw text of a setting ("" if unset and without default). */
 const char *zpp_setting(const char *name);
-/* Parsed values; a malformed value logs a warning and yields `def`. */
+/* Parsed values; a malformed value, or one outside the setting's range in
+ * the table, logs a warning and yields `def`. */
 long zpp_setting_long(const char *name, long def);
 double zpp_setting_double(const char *name, double def);
+/* Tests only (tests/fuzz): reads the environment again.  Not thread-safe:
+ * no other thread may use the settings meanwhile. */
+void zpp_settings_reload(void);
+/* Setting i of the table (0 when i is past its end): name and the range of
+ * a number (+-DBL_MAX for text). */
+int zpp_setting_info(size_t i, const char **name, double *lo, double *hi);
 
 /* ---- quantizer configs (src/quant.c) ------------------------------------
  * sizeof(zpp_quant_config_t) of zpp 0.1 (fields up to `mode`): accepted,

@@ -141,13 +141,17 @@ static zpp_status_t encode_args(const char *func, const zpp_quant_config_t *cfg,
   return ZPP_OK;
 }
 
+/* acc: decode_accumulate (out_kind is ZPP_QM_OUT_ACC); otherwise out_kind
+ * is the caller's dtype, which must be checked as one even when its value
+ * happens to be ZPP_QM_OUT_ACC (zpp_quant_decode with dtype 3 once ran the
+ * accumulating kernel on a dst of the wrong size; tests/fuzz found it). */
 static zpp_status_t decode_args(const char *func, const zpp_quant_config_t *cfg,
                                 const void *src, size_t src_bytes,
-                                size_t count, int out_kind, const void *dst,
-                                zpp_qcfg_t *q) {
+                                size_t count, int acc, int out_kind,
+                                const void *dst, zpp_qcfg_t *q) {
   size_t need;
   ZPP_CHECK(to_qcfg(func, cfg, q));
-  if (out_kind != ZPP_QM_OUT_ACC) {
+  if (!acc) {
     ZPP_CHECK(check_dtype(func, "dtype", (zpp_dtype_t)out_kind));
     if (count > SIZE_MAX / zpp_dtype_size((zpp_dtype_t)out_kind))
       return zpp_error(ZPP_ERR_OVERFLOW, func,
@@ -164,7 +168,7 @@ static zpp_status_t decode_args(const char *func, const zpp_quant_config_t *cfg,
                      count);
   if (dst == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL (count %zu)",
-                     out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst", count);
+                     acc ? "acc" : "dst", count);
   if (src_bytes < need)
     return zpp_error(ZPP_ERR_BUFFER_TOO_SMALL, func,
                      "src_bytes %zu: %zu elements need %zu bytes", src_bytes,
@@ -274,8 +278,8 @@ zpp_status_t zpp_quant_decode(const zpp_quant_config_t *cfg, const void *src,
                               size_t src_bytes, size_t count,
                               zpp_dtype_t dtype, void *dst) {
   zpp_qcfg_t q;
-  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
-                        &q));
+  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, 0, (int)dtype,
+                        dst, &q));
   if (count > 0)
     zpp_quant_cpu_ops()->decode(&q, (const uint8_t *)src, count, (int)dtype,
                                 dst);
@@ -286,8 +290,8 @@ zpp_status_t zpp_quant_decode_accumulate(const zpp_quant_config_t *cfg,
                                          const void *src, size_t src_bytes,
                                          size_t count, float *acc) {
   zpp_qcfg_t q;
-  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, ZPP_QM_OUT_ACC,
-                        acc, &q));
+  ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, 1,
+                        ZPP_QM_OUT_ACC, acc, &q));
   if (count > 0)
     zpp_quant_cpu_ops()->decode(&q, (const uint8_t *)src, count,
                                 ZPP_QM_OUT_ACC, acc);
@@ -383,17 +387,19 @@ zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
 static zpp_status_t decode_device(const char *func,
                                   const zpp_quant_config_t *cfg,
                                   const void *src, size_t src_bytes,
-                                  size_t count, int out_kind, void *dst,
-                                  zpp_stream_t stream, int check_ptrs) {
+                                  size_t count, int acc, int out_kind,
+                                  void *dst, zpp_stream_t stream,
+                                  int check_ptrs) {
   zpp_qcfg_t q;
-  ZPP_CHECK(decode_args(func, cfg, src, src_bytes, count, out_kind, dst, &q));
+  ZPP_CHECK(decode_args(func, cfg, src, src_bytes, count, acc, out_kind, dst,
+                        &q));
   ZPP_CHECK(need_device(func));
 #if ZPP_HAVE_CUDA_KERNELS
   if (count > 0) {
     char err[256];
     if (check_ptrs) {
       ZPP_CHECK(device_ptr(func, "src", src));
-      ZPP_CHECK(device_ptr(func, out_kind == ZPP_QM_OUT_ACC ? "acc" : "dst",
+      ZPP_CHECK(device_ptr(func, acc ? "acc" : "dst",
                            dst));
     }
     if (zpp_quant_cuda_decode(&q, (const uint8_t *)src, count, out_kind, dst,
@@ -414,7 +420,8 @@ zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
   return decode_device(out_kind == ZPP_QM_OUT_ACC
                            ? "zpp_quant_decode_accumulate_device"
                            : "zpp_quant_decode_device",
-                       cfg, src, src_bytes, count, out_kind, dst, stream, 0);
+                       cfg, src, src_bytes, count, out_kind == ZPP_QM_OUT_ACC,
+                       out_kind, dst, stream, 0);
 }
 
 zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
@@ -433,8 +440,8 @@ zpp_status_t zpp_quant_decode_device(const zpp_quant_config_t *cfg,
                                      const void *src, size_t src_bytes,
                                      size_t count, zpp_dtype_t dtype,
                                      void *dst, zpp_stream_t stream) {
-  return decode_device(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
-                       stream, 1);
+  return decode_device(__func__, cfg, src, src_bytes, count, 0, (int)dtype,
+                       dst, stream, 1);
 }
 
 zpp_status_t zpp_quant_decode_accumulate_device(const zpp_quant_config_t *cfg,
@@ -442,6 +449,6 @@ zpp_status_t zpp_quant_decode_accumulate_device(const zpp_quant_config_t *cfg,
                                                 size_t src_bytes, size_t count,
                                                 float *acc,
                                                 zpp_stream_t stream) {
-  return decode_device(__func__, cfg, src, src_bytes, count, ZPP_QM_OUT_ACC,
-                       acc, stream, 1);
+  return decode_device(__func__, cfg, src, src_bytes, count, 1,
+                       ZPP_QM_OUT_ACC, acc, stream, 1);
 }

@@ -1,11 +1,17 @@
 /*
- * Every ZPP_* environment variable in one table: name, default, help.
- * Values are read once, on first use, into the table; zpp_settings_print
- * shows them all (tools expose it as --print-settings).
+ * Every ZPP_* environment variable in one table: name, default, help, and
+ * for numbers the range the code relies on.  Values are read once, on
+ * first use, into the table; zpp_settings_print shows them all (tools
+ * expose it as --print-settings).  A number that does not parse or lies
+ * outside its range logs a warning and yields the caller's default, so
+ * callers may compute with it (spin_us * 1000, MiB << 20) without checks
+ * of their own.
  */
 #include "internal.h"
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,24 @@ typedef struct {
   const char *value; /* environment, else def */
   int from_env;
 } zpp_setting_t;
+
+/* Ranges of the numeric settings (text settings: not listed). */
+static const struct {
+  const char *name;
+  double lo, hi;
+} ranges[] = {
+    /* seconds: at most ~31 years; zpp_timeout_clamp caps it further */
+    {"ZPP_TIMEOUT_S", 0, 1e9},
+    /* the callers check it and fail with their own message */
+    {"ZPP_BOOTSTRAP_PORT", (double)LONG_MIN, (double)LONG_MAX},
+    {"ZPP_EMU_INTER_GBIT", 0, 1e6},
+    {"ZPP_EMU_INTER_LAT_US", 0, 1e9},
+    {"ZPP_PIPE_MIN_CHUNK", 0, 1e15},
+    {"ZPP_NET_SPIN_US", 0, 1e9},
+    {"ZPP_NET_RINGS", 1, 64},
+    /* MiB: << 20 must fit size_t */
+    {"ZPP_SCRATCH_CACHE_MB", 0, 1 << 24},
+};
 
 static zpp_setting_t settings[] = {
     {"ZPP_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE", NULL, 0},
@@ -91,15 +115,40 @@ static zpp_setting_t settings[] = {
 
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
+/* Accepted range of setting i, inclusive (+-DBL_MAX: any, or text). */
+static double range_lo[NSETTINGS], range_hi[NSETTINGS];
+
 static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
 
 static void settings_load(void) {
-  size_t i;
+  size_t i, k;
   for (i = 0; i < NSETTINGS; i++) {
     const char *env = getenv(settings[i].name);
     settings[i].from_env = env != NULL;
     settings[i].value = env != NULL ? env : settings[i].def;
+    range_lo[i] = -DBL_MAX;
+    range_hi[i] = DBL_MAX;
+    for (k = 0; k < sizeof ranges / sizeof ranges[0]; k++)
+      if (strcmp(ranges[k].name, settings[i].name) == 0) {
+        range_lo[i] = ranges[k].lo;
+        range_hi[i] = ranges[k].hi;
+      }
   }
+}
+
+void zpp_settings_reload(void) {
+  pthread_once(&settings_once, settings_load);
+  settings_load();
+}
+
+int zpp_setting_info(size_t i, const char **name, double *lo, double *hi) {
+  pthread_once(&settings_once, settings_load);
+  if (i >= NSETTINGS)
+    return 0;
+  *name = settings[i].name;
+  *lo = range_lo[i];
+  *hi = range_hi[i];
+  return 1;
 }
 
 static zpp_setting_t *find(const char *name) {
@@ -117,7 +166,8 @@ const char *zpp_setting(const char *name) {
 }
 
 long zpp_setting_long(const char *name, long def) {
-  const char *v = zpp_setting(name);
+  zpp_setting_t *s = find(name);
+  const char *v = s != NULL ? s->value : "";
   char *end;
   long r;
   if (v[0] == '\0')
@@ -129,11 +179,18 @@ long zpp_setting_long(const char *name, long def) {
              v, def);
     return def;
   }
+  if ((double)r < range_lo[s - settings] ||
+      (double)r > range_hi[s - settings]) {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "%s=%ld: must be in [%.0f, %.0f]; using %ld",
+             name, r, range_lo[s - settings], range_hi[s - settings], def);
+    return def;
+  }
   return r;
 }
 
 double zpp_setting_double(const char *name, double def) {
-  const char *v = zpp_setting(name);
+  zpp_setting_t *s = find(name);
+  const char *v = s != NULL ? s->value : "";
   char *end;
   double r;
   if (v[0] == '\0')
@@ -143,6 +200,12 @@ double zpp_setting_double(const char *name, double def) {
   if (errno != 0 || *end != '\0') {
     ZPP_WARN(ZPP_SUBSYS_INIT, "%s=\"%s\" is not a number; using %g", name, v,
              def);
+    return def;
+  }
+  if (!(r >= range_lo[s - settings] && r <= range_hi[s - settings])) {
+    /* also NaN */
+    ZPP_WARN(ZPP_SUBSYS_INIT, "%s=%g: must be in [%g, %g]; using %g", name, r,
+             range_lo[s - settings], range_hi[s - settings], def);
     return def;
   }
   return r;

@@ -230,12 +230,15 @@ void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
 int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
                                    uint64_t bytes) {
   int64_t now, start, xfer;
+  double x;
   if (!t->emu_on || link_class(t, peer) != ZPP_LINKCLASS_INTER)
     return 0;
   now = zpp_time_ns();
-  /* Gbit/s is bits per nanosecond. */
-  xfer = t->emu_gbit > 0 ? (int64_t)((double)bytes * 8.0 / t->emu_gbit + 0.5)
-                         : 0;
+  /* Gbit/s is bits per nanosecond.  A tiny bandwidth (the setting allows
+   * any value in [0, 1e6]) must not overflow the conversion: a transfer
+   * lasts at most ~30 years of emulated time. */
+  x = t->emu_gbit > 0 ? (double)bytes * 8.0 / t->emu_gbit + 0.5 : 0.0;
+  xfer = x < 1e18 ? (int64_t)x : (int64_t)1e18;
   start = now > t->nic_free_ns ? now : t->nic_free_ns;
   t->nic_free_ns = start + xfer;
   return t->nic_free_ns + (int64_t)(t->emu_lat_us * 1000.0 + 0.5);

@@ -1104,6 +1104,35 @@ TEST(QuantErrors, EveryBadArgumentReturnsItsCodeAndNamesIt) {
   expect(zpp_quant_encoded_size(&c, 8, nullptr), ZPP_ERR_NULL_POINTER, "bytes");
 }
 
+// Found by tests/fuzz/fuzz_quant_decode (corpus regression-dtype3-*): dtype
+// 3 is the kernels' internal "accumulate" kind, and zpp_quant_decode once
+// took it for decode_accumulate, reading and writing 4 bytes per element
+// of a dst the caller sized for its dtype.  Every value outside the enum,
+// 3 included, must be rejected before any kernel runs.
+TEST(QuantErrors, DecodeRejectsEveryDtypeOutsideTheEnum) {
+  float x[16] = {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12, 13, -14, 15, -16};
+  uint8_t enc[128];
+  size_t need = 0;
+  zpp_quant_config_t c = make_cfg(8, 4, false);
+  ASSERT_EQ(zpp_quant_encoded_size(&c, 16, &need), ZPP_OK);
+  ASSERT_EQ(zpp_quant_encode(&c, ZPP_FLOAT32, x, 16, enc, sizeof enc), ZPP_OK);
+  for (int d : {-1, 3, 4, 255}) {
+    uint16_t out[16];
+    for (auto &o : out)
+      o = 0xabcd;
+    EXPECT_EQ(zpp_quant_decode(&c, enc, need, 16, (zpp_dtype_t)d, out),
+              ZPP_ERR_INVALID_ARGUMENT) << "dtype " << d;
+    EXPECT_NE(std::string(zpp_get_last_error()).find("dtype " + std::to_string(d)),
+              std::string::npos) << zpp_get_last_error();
+    for (auto o : out)
+      EXPECT_EQ(o, 0xabcd) << "dtype " << d << ": dst was written";
+    EXPECT_EQ(zpp_quant_decode_device(&c, enc, need, 16, (zpp_dtype_t)d, out,
+                                      nullptr),
+              ZPP_ERR_INVALID_ARGUMENT) << "dtype " << d << ": "
+                                         << zpp_get_last_error();
+  }
+}
+
 TEST(QuantErrors, DeviceCallsWithoutADeviceSayWhy) {
   if (zpp_cuda_available()) GTEST_SKIP() << "a CUDA device is present";
   zpp_quant_config_t c = make_cfg(8, 4, false);

@@ -1,0 +1,154 @@
+/*
+ * libFuzzer target: the settings table (src/settings.c) and every parser of
+ * the environment: the ZPP_* values as numbers and text, the log settings
+ * (ZPP_DEBUG, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE), ZPP_CPU_ISA, ZPP_TOPO,
+ * and torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT,
+ * TORCHELASTIC_RUN_ID) as zpp_comm_create_from_env reads them.
+ *
+ * Input: records "<selector byte><value bytes>\n"; the selector picks the
+ * variable (the settings table, then torchrun's; selector % (n + 1) == n:
+ * the host name for ZPP_DEBUG_FILE's %h), the value is set with setenv (up
+ * to a NUL byte, which an environment cannot hold).
+ * MASTER_ADDR is always 127.0.0.1: nothing here resolves names or listens.
+ *
+ * What must hold (otherwise abort()): a numeric setting lies in its
+ * table's range or is the caller's default; zpp_settings_get returns the
+ * environment's text; every parser returns, with a message on an error;
+ * ZPP_DEBUG_FILE expands within its buffer.
+ */
+#include "bootstrap.h"
+#include "internal.h"
+#include "quant_cpu.h"
+#include "topo.h"
+
+#include <float.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const torchrun[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                       "MASTER_PORT", "TORCHELASTIC_RUN_ID"};
+#define NTORCH (sizeof torchrun / sizeof torchrun[0])
+#define MAXNAMES 64
+
+static const char *names[MAXNAMES];
+static size_t nnames, nsettings;
+static FILE *devnull;
+
+static void fail(const char *what) {
+  fprintf(stderr, "fuzz_settings: %s (last error: %s)\n", what,
+          zpp_get_last_error());
+  abort();
+}
+
+static void setup(void) {
+  const char *name;
+  double lo, hi;
+  size_t i;
+  while (nsettings < MAXNAMES - NTORCH &&
+         zpp_setting_info(nsettings, &name, &lo, &hi))
+    names[nsettings++] = name;
+  nnames = nsettings;
+  for (i = 0; i < NTORCH; i++)
+    names[nnames++] = torchrun[i];
+  devnull = fopen("/dev/null", "w");
+  /* The log reads ZPP_DEBUG* once, at its first message: latch it now,
+   * quiet and on stderr, so that no fuzzed ZPP_DEBUG_FILE is ever opened
+   * (the log's parsers are called directly below). */
+  for (i = 0; i < nnames; i++)
+    unsetenv(names[i]);
+  setenv("ZPP_DEBUG", "NONE", 1);
+  zpp_settings_reload();
+  (void)zpp_log_enabled(ZPP_LOG_WARN, ZPP_SUBSYS_INIT);
+}
+
+/* The library's default for a numeric setting is never outside its range;
+ * a sentinel the range excludes shows whether the default was taken. */
+static void check_numbers(void) {
+  size_t i;
+  for (i = 0;; i++) {
+    const char *name;
+    double lo, hi, d;
+    long l;
+    if (!zpp_setting_info(i, &name, &lo, &hi))
+      break;
+    if (lo == -DBL_MAX) /* text setting */
+      continue;
+    l = zpp_setting_long(name, -7777777);
+    if (l != -7777777 && ((double)l < lo || (double)l > hi))
+      fail("zpp_setting_long returned a value outside the range");
+    d = zpp_setting_double(name, -7777777.0);
+    if (d != -7777777.0 && !(d >= lo && d <= hi))
+      fail("zpp_setting_double returned a value outside the range");
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char host[ZPP_TOPO_HOST_LEN] = "fuzzhost", path[512];
+  const char *v;
+  size_t i = 0, k;
+  int x, *node_of = NULL, n = 0;
+  zpp_unique_id_t id;
+
+  if (nnames == 0)
+    setup();
+  for (k = 0; k < nnames; k++)
+    unsetenv(names[k]);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  while (i < size) {
+    uint8_t sel = data[i++];
+    const uint8_t *nl = memchr(data + i, '\n', size - i);
+    size_t end = nl != NULL ? (size_t)(nl - data) : size, len = end - i;
+    char value[1024];
+    if (len >= sizeof value)
+      len = sizeof value - 1;
+    memcpy(value, data + i, len);
+    value[len] = '\0'; /* a NUL inside ends the value, as in environ */
+    if (sel % (nnames + 1) == nnames)
+      snprintf(host, sizeof host, "%s", value);
+    else
+      setenv(names[sel % (nnames + 1)], value, 1);
+    i = end + 1;
+  }
+  zpp_settings_reload();
+
+  /* the table: text as set, numbers in range */
+  for (k = 0; k < nsettings; k++) {
+    const char *env = getenv(names[k]);
+    if (zpp_settings_get(names[k], &v) != ZPP_OK)
+      fail("zpp_settings_get failed on a name of the table");
+    if (env != NULL && strcmp(env, v) != 0)
+      fail("zpp_settings_get differs from the environment");
+  }
+  check_numbers();
+  if (devnull != NULL && zpp_settings_print(devnull) != ZPP_OK)
+    fail("zpp_settings_print failed");
+
+  /* the log settings */
+  (void)zpp_log_parse_level(zpp_setting("ZPP_DEBUG"));
+  (void)zpp_log_subsys_match(zpp_setting("ZPP_DEBUG_SUBSYS"), "NET");
+  if (zpp_log_expand_path(zpp_setting("ZPP_DEBUG_FILE"), host, 4194304, path,
+                          sizeof path) >= sizeof path ||
+      strlen(path) >= sizeof path)
+    fail("ZPP_DEBUG_FILE expanded past its buffer");
+
+  /* ZPP_CPU_ISA and ZPP_TOPO */
+  (void)zpp_quant_cpu_ops_named(zpp_setting("ZPP_CPU_ISA"));
+  if (zpp_topo_parse(zpp_setting("ZPP_TOPO"), 0, &node_of, &n) == ZPP_OK) {
+    if (n < 1 || n > 1 << 16) /* ZPP_TOPO_MAX_RANKS of topology/topo.c */
+      fail("zpp_topo_parse accepted a rank count out of range");
+    free(node_of);
+  } else if (zpp_get_last_error()[0] == '\0') {
+    fail("zpp_topo_parse failed without a message");
+  }
+
+  /* torchrun's variables, as zpp_comm_create_from_env reads them */
+  for (k = 0; k < 3; k++)
+    if (zpp_env_int(torchrun[k], &x) == ZPP_OK && (x < 0 || x > 1 << 24))
+      fail("zpp_env_int accepted a value out of range");
+  if (zpp_tcp_id_env("fuzz_settings", 1, &id) != ZPP_OK &&
+      zpp_get_last_error()[0] == '\0')
+    fail("zpp_tcp_id_env failed without a message");
+  return 0;
+}
