@@ -85,11 +85,7 @@ static zpp_status_t to_qcfg(const char *func, const zpp_quant_config_t *in,
 
 static zpp_status_t check_dtype(const char *func, const char *what,
                                 zpp_dtype_t dtype) {
-  if (zpp_dtype_size(dtype) == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
-                     what, (int)dtype);
-  return ZPP_OK;
+  return zpp_check_float_dtype(func, what, dtype);
 }
 
 static zpp_status_t size_of(const char *func, const zpp_qcfg_t *q,
@@ -274,6 +270,9 @@ zpp_status_t zpp_quant_decode(const zpp_quant_config_t *cfg, const void *src,
                               size_t src_bytes, size_t count,
                               zpp_dtype_t dtype, void *dst) {
   zpp_qcfg_t q;
+  /* before dtype becomes an out_kind: ZPP_UINT8 has the value of
+   * ZPP_QM_OUT_ACC and would decode-accumulate into dst as fp32 */
+  ZPP_CHECK(check_dtype(__func__, "dtype", dtype));
   ZPP_CHECK(decode_args(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
                         &q));
   if (count > 0)
@@ -433,6 +432,8 @@ zpp_status_t zpp_quant_decode_device(const zpp_quant_config_t *cfg,
                                      const void *src, size_t src_bytes,
                                      size_t count, zpp_dtype_t dtype,
                                      void *dst, zpp_stream_t stream) {
+  /* before dtype becomes an out_kind (see zpp_quant_decode) */
+  ZPP_CHECK(check_dtype(__func__, "dtype", dtype));
   return decode_device(__func__, cfg, src, src_bytes, count, (int)dtype, dst,
                        stream, 1);
 }
