@@ -9,7 +9,8 @@ EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build asan emu test test-unit test-asan test-emu demo clean help
+.PHONY: all deps deps-python configure build asan emu test test-unit test-asan test-emu \
+  test-python demo clean help
 
 all: build
 
@@ -18,11 +19,18 @@ help:
 	@echo "make test    - install missing packages, build, run all tests (incl. ASan/UBSan"
 	@echo "               and the device path on the emulated CUDA runtime)"
 	@echo "make test-emu - only the device path on the emulated CUDA runtime ($(EMU_BUILD)/)"
+	@echo "make test-python - only the Python bindings and FSDP2 tests (pytest, venv $(PY_VENV)/)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
 deps:
 	@bash scripts/install-deps.sh
+
+# The Python environment (torch, numpy, cffi, pytest; pinned in
+# python/requirements.txt) of the bindings' tests and the FSDP2 demo.
+PY_VENV ?= .venv-torch
+deps-python:
+	@bash scripts/install-deps.sh --python
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
@@ -61,14 +69,21 @@ test-asan: asan
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -L unit
 
-test: test-unit test-asan test-emu
+# python/ (zpp bindings, zpp.fsdp) against the library of $(BUILD)/:
+# single-process tests, then mpirun and torchrun launches (about 1.5 min of
+# CPU in all).
+test-python: build deps-python
+	ZPP_LIBRARY=$(abspath $(BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(BUILD)) \
+	  $(PY_VENV)/bin/python -m pytest -q python/tests
+
+test: test-unit test-asan test-emu test-python
 	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD), emulated GPU: $(EMU_BUILD))"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench
 
-demo: deps configure
-	cmake --build $(BUILD) -j$(JOBS) --target $(DEMO_TARGETS)
+demo: deps deps-python configure
+	cmake --build $(BUILD) -j$(JOBS) --target $(DEMO_TARGETS) zpp
 	@bash scripts/demo.sh $(BUILD)
 
 clean:

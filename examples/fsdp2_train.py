@@ -132,7 +132,8 @@ def train(a) -> dict:
             x = self.emb(t) + self.pos[: t.shape[1]]
             for b in self.blocks:
                 x = b(x)
-            return self.head(self.ln(x.to(self.ln.weight.dtype)).float())
+            h = self.ln(x.to(self.ln.weight.dtype))
+            return self.head(h.to(self.head.weight.dtype))
 
     torch.manual_seed(a.seed)
     model = LM()

@@ -55,6 +55,11 @@ def main():
     for q in range(W):
         enc = zpp.quant.encode(data(q, n, 4), bits=8, block=64)
         assert np.array_equal(q8[q * n:(q + 1) * n], zpp.quant.decode(enc, n, bits=8, block=64))
+    # in place, as FSDP2 calls it (send is my slot of out): the same bytes
+    buf = np.zeros(n * W, np.float32)
+    buf[r * n:(r + 1) * n] = data(r, n, 4)
+    comm.qwz_allgather(buf[r * n:(r + 1) * n], buf, bits=8, block=64)
+    assert np.array_equal(buf, q8)
     # qgZ INT4 mean against the float64 mean.  Bound (docs/collectives.md:
     # two encodes): stage 1 adds at most half a step of each rank's block
     # scale, stage 2 half a step of the partial sum's: with A = max |x|,
