@@ -81,7 +81,6 @@ class Comm:
     def __init__(self, handle, keep: Any = None):
         self._c = handle
         self._keep = keep
-        self._residual_shapes: dict = {}
         _live.append(self)
 
     # ---- creation ---------------------------------------------------------
@@ -337,27 +336,20 @@ class Comm:
                          (self._c, s.cptr, o.cptr, o.numel, s.dtype, _op(op)),
                          (send, out), out, async_op)
 
-    def qgz_residual(self, count: int, *, like=None, bits: int = 32):
-        """A zeroed error-feedback residual for qgz_reduce_scatter with
-        ``count`` output elements per rank (fp32, or an INT8 buffer of bytes
-        with ``bits`` 8); a torch tensor when ``like`` is one."""
+    def qgz_residual(self, count: int, *, like=None):
+        """A zeroed fp32 error-feedback residual for qgz_reduce_scatter with
+        ``count`` output elements per rank (zpp_qgz_residual_count floats);
+        a torch tensor when ``like`` is one, else a numpy array."""
         L = _lib.get()
-        if bits == 32:
-            n = L.ffi.new("size_t *")
-            L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
-            numel, dt = n[0], "float32"
-        else:
-            cfg = qgz_config(residual_bits=bits)
-            n = L.ffi.new("size_t *")
-            L.check(L.lib.zpp_qgz_residual_bytes(self._c, cfg, count, n), self._c)
-            numel, dt = n[0], "uint8"
+        n = L.ffi.new("size_t *")
+        L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
         if like is not None and _lib.is_torch(like):
             import torch
 
-            return torch.zeros(numel, dtype=getattr(torch, dt))
+            return torch.zeros(n[0], dtype=torch.float32)
         import numpy as np
 
-        return np.zeros(numel, dtype=dt)
+        return np.zeros(n[0], dtype=np.float32)
 
     def qgz_reduce_scatter(self, send, out=None, *, op: str = "mean", intra_bits: int = 4,
                            inter_bits: int = 4, block: int = 256, residual=None,
@@ -413,14 +405,13 @@ def quant_config(bits: int = 8, block: int = 256, asymmetric: bool = False,
 
 
 def qgz_config(*, intra_bits: int = 4, inter_bits: int = 4, block: int = 256,
-               hadamard: int = 0, residual_bits: int = 32):
+               hadamard: int = 0):
     L = _lib.get()
     c = L.new("zpp_qgz_config_t")
     c.intra_bits = intra_bits
     c.inter_bits = inter_bits
     c.block_size = block
     c.hadamard = hadamard
-    c.residual_bits = residual_bits
     return c
 
 
