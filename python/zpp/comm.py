@@ -130,15 +130,13 @@ class Comm:
         L = _lib.get()
         if not hasattr(L.lib, "zpp_comm_create_mpi"):
             raise Error(L.lib.ZPP_ERR_UNSUPPORTED, "ZPP_ERR_UNSUPPORTED",
-                        "zpp_comm_create_mpi is not declared (headers without zpp_mpi.h)")
+                        "%s has no zpp_comm_create_mpi (built without MPI, or zpp_mpi.h "
+                        "missing from %s): use Comm.from_env or from_process_group"
+                        % (L.path, L.include_dir))
         mpi = _mpi()
         world = ctypes.addressof(ctypes.c_char.in_dll(mpi, "ompi_mpi_comm_world"))
         cfg, keep = _config(topology, backend, timeout_s)
-        try:
-            return cls._make(L.lib.zpp_comm_create_mpi, L.ffi.cast("MPI_Comm", world), cfg, keep=keep)
-        except AttributeError as e:  # the library was built without MPI
-            raise Error(L.lib.ZPP_ERR_UNSUPPORTED, "ZPP_ERR_UNSUPPORTED",
-                        "this libzpp has no MPI: %s" % e) from None
+        return cls._make(L.lib.zpp_comm_create_mpi, L.ffi.cast("MPI_Comm", world), cfg, keep=keep)
 
     @classmethod
     def world(cls, **kw) -> "Comm":
