@@ -33,6 +33,12 @@ x = torch.randn(8)
 out = torch.empty(8)
 ag(out, x, g)
 seen["valid after"] = "ok" if torch.equal(out, zpp.quant.decode(zpp.quant.encode(x), 8)) or torch.equal(out, x) else "wrong"
+# async_op: a dist.Work (FSDP2 waits only on those) whose wait finishes it
+out2 = torch.empty(8)
+w = ag(out2, x, g, async_op=True)
+seen["async is a dist.Work"] = "ok" if isinstance(w, dist.distributed_c10d.Work) else repr(type(w))
+w.wait()
+seen["async result"] = "ok" if torch.equal(out2, out) else "wrong"
 comms.close()
 print(json.dumps(seen), flush=True)
 dist.destroy_process_group()
