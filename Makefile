@@ -11,8 +11,8 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build asan emu tsan fuzz test test-unit test-asan test-asan-mpi \
-  test-tsan test-fuzz test-emu test-cluster demo clean help
+.PHONY: all deps deps-python configure build asan emu tsan fuzz test test-unit test-asan \
+  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python demo clean help
 
 all: build
 
@@ -24,11 +24,18 @@ help:
 	@echo "make test-cluster - the MPI suites on a real cluster of network namespaces"
 	@echo "               (scripts/netns_cluster.sh; needs root, else skipped)"
 	@echo "make test-asan / test-asan-mpi / test-tsan / test-fuzz - one sanitizer suite"
+	@echo "make test-python - only the Python bindings and FSDP2 tests (pytest, venv $(PY_VENV)/)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
 deps:
 	@bash scripts/install-deps.sh
+
+# The Python environment (torch, numpy, cffi, pytest; pinned in
+# python/requirements.txt) of the bindings' tests and the FSDP2 demo.
+PY_VENV ?= .venv-torch
+deps-python:
+	@bash scripts/install-deps.sh --python
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
@@ -128,14 +135,21 @@ test-fuzz: fuzz
 test-cluster: build
 	@bash tests/cluster_tests.sh $(BUILD)
 
-test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster)"
+# python/ (zpp bindings, zpp.fsdp) against the library of $(BUILD)/:
+# single-process tests, then mpirun and torchrun launches (about 1.5 min of
+# CPU in all).
+test-python: build deps-python
+	ZPP_LIBRARY=$(abspath $(BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(BUILD)) \
+	  $(PY_VENV)/bin/python -m pytest -q python/tests
+
+test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench
 
-demo: deps configure
-	cmake --build $(BUILD) -j$(JOBS) --target $(DEMO_TARGETS)
+demo: deps deps-python configure
+	cmake --build $(BUILD) -j$(JOBS) --target $(DEMO_TARGETS) zpp
 	@bash scripts/demo.sh $(BUILD)
 
 clean:

@@ -72,6 +72,14 @@ if [ -x "$build/perf/zpp-quant-bench" ]; then
   "$build/perf/zpp-quant-bench" --n 16777216 --iters 5
 fi
 
+if [ -x .venv-torch/bin/python ] && [ -f "$build/libzpp.so" ]; then
+  echo
+  fgbit=${ZPP_DEMO_FSDP_GBIT:-0.1}
+  echo "-- 8. PyTorch FSDP2 with zpp as its collectives: bf16 baseline vs ZeRO++, 4 ranks EMULATED as 2x2, link EMULATED at $fgbit Gbit/s --"
+  echo "\$ NP=4 TOPO=2x2 GBIT=$fgbit STEPS=3 DIM=256 LAYERS=2 BATCH=2 SEQ=32 perf/fsdp2_step.sh"
+  NP=4 TOPO=2x2 GBIT="$fgbit" STEPS=3 DIM=256 LAYERS=2 BATCH=2 SEQ=32 bash perf/fsdp2_step.sh "$build"
+fi
+
 echo
 echo "== summary =="
 echo "ratio < 1 in the zpp-bench tables is the compressed collective's time relative to the"

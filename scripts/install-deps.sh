@@ -4,20 +4,46 @@
 # missing ones and fails.  The CUDA toolkit (with NCCL) is not a Debian
 # package here: it is used from /usr/local/cuda when present and skipped
 # otherwise (ZPP_WITH_CUDA=AUTO).
+#
+# --python: also the Python environment of the bindings' tests and of the
+# FSDP2 demo, a venv in .venv-torch/ with the pinned python/requirements.txt
+# (torch from PyPI, about 1 GB to download, 2 GB on disk).  Idempotent: a
+# venv whose stamp matches the requirements file is left alone (< 1 s).
 set -euo pipefail
+python_env=0
+[ "${1:-}" = "--python" ] && python_env=1
+
+install_python_env() {
+  local root venv req stamp want
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  venv="$root/.venv-torch"
+  req="$root/python/requirements.txt"
+  stamp="$venv/.zpp-requirements.sha256"
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "zpp: installing the Python environment into $venv (pinned: $req)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$req"
+  "$venv/bin/python" -c "import torch, numpy, cffi, pytest" # fails loudly if incomplete
+  echo "$want" > "$stamp"
+}
 
 # iproute2 (ip, tc) and util-linux (unshare, flock): the namespace cluster
 # of scripts/netns_cluster.sh (make test-cluster).  clang and its runtime
 # libraries (libFuzzer, the sanitizers) build the fuzz targets of
 # tests/fuzz (make test-fuzz).
 pkgs=(cmake make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
-      libgtest-dev googletest python3 iproute2 util-linux clang libclang-rt-dev)
+      libgtest-dev googletest python3 python3-venv iproute2 util-linux clang
+      libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
     || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
+  [ "$python_env" = 1 ] && install_python_env
   exit 0
 fi
 echo "zpp: missing packages: ${missing[*]}"
@@ -28,3 +54,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
+[ "$python_env" = 1 ] && install_python_env
+exit 0

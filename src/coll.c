@@ -38,7 +38,7 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   zpp_step_xfer_t x;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = zpp_coll_check_dtype(__func__, dtype);
+  st = zpp_coll_check_dtype_bytes(__func__, dtype);
   if (st == ZPP_OK)
     st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,

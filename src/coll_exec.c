@@ -350,10 +350,14 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
 /* ---- argument checks and submission shared by the collectives ---------- */
 
 zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype) {
+  return zpp_check_float_dtype(func, "dtype", dtype);
+}
+
+zpp_status_t zpp_coll_check_dtype_bytes(const char *func, zpp_dtype_t dtype) {
   if (zpp_dtype_size(dtype) == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
-                     "ZPP_BFLOAT16",
+                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16, "
+                     "ZPP_BFLOAT16 or ZPP_UINT8",
                      (int)dtype);
   return ZPP_OK;
 }

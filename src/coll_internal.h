@@ -84,6 +84,8 @@ zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
 
 /* Argument checks shared by the collectives; the message names `func`. */
 zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype);
+/* The plain all-gather moves bytes: it takes ZPP_UINT8 as well. */
+zpp_status_t zpp_coll_check_dtype_bytes(const char *func, zpp_dtype_t dtype);
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op);
 /* size * count * dtype bytes must fit size_t. */
 zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,

@@ -60,6 +60,7 @@ size_t zpp_dtype_size(zpp_dtype_t dtype) {
   case ZPP_FLOAT32: return 4;
   case ZPP_FLOAT16:
   case ZPP_BFLOAT16: return 2;
+  case ZPP_UINT8: return 1;
   }
   return 0;
 }
@@ -69,8 +70,24 @@ const char *zpp_dtype_name(zpp_dtype_t dtype) {
   case ZPP_FLOAT32: return "fp32";
   case ZPP_FLOAT16: return "fp16";
   case ZPP_BFLOAT16: return "bf16";
+  case ZPP_UINT8: return "u8";
   }
   return "unknown";
+}
+
+zpp_status_t zpp_check_float_dtype(const char *func, const char *what,
+                                   zpp_dtype_t dtype) {
+  if (dtype == ZPP_UINT8)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s ZPP_UINT8 (u8): bytes are taken by zpp_allgather "
+                     "only; this call computes on the data and needs "
+                     "ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
+                     what);
+  if (zpp_dtype_size(dtype) == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
+                     what, (int)dtype);
+  return ZPP_OK;
 }
 
 zpp_status_t zpp_dtype_parse(const char *name, zpp_dtype_t *dtype) {
@@ -78,7 +95,7 @@ zpp_status_t zpp_dtype_parse(const char *name, zpp_dtype_t *dtype) {
       {"fp32", ZPP_FLOAT32},  {"float32", ZPP_FLOAT32}, {"f32", ZPP_FLOAT32},
       {"float", ZPP_FLOAT32}, {"fp16", ZPP_FLOAT16},    {"float16", ZPP_FLOAT16},
       {"f16", ZPP_FLOAT16},   {"half", ZPP_FLOAT16},    {"bf16", ZPP_BFLOAT16},
-      {"bfloat16", ZPP_BFLOAT16}};
+      {"bfloat16", ZPP_BFLOAT16}, {"u8", ZPP_UINT8},     {"uint8", ZPP_UINT8}};
   size_t i;
   if (name == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "name is NULL");
@@ -91,5 +108,5 @@ zpp_status_t zpp_dtype_parse(const char *name, zpp_dtype_t *dtype) {
     }
   }
   return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                   "name \"%s\": must be fp32, fp16 or bf16", name);
+                   "name \"%s\": must be fp32, fp16, bf16 or u8", name);
 }

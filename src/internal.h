@@ -35,6 +35,14 @@ void zpp_error_clear(void);
       goto label;                                                              \
   } while (0)
 
+/* ZPP_OK when the library computes on `dtype` (fp32, fp16, bf16); else
+ * ZPP_ERR_INVALID_ARGUMENT naming `what` ("dtype", "cfg->dtype") and the
+ * value.  ZPP_UINT8 is bytes for the plain all-gather only
+ * (include/zpp/zpp.h), so every reducing or quantizing path rejects it
+ * here, with a message that says so. */
+zpp_status_t zpp_check_float_dtype(const char *func, const char *what,
+                                   zpp_dtype_t dtype);
+
 /* ---- logging: ZPP_DEBUG=WARN|INFO|TRACE, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE */
 typedef enum {
   ZPP_LOG_NONE = 0,

@@ -85,11 +85,7 @@ static zpp_status_t to_qcfg(const char *func, const zpp_quant_config_t *in,
 
 static zpp_status_t check_dtype(const char *func, const char *what,
                                 zpp_dtype_t dtype) {
-  if (zpp_dtype_size(dtype) == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16",
-                     what, (int)dtype);
-  return ZPP_OK;
+  return zpp_check_float_dtype(func, what, dtype);
 }
 
 static zpp_status_t size_of(const char *func, const zpp_qcfg_t *q,

@@ -78,11 +78,7 @@ static zpp_status_t check_config(const char *func,
                      " = %zu (use ZPP_PGROUP_CONFIG_INIT)",
                      in->struct_size, sizeof(zpp_pgroup_config_t));
   config_get(in, &cc);
-  if (zpp_dtype_size(c->dtype) == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
-                     "ZPP_BFLOAT16",
-                     (int)c->dtype);
+  ZPP_CHECK(zpp_check_float_dtype(func, "cfg->dtype", c->dtype));
   ZPP_CHECK(check_bits(func, "cfg->qwz_bits", c->qwz_bits, 1));
   ZPP_CHECK(check_bits(func, "cfg->qgz_bits", c->qgz_bits, 1));
   ZPP_CHECK(check_bits(func, "cfg->qgz_intra_bits", c->qgz_intra_bits, 1));

@@ -407,12 +407,9 @@ static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
                                  zpp_dtype_t dtype, zpp_reduce_op_t op,
                                  size_t count, const char *func) {
   size_t es = zpp_dtype_size(dtype);
-  if (es == 0)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "dtype %d: must be ZPP_FLOAT32, ZPP_FLOAT16 or "
-                     "ZPP_BFLOAT16",
-                     (int)dtype));
+  zpp_status_t st = zpp_check_float_dtype(func, "dtype", dtype);
+  if (st != ZPP_OK)
+    return zpp_transport_fail(t, st);
   if (op != ZPP_REDUCE_SUM && op != ZPP_REDUCE_MEAN)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,

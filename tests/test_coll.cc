@@ -176,6 +176,54 @@ TEST(Baseline, AllgatherIsBitwiseExact) {
   }
 }
 
+// Random bytes of rank r for test `tag` (every value 0..255 occurs).
+std::vector<uint8_t> gen_bytes(int r, size_t n, uint64_t tag) {
+  std::mt19937_64 rng(seed() * 7919ull + tag * 104729ull + (uint64_t)r);
+  std::vector<uint8_t> b(std::max<size_t>(1, n));
+  for (auto &v : b) v = (uint8_t)(rng() >> 56);
+  return b;
+}
+
+// ZPP_UINT8: FSDP2 gathers a group of mixed dtypes as bytes.  Out of place
+// and in place (sendbuf == recvbuf + rank * count, as FSDP2 calls it), every
+// shard equal to its rank's bytes; bytes on the wire equal to a bf16 gather
+// of half the elements (the same number of bytes).
+TEST(Baseline, AllgatherOfBytesIsExactOutOfPlaceAndInPlace) {
+  std::printf("seed %llu\n", (unsigned long long)seed());
+  for (size_t count : {(size_t)1, (size_t)7, (size_t)4097, (size_t)10008}) {
+    for (int in_place = 0; in_place < 2; in_place++) {
+      auto mine = gen_bytes(g_rank, count, 11);
+      std::vector<uint8_t> out(std::max<size_t>(1, g_size * count), 0xA5);
+      if (in_place) std::memcpy(out.data() + g_rank * count, mine.data(), count);
+      Mem m;
+      uint8_t *o = m.out(out);
+      const uint8_t *in = in_place ? o + g_rank * count : m.in(mine);
+      zpp_comm_reset_stats(g_comm);
+      EXPECT_EQ(zpp_allgather(g_comm, in, o, count, ZPP_UINT8, nullptr, nullptr), ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      zpp_comm_stats_t su8 = stats();
+      m.back();
+      for (int r = 0; r < g_size; r++) {
+        auto want = gen_bytes(r, count, 11);
+        EXPECT_EQ(std::memcmp(out.data() + r * count, want.data(), count), 0)
+            << "u8 count " << count << (in_place ? " in place" : "") << ", shard of rank " << r;
+      }
+      if (count % 2 == 0) {
+        std::vector<uint8_t> out2(g_size * count);
+        Mem m2;
+        zpp_comm_reset_stats(g_comm);
+        EXPECT_EQ(zpp_allgather(g_comm, m2.in(mine), m2.out(out2), count / 2, ZPP_BFLOAT16,
+                                nullptr, nullptr),
+                  ZPP_OK);
+        zpp_comm_stats_t sbf = stats();
+        EXPECT_EQ(su8.inter_bytes_sent, sbf.inter_bytes_sent) << "count " << count;
+        EXPECT_EQ(su8.intra_bytes_sent + su8.inter_bytes_sent,
+                  sbf.intra_bytes_sent + sbf.inter_bytes_sent) << "count " << count;
+      }
+    }
+  }
+}
+
 TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
   for (const Case &c : cases()) {
     size_t n = g_size * c.count;
@@ -1179,6 +1227,49 @@ TEST(BadInput, NullBuffersAndBadConfigsGiveClearErrors) {
             ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zpp_allgather(g_comm, x, y, SIZE_MAX / 2, ZPP_FLOAT32, nullptr, nullptr),
             ZPP_ERR_OVERFLOW);
+  // nothing was started: a valid collective still works afterwards
+  EXPECT_EQ(zpp_allgather(g_comm, x, y, 1, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK);
+}
+
+// Bytes are for the plain all-gather only: every call that computes on the
+// data refuses ZPP_UINT8 and says why, and nothing is started.
+TEST(BadInput, ByteDtypeIsRefusedByEveryComputingCall) {
+  float hx[8] = {0}, hy[64] = {0};
+  Mem m;
+  float *x = m.out(hx), *y = m.out(hy);
+  auto has_u8 = [](const char *msg) { return std::string(msg).find("ZPP_UINT8") != std::string::npos; };
+  zpp_quant_config_t q = qcfg(8, 4);
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  EXPECT_EQ(zpp_reduce_scatter(g_comm, x, y, 1, ZPP_UINT8, ZPP_OP_SUM, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_comm_get_last_error(g_comm))) << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_qwz_allgather(g_comm, &q, x, y, 1, ZPP_UINT8, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_comm_get_last_error(g_comm))) << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, x, y, 1, ZPP_UINT8, ZPP_OP_SUM, nullptr,
+                                   nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_comm_get_last_error(g_comm))) << zpp_comm_get_last_error(g_comm);
+  zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+  hc.quantized = 0;
+  zpp_hpz_t h = nullptr;
+  EXPECT_EQ(zpp_hpz_create(g_comm, &hc, 8, ZPP_UINT8, &h), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_TRUE(has_u8(zpp_comm_get_last_error(g_comm))) << zpp_comm_get_last_error(g_comm);
+  uint8_t enc[256];
+  EXPECT_EQ(zpp_quant_encode(&q, ZPP_UINT8, hx, 8, enc, sizeof enc), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(zpp_quant_decode(&q, enc, sizeof enc, 8, ZPP_UINT8, hy), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(zpp_quant_decode_device(&q, enc, sizeof enc, 8, ZPP_UINT8, hy, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(zpp_hadamard(8, ZPP_UINT8, hx, 8, hy), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(std::string(zpp_dtype_name(ZPP_UINT8)), "u8");
+  zpp_dtype_t d = ZPP_FLOAT32;
+  EXPECT_EQ(zpp_dtype_parse("uint8", &d), ZPP_OK);
+  EXPECT_EQ(d, ZPP_UINT8);
   // nothing was started: a valid collective still works afterwards
   EXPECT_EQ(zpp_allgather(g_comm, x, y, 1, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK);
 }

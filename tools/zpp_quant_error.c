@@ -384,7 +384,8 @@ static void qe_item_rounding(const char *flag, const char *tok, int idx,
 
 static int qe_parse_dtype(const char *flag, const char *s) {
   zpp_dtype_t dt;
-  if (zpp_dtype_parse(s, &dt) != ZPP_OK)
+  /* u8 parses (zpp_allgather moves bytes) but is no data to quantize */
+  if (zpp_dtype_parse(s, &dt) != ZPP_OK || dt == ZPP_UINT8)
     qe_fail(QE_EXIT_USAGE, "%s %s: must be fp32, fp16 or bf16", flag, s);
   return (int)dt;
 }

@@ -71,15 +71,20 @@ ZPP_API zpp_status_t zpp_get_version(int *version);
 typedef enum {
   ZPP_FLOAT32 = 0,
   ZPP_FLOAT16 = 1, /* IEEE binary16 */
-  ZPP_BFLOAT16 = 2 /* bfloat16: never converted through fp16 */
+  ZPP_BFLOAT16 = 2, /* bfloat16: never converted through fp16 */
+  ZPP_UINT8 = 3     /* raw bytes: moved, never computed on.  Only the
+                       plain all-gather (zpp_allgather) takes it (FSDP2
+                       gathers a group of mixed dtypes as bytes); every
+                       reducing or quantizing call rejects it with
+                       ZPP_ERR_INVALID_ARGUMENT naming the dtype */
 } zpp_dtype_t;
 
 /* Bytes per element of a dtype; 0 for an unknown dtype. */
 ZPP_API size_t zpp_dtype_size(zpp_dtype_t dtype);
-/* "fp32", "fp16", "bf16", or "unknown". */
+/* "fp32", "fp16", "bf16", "u8", or "unknown". */
 ZPP_API const char *zpp_dtype_name(zpp_dtype_t dtype);
 /* Parses "fp32"/"float32"/"f32", "fp16"/"float16"/"half",
- * "bf16"/"bfloat16". */
+ * "bf16"/"bfloat16", "u8"/"uint8". */
 ZPP_API zpp_status_t zpp_dtype_parse(const char *name, zpp_dtype_t *dtype);
 
 /* ---------------------------------------------------------------------- */

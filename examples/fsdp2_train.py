@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""A small transformer language model trained with PyTorch FSDP2 on CPU,
+with zpp as FSDP2's all-gather and reduce-scatter.
+
+Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
+
+    ZPP_TOPO=2x2 mpirun -np 4 python examples/fsdp2_train.py --comm zppmpi --zeropp
+    torchrun --nproc-per-node 2 examples/fsdp2_train.py --comm zpp
+
+--comm gloo       FSDP2's own collectives over gloo (the reference)
+--comm zpp        zpp, communicator over torch's store (zpp's TCP bootstrap)
+--comm zppmpi     zpp, communicator over MPI (mpirun only)
+--comm zppenv     zpp, communicator from torchrun's variables (no MPI)
+--zeropp          qwZ INT8 gathers, qgZ INT4 gradients with error feedback,
+                  hpZ through reshard_after_forward=<ranks per node>
+
+The data: sequences of a fixed random Markov chain over --vocab tokens
+(the same chain on every rank, a different batch per rank and step), so
+the loss has a floor (the chain's entropy rate, printed).  One JSON line
+at the end (rank 0) holds the losses, step times and zpp's byte counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+
+def _launch_env() -> None:
+    # mpirun: torch's env:// init wants RANK/WORLD_SIZE (MASTER_* come from -x)
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--comm", choices=["gloo", "zpp", "zppmpi", "zppenv"], default="zpp")
+    p.add_argument("--zeropp", action="store_true", help="qwZ8 + qgZ4 + error feedback + hpZ")
+    p.add_argument("--qwz-bits", type=int, default=None)
+    p.add_argument("--qgz-bits", type=int, default=None)
+    p.add_argument("--ef", type=int, default=None, help="error feedback 0/1")
+    p.add_argument("--hpz", type=int, default=None,
+                   help="reshard_after_forward=<this many ranks> (0: True)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="parameter dtype of the gathers (bf16: mixed precision, fp32 master)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--divide-factor", type=float, default=None,
+                   help="set_gradient_divide_factor(f) on every module (PREMUL_SUM)")
+    p.add_argument("--force-sum", action="store_true", help="set_force_sum_reduction_for_comms(True)")
+    p.add_argument("--mixed", action="store_true",
+                   help="a frozen bf16 final LayerNorm: the root's gather is uint8")
+    p.add_argument("--json", action="store_true", help="print one JSON line (rank 0)")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """One training run (the command line)."""
+    return run([argv if argv is not None else sys.argv[1:]])
+
+
+def run(argvs) -> int:
+    """Several training runs in one process group (tests compare them)."""
+    _launch_env()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    for argv in argvs:
+        train(parse(argv))
+    # no barrier right before destroy_process_group: it aborts at exit under
+    # gloo (a torch bug)
+    dist.destroy_process_group()
+    return 0
+
+
+def train(a) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    zeropp = a.zeropp
+    qwz = a.qwz_bits if a.qwz_bits is not None else (8 if zeropp else 0)
+    qgz = a.qgz_bits if a.qgz_bits is not None else (4 if zeropp else 0)
+    ef = bool(a.ef) if a.ef is not None else (zeropp and qgz > 0)
+    hpz = a.hpz if a.hpz is not None else 0
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            self.heads = 4
+
+        def forward(self, x):
+            B, T, D = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
+            sh = lambda t: t.view(B, T, self.heads, D // self.heads).transpose(1, 2)
+            y = nn.functional.scaled_dot_product_attention(sh(q), sh(k), sh(v), is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(a.vocab, a.dim)
+            self.pos = nn.Parameter(torch.randn(a.seq, a.dim) * 0.02)
+            self.blocks = nn.ModuleList(Block(a.dim) for _ in range(a.layers))
+            self.ln = nn.LayerNorm(a.dim)
+            self.head = nn.Linear(a.dim, a.vocab)
+
+        def forward(self, t):
+            x = self.emb(t) + self.pos[: t.shape[1]]
+            for b in self.blocks:
+                x = b(x)
+            h = self.ln(x.to(self.ln.weight.dtype))
+            return self.head(h.to(self.head.weight.dtype))
+
+    torch.manual_seed(a.seed)
+    model = LM()
+    if a.mixed:
+        # a frozen bf16 LayerNorm beside fp32 parameters in the root's group:
+        # FSDP2 then gathers that group as uint8
+        model.ln.to(torch.bfloat16).requires_grad_(False)
+    nparams = sum(p.numel() for p in model.parameters())
+    mesh = init_device_mesh("cpu", (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if a.dtype == "bf16" else None,
+                              reduce_dtype=torch.float32 if a.dtype == "bf16" else None)
+    raf = hpz if hpz else True
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
+    fsdp_modules = [m for m in model.modules() if hasattr(m, "set_custom_all_gather")]
+    if a.divide_factor is not None:
+        for m in fsdp_modules:
+            m.set_gradient_divide_factor(a.divide_factor)
+    if a.force_sum:
+        for m in fsdp_modules:
+            m.set_force_sum_reduction_for_comms(True)
+
+    z = None
+    if a.comm != "gloo":
+        import zpp
+        import zpp.fsdp
+
+        comm = {"zppmpi": zpp.Comm.from_mpi, "zppenv": zpp.Comm.from_env}.get(a.comm, lambda: None)()
+        z = zpp.fsdp.enable(model, comm=comm, qwz_bits=qwz, qgz_bits=qgz, error_feedback=ef)
+
+    # the data: a fixed random Markov chain (sharp rows, so there is something to learn)
+    g = torch.Generator().manual_seed(1000 + a.seed)
+    trans = torch.softmax(3.0 * torch.randn(a.vocab, a.vocab, generator=g), dim=-1)
+    stat = torch.full((a.vocab,), 1.0 / a.vocab)
+    for _ in range(200):
+        stat = stat @ trans
+    entropy = float(-(stat[:, None] * trans * trans.clamp_min(1e-30).log()).sum())
+
+    def batch(step):
+        gen = torch.Generator().manual_seed(a.seed * 1000003 + step * world + rank)
+        t = torch.empty(a.batch, a.seq + 1, dtype=torch.long)
+        t[:, 0] = torch.randint(a.vocab, (a.batch,), generator=gen)
+        for i in range(a.seq):
+            t[:, i + 1] = torch.multinomial(trans[t[:, i]], 1, generator=gen)[:, 0]
+        return t[:, :-1], t[:, 1:]
+
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    losses, times, tok_var, ntok = [], [], [], 0
+    step_stats = []
+    for step in range(a.steps):
+        x, y = batch(step)
+        if z is not None:
+            z.reset_stats()
+        t0 = time.perf_counter()
+        tok = nn.functional.cross_entropy(model(x).float().reshape(-1, a.vocab), y.reshape(-1),
+                                          reduction="none")
+        loss = tok.mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+        # the loss of the whole global batch (mean over ranks), for the record
+        t = tok.detach().double()
+        l = torch.stack([t.sum(), (t * t).sum(), torch.tensor(float(t.numel()), dtype=torch.float64)])
+        dist.all_reduce(l)
+        losses.append(float(l[0] / l[2]))
+        tok_var.append(float(l[1] / l[2] - (l[0] / l[2]) ** 2))
+        ntok = int(l[2])
+        if z is not None:
+            step_stats.append(z.stats())
+        if rank == 0 and not a.quiet and (step % 10 == 0 or step == a.steps - 1):
+            print("step %3d loss %.4f  %.3f s" % (step, losses[-1], times[-1]), flush=True)
+
+    # bytes per step, all ranks together (each rank's sent bytes, summed)
+    out = {"comm": a.comm, "world": world, "zeropp": zeropp, "qwz_bits": qwz, "qgz_bits": qgz,
+           "error_feedback": ef, "hpz": hpz, "dtype": a.dtype, "params": nparams,
+           "entropy_floor": entropy, "losses": losses, "tokens_per_step": ntok,
+           "token_loss_std_last10": math.sqrt(sum(tok_var[-10:]) / len(tok_var[-10:])),
+           "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]}
+    if z is not None and step_stats:
+        per = torch.tensor([[s["inter_bytes_sent"], s["intra_bytes_sent"]] for s in step_stats[1:] or step_stats],
+                           dtype=torch.float64)
+        dist.all_reduce(per)
+        out["inter_bytes_per_step"] = float(per[:, 0].mean())
+        out["intra_bytes_per_step"] = float(per[:, 1].mean())
+        out["zpp_comms"] = len(z.comms.all())
+        out["backend"] = z.comms.world.backend
+        out["hook_calls"] = z.hook_calls()
+    # a digest of the trained parameters (the full tensors, gathered)
+    h = 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            full = p.full_tensor().double()
+            h += float((full * torch.arange(1, full.numel() + 1, dtype=torch.float64).view_as(full).sin()).sum())
+    out["param_digest"] = h
+    if rank == 0 and a.json:
+        print(json.dumps(out), flush=True)
+    if rank == 0 and not a.json and not a.quiet:
+        print("final loss %.4f (floor %.4f), step %.3f s" % (losses[-1], entropy, out["step_time_s"]))
+    if z is not None:
+        z.close()
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

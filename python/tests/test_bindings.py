@@ -1,0 +1,141 @@
+"""One process: the bindings against the headers, zpp.quant against an
+independent float64 reference with the bound of docs/format.md, errors
+with zpp's messages, and `pip install ./python`."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import zpp
+from zpp import _lib
+
+from conftest import LIB, ROOT
+
+SEED = int(os.environ.get("ZPP_TEST_SEED", "20261130"))
+
+
+def setup_module(_):
+    print("seed %d" % SEED)
+
+
+def test_structs_come_from_the_headers_and_defaults_from_their_init_macros():
+    L = _lib.get()
+    # every struct_size is the header's sizeof, and the defaults are the
+    # INIT macro's (ZPP_QUANT_CONFIG_INIT: INT8, block 256)
+    q = L.new("zpp_quant_config_t")
+    assert q.struct_size == L.ffi.sizeof("zpp_quant_config_t")
+    assert (q.bits, q.block_size) == (8, 256)
+    g = L.new("zpp_qgz_config_t")
+    assert (g.intra_bits, g.inter_bits, g.residual_bits) == (4, 4, 32)
+    # the library accepts them (it checks struct_size)
+    assert L.lib.zpp_quant_config_check(q) == 0
+    assert zpp.version() == (L.lib.ZPP_VERSION_MAJOR, L.lib.ZPP_VERSION_MINOR,
+                             L.lib.ZPP_VERSION_PATCH)
+    assert L.lib.ZPP_UINT8 == 3 and L.string(L.lib.zpp_dtype_name(L.lib.ZPP_UINT8)) == "u8"
+
+
+def _bound(x: np.ndarray, bits: int, block: int) -> np.ndarray:
+    """Per-element bound of docs/format.md (symmetric): half a step of the
+    block's scale, plus the fp32 rounding of scale and product."""
+    x = x.astype(np.float64)
+    b = np.empty_like(x)
+    levels = (1 << (bits - 1)) - 1
+    for s in range(0, x.size, block):
+        blk = x[s:s + block]
+        rng = np.max(np.abs(blk))
+        scale = rng / levels * (1 + 2.0 ** -23)
+        b[s:s + block] = scale * (0.5 + 2.0 ** -12) + 2.0 ** -22 * (np.abs(blk) + rng) + 2.0 ** -149
+    return b
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("block", [32, 256])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_quant_round_trip_within_the_format_bound(bits, block, kind):
+    rng = np.random.default_rng(SEED + bits * 7 + block)
+    x = (rng.standard_normal(4099) * rng.choice([0.01, 1.0, 50.0], 4099)).astype(np.float32)
+    a = torch.from_numpy(x) if kind == "torch" else x
+    enc = zpp.quant.encode(a, bits=bits, block=block)
+    assert type(enc) is type(a) and str(enc.dtype).endswith("uint8")
+    nbytes = enc.numel() if kind == "torch" else enc.size
+    assert nbytes == zpp.quant.encoded_size(x.size, bits=bits, block=block)
+    y = zpp.quant.decode(enc, x.size, bits=bits, block=block)
+    y = y.numpy() if kind == "torch" else y
+    err = np.abs(y.astype(np.float64) - x.astype(np.float64))
+    bound = _bound(x, bits, block)
+    worst = float(np.max(err / bound))
+    print("int%d block %d %s: largest error / bound %.3f" % (bits, block, kind, worst))
+    assert worst <= 1.0
+    assert worst > 0.1  # the round trip is not the identity: the test can fail
+    e = zpp.quant.error(a, bits=bits, block=block)
+    assert e["max_abs_error"] == pytest.approx(float(err.max()), rel=1e-12)
+
+
+def test_quant_bf16_torch_round_trip():
+    torch.manual_seed(SEED)
+    x = torch.randn(1000).to(torch.bfloat16)
+    enc = zpp.quant.encode(x, bits=8, block=64)
+    y = zpp.quant.decode(enc, 1000, dtype=torch.bfloat16, bits=8, block=64)
+    xf = x.double().numpy()
+    # the bf16 output rounding (2^-8 relative) on top of the format bound
+    bound = _bound(xf.astype(np.float32), 8, 64) + np.abs(y.double().numpy()) * 2.0 ** -8
+    assert np.all(np.abs(y.double().numpy() - xf) <= bound)
+
+
+def test_errors_carry_zpp_message_and_code():
+    with pytest.raises(zpp.Error) as ei:
+        zpp.quant.encode(np.ones(8, np.float32), bits=3)
+    assert ei.value.code == -1 and ei.value.status == "ZPP_ERR_INVALID_ARGUMENT"
+    assert "bits 3" in str(ei.value) and "zpp_quant_config_check" in str(ei.value)
+    with pytest.raises(zpp.Error) as ei:
+        zpp.quant.encode(np.ones(8, np.float32), block=0)
+    assert "block_size 0" in str(ei.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.complex64])
+def test_unsupported_numpy_dtype_names_it(dtype):
+    with pytest.raises(zpp.DtypeError) as ei:
+        zpp.quant.encode(np.ones(8, dtype))
+    assert np.dtype(dtype).name in str(ei.value)
+
+
+def test_unsupported_torch_dtype_and_device_name_them():
+    with pytest.raises(zpp.DtypeError, match="torch.float64"):
+        zpp.quant.encode(torch.ones(8, dtype=torch.float64))
+    with pytest.raises(zpp.DtypeError, match="torch.uint8"):
+        zpp.quant.encode(torch.ones(8, dtype=torch.uint8))  # bytes: all-gather only
+    # a tensor off the CPU ("meta" exists on every machine; a CUDA tensor
+    # takes the same path)
+    with pytest.raises(zpp.DeviceError, match="meta"):
+        zpp.quant.encode(torch.empty(8, device="meta"))
+
+
+def test_library_not_found_is_a_clear_error(tmp_path):
+    code = "import zpp; zpp.version()"
+    e = dict(os.environ, ZPP_LIBRARY=str(tmp_path / "nope.so"),
+             PYTHONPATH=str(ROOT / "python"))
+    p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    assert p.returncode != 0 and "ZPP_LIBRARY=%s: no such file" % (tmp_path / "nope.so") in p.stderr
+
+
+def test_pip_install_puts_library_and_headers_beside_the_package(tmp_path):
+    target = tmp_path / "site"
+    e = dict(os.environ, ZPP_LIBRARY=str(LIB))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(ROOT / "python")],
+                   env=e, check=True, capture_output=True, timeout=120, cwd=tmp_path)
+    assert (target / "zpp" / "libzpp.so").is_file()
+    assert (target / "zpp" / "include" / "zpp" / "zpp.h").is_file()
+    # no ZPP_LIBRARY, no source tree on the path: the installed copy alone
+    e = {k: v for k, v in os.environ.items() if k not in ("ZPP_LIBRARY", "PYTHONPATH")}
+    e["PYTHONPATH"] = str(target)
+    code = ("import zpp, numpy as np; from zpp import _lib; print(_lib.get().path);"
+            "print(zpp.quant.error(np.arange(300, dtype=np.float32))['bits'])")
+    p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                       cwd=tmp_path, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert str(target / "zpp" / "libzpp.so") in p.stdout and p.stdout.strip().endswith("8")

@@ -1,0 +1,196 @@
+"""Loading libzpp, its declarations, errors and array plumbing.
+
+The library is the one named by ``ZPP_LIBRARY`` (a path), else the
+``libzpp.so`` installed beside this package.  Declarations come from the
+headers installed with the package (``zpp/include``), else
+``ZPP_INCLUDE_DIR``, else the ``include/`` of the source tree above the
+package or the library; the run-time version must equal the headers'.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import cffi
+
+from . import _cdef
+
+_HERE = Path(__file__).resolve().parent
+
+
+class Error(RuntimeError):
+    """A zpp call failed: ``code`` is the zpp_status_t (negative), ``status``
+    its name ("ZPP_ERR_INVALID_ARGUMENT"), and the message is zpp's own
+    (it names the function and the bad argument)."""
+
+    def __init__(self, code: int, status: str, message: str):
+        super().__init__("%s (%s)" % (message or status, status))
+        self.code = code
+        self.status = status
+        self.message = message
+
+
+class DtypeError(Error, TypeError):
+    """An array's dtype that zpp cannot take for this call."""
+
+
+class DeviceError(Error, ValueError):
+    """An array on a device this zpp build or communicator cannot use."""
+
+
+def _library_path() -> Path:
+    env = os.environ.get("ZPP_LIBRARY")
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise FileNotFoundError("ZPP_LIBRARY=%s: no such file" % env)
+        return p
+    beside = sorted(_HERE.glob("libzpp.so*"))
+    if beside:
+        return beside[0]
+    raise FileNotFoundError(
+        "libzpp not found: set ZPP_LIBRARY to the path of libzpp.so (e.g. "
+        "build/libzpp.so), or install the package with the library beside it "
+        "(ZPP_LIBRARY=... pip install ./python)"
+    )
+
+
+def _include_candidates(libpath: Path) -> list[Path]:
+    c = [_HERE / "include"]
+    if os.environ.get("ZPP_INCLUDE_DIR"):
+        c.insert(0, Path(os.environ["ZPP_INCLUDE_DIR"]))
+    for base in (_HERE, libpath.resolve().parent):
+        for up in list(base.parents)[:3]:
+            c.append(up / "include")
+    return c
+
+
+class _Lib:
+    def __init__(self) -> None:
+        self.path = _library_path()
+        self.include_dir = _cdef.find_headers(_include_candidates(self.path))
+        cdef, self.inits = _cdef.build_cdef(self.include_dir)
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(cdef)
+        # RTLD_GLOBAL: Open MPI, when linked in, loads plugins that need
+        # libmpi's symbols global.
+        self.lib = self.ffi.dlopen(str(self.path), self.ffi.RTLD_GLOBAL | self.ffi.RTLD_NOW)
+        v = self.ffi.new("int *")
+        self.check(self.lib.zpp_get_version(v))
+        want = (
+            self.lib.ZPP_VERSION_MAJOR * 10000
+            + self.lib.ZPP_VERSION_MINOR * 100
+            + self.lib.ZPP_VERSION_PATCH
+        )
+        if v[0] != want:
+            raise ImportError(
+                "%s is zpp version %d but the headers in %s are %d: install the "
+                "package from the same source tree" % (self.path, v[0], self.include_dir, want)
+            )
+
+    def new(self, ctype: str) -> Any:
+        """A struct initialised from its header's ``_INIT`` macro."""
+        macro = "ZPP_" + ctype[len("zpp_"):-len("_t")].upper() + "_INIT"
+        return self.ffi.new(ctype + " *", _cdef.init_values(macro, self.inits, self.ffi, self.lib))
+
+    def string(self, p) -> str:
+        return self.ffi.string(p).decode(errors="replace") if p != self.ffi.NULL else ""
+
+    def check(self, status: int, comm=None, cls=Error) -> None:
+        if status == 0:
+            return
+        msg = self.string(self.lib.zpp_comm_get_last_error(comm)) if comm is not None else ""
+        if not msg:
+            msg = self.string(self.lib.zpp_get_last_error())
+        name = self.string(self.lib.zpp_status_string(status)).split(":")[0]
+        raise cls(status, name, msg)
+
+
+_lock = threading.Lock()
+_instance: _Lib | None = None
+
+
+def get() -> _Lib:
+    global _instance
+    with _lock:
+        if _instance is None:
+            _instance = _Lib()
+        return _instance
+
+
+# ---- arrays: numpy and torch ---------------------------------------------
+
+_NP_DTYPES = {"float32": "ZPP_FLOAT32", "float16": "ZPP_FLOAT16", "uint8": "ZPP_UINT8"}
+_TORCH_DTYPES = {
+    "torch.float32": "ZPP_FLOAT32",
+    "torch.float16": "ZPP_FLOAT16",
+    "torch.bfloat16": "ZPP_BFLOAT16",
+    "torch.uint8": "ZPP_UINT8",
+}
+
+
+def is_torch(a) -> bool:
+    return type(a).__module__.startswith("torch") and hasattr(a, "data_ptr")
+
+
+class Buf:
+    """Pointer, element count and zpp dtype of a contiguous host array."""
+
+    __slots__ = ("array", "ptr", "numel", "dtype", "dtype_name")
+
+    def __init__(self, a, what: str, floats_only: bool = False):
+        L = get()
+        if is_torch(a):
+            if a.device.type != "cpu":
+                raise DeviceError(
+                    L.lib.ZPP_ERR_UNSUPPORTED,
+                    "ZPP_ERR_UNSUPPORTED",
+                    "%s is on device %s: this zpp communicator works on host (CPU) "
+                    "memory (zpp_cuda_available() = %d; the device path is not "
+                    "wired into the Python bindings yet)"
+                    % (what, a.device, L.lib.zpp_cuda_available()),
+                )
+            if not a.is_contiguous():
+                raise ValueError("%s: the tensor must be contiguous" % what)
+            name = str(a.dtype)
+            code = _TORCH_DTYPES.get(name)
+            self.ptr = a.data_ptr()
+            self.numel = a.numel()
+        else:
+            import numpy as np
+
+            if not isinstance(a, np.ndarray):
+                raise TypeError("%s: a numpy array or a torch tensor, not %s" % (what, type(a).__name__))
+            if not a.flags.c_contiguous:
+                raise ValueError("%s: the array must be C-contiguous" % what)
+            name = "numpy." + str(a.dtype)
+            code = _NP_DTYPES.get(str(a.dtype))
+            self.ptr = a.ctypes.data
+            self.numel = a.size
+        if code is None or (floats_only and code == "ZPP_UINT8"):
+            allowed = "float32, float16, bfloat16 (torch)" + ("" if floats_only else ", uint8")
+            raise DtypeError(
+                L.lib.ZPP_ERR_INVALID_ARGUMENT,
+                "ZPP_ERR_INVALID_ARGUMENT",
+                "%s has dtype %s: zpp takes %s here" % (what, name, allowed),
+            )
+        self.array = a
+        self.dtype = getattr(L.lib, code)
+        self.dtype_name = name
+
+    @property
+    def cptr(self):
+        return get().ffi.cast("void *", self.ptr)
+
+
+def empty_like(a, numel: int, dtype=None):
+    if is_torch(a):
+        import torch
+
+        return torch.empty(numel, dtype=dtype or a.dtype, device=a.device)
+    import numpy as np
+
+    return np.empty(numel, dtype=dtype or a.dtype)

@@ -1,0 +1,453 @@
+"""zpp.Comm: a communicator and its collectives on numpy arrays and CPU
+torch tensors (include/zpp/zpp_comm.h, include/zpp/zpp_coll.h)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import os
+from typing import Any, Optional, Sequence
+
+from . import _lib
+from ._lib import Buf, DtypeError, Error, empty_like
+
+# Communicators still open, closed at exit in reverse creation order (every
+# rank creates them in the same order, and destroy is collective).
+_live: list["Comm"] = []
+
+
+def _close_all() -> None:
+    while _live:
+        _live[-1].close()
+
+
+atexit.register(_close_all)
+
+
+def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional[float]):
+    L = _lib.get()
+    cfg = L.new("zpp_comm_config_t")
+    keep = None
+    if topology:
+        keep = L.ffi.new("char[]", topology.encode())
+        cfg.topology = keep
+    if backend:
+        name = "ZPP_BACKEND_" + backend.upper()
+        if not hasattr(L.lib, name):
+            raise ValueError("backend %r: must be auto, mpi, nccl or ucx" % backend)
+        cfg.backend = getattr(L.lib, name)
+    if timeout_s:
+        cfg.timeout_s = float(timeout_s)
+    return cfg, keep
+
+
+class Work:
+    """A started collective (``async_op=True``).  ``wait()`` finishes it,
+    raises zpp's error if it failed, and returns True; the arrays it uses
+    must not be touched before.  ``is_completed()`` polls."""
+
+    def __init__(self, comm: "Comm", req, keep: tuple, result: Any):
+        self._comm = comm
+        self._req = req
+        self._keep = keep  # the arrays stay alive until the wait
+        self.result = result
+
+    def is_completed(self) -> bool:
+        if self._req is None:
+            return True
+        L = _lib.get()
+        done = L.ffi.new("int *")
+        L.check(L.lib.zpp_request_test(self._req[0], done), self._comm._c)
+        return bool(done[0])
+
+    def wait(self, timeout=None) -> bool:
+        if self._req is not None:
+            L = _lib.get()
+            req, self._req = self._req, None
+            L.check(L.lib.zpp_request_wait(req[0]), self._comm._c)
+            self._keep = ()
+        return True
+
+
+class Comm:
+    """A zpp communicator.  Make one with :meth:`from_mpi` (an mpirun world),
+    :meth:`from_env` (torchrun's variables), :meth:`from_unique_id`,
+    :meth:`from_process_group` (a torch ProcessGroup: the unique id goes
+    through the group's store) or :meth:`from_ranks` / :meth:`split` (a
+    subset of this one).  ``close()`` is collective; open communicators are
+    closed at exit."""
+
+    def __init__(self, handle, keep: Any = None):
+        self._c = handle
+        self._keep = keep
+        _live.append(self)
+
+    # ---- creation ---------------------------------------------------------
+
+    @classmethod
+    def _make(cls, fn, *args, keep=None) -> "Comm":
+        L = _lib.get()
+        out = L.ffi.new("zpp_comm_t *")
+        L.check(fn(*args, out))
+        return cls(out[0], keep)
+
+    @staticmethod
+    def unique_id() -> bytes:
+        """A new id of zpp's TCP bootstrap; this process listens, so it must
+        be one of the ranks of :meth:`from_unique_id`."""
+        L = _lib.get()
+        uid = L.ffi.new("zpp_unique_id_t *")
+        L.check(L.lib.zpp_get_unique_id(uid))
+        return bytes(L.ffi.buffer(uid))
+
+    @classmethod
+    def from_unique_id(cls, uid: bytes, nranks: int, rank: int, *, topology: str = None,
+                       backend: str = None, timeout_s: float = None) -> "Comm":
+        L = _lib.get()
+        if len(uid) != L.lib.ZPP_UNIQUE_ID_BYTES:
+            raise ValueError("uid: %d bytes, must be %d" % (len(uid), L.lib.ZPP_UNIQUE_ID_BYTES))
+        cid = L.ffi.new("zpp_unique_id_t *")
+        L.ffi.memmove(cid, uid, len(uid))
+        cfg, keep = _config(topology, backend, timeout_s)
+        return cls._make(L.lib.zpp_comm_create_from_id, cid, nranks, rank, cfg, keep=keep)
+
+    @classmethod
+    def from_env(cls, *, topology: str = None, backend: str = None,
+                 timeout_s: float = None) -> "Comm":
+        """From torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0
+        listens on MASTER_PORT + 1, or ZPP_BOOTSTRAP_PORT); no MPI."""
+        L = _lib.get()
+        cfg, keep = _config(topology, backend, timeout_s)
+        return cls._make(L.lib.zpp_comm_create_from_env, cfg, keep=keep)
+
+    @classmethod
+    def from_mpi(cls, *, topology: str = None, backend: str = None,
+                 timeout_s: float = None) -> "Comm":
+        """The world of an mpirun job, over MPI (MPI_COMM_WORLD).  MPI is
+        initialised here (MPI_THREAD_MULTIPLE) when nobody did, and finalised
+        at exit after the communicators are closed."""
+        L = _lib.get()
+        if not hasattr(L.lib, "zpp_comm_create_mpi"):
+            raise Error(L.lib.ZPP_ERR_UNSUPPORTED, "ZPP_ERR_UNSUPPORTED",
+                        "%s has no zpp_comm_create_mpi (built without MPI, or zpp_mpi.h "
+                        "missing from %s): use Comm.from_env or from_process_group"
+                        % (L.path, L.include_dir))
+        mpi = _mpi()
+        world = ctypes.addressof(ctypes.c_char.in_dll(mpi, "ompi_mpi_comm_world"))
+        cfg, keep = _config(topology, backend, timeout_s)
+        return cls._make(L.lib.zpp_comm_create_mpi, L.ffi.cast("MPI_Comm", world), cfg, keep=keep)
+
+    @classmethod
+    def world(cls, **kw) -> "Comm":
+        """torchrun's environment when set, else the mpirun world."""
+        if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+            return cls.from_env(**kw)
+        if "OMPI_COMM_WORLD_SIZE" in os.environ:
+            return cls.from_mpi(**kw)
+        raise RuntimeError("zpp.Comm.world: neither torchrun's RANK/WORLD_SIZE/MASTER_ADDR/"
+                           "MASTER_PORT nor an Open MPI mpirun world is in the environment")
+
+    @classmethod
+    def from_process_group(cls, group=None, *, topology: str = None, backend: str = None,
+                           timeout_s: float = None) -> "Comm":
+        """A communicator of the ranks of a torch ProcessGroup (default: the
+        world), in the group's rank order.  The group's first rank makes a
+        unique id (zpp's TCP bootstrap: ZPP_BOOTSTRAP_ADDR, else MASTER_ADDR,
+        else 127.0.0.1) and the others read it from the default store."""
+        import torch.distributed as dist
+
+        group = group or dist.group.WORLD
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group)
+        store = dist.distributed_c10d._get_default_store()
+        n = _pg_counter.get(tuple(ranks), 0)
+        _pg_counter[tuple(ranks)] = n + 1
+        key = "zpp/uid/%s/%d" % ("-".join(map(str, ranks)), n)
+        if rank == 0:
+            uid = cls.unique_id()
+            store.set(key, uid)
+        else:
+            uid = bytes(store.get(key))
+        return cls.from_unique_id(uid, size, rank, topology=topology, backend=backend,
+                                  timeout_s=timeout_s)
+
+    def from_ranks(self, ranks: Sequence[int]) -> Optional["Comm"]:
+        """Collective over this communicator, the same list on every rank:
+        rank i of the result is ranks[i]; None on the ranks not listed."""
+        L = _lib.get()
+        arr = L.ffi.new("int[]", list(ranks))
+        out = L.ffi.new("zpp_comm_t *")
+        L.check(L.lib.zpp_comm_create_from_ranks(self._c, len(ranks), arr, out), self._c)
+        return Comm(out[0]) if out[0] != L.ffi.NULL else None
+
+    def split(self, color: int, key: int = 0) -> Optional["Comm"]:
+        """Collective over this communicator: ranks of one ``color`` (>= 0)
+        form a communicator ordered by (key, rank); color -1 gives None."""
+        L = _lib.get()
+        out = L.ffi.new("zpp_comm_t *")
+        L.check(L.lib.zpp_comm_split(self._c, color, key, out), self._c)
+        return Comm(out[0]) if out[0] != L.ffi.NULL else None
+
+    def close(self) -> None:
+        """Collective: waits for started collectives, frees the communicator."""
+        if self._c is None:
+            return
+        L = _lib.get()
+        c, self._c = self._c, None
+        if self in _live:
+            _live.remove(self)
+        L.check(L.lib.zpp_comm_destroy(c))
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- queries ------------------------------------------------------------
+
+    def _int(self, fn, *args) -> int:
+        L = _lib.get()
+        v = L.ffi.new("int *")
+        L.check(fn(self._c, *args, v), self._c)
+        return v[0]
+
+    @property
+    def rank(self) -> int:
+        return self._int(_lib.get().lib.zpp_comm_rank)
+
+    @property
+    def size(self) -> int:
+        return self._int(_lib.get().lib.zpp_comm_size)
+
+    @property
+    def nnodes(self) -> int:
+        return self._int(_lib.get().lib.zpp_comm_nnodes)
+
+    @property
+    def local_rank(self) -> int:
+        return self._int(_lib.get().lib.zpp_comm_local_rank)
+
+    @property
+    def local_size(self) -> int:
+        return self._int(_lib.get().lib.zpp_comm_local_size)
+
+    def node_of(self, rank: int) -> int:
+        return self._int(_lib.get().lib.zpp_comm_node_of, rank)
+
+    @property
+    def backend(self) -> str:
+        L = _lib.get()
+        b = L.ffi.new("zpp_backend_t *")
+        L.check(L.lib.zpp_comm_backend(self._c, b), self._c)
+        return L.string(L.lib.zpp_backend_name(b[0]))
+
+    @property
+    def bootstrap(self) -> str:
+        L = _lib.get()
+        return L.string(L.lib.zpp_comm_bootstrap_name(self._c))
+
+    def stats(self) -> dict:
+        """Exact bytes this rank sent and received per link class, calls per
+        group, and the emulation settings (zpp_comm_stats_t)."""
+        L = _lib.get()
+        s = L.new("zpp_comm_stats_t")
+        L.check(L.lib.zpp_comm_get_stats(self._c, s), self._c)
+        out = {}
+        for name, _ in L.ffi.typeof("zpp_comm_stats_t").fields:
+            if name == "struct_size":
+                continue
+            v = getattr(s, name)
+            out[name] = list(v) if name == "calls" else v
+        return out
+
+    def reset_stats(self) -> None:
+        L = _lib.get()
+        L.check(L.lib.zpp_comm_reset_stats(self._c), self._c)
+
+    # ---- collectives ---------------------------------------------------------
+
+    def _run(self, fn, args: tuple, keep: tuple, result, async_op: bool):
+        L = _lib.get()
+        if self._c is None:
+            raise ValueError("the communicator is closed")
+        req = L.ffi.new("zpp_request_t *") if async_op else L.ffi.NULL
+        L.check(fn(*args, L.ffi.NULL, req), self._c)
+        if async_op:
+            return Work(self, req, keep, result)
+        return result
+
+    def _gather_bufs(self, send, out, floats_only: bool):
+        s = Buf(send, "send", floats_only)
+        n = self.size
+        if out is None:
+            out = empty_like(send, s.numel * n)
+        o = Buf(out, "out", floats_only)
+        if o.dtype != s.dtype:
+            raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
+                             "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
+        if o.numel != s.numel * n:
+            raise ValueError("out: %d elements, must be size x send = %d" % (o.numel, s.numel * n))
+        return s, o, out
+
+    def _scatter_bufs(self, send, out):
+        s = Buf(send, "send", True)
+        n = self.size
+        if s.numel % n:
+            raise ValueError("send: %d elements, must be a multiple of the size %d" % (s.numel, n))
+        if out is None:
+            out = empty_like(send, s.numel // n)
+        o = Buf(out, "out", True)
+        if o.dtype != s.dtype:
+            raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
+                             "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
+        if o.numel != s.numel // n:
+            raise ValueError("out: %d elements, must be send / size = %d" % (o.numel, s.numel // n))
+        return s, o, out
+
+    def allgather(self, send, out=None, *, async_op: bool = False):
+        """out[r*n:(r+1)*n] = rank r's send (n elements; fp32, fp16, bf16 or
+        uint8).  In place when send is the view out[rank*n:(rank+1)*n].
+        Returns out, or a :class:`Work` with ``async_op``."""
+        s, o, out = self._gather_bufs(send, out, False)
+        L = _lib.get()
+        return self._run(L.lib.zpp_allgather, (self._c, s.cptr, o.cptr, s.numel, s.dtype),
+                         (send, out), out, async_op)
+
+    def qwz_allgather(self, send, out=None, *, bits: int = 8, block: int = 256,
+                      asymmetric: bool = False, async_op: bool = False):
+        """qwZ: the all-gather with every shard block-quantized to ``bits``
+        (8 or 4) on the wire; every rank gets bitwise the same output."""
+        s, o, out = self._gather_bufs(send, out, True)
+        L = _lib.get()
+        q = quant_config(bits, block, asymmetric)
+        return self._run(L.lib.zpp_qwz_allgather, (self._c, q, s.cptr, o.cptr, s.numel, s.dtype),
+                         (send, out, q), out, async_op)
+
+    def reduce_scatter(self, send, out=None, *, op: str = "sum", async_op: bool = False):
+        """out = slice ``rank`` of the sum (op "sum") or mean ("mean") of
+        every rank's send, accumulated in fp32 in rank order, rounded once."""
+        s, o, out = self._scatter_bufs(send, out)
+        L = _lib.get()
+        return self._run(L.lib.zpp_reduce_scatter,
+                         (self._c, s.cptr, o.cptr, o.numel, s.dtype, _op(op)),
+                         (send, out), out, async_op)
+
+    def qgz_residual(self, count: int, *, like=None):
+        """A zeroed fp32 error-feedback residual for qgz_reduce_scatter with
+        ``count`` output elements per rank (zpp_qgz_residual_count floats);
+        a torch tensor when ``like`` is one, else a numpy array."""
+        L = _lib.get()
+        n = L.ffi.new("size_t *")
+        L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
+        if like is not None and _lib.is_torch(like):
+            import torch
+
+            return torch.zeros(n[0], dtype=torch.float32)
+        import numpy as np
+
+        return np.zeros(n[0], dtype=np.float32)
+
+    def qgz_reduce_scatter(self, send, out=None, *, op: str = "mean", intra_bits: int = 4,
+                           inter_bits: int = 4, block: int = 256, residual=None,
+                           hadamard: int = 0, async_op: bool = False):
+        """qgZ: hierarchical quantized reduce-scatter (intra-node all-to-all
+        in ``intra_bits``, one inter-node crossing in ``inter_bits``).
+        ``residual`` (from :meth:`qgz_residual`, zero at first) turns on
+        error feedback and is updated in place."""
+        s, o, out = self._scatter_bufs(send, out)
+        L = _lib.get()
+        cfg = qgz_config(intra_bits=intra_bits, inter_bits=inter_bits, block=block,
+                         hadamard=hadamard)
+        res = L.ffi.NULL
+        if residual is not None:
+            r = Buf(residual, "residual")
+            want = L.ffi.new("size_t *")
+            L.check(L.lib.zpp_qgz_residual_count(self._c, o.numel, want), self._c)
+            if r.dtype_name.endswith("float32"):
+                if r.numel != want[0]:
+                    raise ValueError("residual: %d floats, must be %d (qgz_residual)" % (r.numel, want[0]))
+            else:
+                raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
+                                 "residual has dtype %s: must be float32" % r.dtype_name)
+            res = r.cptr
+        return self._run(L.lib.zpp_qgz_reduce_scatter,
+                         (self._c, cfg, s.cptr, o.cptr, o.numel, s.dtype, _op(op), res),
+                         (send, out, residual, cfg), out, async_op)
+
+
+_pg_counter: dict = {}
+
+
+def _op(op: str) -> int:
+    L = _lib.get()
+    if op in ("sum", "SUM"):
+        return L.lib.ZPP_OP_SUM
+    if op in ("mean", "avg", "MEAN", "AVG"):
+        return L.lib.ZPP_OP_MEAN
+    raise ValueError("op %r: must be 'sum' or 'mean'" % (op,))
+
+
+def quant_config(bits: int = 8, block: int = 256, asymmetric: bool = False,
+                 stochastic: bool = False, seed: int = 0):
+    L = _lib.get()
+    q = L.new("zpp_quant_config_t")
+    q.bits = bits
+    q.block_size = block
+    q.mode = L.lib.ZPP_QUANT_ASYMMETRIC if asymmetric else L.lib.ZPP_QUANT_SYMMETRIC
+    q.rounding = L.lib.ZPP_ROUND_STOCHASTIC if stochastic else L.lib.ZPP_ROUND_NEAREST
+    q.seed = seed
+    L.check(L.lib.zpp_quant_config_check(q))
+    return q
+
+
+def qgz_config(*, intra_bits: int = 4, inter_bits: int = 4, block: int = 256,
+               hadamard: int = 0):
+    L = _lib.get()
+    c = L.new("zpp_qgz_config_t")
+    c.intra_bits = intra_bits
+    c.inter_bits = inter_bits
+    c.block_size = block
+    c.hadamard = hadamard
+    return c
+
+
+_mpi_lib = None
+_mpi_we_init = False
+
+
+def _mpi():
+    """libmpi (Open MPI), initialised with MPI_THREAD_MULTIPLE when nobody
+    did; finalised at exit after zpp's communicators are closed."""
+    global _mpi_lib, _mpi_we_init
+    if _mpi_lib is not None:
+        return _mpi_lib
+    name = ctypes.util.find_library("mpi")
+    if name is None:
+        raise Error(-5, "ZPP_ERR_UNSUPPORTED", "libmpi not found (Comm.from_mpi needs Open MPI)")
+    mpi = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    try:
+        ctypes.c_char.in_dll(mpi, "ompi_mpi_comm_world")
+    except ValueError:
+        raise Error(-5, "ZPP_ERR_UNSUPPORTED",
+                    "%s is not Open MPI: Comm.from_mpi knows Open MPI's MPI_Comm only" % name) from None
+    flag = ctypes.c_int(0)
+    mpi.MPI_Initialized(ctypes.byref(flag))
+    if not flag.value:
+        provided = ctypes.c_int(0)
+        rc = mpi.MPI_Init_thread(None, None, 3, ctypes.byref(provided))  # MPI_THREAD_MULTIPLE
+        if rc != 0:
+            raise Error(-9, "ZPP_ERR_MPI", "MPI_Init_thread failed (%d)" % rc)
+        _mpi_we_init = True
+
+        def _fin():
+            _close_all()
+            fin = ctypes.c_int(0)
+            mpi.MPI_Finalized(ctypes.byref(fin))
+            if not fin.value:
+                mpi.MPI_Finalize()
+
+        atexit.register(_fin)  # runs before _close_all's own registration
+    _mpi_lib = mpi
+    return mpi
