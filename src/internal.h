@@ -81,6 +81,12 @@ double zpp_setting_double(const char *name, double def);
 #define ZPP_QUANT_CONFIG_V1_SIZE                                               \
   ((offsetof(zpp_quant_config_t, mode) + sizeof(zpp_quant_mode_t) +          \
     sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
+/* zpp_quant_config_check reporting under `func`, the struct named `name`
+ * and its fields `fp`-prefixed: ("zpp_qwz_allgather", "quant", "quant->")
+ * gives "zpp_qwz_allgather: quant->bits 3: must be 8 or 4". */
+zpp_status_t zpp_quant_config_check_named(const char *func, const char *name,
+                                          const char *fp,
+                                          const zpp_quant_config_t *cfg);
 /* The full current config of a checked one of any accepted size. */
 void zpp_quant_config_get(const zpp_quant_config_t *in,
                           zpp_quant_config_t *out);

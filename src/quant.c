@@ -28,36 +28,42 @@ void zpp_quant_config_get(const zpp_quant_config_t *in,
   *out = d;
 }
 
-static zpp_status_t config_check(const char *func,
-                                 const zpp_quant_config_t *in) {
+zpp_status_t zpp_quant_config_check_named(const char *func, const char *name,
+                                          const char *fp,
+                                          const zpp_quant_config_t *in) {
   zpp_quant_config_t c;
   const zpp_quant_config_t *cfg = &c;
   if (in == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL", name);
   if (in->struct_size < ZPP_QUANT_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->struct_size %zu: must be sizeof(zpp_quant_config_t) "
+                     "%sstruct_size %zu: must be sizeof(zpp_quant_config_t) "
                      "(%zu); initialise with ZPP_QUANT_CONFIG_INIT",
-                     in->struct_size, sizeof(zpp_quant_config_t));
+                     fp, in->struct_size, sizeof(zpp_quant_config_t));
   zpp_quant_config_get(in, &c);
   if (cfg->bits != 8 && cfg->bits != 4)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->bits %d: must be 8 or 4", cfg->bits);
+                     "%sbits %d: must be 8 or 4", fp, cfg->bits);
   if (cfg->block_size < 1)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->block_size 0: must be >= 1");
+                     "%sblock_size 0: must be >= 1", fp);
   if (cfg->mode != ZPP_QUANT_SYMMETRIC && cfg->mode != ZPP_QUANT_ASYMMETRIC)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->mode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
+                     "%smode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
                      "ZPP_QUANT_ASYMMETRIC (1)",
-                     (int)cfg->mode);
+                     fp, (int)cfg->mode);
   if (cfg->rounding != ZPP_ROUND_NEAREST &&
       cfg->rounding != ZPP_ROUND_STOCHASTIC)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->rounding %d: must be ZPP_ROUND_NEAREST (0) or "
+                     "%srounding %d: must be ZPP_ROUND_NEAREST (0) or "
                      "ZPP_ROUND_STOCHASTIC (1)",
-                     (int)cfg->rounding);
+                     fp, (int)cfg->rounding);
   return ZPP_OK;
+}
+
+static zpp_status_t config_check(const char *func,
+                                 const zpp_quant_config_t *in) {
+  return zpp_quant_config_check_named(func, "cfg", "cfg->", in);
 }
 
 zpp_status_t zpp_quant_config_check(const zpp_quant_config_t *cfg) {

@@ -976,9 +976,16 @@ TEST(Qgz, OlderSmallerConfigStructStillWorks) {
 //                      + 2^-24 |t - r|                               (fl of d)
 //                      + 2^-24 |recon|                               (fp32 add)
 //                      + half an ulp of dt at |recon|                (store)
-//     a bound of this step alone: the error does not accumulate.  The
-//     largest error over the last 50 steps stays within 2x that of the
-//     first 50 (a drift would grow linearly).
+//     a bound of this step alone, so the error does not accumulate.  That
+//     bound is the real check: with differences taken against the previous
+//     target instead of the reconstruction, every step would add one more
+//     quantization error; those are independent and zero-mean, so the
+//     error would grow like a random walk, about sqrt(steps) times one
+//     step's (linearly only if the errors were biased), and leave the
+//     one-step bound within a few steps.  As a second look, the largest
+//     error over the last 50 steps stays within 1.25x that of the first 50
+//     (measured: within 1%); a sqrt(steps) drift makes it about
+//     sqrt(100 / 50) = 1.41x.
 TEST(Qwd, ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate) {
   for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16})
     for (int bits : {4, 8}) {
@@ -1039,7 +1046,7 @@ TEST(Qwd, ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate) {
             }
           }
       }
-      EXPECT_LE(worst_late, 2 * worst_early + 1e-30)
+      EXPECT_LE(worst_late, 1.25 * worst_early + 1e-30)
           << "the error grows with the steps: " << worst_early << " then " << worst_late;
       if (g_rank == 0)
         std::printf("[ info ] qWD %s int%d: largest error steps 0-49 %.3g, 50-99 %.3g\n",
@@ -1047,20 +1054,31 @@ TEST(Qwd, ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate) {
     }
 }
 
+// Every bad argument of zpp_qwd_allgather is named as zpp_coll.h names it
+// (target and recon, not the sendbuf/recvbuf of the other collectives),
+// in the exact text, on the thread and on the communicator.
 TEST(Qwd, BadArgumentsAreNamed) {
   float t[4] = {1, 2, 3, 4};
   std::vector<float> rec(4 * g_size);
   zpp_quant_config_t q = qcfg(4, 256);
-  EXPECT_EQ(zpp_qwd_allgather(g_comm, nullptr, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
-            ZPP_ERR_NULL_POINTER);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("quant"), std::string::npos);
+  auto expect = [](zpp_status_t got, zpp_status_t want, const std::string &text) {
+    EXPECT_EQ(got, want) << text;
+    EXPECT_EQ(std::string(zpp_get_last_error()), text);
+    EXPECT_EQ(std::string(zpp_comm_get_last_error(g_comm)), text);
+  };
+  expect(zpp_qwd_allgather(g_comm, nullptr, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+         ZPP_ERR_NULL_POINTER, "zpp_qwd_allgather: quant is NULL");
   q.bits = 3;
-  EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
-            ZPP_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("bits 3"), std::string::npos);
+  expect(zpp_qwd_allgather(g_comm, &q, t, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+         ZPP_ERR_INVALID_ARGUMENT, "zpp_qwd_allgather: quant->bits 3: must be 8 or 4");
   q.bits = 4;
-  EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, nullptr, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
-            ZPP_ERR_NULL_POINTER);
+  expect(zpp_qwd_allgather(g_comm, &q, nullptr, rec.data(), 4, ZPP_FLOAT32, nullptr, nullptr),
+         ZPP_ERR_NULL_POINTER, "zpp_qwd_allgather: target is NULL (count 4)");
+  expect(zpp_qwd_allgather(g_comm, &q, t, nullptr, 4, ZPP_FLOAT32, nullptr, nullptr),
+         ZPP_ERR_NULL_POINTER, "zpp_qwd_allgather: recon is NULL (count 4)");
+  expect(zpp_qwd_allgather(g_comm, &q, t, rec.data(), 4, (zpp_dtype_t)7, nullptr, nullptr),
+         ZPP_ERR_INVALID_ARGUMENT,
+         "zpp_qwd_allgather: dtype 7: must be ZPP_FLOAT32, ZPP_FLOAT16 or ZPP_BFLOAT16");
 }
 
 // ---- asynchrony -----------------------------------------------------------------------------
