@@ -246,10 +246,19 @@ zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype, const void *src,
   if (dst == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "dst is NULL (count %zu)",
                      count);
-  if (dtype != ZPP_FLOAT32 && (const void *)dst == src)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "dst == src: in place only for ZPP_FLOAT32 (dtype %s)",
-                     zpp_dtype_name(dtype));
+  if (dtype != ZPP_FLOAT32) {
+    /* 16-bit input is widened element by element into dst (4 bytes for
+     * every 2 read), which would overwrite input not yet read wherever the
+     * two ranges share a byte.  fp32 is moved as a whole first (memmove),
+     * then rotated in dst: any overlap works. */
+    uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
+    uintptr_t s1 = s0 + count * zpp_dtype_size(dtype), d1 = d0 + count * 4;
+    if (s0 < d1 && d0 < s1)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                       "dst overlaps src (dtype %s, count %zu): only "
+                       "ZPP_FLOAT32 input may share memory with dst",
+                       zpp_dtype_name(dtype), count);
+  }
   zpp_tf_hadamard_host(zpp_quant_cpu_simd(), group, (int)dtype, src, count,
                        dst);
   return ZPP_OK;

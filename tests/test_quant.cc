@@ -1069,6 +1069,56 @@ TEST(QuantHadamard, BadArgumentsAreNamed) {
   EXPECT_EQ(zpp_hadamard(8, ZPP_FLOAT32, nullptr, 0, nullptr), ZPP_OK);
 }
 
+// Buffers that partly overlap.  fp32: the rotation of a copy of the input,
+// whatever the overlap (dst before, after or inside src).  fp16/bf16: the
+// input is widened into dst as it is read, so any shared byte would be
+// overwritten before it is read: refused with the exact message, dst left
+// untouched.
+TEST(QuantHadamard, PartialOverlapIsHandledForFp32AndRefusedFor16Bit) {
+  auto rng = seeded_rng("QuantHadamard.Overlap");
+  const size_t g = 16, n = 5 * g + 3;  // a tail too
+  for (long shift : {-37L, -16L, -1L, 1L, 5L, 16L, 40L}) {
+    auto x = draw(rng, n, ZPP_FLOAT32, 1);
+    std::vector<float> want(n), buf(n + 2 * 64, 0.0f);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, x.data(), n, want.data()), ZPP_OK);
+    float *src = buf.data() + 64, *dst = src + shift;
+    std::memcpy(src, x.data(), n * 4);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, src, n, dst), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(0, std::memcmp(want.data(), dst, n * 4)) << "fp32, dst = src + " << shift;
+  }
+  for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16})
+    for (long shift_bytes : {-2L * (long)n - 2, -6L, 0L, 2L, 40L, 2L * (long)n - 2}) {
+      auto x = draw(rng, n, dt, 1);
+      auto in = to_bytes(x, dt);
+      std::vector<uint8_t> buf(8 * n + 1024, 0);
+      uint8_t *src = buf.data() + 4 * n + 256;
+      std::memcpy(src, in.data(), in.size());
+      float *dst = reinterpret_cast<float *>(src + shift_bytes);
+      std::vector<uint8_t> before = buf;
+      EXPECT_EQ(zpp_hadamard(g, dt, src, n, dst), ZPP_ERR_INVALID_ARGUMENT)
+          << zpp_dtype_name(dt) << " dst = src + " << shift_bytes << " bytes";
+      EXPECT_EQ(std::string(zpp_get_last_error()),
+                std::string("zpp_hadamard: dst overlaps src (dtype ") + zpp_dtype_name(dt) +
+                    ", count " + std::to_string(n) +
+                    "): only ZPP_FLOAT32 input may share memory with dst");
+      EXPECT_EQ(before, buf) << "a refused call wrote to memory";
+    }
+  // 16-bit input that ends exactly where dst starts, or starts where dst
+  // ends, does not overlap: accepted, and equal to separate buffers.
+  {
+    auto x = draw(rng, n, ZPP_BFLOAT16, 1);
+    auto in = to_bytes(x, ZPP_BFLOAT16);
+    std::vector<float> want(n);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_BFLOAT16, in.data(), n, want.data()), ZPP_OK);
+    std::vector<uint8_t> buf(6 * n + 64);
+    float *dst = reinterpret_cast<float *>(buf.data());
+    uint8_t *src = buf.data() + 4 * n;  // right after dst
+    std::memcpy(src, in.data(), 2 * n);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_BFLOAT16, src, n, dst), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(0, std::memcmp(want.data(), dst, n * 4));
+  }
+}
+
 // ---- bad arguments --------------------------------------------------------------------
 
 TEST(QuantErrors, EveryBadArgumentReturnsItsCodeAndNamesIt) {
