@@ -811,6 +811,56 @@ TEST_P(QuantSimd, StochasticRoundingIsBitwiseEqualToScalar) {
 // (docs/format.md, "Stochastic rounding"), for every dtype and mode; the
 // same seed gives the same bytes, another seed other bytes, and a call
 // split at a block boundary (index base = the offset) the same bytes.
+// The rule of docs/format.md, "Stochastic rounding", element by element:
+// the code is f + 1 exactly when r24 < ceil(p 2^24), p = fl(v - f) the
+// fraction rounded once to fp32 (the reference computes it in double and
+// rounds it: exact for v >= 0 and v <= -1/2, rounded for -1/2 < v < 0).
+// Checked at the two r24 around the threshold for random v in every range,
+// among them values in (-1/2, 0) whose fraction is not an fp32 number (so
+// "v - f is exact" would put the threshold elsewhere) and tiny negatives
+// (p = 1: always code 0).
+TEST(QuantStochastic, ThresholdIsTheFractionRoundedOnceToFp32) {
+  auto rng = seeded_rng("QuantStochastic.Threshold");
+  zpp_qm_params_t p;
+  p.scale = 1.0f;
+  p.zero = 0.0f;
+  p.inv = 1.0f;
+  p.lo = -127.0f;
+  p.hi = 127.0f;
+  p.kind = ZPP_QM_KIND_MUL;
+  std::uniform_real_distribution<float> wide(-127.0f, 127.0f), neg(-0.5f, 0.0f);
+  std::uniform_int_distribution<int> expo(-40, -2);
+  int inexact = 0, checked = 0;
+  for (int i = 0; i < 30000; i++) {
+    float v = i % 3 == 0 ? wide(rng)
+              : i % 3 == 1 ? neg(rng)
+                           : -std::ldexp(1.0f + neg(rng), expo(rng));  // tiny negatives
+    if (v == 0.0f) continue;
+    double f = std::floor((double)v), exact = (double)v - f;
+    float frac = (float)exact;  // one rounding to nearest even
+    if ((double)frac != exact) {
+      inexact++;
+      EXPECT_TRUE(v > -0.5f && v < 0.0f) << "fraction of " << v << " not exact";
+    }
+    double t = std::ceil((double)frac * 16777216.0);  // codes f + 1 for r24 < t
+    if (t >= 1) {
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, (uint32_t)(t - 1)), (int)f + 1)
+          << "v " << v << " r24 " << t - 1;
+      checked++;
+    }
+    if (t < 16777216.0) {
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, (uint32_t)t), (int)f) << "v " << v << " r24 " << t;
+      checked++;
+    }
+    if (v < 0.0f && v > -std::ldexp(1.0f, -25)) {  // v + 1 rounds to 1
+      EXPECT_EQ(frac, 1.0f) << v;
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, 16777215u), 0) << v;
+    }
+  }
+  std::printf("[ info ] %d thresholds checked, %d fractions rounded\n", checked, inexact);
+  EXPECT_GT(inexact, 1000) << "the rounded case (-1/2 < v < 0) was not exercised";
+}
+
 TEST(QuantStochastic, ReproducibleSplittableAndWithinOneStep) {
   auto rng = seeded_rng("QuantStochastic.Reproducible");
   for (zpp_dtype_t dt : kDtypes)

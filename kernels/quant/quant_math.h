@@ -383,9 +383,11 @@ static ZPP_QM_HD float zpp_qm_floor_small(float v) {
 
 /* Stochastic code of one finite element: with v the clamped scaled value
  * (exactly as zpp_qm_quantize computes it), f = floor(v) and the fraction
- * v - f (exact), the code is f + 1 when u = r24 * 2^-24 < v - f, else f.
- * So P(f + 1) = ceil((v - f) 2^24) / 2^24: unbiased to within 2^-24 of a
- * step.  v in [lo, hi] keeps the code in range (v = hi has fraction 0). */
+ * p = fl(v - f) (exact except for -1/2 < v < 0, where it is v + 1 rounded
+ * to the 2^-24 grid: docs/format.md), the code is f + 1 when
+ * u = r24 * 2^-24 < p, else f.  So P(f + 1) = ceil(p 2^24) / 2^24:
+ * unbiased to within 2^-24 of a step.  v in [lo, hi] keeps the code in
+ * range (v = hi has fraction 0). */
 static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
                                         uint32_t r24) {
   float v, f, u;
