@@ -88,6 +88,10 @@ int zpp_comm_thread_caps(zpp_comm_t comm) {
   return comm != NULL ? comm->thread_caps : 0;
 }
 
+uint64_t zpp_comm_next_object_id(zpp_comm_t comm) {
+  return __atomic_fetch_add(&comm->objects, 1, __ATOMIC_RELAXED);
+}
+
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm) {
   return comm != NULL ? comm->tr : NULL;
 }

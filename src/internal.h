@@ -81,6 +81,13 @@ double zpp_setting_double(const char *name, double def);
 #define ZPP_QUANT_CONFIG_V1_SIZE                                               \
   ((offsetof(zpp_quant_config_t, mode) + sizeof(zpp_quant_mode_t) +          \
     sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
+/* 0, 1, 2, ...: the index of an object (a parameter group) among those
+ * created on communicator `comm` (src/comm.c).  Objects are created
+ * collectively, in the same order on every rank, so the index is the same
+ * on every rank; it gives each object its own stochastic-rounding stream. */
+struct zpp_comm;
+uint64_t zpp_comm_next_object_id(struct zpp_comm *comm);
+
 /* zpp_quant_config_check reporting under `func`, the struct named `name`
  * and its fields `fp`-prefixed: ("zpp_qwz_allgather", "quant", "quant->")
  * gives "zpp_qwz_allgather: quant->bits 3: must be 8 or 4". */

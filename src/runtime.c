@@ -28,6 +28,8 @@ struct zpp_pgroup {
   void *residual, *own_residual;
   size_t residual_count; /* floats (INT8: the bytes rounded up to floats) */
   size_t residual_bytes;
+  uint64_t id;           /* index among the groups of comm (same on every
+                            rank): its own stochastic-rounding stream */
   uint64_t calls;        /* qgZ / qWD calls: stochastic-rounding seeds */
   zpp_hpz_t hpz;
   zpp_request_t pending;    /* fetch in flight */
@@ -134,16 +136,32 @@ static zpp_status_t check_config(const char *func,
   return ZPP_OK;
 }
 
+static uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* The seed of call `call` of the group: a hash of (cfg.seed, the group's
+ * index on its communicator, call), so that no two groups (layers) and no
+ * two calls share random bits, and a run repeats with the same seed.  (It
+ * was cfg.seed ^ call * const: every layer's call k drew the same bits.) */
+static uint64_t group_seed(const zpp_pgroup_t pg, uint64_t call) {
+  uint64_t h = mix64(pg->cfg.seed + 0x9e3779b97f4a7c15ull);
+  h = mix64(h ^ (pg->id + 0x632be59bd9b4e019ull));
+  return mix64(h ^ (call + 0x85ebca77c2b2ae63ull));
+}
+
 /* The qgZ config of the group's reduce-scatters (call `call`). */
-static zpp_qgz_config_t group_qgz(const zpp_pgroup_config_t *c,
-                                  uint64_t call) {
+static zpp_qgz_config_t group_qgz(const zpp_pgroup_t pg, uint64_t call) {
+  const zpp_pgroup_config_t *c = &pg->cfg;
   zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
   q.inter_bits = c->qgz_bits;
   q.intra_bits = c->qgz_intra_bits;
   q.block_size = c->qgz_block;
   q.hadamard = c->qgz_hadamard;
   q.rounding = c->rounding;
-  q.seed = c->seed ^ (call * 0x9e3779b97f4a7c15ull);
+  q.seed = group_seed(pg, call);
   q.residual_bits = c->error_feedback_bits;
   return q;
 }
@@ -173,6 +191,9 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
   if (pg == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "group struct");
   pg->comm = comm;
+  /* taken before anything that can fail on one rank only, so every rank's
+   * groups keep the same indices */
+  pg->id = zpp_comm_next_object_id(comm);
   config_get(cfg, &pg->cfg);
   if (pg->cfg.qgz_intra_bits == 0)
     pg->cfg.qgz_intra_bits = pg->cfg.qgz_bits;
@@ -233,7 +254,7 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
                    err_offsets);
   }
   if (cfg->error_feedback) {
-    zpp_qgz_config_t q = group_qgz(&pg->cfg, 0);
+    zpp_qgz_config_t q = group_qgz(pg, 0);
     ZPP_CHECK_GOTO(zpp_qgz_residual_bytes(comm, &q, per, &pg->residual_bytes),
                    st, err_hpz);
     pg->residual_count = (pg->residual_bytes + sizeof(float) - 1) /
@@ -523,7 +544,7 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                        "device-memory group with error feedback: attach a "
                        "residual first (zpp_pgroup_attach)");
-    zpp_qgz_config_t q = group_qgz(c, pg->calls++);
+    zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
                                   c->error_feedback ? pg->residual : NULL,
@@ -572,7 +593,7 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
   q.bits = pg->cfg.qwd_bits;
   q.block_size = pg->cfg.qwd_block;
   q.rounding = pg->cfg.rounding;
-  q.seed = pg->cfg.seed ^ (pg->calls++ * 0x9e3779b97f4a7c15ull);
+  q.seed = group_seed(pg, pg->calls++);
   zpp_request_t req = NULL;
   pg->held = 0;
   ZPP_CHECK(zpp_qwd_allgather(pg->comm, &q, master_shard, pg->full,

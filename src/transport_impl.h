@@ -92,6 +92,7 @@ struct zpp_comm {
   char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
   void *engine;    /* the plan engine (src/engine.c), created on first use */
+  uint64_t objects; /* objects created on it so far (zpp_comm_next_object_id) */
 };
 
 /* Generic part.  Takes ownership of topo (also on failure). */

@@ -412,6 +412,104 @@ bool same_on_all_ranks(uint64_t v) {
 // the bf16 store) of its master value (docs/collectives.md, "qWD"), and
 // the group's own full buffer stays between steps (it is the
 // reconstruction the next difference is taken against).
+// Sample correlation of two error vectors.
+double correlation(const std::vector<double> &a, const std::vector<double> &b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 1.0;
+}
+
+// Two groups (two layers of one model) with the same configuration and
+// seed, fed the same gradient and the same master weights: their
+// stochastic rounding must draw independent bits, or every layer makes the
+// same rounding error at the same step (the seed used to be seed ^ call,
+// the same for every layer's call k).  Given the data, the two errors are
+// then independent and zero-mean, so the sample correlation of n pairs
+// has a standard deviation of about 1/sqrt(n); the check allows 6 of them
+// (before the fix it was exactly 1).  That a run repeats with the same
+// seed is checked by tests/runtime/test_train.cc.
+TEST(PGroup, GroupsWithOneSeedDrawIndependentStochasticRounding) {
+  const size_t sizes[] = {4096 * 4};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.dtype = ZPP_FLOAT32;  // no common final rounding to bf16
+  cfg.qgz_bits = 4;
+  cfg.qgz_block = 256;
+  cfg.rounding = ZPP_ROUND_STOCHASTIC;
+  cfg.seed = 7;
+  zpp_pgroup_t a = nullptr, b = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &a), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &b), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(a, &info);
+  size_t s = info.shard_numel, n = info.padded_numel;
+  std::vector<std::vector<float>> all(g_size);
+  for (int r = 0; r < g_size; r++) {
+    auto g16 = gen(r, n, 60);
+    all[r].resize(n);
+    for (size_t i = 0; i < n; i++) all[r][i] = zpp_qm_bf16_to_f32(g16[i]);
+  }
+  std::vector<float> oa(s), ob(s);
+  EXPECT_EQ(zpp_pgroup_reduce_gradients(a, all[g_rank].data(), oa.data(), ZPP_OP_SUM, nullptr,
+                                        nullptr), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_pgroup_reduce_gradients(b, all[g_rank].data(), ob.data(), ZPP_OP_SUM, nullptr,
+                                        nullptr), ZPP_OK) << zpp_get_last_error();
+  std::vector<double> ea(s), eb(s);
+  for (size_t i = 0; i < s; i++) {
+    double exact = 0;
+    for (int r = 0; r < g_size; r++) exact += all[r][info.shard_offset + i];
+    ea[i] = oa[i] - exact;
+    eb[i] = ob[i] - exact;
+  }
+  double rho = correlation(ea, eb), lim = 6.0 / std::sqrt((double)s);
+  if (g_rank == 0)
+    std::printf("[ info ] qgZ errors of two groups with one seed: correlation %.4f (limit %.4f)\n",
+                rho, lim);
+  EXPECT_LT(std::fabs(rho), lim) << "two groups drew correlated stochastic rounding";
+  EXPECT_EQ(zpp_pgroup_destroy(a), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_destroy(b), ZPP_OK);
+
+  // qWD: the same for the weight differences
+  zpp_pgroup_config_t qc = ZPP_PGROUP_CONFIG_INIT;
+  qc.dtype = ZPP_FLOAT32;
+  qc.qwd_bits = 4;
+  qc.qwd_block = 256;
+  qc.rounding = ZPP_ROUND_STOCHASTIC;
+  qc.seed = 7;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &qc, sizes, 1, &a), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &qc, sizes, 1, &b), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_get_info(a, &info);  // this layout (aligned to qwd_block's default)
+  s = info.shard_numel;
+  n = info.padded_numel;
+  for (int r = 0; r < g_size; r++) all[r].resize(n, 0.0f);
+  ea.assign(s, 0.0);
+  eb.assign(s, 0.0);
+  std::vector<float> master(all[g_rank].begin() + info.shard_offset,
+                            all[g_rank].begin() + info.shard_offset + s);
+  void *fa = nullptr, *fb = nullptr;
+  EXPECT_EQ(zpp_pgroup_update_params(a, master.data(), nullptr), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_pgroup_wait(a, &fa), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_update_params(b, master.data(), nullptr), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_pgroup_wait(b, &fb), ZPP_OK);
+  if (fa != nullptr && fb != nullptr) {
+    const float *ra = (const float *)fa + info.shard_offset;
+    const float *rb = (const float *)fb + info.shard_offset;
+    for (size_t i = 0; i < s; i++) {
+      ea[i] = ra[i] - (double)master[i];
+      eb[i] = rb[i] - (double)master[i];
+    }
+    rho = correlation(ea, eb);
+    if (g_rank == 0)
+      std::printf("[ info ] qWD errors of two groups with one seed: correlation %.4f\n", rho);
+    EXPECT_LT(std::fabs(rho), lim) << "two qWD groups drew correlated stochastic rounding";
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(a), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_destroy(b), ZPP_OK);
+}
+
 TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
   const size_t sizes[] = {5000, 77};
   zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;

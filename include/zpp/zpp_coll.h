@@ -205,8 +205,10 @@ typedef struct {
                              rotated (docs/collectives.md) */
   zpp_rounding_t rounding; /* both stages; default ZPP_ROUND_NEAREST */
   uint64_t seed;          /* stochastic rounding: the same seed gives the
-                             same result; a runtime passes a new one each
-                             step */
+                             same result (and the same random bits); pass
+                             a new one for every tensor and step, or the
+                             rounding errors of calls that share it are
+                             correlated */
   int residual_bits;      /* error-feedback residual storage: 32 (default,
                              fp32) or 8 (INT8, LoCo style: the format of
                              docs/format.md, symmetric, block_size) */

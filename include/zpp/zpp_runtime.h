@@ -58,7 +58,10 @@ typedef struct {
                            0 (default) off; must divide qgz_block */
   zpp_rounding_t rounding; /* qgZ and qWD encodes (default nearest) */
   uint64_t seed;        /* stochastic rounding: call k of the group uses a
-                           seed derived from (seed, k), so runs repeat */
+                           seed derived from (seed, the group's index among
+                           the groups created on its communicator, k), so
+                           groups (layers) and calls draw independent bits
+                           from one seed, and runs repeat */
   int error_feedback_bits; /* residual storage: 32 (default) fp32, 8 INT8 */
   int qwd_bits;         /* 0 (default) off; 4 or 8: the group holds the full
                            parameters and zpp_pgroup_update_params sends
