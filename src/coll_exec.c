@@ -278,6 +278,28 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
 #endif
 }
 
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res) {
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_decode(ex, q, enc, count, ZPP_FLOAT32, scratch));
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_ema_residual_host(x, scratch, count, beta, res);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_ema_residual_device(x, scratch, count, beta,
+                                                   res, ex->stream,
+                                                   DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
 zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
                                  const uint64_t *words, int nwords,

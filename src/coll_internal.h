@@ -66,6 +66,14 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
                                    const zpp_quant_config_t *q,
                                    const float *x, const void *enc,
                                    size_t count, float *res);
+/* LoCo's moving average (docs/collectives.md): dec = decode(enc) into
+ * `scratch` (count floats), then res = beta res + (1 - beta) (x - dec)
+ * (zpp_qm_ema_residual); res holds the old residual on entry. */
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res);
 
 /* Encoded bytes of `count` elements (config already checked). */
 size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);

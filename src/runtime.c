@@ -31,6 +31,7 @@ struct zpp_pgroup {
   uint64_t id;           /* index among the groups of comm (same on every
                             rank): its own stochastic-rounding stream */
   uint64_t calls;        /* qgZ / qWD calls: stochastic-rounding seeds */
+  uint64_t reductions;   /* reduce_gradients calls: the residual's step */
   zpp_hpz_t hpz;
   zpp_request_t pending;    /* fetch in flight */
   int held;                 /* the full buffer holds gathered data */
@@ -58,12 +59,19 @@ static zpp_status_t check_bits(const char *func, const char *name, int bits,
 #define PGROUP_CONFIG_V1_SIZE                                                  \
   (offsetof(zpp_pgroup_config_t, align) + sizeof(size_t))
 
-/* The full current config of one of any accepted size. */
+/* sizeof(zpp_pgroup_config_t) of zpp 0.2: the fields up to `qwd_block`. */
+#define PGROUP_CONFIG_V2_SIZE                                                  \
+  (offsetof(zpp_pgroup_config_t, qwd_block) + sizeof(size_t))
+
+/* The full current config of one of any accepted size (each older size
+ * ends on a size_t field, so its prefix is whole fields). */
 static void config_get(const zpp_pgroup_config_t *in,
                        zpp_pgroup_config_t *out) {
   zpp_pgroup_config_t d = ZPP_PGROUP_CONFIG_INIT;
   if (in->struct_size >= sizeof(zpp_pgroup_config_t))
     d = *in;
+  else if (in->struct_size >= PGROUP_CONFIG_V2_SIZE)
+    memcpy(&d, in, PGROUP_CONFIG_V2_SIZE);
   else
     memcpy(&d, in, PGROUP_CONFIG_V1_SIZE);
   d.struct_size = sizeof(zpp_pgroup_config_t);
@@ -133,6 +141,11 @@ static zpp_status_t check_config(const char *func,
                      "cfg->error_feedback_bits %d: must be 32 (fp32) or 8 "
                      "(INT8)",
                      c->error_feedback_bits);
+  if (!(c->error_feedback_beta >= 0.0f && c->error_feedback_beta < 1.0f))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->error_feedback_beta %g: must be in [0, 1) (0: "
+                     "plain error feedback; LoCo: 0.8)",
+                     (double)c->error_feedback_beta);
   return ZPP_OK;
 }
 
@@ -163,6 +176,8 @@ static zpp_qgz_config_t group_qgz(const zpp_pgroup_t pg, uint64_t call) {
   q.rounding = c->rounding;
   q.seed = group_seed(pg, call);
   q.residual_bits = c->error_feedback_bits;
+  q.residual_beta = c->error_feedback_beta;
+  q.residual_reset = c->error_feedback_reset;
   return q;
 }
 
@@ -545,6 +560,7 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                        "device-memory group with error feedback: attach a "
                        "residual first (zpp_pgroup_attach)");
     zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
+    q.step = pg->reductions++;
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
                                   c->error_feedback ? pg->residual : NULL,

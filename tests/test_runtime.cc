@@ -274,45 +274,57 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
+// With LoCo's options too (beta, reset): the group passes its reduction
+// count as the step, so reduction k > 0 with k % reset == 0 starts from a
+// zero residual, as the collective does with the same step.
 TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
-  const size_t sizes[] = {3000};
-  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
-  cfg.qgz_bits = 4;
-  cfg.qgz_intra_bits = 8;
-  cfg.qgz_block = 128;
-  cfg.error_feedback = 1;
-  zpp_pgroup_t pg = nullptr;
-  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK)
-      << zpp_get_last_error();
-  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
-  zpp_pgroup_get_info(pg, &info);
-  size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
-  EXPECT_EQ(info.shard_numel % 128, 0u);
-  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
-  EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
-  EXPECT_EQ(rc, want_rc);
-  EXPECT_EQ(info.residual_bytes, rc * 4);
-  // Reference: the collective itself with our own residual, same inputs,
-  // three steps (the residual carries over between steps).
-  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
-  q.inter_bits = 4;
-  q.intra_bits = 8;
-  q.block_size = 128;
-  std::vector<float> resid(rc, 0.0f);
-  for (int step = 0; step < 3; step++) {
-    auto g = gen(g_rank, n, 10 + step);
-    std::vector<uint16_t> a(s + 1), b(s + 1);
-    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN,
-                                          nullptr, nullptr),
-              ZPP_OK)
+  for (int loco = 0; loco < 2; loco++) {
+    const size_t sizes[] = {3000};
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.qgz_bits = 4;
+    cfg.qgz_intra_bits = 8;
+    cfg.qgz_block = 128;
+    cfg.error_feedback = 1;
+    if (loco) {
+      cfg.error_feedback_beta = ZPP_QGZ_LOCO_BETA;
+      cfg.error_feedback_reset = 2;
+    }
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK)
         << zpp_get_last_error();
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, resid.data(),
-                                     nullptr, nullptr),
-              ZPP_OK);
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
+    zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+    zpp_pgroup_get_info(pg, &info);
+    size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
+    EXPECT_EQ(info.shard_numel % 128, 0u);
+    EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+    EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
+    EXPECT_EQ(rc, want_rc);
+    EXPECT_EQ(info.residual_bytes, rc * 4);
+    // Reference: the collective itself with our own residual, same inputs,
+    // five steps (the residual carries over between steps).
+    zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+    q.inter_bits = 4;
+    q.intra_bits = 8;
+    q.block_size = 128;
+    q.residual_beta = cfg.error_feedback_beta;
+    q.residual_reset = cfg.error_feedback_reset;
+    std::vector<float> resid(rc, 0.0f);
+    for (int step = 0; step < 5; step++) {
+      auto g = gen(g_rank, n, 10 + step);
+      std::vector<uint16_t> a(s + 1), b(s + 1);
+      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN,
+                                            nullptr, nullptr),
+                ZPP_OK)
+          << zpp_get_last_error();
+      q.step = (uint64_t)step;
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s,
+                                       ZPP_BFLOAT16, ZPP_OP_MEAN, resid.data(),
+                                       nullptr, nullptr),
+                ZPP_OK);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "loco " << loco << " step " << step;
+    }
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   }
-  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
 TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
@@ -635,6 +647,17 @@ TEST(PGroup, OlderSmallerConfigStructStillWorksAndNewFieldsAreChecked) {
   EXPECT_EQ(zpp_qgz_residual_count(g_comm, info.shard_numel, &want), ZPP_OK);
   EXPECT_EQ(rc, want) << "defaults: an fp32 residual";
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  // a 0.2 struct (up to qwd_block): the 0.3 fields behind it are not read
+  // (garbage there, an invalid beta, is ignored)
+  zpp_pgroup_config_t v2 = ZPP_PGROUP_CONFIG_INIT;
+  v2.struct_size = offsetof(zpp_pgroup_config_t, error_feedback_beta);
+  v2.qgz_bits = 4;
+  v2.error_feedback = 1;
+  v2.error_feedback_beta = 7.0f;
+  v2.error_feedback_reset = 1;
+  pg = nullptr;
+  EXPECT_EQ(zpp_pgroup_create(g_comm, &v2, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   struct Bad { const char *field; void (*set)(zpp_pgroup_config_t *); };
   const Bad bads[] = {
       {"qwd_bits", [](zpp_pgroup_config_t *c) { c->qwd_bits = 3; }},
@@ -644,6 +667,9 @@ TEST(PGroup, OlderSmallerConfigStructStillWorksAndNewFieldsAreChecked) {
       {"qgz_hadamard", [](zpp_pgroup_config_t *c) { c->qgz_hadamard = 32; }},
       {"rounding", [](zpp_pgroup_config_t *c) { c->rounding = (zpp_rounding_t)7; }},
       {"error_feedback_bits", [](zpp_pgroup_config_t *c) { c->error_feedback_bits = 16; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = 1.0f; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = -0.1f; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = NAN; }},
   };
   for (const Bad &b : bads) {
     zpp_pgroup_config_t c = ZPP_PGROUP_CONFIG_INIT;

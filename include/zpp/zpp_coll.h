@@ -212,11 +212,26 @@ typedef struct {
   int residual_bits;      /* error-feedback residual storage: 32 (default,
                              fp32) or 8 (INT8, LoCo style: the format of
                              docs/format.md, symmetric, block_size) */
+  /* Fields below were added in 0.3 (LoCo's compensation); a struct_size
+   * from 0.2 (the size up to residual_bits) is accepted and they take
+   * their defaults. */
+  float residual_beta;    /* in [0, 1): the residual is a moving average of
+                             the compression errors, e <- beta e + (1 -
+                             beta) err; 0 (default): plain error feedback
+                             (e <- err); LoCo uses 0.8 */
+  uint32_t residual_reset; /* > 0: calls whose `step` is a positive multiple
+                              of it start from a zero residual (LoCo: every
+                              1024 steps); 0 (default): never */
+  uint64_t step;          /* the caller's step counter, for residual_reset */
 } zpp_qgz_config_t;
 
 #define ZPP_QGZ_CONFIG_INIT                                                    \
   { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC, 0,             \
-    ZPP_ROUND_NEAREST, 0, 32 }
+    ZPP_ROUND_NEAREST, 0, 32, 0.0f, 0, 0 }
+
+/* LoCo's setting (Xie et al. 2024): beta 0.8, a reset every 1024 steps. */
+#define ZPP_QGZ_LOCO_BETA 0.8f
+#define ZPP_QGZ_LOCO_RESET 1024
 
 /* Floats of the fp32 error-feedback residual for a call with `count`
  * elements per rank (it holds the compression error of both stages). */

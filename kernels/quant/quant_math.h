@@ -319,6 +319,23 @@ static ZPP_QM_HD float zpp_qm_add(float acc, float v) {
 #endif
 }
 
+/* Error feedback with a moving average (LoCo; docs/collectives.md): the new
+ * residual of an element whose compensated value x was decoded as dec,
+ *   e_new = fl(fl(beta * e) + fl(omega * fl(x - dec))),  omega = fl(1 - beta),
+ * four roundings, no FMA; a non-finite result stores 0 (as plain error
+ * feedback does), so a skipped step does not poison the next one. */
+static ZPP_QM_HD float zpp_qm_ema_residual(float e, float x, float dec,
+                                           float beta, float omega) {
+  float r;
+#if defined(__CUDA_ARCH__)
+  r = __fadd_rn(__fmul_rn(beta, e), __fmul_rn(omega, __fsub_rn(x, dec)));
+#else
+  float d = x - dec, a = beta * e, b = omega * d;
+  r = a + b;
+#endif
+  return (zpp_qm_f32_bits(r) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : r;
+}
+
 /* Stored bits of a code and back.  INT4 lives in a nibble. */
 static ZPP_QM_HD uint8_t zpp_qm_code_bits(int q) { return (uint8_t)(q & 0xff); }
 
