@@ -406,10 +406,11 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch is pending: wait for it first");
+                     "pg: a fetch is pending: zpp_pgroup_wait first");
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "residual given but the group has no error feedback");
+                     "residual: given but the group has no error feedback "
+                     "(cfg->error_feedback 0)");
   if (shard) {
     free(pg->own_shard);
     pg->own_shard = NULL;
@@ -449,7 +450,7 @@ ZPP_API zpp_status_t zpp_pgroup_shard(zpp_pgroup_t pg, void **shard) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "shard is NULL");
   if (pg->shard == NULL)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach a shard first "
+                     "pg: a device-memory group: attach a shard first "
                      "(zpp_pgroup_attach)");
   *shard = pg->shard;
   return ZPP_OK;
@@ -467,17 +468,17 @@ ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
                      (int)kind);
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch of this group is pending: zpp_pgroup_wait "
+                     "pg: a fetch of this group is pending: zpp_pgroup_wait "
                      "first");
   if (pg->cfg.qwd_bits)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "qWD group (cfg->qwd_bits %d): it keeps the full "
+                     "pg: a qWD group (cfg->qwd_bits %d) keeps the full "
                      "parameters; refresh them with zpp_pgroup_update_params",
                      pg->cfg.qwd_bits);
   if (pg->shard == NULL || (pg->memory != ZPP_MEMORY_HOST && !pg->full))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach shard and full buffers "
-                     "first (zpp_pgroup_attach)");
+                     "pg: a device-memory group: attach shard and full "
+                     "buffers first (zpp_pgroup_attach)");
   size_t padded = pg->shard_numel * (size_t)pg->size;
   if (pg->full == NULL) {
     pg->own_full = malloc(padded ? padded * pg->esize : 1);
@@ -518,7 +519,7 @@ ZPP_API zpp_status_t zpp_pgroup_wait(zpp_pgroup_t pg, void **full) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending == NULL && !pg->held)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "nothing fetched (none since the last release or "
+                     "pg: nothing fetched (none since the last release or "
                      "params_changed): call zpp_pgroup_fetch first");
   ZPP_CHECK(finish_pending(pg));
   if (full)
@@ -553,12 +554,15 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "full_grad is NULL");
   if (pg->shard_numel && grad_shard == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "grad_shard is NULL");
+  if (op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
   const zpp_pgroup_config_t *c = &pg->cfg;
   if (c->qgz_bits) {
     if (c->error_feedback && pg->residual == NULL)
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                       "device-memory group with error feedback: attach a "
-                       "residual first (zpp_pgroup_attach)");
+                       "pg: a device-memory group with error feedback: "
+                       "attach a residual first (zpp_pgroup_attach)");
     zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
     q.step = pg->reductions++;
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
@@ -576,7 +580,7 @@ ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch is pending: the parameters must not change "
+                     "pg: a fetch is pending: the parameters must not change "
                      "while they are gathered (zpp_pgroup_wait first)");
   pg->generation++;
   pg->held = 0; /* a held full buffer is stale: zpp_pgroup_wait refuses it */
@@ -593,18 +597,18 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->cfg.qwd_bits == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "the group has no qWD (cfg->qwd_bits 0): write the shard "
-                     "and fetch instead");
+                     "pg: the group has no qWD (cfg->qwd_bits 0): write the "
+                     "shard and fetch instead");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch or update of this group is pending: "
+                     "pg: a fetch or update of this group is pending: "
                      "zpp_pgroup_wait first");
   if (pg->shard_numel && master_shard == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "master_shard is NULL");
   if (pg->full == NULL)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach the full buffer first "
-                     "(zpp_pgroup_attach)");
+                     "pg: a device-memory group: attach the full buffer "
+                     "first (zpp_pgroup_attach)");
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   q.bits = pg->cfg.qwd_bits;
   q.block_size = pg->cfg.qwd_block;

@@ -95,6 +95,10 @@ struct zpp_comm {
   uint64_t objects; /* objects created on it so far (zpp_comm_next_object_id) */
 };
 
+/* zpp_comm_config_check reporting under `func` (the creating function). */
+zpp_status_t zpp_comm_config_check_as(const char *func,
+                                      const zpp_comm_config_t *cfg);
+
 /* Generic part.  Takes ownership of topo (also on failure). */
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
                                 int rank, zpp_memory_t memory,
