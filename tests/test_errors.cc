@@ -50,10 +50,12 @@ std::set<std::string> &covered() {
   static std::set<std::string> s;
   return s;
 }
+int g_rows = 0;  // rows checked so far
 
 void check(const std::vector<Row> &rows) {
   for (const Row &r : rows) {
     covered().insert(r.func);
+    g_rows++;
     zpp_status_t st = r.call();
     EXPECT_EQ(st, r.code) << r.func << ": " << zpp_get_last_error();
     if (r.code == ZPP_OK) continue;  // NULL accepted on purpose: no message
@@ -872,6 +874,9 @@ TEST(ErrorText, EveryPublicFunctionHasRows) {
     }
   }
   EXPECT_GT(n, 60) << "the declaration pattern found too few functions";
+  if (g_rank == 0)
+    std::printf("[ info ] %d public functions, %zu with rows, %d rows\n", n, covered().size(),
+                g_rows);
 }
 
 void setup() {
