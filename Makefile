@@ -9,7 +9,7 @@ EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build asan emu test test-unit test-asan test-emu demo clean help
+.PHONY: all deps configure build asan emu test test-unit test-asan test-emu test-cluster demo clean help
 
 all: build
 
@@ -18,6 +18,8 @@ help:
 	@echo "make test    - install missing packages, build, run all tests (incl. ASan/UBSan"
 	@echo "               and the device path on the emulated CUDA runtime)"
 	@echo "make test-emu - only the device path on the emulated CUDA runtime ($(EMU_BUILD)/)"
+	@echo "make test-cluster - the MPI suites on a real cluster of network namespaces"
+	@echo "               (scripts/netns_cluster.sh; needs root, else skipped)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -61,8 +63,15 @@ test-asan: asan
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -L unit
 
-test: test-unit test-asan test-emu
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD), emulated GPU: $(EMU_BUILD))"
+# The transport and collective suites on a real cluster on this machine:
+# network namespaces as nodes, shaped veth links, topology discovered
+# (tests/cluster_tests.sh; about 1-2 minutes).  Skipped, saying why, where
+# namespaces cannot be made (not root, no iproute2).
+test-cluster: build
+	@bash tests/cluster_tests.sh $(BUILD)
+
+test: test-unit test-asan test-emu test-cluster
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench

@@ -9,6 +9,9 @@
 # step study (zpp-train --large --mode zero3 vs zeropp, 5 steps) at the same
 # link speeds.
 #   usage: perf/bandwidth_study.sh OUT_DIR [BUILD_DIR]
+#          perf/bandwidth_study.sh --cluster OUT_DIR [BUILD_DIR]
+# --cluster runs the study on real links instead (perf/cluster_study.sh:
+# scripts/netns_cluster.sh, root needed) and writes OUT_DIR/cluster_study.*.
 # Writes OUT_DIR/bandwidth_study.csv (every zpp-bench row, the link speed
 # first), OUT_DIR/bandwidth_study.md (tables and the exact commands),
 # OUT_DIR/bandwidth_study_busbw.png, OUT_DIR/bandwidth_study_speedup.png
@@ -21,8 +24,12 @@
 # For a quick smoke run: ZPP_STUDY_SPEEDS="1 unlimited" ZPP_STUDY_MAXBYTES=1M.
 set -euo pipefail
 prog=bandwidth_study.sh
+if [ "${1:-}" = --cluster ]; then
+  shift
+  exec bash "$(dirname "${BASH_SOURCE[0]}")/cluster_study.sh" "$@"
+fi
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  echo "usage: $prog OUT_DIR [BUILD_DIR]" >&2
+  echo "usage: $prog [--cluster] OUT_DIR [BUILD_DIR]" >&2
   exit 2
 fi
 out=$1
@@ -48,7 +55,7 @@ declare -A variants=([allgather]=bf16,qwz8,qwz4 [reducescatter]=bf16,qgz4,qgz8-4
 
 csv=$out/bandwidth_study.csv
 cmds=$out/bandwidth_study.cmds
-echo "link_gbit,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max" > "$csv"
+echo "link_gbit,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,time_min_us,time_max_us,inter_bytes_node_max" > "$csv"
 : > "$cmds"
 status=0
 t0=$(date +%s)

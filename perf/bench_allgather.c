@@ -3,7 +3,9 @@
  * named after the dtype: fp32, fp16 or bf16) against qwZ
  * (zpp_qwz_allgather, symmetric, --block elements per scale).
  *
- * Variants: <dtype> (baseline), qwz8, qwz4.
+ * Variants: <dtype> (baseline), qwz8, qwz4, mpi (Open MPI's own
+ * MPI_Allgather of the same input and output buffers, MPI_BYTE; not in the
+ * default list).
  * Size: the bytes of one rank's shard in the data dtype; count = size /
  * dtype size elements per rank; the output holds world * count elements.
  */
@@ -14,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { AG_BASE = 0, AG_QWZ = 1 };
+enum { AG_BASE = 0, AG_QWZ = 1, AG_MPI = 2 };
 
 static void ag_default_variants(zpp_dtype_t dtype, char *buf, size_t len) {
   snprintf(buf, len, "%s,qwz8,qwz4", zpp_dtype_name(dtype));
@@ -34,7 +36,12 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->bits = tok[3] - '0';
     return 0;
   }
-  snprintf(err, errlen, "must be %s (baseline), qwz8 or qwz4",
+  if (strcmp(tok, "mpi") == 0) {
+    v->kind = AG_MPI;
+    v->foreign = 1;
+    return 0;
+  }
+  snprintf(err, errlen, "must be %s (baseline), qwz8, qwz4 or mpi",
            zpp_dtype_name(dtype));
   return -1;
 }
@@ -65,9 +72,8 @@ static double ag_algbw_bytes(size_t bytes, int world) {
 static double ag_busbw_factor(int world) { return (double)(world - 1) / world; }
 
 static zpp_status_t ag_setup(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
-  (void)ctx;
   c->state = NULL;
-  return ZPP_OK;
+  return c->v->kind == AG_MPI ? zpp_bench_mpi_setup(ctx) : ZPP_OK;
 }
 
 static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
@@ -76,6 +82,9 @@ static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   if (c->v->kind == AG_BASE)
     return zpp_allgather(ctx->comm, c->in->dev, c->out->dev, c->count, o->dtype,
                          NULL, NULL);
+  if (c->v->kind == AG_MPI)
+    return zpp_bench_mpi_allgather(ctx, c->in->host, c->out->host,
+                                   c->count * zpp_dtype_size(o->dtype));
   q.bits = c->v->bits;
   q.block_size = o->block;
   return zpp_qwz_allgather(ctx->comm, &q, c->in->dev, c->out->dev, c->count,
@@ -139,9 +148,10 @@ const zpp_bench_coll_t zpp_bench_allgather = {
     "algbw = size * world / time; busbw = algbw * (world-1)/world "
     "(nccl-tests all_gather)",
     "<dtype> (zpp_allgather, the baseline), qwz8, qwz4 (zpp_qwz_allgather, "
-    "symmetric INT8/INT4, --block elements per scale)",
-    "baseline: bitwise equal to every rank's input; qwzN: |out - in| within "
-    "the per-element bound of docs/format.md for the input block",
+    "symmetric INT8/INT4, --block elements per scale), mpi (Open MPI's "
+    "MPI_Allgather on the same buffers)",
+    "baseline and mpi: bitwise equal to every rank's input; qwzN: |out - in| "
+    "within the per-element bound of docs/format.md for the input block",
     ag_default_variants,
     ag_parse_variant,
     ag_count_of,

@@ -6,7 +6,8 @@
  *
  * Variants: <dtype> (baseline), qgz4 (INT4 in and across nodes), qgz8
  * (INT8 both), qgzA-B (A bits inside the node, B across: qgz8-4 is the
- * ZeRO++ setting).
+ * ZeRO++ setting), mpi (Open MPI's own MPI_Reduce_scatter_block on the same
+ * buffers: zpp_bench_mpi_reduce_scatter; not in the default list).
  * Size: the bytes of one rank's INPUT in the data dtype; count = size /
  * dtype size / world elements per rank in the output.
  */
@@ -17,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { RS_BASE = 0, RS_QGZ = 1 };
+enum { RS_BASE = 0, RS_QGZ = 1, RS_MPI = 2 };
 
 static void rs_default_variants(zpp_dtype_t dtype, char *buf, size_t len) {
   snprintf(buf, len, "%s,qgz4,qgz8,qgz8-4", zpp_dtype_name(dtype));
@@ -35,6 +36,11 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->kind = RS_BASE;
     return 0;
   }
+  if (strcmp(tok, "mpi") == 0) {
+    v->kind = RS_MPI;
+    v->foreign = 1;
+    return 0;
+  }
   if (sscanf(tok, "qgz%d-%d%n", &a, &b, &n) == 2 && tok[n] == '\0' &&
       bits_ok(a) && bits_ok(b)) {
     v->kind = RS_QGZ;
@@ -48,8 +54,8 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   snprintf(err, errlen,
-           "must be %s (baseline), qgz4, qgz8 or qgzA-B with A, B in {4, 8} "
-           "(A bits inside the node, B across nodes)",
+           "must be %s (baseline), qgz4, qgz8, qgzA-B with A, B in {4, 8} "
+           "(A bits inside the node, B across nodes), or mpi",
            zpp_dtype_name(dtype));
   return -1;
 }
@@ -79,9 +85,8 @@ static double rs_algbw_bytes(size_t bytes, int world) {
 static double rs_busbw_factor(int world) { return (double)(world - 1) / world; }
 
 static zpp_status_t rs_setup(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
-  (void)ctx;
   c->state = NULL;
-  return ZPP_OK;
+  return c->v->kind == RS_MPI ? zpp_bench_mpi_setup(ctx) : ZPP_OK;
 }
 
 static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
@@ -90,6 +95,9 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   if (c->v->kind == RS_BASE)
     return zpp_reduce_scatter(ctx->comm, c->in->dev, c->out->dev, c->count,
                               o->dtype, o->op, NULL, NULL);
+  if (c->v->kind == RS_MPI)
+    return zpp_bench_mpi_reduce_scatter(ctx, c->in->host, c->out->host,
+                                        c->count, o->dtype, o->op);
   q.intra_bits = c->v->bits;
   q.inter_bits = c->v->bits2;
   q.block_size = o->block;
@@ -123,6 +131,44 @@ static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
     zpp_bench_check_add(
         chk, got, ref,
         zpp_bench_equal_bits(c->out->host, b0 + i, o->dtype, want));
+  }
+}
+
+/* mpi: Open MPI sums in an order of its own and rounds every partial sum
+ * to the dtype (fp32 natively; bf16 through fp32, two roundings; fp16
+ * once: zpp_bench_mpi_reduce_scatter).  Any summation order of w terms
+ * with relative rounding error at most u per addition stays within
+ * gamma_{w-1} = (w-1) u / (1 - (w-1) u) of sum |x| (Higham, "Accuracy and
+ * Stability of Numerical Algorithms", 4.2), plus an absolute half-spacing
+ * of the smallest subnormal per addition.  u: 2^-24 (fp32), 2^-11 (fp16),
+ * 2^-8 + 2^-24 (bf16).  MEAN adds the division in fp32 and its rounding to
+ * the dtype. */
+static void rs_check_mpi(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
+                         size_t b0, size_t len, zpp_bench_check_t *chk) {
+  const zpp_bench_opts_t *o = ctx->opt;
+  size_t base = (size_t)ctx->rank * c->count, i;
+  int w = ctx->world, r;
+  double u = o->dtype == ZPP_FLOAT32   ? ldexp(1.0, -24)
+             : o->dtype == ZPP_FLOAT16 ? ldexp(1.0, -11)
+                                       : ldexp(1.0, -8) + ldexp(1.0, -24);
+  double tiny = o->dtype == ZPP_FLOAT32   ? ldexp(1.0, -150)
+                : o->dtype == ZPP_FLOAT16 ? ldexp(1.0, -25)
+                                          : ldexp(1.0, -134);
+  double gamma = (w - 1) * u / (1 - (w - 1) * u);
+  for (i = 0; i < len; i++) {
+    double ref = 0, abssum = 0, bound, got;
+    for (r = 0; r < w; r++) {
+      double x = zpp_bench_value(o->seed, r, base + b0 + i, o->dtype);
+      ref += x;
+      abssum += fabs(x);
+    }
+    bound = gamma * abssum + (w - 1) * tiny;
+    got = zpp_bench_load(c->out->host, b0 + i, o->dtype);
+    if (o->op == ZPP_OP_MEAN) {
+      ref /= w;
+      bound = bound / w + (u + ldexp(1.0, -24)) * fabs(got) + tiny;
+    }
+    zpp_bench_check_add(chk, got, ref, fabs(got - ref) <= bound);
   }
 }
 
@@ -201,6 +247,8 @@ static void rs_check(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
       continue;
     if (c->v->kind == RS_BASE)
       rs_check_base(ctx, c, b0, len, chk);
+    else if (c->v->kind == RS_MPI)
+      rs_check_mpi(ctx, c, b0, len, chk);
     else
       rs_check_qgz(ctx, c, b0, len, scratch, chk);
   }
@@ -220,11 +268,15 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "reduce_scatter)",
     "<dtype> (zpp_reduce_scatter, the baseline), qgz4, qgz8, qgzA-B "
     "(zpp_qgz_reduce_scatter, A bits inside the node, B across nodes, "
-    "symmetric, --block elements per scale, no error feedback)",
+    "symmetric, --block elements per scale, no error feedback), mpi (Open "
+    "MPI's MPI_Reduce_scatter_block on the same buffers; 16-bit dtypes with "
+    "a user-defined sum that rounds each partial sum to the dtype)",
     "baseline: bitwise equal to the fp32 sum in rank order rounded once "
     "(MEAN: that sum / world in fp32, rounded again); qgz: |out - float64 "
     "sum| within the two-stage bound of docs/collectives.md (block scales "
-    "of every rank's input) plus the output rounding",
+    "of every rank's input) plus the output rounding; mpi: |out - float64 "
+    "sum| <= gamma_{w-1} sum |x| for any summation order (u per addition: "
+    "fp32 2^-24, fp16 2^-11, bf16 2^-8 + 2^-24)",
     rs_default_variants,
     rs_parse_variant,
     rs_count_of,

@@ -41,7 +41,9 @@ done
   echo "$(nproc) cores, load average at the end $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "A = \`$(git -C "$(dirname "$a")" rev-parse --short HEAD 2>/dev/null || echo "$a")\` ($a), B = $b."
   echo "ratio = time / bf16 time of the same zpp-bench run; median of $reps runs"
-  echo "per build, the builds alternating (lower is better)."
+  echo "per build, the builds alternating (lower is better). The bf16 rows give"
+  echo "the median bf16 time itself (ms), so that a lower ratio cannot hide a"
+  echo "slower baseline."
   echo
   echo "| link per rank | collective | variant | ratio A | ratio B | B / A |"
   echo "|---|---|---|---:|---:|---:|"
@@ -51,15 +53,17 @@ import csv, statistics, sys
 rows = {}
 for f in csv.reader(open(sys.argv[1])):
     gbit, side, rep, coll, var = f[0], f[1], f[2], f[3], f[4]
-    ratio = float(f[13])
-    rows.setdefault((gbit, coll, var), {}).setdefault(side, []).append(ratio)
+    # bf16: its own time in ms (f[8] = time_us); others: the ratio
+    val = float(f[8]) / 1e3 if var == "bf16" else float(f[13])
+    rows.setdefault((gbit, coll, var), {}).setdefault(side, []).append(val)
 for (gbit, coll, var), d in rows.items():
-    if var == "bf16":
-        continue
     ma = statistics.median(d.get("A", [float("nan")]))
     mb = statistics.median(d.get("B", [float("nan")]))
     link = gbit if gbit == "unlimited" else gbit + " Gbit/s"
-    print(f"| {link} | {coll} | {var} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f} |")
+    if var == "bf16":
+        print(f"| {link} | {coll} | bf16 time (ms) | {ma:.1f} | {mb:.1f} | {mb / ma:.2f} |")
+    else:
+        print(f"| {link} | {coll} | {var} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f} |")
 PY
 } >"$out"
 rm -f "$raw"

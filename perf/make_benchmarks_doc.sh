@@ -9,7 +9,8 @@
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
 # Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
 # collectives' targets (perf/collective_targets.sh), the bandwidth study,
-# with ZPP_RUN_CONVERGENCE=1 the convergence study; then docs/benchmarks.md
+# the bandwidth study on real links (as root: perf/bandwidth_study.sh
+# --cluster), with ZPP_RUN_CONVERGENCE=1 the convergence study; then docs/benchmarks.md
 # = docs/benchmarks.md.in with the generated sections pasted in.
 set -euo pipefail
 build=${1:-build}
@@ -49,6 +50,14 @@ ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/hadamard_error_tables.sh" "$gen/hadamard_error.md"
 bash "$root/perf/collective_targets.sh" "$gen/collective_targets.md" "$build"
 bash "$root/perf/bandwidth_study.sh" "$gen" "$build"
+# The study on real links needs root and network namespaces (about 15
+# minutes); where a cluster cannot be made, or with ZPP_RUN_CLUSTER=0, the
+# committed docs/generated/cluster_study.* are pasted as they are.
+if [ "${ZPP_RUN_CLUSTER:-1}" != 0 ] && why=$(bash "$root/scripts/netns_cluster.sh" check); then
+  bash "$root/perf/bandwidth_study.sh" --cluster "$gen" "$build"
+else
+  echo "make_benchmarks_doc.sh: cluster study not run (${why:-ZPP_RUN_CLUSTER=0}); keeping docs/generated/cluster_study.*" >&2
+fi
 fi
 
 # The convergence study takes about 3 hours on 2 cores: it runs only with

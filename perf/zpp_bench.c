@@ -14,7 +14,11 @@
  * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
  * bootstrap's barrier without MPI) and timed alone with
  * clock_gettime(CLOCK_MONOTONIC);
- * time_us is the MAX over ranks of each rank's MEAN.  The byte columns come
+ * time_us is the MAX over ranks of each rank's MEAN; time_med_us,
+ * time_min_us and time_max_us are the median, min and max over the timed
+ * iterations of each iteration's MAX over ranks (the spread a shared machine
+ * or a shaped TCP link puts on single calls).  --variant mpi runs Open
+ * MPI's own MPI_Allgather / MPI_Reduce_scatter_block on the same buffers.  The byte columns come
  * from zpp_comm_get_stats around the first timed call; the check (-c 1)
  * looks at that call's output (the output buffer is poisoned with NaN
  * bytes before it).  Exit status: 0 all good, 1 a check found wrong
@@ -29,6 +33,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -292,6 +297,140 @@ void zpp_bench_check_add(zpp_bench_check_t *chk, double got, double ref,
     chk->wrong++;
   if (e > chk->max_err || isnan(e))
     chk->max_err = isnan(e) ? INFINITY : e;
+}
+
+/* ---- Open MPI's own collectives (the mpi variants) ------------------------ */
+
+static MPI_Comm g_mpi_comm = MPI_COMM_NULL; /* MPI_COMM_WORLD's duplicate */
+static MPI_Op g_mpi_sum16[2] = {MPI_OP_NULL, MPI_OP_NULL}; /* bf16, fp16 */
+
+const char *zpp_bench_mpi_check(const zpp_bench_ctx_t *ctx) {
+  if (g_env)
+    return "needs the MPI bootstrap (mpirun), not --bootstrap env";
+  if (ctx->opt->memory != ZPP_MEMORY_HOST)
+    return "needs --memory host (the MPI here is not CUDA-aware)";
+  return NULL;
+}
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint16_t f32_to_bf16(float f) { /* nearest even; NaN stays NaN */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The user-defined sums: inout[i] = round(in[i] + inout[i]).  bf16: the
+ * sum in fp32, then rounded to bf16 (two roundings: the check's bound
+ * counts both); fp16: the exact sum in double, rounded once. */
+static void mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  const uint16_t *a = (const uint16_t *)in;
+  uint16_t *b = (uint16_t *)inout;
+  int i;
+  (void)dt;
+  for (i = 0; i < *len; i++)
+    b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+static void mpi_sum_fp16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  int i;
+  (void)dt;
+  for (i = 0; i < *len; i++)
+    zpp_bench_store(inout, (size_t)i, ZPP_FLOAT16,
+                    zpp_bench_load(in, (size_t)i, ZPP_FLOAT16) +
+                        zpp_bench_load(inout, (size_t)i, ZPP_FLOAT16));
+}
+
+static zpp_status_t mpi_fail(const char *call, int err) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS)
+    snprintf(msg, sizeof msg, "MPI error %d", err);
+  fprintf(stderr, "zpp-bench: rank %d: %s: %s\n", g_rank, call, msg);
+  return ZPP_ERR_MPI;
+}
+
+zpp_status_t zpp_bench_mpi_setup(const zpp_bench_ctx_t *ctx) {
+  int e;
+  const char *why = zpp_bench_mpi_check(ctx);
+  if (why != NULL) {
+    fprintf(stderr, "zpp-bench: rank %d: variant mpi %s\n", g_rank, why);
+    return ZPP_ERR_UNSUPPORTED;
+  }
+  if (g_mpi_comm != MPI_COMM_NULL)
+    return ZPP_OK;
+  e = MPI_Comm_dup(MPI_COMM_WORLD, &g_mpi_comm);
+  if (e != MPI_SUCCESS)
+    return mpi_fail("MPI_Comm_dup", e);
+  MPI_Comm_set_errhandler(g_mpi_comm, MPI_ERRORS_RETURN);
+  e = MPI_Op_create(mpi_sum_bf16, 1, &g_mpi_sum16[0]);
+  if (e == MPI_SUCCESS)
+    e = MPI_Op_create(mpi_sum_fp16, 1, &g_mpi_sum16[1]);
+  return e == MPI_SUCCESS ? ZPP_OK : mpi_fail("MPI_Op_create", e);
+}
+
+static void mpi_teardown(void) {
+  int i;
+  for (i = 0; i < 2; i++)
+    if (g_mpi_sum16[i] != MPI_OP_NULL)
+      MPI_Op_free(&g_mpi_sum16[i]);
+  if (g_mpi_comm != MPI_COMM_NULL)
+    MPI_Comm_free(&g_mpi_comm);
+}
+
+zpp_status_t zpp_bench_mpi_allgather(const zpp_bench_ctx_t *ctx,
+                                     const void *in, void *out, size_t bytes) {
+  int e;
+  (void)ctx;
+  if (bytes > (size_t)INT_MAX) {
+    fprintf(stderr, "zpp-bench: rank %d: MPI_Allgather of %zu bytes: more "
+                    "than INT_MAX\n", g_rank, bytes);
+    return ZPP_ERR_OVERFLOW;
+  }
+  e = MPI_Allgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE,
+                    g_mpi_comm);
+  return e == MPI_SUCCESS ? ZPP_OK : mpi_fail("MPI_Allgather", e);
+}
+
+zpp_status_t zpp_bench_mpi_reduce_scatter(const zpp_bench_ctx_t *ctx,
+                                          const void *in, void *out,
+                                          size_t count, zpp_dtype_t dt,
+                                          zpp_redop_t op) {
+  MPI_Datatype type = dt == ZPP_FLOAT32 ? MPI_FLOAT : MPI_UINT16_T;
+  MPI_Op mop = dt == ZPP_FLOAT32    ? MPI_SUM
+               : dt == ZPP_BFLOAT16 ? g_mpi_sum16[0]
+                                    : g_mpi_sum16[1];
+  size_t i;
+  int e;
+  if (count > (size_t)INT_MAX) {
+    fprintf(stderr, "zpp-bench: rank %d: MPI_Reduce_scatter_block of %zu "
+                    "elements: more than INT_MAX\n", g_rank, count);
+    return ZPP_ERR_OVERFLOW;
+  }
+  e = MPI_Reduce_scatter_block(in, out, (int)count, type, mop, g_mpi_comm);
+  if (e != MPI_SUCCESS)
+    return mpi_fail("MPI_Reduce_scatter_block", e);
+  if (op == ZPP_OP_MEAN) {
+    float w = (float)ctx->world;
+    for (i = 0; i < count; i++) {
+      if (dt == ZPP_FLOAT32)
+        ((float *)out)[i] /= w;
+      else if (dt == ZPP_BFLOAT16)
+        ((uint16_t *)out)[i] =
+            f32_to_bf16(bf16_to_f32(((uint16_t *)out)[i]) / w);
+      else
+        zpp_bench_store(out, i, dt,
+                        (double)((float)zpp_bench_load(out, i, dt) / w));
+    }
+  }
+  return ZPP_OK;
 }
 
 /* ---- buffers ------------------------------------------------------------- */
@@ -685,7 +824,12 @@ typedef struct {
   double time_us, algbw, busbw;
   double intra_bytes, inter_bytes; /* sent per rank, mean over ranks */
   uint64_t inter_bytes_max;        /* sent, max over ranks */
+  uint64_t inter_node_max; /* sent by a node's ranks together, max over
+                            * nodes: the busiest node link, one way */
   double ratio;                    /* < 0: no baseline time */
+  /* Each timed iteration's MAX over ranks: median, min, max over -n. */
+  double med_us, min_us, max_us;
+  int counted; /* 0: the bytes are not zpp's to count (the mpi variants) */
   int checked;
   double max_err;
   uint64_t wrong;
@@ -693,7 +837,8 @@ typedef struct {
 
 static const char *const CSV_HEADER =
     "coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,"
-    "inter_bytes,ratio,max_err,wrong,inter_bytes_max";
+    "inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,"
+    "time_min_us,time_max_us,inter_bytes_node_max";
 
 /* Byte means are exact when the sum divides by the world size. */
 static void fmt_bytes(char *buf, size_t len, double b) {
@@ -722,7 +867,7 @@ typedef struct {
   const zpp_bench_opts_t *o;
   const zpp_bench_ctx_t *ctx;
   const zpp_bench_variant_t *v;
-  int nv, added_baseline;
+  int nv, added_baseline, has_mpi;
   const char *backend, *topo, *bootstrap;
   int topo_emulated, link_emulated, bytes_derived;
   double gbit, lat_us;
@@ -817,7 +962,9 @@ static void header_texts(const header_t *h, char lines[][800],
        "timing: %s before each timed "
        "iteration, wall time of each by clock_gettime("
        "CLOCK_MONOTONIC); time_us = MAX over ranks of the MEAN over "
-       "-n %d iterations; -w %d warm-up iterations untimed",
+       "-n %d iterations; -w %d warm-up iterations untimed; "
+       "time_med_us, time_min_us, time_max_us = median, min, max over the "
+       "iterations of each iteration's MAX over ranks",
        g_env ? "the bootstrap's barrier" : "MPI_Barrier(MPI_COMM_WORLD)",
        o->iters, o->warmup);
   LINE("size", "%s", h->coll->size_help);
@@ -825,8 +972,11 @@ static void header_texts(const header_t *h, char lines[][800],
   LINE("bytes",
        "intra_bytes, inter_bytes = bytes SENT per rank in the first "
        "timed iteration, MEAN over ranks; inter_bytes_max = MAX over "
-       "ranks (zpp_comm_get_stats%s)",
-       h->bytes_derived ? "; some counts DERIVED from NCCL's algorithm" : "");
+       "ranks; inter_bytes_node_max (CSV, JSON) = the bytes a node's ranks "
+       "send to other nodes together, MAX over nodes (zpp_comm_get_stats%s%s)",
+       h->bytes_derived ? "; some counts DERIVED from NCCL's algorithm" : "",
+       h->has_mpi ? "; empty for mpi: Open MPI's own collective, whose "
+                    "routing zpp cannot see" : "");
   LINE("ratio",
        "ratio = time_us / time_us of the baseline %s at the same "
        "size in this run",
@@ -857,10 +1007,10 @@ static void print_header(header_t *h, FILE *f) {
     else
       fprintf(f,
               "#\n# %-10s %12s %11s %5s %11s %9s %9s %12s %12s %8s %10s "
-              "%7s %12s\n",
+              "%7s %12s %11s %11s %11s\n",
               "variant", "size", "count", "type", "time(us)", "algbw", "busbw",
               "intra_bytes", "inter_bytes", "ratio", "max_err", "#wrong",
-              "inter_max");
+              "inter_max", "med(us)", "min(us)", "max(us)");
     fflush(f);
     return;
   }
@@ -903,9 +1053,14 @@ static void print_header(header_t *h, FILE *f) {
 static void print_row(header_t *h, const row_t *r, FILE *f) {
   const zpp_bench_opts_t *o = h->o;
   const char *dt = zpp_dtype_name(o->dtype);
-  char intra[32], inter[32], ratio[32], err[32], wrong[32];
-  fmt_bytes(intra, sizeof intra, r->intra_bytes);
-  fmt_bytes(inter, sizeof inter, r->inter_bytes);
+  char intra[32] = "", inter[32] = "", imax[32] = "", nmax[32] = "",
+       ratio[32], err[32], wrong[32];
+  if (r->counted) {
+    fmt_bytes(intra, sizeof intra, r->intra_bytes);
+    fmt_bytes(inter, sizeof inter, r->inter_bytes);
+    snprintf(imax, sizeof imax, "%llu", (unsigned long long)r->inter_bytes_max);
+    snprintf(nmax, sizeof nmax, "%llu", (unsigned long long)r->inter_node_max);
+  }
   if (r->ratio >= 0)
     snprintf(ratio, sizeof ratio, "%.4f", r->ratio);
   else
@@ -917,28 +1072,35 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
     err[0] = wrong[0] = '\0';
   }
   if (o->format == ZPP_BENCH_CSV) {
-    fprintf(f, "%s,%s,%zu,%zu,%s,%.2f,%.4f,%.4f,%s,%s,%s,%s,%s,%llu\n",
+    fprintf(f, "%s,%s,%zu,%zu,%s,%.2f,%.4f,%.4f,%s,%s,%s,%s,%s,%s,%.2f,%.2f,"
+            "%.2f,%s\n",
             h->coll->name, r->variant, r->size, r->count, dt, r->time_us,
-            r->algbw, r->busbw, intra, inter, ratio, err, wrong,
-            (unsigned long long)r->inter_bytes_max);
+            r->algbw, r->busbw, intra, inter, ratio, err, wrong, imax,
+            r->med_us, r->min_us, r->max_us, nmax);
   } else if (o->format == ZPP_BENCH_TABLE) {
     fprintf(f,
             "  %-10s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
-            "%10s %7s %12llu\n",
+            "%10s %7s %12s %11.1f %11.1f %11.1f\n",
             r->variant, r->size, r->count, dt, r->time_us, r->algbw, r->busbw,
-            intra, inter, ratio[0] ? ratio : "-", err[0] ? err : "-",
-            wrong[0] ? wrong : "-", (unsigned long long)r->inter_bytes_max);
+            intra[0] ? intra : "-", inter[0] ? inter : "-",
+            ratio[0] ? ratio : "-", err[0] ? err : "-",
+            wrong[0] ? wrong : "-", imax[0] ? imax : "-", r->med_us,
+            r->min_us, r->max_us);
   } else {
     fprintf(f,
             "%s\n  {\"coll\": \"%s\", \"variant\": \"%s\", \"size\": %zu, "
             "\"count\": %zu, \"dtype\": \"%s\", \"time_us\": %.2f, "
             "\"algbw\": %.4f, \"busbw\": %.4f, \"intra_bytes\": %s, "
             "\"inter_bytes\": %s, \"ratio\": %s, \"max_err\": %s, "
-            "\"wrong\": %s, \"inter_bytes_max\": %llu}",
+            "\"wrong\": %s, \"inter_bytes_max\": %s, \"time_med_us\": %.2f, "
+            "\"time_min_us\": %.2f, \"time_max_us\": %.2f, "
+            "\"inter_bytes_node_max\": %s}",
             h->nrows ? "," : "", h->coll->name, r->variant, r->size, r->count,
-            dt, r->time_us, r->algbw, r->busbw, intra, inter,
-            ratio[0] ? ratio : "null", err[0] ? err : "null",
-            wrong[0] ? wrong : "null", (unsigned long long)r->inter_bytes_max);
+            dt, r->time_us, r->algbw, r->busbw, intra[0] ? intra : "null",
+            inter[0] ? inter : "null", ratio[0] ? ratio : "null",
+            err[0] ? err : "null", wrong[0] ? wrong : "null",
+            imax[0] ? imax : "null", r->med_us, r->min_us, r->max_us,
+            nmax[0] ? nmax : "null");
     h->nrows++;
   }
   fflush(f);
@@ -984,6 +1146,39 @@ static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
           zpp_status_string(st), zpp_comm_get_last_error(ctx->comm));
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The sum over each node's ranks of v (one value per rank), max over
+ * nodes: one reduction per node, no allocation. */
+static uint64_t node_max(const zpp_bench_ctx_t *ctx, uint64_t v) {
+  uint64_t m = 0, sum;
+  int k;
+  for (k = 0; k < ctx->nnodes; k++) {
+    sum = h_u64(ctx->node_of[ctx->rank] == k ? v : 0, H_SUM);
+    m = sum > m ? sum : m;
+  }
+  return m;
+}
+
+/* Each iteration's time becomes its MAX over ranks (in place); then their
+ * median, min and max, in us. */
+static void iter_stats(double *t, int n, row_t *row) {
+  int i;
+  if (!g_env) {
+    MPI_Allreduce(MPI_IN_PLACE, t, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  } else {
+    for (i = 0; i < n; i++)
+      t[i] = h_double(t[i], H_MAX);
+  }
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  row->med_us = 1e6 * (n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]));
+  row->min_us = 1e6 * t[0];
+  row->max_us = 1e6 * t[n - 1];
+}
+
 /* Runs one row; returns the agreed status (ZPP_OK or the worst error). */
 static zpp_status_t run_case(const zpp_bench_coll_t *coll,
                              const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c,
@@ -992,10 +1187,11 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
   zpp_bench_check_t chk = {0, 0, 0};
   double total = 0, mean, tmax;
+  double *times = calloc((size_t)o->iters, sizeof *times);
   uint64_t sent[2], sum[2] = {0, 0}, inter_max = 0;
   zpp_status_t st, all;
   int it;
-  st = coll->setup(ctx, c);
+  st = times != NULL ? coll->setup(ctx, c) : ZPP_ERR_OUT_OF_MEMORY;
   if (st != ZPP_OK)
     report_failure(ctx, "setup", c, st);
   all = agree(st);
@@ -1018,6 +1214,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
     st = coll->run(ctx, c);
     t1 = now_s();
     total += t1 - t0;
+    times[it] = t1 - t0;
     if (it == 0)
       zpp_comm_get_stats(ctx->comm, &s1);
     if (st != ZPP_OK)
@@ -1033,8 +1230,12 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
     all = agree(st);
   }
   coll->teardown(ctx, c);
-  if (all != ZPP_OK)
+  if (all != ZPP_OK) {
+    free(times);
     return all;
+  }
+  iter_stats(times, o->iters, row);
+  free(times);
   mean = total / o->iters;
   tmax = h_double(mean, H_MAX);
   sent[0] = s1.intra_bytes_sent - s0.intra_bytes_sent;
@@ -1042,6 +1243,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   sum[0] = h_u64(sent[0], H_SUM);
   sum[1] = h_u64(sent[1], H_SUM);
   inter_max = h_u64(sent[1], H_MAX);
+  row->inter_node_max = node_max(ctx, sent[1]);
   row->variant = c->v->name;
   row->size = c->bytes;
   row->count = c->count;
@@ -1053,6 +1255,7 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   row->inter_bytes = (double)sum[1] / ctx->world;
   row->inter_bytes_max = inter_max;
   row->ratio = -1;
+  row->counted = !c->v->foreign;
   row->checked = o->check;
   row->max_err = 0;
   row->wrong = 0;
@@ -1114,6 +1317,8 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   h.bootstrap = zpp_comm_bootstrap_name(comm);
   h.v = v;
   h.nv = nv;
+  for (i = 0; i < nv; i++)
+    h.has_mpi |= v[i].foreign;
   h.backend = zpp_backend_name(backend);
   h.link_emulated = stats.link_emulated;
   h.bytes_derived = stats.bytes_derived;
@@ -1275,6 +1480,8 @@ int main(int argc, char **argv) {
   }
   g_comm = comm;
   rc = bench(coll, &o, comm);
+  if (!g_env)
+    mpi_teardown();
   zpp_comm_destroy(comm);
   FINALIZE();
   return rc;

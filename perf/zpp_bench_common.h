@@ -68,6 +68,8 @@ typedef struct {
   int kind;     /* collective-specific */
   int bits;     /* quantized variants: code width (intra-node for qgZ) */
   int bits2;    /* qgZ: inter-node code width */
+  int foreign;  /* 1: not zpp's (Open MPI's own collective): zpp counts
+                 * none of its bytes */
 } zpp_bench_variant_t;
 
 /* One (size, variant) run: the harness owns in/out, the collective owns
@@ -173,6 +175,27 @@ void zpp_bench_check_add(zpp_bench_check_t *chk, double got, double ref,
 void zpp_bench_check_gathered(const zpp_bench_ctx_t *ctx,
                               const zpp_bench_case_t *c, int bits,
                               const void *equal, zpp_bench_check_t *chk);
+
+/* ---- Open MPI's own collectives, the "mpi" variants (perf/zpp_bench.c) ---
+ * On MPI_COMM_WORLD's duplicate (errors return), so world rank r is zpp's
+ * rank r and the outputs are laid out as zpp's.  Available under the MPI
+ * bootstrap and host memory only: zpp_bench_mpi_check says why not (NULL:
+ * available).  Setup (collective: every rank calls it at the same point)
+ * duplicates the communicator on first use. */
+const char *zpp_bench_mpi_check(const zpp_bench_ctx_t *ctx);
+zpp_status_t zpp_bench_mpi_setup(const zpp_bench_ctx_t *ctx);
+/* MPI_Allgather of `bytes` per rank (MPI_BYTE). */
+zpp_status_t zpp_bench_mpi_allgather(const zpp_bench_ctx_t *ctx,
+                                     const void *in, void *out, size_t bytes);
+/* MPI_Reduce_scatter_block of `count` elements per rank: fp32 with
+ * MPI_FLOAT and MPI_SUM; fp16 and bf16 (no MPI type) as MPI_UINT16_T with
+ * a user-defined commutative sum that adds two elements and rounds the sum
+ * to the dtype (nearest even), as a reduction on 16-bit data does in each
+ * step.  MEAN: the SUM divided by the world size in fp32 and rounded. */
+zpp_status_t zpp_bench_mpi_reduce_scatter(const zpp_bench_ctx_t *ctx,
+                                          const void *in, void *out,
+                                          size_t count, zpp_dtype_t dtype,
+                                          zpp_redop_t op);
 
 /* Buffers in the communicator's memory space (device: cudaMalloc). */
 zpp_status_t zpp_bench_buf_alloc(const zpp_bench_ctx_t *ctx, size_t bytes,

@@ -13,6 +13,7 @@ mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
         --bind-to none -np "$np" -x ZPP_TOPO="$topo" -x OMPI_MCA_mpi_yield_when_idle)
 
 echo "== zpp demo: $np ranks on this machine, EMULATED as $topo (ZPP_TOPO), inter-node link EMULATED at $gbit Gbit/s per rank =="
+echo "   (real-link figures: docs/benchmarks.md section 9, \"Real links\"; see the end of this demo)"
 
 if [ -x "$build/tools/zpp-topo" ]; then
   echo
@@ -77,3 +78,13 @@ echo "ratio < 1 in the zpp-bench tables is the compressed collective's time rela
 echo "bf16 baseline measured in the same run, on an EMULATED network of $gbit Gbit/s per rank."
 echo "inter_bytes shows what crosses the (emulated) network: qwZ INT8 about half of bf16,"
 echo "qgZ INT4 about 1/15, the hpZ backward gather none. Docs: docs/collectives.md, docs/benchmarks.md."
+echo
+echo "Real links: this demo EMULATES the network inside zpp (it needs no root). The same"
+echo "benchmarks on real, kernel-shaped links (network namespaces as nodes, tc tbf on each"
+echo "node's link, Open MPI's TCP between nodes, the topology discovered) and next to"
+echo "Open MPI's own MPI_Allgather / MPI_Reduce_scatter_block are in docs/benchmarks.md,"
+echo "section 9 \"Real links\" (docs/generated/cluster_study.md); as root, reproduce them with"
+echo "  perf/bandwidth_study.sh --cluster OUT_DIR $build     (about 15 minutes)"
+echo "or make such a cluster yourself: scripts/netns_cluster.sh up -n 2 -p 4 -r 400mbit;"
+echo "scripts/netns_cluster.sh run -np 8 $build/perf/zpp-bench --coll allgather --variant bf16,qwz8,mpi;"
+echo "scripts/netns_cluster.sh down."

@@ -6,8 +6,10 @@
 # otherwise (ZPP_WITH_CUDA=AUTO).
 set -euo pipefail
 
+# iproute2 (ip, tc) and util-linux (unshare, flock): the namespace cluster
+# of scripts/netns_cluster.sh (make test-cluster).
 pkgs=(cmake make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
-      libgtest-dev googletest python3)
+      libgtest-dev googletest python3 iproute2 util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

@@ -7,6 +7,7 @@
 #ifndef ZPP_SRC_BOOTSTRAP_H
 #define ZPP_SRC_BOOTSTRAP_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <zpp/zpp_comm.h>
 
@@ -34,9 +35,13 @@ typedef struct {
   /* The MPI backend; NULL when the bootstrap is not MPI. */
   zpp_status_t (*mpi_transport)(struct zpp_transport *t, void *state,
                                 int cuda_device);
-  /* A subset communicator of `parent` (collective over parent); NULL: zpp
-   * builds a TCP star for each subset. */
-  zpp_status_t (*split)(zpp_comm_t parent, int color, int key,
+  /* A subset communicator of `parent` (collective over parent, every rank
+   * calls it): members[0..n) are the parent ranks of my colour in new-rank
+   * order, I am members[me]; color ZPP_SPLIT_NONE (n 0): not a member, or
+   * a rank failed (st != ZPP_OK: every rank still calls, so nobody waits);
+   * NULL: zpp builds a TCP star for each subset. */
+  zpp_status_t (*split)(zpp_comm_t parent, zpp_status_t st, int color,
+                        const int *members, int n, int me,
                         const zpp_comm_config_t *cfg, zpp_comm_t *out);
   /* Frees `state` (called by zpp_comm_destroy after the transport is
    * freed, and only for communicators that were created). */
@@ -76,6 +81,9 @@ zpp_status_t zpp_tcp_boot_create(const zpp_unique_id_t *id, int nranks,
                                  const char *rank_error, zpp_bootstrap_t *out,
                                  const char *func);
 void zpp_tcp_boot_free(void *ctx);
+/* From now on the bootstrap's waits end early once *flag is set (the
+ * communicator's broken flag: zpp_comm_abort). */
+void zpp_tcp_boot_watch(void *ctx, const atomic_int *flag);
 /* The IPv4 (network order) other ranks reach this rank's bootstrap by. */
 uint32_t zpp_tcp_boot_ip(void *ctx);
 

@@ -118,6 +118,7 @@ typedef struct {
   int broken;
   char broken_why[ERRLEN];
   char peer_name[96]; /* "root 127.0.0.1:5000" */
+  const atomic_int *abort; /* zpp_tcp_boot_watch */
 } tcp_t;
 
 static uint64_t fnv(const void *p, size_t n) {
@@ -143,13 +144,22 @@ static int ms_left(int64_t deadline) {
   return left > 1000 ? 1000 : (int)left + 1;
 }
 
-/* Waits until fd is readable/writable; 0 ok, 1 timeout, -1 error. */
+/* The communicator's broken flag while this thread runs one of its
+ * exchanges (zpp_tcp_boot_watch): zpp_comm_abort ends the waits. */
+static _Thread_local const atomic_int *tl_abort;
+
+/* Waits until fd is readable/writable; 0 ok, 1 timeout, -1 error, -6
+ * aborted. */
 static int wait_fd(int fd, short ev, int64_t deadline) {
   for (;;) {
     struct pollfd p = {fd, ev, 0};
     int ms = ms_left(deadline), rc;
+    if (tl_abort != NULL && atomic_load(tl_abort))
+      return -6;
     if (ms == 0 && zpp_time_ns() >= deadline)
       return 1;
+    if (tl_abort != NULL && ms > 100)
+      ms = 100;
     rc = poll(&p, 1, ms);
     if (rc > 0)
       return (p.revents & (POLLERR | POLLNVAL)) && !(p.revents & ev) ? -1 : 0;
@@ -220,11 +230,14 @@ static int send_msg(int fd, uint32_t type, uint64_t seq, const void *a,
 }
 
 static const char *io_what(int rc) {
-  return rc == 1 ? "timed out" : rc == -2 ? "connection closed" : strerror(errno);
+  return rc == 1    ? "timed out"
+         : rc == -2 ? "connection closed"
+         : rc == -6 ? "aborted (zpp_comm_abort)"
+                    : strerror(errno);
 }
 
 static zpp_status_t io_status(int rc) {
-  return rc == 1 ? ZPP_ERR_TIMEOUT : ZPP_ERR_SYSTEM;
+  return rc == 1 ? ZPP_ERR_TIMEOUT : rc == -6 ? ZPP_ERR_ABORTED : ZPP_ERR_SYSTEM;
 }
 
 static void set_sockopts(int fd) {
@@ -723,9 +736,23 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
 /* Every rank contributes `len` bytes (lengths may differ per rank); on
  * return *all (malloc'ed) holds the contributions concatenated by rank and
  * lens[r] each length.  Root: gathers, then sends everything to everyone. */
+static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
+                                uint64_t *lens, char **all, double timeout_s,
+                                const char *func);
+
 static zpp_status_t round_trip(tcp_t *b, const void *mine, uint64_t len,
                                uint64_t *lens, char **all, double timeout_s,
                                const char *func) {
+  zpp_status_t st;
+  tl_abort = b->abort;
+  st = round_trip_(b, mine, len, lens, all, timeout_s, func);
+  tl_abort = NULL;
+  return st;
+}
+
+static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
+                                uint64_t *lens, char **all, double timeout_s,
+                                const char *func) {
   int64_t deadline = deadline_of(timeout_s);
   int n = b->size, r, rc;
   uint64_t total = 0;
@@ -832,9 +859,9 @@ static zpp_status_t round_trip(tcp_t *b, const void *mine, uint64_t len,
                  rc == -2   ? "closed its bootstrap connection (exited?)"
                  : rc == -3 ? "sent a malformed message"
                  : rc == -5 ? "out of memory"
+                 : rc == -6 ? "the root was aborted (zpp_comm_abort)"
                             : strerror(errno));
-      st = zpp_error(rc == 1 ? ZPP_ERR_TIMEOUT : ZPP_ERR_SYSTEM, func,
-                     "bootstrap: %s", err);
+      st = zpp_error(io_status(rc), func, "bootstrap: %s", err);
       root_fail_all(b, err);
     }
   }
@@ -953,6 +980,11 @@ static zpp_status_t tcp_barrier(void *ctx, double timeout_s) {
 }
 
 void zpp_tcp_boot_free(void *ctx) { tcp_close(ctx); }
+
+void zpp_tcp_boot_watch(void *ctx, const atomic_int *flag) {
+  if (ctx != NULL)
+    ((tcp_t *)ctx)->abort = flag;
+}
 
 uint32_t zpp_tcp_boot_ip(void *ctx) { return ((tcp_t *)ctx)->local_ip; }
 

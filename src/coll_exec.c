@@ -19,6 +19,9 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
   ex->comm = comm;
   ex->t = zpp_comm_transport(comm);
+  /* A communicator that failed (or was aborted) fails every later call at
+   * once with its first error, before ZPP_CHECK's exchange. */
+  ZPP_CHECK(zpp_transport_broken_error(ex->t, func));
   ZPP_CHECK(zpp_comm_memory(comm, &ex->mem));
   ex->stream = stream;
   return ZPP_OK;

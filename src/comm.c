@@ -76,13 +76,60 @@ void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t)) {
     comm->before_destroy = fn;
 }
 
+void zpp_comm_set_on_abort(zpp_comm_t comm, void (*fn)(zpp_comm_t)) {
+  if (comm != NULL)
+    comm->on_abort = fn;
+}
+
 zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all) {
+  zpp_status_t st;
   if (comm == NULL || comm->boot.allgather == NULL)
     return zpp_error(ZPP_ERR_INTERNAL, __func__,
                      "communicator has no bootstrap channel");
-  return comm->boot.allgather(comm->boot.ctx, mine, bytes, all,
-                              comm->tr != NULL ? comm->tr->timeout_s : 0);
+  ZPP_CHECK(zpp_transport_broken_error(comm->tr, "ZPP_CHECK exchange"));
+  st = comm->boot.allgather(comm->boot.ctx, mine, bytes, all,
+                            comm->tr != NULL ? comm->tr->timeout_s : 0);
+  if (st == ZPP_OK)
+    return ZPP_OK;
+  /* Aborted meanwhile: the communicator's first error stands. */
+  if (comm->tr != NULL && atomic_load(&comm->tr->broken))
+    return zpp_transport_broken_error(comm->tr, "ZPP_CHECK exchange");
+  /* The bootstrap's message names the missing ranks; the exchange is out
+   * of step on every rank now, so nothing can follow. */
+  if (comm->tr != NULL) {
+    zpp_transport_break_st(comm->tr, st, "ZPP_CHECK exchange failed: %.200s",
+                           zpp_get_last_error());
+    zpp_transport_fail(comm->tr, st);
+  }
+  return st;
+}
+
+zpp_status_t zpp_comm_abort(zpp_comm_t comm) {
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  zpp_transport_break_st(comm->tr, ZPP_ERR_ABORTED,
+                         "zpp_comm_abort was called on rank %d",
+                         comm->tr->rank);
+  /* Device work in flight (NCCL kernels waiting for peers) stops now,
+   * so the caller's streams drain. */
+  if (comm->tr->ops->abort_device_work != NULL)
+    comm->tr->ops->abort_device_work(comm->tr);
+  /* Plans still queued never start: their requests complete now. */
+  if (comm->on_abort != NULL)
+    comm->on_abort(comm);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_get_async_error(zpp_comm_t comm, zpp_status_t *status) {
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  if (status == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "status is NULL");
+  /* The communicator's first error (its message becomes this thread's
+   * last error), else the backend's asynchronous one (NCCL). */
+  *status = zpp_transport_check_async(comm->tr, __func__);
+  return ZPP_OK;
 }
 
 int zpp_comm_device(zpp_comm_t comm) {

@@ -39,6 +39,11 @@ typedef struct {
   int32_t spec_len;
   uint64_t spec_hash;
   uint64_t host_id; /* hash of host name, boot id, network namespace */
+  uint64_t pid_space; /* hash of boot id and pid namespace: equal ones see
+                         each other's processes (error messages name a
+                         peer that is gone or stopped) */
+  int32_t pid;
+  int32_t pad;
   char host[ZPP_TOPO_HOST_LEN];
   char msg[MSGLEN];
 } boot_rec_t;
@@ -64,20 +69,35 @@ static uint64_t hash_str(const char *s) {
 /* Host identity without a launcher: the host name, the kernel's boot id
  * (two containers of one host share it) and the network namespace (ranks
  * in different namespaces cannot share memory transports the same way). */
-static uint64_t host_identity(const char *host) {
-  uint64_t h = hash_str(host);
-  char boot[64] = "";
-  struct stat sb;
+static void boot_id(char *boot, size_t len) {
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  boot[0] = '\0';
   if (f != NULL) {
-    if (fgets(boot, sizeof boot, f) == NULL)
+    if (fgets(boot, (int)len, f) == NULL)
       boot[0] = '\0';
     fclose(f);
   }
+}
+
+static uint64_t host_identity(const char *host) {
+  uint64_t h = hash_str(host);
+  char boot[64];
+  struct stat sb;
+  boot_id(boot, sizeof boot);
   h = fnv_mix(h, boot, strlen(boot));
   if (stat("/proc/self/ns/net", &sb) == 0)
     h = fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
   return h;
+}
+
+/* Processes with equal values see each other's pids; 0: unknown. */
+static uint64_t pid_space(void) {
+  char boot[64];
+  struct stat sb;
+  boot_id(boot, sizeof boot);
+  if (boot[0] == '\0' || stat("/proc/self/ns/pid", &sb) != 0)
+    return 0;
+  return fnv_mix(hash_str(boot), &sb.st_ino, sizeof sb.st_ino);
 }
 
 static void fill_msg(char *msg, zpp_status_t st) {
@@ -437,6 +457,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     mine.real_local_rank = cr->real_local_rank;
   }
   mine.host_id = host_identity(mine.host);
+  mine.pid_space = pid_space();
+  mine.pid = (int32_t)getpid();
   mine.spec_hash = hash_str(spec);
   mine.spec_len = (int32_t)strlen(spec);
   mine.want = (int32_t)want;
@@ -547,6 +569,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
     topo = NULL; /* owned by the transport now */
   }
+  if (st == ZPP_OK && mine.pid_space != 0 &&
+      (c->tr->pid = calloc((size_t)size, sizeof *c->tr->pid)) != NULL)
+    for (r = 0; r < size; r++)
+      if (rec[r].pid_space == mine.pid_space)
+        c->tr->pid[r] = rec[r].pid;
   c->boot = *bs;
   c->boot.name = c->boot_name;
   c->thread_caps = cr->thread_caps;
@@ -670,6 +697,8 @@ static zpp_status_t create_tcp(const zpp_unique_id_t *id, int nranks, int rank,
   st = zpp_comm_create_with(&bs, cfg, &cr, func, out);
   if (st != ZPP_OK)
     zpp_tcp_boot_free(bs.ctx);
+  else /* zpp_comm_abort ends the bootstrap's waits too */
+    zpp_tcp_boot_watch(bs.ctx, &(*out)->tr->broken);
   return st;
 }
 
@@ -751,7 +780,8 @@ zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
 typedef struct {
   int32_t status;
   int32_t color, key;
-  int32_t pad;
+  int32_t list_n;     /* zpp_comm_create_from_ranks: the list's length */
+  uint64_t list_hash; /* ... and a hash of it (0 for zpp_comm_split) */
   char msg[MSGLEN];
 } split_rec_t;
 
@@ -785,45 +815,59 @@ static zpp_status_t child_spec(const zpp_topo_t *t, const int *members, int n,
   return ZPP_OK;
 }
 
-zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
-                            zpp_comm_t *newcomm) {
+/* zpp_comm_split and zpp_comm_create_from_ranks: st is this rank's status
+ * so far (it still takes part in the exchange, so every rank fails alike,
+ * naming it); list_n/list_hash: every rank must pass the same list. */
+static zpp_status_t split_impl(zpp_comm_t comm, zpp_status_t st, int color,
+                               int key, int list_n, uint64_t list_hash,
+                               const char *func, zpp_comm_t *newcomm) {
   split_rec_t mine, *all = NULL;
   zpp_comm_config_t cfg;
   const zpp_topo_t *topo;
   int n, rank, r, cnt = 0, me = -1, *members = NULL, i;
   char spec[128];
   double timeout;
-  zpp_status_t st = ZPP_OK;
   if (comm == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
+  ZPP_CHECK(zpp_transport_broken_error(comm->tr, func));
   timeout = comm->tr->timeout_s;
   n = comm->tr->size;
   rank = comm->tr->rank;
   topo = comm->tr->topo;
-  if (newcomm == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__, "newcomm is NULL");
-  else if (color < ZPP_SPLIT_NONE)
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+  if (st == ZPP_OK && newcomm == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "newcomm is NULL");
+  else if (st == ZPP_OK && color < ZPP_SPLIT_NONE)
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                    "color %d: must be >= 0, or ZPP_SPLIT_NONE", color);
   memset(&mine, 0, sizeof mine);
   mine.status = st;
   mine.color = color;
   mine.key = key;
+  mine.list_n = list_n;
+  mine.list_hash = list_hash;
   fill_msg(mine.msg, st);
   all = malloc((size_t)n * sizeof *all);
   members = malloc((size_t)n * sizeof *members);
   if (all == NULL || members == NULL) {
     free(all);
     free(members);
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                          "%d records", n));
   }
   st = comm->boot.allgather(comm->boot.ctx, &mine, sizeof mine, all, timeout);
   if (st == ZPP_OK)
     st = first_failure(all, sizeof *all, offsetof(split_rec_t, status),
-                       offsetof(split_rec_t, msg), n, mine.status, __func__);
-  if (st != ZPP_OK)
-    goto done;
+                       offsetof(split_rec_t, msg), n, mine.status, func);
+  for (r = 0; st == ZPP_OK && r < n; r++)
+    if (all[r].list_n != list_n || all[r].list_hash != list_hash)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ranks: rank %d passed another list (n %d) than this "
+                     "rank %d (n %d); every rank must pass the same list",
+                     r, all[r].list_n, rank, list_n);
+  if (st != ZPP_OK) {
+    color = ZPP_SPLIT_NONE;
+    goto subset;
+  }
   /* Members of my colour ordered by (key, rank). */
   if (color != ZPP_SPLIT_NONE) {
     for (r = 0; r < n; r++)
@@ -843,20 +887,24 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
       if (members[i] == rank)
         me = i;
   }
+subset:
   cfg = comm->cfg;
   cfg.backend = comm->tr->backend;
   cfg.topology = NULL;
   cfg.timeout_s = timeout;
   spec[0] = '\0';
-  if (color != ZPP_SPLIT_NONE && topo->emulated) {
-    st = child_spec(topo, members, cnt, spec, sizeof spec, __func__);
+  if (st == ZPP_OK && color != ZPP_SPLIT_NONE && topo->emulated) {
+    st = child_spec(topo, members, cnt, spec, sizeof spec, func);
     cfg.topology = spec;
   }
   if (comm->split != NULL) {
-    /* The creator's way (MPI_Comm_split): collective over comm. */
+    /* The creator's way (MPI): collective over comm, also after a failure
+     * (a bootstrap exchange that failed leaves it unusable, so the hook
+     * then fails at once everywhere). */
     zpp_comm_t c = NULL;
-    zpp_status_t xs = comm->split(comm, st == ZPP_OK ? color : ZPP_SPLIT_NONE,
-                                  key, &cfg, &c);
+    zpp_status_t xs =
+        comm->split(comm, st, st == ZPP_OK ? color : ZPP_SPLIT_NONE,
+                    members, st == ZPP_OK ? cnt : 0, me, &cfg, &c);
     st = st != ZPP_OK ? st : xs;
     if (st == ZPP_OK)
       *newcomm = c;
@@ -875,23 +923,23 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
         same_host &= strncmp(topo->host[members[i]], topo->host[rank],
                              ZPP_TOPO_HOST_LEN) == 0;
       if (a[0] != '\0')
-        st = zpp_tcp_listen_addr(__func__, &ip);
+        st = zpp_tcp_listen_addr(func, &ip);
       else if (comm->tcp != NULL)
         ip = zpp_tcp_boot_ip(comm->tcp);
       else if (same_host)
         ip = htonl(INADDR_LOOPBACK);
       else
-        st = zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+        st = zpp_error(ZPP_ERR_UNSUPPORTED, func,
                        "the members of colour %d are on several hosts and "
                        "the %s bootstrap gives no address to listen on: set "
                        "ZPP_BOOTSTRAP_ADDR",
                        color, comm->boot_name);
       if (st == ZPP_OK)
-        st = zpp_tcp_listen(ip, 0, zpp_tcp_random_session(), &id, __func__);
+        st = zpp_tcp_listen(ip, 0, zpp_tcp_random_session(), &id, func);
     }
     ids = malloc((size_t)n * sizeof *ids);
     if (ids == NULL) {
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "ids");
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ids");
       zpp_tcp_unlisten(&id);
       goto done;
     }
@@ -912,13 +960,13 @@ zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
       int32_t s;
       memcpy(&s, ids[r].internal + sizeof id.internal - 4, 4);
       if (s != 0)
-        st = zpp_error((zpp_status_t)s, __func__,
+        st = zpp_error((zpp_status_t)s, func,
                        "rank %d failed to start the bootstrap of its new "
                        "communicator",
                        r);
     }
     if (st == ZPP_OK && color != ZPP_SPLIT_NONE)
-      st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, __func__,
+      st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, func,
                       newcomm);
     else if (me == 0)
       zpp_tcp_unlisten(&id); /* a rank failed: nobody will join it */
@@ -932,10 +980,16 @@ done:
   return zpp_comm_fail(comm, st);
 }
 
+zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
+                            zpp_comm_t *newcomm) {
+  return split_impl(comm, ZPP_OK, color, key, 0, 0, __func__, newcomm);
+}
+
 zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
                                         const int *ranks,
                                         zpp_comm_t *newcomm) {
   int i, j, pos = -1, size;
+  uint64_t h = 1469598103934665603ull;
   zpp_status_t st = ZPP_OK;
   if (comm == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
@@ -956,10 +1010,14 @@ zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
                        i, ranks[i]);
     if (st == ZPP_OK && ranks[i] == comm->tr->rank)
       pos = i;
+    if (st == ZPP_OK)
+      h = fnv_mix(h, &ranks[i], sizeof ranks[i]);
   }
-  if (st != ZPP_OK) {
-    /* Every rank got the same list, so every rank fails here alike. */
-    return zpp_comm_fail(comm, st);
-  }
-  return zpp_comm_split(comm, pos >= 0 ? 0 : ZPP_SPLIT_NONE, pos, newcomm);
+  /* A bad list still takes part in the exchange (its status rides in the
+   * record), and lists are compared there: ranks that passed different
+   * lists fail with ZPP_ERR_MISMATCH naming one, instead of building
+   * communicators that wait for each other. */
+  return split_impl(comm, st, st == ZPP_OK && pos >= 0 ? 0 : ZPP_SPLIT_NONE,
+                    pos, st == ZPP_OK ? n : 0, st == ZPP_OK ? h : 0, __func__,
+                    newcomm);
 }

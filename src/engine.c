@@ -37,6 +37,7 @@
 #endif
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,7 @@ struct zpp_plan {
   int n, cap;
   int oom;
   struct zpp_request *req; /* where the result goes; NULL: inline caller */
+  _Atomic int64_t *progress; /* the engine's last_progress_ns, or NULL */
   struct zpp_plan *next;   /* engine queue */
 };
 
@@ -95,7 +97,10 @@ typedef struct {
   int busy;                 /* a plan is running (thread or inline) */
   int thread_started, stop;
   pthread_t thread;
-  int64_t last_progress_ns; /* a plan finished (for bounded waits) */
+  /* A plan started or finished a step, or moved bytes (for bounded waits:
+   * a long plan that keeps moving is not a hung one).  Written by the
+   * running plan without the mutex. */
+  _Atomic int64_t last_progress_ns;
   /* Host scratch: plans need large buffers on every call (a qwZ gather of
    * 16 MiB per rank over 8 ranks needs ~70 MB); fresh malloc'ed memory of
    * that size is mmap'ed and returned on free, so every call would pay
@@ -108,6 +113,8 @@ typedef struct {
 } engine_t;
 
 static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void engine_abort(zpp_comm_t comm);
 
 static engine_t *engine_of(zpp_comm_t comm) {
   engine_t *e;
@@ -123,6 +130,7 @@ static engine_t *engine_of(zpp_comm_t comm) {
       e->last_progress_ns = zpp_time_ns();
       comm->engine = e;
       zpp_comm_set_before_destroy(comm, zpp_engine_release);
+      zpp_comm_set_on_abort(comm, engine_abort);
     }
   }
   pthread_mutex_unlock(&engines_mu);
@@ -398,6 +406,9 @@ static zpp_status_t execute(zpp_plan_t *p) {
   p->ndone = 0;
   while (p->ndone < n) {
     int progressed = 0;
+    /* zpp_comm_abort from another thread, or a failure elsewhere: stop
+     * between steps (transfers in flight see it at their next test) */
+    ZPP_CHECK(zpp_transport_broken_error(p->ex.t, p->func));
     /* transfers start in index order, the same on every rank */
     while (next_x < n) {
       step_t *s = &p->steps[next_x];
@@ -443,8 +454,11 @@ static zpp_status_t execute(zpp_plan_t *p) {
       progressed = 1;
     }
     if (progressed) {
-      quiet_until = zpp_time_ns() + spin_ns;
+      int64_t now = zpp_time_ns();
+      quiet_until = now + spin_ns;
       pause_ns = 1000;
+      if (p->progress != NULL)
+        atomic_store_explicit(p->progress, now, memory_order_relaxed);
     } else {
       idle_wait(p, quiet_until, &pause_ns);
     }
@@ -510,8 +524,8 @@ static zpp_status_t run_plan(zpp_plan_t *p, void **event) {
      * transfers it skipped, and its next operations would take their
      * tags.  Nothing sane can follow on this communicator. */
     zpp_transport_fail(p->ex.t, st);
-    zpp_transport_break(p->ex.t, "%s failed on this rank: %s", p->func,
-                        zpp_status_string(st));
+    zpp_transport_break_st(p->ex.t, st, "%s failed on this rank: %s",
+                           p->func, zpp_status_string(st));
   }
   plan_free(p);
   return st;
@@ -534,8 +548,13 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
       return ZPP_OK;
     ZPP_CHECK(zpp_transport_check_async(t, func));
     if (zpp_time_ns() > limit) {
-      zpp_transport_break(t, "%s: device work did not finish within %.3g s",
-                          func, to);
+      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT,
+                             "%s: device work did not finish within %.3g s",
+                             func, to);
+      /* The stream holds work waiting for peers: stop it, or the
+       * caller's stream (and its next synchronisation) never drains. */
+      if (t->ops->abort_device_work != NULL)
+        t->ops->abort_device_work(t);
       return zpp_transport_fail(
           t, zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the collective's work on the stream did not finish "
@@ -626,6 +645,7 @@ static void *engine_main(void *arg) {
     e->busy = 1;
     pthread_mutex_unlock(&e->mu);
     r = p->req;
+    p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
     complete(r, st, event);
     pthread_mutex_lock(&e->mu);
@@ -662,8 +682,9 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
 }
 
 /* Waits until r's host part ran.  The engine runs plans one after
- * another, each bounded by the timeout; a wait gives up when the engine
- * made no progress (finished no plan) for the timeout. */
+ * another, each transfer bounded by the timeout; a wait gives up when the
+ * engine made no progress (no step started or finished, no bytes moved)
+ * for twice the timeout and a second. */
 static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
                              const char *func) {
   double to = zpp_transport_timeout_s(r->t);
@@ -704,8 +725,10 @@ static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
 static void abandon(engine_t *e, struct zpp_request *r, const char *func) {
   zpp_plan_t *p = NULL, *prev = NULL, *q;
   int ran;
-  zpp_transport_break(r->t, "%s: the communicator's engine made no progress "
-                            "within the timeout", func);
+  zpp_transport_break_st(r->t, ZPP_ERR_TIMEOUT,
+                         "%s: the communicator's engine made no progress "
+                         "within the timeout",
+                         func);
   pthread_mutex_lock(&e->mu);
   for (q = e->head; q != NULL; prev = q, q = q->next) {
     if (q->req != r)
@@ -788,6 +811,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   }
   pthread_mutex_unlock(&e->mu);
   if (inline_ok) {
+    p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
@@ -883,6 +907,34 @@ zpp_status_t zpp_request_test(zpp_request_t req, int *done) {
   }
 #endif
   return ZPP_OK;
+}
+
+/* zpp_comm_abort (any thread; the transport is broken already): the
+ * plans still queued never start; their requests complete with the
+ * communicator's error now, so their waiters return at once.  The plan
+ * running now stops at its next step or test. */
+static void engine_abort(zpp_comm_t comm) {
+  engine_t *e;
+  zpp_plan_t *p, *next;
+  pthread_mutex_lock(&engines_mu);
+  e = (engine_t *)comm->engine;
+  if (e == NULL) {
+    pthread_mutex_unlock(&engines_mu);
+    return;
+  }
+  pthread_mutex_lock(&e->mu);
+  p = e->head;
+  e->head = e->tail = NULL;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  pthread_mutex_unlock(&engines_mu);
+  for (; p != NULL; p = next) {
+    struct zpp_request *r = p->req;
+    zpp_status_t st = zpp_transport_broken_error(p->ex.t, p->func);
+    next = p->next;
+    plan_free(p);
+    complete(r, st, NULL);
+  }
 }
 
 void zpp_engine_release(zpp_comm_t comm) {

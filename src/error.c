@@ -26,6 +26,7 @@ const char *zpp_status_string(zpp_status_t status) {
   case ZPP_ERR_SYSTEM: return "ZPP_ERR_SYSTEM: an operating-system call failed";
   case ZPP_ERR_IO: return "ZPP_ERR_IO: a file could not be read or parsed";
   case ZPP_ERR_INTERNAL: return "ZPP_ERR_INTERNAL: internal error in zpp";
+  case ZPP_ERR_ABORTED: return "ZPP_ERR_ABORTED: the communicator was aborted (zpp_comm_abort)";
   }
   return "unknown zpp status";
 }

@@ -6,6 +6,8 @@
 #include "transport_impl.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,18 +106,96 @@ void zpp_transport_free(zpp_transport_t *t) {
     free(t->grp[g].ring);
   }
   zpp_topo_free(t->topo);
+  free(t->pid);
   pthread_mutex_destroy(&t->lock);
   pthread_mutex_destroy(&t->err_lock);
   free(t);
 }
 
+static void vbreak(zpp_transport_t *t, zpp_status_t st, const char *fmt,
+                   va_list ap) {
+  char why[sizeof t->broken_why];
+  int first = 0;
+  vsnprintf(why, sizeof why, fmt, ap);
+  pthread_mutex_lock(&t->err_lock);
+  if (!atomic_load(&t->broken)) {
+    memcpy(t->broken_why, why, sizeof why);
+    t->broken_st = st;
+    atomic_store(&t->broken, 1);
+    first = 1;
+  } else if (t->broken_st == ZPP_OK) {
+    t->broken_st = st; /* the first break did not know its status */
+  }
+  pthread_mutex_unlock(&t->err_lock);
+  if (first)
+    ZPP_WARN(ZPP_SUBSYS_NET, "communicator unusable: %s", why);
+}
+
 void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(t->broken_why, sizeof t->broken_why, fmt, ap);
+  vbreak(t, ZPP_OK, fmt, ap);
   va_end(ap);
-  t->broken = 1;
-  ZPP_WARN(ZPP_SUBSYS_NET, "communicator unusable: %s", t->broken_why);
+}
+
+void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
+                            const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vbreak(t, st, fmt, ap);
+  va_end(ap);
+}
+
+zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func) {
+  zpp_status_t st;
+  char why[sizeof t->broken_why];
+  if (t == NULL || !atomic_load(&t->broken))
+    return ZPP_OK;
+  pthread_mutex_lock(&t->err_lock);
+  st = t->broken_st != ZPP_OK ? t->broken_st : ZPP_ERR_TIMEOUT;
+  memcpy(why, t->broken_why, sizeof why);
+  pthread_mutex_unlock(&t->err_lock);
+  return zpp_transport_fail(
+      t, zpp_error(st, func,
+                   "communicator was aborted earlier (%s); destroy it", why));
+}
+
+/* 'T' (stopped), 't' (traced) ... from /proc/<pid>/stat; 0 if unknown. */
+static char proc_state(int pid) {
+  char path[64], line[256], *p;
+  FILE *f;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  p = fgets(line, sizeof line, f);
+  fclose(f);
+  if (p == NULL || (p = strrchr(line, ')')) == NULL || p[1] != ' ')
+    return 0;
+  return p[2];
+}
+
+void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
+                                  size_t len) {
+  size_t used = strnlen(buf, len);
+  int r;
+  if (t == NULL || t->pid == NULL)
+    return;
+  for (r = 0; r < t->size && used + 48 < len; r++) {
+    const char *what = NULL;
+    char s;
+    if (r == t->rank || t->pid[r] <= 0)
+      continue;
+    if (kill(t->pid[r], 0) != 0 && errno == ESRCH)
+      what = "is gone (exited or killed)";
+    else if ((s = proc_state(t->pid[r])) == 'T' || s == 't')
+      what = "is stopped";
+    else if (s == 'Z' || s == 'X')
+      what = "is gone (exited or killed)";
+    if (what != NULL)
+      used += (size_t)snprintf(buf + used, len - used, "; rank %d (pid %d) %s",
+                               r, t->pid[r], what);
+  }
 }
 
 /* ---- link emulation ------------------------------------------------------- */
@@ -360,12 +440,9 @@ static zpp_status_t start(zpp_transport_t *t, const zpp_xop_args_t *a,
                           int blocking, const char *func, zpp_xop_t **op) {
   zpp_status_t st;
   pthread_mutex_lock(&t->lock);
-  if (t->broken) {
+  if (atomic_load(&t->broken)) {
     pthread_mutex_unlock(&t->lock);
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_TIMEOUT, func,
-                     "communicator was aborted earlier (%s); destroy it",
-                     t->broken_why));
+    return zpp_transport_broken_error(t, func);
   }
   atomic_fetch_add(&t->calls[a->g], 1);
   ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
@@ -689,25 +766,19 @@ zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
   if (t->ops->sync == NULL)
     return ZPP_OK;
   pthread_mutex_lock(&t->lock);
-  broken = t->broken;
-  if (broken)
-    st = zpp_error(ZPP_ERR_TIMEOUT, __func__,
-                   "communicator was aborted earlier (%s); destroy it",
-                   t->broken_why);
+  broken = atomic_load(&t->broken);
   pthread_mutex_unlock(&t->lock);
-  if (!broken)
-    st = t->ops->sync(t, stream);
+  if (broken)
+    return zpp_transport_broken_error(t, __func__);
+  st = t->ops->sync(t, stream);
   return zpp_transport_fail(t, st);
 }
 
 zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
   if (t == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, what, "transport is NULL");
-  if (t->broken)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_TIMEOUT, what,
-                     "communicator was aborted earlier (%s); destroy it",
-                     t->broken_why));
+  if (atomic_load(&t->broken))
+    return zpp_transport_broken_error(t, what);
   if (t->ops->check_async == NULL)
     return ZPP_OK;
   return zpp_transport_fail(t, t->ops->check_async(t, what));

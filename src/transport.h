@@ -137,6 +137,11 @@ typedef struct {
    * ncclCommGetAsyncError); on one, the backend aborts and breaks the
    * transport and returns the error.  NULL: there are none. */
   zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
+  /* Stops the backend's in-flight device work now (NCCL: ncclCommAbort on
+   * every group), so that streams holding it drain instead of waiting for
+   * peers that will not come; called once the transport is broken.
+   * Idempotent.  NULL: the backend has no such work. */
+  void (*abort_device_work)(zpp_transport_t *t);
   /* -- host backends: the round primitive (NULL for stream-ordered ones) --
    * All three are called with the transport's mutex held and never block.
    * round_post posts every receive of recv[0..nrecv), then every send of
@@ -176,6 +181,9 @@ typedef struct {
 /* Registers fn to run first in zpp_comm_destroy, while the transport
  * still works (upper layers drain their work there; one hook). */
 void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t));
+/* Registers fn to run in zpp_comm_abort (from any thread), after the
+ * transport is marked broken (one hook). */
+void zpp_comm_set_on_abort(zpp_comm_t comm, void (*fn)(zpp_comm_t));
 
 /* Every rank's `bytes` of host memory `mine`, concatenated by world rank,
  * over the communicator's bootstrap channel: works on every backend (NCCL
@@ -359,6 +367,12 @@ void zpp_transport_account(zpp_transport_t *t, int peer, uint64_t sent,
 /* Snapshot of the counters (collectives diff two snapshots per call). */
 void zpp_transport_get_counts(zpp_transport_t *t, zpp_transport_counts_t *out);
 void zpp_transport_reset_counts(zpp_transport_t *t);
+
+/* ZPP_OK while the transport works; else the first error that made it
+ * unusable (a timeout, a plan that failed part-way, zpp_comm_abort:
+ * ZPP_ERR_ABORTED), raised as this thread's error for `func` and recorded
+ * on the communicator.  Safe from any thread. */
+zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func);
 
 /* Records the calling thread's last error as the communicator's last error
  * and returns `st`.  Collectives use it on their own error paths. */

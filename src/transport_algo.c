@@ -69,9 +69,28 @@ typedef struct {
 #endif
 } slot_t;
 
+/* Pinned staging buffers.  cudaFreeHost synchronises the whole device, so
+ * it never runs while operations may be in flight (it would wait for the
+ * caller's unrelated work, from inside a non-blocking test): pinned slots
+ * are only ever added (SLOTS in the array, more on a list when all are
+ * busy), and a slot too small for a request gets a larger buffer while the
+ * old one is retired, kept until zpp_algo_destroy.  Capacities are powers
+ * of two, so a slot's retired buffers total less than its current one. */
+typedef struct more_slot {
+  slot_t s;
+  struct more_slot *next;
+} more_slot_t;
+
+typedef struct retired {
+  void *p;
+  struct retired *next;
+} retired_t;
+
 struct zpp_algo {
   slot_t host[SLOTS];
   slot_t pinned[SLOTS];
+  more_slot_t *more;  /* pinned slots beyond SLOTS */
+  retired_t *retired; /* pinned buffers replaced by larger ones */
 };
 
 /* A buffer of an op: a cache slot, or its own when every slot is busy. */
@@ -154,14 +173,38 @@ static int pinned_idle(slot_t *s) {
   return 1;
 }
 
+/* The pinned slot after s (the array, then the list; *cur tracks the
+ * list node, NULL while in the array); s NULL: the first. */
+static slot_t *pinned_next(struct zpp_algo *a, slot_t *s, more_slot_t **cur) {
+  if (s == NULL) {
+    *cur = NULL;
+    return &a->pinned[0];
+  }
+  if (*cur == NULL) {
+    if (s != &a->pinned[SLOTS - 1])
+      return s + 1;
+    *cur = a->more;
+  } else {
+    *cur = (*cur)->next;
+  }
+  return *cur != NULL ? &(*cur)->s : NULL;
+}
+
+static size_t pow2_at_least(size_t n) {
+  size_t c = 4096;
+  while (c < n && c <= SIZE_MAX / 2)
+    c *= 2;
+  return c < n ? n : c;
+}
+
 static zpp_status_t pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
                                const char *what) {
-  slot_t *best = NULL, *idle = NULL;
-  cudaError_t e;
-  int i;
+  slot_t *best = NULL, *idle = NULL, *s;
+  more_slot_t *cur = NULL;
+  struct zpp_algo *a;
   ZPP_CHECK(algo_state(t, what));
-  for (i = 0; i < SLOTS; i++) {
-    slot_t *s = &t->algo->pinned[i];
+  a = t->algo;
+  for (s = pinned_next(a, NULL, &cur); s != NULL; s = pinned_next(a, s, &cur)) {
     if (!pinned_idle(s))
       continue;
     if (s->cap >= need && (best == NULL || s->cap < best->cap))
@@ -169,35 +212,48 @@ static zpp_status_t pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
     if (idle == NULL || s->cap > idle->cap)
       idle = s;
   }
-  if (best == NULL && idle != NULL) {
-    if (idle->p != NULL)
-      cudaFreeHost(idle->p);
-    idle->p = NULL;
-    idle->cap = 0;
-    e = cudaMallocHost(&idle->p, need);
-    if (e != cudaSuccess)
+  if (best == NULL) {
+    size_t cap = pow2_at_least(need);
+    void *p = NULL;
+    retired_t *old = NULL;
+    more_slot_t *ms = NULL;
+    cudaError_t e;
+    if ((idle != NULL && idle->p != NULL &&
+         (old = (retired_t *)calloc(1, sizeof *old)) == NULL) ||
+        (idle == NULL && (ms = (more_slot_t *)calloc(1, sizeof *ms)) == NULL)) {
+      free(old);
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "pinned slot list");
+    }
+    e = cudaMallocHost(&p, cap);
+    if (e != cudaSuccess) {
+      free(old);
+      free(ms);
       return cuda_err(e, what, "cudaMallocHost");
-    idle->cap = need;
+    }
+    if (idle == NULL) {
+      ms->next = a->more;
+      a->more = ms;
+      idle = &ms->s;
+    } else if (old != NULL) {
+      old->p = idle->p;
+      old->next = a->retired;
+      a->retired = old;
+    }
+    idle->p = p;
+    idle->cap = cap;
     best = idle;
   }
-  if (best != NULL) {
-    best->busy = 1;
-    b->slot = best;
-    b->own = NULL;
-    b->p = best->p;
-    return ZPP_OK;
-  }
-  b->slot = NULL;
-  e = cudaMallocHost(&b->own, need);
-  if (e != cudaSuccess)
-    return cuda_err(e, what, "cudaMallocHost");
-  b->p = b->own;
+  best->busy = 1;
+  b->slot = best;
+  b->own = NULL;
+  b->p = best->p;
   return ZPP_OK;
 }
 
 /* Releases b; `stream` non-NULL-or-legacy with pending = 1: a copy on it
- * still reads b, so the slot waits for an event recorded there (an own
- * buffer waits for the stream before it is freed). */
+ * still reads b, so the slot waits for an event recorded there.  Never
+ * blocks unless the event cannot be made (then it waits for the stream,
+ * as a last resort). */
 static void pinned_put(buf_t *b, int pending, void *stream) {
   if (b->slot != NULL) {
     slot_t *s = b->slot;
@@ -215,10 +271,6 @@ static void pinned_put(buf_t *b, int pending, void *stream) {
         cudaStreamSynchronize((cudaStream_t)stream);
     }
     s->busy = 0;
-  } else if (b->own != NULL) {
-    if (pending)
-      cudaStreamSynchronize((cudaStream_t)stream);
-    cudaFreeHost(b->own);
   }
   b->slot = NULL;
   b->own = b->p = NULL;
@@ -229,15 +281,47 @@ void zpp_algo_destroy(zpp_transport_t *t) {
   int i;
   if (t->algo == NULL)
     return;
-  for (i = 0; i < SLOTS; i++) {
+  for (i = 0; i < SLOTS; i++)
     free(t->algo->host[i].p);
 #if ZPP_HAVE_CUDA
-    if (t->algo->pinned[i].ev_made)
-      cudaEventDestroy(t->algo->pinned[i].ev);
-    if (t->algo->pinned[i].p != NULL)
-      cudaFreeHost(t->algo->pinned[i].p);
-#endif
+  {
+    struct zpp_algo *a = t->algo;
+    slot_t *s;
+    more_slot_t *cur = NULL;
+    double to = zpp_transport_timeout_s(t);
+    int64_t limit = zpp_time_ns() + (int64_t)((to > 0 ? to : 60.0) * 1e9);
+    int leak = 0;
+    /* Stage-out copies may still read slots: wait for them, bounded (a
+     * buffer whose copy never completes is leaked, never freed under it). */
+    for (s = pinned_next(a, NULL, &cur); s != NULL; s = pinned_next(a, s, &cur)) {
+      struct timespec ts = {0, 1000000};
+      while (!pinned_idle(s) && zpp_time_ns() < limit)
+        nanosleep(&ts, NULL);
+      if (!pinned_idle(s)) {
+        leak = 1;
+        continue;
+      }
+      if (s->ev_made)
+        cudaEventDestroy(s->ev);
+      if (s->p != NULL)
+        cudaFreeHost(s->p);
+    }
+    if (leak)
+      ZPP_WARN(ZPP_SUBSYS_NET, "destroy: a staging copy did not finish within "
+                               "the timeout; its pinned buffer is leaked");
+    while (a->more != NULL) {
+      more_slot_t *m = a->more;
+      a->more = m->next;
+      free(m);
+    }
+    while (a->retired != NULL) {
+      retired_t *r = a->retired;
+      a->retired = r->next;
+      cudaFreeHost(r->p);
+      free(r);
+    }
   }
+#endif
   free(t->algo);
   t->algo = NULL;
 }
@@ -931,11 +1015,9 @@ static zpp_status_t next_step(zpp_xop_t *op) {
 static zpp_status_t advance(zpp_xop_t *op) {
   zpp_transport_t *t = op->t;
   int guard;
-  if (t->broken) {
+  if (t->broken) { /* also zpp_comm_abort from another thread */
     cancel_round(op);
-    return zpp_error(ZPP_ERR_TIMEOUT, op->what,
-                     "communicator was aborted earlier (%s); destroy it",
-                     t->broken_why);
+    return zpp_transport_broken_error(t, op->what);
   }
   /* Each pass completes a round or a step; the plan has at most
    * 3 + ring steps + barrier rounds of them. */

@@ -62,7 +62,18 @@ struct zpp_transport {
   pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[ZPP_TRANSPORT_ERRLEN];
-  int broken; /* set after a timeout or abort: every later call fails */
+  /* [size] process id of each rank whose process this one can see (same
+   * machine and pid namespace), else 0; NULL: not known.  For error
+   * messages only: a peer that is gone or stopped is named as such. */
+  int *pid;
+  /* Set once, by the first failure that leaves the communicator unusable
+   * (a timeout, a plan that failed part-way, zpp_comm_abort); every later
+   * call fails at once with broken_st.  broken_why and broken_st are
+   * written under err_lock before broken is set, and never change after
+   * (broken_st may still go from ZPP_OK, "not known yet", to the status
+   * the failing call returns). */
+  atomic_int broken;
+  zpp_status_t broken_st;
   char broken_why[256];
 };
 
@@ -81,11 +92,15 @@ struct zpp_comm {
   void *creator; /* state of the creator (comm_mpi.c) */
   void *tcp;     /* zpp's TCP bootstrap state, freed on destroy (or NULL) */
   /* A subset communicator made the creator's way (NULL: a TCP star). */
-  zpp_status_t (*split)(struct zpp_comm *parent, int color, int key,
+  zpp_status_t (*split)(struct zpp_comm *parent, zpp_status_t st, int color,
+                        const int *members, int n, int me,
                         const zpp_comm_config_t *cfg, struct zpp_comm **out);
   /* Set by a layer above (the collectives' progress thread): called first
    * in zpp_comm_destroy, while the transport still works. */
   void (*before_destroy)(struct zpp_comm *c);
+  /* Set by the engine: called by zpp_comm_abort (any thread) after the
+   * transport is broken, to complete the requests of queued plans. */
+  void (*on_abort)(struct zpp_comm *c);
   /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
@@ -106,9 +121,22 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
 /* Backend destroy, then the generic part; frees t. */
 void zpp_transport_free(zpp_transport_t *t);
 
-/* Marks the transport unusable with a reason; later calls fail with it. */
+/* Marks the transport unusable with a reason; later calls fail with it.
+ * The first break wins; its status is the first one known: st of
+ * zpp_transport_break_st (zpp_transport_break leaves it to the call that
+ * returns the error; ZPP_ERR_TIMEOUT when none does).  Safe from any
+ * thread. */
 void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
+                            const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Appends "; rank r (pid p) is gone" / "... is stopped" for every other
+ * rank whose process this one can see in that state, to buf (len bytes,
+ * NUL-terminated); nothing when none is. */
+void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
+                                  size_t len);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 int64_t zpp_time_ns(void);
@@ -171,10 +199,11 @@ void zpp_algo_destroy(zpp_transport_t *t);
  * also t->tag_limit). */
 #if ZPP_HAVE_MPI
 #include <mpi.h>
-/* `world` is zpp's duplicate; the backend splits its group communicators
- * from it and frees them, not `world`. */
-zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
-                                      int cuda_device);
+/* `comm` is zpp's duplicate (not freed by the backend); every group's
+ * messages go over it.  mpi_rank[w]: the MPI rank in comm of world rank w
+ * (NULL: w itself; a subset's comm holds its parent's ranks). */
+zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm comm,
+                                      const int *mpi_rank, int cuda_device);
 /* MPI error text of `rc` as a zpp error. */
 zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what);
 #endif

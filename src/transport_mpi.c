@@ -5,12 +5,16 @@
  * device staging and the waits are src/transport_algo.c's, so every byte
  * is counted on the link it crosses (docs/design.md "Transports").
  *
- * One MPI communicator per group (WORLD is zpp's duplicate, NODE and CROSS
- * are split from it), so tags only need to be unique within a group; the
- * tags are the algorithms', below MPI_TAG_UB.  Messages over 1 GiB go as
+ * One MPI communicator for every group: zpp's duplicate (for a subset, a
+ * duplicate of its parent's, with a map from zpp rank to MPI rank).  The
+ * group rides in the tag: MPI tag = group * tag_limit + the algorithms'
+ * tag, so messages of different groups never match.  No MPI_Comm_split:
+ * it has no non-blocking form, and a rank that never arrives would hang
+ * the others in it beyond ZPP_TIMEOUT_S.  Messages over 1 GiB go as
  * several (MPI counts are int), posted in order, so they match in order.
  * A round's requests live in a round object taken from a free list, so a
- * steady stream of rounds allocates nothing.
+ * steady stream of rounds allocates nothing; each request remembers its
+ * peer, so a timeout names the transfers still pending.
  */
 #include "transport_impl.h"
 
@@ -25,12 +29,16 @@ struct zpp_round {
   struct zpp_round *next; /* free list */
   MPI_Request *req;       /* [nreq] */
   int *idx;               /* [cap] MPI_Testsome indices */
+  int *peer;              /* [cap] world rank of each request; -1: barrier */
+  char *is_recv;          /* [cap] */
   int nreq, cap, left;
   int cancellable; /* 0: a non-blocking collective (MPI cannot cancel it) */
 };
 
 typedef struct {
-  MPI_Comm comm[ZPP_NGROUPS]; /* WORLD is zpp's duplicate (not freed here) */
+  MPI_Comm comm;  /* zpp's duplicate (not freed here) */
+  int *mpi_rank;  /* [size] MPI rank in comm of each world rank */
+  int whole;      /* comm holds exactly the communicator's ranks */
   zpp_round_t *free_rounds;
 } mpi_impl_t;
 
@@ -56,14 +64,20 @@ static zpp_round_t *round_get(mpi_impl_t *m, int nreq) {
   if (nreq > r->cap) {
     MPI_Request *q = realloc(r->req, (size_t)nreq * sizeof *q);
     int *x = q != NULL ? realloc(r->idx, (size_t)nreq * sizeof *x) : NULL;
+    int *pr = x != NULL ? realloc(r->peer, (size_t)nreq * sizeof *pr) : NULL;
+    char *rv = pr != NULL ? realloc(r->is_recv, (size_t)nreq) : NULL;
     if (q != NULL)
       r->req = q;
-    if (x == NULL) {
+    if (x != NULL)
+      r->idx = x;
+    if (pr != NULL)
+      r->peer = pr;
+    if (rv == NULL) {
       r->next = m->free_rounds;
       m->free_rounds = r;
       return NULL;
     }
-    r->idx = x;
+    r->is_recv = rv;
     r->cap = nreq;
   }
   r->nreq = r->left = 0;
@@ -89,24 +103,32 @@ static void mpi_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
   round_put(t->impl, r);
 }
 
-static zpp_status_t post(zpp_round_t *r, const zpp_xfer_t *x, int n, int send,
-                         MPI_Comm comm) {
+/* Posts x[0..n) of group g; a transfer of 0 bytes is one empty message
+ * (the p2p barrier's). */
+static zpp_status_t post(zpp_transport_t *t, zpp_group_t g, zpp_round_t *r,
+                         const zpp_xfer_t *x, int n, int send) {
+  mpi_impl_t *m = t->impl;
   int i, rc;
   for (i = 0; i < n; i++) {
     char *p = (char *)x[i].buf;
     size_t left = x[i].bytes;
-    while (left > 0) {
+    int world = t->grp[g].members[x[i].peer];
+    int dest = m->mpi_rank[world];
+    int tag = (int)((uint32_t)g * t->tag_limit + x[i].tag);
+    do {
       size_t b = left < MAX_MSG ? left : MAX_MSG;
-      rc = send ? MPI_Isend(p, (int)b, MPI_BYTE, x[i].peer, (int)x[i].tag,
-                            comm, &r->req[r->nreq])
-                : MPI_Irecv(p, (int)b, MPI_BYTE, x[i].peer, (int)x[i].tag,
-                            comm, &r->req[r->nreq]);
+      rc = send ? MPI_Isend(p, (int)b, MPI_BYTE, dest, tag, m->comm,
+                            &r->req[r->nreq])
+                : MPI_Irecv(p, (int)b, MPI_BYTE, dest, tag, m->comm,
+                            &r->req[r->nreq]);
       if (rc != MPI_SUCCESS)
         return zpp_mpi_error(rc, "round_post", send ? "MPI_Isend" : "MPI_Irecv");
+      r->peer[r->nreq] = world;
+      r->is_recv[r->nreq] = (char)!send;
       r->nreq++;
       p += b;
       left -= b;
-    }
+    } while (left > 0);
   }
   return ZPP_OK;
 }
@@ -120,15 +142,15 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   zpp_status_t st;
   int nreq = 0, i;
   for (i = 0; i < nrecv; i++)
-    nreq += chunks(recv[i].bytes);
+    nreq += recv[i].bytes > 0 ? chunks(recv[i].bytes) : 1;
   for (i = 0; i < nsend; i++)
-    nreq += chunks(send[i].bytes);
+    nreq += send[i].bytes > 0 ? chunks(send[i].bytes) : 1;
   r = round_get(m, nreq > 0 ? nreq : 1);
   if (r == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "round_post", "%d requests", nreq);
-  st = post(r, recv, nrecv, 0, m->comm[g]);
+  st = post(t, g, r, recv, nrecv, 0);
   if (st == ZPP_OK)
-    st = post(r, send, nsend, 1, m->comm[g]);
+    st = post(t, g, r, send, nsend, 1);
   if (st != ZPP_OK) {
     mpi_round_cancel(t, r);
     return st;
@@ -158,46 +180,98 @@ static zpp_status_t mpi_round_test(zpp_transport_t *t, zpp_round_t *r,
   return ZPP_OK;
 }
 
+/* A barrier of group g: MPI_Ibarrier when g is the whole of zpp's MPI
+ * communicator; otherwise one round of empty messages to and from every
+ * other member (complete once every member has arrived). */
 static zpp_status_t mpi_barrier_post(zpp_transport_t *t, zpp_group_t g,
                                      uint32_t tag, zpp_round_t **round) {
   mpi_impl_t *m = t->impl;
-  zpp_round_t *r = round_get(m, 1);
+  const zpp_tgroup_t *gr = &t->grp[g];
+  zpp_round_t *r;
   int rc;
-  (void)tag; /* MPI matches collectives by order */
+  if (g != ZPP_GROUP_WORLD || !m->whole) {
+    zpp_xfer_t *x = malloc(2 * (size_t)gr->size * sizeof *x);
+    int i, k = 0;
+    zpp_status_t st;
+    if (x == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "barrier", "%d transfers",
+                       2 * gr->size);
+    for (i = 0; i < gr->size; i++) {
+      if (i == gr->index)
+        continue;
+      x[k].peer = i;
+      x[k].buf = NULL;
+      x[k].bytes = 0;
+      x[k].tag = tag;
+      k++;
+    }
+    st = mpi_round_post(t, g, x, k, x, k, round);
+    free(x);
+    return st;
+  }
+  r = round_get(m, 1);
   if (r == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "barrier", "a request");
-  rc = MPI_Ibarrier(m->comm[g], &r->req[0]);
+  rc = MPI_Ibarrier(m->comm, &r->req[0]);
   if (rc != MPI_SUCCESS) {
     round_put(m, r);
     return zpp_mpi_error(rc, "barrier", "MPI_Ibarrier");
   }
+  r->peer[0] = -1;
+  r->is_recv[0] = 1;
   r->nreq = r->left = 1;
   r->cancellable = 0;
   *round = r;
   return ZPP_OK;
 }
 
+/* The transfers of r still pending, by world rank, and the state of the
+ * processes of the group this machine can see (gone, stopped). */
+static void mpi_round_pending(zpp_transport_t *t, const zpp_round_t *r,
+                              char *buf, size_t len) {
+  size_t used = 0;
+  int i, j;
+  if (len > 0)
+    buf[0] = '\0';
+  for (i = 0; i < r->nreq && used + 40 < len; i++) {
+    int dup = 0;
+    if (r->req[i] == MPI_REQUEST_NULL)
+      continue;
+    for (j = 0; j < i && !dup; j++) /* chunks of one transfer */
+      dup = r->req[j] != MPI_REQUEST_NULL && r->peer[j] == r->peer[i] &&
+            r->is_recv[j] == r->is_recv[i];
+    if (dup)
+      continue;
+    if (r->peer[i] < 0)
+      used += (size_t)snprintf(buf + used, len - used,
+                               "%sMPI_Ibarrier (its late ranks cannot be "
+                               "named)",
+                               used ? ", " : "");
+    else
+      used += (size_t)snprintf(buf + used, len - used, "%s%s %d",
+                               used ? ", " : "",
+                               r->is_recv[i] ? "from" : "to", r->peer[i]);
+  }
+  if (used < len)
+    zpp_transport_describe_peers(t, buf + used, len - used);
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 static void mpi_destroy(zpp_transport_t *t) {
   mpi_impl_t *m = t->impl;
-  int fin = 0;
   if (m == NULL)
     return;
-  MPI_Finalized(&fin);
-  if (!fin) {
-    if (m->comm[ZPP_GROUP_NODE] != MPI_COMM_NULL)
-      MPI_Comm_free(&m->comm[ZPP_GROUP_NODE]);
-    if (m->comm[ZPP_GROUP_CROSS] != MPI_COMM_NULL)
-      MPI_Comm_free(&m->comm[ZPP_GROUP_CROSS]);
-  }
   while (m->free_rounds != NULL) {
     zpp_round_t *r = m->free_rounds;
     m->free_rounds = r->next;
     free(r->req);
     free(r->idx);
+    free(r->peer);
+    free(r->is_recv);
     free(r);
   }
+  free(m->mpi_rank);
   free(m);
   t->impl = NULL;
 }
@@ -209,47 +283,41 @@ static const zpp_transport_ops_t mpi_ops = {
     .round_test = mpi_round_test,
     .round_cancel = mpi_round_cancel,
     .barrier_post = mpi_barrier_post,
+    .round_pending = mpi_round_pending,
 };
 
-zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm world,
-                                      int cuda_device) {
+zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm comm,
+                                      const int *mpi_rank, int cuda_device) {
   mpi_impl_t *m = calloc(1, sizeof *m);
-  const zpp_topo_t *topo = t->topo;
-  int rc, g, flag = 0;
-  int *ub = NULL;
+  int flag = 0, w, n = 0, ub = 32767, limit;
+  int *attr = NULL;
   if (m == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "MPI backend state");
-  t->cuda_device = cuda_device;
-  /* Tags 0..MPI_TAG_UB (at least 32767 by the standard). */
-  MPI_Comm_get_attr(world, MPI_TAG_UB, &ub, &flag);
-  t->tag_limit = flag && ub != NULL && *ub > 0
-                     ? (*ub >= (1 << 30) ? 1u << 30 : (uint32_t)*ub + 1)
-                     : 32768;
-  m->comm[ZPP_GROUP_WORLD] = world;
-  m->comm[ZPP_GROUP_NODE] = m->comm[ZPP_GROUP_CROSS] = MPI_COMM_NULL;
+  m->mpi_rank = malloc((size_t)t->size * sizeof *m->mpi_rank);
+  if (m->mpi_rank == NULL) {
+    free(m);
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "rank map");
+  }
+  for (w = 0; w < t->size; w++)
+    m->mpi_rank[w] = mpi_rank != NULL ? mpi_rank[w] : w;
+  MPI_Comm_size(comm, &n);
+  m->whole = n == t->size;
+  for (w = 0; w < t->size && m->whole; w++)
+    m->whole = m->mpi_rank[w] == w;
+  m->comm = comm;
   t->impl = m;
   t->ops = &mpi_ops;
   t->backend = ZPP_BACKEND_MPI;
-  /* NODE: colour = node, key = local rank; CROSS: colour = local rank,
-   * key = node.  The member order then equals the topology's. */
-  rc = MPI_Comm_split(world, topo->node_of[t->rank],
-                      topo->local_rank_of[t->rank], &m->comm[ZPP_GROUP_NODE]);
-  if (rc == MPI_SUCCESS)
-    rc = MPI_Comm_split(world, topo->local_rank_of[t->rank],
-                        topo->node_of[t->rank], &m->comm[ZPP_GROUP_CROSS]);
-  if (rc != MPI_SUCCESS)
-    return zpp_mpi_error(rc, __func__, "MPI_Comm_split");
-  for (g = 0; g < ZPP_NGROUPS; g++) {
-    int r = -1, n = -1;
-    MPI_Comm_set_errhandler(m->comm[g], MPI_ERRORS_RETURN);
-    MPI_Comm_rank(m->comm[g], &r);
-    MPI_Comm_size(m->comm[g], &n);
-    if (r != t->grp[g].index || n != t->grp[g].size)
-      return zpp_error(ZPP_ERR_INTERNAL, __func__,
-                       "group %s: MPI gives rank %d of %d, topology %d of %d",
-                       zpp_group_name((zpp_group_t)g), r, n, t->grp[g].index,
-                       t->grp[g].size);
+  t->cuda_device = cuda_device;
+  /* Tags 0..MPI_TAG_UB (at least 32767 by the standard), a quarter per
+   * group: tag_limit is the largest power of two with 4 * tag_limit - 1
+   * <= MPI_TAG_UB, at most 2^28. */
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &attr, &flag);
+  if (flag && attr != NULL && *attr > 0)
+    ub = *attr;
+  for (limit = 1 << 28; limit > 1 && (int64_t)4 * limit - 1 > ub; limit >>= 1) {
   }
+  t->tag_limit = (uint32_t)limit;
   return ZPP_OK;
 }
 

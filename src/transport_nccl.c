@@ -142,6 +142,9 @@ typedef struct {
   ncclComm_t comm[ZPP_NGROUPS];
   int device;
   char *scratch; /* one byte per world rank, for the barrier */
+  /* The barrier's own non-blocking stream: the legacy stream would also
+   * wait for (and hold up) every blocking stream of the process. */
+  cudaStream_t bar_stream;
   void *pad;     /* padded allreduce buffers */
   size_t pad_cap;
   float *wide;   /* fp32 copies of reduction inputs (reduce_fp32) */
@@ -599,10 +602,10 @@ static zpp_status_t nccl_barrier(zpp_transport_t *t, zpp_group_t g) {
   int me = t->grp[g].index;
   ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "barrier"));
   ZPP_CHECK(called(t, api.AllGather(m->scratch + me, m->scratch, 1, ncclUint8,
-                                    m->comm[g], NULL),
+                                    m->comm[g], m->bar_stream),
                    m->comm[g], "barrier", "ncclAllGather"));
   account_ring(t, g, 1, 1);
-  return nccl_sync(t, NULL);
+  return nccl_sync(t, m->bar_stream);
 }
 
 static void nccl_destroy(zpp_transport_t *t) {
@@ -625,6 +628,8 @@ static void nccl_destroy(zpp_transport_t *t) {
     }
     m->comm[g] = NULL;
   }
+  if (m->bar_stream)
+    cudaStreamDestroy(m->bar_stream);
   if (m->scratch)
     cudaFree(m->scratch);
   if (m->pad)
@@ -671,7 +676,8 @@ static const zpp_transport_ops_t nccl_ops = {
     .barrier = nccl_barrier,
     .sync = nccl_sync,
     .destroy = nccl_destroy,
-    .check_async = nccl_check_async};
+    .check_async = nccl_check_async,
+    .abort_device_work = abort_all};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
@@ -713,8 +719,10 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
     e = cudaSetDevice(cuda_device);
     if (e == cudaSuccess)
       e = cudaMalloc((void **)&m->scratch, (size_t)t->size);
+    if (e == cudaSuccess)
+      e = cudaStreamCreateWithFlags(&m->bar_stream, cudaStreamNonBlocking);
     if (e != cudaSuccess)
-      st = cuda_err(e, __func__, "cudaSetDevice/cudaMalloc");
+      st = cuda_err(e, __func__, "cudaSetDevice/cudaMalloc/cudaStreamCreate");
   }
   if (st == ZPP_OK && t->rank == 0) {
     ncclResult_t r = api.GetUniqueId(&mine.id);

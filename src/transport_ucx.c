@@ -284,14 +284,19 @@ static void ucx_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
 static zpp_status_t peer_failed(zpp_transport_t *t, zpp_group_t g,
                                 const ux_t *x, ucs_status_t s,
                                 const char *cause) {
+  /* The peer named may only have closed after another rank died (its
+   * destroy closes its endpoints): say which ranks of this machine are
+   * gone or stopped. */
+  char others[160] = "";
+  zpp_transport_describe_peers(t, others, sizeof others);
   zpp_transport_break(t, "group %s: rank %d %s", zpp_group_name(g), x->peer,
                       peer_problem(s));
   return zpp_error(ZPP_ERR_SYSTEM, "round",
-                   "group %s: %s rank %d: rank %d %s (UCX %s: %s); the "
+                   "group %s: %s rank %d: rank %d %s (UCX %s: %s)%s; the "
                    "communicator is aborted",
                    zpp_group_name(g), x->is_recv ? "receive from" : "send to",
                    x->peer, x->peer, peer_problem(s), cause,
-                   api.status_string(s));
+                   api.status_string(s), others);
 }
 
 static zpp_status_t post(zpp_transport_t *t, zpp_round_t *r, zpp_group_t g,
@@ -411,7 +416,6 @@ static void ucx_round_pending(zpp_transport_t *t, const zpp_round_t *r,
                               char *buf, size_t len) {
   size_t used = 0;
   int i;
-  (void)t;
   if (len > 0)
     buf[0] = '\0';
   for (i = 0; i < r->n && used + 24 < len; i++)
@@ -419,6 +423,8 @@ static void ucx_round_pending(zpp_transport_t *t, const zpp_round_t *r,
       used += (size_t)snprintf(buf + used, len - used, "%s%s %d",
                                used ? ", " : "",
                                r->x[i].is_recv ? "from" : "to", r->x[i].peer);
+  if (used < len) /* peers of this machine that are gone or stopped */
+    zpp_transport_describe_peers(t, buf, len);
 }
 
 /* Waits (bounded) for a request of ep close / flush. */

@@ -44,6 +44,24 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
   zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
 
+  # Open MPI's own collectives beside zpp's (--variant mpi): bitwise
+  # all-gather, reduce-scatter within the bound of any summation order
+  # (bf16 and fp16 through the user-defined sums, fp32 MEAN), the checker
+  # catches a spoiled element of the mpi rows too.
+  zpp_bench_test(bench_mpi_allgather_2x2 4 2x2
+    "--coll;allgather;--variant;bf16,mpi;${_zpp_bench_small};--format;csv")
+  zpp_bench_test(bench_mpi_reducescatter_2x4 8 2x4
+    "--coll;reducescatter;--variant;bf16,qgz4,mpi;${_zpp_bench_small};--format;csv")
+  set(_args --coll reducescatter --op mean --dtype fp16 --variant fp16,mpi
+    ${_zpp_bench_small} --format json)
+  zpp_bench_test(bench_mpi_fp16_mean_2x2 4 2x2 "${_args}" -DFORMAT=json)
+  set(_args --coll reducescatter --op mean --dtype fp32 --variant fp32,mpi
+    ${_zpp_bench_small} --format csv)
+  zpp_bench_test(bench_mpi_fp32_mean_2x2 4 2x2 "${_args}")
+  set(_args --coll reducescatter --variant mpi -b 4K -e 4K -n 1 -w 0 --corrupt
+    --format csv)
+  zpp_bench_test(bench_mpi_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
+
   # Emulated build (ZPP_CUDA_EMU): every collective on device memory, with
   # the MPI backend (staging) and, when the NCCL stand-in is in the tree,
   # the NCCL backend.  The same checks as on host memory.  Label "emu".

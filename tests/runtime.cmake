@@ -6,7 +6,8 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
     --mca btl self,vader --bind-to none)
   add_executable(test_runtime test_runtime.cc)
   target_link_libraries(test_runtime PRIVATE zpp_static GTest::gtest MPI::MPI_C)
-  target_compile_definitions(test_runtime PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_compile_definitions(test_runtime PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1
+    ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}>)
   target_include_directories(test_runtime PRIVATE ${PROJECT_SOURCE_DIR}/src
     ${PROJECT_SOURCE_DIR}/kernels/quant)
   foreach(_layout 2x2:4 1x4:4 "0,0,0,1,1:5")
@@ -19,6 +20,31 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
     set_tests_properties(runtime_${_tname} PROPERTIES LABELS mpi TIMEOUT 120
       ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
+  # Emulated build (ZPP_CUDA_EMU): the same suite on device memory with
+  # attached device buffers, on the MPI backend (staging through host
+  # memory) and on the NCCL stand-in (tests/nccl_emu).  Label "emu".
+  if(ZPP_CUDA_EMU)
+    set(_backends mpi)
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/nccl_emu/nccl_emu.c AND ZPP_WITH_NCCL_ENABLED)
+      list(APPEND _backends nccl)
+    endif()
+    foreach(_be ${_backends})
+      foreach(_layout 2x2:4 3x2:6)
+        string(REPLACE ":" ";" _p "${_layout}")
+        list(GET _p 0 _topo)
+        list(GET _p 1 _np)
+        set(_env "ZPP_TOPO=${_topo};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=${_be}")
+        string(APPEND _env ";OMPI_MCA_mpi_yield_when_idle=1")
+        if(_be STREQUAL "nccl")
+          string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
+        endif()
+        add_test(NAME runtime_device_${_be}_${_topo}
+          COMMAND ${_zpp_rt_mpirun} -np ${_np} $<TARGET_FILE:test_runtime>)
+        set_tests_properties(runtime_device_${_be}_${_topo} PROPERTIES LABELS emu
+          TIMEOUT 300 ENVIRONMENT "${_env}")
+      endforeach()
+    endforeach()
+  endif()
 
   if(TARGET zpp-train)
     # A plain gtest (no MPI of its own) that launches zpp-train with mpirun.

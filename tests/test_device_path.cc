@@ -25,6 +25,9 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <unistd.h>
+#include <memory>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "transport.h"
 #include "zpp_cuda_emu.h"
 
 namespace {
@@ -108,6 +112,117 @@ TEST(DevicePath, RequestIsNotDoneBeforeTheDeviceRanIt) {
   }
   cudaStreamDestroy(s);
   zpp_comm_destroy(comm);
+}
+
+// The NCCL transport's barrier runs on a non-blocking stream of its own:
+// work held on a blocking stream of the caller's (as a framework's default
+// stream may be) does not hold it up (on the legacy stream, as before,
+// the barrier waited for that work: here until ZPP_TIMEOUT_S).
+TEST(DevicePath, NcclBarrierDoesNotWaitForTheCallersStreams) {
+  if (!run_case("barrier")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);  // a blocking stream
+  DevBuf d(1024);
+  ASSERT_EQ(cudaMemsetAsync(d.p, 0, 1024, s), cudaSuccess);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.p, 1, 1024, s), cudaSuccess);  // held back
+  EXPECT_EQ(zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD), ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the held work ran early";
+  ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+  zpp_comm_destroy(comm);
+}
+
+// A device collective whose peer never comes: the wait returns
+// ZPP_ERR_TIMEOUT and the NCCL communicators are aborted then, so the
+// caller's stream drains (without the abort it held the stand-in's
+// all-gather until the stand-in's own limit, ZPP_NCCL_EMU_TIMEOUT_S, set
+// to 300 s here against the 20 s allowed below).
+TEST(DevicePath, TimedOutDeviceWaitAbortsNcclSoTheStreamDrains) {
+  if (!run_case("abort")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  setenv("ZPP_TIMEOUT_S", "2", 1);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 256;
+  DevBuf dx(n * 4), dy(n * 4 * 2);
+  if (g_rank == 0) {  // rank 1 never calls
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_TIMEOUT)
+        << zpp_get_last_error();
+    auto t0 = std::chrono::steady_clock::now();
+    cudaStreamSynchronize(s);  // the aborted work's status does not matter
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 20.0) << "the stream did not drain after the timeout";
+    EXPECT_NE(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
+        << "a broken communicator must fail fast";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// Staged device operations on the MPI backend whose stage-out copies wait
+// on the caller's stream: when every pinned slot is busy (more than 8 in
+// flight) the extra buffers are freed once their copies are done, never by
+// synchronising the stream inside a test (which held up the engine on the
+// caller's later work: here a held stream, so the test never returned).
+TEST(DevicePath, StagingBeyondTheSlotsNeverSynchronisesTheStream) {
+  if (!run_case("staging")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1);
+  ASSERT_NE(comm, nullptr);
+  zpp_transport_t *t = zpp_comm_transport(comm);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const int nops = 12;
+  const size_t n = 300;
+  std::vector<std::unique_ptr<DevBuf>> in, out;
+  std::vector<zpp_xop_t *> ops(nops, nullptr);
+  for (int i = 0; i < nops; i++) {
+    std::vector<float> x = gen(g_rank, n, 100 + i);
+    in.emplace_back(new DevBuf(n * 4));
+    out.emplace_back(new DevBuf(n * 4 * (size_t)g_size));
+    ASSERT_EQ(cudaMemcpy(in.back()->p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.back()->p, n * 4,
+                                            out.back()->p, ZPP_MEMORY_DEVICE, s, &ops[i]),
+              ZPP_OK)
+        << zpp_get_last_error();
+  }
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);  // the stage-outs wait
+  int left = nops;
+  for (int round = 0; left > 0 && round < 200000; round++) {
+    for (auto &op : ops) {
+      int done = 0;
+      if (op == nullptr) continue;
+      EXPECT_EQ(zpp_xop_test(op, &done), ZPP_OK) << zpp_get_last_error();
+      if (done) {
+        zpp_xop_free(op);
+        op = nullptr;
+        left--;
+      }
+    }
+    if (left > 0) usleep(100);
+  }
+  EXPECT_EQ(left, 0) << "operations did not complete";
+  ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (int i = 0; i < nops; i++) {
+    std::vector<float> y(n * (size_t)g_size);
+    ASSERT_EQ(cudaMemcpy(y.data(), out[i]->p, y.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int r = 0; r < g_size; r++) {
+      std::vector<float> want = gen(r, n, 100 + i);
+      EXPECT_EQ(std::memcmp(&y[(size_t)r * n], want.data(), n * 4), 0)
+          << "op " << i << " block of rank " << r;
+    }
+  }
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
 }
 
 // c: a communicator on device 1 runs its kernels on device 1 from the

@@ -240,6 +240,30 @@ TEST(EngineTimeout, GivingUpDropsTheQueuedPlan) {
       << "a started call's plan ran after its wait had timed out";
 }
 
+// A plan that keeps making progress is not a hung one: 8 steps of 0.4 s
+// (3.2 s in all) against waits that give up after 1.6 s without progress.
+// Before the fix only a finished plan counted as progress, and the wait
+// returned ZPP_ERR_TIMEOUT (and broke the communicator) mid-plan.
+TEST(EngineTimeout, ALongPlanThatKeepsMovingIsNotTimedOut) {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 0.3;
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+  zpp_exec_t ex;
+  zpp_plan_t *p = nullptr;
+  std::atomic<int> ran{0};
+  ASSERT_EQ(zpp_exec_init("test", c, nullptr, &ex), ZPP_OK);
+  ASSERT_EQ(zpp_plan_create("test", &ex, &ran, nullptr, &p), ZPP_OK);
+  int prev = ZPP_NO_STEP;
+  for (int i = 0; i < 8; i++) prev = zpp_plan_kernel(p, sleep_step, 400, prev, ZPP_NO_STEP);
+  zpp_plan_kernel(p, mark_step, 0, prev, ZPP_NO_STEP);
+  zpp_request_t req = nullptr;
+  ASSERT_EQ(zpp_plan_submit(p, &req), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+}
+
 // Creation where ranks ask for different backends fails on every rank,
 // naming the field and a rank, within the timeout (before, rank 0 built a
 // UCX transport and the others MPI ones, and they waited for each other).

@@ -402,6 +402,16 @@ TEST(ErrorText, CommQueries) {
        "zpp_comm_get_mpi_comm: out is NULL", false},
       {"zpp_comm_reset_stats", [] { return zpp_comm_reset_stats(nullptr); }, NUL,
        "zpp_comm_reset_stats: comm is NULL", false},
+      {"zpp_comm_abort", [] { return zpp_comm_abort(nullptr); }, NUL,
+       "zpp_comm_abort: comm is NULL", false},
+      {"zpp_comm_get_async_error",
+       [] {
+         zpp_status_t as;
+         return zpp_comm_get_async_error(nullptr, &as);
+       },
+       NUL, "zpp_comm_get_async_error: comm is NULL", false},
+      {"zpp_comm_get_async_error", [] { return zpp_comm_get_async_error(g_comm, nullptr); }, NUL,
+       "zpp_comm_get_async_error: status is NULL", false},
       {"zpp_comm_get_stats", [] { return zpp_comm_get_stats(g_comm, &tiny); }, INV,
        "zpp_comm_get_stats: stats->struct_size 4: initialise with ZPP_COMM_STATS_INIT", true},
       {"zpp_comm_node_of", [] { return zpp_comm_node_of(g_comm, -1, &i); }, INV,

@@ -1,5 +1,8 @@
 // Multi-rank tests of the runtime API (zpp_pgroup_*, include/zpp/zpp_runtime.h)
-// under mpirun: see tests/runtime.cmake.
+// under mpirun: see tests/runtime.cmake.  With ZPP_TEST_MEMORY=device
+// (tests/test_memory.h; the emulated build runs it) the communicator is on
+// device memory and every group's buffers are attached device buffers
+// (Bufs below); the same references and bounds apply.
 //
 // Every rank regenerates every rank's data from (seed, rank), so each can
 // compute the exact expectation locally.  Seed: ZPP_TEST_SEED (default
@@ -32,6 +35,103 @@ namespace {
 
 zpp_comm_t g_comm = nullptr;
 int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+
+using zpp_test::DeviceMemory;
+using zpp_test::Mem;
+
+#if ZPP_HAVE_CUDA
+void cuda_check(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "test_runtime: %s: %s\n", what, cudaGetErrorString(e));
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+}
+#endif
+
+// The buffers of a bf16 group in the suite's memory space.  On host memory
+// the group's own (zpp_pgroup_shard, the full buffer of zpp_pgroup_wait);
+// on device memory the caller's: zeroed device shard, full and residual
+// buffers attached at construction, freed after the group (declare Bufs
+// before the group is destroyed).  set_shard and full move the data
+// between them and host vectors.
+class Bufs {
+ public:
+  explicit Bufs(zpp_pgroup_t pg) : pg_(pg) {
+    zpp_pgroup_info_t i = ZPP_PGROUP_INFO_INIT;
+    EXPECT_EQ(zpp_pgroup_get_info(pg, &i), ZPP_OK);
+    size_t rc = 0;
+    EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+    shard_bytes_ = i.shard_numel * 2;
+    full_bytes_ = i.padded_numel * 2;
+    residual_bytes_ = rc * 4;
+    if (!DeviceMemory()) return;
+#if ZPP_HAVE_CUDA
+    shard_ = zeroed(shard_bytes_);
+    full_ = zeroed(full_bytes_);
+    residual_ = residual_bytes_ ? zeroed(residual_bytes_) : nullptr;
+    EXPECT_EQ(zpp_pgroup_attach(pg, shard_, full_, residual_), ZPP_OK)
+        << zpp_get_last_error();
+#endif
+  }
+  Bufs(const Bufs &) = delete;
+  Bufs &operator=(const Bufs &) = delete;
+  ~Bufs() {
+#if ZPP_HAVE_CUDA
+    for (void *p : {shard_, full_, residual_})
+      if (p) cudaFree(p);
+#endif
+  }
+
+  // Writes host bf16 values into this rank's shard.
+  void set_shard(const std::vector<uint16_t> &v) {
+    void *p = nullptr;
+    EXPECT_EQ(zpp_pgroup_shard(pg_, &p), ZPP_OK) << zpp_get_last_error();
+    if (p == nullptr) return;
+    size_t n = std::min(shard_bytes_, v.size() * 2);
+#if ZPP_HAVE_CUDA
+    if (DeviceMemory()) {
+      cuda_check(cudaMemcpy(p, v.data(), n, cudaMemcpyHostToDevice), "set_shard");
+      return;
+    }
+#endif
+    std::memcpy(p, v.data(), n);
+  }
+  // This rank's shard, read back.
+  std::vector<uint16_t> shard() { return read(shard_or_null(), shard_bytes_); }
+  // A full buffer returned by zpp_pgroup_wait, read back (empty when NULL).
+  std::vector<uint16_t> full(const void *p) { return read(p, full_bytes_); }
+
+ private:
+  zpp_pgroup_t pg_;
+  size_t shard_bytes_ = 0, full_bytes_ = 0, residual_bytes_ = 0;
+  void *shard_ = nullptr, *full_ = nullptr, *residual_ = nullptr;
+
+  void *shard_or_null() {
+    void *p = nullptr;
+    zpp_pgroup_shard(pg_, &p);
+    return p;
+  }
+  static std::vector<uint16_t> read(const void *p, size_t bytes) {
+    if (p == nullptr) return {};
+    std::vector<uint16_t> h(bytes / 2);
+#if ZPP_HAVE_CUDA
+    if (DeviceMemory()) {
+      cuda_check(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), "read back");
+      return h;
+    }
+#endif
+    std::memcpy(h.data(), p, bytes);
+    return h;
+  }
+#if ZPP_HAVE_CUDA
+  static void *zeroed(size_t bytes) {
+    void *d = nullptr;
+    cuda_check(cudaMalloc(&d, bytes ? bytes : 1), "cudaMalloc");
+    cuda_check(cudaMemset(d, 0, bytes ? bytes : 1), "cudaMemset");
+    return d;
+  }
+#endif
+};
 
 uint64_t seed() {
   const char *s = std::getenv("ZPP_TEST_SEED");
@@ -92,11 +192,19 @@ TEST(PGroup, LayoutPadsToTheWorldAndTheAlignment) {
       EXPECT_EQ(lr, std::min<int>((int)(last / per), g_size - 1)) << "tensor " << t;
       off += sizes[t];
     }
-    // The shard starts zeroed (the padding must be zero).
-    void *shard = nullptr;
-    ASSERT_EQ(zpp_pgroup_shard(pg, &shard), ZPP_OK);
-    std::vector<uint16_t> zero(per, 0);
-    EXPECT_EQ(std::memcmp(shard, zero.data(), per * 2), 0);
+    // The shard starts zeroed (the padding must be zero).  On device
+    // memory the shard is the caller's: it must be attached first.
+    if (DeviceMemory()) {
+      void *shard = nullptr;
+      EXPECT_EQ(zpp_pgroup_shard(pg, &shard), ZPP_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(zpp_get_last_error()).find("zpp_pgroup_attach"),
+                std::string::npos) << zpp_get_last_error();
+      EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_ERR_INVALID_ARGUMENT);
+    } else {
+      Bufs b(pg);
+      std::vector<uint16_t> zero(per, 0);
+      EXPECT_EQ(b.shard(), zero);
+    }
     EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   }
   // Auto alignment with quantizers: the lcm of the two blocks.
@@ -115,11 +223,8 @@ TEST(PGroup, LayoutPadsToTheWorldAndTheAlignment) {
 }
 
 // Fills my shard with gen(rank) and returns every rank's shard concatenated.
-std::vector<uint16_t> fill_shard(zpp_pgroup_t pg, size_t shard, uint64_t tag) {
-  void *p = nullptr;
-  EXPECT_EQ(zpp_pgroup_shard(pg, &p), ZPP_OK);
-  auto mine = gen(g_rank, shard, tag);
-  if (p) std::memcpy(p, mine.data(), shard * 2);
+std::vector<uint16_t> fill_shard(Bufs &b, size_t shard, uint64_t tag) {
+  b.set_shard(gen(g_rank, shard, tag));
   std::vector<uint16_t> all;
   for (int r = 0; r < g_size; r++) {
     auto x = gen(r, shard, tag);
@@ -134,16 +239,18 @@ TEST(PGroup, FetchForwardAndBackwardGatherEveryShardExactly) {
   ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 2, &pg), ZPP_OK);
   zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg, &info);
-  auto want = fill_shard(pg, info.shard_numel, 1);
+  Bufs b(pg);
+  auto want = fill_shard(b, info.shard_numel, 1);
   for (zpp_fetch_t k : {ZPP_FETCH_FORWARD, ZPP_FETCH_BACKWARD}) {
     void *full = nullptr;
     EXPECT_EQ(zpp_pgroup_fetch(pg, k, nullptr), ZPP_OK) << zpp_get_last_error();
     EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK) << zpp_get_last_error();
     ASSERT_NE(full, nullptr);
-    EXPECT_EQ(std::memcmp(full, want.data(), want.size() * 2), 0) << "kind " << k;
+    EXPECT_EQ(b.full(full), want) << "kind " << k;
     zpp_pgroup_info_t held = ZPP_PGROUP_INFO_INIT;
     zpp_pgroup_get_info(pg, &held);
-    EXPECT_EQ(held.full_bytes, info.padded_numel * 2);
+    // full_bytes counts the group's own memory: an attached buffer is not.
+    EXPECT_EQ(held.full_bytes, DeviceMemory() ? 0u : info.padded_numel * 2);
     EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
     zpp_pgroup_get_info(pg, &held);
     EXPECT_EQ(held.full_bytes, 0u) << "release frees the full buffer";
@@ -153,18 +260,15 @@ TEST(PGroup, FetchForwardAndBackwardGatherEveryShardExactly) {
   ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 1, &pg2), ZPP_OK);
   zpp_pgroup_info_t info2 = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg2, &info2);
-  auto want2 = fill_shard(pg2, info2.shard_numel, 2);
+  Bufs b2(pg2);
+  auto want2 = fill_shard(b2, info2.shard_numel, 2);
   void *f1 = nullptr, *f2 = nullptr;
   EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_fetch(pg2, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_wait(pg, &f1), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_wait(pg2, &f2), ZPP_OK);
-  if (f1) {
-    EXPECT_EQ(std::memcmp(f1, want.data(), want.size() * 2), 0);
-  }
-  if (f2) {
-    EXPECT_EQ(std::memcmp(f2, want2.data(), want2.size() * 2), 0);
-  }
+  EXPECT_EQ(b.full(f1), want);
+  EXPECT_EQ(b2.full(f2), want2);
   EXPECT_EQ(zpp_pgroup_destroy(pg2), ZPP_OK);  // destroy while held: frees
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
@@ -180,17 +284,18 @@ TEST(PGroup, HpzBackwardEqualsForwardStaysInTheNodeAndRefreshesWhenStale) {
   zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg, &info);
   size_t padded = info.padded_numel;
-  fill_shard(pg, info.shard_numel, 3);
+  Bufs bufs(pg);
+  fill_shard(bufs, info.shard_numel, 3);
   void *full = nullptr;
   std::vector<uint16_t> fwd(padded), bwd(padded);
   EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
-  if (full) std::memcpy(fwd.data(), full, padded * 2);
+  if (full) fwd = bufs.full(full);
   EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
   uint64_t before = world_sum(inter_sent());
   EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_BACKWARD, nullptr), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
-  if (full) std::memcpy(bwd.data(), full, padded * 2);
+  if (full) bwd = bufs.full(full);
   EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
   uint64_t after = world_sum(inter_sent());
   EXPECT_EQ(std::memcmp(fwd.data(), bwd.data(), padded * 2), 0)
@@ -206,14 +311,14 @@ TEST(PGroup, HpzBackwardEqualsForwardStaysInTheNodeAndRefreshesWhenStale) {
 
   // New parameters: after params_changed a backward fetch must not serve
   // the stale secondary copy; it gathers the new values (a refresh).
-  auto want = fill_shard(pg, info.shard_numel, 4);
+  auto want = fill_shard(bufs, info.shard_numel, 4);
   EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_OK);
   zpp_pgroup_info_t info2 = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg, &info2);
   EXPECT_EQ(info2.generation, info.generation + 1);
   EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_BACKWARD, nullptr), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
-  if (full) std::memcpy(bwd.data(), full, padded * 2);
+  if (full) bwd = bufs.full(full);
   EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);
   // The INT8 code of a bf16 value is within half a step of its block's
   // absmax / 127 (docs/format.md); check against that generous bound and
@@ -243,12 +348,17 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
   zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg, &info);
   size_t s = info.shard_numel, n = info.padded_numel;
+  Bufs bufs(pg);
   auto mine = gen(g_rank, n, 5);
   std::vector<uint16_t> out(s + 1);
-  EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, mine.data(), out.data(),
-                                        ZPP_OP_MEAN, nullptr, nullptr),
-            ZPP_OK)
-      << zpp_get_last_error();
+  {
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(mine), m.out(out),
+                                          ZPP_OP_MEAN, nullptr, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    m.back();
+  }
   // fp32 sum in rank order; MEAN divides the fp32 sum and rounds once to
   // bf16 (docs/collectives.md, baselines).
   std::vector<float> acc(s, 0.0f);
@@ -256,20 +366,35 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
     auto x = gen(r, n, 5);
     for (size_t i = 0; i < s; i++) acc[i] += zpp_qm_bf16_to_f32(x[g_rank * s + i]);
   }
+  // NCCL sums the fp32 values in its own order (not rank order): the
+  // fp32 sum may then differ in its last bits, which moves the single
+  // bf16 rounding by at most one bf16 step, and only near a tie.
+  zpp_backend_t be = ZPP_BACKEND_MPI;
+  zpp_comm_backend(g_comm, &be);
   int bad = 0;
   for (size_t i = 0; i < s; i++) {
     float m = bf16_round(acc[i] / (float)g_size);
-    if (zpp_qm_bf16_to_f32(out[i]) != m && bad++ < 3)
+    float got = zpp_qm_bf16_to_f32(out[i]);
+    bool ok = got == m;
+    if (!ok && be == ZPP_BACKEND_NCCL) {
+      float ulp = std::ldexp(1.0f, std::ilogb(m == 0 ? 1e-30f : m) - 7);
+      ok = std::fabs(got - m) <= ulp;
+    }
+    if (!ok && bad++ < 3)
       ADD_FAILURE() << "element " << i << ": " << zpp_qm_bf16_to_f32(out[i])
                     << " want " << m;
   }
   // Asynchronous form gives the same bits.
   std::vector<uint16_t> out2(s + 1);
   zpp_request_t req = nullptr;
-  EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, mine.data(), out2.data(),
-                                        ZPP_OP_MEAN, nullptr, &req),
-            ZPP_OK);
-  EXPECT_EQ(zpp_request_wait(req), ZPP_OK);
+  {
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(mine), m.out(out2),
+                                          ZPP_OP_MEAN, nullptr, &req),
+              ZPP_OK);
+    EXPECT_EQ(zpp_request_wait(req), ZPP_OK);
+    m.back();
+  }
   EXPECT_EQ(std::memcmp(out.data(), out2.data(), s * 2), 0);
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
@@ -299,7 +424,8 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
     EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
     EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
     EXPECT_EQ(rc, want_rc);
-    EXPECT_EQ(info.residual_bytes, rc * 4);
+    // residual_bytes counts the group's own memory (device: attached, 0).
+    EXPECT_EQ(info.residual_bytes, DeviceMemory() ? 0 : rc * 4);
     // Reference: the collective itself with our own residual, same inputs,
     // five steps (the residual carries over between steps).
     zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
@@ -308,22 +434,30 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
     q.block_size = 128;
     q.residual_beta = cfg.error_feedback_beta;
     q.residual_reset = cfg.error_feedback_reset;
-    std::vector<float> resid(rc, 0.0f);
-    for (int step = 0; step < 5; step++) {
-      auto g = gen(g_rank, n, 10 + step);
-      std::vector<uint16_t> a(s + 1), b(s + 1);
-      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN,
-                                            nullptr, nullptr),
-                ZPP_OK)
-          << zpp_get_last_error();
-      q.step = (uint64_t)step;
-      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s,
-                                       ZPP_BFLOAT16, ZPP_OP_MEAN, resid.data(),
-                                       nullptr, nullptr),
-                ZPP_OK);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "loco " << loco << " step " << step;
+    {
+      Bufs bufs(pg);  // device memory: the group's residual is attached
+      std::vector<float> resid(rc, 0.0f);
+      Mem rm;  // the reference residual lives across the steps
+      float *resid_buf = rm.out(resid);
+      for (int step = 0; step < 5; step++) {
+        auto g = gen(g_rank, n, 10 + step);
+        std::vector<uint16_t> a(s + 1), b(s + 1);
+        Mem m;
+        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN,
+                                              nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_get_last_error();
+        q.step = (uint64_t)step;
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, m.in(g), m.out(b), s,
+                                         ZPP_BFLOAT16, ZPP_OP_MEAN, resid_buf,
+                                         nullptr, nullptr),
+                  ZPP_OK);
+        m.back();
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0)
+            << "loco " << loco << " step " << step;
+      }
+      EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);  // before bufs frees its buffers
     }
-    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   }
 }
 
@@ -364,6 +498,7 @@ TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
     EXPECT_EQ(pg, nullptr) << "output set on error";
   }
   ASSERT_EQ(zpp_pgroup_create(g_comm, nullptr, sizes, 1, &pg), ZPP_OK);
+  Bufs bufs(pg);
   size_t o;
   EXPECT_EQ(zpp_pgroup_tensor(pg, 1, &o, nullptr, nullptr, nullptr),
             ZPP_ERR_INVALID_ARGUMENT);
@@ -465,10 +600,14 @@ TEST(PGroup, GroupsWithOneSeedDrawIndependentStochasticRounding) {
     for (size_t i = 0; i < n; i++) all[r][i] = zpp_qm_bf16_to_f32(g16[i]);
   }
   std::vector<float> oa(s), ob(s);
-  EXPECT_EQ(zpp_pgroup_reduce_gradients(a, all[g_rank].data(), oa.data(), ZPP_OP_SUM, nullptr,
-                                        nullptr), ZPP_OK) << zpp_get_last_error();
-  EXPECT_EQ(zpp_pgroup_reduce_gradients(b, all[g_rank].data(), ob.data(), ZPP_OP_SUM, nullptr,
-                                        nullptr), ZPP_OK) << zpp_get_last_error();
+  {
+    Mem m;  // the suite's memory space
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(a, m.in(all[g_rank]), m.out(oa), ZPP_OP_SUM, nullptr,
+                                          nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(b, m.in(all[g_rank]), m.out(ob), ZPP_OP_SUM, nullptr,
+                                          nullptr), ZPP_OK) << zpp_get_last_error();
+    m.back();
+  }
   std::vector<double> ea(s), eb(s);
   for (size_t i = 0; i < s; i++) {
     double exact = 0;
@@ -501,14 +640,22 @@ TEST(PGroup, GroupsWithOneSeedDrawIndependentStochasticRounding) {
   eb.assign(s, 0.0);
   std::vector<float> master(all[g_rank].begin() + info.shard_offset,
                             all[g_rank].begin() + info.shard_offset + s);
+  // full buffers attached (zero), in the suite's memory space, read back
+  std::vector<float> fa_h(n, 0.0f), fb_h(n, 0.0f);
   void *fa = nullptr, *fb = nullptr;
-  EXPECT_EQ(zpp_pgroup_update_params(a, master.data(), nullptr), ZPP_OK) << zpp_get_last_error();
-  EXPECT_EQ(zpp_pgroup_wait(a, &fa), ZPP_OK);
-  EXPECT_EQ(zpp_pgroup_update_params(b, master.data(), nullptr), ZPP_OK) << zpp_get_last_error();
-  EXPECT_EQ(zpp_pgroup_wait(b, &fb), ZPP_OK);
+  {
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_attach(a, nullptr, m.out(fa_h), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_attach(b, nullptr, m.out(fb_h), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_update_params(a, m.in(master), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_wait(a, &fa), ZPP_OK);
+    EXPECT_EQ(zpp_pgroup_update_params(b, m.in(master), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_wait(b, &fb), ZPP_OK);
+    m.back();
+  }
   if (fa != nullptr && fb != nullptr) {
-    const float *ra = (const float *)fa + info.shard_offset;
-    const float *rb = (const float *)fb + info.shard_offset;
+    const float *ra = fa_h.data() + info.shard_offset;
+    const float *rb = fb_h.data() + info.shard_offset;
     for (size_t i = 0; i < s; i++) {
       ea[i] = ra[i] - (double)master[i];
       eb[i] = rb[i] - (double)master[i];
@@ -532,7 +679,10 @@ TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
   zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
   zpp_pgroup_get_info(pg, &info);
   size_t s = info.shard_numel, n = info.padded_numel;
-  EXPECT_EQ(info.full_bytes, n * 2) << "the qWD reconstruction is held from creation";
+  // On host memory the group holds its reconstruction from creation; on
+  // device memory the caller attaches it (full_bytes counts own memory).
+  EXPECT_EQ(info.full_bytes, DeviceMemory() ? 0 : n * 2)
+      << "the qWD reconstruction is held from creation";
   EXPECT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zpp_get_last_error()).find("update_params"), std::string::npos);
   std::mt19937_64 rng(seed() + 40 + (uint64_t)g_rank);
@@ -540,17 +690,22 @@ TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
   std::vector<float> master(s);
   for (size_t i = 0; i < s; i++)
     master[i] = info.shard_offset + i < info.numel ? nd(rng) : 0.0f;
-  std::vector<uint16_t> prev(n, 0);  // the group's own buffer starts at zero
+  // The group's own buffer starts at zero; an attached one (device
+  // memory) is what the caller put there: Bufs zeroes it.
+  Bufs bufs(pg);
+  std::vector<uint16_t> prev(n, 0);
   for (int step = 0; step < 20; step++) {
     for (size_t i = 0; i < s; i++)
       if (info.shard_offset + i < info.numel) master[i] += 0.01f * nd(rng);
     EXPECT_EQ(zpp_pgroup_params_changed(pg), ZPP_OK);
-    EXPECT_EQ(zpp_pgroup_update_params(pg, master.data(), nullptr), ZPP_OK)
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_update_params(pg, m.in(master), nullptr), ZPP_OK)
         << zpp_get_last_error();
     void *full = nullptr;
     EXPECT_EQ(zpp_pgroup_wait(pg, &full), ZPP_OK);
     if (full == nullptr) break;
-    const uint16_t *f = (const uint16_t *)full;
+    std::vector<uint16_t> fv = bufs.full(full);
+    const uint16_t *f = fv.data();
     EXPECT_TRUE(same_on_all_ranks(fnv64(f, n * 2))) << "step " << step;
     const uint16_t *mine = f + info.shard_offset, *old = prev.data() + info.shard_offset;
     int bad = 0;
@@ -572,7 +727,7 @@ TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
     std::memcpy(prev.data(), f, n * 2);
     EXPECT_EQ(zpp_pgroup_release(pg), ZPP_OK);  // keeps the reconstruction
     zpp_pgroup_get_info(pg, &info);
-    EXPECT_EQ(info.full_bytes, n * 2);
+    EXPECT_EQ(info.full_bytes, DeviceMemory() ? 0 : n * 2);
   }
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   // update_params needs qWD
@@ -609,17 +764,22 @@ TEST(PGroup, Int8ErrorFeedbackWithHadamardEqualsTheCollective) {
   EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &q, s, &bytes), ZPP_OK);
   EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &fp32), ZPP_OK);
   EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
-  EXPECT_EQ(info.residual_bytes, bytes);
+  EXPECT_EQ(info.residual_bytes, DeviceMemory() ? 0 : bytes);
   EXPECT_EQ(rc, (bytes + 3) / 4);
   EXPECT_LT(bytes * 3, fp32 * 4) << "INT8 residual not smaller";
+  Bufs bufs(pg);
   std::vector<uint8_t> resid(bytes, 0);
+  Mem rm;
+  uint8_t *resid_buf = rm.out(resid);
   for (int step = 0; step < 3; step++) {
     auto g = gen(g_rank, n, 50 + step);
     std::vector<uint16_t> a(s + 1), b(s + 1);
-    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, g.data(), a.data(), ZPP_OP_MEAN, nullptr,
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr,
                                           nullptr), ZPP_OK) << zpp_get_last_error();
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, g.data(), b.data(), s, ZPP_BFLOAT16,
-                                     ZPP_OP_MEAN, resid.data(), nullptr, nullptr), ZPP_OK);
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, m.in(g), m.out(b), s, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, resid_buf, nullptr, nullptr), ZPP_OK);
+    m.back();
     EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
   }
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);

@@ -60,12 +60,17 @@ struct Layout {
 };
 Layout g_layout;
 
+// ZPP_TOPO: the layout zpp is told (emulated).  Without it the topology is
+// discovered; ZPP_TEST_EXPECT_NODES (same syntax) then says what discovery
+// must find (scripts/netns_cluster.sh: real nodes), else one node.
 Layout make_layout(int size) {
   Layout L;
   const char *spec = std::getenv("ZPP_TOPO");
+  const char *expect = std::getenv("ZPP_TEST_EXPECT_NODES");
   L.node_of.assign(size, 0);
+  L.emulated = spec && *spec;
+  if (!L.emulated) spec = expect;
   if (spec && *spec) {
-    L.emulated = true;
     std::string s(spec);
     size_t x = s.find_first_of("xX");
     if (x != std::string::npos) {
@@ -1708,10 +1713,13 @@ int main(int argc, char **argv) {
   g_layout = make_layout(g_size);
   if (g_rank == 0) {
     const char *t = std::getenv("ZPP_TOPO");
-    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; %s%s\n",
+    const char *x = std::getenv("ZPP_TEST_EXPECT_NODES");
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; backend %s; %s%s%s%s\n",
                 (unsigned long long)g_seed, g_size, g_backend.c_str(),
                 t && *t ? "emulated topology ZPP_TOPO=" : "discovered topology",
-                t && *t ? t : "");
+                t && *t ? t : "",
+                !(t && *t) && x && *x ? ", expected ZPP_TEST_EXPECT_NODES=" : "",
+                !(t && *t) && x && *x ? x : "");
   }
   int failed = 1;
   zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &g_comm);

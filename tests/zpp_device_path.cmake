@@ -9,15 +9,19 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
   target_link_libraries(test_device_path PRIVATE zpp_static zpp_cudart_emu
     GTest::gtest MPI::MPI_C)
   target_include_directories(test_device_path BEFORE PRIVATE
-    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu ${PROJECT_SOURCE_DIR}/src
+    ${PROJECT_SOURCE_DIR}/topology)
   target_compile_definitions(test_device_path PRIVATE OMPI_SKIP_MPICXX=1
     MPICH_SKIP_MPICXX=1)
   set(_run ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
     --mca btl self,vader --bind-to none -np 2 $<TARGET_FILE:test_device_path>)
   set(_env "ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>;ZPP_TIMEOUT_S=60"
     "OMPI_MCA_mpi_yield_when_idle=1")
-  foreach(_case request device hpz auto queries)
+  foreach(_case request device hpz auto queries barrier abort staging)
     set(_e ${_env} "ZPP_TEST_CASE=${_case}" "ZPP_TOPO=2x1")
+    if(_case STREQUAL "abort")
+      list(APPEND _e "ZPP_NCCL_EMU_TIMEOUT_S=300")
+    endif()
     if(_case STREQUAL "auto")
       list(APPEND _e "ZPP_EMU_DEVICES=1")
     else()

@@ -53,7 +53,8 @@ typedef enum {
   ZPP_ERR_STALE = -12,    /* a cached copy is older than the parameters     */
   ZPP_ERR_SYSTEM = -13,   /* an OS call failed; message keeps strerror       */
   ZPP_ERR_IO = -14,       /* a file could not be read or parsed             */
-  ZPP_ERR_INTERNAL = -15  /* a bug in zpp: please report it                 */
+  ZPP_ERR_INTERNAL = -15, /* a bug in zpp: please report it                 */
+  ZPP_ERR_ABORTED = -16   /* the communicator was aborted (zpp_comm_abort)  */
 } zpp_status_t;
 
 /* Static name and meaning of a status code ("ZPP_ERR_NULL_POINTER: ..."). */

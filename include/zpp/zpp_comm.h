@@ -204,13 +204,50 @@ ZPP_API zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
 /* Collective over the ranks of `comm`, every rank passing the same list:
  * a communicator of comm's ranks ranks[0..n-1] in that order (rank i of the
  * new communicator is ranks[i]); ranks not in the list get NULL.  Ranks
- * must be distinct and in [0, size). */
+ * must be distinct and in [0, size).  The lists are compared: ranks that
+ * passed different ones all fail with ZPP_ERR_MISMATCH naming one that
+ * differs; a rank whose list is invalid makes every rank fail, naming it. */
 ZPP_API zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
                                                 const int *ranks,
                                                 zpp_comm_t *newcomm);
 
-/* Collective over the ranks of the communicator.  Safe on NULL. */
+/* Collective over the ranks of the communicator.  Safe on NULL.  Returns
+ * (bounded) also after zpp_comm_abort or a failure: started requests not
+ * waited for are dropped (queued plans never run; a running one ends at
+ * its next step), and nothing waits for a peer. */
 ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
+
+/* ---- faults ----------------------------------------------------------------
+ * A communicator that fails -- a peer missing past the timeout
+ * (ZPP_TIMEOUT_S), a collective that failed part-way on this rank, an
+ * error of the backend -- or that is aborted, is unusable from then on:
+ * every later call on it (collectives, zpp_comm_split, waits) fails at
+ * once with its *first* error, and it can only be destroyed.  Errors from
+ * timeouts name the ranks whose part never came ("rank 3 did not take
+ * part ...", "... of transfers from 3"), and, for ranks on this machine,
+ * whether their process is gone or stopped. */
+
+/* Aborts the communicator on this rank.  Safe from any thread, also while
+ * other threads are inside calls on it (not concurrently with or after
+ * zpp_comm_destroy); local (no communication) and returns at once.  Every
+ * call that waits on it and every request not yet complete returns
+ * ZPP_ERR_ABORTED promptly (at its next poll: about a millisecond, or
+ * after the kernel step it is running); later calls fail at once with the
+ * communicator's first error (ZPP_ERR_ABORTED unless it had failed
+ * before).  Other ranks are not told: their collectives with this rank
+ * time out, naming it, unless they abort too.  Call zpp_comm_destroy
+ * afterwards. */
+ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
+
+/* The communicator's asynchronous error, without blocking: *status =
+ * ZPP_OK while it works, else the first error that made it unusable
+ * (e.g. a started collective that failed on the engine thread, a timeout,
+ * ZPP_ERR_ABORTED), or an asynchronous error of the backend (NCCL).  When
+ * *status is an error, zpp_get_last_error() gives its message on this
+ * thread.  Safe from any thread.  Returns ZPP_OK unless comm or status is
+ * NULL. */
+ZPP_API zpp_status_t zpp_comm_get_async_error(zpp_comm_t comm,
+                                              zpp_status_t *status);
 
 ZPP_API zpp_status_t zpp_comm_rank(zpp_comm_t comm, int *rank);
 ZPP_API zpp_status_t zpp_comm_size(zpp_comm_t comm, int *size);

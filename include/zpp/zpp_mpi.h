@@ -15,8 +15,13 @@ extern "C" {
 
 /* Collective over the ranks of `comm`.  MPI must be initialised by the
  * caller (zpp never calls MPI_Init or MPI_Finalize) and stay initialised
- * until zpp_comm_destroy.  zpp duplicates `comm` (MPI_Comm_dup), so its
- * traffic never mixes with the caller's.  cfg NULL: defaults.
+ * until zpp_comm_destroy.  zpp duplicates `comm` (MPI_Comm_idup), so its
+ * traffic never mixes with the caller's.  cfg NULL: defaults.  Every wait
+ * is bounded by the timeout (cfg->timeout_s, else ZPP_TIMEOUT_S): zpp calls
+ * no blocking MPI collective; after the duplication (whose missing ranks
+ * MPI cannot name) errors name the ranks that did not take part.  The node
+ * map comes from host identities (host name, boot id, network namespace),
+ * as on every bootstrap.
  *
  * Threads: the communicator's operations may be called from one thread
  * other than the creating one (a progress thread), one call at a time;
@@ -31,7 +36,8 @@ ZPP_API zpp_status_t zpp_comm_create_mpi(MPI_Comm comm,
                                          zpp_comm_t *out);
 
 /* The communicator zpp duplicated from the caller's (for tools and tests;
- * do not free it). */
+ * do not free it).  ZPP_ERR_UNSUPPORTED for a subset (zpp_comm_split):
+ * zpp keeps no MPI communicator of exactly its ranks. */
 ZPP_API zpp_status_t zpp_comm_get_mpi_comm(zpp_comm_t comm, MPI_Comm *out);
 
 #ifdef __cplusplus

@@ -101,10 +101,12 @@ typedef struct {
                            is at the end and is zero in the group's shard */
   size_t shard_numel;   /* elements owned by every rank */
   size_t shard_offset;  /* rank * shard_numel */
-  size_t full_bytes;    /* bytes of the full buffer held now (0 after
-                           release) */
+  size_t full_bytes;    /* bytes of the full buffer held now in the
+                           group's own memory (0 after release; 0 for an
+                           attached buffer) */
   size_t hpz_bytes;     /* hpZ secondary partition held (0 without hpZ) */
-  size_t residual_bytes; /* qgZ error-feedback residual held */
+  size_t residual_bytes; /* qgZ error-feedback residual held in the group's
+                           own memory (0 for an attached one) */
   uint64_t generation;  /* bumped by zpp_pgroup_params_changed */
 } zpp_pgroup_info_t;
 

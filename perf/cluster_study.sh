@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The bandwidth study on real links (perf/bandwidth_study.sh --cluster):
+# 8 ranks as 2 nodes x 4 ranks of scripts/netns_cluster.sh (network
+# namespaces, the topology discovered), each node's link shaped by tc tbf in
+# both directions:
+#   1600mbit  per node = 4 ranks x 0.4 Gbit/s: the compute:network ratio of
+#             H200s on 400 Gb/s NDR, as the emulated study scales it
+#             (docs/benchmarks.md, section 3, "Why 0.4 Gbit/s")
+#   400mbit   per node = 4 x 0.1 Gbit/s: 100 Gb Ethernet
+#   none      unshaped veth (what 2 shared cores move through TCP)
+# At each: zpp-bench all-gather (bf16, qwz8, qwz4, Open MPI's
+# MPI_Allgather) and reduce-scatter (bf16, qgz4, qgz8-4, Open MPI's
+# MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4), -w 1 -n 5: median and
+# spread of 5 timed iterations.  Then the same benchmark on zpp's in-library
+# emulation (ZPP_TOPO=2x4, ZPP_EMU_INTER_GBIT, root namespace, shared
+# memory) at the per-rank share of each shaped rate (rate / 4) and at the
+# whole rate (one NIC per node), 1 and 4 MiB.
+#   usage: perf/cluster_study.sh OUT_DIR [BUILD_DIR]
+# Writes OUT_DIR/cluster_study.csv (every row: mode real|emu, the link
+# setting, zpp-bench's columns), OUT_DIR/cluster_study.md (tables, the
+# command above each) and OUT_DIR/cluster_study_time.png,
+# OUT_DIR/cluster_study_emu.png.  Needs root (exits 1 saying why if a
+# cluster cannot be made).  Run time: about 10-15 minutes on 2 cores.
+# Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
+# ZPP_CLUSTER_STUDY_EMU=0.
+set -euo pipefail
+prog=cluster_study.sh
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $prog OUT_DIR [BUILD_DIR]" >&2
+  exit 2
+fi
+out=$1
+build=${2:-build}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster=$here/../scripts/netns_cluster.sh
+bench=$(cd "$build" && pwd)/perf/zpp-bench
+[ -x "$bench" ] || { echo "$prog: no $bench: build first" >&2; exit 1; }
+python3 -c 'import matplotlib' 2> /dev/null || {
+  echo "$prog: python3 matplotlib is missing (pip install matplotlib)" >&2
+  exit 1
+}
+if ! why=$("$cluster" check); then
+  echo "$prog: $why" >&2
+  exit 1
+fi
+mkdir -p "$out"
+exec 9> /run/zpp-cluster.lock
+flock -w 900 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
+trap '"$cluster" down; rm -f "$out/.bench.out" "$out/.bench.err"' EXIT
+
+read -r -a rates <<< "${ZPP_CLUSTER_STUDY_RATES:-1600mbit 400mbit none}"
+maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
+iters=${ZPP_CLUSTER_STUDY_ITERS:-5}
+declare -A variants=([allgather]=bf16,qwz8,qwz4,mpi [reducescatter]=bf16,qgz4,qgz8-4,mpi)
+declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
+csv=$out/cluster_study.csv
+cmds=$out/cluster_study.cmds
+meta=$out/cluster_study.meta
+echo "mode,link,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,time_min_us,time_max_us,inter_bytes_node_max" > "$csv"
+: > "$cmds"
+{
+  echo "start $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "load_start $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cores $(nproc)"
+  echo "iters $iters"
+  echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+} > "$meta"
+status=0
+
+# run MODE LINK KEY: one zpp-bench run (arguments after the key), its rows
+# appended to the CSV, the command (key: its text) to the command list.
+run() {
+  local mode=$1 link=$2 text=$3 rc=0
+  shift 3
+  echo "$mode|$link|$text" >> "$cmds"
+  echo "\$ $text" >&2
+  "$@" > "$out/.bench.out" 2> "$out/.bench.err" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "$prog: exit $rc: $text" >&2
+    tail -5 "$out/.bench.err" >&2
+    status=1
+  fi
+  grep -v '^#' "$out/.bench.out" | grep -v '^coll,' | sed "s/^/$mode,$link,/" >> "$csv" || true
+}
+
+t0=$(date +%s)
+"$cluster" up -n 2 -p 4
+for rate in "${rates[@]}"; do
+  "$cluster" shape "$rate"
+  for coll in allgather reducescatter; do
+    args=(--coll "$coll" --variant "${variants[$coll]}" -b 64K -e "$maxbytes" -f 4
+          -n "$iters" -w 1 -c 1 --format csv)
+    run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 zpp-bench ${args[*]}" \
+      timeout -k 10 900 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "$bench" "${args[@]}"
+  done
+done
+"$cluster" down
+t1=$(date +%s)
+
+# The same benchmark on zpp's emulation: one machine, ZPP_TOPO=2x4, shared
+# memory between the ranks, the per-rank NIC clock of docs/design.md.
+if [ "${ZPP_CLUSTER_STUDY_EMU:-1}" != 0 ]; then
+  export OMPI_MCA_mpi_yield_when_idle=1
+  mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
+          --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
+  declare -A done_g=()
+  for rate in "${rates[@]}"; do
+    [[ "$rate" =~ ^[0-9]+mbit$ ]] || continue
+    mbit=${rate%mbit}
+    for g in $(python3 -c "print('%g %g' % ($mbit / 4000, $mbit / 1000))"); do
+      [ -n "${done_g[$g]:-}" ] && continue   # 0.4: 1600mbit / 4 and 400mbit
+      done_g[$g]=1
+      for coll in allgather reducescatter; do
+        args=(--coll "$coll" --variant "${emu_variants[$coll]}" -b 1M -e 4M -f 4
+              -n "$iters" -w 1 -c 1 --format csv)
+        run emu "$g" "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$g mpirun -np 8 zpp-bench ${args[*]}" \
+          timeout -k 10 900 "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$g" "$bench" "${args[@]}"
+      done
+    done
+  done
+fi
+t2=$(date +%s)
+echo "load_end $(cut -d' ' -f1-3 /proc/loadavg)" >> "$meta"
+echo "seconds_real $((t1 - t0))" >> "$meta"
+echo "seconds_emu $((t2 - t1))" >> "$meta"
+
+python3 "$here/plot_cluster_study.py" --markdown "$csv" "$cmds" "$meta" > "$out/cluster_study.md"
+python3 "$here/plot_cluster_study.py" --plot "$csv" "$out"
+rm -f "$cmds" "$meta"
+echo "wrote $out/cluster_study.{csv,md} and PNGs ($((t1 - t0)) s real links, $((t2 - t1)) s emulation)" >&2
+exit "$status"

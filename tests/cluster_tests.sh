@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# `make test-cluster` (part of `make test`): zpp on a real cluster of
+# network namespaces (scripts/netns_cluster.sh), where the topology is
+# discovered, not told (no ZPP_TOPO): every node has its own hostname and
+# network, ranks of one node share memory, ranks of different nodes talk TCP
+# over their shaped links.
+#   usage: tests/cluster_tests.sh [BUILD_DIR]
+# Steps, each bounded by `timeout`:
+#   2 nodes x 4 ranks, 1 Gbit/s per node link:
+#     zpp-topo --json        2 nodes, hosts zpp-n0 and zpp-n1, not emulated
+#     test_transport         every operation, counts, errors (not Emu.*)
+#     test_coll              baselines, qwZ, hpZ, qgZ, qWD
+#     test_linkcut           link down (bridge port) and 100% loss: a cut
+#                            shorter than the timeout completes exactly, a
+#                            longer one times out on every rank, no hang
+#   3 nodes x 2 ranks, unshaped:
+#     test_transport, test_coll
+# Where a cluster cannot be made (not root, no iproute2, no namespaces) it
+# prints why and exits 0 (skipped).  One cluster at a time per machine:
+# /run/zpp-cluster.lock.  Everything is torn down on exit, also on failure.
+# Wall time here: 68 s at a load average of 5, 114 s at 20.
+set -uo pipefail
+prog=cluster_tests.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-build}" && pwd) || { echo "$prog: no build dir ${1:-build}" >&2; exit 1; }
+cluster=$root/scripts/netns_cluster.sh
+
+if ! why=$("$cluster" check); then
+  echo "$prog: SKIPPED: ${why#*: }"
+  exit 0
+fi
+for b in tools/zpp-topo tests/test_transport tests/test_coll tests/test_linkcut; do
+  [ -x "$build/$b" ] || { echo "$prog: no $build/$b: build first" >&2; exit 1; }
+done
+
+exec 9> /run/zpp-cluster.lock
+flock -w 900 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
+trap 'exit 130' INT TERM
+
+failed=()
+t_all=$(date +%s)
+# step NAME LIMIT_S MPIRUN_ARGS...: one bounded mpirun on the cluster
+step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  echo "== $name"
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$cluster" run -x OMPI_MCA_mpi_yield_when_idle=1 "$@" \
+    > "$log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    grep -E '^\[ (seed|cut|wait) |^\[  (PASSED|SKIPPED) ' "$log" | sed 's/^/   /'
+    echo "   passed ($(( $(date +%s) - t0 )) s)"
+  else
+    tail -40 "$log" | sed 's/^/   /'
+    [ $rc -eq 124 ] && echo "   TIMED OUT after $limit s"
+    echo "   FAILED (exit $rc, $(( $(date +%s) - t0 )) s)"
+    failed+=("$name")
+  fi
+}
+log=$(mktemp /tmp/zpp-cluster-tests.XXXXXX)
+trap '"$cluster" down; rm -f "$log"' EXIT
+
+# ---- 2 nodes x 4 ranks, shaped ----------------------------------------------
+"$cluster" up -n 2 -p 4 -r 1gbit || exit 1
+echo "== zpp-topo --json (2 nodes x 4 ranks, discovered)"
+if timeout -k 10 60 "$cluster" run -np 8 "$build/tools/zpp-topo" --json > "$log" 2>&1 &&
+   python3 - "$log" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+d = json.loads(text[text.index("{"):text.rindex("}") + 1])
+hosts = [sorted({r["host"] for r in d["ranks"] if r["node"] == n}) for n in range(len(d["nodes"]))]
+want = [["zpp-n0"], ["zpp-n1"]]
+ok = (d["emulated"] is False and d["world_size"] == 8 and len(d["nodes"]) == 2
+      and [len(n["ranks"]) for n in d["nodes"]] == [4, 4] and hosts == want)
+print("   nodes %d, ranks per node %s, hosts %s, emulated %s"
+      % (len(d["nodes"]), [len(n["ranks"]) for n in d["nodes"]], hosts, d["emulated"]))
+sys.exit(0 if ok else 1)
+PY
+then
+  echo "   passed"
+else
+  tail -20 "$log" | sed 's/^/   /'
+  echo "   FAILED: expected 2 discovered nodes of 4 ranks on hosts zpp-n0, zpp-n1"
+  failed+=(zpp-topo)
+fi
+step "test_transport 2x4" 180 -np 8 -x ZPP_TEST_EXPECT_NODES=2x4 \
+  "$build/tests/test_transport" --gtest_filter=-Emu.*
+step "test_coll 2x4" 180 -np 8 "$build/tests/test_coll"
+step "test_linkcut 2x4, link down" 120 -np 8 \
+  -x ZPP_TEST_LINK_CUT="$cluster link 1 down" -x ZPP_TEST_LINK_RESTORE="$cluster link 1 up" \
+  "$build/tests/test_linkcut"
+step "test_linkcut 2x4, 100% loss" 120 -np 8 \
+  -x ZPP_TEST_LINK_CUT="$cluster link 1 loss" -x ZPP_TEST_LINK_RESTORE="$cluster link 1 unloss" \
+  "$build/tests/test_linkcut"
+
+# ---- 3 nodes x 2 ranks, unshaped ----------------------------------------------
+"$cluster" up -n 3 -p 2 || exit 1
+step "test_transport 3x2" 180 -np 6 -x ZPP_TEST_EXPECT_NODES=3x2 \
+  "$build/tests/test_transport" --gtest_filter=-Emu.*
+step "test_coll 3x2" 180 -np 6 "$build/tests/test_coll"
+
+echo "$prog: $(( $(date +%s) - t_all )) s"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "$prog: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "$prog: all cluster suites passed"
