@@ -260,7 +260,9 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before
  * the first step: each step adds it to the data before encoding and
- * stores the new compression error into it.  With cfg->residual_bits 8 it
+ * stores the new compression error into it (with cfg->residual_beta, a
+ * moving average of the errors; cfg->residual_reset zeroes it first every
+ * that many steps of cfg->step).  With cfg->residual_bits 8 it
  * is a buffer of zpp_qgz_residual_bytes bytes (all zero before the first
  * step), any alignment.  A NaN or Inf in any rank's gradient makes the
  * owning shard's element non-finite. */
