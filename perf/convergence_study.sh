@@ -5,9 +5,12 @@
 # step, in the layout of the SDP4Bit paper's table, and a plot of the loss
 # curves (perf/plot_convergence_study.py).
 #   usage: perf/convergence_study.sh OUT_DIR [BUILD_DIR]
-# Writes OUT_DIR/convergence_runs/<config>_seed<S>.{log,json} (one per run;
-# a run whose .json exists is not run again, so an interrupted study
-# resumes), OUT_DIR/convergence_losses.csv (config,seed,step,loss),
+# Writes OUT_DIR/convergence_runs/<config>_seed<S>.{log,json,key} (one per
+# run; a run is not run again when its .json exists and its .key, the
+# exact command line, launcher and sha256 of the zpp-train binary, is the
+# same, so an interrupted study resumes; a run of other flags, steps,
+# batch or another build is run again), OUT_DIR/convergence_losses.csv
+# (config,seed,step,loss),
 # OUT_DIR/convergence_summary.csv, OUT_DIR/convergence_study.md and
 # OUT_DIR/convergence_study.png.
 #
@@ -27,7 +30,12 @@
 # Environment: ZPP_CONV_STEPS (300), ZPP_CONV_SEEDS ("1 2 3"),
 # ZPP_CONV_BATCH (16), ZPP_CONV_CONFIGS (names below; default all),
 # ZPP_CONV_RUNS (where the per-run files go; OUT_DIR/convergence_runs),
-# ZPP_CONV_EXTRA (flags added to every zpp-train run).
+# ZPP_CONV_EXTRA (flags added to every zpp-train run),
+# ZPP_CONV_RUN_TIMEOUT_S (wall-clock limit of one run: 600 + 30 s per
+# step by default, 5x the slowest step seen here; a run past it is killed
+# and the study stops naming it), ZPP_CONV_LAUNCH (the launcher prefix;
+# default: mpirun of 8 ranks as below), ZPP_CONV_PLOT (0: no plot).
+# tests/convergence_study_test.sh runs it with a stand-in zpp-train.
 set -euo pipefail
 prog=convergence_study.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -43,6 +51,10 @@ steps=${ZPP_CONV_STEPS:-300}
 read -r -a seeds <<< "${ZPP_CONV_SEEDS:-1 2 3}"
 batch=${ZPP_CONV_BATCH:-16}
 read -r -a extra <<< "${ZPP_CONV_EXTRA:-}"
+run_timeout=${ZPP_CONV_RUN_TIMEOUT_S:-$((600 + 30 * steps))}
+case $run_timeout in
+  ''|*[!0-9]*|0) echo "$prog: ZPP_CONV_RUN_TIMEOUT_S '$run_timeout': must be a positive integer (seconds)" >&2; exit 2 ;;
+esac
 
 # name | label | zpp-train flags.  bf16 is ZeRO-3 without compression
 # (bitwise equal to zero1/zero2/dp, docs/runtime.md).  4-bit weights: the
@@ -62,43 +74,73 @@ configs=(
 want=${ZPP_CONV_CONFIGS:-}
 
 export OMPI_MCA_mpi_yield_when_idle=1
-mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
-        --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
+if [ -n "${ZPP_CONV_LAUNCH:-}" ]; then
+  read -r -a mpirun <<< "$ZPP_CONV_LAUNCH"
+else
+  mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
+          --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
+fi
+train_sum=$(sha256sum "$train" | cut -d' ' -f1)
 runs=${ZPP_CONV_RUNS:-$out/convergence_runs}
 mkdir -p "$runs"
 cmds=$out/convergence_study.cmds
 : > "$cmds"
+# the runs the summary may use: those whose key is this study's
+valid=$out/convergence_study.valid
+: > "$valid"
 t0=$(date +%s)
 for seed in "${seeds[@]}"; do
   for c in "${configs[@]}"; do
     IFS='|' read -r name label flags <<< "$c"
-    if [ -n "$want" ] && [[ " $want " != *" $name "* ]]; then continue; fi
     read -r -a f <<< "$flags"
     args=(--large --steps "$steps" --batch "$batch" --seed "$seed" "${f[@]}" "${extra[@]}" --json)
-    echo "ZPP_TOPO=2x4 mpirun -np 8 zpp-train ${args[*]}" >> "$cmds"
     base=$runs/${name}_seed$seed
-    if [ -s "$base.json" ]; then
-      echo "$prog: $name seed $seed: done before, kept" >&2
+    # what the run's result depends on: a run with another key is stale
+    key="${mpirun[*]} $train ${args[*]} | zpp-train sha256 $train_sum"
+    fresh=0
+    if [ -s "$base.json" ] && [ -f "$base.key" ] && [ "$(cat "$base.key")" = "$key" ]; then
+      fresh=1
+    fi
+    if [ -n "$want" ] && [[ " $want " != *" $name "* ]]; then
+      # not run now; summarised only if an earlier run is this study's
+      [ "$fresh" = 1 ] && echo "${name}_seed$seed" >> "$valid"
       continue
     fi
-    echo "$prog: $name seed $seed ($(date -u +%H:%M:%S))" >&2
-    if ! "${mpirun[@]}" "$train" "${args[@]}" > "$base.log" 2> "$base.err"; then
-      echo "$prog: $name seed $seed failed:" >&2
+    echo "ZPP_TOPO=2x4 mpirun -np 8 zpp-train ${args[*]}" >> "$cmds"
+    if [ "$fresh" = 1 ]; then
+      echo "$prog: $name seed $seed: done before with the same command and binary, kept" >&2
+      echo "${name}_seed$seed" >> "$valid"
+      continue
+    fi
+    rm -f "$base.json" "$base.key"
+    echo "$prog: $name seed $seed ($(date -u +%H:%M:%S), limit ${run_timeout} s)" >&2
+    rc=0
+    timeout --kill-after=30 "$run_timeout" "${mpirun[@]}" "$train" "${args[@]}" \
+      > "$base.log" 2> "$base.err" || rc=$?
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      echo "$prog: $name seed $seed timed out after $run_timeout s (ZPP_CONV_RUN_TIMEOUT_S); killed" >&2
+      exit 1
+    fi
+    if [ "$rc" != 0 ]; then
+      echo "$prog: $name seed $seed failed (exit $rc):" >&2
       tail -5 "$base.err" >&2
       exit 1
     fi
     tail -n 1 "$base.log" > "$base.json.tmp" && mv "$base.json.tmp" "$base.json"
+    printf '%s\n' "$key" > "$base.key"
+    echo "${name}_seed$seed" >> "$valid"
   done
 done
 t1=$(date +%s)
 echo "$prog: runs took $((t1 - t0)) s" >&2
 
 # ---- losses and summary -------------------------------------------------
-python3 - "$out" "$steps" "${seeds[*]}" "$runs" "$t1" "$t0" "$batch" "${configs[@]}" <<'PY'
+python3 - "$out" "$steps" "${seeds[*]}" "$runs" "$valid" "$t0" "$batch" "${configs[@]}" <<'PY'
 import csv, json, math, pathlib, re, statistics, sys
 out = pathlib.Path(sys.argv[1]); steps = int(sys.argv[2])
 seeds = [int(s) for s in sys.argv[3].split()]
 runs = pathlib.Path(sys.argv[4])
+valid = set(pathlib.Path(sys.argv[5]).read_text().split())  # this study's runs only
 batch = int(sys.argv[7])
 configs = [c.split("|") for c in sys.argv[8:]]
 tail = max(1, steps // 10)
@@ -107,7 +149,7 @@ rows, summ = [], {}
 for name, label, flags in configs:
     for s in seeds:
         log, js = runs / f"{name}_seed{s}.log", runs / f"{name}_seed{s}.json"
-        if not js.exists():
+        if f"{name}_seed{s}" not in valid or not js.exists():
             continue
         losses = []
         for line in log.read_text().splitlines():
@@ -175,6 +217,10 @@ for name, label, flags in configs:
     md.append("- %s: `%s`" % (label, flags))
 (out / "convergence_study.md").write_text("\n".join(md) + "\n")
 PY
+if [ "${ZPP_CONV_PLOT:-1}" = 0 ]; then
+  echo "$prog: wrote $out/convergence_study.md and $out/convergence_summary.csv (no plot: ZPP_CONV_PLOT=0)" >&2
+  exit 0
+fi
 python3 "$here/plot_convergence_study.py" "$out/convergence_losses.csv" \
   -o "$out/convergence_study.png" --steps "$steps" || {
   echo "$prog: the plot failed (is matplotlib installed?)" >&2

@@ -83,21 +83,10 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
 
 /* ---- qwZ -------------------------------------------------------------------- */
 
-static zpp_status_t check_quant(const char *func, const zpp_quant_config_t *q) {
-  zpp_status_t st;
-  if (q == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "quant is NULL");
-  st = zpp_quant_config_check(q);
-  if (st != ZPP_OK) {
-    /* Keep the field name, report under this function.  The message is
-     * copied first: zpp_error writes the buffer it would be read from. */
-    char why[256];
-    const char *colon;
-    snprintf(why, sizeof why, "%s", zpp_get_last_error());
-    colon = strstr(why, ": ");
-    return zpp_error(st, func, "quant: %s", colon != NULL ? colon + 2 : why);
-  }
-  return ZPP_OK;
+zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
+                                  const char *fp,
+                                  const zpp_quant_config_t *q) {
+  return zpp_quant_config_check_named(func, name, fp, q);
 }
 
 #define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
@@ -227,7 +216,7 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   uint64_t w[3] = {0, 0, 0};
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = check_quant(__func__, quant);
+  st = zpp_coll_check_quant(__func__, "quant", "quant->", quant);
   if (st == ZPP_OK)
     st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
@@ -310,7 +299,9 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
                                          "cfg->quantized %d: must be 0 or 1",
                                          cfg->quantized));
   if (cfg->quantized)
-    ZPP_CHECK(zpp_comm_fail(comm, check_quant(__func__, &cfg->quant)));
+    ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_quant(__func__, "cfg->quant",
+                                                      "cfg->quant.",
+                                                      &cfg->quant)));
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_dtype(__func__, dtype)));
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_count(__func__, &ex, count,
                                                     dtype)));

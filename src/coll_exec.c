@@ -281,6 +281,28 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
 #endif
 }
 
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res) {
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_decode(ex, q, enc, count, ZPP_FLOAT32, scratch));
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_ema_residual_host(x, scratch, count, beta, res);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_ema_residual_device(x, scratch, count, beta,
+                                                   res, ex->stream,
+                                                   DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
 zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
                                  const uint64_t *words, int nwords,
@@ -383,22 +405,30 @@ zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
   return zpp_quant_check_device_ptr(func, what, p);
 }
 
-zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                               const void *send, const void *recv,
-                               size_t count, zpp_dtype_t dtype) {
+zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,
+                                       const char *send_name, const void *send,
+                                       const char *recv_name, const void *recv,
+                                       size_t count, zpp_dtype_t dtype) {
   ZPP_CHECK(zpp_coll_check_count(func, ex, count, dtype));
   if (count == 0)
     return ZPP_OK;
   if (send == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
-                     count);
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL (count %zu)",
+                     send_name, count);
   if (recv == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
-                     count);
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL (count %zu)",
+                     recv_name, count);
   /* Device memory: the caller's buffers are classified here, once per
    * call; the kernels the collective launches then skip the query. */
-  ZPP_CHECK(zpp_coll_check_device_buf(func, ex, "sendbuf", send));
-  return zpp_coll_check_device_buf(func, ex, "recvbuf", recv);
+  ZPP_CHECK(zpp_coll_check_device_buf(func, ex, send_name, send));
+  return zpp_coll_check_device_buf(func, ex, recv_name, recv);
+}
+
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                                 const void *send, const void *recv,
+                                 size_t count, zpp_dtype_t dtype) {
+  return zpp_coll_check_bufs_named(func, ex, "sendbuf", send, "recvbuf", recv,
+                                   count, dtype);
 }
 
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {

@@ -66,6 +66,14 @@ zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
                                    const zpp_quant_config_t *q,
                                    const float *x, const void *enc,
                                    size_t count, float *res);
+/* LoCo's moving average (docs/collectives.md): dec = decode(enc) into
+ * `scratch` (count floats), then res = beta res + (1 - beta) (x - dec)
+ * (zpp_qm_ema_residual); res holds the old residual on entry. */
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res);
 
 /* Encoded bytes of `count` elements (config already checked). */
 size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);
@@ -95,10 +103,23 @@ zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
 zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
                                        const char *what, const void *p);
 /* zpp_coll_check_count; buffers non-NULL when count > 0, and on device
- * communicators classified as device memory once. */
+ * communicators classified as device memory once.  Messages name them
+ * "sendbuf" and "recvbuf". */
 zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
                                  const void *send, const void *recv,
                                  size_t count, zpp_dtype_t dtype);
+/* The same with the names the public declaration gives the two buffers
+ * (qWD: "target" and "recon"). */
+zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,
+                                       const char *send_name, const void *send,
+                                       const char *recv_name, const void *recv,
+                                       size_t count, zpp_dtype_t dtype);
+/* q non-NULL and valid (zpp_quant_config_check), reported under `func`
+ * with the caller's names: ("quant", "quant->") gives "zpp_qwz_allgather:
+ * quant->bits 3: must be 8 or 4". */
+zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
+                                  const char *fp,
+                                  const zpp_quant_config_t *q);
 
 /* Elements per chunk of a chunked (pipelined) plan: a whole number of
  * blocks, about count / 8 and at least ZPP_PIPE_MIN_CHUNK (below that,

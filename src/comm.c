@@ -19,31 +19,32 @@ const char *zpp_backend_name(zpp_backend_t backend) {
   return "unknown";
 }
 
-zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
+zpp_status_t zpp_comm_config_check_as(const char *func,
+                                       const zpp_comm_config_t *cfg) {
   if (cfg == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "cfg is NULL");
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
   if (cfg->struct_size != sizeof(zpp_comm_config_t))
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->struct_size %zu: must be sizeof(zpp_comm_config_t) "
                      "= %zu (initialise with ZPP_COMM_CONFIG_INIT)",
                      cfg->struct_size, sizeof(zpp_comm_config_t));
   if ((int)cfg->backend < ZPP_BACKEND_AUTO ||
       (int)cfg->backend > ZPP_BACKEND_UCX)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->backend %d: must be ZPP_BACKEND_AUTO, _MPI, _NCCL "
                      "or _UCX",
                      (int)cfg->backend);
   if (cfg->memory != ZPP_MEMORY_HOST && cfg->memory != ZPP_MEMORY_DEVICE)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->memory %d: must be ZPP_MEMORY_HOST or "
                      "ZPP_MEMORY_DEVICE",
                      (int)cfg->memory);
   if (cfg->cuda_device < -1)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->cuda_device %d: must be >= 0, or -1 for automatic",
                      cfg->cuda_device);
   if (cfg->backend == ZPP_BACKEND_NCCL && cfg->memory != ZPP_MEMORY_DEVICE)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->backend NCCL needs cfg->memory ZPP_MEMORY_DEVICE");
   if ((int)cfg->algorithm < ZPP_ALGORITHM_DEFAULT ||
       (int)cfg->algorithm > ZPP_ALGORITHM_FLAT)
@@ -52,9 +53,13 @@ zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
                      "or _FLAT",
                      (int)cfg->algorithm);
   if (cfg->topology != NULL && strlen(cfg->topology) >= 128)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->topology: longer than 127 characters");
   return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
+  return zpp_comm_config_check_as(__func__, cfg);
 }
 
 zpp_status_t zpp_comm_destroy(zpp_comm_t comm) {
@@ -139,6 +144,10 @@ int zpp_comm_device(zpp_comm_t comm) {
 
 int zpp_comm_thread_caps(zpp_comm_t comm) {
   return comm != NULL ? comm->thread_caps : 0;
+}
+
+uint64_t zpp_comm_next_object_id(zpp_comm_t comm) {
+  return __atomic_fetch_add(&comm->objects, 1, __ATOMIC_RELAXED);
 }
 
 zpp_transport_t *zpp_comm_transport(zpp_comm_t comm) {

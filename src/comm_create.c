@@ -446,7 +446,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
           : zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
   zpp_log_set_rank(rank);
   if (st == ZPP_OK)
-    st = zpp_comm_config_check(cfg);
+    st = zpp_comm_config_check_as(func, cfg);
   if (st == ZPP_OK)
     st = requested_backend(cfg, &want, func);
   if (st == ZPP_OK)
@@ -668,24 +668,27 @@ err_comm:
   return st;
 }
 
+/* The caller's table, named as zpp_comm_create's argument `bs`. */
 static zpp_status_t check_table(const zpp_bootstrap_t *bs, const char *func) {
   if (bs == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "bootstrap is NULL");
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "bs is NULL");
   if (bs->struct_size != sizeof *bs)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "bootstrap->struct_size %zu: must be "
-                     "sizeof(zpp_bootstrap_t) = %zu (ZPP_BOOTSTRAP_INIT)",
+                     "bs->struct_size %zu: must be sizeof(zpp_bootstrap_t) = "
+                     "%zu (ZPP_BOOTSTRAP_INIT)",
                      bs->struct_size, sizeof *bs);
   if (bs->allgather == NULL || bs->bcast == NULL || bs->barrier == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func,
-                     "bootstrap->%s is NULL",
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "bs->%s is NULL",
                      bs->allgather == NULL ? "allgather"
                      : bs->bcast == NULL   ? "bcast"
                                            : "barrier");
-  if (bs->size < 1 || bs->rank < 0 || bs->rank >= bs->size)
+  if (bs->size < 1)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "bootstrap rank %d of size %d: need 0 <= rank < size",
-                     bs->rank, bs->size);
+                     "bs->size %d: must be >= 1", bs->size);
+  if (bs->rank < 0 || bs->rank >= bs->size)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "bs->rank %d: must be in [0, bs->size = %d)", bs->rank,
+                     bs->size);
   return ZPP_OK;
 }
 

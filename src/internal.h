@@ -106,6 +106,19 @@ int zpp_setting_info(size_t i, const char **name, double *lo, double *hi);
 #define ZPP_QUANT_CONFIG_V1_SIZE                                               \
   ((offsetof(zpp_quant_config_t, mode) + sizeof(zpp_quant_mode_t) +          \
     sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
+/* 0, 1, 2, ...: the index of an object (a parameter group) among those
+ * created on communicator `comm` (src/comm.c).  Objects are created
+ * collectively, in the same order on every rank, so the index is the same
+ * on every rank; it gives each object its own stochastic-rounding stream. */
+struct zpp_comm;
+uint64_t zpp_comm_next_object_id(struct zpp_comm *comm);
+
+/* zpp_quant_config_check reporting under `func`, the struct named `name`
+ * and its fields `fp`-prefixed: ("zpp_qwz_allgather", "quant", "quant->")
+ * gives "zpp_qwz_allgather: quant->bits 3: must be 8 or 4". */
+zpp_status_t zpp_quant_config_check_named(const char *func, const char *name,
+                                          const char *fp,
+                                          const zpp_quant_config_t *cfg);
 /* The full current config of a checked one of any accepted size. */
 void zpp_quant_config_get(const zpp_quant_config_t *in,
                           zpp_quant_config_t *out);

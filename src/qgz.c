@@ -39,6 +39,8 @@ typedef struct {
   void *residual;
   size_t hadamard;   /* rotation group, 0: off */
   int residual_bits; /* 32 or 8 */
+  float beta;        /* moving average of the errors (LoCo), 0: plain EF */
+  int reset;         /* this call starts from a zero residual */
 } qgz_arg_t;
 
 static int qgz_two_level(const zpp_transport_t *t) {
@@ -78,7 +80,15 @@ static zpp_quant_config_t residual_q8(size_t block) {
   return q;
 }
 
-/* Reads a config of any accepted size (0.1: fields up to `mode`). */
+/* sizeof(zpp_qgz_config_t) of zpp 0.2: the fields up to residual_bits
+ * (residual_beta now sits in what was its tail padding). */
+#define QGZ_CONFIG_V2_SIZE                                                     \
+  ((offsetof(zpp_qgz_config_t, residual_bits) + sizeof(int) +                \
+    sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t))
+
+/* Reads a config of any accepted size (0.1: fields up to `mode`; 0.2: up
+ * to residual_bits), field by field: an older struct's padding is not
+ * read as a newer field. */
 static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
   zpp_qgz_config_t d = ZPP_QGZ_CONFIG_INIT;
   if (in->struct_size >= sizeof(zpp_qgz_config_t)) {
@@ -88,6 +98,12 @@ static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
     d.inter_bits = in->inter_bits;
     d.block_size = in->block_size;
     d.mode = in->mode;
+    if (in->struct_size >= QGZ_CONFIG_V2_SIZE) {
+      d.hadamard = in->hadamard;
+      d.rounding = in->rounding;
+      d.seed = in->seed;
+      d.residual_bits = in->residual_bits;
+    }
   }
   d.struct_size = sizeof(zpp_qgz_config_t);
   *out = d;
@@ -139,6 +155,7 @@ typedef struct {
    * slots). */
   float *tmp;  /* one slice chunk: rotated and/or gradient + residual */
   float *tmp2; /* INT8 residual: the chunk's residual, then its new error */
+  float *tmp3; /* moving average: the chunk's decoded value */
   uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
   size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
   struct {
@@ -173,12 +190,25 @@ static zpp_quant_config_t stream_q(const zpp_quant_config_t *q, int stage,
   return r;
 }
 
+/* The new residual `res` (the old one on entry) of the compensated chunk
+ * x (p->tmp) encoded as out: the error x - decode(out), or with beta its
+ * moving average (LoCo). */
+static zpp_status_t store_error(qgz_ctx_t *p, const zpp_quant_config_t *q,
+                                const uint8_t *out, size_t len, float *res) {
+  const qgz_arg_t *a = &p->a;
+  if (a->beta == 0.0f)
+    return zpp_k_update_residual(&a->ex, q, p->tmp, out, len, res);
+  return zpp_k_update_residual_ema(&a->ex, q, p->tmp, out, len, a->beta,
+                                   p->tmp3, res);
+}
+
 /* Error feedback around one encode of `len` elements at `off` of slice
  * (or partial sum) `seg`: x (fp32, may be p->tmp) += residual, encode x
  * into out, store the new error.  fp32 residual: seg * count + off floats
  * in; INT8: segment seg (E8(count) bytes, the format of docs/format.md),
  * the chunk's blocks gathered into p->rs and decoded, then re-encoded and
- * scattered back (chunks are whole blocks, so they own whole blocks). */
+ * scattered back (chunks are whole blocks, so they own whole blocks).  A
+ * call with a->reset uses a zero residual instead of the stored one. */
 static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
                               size_t seg, size_t off, size_t len,
                               zpp_dtype_t dt, const void *x, uint8_t *out) {
@@ -188,20 +218,26 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
     return zpp_k_encode_at(ex, q, dt, x, len, off, out);
   if (a->residual_bits == 32) {
     float *res = (float *)a->residual + seg * a->count + off;
+    if (a->reset)
+      ZPP_CHECK(zpp_k_zero(ex, res, len * sizeof(float)));
     ZPP_CHECK(zpp_k_add_residual(ex, dt, x, res, len, p->tmp));
     ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
-    return zpp_k_update_residual(ex, q, p->tmp, out, len, res);
+    return store_error(p, q, out, len, res);
   }
   {
     size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
     size_t b0 = off / bs, nb = (len + bs - 1) / bs;
     uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
-    ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
-    ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-    ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
+    if (a->reset) {
+      ZPP_CHECK(zpp_k_zero(ex, p->tmp2, len * sizeof(float)));
+    } else {
+      ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
+      ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
+      ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
+    }
     ZPP_CHECK(zpp_k_add_residual(ex, dt, x, p->tmp2, len, p->tmp));
     ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
-    ZPP_CHECK(zpp_k_update_residual(ex, q, p->tmp, out, len, p->tmp2));
+    ZPP_CHECK(store_error(p, q, out, len, p->tmp2));
     ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
     ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
     return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
@@ -320,6 +356,7 @@ static void qgz_release(void *ctx) {
   }
   zpp_k_free(ex, p->tmp);
   zpp_k_free(ex, p->tmp2);
+  zpp_k_free(ex, p->tmp3);
   zpp_k_free(ex, p->rs);
   free(p);
 }
@@ -392,6 +429,9 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       st = zpp_k_alloc(ex, zpp_coll_encoded_size(&a->qr, p->chunk),
                        (void **)&p->rs);
   }
+  if (st == ZPP_OK && a->residual != NULL && a->beta != 0.0f &&
+      p->nchunks > 0)
+    st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp3);
   if (st != ZPP_OK) {
     qgz_release(p);
     return zpp_comm_fail(comm, st);
@@ -480,6 +520,11 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->residual_bits %d: must be 32 (fp32) or 8 (INT8)",
                      c->residual_bits);
+  if (!(c->residual_beta >= 0.0f && c->residual_beta < 1.0f))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->residual_beta %g: must be in [0, 1) (0: plain "
+                     "error feedback; LoCo: 0.8)",
+                     (double)c->residual_beta);
   return ZPP_OK;
 }
 
@@ -494,6 +539,7 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
   uint64_t w[5];
+  uint32_t bb;
   size_t rc; /* only checked, so an overflowing residual size fails */
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
@@ -516,10 +562,13 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
            (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
            (uint64_t)cf.residual_bits << 32;
     w[1] = (uint64_t)cf.block_size;
-    w[2] = (uint64_t)cf.hadamard;
-    w[3] = cf.seed;
+    /* two fields per word where needed: a mismatch of either changes it */
+    w[2] = (uint64_t)cf.hadamard ^ (uint64_t)cf.residual_reset << 32;
+    w[3] = cf.seed ^ (cf.step * 0x9e3779b97f4a7c15ull);
+    memcpy(&bb, &cf.residual_beta, sizeof bb);
+    w[4] = (uint64_t)bb << 32;
   }
-  w[4] = residual != NULL;
+  w[4] |= residual != NULL;
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, (int)op, w, 5,
                                                     st)));
@@ -539,6 +588,9 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   c->a.qr = residual_q8(cf.block_size);
   c->a.hadamard = cf.hadamard;
   c->a.residual_bits = cf.residual_bits;
+  c->a.beta = cf.residual_beta;
+  c->a.reset = cf.residual_reset > 0 && cf.step > 0 &&
+               cf.step % cf.residual_reset == 0;
   c->a.send = sendbuf;
   c->a.recv = recvbuf;
   c->a.count = count;

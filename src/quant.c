@@ -28,36 +28,42 @@ void zpp_quant_config_get(const zpp_quant_config_t *in,
   *out = d;
 }
 
-static zpp_status_t config_check(const char *func,
-                                 const zpp_quant_config_t *in) {
+zpp_status_t zpp_quant_config_check_named(const char *func, const char *name,
+                                          const char *fp,
+                                          const zpp_quant_config_t *in) {
   zpp_quant_config_t c;
   const zpp_quant_config_t *cfg = &c;
   if (in == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL", name);
   if (in->struct_size < ZPP_QUANT_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->struct_size %zu: must be sizeof(zpp_quant_config_t) "
+                     "%sstruct_size %zu: must be sizeof(zpp_quant_config_t) "
                      "(%zu); initialise with ZPP_QUANT_CONFIG_INIT",
-                     in->struct_size, sizeof(zpp_quant_config_t));
+                     fp, in->struct_size, sizeof(zpp_quant_config_t));
   zpp_quant_config_get(in, &c);
   if (cfg->bits != 8 && cfg->bits != 4)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->bits %d: must be 8 or 4", cfg->bits);
+                     "%sbits %d: must be 8 or 4", fp, cfg->bits);
   if (cfg->block_size < 1)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->block_size 0: must be >= 1");
+                     "%sblock_size 0: must be >= 1", fp);
   if (cfg->mode != ZPP_QUANT_SYMMETRIC && cfg->mode != ZPP_QUANT_ASYMMETRIC)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->mode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
+                     "%smode %d: must be ZPP_QUANT_SYMMETRIC (0) or "
                      "ZPP_QUANT_ASYMMETRIC (1)",
-                     (int)cfg->mode);
+                     fp, (int)cfg->mode);
   if (cfg->rounding != ZPP_ROUND_NEAREST &&
       cfg->rounding != ZPP_ROUND_STOCHASTIC)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->rounding %d: must be ZPP_ROUND_NEAREST (0) or "
+                     "%srounding %d: must be ZPP_ROUND_NEAREST (0) or "
                      "ZPP_ROUND_STOCHASTIC (1)",
-                     (int)cfg->rounding);
+                     fp, (int)cfg->rounding);
   return ZPP_OK;
+}
+
+static zpp_status_t config_check(const char *func,
+                                 const zpp_quant_config_t *in) {
+  return zpp_quant_config_check_named(func, "cfg", "cfg->", in);
 }
 
 zpp_status_t zpp_quant_config_check(const zpp_quant_config_t *cfg) {
@@ -240,10 +246,19 @@ zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype, const void *src,
   if (dst == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "dst is NULL (count %zu)",
                      count);
-  if (dtype != ZPP_FLOAT32 && (const void *)dst == src)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "dst == src: in place only for ZPP_FLOAT32 (dtype %s)",
-                     zpp_dtype_name(dtype));
+  if (dtype != ZPP_FLOAT32) {
+    /* 16-bit input is widened element by element into dst (4 bytes for
+     * every 2 read), which would overwrite input not yet read wherever the
+     * two ranges share a byte.  fp32 is moved as a whole first (memmove),
+     * then rotated in dst: any overlap works. */
+    uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
+    uintptr_t s1 = s0 + count * zpp_dtype_size(dtype), d1 = d0 + count * 4;
+    if (s0 < d1 && d0 < s1)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                       "dst overlaps src (dtype %s, count %zu): only "
+                       "ZPP_FLOAT32 input may share memory with dst",
+                       zpp_dtype_name(dtype), count);
+  }
   zpp_tf_hadamard_host(zpp_quant_cpu_simd(), group, (int)dtype, src, count,
                        dst);
   return ZPP_OK;

@@ -126,17 +126,12 @@ zpp_status_t zpp_qwd_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   zpp_status_t st = ZPP_OK;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   memset(&q, 0, sizeof q);
-  if (quant == NULL) {
-    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__, "quant is NULL");
-  } else if (zpp_quant_config_check(quant) != ZPP_OK) {
-    const char *m = zpp_get_last_error(), *cl = strchr(m, ':');
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__, "quant: %s",
-                   cl != NULL ? cl + 2 : m);
-  }
+  st = zpp_coll_check_quant(__func__, "quant", "quant->", quant);
   if (st == ZPP_OK)
     st = zpp_coll_check_dtype(__func__, dtype);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, target, recon, count, dtype);
+  if (st == ZPP_OK) /* named as in zpp_coll.h */
+    st = zpp_coll_check_bufs_named(__func__, &ex, "target", target, "recon",
+                                   recon, count, dtype);
   if (st == ZPP_OK) {
     zpp_quant_config_get(quant, &q);
     w[0] = (uint64_t)q.bits;

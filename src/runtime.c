@@ -28,7 +28,10 @@ struct zpp_pgroup {
   void *residual, *own_residual;
   size_t residual_count; /* floats (INT8: the bytes rounded up to floats) */
   size_t residual_bytes;
+  uint64_t id;           /* index among the groups of comm (same on every
+                            rank): its own stochastic-rounding stream */
   uint64_t calls;        /* qgZ / qWD calls: stochastic-rounding seeds */
+  uint64_t reductions;   /* reduce_gradients calls: the residual's step */
   zpp_hpz_t hpz;
   zpp_request_t pending;    /* fetch in flight */
   int held;                 /* the full buffer holds gathered data */
@@ -56,12 +59,19 @@ static zpp_status_t check_bits(const char *func, const char *name, int bits,
 #define PGROUP_CONFIG_V1_SIZE                                                  \
   (offsetof(zpp_pgroup_config_t, align) + sizeof(size_t))
 
-/* The full current config of one of any accepted size. */
+/* sizeof(zpp_pgroup_config_t) of zpp 0.2: the fields up to `qwd_block`. */
+#define PGROUP_CONFIG_V2_SIZE                                                  \
+  (offsetof(zpp_pgroup_config_t, qwd_block) + sizeof(size_t))
+
+/* The full current config of one of any accepted size (each older size
+ * ends on a size_t field, so its prefix is whole fields). */
 static void config_get(const zpp_pgroup_config_t *in,
                        zpp_pgroup_config_t *out) {
   zpp_pgroup_config_t d = ZPP_PGROUP_CONFIG_INIT;
   if (in->struct_size >= sizeof(zpp_pgroup_config_t))
     d = *in;
+  else if (in->struct_size >= PGROUP_CONFIG_V2_SIZE)
+    memcpy(&d, in, PGROUP_CONFIG_V2_SIZE);
   else
     memcpy(&d, in, PGROUP_CONFIG_V1_SIZE);
   d.struct_size = sizeof(zpp_pgroup_config_t);
@@ -127,20 +137,43 @@ static zpp_status_t check_config(const char *func,
                      "cfg->error_feedback_bits %d: must be 32 (fp32) or 8 "
                      "(INT8)",
                      c->error_feedback_bits);
+  if (!(c->error_feedback_beta >= 0.0f && c->error_feedback_beta < 1.0f))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->error_feedback_beta %g: must be in [0, 1) (0: "
+                     "plain error feedback; LoCo: 0.8)",
+                     (double)c->error_feedback_beta);
   return ZPP_OK;
 }
 
+static uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* The seed of call `call` of the group: a hash of (cfg.seed, the group's
+ * index on its communicator, call), so that no two groups (layers) and no
+ * two calls share random bits, and a run repeats with the same seed.  (It
+ * was cfg.seed ^ call * const: every layer's call k drew the same bits.) */
+static uint64_t group_seed(const zpp_pgroup_t pg, uint64_t call) {
+  uint64_t h = mix64(pg->cfg.seed + 0x9e3779b97f4a7c15ull);
+  h = mix64(h ^ (pg->id + 0x632be59bd9b4e019ull));
+  return mix64(h ^ (call + 0x85ebca77c2b2ae63ull));
+}
+
 /* The qgZ config of the group's reduce-scatters (call `call`). */
-static zpp_qgz_config_t group_qgz(const zpp_pgroup_config_t *c,
-                                  uint64_t call) {
+static zpp_qgz_config_t group_qgz(const zpp_pgroup_t pg, uint64_t call) {
+  const zpp_pgroup_config_t *c = &pg->cfg;
   zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
   q.inter_bits = c->qgz_bits;
   q.intra_bits = c->qgz_intra_bits;
   q.block_size = c->qgz_block;
   q.hadamard = c->qgz_hadamard;
   q.rounding = c->rounding;
-  q.seed = c->seed ^ (call * 0x9e3779b97f4a7c15ull);
+  q.seed = group_seed(pg, call);
   q.residual_bits = c->error_feedback_bits;
+  q.residual_beta = c->error_feedback_beta;
+  q.residual_reset = c->error_feedback_reset;
   return q;
 }
 
@@ -169,6 +202,9 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
   if (pg == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "group struct");
   pg->comm = comm;
+  /* taken before anything that can fail on one rank only, so every rank's
+   * groups keep the same indices */
+  pg->id = zpp_comm_next_object_id(comm);
   config_get(cfg, &pg->cfg);
   if (pg->cfg.qgz_intra_bits == 0)
     pg->cfg.qgz_intra_bits = pg->cfg.qgz_bits;
@@ -229,7 +265,7 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
                    err_offsets);
   }
   if (cfg->error_feedback) {
-    zpp_qgz_config_t q = group_qgz(&pg->cfg, 0);
+    zpp_qgz_config_t q = group_qgz(pg, 0);
     ZPP_CHECK_GOTO(zpp_qgz_residual_bytes(comm, &q, per, &pg->residual_bytes),
                    st, err_hpz);
     pg->residual_count = (pg->residual_bytes + sizeof(float) - 1) /
@@ -366,10 +402,11 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch is pending: wait for it first");
+                     "pg: a fetch is pending: zpp_pgroup_wait first");
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "residual given but the group has no error feedback");
+                     "residual: given but the group has no error feedback "
+                     "(cfg->error_feedback 0)");
   if (shard) {
     free(pg->own_shard);
     pg->own_shard = NULL;
@@ -409,7 +446,7 @@ ZPP_API zpp_status_t zpp_pgroup_shard(zpp_pgroup_t pg, void **shard) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "shard is NULL");
   if (pg->shard == NULL)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach a shard first "
+                     "pg: a device-memory group: attach a shard first "
                      "(zpp_pgroup_attach)");
   *shard = pg->shard;
   return ZPP_OK;
@@ -427,17 +464,17 @@ ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
                      (int)kind);
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch of this group is pending: zpp_pgroup_wait "
+                     "pg: a fetch of this group is pending: zpp_pgroup_wait "
                      "first");
   if (pg->cfg.qwd_bits)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "qWD group (cfg->qwd_bits %d): it keeps the full "
+                     "pg: a qWD group (cfg->qwd_bits %d) keeps the full "
                      "parameters; refresh them with zpp_pgroup_update_params",
                      pg->cfg.qwd_bits);
   if (pg->shard == NULL || (pg->memory != ZPP_MEMORY_HOST && !pg->full))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach shard and full buffers "
-                     "first (zpp_pgroup_attach)");
+                     "pg: a device-memory group: attach shard and full "
+                     "buffers first (zpp_pgroup_attach)");
   size_t padded = pg->shard_numel * (size_t)pg->size;
   if (pg->full == NULL) {
     pg->own_full = malloc(padded ? padded * pg->esize : 1);
@@ -478,7 +515,7 @@ ZPP_API zpp_status_t zpp_pgroup_wait(zpp_pgroup_t pg, void **full) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending == NULL && !pg->held)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "nothing fetched (none since the last release or "
+                     "pg: nothing fetched (none since the last release or "
                      "params_changed): call zpp_pgroup_fetch first");
   ZPP_CHECK(finish_pending(pg));
   if (full)
@@ -513,13 +550,17 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "full_grad is NULL");
   if (pg->shard_numel && grad_shard == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "grad_shard is NULL");
+  if (op != ZPP_OP_SUM && op != ZPP_OP_MEAN)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
   const zpp_pgroup_config_t *c = &pg->cfg;
   if (c->qgz_bits) {
     if (c->error_feedback && pg->residual == NULL)
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                       "device-memory group with error feedback: attach a "
-                       "residual first (zpp_pgroup_attach)");
-    zpp_qgz_config_t q = group_qgz(c, pg->calls++);
+                       "pg: a device-memory group with error feedback: "
+                       "attach a residual first (zpp_pgroup_attach)");
+    zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
+    q.step = pg->reductions++;
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
                                   c->error_feedback ? pg->residual : NULL,
@@ -535,7 +576,7 @@ ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg) {
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch is pending: the parameters must not change "
+                     "pg: a fetch is pending: the parameters must not change "
                      "while they are gathered (zpp_pgroup_wait first)");
   pg->generation++;
   pg->held = 0; /* a held full buffer is stale: zpp_pgroup_wait refuses it */
@@ -552,23 +593,23 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
   if (pg->cfg.qwd_bits == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "the group has no qWD (cfg->qwd_bits 0): write the shard "
-                     "and fetch instead");
+                     "pg: the group has no qWD (cfg->qwd_bits 0): write the "
+                     "shard and fetch instead");
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "a fetch or update of this group is pending: "
+                     "pg: a fetch or update of this group is pending: "
                      "zpp_pgroup_wait first");
   if (pg->shard_numel && master_shard == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F, "master_shard is NULL");
   if (pg->full == NULL)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "device-memory group: attach the full buffer first "
-                     "(zpp_pgroup_attach)");
+                     "pg: a device-memory group: attach the full buffer "
+                     "first (zpp_pgroup_attach)");
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   q.bits = pg->cfg.qwd_bits;
   q.block_size = pg->cfg.qwd_block;
   q.rounding = pg->cfg.rounding;
-  q.seed = pg->cfg.seed ^ (pg->calls++ * 0x9e3779b97f4a7c15ull);
+  q.seed = group_seed(pg, pg->calls++);
   zpp_request_t req = NULL;
   pg->held = 0;
   ZPP_CHECK(zpp_qwd_allgather(pg->comm, &q, master_shard, pg->full,

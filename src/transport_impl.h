@@ -116,7 +116,12 @@ struct zpp_comm {
   char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
   void *engine;    /* the plan engine (src/engine.c), created on first use */
+  uint64_t objects; /* objects created on it so far (zpp_comm_next_object_id) */
 };
+
+/* zpp_comm_config_check reporting under `func` (the creating function). */
+zpp_status_t zpp_comm_config_check_as(const char *func,
+                                      const zpp_comm_config_t *cfg);
 
 /* Generic part.  Takes ownership of topo (also on failure). */
 zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,

@@ -257,6 +257,15 @@ TEST(Plan, ErrorFeedbackResidualAndQwdByHand) {
   r = run("--params 1M --ranks 8 --ranks-per-node 4 --ef 8 --qwd 4 --format json", false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(field(r.out, "zero2", "inter_bytes_per_step"), 250000.0 + 62748.0);
+  // one node (N = S = 8, M = 1): qgZ has no second stage, so the residual
+  // holds the N stage-1 segments only (zpp_qgz_residual_bytes): 4 N c =
+  // 4 * 8 * 125000 = 4000000 bytes, INT8 N E8(c) = 8 * 126956 = 1015648
+  r = run("--params 1M --ranks 8 --ranks-per-node 8 --ef 32 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "zeropp", "residual_bytes"), 4000000.0);
+  r = run("--params 1M --ranks 8 --ranks-per-node 8 --ef 8 --format json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "zeropp", "residual_bytes"), 1015648.0);
   EXPECT_EQ(run("--params 1M --ranks 8 --ef 16").status, 2);
   EXPECT_EQ(run("--params 1M --ranks 8 --qwd 2").status, 2);
 }

@@ -811,6 +811,56 @@ TEST_P(QuantSimd, StochasticRoundingIsBitwiseEqualToScalar) {
 // (docs/format.md, "Stochastic rounding"), for every dtype and mode; the
 // same seed gives the same bytes, another seed other bytes, and a call
 // split at a block boundary (index base = the offset) the same bytes.
+// The rule of docs/format.md, "Stochastic rounding", element by element:
+// the code is f + 1 exactly when r24 < ceil(p 2^24), p = fl(v - f) the
+// fraction rounded once to fp32 (the reference computes it in double and
+// rounds it: exact for v >= 0 and v <= -1/2, rounded for -1/2 < v < 0).
+// Checked at the two r24 around the threshold for random v in every range,
+// among them values in (-1/2, 0) whose fraction is not an fp32 number (so
+// "v - f is exact" would put the threshold elsewhere) and tiny negatives
+// (p = 1: always code 0).
+TEST(QuantStochastic, ThresholdIsTheFractionRoundedOnceToFp32) {
+  auto rng = seeded_rng("QuantStochastic.Threshold");
+  zpp_qm_params_t p;
+  p.scale = 1.0f;
+  p.zero = 0.0f;
+  p.inv = 1.0f;
+  p.lo = -127.0f;
+  p.hi = 127.0f;
+  p.kind = ZPP_QM_KIND_MUL;
+  std::uniform_real_distribution<float> wide(-127.0f, 127.0f), neg(-0.5f, 0.0f);
+  std::uniform_int_distribution<int> expo(-40, -2);
+  int inexact = 0, checked = 0;
+  for (int i = 0; i < 30000; i++) {
+    float v = i % 3 == 0 ? wide(rng)
+              : i % 3 == 1 ? neg(rng)
+                           : -std::ldexp(1.0f + neg(rng), expo(rng));  // tiny negatives
+    if (v == 0.0f) continue;
+    double f = std::floor((double)v), exact = (double)v - f;
+    float frac = (float)exact;  // one rounding to nearest even
+    if ((double)frac != exact) {
+      inexact++;
+      EXPECT_TRUE(v > -0.5f && v < 0.0f) << "fraction of " << v << " not exact";
+    }
+    double t = std::ceil((double)frac * 16777216.0);  // codes f + 1 for r24 < t
+    if (t >= 1) {
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, (uint32_t)(t - 1)), (int)f + 1)
+          << "v " << v << " r24 " << t - 1;
+      checked++;
+    }
+    if (t < 16777216.0) {
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, (uint32_t)t), (int)f) << "v " << v << " r24 " << t;
+      checked++;
+    }
+    if (v < 0.0f && v > -std::ldexp(1.0f, -25)) {  // v + 1 rounds to 1
+      EXPECT_EQ(frac, 1.0f) << v;
+      EXPECT_EQ(zpp_qm_quantize_sr(v, &p, 16777215u), 0) << v;
+    }
+  }
+  std::printf("[ info ] %d thresholds checked, %d fractions rounded\n", checked, inexact);
+  EXPECT_GT(inexact, 1000) << "the rounded case (-1/2 < v < 0) was not exercised";
+}
+
 TEST(QuantStochastic, ReproducibleSplittableAndWithinOneStep) {
   auto rng = seeded_rng("QuantStochastic.Reproducible");
   for (zpp_dtype_t dt : kDtypes)
@@ -1067,6 +1117,56 @@ TEST(QuantHadamard, BadArgumentsAreNamed) {
   EXPECT_EQ(zpp_hadamard(8, ZPP_BFLOAT16, h, 4, reinterpret_cast<float *>(h)),
             ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zpp_hadamard(8, ZPP_FLOAT32, nullptr, 0, nullptr), ZPP_OK);
+}
+
+// Buffers that partly overlap.  fp32: the rotation of a copy of the input,
+// whatever the overlap (dst before, after or inside src).  fp16/bf16: the
+// input is widened into dst as it is read, so any shared byte would be
+// overwritten before it is read: refused with the exact message, dst left
+// untouched.
+TEST(QuantHadamard, PartialOverlapIsHandledForFp32AndRefusedFor16Bit) {
+  auto rng = seeded_rng("QuantHadamard.Overlap");
+  const size_t g = 16, n = 5 * g + 3;  // a tail too
+  for (long shift : {-37L, -16L, -1L, 1L, 5L, 16L, 40L}) {
+    auto x = draw(rng, n, ZPP_FLOAT32, 1);
+    std::vector<float> want(n), buf(n + 2 * 64, 0.0f);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, x.data(), n, want.data()), ZPP_OK);
+    float *src = buf.data() + 64, *dst = src + shift;
+    std::memcpy(src, x.data(), n * 4);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_FLOAT32, src, n, dst), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(0, std::memcmp(want.data(), dst, n * 4)) << "fp32, dst = src + " << shift;
+  }
+  for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16})
+    for (long shift_bytes : {-2L * (long)n - 2, -6L, 0L, 2L, 40L, 2L * (long)n - 2}) {
+      auto x = draw(rng, n, dt, 1);
+      auto in = to_bytes(x, dt);
+      std::vector<uint8_t> buf(8 * n + 1024, 0);
+      uint8_t *src = buf.data() + 4 * n + 256;
+      std::memcpy(src, in.data(), in.size());
+      float *dst = reinterpret_cast<float *>(src + shift_bytes);
+      std::vector<uint8_t> before = buf;
+      EXPECT_EQ(zpp_hadamard(g, dt, src, n, dst), ZPP_ERR_INVALID_ARGUMENT)
+          << zpp_dtype_name(dt) << " dst = src + " << shift_bytes << " bytes";
+      EXPECT_EQ(std::string(zpp_get_last_error()),
+                std::string("zpp_hadamard: dst overlaps src (dtype ") + zpp_dtype_name(dt) +
+                    ", count " + std::to_string(n) +
+                    "): only ZPP_FLOAT32 input may share memory with dst");
+      EXPECT_EQ(before, buf) << "a refused call wrote to memory";
+    }
+  // 16-bit input that ends exactly where dst starts, or starts where dst
+  // ends, does not overlap: accepted, and equal to separate buffers.
+  {
+    auto x = draw(rng, n, ZPP_BFLOAT16, 1);
+    auto in = to_bytes(x, ZPP_BFLOAT16);
+    std::vector<float> want(n);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_BFLOAT16, in.data(), n, want.data()), ZPP_OK);
+    std::vector<uint8_t> buf(6 * n + 64);
+    float *dst = reinterpret_cast<float *>(buf.data());
+    uint8_t *src = buf.data() + 4 * n;  // right after dst
+    std::memcpy(src, in.data(), 2 * n);
+    ASSERT_EQ(zpp_hadamard(g, ZPP_BFLOAT16, src, n, dst), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(0, std::memcmp(want.data(), dst, n * 4));
+  }
 }
 
 // ---- bad arguments --------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "internal.h"
 #include "quant_cpu.h"
 #include "quant_cuda_testdata.h"
 #include "quant_math.h"
@@ -500,6 +501,76 @@ TEST(QuantCudaIssue14, StochasticRoundingIsBitwiseEqualToCpu) {
           CUDA_OK(cudaStreamSynchronize(st.s));
           ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), sz));
         }
+}
+
+// The same at nonzero index bases (the collectives pass an element's
+// position in the whole tensor: a qwZ shard of rank r starts at r * count,
+// a qgZ chunk at its offset): element i draws zpp_qm_rand24(keys, base + i)
+// on the device as on the CPU, for bases below 2^32, across the 2^32 wrap
+// of the low word inside the call, and above it; on every launcher path
+// (one segment per block; split blocks; one CTA per block, which an
+// unaligned dst selects), every dtype, width and mode.  Small inputs, so
+// the emulated build runs it (quant_device_emu).
+// 25003 normal values in dtype dt, host and device (the shared inputs
+// change magnitude every 64 elements and hold NaNs, so most codes of a
+// block of 10000 would be 0 or the block non-finite, whatever the random
+// bits: the base would change nothing to compare).
+const Input &normal_input(int dt) {
+  Input &in = inputs()[100 + dt];  // freed by FreeInputs with the others
+  if (in.dev == nullptr) {
+    Rng r(test_seed() + 77 + (uint64_t)dt);
+    const size_t n = 25003;
+    in.host.assign(n * dtype_size(dt), 0);
+    for (size_t i = 0; i < n; i++)
+      put_value(in.host.data(), dt, i, (float)(r.uniform() * 2.0 - 1.0 + r.uniform() - 0.5));
+    in.dev = new DevBuf(in.host.size());
+    if (in.dev->p)
+      cudaMemcpy(in.dev->p, in.host.data(), in.host.size(), cudaMemcpyHostToDevice);
+  }
+  return in;
+}
+
+TEST(QuantCudaIssue14, StochasticRoundingAtANonzeroIndexBase) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  Stream st;
+  struct Shape {
+    size_t block, n, dst_off;
+    const char *path;
+  };
+  const Shape shapes[] = {{256, 5003, 0, "one segment"},
+                          {10000, 25003, 0, "split blocks"},
+                          {10000, 25003, 1, "one CTA per block (unaligned dst)"}};
+  const uint64_t bases[] = {1, ((uint64_t)1 << 32) - 5000, ((uint64_t)1 << 33) + 777};
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (int bits : {8, 4})
+      for (bool asym : {false, true})
+        for (const Shape &sh : shapes)
+          for (uint64_t base : bases) {
+            SCOPED_TRACE(describe(dt, bits, asym, sh.block, sh.n) + " " + sh.path + " base " +
+                         std::to_string(base));
+            const Input &in = normal_input(dt);
+            zpp_quant_config_t cfg = make_cfg(bits, sh.block, asym);
+            cfg.rounding = ZPP_ROUND_STOCHASTIC;
+            cfg.seed = 99 + (uint64_t)bits;
+            zpp_qm_keys_t k = zpp_qm_rng_keys(cfg.seed);
+            const zpp_qcfg_t q = {bits, asym ? 1 : 0, sh.block, 1, k.k0, k.k1, base};
+            size_t sz = 0;
+            ASSERT_EQ(zpp_quant_encoded_size(&cfg, sh.n, &sz), ZPP_OK);
+            std::vector<uint8_t> ref(sz), got(sz), at0(sz);
+            cpu_encode(q, dt, in.host.data(), sh.n, ref.data());
+            zpp_qcfg_t q0 = q;
+            q0.base = 0;
+            cpu_encode(q0, dt, in.host.data(), sh.n, at0.data());
+            ASSERT_NE(ref, at0) << "the base changes no bit: the check below would be empty";
+            DevBuf d_enc(sz + sh.dst_off);
+            ASSERT_EQ(zpp_quant_encode_device_at(&cfg, (zpp_dtype_t)dt, in.dev->p, sh.n, base,
+                                                 d_enc.p + sh.dst_off, sz, st.s),
+                      ZPP_OK) << zpp_get_last_error();
+            CUDA_OK(cudaMemcpyAsync(got.data(), d_enc.p + sh.dst_off, sz, cudaMemcpyDeviceToHost,
+                                    st.s));
+            CUDA_OK(cudaStreamSynchronize(st.s));
+            ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), sz));
+          }
 }
 
 // The device rotation performs the host's operations in the same order:

@@ -412,51 +412,66 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
+// With LoCo's options too (beta, reset): the group passes its reduction
+// count as the step, so reduction k > 0 with k % reset == 0 starts from a
+// zero residual, as the collective does with the same step.
 TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
-  const size_t sizes[] = {3000};
-  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
-  cfg.qgz_bits = 4;
-  cfg.qgz_intra_bits = 8;
-  cfg.qgz_block = 128;
-  cfg.error_feedback = 1;
-  zpp_pgroup_t pg = nullptr;
-  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK)
-      << zpp_get_last_error();
-  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
-  zpp_pgroup_get_info(pg, &info);
-  size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
-  EXPECT_EQ(info.shard_numel % 128, 0u);
-  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
-  EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
-  EXPECT_EQ(rc, want_rc);
-  // residual_bytes counts the group's own memory (device: attached, 0).
-  EXPECT_EQ(info.residual_bytes, DeviceMemory() ? 0 : rc * 4);
-  // Reference: the collective itself with our own residual, same inputs,
-  // three steps (the residual carries over between steps).
-  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
-  q.inter_bits = 4;
-  q.intra_bits = 8;
-  q.block_size = 128;
-  Bufs bufs(pg);  // device memory: the group's residual is attached
-  std::vector<float> resid(rc, 0.0f);
-  Mem rm;  // the reference residual lives across the steps
-  float *resid_buf = rm.out(resid);
-  for (int step = 0; step < 3; step++) {
-    auto g = gen(g_rank, n, 10 + step);
-    std::vector<uint16_t> a(s + 1), b(s + 1);
-    Mem m;
-    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN,
-                                          nullptr, nullptr),
-              ZPP_OK)
+  for (int loco = 0; loco < 2; loco++) {
+    const size_t sizes[] = {3000};
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.qgz_bits = 4;
+    cfg.qgz_intra_bits = 8;
+    cfg.qgz_block = 128;
+    cfg.error_feedback = 1;
+    if (loco) {
+      cfg.error_feedback_beta = ZPP_QGZ_LOCO_BETA;
+      cfg.error_feedback_reset = 2;
+    }
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK)
         << zpp_get_last_error();
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, m.in(g), m.out(b), s,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, resid_buf,
-                                     nullptr, nullptr),
-              ZPP_OK);
-    m.back();
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
+    zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+    zpp_pgroup_get_info(pg, &info);
+    size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
+    EXPECT_EQ(info.shard_numel % 128, 0u);
+    EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+    EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
+    EXPECT_EQ(rc, want_rc);
+    // residual_bytes counts the group's own memory (device: attached, 0).
+    EXPECT_EQ(info.residual_bytes, DeviceMemory() ? 0 : rc * 4);
+    // Reference: the collective itself with our own residual, same inputs,
+    // five steps (the residual carries over between steps).
+    zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+    q.inter_bits = 4;
+    q.intra_bits = 8;
+    q.block_size = 128;
+    q.residual_beta = cfg.error_feedback_beta;
+    q.residual_reset = cfg.error_feedback_reset;
+    {
+      Bufs bufs(pg);  // device memory: the group's residual is attached
+      std::vector<float> resid(rc, 0.0f);
+      Mem rm;  // the reference residual lives across the steps
+      float *resid_buf = rm.out(resid);
+      for (int step = 0; step < 5; step++) {
+        auto g = gen(g_rank, n, 10 + step);
+        std::vector<uint16_t> a(s + 1), b(s + 1);
+        Mem m;
+        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN,
+                                              nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_get_last_error();
+        q.step = (uint64_t)step;
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, m.in(g), m.out(b), s,
+                                         ZPP_BFLOAT16, ZPP_OP_MEAN, resid_buf,
+                                         nullptr, nullptr),
+                  ZPP_OK);
+        m.back();
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0)
+            << "loco " << loco << " step " << step;
+      }
+      EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);  // before bufs frees its buffers
+    }
   }
-  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
 TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
@@ -557,6 +572,116 @@ bool same_on_all_ranks(uint64_t v) {
 // the bf16 store) of its master value (docs/collectives.md, "qWD"), and
 // the group's own full buffer stays between steps (it is the
 // reconstruction the next difference is taken against).
+// Sample correlation of two error vectors.
+double correlation(const std::vector<double> &a, const std::vector<double> &b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 1.0;
+}
+
+// Two groups (two layers of one model) with the same configuration and
+// seed, fed the same gradient and the same master weights: their
+// stochastic rounding must draw independent bits, or every layer makes the
+// same rounding error at the same step (the seed used to be seed ^ call,
+// the same for every layer's call k).  Given the data, the two errors are
+// then independent and zero-mean, so the sample correlation of n pairs
+// has a standard deviation of about 1/sqrt(n); the check allows 6 of them
+// (before the fix it was exactly 1).  That a run repeats with the same
+// seed is checked by tests/runtime/test_train.cc.
+TEST(PGroup, GroupsWithOneSeedDrawIndependentStochasticRounding) {
+  const size_t sizes[] = {4096 * 4};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.dtype = ZPP_FLOAT32;  // no common final rounding to bf16
+  cfg.qgz_bits = 4;
+  cfg.qgz_block = 256;
+  cfg.rounding = ZPP_ROUND_STOCHASTIC;
+  cfg.seed = 7;
+  zpp_pgroup_t a = nullptr, b = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &a), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &b), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(a, &info);
+  size_t s = info.shard_numel, n = info.padded_numel;
+  std::vector<std::vector<float>> all(g_size);
+  for (int r = 0; r < g_size; r++) {
+    auto g16 = gen(r, n, 60);
+    all[r].resize(n);
+    for (size_t i = 0; i < n; i++) all[r][i] = zpp_qm_bf16_to_f32(g16[i]);
+  }
+  std::vector<float> oa(s), ob(s);
+  {
+    Mem m;  // the suite's memory space
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(a, m.in(all[g_rank]), m.out(oa), ZPP_OP_SUM, nullptr,
+                                          nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(b, m.in(all[g_rank]), m.out(ob), ZPP_OP_SUM, nullptr,
+                                          nullptr), ZPP_OK) << zpp_get_last_error();
+    m.back();
+  }
+  std::vector<double> ea(s), eb(s);
+  for (size_t i = 0; i < s; i++) {
+    double exact = 0;
+    for (int r = 0; r < g_size; r++) exact += all[r][info.shard_offset + i];
+    ea[i] = oa[i] - exact;
+    eb[i] = ob[i] - exact;
+  }
+  double rho = correlation(ea, eb), lim = 6.0 / std::sqrt((double)s);
+  if (g_rank == 0)
+    std::printf("[ info ] qgZ errors of two groups with one seed: correlation %.4f (limit %.4f)\n",
+                rho, lim);
+  EXPECT_LT(std::fabs(rho), lim) << "two groups drew correlated stochastic rounding";
+  EXPECT_EQ(zpp_pgroup_destroy(a), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_destroy(b), ZPP_OK);
+
+  // qWD: the same for the weight differences
+  zpp_pgroup_config_t qc = ZPP_PGROUP_CONFIG_INIT;
+  qc.dtype = ZPP_FLOAT32;
+  qc.qwd_bits = 4;
+  qc.qwd_block = 256;
+  qc.rounding = ZPP_ROUND_STOCHASTIC;
+  qc.seed = 7;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &qc, sizes, 1, &a), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &qc, sizes, 1, &b), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_get_info(a, &info);  // this layout (aligned to qwd_block's default)
+  s = info.shard_numel;
+  n = info.padded_numel;
+  for (int r = 0; r < g_size; r++) all[r].resize(n, 0.0f);
+  ea.assign(s, 0.0);
+  eb.assign(s, 0.0);
+  std::vector<float> master(all[g_rank].begin() + info.shard_offset,
+                            all[g_rank].begin() + info.shard_offset + s);
+  // full buffers attached (zero), in the suite's memory space, read back
+  std::vector<float> fa_h(n, 0.0f), fb_h(n, 0.0f);
+  void *fa = nullptr, *fb = nullptr;
+  {
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_attach(a, nullptr, m.out(fa_h), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_attach(b, nullptr, m.out(fb_h), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_update_params(a, m.in(master), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_wait(a, &fa), ZPP_OK);
+    EXPECT_EQ(zpp_pgroup_update_params(b, m.in(master), nullptr), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_pgroup_wait(b, &fb), ZPP_OK);
+    m.back();
+  }
+  if (fa != nullptr && fb != nullptr) {
+    const float *ra = fa_h.data() + info.shard_offset;
+    const float *rb = fb_h.data() + info.shard_offset;
+    for (size_t i = 0; i < s; i++) {
+      ea[i] = ra[i] - (double)master[i];
+      eb[i] = rb[i] - (double)master[i];
+    }
+    rho = correlation(ea, eb);
+    if (g_rank == 0)
+      std::printf("[ info ] qWD errors of two groups with one seed: correlation %.4f\n", rho);
+    EXPECT_LT(std::fabs(rho), lim) << "two qWD groups drew correlated stochastic rounding";
+  }
+  EXPECT_EQ(zpp_pgroup_destroy(a), ZPP_OK);
+  EXPECT_EQ(zpp_pgroup_destroy(b), ZPP_OK);
+}
+
 TEST(PGroup, QwdUpdateKeepsIdenticalFullParametersNearTheMasters) {
   const size_t sizes[] = {5000, 77};
   zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
@@ -695,6 +820,17 @@ TEST(PGroup, OlderSmallerConfigStructStillWorksAndNewFieldsAreChecked) {
   EXPECT_EQ(zpp_qgz_residual_count(g_comm, info.shard_numel, &want), ZPP_OK);
   EXPECT_EQ(rc, want) << "defaults: an fp32 residual";
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  // a 0.2 struct (up to qwd_block): the 0.3 fields behind it are not read
+  // (garbage there, an invalid beta, is ignored)
+  zpp_pgroup_config_t v2 = ZPP_PGROUP_CONFIG_INIT;
+  v2.struct_size = offsetof(zpp_pgroup_config_t, error_feedback_beta);
+  v2.qgz_bits = 4;
+  v2.error_feedback = 1;
+  v2.error_feedback_beta = 7.0f;
+  v2.error_feedback_reset = 1;
+  pg = nullptr;
+  EXPECT_EQ(zpp_pgroup_create(g_comm, &v2, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   struct Bad { const char *field; void (*set)(zpp_pgroup_config_t *); };
   const Bad bads[] = {
       {"qwd_bits", [](zpp_pgroup_config_t *c) { c->qwd_bits = 3; }},
@@ -704,6 +840,9 @@ TEST(PGroup, OlderSmallerConfigStructStillWorksAndNewFieldsAreChecked) {
       {"qgz_hadamard", [](zpp_pgroup_config_t *c) { c->qgz_hadamard = 32; }},
       {"rounding", [](zpp_pgroup_config_t *c) { c->rounding = (zpp_rounding_t)7; }},
       {"error_feedback_bits", [](zpp_pgroup_config_t *c) { c->error_feedback_bits = 16; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = 1.0f; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = -0.1f; }},
+      {"error_feedback_beta", [](zpp_pgroup_config_t *c) { c->error_feedback_beta = NAN; }},
   };
   for (const Bad &b : bads) {
     zpp_pgroup_config_t c = ZPP_PGROUP_CONFIG_INIT;

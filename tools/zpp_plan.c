@@ -22,10 +22,11 @@
  *           rank's CROSS group, M * E(c) bytes (about PSI / S elements):
  *           INT8 (--hpz-bits 8) E(c) = c + 4 ceil(c / block) with fp32
  *           scales; bf16 (--hpz-bits 16) E(c) = 2 c.
- *           + with --ef 32|8, qgZ's error-feedback residual: N + M
+ *           + with --ef 32|8, qgZ's error-feedback residual: L = N + M
  *           segments of c elements (the stage-1 error of all N slices of
- *           the rank's gradient, the stage-2 error of M partial sums):
- *           fp32 4 (N + M) c, INT8 (N + M) E8(c) (zpp_qgz_residual_bytes).
+ *           the rank's gradient, the stage-2 error of M partial sums), or
+ *           L = N on one node (M = 1: no second stage): fp32 4 L c, INT8
+ *           L E8(c) (zpp_qgz_residual_bytes).
  *   --qwd B  zero1 and zero2 refresh their full parameters with qWD
  *           (quantized differences, B bits, --qwd-block): the all-gather
  *           moves E_B(c) instead of 2c bytes; no state beyond the full
@@ -151,7 +152,8 @@ static void usage(FILE *out) {
 "  --block B           elements per quantization scale (default 256)\n"
 "  --hpz-bits 8|16     dtype of hpZ's secondary copy: INT8 (default) or bf16\n"
 "  --ef 0|32|8         zeropp error-feedback residual: none (default), fp32\n"
-"                      or INT8 (LoCo style): (N+M) c floats or (N+M) E8(c)\n"
+"                      or INT8 (LoCo style): (N+M) c floats or (N+M) E8(c);\n"
+"                      N segments only on one node (no second stage)\n"
 "  --qwd 0|4|8         zero1/zero2 gather their new parameters as qWD\n"
 "                      differences of that many bits (default 0: bf16)\n"
 "  --qwd-block B       qWD elements per scale (default 2048)\n"
@@ -663,11 +665,14 @@ int main(int argc, char **argv) {
   st[4].key = "zeropp";
   st[4].hpz_bytes = m * ehpz;
   st[4].paper_factor = 0.75;
-  if (a.ef_bits) { /* N + M segments of c elements (zpp_qgz_residual_bytes) */
-    uint64_t e8r = 0;
+  if (a.ef_bits) {
+    /* N segments of c elements, plus M when qgZ has a second stage, i.e.
+     * more than one node (zpp_qgz_residual_bytes: one node runs stage 1
+     * only, with no stage-2 partial sums to keep an error for) */
+    uint64_t e8r = 0, segs = n + (m > 1 ? m : 0);
     if (a.ef_bits == 8 && plan_encoded(c, 8, a.block, &e8r) != 0)
       return PLAN_EXIT_LIBRARY;
-    st[4].residual_bytes = (n + m) * (a.ef_bits == 8 ? e8r : 4 * c);
+    st[4].residual_bytes = segs * (a.ef_bits == 8 ? e8r : 4 * c);
   }
   if (a.qwd_bits)
     st[1].qwd_scratch_bytes = st[2].qwd_scratch_bytes = n * ewd + 4 * c;

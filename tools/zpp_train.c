@@ -67,6 +67,9 @@ typedef struct {
   /* compression flags given on the command line: zero1/zero2 use only
    * these (so their defaults stay the bitwise baseline) */
   int given_qwz, given_qgz, given_ef;
+  /* LoCo's compensation: moving average and reset period (0: off) */
+  float ef_beta;
+  unsigned ef_reset;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -146,6 +149,10 @@ static void usage(FILE *out) {
           "  --hadamard G    qgZ Hadamard group, 0 off (0)\n"
           "  --sr 0|1        stochastic rounding in qgZ and qWD (0)\n"
           "  --ef-bits 32|8  error-feedback residual storage (32)\n"
+          "  --ef-beta B     LoCo: the residual averages the errors with\n"
+          "                  weight B on the old one, in [0, 1) (0; LoCo 0.8)\n"
+          "  --ef-reset N    LoCo: zero the residual every N steps (0 never;\n"
+          "                  LoCo 1024)\n"
           "  zero1/zero2 use --qwz, --qgz, --ef only when given (default: the\n"
           "  bitwise baseline); dp ignores all compression flags\n"
           "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
@@ -157,7 +164,7 @@ static void usage(FILE *out) {
 
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
-                8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0};
+                8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -195,6 +202,9 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--hadamard")) { NEEDV; o->hadamard = atoi(v);
     } else if (!strcmp(a, "--sr")) { NEEDV; o->sr = atoi(v);
     } else if (!strcmp(a, "--ef-bits")) { NEEDV; o->ef_bits = atoi(v);
+    } else if (!strcmp(a, "--ef-beta")) { NEEDV; o->ef_beta = strtof(v, NULL);
+    } else if (!strcmp(a, "--ef-reset")) { NEEDV;
+      o->ef_reset = (unsigned)strtoul(v, NULL, 10);
     } else if (!strcmp(a, "--hpz")) { NEEDV; o->hpz = atoi(v);
     } else if (!strcmp(a, "--qgz")) { NEEDV; o->qgz_bits = atoi(v); o->given_qgz = 1;
     } else if (!strcmp(a, "--qgz-intra")) { NEEDV; o->qgz_intra_bits = atoi(v);
@@ -317,6 +327,8 @@ int main(int argc, char **argv) {
     if (pc.qgz_bits) {
       pc.qgz_hadamard = (size_t)o.hadamard;
       pc.error_feedback_bits = o.ef_bits;
+      pc.error_feedback_beta = o.ef_beta;
+      pc.error_feedback_reset = o.ef_reset;
     }
     pc.rounding = o.sr ? ZPP_ROUND_STOCHASTIC : ZPP_ROUND_NEAREST;
     pc.seed = o.seed;
@@ -745,13 +757,16 @@ int main(int argc, char **argv) {
              "\"qgz_intra_bits\": %d, \"error_feedback\": %d, \"block\": %zu, "
              "\"qwz_block\": %zu, \"qwd_bits\": %d, \"qwd_block\": %zu, "
              "\"hadamard\": %zu, \"stochastic_rounding\": %d, "
-             "\"ef_bits\": %d, \"seed\": %llu}\n",
+             "\"ef_bits\": %d, \"ef_beta\": %g, \"ef_reset\": %u, "
+             "\"seed\": %llu}\n",
              c0->qwz_bits, c0->hpz, c0->qgz_bits,
              c0->qgz_bits ? c0->qgz_intra_bits : 0, c0->error_feedback,
              o.block, c0->qwz_bits ? c0->qwz_block : 0, c0->qwd_bits,
              c0->qwd_bits ? c0->qwd_block : 0, c0->qgz_hadamard,
              c0->rounding == ZPP_ROUND_STOCHASTIC,
              c0->error_feedback ? c0->error_feedback_bits : 0,
+             c0->error_feedback ? (double)c0->error_feedback_beta : 0.0,
+             c0->error_feedback ? c0->error_feedback_reset : 0u,
              (unsigned long long)o.seed);
     }
     fflush(stdout);

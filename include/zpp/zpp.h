@@ -162,7 +162,9 @@ ZPP_API zpp_status_t zpp_quant_decode_accumulate(const zpp_quant_config_t *cfg,
  * replaced by H x / sqrt(group) in fp32; the last count % group elements
  * are copied unrotated.  The rotation is its own inverse: applying it to
  * dst again gives back src (to within the rounding bound of the format
- * page).  dst holds count floats; dst may equal src when dtype is fp32. */
+ * page).  dst holds count floats.  With fp32 input dst may be src or
+ * overlap it anyhow; with fp16/bf16 input dst must not overlap src
+ * (ZPP_ERR_INVALID_ARGUMENT). */
 ZPP_API zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype,
                                   const void *src, size_t count, float *dst);
 

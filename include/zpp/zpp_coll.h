@@ -205,16 +205,33 @@ typedef struct {
                              rotated (docs/collectives.md) */
   zpp_rounding_t rounding; /* both stages; default ZPP_ROUND_NEAREST */
   uint64_t seed;          /* stochastic rounding: the same seed gives the
-                             same result; a runtime passes a new one each
-                             step */
+                             same result (and the same random bits); pass
+                             a new one for every tensor and step, or the
+                             rounding errors of calls that share it are
+                             correlated */
   int residual_bits;      /* error-feedback residual storage: 32 (default,
                              fp32) or 8 (INT8, LoCo style: the format of
                              docs/format.md, symmetric, block_size) */
+  /* Fields below were added in 0.3 (LoCo's compensation); a struct_size
+   * from 0.2 (the size up to residual_bits) is accepted and they take
+   * their defaults. */
+  float residual_beta;    /* in [0, 1): the residual is a moving average of
+                             the compression errors, e <- beta e + (1 -
+                             beta) err; 0 (default): plain error feedback
+                             (e <- err); LoCo uses 0.8 */
+  uint32_t residual_reset; /* > 0: calls whose `step` is a positive multiple
+                              of it start from a zero residual (LoCo: every
+                              1024 steps); 0 (default): never */
+  uint64_t step;          /* the caller's step counter, for residual_reset */
 } zpp_qgz_config_t;
 
 #define ZPP_QGZ_CONFIG_INIT                                                    \
   { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC, 0,             \
-    ZPP_ROUND_NEAREST, 0, 32 }
+    ZPP_ROUND_NEAREST, 0, 32, 0.0f, 0, 0 }
+
+/* LoCo's setting (Xie et al. 2024): beta 0.8, a reset every 1024 steps. */
+#define ZPP_QGZ_LOCO_BETA 0.8f
+#define ZPP_QGZ_LOCO_RESET 1024
 
 /* Floats of the fp32 error-feedback residual for a call with `count`
  * elements per rank (it holds the compression error of both stages). */
@@ -243,7 +260,9 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before
  * the first step: each step adds it to the data before encoding and
- * stores the new compression error into it.  With cfg->residual_bits 8 it
+ * stores the new compression error into it (with cfg->residual_beta, a
+ * moving average of the errors; cfg->residual_reset zeroes it first every
+ * that many steps of cfg->step).  With cfg->residual_bits 8 it
  * is a buffer of zpp_qgz_residual_bytes bytes (all zero before the first
  * step), any alignment.  A NaN or Inf in any rank's gradient makes the
  * owning shard's element non-finite. */

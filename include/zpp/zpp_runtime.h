@@ -58,17 +58,30 @@ typedef struct {
                            0 (default) off; must divide qgz_block */
   zpp_rounding_t rounding; /* qgZ and qWD encodes (default nearest) */
   uint64_t seed;        /* stochastic rounding: call k of the group uses a
-                           seed derived from (seed, k), so runs repeat */
+                           seed derived from (seed, the group's index among
+                           the groups created on its communicator, k), so
+                           groups (layers) and calls draw independent bits
+                           from one seed, and runs repeat */
   int error_feedback_bits; /* residual storage: 32 (default) fp32, 8 INT8 */
   int qwd_bits;         /* 0 (default) off; 4 or 8: the group holds the full
                            parameters and zpp_pgroup_update_params sends
                            quantized differences (ZeRO-1/2 runtimes) */
   size_t qwd_block;     /* qWD elements per scale (default 2048) */
+  /* Fields below were added in 0.3; a struct_size from 0.2 (the size up to
+   * qwd_block) is accepted and they take their defaults. */
+  float error_feedback_beta;     /* LoCo's moving average of the residual
+                                    (zpp_qgz_config_t.residual_beta): 0
+                                    (default) plain error feedback; 0.8 */
+  uint32_t error_feedback_reset; /* reduction k > 0 of the group starts
+                                    from a zero residual when k is a
+                                    multiple of this (residual_reset, with
+                                    the group's reduction count as step);
+                                    0 (default) never; LoCo: 1024 */
 } zpp_pgroup_config_t;
 
 #define ZPP_PGROUP_CONFIG_INIT                                                 \
   { sizeof(zpp_pgroup_config_t), ZPP_BFLOAT16, 0, 256, 0, 0, 0, 256, 0, 0,   \
-    0, ZPP_ROUND_NEAREST, 0, 32, 0, 2048 }
+    0, ZPP_ROUND_NEAREST, 0, 32, 0, 2048, 0.0f, 0 }
 
 typedef enum {
   ZPP_FETCH_FORWARD = 0, /* qwZ (or full precision) world gather; with hpZ

@@ -31,3 +31,11 @@ void zpp_ew_residual_host(const float *x, size_t count, float *res) {
                                                                        : e;
   }
 }
+
+void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
+                              float beta, float *res) {
+  float omega = 1.0f - beta;
+  size_t i;
+  for (i = 0; i < count; i++)
+    res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, omega);
+}

@@ -27,6 +27,10 @@ void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
  * whose error is not finite store 0, so a skipped step (NaN/Inf gradient)
  * does not poison the next one. */
 void zpp_ew_residual_host(const float *x, size_t count, float *res);
+/* res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, fl(1 - beta)):
+ * the moving-average residual of LoCo (res holds the old residual). */
+void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
+                              float beta, float *res);
 
 /* Device versions, enqueued on `stream` (a cudaStream_t).  Return 0, or
  * non-zero with the CUDA message in err. */
@@ -40,6 +44,9 @@ int zpp_ew_add_residual_device(int dtype, const void *g, const float *res,
                                char *err, size_t errlen);
 int zpp_ew_residual_device(const float *x, size_t count, float *res,
                            void *stream, char *err, size_t errlen);
+int zpp_ew_ema_residual_device(const float *x, const float *dec, size_t count,
+                               float beta, float *res, void *stream,
+                               char *err, size_t errlen);
 /* out[i] = fp32(src[i]) (src of `dtype`), enqueued on `stream`. */
 int zpp_ew_widen_device(int dtype, const void *src, size_t count, float *out,
                         void *stream, char *err, size_t errlen);

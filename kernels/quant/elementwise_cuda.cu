@@ -65,6 +65,14 @@ __global__ void residual_kernel(const float *x, size_t count, float *res) {
   }
 }
 
+__global__ void ema_residual_kernel(const float *x, const float *dec,
+                                    size_t count, float beta, float omega,
+                                    float *res) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x)
+    res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, omega);
+}
+
 __global__ void widen_kernel(int dtype, const void *src, size_t count,
                              float *out) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
@@ -112,6 +120,17 @@ extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
   if (count == 0) return 0;
   launch(residual_kernel, count, stream, x, count, res);
   return report(cudaGetLastError(), "residual kernel launch", err, errlen);
+}
+
+extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
+                                          size_t count, float beta,
+                                          float *res, void *stream, char *err,
+                                          size_t errlen) {
+  if (count == 0) return 0;
+  float omega = 1.0f - beta;  // host fp32 subtraction: the host's omega
+  launch(ema_residual_kernel, count, stream, x, dec, count, beta, omega, res);
+  return report(cudaGetLastError(), "moving-average residual kernel launch",
+                err, errlen);
 }
 
 extern "C" int zpp_ew_alloc_device(size_t bytes, void **p, void *stream,

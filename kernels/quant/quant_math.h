@@ -319,6 +319,23 @@ static ZPP_QM_HD float zpp_qm_add(float acc, float v) {
 #endif
 }
 
+/* Error feedback with a moving average (LoCo; docs/collectives.md): the new
+ * residual of an element whose compensated value x was decoded as dec,
+ *   e_new = fl(fl(beta * e) + fl(omega * fl(x - dec))),  omega = fl(1 - beta),
+ * four roundings, no FMA; a non-finite result stores 0 (as plain error
+ * feedback does), so a skipped step does not poison the next one. */
+static ZPP_QM_HD float zpp_qm_ema_residual(float e, float x, float dec,
+                                           float beta, float omega) {
+  float r;
+#if defined(__CUDA_ARCH__)
+  r = __fadd_rn(__fmul_rn(beta, e), __fmul_rn(omega, __fsub_rn(x, dec)));
+#else
+  float d = x - dec, a = beta * e, b = omega * d;
+  r = a + b;
+#endif
+  return (zpp_qm_f32_bits(r) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : r;
+}
+
 /* Stored bits of a code and back.  INT4 lives in a nibble. */
 static ZPP_QM_HD uint8_t zpp_qm_code_bits(int q) { return (uint8_t)(q & 0xff); }
 
@@ -383,9 +400,11 @@ static ZPP_QM_HD float zpp_qm_floor_small(float v) {
 
 /* Stochastic code of one finite element: with v the clamped scaled value
  * (exactly as zpp_qm_quantize computes it), f = floor(v) and the fraction
- * v - f (exact), the code is f + 1 when u = r24 * 2^-24 < v - f, else f.
- * So P(f + 1) = ceil((v - f) 2^24) / 2^24: unbiased to within 2^-24 of a
- * step.  v in [lo, hi] keeps the code in range (v = hi has fraction 0). */
+ * p = fl(v - f) (exact except for -1/2 < v < 0, where it is v + 1 rounded
+ * to the 2^-24 grid: docs/format.md), the code is f + 1 when
+ * u = r24 * 2^-24 < p, else f.  So P(f + 1) = ceil(p 2^24) / 2^24:
+ * unbiased to within 2^-24 of a step.  v in [lo, hi] keeps the code in
+ * range (v = hi has fraction 0). */
 static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
                                         uint32_t r24) {
   float v, f, u;
