@@ -16,8 +16,9 @@
  * Input: bit 0 of byte 0 selects the command line (1; the rest of the
  * input is the arguments, separated by NUL bytes) or a raw file (0; the
  * rest is the file): then bits 1..2 give its --input-dtype (0 fp32,
- * 1 fp16, 2 bf16, 3 fp32), and bits 3..6 add --hadamard 0,32, --dtype bf16 (fp16 for
- * bf16 files), --rounding nearest,stochastic and --decode-to fp32.
+ * 1 fp16, 2 bf16, 3 fp32), and bits 3..6 add --hadamard 0,32, --dtype
+ * bf16 (fp16 for bf16 files), --rounding nearest,stochastic and
+ * --decode-to fp32.
  *
  * What must hold: no sanitizer report, and an input the tool accepts
  * measures without a library error (exit status 1 would mean the reader
