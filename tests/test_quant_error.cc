@@ -506,7 +506,8 @@ TEST_F(ToolTest, DtypeFlagRoundsTheInputOnceBeforeEncoding) {
     for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16}) {
       ToolRun r = run("--input '" + path(src.name) + "' --input-dtype " +
                       zpp_dtype_name(src.dtype) + " --dtype " +
-                      zpp_dtype_name(dt) + " --bits 8,4 --block 32,0 --format csv");
+                      zpp_dtype_name(dt) +
+                      " --bits 8,4 --block 32,0 --format csv");
       ASSERT_EQ(r.rc, 0) << r.err;
       auto rows = parse_rows(r.out);
       ASSERT_EQ(rows.size(), 2u * 2 * 2);
