@@ -1,14 +1,19 @@
-// Tests of the zpp-quant-error tool, run as a user would run it: the built
-// binary (ZPP_QUANT_ERROR_BIN) is started with flags, and its CSV is parsed.
+// Tests of the zpp-quant-error tool (the C front end of the quantization-
+// error tool: synthetic data and raw files; docs/api.md, "Quantization error
+// tool"), run as a user would run it: the built binary (ZPP_QUANT_ERROR_BIN)
+// is started with flags, and its CSV is parsed.
 //
 //  - the CSV header and one row per (dist, bits, block, mode);
-//  - on .npy, .safetensors and raw files written here from random data, every
-//    number equals an independent float64 computation made through the public
-//    API (zpp_quant_encode, zpp_quant_decode) to 1e-9 relative;
+//  - on raw fp32/fp16/bf16 files written here from random data, every number
+//    equals an independent float64 computation made through the public API
+//    (zpp_quant_encode, zpp_quant_decode) to 1e-9 relative;
 //  - properties of the quantizer the tool must show: INT8 beats INT4, larger
 //    blocks lose on outlier data, bits_per_elem = 8 * encoded size / n
 //    exactly, block 0 is the same as block = n, exact data gives "inf";
-//  - bad flags and unusable files exit 2 with a message naming them.
+//  - bad flags and unusable files exit 2 with a message naming them; files
+//    with a header (.npy, .safetensors, torch) are refused with a message
+//    naming the Python front end, which python/tests/test_quant_error.py
+//    tests (against this tool, byte for byte, on raw files).
 //
 // Seed: ZPP_TEST_SEED (default 20261129); printed by every test that draws.
 #include <gtest/gtest.h>
@@ -331,58 +336,6 @@ Tensor converted(const Tensor &t, zpp_dtype_t dt) {
   return c;
 }
 
-std::string npy_bytes(const Tensor &t, const std::string &descr,
-                      bool fortran = false) {
-  // As numpy writes it: "(255,)", "(3, 4)".
-  std::string shape = "(";
-  for (size_t i = 0; i < t.shape.size(); i++)
-    shape += (i ? ", " : "") + std::to_string(t.shape[i]);
-  shape += t.shape.size() == 1 ? ",)" : ")";
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " +
-                     (fortran ? "True" : "False") + ", 'shape': " + shape +
-                     ", }";
-  size_t total = 10 + dict.size() + 1;
-  dict += std::string((64 - total % 64) % 64, ' ') + "\n";
-  std::string out("\x93NUMPY\x01\x00", 8);
-  out.push_back((char)(dict.size() & 0xff));
-  out.push_back((char)(dict.size() >> 8));
-  return out + dict + t.bytes;
-}
-
-std::string json_escape(const std::string &s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
-// safetensors: u64 header length, JSON header, data.  `dtype_names`
-// overrides a tensor's dtype string (for unsupported types).
-std::string safetensors_bytes(const std::vector<Tensor> &ts,
-                              const std::vector<std::string> &dtype_names) {
-  std::string hdr = "{\"__metadata__\":{\"format\":\"pt\",\"note\":[1,{}]}";
-  std::string data;
-  for (size_t k = 0; k < ts.size(); k++) {
-    const Tensor &t = ts[k];
-    std::string dn = dtype_names[k];
-    hdr += ",\"" + json_escape(t.name) + "\":{\"dtype\":\"" + dn +
-           "\",\"shape\":[";
-    for (size_t i = 0; i < t.shape.size(); i++)
-      hdr += (i ? "," : "") + std::to_string(t.shape[i]);
-    hdr += "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
-           std::to_string(data.size() + t.bytes.size()) + "]}";
-    data += t.bytes;
-  }
-  hdr += "}";
-  while (hdr.size() % 8) hdr += ' ';
-  std::string out;
-  uint64_t len = hdr.size();
-  for (int i = 0; i < 8; i++) out.push_back((char)((len >> (8 * i)) & 0xff));
-  return out + hdr + data;
-}
-
 // ---- the independent reference ----------------------------------------------
 
 struct Sums {
@@ -508,105 +461,62 @@ TEST_F(ToolTest, TableAndJsonCarryTheSameColumns) {
 
 // ---- numbers against the public API ------------------------------------------
 
-class NpyInput : public ToolTest,
+class RawInput : public ToolTest,
                  public ::testing::WithParamInterface<zpp_dtype_t> {};
 
-TEST_P(NpyInput, EveryNumberMatchesTheFloat64Reference) {
+TEST_P(RawInput, EveryNumberMatchesTheFloat64Reference) {
   zpp_dtype_t dt = GetParam();
-  auto rng = seeded_rng("NpyInput", (uint64_t)dt);
+  auto rng = seeded_rng("RawInput", (uint64_t)dt);
   // 37 x 29 = 1073 elements: no block size divides it.
-  Tensor t = random_tensor(rng, "w", dt, {37, 29}, 0.02);
-  const char *descr = dt == ZPP_FLOAT32 ? "<f4" : dt == ZPP_FLOAT16 ? "<f2"
-                                                                    : "<V2";
-  write_file(path("w.npy"), npy_bytes(t, descr));
+  Tensor t = random_tensor(rng, "w.bin", dt, {37, 29}, 0.02);
+  write_file(path("w.bin"), t.bytes);
   for (bool fp32_out : {false, true}) {
-    ToolRun r = run("--input '" + path("w.npy") + "' --bits 8,4 " + block_flag() +
-                " --mode sym,asym --format csv" +
-                (fp32_out ? " --decode-to fp32" : ""));
+    ToolRun r = run("--input '" + path("w.bin") + "' --input-dtype " +
+                    zpp_dtype_name(dt) + " --bits 8,4 " + block_flag() +
+                    " --mode sym,asym --format csv" +
+                    (fp32_out ? " --decode-to fp32" : ""));
     ASSERT_EQ(r.rc, 0) << r.err;
     auto rows = parse_rows(r.out);
     ASSERT_EQ(rows.size(), 2u * 2 * (sizeof kBlocks / sizeof kBlocks[0]));
     for (const auto &row : rows) {
-      EXPECT_EQ(row.dist, "w");
+      EXPECT_EQ(row.dist, "w.bin");
       Sums s = reference(t, row.bits, row.block, row.mode == "asym",
                          fp32_out ? ZPP_FLOAT32 : dt);
-      expect_row(row, s, std::string("npy ") + descr +
+      expect_row(row, s, std::string("raw ") + zpp_dtype_name(dt) +
                              (fp32_out ? " decode fp32" : ""));
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, NpyInput,
+INSTANTIATE_TEST_SUITE_P(Dtypes, RawInput,
                          ::testing::Values(ZPP_FLOAT32, ZPP_FLOAT16,
                                            ZPP_BFLOAT16),
                          [](const ::testing::TestParamInfo<zpp_dtype_t> &i) {
                            return std::string(zpp_dtype_name(i.param));
                          });
 
-TEST_F(ToolTest, SafetensorsReportsEachTensorAndAnOverallRow) {
-  auto rng = seeded_rng("Safetensors");
-  std::vector<Tensor> ts = {
-      random_tensor(rng, "layers.0.attn.w", ZPP_FLOAT32, {3, 5, 7}, 1.0),
-      random_tensor(rng, "emb \"x\",y", ZPP_FLOAT16, {100}, 0.5),
-      random_tensor(rng, "norm.bias", ZPP_BFLOAT16, {64, 3}, 2.0),
-      random_tensor(rng, "position_ids", ZPP_FLOAT32, {6}, 1.0),
-  };
-  // position_ids is stored as I64 (3 x 8 bytes): skipped with a note.
-  ts[3].shape = {3};
-  write_file(path("m.safetensors"),
-             safetensors_bytes(ts, {"F32", "F16", "BF16", "I64"}));
-  ToolRun r = run("--input '" + path("m.safetensors") + "' --bits 8,4 " +
-              block_flag() + " --mode sym,asym --format csv");
-  ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.err.find("position_ids"), std::string::npos) << r.err;
-  auto rows = parse_rows(r.out);
-  const size_t ncfg = 2 * 2 * (sizeof kBlocks / sizeof kBlocks[0]);
-  ASSERT_EQ(rows.size(), 4 * ncfg);  // three tensors and "overall"
-  std::map<Key, Sums> overall;
-  for (const auto &row : rows) {
-    if (row.dist == "overall") continue;
-    const Tensor *t = nullptr;
-    for (const auto &c : ts)
-      if (c.name == row.dist) t = &c;
-    ASSERT_NE(t, nullptr) << "unexpected tensor '" << row.dist << "'";
-    ASSERT_NE(t->name, "position_ids");
-    Sums s = reference(*t, row.bits, row.block, row.mode == "asym", t->dtype);
-    expect_row(row, s, "safetensors " + t->name);
-    Sums &o = overall[Key{std::string("overall"), row.bits, row.block, row.mode}];
-    o.sx += s.sx;
-    o.se += s.se;
-    o.max_abs = std::max(o.max_abs, s.max_abs);
-    o.bytes += s.bytes;
-    o.n += s.n;
-  }
-  size_t seen = 0;
-  for (const auto &row : rows) {
-    if (row.dist != "overall") continue;
-    seen++;
-    auto it = overall.find(Key{std::string("overall"), row.bits, row.block, row.mode});
-    ASSERT_NE(it, overall.end());
-    expect_row(row, it->second, "safetensors overall");
-  }
-  EXPECT_EQ(seen, ncfg);
-}
-
 TEST_F(ToolTest, DtypeFlagRoundsTheInputOnceBeforeEncoding) {
   auto rng = seeded_rng("DtypeFlag");
   std::vector<Tensor> ts = {
-      random_tensor(rng, "a", ZPP_FLOAT32, {300}, 1.0),
-      random_tensor(rng, "b", ZPP_FLOAT16, {257}, 1.0),
+      random_tensor(rng, "a.bin", ZPP_FLOAT32, {300}, 1.0),
+      random_tensor(rng, "b.bin", ZPP_FLOAT16, {257}, 1.0),
   };
-  write_file(path("c.safetensors"), safetensors_bytes(ts, {"F32", "F16"}));
-  for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16}) {
-    ToolRun r = run("--input '" + path("c.safetensors") + "' --dtype " +
-                zpp_dtype_name(dt) + " --bits 8,4 --block 32,0 --format csv");
-    ASSERT_EQ(r.rc, 0) << r.err;
-    for (const auto &row : parse_rows(r.out)) {
-      if (row.dist == "overall") continue;
-      const Tensor &src = row.dist == "a" ? ts[0] : ts[1];
-      Sums s = reference(converted(src, dt), row.bits, row.block,
-                         row.mode == "asym", dt);
-      expect_row(row, s, std::string("--dtype ") + zpp_dtype_name(dt));
+  for (const Tensor &src : ts) {
+    write_file(path(src.name), src.bytes);
+    for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16}) {
+      ToolRun r = run("--input '" + path(src.name) + "' --input-dtype " +
+                      zpp_dtype_name(src.dtype) + " --dtype " +
+                      zpp_dtype_name(dt) +
+                      " --bits 8,4 --block 32,0 --format csv");
+      ASSERT_EQ(r.rc, 0) << r.err;
+      auto rows = parse_rows(r.out);
+      ASSERT_EQ(rows.size(), 2u * 2 * 2);
+      for (const auto &row : rows) {
+        EXPECT_EQ(row.dist, src.name);
+        Sums s = reference(converted(src, dt), row.bits, row.block,
+                           row.mode == "asym", dt);
+        expect_row(row, s, src.name + " --dtype " + zpp_dtype_name(dt));
+      }
     }
   }
 }
@@ -745,9 +655,9 @@ TEST_F(ToolTest, ExactDataGivesZeroErrorAndInfiniteSnr) {
     float f = (float)q * 0.5f;
     t.bytes.append((const char *)&f, 4);
   }
-  write_file(path("exact.npy"), npy_bytes(t, "<f4"));
-  ToolRun r = run("--input '" + path("exact.npy") +
-              "' --bits 8 --block 0 --sym --format csv");
+  write_file(path("exact.bin"), t.bytes);
+  ToolRun r = run("--input '" + path("exact.bin") +
+                  "' --input-dtype fp32 --bits 8 --block 0 --sym --format csv");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto lines = parse_csv(r.out);
   ASSERT_EQ(lines.size(), 2u);
@@ -890,51 +800,31 @@ TEST_F(ToolTest, BadFlagsExitTwoNamingTheFlag) {
 }
 
 TEST_F(ToolTest, UnusableFilesExitTwoNamingTheFile) {
-  auto rng = seeded_rng("BadFiles");
-  std::string missing = path("missing.npy");
-  expect_error(run("--input '" + missing + "'"), {missing});
-
-  Tensor ints{"i", ZPP_FLOAT32, {4, 4}, std::string(64, '\1')};
-  write_file(path("int32.npy"), npy_bytes(ints, "<i4"));
-  expect_error(run("--input '" + path("int32.npy") + "'"),
-               {path("int32.npy"), "'<i4'"});
-  write_file(path("big.npy"), npy_bytes(ints, ">f4"));
-  expect_error(run("--input '" + path("big.npy") + "'"), {"'>f4'"});
-  write_file(path("f64.npy"), npy_bytes(ints, "<f8"));
-  expect_error(run("--input '" + path("f64.npy") + "'"), {"'<f8'"});
-
-  Tensor t = random_tensor(rng, "t", ZPP_FLOAT32, {8, 8}, 1.0);
-  write_file(path("fortran.npy"), npy_bytes(t, "<f4", true));
-  expect_error(run("--input '" + path("fortran.npy") + "'"),
-               {path("fortran.npy"), "Fortran"});
-  std::string cut = npy_bytes(t, "<f4");
-  write_file(path("cut.npy"), cut.substr(0, cut.size() - 4));
-  expect_error(run("--input '" + path("cut.npy") + "'"),
-               {path("cut.npy"), "truncated"});
-  write_file(path("fake.npy"), "not numpy at all");
-  expect_error(run("--input '" + path("fake.npy") + "'"), {"magic"});
-
-  write_file(path("f64.safetensors"), safetensors_bytes({t}, {"F64"}));
-  expect_error(run("--input '" + path("f64.safetensors") + "'"),
-               {path("f64.safetensors"), "'t'", "F64"});
-  std::string st = safetensors_bytes({t}, {"F32"});
-  write_file(path("cut.safetensors"), st.substr(0, st.size() - 8));
-  expect_error(run("--input '" + path("cut.safetensors") + "'"),
-               {path("cut.safetensors"), "data_offsets"});
-  std::string bad = st;
-  bad[9] = '[';  // the header object becomes malformed JSON
-  write_file(path("bad.safetensors"), bad);
-  expect_error(run("--input '" + path("bad.safetensors") + "'"),
-               {path("bad.safetensors"), "malformed"});
-  write_file(path("ints.safetensors"), safetensors_bytes({ints}, {"I32"}));
-  expect_error(run("--input '" + path("ints.safetensors") + "'"),
-               {path("ints.safetensors"), "no F32"});
-
+  std::string missing = path("missing.bin");
+  expect_error(run("--input '" + missing + "' --input-dtype fp32"), {missing});
   write_file(path("raw.bin"), std::string(10, '\0'));
   expect_error(run("--input '" + path("raw.bin") + "'"),
                {path("raw.bin"), "--input-dtype"});
   expect_error(run("--input '" + path("raw.bin") + "' --input-dtype fp32"),
                {path("raw.bin"), "multiple of 4"});
+  write_file(path("empty.bin"), "");
+  expect_error(run("--input '" + path("empty.bin") + "' --input-dtype bf16"),
+               {path("empty.bin"), "positive multiple of 2"});
+}
+
+// Files with a header are the Python front end's: refused before they are
+// opened (this tool parses nothing), with the command that reads them.
+TEST_F(ToolTest, FilesWithAHeaderAreRefusedNamingThePythonFrontEnd) {
+  for (const char *name : {"w.npy", "m.safetensors", "m.pt", "m.pth",
+                           "m.ckpt", "pytorch_model.bin"}) {
+    write_file(path(name), "not parsed");
+    std::string f = path(name);
+    expect_error(run("--input '" + f + "'"),
+                 {f, "python -m zpp.quant_error --input " + f});
+    if (std::string(name) != "pytorch_model.bin")  // .bin: raw with the flag
+      expect_error(run("--input '" + f + "' --input-dtype fp32"),
+                   {"--input-dtype", f, "header"});
+  }
 }
 
 }  // namespace

@@ -1,7 +1,15 @@
 /*
  * zpp-quant-error: error of the zpp block quantizer as a function of the
  * block size, the width (INT8/INT4) and the mode (symmetric/asymmetric),
- * on synthetic data or on tensors read from .npy, .safetensors or raw files.
+ * on synthetic data or on a raw little-endian fp32/fp16/bf16 file.
+ *
+ * One tool, two front ends (docs/api.md, "Quantization error tool"): this
+ * C one reads only what needs no parsing (its own generator, raw files);
+ * python -m zpp.quant_error (python/zpp/quant_error.py) reads raw files
+ * too, and .npy, .safetensors and torch checkpoints through numpy,
+ * safetensors and torch.  Both take the same flags and print the same
+ * columns; on the same raw file their stdout is byte for byte the same
+ * (python/tests/test_quant_error.py checks it).
  *
  * Every number goes through the public API: zpp_quant_encode from the
  * data's own dtype, then zpp_quant_decode (into the same dtype unless
@@ -38,8 +46,6 @@
 #define QE_DEFAULT_SEED 20261129ull
 #define QE_DEFAULT_N ((size_t)1 << 20)
 #define QE_MAX_LIST 64
-/* The safetensors format caps its JSON header at 100 MB. */
-#define QE_ST_MAX_HEADER ((uint64_t)100 << 20)
 
 /* ---- errors --------------------------------------------------------------- */
 
@@ -74,13 +80,6 @@ static void *qe_malloc(size_t bytes, const char *what) {
     qe_fail(QE_EXIT_LIBRARY, "out of memory allocating %zu bytes for %s",
             bytes, what);
   return p;
-}
-
-static char *qe_strdup(const char *s) {
-  size_t len = strlen(s) + 1;
-  char *d = qe_malloc(len, "a name");
-  memcpy(d, s, len);
-  return d;
 }
 
 /* ---- random numbers ------------------------------------------------------- */
@@ -216,9 +215,10 @@ static void qe_usage(FILE *out) {
 "Usage: " QE_PROG " [options]\n"
 "Quantization error of the zpp block quantizer (encode then decode through\n"
 "the public API) for every combination of distribution/tensor, bits, mode\n"
-"and block size.  Sums are float64.\n"
+"and block size.  Sums are float64.  The flags and columns are those of\n"
+"python -m zpp.quant_error, which reads .npy, .safetensors and torch files.\n"
 "\n"
-"Data (synthetic):\n"
+"Data (synthetic; this tool only):\n"
 "  --dist LIST          normal, uniform, laplace, normal-outliers or all\n"
 "                       (comma list; default normal).  All have unit\n"
 "                       variance; normal-outliers is the normal tensor of\n"
@@ -226,13 +226,15 @@ static void qe_usage(FILE *out) {
 "  --outliers N         outlier count for normal-outliers (default 16)\n"
 "  --outlier-scale S    outlier factor (default 100)\n"
 "  --n N                elements (default 1048576)\n"
-"  --seed S             generator seed (default %llu; printed)\n"
 "Data (from a file; the generator flags above are then refused):\n"
-"  --input FILE         .npy (<f4, <f2, <V2/|V2 read as bf16; C order,\n"
-"                       little-endian), .safetensors (F32, F16, BF16;\n"
-"                       integer and bool tensors are skipped; one row per\n"
-"                       tensor plus \"overall\") or raw little-endian\n"
+"  --input FILE         with --input-dtype: a raw little-endian file (both\n"
+"                       front ends).  Without it, .npy, .safetensors and\n"
+"                       torch checkpoints, which this tool does not parse:\n"
+"                       python -m zpp.quant_error reads them (numpy,\n"
+"                       safetensors, torch) with these flags and columns\n"
 "  --input-dtype T      dtype of a raw file: fp32, fp16 or bf16\n"
+"  --seed S             generator seed, and the seed of stochastic rounding\n"
+"                       (default %llu; printed)\n"
 "Quantizer:\n"
 "  --bits LIST          8 and/or 4 (default 8,4)\n"
 "  --block LIST         block sizes in elements; 0: one scale for the whole\n"
@@ -398,6 +400,23 @@ static void qe_add_mode(qe_opts_t *o, int mode) {
   o->modes[o->nmodes++] = mode;
 }
 
+static int qe_ends_with(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Names of files whose header gives the dtype (python/zpp/quant_error.py
+ * reads them); .bin is raw with --input-dtype, a torch checkpoint without. */
+static int qe_has_header(const char *path) {
+  static const char *const sfx[] = {".npy", ".safetensors", ".pt", ".pth",
+                                    ".ckpt"};
+  size_t i;
+  for (i = 0; i < sizeof sfx / sizeof sfx[0]; i++)
+    if (qe_ends_with(path, sfx[i]))
+      return 1;
+  return 0;
+}
+
 static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
   static const size_t default_blocks[] = {32,  64,   128,  256, 512,
                                           1024, 2048, 4096, 0};
@@ -495,7 +514,6 @@ static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
       if (o->n == 0)
         qe_fail(QE_EXIT_USAGE, "%s 0: must be >= 1", flag);
     } else if (strcmp(flag, "--seed") == 0) {
-      o->gen_flag_given = "--seed";
       if (qe_parse_u64(val, &o->seed) != 0)
         qe_fail(QE_EXIT_USAGE, "%s %s: must be an unsigned 64-bit integer",
                 flag, val);
@@ -554,6 +572,20 @@ static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
             o->gen_flag_given, o->input);
   if (o->input == NULL && o->input_dtype >= 0)
     qe_fail(QE_EXIT_USAGE, "--input-dtype: only with --input");
+  /* Formats with a header are the Python front end's: this tool parses
+   * nothing (docs/api.md, "Quantization error tool"). */
+  if (o->input != NULL && o->input_dtype < 0)
+    qe_fail(QE_EXIT_USAGE,
+            "--input %s: this tool reads raw little-endian files only, "
+            "with --input-dtype fp32|fp16|bf16; .npy, .safetensors and "
+            "torch checkpoints are read by python -m zpp.quant_error "
+            "--input %s (same flags and columns)",
+            o->input, o->input);
+  if (o->input != NULL && qe_has_header(o->input))
+    qe_fail(QE_EXIT_USAGE,
+            "--input-dtype: only for raw files; %s has a header that gives "
+            "its dtype (python -m zpp.quant_error --input %s reads it)",
+            o->input, o->input);
   if (o->input == NULL && o->outliers > o->n) {
     int d;
     for (d = 0; d < o->ndists; d++)
@@ -567,8 +599,7 @@ static void qe_parse_args(int argc, char **argv, qe_opts_t *o) {
 /* ---- tensors -------------------------------------------------------------- */
 
 typedef struct {
-  const char *name; /* rows point here: it lives until main returns */
-  char *name_buf;   /* name's storage when owned (freed by main), or NULL */
+  const char *name; /* rows point here: static or in argv */
   int dtype;        /* zpp_dtype_t */
   size_t n;
   void *data; /* n elements of dtype */
@@ -625,13 +656,12 @@ static void qe_generate(const qe_opts_t *o, int d, qe_tensor_t *t) {
     free(taken);
   }
   t->name = qe_dist_names[d];
-  t->name_buf = NULL;
   t->dtype = ZPP_FLOAT32;
   t->n = n;
   t->data = x;
 }
 
-/* ---- file input ----------------------------------------------------------- */
+/* ---- raw file input: bytes as they are, no header ------------------------ */
 
 static FILE *qe_open(const char *path, off_t *size) {
   FILE *f = fopen(path, "rb");
@@ -657,28 +687,10 @@ static const char *qe_basename(const char *path) {
   return s ? s + 1 : path;
 }
 
-static int qe_ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static uint64_t qe_le64(const unsigned char *p) {
-  uint64_t v = 0;
-  int i;
-  for (i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-
 static void qe_read_raw(const qe_opts_t *o, qe_tensor_t *t) {
   off_t size;
   size_t es;
   FILE *f = qe_open(o->input, &size);
-  if (o->input_dtype < 0)
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: not .npy or .safetensors, so it is read as raw "
-            "data and needs --input-dtype fp32|fp16|bf16",
-            o->input);
   es = zpp_dtype_size((zpp_dtype_t)o->input_dtype);
   if (size == 0 || (uint64_t)size % es != 0 || (uint64_t)size > SIZE_MAX)
     qe_fail(QE_EXIT_USAGE,
@@ -687,506 +699,11 @@ static void qe_read_raw(const qe_opts_t *o, qe_tensor_t *t) {
             o->input, (long long)size, es,
             zpp_dtype_name((zpp_dtype_t)o->input_dtype));
   t->name = qe_basename(o->input); /* argv outlives the rows */
-  t->name_buf = NULL;
   t->dtype = o->input_dtype;
   t->n = (size_t)size / es;
   t->data = qe_malloc((size_t)size, "the input data");
   qe_read_at(f, o->input, 0, t->data, (size_t)size);
   fclose(f);
-}
-
-/* .npy: magic, version, header length, then a Python dict literal such as
- * {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), } */
-static void qe_npy_skip_ws(const char **p) {
-  while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r')
-    (*p)++;
-}
-
-static void qe_npy_bad(const char *path, const char *why) {
-  qe_fail(QE_EXIT_USAGE, "--input %s: malformed .npy header: %s", path, why);
-}
-
-/* A quoted Python string (no escapes occur in the keys and descr we need). */
-static void qe_npy_string(const char *path, const char **p, char *out,
-                          size_t cap) {
-  char q = **p;
-  size_t k = 0;
-  if (q != '\'' && q != '"')
-    qe_npy_bad(path, "expected a quoted string");
-  (*p)++;
-  while (**p && **p != q) {
-    if (k + 1 >= cap)
-      qe_npy_bad(path, "string too long");
-    out[k++] = *(*p)++;
-  }
-  if (**p != q)
-    qe_npy_bad(path, "unterminated string");
-  (*p)++;
-  out[k] = '\0';
-}
-
-static void qe_read_npy(const qe_opts_t *o, qe_tensor_t *t) {
-  off_t size;
-  unsigned char pre[12];
-  size_t hlen, pre_len, es, n = 1;
-  char *hdr, descr[32] = "", key[64];
-  const char *p;
-  int have_descr = 0, have_shape = 0, fortran = -1, dtype;
-  FILE *f = qe_open(o->input, &size);
-
-  if (o->input_dtype >= 0)
-    qe_fail(QE_EXIT_USAGE,
-            "--input-dtype: only for raw files; the header of %s gives its "
-            "dtype",
-            o->input);
-  if (size < 10)
-    qe_fail(QE_EXIT_USAGE, "--input %s: too short for a .npy file", o->input);
-  qe_read_at(f, o->input, 0, pre, 10);
-  if (memcmp(pre, "\x93NUMPY", 6) != 0)
-    qe_fail(QE_EXIT_USAGE, "--input %s: not a .npy file (bad magic)",
-            o->input);
-  if (pre[6] == 1) {
-    hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
-    pre_len = 10;
-  } else if (pre[6] == 2 || pre[6] == 3) {
-    if (size < 12)
-      qe_fail(QE_EXIT_USAGE, "--input %s: truncated .npy header", o->input);
-    qe_read_at(f, o->input, 0, pre, 12);
-    hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 |
-           (size_t)pre[11] << 24;
-    pre_len = 12;
-  } else {
-    qe_fail(QE_EXIT_USAGE, "--input %s: .npy version %d.%d not supported",
-            o->input, pre[6], pre[7]);
-  }
-  if ((uint64_t)size < pre_len + (uint64_t)hlen)
-    qe_fail(QE_EXIT_USAGE, "--input %s: truncated .npy header", o->input);
-  hdr = qe_malloc(hlen + 1, "the .npy header");
-  qe_read_at(f, o->input, (off_t)pre_len, hdr, hlen);
-  hdr[hlen] = '\0';
-
-  p = hdr;
-  qe_npy_skip_ws(&p);
-  if (*p++ != '{')
-    qe_npy_bad(o->input, "expected '{'");
-  for (;;) {
-    qe_npy_skip_ws(&p);
-    if (*p == '}')
-      break;
-    qe_npy_string(o->input, &p, key, sizeof key);
-    qe_npy_skip_ws(&p);
-    if (*p++ != ':')
-      qe_npy_bad(o->input, "expected ':'");
-    qe_npy_skip_ws(&p);
-    if (strcmp(key, "descr") == 0) {
-      if (*p != '\'' && *p != '"')
-        qe_fail(QE_EXIT_USAGE,
-                "--input %s: .npy structured dtypes are not supported",
-                o->input);
-      qe_npy_string(o->input, &p, descr, sizeof descr);
-      have_descr = 1;
-    } else if (strcmp(key, "fortran_order") == 0) {
-      if (strncmp(p, "False", 5) == 0) {
-        fortran = 0;
-        p += 5;
-      } else if (strncmp(p, "True", 4) == 0) {
-        fortran = 1;
-        p += 4;
-      } else {
-        qe_npy_bad(o->input, "fortran_order is not True or False");
-      }
-    } else if (strcmp(key, "shape") == 0) {
-      if (*p++ != '(')
-        qe_npy_bad(o->input, "shape is not a tuple");
-      for (;;) {
-        uint64_t dim = 0;
-        qe_npy_skip_ws(&p);
-        if (*p == ')')
-          break;
-        if (*p < '0' || *p > '9')
-          qe_npy_bad(o->input, "shape entry is not an integer");
-        while (*p >= '0' && *p <= '9') {
-          unsigned dgt = (unsigned)(*p++ - '0');
-          if (dim > (UINT64_MAX - dgt) / 10u)
-            qe_npy_bad(o->input, "shape entry too large");
-          dim = dim * 10u + dgt;
-        }
-        if (dim != 0 && n > SIZE_MAX / dim)
-          qe_fail(QE_EXIT_USAGE, "--input %s: shape too large", o->input);
-        n *= (size_t)dim;
-        qe_npy_skip_ws(&p);
-        if (*p == ',')
-          p++;
-      }
-      p++;
-      have_shape = 1;
-    } else {
-      qe_npy_bad(o->input, "unknown key");
-    }
-    qe_npy_skip_ws(&p);
-    if (*p == ',')
-      p++;
-  }
-  if (!have_descr || !have_shape || fortran < 0)
-    qe_npy_bad(o->input, "needs descr, fortran_order and shape");
-  if (strcmp(descr, "<f4") == 0) {
-    dtype = ZPP_FLOAT32;
-  } else if (strcmp(descr, "<f2") == 0) {
-    dtype = ZPP_FLOAT16;
-  } else if (strcmp(descr, "<V2") == 0 || strcmp(descr, "|V2") == 0) {
-    dtype = ZPP_BFLOAT16; /* how ml_dtypes' bfloat16 arrays are saved */
-  } else {
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: .npy dtype '%s' is not supported (fp32 '<f4', fp16 "
-            "'<f2', bf16 '<V2'; little-endian only)",
-            o->input, descr);
-  }
-  if (fortran)
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: Fortran-order .npy is not supported (blocks follow "
-            "C order; save with np.ascontiguousarray)",
-            o->input);
-  if (n == 0)
-    qe_fail(QE_EXIT_USAGE, "--input %s: the array has no elements", o->input);
-  es = zpp_dtype_size((zpp_dtype_t)dtype);
-  if (n > SIZE_MAX / es ||
-      (uint64_t)size - pre_len - hlen < (uint64_t)n * es)
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: truncated: shape needs %zu elements of %zu bytes",
-            o->input, n, es);
-  {
-    /* "w.npy" reports as "w" */
-    const char *base = qe_basename(o->input);
-    size_t bl = strlen(base);
-    char *name = qe_strdup(base);
-    if (bl > 4 && qe_ends_with(base, ".npy"))
-      name[bl - 4] = '\0';
-    t->name = t->name_buf = name;
-  }
-  t->dtype = dtype;
-  t->n = n;
-  t->data = qe_malloc(n * es, "the input data");
-  qe_read_at(f, o->input, (off_t)(pre_len + hlen), t->data, n * es);
-  free(hdr);
-  fclose(f);
-}
-
-/* ---- safetensors: 8-byte little-endian header length, a JSON object
- * {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
- *  "__metadata__": {...}}, then the data (offsets relative to its start). */
-
-typedef struct {
-  const char *p, *end, *start;
-  const char *path;
-} qe_json_t;
-
-static void qe_json_bad(const qe_json_t *j, const char *why) {
-  qe_fail(QE_EXIT_USAGE,
-          "--input %s: malformed safetensors header at byte %ld: %s", j->path,
-          (long)(j->p - j->start), why);
-}
-
-static void qe_json_ws(qe_json_t *j) {
-  while (j->p < j->end &&
-         (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-    j->p++;
-}
-
-static int qe_json_peek(qe_json_t *j) {
-  qe_json_ws(j);
-  return j->p < j->end ? (unsigned char)*j->p : -1;
-}
-
-static void qe_json_expect(qe_json_t *j, char c) {
-  char why[32];
-  if (qe_json_peek(j) != (unsigned char)c) {
-    snprintf(why, sizeof why, "expected '%c'", c);
-    qe_json_bad(j, why);
-  }
-  j->p++;
-}
-
-static void qe_utf8_put(char *out, size_t *k, uint32_t cp) {
-  if (cp < 0x80) {
-    out[(*k)++] = (char)cp;
-  } else if (cp < 0x800) {
-    out[(*k)++] = (char)(0xc0 | (cp >> 6));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out[(*k)++] = (char)(0xe0 | (cp >> 12));
-    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3f));
-  } else {
-    out[(*k)++] = (char)(0xf0 | (cp >> 18));
-    out[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3f));
-  }
-}
-
-static uint32_t qe_json_hex4(qe_json_t *j) {
-  uint32_t v = 0;
-  int i;
-  if (j->end - j->p < 4)
-    qe_json_bad(j, "short \\u escape");
-  for (i = 0; i < 4; i++) {
-    char c = *j->p++;
-    v <<= 4;
-    if (c >= '0' && c <= '9')
-      v |= (uint32_t)(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      v |= (uint32_t)(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      v |= (uint32_t)(c - 'A' + 10);
-    else
-      qe_json_bad(j, "bad \\u escape");
-  }
-  return v;
-}
-
-/* A JSON string, decoded to UTF-8 (malloc'ed; NULL `out` skips it).  The
- * decoded text is never longer than the escaped one. */
-static void qe_json_string(qe_json_t *j, char **out) {
-  const char *s;
-  char *buf;
-  size_t k = 0;
-  qe_json_expect(j, '"');
-  s = j->p;
-  while (j->p < j->end && *j->p != '"')
-    j->p += (*j->p == '\\' && j->p + 1 < j->end) ? 2 : 1;
-  if (j->p >= j->end)
-    qe_json_bad(j, "unterminated string");
-  buf = qe_malloc((size_t)(j->p - s) + 1, "a safetensors name");
-  j->p = s;
-  while (*j->p != '"') {
-    char c = *j->p++;
-    if ((unsigned char)c < 0x20)
-      qe_json_bad(j, "control character in a string");
-    if (c != '\\') {
-      buf[k++] = c;
-      continue;
-    }
-    c = *j->p++;
-    switch (c) {
-    case '"': case '\\': case '/': buf[k++] = c; break;
-    case 'b': buf[k++] = '\b'; break;
-    case 'f': buf[k++] = '\f'; break;
-    case 'n': buf[k++] = '\n'; break;
-    case 'r': buf[k++] = '\r'; break;
-    case 't': buf[k++] = '\t'; break;
-    case 'u': {
-      uint32_t cp = qe_json_hex4(j);
-      if (cp >= 0xd800 && cp < 0xdc00 && j->end - j->p >= 6 &&
-          j->p[0] == '\\' && j->p[1] == 'u') {
-        uint32_t lo;
-        j->p += 2;
-        lo = qe_json_hex4(j);
-        if (lo < 0xdc00 || lo >= 0xe000)
-          qe_json_bad(j, "unpaired surrogate");
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-      } else if (cp >= 0xd800 && cp < 0xe000) {
-        qe_json_bad(j, "unpaired surrogate");
-      }
-      qe_utf8_put(buf, &k, cp); /* 6 or 12 escaped bytes give <= 4 */
-      break;
-    }
-    default:
-      qe_json_bad(j, "bad escape");
-    }
-  }
-  j->p++;
-  buf[k] = '\0';
-  if (out)
-    *out = buf;
-  else
-    free(buf);
-}
-
-static uint64_t qe_json_uint(qe_json_t *j) {
-  uint64_t v = 0;
-  qe_json_ws(j);
-  if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-    qe_json_bad(j, "expected a non-negative integer");
-  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-    unsigned d = (unsigned)(*j->p++ - '0');
-    if (v > (UINT64_MAX - d) / 10u)
-      qe_json_bad(j, "integer too large");
-    v = v * 10u + d;
-  }
-  return v;
-}
-
-static void qe_json_skip(qe_json_t *j, int depth) {
-  int c = qe_json_peek(j);
-  if (depth > 64)
-    qe_json_bad(j, "nested too deeply");
-  if (c == '"') {
-    qe_json_string(j, NULL);
-  } else if (c == '{' || c == '[') {
-    char close = c == '{' ? '}' : ']';
-    j->p++;
-    if (qe_json_peek(j) == close) {
-      j->p++;
-      return;
-    }
-    for (;;) {
-      if (c == '{') {
-        qe_json_string(j, NULL);
-        qe_json_expect(j, ':');
-      }
-      qe_json_skip(j, depth + 1);
-      if (qe_json_peek(j) == ',') {
-        j->p++;
-        continue;
-      }
-      qe_json_expect(j, close);
-      return;
-    }
-  } else if (c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' ||
-             c == 'n') {
-    /* number or literal: characters up to a delimiter */
-    while (j->p < j->end && strchr(",}] \t\r\n", *j->p) == NULL)
-      j->p++;
-  } else {
-    qe_json_bad(j, "expected a value");
-  }
-}
-
-typedef struct {
-  char *name;
-  char *dtype;
-  size_t n;
-  uint64_t begin, end;
-} qe_st_entry_t;
-
-static void qe_st_entry(qe_json_t *j, qe_st_entry_t *e) {
-  int have_dtype = 0, have_shape = 0, have_off = 0;
-  uint64_t n = 1;
-  qe_json_expect(j, '{');
-  if (qe_json_peek(j) != '}') {
-    for (;;) {
-      char *key;
-      qe_json_string(j, &key);
-      qe_json_expect(j, ':');
-      if (strcmp(key, "dtype") == 0) {
-        qe_json_string(j, &e->dtype);
-        have_dtype = 1;
-      } else if (strcmp(key, "shape") == 0) {
-        qe_json_expect(j, '[');
-        if (qe_json_peek(j) != ']') {
-          for (;;) {
-            uint64_t dim = qe_json_uint(j);
-            if (dim != 0 && n > SIZE_MAX / dim)
-              qe_json_bad(j, "shape too large");
-            n *= dim;
-            if (qe_json_peek(j) != ',')
-              break;
-            j->p++;
-          }
-        }
-        qe_json_expect(j, ']');
-        have_shape = 1;
-      } else if (strcmp(key, "data_offsets") == 0) {
-        qe_json_expect(j, '[');
-        e->begin = qe_json_uint(j);
-        qe_json_expect(j, ',');
-        e->end = qe_json_uint(j);
-        qe_json_expect(j, ']');
-        have_off = 1;
-      } else {
-        qe_json_skip(j, 1);
-      }
-      free(key);
-      if (qe_json_peek(j) != ',')
-        break;
-      j->p++;
-    }
-  }
-  qe_json_expect(j, '}');
-  if (!have_dtype || !have_shape || !have_off)
-    qe_json_bad(j, "a tensor needs dtype, shape and data_offsets");
-  e->n = (size_t)n;
-}
-
-/* Reads the header; the tensors' data are read one at a time later. */
-static qe_st_entry_t *qe_st_header(FILE *f, const char *path, off_t size,
-                                   int *count, uint64_t *data_start) {
-  unsigned char pre[8];
-  uint64_t hlen;
-  char *hdr;
-  qe_json_t j;
-  qe_st_entry_t *ents = NULL;
-  int n = 0, cap = 0;
-
-  if (size < 8)
-    qe_fail(QE_EXIT_USAGE, "--input %s: too short for a safetensors file",
-            path);
-  qe_read_at(f, path, 0, pre, 8);
-  hlen = qe_le64(pre);
-  if (hlen < 2 || hlen > QE_ST_MAX_HEADER || hlen > (uint64_t)size - 8)
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: safetensors header length %llu is out of range "
-            "(file has %lld bytes)",
-            path, (unsigned long long)hlen, (long long)size);
-  hdr = qe_malloc((size_t)hlen, "the safetensors header");
-  qe_read_at(f, path, 8, hdr, (size_t)hlen);
-  j.p = j.start = hdr;
-  j.end = hdr + hlen;
-  j.path = path;
-
-  qe_json_expect(&j, '{');
-  if (qe_json_peek(&j) != '}') {
-    for (;;) {
-      char *key;
-      qe_json_string(&j, &key);
-      qe_json_expect(&j, ':');
-      if (strcmp(key, "__metadata__") == 0) {
-        qe_json_skip(&j, 1);
-        free(key);
-      } else {
-        if (n == cap) {
-          qe_st_entry_t *grown;
-          cap = cap ? 2 * cap : 16;
-          grown = realloc(ents, (size_t)cap * sizeof *ents);
-          if (grown == NULL)
-            qe_fail(QE_EXIT_LIBRARY, "out of memory reading %s", path);
-          ents = grown;
-        }
-        memset(&ents[n], 0, sizeof ents[n]);
-        ents[n].name = key;
-        qe_st_entry(&j, &ents[n]);
-        n++;
-      }
-      if (qe_json_peek(&j) != ',')
-        break;
-      j.p++;
-    }
-  }
-  qe_json_expect(&j, '}');
-  if (qe_json_peek(&j) != -1)
-    qe_json_bad(&j, "trailing bytes after the header object");
-  free(hdr);
-  *count = n;
-  *data_start = 8 + hlen;
-  return ents;
-}
-
-/* safetensors dtype: its zpp dtype, -1 to skip (not floating point), or
- * -2 for a floating-point type zpp cannot encode. */
-static int qe_st_dtype(const char *s) {
-  static const char *const skipped[] = {"BOOL", "U8",  "I8",  "U16", "I16",
-                                        "U32",  "I32", "U64", "I64"};
-  size_t i;
-  if (strcmp(s, "F32") == 0)
-    return ZPP_FLOAT32;
-  if (strcmp(s, "F16") == 0)
-    return ZPP_FLOAT16;
-  if (strcmp(s, "BF16") == 0)
-    return ZPP_BFLOAT16;
-  for (i = 0; i < sizeof skipped / sizeof skipped[0]; i++)
-    if (strcmp(s, skipped[i]) == 0)
-      return -1;
-  return -2;
 }
 
 /* ---- measurement ---------------------------------------------------------- */
@@ -1267,7 +784,9 @@ static void qe_measure(const qe_tensor_t *t, int bits, int mode,
     double a = fabs(e);
     sx += x * x;
     se += e * e;
-    if (!(a <= mx)) /* keeps a NaN */
+    /* a NaN, once met, stays (as numpy's max, which the Python front end
+     * uses); a plain !(a <= mx) would let the next number replace it */
+    if (!(a <= mx) && mx == mx)
       mx = a;
   }
   free(enc);
@@ -1283,18 +802,6 @@ static void qe_measure(const qe_tensor_t *t, int bits, int mode,
   row->max_abs = mx;
   row->bytes = (double)bytes;
   row->n = (double)t->n;
-}
-
-/* Rows qe_measure_all adds per tensor. */
-static size_t qe_ncfg(const qe_opts_t *o) {
-  size_t n = 0;
-  int k, h;
-  for (k = 0; k < o->nblocks; k++)
-    for (h = 0; h < o->nhadamards; h++)
-      if (o->hadamards[h] == 0 || o->blocks[k] == 0 ||
-          o->blocks[k] % o->hadamards[h] == 0)
-        n++;
-  return n * (size_t)o->nbits * (size_t)o->nmodes * (size_t)o->nroundings;
 }
 
 /* Every (bits, mode, block, hadamard, rounding) of one tensor, in that
@@ -1498,6 +1005,8 @@ static void qe_print_run(const qe_opts_t *o, const char *source, FILE *out) {
   if (o->input == NULL)
     fprintf(out, " n=%zu seed=%llu outliers=%zu outlier-scale=%g", o->n,
             (unsigned long long)o->seed, o->outliers, o->outlier_scale);
+  else
+    fprintf(out, " seed=%llu", (unsigned long long)o->seed);
   fprintf(out, " dtype=%s decode-to=%s\n",
           o->dtype >= 0     ? zpp_dtype_name((zpp_dtype_t)o->dtype)
           : o->input == NULL ? "fp32"
@@ -1510,121 +1019,10 @@ static void qe_tensor_free(qe_tensor_t *t) {
   t->data = NULL;
 }
 
-/* Measures every F32/F16/BF16 tensor of a safetensors file, one at a time,
- * then adds the "overall" rows.  Returns the header entries, which the
- * rows point into (the caller frees them after printing). */
-static qe_st_entry_t *qe_run_safetensors(const qe_opts_t *o, FILE *info,
-                                         qe_rows_t *rows, int *nents) {
-  off_t size;
-  uint64_t data_start;
-  int count, k, used = 0;
-  char source[256];
-  size_t i, ncfg = qe_ncfg(o);
-  qe_row_t *overall;
-  FILE *f = qe_open(o->input, &size);
-  qe_st_entry_t *ents;
-
-  if (o->input_dtype >= 0)
-    qe_fail(QE_EXIT_USAGE,
-            "--input-dtype: only for raw files; the header of %s gives "
-            "each tensor's dtype",
-            o->input);
-  ents = qe_st_header(f, o->input, size, &count, &data_start);
-  /* check every entry before measuring anything */
-  for (k = 0; k < count; k++) {
-    qe_st_entry_t *e = &ents[k];
-    int dt = qe_st_dtype(e->dtype);
-    if (dt == -2)
-      qe_fail(QE_EXIT_USAGE,
-              "--input %s: tensor '%s' has dtype %s; supported are F32, "
-              "F16 and BF16",
-              o->input, e->name, e->dtype);
-    if (e->end < e->begin || e->end > (uint64_t)size - data_start)
-      qe_fail(QE_EXIT_USAGE,
-              "--input %s: tensor '%s' data_offsets [%llu, %llu] lie "
-              "outside the %llu data bytes",
-              o->input, e->name, (unsigned long long)e->begin,
-              (unsigned long long)e->end,
-              (unsigned long long)((uint64_t)size - data_start));
-    if (dt >= 0 &&
-        (e->n > SIZE_MAX / 4 ||
-         e->end - e->begin != (uint64_t)e->n * zpp_dtype_size(dt)))
-      qe_fail(QE_EXIT_USAGE,
-              "--input %s: tensor '%s' has %llu data bytes, but its shape "
-              "needs %zu elements of %zu bytes",
-              o->input, e->name, (unsigned long long)(e->end - e->begin),
-              e->n, zpp_dtype_size(dt));
-    if (dt == -1)
-      fprintf(stderr, QE_PROG ": note: %s: skipping tensor '%s' (%s is "
-                      "not floating point)\n",
-              o->input, e->name, e->dtype);
-    else if (e->n == 0)
-      fprintf(stderr, QE_PROG ": note: %s: skipping tensor '%s' (no "
-                      "elements)\n",
-              o->input, e->name);
-    else
-      used++;
-  }
-  if (used == 0)
-    qe_fail(QE_EXIT_USAGE,
-            "--input %s: no F32, F16 or BF16 tensor with elements", o->input);
-  snprintf(source, sizeof source, "input=%s (safetensors, %d tensors)",
-           o->input, used);
-  qe_print_run(o, source, info);
-
-  overall = qe_malloc(ncfg * sizeof *overall, "the overall rows");
-  memset(overall, 0, ncfg * sizeof *overall);
-  for (k = 0; k < count; k++) {
-    qe_st_entry_t *e = &ents[k];
-    int dt = qe_st_dtype(e->dtype);
-    qe_tensor_t t;
-    size_t first = rows->count, c;
-    if (dt < 0 || e->n == 0)
-      continue;
-    t.name = e->name;
-    t.name_buf = NULL;
-    t.dtype = dt;
-    t.n = e->n;
-    t.data = qe_malloc((size_t)(e->end - e->begin), "a tensor");
-    qe_read_at(f, o->input, (off_t)(data_start + e->begin), t.data,
-               (size_t)(e->end - e->begin));
-    if (o->dtype >= 0)
-      qe_tensor_convert(&t, o->dtype);
-    qe_measure_all(o, &t, rows);
-    qe_tensor_free(&t);
-    /* blocks never span tensors: overall sums the per-tensor sums */
-    for (c = 0; c < ncfg; c++) {
-      const qe_row_t *r = &rows->rows[first + c];
-      qe_row_t *a = &overall[c];
-      a->name = "overall";
-      a->bits = r->bits;
-      a->block = r->block;
-      a->mode = r->mode;
-      a->hadamard = r->hadamard;
-      a->rounding = r->rounding;
-      a->sum_x2 += r->sum_x2;
-      a->sum_e2 += r->sum_e2;
-      if (!(r->max_abs <= a->max_abs))
-        a->max_abs = r->max_abs;
-      a->bytes += r->bytes;
-      a->n += r->n;
-    }
-  }
-  for (i = 0; i < ncfg; i++)
-    *qe_rows_add(rows) = overall[i];
-  free(overall);
-  fclose(f);
-  *nents = count;
-  return ents;
-}
-
 int main(int argc, char **argv) {
   qe_opts_t o;
   qe_rows_t rows = {NULL, 0, 0};
   char source[256];
-  char *name_buf = NULL;
-  qe_st_entry_t *ents = NULL;
-  int nents = 0, k;
   FILE *info;
 
   qe_parse_args(argc, argv, &o);
@@ -1641,23 +1039,16 @@ int main(int argc, char **argv) {
       qe_measure_all(&o, &t, &rows);
       qe_tensor_free(&t);
     }
-  } else if (qe_ends_with(o.input, ".safetensors")) {
-    ents = qe_run_safetensors(&o, info, &rows, &nents);
   } else {
     qe_tensor_t t;
-    if (qe_ends_with(o.input, ".npy"))
-      qe_read_npy(&o, &t);
-    else
-      qe_read_raw(&o, &t);
-    snprintf(source, sizeof source, "input=%s (%s, %zu elements, %s)",
-             o.input, qe_ends_with(o.input, ".npy") ? "npy" : "raw", t.n,
-             zpp_dtype_name((zpp_dtype_t)t.dtype));
+    qe_read_raw(&o, &t);
+    snprintf(source, sizeof source, "input=%s (raw, %zu elements, %s)",
+             o.input, t.n, zpp_dtype_name((zpp_dtype_t)t.dtype));
     qe_print_run(&o, source, info);
     if (o.dtype >= 0)
       qe_tensor_convert(&t, o.dtype);
     qe_measure_all(&o, &t, &rows);
     qe_tensor_free(&t);
-    name_buf = t.name_buf;
   }
 
   qe_print(&o, &rows, stdout);
@@ -1665,11 +1056,5 @@ int main(int argc, char **argv) {
     qe_fail(QE_EXIT_LIBRARY, "writing the results failed: %s",
             strerror(errno));
   free(rows.rows);
-  free(name_buf);
-  for (k = 0; k < nents; k++) {
-    free(ents[k].name);
-    free(ents[k].dtype);
-  }
-  free(ents);
   return 0;
 }

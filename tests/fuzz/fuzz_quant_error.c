@@ -1,7 +1,9 @@
 /*
- * libFuzzer target: the file readers of tools/zpp_quant_error.c (raw
- * tensors, .npy, .safetensors with its JSON header) and its command line,
- * on arbitrary bytes.
+ * libFuzzer target: what tools/zpp_quant_error.c still reads from outside,
+ * on arbitrary bytes: a raw file (no header: formats with one are read by
+ * the Python front end through numpy, safetensors and torch) measured
+ * under the flags that change the arithmetic (--hadamard, --dtype,
+ * --rounding, --decode-to), and its command line.
  *
  * The tool is compiled in here as it is: its main is renamed, and the
  * macros below give it a way out that returns to the fuzzer instead of
@@ -11,9 +13,12 @@
  * tool's code.  The file the tool opens is the fuzz input itself
  * (fmemopen): nothing touches the file system.
  *
- * Input: byte 0 selects the reader (% 4: raw, .npy, .safetensors, command
- * line) and, for raw files, the --input-dtype ((byte 0 / 4) % 3); the rest
- * is the file (or the arguments, separated by NUL bytes).
+ * Input: bit 0 of byte 0 selects the command line (1; the rest of the
+ * input is the arguments, separated by NUL bytes) or a raw file (0; the
+ * rest is the file): then bits 1..2 give its --input-dtype (0 fp32,
+ * 1 fp16, 2 bf16, 3 fp32), and bits 3..6 add --hadamard 0,32, --dtype
+ * bf16 (fp16 for bf16 files), --rounding nearest,stochastic and
+ * --decode-to fp32.
  *
  * What must hold: no sanitizer report, and an input the tool accepts
  * measures without a library error (exit status 1 would mean the reader
@@ -160,43 +165,43 @@ static void qf_release(void) {
 
 /* ---- the entry point ---------------------------------------------------- */
 
-static void run(int kind, int dtype) {
+static void run(unsigned sel) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16"};
-  static const char *const paths[] = {"fuzz.bin", "fuzz.npy",
-                                      "fuzz.safetensors"};
-  /* one cheap configuration: the readers are what is fuzzed */
-  char *argv[] = {"zpp-quant-error", "--input", (char *)paths[kind],
-                  "--bits", "4", "--block", "64", "--sym", NULL, NULL, NULL};
+  int dt = (int)(((sel >> 1) & 3u) % 3u);
+  /* one cheap configuration (block 64, INT4 symmetric) and the flags of
+   * the selector byte */
+  char *argv[24] = {"zpp-quant-error", "--input", "fuzz.bin",
+                    "--input-dtype", (char *)dtypes[dt], "--bits", "4",
+                    "--block", "64", "--sym"};
+  int argc = 10;
   qe_opts_t o;
   qe_rows_t rows = {NULL, 0, 0};
   qe_tensor_t t;
-  int argc = 8, nents = 0, k;
-  qe_st_entry_t *ents = NULL;
-  if (kind == 0) {
-    argv[argc++] = "--input-dtype";
-    argv[argc++] = (char *)dtypes[dtype];
+  if (sel & 8) {
+    argv[argc++] = "--hadamard";
+    argv[argc++] = "0,32";
+  }
+  if (sel & 16) {
+    argv[argc++] = "--dtype";
+    argv[argc++] = dt == 2 ? "fp16" : "bf16";
+  }
+  if (sel & 32) {
+    argv[argc++] = "--rounding";
+    argv[argc++] = "nearest,stochastic";
+  }
+  if (sel & 64) {
+    argv[argc++] = "--decode-to";
+    argv[argc++] = "fp32";
   }
   qe_parse_args(argc, argv, &o);
-  if (kind == 2) {
-    ents = qe_run_safetensors(&o, qf_null, &rows, &nents);
-  } else {
-    memset(&t, 0, sizeof t);
-    if (kind == 1)
-      qe_read_npy(&o, &t);
-    else
-      qe_read_raw(&o, &t);
-    qe_measure_all(&o, &t, &rows);
-    qe_tensor_free(&t);
-  }
-  qe_print(&o, &rows, qf_null); /* rows point at the names */
+  memset(&t, 0, sizeof t);
+  qe_read_raw(&o, &t);
+  if (o.dtype >= 0)
+    qe_tensor_convert(&t, o.dtype);
+  qe_measure_all(&o, &t, &rows);
+  qe_tensor_free(&t);
+  qe_print(&o, &rows, qf_null); /* rows point at the name in argv */
   qf_free(rows.rows);
-  if (kind != 2)
-    qf_free(t.name_buf);
-  for (k = 0; k < nents; k++) {
-    qf_free(ents[k].name);
-    qf_free(ents[k].dtype);
-  }
-  qf_free(ents);
 }
 
 /* The command line: arguments separated by NUL bytes. */
@@ -226,7 +231,6 @@ static void run_args(const uint8_t *p, size_t len) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  int kind;
   if (size == 0)
     return 0;
   if (qf_null == NULL) {
@@ -235,8 +239,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (qf_null == NULL)
       abort();
   }
-  kind = data[0] % 4;
-  if (kind == 3) {
+  if (data[0] & 1) {
     run_args(data + 1, size - 1);
     return 0;
   }
@@ -245,7 +248,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   qf_status = 0;
   if (setjmp(qf_jump) == 0) {
     qf_armed = 1;
-    run(kind, (data[0] / 4) % 3);
+    run(data[0]);
   }
   qf_armed = 0;
   qf_release();

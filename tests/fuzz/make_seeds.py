@@ -108,39 +108,21 @@ put("fuzz_settings", "torchrun", rec(NSET, b"3") + rec(NSET + 1, b"8") + rec(NSE
     rec(NSET + 3, b"29500") + rec(NSET + 4, b"job|x") + rec(8, b"70000"))
 put("fuzz_settings", "ports", rec(NSET + 3, b"65535") + rec(8, b"0") + rec(5, b"inf"))
 
-# ---- fuzz_quant_error: selector byte, then the file ----------------------
-def npy(descr, shape, payload, version=1):
-    d = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
-    pad = (64 - (10 + len(d) + 1) % 64) % 64
-    h = (d + " " * pad + "\n").encode()
-    if version == 1:
-        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + payload
-    return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(h)) + h + payload
-
+# ---- fuzz_quant_error: selector byte, then the raw file or the arguments --
+# (selector: bit 0 command line; bits 1..2 the raw dtype; bits 3..6
+# --hadamard, --dtype, --rounding, --decode-to)
 f32 = b"".join(struct.pack("<f", rng.gauss(0, 1)) for _ in range(96))
 f16 = b"".join(struct.pack("<e", rng.gauss(0, 1)) for _ in range(96))
 put("fuzz_quant_error", "raw_fp32", bytes([0]) + f32)
-put("fuzz_quant_error", "raw_fp16", bytes([4]) + f16)
-put("fuzz_quant_error", "raw_bf16", bytes([8]) + f16)
-put("fuzz_quant_error", "npy_f4", bytes([1]) + npy("<f4", "(8, 12)", f32))
-put("fuzz_quant_error", "npy_f2_v2", bytes([1]) + npy("<f2", "(96,)", f16, 2))
-put("fuzz_quant_error", "npy_bf16", bytes([1]) + npy("<V2", "(2, 3, 16)", f16))
-put("fuzz_quant_error", "npy_fortran", bytes([1]) + npy("<f4", "(96,)", f32).replace(b"False", b"True "))
-header = {
-    "__metadata__": {"format": "pt", "note": "caf\u00e9 \\ \"q\""},
-    "w": {"dtype": "F32", "shape": [4, 8], "data_offsets": [0, 128]},
-    "b": {"dtype": "F16", "shape": [16], "data_offsets": [128, 160]},
-    "n\u00e4me": {"dtype": "BF16", "shape": [8], "data_offsets": [160, 176]},
-    "i": {"dtype": "I32", "shape": [2], "data_offsets": [176, 184]},
-    "e": {"dtype": "F32", "shape": [0], "data_offsets": [184, 184]},
-}
-h = json.dumps(header, ensure_ascii=True).encode()
-put("fuzz_quant_error", "safetensors", bytes([2]) + struct.pack("<Q", len(h)) + h + f32[:184])
-h2 = b'{"x":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}'
-put("fuzz_quant_error", "st_f64", bytes([2]) + struct.pack("<Q", len(h2)) + h2 + bytes(8))
-h3 = b'{"a\\ud83d\\ude00":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},"__metadata__":{"k":[1,[2,{"z":null}]]}}'
-put("fuzz_quant_error", "st_escapes", bytes([2]) + struct.pack("<Q", len(h3)) + h3 + bytes(8))
-put("fuzz_quant_error", "args", bytes([3]) + b"\0".join([b"--bits", b"8,4", b"--block=32,0",
+put("fuzz_quant_error", "raw_fp16", bytes([2]) + f16)
+put("fuzz_quant_error", "raw_bf16", bytes([4]) + f16)
+put("fuzz_quant_error", "raw_fp32_all_flags", bytes([0x78]) + f32)
+put("fuzz_quant_error", "raw_fp16_hadamard_bf16", bytes([2 | 8 | 16]) + f16)
+put("fuzz_quant_error", "raw_bf16_stochastic_fp32", bytes([4 | 32 | 64]) + f16 + b"\x80\x7f\xc0\x7f")
+put("fuzz_quant_error", "raw_odd_size", bytes([2]) + f16[:7])
+put("fuzz_quant_error", "args", bytes([1]) + b"\0".join([b"--bits", b"8,4", b"--block=32,0",
     b"--dist", b"normal,laplace", b"--n", b"1000", b"--format", b"csv", b"--hadamard", b"64"]))
-put("fuzz_quant_error", "args_bad", bytes([3]) + b"\0".join([b"--outliers", b"99999", b"--n", b"10",
+put("fuzz_quant_error", "args_bad", bytes([1]) + b"\0".join([b"--outliers", b"99999", b"--n", b"10",
     b"--dist", b"normal-outliers"]))
+put("fuzz_quant_error", "args_input", bytes([1]) + b"\0".join([b"--input", b"w.safetensors",
+    b"--input-dtype", b"bf16", b"--seed", b"7", b"--rounding", b"stochastic"]))
