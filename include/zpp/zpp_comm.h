@@ -252,8 +252,8 @@ ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
  *
  * Buffers of a failed call.  A call that failed or was aborted while its
  * transfers were in flight cancels them, but a transfer the peer has
- * already matched cannot be cancelled, and MPI cancels no send: the MPI
- * and UCX backends may still write the call's receive buffers and read
+ * already matched cannot be cancelled, and Open MPI cancels no send: the
+ * MPI and UCX backends may still write the call's receive buffers and read
  * its send buffers after it returned.  Keep a failed call's buffers
  * allocated until zpp_comm_destroy returns.  Destroy waits for such
  * transfers (bounded, above); those still pending then are left to the
