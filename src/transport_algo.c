@@ -1559,12 +1559,13 @@ void zpp_xop_free(zpp_xop_t *op) {
   t = op->t;
   pthread_mutex_lock(&t->lock);
   if (op->state != XS_DONE) {
-    /* Its peers cannot complete without it: they time out. */
-    cancel_round(op);
-    release_buffers(op, 0);
+    /* Its peers cannot complete without it: they time out.  Broken
+     * first: that is the cause, not what the cancel may leave. */
     if (!t->broken)
       zpp_transport_break(t, "%s on group %s was freed while in flight",
                           op->what, zpp_group_name(op->g));
+    cancel_round(op);
+    release_buffers(op, 0);
   }
   pthread_mutex_unlock(&t->lock);
   free(op);
