@@ -20,6 +20,9 @@ export OMPI_MCA_mpi_yield_when_idle=1
 mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
         --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
 raw=$(mktemp)
+one=$(mktemp)
+errf=$(mktemp)
+trap 'rm -f "$raw" "$one" "$errf"' EXIT
 for gbit in $gbits; do
   for coll in allgather reducescatter; do
     if [ "$coll" = allgather ]; then v=bf16,qwz8,qwz4; else v=bf16,qgz4,qgz8-4; fi
@@ -27,9 +30,18 @@ for gbit in $gbits; do
     for r in $(seq "$reps"); do
       for side in A B; do
         d=$a; [ $side = B ] && d=$b
-        "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$g" "$d/perf/zpp-bench" --coll "$coll" \
-          --variant "$v" -b 16M -e 16M -n 3 -w 1 -c 1 --format csv 2>/dev/null |
-          grep -v '^#' | grep -v '^coll,' | sed "s/^/$gbit,$side,$r,/" >>"$raw"
+        # bounded (a hung run must not hold the script for ever); a failed
+        # run names itself instead of ending the script silently
+        if ! timeout 900 "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$g" "$d/perf/zpp-bench" \
+            --coll "$coll" --variant "$v" -b 16M -e 16M -n 3 -w 1 -c 1 \
+            --format csv >"$one" 2>"$errf"; then
+          echo "compare_builds: zpp-bench failed or timed out ($d, $coll, $gbit," \
+               "run $r):" >&2
+          tail -n 20 "$errf" >&2
+          exit 1
+        fi
+        grep -v '^#' "$one" | grep -v '^coll,' | sed "s/^/$gbit,$side,$r,/" >>"$raw" ||
+          true
       done
     done
   done
@@ -66,5 +78,4 @@ for (gbit, coll, var), d in rows.items():
         print(f"| {link} | {coll} | {var} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f} |")
 PY
 } >"$out"
-rm -f "$raw"
 cat "$out"

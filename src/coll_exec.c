@@ -55,6 +55,9 @@ static zpp_status_t no_device(const char *func) {
  * cache kept for the life of the communicator, freed by destroy. */
 void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes);
 void zpp_engine_host_free(zpp_comm_t comm, void *p);
+/* 1: p (malloc'ed) is kept until destroy, as transfers cancelled after a
+ * failure may still touch it (src/engine.c); 0: free it. */
+int zpp_engine_hold(zpp_comm_t comm, void *p);
 
 #if ZPP_HAVE_CUDA_KERNELS
 /* Plans allocate their device scratch while they are built, on the
@@ -151,8 +154,10 @@ zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
 void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
-  if (ex->mem == ZPP_MEMORY_HOST)
-    free(p);
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    if (!zpp_engine_hold(ex->comm, p))
+      free(p);
+  }
 #if ZPP_HAVE_CUDA_KERNELS
   else {
     int saved;

@@ -110,7 +110,17 @@ typedef struct {
   void *slot[CACHE_SLOTS];
   size_t slot_cap[CACHE_SLOTS];
   size_t cache_total;
+  /* Host memory given back while cancelled transfers may still read or
+   * write it (zpp_transport_in_doubt: a failed plan's scratch, a failed
+   * hpZ handle's partition): never reused, freed by zpp_engine_release
+   * once the transport is quiet, else leaked.  Under cache_mu. */
+  struct held *held;
 } engine_t;
+
+struct held {
+  void *p; /* what free() takes */
+  struct held *next;
+};
 
 static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -163,12 +173,34 @@ void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes) {
   return (char *)base + CACHE_HDR;
 }
 
+/* While cancelled transfers may still touch host memory, keeps `p` (a
+ * block free() takes) until zpp_engine_release instead of freeing it:
+ * returns 1 when it took p (without memory for the record p is leaked,
+ * never freed), 0 when the caller frees it as usual. */
+int zpp_engine_hold(zpp_comm_t comm, void *p) {
+  engine_t *e;
+  struct held *h;
+  if (p == NULL || !zpp_transport_in_doubt(zpp_comm_transport(comm)))
+    return 0;
+  e = (engine_t *)comm->engine;
+  if (e == NULL || (h = (struct held *)calloc(1, sizeof *h)) == NULL)
+    return 1;
+  h->p = p;
+  pthread_mutex_lock(&e->cache_mu);
+  h->next = e->held;
+  e->held = h;
+  pthread_mutex_unlock(&e->cache_mu);
+  return 1;
+}
+
 void zpp_engine_host_free(zpp_comm_t comm, void *p) {
   engine_t *e = (engine_t *)comm->engine;
   void *base = (char *)p - CACHE_HDR;
   size_t cap, limit = (size_t)zpp_setting_long("ZPP_SCRATCH_CACHE_MB", 512)
                       << 20;
   int i, slot = -1;
+  if (zpp_engine_hold(comm, base))
+    return;
   memcpy(&cap, base, sizeof cap);
   if (e == NULL || cap > limit) {
     free(base);
@@ -945,7 +977,7 @@ static void engine_abort(zpp_comm_t comm) {
 
 void zpp_engine_release(zpp_comm_t comm) {
   engine_t *e;
-  int i;
+  int i, quiet;
   pthread_mutex_lock(&engines_mu);
   e = (engine_t *)comm->engine;
   comm->engine = NULL;
@@ -958,6 +990,17 @@ void zpp_engine_release(zpp_comm_t comm) {
   pthread_mutex_unlock(&e->mu);
   if (e->thread_started)
     pthread_join(e->thread, NULL); /* runs what is queued first */
+  /* The cache was filled before any transfer was left in doubt (after
+   * that, memory goes to `held`): free.  Held memory only once the
+   * transport's cancelled transfers are done (bounded wait), else leak. */
+  quiet = zpp_transport_quiesce(zpp_comm_transport(comm));
+  while (e->held != NULL) {
+    struct held *h = e->held;
+    e->held = h->next;
+    if (quiet)
+      free(h->p);
+    free(h);
+  }
   for (i = 0; i < CACHE_SLOTS; i++)
     free(e->slot[i]);
   pthread_mutex_destroy(&e->mu);

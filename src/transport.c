@@ -118,10 +118,37 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
   return ZPP_OK;
 }
 
+void zpp_transport_add_in_doubt(zpp_transport_t *t, int n, const char *what) {
+  if (n <= 0)
+    return;
+  atomic_fetch_add(&t->in_doubt, n);
+  zpp_transport_break(t, "%s: %d cancelled transfer(s) may still complete",
+                      what, n);
+}
+
+int zpp_transport_quiesce(zpp_transport_t *t) {
+  int left;
+  if (t == NULL)
+    return 1;
+  left = atomic_load(&t->in_doubt);
+  if (left > 0 && t->ops != NULL && t->ops->round_drain != NULL) {
+    double to = t->timeout_s > 0 ? t->timeout_s : 60.0;
+    pthread_mutex_lock(&t->lock);
+    left = t->ops->round_drain(t, zpp_time_ns() + (int64_t)(to * 1e9));
+    pthread_mutex_unlock(&t->lock);
+    atomic_store(&t->in_doubt, left);
+  }
+  return left == 0;
+}
+
 void zpp_transport_free(zpp_transport_t *t) {
   int g;
   if (t == NULL)
     return;
+  /* The algorithms' held buffers (zpp_algo_destroy) are freed only once
+   * no cancelled transfer can touch them. */
+  if (t->ops != NULL)
+    zpp_transport_quiesce(t);
   if (t->ops != NULL && t->ops->destroy != NULL)
     t->ops->destroy(t);
   zpp_algo_destroy(t);

@@ -160,8 +160,19 @@ typedef struct {
    * round_cancel. */
   zpp_status_t (*round_test)(zpp_transport_t *t, zpp_round_t *round,
                              int *done);
-  /* Cancels what is still pending and releases the handle. */
-  void (*round_cancel)(zpp_transport_t *t, zpp_round_t *round);
+  /* Cancels what is still pending and releases the handle.  A transfer
+   * the backend cannot cancel at once (a receive already matched, a send
+   * MPI cannot cancel) may still read or write its buffer afterwards:
+   * returns how many there are (0: none).  Those buffers must then stay
+   * alive until round_drain says they are quiet (the caller also breaks
+   * the transport, so nothing new is posted meanwhile). */
+  int (*round_cancel)(zpp_transport_t *t, zpp_round_t *round);
+  /* Optional: waits, until deadline_ns at most, for the transfers that
+   * round_cancel left behind, then releases what is left to the backend;
+   * returns how many transfers may still read or write their buffers
+   * (0: none, ever).  Called with the mutex held, at teardown only.
+   * NULL: the backend leaves nothing behind it could wait for. */
+  int (*round_drain)(zpp_transport_t *t, int64_t deadline_ns);
   /* Optional: a barrier of group g as a round (tested and cancelled like
    * one; cancel may leave it to complete when the peers arrive).  NULL:
    * the algorithms run a dissemination barrier of 1-byte messages. */

@@ -114,6 +114,10 @@ struct zpp_algo {
   slot_t pinned[SLOTS];
   more_slot_t *more;  /* pinned slots beyond SLOTS */
   retired_t *retired; /* pinned buffers replaced by larger ones */
+  /* Buffers of ops released while cancelled transfers may still touch
+   * them (t->in_doubt): freed by zpp_algo_destroy only once the transport
+   * is quiet, else leaked. */
+  retired_t *held_host, *held_pinned;
 };
 
 /* A buffer of an op: a cache slot, or its own when every slot is busy. */
@@ -167,6 +171,25 @@ static zpp_status_t host_get(zpp_transport_t *t, size_t need, buf_t *b,
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what,
                      "reduction scratch of %zu bytes", need);
   return ZPP_OK;
+}
+
+/* Moves b's memory onto the held list *l (its slot, if any, is left
+ * empty); without memory for the list node it is leaked. */
+static void hold(retired_t **l, buf_t *b) {
+  void *p = b->slot != NULL ? b->slot->p : b->own;
+  retired_t *h;
+  if (b->slot != NULL) {
+    b->slot->p = NULL;
+    b->slot->cap = 0;
+    b->slot->busy = 0;
+  }
+  b->slot = NULL;
+  b->own = b->p = NULL;
+  if (p != NULL && (h = (retired_t *)calloc(1, sizeof *h)) != NULL) {
+    h->p = p;
+    h->next = *l;
+    *l = h;
+  }
 }
 
 static void host_put(buf_t *b) {
@@ -300,10 +323,33 @@ static void pinned_put(buf_t *b, int pending, void *stream) {
 }
 #endif
 
+/* Frees a held list, or (quiet = 0: cancelled transfers may still touch
+ * the buffers) leaks the buffers and frees only the list nodes. */
+static void held_free(retired_t **l, int quiet, int pinned) {
+  while (*l != NULL) {
+    retired_t *h = *l;
+    *l = h->next;
+    if (quiet && !pinned)
+      free(h->p);
+#if ZPP_HAVE_CUDA
+    else if (quiet)
+      cudaFreeHost(h->p);
+#endif
+    free(h);
+  }
+}
+
 void zpp_algo_destroy(zpp_transport_t *t) {
-  int i;
+  int i, quiet;
   if (t->algo == NULL)
     return;
+  /* zpp_transport_free drained the backend first */
+  quiet = !zpp_transport_in_doubt(t);
+  if (!quiet && (t->algo->held_host != NULL || t->algo->held_pinned != NULL))
+    ZPP_WARN(ZPP_SUBSYS_NET, "destroy: buffers of failed operations are "
+                             "leaked: cancelled transfers may still use them");
+  held_free(&t->algo->held_host, quiet, 0);
+  held_free(&t->algo->held_pinned, quiet, 1);
   for (i = 0; i < SLOTS; i++)
     free(t->algo->host[i].p);
 #if ZPP_HAVE_CUDA
@@ -876,15 +922,24 @@ static zpp_status_t setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
 
 /* ---- staging ----------------------------------------------------------------- */
 
+/* pending_out = 1 only after a complete op (its transfers are done).
+ * After a failure, while cancelled transfers may still read or write
+ * (t->in_doubt), the op's buffers are held until destroy instead. */
 static void release_buffers(zpp_xop_t *op, int pending_out) {
-  host_put(&op->tmp);
+  int held = !pending_out && zpp_transport_in_doubt(op->t) &&
+             op->t->algo != NULL;
+  if (held)
+    hold(&op->t->algo->held_host, &op->tmp);
+  else
+    host_put(&op->tmp);
 #if ZPP_HAVE_CUDA
-  if (op->staged) {
+  if (op->staged && held) {
+    hold(&op->t->algo->held_pinned, &op->stage_in);
+    hold(&op->t->algo->held_pinned, &op->stage_out);
+  } else if (op->staged) {
     pinned_put(&op->stage_in, 0, op->stream);
     pinned_put(&op->stage_out, pending_out, op->stream);
   }
-#else
-  (void)pending_out;
 #endif
 }
 
@@ -1211,10 +1266,14 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
 
 /* ---- progress ------------------------------------------------------------------ */
 
+/* Cancels the round in flight.  Transfers the backend could not cancel
+ * at once break the transport and put its buffers in doubt: the op's
+ * buffers are then held by release_buffers, never reused. */
 static void cancel_round(zpp_xop_t *op) {
   if (op->round != NULL) {
-    op->t->ops->round_cancel(op->t, op->round);
+    int left = op->t->ops->round_cancel(op->t, op->round);
     op->round = NULL;
+    zpp_transport_add_in_doubt(op->t, left, op->what);
   }
 }
 
@@ -1223,11 +1282,12 @@ static zpp_status_t timed_out(zpp_xop_t *op) {
   char who[160] = "";
   if (op->round != NULL && t->ops->round_pending != NULL)
     t->ops->round_pending(t, op->round, who, sizeof who);
+  /* Broken first: the timeout is the cause, not what the cancel left. */
+  zpp_transport_break(t, "%s on group %s timed out after %.3g s", op->what,
+                      zpp_group_name(op->g), t->timeout_s);
   /* Point-to-point transfers are cancelled; a backend barrier may be left
    * to finish when the late peers arrive (MPI cannot cancel one). */
   cancel_round(op);
-  zpp_transport_break(t, "%s on group %s timed out after %.3g s", op->what,
-                      zpp_group_name(op->g), t->timeout_s);
   return zpp_error(ZPP_ERR_TIMEOUT, op->what,
                    "group %s: no completion within %.3g s (ZPP_TIMEOUT_S)%s%s; "
                    "a peer is missing or stuck; the communicator is aborted",
@@ -1499,12 +1559,13 @@ void zpp_xop_free(zpp_xop_t *op) {
   t = op->t;
   pthread_mutex_lock(&t->lock);
   if (op->state != XS_DONE) {
-    /* Its peers cannot complete without it: they time out. */
-    cancel_round(op);
-    release_buffers(op, 0);
+    /* Its peers cannot complete without it: they time out.  Broken
+     * first: that is the cause, not what the cancel may leave. */
     if (!t->broken)
       zpp_transport_break(t, "%s on group %s was freed while in flight",
                           op->what, zpp_group_name(op->g));
+    cancel_round(op);
+    release_buffers(op, 0);
   }
   pthread_mutex_unlock(&t->lock);
   free(op);

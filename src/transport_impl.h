@@ -84,6 +84,14 @@ struct zpp_transport {
   atomic_int broken;
   zpp_status_t broken_st;
   char broken_why[256];
+  /* Transfers of cancelled rounds that may still read or write their
+   * buffers (round_cancel's count; round_drain's after teardown).  While
+   * it is not 0, the transport is broken and the buffers zpp owns that a
+   * failed operation used are held, never freed or reused: by the
+   * operation (transport_algo.c) and by the engine's scratch (engine.c);
+   * zpp_transport_quiesce waits for them at teardown, and whatever is
+   * still in doubt then is leaked. */
+  atomic_int in_doubt;
 };
 
 /* The communicator: a transport plus what created it.  The bootstrap
@@ -161,6 +169,21 @@ int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
                                    uint64_t bytes);
 /* Sleeps until `deadline_ns` (0: no wait) and counts the time slept. */
 void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns);
+
+/* Teardown (zpp_comm_destroy): waits, bounded by the timeout (60 s when
+ * there is none), until no transfer of a cancelled round may still touch
+ * its buffer.  Returns 1 when none may (held buffers can be freed), 0
+ * when some still may (they must be leaked).  Not concurrent with any
+ * other use of t. */
+int zpp_transport_quiesce(zpp_transport_t *t);
+/* Counts n (> 0) transfers that a cancel left behind (round_cancel's
+ * result) and breaks the transport: nothing new may be posted while they
+ * may still complete.  With the mutex held (any thread). */
+void zpp_transport_add_in_doubt(zpp_transport_t *t, int n, const char *what);
+/* 1 while transfers of cancelled rounds may still touch their buffers. */
+static inline int zpp_transport_in_doubt(zpp_transport_t *t) {
+  return t != NULL && atomic_load(&t->in_doubt) > 0;
+}
 
 /* Round backends call this whenever a transfer completed. */
 static inline void zpp_transport_progressed(zpp_transport_t *t) {

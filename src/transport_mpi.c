@@ -15,15 +15,28 @@
  * A round's requests live in a round object taken from a free list, so a
  * steady stream of rounds allocates nothing; each request remembers its
  * peer, so a timeout names the transfers still pending.
+ *
+ * Cancelling (a timeout, an error, zpp_comm_abort): MPI_Cancel completes
+ * an unmatched receive at once, but a receive already matched still
+ * writes its buffer, and Open MPI cancels no send (a send still reads
+ * its buffer when the peer posts the receive).  So a cancelled request is
+ * never freed blind: what does not complete within a few milliseconds is
+ * kept (the orphans) and tested again at teardown, and its buffer is
+ * kept alive until then (src/transport_impl.h, in_doubt).
  */
 #include "transport_impl.h"
 
 #if ZPP_HAVE_MPI
 
 #include <stdlib.h>
+#include <time.h>
 
 /* MPI counts are int: larger transfers go as several messages. */
 #define MAX_MSG ((size_t)1 << 30)
+/* How long a cancel tests its requests before leaving them as orphans;
+ * how long teardown waits for orphaned sends (receives: the timeout). */
+#define CANCEL_TEST_NS 5000000
+#define DRAIN_SEND_NS 1000000000
 
 struct zpp_round {
   struct zpp_round *next; /* free list */
@@ -40,6 +53,13 @@ typedef struct {
   int *mpi_rank;  /* [size] MPI rank in comm of each world rank */
   int whole;      /* comm holds exactly the communicator's ranks */
   zpp_round_t *free_rounds;
+  /* Requests of cancelled rounds that did not complete: MPI may still
+   * read (sends) or write (receives) their buffers.  Tested by
+   * mpi_round_drain at teardown; `lost` counts those released to MPI
+   * still pending (their buffers must never be freed). */
+  MPI_Request *orphan;
+  char *orphan_recv; /* [orphan_cap] the orphan is a receive */
+  int norphan, orphan_cap, lost;
 } mpi_impl_t;
 
 zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what) {
@@ -90,17 +110,126 @@ static void round_put(mpi_impl_t *m, zpp_round_t *r) {
   m->free_rounds = r;
 }
 
-static void mpi_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
-  int i;
-  /* A non-blocking collective can be neither cancelled nor freed: it is
-   * left to finish when the late peers arrive (its handle is dropped). */
-  for (i = 0; r->cancellable && i < r->nreq; i++) {
-    if (r->req[i] != MPI_REQUEST_NULL) {
-      MPI_Cancel(&r->req[i]);
+/* Keeps request i of r as an orphan; without memory for it, releases it
+ * to MPI (counted lost: its buffer stays in doubt for ever). */
+static void orphan_keep(mpi_impl_t *m, zpp_round_t *r, int i) {
+  if (m->norphan == m->orphan_cap) {
+    int cap = m->orphan_cap ? 2 * m->orphan_cap : 16;
+    MPI_Request *q = realloc(m->orphan, (size_t)cap * sizeof *q);
+    char *rv = q != NULL ? realloc(m->orphan_recv, (size_t)cap) : NULL;
+    if (q != NULL)
+      m->orphan = q;
+    if (rv == NULL) {
       MPI_Request_free(&r->req[i]);
+      m->lost++;
+      return;
+    }
+    m->orphan_recv = rv;
+    m->orphan_cap = cap;
+  }
+  m->orphan[m->norphan] = r->req[i];
+  m->orphan_recv[m->norphan] = r->is_recv[i];
+  m->norphan++;
+  r->req[i] = MPI_REQUEST_NULL;
+}
+
+/* Cancels every pending request, tests them for CANCEL_TEST_NS (an
+ * unmatched receive completes at once, a matched one when its data is
+ * in), and keeps what is still pending as orphans: never freed blind, as
+ * MPI would go on reading or writing the buffer.  Returns how many. */
+static int mpi_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
+  mpi_impl_t *m = t->impl;
+  int64_t until;
+  int i, left = 0;
+  /* A non-blocking collective can be neither cancelled nor freed: it is
+   * left to finish when the late peers arrive (its handle is dropped; it
+   * has no buffer). */
+  if (!r->cancellable) {
+    round_put(m, r);
+    return 0;
+  }
+  for (i = 0; i < r->nreq; i++)
+    if (r->req[i] != MPI_REQUEST_NULL)
+      MPI_Cancel(&r->req[i]);
+  until = zpp_time_ns() + CANCEL_TEST_NS;
+  for (;;) {
+    int flag = 0;
+    if (MPI_Testall(r->nreq, r->req, &flag, MPI_STATUSES_IGNORE) ==
+            MPI_SUCCESS &&
+        flag)
+      break; /* every request is inactive now */
+    if (zpp_time_ns() > until)
+      break;
+    {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
     }
   }
-  round_put(t->impl, r);
+  for (i = 0; i < r->nreq; i++) {
+    int flag = 0;
+    if (r->req[i] == MPI_REQUEST_NULL)
+      continue;
+    if (MPI_Test(&r->req[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+      continue;
+    orphan_keep(m, r, i);
+    left++;
+  }
+  round_put(m, r);
+  return left;
+}
+
+/* Tests the orphans until the receives (they write) complete or the
+ * deadline, and the sends (they only read, and Open MPI cancels none: one
+ * to a peer that never posts the receive never completes) for
+ * DRAIN_SEND_NS at most; releases what is left to MPI (lost). */
+static int mpi_round_drain(zpp_transport_t *t, int64_t deadline_ns) {
+  mpi_impl_t *m = t->impl;
+  int64_t start = zpp_time_ns();
+  int64_t send_until = deadline_ns < start + DRAIN_SEND_NS
+                           ? deadline_ns
+                           : start + DRAIN_SEND_NS;
+  int i, recvs = 0, sends = 0;
+  long pause_ns = 1000;
+  if (m->norphan == 0)
+    return m->lost;
+  for (;;) {
+    int64_t now;
+    recvs = sends = 0;
+    for (i = 0; i < m->norphan; i++) {
+      int flag = 0;
+      if (m->orphan[i] == MPI_REQUEST_NULL)
+        continue;
+      if (MPI_Test(&m->orphan[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+          flag)
+        continue;
+      if (m->orphan_recv[i])
+        recvs++;
+      else
+        sends++;
+    }
+    now = zpp_time_ns();
+    if ((recvs == 0 && (sends == 0 || now > send_until)) || now > deadline_ns)
+      break;
+    {
+      struct timespec ts = {0, pause_ns};
+      nanosleep(&ts, NULL);
+      if (pause_ns < 1000000)
+        pause_ns *= 2;
+    }
+  }
+  for (i = 0; i < m->norphan; i++)
+    if (m->orphan[i] != MPI_REQUEST_NULL) {
+      MPI_Request_free(&m->orphan[i]);
+      m->lost++;
+    }
+  m->norphan = 0;
+  if (recvs + sends > 0)
+    ZPP_WARN(ZPP_SUBSYS_NET,
+             "destroy: %d cancelled receive(s) and %d send(s) did not "
+             "complete; MPI may still write or read their buffers: zpp's "
+             "are leaked, never freed under them",
+             recvs, sends);
+  return m->lost;
 }
 
 /* Posts x[0..n) of group g; a transfer of 0 bytes is one empty message
@@ -152,7 +281,7 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   if (st == ZPP_OK)
     st = post(t, g, r, send, nsend, 1);
   if (st != ZPP_OK) {
-    mpi_round_cancel(t, r);
+    zpp_transport_add_in_doubt(t, mpi_round_cancel(t, r), "round_post");
     return st;
   }
   r->left = r->nreq;
@@ -271,6 +400,10 @@ static void mpi_destroy(zpp_transport_t *t) {
     free(r->is_recv);
     free(r);
   }
+  /* zpp_transport_free drained the orphans first (mpi_round_drain):
+   * none is left, only the arrays. */
+  free(m->orphan);
+  free(m->orphan_recv);
   free(m->mpi_rank);
   free(m);
   t->impl = NULL;
@@ -282,6 +415,7 @@ static const zpp_transport_ops_t mpi_ops = {
     .round_post = mpi_round_post,
     .round_test = mpi_round_test,
     .round_cancel = mpi_round_cancel,
+    .round_drain = mpi_round_drain,
     .barrier_post = mpi_barrier_post,
     .round_pending = mpi_round_pending,
 };

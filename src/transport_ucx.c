@@ -23,8 +23,9 @@
  * Requests are posted without callbacks and polled (ucp_request_check_status,
  * ucp_tag_recv_request_test) in round_test, which calls
  * ucp_worker_progress once and never blocks; a request released with
- * ucp_request_free gets no later callback, so a cancelled round leaves
- * nothing that writes into freed memory.  An endpoint error, a failed
+ * ucp_request_free gets no later callback, but one still in progress
+ * after its cancel (matched) may still write its buffer, which zpp then
+ * holds (ucx_round_cancel).  An endpoint error, a failed
  * request or a message of the wrong size fails the round naming the peer
  * and breaks the communicator.
  *
@@ -262,21 +263,26 @@ static void round_put(ucx_impl_t *u, zpp_round_t *r) {
 }
 
 /* Cancels what is pending and releases the handle.  A released request
- * gets no callback and writes nothing of ours: only a receive UCX had
- * already matched (a rendezvous in progress) may still land in its buffer;
- * every caller of cancel breaks the communicator anyway (timeout, error,
- * an op freed in flight). */
-static void ucx_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
+ * gets no callback, but one UCX had already matched (a rendezvous in
+ * progress) or could not cancel still reads or writes its buffer until
+ * it completes: returns how many were still in progress after the
+ * cancel, so their buffers are held (src/transport.h).  UCX gives no way
+ * to wait for a freed request, so there is no round_drain: they stay in
+ * doubt, and zpp's buffers are leaked at destroy. */
+static int ucx_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
   ucx_impl_t *u = t->impl;
-  int i;
+  int i, left = 0;
   for (i = 0; i < r->n; i++) {
     if (r->x[i].req != NULL) {
       api.request_cancel(u->worker, r->x[i].req);
+      if (api.request_check_status(r->x[i].req) == UCS_INPROGRESS)
+        left++;
       api.request_free(r->x[i].req);
       r->x[i].req = NULL;
     }
   }
   round_put(u, r);
+  return left;
 }
 
 /* A failed transfer of a round: the communicator cannot go on (its peers'
@@ -354,7 +360,7 @@ static zpp_status_t ucx_round_post(zpp_transport_t *t, zpp_group_t g,
   if (st == ZPP_OK)
     st = post(t, r, g, send, nsend, 0);
   if (st != ZPP_OK) {
-    ucx_round_cancel(t, r);
+    zpp_transport_add_in_doubt(t, ucx_round_cancel(t, r), "round_post");
     return st;
   }
   r->left = r->n;

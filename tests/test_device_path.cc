@@ -227,6 +227,65 @@ TEST(DevicePath, StagingBeyondTheSlotsNeverSynchronisesTheStream) {
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
 }
 
+// A send that the timeout cancelled but MPI could not (Open MPI cancels
+// no send) still reads its buffer when the peer posts the receive later:
+// here the pinned staging copy of a device all-gather's input, long after
+// rank 0's collective timed out and its communicator was destroyed.  The
+// buffer must stay alive (it is leaked, with a warning): before, the slot
+// went back to the pool and destroy freed it (cudaFreeHost unmaps it in
+// the emulated runtime), so the late receive failed or got other bytes.
+TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
+  if (!run_case("cancelled")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  ASSERT_EQ(g_size, 2);
+  setenv("ZPP_TIMEOUT_S", "1", 1);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1);
+  ASSERT_NE(comm, nullptr);
+  MPI_Comm wire = MPI_COMM_NULL;  // the transport's MPI communicator
+  ASSERT_EQ(zpp_comm_get_mpi_comm(comm, &wire), ZPP_OK) << zpp_get_last_error();
+  const size_t n = 1 << 18;  // 1 MiB per rank: a rendezvous send
+  std::vector<float> x = gen(g_rank, n, 77);
+  int late = 0;  // rank 1: the late receive matched
+  if (g_rank == 0) {  // rank 1 never calls
+    DevBuf dx(n * 4), dy(n * 4 * 2);
+    ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, nullptr, nullptr),
+              ZPP_ERR_TIMEOUT)
+        << zpp_get_last_error();
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(took, 10.0) << "destroy's wait for the cancelled transfers is bounded";
+    comm = nullptr;
+    MPI_Barrier(MPI_COMM_WORLD);  // 1: rank 0's collective failed, destroyed
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);  // 1
+    // Now post the receive rank 0's send waits for (rank 0 progresses it
+    // in barrier 2); bounded.
+    std::vector<float> y(n, -1.0f);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    MPI_Irecv(y.data(), (int)(n * 4), MPI_BYTE, 0, MPI_ANY_TAG, wire, &rq);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!late && std::chrono::steady_clock::now() < until) {
+      MPI_Test(&rq, &late, MPI_STATUS_IGNORE);
+      if (!late) usleep(1000);
+    }
+    if (!late) {
+      MPI_Cancel(&rq);
+      MPI_Wait(&rq, MPI_STATUS_IGNORE);
+    } else {
+      std::vector<float> want = gen(0, n, 77);
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), n * 4), 0)
+          << "the late receive got other bytes: the send's buffer was freed or reused";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // 2
+  MPI_Bcast(&late, 1, MPI_INT, 1, MPI_COMM_WORLD);
+  if (comm != nullptr) {
+    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+  }
+  if (!late) GTEST_SKIP() << "this MPI cancelled the send: no transfer was left in doubt";
+}
+
 // c: a communicator on device 1 runs its kernels on device 1 from the
 // engine thread (whose current device is 0) and from a caller whose
 // current device is 0, which it leaves at 0 (at 9ec3fac the engine thread

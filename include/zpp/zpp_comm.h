@@ -234,7 +234,10 @@ ZPP_API zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
 /* Collective over the ranks of the communicator.  Safe on NULL.  Returns
  * (bounded) also after zpp_comm_abort or a failure: started requests not
  * waited for are dropped (queued plans never run; a running one ends at
- * its next step), and nothing waits for a peer. */
+ * its next step), and nothing waits for a peer.  After a failure it first
+ * waits for the transfers of the failed calls that could not be cancelled
+ * (see "faults" below): receives up to the timeout, sends (they only
+ * read) up to 1 s. */
 ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
 
 /* ---- faults ----------------------------------------------------------------
@@ -245,7 +248,18 @@ ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
  * once with its *first* error, and it can only be destroyed.  Errors from
  * timeouts name the ranks whose part never came ("rank 3 did not take
  * part ...", "... of transfers from 3"), and, for ranks on this machine,
- * whether their process is gone or stopped. */
+ * whether their process is gone or stopped.
+ *
+ * Buffers of a failed call.  A call that failed or was aborted while its
+ * transfers were in flight cancels them, but a transfer the peer has
+ * already matched cannot be cancelled, and Open MPI cancels no send: the
+ * MPI and UCX backends may still write the call's receive buffers and read
+ * its send buffers after it returned.  Keep a failed call's buffers
+ * allocated until zpp_comm_destroy returns.  Destroy waits for such
+ * transfers (bounded, above); those still pending then are left to the
+ * backend, the buffers zpp owns that they use (scratch, staging) are
+ * leaked rather than freed under them, and a warning says so: a send may
+ * then still read a user buffer if its peer posts the receive later. */
 
 /* Aborts the communicator on this rank.  Safe from any thread, also while
  * other threads are inside calls on it (not concurrently with or after
