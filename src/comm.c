@@ -19,14 +19,27 @@ const char *zpp_backend_name(zpp_backend_t backend) {
   return "unknown";
 }
 
-zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *cfg) {
-  if (cfg == NULL)
+void zpp_comm_config_get(const zpp_comm_config_t *in, zpp_comm_config_t *out) {
+  zpp_comm_config_t d = ZPP_COMM_CONFIG_INIT;
+  if (in->struct_size >= sizeof(zpp_comm_config_t))
+    d = *in;
+  else
+    memcpy(&d, in, ZPP_COMM_CONFIG_V1_SIZE);
+  d.struct_size = sizeof(zpp_comm_config_t);
+  *out = d;
+}
+
+zpp_status_t zpp_comm_config_check(const zpp_comm_config_t *in) {
+  zpp_comm_config_t cc;
+  const zpp_comm_config_t *cfg = &cc;
+  if (in == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "cfg is NULL");
-  if (cfg->struct_size != sizeof(zpp_comm_config_t))
+  if (in->struct_size < ZPP_COMM_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                      "cfg->struct_size %zu: must be sizeof(zpp_comm_config_t) "
                      "= %zu (initialise with ZPP_COMM_CONFIG_INIT)",
-                     cfg->struct_size, sizeof(zpp_comm_config_t));
+                     in->struct_size, sizeof(zpp_comm_config_t));
+  zpp_comm_config_get(in, &cc);
   if ((int)cfg->backend < ZPP_BACKEND_AUTO ||
       (int)cfg->backend > ZPP_BACKEND_UCX)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -1252,6 +1253,58 @@ TEST(Config, AlgorithmFromTheConfigIsUsed) {
   zpp_comm_t c = nullptr;
   EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &bad, &c), ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->algorithm 7"), std::string::npos)
+      << zpp_get_last_error();
+}
+
+// A caller built against the header before `algorithm` was added passes
+// the smaller struct: it is accepted, its fields are used (timeout_s,
+// topology), and `algorithm` -- past its struct_size, here garbage --
+// takes its default.  A struct_size below that layout is refused.
+struct CommConfigV1 {  // zpp_comm_config_t up to timeout_s (zpp 0.1)
+  size_t struct_size;
+  zpp_backend_t backend;
+  zpp_memory_t memory;
+  int cuda_device;
+  const char *topology;
+  double timeout_s;
+};
+TEST(Config, OlderStructSizeIsAccepted) {
+  static_assert(sizeof(CommConfigV1) < sizeof(zpp_comm_config_t), "layout");
+  static_assert(offsetof(CommConfigV1, timeout_s) ==
+                    offsetof(zpp_comm_config_t, timeout_s), "layout");
+  union {
+    CommConfigV1 v1;
+    unsigned char raw[sizeof(zpp_comm_config_t) + 16];
+  } u;
+  std::memset(u.raw, 0x7f, sizeof u.raw);  // what lies past the old struct
+  std::string spec = std::to_string(g_size) + "x1";
+  u.v1.struct_size = sizeof(CommConfigV1);
+  u.v1.backend = ZPP_BACKEND_MPI;
+  u.v1.memory = ZPP_MEMORY_HOST;
+  u.v1.cuda_device = -1;
+  u.v1.topology = spec.c_str();
+  u.v1.timeout_s = 37.5;
+  const zpp_comm_config_t *cfg = reinterpret_cast<const zpp_comm_config_t *>(u.raw);
+  EXPECT_EQ(zpp_comm_config_check(cfg), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, cfg, &c), ZPP_OK) << zpp_get_last_error();
+  int nn = 0;
+  zpp_comm_nnodes(c, &nn);
+  EXPECT_EQ(nn, g_size) << "cfg->topology of the old struct";
+  EXPECT_DOUBLE_EQ(zpp_transport_timeout_s(zpp_comm_transport(c)), 37.5)
+      << "cfg->timeout_s of the old struct";
+  // What ZPP_ALGORITHM_DEFAULT resolves to (ZPP_ALGO of this run).
+  zpp_algorithm_t got = ZPP_ALGORITHM_DEFAULT;
+  EXPECT_EQ(zpp_comm_algorithm(c, &got), ZPP_OK);
+  EXPECT_EQ(got, g_hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT);
+  // A split keeps the config (now whole) and works.
+  zpp_comm_t s = nullptr;
+  EXPECT_EQ(zpp_comm_split(c, 0, g_rank, &s), ZPP_OK) << zpp_comm_get_last_error(c);
+  EXPECT_EQ(zpp_comm_destroy(s), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  u.v1.struct_size = offsetof(CommConfigV1, timeout_s);
+  EXPECT_EQ(zpp_comm_config_check(cfg), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->struct_size"), std::string::npos)
       << zpp_get_last_error();
 }
 
