@@ -1312,10 +1312,8 @@ TEST(Config, ExplicitBackendIsUsed) {
   }
 }
 
-// config.topology takes precedence over ZPP_TOPO.
 // cfg->algorithm takes precedence over ZPP_ALGO; both algorithms give the
-// same all-gather bits and the same reduce-scatter within the bound of two
-// roundings, each with its own byte formula.
+// same all-gather bits, each with its own byte formula.
 TEST(Config, AlgorithmFromTheConfigIsUsed) {
   for (zpp_algorithm_t al : {ZPP_ALGORITHM_FLAT, ZPP_ALGORITHM_HIER}) {
     zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
@@ -1416,6 +1414,7 @@ TEST(Errors, RanksDisagreeingOnTheAlgorithmAllFail) {
   EXPECT_EQ(c, nullptr);
 }
 
+// config.topology takes precedence over ZPP_TOPO.
 TEST(Config, TopologyStringOverridesTheEnvironment) {
   std::string spec = std::to_string(g_size) + "x1";
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
