@@ -117,7 +117,8 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
 /* Baseline: the transport contract of zpp_reduce_scatter, exactly
  * (docs/collectives.md).  Flat: an fp32 accumulator in rank order, rounded
  * once to dtype.  Hierarchical: each node's fp32 sum in rank order rounded
- * to dtype, then those in node order in fp32, rounded once.  MEAN divides
+ * to dtype (fp16: kept in fp32, its wire dtype), then those in node order
+ * in fp32, rounded once.  MEAN divides
  * the fp32 sum by the world size before that last rounding. */
 static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
                           size_t b0, size_t len, zpp_bench_check_t *chk) {
@@ -140,7 +141,8 @@ static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
         part = first ? (float)x : part + (float)x;
         first = 0;
       }
-      if (hier) /* the partial travels in dtype */
+      if (hier && o->dtype != ZPP_FLOAT16) /* the partial travels in dtype
+                                               (fp16: in fp32) */
         part = (float)zpp_bench_round((double)part, o->dtype);
       acc = k == 0 ? part : acc + part;
     }
@@ -297,7 +299,7 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "a user-defined sum that rounds each partial sum to the dtype)",
     "baseline: bitwise equal to the documented order (flat: the fp32 sum in "
     "rank order rounded once; hierarchical: each node's sum rounded to the "
-    "dtype, then summed in node order and rounded once; MEAN: the fp32 sum / "
+    "dtype (fp16: fp32), then summed in node order and rounded once; MEAN: the fp32 sum / "
     "world, rounded once); qgz: |out - float64 "
     "sum| within the two-stage bound of docs/collectives.md (block scales "
     "of every rank's input) plus the output rounding; mpi: |out - float64 "

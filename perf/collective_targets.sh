@@ -57,7 +57,7 @@ for gbit in "${speeds[@]}"; do
     "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$bench" "${args[@]}" 2>/dev/null \
       | grep -v '^#' | grep -v '^coll,' | sed "s/^/$gbit,/" | tee -a "$csv" \
       | awk -F, -v g="$gbit" '{
-          lim = (g == "unlimited") ? 0 : $15 * 8 / (g * 1e9) * 1e3;
+          lim = (g == "unlimited" || g + 0 <= 0) ? 0 : $15 * 8 / (g * 1e9) * 1e3;
           printf "| %s | %s | %s | %.1f | %.3f | %.2f | %.2f | %s | %s | %s |\n",
             (g == "unlimited" ? g : g " Gbit/s"), $2, $3, $7 / 1000, $12, $11 / 1e6,
             $15 / 1e6, (lim > 0 ? sprintf("%.1f", lim) : "-"),

@@ -19,15 +19,28 @@ const char *zpp_backend_name(zpp_backend_t backend) {
   return "unknown";
 }
 
+void zpp_comm_config_get(const zpp_comm_config_t *in, zpp_comm_config_t *out) {
+  zpp_comm_config_t d = ZPP_COMM_CONFIG_INIT;
+  if (in->struct_size >= sizeof(zpp_comm_config_t))
+    d = *in;
+  else
+    memcpy(&d, in, ZPP_COMM_CONFIG_V1_SIZE);
+  d.struct_size = sizeof(zpp_comm_config_t);
+  *out = d;
+}
+
 zpp_status_t zpp_comm_config_check_as(const char *func,
-                                       const zpp_comm_config_t *cfg) {
-  if (cfg == NULL)
+                                       const zpp_comm_config_t *in) {
+  zpp_comm_config_t cc;
+  const zpp_comm_config_t *cfg = &cc;
+  if (in == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, func, "cfg is NULL");
-  if (cfg->struct_size != sizeof(zpp_comm_config_t))
+  if (in->struct_size < ZPP_COMM_CONFIG_V1_SIZE)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->struct_size %zu: must be sizeof(zpp_comm_config_t) "
                      "= %zu (initialise with ZPP_COMM_CONFIG_INIT)",
-                     cfg->struct_size, sizeof(zpp_comm_config_t));
+                     in->struct_size, sizeof(zpp_comm_config_t));
+  zpp_comm_config_get(in, &cc);
   if ((int)cfg->backend < ZPP_BACKEND_AUTO ||
       (int)cfg->backend > ZPP_BACKEND_UCX)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
@@ -48,7 +61,7 @@ zpp_status_t zpp_comm_config_check_as(const char *func,
                      "cfg->backend NCCL needs cfg->memory ZPP_MEMORY_DEVICE");
   if ((int)cfg->algorithm < ZPP_ALGORITHM_DEFAULT ||
       (int)cfg->algorithm > ZPP_ALGORITHM_FLAT)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->algorithm %d: must be ZPP_ALGORITHM_DEFAULT, _HIER "
                      "or _FLAT",
                      (int)cfg->algorithm);

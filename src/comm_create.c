@@ -425,7 +425,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                                   const zpp_comm_config_t *cfg,
                                   const zpp_creator_t *cr, const char *func,
                                   zpp_comm_t *out) {
-  zpp_comm_config_t def = ZPP_COMM_CONFIG_INIT;
+  zpp_comm_config_t def = ZPP_COMM_CONFIG_INIT, whole;
   zpp_comm_t c = NULL;
   boot_rec_t mine, *rec = NULL;
   zpp_topo_t *topo = NULL;
@@ -438,8 +438,14 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   int rank = bs->rank, size = bs->size, r;
   char why[256];
 
-  if (cfg == NULL)
+  if (cfg == NULL) {
     cfg = &def;
+  } else if (cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE) {
+    /* an older, smaller struct: the fields past it take their defaults
+     * (and nothing past its struct_size is read) */
+    zpp_comm_config_get(cfg, &whole);
+    cfg = &whole;
+  }
   timeout = zpp_timeout_clamp(
       (cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
           ? cfg->timeout_s
@@ -720,7 +726,8 @@ const char *zpp_comm_bootstrap_name(zpp_comm_t comm) {
 /* ---- zpp's TCP bootstrap ----------------------------------------------------- */
 
 static double timeout_of(const zpp_comm_config_t *cfg) {
-  if (cfg != NULL && cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
+  if (cfg != NULL && cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE &&
+      cfg->timeout_s > 0)
     return zpp_timeout_clamp(cfg->timeout_s);
   return zpp_timeout_clamp(zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
 }

@@ -344,7 +344,8 @@ static zpp_status_t idup(MPI_Comm comm, int k, MPI_Comm *out, double timeout_s,
 }
 
 static double timeout_of(const zpp_comm_config_t *cfg) {
-  if (cfg != NULL && cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
+  if (cfg != NULL && cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE &&
+      cfg->timeout_s > 0)
     return zpp_timeout_clamp(cfg->timeout_s);
   return zpp_timeout_clamp(zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
 }

@@ -95,9 +95,10 @@ static zpp_setting_t settings[] = {
      "cfg->algorithm takes precedence; the same on every rank",
      NULL, 0},
     {"ZPP_HIER_CHUNK", "262144",
-     "host transports: smallest chunk, in bytes, of a hierarchical "
-     "all-gather or reduce-scatter (its inter- and intra-node stages overlap "
-     "chunk by chunk; at most 8 chunks; 0: one); the same on every rank",
+     "host transports: chunk size, in bytes, of a hierarchical all-gather "
+     "or reduce-scatter (its inter- and intra-node stages overlap chunk by "
+     "chunk): min(8, ceil(largest block / this)) chunks, so larger chunks "
+     "when 8 do not cover a block; 0: one; the same on every rank",
      NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
      "host scratch memory each thread keeps between collectives, in MiB "

@@ -37,10 +37,12 @@
  *                   of its node;
  *   reduce-scatter  the transpose: stage A: slice w goes to its owner on
  *                   my node, which sums the node's contributions in local
- *                   order (fp32) and rounds the partial sum to the dtype
- *                   (what travels); stage B: the owner sends it to w,
- *                   which sums the partials in node order (fp32) and
- *                   rounds once (MEAN: divided by n first);
+ *                   order (fp32) and rounds the partial sum to its wire
+ *                   dtype (bf16, fp32: the dtype; fp16: fp32, since an
+ *                   fp16 partial could overflow where the total does not);
+ *                   stage B: the owner sends it to w, which sums the
+ *                   partials in node order (fp32) and rounds once (MEAN:
+ *                   divided by n first);
  *   allreduce       that reduce-scatter over balanced shards, then that
  *                   all-gather.
  * The blocks are cut in up to 8 chunks (ZPP_HIER_CHUNK bytes) and round r
@@ -448,10 +450,12 @@ struct zpp_xop {
    * node; the na members I own, alist (increasing), ai[w] (their position
    * there, -1 when not mine), pre[a] (element offset of alist[a]'s slice
    * in the partial sums, la in all).  RS scratch: ra, the slices I own
-   * from every other member of my node ((hs - 1) * la elements); pp, my
-   * partial sums (la); rbuf, the partials of my slice from the other nodes
-   * ((nh - 1) * len[me]). */
+   * from every other member of my node ((hs - 1) * la elements of dtype);
+   * pp, my partial sums (la elements of pdt); rbuf, the partials of my
+   * slice from the other nodes ((nh - 1) * len[me] of pdt).  pdt: the
+   * partials' wire dtype (hier_partial_dtype). */
   int hc, hn, hs, hl, na;
+  zpp_dtype_t pdt;
   int *own, *ai, *alist; /* [n] */
   size_t *pre;           /* [n] */
   size_t la;
@@ -520,20 +524,21 @@ static void shard(size_t count, int n, int j, size_t *off, size_t *len) {
   *off = jj * q + (jj < r ? jj : r);
 }
 
-/* dst[e] = sum over i = 0..n-1 of block i, element e, in that order with
- * an fp32 accumulator, divided by div when div > 0 (MEAN), rounded once
- * to dtype. */
-static void reduce_blocks(void *dst, const void *const *blocks, int n,
-                          size_t count, zpp_dtype_t dtype, float div) {
+/* dst[e] = sum over i = 0..n-1 of block i (dtype in_dt), element e, in
+ * that order with an fp32 accumulator, divided by div when div > 0 (MEAN),
+ * rounded once to out_dt. */
+static void reduce_blocks(void *dst, zpp_dtype_t out_dt,
+                          const void *const *blocks, zpp_dtype_t in_dt, int n,
+                          size_t count, float div) {
   size_t e;
-  int i, dt = (int)dtype;
+  int i, it = (int)in_dt, ot = (int)out_dt;
   for (e = 0; e < count; e++) {
-    float acc = zpp_qm_load(blocks[0], e, dt);
+    float acc = zpp_qm_load(blocks[0], e, it);
     for (i = 1; i < n; i++)
-      acc = zpp_qm_add(acc, zpp_qm_load(blocks[i], e, dt));
+      acc = zpp_qm_add(acc, zpp_qm_load(blocks[i], e, it));
     /* MEAN: one IEEE division in fp32, then the one rounding to dtype
      * (elementwise.c's finish does the same) */
-    zpp_qm_store(dst, e, dt, div > 0 ? acc / div : acc);
+    zpp_qm_store(dst, e, ot, div > 0 ? acc / div : acc);
   }
 }
 
@@ -709,6 +714,17 @@ static int hier_on(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
   return !t->flat && gr->nh > 1 && gr->nh < gr->size;
 }
 
+/* The dtype a node's partial sum travels in: fp32 for fp16 (an fp16
+ * partial overflows past 65504 where the total, after cancellation across
+ * nodes, need not: 4 fp16 gradients of 20000 on one node, -20000 on the
+ * other), so the inter-node partials of fp16 take twice the bytes; bf16
+ * keeps its own (its range is fp32's: it overflows only where the fp32
+ * partial lies within 2^-8 of fp32's own limit, docs/collectives.md),
+ * fp32 is itself. */
+static zpp_dtype_t hier_partial_dtype(zpp_dtype_t dtype) {
+  return dtype == ZPP_FLOAT16 ? ZPP_FLOAT32 : dtype;
+}
+
 /* Chunks of a stage whose largest block is `maxbytes`: the same on every
  * member, since every member knows every block size. */
 static int hier_chunks(const zpp_transport_t *t, size_t maxbytes) {
@@ -807,7 +823,7 @@ static zpp_status_t hag_round(zpp_xop_t *op, int r) {
  * r - 1 (r >= 1).  Chunks are element ranges of each slice. */
 static zpp_status_t hrs_round(zpp_xop_t *op, int r) {
   const zpp_tgroup_t *gr = &op->t->grp[op->g];
-  size_t es = zpp_dtype_size(op->dtype), lo, cl;
+  size_t es = zpp_dtype_size(op->dtype), pes = zpp_dtype_size(op->pdt), lo, cl;
   int n = op->n, me = op->me, C = op->hc, ns = 0, nr = 0, s, w, a;
   if (r < C) {
     for (s = 1; s < op->hs; s++) {
@@ -833,14 +849,14 @@ static zpp_status_t hrs_round(zpp_xop_t *op, int r) {
       if (gr->hnode[w] == op->hn)
         continue;
       chunk_of(op->len[w], r - 1, C, &lo, &cl);
-      data_xfer(op, &op->dout[ns++], w, op->pp + (op->pre[a] + lo) * es,
-                cl * es);
+      data_xfer(op, &op->dout[ns++], w, op->pp + (op->pre[a] + lo) * pes,
+                cl * pes);
     }
     chunk_of(op->len[me], r - 1, C, &lo, &cl);
     for (s = 1; s < gr->nh; s++) {
       int k = (op->hn + s) % gr->nh, kp = k < op->hn ? k : k - 1;
       data_xfer(op, &op->din[nr++], node_member(gr, k, op->hl),
-                op->rbuf + ((size_t)kp * op->len[me] + lo) * es, cl * es);
+                op->rbuf + ((size_t)kp * op->len[me] + lo) * pes, cl * pes);
     }
   }
   op->nin = nr;
@@ -850,9 +866,9 @@ static zpp_status_t hrs_round(zpp_xop_t *op, int r) {
 }
 
 /* Chunk c of every partial sum I own: my node's contributions in local
- * order (mine from the send buffer), fp32, rounded to the dtype. */
+ * order (mine from the send buffer), fp32, rounded to the wire dtype. */
 static void hrs_partial(zpp_xop_t *op, int c) {
-  size_t es = zpp_dtype_size(op->dtype), lo, cl;
+  size_t es = zpp_dtype_size(op->dtype), pes = zpp_dtype_size(op->pdt), lo, cl;
   int a, jl;
   for (a = 0; a < op->na; a++) {
     int w = op->alist[a];
@@ -864,8 +880,8 @@ static void hrs_partial(zpp_xop_t *op, int c) {
               ? op->p_send + (op->off[w] + lo) * es
               : op->ra + ((size_t)jp * op->la + op->pre[a] + lo) * es;
     }
-    reduce_blocks(op->pp + (op->pre[a] + lo) * es, op->blocks, op->hs, cl,
-                  op->dtype, 0.0f);
+    reduce_blocks(op->pp + (op->pre[a] + lo) * pes, op->pdt, op->blocks,
+                  op->dtype, op->hs, cl, 0.0f);
   }
 }
 
@@ -873,25 +889,30 @@ static void hrs_partial(zpp_xop_t *op, int c) {
  * pp), fp32, MEAN divided by the group size, rounded once. */
 static void hrs_final(zpp_xop_t *op, int c) {
   const zpp_tgroup_t *gr = &op->t->grp[op->g];
-  size_t es = zpp_dtype_size(op->dtype), lo, cl, mine = op->len[op->me];
+  size_t es = zpp_dtype_size(op->dtype), pes = zpp_dtype_size(op->pdt);
+  size_t lo, cl, mine = op->len[op->me];
   int k;
   chunk_of(mine, c, op->hc, &lo, &cl);
   for (k = 0; k < gr->nh; k++) {
     int kp = k < op->hn ? k : k - 1;
     op->blocks[k] = k == op->hn
-                        ? op->pp + (op->pre[op->ai[op->me]] + lo) * es
-                        : op->rbuf + ((size_t)kp * mine + lo) * es;
+                        ? op->pp + (op->pre[op->ai[op->me]] + lo) * pes
+                        : op->rbuf + ((size_t)kp * mine + lo) * pes;
   }
-  reduce_blocks((char *)op->dst + lo * es, op->blocks, gr->nh, cl, op->dtype,
-                op->rop == ZPP_REDUCE_MEAN ? (float)op->n : 0.0f);
+  reduce_blocks((char *)op->dst + lo * es, op->dtype, op->blocks, op->pdt,
+                gr->nh, cl, op->rop == ZPP_REDUCE_MEAN ? (float)op->n : 0.0f);
 }
 
 /* Reduce-scatter of shards (off[i], len[i]) of `send` into dst: owners,
- * chunks and the scratch (one buffer for ra, pp and rbuf). */
+ * chunks and the scratch (one buffer: pp and rbuf in the wire dtype, then
+ * ra in the dtype). */
 static zpp_status_t setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
   const zpp_tgroup_t *gr = &op->t->grp[op->g];
-  size_t es = zpp_dtype_size(op->dtype), maxlen = 0, total;
+  size_t es = zpp_dtype_size(op->dtype), maxlen = 0, wire, in;
+  size_t pes;
   int a, w;
+  op->pdt = hier_partial_dtype(op->dtype);
+  pes = zpp_dtype_size(op->pdt);
   hier_setup(op);
   op->la = 0;
   for (a = 0; a < op->na; a++) {
@@ -901,19 +922,21 @@ static zpp_status_t setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
   for (w = 0; w < op->n; w++)
     if (op->len[w] > maxlen)
       maxlen = op->len[w];
-  /* elements: hs * la (ra and pp) + (nh - 1) * len[me]; with equal nodes
-   * n * count + (M - 1) * count, the caller's input and a bit; a small
-   * node of an uneven layout owns more */
-  if (op->la > 0 && (size_t)op->hs > SIZE_MAX / es / 2 / op->la)
+  /* elements: (hs - 1) * la (ra, dtype) + la + (nh - 1) * len[me] (pp and
+   * rbuf, wire dtype); with equal nodes n * count + (M - 1) * count, the
+   * caller's input and a bit; a small node of an uneven layout owns more.
+   * Each part below SIZE_MAX / 4 bytes, so their sum cannot wrap. */
+  if (op->la > 0 && (size_t)op->hs > SIZE_MAX / 4 / pes / op->la)
     return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
-  total = (size_t)op->hs * op->la;
-  if ((size_t)(gr->nh - 1) * op->len[op->me] > SIZE_MAX / es / 2 - total)
+  in = (size_t)(op->hs - 1) * op->la * es;
+  if (op->len[op->me] > 0 &&
+      (size_t)gr->nh > SIZE_MAX / 4 / pes / op->len[op->me])
     return zpp_error(ZPP_ERR_OVERFLOW, op->what, "scratch size overflows");
-  total += (size_t)(gr->nh - 1) * op->len[op->me];
-  ZPP_CHECK(host_get(op->t, total * es + 1, &op->tmp, op->what));
-  op->ra = op->tmp.p;
-  op->pp = op->ra + (size_t)(op->hs - 1) * op->la * es;
-  op->rbuf = op->pp + op->la * es;
+  wire = (op->la + (size_t)(gr->nh - 1) * op->len[op->me]) * pes;
+  ZPP_CHECK(host_get(op->t, wire + in + 1, &op->tmp, op->what));
+  op->pp = op->tmp.p;
+  op->rbuf = op->pp + op->la * pes;
+  op->ra = op->pp + wire;
   op->hc = hier_chunks(op->t, maxlen * es);
   op->p_send = send;
   op->dst = dst;
@@ -1357,8 +1380,9 @@ static zpp_status_t next_step(zpp_xop_t *op) {
     return st;
   }
   case PH_REDUCE:
-    reduce_blocks(op->dst, op->blocks, op->n, op->len[op->me], op->dtype,
-                  op->rop == ZPP_REDUCE_MEAN ? (float)op->n : 0.0f);
+    reduce_blocks(op->dst, op->dtype, op->blocks, op->dtype, op->n,
+                  op->len[op->me], op->rop == ZPP_REDUCE_MEAN ? (float)op->n
+                                                              : 0.0f);
     break;
   case PH_BARRIER:
     if (op->n == 1)

@@ -8,6 +8,7 @@
 #define ZPP_SRC_TRANSPORT_IMPL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -93,6 +94,16 @@ struct zpp_transport {
    * still in doubt then is leaked. */
   atomic_int in_doubt;
 };
+
+/* sizeof(zpp_comm_config_t) of zpp 0.1 (the fields up to timeout_s): a
+ * caller built against that header passes it, and the fields added since
+ * take their defaults. */
+#define ZPP_COMM_CONFIG_V1_SIZE                                                \
+  (offsetof(zpp_comm_config_t, timeout_s) + sizeof(double))
+
+/* The whole current config from one of any accepted struct_size (>=
+ * ZPP_COMM_CONFIG_V1_SIZE, checked by the caller). */
+void zpp_comm_config_get(const zpp_comm_config_t *in, zpp_comm_config_t *out);
 
 /* The communicator: a transport plus what created it.  The bootstrap
  * table (public zpp_bootstrap_t, <zpp/zpp_comm.h>) is also what backends

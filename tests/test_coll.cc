@@ -244,9 +244,10 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
     // backends (MPI, UCX) with the flat algorithm add in rank order, so the
     // result is exact: the same fp32 additions here.  Hierarchical (the
     // default over several nodes, docs/collectives.md): each node's sum in
-    // rank order (fp32) is rounded to the dtype, then the nodes' sums are
-    // added in node order (fp32) and rounded once more: also exact here, and
-    // within the bound of those roundings of the float64 sum.  NCCL adds in
+    // rank order (fp32) is rounded to the dtype (fp16: kept in fp32, so it
+    // cannot overflow), then the nodes' sums are added in node order (fp32)
+    // and rounded once more: also exact here, and within the bound of those
+    // roundings of the float64 sum.  NCCL adds in
     // its ring order, so the fp32 sum may differ from rank order by
     // gamma_{n-1} * sum|x| (gamma_k = k u / (1 - k u), u = 2^-24), plus the
     // one rounding to the dtype (relative u_d = 2^-8 bf16, 2^-11 fp16, 2^-24
@@ -270,7 +271,7 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
           first = false;
         }
         for (size_t i = 0; i < c.count; i++) {
-          float p = to_dtype(part[i], c.dt);
+          float p = c.dt == ZPP_FLOAT16 ? part[i] : to_dtype(part[i], c.dt);
           acc[i] = k == 0 ? p : acc[i] + p;
           pmag[i] += std::fabs((double)p);
         }
@@ -292,6 +293,7 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
     const double gamma = k * u / (1.0 - k * u);
     const double ud = c.dt == ZPP_BFLOAT16 ? std::ldexp(1.0, -8)
                       : c.dt == ZPP_FLOAT16 ? std::ldexp(1.0, -11) : u;
+    const double pud = c.dt == ZPP_FLOAT16 ? 0.0 : ud;  // partials' rounding
     int bad = 0;
     for (size_t i = 0; i < c.count && bad < 3; i++) {
       float s = to_dtype(acc[i], c.dt);
@@ -301,10 +303,10 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
         // Bitwise the order above, and within its roundings of the float64
         // sum: the fp32 additions inside the nodes (gamma_{n-1} of sum |x|),
         // one rounding of each node's partial (u_d of |partial|, |P| at
-        // most (1 + 2 u_d) times its rounded value), the fp32 additions of
-        // the partials (gamma_{n-1} of their magnitudes), one rounding of
-        // the result.
-        double bs = gamma * mag[i] + ud * pmag[i] * (1.0 + 2.0 * ud) +
+        // most (1 + 2 u_d) times its rounded value; none for fp16, whose
+        // partials travel in fp32), the fp32 additions of the partials
+        // (gamma_{n-1} of their magnitudes), one rounding of the result.
+        double bs = gamma * mag[i] + pud * pmag[i] * (1.0 + 2.0 * pud) +
                     gamma * pmag[i] + ud * std::fabs((double)s) * (1.0 + 2.0 * ud);
         ok = at(sum, c.dt, i) == s && at(mean, c.dt, i) == mn &&
              std::fabs((double)s - ref[i]) <= bs;

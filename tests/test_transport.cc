@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -211,8 +212,10 @@ Bytes hier_ag_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk)
 
 // Reduce-scatter of shards of blk[w] bytes: pairwise (each shard straight
 // to its member), or hierarchical: the transpose of the all-gather (shard w
-// to its owner on my node; the owner's partial sum to w).
-Bytes rs_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk) {
+// to its owner on my node; the owner's partial sum to w, in the wire dtype:
+// fp32 for fp16, `wire` = 2 times the shard's bytes).
+Bytes rs_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk,
+               uint64_t wire = 1) {
   int n = (int)m.size(), me = index_of(m, g_rank);
   Bytes b;
   if (!hier_group(m)) {
@@ -231,11 +234,13 @@ Bytes rs_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk) {
     b.add(m[j], to, from);
   }
   for (int w = 0; w < n; w++)
-    if (N.node[w] != k0 && owner(N, k0, w) == me) b.add(m[w], blk[w], 0);
+    if (N.node[w] != k0 && owner(N, k0, w) == me) b.add(m[w], wire * blk[w], 0);
   for (int k = 0; k < (int)N.run.size(); k++)
-    if (k != k0) b.add(m[owner(N, k, me)], 0, blk[me]);
+    if (k != k0) b.add(m[owner(N, k, me)], 0, wire * blk[me]);
   return b;
 }
+// The partials' wire bytes per shard byte (src/transport_algo.c).
+uint64_t wire_of(zpp_dtype_t dt) { return dt == ZPP_FLOAT16 ? 2 : 1; }
 
 // All-gather(v) bytes.  Ring allgatherv: I forward every block but my
 // successor's, receive every block but mine.  With ZPP_NET_RINGS = C > 1,
@@ -342,12 +347,11 @@ std::vector<uint8_t> floats_of(uint64_t salt, int rank, size_t count,
 }
 // The documented sum.  Flat: member order, fp32 accumulator, one rounding
 // to dt.  Hierarchical: per node, its members in order (fp32), rounded to
-// dt (what travels); then the nodes in order (fp32), rounded once.
-std::vector<uint8_t> expected_sum(uint64_t salt, const std::vector<int> &m,
-                                  size_t count, zpp_dtype_t dt, size_t first,
-                                  size_t len) {
-  std::vector<std::vector<uint8_t>> in;
-  for (int r : m) in.push_back(floats_of(salt, r, count, dt));
+// the wire dtype (what travels: dt, but fp32 for fp16); then the nodes in
+// order (fp32), rounded once.
+std::vector<uint8_t> sum_in_order(const std::vector<std::vector<uint8_t>> &in,
+                                  const std::vector<int> &m, zpp_dtype_t dt,
+                                  size_t first, size_t len) {
   std::vector<uint8_t> out(len * zpp_dtype_size(dt) + 1);
   bool hier = hier_group(m);
   Nodes N = nodes_of(m);
@@ -365,14 +369,23 @@ std::vector<uint8_t> expected_sum(uint64_t salt, const std::vector<int> &m,
           part = j == 0 ? x : part + x;
         }
         uint8_t tmp[4];
-        store(tmp, 0, dt, part);  // rounded to dt
-        part = load(tmp, 0, dt);
+        if (dt != ZPP_FLOAT16) {  // rounded to dt; fp16 partials stay fp32
+          store(tmp, 0, dt, part);
+          part = load(tmp, 0, dt);
+        }
         acc = k == 0 ? part : acc + part;
       }
     }
     store(out.data(), e, dt, acc);
   }
   return out;
+}
+std::vector<uint8_t> expected_sum(uint64_t salt, const std::vector<int> &m,
+                                  size_t count, zpp_dtype_t dt, size_t first,
+                                  size_t len) {
+  std::vector<std::vector<uint8_t>> in;
+  for (int r : m) in.push_back(floats_of(salt, r, count, dt));
+  return sum_in_order(in, m, dt, first, len);
 }
 
 std::string tag(zpp_group_t g, const char *op, size_t n, zpp_dtype_t dt = ZPP_FLOAT32) {
@@ -608,8 +621,8 @@ TEST(Ops, ReduceScatterEveryGroupAndDtype) {
                                                dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                nullptr), ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
-        expect_bytes(rs_bytes(m, std::vector<uint64_t>(n, count * es)), stats(),
-                     tag(g, "reduce_scatter", count, dt));
+        expect_bytes(rs_bytes(m, std::vector<uint64_t>(n, count * es), wire_of(dt)),
+                     stats(), tag(g, "reduce_scatter", count, dt));
         std::vector<uint8_t> ref = expected_sum(salt, m, n * count, dt, me * count, count);
         EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), count * es))
             << tag(g, "reduce_scatter", count, dt);
@@ -619,6 +632,91 @@ TEST(Ops, ReduceScatterEveryGroupAndDtype) {
                                                dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                nullptr), ZPP_OK);
         EXPECT_EQ(out, again);
+      }
+    }
+  }
+}
+
+// Gradients whose sum over one node leaves fp16's range (65504) while the
+// total over the nodes does not: node k's members send about +A (k even)
+// or -A (k odd), A in [33000, 40000], so any two members of a node exceed
+// 65504 and the nodes cancel (with an odd number of nodes the last one
+// sends small values).  A partial sum rounded to fp16 became inf, and inf
+// the result -- the "multi-node fp16 loss goes to inf" of hierarchical
+// reductions; fp16 partials travel in fp32, so the result is finite and
+// within the bound of the float64 sum.  bf16, whose partials stay bf16,
+// has fp32's range: the same with A near 3.3e38 / (largest node).
+TEST(Ops, ReduceScatterPartialSumsDoNotOverflow) {
+  std::printf("seed %llu\n", (unsigned long long)g_seed);
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    int n = (int)m.size(), me = index_of(m, g_rank);
+    Nodes N = nodes_of(m);
+    int K = (int)N.run.size();
+    size_t big = 1;
+    for (auto &r : N.run) big = std::max(big, r.size());
+    for (zpp_dtype_t dt : {ZPP_FLOAT16, ZPP_BFLOAT16}) {
+      const size_t es = zpp_dtype_size(dt), count = 301;
+      const double lim = dt == ZPP_FLOAT16 ? 65504.0 : 3.3895313892515355e38;
+      const double ud = std::ldexp(1.0, dt == ZPP_FLOAT16 ? -11 : -8);
+      const uint64_t salt = 2500 + 31 * g + 1000 * dt;
+      // Amplitude of each element, the same on every member.
+      std::vector<double> amp(n * count);
+      auto ra = rng_for(salt, 0);
+      std::uniform_real_distribution<double> da(0.0, 1.0);
+      for (auto &a : amp)
+        a = dt == ZPP_FLOAT16 ? 33000.0 + 7000.0 * da(ra)
+                              : (0.9 + 0.07 * da(ra)) * 3.3e38 / (double)big;
+      std::vector<std::vector<uint8_t>> in(n);
+      for (int i = 0; i < n; i++) {
+        auto rr = rng_for(salt, m[i] + 1);
+        std::uniform_real_distribution<double> dj(0.0, 1.0 / 64);
+        std::uniform_real_distribution<float> ds(-8.0f, 8.0f);
+        int k = N.node[i];
+        in[i].resize(n * count * es + 1);
+        for (size_t e = 0; e < n * count; e++) {
+          double v = (K % 2 == 1 && k == K - 1 && K > 1)
+                         ? (double)ds(rr)
+                         : (k % 2 ? -1.0 : 1.0) * amp[e] * (1.0 + dj(rr));
+          store(in[i].data(), e, dt, (float)v);
+        }
+      }
+      std::vector<uint8_t> out(count * es + 1, 0xEE);
+      ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in[me].data(), out.data(), count, dt,
+                                             ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
+                ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      std::vector<uint8_t> want = sum_in_order(in, m, dt, me * count, count);
+      EXPECT_EQ(0, std::memcmp(out.data(), want.data(), count * es))
+          << tag(g, "reduce_scatter of large partials", count, dt);
+      int teeth = 0, bad = 0;
+      for (size_t e = 0; e < count; e++) {
+        size_t x = me * count + e;
+        double total = 0, mag = 0, pmax = 0;
+        for (int k = 0; k < K; k++) {
+          double p = 0;
+          for (int i : N.run[k]) p += load(in[i].data(), x, dt);
+          pmax = std::max(pmax, std::fabs(p));
+        }
+        for (int i = 0; i < n; i++) {
+          total += load(in[i].data(), x, dt);
+          mag += std::fabs(load(in[i].data(), x, dt));
+        }
+        if (std::fabs(total) > lim * (1.0 - ud)) continue;  // overflows anyway
+        teeth += pmax > (dt == ZPP_FLOAT16 ? 65504.0 : std::ldexp(1.0, 126));
+        // fp32 additions (n of them, each 2^-24 of at most mag), the
+        // partials' rounding (bf16: u_d of at most mag), the last rounding.
+        double got = load(out.data(), e, dt);
+        double bound = 2.0 * n * std::ldexp(mag, -24) +
+                       (dt == ZPP_BFLOAT16 ? ud * mag : 0.0) +
+                       ud * (1.0 + 2.0 * ud) * std::fabs(total) + std::ldexp(1.0, -24);
+        if (!(std::isfinite(got) && std::fabs(got - total) <= bound) && bad++ < 3)
+          ADD_FAILURE() << tag(g, "reduce_scatter of large partials", count, dt)
+                        << " element " << e << ": " << got << ", float64 sum " << total
+                        << ", bound " << bound << ", largest node partial " << pmax;
+      }
+      if (hier_group(m)) {  // the case exists on this layout
+        EXPECT_GT(teeth, 0) << tag(g, "reduce_scatter of large partials", count, dt);
       }
     }
   }
@@ -653,7 +751,7 @@ TEST(Ops, AllreduceEqualsReduceScatterShards) {
           // allgatherv of the reduced shards.
           std::vector<uint64_t> blk(n);
           for (int j = 0; j < n; j++) blk[j] = (count / n + ((size_t)j < count % n)) * es;
-          expect_bytes(rs_bytes(m, blk) + ring_bytes(g, blk), stats(),
+          expect_bytes(rs_bytes(m, blk, wire_of(dt)) + ring_bytes(g, blk), stats(),
                        tag(g, "allreduce", count, dt));
           // Where the shards are equal, allreduce's slice is reduce_scatter's
           // shard bit for bit.
@@ -853,7 +951,7 @@ TEST(Xop, SeveralInFlightEqualTheBlockingCalls) {
   want = want + rs_bytes(mc, std::vector<uint64_t>(nc, RS * 2));
   std::vector<uint64_t> blk(nw);
   for (int j = 0; j < nw; j++) blk[j] = (AR / nw + ((size_t)j < AR % nw)) * 2;
-  want = want + rs_bytes(mw, blk) + ring_bytes(W, blk);
+  want = want + rs_bytes(mw, blk, wire_of(hf)) + ring_bytes(W, blk);
   for (int j = 0; j < nn; j++) want.add(mn[j], g_sc[j], g_rc[j]);
   expect_bytes(want, s, "eight ops in flight");
   EXPECT_EQ(s.calls[W], 4u);
@@ -1214,10 +1312,8 @@ TEST(Config, ExplicitBackendIsUsed) {
   }
 }
 
-// config.topology takes precedence over ZPP_TOPO.
 // cfg->algorithm takes precedence over ZPP_ALGO; both algorithms give the
-// same all-gather bits and the same reduce-scatter within the bound of two
-// roundings, each with its own byte formula.
+// same all-gather bits, each with its own byte formula.
 TEST(Config, AlgorithmFromTheConfigIsUsed) {
   for (zpp_algorithm_t al : {ZPP_ALGORITHM_FLAT, ZPP_ALGORITHM_HIER}) {
     zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
@@ -1255,6 +1351,58 @@ TEST(Config, AlgorithmFromTheConfigIsUsed) {
       << zpp_get_last_error();
 }
 
+// A caller built against the header before `algorithm` was added passes
+// the smaller struct: it is accepted, its fields are used (timeout_s,
+// topology), and `algorithm` -- past its struct_size, here garbage --
+// takes its default.  A struct_size below that layout is refused.
+struct CommConfigV1 {  // zpp_comm_config_t up to timeout_s (zpp 0.1)
+  size_t struct_size;
+  zpp_backend_t backend;
+  zpp_memory_t memory;
+  int cuda_device;
+  const char *topology;
+  double timeout_s;
+};
+TEST(Config, OlderStructSizeIsAccepted) {
+  static_assert(sizeof(CommConfigV1) < sizeof(zpp_comm_config_t), "layout");
+  static_assert(offsetof(CommConfigV1, timeout_s) ==
+                    offsetof(zpp_comm_config_t, timeout_s), "layout");
+  union {
+    CommConfigV1 v1;
+    unsigned char raw[sizeof(zpp_comm_config_t) + 16];
+  } u;
+  std::memset(u.raw, 0x7f, sizeof u.raw);  // what lies past the old struct
+  std::string spec = std::to_string(g_size) + "x1";
+  u.v1.struct_size = sizeof(CommConfigV1);
+  u.v1.backend = ZPP_BACKEND_MPI;
+  u.v1.memory = ZPP_MEMORY_HOST;
+  u.v1.cuda_device = -1;
+  u.v1.topology = spec.c_str();
+  u.v1.timeout_s = 37.5;
+  const zpp_comm_config_t *cfg = reinterpret_cast<const zpp_comm_config_t *>(u.raw);
+  EXPECT_EQ(zpp_comm_config_check(cfg), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t c = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, cfg, &c), ZPP_OK) << zpp_get_last_error();
+  int nn = 0;
+  zpp_comm_nnodes(c, &nn);
+  EXPECT_EQ(nn, g_size) << "cfg->topology of the old struct";
+  EXPECT_DOUBLE_EQ(zpp_transport_timeout_s(zpp_comm_transport(c)), 37.5)
+      << "cfg->timeout_s of the old struct";
+  // What ZPP_ALGORITHM_DEFAULT resolves to (ZPP_ALGO of this run).
+  zpp_algorithm_t got = ZPP_ALGORITHM_DEFAULT;
+  EXPECT_EQ(zpp_comm_algorithm(c, &got), ZPP_OK);
+  EXPECT_EQ(got, g_hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT);
+  // A split keeps the config (now whole) and works.
+  zpp_comm_t s = nullptr;
+  EXPECT_EQ(zpp_comm_split(c, 0, g_rank, &s), ZPP_OK) << zpp_comm_get_last_error(c);
+  EXPECT_EQ(zpp_comm_destroy(s), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+  u.v1.struct_size = offsetof(CommConfigV1, timeout_s);
+  EXPECT_EQ(zpp_comm_config_check(cfg), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->struct_size"), std::string::npos)
+      << zpp_get_last_error();
+}
+
 TEST(Errors, RanksDisagreeingOnTheAlgorithmAllFail) {
   if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
@@ -1266,6 +1414,7 @@ TEST(Errors, RanksDisagreeingOnTheAlgorithmAllFail) {
   EXPECT_EQ(c, nullptr);
 }
 
+// config.topology takes precedence over ZPP_TOPO.
 TEST(Config, TopologyStringOverridesTheEnvironment) {
   std::string spec = std::to_string(g_size) + "x1";
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;

@@ -182,9 +182,9 @@ static void usage(FILE *out) {
 "Time (alpha-beta): a collective costs max over link classes L of\n"
 "  steps_L * lat_L + bytes_L / bw_L, bytes_L of the busiest rank; hier\n"
 "  1 step per class; ring all-gather N-1 steps, pairwise exchanges 1 step\n"
-"  (all pairs posted at\n"
-"  once), hpZ gather S-1 steps, qgZ intra stage then inter stage. The\n"
-"  step sums its collectives: no overlap, no codec cost, no congestion.\n"
+"  (all pairs posted at once), hpZ gather S-1 steps, qgZ intra stage then\n"
+"  inter stage. The step sums its collectives: no overlap, no codec cost,\n"
+"  no congestion.\n"
 "Paper volumes: per rank in units of the bf16 model 2 PSI: 2 (dp, zero1,\n"
 "  zero2), 3 (zero3), 0.75 (zeropp).\n"
 "Exit status: 0 ok, 2 bad flag (named in the message), 1 library error.\n");

@@ -73,10 +73,13 @@ ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
 /* recvbuf (count elements) = slice `rank` of the sum (or mean) of every
  * rank's sendbuf (size * count elements), accumulated in fp32 and rounded
  * once to dtype; MEAN divides the fp32 sum by the world size before that
- * one rounding.  Order of the additions: rank order on the host backends
- * (MPI, UCX: bitwise reproducible, independent of the layout), NCCL's ring
- * order on NCCL (which then carries fp32: 4 bytes per element, also for
- * fp16/bf16 input). */
+ * one rounding.  Order of the additions, fixed (bitwise reproducible) on
+ * the host backends (MPI, UCX): rank order with the flat algorithm; with
+ * the hierarchical one (the default over several nodes, zpp_algorithm_t)
+ * each node's ranks in order, that partial sum rounded to bf16 for bf16
+ * (fp16 and fp32: kept in fp32), then the nodes in order
+ * (docs/collectives.md, Baselines).  NCCL: its ring order (it then
+ * carries fp32: 4 bytes per element, also for fp16/bf16 input). */
 ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                         void *recvbuf, size_t count,
                                         zpp_dtype_t dtype, zpp_redop_t op,

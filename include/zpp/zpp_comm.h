@@ -110,6 +110,8 @@ typedef struct {
   double timeout_s;      /* > 0: overrides ZPP_TIMEOUT_S for this
                             communicator; <= 0 (default): ZPP_TIMEOUT_S;
                             either is taken as at most 1e9 s */
+  /* Fields below were added in 0.2; a struct_size from before (the
+   * size up to timeout_s) is accepted and they take their defaults. */
   zpp_algorithm_t algorithm; /* default ZPP_ALGORITHM_DEFAULT: the setting
                                 ZPP_ALGO=hier|flat decides; every rank must
                                 use the same */

@@ -175,8 +175,8 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
 /* full_grad (padded_numel elements of dtype; elements past numel should
  * be zero) of every rank is reduced into grad_shard (shard_numel
  * elements) of its owner: qgZ when qgz_bits (with the group's residual
- * when error_feedback), else the baseline zpp_reduce_scatter (fp32 sum,
- * rounded once; rank order on host backends).  req NULL: returns when done; otherwise
+ * when error_feedback), else the baseline zpp_reduce_scatter (fp32 sum in
+ * its fixed order, rounded once; see there).  req NULL: returns when done; otherwise
  * zpp_request_wait(*req) finishes it. */
 ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                                                  const void *full_grad,
