@@ -96,6 +96,19 @@ def test_errors_carry_zpp_message_and_code():
     assert "block_size 0" in str(ei.value)
 
 
+def test_error_of_a_call_is_its_own_not_the_communicators_last():
+    # A call that fails before it touches the communicator (an overflowing
+    # residual size) must not report the communicator's older error.
+    with zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0) as c:
+        with pytest.raises(zpp.Error) as ei:
+            c.node_of(99)
+        assert "rank 99" in str(ei.value)
+        with pytest.raises(zpp.Error) as ei:
+            c.qgz_residual(2**62)
+        assert ei.value.status == "ZPP_ERR_OVERFLOW"
+        assert "zpp_qgz_residual_count" in str(ei.value) and "rank 99" not in str(ei.value), ei.value
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.complex64])
 def test_unsupported_numpy_dtype_names_it(dtype):
     with pytest.raises(zpp.DtypeError) as ei:

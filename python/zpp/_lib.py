@@ -100,11 +100,16 @@ class _Lib:
         return self.ffi.string(p).decode(errors="replace") if p != self.ffi.NULL else ""
 
     def check(self, status: int, comm=None, cls=Error) -> None:
+        # The thread's message first: every failing call sets it (an error
+        # of the engine thread is re-raised on the caller's by the wait),
+        # while the communicator's is "kept until the next error on it",
+        # and calls that fail before touching the communicator (an
+        # overflowing zpp_qgz_residual_count) leave an older one there.
         if status == 0:
             return
-        msg = self.string(self.lib.zpp_comm_get_last_error(comm)) if comm is not None else ""
-        if not msg:
-            msg = self.string(self.lib.zpp_get_last_error())
+        msg = self.string(self.lib.zpp_get_last_error())
+        if not msg and comm is not None:
+            msg = self.string(self.lib.zpp_comm_get_last_error(comm))
         name = self.string(self.lib.zpp_status_string(status)).split(":")[0]
         raise cls(status, name, msg)
 
