@@ -45,13 +45,20 @@ def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional
 class Work:
     """A started collective (``async_op=True``).  ``wait()`` finishes it,
     raises zpp's error if it failed, and returns True; the arrays it uses
-    must not be touched before.  ``is_completed()`` polls."""
+    must not be touched before.  ``is_completed()`` polls.
+
+    The communicator holds every started Work until it is waited for, so
+    the arrays stay alive while zpp's engine may still read or write them
+    even when the caller drops the Work; ``Comm.close()`` waits for the
+    ones left (the C library would drop their requests)."""
 
     def __init__(self, comm: "Comm", req, keep: tuple, result: Any):
         self._comm = comm
         self._req = req
         self._keep = keep  # the arrays stay alive until the wait
+        self._error: Optional[Error] = None  # of a wait done by Comm.close
         self.result = result
+        comm._pending[id(self)] = self
 
     def is_completed(self) -> bool:
         if self._req is None:
@@ -65,9 +72,25 @@ class Work:
         if self._req is not None:
             L = _lib.get()
             req, self._req = self._req, None
-            L.check(L.lib.zpp_request_wait(req[0]), self._comm._c)
+            self._comm._pending.pop(id(self), None)
+            st = L.lib.zpp_request_wait(req[0])
+            if st != 0:
+                # a wait that timed out leaves a running plan that stops at
+                # its next step: its arrays must outlive it
+                _abandoned.append(self._keep)
             self._keep = ()
+            try:
+                L.check(st, self._comm._c)
+            except Error as e:
+                self._error = e
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
         return True
+
+
+# Arrays of requests whose wait failed (see Work.wait): never freed.
+_abandoned: list = []
 
 
 class Comm:
@@ -81,6 +104,7 @@ class Comm:
     def __init__(self, handle, keep: Any = None):
         self._c = handle
         self._keep = keep
+        self._pending: dict = {}  # id -> Work started and not waited for
         _live.append(self)
 
     # ---- creation ---------------------------------------------------------
@@ -194,6 +218,14 @@ class Comm:
         if self._c is None:
             return
         L = _lib.get()
+        # zpp_comm_destroy drops the requests not waited for (their handles
+        # are freed, a running plan stops at its next step): wait for them
+        # first; an error is kept for the Work's own wait()
+        for w in list(self._pending.values()):
+            try:
+                w.wait()
+            except Error as e:
+                w._error = e
         c, self._c = self._c, None
         if self in _live:
             _live.remove(self)
