@@ -109,6 +109,19 @@ def test_error_of_a_call_is_its_own_not_the_communicators_last():
         assert "zpp_qgz_residual_count" in str(ei.value) and "rank 99" not in str(ei.value), ei.value
 
 
+def test_read_only_output_is_refused_naming_it():
+    x = np.arange(8, dtype=np.float32)
+    frozen = np.frombuffer(bytes(32), dtype=np.float32)  # memory of a bytes object
+    with zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0) as c:
+        for call, what in ((lambda: c.allgather(x, frozen), "out"),
+                           (lambda: c.reduce_scatter(x, frozen), "out"),
+                           (lambda: c.qgz_reduce_scatter(x, residual=np.frombuffer(
+                               bytes(4 * c.qgz_residual(8).size), np.float32)), "residual")):
+            with pytest.raises(ValueError, match="%s: the array is read-only" % what):
+                call()
+        assert not frozen.any()  # nothing was written
+
+
 _DROPPED_WORK = """
 import gc, weakref, numpy as np, zpp
 c = zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0)

@@ -146,7 +146,7 @@ class Buf:
 
     __slots__ = ("array", "ptr", "numel", "dtype", "dtype_name")
 
-    def __init__(self, a, what: str, floats_only: bool = False):
+    def __init__(self, a, what: str, floats_only: bool = False, written: bool = False):
         L = get()
         if is_torch(a):
             if a.device.type != "cpu":
@@ -171,6 +171,10 @@ class Buf:
                 raise TypeError("%s: a numpy array or a torch tensor, not %s" % (what, type(a).__name__))
             if not a.flags.c_contiguous:
                 raise ValueError("%s: the array must be C-contiguous" % what)
+            if written and not a.flags.writeable:
+                # zpp would write into memory numpy was told is read-only
+                # (np.frombuffer of a bytes object, a broadcast view, ...)
+                raise ValueError("%s: the array is read-only; zpp writes into it" % what)
             name = "numpy." + str(a.dtype)
             code = _NP_DTYPES.get(str(a.dtype))
             self.ptr = a.ctypes.data

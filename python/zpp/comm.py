@@ -315,7 +315,7 @@ class Comm:
         n = self.size
         if out is None:
             out = empty_like(send, s.numel * n)
-        o = Buf(out, "out", floats_only)
+        o = Buf(out, "out", floats_only, written=True)
         if o.dtype != s.dtype:
             raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                              "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
@@ -330,7 +330,7 @@ class Comm:
             raise ValueError("send: %d elements, must be a multiple of the size %d" % (s.numel, n))
         if out is None:
             out = empty_like(send, s.numel // n)
-        o = Buf(out, "out", True)
+        o = Buf(out, "out", True, written=True)
         if o.dtype != s.dtype:
             raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                              "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
@@ -394,7 +394,7 @@ class Comm:
                          hadamard=hadamard)
         res = L.ffi.NULL
         if residual is not None:
-            r = Buf(residual, "residual")
+            r = Buf(residual, "residual", written=True)
             want = L.ffi.new("size_t *")
             L.check(L.lib.zpp_qgz_residual_count(self._c, o.numel, want), self._c)
             if r.dtype_name.endswith("float32"):
