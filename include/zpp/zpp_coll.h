@@ -71,12 +71,14 @@ ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
                                    zpp_request_t *req);
 
 /* recvbuf (count elements) = slice `rank` of the sum (or mean) of every
- * rank's sendbuf (size * count elements), accumulated in fp32 and rounded
- * once to dtype; MEAN divides the fp32 sum by the world size before that
- * one rounding.  Order of the additions: rank order on the host backends
- * (MPI, UCX: bitwise reproducible, independent of the layout), NCCL's ring
- * order on NCCL (which then carries fp32: 4 bytes per element, also for
- * fp16/bf16 input). */
+ * rank's sendbuf (size * count elements), accumulated in fp32; MEAN
+ * divides the fp32 sum by the world size before the last rounding to
+ * dtype.  Order of the additions, fixed and bitwise reproducible on the
+ * host backends (MPI, UCX): on several nodes (the hierarchical default)
+ * each node's ranks in local-rank order, that partial rounded to dtype,
+ * then the nodes in order; on one node or with ZPP_ALGO=flat, rank order,
+ * rounded once (docs/collectives.md).  NCCL: its ring order (it then
+ * carries fp32: 4 bytes per element, also for fp16/bf16 input). */
 ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                         void *recvbuf, size_t count,
                                         zpp_dtype_t dtype, zpp_redop_t op,
