@@ -44,8 +44,9 @@ def check() -> dict:
             err = float(np.max(np.abs(got - ref)))
             absum = np.sum(np.abs(np.stack(xs).astype(np.float64)), axis=0)[rank * n:(rank + 1) * n]
             if qgz == 0:
-                # fp32 additions in rank order: at most W roundings of
-                # 2^-24 of partial sums <= sum |x|, then one for the scale
+                # W - 1 fp32 additions (in the order of zpp_reduce_scatter),
+                # each rounding by at most 2^-24 of a partial sum <= sum |x|,
+                # then one rounding for the scale
                 bound = float(np.max((W + 1) * 2.0 ** -24 * absum * scale))
             else:
                 # INT4 symmetric, A = max |x| (times the premul factor):

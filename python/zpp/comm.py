@@ -359,7 +359,9 @@ class Comm:
 
     def reduce_scatter(self, send, out=None, *, op: str = "sum", async_op: bool = False):
         """out = slice ``rank`` of the sum (op "sum") or mean ("mean") of
-        every rank's send, accumulated in fp32 in rank order, rounded once."""
+        every rank's send, accumulated in fp32 in a fixed order (on several
+        nodes each node's partial first, rounded to the dtype; else rank
+        order) and rounded to the dtype (zpp_reduce_scatter)."""
         s, o, out = self._scatter_bufs(send, out)
         L = _lib.get()
         return self._run(L.lib.zpp_reduce_scatter,
