@@ -73,14 +73,17 @@ def main(argv=None) -> int:
     return run([argv if argv is not None else sys.argv[1:]])
 
 
-def run(argvs) -> int:
-    """Several training runs in one process group (tests compare them)."""
+def run(argvs, before=None) -> int:
+    """Several training runs in one process group (tests compare them);
+    ``before()``, when given, runs first in that group."""
     _launch_env()
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    if before is not None:
+        before()
     for argv in argvs:
         train(parse(argv))
     # no barrier right before destroy_process_group: it aborts at exit under

@@ -18,6 +18,7 @@
 #include <zpp/zpp_coll.h>
 #include <zpp/zpp_comm.h>
 #include <zpp/zpp_mpi.h>
+#include <zpp/zpp_runtime.h>
 
 #include <algorithm>
 #include <cmath>
@@ -1539,6 +1540,19 @@ TEST(BadInput, ByteDtypeIsRefusedByEveryComputingCall) {
             ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
   EXPECT_EQ(zpp_hadamard(8, ZPP_UINT8, hx, 8, hy), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(zpp_quant_encode_device(&q, ZPP_UINT8, hx, 8, enc, sizeof enc, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
+  EXPECT_EQ(zpp_qwd_allgather(g_comm, &q, hx, y, 1, ZPP_UINT8, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has_u8(zpp_comm_get_last_error(g_comm))) << zpp_comm_get_last_error(g_comm);
+  zpp_pgroup_config_t pc = ZPP_PGROUP_CONFIG_INIT;
+  pc.dtype = ZPP_UINT8;
+  size_t sizes[1] = {64};
+  zpp_pgroup_t pg = nullptr;
+  EXPECT_EQ(zpp_pgroup_create(g_comm, &pc, sizes, 1, &pg), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(pg, nullptr);
   EXPECT_TRUE(has_u8(zpp_get_last_error())) << zpp_get_last_error();
   EXPECT_EQ(std::string(zpp_dtype_name(ZPP_UINT8)), "u8");
   zpp_dtype_t d = ZPP_FLOAT32;

@@ -39,12 +39,23 @@ def main():
     for q in range(W):
         assert np.array_equal(full[q * 37:(q + 1) * 37],
                               np.random.default_rng(SEED + q).integers(0, 256, 37, dtype=np.uint8))
-    # reduce-scatter sum: fp32 additions in rank order, so equal to the
-    # same sum done here in fp32
+    # reduce-scatter sum: fp32 additions in the order docs/collectives.md
+    # fixes, so equal to the same sum done here in fp32.  Several nodes
+    # (the hierarchical default): each node's ranks in order, that partial
+    # rounded to the dtype, then the nodes in order; one node: rank order.
+    # (ZPP_ALGO=flat would be rank order everywhere.)
     x = [data(q, n * W, 3) for q in range(W)]
-    acc = x[0].copy()
-    for q in range(1, W):
-        acc = (acc + x[q]).astype(np.float32)
+    acc = None
+    for m in sorted({comm.node_of(q) for q in range(W)}):
+        part = None
+        for q in (q for q in range(W) if comm.node_of(q) == m):
+            part = x[q].copy() if part is None else (part + x[q]).astype(np.float32)
+        acc = part if acc is None else (acc + part).astype(np.float32)
+    if comm.nnodes > 1:  # the order matters here: rank order must differ
+        flat = x[0].copy()
+        for q in range(1, W):
+            flat = (flat + x[q]).astype(np.float32)
+        done["rank_order_differs"] = bool(np.any(flat != acc))
     got = comm.reduce_scatter(x[r], op="sum")
     assert np.array_equal(got, acc[r * n:(r + 1) * n])
     mean = comm.reduce_scatter(torch.from_numpy(x[r]), op="mean")

@@ -22,14 +22,21 @@ EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
 
 
 def free_port() -> int:
-    # a port and the one after it (zpp's bootstrap listens on MASTER_PORT + 1)
+    # a port and the one after it (zpp's bootstrap listens on MASTER_PORT + 1):
+    # both must be free now
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = s.getsockname()[1]
-        if p < 65000:
-            return p
-    raise RuntimeError("no free port")
+        if p >= 65000:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no free pair of ports on 127.0.0.1 in 50 tries")
 
 
 def env(**extra) -> dict:

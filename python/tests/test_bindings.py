@@ -96,6 +96,63 @@ def test_errors_carry_zpp_message_and_code():
     assert "block_size 0" in str(ei.value)
 
 
+def test_error_of_a_call_is_its_own_not_the_communicators_last():
+    # A call that fails before it touches the communicator (an overflowing
+    # residual size) must not report the communicator's older error.
+    with zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0) as c:
+        with pytest.raises(zpp.Error) as ei:
+            c.node_of(99)
+        assert "rank 99" in str(ei.value)
+        with pytest.raises(zpp.Error) as ei:
+            c.qgz_residual(2**62)
+        assert ei.value.status == "ZPP_ERR_OVERFLOW"
+        assert "zpp_qgz_residual_count" in str(ei.value) and "rank 99" not in str(ei.value), ei.value
+
+
+def test_read_only_output_is_refused_naming_it():
+    x = np.arange(8, dtype=np.float32)
+    frozen = np.frombuffer(bytes(32), dtype=np.float32)  # memory of a bytes object
+    with zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0) as c:
+        for call, what in ((lambda: c.allgather(x, frozen), "out"),
+                           (lambda: c.reduce_scatter(x, frozen), "out"),
+                           (lambda: c.qgz_reduce_scatter(x, residual=np.frombuffer(
+                               bytes(4 * c.qgz_residual(8).size), np.float32)), "residual")):
+            with pytest.raises(ValueError, match="%s: the array is read-only" % what):
+                call()
+        assert not frozen.any()  # nothing was written
+
+
+_DROPPED_WORK = """
+import gc, weakref, numpy as np, zpp
+c = zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0)
+x = np.arange(4099, dtype=np.float32)
+out = np.empty_like(x)
+alive = weakref.ref(out)
+c.allgather(x, out, async_op=True)  # the Work dropped at once
+del out
+gc.collect()
+print("alive", alive() is not None)
+for _ in range(50):  # outputs made inside, only the dropped Work held them
+    c.allgather(x, async_op=True)
+    c.reduce_scatter(x, async_op=True)
+gc.collect()
+w = c.allgather(x, async_op=True)
+c.close()  # drops the C requests not waited for: the Work's wait must still work
+print("after close", w.wait(), np.array_equal(w.result, x), alive() is None)
+"""
+
+
+def test_async_arrays_outlive_a_dropped_work_and_close_waits():
+    # Before the communicator held its started Works, a dropped Work freed
+    # the arrays the engine was writing ("free(): corrupted unsorted
+    # chunks"), and a wait after close() used a freed request.
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    p = subprocess.run([sys.executable, "-c", _DROPPED_WORK], env=e, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split("\n")[:2] == ["alive True", "after close True True True"], p.stdout
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.complex64])
 def test_unsupported_numpy_dtype_names_it(dtype):
     with pytest.raises(zpp.DtypeError) as ei:

@@ -5,7 +5,11 @@ LM on CPU, gloo bootstrapping torch):
   fp32: losses of every step and a digest of the trained parameters; the
   same with a uint8 gather (a frozen bf16 LayerNorm in an fp32 group) and
   with PREMUL_SUM (set_gradient_divide_factor(4) against gloo's SUM and
-  FSDP2's own post-division by 4: both scale by a power of two, exactly);
+  FSDP2's own post-division by 4: both scale by a power of two, exactly),
+  and with SUM (set_force_sum_reduction_for_comms on both);
+- the reduce-scatter hook called directly on the 2x2 layout (hook_ops.py):
+  AVG the true mean, SUM, PREMUL_SUM scaled once, exact and qgZ, against
+  float64; one error-feedback residual per module;
 - ZeRO++ (qwZ INT8, qgZ INT4 with error feedback, hpZ through
   reshard_after_forward=2) on ZPP_TOPO=2x2, 4 ranks, 50 steps: the loss
   within the tolerance below of zpp's baseline, and inter-node bytes per
@@ -46,16 +50,19 @@ def test_baseline_bitwise_equal_to_gloo_fp32_uint8_premul_sum(have_mpirun):
     runs = ["--comm gloo --steps 4 " + Q, "--comm zpp --steps 4 " + Q,
             "--comm gloo --steps 3 --mixed " + Q, "--comm zpp --steps 3 --mixed " + Q,
             "--comm gloo --steps 3 --force-sum --divide-factor 4 " + Q,
-            "--comm zpp --steps 3 --divide-factor 4 " + Q]
+            "--comm zpp --steps 3 --divide-factor 4 " + Q,
+            "--comm zpp --steps 3 --force-sum --divide-factor 4 " + Q]
     out = mpirun(2, [RUNS] + runs)
-    assert len(out) == 6
-    gl, zp, glm, zpm, glp, zpp_ = out
+    assert len(out) == 7
+    gl, zp, glm, zpm, glp, zpp_, zps = out
     _same(gl, zp)
     assert zp["hook_calls"].get("exact avg", 0) > 0 and zp["backend"] == "ucx"
     _same(glm, zpm)
     assert zpm["hook_calls"].get("exact uint8", 0) > 0, zpm["hook_calls"]
     _same(glp, zpp_)
     assert zpp_["hook_calls"].get("exact premul_sum", 0) > 0, zpp_["hook_calls"]
+    _same(glp, zps)  # SUM (set_force_sum_reduction_for_comms), FSDP2 divides after
+    assert zps["hook_calls"].get("exact sum", 0) > 0, zps["hook_calls"]
     # the divide factor changed training (so PREMUL_SUM was not a no-op)
     assert zpp_["param_digest"] != zp["param_digest"] or zpp_["losses"][2] != zp["losses"][2]
 
@@ -63,9 +70,12 @@ def test_baseline_bitwise_equal_to_gloo_fp32_uint8_premul_sum(have_mpirun):
 def test_zeropp_on_emulated_2x2_converges_like_baseline_with_a_third_of_the_bytes(have_mpirun):
     steps = 50
     small = "--batch 4 --steps %d %s" % (steps, Q)  # 4 ranks x 4 x 32 tokens a step
-    out = mpirun(4, [RUNS, "--comm zppmpi " + small, "--comm zppmpi --zeropp --hpz 2 " + small],
+    out = mpirun(4, [RUNS, "hook-ops", "--comm zppmpi " + small, "--comm zppmpi --zeropp --hpz 2 " + small],
                  ZPP_TOPO="2x2", timeout=300)
-    base, zpp_ = out
+    ops, base, zpp_ = out
+    # the reduce-scatter hook itself, on this two-level layout: AVG, SUM and
+    # PREMUL_SUM, exact and qgZ, against float64 (python/tests/hook_ops.py)
+    assert len(ops["hook_ops"]) == 7 and all(v == "ok" for v in ops["hook_ops"].values()), ops
     for k in ("qwz float32", "qgz avg", "exact float32"):  # exact: hpZ's node gathers
         assert zpp_["hook_calls"].get(k, 0) > 0, (k, zpp_["hook_calls"])
     assert zpp_["zpp_comms"] == 2  # the world and my node (hpZ)

@@ -100,11 +100,16 @@ class _Lib:
         return self.ffi.string(p).decode(errors="replace") if p != self.ffi.NULL else ""
 
     def check(self, status: int, comm=None, cls=Error) -> None:
+        # The thread's message first: every failing call sets it (an error
+        # of the engine thread is re-raised on the caller's by the wait),
+        # while the communicator's is "kept until the next error on it",
+        # and calls that fail before touching the communicator (an
+        # overflowing zpp_qgz_residual_count) leave an older one there.
         if status == 0:
             return
-        msg = self.string(self.lib.zpp_comm_get_last_error(comm)) if comm is not None else ""
-        if not msg:
-            msg = self.string(self.lib.zpp_get_last_error())
+        msg = self.string(self.lib.zpp_get_last_error())
+        if not msg and comm is not None:
+            msg = self.string(self.lib.zpp_comm_get_last_error(comm))
         name = self.string(self.lib.zpp_status_string(status)).split(":")[0]
         raise cls(status, name, msg)
 
@@ -141,7 +146,7 @@ class Buf:
 
     __slots__ = ("array", "ptr", "numel", "dtype", "dtype_name")
 
-    def __init__(self, a, what: str, floats_only: bool = False):
+    def __init__(self, a, what: str, floats_only: bool = False, written: bool = False):
         L = get()
         if is_torch(a):
             if a.device.type != "cpu":
@@ -166,6 +171,10 @@ class Buf:
                 raise TypeError("%s: a numpy array or a torch tensor, not %s" % (what, type(a).__name__))
             if not a.flags.c_contiguous:
                 raise ValueError("%s: the array must be C-contiguous" % what)
+            if written and not a.flags.writeable:
+                # zpp would write into memory numpy was told is read-only
+                # (np.frombuffer of a bytes object, a broadcast view, ...)
+                raise ValueError("%s: the array is read-only; zpp writes into it" % what)
             name = "numpy." + str(a.dtype)
             code = _NP_DTYPES.get(str(a.dtype))
             self.ptr = a.ctypes.data

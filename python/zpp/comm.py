@@ -45,13 +45,20 @@ def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional
 class Work:
     """A started collective (``async_op=True``).  ``wait()`` finishes it,
     raises zpp's error if it failed, and returns True; the arrays it uses
-    must not be touched before.  ``is_completed()`` polls."""
+    must not be touched before.  ``is_completed()`` polls.
+
+    The communicator holds every started Work until it is waited for, so
+    the arrays stay alive while zpp's engine may still read or write them
+    even when the caller drops the Work; ``Comm.close()`` waits for the
+    ones left (the C library would drop their requests)."""
 
     def __init__(self, comm: "Comm", req, keep: tuple, result: Any):
         self._comm = comm
         self._req = req
         self._keep = keep  # the arrays stay alive until the wait
+        self._error: Optional[Error] = None  # of a wait done by Comm.close
         self.result = result
+        comm._pending[id(self)] = self
 
     def is_completed(self) -> bool:
         if self._req is None:
@@ -65,9 +72,25 @@ class Work:
         if self._req is not None:
             L = _lib.get()
             req, self._req = self._req, None
-            L.check(L.lib.zpp_request_wait(req[0]), self._comm._c)
+            self._comm._pending.pop(id(self), None)
+            st = L.lib.zpp_request_wait(req[0])
+            if st != 0:
+                # a wait that timed out leaves a running plan that stops at
+                # its next step: its arrays must outlive it
+                _abandoned.append(self._keep)
             self._keep = ()
+            try:
+                L.check(st, self._comm._c)
+            except Error as e:
+                self._error = e
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
         return True
+
+
+# Arrays of requests whose wait failed (see Work.wait): never freed.
+_abandoned: list = []
 
 
 class Comm:
@@ -81,6 +104,7 @@ class Comm:
     def __init__(self, handle, keep: Any = None):
         self._c = handle
         self._keep = keep
+        self._pending: dict = {}  # id -> Work started and not waited for
         _live.append(self)
 
     # ---- creation ---------------------------------------------------------
@@ -194,6 +218,14 @@ class Comm:
         if self._c is None:
             return
         L = _lib.get()
+        # zpp_comm_destroy drops the requests not waited for (their handles
+        # are freed, a running plan stops at its next step): wait for them
+        # first; an error is kept for the Work's own wait()
+        for w in list(self._pending.values()):
+            try:
+                w.wait()
+            except Error as e:
+                w._error = e
         c, self._c = self._c, None
         if self in _live:
             _live.remove(self)
@@ -283,7 +315,7 @@ class Comm:
         n = self.size
         if out is None:
             out = empty_like(send, s.numel * n)
-        o = Buf(out, "out", floats_only)
+        o = Buf(out, "out", floats_only, written=True)
         if o.dtype != s.dtype:
             raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                              "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
@@ -298,7 +330,7 @@ class Comm:
             raise ValueError("send: %d elements, must be a multiple of the size %d" % (s.numel, n))
         if out is None:
             out = empty_like(send, s.numel // n)
-        o = Buf(out, "out", True)
+        o = Buf(out, "out", True, written=True)
         if o.dtype != s.dtype:
             raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                              "out has dtype %s, send %s: they must be equal" % (o.dtype_name, s.dtype_name))
@@ -327,7 +359,9 @@ class Comm:
 
     def reduce_scatter(self, send, out=None, *, op: str = "sum", async_op: bool = False):
         """out = slice ``rank`` of the sum (op "sum") or mean ("mean") of
-        every rank's send, accumulated in fp32 in rank order, rounded once."""
+        every rank's send, accumulated in fp32 in a fixed order (on several
+        nodes each node's partial first, rounded to the dtype; else rank
+        order) and rounded to the dtype (zpp_reduce_scatter)."""
         s, o, out = self._scatter_bufs(send, out)
         L = _lib.get()
         return self._run(L.lib.zpp_reduce_scatter,
@@ -362,7 +396,7 @@ class Comm:
                          hadamard=hadamard)
         res = L.ffi.NULL
         if residual is not None:
-            r = Buf(residual, "residual")
+            r = Buf(residual, "residual", written=True)
             want = L.ffi.new("size_t *")
             L.check(L.lib.zpp_qgz_residual_count(self._c, o.numel, want), self._c)
             if r.dtype_name.endswith("float32"):

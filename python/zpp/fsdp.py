@@ -43,7 +43,7 @@ __all__ = ["Options", "Comms", "AllGather", "ReduceScatter", "Work", "enable", "
 @dataclass
 class Options:
     """What the hooks do.  All zeros/False: zpp's full-precision baselines
-    (bitwise equal to a rank-order sum)."""
+    (fp32 sums in a fixed order, zpp_reduce_scatter)."""
 
     qwz_bits: int = 0        # 0: exact all-gather; 8 or 4: qwZ on gathers across nodes
     qwz_block: int = 256     # elements per scale
