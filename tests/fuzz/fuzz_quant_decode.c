@@ -45,6 +45,15 @@ static uint64_t le(const uint8_t *p, int n) {
   return v;
 }
 
+/* Inputs run, and calls that encoded or decoded at least one element
+ * (run.sh requires some among the committed inputs: not a vacuous run). */
+static unsigned long n_inputs, n_accepted;
+
+static void summary(void) {
+  fprintf(stderr, "fuzz_quant_decode: %lu inputs, %lu accepted\n", n_inputs,
+          n_accepted);
+}
+
 static void fail(const char *what, zpp_status_t st) {
   fprintf(stderr, "fuzz_quant_decode: %s (status %d: %s)\n", what, (int)st,
           zpp_get_last_error());
@@ -94,6 +103,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   zpp_status_t check, st;
   int op;
 
+  if (n_inputs++ == 0)
+    atexit(summary);
   memset(h, 0, sizeof h);
   memcpy(h, data, size < HDR ? size : HDR);
   cfg.struct_size = sizes[h[0] % 4];
@@ -128,6 +139,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (check != ZPP_OK && st == ZPP_OK)
       fail("zpp_quant_encode accepted a rejected config", st);
     if (st == ZPP_OK && n > 0) { /* and decode it back through every path */
+      n_accepted++;
       float *back = malloc(n * sizeof(float));
       if (back != NULL) {
         st = zpp_quant_decode(&cfg, dst, need, n, ZPP_FLOAT32, back);
@@ -169,6 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (st == ZPP_OK && !fits && count > 0)
       fail("decode accepted more elements than the payload holds", st);
     if (st == ZPP_OK && count > 0) {
+      n_accepted++;
       if (need > plen)
         fail("decode accepted a payload shorter than the encoded size", st);
       compare_paths(&cfg, payload, count,

@@ -5,10 +5,12 @@
  * and torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT,
  * TORCHELASTIC_RUN_ID) as zpp_comm_create_from_env reads them.
  *
- * Input: records "<selector byte><value bytes>\n"; the selector picks the
- * variable (the settings table, then torchrun's; selector % (n + 1) == n:
- * the host name for ZPP_DEBUG_FILE's %h), the value is set with setenv (up
- * to a NUL byte, which an environment cannot hold).
+ * Input: records "<selector byte><value bytes>\n"; a selector below 0xF0
+ * picks entry (selector % entries) of the settings table, one from 0xF0
+ * picks torchrun's variables in the order below ((selector - 0xF0) % 6 ==
+ * 5: the host name for ZPP_DEBUG_FILE's %h), so that the committed inputs
+ * keep their meaning when the table grows; the value is set with setenv
+ * (up to a NUL byte, which an environment cannot hold).
  * MASTER_ADDR is always 127.0.0.1: nothing here resolves names or listens.
  *
  * What must hold (otherwise abort()): a numeric setting lies in its
@@ -31,10 +33,19 @@ static const char *const torchrun[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
                                        "MASTER_PORT", "TORCHELASTIC_RUN_ID"};
 #define NTORCH (sizeof torchrun / sizeof torchrun[0])
 #define MAXNAMES 64
+#define SEL_TORCH 0xF0 /* first selector of torchrun's variables */
 
 static const char *names[MAXNAMES];
 static size_t nnames, nsettings;
 static FILE *devnull;
+/* Inputs run, and those where a number from the environment was taken
+ * (run.sh requires some among the committed inputs: not a vacuous run). */
+static unsigned long n_inputs, n_accepted;
+
+static void summary(void) {
+  fprintf(stderr, "fuzz_settings: %lu inputs, %lu accepted\n", n_inputs,
+          n_accepted);
+}
 
 static void fail(const char *what) {
   fprintf(stderr, "fuzz_settings: %s (last error: %s)\n", what,
@@ -53,6 +64,7 @@ static void setup(void) {
   for (i = 0; i < NTORCH; i++)
     names[nnames++] = torchrun[i];
   devnull = fopen("/dev/null", "w");
+  atexit(summary);
   /* The log reads ZPP_DEBUG* once, at its first message: latch it now,
    * quiet and on stderr, so that no fuzzed ZPP_DEBUG_FILE is ever opened
    * (the log's parsers are called directly below). */
@@ -65,8 +77,9 @@ static void setup(void) {
 
 /* The library's default for a numeric setting is never outside its range;
  * a sentinel the range excludes shows whether the default was taken. */
-static void check_numbers(void) {
+static int check_numbers(void) {
   size_t i;
+  int taken = 0;
   for (i = 0;; i++) {
     const char *name;
     double lo, hi, d;
@@ -81,7 +94,10 @@ static void check_numbers(void) {
     d = zpp_setting_double(name, -7777777.0);
     if (d != -7777777.0 && !(d >= lo && d <= hi))
       fail("zpp_setting_double returned a value outside the range");
+    if (getenv(name) != NULL && l != -7777777)
+      taken++;
   }
+  return taken;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -105,10 +121,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       len = sizeof value - 1;
     memcpy(value, data + i, len);
     value[len] = '\0'; /* a NUL inside ends the value, as in environ */
-    if (sel % (nnames + 1) == nnames)
+    if (sel < SEL_TORCH)
+      setenv(names[sel % nsettings], value, 1);
+    else if ((sel - SEL_TORCH) % (NTORCH + 1) == NTORCH)
       snprintf(host, sizeof host, "%s", value);
     else
-      setenv(names[sel % (nnames + 1)], value, 1);
+      setenv(names[nsettings + (sel - SEL_TORCH) % (NTORCH + 1)], value, 1);
     i = end + 1;
   }
   zpp_settings_reload();
@@ -121,7 +139,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (env != NULL && strcmp(env, v) != 0)
       fail("zpp_settings_get differs from the environment");
   }
-  check_numbers();
+  n_inputs++;
+  if (check_numbers() > 0)
+    n_accepted++;
   if (devnull != NULL && zpp_settings_print(devnull) != ZPP_OK)
     fail("zpp_settings_print failed");
 

@@ -31,6 +31,14 @@
 #define MAX_RANKS_PRINTED 256 /* the report is quadratic in the ranks */
 
 static FILE *devnull;
+/* Inputs run, and specs accepted (run.sh requires some among the
+ * committed inputs: not a vacuous run). */
+static unsigned long n_inputs, n_accepted;
+
+static void summary(void) {
+  fprintf(stderr, "fuzz_topo: %lu inputs, %lu accepted\n", n_inputs,
+          n_accepted);
+}
 
 static void fail(const char *what, const char *spec) {
   fprintf(stderr, "fuzz_topo: spec \"%s\": %s (last error: %s)\n", spec, what,
@@ -132,8 +140,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   if (size == 0)
     return 0;
-  if (devnull == NULL)
+  if (devnull == NULL) {
     devnull = fopen("/dev/null", "w");
+    atexit(summary);
+  }
+  n_inputs++;
   world = data[0] == 0 ? 0 : data[0] - 1;
   nul = memchr(data + 1, 0, size - 1);
   slen = nul != NULL ? (size_t)(nul - data) - 1 : size - 1;
@@ -152,6 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (n < 1 || (world > 0 && n != world))
     fail("accepted with a wrong rank count", spec);
+  n_accepted++;
   if (zpp_topo_from_nodes(n, node_of, spec, NULL, &t) != ZPP_OK)
     fail("zpp_topo_from_nodes rejected what zpp_topo_parse accepted", spec);
   for (r = 0; r < n; r++)

@@ -91,10 +91,11 @@ for k, (world, spec) in enumerate(((0, "2x4"), (9, "2x4"), (0, "0,0,0,1,1"),
     put("fuzz_topo", "spec%02d" % k, bytes([world]) + spec.encode() + tail)
 
 # ---- fuzz_settings: records "<selector><value>\n" ------------------------
-# selectors are indices into the settings table (src/settings.c order) and
-# then RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT, TORCHELASTIC_RUN_ID;
-# modulo the count, so any byte is valid.  The table has 17 entries today.
-NSET = 17
+# selectors below 0xF0 are indices into the settings table (src/settings.c
+# order, modulo its size: entries appended later keep these meanings);
+# from 0xF0: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT, TORCHELASTIC_RUN_ID,
+# then the host name of ZPP_DEBUG_FILE's %h.  Any byte is valid.
+NSET = 0xF0
 def rec(sel, value):
     return bytes([sel]) + value + b"\n"
 put("fuzz_settings", "defaults", b"")

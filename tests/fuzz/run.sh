@@ -27,7 +27,16 @@ fi
   echo "$name: FAILED on a committed input (see above)" >&2
   exit 1
 }
-echo "$name: replayed ${#inputs[@]} committed inputs"
+# Each target prints "<name>: N inputs, A accepted" at exit: a replay in
+# which no committed input got past the argument checks tests nothing (an
+# input format or a command line that drifted from the code).
+accepted=$(sed -n "s/^$name: [0-9]* inputs, \([0-9]*\) accepted\$/\1/p" "$work/replay.log" | tail -n 1)
+if [ -z "$accepted" ] || [ "$accepted" -eq 0 ]; then
+  cat "$work/replay.log" >&2
+  echo "$name: FAILED: no committed input was accepted (${accepted:-no summary}): the target runs nothing" >&2
+  exit 1
+fi
+echo "$name: replayed ${#inputs[@]} committed inputs, $accepted accepted"
 
 # 2. fuzzing, starting from the corpus and what earlier runs found
 if [ "$secs" -gt 0 ]; then
@@ -38,6 +47,11 @@ if [ "$secs" -gt 0 ]; then
     exit 1
   fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/fuzz.log")
+  if [ -z "$execs" ] || [ "$execs" -eq 0 ]; then
+    tail -n 20 "$work/fuzz.log" >&2
+    echo "$name: FAILED: libFuzzer ran no input" >&2
+    exit 1
+  fi
   cov=$(grep -o 'cov: [0-9]*' "$work/fuzz.log" | tail -n 1)
   echo "$name: ${execs:-?} executions in ${secs} s, ${cov:-cov: ?}, corpus $(find "$work/new" "$corpus" -type f | wc -l) inputs, no crash"
 fi
