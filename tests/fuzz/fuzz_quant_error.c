@@ -20,9 +20,10 @@
  * bf16 (fp16 for bf16 files), --rounding nearest,stochastic and
  * --decode-to fp32.
  *
- * What must hold: no sanitizer report, and an input the tool accepts
+ * What must hold: no sanitizer report, an input the tool accepts
  * measures without a library error (exit status 1 would mean the reader
- * passed the library something it rejects).
+ * passed the library something it rejects), and a run that returns
+ * (no exit) frees every block it allocated.
  */
 /* Every header the tool includes, before the macros below rename
  * anything in them. */
@@ -214,6 +215,13 @@ static void run(unsigned sel) {
   qe_print(&o, &rows, qf_null); /* rows point at the name in argv */
   qf_free(rows.rows);
   qf_accepted++; /* no exit on the way */
+  /* qf_release frees what an exit left behind; a run that returned must
+   * have freed everything itself, or the tool leaks on that path */
+  if (qf_nptrs != 0) {
+    fprintf(qf_err, "fuzz_quant_error: the tool left %zu blocks allocated "
+                    "after a run that returned\n", qf_nptrs);
+    abort();
+  }
 }
 
 /* The command line: arguments separated by NUL bytes. */
