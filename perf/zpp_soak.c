@@ -22,17 +22,24 @@
  * descriptors (/proc/self/fd), the bytes in the engine's host scratch
  * cache, and malloc's bytes in use (mallinfo2).  After zpp_hpz_destroy and
  * zpp_comm_destroy, the threads, descriptors and malloc'ed bytes are
- * compared with their values before the communicator was created.
+ * compared with their values before the communicator was created.  A
+ * first communicator runs PRE_ITERS iterations and is destroyed before
+ * that: Open MPI's one-time allocations (free lists, a dup'ed
+ * communicator's modules) are then made, and the difference is zpp's.
  *
  * Output (rank 0, stdout): one CSV row per sample and rank, then the
  * checks, one "soak: ..." line each; exit status 1 when one fails, 2 for
  * a bad flag.  The verdicts:
- *   rss     mean RSS of the last 10% of samples within 1% of the first
- *           10% (per rank; the first 10% starts after the warm-up);
+ *   rss     mean RSS of the last 10% of samples at most 1% above the
+ *           first 10% (per rank; the first 10% starts after the warm-up;
+ *           a fall is no failure);
  *   threads, fds: never above the value at the first sample;
  *   cache   engine scratch never above ZPP_SCRATCH_CACHE_MB;
  *   destroy threads and fds back to their values before creation, and
- *           malloc'ed bytes within 1 MiB of it.
+ *           malloc'ed bytes at most half the scratch cache held just
+ *           before destroy above it (at least 32 KiB, at most 1 MiB), so
+ *           that a cache destroy does not free fails the run (a line
+ *           says so when the cache is too small for that: raise --count).
  *
  *   mpirun -np 8 -x ZPP_TOPO=2x4 zpp-soak --iters 10000 [--count 4096]
  *       [--sample 100] [--check 500] [--warmup 200]
@@ -52,6 +59,7 @@
 #include <string.h>
 
 #define PROG "zpp-soak"
+#define PRE_ITERS 20 /* iterations of the first communicator */
 
 /* src/engine.c: bytes held by the communicator's host scratch cache. */
 size_t zpp_engine_cached_bytes(zpp_comm_t comm);
@@ -132,6 +140,37 @@ static float value(uint64_t seed, int r, long it, size_t i) {
          (float)((double)(x >> 40) / (double)(1ull << 24) - 0.5);
 }
 
+typedef struct {
+  size_t count, n, ebytes;
+  uint64_t seed;
+  zpp_quant_config_t q;
+  zpp_qgz_config_t gc;
+  float *send, *gath, *back, *full, *grad, *red, *resid;
+} soak_bufs_t;
+
+/* One iteration: qwZ blocking (runs inline); hpZ and qgZ started (the
+ * engine thread runs them, in submission order) and waited for: requests
+ * too; then the hpZ "optimizer step". */
+static void iteration(zpp_comm_t comm, zpp_hpz_t hpz, long it, soak_bufs_t *b) {
+  zpp_request_t rq[3];
+  size_t i;
+  int k;
+  for (i = 0; i < b->count; i++)
+    b->send[i] = value(b->seed, g_rank, it, i);
+  for (i = 0; i < b->n; i++)
+    b->grad[i] = 0.01f * value(b->seed + 1, g_rank, it, i);
+  ZCALL(zpp_qwz_allgather(comm, &b->q, b->send, b->gath, b->count,
+                          ZPP_FLOAT32, NULL, NULL));
+  ZCALL(zpp_hpz_forward_gather(hpz, b->send, b->full, NULL, &rq[0]));
+  ZCALL(zpp_hpz_backward_gather(hpz, NULL, b->back, NULL, &rq[1]));
+  ZCALL(zpp_qgz_reduce_scatter(comm, &b->gc, b->grad, b->red, b->count,
+                               ZPP_FLOAT32, ZPP_OP_MEAN, b->resid, NULL,
+                               &rq[2]));
+  for (k = 0; k < 3; k++)
+    ZCALL(zpp_request_wait(rq[k]));
+  ZCALL(zpp_hpz_invalidate(hpz));
+}
+
 static long parse(const char *flag, const char *s) {
   char *end;
   long v = strtol(s, &end, 10);
@@ -145,18 +184,15 @@ static long parse(const char *flag, const char *s) {
 int main(int argc, char **argv) {
   long iters = 10000, sample = 100, check = 500, warmup = 200, it;
   size_t count = 4096, i, n;
-  uint64_t seed = 20260511;
-  int size, provided, a, failed = 0, r, k;
+  int size, provided, a, failed = 0, r;
   zpp_comm_t comm;
   zpp_hpz_t hpz;
-  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
-  zpp_qgz_config_t gc = ZPP_QGZ_CONFIG_INIT;
-  zpp_request_t rq[3];
-  float *send, *gath, *back, *full, *grad, *red, *resid, *expect;
+  soak_bufs_t b;
+  float *expect;
   uint8_t *enc;
-  size_t rcount, ebytes;
-  sample_t before, after, *samples, *all;
+  size_t rcount;
+  sample_t before, held, after, *samples, *all;
   long nsamples = 0, cap;
   double limit_mb;
 
@@ -189,54 +225,61 @@ int main(int argc, char **argv) {
   cap = iters / sample + 2;
   samples = calloc((size_t)cap, sizeof *samples);
   n = (size_t)size * count;
-  send = malloc(count * sizeof(float));
-  gath = malloc(n * sizeof(float));
-  back = malloc(n * sizeof(float));
-  full = malloc(n * sizeof(float));
-  grad = malloc(n * sizeof(float));
-  red = malloc(count * sizeof(float));
+  memset(&b, 0, sizeof b);
+  b.count = count;
+  b.n = n;
+  b.seed = 20260511;
+  b.q = (zpp_quant_config_t)ZPP_QUANT_CONFIG_INIT;
+  b.gc = (zpp_qgz_config_t)ZPP_QGZ_CONFIG_INIT;
+  b.send = malloc(count * sizeof(float));
+  b.gath = malloc(n * sizeof(float));
+  b.back = malloc(n * sizeof(float));
+  b.full = malloc(n * sizeof(float));
+  b.grad = malloc(n * sizeof(float));
+  b.red = malloc(count * sizeof(float));
   expect = malloc(count * sizeof(float));
-  if (!samples || !send || !gath || !back || !full || !grad || !red ||
-      !expect) {
+  if (!samples || !b.send || !b.gath || !b.back || !b.full || !b.grad ||
+      !b.red || !expect) {
     fprintf(stderr, PROG ": out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  ZCALL(zpp_quant_encoded_size(&q, count, &ebytes));
-  enc = malloc(ebytes);
+  ZCALL(zpp_quant_encoded_size(&b.q, count, &b.ebytes));
+  enc = malloc(b.ebytes);
+
+  /* A first communicator, one iteration, destroyed: what Open MPI
+   * allocates once on first use (its free lists, the dup'ed
+   * communicators' modules) is then in `before`, and the check after
+   * destroy sees zpp's memory only. */
+  ZCALL(zpp_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm));
+  ZCALL(zpp_hpz_create(comm, &hc, count, ZPP_FLOAT32, &hpz));
+  ZCALL(zpp_qgz_residual_count(comm, count, &rcount));
+  b.resid = calloc(rcount, sizeof(float));
+  for (it = 0; it < PRE_ITERS && it < iters; it++)
+    iteration(comm, hpz, -1 - it, &b);
+  ZCALL(zpp_hpz_destroy(hpz));
+  ZCALL(zpp_comm_destroy(comm));
+  free(b.resid);
 
   MPI_Barrier(MPI_COMM_WORLD);
   before = take(-1, NULL);
   ZCALL(zpp_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm));
   ZCALL(zpp_hpz_create(comm, &hc, count, ZPP_FLOAT32, &hpz));
   ZCALL(zpp_qgz_residual_count(comm, count, &rcount));
-  resid = calloc(rcount, sizeof(float));
+  b.resid = calloc(rcount, sizeof(float));
 
   for (it = 0; it < iters; it++) {
-    for (i = 0; i < count; i++)
-      send[i] = value(seed, g_rank, it, i);
-    for (i = 0; i < n; i++)
-      grad[i] = 0.01f * value(seed + 1, g_rank, it, i);
-    /* qwZ blocking (runs inline); hpZ and qgZ started (the engine thread
-     * runs them, in submission order) and waited for: requests too */
-    ZCALL(zpp_qwz_allgather(comm, &q, send, gath, count, ZPP_FLOAT32, NULL,
-                            NULL));
-    ZCALL(zpp_hpz_forward_gather(hpz, send, full, NULL, &rq[0]));
-    ZCALL(zpp_hpz_backward_gather(hpz, NULL, back, NULL, &rq[1]));
-    ZCALL(zpp_qgz_reduce_scatter(comm, &gc, grad, red, count, ZPP_FLOAT32,
-                                 ZPP_OP_MEAN, resid, NULL, &rq[2]));
-    for (k = 0; k < 3; k++)
-      ZCALL(zpp_request_wait(rq[k]));
-    ZCALL(zpp_hpz_invalidate(hpz));
+    iteration(comm, hpz, it, &b);
     if (it % check == 0 || it == iters - 1) {
       for (r = 0; r < size && !failed; r++) {
         float *x = malloc(count * sizeof(float));
         for (i = 0; i < count; i++)
-          x[i] = value(seed, r, it, i);
-        ZCALL(zpp_quant_encode(&q, ZPP_FLOAT32, x, count, enc, ebytes));
-        ZCALL(zpp_quant_decode(&q, enc, ebytes, count, ZPP_FLOAT32, expect));
-        if (memcmp(expect, gath + (size_t)r * count, count * 4) != 0 ||
-            memcmp(expect, full + (size_t)r * count, count * 4) != 0 ||
-            memcmp(expect, back + (size_t)r * count, count * 4) != 0) {
+          x[i] = value(b.seed, r, it, i);
+        ZCALL(zpp_quant_encode(&b.q, ZPP_FLOAT32, x, count, enc, b.ebytes));
+        ZCALL(zpp_quant_decode(&b.q, enc, b.ebytes, count, ZPP_FLOAT32,
+                               expect));
+        if (memcmp(expect, b.gath + (size_t)r * count, count * 4) != 0 ||
+            memcmp(expect, b.full + (size_t)r * count, count * 4) != 0 ||
+            memcmp(expect, b.back + (size_t)r * count, count * 4) != 0) {
           fprintf(stderr,
                   PROG ": rank %d: iteration %ld: the gathered shard of rank "
                   "%d differs from its local encode + decode\n",
@@ -246,7 +289,7 @@ int main(int argc, char **argv) {
         free(x);
       }
       for (i = 0; i < count && !failed; i++)
-        if (!isfinite(red[i])) {
+        if (!isfinite(b.red[i])) {
           fprintf(stderr, PROG ": rank %d: iteration %ld: qgZ output %zu is "
                   "not finite\n", g_rank, it, i);
           failed = 1;
@@ -255,9 +298,10 @@ int main(int argc, char **argv) {
     if ((it % sample == 0 || it == iters - 1) && nsamples < cap)
       samples[nsamples++] = take(it, comm);
   }
+  held = take(iters, comm); /* the scratch destroy must give back */
   ZCALL(zpp_hpz_destroy(hpz));
   ZCALL(zpp_comm_destroy(comm));
-  free(resid);
+  free(b.resid);
   MPI_Barrier(MPI_COMM_WORLD);
   after = take(iters, NULL);
 
@@ -267,15 +311,16 @@ int main(int argc, char **argv) {
              (int)(cap * (long)sizeof *samples), MPI_BYTE, 0, MPI_COMM_WORLD);
   {
     long mine[8] = {before.threads, before.fds, before.heap_bytes,
-                    after.threads,  after.fds,  after.heap_bytes, failed, 0};
+                    after.threads,  after.fds,  after.heap_bytes, failed,
+                    held.cache_bytes};
     long *ba = g_rank == 0 ? malloc((size_t)size * sizeof mine) : NULL;
     MPI_Gather(mine, 8, MPI_LONG, ba, 8, MPI_LONG, 0, MPI_COMM_WORLD);
     if (g_rank == 0) {
-      long first_n, last_n, worst_growth_r = -1, t0, f0;
+      long first_n, last_n, worst_growth_r = -1, t0, f0, k;
       double worst = 0.0;
       int ok_rss = 1, ok_thr = 1, ok_fd = 1, ok_cache = 1, ok_destroy = 1,
           ok_results = 1;
-      long max_cache = 0, heap_delta_max = 0;
+      long max_cache = 0, heap_delta_max = 0, tol_min = -1, blind = 0;
       const char *env = getenv("ZPP_SCRATCH_CACHE_MB");
       limit_mb = env != NULL ? atof(env) : 512.0;
       printf("rank,iter,rss_kb,threads,fds,cache_bytes,heap_bytes\n");
@@ -327,14 +372,31 @@ int main(int argc, char **argv) {
                s[nsamples - 1].fds);
         if (ba[r * 8 + 3] != ba[r * 8 + 0] || ba[r * 8 + 4] != ba[r * 8 + 1])
           ok_destroy = 0;
-        if (ba[r * 8 + 5] - ba[r * 8 + 2] > heap_delta_max)
-          heap_delta_max = ba[r * 8 + 5] - ba[r * 8 + 2];
-        if (ba[r * 8 + 5] - ba[r * 8 + 2] > (1l << 20))
-          ok_destroy = 0;
-        printf("soak: rank %d: before create / after destroy: threads %ld / "
-               "%ld, fds %ld / %ld, malloc'ed bytes %ld / %ld\n",
-               r, ba[r * 8 + 0], ba[r * 8 + 3], ba[r * 8 + 1], ba[r * 8 + 4],
-               ba[r * 8 + 2], ba[r * 8 + 5]);
+        {
+          /* What destroy must give back includes the scratch cache held
+           * just before it (ba[7]): the tolerance stays under half of
+           * it, so that a cache left behind fails; what remains of Open
+           * MPI's lazy allocations after the first communicator is a few
+           * KB (5 to 60 KB per rank measured here). */
+          long delta = ba[r * 8 + 5] - ba[r * 8 + 2], held_b = ba[r * 8 + 7];
+          long tol = held_b / 2 < (1l << 20) ? held_b / 2 : (1l << 20);
+          if (tol < (32l << 10))
+            tol = 32l << 10;
+          if (held_b <= tol)
+            blind = 1;
+          if (delta > heap_delta_max)
+            heap_delta_max = delta;
+          if (tol_min < 0 || tol < tol_min)
+            tol_min = tol;
+          if (delta > tol)
+            ok_destroy = 0;
+          printf("soak: rank %d: before create / after destroy: threads %ld "
+                 "/ %ld, fds %ld / %ld, malloc'ed bytes %ld / %ld (%+ld, "
+                 "limit %ld; scratch held before destroy %ld)\n",
+                 r, ba[r * 8 + 0], ba[r * 8 + 3], ba[r * 8 + 1],
+                 ba[r * 8 + 4], ba[r * 8 + 2], ba[r * 8 + 5], delta, tol,
+                 held_b);
+        }
       }
       if ((double)max_cache > limit_mb * 1048576.0)
         ok_cache = 0;
@@ -348,8 +410,13 @@ int main(int argc, char **argv) {
       printf("soak: cache %s: engine scratch peak %ld bytes (limit %.0f MiB)\n",
              ok_cache ? "ok" : "FAILED", max_cache, limit_mb);
       printf("soak: destroy %s: threads and fds as before creation, malloc'ed "
-             "bytes at most %+ld (limit 1 MiB)\n",
-             ok_destroy ? "ok" : "FAILED", heap_delta_max);
+             "bytes at most %+ld (limit %ld: half the scratch held before "
+             "destroy, within [32 KiB, 1 MiB])\n",
+             ok_destroy ? "ok" : "FAILED", heap_delta_max, tol_min);
+      if (blind)
+        printf("soak: destroy: the scratch held before destroy is within the "
+               "limit on some rank: this run cannot tell whether destroy "
+               "frees it (raise --count)\n");
       if (!(ok_rss && ok_thr && ok_fd && ok_cache && ok_destroy && ok_results))
         failed = 1;
       free(ba);
@@ -358,12 +425,12 @@ int main(int argc, char **argv) {
   }
   MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
   free(samples);
-  free(send);
-  free(gath);
-  free(back);
-  free(full);
-  free(grad);
-  free(red);
+  free(b.send);
+  free(b.gath);
+  free(b.back);
+  free(b.full);
+  free(b.grad);
+  free(b.red);
   free(expect);
   free(enc);
   MPI_Finalize();
