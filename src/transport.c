@@ -267,7 +267,9 @@ int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
   x = t->emu_gbit > 0 ? (double)bytes * 8.0 / t->emu_gbit + 0.5 : 0.0;
   xfer = x < 1e18 ? (int64_t)x : (int64_t)1e18;
   start = now > t->nic_free_ns ? now : t->nic_free_ns;
-  t->nic_free_ns = start + xfer;
+  /* transfers queue on the NIC: keep their sum from overflowing too
+   * (the timeout ends such a wait long before) */
+  t->nic_free_ns = start < (int64_t)4e18 - xfer ? start + xfer : (int64_t)4e18;
   return t->nic_free_ns + (int64_t)(t->emu_lat_us * 1000.0 + 0.5);
 }
 
