@@ -215,7 +215,7 @@ zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode(q, src, bytes, count, dtype, dst);
-  return zpp_quant_decode_device_trusted(q, src, bytes, count, (int)dtype, dst,
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, 0, dtype, dst,
                                          ex->stream);
 }
 
@@ -225,7 +225,7 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
   size_t bytes = zpp_coll_encoded_size(q, count);
   if (ex->mem == ZPP_MEMORY_HOST)
     return zpp_quant_decode_accumulate(q, src, bytes, count, acc);
-  return zpp_quant_decode_device_trusted(q, src, bytes, count, ZPP_QM_OUT_ACC,
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, 1, ZPP_FLOAT32,
                                          acc, ex->stream);
 }
 

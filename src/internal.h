@@ -143,9 +143,9 @@ zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
  * The public device entry points classify src and dst with
  * cudaPointerGetAttributes on every call.  The collectives classify the
  * caller's buffers once per call (zpp_coll_check_bufs) and own their
- * scratch, so they call these, which skip that (out_kind: ZPP_QM_* of
- * quant_cpu.h, ZPP_QM_OUT_ACC for decode-accumulate; index_base as for
- * zpp_quant_encode_device_at). */
+ * scratch, so they call these, which skip that (decode: acc 1 for
+ * decode-accumulate into fp32 dst, else dtype is checked and decoded to;
+ * index_base as for zpp_quant_encode_device_at). */
 zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
                                              zpp_dtype_t dtype,
                                              const void *src, size_t count,
@@ -153,8 +153,9 @@ zpp_status_t zpp_quant_encode_device_trusted(const zpp_quant_config_t *cfg,
                                              size_t dst_bytes, void *stream);
 zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
                                              const void *src, size_t src_bytes,
-                                             size_t count, int out_kind,
-                                             void *dst, void *stream);
+                                             size_t count, int acc,
+                                             zpp_dtype_t dtype, void *dst,
+                                             void *stream);
 /* ZPP_OK when p is device memory; else an error naming `what`. */
 zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
                                         const void *p);

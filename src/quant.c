@@ -426,13 +426,15 @@ static zpp_status_t decode_device(const char *func,
 
 zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
                                              const void *src, size_t src_bytes,
-                                             size_t count, int out_kind,
-                                             void *dst, void *stream) {
-  return decode_device(out_kind == ZPP_QM_OUT_ACC
-                           ? "zpp_quant_decode_accumulate_device"
+                                             size_t count, int acc,
+                                             zpp_dtype_t dtype, void *dst,
+                                             void *stream) {
+  /* acc is explicit: the value of ZPP_QM_OUT_ACC is also ZPP_UINT8's, so
+   * a dtype must never select the accumulating kernel */
+  return decode_device(acc ? "zpp_quant_decode_accumulate_device"
                            : "zpp_quant_decode_device",
-                       cfg, src, src_bytes, count, out_kind == ZPP_QM_OUT_ACC,
-                       out_kind, dst, stream, 0);
+                       cfg, src, src_bytes, count, acc != 0,
+                       acc ? ZPP_QM_OUT_ACC : (int)dtype, dst, stream, 0);
 }
 
 zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,

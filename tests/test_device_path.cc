@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "internal.h"
 #include "transport.h"
 #include "zpp_cuda_emu.h"
 
@@ -284,6 +285,27 @@ TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
     EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
   }
   if (!late) GTEST_SKIP() << "this MPI cancelled the send: no transfer was left in doubt";
+}
+
+// The collectives' trusted device decode takes the accumulate choice as
+// its own argument: ZPP_UINT8 has the value of the kernels' accumulate
+// kind, and before, a trusted decode to ZPP_UINT8 ran the accumulating
+// kernel into dst (fp32 per element) without a dtype check.
+TEST(DevicePath, TrustedDecodeNeverTakesADtypeForAccumulate) {
+  if (!run_case("queries")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  const size_t n = 256;
+  size_t bytes = 0;
+  ASSERT_EQ(zpp_quant_encoded_size(&q, n, &bytes), ZPP_OK);
+  DevBuf enc(bytes), out(n * 4);
+  ASSERT_EQ(cudaMemset(enc.p, 0, bytes), cudaSuccess);
+  EXPECT_EQ(zpp_quant_decode_device_trusted(&q, enc.p, bytes, n, 0, ZPP_UINT8, out.p, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_UINT8"), std::string::npos)
+      << zpp_get_last_error();
+  EXPECT_EQ(zpp_quant_decode_device_trusted(&q, enc.p, bytes, n, 1, ZPP_FLOAT32, out.p, nullptr),
+            ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // c: a communicator on device 1 runs its kernels on device 1 from the
