@@ -112,10 +112,14 @@ def init_values(name: str, inits: dict[str, str], ffi, lib):
             return [value(t) for t in _split_top(tok[1:-1])]
         if tok == "NULL":
             return ffi.NULL
-        if re.fullmatch(r"-?\d+", tok):
-            return int(tok)
-        if re.fullmatch(r"-?\d+\.\d*([eE]-?\d+)?", tok):
-            return float(tok)
+        # C literals with their suffixes: 32, 0x10, 4u, 2048ul; 0.0f, 1e-3, .5f
+        m = re.fullmatch(r"(-?(?:0[xX][0-9a-fA-F]+|\d+))[uUlL]*", tok)
+        if m:
+            g = m.group(1)
+            return int(g, 16) if "x" in g.lower() else int(g, 10)
+        m = re.fullmatch(r"(-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fFlL]?", tok)
+        if m:
+            return float(m.group(1))
         return getattr(lib, tok)  # an enum constant
 
     body = inits[name].strip()
