@@ -60,39 +60,16 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
   # it through ZPP_NCCL_LIBRARY.  Same references and bounds as on host
   # memory (test_memory.h).  Label "emu".
   if(ZPP_CUDA_EMU)
-    set(_backends mpi)
-    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/nccl_emu/nccl_emu.c AND ZPP_WITH_NCCL_ENABLED)
-      list(APPEND _backends nccl)
-    endif()
-    foreach(_be ${_backends})
-      foreach(_layout 1x1:1 2x2:4 2x4:8 3x2:6)
-        string(REPLACE ":" ";" _p "${_layout}")
-        list(GET _p 0 _topo)
-        list(GET _p 1 _np)
-        set(_env "ZPP_TOPO=${_topo};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=${_be}")
-        string(APPEND _env ";OMPI_MCA_mpi_yield_when_idle=1")
-        if(_topo MATCHES "^(2x4|3x2)$")
-          string(APPEND _env ";ZPP_PIPE_MIN_CHUNK=256;ZPP_HIER_CHUNK=4096")
-        endif()
-        if(_be STREQUAL "nccl")
-          string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
-        endif()
-        add_test(NAME coll_device_${_be}_${_topo}
-          COMMAND ${_zpp_mpirun} -np ${_np} $<TARGET_FILE:test_coll>)
-        set_tests_properties(coll_device_${_be}_${_topo} PROPERTIES LABELS emu
-          TIMEOUT 300 ENVIRONMENT "${_env}")
-      endforeach()
-      # the flat algorithms on device memory (MPI staging; NCCL routes by
-      # itself)
-      if(_be STREQUAL "mpi")
-        add_test(NAME coll_device_mpi_flat_2x4
-          COMMAND ${_zpp_mpirun} -np 8 $<TARGET_FILE:test_coll>
-            --gtest_filter=Baseline.*:Qwz.*:Hpz.*)
-        set_tests_properties(coll_device_mpi_flat_2x4 PROPERTIES LABELS emu
-          TIMEOUT 300 ENVIRONMENT
-          "ZPP_TOPO=2x4;ZPP_ALGO=flat;ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=mpi;OMPI_MCA_mpi_yield_when_idle=1")
-      endif()
-    endforeach()
+    zpp_add_device_suite(coll_device test_coll "1x1:1;2x2:4;2x4:8;3x2:6"
+      "ZPP_PIPE_MIN_CHUNK=256;ZPP_HIER_CHUNK=4096")
+    # the flat algorithms on device memory (MPI staging; NCCL routes by
+    # itself)
+    add_test(NAME coll_device_mpi_flat_2x4
+      COMMAND ${_zpp_mpirun} -np 8 $<TARGET_FILE:test_coll>
+        --gtest_filter=Baseline.*:Qwz.*:Hpz.*)
+    set_tests_properties(coll_device_mpi_flat_2x4 PROPERTIES LABELS emu
+      TIMEOUT 300 ENVIRONMENT
+      "ZPP_TOPO=2x4;ZPP_ALGO=flat;ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=mpi;OMPI_MCA_mpi_yield_when_idle=1")
   endif()
   add_test(NAME coll_check
     COMMAND ${_zpp_mpirun} -np 4 $<TARGET_FILE:test_coll>

@@ -24,26 +24,7 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
   # attached device buffers, on the MPI backend (staging through host
   # memory) and on the NCCL stand-in (tests/nccl_emu).  Label "emu".
   if(ZPP_CUDA_EMU)
-    set(_backends mpi)
-    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/nccl_emu/nccl_emu.c AND ZPP_WITH_NCCL_ENABLED)
-      list(APPEND _backends nccl)
-    endif()
-    foreach(_be ${_backends})
-      foreach(_layout 2x2:4 3x2:6)
-        string(REPLACE ":" ";" _p "${_layout}")
-        list(GET _p 0 _topo)
-        list(GET _p 1 _np)
-        set(_env "ZPP_TOPO=${_topo};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=${_be}")
-        string(APPEND _env ";OMPI_MCA_mpi_yield_when_idle=1")
-        if(_be STREQUAL "nccl")
-          string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")
-        endif()
-        add_test(NAME runtime_device_${_be}_${_topo}
-          COMMAND ${_zpp_rt_mpirun} -np ${_np} $<TARGET_FILE:test_runtime>)
-        set_tests_properties(runtime_device_${_be}_${_topo} PROPERTIES LABELS emu
-          TIMEOUT 300 ENVIRONMENT "${_env}")
-      endforeach()
-    endforeach()
+    zpp_add_device_suite(runtime_device test_runtime "2x2:4;3x2:6" "")
   endif()
 
   if(TARGET zpp-train)
