@@ -91,6 +91,7 @@ typedef struct {
 #if ZPP_HAVE_CUDA
   cudaEvent_t ev; /* recorded after the stage-out copy that reads it */
   int ev_made, ev_pending;
+  int lost; /* a copy may still use it and no event says when: leaked */
 #endif
 } slot_t;
 
@@ -299,9 +300,9 @@ static zpp_status_t pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
 }
 
 /* Releases b; `stream` non-NULL-or-legacy with pending = 1: a copy on it
- * still reads b, so the slot waits for an event recorded there.  Never
- * blocks unless the event cannot be made (then it waits for the stream,
- * as a last resort). */
+ * still uses b, so the slot waits for an event recorded there.  Never
+ * blocks: where the event cannot be made (a broken CUDA context), the slot
+ * is lost, never reused nor freed, rather than waiting for the stream. */
 static void pinned_put(buf_t *b, int pending, void *stream) {
   if (b->slot != NULL) {
     slot_t *s = b->slot;
@@ -313,10 +314,15 @@ static void pinned_put(buf_t *b, int pending, void *stream) {
       }
       if (e == cudaSuccess)
         e = cudaEventRecord(s->ev, (cudaStream_t)stream);
-      if (e == cudaSuccess)
+      if (e == cudaSuccess) {
         s->ev_pending = 1;
-      else
-        cudaStreamSynchronize((cudaStream_t)stream);
+      } else {
+        (void)cudaGetLastError();
+        s->lost = 1;
+        b->slot = NULL;
+        b->own = b->p = NULL;
+        return;
+      }
     }
     s->busy = 0;
   }
@@ -366,6 +372,10 @@ void zpp_algo_destroy(zpp_transport_t *t) {
      * buffer whose copy never completes is leaked, never freed under it). */
     for (s = pinned_next(a, NULL, &cur); s != NULL; s = pinned_next(a, s, &cur)) {
       struct timespec ts = {0, 1000000};
+      if (s->lost) {
+        leak = 1;
+        continue;
+      }
       while (!pinned_idle(s) && zpp_time_ns() < limit)
         nanosleep(&ts, NULL);
       if (!pinned_idle(s)) {
@@ -463,6 +473,7 @@ struct zpp_xop {
   /* Device staging: the host algorithm runs on stage_in / stage_out; at
    * the end stage_out is copied to `user_recv` on `stream`. */
   int staged, sync_out;
+  int stage_pending; /* a staging copy may still run: buffers wait for it */
   void *stream;
   void *user_recv;
   size_t out_bytes;
@@ -960,8 +971,8 @@ static void release_buffers(zpp_xop_t *op, int pending_out) {
     hold(&op->t->algo->held_pinned, &op->stage_in);
     hold(&op->t->algo->held_pinned, &op->stage_out);
   } else if (op->staged) {
-    pinned_put(&op->stage_in, 0, op->stream);
-    pinned_put(&op->stage_out, pending_out, op->stream);
+    pinned_put(&op->stage_in, op->stage_pending, op->stream);
+    pinned_put(&op->stage_out, pending_out || op->stage_pending, op->stream);
   }
 #endif
 }
@@ -975,16 +986,47 @@ static zpp_status_t set_device(zpp_transport_t *t, const char *what) {
   return ZPP_OK;
 }
 
-/* Synchronous device-to-host copy into pinned memory. */
-static zpp_status_t copy_in(void *dst, const void *src, size_t bytes,
-                            void *stream, const char *what) {
+/* Waits until the work on op's stream so far is done, by the op's deadline
+ * (its timeout from the start).  cudaStreamSynchronize would wait for ever
+ * where the caller's earlier work on the stream never finishes (a kernel
+ * waiting for a peer that is gone); here that is ZPP_ERR_TIMEOUT, and the
+ * op's staging buffers wait for the copies still queued (stage_pending)
+ * instead of going back to the pool under them. */
+static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
+  long pause_ns = 1000;
+  for (;;) {
+    cudaError_t e = cudaStreamQuery((cudaStream_t)op->stream);
+    struct timespec ts;
+    if (e == cudaSuccess)
+      return ZPP_OK;
+    if (e != cudaErrorNotReady) {
+      op->stage_pending = 1;
+      return cuda_err(e, op->what, step);
+    }
+    if (zpp_time_ns() > op->limit_ns) {
+      op->stage_pending = 1;
+      return zpp_error(ZPP_ERR_TIMEOUT, op->what,
+                       "%s: the stream's earlier work did not finish within "
+                       "%.3g s (ZPP_TIMEOUT_S)", step, op->t->timeout_s);
+    }
+    ts.tv_sec = 0;
+    ts.tv_nsec = pause_ns;
+    nanosleep(&ts, NULL);
+    if (pause_ns < 200000)
+      pause_ns *= 2;
+  }
+}
+
+/* Device-to-host copy into pinned memory, waited for (bounded). */
+static zpp_status_t copy_in(zpp_xop_t *op, void *dst, const void *src,
+                            size_t bytes) {
   cudaError_t e;
   if (bytes == 0)
     return ZPP_OK;
-  e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize((cudaStream_t)stream);
-  return e == cudaSuccess ? ZPP_OK : cuda_err(e, what, "device-to-host staging");
+  e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)op->stream);
+  if (e != cudaSuccess)
+    return cuda_err(e, op->what, "device-to-host staging");
+  return stream_wait(op, "device-to-host staging");
 }
 #endif
 
@@ -1038,8 +1080,8 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
   ZPP_CHECK(pinned_get(t, in + 1, &op->stage_in, what));
   ZPP_CHECK(pinned_get(t, out + 1, &op->stage_out, what));
   if (keep_out)
-    ZPP_CHECK(copy_in(op->stage_out.p, a->recv, out, a->stream, what));
-  ZPP_CHECK(copy_in(op->stage_in.p, a->send, in, a->stream, what));
+    ZPP_CHECK(copy_in(op, op->stage_out.p, a->recv, out));
+  ZPP_CHECK(copy_in(op, op->stage_in.p, a->send, in));
   *send = op->stage_in.p;
   *recv = op->stage_out.p;
   return ZPP_OK;
@@ -1067,12 +1109,12 @@ static zpp_status_t unstage(zpp_xop_t *op) {
   if (st == ZPP_OK) {
     e = cudaMemcpyAsync(op->user_recv, op->stage_out.p, op->out_bytes,
                         cudaMemcpyDefault, (cudaStream_t)op->stream);
-    if (e == cudaSuccess && op->sync_out)
-      e = cudaStreamSynchronize((cudaStream_t)op->stream);
-    else
-      pending = e == cudaSuccess;
     if (e != cudaSuccess)
       st = cuda_err(e, op->what, "host-to-device staging");
+    else if (op->sync_out)
+      st = stream_wait(op, "host-to-device staging"); /* pending on failure */
+    else
+      pending = 1;
   }
   release_buffers(op, pending);
   return st;

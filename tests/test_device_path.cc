@@ -287,6 +287,52 @@ TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
   if (!late) GTEST_SKIP() << "this MPI cancelled the send: no transfer was left in doubt";
 }
 
+// A staged device collective on the MPI backend whose stream does not run
+// (the caller's earlier work on it never finishes: a held stream) returns
+// ZPP_ERR_TIMEOUT at the communicator's timeout (1 s here), on every rank.
+// Before, the stage-in copy was waited for with cudaStreamSynchronize: here
+// until the emulator's own limit (ZPP_EMU_TIMEOUT_S, 20 s in this case),
+// then a CUDA error; on a GPU, for ever.  Once the stream runs again the
+// copy still queued lands in a buffer that is still alive (the slot waited
+// for it), and a collective on a new communicator is exact.
+TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
+  if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  const size_t n = 4096;
+  setenv("ZPP_TIMEOUT_S", "1", 1);
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1);  // makes its device current
+  setenv("ZPP_TIMEOUT_S", "60", 1);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
+  std::vector<float> x = gen(g_rank, n, 91);
+  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  auto t0 = std::chrono::steady_clock::now();
+  zpp_status_t st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string msg = zpp_get_last_error();
+  EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << msg;
+  EXPECT_LT(took, 1.0 + 3.0) << "the wait for the stream is bounded by the timeout";
+  EXPECT_NE(msg.find("ZPP_TIMEOUT_S"), std::string::npos) << msg;
+  ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // the queued copy ran
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+  MPI_Barrier(MPI_COMM_WORLD);
+  comm = make_comm(ZPP_BACKEND_MPI, -1);
+  ASSERT_NE(comm, nullptr);
+  ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  std::vector<float> y(n * (size_t)g_size);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int r = 0; r < g_size; r++) {
+    std::vector<float> want = gen(r, n, 91);
+    EXPECT_EQ(std::memcmp(&y[(size_t)r * n], want.data(), n * 4), 0) << "block of rank " << r;
+  }
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+  cudaStreamDestroy(s);
+}
+
 // The collectives' trusted device decode takes the accumulate choice as
 // its own argument: ZPP_UINT8 has the value of the kernels' accumulate
 // kind, and before, a trusted decode to ZPP_UINT8 ran the accumulating
