@@ -276,8 +276,8 @@ zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
  *     order reduction, emulation, accounting) run as state machines over
  *     rounds of point-to-point transfers in src/transport_algo.c; device
  *     buffers are staged through pinned host memory (the stage-in copy is
- *     synchronous at start, the stage-out copy is enqueued on `stream` at
- *     completion);
+ *     waited for at start, within the op's timeout, the stage-out copy is
+ *     enqueued on `stream` at completion);
  *   stream-ordered backends (NCCL): start enqueues on `stream`; the
  *     operation is then done as far as the host is concerned (its
  *     completion is the stream's business: plans record an event).
