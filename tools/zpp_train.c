@@ -19,7 +19,9 @@
  * documented order, docs/collectives.md); dp and zero1 all-gather the
  * reduced shards (the transport's all-reduce is exactly that pair), and
  * Adam runs the same element-wise code on each element wherever it is
- * stored.
+ * stored.  The layers' arithmetic (tools/train_math.h) works on all of a
+ * rank's samples at once but sums every element in the order of plain
+ * per-sample loops.
  *
  * Overlap (--overlap 1, the default): each layer's gradient reduction is
  * started (a request) as soon as its gradient is ready and runs on the
