@@ -17,8 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
