@@ -19,7 +19,9 @@
  * documented order, docs/collectives.md); dp and zero1 all-gather the
  * reduced shards (the transport's all-reduce is exactly that pair), and
  * Adam runs the same element-wise code on each element wherever it is
- * stored.
+ * stored.  The layers' arithmetic (tools/train_math.h) works on all of a
+ * rank's samples at once but sums every element in the order of plain
+ * per-sample loops.
  *
  * Overlap (--overlap 1, the default): each layer's gradient reduction is
  * started (a request) as soon as its gradient is ready and runs on the
@@ -47,6 +49,7 @@
 #include <string.h>
 
 #include "quant_math.h"
+#include "train_math.h"
 
 #define PROG "zpp-train"
 
@@ -415,6 +418,14 @@ int main(int argc, char **argv) {
   float *dcur = xcalloc((size_t)bl * maxd, 4), *dprev = xcalloc((size_t)bl * maxd, 4);
   float *gacc = xcalloc(max_padded, 4);
   float *wtmp = xcalloc(max_padded, 4);
+  /* the forward's input, transposed: [fan_in][ns] (tools/train_math.h) */
+  const size_t ns = train_lanes(bl);
+  float *xt = xcalloc((size_t)maxd * ns, 4);
+  /* the teacher's weights, out x in floats (256 bytes by default), drawn
+   * once instead of per sample */
+  float *teacher = xcalloc((size_t)o.out_dim * o.in_dim, 4);
+  for (size_t j = 0; j < (size_t)o.out_dim * o.in_dim; j++)
+    teacher[j] = urand(o.seed, 3, j);
 
   zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
   ZCALL(zpp_comm_reset_stats(comm));
@@ -469,17 +480,15 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < y->n; i++)
         wtmp[i] = bf(w[i]);
       const float *bias = wtmp + (size_t)y->fan_out * y->fan_in;
-      for (int b = 0; b < bl; b++) {
-        const float *x = act[l] + (size_t)b * maxd;
-        float *z = act[l + 1] + (size_t)b * maxd;
-        for (int k = 0; k < y->fan_out; k++) {
-          const float *wr = wtmp + (size_t)k * y->fan_in;
-          float s = bias[k];
-          for (int i = 0; i < y->fan_in; i++)
-            s += wr[i] * x[i];
-          z[k] = l == L - 1 ? s : tanhf(s);
-        }
-      }
+      train_transpose(act[l], (size_t)maxd, bl, y->fan_in, ns, xt);
+      train_forward(wtmp, bias, y->fan_out, y->fan_in, xt, ns, bl, act[l + 1],
+                    (size_t)maxd);
+      if (l != L - 1)
+        for (int b = 0; b < bl; b++)
+          for (int k = 0; k < y->fan_out; k++) {
+            float *z = &act[l + 1][(size_t)b * maxd + k];
+            *z = tanhf(*z);
+          }
       if (sharded_param) {
         ZCALL(zpp_pgroup_release(y->pg));
         full_live -= y->padded * 2;
@@ -493,7 +502,7 @@ int main(int argc, char **argv) {
       for (int k = 0; k < o.out_dim; k++) {
         float t = 0;
         for (int i = 0; i < o.in_dim; i++)
-          t += urand(o.seed, 3, (uint64_t)k * o.in_dim + i) * x[i];
+          t += teacher[(size_t)k * o.in_dim + i] * x[i];
         t = tanhf(t);
         float e = yv[k] - t;
         lsum += (double)e * e;
@@ -538,29 +547,13 @@ int main(int argc, char **argv) {
             float a = act[l + 1][(size_t)b * maxd + k];
             dcur[(size_t)b * maxd + k] *= 1.0f - a * a;
           }
-      memset(gacc, 0, y->n * 4);
-      float *gb = gacc + (size_t)y->fan_out * y->fan_in;
-      for (int b = 0; b < bl; b++) { /* samples in order: deterministic */
-        const float *x = act[l] + (size_t)b * maxd;
-        const float *d = dcur + (size_t)b * maxd;
-        for (int k = 0; k < y->fan_out; k++) {
-          float *gr = gacc + (size_t)k * y->fan_in;
-          for (int i = 0; i < y->fan_in; i++)
-            gr[i] += d[k] * x[i];
-          gb[k] += d[k];
-        }
-      }
+      /* samples in order (tools/train_math.h): deterministic */
+      train_weight_grad(dcur, (size_t)maxd, act[l], (size_t)maxd, bl,
+                        y->fan_out, y->fan_in, gacc,
+                        gacc + (size_t)y->fan_out * y->fan_in);
       if (l > 0)
-        for (int b = 0; b < bl; b++) {
-          const float *d = dcur + (size_t)b * maxd;
-          float *dp = dprev + (size_t)b * maxd;
-          for (int i = 0; i < y->fan_in; i++) {
-            float s = 0;
-            for (int k = 0; k < y->fan_out; k++)
-              s += wtmp[(size_t)k * y->fan_in + i] * d[k];
-            dp[i] = s;
-          }
-        }
+        train_input_grad(wtmp, y->fan_out, y->fan_in, dcur, (size_t)maxd, bl,
+                         dprev, (size_t)maxd);
       float *t = dcur;
       dcur = dprev;
       dprev = t;
@@ -794,6 +787,8 @@ int main(int argc, char **argv) {
   free(dprev);
   free(gacc);
   free(wtmp);
+  free(xt);
+  free(teacher);
   free(all_stats);
   free(tots);
   free(losses);

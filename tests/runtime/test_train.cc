@@ -6,7 +6,9 @@
 //   - zeropp converges to within 10% of zero3's loss (docs/runtime.md says
 //     why 10%);
 //   - inter-node bytes per step: exactly the algorithms' formulas
-//     (docs/collectives.md, docs/design.md), and the zeropp/zero3 ratio.
+//     (docs/collectives.md, docs/design.md), and the zeropp/zero3 ratio;
+//   - its layer arithmetic (tools/train_math.h, no mpirun): bitwise the
+//     plain per-sample loops, whose summation order it must keep.
 // ZPP_RT_LAUNCH (mpirun and its flags) and ZPP_RT_TRAIN (the binary) come
 // from tests/runtime.cmake.
 #include <gtest/gtest.h>
@@ -15,9 +17,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "train_math.h"
 
 namespace {
 
@@ -269,6 +275,82 @@ TEST(Train, HadamardAndStochasticRoundingRunAndConverge) {
   // the same seed repeats the run bit for bit
   EXPECT_EQ(raw(h, "param_checksum"),
             raw(train("--mode zeropp --sr 1 --hadamard 32").json, "param_checksum"));
+}
+
+// The trainer's layer arithmetic reorders the per-sample loops across
+// independent sums only, so it must give their bits exactly.  The
+// reference is those loops, written plainly (one sample at a time, each
+// sum left to right).  Shapes cover the tiles' tails (rows % 8, inputs %
+// 32 and % 4, samples % 4, rows > 64: several row blocks of the input
+// gradient).  Inputs span 2^-12..2^12, so a reordered sum would change
+// bits: checked on the data itself (one reversed dot product differs).
+TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
+  const unsigned seed = 20250611;
+  std::printf("seed %u\n", seed);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-12, 12);
+  auto fill = [&](std::vector<float> &v) {
+    for (float &x : v) x = std::ldexp(uni(gen), ex(gen));
+  };
+  int reorder_seen = 0;
+  for (int fan_out : {1, 5, 8, 13, 70, 130})
+    for (int fan_in : {1, 3, 4, 31, 32, 37, 100})
+      for (int bl : {1, 2, 3, 4, 5, 8, 9}) {
+        const size_t ld = 131, ns = train_lanes(bl); // ld > every width
+        std::vector<float> w((size_t)fan_out * fan_in + fan_out), x(ld * bl),
+            d(ld * bl);
+        fill(w), fill(x), fill(d);
+        const float *bias = w.data() + (size_t)fan_out * fan_in;
+        // reference: the per-sample loops
+        std::vector<float> z0(ld * bl), g0(w.size(), 0.0f), dp0(ld * bl);
+        for (int b = 0; b < bl; b++)
+          for (int k = 0; k < fan_out; k++) {
+            float s = bias[k], r = 0.0f;
+            for (int i = 0; i < fan_in; i++) s += w[(size_t)k * fan_in + i] * x[b * ld + i];
+            for (int i = fan_in - 1; i >= 0; i--) r += w[(size_t)k * fan_in + i] * x[b * ld + i];
+            z0[b * ld + k] = s;
+            reorder_seen += r + bias[k] != s;
+          }
+        for (int b = 0; b < bl; b++)
+          for (int k = 0; k < fan_out; k++) {
+            for (int i = 0; i < fan_in; i++)
+              g0[(size_t)k * fan_in + i] += d[b * ld + k] * x[b * ld + i];
+            g0[(size_t)fan_out * fan_in + k] += d[b * ld + k];
+          }
+        for (int b = 0; b < bl; b++)
+          for (int i = 0; i < fan_in; i++) {
+            float s = 0.0f;
+            for (int k = 0; k < fan_out; k++) s += w[(size_t)k * fan_in + i] * d[b * ld + k];
+            dp0[b * ld + i] = s;
+          }
+        // the trainer's kernels; outputs start as NaN where they write
+        std::vector<float> xt((size_t)fan_in * ns), z(ld * bl), g(w.size()),
+            dp(ld * bl);
+        for (int b = 0; b < bl; b++)
+          for (int k = 0; k < fan_out; k++) z[b * ld + k] = NAN;
+        std::fill(g.begin(), g.end(), NAN);
+        for (int b = 0; b < bl; b++)
+          for (int i = 0; i < fan_in; i++) dp[b * ld + i] = NAN;
+        train_transpose(x.data(), ld, bl, fan_in, ns, xt.data());
+        train_forward(w.data(), bias, fan_out, fan_in, xt.data(), ns, bl, z.data(), ld);
+        train_weight_grad(d.data(), ld, x.data(), ld, bl, fan_out, fan_in, g.data(),
+                          g.data() + (size_t)fan_out * fan_in);
+        train_input_grad(w.data(), fan_out, fan_in, d.data(), ld, bl, dp.data(), ld);
+        int bad_z = 0, bad_g = 0, bad_dp = 0;
+        for (int b = 0; b < bl; b++) {
+          for (int k = 0; k < fan_out; k++)
+            bad_z += std::memcmp(&z[b * ld + k], &z0[b * ld + k], 4) != 0;
+          for (int i = 0; i < fan_in; i++)
+            bad_dp += std::memcmp(&dp[b * ld + i], &dp0[b * ld + i], 4) != 0;
+        }
+        for (size_t j = 0; j < g.size(); j++) bad_g += std::memcmp(&g[j], &g0[j], 4) != 0;
+        EXPECT_EQ(bad_z + bad_g + bad_dp, 0)
+            << "fan_out " << fan_out << " fan_in " << fan_in << " bl " << bl
+            << ": elements differing from the reference: forward " << bad_z
+            << ", weight gradient " << bad_g << ", input gradient " << bad_dp;
+      }
+  EXPECT_GT(reorder_seen, 0) << "the data cannot tell a reordered sum from the reference";
 }
 
 }  // namespace
