@@ -294,7 +294,8 @@ TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
 // until the emulator's own limit (ZPP_EMU_TIMEOUT_S, 20 s in this case),
 // then a CUDA error; on a GPU, for ever.  Once the stream runs again the
 // copy still queued lands in a buffer that is still alive (the slot waited
-// for it), and a collective on a new communicator is exact.
+// for it), and a collective on a new communicator is exact.  The timeout
+// aborts the communicator: the next call on it fails fast.
 TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
   const size_t n = 4096;
@@ -315,6 +316,16 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << msg;
   EXPECT_LT(took, 1.0 + 3.0) << "the wait for the stream is bounded by the timeout";
   EXPECT_NE(msg.find("ZPP_TIMEOUT_S"), std::string::npos) << msg;
+  // A collective that failed part-way aborts the communicator (src/engine.c):
+  // the next call fails at once with the first error's status, queues no
+  // copy and does not wait for the held stream again.
+  t0 = std::chrono::steady_clock::now();
+  st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  msg = zpp_get_last_error();
+  EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << msg;
+  EXPECT_NE(msg.find("aborted earlier"), std::string::npos) << msg;
+  EXPECT_LT(took, 1.0) << "a call on an aborted communicator fails, not waits a timeout";
   ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // the queued copy ran
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
