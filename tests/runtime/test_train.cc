@@ -324,27 +324,27 @@ TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
             for (int k = 0; k < fan_out; k++) s += w[(size_t)k * fan_in + i] * d[b * ld + k];
             dp0[b * ld + i] = s;
           }
-        // the trainer's kernels; outputs start as NaN where they write
-        std::vector<float> xt((size_t)fan_in * ns), z(ld * bl), g(w.size()),
-            dp(ld * bl);
-        for (int b = 0; b < bl; b++)
-          for (int k = 0; k < fan_out; k++) z[b * ld + k] = NAN;
-        std::fill(g.begin(), g.end(), NAN);
-        for (int b = 0; b < bl; b++)
-          for (int i = 0; i < fan_in; i++) dp[b * ld + i] = NAN;
+        // the trainer's kernels; outputs start as NaN, and the rest of each
+        // row (the trainer's rows are max-width long) must stay NaN
+        std::vector<float> xt((size_t)fan_in * ns), z(ld * bl, NAN), g(w.size(), NAN),
+            dp(ld * bl, NAN);
         train_transpose(x.data(), ld, bl, fan_in, ns, xt.data());
         train_forward(w.data(), bias, fan_out, fan_in, xt.data(), ns, bl, z.data(), ld);
         train_weight_grad(d.data(), ld, x.data(), ld, bl, fan_out, fan_in, g.data(),
                           g.data() + (size_t)fan_out * fan_in);
         train_input_grad(w.data(), fan_out, fan_in, d.data(), ld, bl, dp.data(), ld);
-        int bad_z = 0, bad_g = 0, bad_dp = 0;
+        int bad_z = 0, bad_g = 0, bad_dp = 0, outside = 0;
         for (int b = 0; b < bl; b++) {
           for (int k = 0; k < fan_out; k++)
             bad_z += std::memcmp(&z[b * ld + k], &z0[b * ld + k], 4) != 0;
           for (int i = 0; i < fan_in; i++)
             bad_dp += std::memcmp(&dp[b * ld + i], &dp0[b * ld + i], 4) != 0;
+          for (size_t k = fan_out; k < ld; k++) outside += !std::isnan(z[b * ld + k]);
+          for (size_t i = fan_in; i < ld; i++) outside += !std::isnan(dp[b * ld + i]);
         }
         for (size_t j = 0; j < g.size(); j++) bad_g += std::memcmp(&g[j], &g0[j], 4) != 0;
+        EXPECT_EQ(outside, 0) << "fan_out " << fan_out << " fan_in " << fan_in << " bl "
+                              << bl << ": elements written past a row's end";
         EXPECT_EQ(bad_z + bad_g + bad_dp, 0)
             << "fan_out " << fan_out << " fan_in " << fan_in << " bl " << bl
             << ": elements differing from the reference: forward " << bad_z
