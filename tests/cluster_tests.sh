@@ -61,7 +61,7 @@ step() {
     > "$log" 2>&1 9>&-
   rc=$?
   if [ $rc -eq 0 ]; then
-    grep -E '^\[ (seed|cut|wait) |^\[  (PASSED|SKIPPED) ' "$log" | sed 's/^/   /'
+    grep -E '^\[ (seed|cut|wait) |^\[ retry\] |^\[  (PASSED|SKIPPED) ' "$log" | sed 's/^/   /'
     echo "   passed ($(( $(date +%s) - t0 )) s)"
   else
     # the failures first (gtest's, and every rank's), then the end of the log
