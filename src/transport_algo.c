@@ -987,11 +987,13 @@ static zpp_status_t set_device(zpp_transport_t *t, const char *what) {
 }
 
 /* Waits until the work on op's stream so far is done, by the op's deadline
- * (its timeout from the start).  cudaStreamSynchronize would wait for ever
- * where the caller's earlier work on the stream never finishes (a kernel
- * waiting for a peer that is gone); here that is ZPP_ERR_TIMEOUT, and the
- * op's staging buffers wait for the copies still queued (stage_pending)
- * instead of going back to the pool under them. */
+ * (its timeout from the start); an abort (zpp_comm_abort from another
+ * thread) ends the wait at the next poll.  cudaStreamSynchronize would
+ * wait for ever where the caller's earlier work on the stream never
+ * finishes (a kernel waiting for a peer that is gone); here that is
+ * ZPP_ERR_TIMEOUT (or the abort's error), and the op's staging buffers
+ * wait for the copies still queued (stage_pending) instead of going back
+ * to the pool under them. */
 static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
   long pause_ns = 1000;
   for (;;) {
@@ -1002,6 +1004,10 @@ static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
     if (e != cudaErrorNotReady) {
       op->stage_pending = 1;
       return cuda_err(e, op->what, step);
+    }
+    if (atomic_load(&op->t->broken)) { /* zpp_comm_abort, another thread */
+      op->stage_pending = 1;
+      return zpp_transport_broken_error(op->t, op->what);
     }
     if (zpp_time_ns() > op->limit_ns) {
       op->stage_pending = 1;

@@ -344,6 +344,48 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   cudaStreamDestroy(s);
 }
 
+// zpp_comm_abort from another thread while a staged collective waits for
+// its held stream (the MPI backend's stage-in copy): the call returns
+// ZPP_ERR_ABORTED at its next poll, as zpp_comm_abort promises
+// (include/zpp/zpp_comm.h), not at the communicator's timeout (10 s here).
+// Before, the staging wait polled the stream only and ran to the timeout.
+TEST(DevicePath, AbortEndsAStagingWait) {
+  if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  const size_t n = 1024;
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;  // (zpp reads ZPP_TIMEOUT_S once)
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_MPI;
+  cfg.timeout_s = 10;
+  zpp_comm_t comm = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  std::atomic<double> aborted_at{0.0};
+  auto now = [] {
+    return std::chrono::duration<double>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    aborted_at = now();
+    EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
+  });
+  zpp_status_t st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+  double back = now();
+  std::string msg = zpp_get_last_error();
+  killer.join();
+  EXPECT_EQ(st, ZPP_ERR_ABORTED) << msg;
+  EXPECT_LT(back - aborted_at.load(), 5.0) << "the staging wait ignored the abort: " << msg;
+  ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // the queued copy ran
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+  MPI_Barrier(MPI_COMM_WORLD);
+  cudaStreamDestroy(s);
+}
+
 // The collectives' trusted device decode takes the accumulate choice as
 // its own argument: ZPP_UINT8 has the value of the kernels' accumulate
 // kind, and before, a trusted decode to ZPP_UINT8 ran the accumulating
