@@ -299,10 +299,14 @@ TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
 TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
   const size_t n = 4096;
-  setenv("ZPP_TIMEOUT_S", "1", 1);
-  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1);  // makes its device current
-  setenv("ZPP_TIMEOUT_S", "60", 1);
-  ASSERT_NE(comm, nullptr);
+  // the timeout in the config: zpp reads ZPP_TIMEOUT_S (60 here) only once
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_MPI;
+  cfg.cuda_device = -1;
+  cfg.timeout_s = 1;
+  zpp_comm_t comm = nullptr;  // makes its device current
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
@@ -355,6 +359,7 @@ TEST(DevicePath, AbortEndsAStagingWait) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;  // (zpp reads ZPP_TIMEOUT_S once)
   cfg.memory = ZPP_MEMORY_DEVICE;
   cfg.backend = ZPP_BACKEND_MPI;
+  cfg.cuda_device = -1;
   cfg.timeout_s = 10;
   zpp_comm_t comm = nullptr;
   ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
