@@ -80,9 +80,9 @@ static zpp_setting_t settings[] = {
      "smallest pipeline chunk of qwZ and qgZ on host memory, in elements "
      "(rounded up to whole quantization blocks); 0 turns pipelining off",
      NULL, 0},
-    {"ZPP_NET_SPIN_US", "1000",
-     "host transports (MPI): microseconds a wait keeps polling (yielding the core) "
-     "after the last completed transfer before it sleeps between polls",
+    {"ZPP_NET_SPIN_US", "100000",
+     "host transports (MPI, UCX): microseconds a wait keeps polling (yielding the "
+     "core) after the last completed transfer before it sleeps between polls",
      NULL, 0},
     {"ZPP_NET_RINGS", "1",
      "host transports (MPI): rings a ring all-gather runs at once, each rotated so "
