@@ -135,8 +135,7 @@ step "test_coll 2x4" 180 -np 8 "$build/tests/test_coll"
 # A failed or killed run may leave the link cut: restore it after each
 # step, so that one failure does not turn into the next step's.  Each test
 # runs in its own mpirun: its TCP connections are fresh, not still backing
-# off from the cut of the test before it (after a cut, rounds that take
-# 0.1 s stalled for 3 s and more now and then, in one run in ten).
+# off from the cut of the test before it.
 for v in "link down:down:up" "100% loss:loss:unloss"; do
   IFS=: read -r what cut restore <<< "$v"
   for t in ShortCutCompletes LongCutTimesOut; do

@@ -137,12 +137,14 @@ bool all_ok(bool ok) {
 
 // A communicator with `timeout_s` whose first round (all-gather and
 // reduce-scatter, checked) completed on every rank, or nullptr on every
-// rank.  The round is retried on a new communicator (up to `tries`): on
-// this shared 2-core machine the whole host now and then stalls for
-// seconds (seen: a 3 s gap in an `ss` sampler running beside the ranks,
-// in the same seconds as a 3 s timeout of this round on 4 of 8 ranks, the
-// other 4 done in 0.1 s), and a test of what a link cut does must not fail
-// on a stall before the cut.  Each retry is printed.
+// rank.  The round is retried on a new communicator (up to `tries`), and
+// each retry is printed: a test of what a link cut does must not fail on a
+// stall before the cut.  The stalls seen (3 s and 30 s rounds on the
+// inter-node rail pairs of the hierarchical reduce-scatter, the other
+// ranks done in 0.1 s) were Open MPI's TCP transport read too seldom while
+// zpp's wait slept after 1 ms without progress; the 100 ms default of
+// ZPP_NET_SPIN_US (docs/design.md, "Waiting") removed them, and the retry
+// stays as a guard.
 zpp_comm_t checked_comm(double timeout_s, size_t count, uint64_t salt, int tries) {
   for (int t = 1; t <= tries; t++) {
     zpp_comm_t c = make_comm(timeout_s);
