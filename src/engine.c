@@ -427,7 +427,7 @@ void zpp_plan_poll(void) {
 }
 
 static zpp_status_t execute(zpp_plan_t *p) {
-  int64_t spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 100000) * 1000;
+  int64_t spin_ns = p->ex.t->spin_ns; /* ZPP_NET_SPIN_US, read at creation */
   int64_t quiet_until = zpp_time_ns() + spin_ns;
   long pause_ns = 1000;
   int n = p->n, next_x = 0, i;
