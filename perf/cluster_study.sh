@@ -11,7 +11,8 @@
 # At each: zpp-bench all-gather (bf16, bf16-flat, qwz8, qwz4, Open MPI's
 # MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, Open MPI's
 # MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4), -w 1 -n 5: median and
-# spread of 5 timed iterations.  Then the same benchmark on zpp's in-library
+# spread of 5 timed iterations; and zpp on its UCX backend (--backend ucx:
+# bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.  Then the same benchmark on zpp's in-library
 # emulation (ZPP_TOPO=2x4, ZPP_EMU_INTER_GBIT, root namespace, shared
 # memory) at the per-rank share of each shaped rate (rate / 4) and at the
 # whole rate (one NIC per node), 1 and 4 MiB.
@@ -53,6 +54,10 @@ maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
 iters=${ZPP_CLUSTER_STUDY_ITERS:-5}
 declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,mpi)
 declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
+# zpp over its UCX backend on the same links (UCX's TCP between the nodes,
+# shared memory inside one): rows named ucx-<variant>.
+declare -A ucx_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
+ucx_env=(-x UCX_TLS=tcp,sm,self -x UCX_NET_DEVICES=zpp-veth)
 csv=$out/cluster_study.csv
 cmds=$out/cluster_study.cmds
 meta=$out/cluster_study.meta
@@ -69,8 +74,9 @@ status=0
 
 # run MODE LINK KEY: one zpp-bench run (arguments after the key), its rows
 # appended to the CSV, the command (key: its text) to the command list.
+# ZPP_STUDY_PREFIX (default empty) is put before each row's variant name.
 run() {
-  local mode=$1 link=$2 text=$3 rc=0
+  local mode=$1 link=$2 text=$3 rc=0 prefix=${ZPP_STUDY_PREFIX:-}
   shift 3
   echo "$mode|$link|$text" >> "$cmds"
   echo "\$ $text" >&2
@@ -80,7 +86,8 @@ run() {
     tail -5 "$out/.bench.err" >&2
     status=1
   fi
-  grep -v '^#' "$out/.bench.out" | grep -v '^coll,' | sed "s/^/$mode,$link,/" >> "$csv" || true
+  grep -v '^#' "$out/.bench.out" | grep -v '^coll,' |
+    sed "s/^\([^,]*\),/\1,$prefix/; s/^/$mode,$link,/" >> "$csv" || true
 }
 
 t0=$(date +%s)
@@ -92,6 +99,10 @@ for rate in "${rates[@]}"; do
           -n "$iters" -w 1 -c 1 --format csv)
     run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 zpp-bench ${args[*]}" \
       timeout -k 10 900 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "$bench" "${args[@]}"
+    args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" -b 64K
+          -e "$maxbytes" -f 4 -n "$iters" -w 1 -c 1 --format csv)
+    ZPP_STUDY_PREFIX=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
+      timeout -k 10 600 "$cluster" run -np 8 "${ucx_env[@]}" "$bench" "${args[@]}"
   done
 done
 "$cluster" down

@@ -139,7 +139,7 @@ def markdown(rows, cmds_path, meta_path):
     for line in open(cmds_path):
         mode, link, text = line.rstrip("\n").split("|", 2)
         coll = "allgather" if "--coll allgather" in text else "reducescatter"
-        cmds[(mode, link, coll)] = text
+        cmds.setdefault((mode, link, coll), []).append(text)
     real = [r for r in rows if r["mode"] == "real"]
     emu = [r for r in rows if r["mode"] == "emu"]
     by = {(r["mode"], r["link"], r["coll"], r["variant"], r["size"]): r for r in rows}
@@ -176,7 +176,7 @@ def markdown(rows, cmds_path, meta_path):
                 continue
             sizes = sorted({r["size"] for r in real if r["link"] == link and r["coll"] == coll})
             p("")
-            p(f"`{cmds.get(('real', link, coll), '?')}`")
+            p("  \n".join(f"`{c}`" for c in cmds.get(('real', link, coll), ['?'])))
             p("")
             hdr = ["size", "variant", "med ms", "min..max ms", "link MB", "limit ms",
                    "x limit", "bound ms", "x bound", "vs bf16", "wrong"]
@@ -267,8 +267,8 @@ def emulation(p, by, rates, cmds):
         p("")
         for g in gs:
             for coll in COLLS:
-                if ("emu", g, coll) in cmds:
-                    p(f"`{cmds[('emu', g, coll)]}`  ")
+                for c in cmds.get(("emu", g, coll), []):
+                    p(f"`{c}`  ")
         p("")
         p(f"| link {rate_label(link)} | size | variant | real med ms | emu g = {gs[0]} ms "
           f"| emu / real | emu g = {gs[1]} ms | emu / real |")
