@@ -12,10 +12,11 @@
 # MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, Open MPI's
 # MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4), -w 1 -n 5: median and
 # spread of 5 timed iterations; and zpp on its UCX backend (--backend ucx:
-# bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.  Then the same benchmark on zpp's in-library
-# emulation (ZPP_TOPO=2x4, ZPP_EMU_INTER_GBIT, root namespace, shared
-# memory) at the per-rank share of each shaped rate (rate / 4) and at the
-# whole rate (one NIC per node), 1 and 4 MiB.
+# bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.
+# Then the same benchmark on zpp's in-library emulation (ZPP_TOPO=2x4,
+# ZPP_EMU_INTER_GBIT, root namespace, shared memory) at the per-rank share
+# of each shaped rate (rate / 4) and at the whole rate (one NIC per node),
+# 1 and 4 MiB.
 #   usage: perf/cluster_study.sh OUT_DIR [BUILD_DIR]
 # Writes OUT_DIR/cluster_study.csv (every row: mode real|emu, the link
 # setting, zpp-bench's columns), OUT_DIR/cluster_study.md (tables, the
@@ -58,6 +59,12 @@ declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 # shared memory inside one): rows named ucx-<variant>.
 declare -A ucx_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 ucx_env=(-x UCX_TLS=tcp,sm,self -x UCX_NET_DEVICES=zpp-veth)
+# Both backends' runs: zpp-bench's MPI_Barrier between the timed calls
+# yields the core instead of spinning (8 ranks on 2 cores).
+yield_env=(-x OMPI_MCA_mpi_yield_when_idle=1)
+# Put before each row's variant name by run (ucx- for the UCX runs); set
+# here so that a variable of the caller's environment cannot rename rows.
+row_prefix=
 csv=$out/cluster_study.csv
 cmds=$out/cluster_study.cmds
 meta=$out/cluster_study.meta
@@ -74,9 +81,11 @@ status=0
 
 # run MODE LINK KEY: one zpp-bench run (arguments after the key), its rows
 # appended to the CSV, the command (key: its text) to the command list.
-# ZPP_STUDY_PREFIX (default empty) is put before each row's variant name.
+# row_prefix (empty but for the UCX runs) is put before each row's variant
+# name.  Only zpp-bench's rows (first field a collective) go to the CSV:
+# anything else on stdout (a library's log line) is left out.
 run() {
-  local mode=$1 link=$2 text=$3 rc=0 prefix=${ZPP_STUDY_PREFIX:-}
+  local mode=$1 link=$2 text=$3 rc=0 prefix=$row_prefix
   shift 3
   echo "$mode|$link|$text" >> "$cmds"
   echo "\$ $text" >&2
@@ -86,7 +95,7 @@ run() {
     tail -5 "$out/.bench.err" >&2
     status=1
   fi
-  grep -v '^#' "$out/.bench.out" | grep -v '^coll,' |
+  grep -E '^(allgather|reducescatter),' "$out/.bench.out" |
     sed "s/^\([^,]*\),/\1,$prefix/; s/^/$mode,$link,/" >> "$csv" || true
 }
 
@@ -97,12 +106,12 @@ for rate in "${rates[@]}"; do
   for coll in allgather reducescatter; do
     args=(--coll "$coll" --variant "${variants[$coll]}" -b 64K -e "$maxbytes" -f 4
           -n "$iters" -w 1 -c 1 --format csv)
-    run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 zpp-bench ${args[*]}" \
-      timeout -k 10 900 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "$bench" "${args[@]}"
+    run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 ${yield_env[*]} zpp-bench ${args[*]}" \
+      timeout -k 10 900 "$cluster" run -np 8 "${yield_env[@]}" "$bench" "${args[@]}"
     args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" -b 64K
           -e "$maxbytes" -f 4 -n "$iters" -w 1 -c 1 --format csv)
-    ZPP_STUDY_PREFIX=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
-      timeout -k 10 600 "$cluster" run -np 8 "${ucx_env[@]}" "$bench" "${args[@]}"
+    row_prefix=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${yield_env[*]} ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
+      timeout -k 10 600 "$cluster" run -np 8 "${yield_env[@]}" "${ucx_env[@]}" "$bench" "${args[@]}"
   done
 done
 "$cluster" down
