@@ -13,7 +13,8 @@ run as perf/bandwidth_study.sh --cluster).
 STUDY.csv: mode (real: the namespace cluster; emu: zpp's link emulation
 under ZPP_TOPO=2x4), link (real: the tc rate of each node link and
 direction, "none" = unshaped; emu: ZPP_EMU_INTER_GBIT per rank), then
-zpp-bench's CSV columns.  CMDS: "mode|link|command" lines.  META: "key
+zpp-bench's CSV columns (variant ucx-V: V on zpp's UCX backend; the
+targets and the emulation tables read only the MPI backend's rows).  CMDS: "mode|link|command" lines.  META: "key
 value" lines (start, load_start, load_end, cores, cpu, seconds_real,
 seconds_emu).
 
@@ -155,7 +156,8 @@ def markdown(rows, cmds_path, meta_path):
       f"{meta.get('load_end', '?')} at the end; {meta.get('seconds_real', '?')} s on the "
       f"cluster, {meta.get('seconds_emu', '?')} s of emulation. The topology is discovered "
       f"(zpp-bench's header: `topology discovered`), ranks of a node use shared memory, the "
-      f"nodes TCP over their shaped links (Open MPI ob1: vader, tcp).")
+      f"nodes TCP over their shaped links (Open MPI ob1: vader, tcp; the `ucx-*` rows: zpp on "
+      f"its UCX backend, UCX's tcp, sm).")
     p("")
     p(f"med = median over the {meta.get('iters', '?')} timed iterations of each iteration's slowest rank (ms); "
       "min..max = the fastest and slowest of those iterations; link MB = the bytes the "
@@ -163,8 +165,8 @@ def markdown(rows, cmds_path, meta_path):
       "`inter_bytes_node_max`; Open MPI's own collectives are not counted: -); "
       "limit = link MB / rate, x limit = med / limit; bound = what any algorithm must "
       "carry over a node link (all-gather: the other node's 4 shards; reduce-scatter: "
-      "half the input) / rate; vs bf16 = med / zpp bf16's med in the same run (lower is "
-      "better); wrong = elements outside their bound in the checked iteration. Limits count "
+      "half the input) / rate; vs bf16 = med / the med of zpp's bf16 on the MPI backend "
+      "(lower is better), from the same run but for the `ucx-*` rows (the run after it); wrong = elements outside their bound in the checked iteration. Limits count "
       "payload: TCP/IP/Ethernet framing adds 4.6% on the wire (tbf counts frames).")
     for link in rates:
         bits = rate_bits(link)
@@ -320,7 +322,9 @@ def plot(rows, out_dir):
                 line = ax.errorbar(xs, med, yerr=[lo, hi], marker=markers[k % len(markers)],
                                    capsize=2, label=v)
                 lim = [limit_s(r, bits) for _, r in pts]
-                if all(x is not None for x in lim):
+                # a ucx-* row moves the bytes of its MPI-backend variant:
+                # the same limit line, drawn once
+                if all(x is not None for x in lim) and not v.startswith("ucx-"):
                     ax.plot(xs, [x * 1e3 for x in lim], linestyle="--", linewidth=1,
                             color=line[0].get_color(), label=f"{v} link limit")
             if bits is not None and sizes:
