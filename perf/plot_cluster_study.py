@@ -166,7 +166,8 @@ def markdown(rows, cmds_path, meta_path):
       "limit = link MB / rate, x limit = med / limit; bound = what any algorithm must "
       "carry over a node link (all-gather: the other node's 4 shards; reduce-scatter: "
       "half the input) / rate; vs bf16 = med / the med of zpp's bf16 on the MPI backend "
-      "(lower is better), from the same run but for the `ucx-*` rows (the run after it); wrong = elements outside their bound in the checked iteration. Limits count "
+      "(lower is better), from the same run but for the `ucx-*` rows (the run after it); "
+      "wrong = elements outside their bound in the checked iteration. Limits count "
       "payload: TCP/IP/Ethernet framing adds 4.6% on the wire (tbf counts frames).")
     for link in rates:
         bits = rate_bits(link)
