@@ -69,13 +69,6 @@ typedef struct {
 
 /* ---- the bootstrap: point-to-point exchanges ------------------------------ */
 
-static void pause_ns(long *ns) {
-  struct timespec ts = {0, *ns};
-  nanosleep(&ts, NULL);
-  if (*ns < 200000)
-    *ns *= 2;
-}
-
 static int mpi_finalized(void) {
   int fin = 0;
   MPI_Finalized(&fin);
@@ -247,7 +240,7 @@ static zpp_status_t exchange(mpi_boot_t *b, const char *what, const void *mine,
                      b->seq - 1, timeout_s);
       break;
     }
-    pause_ns(&ns);
+    zpp_pause_ns(&ns);
   }
   free(from);
   if (st != ZPP_OK && nreq > 0)
@@ -339,7 +332,7 @@ static zpp_status_t idup(MPI_Comm comm, int k, MPI_Comm *out, double timeout_s,
                        "say which is missing",
                        timeout_s);
     }
-    pause_ns(&ns);
+    zpp_pause_ns(&ns);
   }
 }
 

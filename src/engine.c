@@ -382,10 +382,7 @@ static void idle_wait(const zpp_plan_t *p, int64_t quiet_until,
   if (now < quiet_until) {
     sched_yield();
   } else {
-    struct timespec ts = {0, *pause_ns};
-    nanosleep(&ts, NULL);
-    if (*pause_ns < 200000)
-      *pause_ns *= 2;
+    zpp_pause_ns(pause_ns);
   }
 }
 
@@ -600,12 +597,7 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
                        "aborted",
                        to));
     }
-    {
-      struct timespec ts = {0, pause_ns};
-      nanosleep(&ts, NULL);
-      if (pause_ns < 200000)
-        pause_ns *= 2;
-    }
+    zpp_pause_ns(&pause_ns);
   }
 #else
   (void)t;

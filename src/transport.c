@@ -30,6 +30,13 @@ void zpp_sleep_until_ns(int64_t deadline_ns) {
   }
 }
 
+void zpp_pause_ns(long *pause_ns) {
+  struct timespec ts = {0, *pause_ns};
+  nanosleep(&ts, NULL);
+  if (*pause_ns < 200000)
+    *pause_ns *= 2;
+}
+
 double zpp_timeout_clamp(double timeout_s) {
   return timeout_s > ZPP_TIMEOUT_MAX_S ? ZPP_TIMEOUT_MAX_S : timeout_s;
 }

@@ -998,7 +998,6 @@ static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
   long pause_ns = 1000;
   for (;;) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)op->stream);
-    struct timespec ts;
     if (e == cudaSuccess)
       return ZPP_OK;
     if (e != cudaErrorNotReady) {
@@ -1015,11 +1014,7 @@ static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
                        "%s: the stream's earlier work did not finish within "
                        "%.3g s (ZPP_TIMEOUT_S)", step, op->t->timeout_s);
     }
-    ts.tv_sec = 0;
-    ts.tv_nsec = pause_ns;
-    nanosleep(&ts, NULL);
-    if (pause_ns < 200000)
-      pause_ns *= 2;
+    zpp_pause_ns(&pause_ns);
   }
 }
 
@@ -1616,10 +1611,7 @@ zpp_status_t zpp_xop_wait(zpp_xop_t *op) {
     } else if (now < quiet_until) {
       sched_yield();
     } else {
-      struct timespec ts = {0, pause_ns};
-      nanosleep(&ts, NULL);
-      if (pause_ns < 200000)
-        pause_ns *= 2;
+      zpp_pause_ns(&pause_ns);
     }
   }
 }

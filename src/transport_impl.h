@@ -170,6 +170,10 @@ void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
 int64_t zpp_time_ns(void);
 /* Sleeps (never spins) until CLOCK_MONOTONIC reaches `deadline_ns`. */
 void zpp_sleep_until_ns(int64_t deadline_ns);
+/* The back-off of a poll loop with nothing to wake it: sleeps *pause_ns,
+ * then doubles it up to 200 us (callers start at 1 us and reset to it on
+ * progress). */
+void zpp_pause_ns(long *pause_ns);
 
 /* Link emulation: for a send of `bytes` to world rank `peer`, reserves my
  * NIC and returns the time the receiver may use the data: start =

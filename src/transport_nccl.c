@@ -214,13 +214,6 @@ static zpp_status_t comm_lock(zpp_transport_t *t, zpp_group_t g,
   return ZPP_OK;
 }
 
-static void pause_poll(long *pause_ns) {
-  struct timespec ts = {0, *pause_ns};
-  nanosleep(&ts, NULL);
-  if (*pause_ns < 200000)
-    *pause_ns *= 2;
-}
-
 static int64_t limit_of(const zpp_transport_t *t) {
   return t->timeout_s > 0 ? zpp_time_ns() + (int64_t)(t->timeout_s * 1e9)
                           : INT64_MAX;
@@ -268,7 +261,7 @@ static zpp_status_t ready(zpp_transport_t *t, ncclComm_t c, const char *what) {
                        "(ZPP_TIMEOUT_S); communicators aborted",
                        t->timeout_s);
     }
-    pause_poll(&pause_ns);
+    zpp_pause_ns(&pause_ns);
   }
 }
 
@@ -668,7 +661,7 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
                        "(ZPP_TIMEOUT_S); NCCL communicators aborted",
                        t->timeout_s);
     }
-    pause_poll(&pause_ns);
+    zpp_pause_ns(&pause_ns);
   }
 }
 
