@@ -770,6 +770,21 @@ void hadamard64(const double *x, size_t g, double *y) {
 }
 
 // Heavy-tailed gradients: normal, with one element in 64 multiplied by 40.
+// Squared distance of this rank's `count` reduce-scatter outputs `got`
+// from the exact sum (in double) of every rank's input slice for this
+// rank; all[r] is rank r's whole input.
+template <class V>
+double sq_err_vs_exact_sum(const V &got, const std::vector<std::vector<float>> &all,
+                           size_t count) {
+  double e = 0;
+  for (size_t i = 0; i < count; i++) {
+    double exact = 0;
+    for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
+    e += (got[i] - exact) * (got[i] - exact);
+  }
+  return e;
+}
+
 std::vector<float> gen_outliers(int r, size_t n, zpp_dtype_t dt, uint64_t tag) {
   auto x = gen(r, n, dt, tag);
   for (size_t i = (size_t)r % 64; i < n; i += 64) x[i] = to_dtype(x[i] * 40.0f, dt);
@@ -983,15 +998,10 @@ TEST(Qgz, Int8ResidualKeepsErrorFeedbackInAQuarterOfTheMemory) {
   EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr), ZPP_OK);
   m.back();
-  double e_ef = 0, e_plain = 0;
   std::vector<std::vector<float>> all(g_size);
   for (int r = 0; r < g_size; r++) all[r] = gen(r, n, ZPP_FLOAT32, 23);
-  for (size_t i = 0; i < count; i++) {
-    double exact = 0;
-    for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
-    e_ef += (avg[i] - exact) * (avg[i] - exact);
-    e_plain += (out[i] - exact) * (out[i] - exact);
-  }
+  double e_ef = sq_err_vs_exact_sum(avg, all, count);
+  double e_plain = sq_err_vs_exact_sum(out, all, count);
   if (g_size > 1) {
     EXPECT_LT(e_ef, 0.25 * e_plain) << "INT8 error feedback did not help";
   }
@@ -1011,12 +1021,7 @@ TEST(Qgz, Int8ResidualKeepsErrorFeedbackInAQuarterOfTheMemory) {
       m.back();
       for (size_t i = 0; i < count; i++) avg32[i] += out[i] / (double)steps;
     }
-    double e32 = 0;
-    for (size_t i = 0; i < count; i++) {
-      double exact = 0;
-      for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
-      e32 += (avg32[i] - exact) * (avg32[i] - exact);
-    }
+    double e32 = sq_err_vs_exact_sum(avg32, all, count);
     if (g_rank == 0)
       std::printf("[ info ] squared error of the %d-step average: no feedback %.4g, INT8 "
                   "residual %.4g, fp32 residual %.4g\n", steps, e_plain, e_ef, e32);
@@ -1237,13 +1242,7 @@ TEST(Qgz, Int8ResidualWithLoCoTracksTheFp32One) {
       m.back();
       for (size_t i = 0; i < count; i++) avg[i] += out[i] / (double)steps;
     }
-    double e = 0;
-    for (size_t i = 0; i < count; i++) {
-      double exact = 0;
-      for (int r = 0; r < g_size; r++) exact += all[r][(size_t)g_rank * count + i];
-      e += (avg[i] - exact) * (avg[i] - exact);
-    }
-    return e;
+    return sq_err_vs_exact_sum(avg, all, count);
   };
   double e8 = sq_err_of_average(8, true), e32 = sq_err_of_average(32, true),
          e0 = sq_err_of_average(32, false);
