@@ -12,7 +12,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
 .PHONY: all deps deps-python configure build asan emu tsan fuzz test test-unit test-asan \
-  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python demo clean help
+  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python test-python-emu demo clean help
 
 all: build
 
@@ -25,6 +25,7 @@ help:
 	@echo "               (scripts/netns_cluster.sh; needs root, else skipped)"
 	@echo "make test-asan / test-asan-mpi / test-tsan / test-fuzz - one sanitizer suite"
 	@echo "make test-python - only the Python bindings and FSDP2 tests (pytest, venv $(PY_VENV)/)"
+	@echo "make test-python-emu - the bindings on device memory (emulated CUDA runtime)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -142,7 +143,16 @@ test-python: build deps-python
 	ZPP_LIBRARY=$(abspath $(BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(BUILD)) \
 	  $(PY_VENV)/bin/python -m pytest -q python/tests
 
-test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python
+# The bindings on device memory (python/tests/test_device_emu.py): zpp.Comm
+# with memory="device" on __cuda_array_interface__ arrays, against the
+# library of $(EMU_BUILD)/ (emulated CUDA runtime, NCCL stand-in); about
+# 10 s.
+test-python-emu: emu deps-python
+	ZPP_LIBRARY=$(abspath $(EMU_BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(EMU_BUILD)) \
+	  $(PY_VENV)/bin/python -m pytest -q python/tests/test_device_emu.py
+
+test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
+  test-python-emu
 	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2)"
 
 # The demo needs only the tools and benchmarks, not the test suites.

@@ -137,26 +137,41 @@ _TORCH_DTYPES = {
 }
 
 
+# __cuda_array_interface__ type strings zpp takes (bf16 has none: a torch
+# bf16 CUDA tensor is read through torch itself)
+_CAI_DTYPES = {"<f4": "ZPP_FLOAT32", "<f2": "ZPP_FLOAT16", "|u1": "ZPP_UINT8", "<u1": "ZPP_UINT8"}
+
+
 def is_torch(a) -> bool:
     return type(a).__module__.startswith("torch") and hasattr(a, "data_ptr")
 
 
 class Buf:
-    """Pointer, element count and zpp dtype of a contiguous host array."""
+    """Pointer, element count, zpp dtype and memory space of a contiguous
+    array: a numpy array or CPU torch tensor (host memory), a CUDA torch
+    tensor, or any object with ``__cuda_array_interface__`` (version 2 or
+    3: CuPy, Numba, ...; device memory).  ``device`` is None for host
+    memory, else the CUDA device index (-1 when the interface does not
+    say); ``stream`` is the stream the producer asks consumers to order
+    after (``__cuda_array_interface__`` version 3), or None."""
 
-    __slots__ = ("array", "ptr", "numel", "dtype", "dtype_name")
+    __slots__ = ("array", "ptr", "numel", "dtype", "dtype_name", "device", "stream", "what")
 
     def __init__(self, a, what: str, floats_only: bool = False, written: bool = False):
         L = get()
+        self.what = what
+        self.device = None
+        self.stream = None
         if is_torch(a):
-            if a.device.type != "cpu":
+            if a.device.type == "cuda":
+                self.device = a.device.index if a.device.index is not None else -1
+            elif a.device.type != "cpu":
                 raise DeviceError(
                     L.lib.ZPP_ERR_UNSUPPORTED,
                     "ZPP_ERR_UNSUPPORTED",
-                    "%s is on device %s: this zpp communicator works on host (CPU) "
-                    "memory (zpp_cuda_available() = %d; the device path is not "
-                    "wired into the Python bindings yet)"
-                    % (what, a.device, L.lib.zpp_cuda_available()),
+                    "%s is on device %s: zpp takes CPU tensors (host memory) and CUDA "
+                    "tensors (device memory; zpp_cuda_available() = %d in %s)"
+                    % (what, a.device, L.lib.zpp_cuda_available(), L.path),
                 )
             if not a.is_contiguous():
                 raise ValueError("%s: the tensor must be contiguous" % what)
@@ -164,11 +179,43 @@ class Buf:
             code = _TORCH_DTYPES.get(name)
             self.ptr = a.data_ptr()
             self.numel = a.numel()
+        elif hasattr(a, "__cuda_array_interface__"):
+            cai = a.__cuda_array_interface__
+            shape = tuple(cai["shape"])
+            typestr = cai["typestr"]
+            ptr, readonly = cai["data"]
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            strides = cai.get("strides")
+            if strides is not None:
+                item = int(typestr[2:]) if typestr[2:].isdigit() else 0
+                want, acc = [], item
+                for d in reversed(shape):
+                    want.append(acc)
+                    acc *= int(d)
+                if numel > 1 and tuple(strides) != tuple(reversed(want)):
+                    raise ValueError("%s: the device array must be C-contiguous (strides %s)"
+                                     % (what, tuple(strides)))
+            if cai.get("mask") is not None:
+                raise ValueError("%s: masked device arrays are not supported" % what)
+            if written and readonly:
+                raise ValueError("%s: the device array is read-only; zpp writes into it" % what)
+            name = "cuda." + typestr
+            code = _CAI_DTYPES.get(typestr)
+            if code is not None:
+                name = "cuda." + {"ZPP_FLOAT32": "float32", "ZPP_FLOAT16": "float16",
+                                  "ZPP_UINT8": "uint8"}[code]
+            self.ptr = int(ptr or 0)
+            self.numel = numel
+            self.device = -1
+            self.stream = cai.get("stream")
         else:
             import numpy as np
 
             if not isinstance(a, np.ndarray):
-                raise TypeError("%s: a numpy array or a torch tensor, not %s" % (what, type(a).__name__))
+                raise TypeError("%s: a numpy array, a torch tensor or a CUDA array "
+                                "(__cuda_array_interface__), not %s" % (what, type(a).__name__))
             if not a.flags.c_contiguous:
                 raise ValueError("%s: the array must be C-contiguous" % what)
             if written and not a.flags.writeable:
@@ -181,11 +228,8 @@ class Buf:
             self.numel = a.size
         if code is None or (floats_only and code == "ZPP_UINT8"):
             allowed = "float32, float16, bfloat16 (torch)" + ("" if floats_only else ", uint8")
-            raise DtypeError(
-                L.lib.ZPP_ERR_INVALID_ARGUMENT,
-                "ZPP_ERR_INVALID_ARGUMENT",
-                "%s has dtype %s: zpp takes %s here" % (what, name, allowed),
-            )
+            raise DtypeError(L.lib.ZPP_ERR_INVALID_ARGUMENT, "ZPP_ERR_INVALID_ARGUMENT",
+                             "%s has dtype %s: zpp takes %s here" % (what, name, allowed))
         self.array = a
         self.dtype = getattr(L.lib, code)
         self.dtype_name = name
@@ -194,12 +238,25 @@ class Buf:
     def cptr(self):
         return get().ffi.cast("void *", self.ptr)
 
+    def where(self) -> str:
+        """"host memory (numpy)", "device memory (cuda:0)", ... for messages."""
+        if self.device is None:
+            return "host memory (%s)" % ("torch CPU tensor" if is_torch(self.array) else "numpy")
+        if is_torch(self.array):
+            return "device memory (%s)" % self.array.device
+        return "device memory (__cuda_array_interface__)"
 
-def empty_like(a, numel: int, dtype=None):
+
+def empty_like(a, numel: int, dtype=None, what: str = "out"):
+    """A new array of numel elements where ``a`` lives (numpy, or torch on
+    a's device); other device arrays cannot be made here."""
     if is_torch(a):
         import torch
 
         return torch.empty(numel, dtype=dtype or a.dtype, device=a.device)
+    if hasattr(a, "__cuda_array_interface__"):
+        raise TypeError("%s: pass it for device arrays other than torch tensors (zpp "
+                        "allocates only numpy arrays and torch tensors)" % what)
     import numpy as np
 
     return np.empty(numel, dtype=dtype or a.dtype)

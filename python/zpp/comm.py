@@ -10,7 +10,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from . import _lib
-from ._lib import Buf, DtypeError, Error, empty_like
+from ._lib import Buf, DeviceError, DtypeError, Error, empty_like
 
 # Communicators still open, closed at exit in reverse creation order (every
 # rank creates them in the same order, and destroy is collective).
@@ -25,9 +25,21 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
-def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional[float]):
+def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional[float],
+            memory: Optional[str] = None, device: Optional[int] = None):
     L = _lib.get()
     cfg = L.new("zpp_comm_config_t")
+    if memory not in (None, "host", "device"):
+        raise ValueError("memory %r: must be 'host' (numpy, CPU tensors) or 'device' "
+                         "(CUDA tensors, __cuda_array_interface__)" % (memory,))
+    if memory == "device":
+        cfg.memory = L.lib.ZPP_MEMORY_DEVICE
+    if device is not None:
+        if memory != "device":
+            raise ValueError("device %r: only with memory='device'" % (device,))
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ValueError("device %r: a CUDA device index >= 0" % (device,))
+        cfg.cuda_device = device
     keep = None
     if topology:
         keep = L.ffi.new("char[]", topology.encode())
@@ -127,27 +139,28 @@ class Comm:
 
     @classmethod
     def from_unique_id(cls, uid: bytes, nranks: int, rank: int, *, topology: str = None,
-                       backend: str = None, timeout_s: float = None) -> "Comm":
+                       backend: str = None, timeout_s: float = None, memory: str = None,
+                       device: int = None) -> "Comm":
         L = _lib.get()
         if len(uid) != L.lib.ZPP_UNIQUE_ID_BYTES:
             raise ValueError("uid: %d bytes, must be %d" % (len(uid), L.lib.ZPP_UNIQUE_ID_BYTES))
         cid = L.ffi.new("zpp_unique_id_t *")
         L.ffi.memmove(cid, uid, len(uid))
-        cfg, keep = _config(topology, backend, timeout_s)
+        cfg, keep = _config(topology, backend, timeout_s, memory, device)
         return cls._make(L.lib.zpp_comm_create_from_id, cid, nranks, rank, cfg, keep=keep)
 
     @classmethod
     def from_env(cls, *, topology: str = None, backend: str = None,
-                 timeout_s: float = None) -> "Comm":
+                 timeout_s: float = None, memory: str = None, device: int = None) -> "Comm":
         """From torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0
         listens on MASTER_PORT + 1, or ZPP_BOOTSTRAP_PORT); no MPI."""
         L = _lib.get()
-        cfg, keep = _config(topology, backend, timeout_s)
+        cfg, keep = _config(topology, backend, timeout_s, memory, device)
         return cls._make(L.lib.zpp_comm_create_from_env, cfg, keep=keep)
 
     @classmethod
     def from_mpi(cls, *, topology: str = None, backend: str = None,
-                 timeout_s: float = None) -> "Comm":
+                 timeout_s: float = None, memory: str = None, device: int = None) -> "Comm":
         """The world of an mpirun job, over MPI (MPI_COMM_WORLD).  MPI is
         initialised here (MPI_THREAD_MULTIPLE) when nobody did, and finalised
         at exit after the communicators are closed."""
@@ -159,7 +172,7 @@ class Comm:
                         % (L.path, L.include_dir))
         mpi = _mpi()
         world = ctypes.addressof(ctypes.c_char.in_dll(mpi, "ompi_mpi_comm_world"))
-        cfg, keep = _config(topology, backend, timeout_s)
+        cfg, keep = _config(topology, backend, timeout_s, memory, device)
         return cls._make(L.lib.zpp_comm_create_mpi, L.ffi.cast("MPI_Comm", world), cfg, keep=keep)
 
     @classmethod
@@ -174,7 +187,7 @@ class Comm:
 
     @classmethod
     def from_process_group(cls, group=None, *, topology: str = None, backend: str = None,
-                           timeout_s: float = None) -> "Comm":
+                           timeout_s: float = None, memory: str = None, device: int = None) -> "Comm":
         """A communicator of the ranks of a torch ProcessGroup (default: the
         world), in the group's rank order.  The group's first rank makes a
         unique id (zpp's TCP bootstrap: ZPP_BOOTSTRAP_ADDR, else MASTER_ADDR,
@@ -194,7 +207,7 @@ class Comm:
         else:
             uid = bytes(store.get(key))
         return cls.from_unique_id(uid, size, rank, topology=topology, backend=backend,
-                                  timeout_s=timeout_s)
+                                  timeout_s=timeout_s, memory=memory, device=device)
 
     def from_ranks(self, ranks: Sequence[int]) -> Optional["Comm"]:
         """Collective over this communicator, the same list on every rank:
@@ -298,20 +311,80 @@ class Comm:
         L = _lib.get()
         L.check(L.lib.zpp_comm_reset_stats(self._c), self._c)
 
+    @property
+    def memory(self) -> str:
+        """"host" (numpy arrays, CPU tensors) or "device" (CUDA tensors,
+        ``__cuda_array_interface__`` arrays): the memory space of every
+        buffer of this communicator's collectives (``memory=`` at creation;
+        communicators split from it inherit it)."""
+        L = _lib.get()
+        m = L.ffi.new("zpp_memory_t *")
+        L.check(L.lib.zpp_comm_memory(self._c, m), self._c)
+        return "device" if m[0] == L.lib.ZPP_MEMORY_DEVICE else "host"
+
     # ---- collectives ---------------------------------------------------------
 
-    def _run(self, fn, args: tuple, keep: tuple, result, async_op: bool):
+    def _stream(self, bufs, stream):
+        """The cudaStream_t a device collective goes to: ``stream`` (an int
+        handle, a torch.cuda.Stream, or anything with ``cuda_stream`` or
+        ``ptr``), else torch's current stream of a CUDA tensor's device,
+        else the stream a ``__cuda_array_interface__`` names (1: the legacy
+        default stream, 2: the per-thread default stream), else the legacy
+        default stream."""
+        L = _lib.get()
+        if self.memory != "device":
+            if stream is not None:
+                raise ValueError("stream: only for a communicator on device memory "
+                                 "(this one works on host memory)")
+            return L.ffi.NULL
+        if stream is None:
+            for b in bufs:
+                if _lib.is_torch(b.array):
+                    import torch
+
+                    stream = torch.cuda.current_stream(b.array.device).cuda_stream
+                    break
+            else:
+                for b in bufs:
+                    if b.stream is not None:
+                        stream = 0 if b.stream == 1 else b.stream
+                        break
+        if stream is None:
+            return L.ffi.NULL
+        for attr in ("cuda_stream", "ptr"):
+            if not isinstance(stream, int) and hasattr(stream, attr):
+                stream = getattr(stream, attr)
+        if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+            raise TypeError("stream %r: a cudaStream_t as an int, a torch.cuda.Stream, or "
+                            "an object with .cuda_stream or .ptr" % (stream,))
+        return L.ffi.cast("zpp_stream_t", stream)
+
+    def _check_memory(self, bufs) -> None:
+        mem = self.memory
+        for b in bufs:
+            if (b.device is not None) != (mem == "device"):
+                L = _lib.get()
+                fix = ("create it with memory='device'" if mem == "host"
+                       else "pass CUDA tensors or __cuda_array_interface__ arrays")
+                raise DeviceError(L.lib.ZPP_ERR_INVALID_ARGUMENT, "ZPP_ERR_INVALID_ARGUMENT",
+                                  "%s is %s but this communicator works on %s memory: %s"
+                                  % (b.what, b.where(), mem, fix))
+
+    def _run(self, fn, args: tuple, keep: tuple, result, async_op: bool, bufs=(), stream=None):
         L = _lib.get()
         if self._c is None:
             raise ValueError("the communicator is closed")
+        self._check_memory(bufs)
+        st = self._stream(bufs, stream)
         req = L.ffi.new("zpp_request_t *") if async_op else L.ffi.NULL
-        L.check(fn(*args, L.ffi.NULL, req), self._c)
+        L.check(fn(*args, st, req), self._c)
         if async_op:
             return Work(self, req, keep, result)
         return result
 
     def _gather_bufs(self, send, out, floats_only: bool):
         s = Buf(send, "send", floats_only)
+        self._check_memory([s])
         n = self.size
         if out is None:
             out = empty_like(send, s.numel * n)
@@ -325,6 +398,7 @@ class Comm:
 
     def _scatter_bufs(self, send, out):
         s = Buf(send, "send", True)
+        self._check_memory([s])
         n = self.size
         if s.numel % n:
             raise ValueError("send: %d elements, must be a multiple of the size %d" % (s.numel, n))
@@ -338,26 +412,27 @@ class Comm:
             raise ValueError("out: %d elements, must be send / size = %d" % (o.numel, s.numel // n))
         return s, o, out
 
-    def allgather(self, send, out=None, *, async_op: bool = False):
+    def allgather(self, send, out=None, *, async_op: bool = False, stream=None):
         """out[r*n:(r+1)*n] = rank r's send (n elements; fp32, fp16, bf16 or
         uint8).  In place when send is the view out[rank*n:(rank+1)*n].
         Returns out, or a :class:`Work` with ``async_op``."""
         s, o, out = self._gather_bufs(send, out, False)
         L = _lib.get()
         return self._run(L.lib.zpp_allgather, (self._c, s.cptr, o.cptr, s.numel, s.dtype),
-                         (send, out), out, async_op)
+                         (send, out), out, async_op, (s, o), stream)
 
     def qwz_allgather(self, send, out=None, *, bits: int = 8, block: int = 256,
-                      asymmetric: bool = False, async_op: bool = False):
+                      asymmetric: bool = False, async_op: bool = False, stream=None):
         """qwZ: the all-gather with every shard block-quantized to ``bits``
         (8 or 4) on the wire; every rank gets bitwise the same output."""
         s, o, out = self._gather_bufs(send, out, True)
         L = _lib.get()
         q = quant_config(bits, block, asymmetric)
         return self._run(L.lib.zpp_qwz_allgather, (self._c, q, s.cptr, o.cptr, s.numel, s.dtype),
-                         (send, out, q), out, async_op)
+                         (send, out, q), out, async_op, (s, o), stream)
 
-    def reduce_scatter(self, send, out=None, *, op: str = "sum", async_op: bool = False):
+    def reduce_scatter(self, send, out=None, *, op: str = "sum", async_op: bool = False,
+                       stream=None):
         """out = slice ``rank`` of the sum (op "sum") or mean ("mean") of
         every rank's send, accumulated in fp32 in a fixed order (on several
         nodes each node's partial first, rounded to the dtype; else rank
@@ -366,26 +441,38 @@ class Comm:
         L = _lib.get()
         return self._run(L.lib.zpp_reduce_scatter,
                          (self._c, s.cptr, o.cptr, o.numel, s.dtype, _op(op)),
-                         (send, out), out, async_op)
+                         (send, out), out, async_op, (s, o), stream)
 
-    def qgz_residual(self, count: int, *, like=None):
-        """A zeroed fp32 error-feedback residual for qgz_reduce_scatter with
-        ``count`` output elements per rank (zpp_qgz_residual_count floats);
-        a torch tensor when ``like`` is one, else a numpy array."""
+    def qgz_residual_count(self, count: int) -> int:
+        """Floats of the error-feedback residual of a qgz_reduce_scatter with
+        ``count`` output elements per rank (zpp_qgz_residual_count)."""
         L = _lib.get()
         n = L.ffi.new("size_t *")
         L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
+        return n[0]
+
+    def qgz_residual(self, count: int, *, like=None):
+        """A zeroed fp32 error-feedback residual for qgz_reduce_scatter with
+        ``count`` output elements per rank (:meth:`qgz_residual_count`
+        floats): a torch tensor on ``like``'s device when ``like`` is one,
+        else a numpy array.  On device memory ``like`` must be a CUDA
+        tensor (other device arrays: allocate and zero that many floats)."""
+        n = self.qgz_residual_count(count)
         if like is not None and _lib.is_torch(like):
             import torch
 
-            return torch.zeros(n[0], dtype=torch.float32)
+            return torch.zeros(n, dtype=torch.float32, device=like.device)
+        if self.memory == "device":
+            raise ValueError("qgz_residual: on device memory pass like=<a CUDA tensor>, or "
+                             "allocate qgz_residual_count(%d) = %d zeroed floats yourself"
+                             % (count, n))
         import numpy as np
 
-        return np.zeros(n[0], dtype=np.float32)
+        return np.zeros(n, dtype=np.float32)
 
     def qgz_reduce_scatter(self, send, out=None, *, op: str = "mean", intra_bits: int = 4,
                            inter_bits: int = 4, block: int = 256, residual=None,
-                           hadamard: int = 0, async_op: bool = False):
+                           hadamard: int = 0, async_op: bool = False, stream=None):
         """qgZ: hierarchical quantized reduce-scatter (intra-node all-to-all
         in ``intra_bits``, one inter-node crossing in ``inter_bits``).
         ``residual`` (from :meth:`qgz_residual`, zero at first) turns on
@@ -395,6 +482,7 @@ class Comm:
         cfg = qgz_config(intra_bits=intra_bits, inter_bits=inter_bits, block=block,
                          hadamard=hadamard)
         res = L.ffi.NULL
+        bufs = [s, o]
         if residual is not None:
             r = Buf(residual, "residual", written=True)
             want = L.ffi.new("size_t *")
@@ -406,9 +494,10 @@ class Comm:
                 raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                                  "residual has dtype %s: must be float32" % r.dtype_name)
             res = r.cptr
+            bufs.append(r)
         return self._run(L.lib.zpp_qgz_reduce_scatter,
                          (self._c, cfg, s.cptr, o.cptr, o.numel, s.dtype, _op(op), res),
-                         (send, out, residual, cfg), out, async_op)
+                         (send, out, residual, cfg), out, async_op, bufs, stream)
 
 
 _pg_counter: dict = {}

@@ -120,13 +120,15 @@ class Work(dist.Work):
         return self._w.is_completed()
 
 
-def _check_tensor(t: torch.Tensor, what: str) -> None:
-    if t.device.type != "cpu":
+def _check_tensor(t: torch.Tensor, what: str, comm: Comm) -> None:
+    want = "cuda" if comm.memory == "device" else "cpu"
+    if t.device.type != want:
         L = _lib.get()
         raise _lib.DeviceError(
             L.lib.ZPP_ERR_UNSUPPORTED, "ZPP_ERR_UNSUPPORTED",
-            "zpp.fsdp: %s is on device %s: the hooks take CPU tensors (gloo); "
-            "the device path is not wired into the Python bindings yet" % (what, t.device))
+            "zpp.fsdp: %s is on device %s but zpp's communicators work on %s memory (%s "
+            "tensors): enable() picks device memory when the model's parameters are on "
+            "CUDA, or pass memory='host'/'device'" % (what, t.device, comm.memory, want))
 
 
 class AllGather(_FsdpAllGather):
@@ -142,9 +144,9 @@ class AllGather(_FsdpAllGather):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        _check_tensor(output_tensor, "the all-gather output")
-        _check_tensor(input_tensor, "the all-gather input")
         comm = self.comms.get(group)
+        _check_tensor(output_tensor, "the all-gather output", comm)
+        _check_tensor(input_tensor, "the all-gather input", comm)
         o = self.options
         quantize = (o.qwz_bits and comm.nnodes > 1
                     and input_tensor.dtype in (torch.float32, torch.bfloat16, torch.float16))
@@ -174,9 +176,9 @@ class ReduceScatter(_FsdpReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        _check_tensor(output_tensor, "the reduce-scatter output")
-        _check_tensor(input_tensor, "the reduce-scatter input")
         comm = self.comms.get(group)
+        _check_tensor(output_tensor, "the reduce-scatter output", comm)
+        _check_tensor(input_tensor, "the reduce-scatter input", comm)
         R = dist.ReduceOp
         if op == R.AVG:
             zop = name = "avg"
@@ -246,7 +248,11 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     """Installs zpp's all-gather and reduce-scatter on every FSDPModule of
     ``model`` (after ``fully_shard``).  ``comm``: the world communicator
     (default: one made over torch's default group and store); the defaults
-    of the other arguments are zpp's exact baselines."""
+    of the other arguments are zpp's exact baselines.  When the model's
+    parameters are on CUDA and neither ``comm`` nor ``memory=`` is given,
+    the communicators work on device memory of the parameters' device
+    (``memory="device", device=<index>``): the hooks then run on torch's
+    current stream (FSDP2's all-gather and reduce-scatter streams)."""
     opts = Options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
                    error_feedback, hadamard)
     for b, name in ((qwz_bits, "qwz_bits"), (qgz_bits, "qgz_bits"),
@@ -256,6 +262,12 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     if error_feedback and not qgz_bits:
         raise ValueError("error_feedback needs qgz_bits (4 or 8)")
     if comms is None:
+        if comm is None and "memory" not in comm_kw:
+            p = next(model.parameters(), None)
+            if p is not None and p.device.type == "cuda":
+                comm_kw["memory"] = "device"
+                comm_kw.setdefault("device", p.device.index if p.device.index is not None
+                                   else torch.cuda.current_device())
         comms = Comms(comm, **comm_kw)
     gathers, scatters = [], []
     for m in model.modules():
