@@ -161,6 +161,11 @@ def main():
         expect(ValueError, "memory 'gpu'", lambda: zpp.Comm.from_mpi(memory="gpu")),
         expect(ValueError, "device 0: only with memory='device'",
                lambda: zpp.Comm.from_mpi(device=0)),
+        # zpp.quant runs on the CPU: device arrays are refused, not read
+        expect(zpp.DeviceError, "x is device memory (__cuda_array_interface__): zpp.quant",
+               lambda: zpp.quant.encode(cu.empty(8, np.float32))),
+        expect(zpp.DeviceError, "enc is device memory",
+               lambda: zpp.quant.decode(cu.empty(8, np.uint8), 4)),
     ]
     done["messages"] = msgs
     again = dev.allgather(cu.array(data(r, 5, 20)), cu.empty(5 * W, np.float32)).get()

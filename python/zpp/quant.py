@@ -10,6 +10,18 @@ from .comm import quant_config
 __all__ = ["encoded_size", "encode", "decode", "error"]
 
 
+def _host(b: Buf) -> Buf:
+    # zpp_quant_encode/decode run on the CPU: a device pointer (a CUDA
+    # tensor, a __cuda_array_interface__ array, which Buf accepts for the
+    # device communicators) would be read by host code
+    if b.device is not None:
+        L = _lib.get()
+        raise _lib.DeviceError(L.lib.ZPP_ERR_UNSUPPORTED, "ZPP_ERR_UNSUPPORTED",
+                               "%s is %s: zpp.quant works on host memory (numpy arrays, CPU "
+                               "tensors)" % (b.what, b.where()))
+    return b
+
+
 def encoded_size(count: int, *, bits: int = 8, block: int = 256,
                  asymmetric: bool = False) -> int:
     """Bytes of the encoded buffer of ``count`` elements (scales + payload)."""
@@ -26,7 +38,7 @@ def encode(x, *, bits: int = 8, block: int = 256, asymmetric: bool = False,
     uint8 array of the same kind (numpy or torch)."""
     L = _lib.get()
     q = quant_config(bits, block, asymmetric, stochastic, seed)
-    b = Buf(x, "x", floats_only=True)
+    b = _host(Buf(x, "x", floats_only=True))
     nbytes = encoded_size(b.numel, bits=bits, block=block, asymmetric=asymmetric)
     out = _lib.empty_like(x, max(nbytes, 0), dtype=_u8(x))
     o = Buf(out, "out")
@@ -40,7 +52,7 @@ def decode(enc, count: int, *, dtype=None, bits: int = 8, block: int = 256,
     into ``dtype`` (default float32; a numpy or torch dtype as ``enc``)."""
     L = _lib.get()
     q = quant_config(bits, block, asymmetric)
-    e = Buf(enc, "enc")
+    e = _host(Buf(enc, "enc"))
     if e.dtype != L.lib.ZPP_UINT8:
         raise _lib.DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                               "enc has dtype %s: must be uint8 (from zpp.quant.encode)" % e.dtype_name)
