@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import zpp
-from emu_cuda import Cuda, find
+from emu_cuda import Cuda, Iface, find
 
 SEED = int(os.environ.get("ZPP_TEST_SEED", "20261202"))
 
@@ -167,6 +167,47 @@ def main():
         expect(zpp.DeviceError, "enc is device memory",
                lambda: zpp.quant.decode(cu.empty(8, np.uint8), 4)),
     ]
+    # the interface read as the spec says (version 3): strides of a
+    # C-contiguous array are taken whatever an axis of length 1 says, others
+    # are refused; a null pointer is fine for zero elements; stream 0 is
+    # disallowed; a host residual on a
+    # device communicator is refused by name
+    src = cu.array(data(r, 12, 21))
+    for shape, strides in (((3, 4), (16, 4)), ((1, 12), (999, 4)), ((12, 1), (4, 0)),
+                           ((3, 1, 4), (16, 7, 4))):
+        o = dev.allgather(Iface(src, shape=shape, strides=strides),
+                          cu.empty(12 * W, np.float32)).get()
+        assert np.array_equal(o, np.concatenate([data(q, 12, 21) for q in range(W)])), shape
+    nul = Iface(cu.empty(0, np.float32), shape=(0,), data=(0, False))
+    assert dev.allgather(nul, Iface(cu.empty(0, np.float32), shape=(0,), data=(0, False))) is not None
+    dev.reduce_scatter(nul, nul)
+    sa, sb = cu.stream(), cu.stream()
+    msgs += [
+        expect(ValueError, "send: the device array must be C-contiguous",
+               lambda: dev.allgather(Iface(src, shape=(3, 4), strides=(4, 12)),
+                                     cu.empty(12 * W, np.float32))),
+        expect(ValueError, "send: the device array must be C-contiguous",
+               lambda: dev.allgather(Iface(src, shape=(6,), strides=(8,)),
+                                     cu.empty(6 * W, np.float32))),
+        expect(ValueError, "send: masked device arrays",
+               lambda: dev.allgather(Iface(src, mask=src), cu.empty(12 * W, np.float32))),
+        expect(ValueError, "send: __cuda_array_interface__ stream 0",
+               lambda: dev.allgather(Iface(src, stream=0), cu.empty(12 * W, np.float32))),
+        expect(zpp.DeviceError, "residual is host memory",
+               lambda: dev.qgz_reduce_scatter(cu.array(data(r, n * W, 13)), cu.empty(n, np.float32),
+                                              residual=np.zeros(dev.qgz_residual_count(n),
+                                                                np.float32))),
+    ]
+    # two arrays on the same stream, or one on it and one on none: it runs there
+    cu.hold(sa)
+    dst = cu.empty(12 * W, np.float32)
+    w = dev.allgather(Iface(src, stream=sa), dst, async_op=True)
+    time.sleep(0.2)
+    held = w.is_completed()
+    cu.release(sa)
+    w.wait()
+    assert not held
+    assert np.array_equal(dst.get(), np.concatenate([data(q, 12, 21) for q in range(W)]))
     done["messages"] = msgs
     again = dev.allgather(cu.array(data(r, 5, 20)), cu.empty(5 * W, np.float32)).get()
     assert np.array_equal(again, np.concatenate([data(q, 5, 20) for q in range(W)]))

@@ -94,3 +94,18 @@ class DevArray:
         h = np.empty(self.n, self.dtype)
         self.cu.ok(self.cu.lib.cudaMemcpy(h.ctypes.data, self.ptr, h.nbytes, D2H), "cudaMemcpy D2H")
         return h
+
+
+class Iface:
+    """``base``'s memory under an edited ``__cuda_array_interface__`` (other
+    shapes, strides, a mask, a stream, a null pointer): for the checks of
+    the bindings' reading of the interface."""
+
+    def __init__(self, base: DevArray, **edit):
+        self.base, self.edit = base, edit
+
+    @property
+    def __cuda_array_interface__(self):
+        d = dict(self.base.__cuda_array_interface__)
+        d.update(self.edit)
+        return d

@@ -188,15 +188,17 @@ class Buf:
             for d in shape:
                 numel *= int(d)
             strides = cai.get("strides")
-            if strides is not None:
+            if strides is not None and numel > 1:
+                # C-contiguous: each axis steps over the ones after it; the
+                # stride of an axis of length 1 is never used (producers
+                # may put anything there)
                 item = int(typestr[2:]) if typestr[2:].isdigit() else 0
-                want, acc = [], item
-                for d in reversed(shape):
-                    want.append(acc)
+                acc = item
+                for d, st in zip(reversed(shape), reversed(tuple(strides))):
+                    if int(d) != 1 and int(st) != acc:
+                        raise ValueError("%s: the device array must be C-contiguous (shape %s, "
+                                         "strides %s)" % (what, shape, tuple(strides)))
                     acc *= int(d)
-                if numel > 1 and tuple(strides) != tuple(reversed(want)):
-                    raise ValueError("%s: the device array must be C-contiguous (strides %s)"
-                                     % (what, tuple(strides)))
             if cai.get("mask") is not None:
                 raise ValueError("%s: masked device arrays are not supported" % what)
             if written and readonly:
@@ -209,7 +211,15 @@ class Buf:
             self.ptr = int(ptr or 0)
             self.numel = numel
             self.device = -1
-            self.stream = cai.get("stream")
+            st = cai.get("stream")
+            if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st <= 0):
+                # version 3: None (no ordering), 1 (legacy default stream), 2
+                # (per-thread default stream) or a cudaStream_t; 0 is
+                # disallowed by the interface (ambiguous)
+                raise ValueError("%s: __cuda_array_interface__ stream %r: must be None, 1 "
+                                 "(legacy default), 2 (per-thread default) or a stream "
+                                 "handle (0 is disallowed by the interface)" % (what, st))
+            self.stream = st
         else:
             import numpy as np
 
