@@ -170,7 +170,7 @@ def main():
     # the interface read as the spec says (version 3): strides of a
     # C-contiguous array are taken whatever an axis of length 1 says, others
     # are refused; a null pointer is fine for zero elements; stream 0 is
-    # disallowed; a host residual on a
+    # disallowed; arrays on two streams need stream=; a host residual on a
     # device communicator is refused by name
     src = cu.array(data(r, 12, 21))
     for shape, strides in (((3, 4), (16, 4)), ((1, 12), (999, 4)), ((12, 1), (4, 0)),
@@ -193,6 +193,9 @@ def main():
                lambda: dev.allgather(Iface(src, mask=src), cu.empty(12 * W, np.float32))),
         expect(ValueError, "send: __cuda_array_interface__ stream 0",
                lambda: dev.allgather(Iface(src, stream=0), cu.empty(12 * W, np.float32))),
+        expect(ValueError, "stream: the arrays are on different streams",
+               lambda: dev.allgather(Iface(src, stream=sa),
+                                     Iface(cu.empty(12 * W, np.float32), stream=sb))),
         expect(zpp.DeviceError, "residual is host memory",
                lambda: dev.qgz_reduce_scatter(cu.array(data(r, n * W, 13)), cu.empty(n, np.float32),
                                               residual=np.zeros(dev.qgz_residual_count(n),

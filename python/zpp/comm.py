@@ -1,5 +1,7 @@
 """zpp.Comm: a communicator and its collectives on numpy arrays and CPU
-torch tensors (include/zpp/zpp_comm.h, include/zpp/zpp_coll.h)."""
+torch tensors, or with ``memory="device"`` on CUDA torch tensors and
+``__cuda_array_interface__`` arrays (include/zpp/zpp_comm.h,
+include/zpp/zpp_coll.h)."""
 
 from __future__ import annotations
 
@@ -330,7 +332,11 @@ class Comm:
         ``ptr``), else torch's current stream of a CUDA tensor's device,
         else the stream a ``__cuda_array_interface__`` names (1: the legacy
         default stream, 2: the per-thread default stream), else the legacy
-        default stream."""
+        default stream.  Without ``stream``, arrays that name different
+        streams (torch's current stream for a CUDA tensor, the interface's
+        "stream" for the others) are an error: the collective runs on one
+        stream and would not be ordered after the others.  With ``stream``
+        the caller orders the arrays' streams before it."""
         L = _lib.get()
         if self.memory != "device":
             if stream is not None:
@@ -338,17 +344,22 @@ class Comm:
                                  "(this one works on host memory)")
             return L.ffi.NULL
         if stream is None:
+            # every array's stream must be ordered before the collective:
+            # it runs on that stream, so they must all name the same one
+            named = []
             for b in bufs:
                 if _lib.is_torch(b.array):
                     import torch
 
-                    stream = torch.cuda.current_stream(b.array.device).cuda_stream
-                    break
-            else:
-                for b in bufs:
-                    if b.stream is not None:
-                        stream = 0 if b.stream == 1 else b.stream
-                        break
+                    named.append((b, torch.cuda.current_stream(b.array.device).cuda_stream))
+                elif b.stream is not None:
+                    named.append((b, 0 if b.stream == 1 else b.stream))
+            if len({h for _, h in named}) > 1:
+                raise ValueError("stream: the arrays are on different streams (%s): pass "
+                                 "stream= (the caller then orders the others before it)"
+                                 % ", ".join("%s on %#x" % (b.what, h) for b, h in named))
+            if named:
+                stream = named[0][1]
         if stream is None:
             return L.ffi.NULL
         for attr in ("cuda_stream", "ptr"):
