@@ -192,6 +192,9 @@ class Buf:
                 # C-contiguous: each axis steps over the ones after it; the
                 # stride of an axis of length 1 is never used (producers
                 # may put anything there)
+                if len(tuple(strides)) != len(shape):
+                    raise ValueError("%s: __cuda_array_interface__ strides %s for shape %s: one "
+                                     "per axis" % (what, tuple(strides), shape))
                 item = int(typestr[2:]) if typestr[2:].isdigit() else 0
                 acc = item
                 for d, st in zip(reversed(shape), reversed(tuple(strides))):
