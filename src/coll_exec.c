@@ -407,7 +407,8 @@ zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
                                        const char *what, const void *p) {
   if (ex->mem != ZPP_MEMORY_DEVICE || p == NULL)
     return ZPP_OK;
-  return zpp_quant_check_device_ptr(func, what, p);
+  return zpp_quant_check_device_ptr(func, what, p,
+                                    zpp_comm_device(ex->comm));
 }
 
 zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,

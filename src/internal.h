@@ -156,9 +156,10 @@ zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
                                              size_t count, int acc,
                                              zpp_dtype_t dtype, void *dst,
                                              void *stream);
-/* ZPP_OK when p is device memory; else an error naming `what`. */
+/* ZPP_OK when p is device memory (of `device` when >= 0; managed memory
+ * passes for any); else an error naming `what`. */
 zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
-                                        const void *p);
+                                        const void *p, int device);
 
 #ifdef __cplusplus
 }

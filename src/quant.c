@@ -314,12 +314,20 @@ zpp_status_t zpp_quant_decode_accumulate(const zpp_quant_config_t *cfg,
 #if ZPP_HAVE_CUDA_KERNELS
 int zpp_cuda_available(void) { return zpp_quant_cuda_device_ok(); }
 
+/* want_device >= 0: device memory must belong to that device (managed
+ * memory is addressable from any). */
 static zpp_status_t device_ptr(const char *func, const char *what,
-                               const void *p) {
+                               const void *p, int want_device) {
   char err[256];
-  if (!zpp_quant_cuda_is_device_ptr(p, err, sizeof err))
+  int dev = -1;
+  if (!zpp_quant_cuda_is_device_ptr(p, &dev, err, sizeof err))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "%s %p: not device memory (%s)", what, p, err);
+  if (want_device >= 0 && dev >= 0 && dev != want_device)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s %p: memory of CUDA device %d, but the communicator "
+                     "works on device %d",
+                     what, p, dev, want_device);
   return ZPP_OK;
 }
 
@@ -355,8 +363,8 @@ static zpp_status_t encode_device(const char *func,
   if (count > 0) {
     char err[256];
     if (check_ptrs) {
-      ZPP_CHECK(device_ptr(func, "src", src));
-      ZPP_CHECK(device_ptr(func, "dst", dst));
+      ZPP_CHECK(device_ptr(func, "src", src, -1));
+      ZPP_CHECK(device_ptr(func, "dst", dst, -1));
     }
     if (zpp_quant_cuda_encode(&q, (int)dtype, src, count, (uint8_t *)dst,
                               stream, err, sizeof err) != 0)
@@ -409,9 +417,9 @@ static zpp_status_t decode_device(const char *func,
   if (count > 0) {
     char err[256];
     if (check_ptrs) {
-      ZPP_CHECK(device_ptr(func, "src", src));
+      ZPP_CHECK(device_ptr(func, "src", src, -1));
       ZPP_CHECK(device_ptr(func, acc ? "acc" : "dst",
-                           dst));
+                           dst, -1));
     }
     if (zpp_quant_cuda_decode(&q, (const uint8_t *)src, count, out_kind, dst,
                               stream, err, sizeof err) != 0)
@@ -438,13 +446,14 @@ zpp_status_t zpp_quant_decode_device_trusted(const zpp_quant_config_t *cfg,
 }
 
 zpp_status_t zpp_quant_check_device_ptr(const char *func, const char *what,
-                                        const void *p) {
+                                        const void *p, int device) {
 #if ZPP_HAVE_CUDA_KERNELS
   ZPP_CHECK(need_device(func));
-  return device_ptr(func, what, p);
+  return device_ptr(func, what, p, device);
 #else
   (void)what;
   (void)p;
+  (void)device;
   return need_device(func);
 #endif
 }

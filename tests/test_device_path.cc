@@ -25,6 +25,8 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <atomic>
 #include <thread>
 #include <unistd.h>
@@ -544,6 +546,49 @@ TEST(DevicePath, AutoChoosesMpiWhenRanksShareAGpu) {
 // h: a qgZ call with error feedback classifies its three user buffers
 // once each (at 9ec3fac every encode and decode queried both pointers:
 // dozens of queries per call).
+// A buffer of another device than the communicator's is refused by name
+// before any work is queued (kernels of the communicator's device would
+// otherwise be launched against it), on both backends; managed memory,
+// which every device addresses, and the communicator's own device pass.
+TEST(DevicePath, BuffersOfAnotherDeviceAreRefusedByName) {
+  if (!run_case("wrongdev")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  const size_t n = 777;
+  for (zpp_backend_t be : {ZPP_BACKEND_MPI, ZPP_BACKEND_NCCL}) {
+    // each rank its own device (NCCL takes one rank per device), the
+    // other one holds the wrong buffer
+    const int dev = g_rank % 2, odev = 1 - dev;
+    zpp_comm_t comm = make_comm(be, dev);
+    ASSERT_NE(comm, nullptr);
+    ASSERT_EQ(cudaSetDevice(odev), cudaSuccess);
+    DevBuf other(n * 4 * (size_t)g_size);
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    DevBuf mine(n * 4), out(n * 4 * (size_t)g_size);
+    std::vector<float> x = gen(g_rank, n, 7), y(n * (size_t)g_size);
+    ASSERT_EQ(cudaMemcpy(mine.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(zpp_allgather(comm, other.p, out.p, n, ZPP_FLOAT32, nullptr, nullptr),
+              ZPP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(zpp_get_last_error(), "sendbuf"), nullptr) << zpp_get_last_error();
+    const std::string want = "device " + std::to_string(odev) +
+                             ", but the communicator works on device " + std::to_string(dev);
+    EXPECT_NE(std::strstr(zpp_get_last_error(), want.c_str()), nullptr) << zpp_get_last_error();
+    zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+    EXPECT_EQ(zpp_qwz_allgather(comm, &q, mine.p, other.p, n, ZPP_FLOAT32, nullptr, nullptr),
+              ZPP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(zpp_get_last_error(), "recvbuf"), nullptr) << zpp_get_last_error();
+    // managed memory as the output: accepted, and the gather is exact
+    void *managed = nullptr;
+    ASSERT_EQ(cudaMallocManaged(&managed, n * 4 * (size_t)g_size), cudaSuccess);
+    EXPECT_EQ(zpp_allgather(comm, mine.p, managed, n, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK)
+        << zpp_get_last_error();
+    ASSERT_EQ(cudaMemcpy(y.data(), managed, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int r = 0; r < g_size; r++)
+      EXPECT_EQ(std::memcmp(y.data() + (size_t)r * n, gen(r, n, 7).data(), n * 4), 0)
+          << "backend " << (int)be << " block of rank " << r;
+    cudaFree(managed);
+    zpp_comm_destroy(comm);
+  }
+}
+
 TEST(DevicePath, OnePointerQueryPerUserBuffer) {
   if (!run_case("queries")) GTEST_SKIP() << "ZPP_TEST_CASE";
   zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1);

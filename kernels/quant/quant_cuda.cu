@@ -828,16 +828,21 @@ extern "C" int zpp_quant_cuda_device_ok(void) {
   return ok;
 }
 
-extern "C" int zpp_quant_cuda_is_device_ptr(const void *p, char *err,
-                                            size_t errlen) {
+extern "C" int zpp_quant_cuda_is_device_ptr(const void *p, int *device,
+                                            char *err, size_t errlen) {
   cudaPointerAttributes at = {};
   cudaError_t e = cudaPointerGetAttributes(&at, p);
+  if (device != NULL)
+    *device = -1;
   if (e != cudaSuccess) {
     cuda_fail(e, "cudaPointerGetAttributes", err, errlen);
     return 0;
   }
-  if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged)
+  if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged) {
+    if (device != NULL && at.type == cudaMemoryTypeDevice)
+      *device = at.device;
     return 1;
+  }
   if (err != NULL && errlen > 0)
     snprintf(err, errlen, "%s",
              at.type == cudaMemoryTypeHost

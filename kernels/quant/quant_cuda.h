@@ -20,8 +20,11 @@ extern "C" {
 int zpp_quant_cuda_device_ok(void);
 
 /* 1 when `p` is memory the device can address (device or managed); 0 for
- * plain host memory.  Writes the reason into err on 0. */
-int zpp_quant_cuda_is_device_ptr(const void *p, char *err, size_t errlen);
+ * plain host memory.  Writes the reason into err on 0.  *device (when not
+ * NULL): the device that owns device memory, -1 for managed memory (any
+ * device may address it). */
+int zpp_quant_cuda_is_device_ptr(const void *p, int *device, char *err,
+                                 size_t errlen);
 
 int zpp_quant_cuda_encode(const zpp_qcfg_t *cfg, int dtype, const void *src,
                           size_t count, uint8_t *dst, void *stream, char *err,

@@ -139,6 +139,9 @@ def main():
 
     # wrong memory, dtype, layout: Python exceptions naming the argument;
     # both communicators still work after
+    cu.set_device((lr + 1) % 8)  # the emulator's 8 devices (ZPP_EMU_DEVICES)
+    other = cu.empty(4, np.float32)
+    cu.set_device(lr)
     msgs = [
         expect(zpp.DeviceError, "send is host memory (numpy)",
                lambda: dev.allgather(np.ones(4, np.float32))),
@@ -158,6 +161,9 @@ def main():
                lambda: dev.allgather(cu.empty(4, np.float32), cu.empty(4 * W, np.float32),
                                      stream="x")),
         expect(ValueError, "qgz_residual: on device memory", lambda: dev.qgz_residual(n)),
+        # memory of another device than the communicator's: zpp's own check
+        expect(zpp.Error, "memory of CUDA device %d, but the communicator works on device %d"
+               % ((lr + 1) % 8, lr), lambda: dev.allgather(other, cu.empty(4 * W, np.float32))),
         expect(ValueError, "memory 'gpu'", lambda: zpp.Comm.from_mpi(memory="gpu")),
         expect(ValueError, "device 0: only with memory='device'",
                lambda: zpp.Comm.from_mpi(device=0)),

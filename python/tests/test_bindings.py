@@ -142,6 +142,16 @@ print("after close", w.wait(), np.array_equal(w.result, x), alive() is None)
 """
 
 
+def test_collectives_on_a_closed_communicator_say_so():
+    c = zpp.Comm.from_unique_id(zpp.Comm.unique_id(), 1, 0)
+    c.close()
+    x = np.ones(4, np.float32)
+    for call in (lambda: c.allgather(x), lambda: c.reduce_scatter(x),
+                 lambda: c.qwz_allgather(x), lambda: c.qgz_reduce_scatter(x)):
+        with pytest.raises(ValueError, match="the communicator is closed"):
+            call()
+
+
 def test_async_arrays_outlive_a_dropped_work_and_close_waits():
     # Before the communicator held its started Works, a dropped Work freed
     # the arrays the engine was writing ("free(): corrupted unsorted

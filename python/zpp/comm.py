@@ -383,8 +383,7 @@ class Comm:
 
     def _run(self, fn, args: tuple, keep: tuple, result, async_op: bool, bufs=(), stream=None):
         L = _lib.get()
-        if self._c is None:
-            raise ValueError("the communicator is closed")
+        self._open()
         self._check_memory(bufs)
         st = self._stream(bufs, stream)
         req = L.ffi.new("zpp_request_t *") if async_op else L.ffi.NULL
@@ -393,7 +392,12 @@ class Comm:
             return Work(self, req, keep, result)
         return result
 
+    def _open(self) -> None:
+        if self._c is None:
+            raise ValueError("the communicator is closed")
+
     def _gather_bufs(self, send, out, floats_only: bool):
+        self._open()
         s = Buf(send, "send", floats_only)
         self._check_memory([s])
         n = self.size
@@ -408,6 +412,7 @@ class Comm:
         return s, o, out
 
     def _scatter_bufs(self, send, out):
+        self._open()
         s = Buf(send, "send", True)
         self._check_memory([s])
         n = self.size
