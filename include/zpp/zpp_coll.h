@@ -10,7 +10,9 @@
  * Every collective is written once against the transport table and the
  * quantizer (docs/design.md, "Collectives"), so the same code serves host
  * memory over MPI and device memory over NCCL.  Buffers live in the
- * communicator's memory space (zpp_comm_config_t.memory).
+ * communicator's memory space (zpp_comm_config_t.memory); device buffers
+ * on the communicator's device, or managed memory (another device's
+ * memory is ZPP_ERR_INVALID_ARGUMENT, naming the buffer).
  *
  * Counts are elements per rank (like NCCL): all-gather inputs hold `count`
  * elements and outputs `size * count`; reduce-scatter inputs hold
