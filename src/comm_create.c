@@ -45,7 +45,7 @@ typedef struct {
                          each other's processes (error messages name a
                          peer that is gone or stopped) */
   int32_t pid;
-  int32_t pad;
+  int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
   char host[ZPP_TOPO_HOST_LEN];
   char msg[MSGLEN];
 } boot_rec_t;
@@ -432,7 +432,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
   zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
-  long hier_chunk = 0;
+  long hier_chunk = 0, net_seg = -1;
   double timeout;
   zpp_status_t st = cr->pre_status, xs;
   int rank = bs->rank, size = bs->size, r;
@@ -462,6 +462,13 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                    "ZPP_HIER_CHUNK %ld: must be in [0, 2^30] bytes",
                    hier_chunk);
+  net_seg = zpp_setting_long("ZPP_NET_SEGMENT", -1);
+  if (st == ZPP_OK && net_seg != -1 && net_seg != 0 &&
+      (net_seg < 4096 || net_seg > (1L << 30)))
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
+                   "[4096, 2^30] bytes (unset: %d on real inter-node links)",
+                   net_seg, ZPP_NET_SEGMENT_AUTO);
   if (st == ZPP_OK) {
     c = calloc(1, sizeof *c);
     rec = malloc((size_t)size * sizeof *rec);
@@ -501,6 +508,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.memory = (int32_t)cfg->memory;
   mine.algo = (int32_t)algo;
   mine.hier_chunk = (int32_t)hier_chunk;
+  mine.net_seg = (int32_t)net_seg;
   if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
       (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
       zpp_transport_nccl_available(why, sizeof why))
@@ -585,6 +593,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "ZPP_HIER_CHUNK: rank %d uses %d but rank %d %d; set it "
                      "alike on every rank",
                      rank, (int)mine.hier_chunk, r, (int)rec[r].hier_chunk);
+    else if (rec[r].net_seg != mine.net_seg)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_NET_SEGMENT: rank %d uses %d but rank %d %d (-1: "
+                     "unset); set it alike on every rank",
+                     rank, (int)mine.net_seg, r, (int)rec[r].net_seg);
   }
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
@@ -618,6 +631,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
     c->tr->flat = algo == ZPP_ALGORITHM_FLAT;
     c->tr->hier_chunk = (size_t)hier_chunk;
+    /* unset: cut only real inter-node transfers (an emulated topology's
+     * "network" is shared memory, where the cut only costs messages) */
+    c->tr->net_seg = net_seg >= 0 ? (size_t)net_seg
+                     : topo->emulated ? 0
+                                      : (size_t)ZPP_NET_SEGMENT_AUTO;
     topo = NULL; /* owned by the transport now */
   }
   if (st == ZPP_OK && mine.pid_space != 0 &&

@@ -100,6 +100,12 @@ static zpp_setting_t settings[] = {
      "chunk): min(8, ceil(largest block / this)) chunks, so larger chunks "
      "when 8 do not cover a block; 0: one; the same on every rank",
      NULL, 0},
+    {"ZPP_NET_SEGMENT", "",
+     "MPI transport: largest message, in bytes, to a rank on another node "
+     "(longer transfers are cut): 0 (whole transfers) or 4096..2^30; "
+     "empty: 65408 (under Open MPI's TCP eager limit) on real inter-node "
+     "links, 0 on an emulated topology; the same on every rank",
+     NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
      "host scratch memory each thread keeps between collectives, in MiB "
      "(reused instead of malloc/free per call; 0 keeps none)",

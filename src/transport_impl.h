@@ -21,6 +21,15 @@ extern "C" {
 
 #define ZPP_TRANSPORT_ERRLEN 512
 
+/* ZPP_NET_SEGMENT unset, on real inter-node links: 64 KiB less 128 bytes,
+ * under Open MPI's TCP eager limit (btl_tcp_eager_limit, 64 KiB, header
+ * included).  A larger message goes by rendezvous, and the receiver's
+ * acknowledgement leaves through the same connection's send queue as its
+ * own data: in an exchange both ways it waits until the peer's whole
+ * transfer has gone, which serializes the two directions
+ * (docs/design.md, "MPI transport"). */
+#define ZPP_NET_SEGMENT_AUTO 65408
+
 typedef struct {
   int size;     /* members */
   int index;    /* my member index */
@@ -67,6 +76,8 @@ struct zpp_transport {
   int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
   int flat;           /* ZPP_ALGORITHM_FLAT: ring / pairwise on every group */
   size_t hier_chunk;  /* ZPP_HIER_CHUNK: bytes per hierarchical chunk */
+  size_t net_seg;     /* ZPP_NET_SEGMENT: the MPI transport's largest message
+                         to an inter-node peer (0: whole transfers) */
   atomic_uint_fast64_t progress; /* bumped when a transfer completes */
   struct zpp_algo *algo;         /* owned; freed with the transport */
   pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */

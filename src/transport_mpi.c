@@ -28,6 +28,7 @@
 
 #if ZPP_HAVE_MPI
 
+#include <limits.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -73,7 +74,13 @@ zpp_status_t zpp_mpi_error(int rc, const char *func, const char *what) {
 
 /* ---- rounds ----------------------------------------------------------------- */
 
-static int chunks(size_t bytes) { return (int)((bytes + MAX_MSG - 1) / MAX_MSG); }
+/* The largest message to world rank `world`: t->net_seg on inter-node links
+ * when set (ZPP_NET_SEGMENT), else MAX_MSG. */
+static size_t msg_max(const zpp_transport_t *t, int world) {
+  if (t->net_seg > 0 && zpp_transport_link(t, world) == ZPP_LINK_NET)
+    return t->net_seg;
+  return MAX_MSG;
+}
 
 static zpp_round_t *round_get(mpi_impl_t *m, int nreq) {
   zpp_round_t *r = m->free_rounds;
@@ -244,8 +251,9 @@ static zpp_status_t post(zpp_transport_t *t, zpp_group_t g, zpp_round_t *r,
     int world = t->grp[g].members[x[i].peer];
     int dest = m->mpi_rank[world];
     int tag = (int)((uint32_t)g * t->tag_limit + x[i].tag);
+    size_t max = msg_max(t, world);
     do {
-      size_t b = left < MAX_MSG ? left : MAX_MSG;
+      size_t b = left < max ? left : max;
       rc = send ? MPI_Isend(p, (int)b, MPI_BYTE, dest, tag, m->comm,
                             &r->req[r->nreq])
                 : MPI_Irecv(p, (int)b, MPI_BYTE, dest, tag, m->comm,
@@ -269,11 +277,22 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   mpi_impl_t *m = t->impl;
   zpp_round_t *r;
   zpp_status_t st;
-  int nreq = 0, i;
-  for (i = 0; i < nrecv; i++)
-    nreq += recv[i].bytes > 0 ? chunks(recv[i].bytes) : 1;
-  for (i = 0; i < nsend; i++)
-    nreq += send[i].bytes > 0 ? chunks(send[i].bytes) : 1;
+  size_t n = 0;
+  int nreq, i;
+  /* a message per MAX_MSG (per ZPP_NET_SEGMENT to an inter-node peer); a
+   * transfer of 0 bytes is one empty message.  Both sides cut a transfer
+   * alike (the setting is agreed at creation), and messages of one pair and
+   * tag match in posting order. */
+  for (i = 0; i < nrecv + nsend; i++) {
+    const zpp_xfer_t *x = i < nrecv ? &recv[i] : &send[i - nrecv];
+    size_t max = msg_max(t, t->grp[g].members[x->peer]);
+    n += x->bytes > 0 ? (x->bytes + max - 1) / max : 1;
+  }
+  if (n > (size_t)INT_MAX / 4)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, "round_post",
+                     "%zu messages in one round: set ZPP_NET_SEGMENT larger",
+                     n);
+  nreq = (int)n;
   r = round_get(m, nreq > 0 ? nreq : 1);
   if (r == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "round_post", "%d requests", nreq);

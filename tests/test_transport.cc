@@ -1295,6 +1295,36 @@ TEST(Errors, RanksDisagreeingOnTheTopologyAllFail) {
   EXPECT_EQ(c, nullptr);
 }
 
+// ZPP_NET_SEGMENT cuts transfers into messages on both sides alike, so it
+// must be the same everywhere: ranks that differ (one set, one unset) all
+// fail naming it, none hangs; a value out of range fails naming it.
+TEST(Errors, RanksDisagreeingOnTheNetSegmentAllFail) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const char *old = std::getenv("ZPP_NET_SEGMENT");
+  std::string keep = old != nullptr ? old : "";
+  zpp_comm_t c = nullptr;
+  if (g_rank == 0)
+    setenv("ZPP_NET_SEGMENT", "8192", 1);
+  else
+    unsetenv("ZPP_NET_SEGMENT");
+  zpp_settings_reload();  // settings are read once, then cached
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_MISMATCH);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT"), std::string::npos)
+      << zpp_get_last_error();
+  EXPECT_EQ(c, nullptr);
+  setenv("ZPP_NET_SEGMENT", "100", 1);
+  zpp_settings_reload();
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
+      << zpp_get_last_error();
+  EXPECT_EQ(c, nullptr);
+  if (old != nullptr)
+    setenv("ZPP_NET_SEGMENT", keep.c_str(), 1);
+  else
+    unsetenv("ZPP_NET_SEGMENT");
+  zpp_settings_reload();
+}
+
 // An explicit backend in the config wins over ZPP_BACKEND, on the MPI
 // bootstrap too (UCX's worker addresses travel over MPI then).
 TEST(Config, ExplicitBackendIsUsed) {

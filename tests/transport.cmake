@@ -68,6 +68,21 @@ if(ZPP_WITH_MPI_ENABLED)
       --gtest_filter=Ops.*:Stats.*:Config.*:Xop.SeveralInFlight*)
   endforeach()
 
+  # Inter-node transfers cut in messages of ZPP_NET_SEGMENT bytes (set, it
+  # applies on an emulated topology too; unset, only real inter-node links
+  # are cut, as on the namespace cluster of tests/cluster_tests.sh): the
+  # same data and the same counts, hierarchical and flat, uneven nodes.
+  foreach(_l "2x4_seg|8|2x4|hier" "uneven_3_2_seg|5|0,0,0,1,1|flat")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    list(GET _f 3 _algo)
+    set(ZPP_TEST_ENV "ZPP_TOPO=${_topo};ZPP_ALGO=${_algo};ZPP_NET_SEGMENT=4096")
+    zpp_add_mpi_test(transport_mpi_${_name} ${_np}
+      --gtest_filter=Ops.*:Stats.*:Xop.SeveralInFlight*:Errors.RanksDisagreeingOnTheNetSegment*)
+  endforeach()
+
   # Several rotated rings (ZPP_NET_RINGS): same data, counts per ring.
   foreach(_l "2x4_rings4|8|2x4|4" "uneven_3_2_rings3|5|0,0,0,1,1|3"
              "roundrobin_2x2_rings2|4|0,1,0,1|2")
