@@ -66,13 +66,15 @@ def main():
     if "bf16" not in order:
         fail(2, f"{a.csv}: no bf16 runs to compare with")
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
+    top = float("-inf")  # the highest smoothed loss after the first 5% of steps
     for ci, cfg in enumerate(order):
         color = f"C{ci % 10}"  # the same colour in both panels
         seeds = sorted(s for (c, s) in loss if c == cfg)
         steps = sorted(set.intersection(*(set(loss[(cfg, s)]) for s in seeds)))
         mean = [sum(loss[(cfg, s)][t] for s in seeds) / len(seeds) for t in steps]
-        ax0.plot(steps, smooth(mean, a.window), label=cfg, color=color,
-                 lw=2.0 if cfg == "bf16" else 1.2)
+        sm_mean = smooth(mean, a.window)
+        ax0.plot(steps, sm_mean, label=cfg, color=color, lw=2.0 if cfg == "bf16" else 1.2)
+        top = max(top, max(sm_mean[len(sm_mean) // 20:], default=top))
         rel_seeds = [s for s in seeds if ("bf16", s) in loss]
         if cfg == "bf16" or not rel_seeds:
             continue
@@ -86,6 +88,8 @@ def main():
         ax1.plot(steps[half:], sm[half:], label=cfg, color=color)
     if a.floor is not None:
         ax0.axhline(a.floor, color="k", ls="--", lw=0.8, label="entropy floor (mean over seeds)")
+        if a.linear and top > a.floor:  # the curves' approach to the floor, not step 0
+            ax0.set_ylim(a.floor - 0.05 * (top - a.floor), top)
     if not a.linear:
         ax0.set_yscale("log")
     ax0.set_xlabel("step")
