@@ -59,8 +59,8 @@
 # to 0.25 s (ZeRO++), a run of 300 steps 95-106 s with the start of 8
 # torch processes, and bf16 was at 2.75 nats at step 300 (floor 2.58, 3.82
 # over steps 0-29, 2.761 over 240-269, 2.751 over 270-299): learnable, still
-# falling, clearly above the floor.  5 configurations x 3 seeds: about 27
-# minutes.  Environment: ZPP_CONV_PYTHON (the venv's python; default
+# falling, clearly above the floor.  6 configurations x 3 seeds: about 30
+# minutes on a quiet machine.  Environment: ZPP_CONV_PYTHON (the venv's python; default
 # .venv-torch/bin/python, scripts/install-deps.sh --python), ZPP_CONV_LM_SIZE
 # (the size flags above), ZPP_CONV_LM_LAUNCH (launcher prefix; default:
 # mpirun of 8 ranks, MASTER_PORT a free port per run), ZPP_CONV_LM_EXTRA
@@ -308,16 +308,18 @@ lm_timeout=${ZPP_CONV_RUN_TIMEOUT_S:-$((300 + 5 * steps))}
 
 # name | label | fsdp2_train.py flags (on top of --dtype bf16 --reduce-dtype
 # bf16).  hpZ: reshard_after_forward=4, the ranks of a node of the 2x4
-# topology (the backward gather stays in the node).  qWD and the 4-bit
-# weight rows of the MLP part have no row here: qWD sends weight
-# differences against full weights kept between steps (ZeRO-1/2), and FSDP2
-# is ZeRO-3 (the weights are sharded between steps).
+# topology (the backward gather stays in the node).  qWD has no row here:
+# it sends weight differences against full weights kept between steps
+# (ZeRO-1/2), and FSDP2 is ZeRO-3 (the weights are sharded between steps);
+# 4-bit weights without qWD are qwZ4 gathers, which FSDP2 can do (the last
+# row, the SDP4Bit-like setting less qWD).
 lm_configs=(
   "lm_bf16|bf16 (FSDP2 ZeRO-3, zpp exact gathers and reduce-scatter)|"
   "lm_zeropp|ZeRO++: qwZ8 + hpZ + qgZ4|--qwz-bits 8 --hpz 4 --qgz-bits 4 --ef 0"
   "lm_zeropp_ef|ZeRO++ + error feedback (fp32)|--qwz-bits 8 --hpz 4 --qgz-bits 4 --ef 1"
   "lm_zeropp_had|ZeRO++ + Hadamard 32|--qwz-bits 8 --hpz 4 --qgz-bits 4 --ef 0 --hadamard 32"
   "lm_qgz84_had|ZeRO++ with qgZ 8/4 + Hadamard 32|--qwz-bits 8 --hpz 4 --qgz-bits 4 --qgz-intra-bits 8 --hadamard 32 --ef 0"
+  "lm_qwz4_qgz84_had|4-bit weights without qWD (qwZ4) + hpZ + qgZ 8/4 + Hadamard 32|--qwz-bits 4 --hpz 4 --qgz-bits 4 --qgz-intra-bits 8 --hadamard 32 --ef 0"
 )
 if [ -n "${ZPP_CONV_LM_LAUNCH:-}" ]; then
   read -r -a launch <<< "$ZPP_CONV_LM_LAUNCH"
@@ -422,7 +424,7 @@ md.append("|---|---:|---:|---:|---:|---:|")
 for label, fin, gap, frac, inter, ratio in table:
     md.append("| %s | %.4f (%.4f..%.4f) | %s | %s | %.0f | %.3f |"
               % (label, *fin, pc(gap), pc(frac), inter, ratio))
-md.append("| 4-bit weights (with or without qWD), SDP4Bit-like (qWD4 + qgZ 8/4 + Hadamard) "
+md.append("| 4-bit weights with qWD, SDP4Bit-like (qWD4 + qgZ 8/4 + Hadamard) "
           "| not applicable: qWD sends weight differences against full weights kept between steps "
           "(ZeRO-1/2, the MLP part's zero2 rows); FSDP2 is ZeRO-3 | | | | |")
 md.append("")
