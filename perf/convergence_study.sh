@@ -60,7 +60,8 @@
 # torch processes, and bf16 was at 2.75 nats at step 300 (floor 2.58, 3.82
 # over steps 0-29, 2.761 over 240-269, 2.751 over 270-299): learnable, still
 # falling, clearly above the floor.  6 configurations x 3 seeds: about 30
-# minutes on a quiet machine.  Environment: ZPP_CONV_PYTHON (the venv's python; default
+# minutes on a quiet machine; measured 2959 s (49 minutes) with other jobs
+# loading it (load average 10-12), niced.  Environment: ZPP_CONV_PYTHON (the venv's python; default
 # .venv-torch/bin/python, scripts/install-deps.sh --python), ZPP_CONV_LM_SIZE
 # (the size flags above), ZPP_CONV_LM_LAUNCH (launcher prefix; default:
 # mpirun of 8 ranks, MASTER_PORT a free port per run), ZPP_CONV_LM_EXTRA
