@@ -348,8 +348,12 @@ for seed in "${seeds[@]}"; do
     args=(--comm zppmpi --dtype bf16 --reduce-dtype bf16 "${size[@]}" --steps "$steps"
           --seed "$seed" "${f[@]}" "${lmextra[@]}" --json --quiet)
     key="${launch[*]} $py examples/fsdp2_train.py ${args[*]} | example+python/zpp+libzpp sha256 $code_sum | torch $torch_v"
-    # torch's rendezvous port (not part of the key: it does not change the run)
-    MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # torch's rendezvous port (not part of the key: it does not change the
+    # run): a random one that nothing on 127.0.0.1 answers on
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      MASTER_PORT=$((20000 + RANDOM % 30000))
+      (exec 3<> "/dev/tcp/127.0.0.1/$MASTER_PORT") 2> /dev/null || break
+    done
     export MASTER_PORT
     run_one "$name" "$seed" "$key" "$lm_timeout" \
       "ZPP_TOPO=2x4 mpirun -np 8 python examples/fsdp2_train.py ${args[*]}" \

@@ -16,7 +16,8 @@
 #      fraction of bf16's distance to the floor) and byte ratios are the
 #      ones computed here from the stand-in's losses; the same study again
 #      runs nothing, another libzpp.so runs both again; ZPP_CONV_PARTS=lm
-#      runs no zpp-train, and the MLP studies above ran no LM run.
+#      runs no zpp-train, and a study of both parts that names no lm_
+#      configuration runs no LM run.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -72,12 +73,13 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 calls() { if [ -f "$work/calls" ]; then wc -l < "$work/calls"; else echo 0; fi; }
 study_run() { # extra environment as arguments
   env ZPP_CONV_LAUNCH=env ZPP_CONV_LM_LAUNCH=env ZPP_CONV_PYTHON="$fakepy" ZPP_CONV_PLOT=0 \
-    ZPP_CONV_SEEDS=1 ZPP_CONV_STEPS=3 ZPP_CONV_CONFIGS="bf16 zeropp" "$@" \
+    ZPP_CONV_PARTS=mlp ZPP_CONV_SEEDS=1 ZPP_CONV_STEPS=3 ZPP_CONV_CONFIGS="bf16 zeropp" "$@" \
     timeout 60 bash "$study" "$work/out" "$work/build" 2> "$work/err"
 }
 
 write_fake v1
-study_run || fail "first study: $(tail -3 "$work/err")"
+# both parts (the default), no lm_ configuration named: no LM run
+study_run ZPP_CONV_PARTS="mlp lm" || fail "first study: $(tail -3 "$work/err")"
 [ "$(calls)" = 2 ] || fail "first study: $(calls) runs, want 2"
 grep -q "^| bf16 (ZeRO-3) " "$work/out/convergence_study.md" || fail "no bf16 row in the table"
 
@@ -106,7 +108,7 @@ t1=$(date +%s); echo "hang case took $((t1 - t0)) s" >&2
 grep -q "bf16 seed 1 timed out after 2 s" "$work/err" || fail "the timeout is not named: $(tail -3 "$work/err")"
 [ $((t1 - t0)) -le 20 ] || fail "the hanging run was stopped after $((t1 - t0)) s, limit 2 s"
 lmcalls() { if [ -f "$work/lmcalls" ]; then wc -l < "$work/lmcalls"; else echo 0; fi; }
-[ "$(lmcalls)" = 0 ] || fail "the MLP studies ran $(lmcalls) LM runs, want 0 (no lm_ configuration named)"
+[ "$(lmcalls)" = 0 ] || fail "the studies above ran $(lmcalls) LM runs, want 0 (no lm_ configuration named)"
 lm_run() {
   study_run ZPP_CONV_PARTS=lm ZPP_CONV_SEEDS="1 2" ZPP_CONV_STEPS=10 \
     ZPP_CONV_CONFIGS="lm_bf16 lm_zeropp" "$@"
