@@ -13,6 +13,9 @@ Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
 --comm zppenv     zpp, communicator from torchrun's variables (no MPI)
 --zeropp          qwZ INT8 gathers, qgZ INT4 gradients with error feedback,
                   hpZ through reshard_after_forward=<ranks per node>
+--qgz-intra-bits, --hadamard   qgZ's intra-node bits and Hadamard group
+--dtype bf16 --reduce-dtype bf16   bf16 gathers and bf16 reduce-scatter
+                  (bf16 ZeRO-3 on the wire; perf/convergence_study.sh)
 
 The data: sequences of a fixed random Markov chain over --vocab tokens
 (the same chain on every rank, a different batch per rank and step), so
@@ -45,11 +48,18 @@ def parse(argv=None):
     p.add_argument("--zeropp", action="store_true", help="qwZ8 + qgZ4 + error feedback + hpZ")
     p.add_argument("--qwz-bits", type=int, default=None)
     p.add_argument("--qgz-bits", type=int, default=None)
+    p.add_argument("--qgz-intra-bits", type=int, default=0,
+                   help="qgZ intra-node bits (0: --qgz-bits)")
+    p.add_argument("--hadamard", type=int, default=0,
+                   help="qgZ Hadamard rotation group (0: off)")
     p.add_argument("--ef", type=int, default=None, help="error feedback 0/1")
     p.add_argument("--hpz", type=int, default=None,
                    help="reshard_after_forward=<this many ranks> (0: True)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="parameter dtype of the gathers (bf16: mixed precision, fp32 master)")
+    p.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default=None,
+                   help="gradient dtype of the reduce-scatter (default: fp32; "
+                        "with --dtype fp32 it must be fp32)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank")
     p.add_argument("--seq", type=int, default=32)
@@ -146,8 +156,11 @@ def train(a) -> dict:
         model.ln.to(torch.bfloat16).requires_grad_(False)
     nparams = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh("cpu", (world,))
+    if a.dtype == "fp32" and a.reduce_dtype == "bf16":
+        raise SystemExit("fsdp2_train.py: --reduce-dtype bf16 needs --dtype bf16")
+    red = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.reduce_dtype or "fp32"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if a.dtype == "bf16" else None,
-                              reduce_dtype=torch.float32 if a.dtype == "bf16" else None)
+                              reduce_dtype=red if a.dtype == "bf16" else None)
     raf = hpz if hpz else True
     for b in model.blocks:
         fully_shard(b, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
@@ -166,7 +179,9 @@ def train(a) -> dict:
         import zpp.fsdp
 
         comm = {"zppmpi": zpp.Comm.from_mpi, "zppenv": zpp.Comm.from_env}.get(a.comm, lambda: None)()
-        z = zpp.fsdp.enable(model, comm=comm, qwz_bits=qwz, qgz_bits=qgz, error_feedback=ef)
+        z = zpp.fsdp.enable(model, comm=comm, qwz_bits=qwz, qgz_bits=qgz,
+                            qgz_intra_bits=a.qgz_intra_bits, error_feedback=ef,
+                            hadamard=a.hadamard)
 
     # the data: a fixed random Markov chain (sharp rows, so there is something to learn)
     g = torch.Generator().manual_seed(1000 + a.seed)
@@ -213,7 +228,9 @@ def train(a) -> dict:
 
     # bytes per step, all ranks together (each rank's sent bytes, summed)
     out = {"comm": a.comm, "world": world, "zeropp": zeropp, "qwz_bits": qwz, "qgz_bits": qgz,
-           "error_feedback": ef, "hpz": hpz, "dtype": a.dtype, "params": nparams,
+           "error_feedback": ef, "hpz": hpz, "dtype": a.dtype,
+           "reduce_dtype": a.reduce_dtype or "fp32", "qgz_intra_bits": a.qgz_intra_bits,
+           "hadamard": a.hadamard, "params": nparams,
            "entropy_floor": entropy, "losses": losses, "tokens_per_step": ntok,
            "token_loss_std_last10": math.sqrt(sum(tok_var[-10:]) / len(tok_var[-10:])),
            "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]}

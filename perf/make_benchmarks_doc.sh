@@ -60,10 +60,12 @@ else
 fi
 fi
 
-# The convergence study takes about 3 hours on 2 cores: it runs only with
-# ZPP_RUN_CONVERGENCE=1 (it resumes from its per-run files in
-# $ZPP_CONV_RUNS, default /tmp/zpp_convergence_runs); otherwise the
-# committed docs/generated/convergence_study.* are pasted as they are.
+# The convergence study takes about 2.5 hours on 2 cores (its MLP part
+# about 2 hours, its FSDP2 LM part about 35 minutes; ZPP_CONV_PARTS=lm runs
+# only the latter): it runs only with ZPP_RUN_CONVERGENCE=1 (it resumes
+# from its per-run files in $ZPP_CONV_RUNS, default
+# /tmp/zpp_convergence_runs); otherwise the committed
+# docs/generated/convergence_study*.* are pasted as they are.
 if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ]; then
   ZPP_CONV_RUNS=${ZPP_CONV_RUNS:-/tmp/zpp_convergence_runs} \
     bash "$root/perf/convergence_study.sh" "$gen" "$build"

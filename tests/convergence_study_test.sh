@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # perf/convergence_study.sh with a stand-in zpp-train (a shell script that
 # logs its command line and prints a few steps and the JSON line the study
-# reads), launched directly (ZPP_CONV_LAUNCH=env, no mpirun):
+# reads) and a stand-in python for the LM part (prints the JSON line of
+# examples/fsdp2_train.py with losses made from its flags), launched
+# directly (ZPP_CONV_LAUNCH=env, ZPP_CONV_LM_LAUNCH=env, no mpirun):
 #   1. a study of two configurations runs both;
 #   2. the same study again runs nothing (the runs are kept);
 #   3. other --steps: both run again (a kept run of other flags is stale);
@@ -9,7 +11,13 @@
 #   5. the summary uses only this study's runs, not a stale one of a
 #      configuration left out by ZPP_CONV_CONFIGS;
 #   6. a run that hangs is killed after ZPP_CONV_RUN_TIMEOUT_S and the
-#      study fails naming it, within the limit plus a few seconds.
+#      study fails naming it, within the limit plus a few seconds;
+#   7. the LM part: its table's final losses, seed-by-seed gaps (also as a
+#      fraction of bf16's distance to the floor) and byte ratios are the
+#      ones computed here from the stand-in's losses; the same study again
+#      runs nothing, another libzpp.so runs both again; ZPP_CONV_PARTS=lm
+#      runs no zpp-train, and a study of both parts that names no lm_
+#      configuration runs no LM run.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -36,16 +44,42 @@ echo '{"inter_bytes_per_step": 100, "intra_bytes_per_step": 50, "model_state_byt
 EOF
   chmod +x "$fake"
 }
+# the LM stand-in: loss 3.0 - 0.1 * step; with --qgz-bits the last step's
+# loss is bf16's times (1 + seed / 100); floor 1.7 - seed / 10; inter-node
+# bytes 1000 per step, 250 with --qgz-bits
+fakepy=$work/fakepy
+cat > "$fakepy" <<EOF
+#!/usr/bin/env python3
+import json, sys
+if sys.argv[1] == "-c":  # the study asks for torch's version
+    print("0.0+fake")
+    sys.exit(0)
+with open("$work/lmcalls", "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\n")
+a = sys.argv[2:]
+val = lambda k, d: int(a[a.index(k) + 1]) if k in a else d
+steps, seed, qgz = val("--steps", 3), val("--seed", 1), val("--qgz-bits", 0)
+losses = [3.0 - 0.1 * i for i in range(steps)]
+if qgz:
+    losses[-1] *= 1 + seed / 100
+print(json.dumps({"losses": losses, "entropy_floor": 1.7 - seed / 10, "params": 123,
+                  "tokens_per_step": 456, "step_time_s": 0.1,
+                  "inter_bytes_per_step": 250.0 if qgz else 1000.0,
+                  "intra_bytes_per_step": 10.0}))
+EOF
+chmod +x "$fakepy"
+echo "libzpp v1" > "$work/build/libzpp.so"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 calls() { if [ -f "$work/calls" ]; then wc -l < "$work/calls"; else echo 0; fi; }
 study_run() { # extra environment as arguments
-  env ZPP_CONV_LAUNCH=env ZPP_CONV_PLOT=0 ZPP_CONV_SEEDS=1 ZPP_CONV_STEPS=3 \
-    ZPP_CONV_CONFIGS="bf16 zeropp" "$@" \
+  env ZPP_CONV_LAUNCH=env ZPP_CONV_LM_LAUNCH=env ZPP_CONV_PYTHON="$fakepy" ZPP_CONV_PLOT=0 \
+    ZPP_CONV_PARTS=mlp ZPP_CONV_SEEDS=1 ZPP_CONV_STEPS=3 ZPP_CONV_CONFIGS="bf16 zeropp" "$@" \
     timeout 60 bash "$study" "$work/out" "$work/build" 2> "$work/err"
 }
 
 write_fake v1
-study_run || fail "first study: $(tail -3 "$work/err")"
+# both parts (the default), no lm_ configuration named: no LM run
+study_run ZPP_CONV_PARTS="mlp lm" || fail "first study: $(tail -3 "$work/err")"
 [ "$(calls)" = 2 ] || fail "first study: $(calls) runs, want 2"
 grep -q "^| bf16 (ZeRO-3) " "$work/out/convergence_study.md" || fail "no bf16 row in the table"
 
@@ -73,4 +107,33 @@ fi
 t1=$(date +%s); echo "hang case took $((t1 - t0)) s" >&2
 grep -q "bf16 seed 1 timed out after 2 s" "$work/err" || fail "the timeout is not named: $(tail -3 "$work/err")"
 [ $((t1 - t0)) -le 20 ] || fail "the hanging run was stopped after $((t1 - t0)) s, limit 2 s"
-echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run)"
+lmcalls() { if [ -f "$work/lmcalls" ]; then wc -l < "$work/lmcalls"; else echo 0; fi; }
+[ "$(lmcalls)" = 0 ] || fail "the studies above ran $(lmcalls) LM runs, want 0 (no lm_ configuration named)"
+lm_run() {
+  study_run ZPP_CONV_PARTS=lm ZPP_CONV_SEEDS="1 2" ZPP_CONV_STEPS=10 \
+    ZPP_CONV_CONFIGS="lm_bf16 lm_zeropp" "$@"
+}
+n=$(calls)
+lm_run || fail "LM study: $(tail -3 "$work/err")"
+[ "$(lmcalls)" = 4 ] || fail "LM study: $(lmcalls) runs, want 4 (2 configurations x 2 seeds)"
+[ "$(calls)" = "$n" ] || fail "ZPP_CONV_PARTS=lm ran zpp-train"
+grep -q -- "--comm zppmpi --dtype bf16 --reduce-dtype bf16 .* --seed 2 --qwz-bits 8 --hpz 4 --qgz-bits 4 --ef 0 " \
+  "$work/lmcalls" || fail "no ZeRO++ seed 2 run with the expected flags: $(cat "$work/lmcalls")"
+md=$work/out/convergence_study_lm.md
+# steps 10: final = the last step (10%), 3.0 - 0.9 = 2.1; ZeRO++ 2.1 x 1.01
+# and x 1.02 (gaps +1%, +2%); floor 1.6 / 1.5, so bf16 is 0.5 / 0.6 above
+# it and the gaps are 0.021 / 0.5 = 4.2% and 0.042 / 0.6 = 7.0% of that
+grep -qF "| bf16 (FSDP2 ZeRO-3, zpp exact gathers and reduce-scatter) | 2.1000 (2.1000..2.1000) | +0.00% (+0.00..+0.00) | +0.00% (+0.00..+0.00) | 1000 | 1.000 |" "$md" \
+  || fail "LM bf16 row: $(grep '^| bf16' "$md")"
+grep -qF "| ZeRO++: qwZ8 + hpZ + qgZ4 | 2.1315 (2.1210..2.1420) | +1.50% (+1.00..+2.00) | +5.60% (+4.20..+7.00) | 250 | 0.250 |" "$md" \
+  || fail "LM ZeRO++ row: $(grep '^| ZeRO++' "$md")"
+grep -q "^| 4-bit weights .* not applicable" "$md" || fail "no 'not applicable' row for qWD in the LM table"
+grep -qF "seeds 1, 2: 1.6000 / 1.5000 nats; bf16's final loss above it: 0.5000 / 0.6000 nats" "$md" \
+  || fail "LM floor line: $(grep floor "$md")"
+[ "$(grep -c '^zeropp,2,' "$work/out/convergence_lm_losses.csv")" = 10 ] || fail "LM losses csv: not 10 steps of zeropp seed 2"
+lm_run || fail "LM study again: $(tail -3 "$work/err")"
+[ "$(lmcalls)" = 4 ] || fail "the same LM study again ran $(( $(lmcalls) - 4 )) runs, want 0 (kept)"
+echo "libzpp v2" > "$work/build/libzpp.so"
+lm_run || fail "LM study, another library: $(tail -3 "$work/err")"
+[ "$(lmcalls)" = 8 ] || fail "another libzpp.so: $(( $(lmcalls) - 4 )) LM runs, want 4 (stale)"
+echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run, LM table as computed)"
