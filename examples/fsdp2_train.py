@@ -75,7 +75,17 @@ def parse(argv=None):
                    help="a frozen bf16 final LayerNorm: the root's gather is uint8")
     p.add_argument("--json", action="store_true", help="print one JSON line (rank 0)")
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # options that would otherwise be dropped without a word
+    if a.reduce_dtype == "bf16" and a.dtype != "bf16":
+        p.error("--reduce-dtype bf16 needs --dtype bf16 (the gathers' dtype)")
+    qgz = a.qgz_bits if a.qgz_bits is not None else (4 if a.zeropp else 0)
+    for flag, v in (("--qgz-intra-bits", a.qgz_intra_bits), ("--hadamard", a.hadamard)):
+        if v and not qgz:
+            p.error("%s %d needs qgZ (--qgz-bits 4 or 8, or --zeropp)" % (flag, v))
+        if v and a.comm == "gloo":
+            p.error("%s %d: --comm gloo uses FSDP2's own reduce-scatter" % (flag, v))
+    return a
 
 
 def main(argv=None) -> int:
@@ -156,8 +166,6 @@ def train(a) -> dict:
         model.ln.to(torch.bfloat16).requires_grad_(False)
     nparams = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh("cpu", (world,))
-    if a.dtype == "fp32" and a.reduce_dtype == "bf16":
-        raise SystemExit("fsdp2_train.py: --reduce-dtype bf16 needs --dtype bf16")
     red = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.reduce_dtype or "fp32"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if a.dtype == "bf16" else None,
                               reduce_dtype=red if a.dtype == "bf16" else None)

@@ -30,6 +30,7 @@ of the baseline's.
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -119,3 +120,40 @@ def test_world_size_one_makes_no_call_and_trains_like_gloo():
 def test_hooks_reject_unsupported_dtype_device_and_op_by_name():
     (seen,) = _single([TESTS / "hook_driver.py"])
     assert all(v == "ok" for v in seen.values()), seen
+
+
+def test_options_that_would_be_ignored_are_refused_by_name(capsys):
+    """qgZ's intra-node bits and Hadamard group mean nothing without qgZ (the
+    exact reduce-scatter runs); enable() and the example refuse them, and a
+    Hadamard group the library would refuse only at the first backward,
+    before any training.  No launch: enable() checks before it looks at the
+    model, the example's parse() before torch starts."""
+    import torch
+
+    import zpp.fsdp
+
+    m = torch.nn.Linear(2, 2)
+    for kw, pat in [(dict(hadamard=32), "hadamard 32 needs qgz_bits"),
+                    (dict(qgz_intra_bits=8), "qgz_intra_bits 8 needs qgz_bits"),
+                    (dict(qgz_bits=4, hadamard=24), "hadamard 24: must be 0 (off) or a power of two"),
+                    (dict(qgz_bits=4, hadamard=512), "divides qgz_block 256"),
+                    (dict(qgz_bits=4, hadamard=-2), "hadamard -2: must be")]:
+        with pytest.raises(ValueError, match=re.escape(pat)):
+            zpp.fsdp.enable(m, **kw)
+    sys.path.insert(0, str(EXAMPLE.parent))
+    import fsdp2_train
+
+    for argv, pat in [("--hadamard 32", "--hadamard 32 needs qgZ"),
+                      ("--qgz-intra-bits 8 --qwz-bits 8", "--qgz-intra-bits 8 needs qgZ"),
+                      ("--zeropp --qgz-bits 0 --hadamard 32", "--hadamard 32 needs qgZ"),
+                      ("--comm gloo --qgz-bits 4 --hadamard 32", "--comm gloo uses FSDP2"),
+                      ("--reduce-dtype bf16", "--reduce-dtype bf16 needs --dtype bf16")]:
+        with pytest.raises(SystemExit) as e:
+            fsdp2_train.parse(argv.split())
+        assert e.value.code == 2, argv
+        assert pat in capsys.readouterr().err, argv
+    # what the convergence study runs is accepted
+    a = fsdp2_train.parse("--comm zppmpi --dtype bf16 --reduce-dtype bf16 --qwz-bits 8 --hpz 4 "
+                          "--qgz-bits 4 --qgz-intra-bits 8 --hadamard 32 --ef 0".split())
+    assert (a.qgz_intra_bits, a.hadamard, a.reduce_dtype) == (8, 32, "bf16")
+    assert fsdp2_train.parse("--zeropp --hadamard 32".split()).hadamard == 32

@@ -261,6 +261,16 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
             raise ValueError("%s %d: must be 0 (off), 4 or 8" % (name, b))
     if error_feedback and not qgz_bits:
         raise ValueError("error_feedback needs qgz_bits (4 or 8)")
+    # qgZ's options: without qgz_bits the reduce-scatter is the exact one and
+    # would drop them silently (a run would claim a setting it did not use)
+    if qgz_intra_bits and not qgz_bits:
+        raise ValueError("qgz_intra_bits %d needs qgz_bits (4 or 8)" % qgz_intra_bits)
+    if hadamard:
+        if not qgz_bits:
+            raise ValueError("hadamard %d needs qgz_bits (4 or 8)" % hadamard)
+        if hadamard < 2 or hadamard & (hadamard - 1) or qgz_block % hadamard:
+            raise ValueError("hadamard %d: must be 0 (off) or a power of two >= 2 that "
+                             "divides qgz_block %d" % (hadamard, qgz_block))
     if comms is None:
         if comm is None and "memory" not in comm_kw:
             p = next(model.parameters(), None)
