@@ -92,7 +92,17 @@ done
 [ ${#parts[@]} -gt 0 ] || { echo "$prog: ZPP_CONV_PARTS is empty: name mlp, lm or both" >&2; exit 2; }
 part_on() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 steps=${ZPP_CONV_STEPS:-300}
+# (steps reaches $((...)) below: only digits may)
+case $steps in
+  ''|*[!0-9]*|0*) echo "$prog: ZPP_CONV_STEPS '$steps': must be a positive integer" >&2; exit 2 ;;
+esac
 read -r -a seeds <<< "${ZPP_CONV_SEEDS:-1 2 3}"
+[ ${#seeds[@]} -gt 0 ] || { echo "$prog: ZPP_CONV_SEEDS is empty" >&2; exit 2; }
+for s in "${seeds[@]}"; do
+  case $s in
+    ''|*[!0-9]*) echo "$prog: ZPP_CONV_SEEDS '${ZPP_CONV_SEEDS:-}': seeds are non-negative integers" >&2; exit 2 ;;
+  esac
+done
 case ${ZPP_CONV_RUN_TIMEOUT_S:-1} in
   ''|*[!0-9]*|0) echo "$prog: ZPP_CONV_RUN_TIMEOUT_S '$ZPP_CONV_RUN_TIMEOUT_S': must be a positive integer (seconds)" >&2; exit 2 ;;
 esac
@@ -281,8 +291,12 @@ for name, label, flags in configs:
     md.append("- %s: `%s`" % (label, flags))
 (out / "convergence_study.md").write_text("\n".join(md) + "\n")
 PY
-if [ "${ZPP_CONV_PLOT:-1}" = 0 ]; then
-  echo "$prog: wrote $out/convergence_study.md and $out/convergence_summary.csv (no plot: ZPP_CONV_PLOT=0)" >&2
+# the plot is relative to bf16: none without a bf16 run of this study (e.g.
+# ZPP_CONV_CONFIGS naming only lm_ configurations; the LM part still runs)
+if [ "${ZPP_CONV_PLOT:-1}" = 0 ] || ! grep -q '^bf16,' "$out/convergence_losses.csv"; then
+  why="ZPP_CONV_PLOT=0"
+  [ "${ZPP_CONV_PLOT:-1}" = 0 ] || why="no bf16 run"
+  echo "$prog: wrote $out/convergence_study.md and $out/convergence_summary.csv (no plot: $why)" >&2
   return 0
 fi
 python3 "$here/plot_convergence_study.py" "$out/convergence_losses.csv" \

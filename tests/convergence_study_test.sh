@@ -136,4 +136,19 @@ lm_run || fail "LM study again: $(tail -3 "$work/err")"
 echo "libzpp v2" > "$work/build/libzpp.so"
 lm_run || fail "LM study, another library: $(tail -3 "$work/err")"
 [ "$(lmcalls)" = 8 ] || fail "another libzpp.so: $(( $(lmcalls) - 4 )) LM runs, want 4 (stale)"
+# both parts (the default) and only an LM configuration, no bf16 in either:
+# the MLP part has nothing to plot and must not stop the study before the
+# LM part runs (the plot refuses a losses file without bf16); plots on
+n=$(lmcalls)
+study_run ZPP_CONV_PARTS="mlp lm" ZPP_CONV_PLOT=1 ZPP_CONV_STEPS=7 ZPP_CONV_CONFIGS=lm_zeropp \
+  || fail "a study of only lm_zeropp failed: $(tail -3 "$work/err")"
+[ "$(lmcalls)" = $((n + 1)) ] || fail "a study of only lm_zeropp ran $(( $(lmcalls) - n )) LM runs, want 1"
+for v in 0 x 1e3 -5; do
+  if study_run ZPP_CONV_STEPS=$v; then fail "ZPP_CONV_STEPS=$v was accepted"; fi
+  grep -q "ZPP_CONV_STEPS '$v': must be a positive integer" "$work/err" \
+    || fail "ZPP_CONV_STEPS=$v: the error does not name it: $(tail -2 "$work/err")"
+done
+if study_run ZPP_CONV_SEEDS="1 two"; then fail "ZPP_CONV_SEEDS='1 two' was accepted"; fi
+grep -q "ZPP_CONV_SEEDS '1 two': seeds are non-negative integers" "$work/err" \
+  || fail "ZPP_CONV_SEEDS: the error does not name it: $(tail -2 "$work/err")"
 echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run, LM table as computed)"
