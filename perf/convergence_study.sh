@@ -14,9 +14,11 @@
 #   ZPP_CONV_PARTS: "mlp lm" (default), "mlp" or "lm".
 # Writes OUT_DIR/convergence_runs/<config>_seed<S>.{log,json,key} (one per
 # run; a run is not run again when its .json exists and its .key, the
-# exact command line, launcher and sha256 of the zpp-train binary, is the
-# same, so an interrupted study resumes; a run of other flags, steps,
-# batch or another build is run again), OUT_DIR/convergence_losses.csv
+# exact command line, launcher and sha256 of the zpp-train binary, and the
+# ZPP_* settings of the environment (the ranks inherit them: ZPP_ALGO
+# changes the bytes and the sums), is the same, so an interrupted study
+# resumes; a run of other flags, steps, batch, settings or another build is
+# run again), OUT_DIR/convergence_losses.csv
 # (config,seed,step,loss),
 # OUT_DIR/convergence_summary.csv, OUT_DIR/convergence_study.md and
 # OUT_DIR/convergence_study.png.
@@ -120,6 +122,10 @@ mkdir -p "$out" "$runs"
 run_one() {
   local name=$1 seed=$2 key=$3 limit=$4 shown=$5
   shift 5
+  # the ranks inherit the environment: zpp's settings are part of what the
+  # result depends on (not the study's own ZPP_CONV_*, nor ZPP_LIBRARY,
+  # whose file's sha256 is in the LM key)
+  key="$key | env $(env | grep -E '^ZPP_' | grep -vE '^ZPP_(CONV_[A-Z_]*|LIBRARY)=' | sort | tr '\n' ' ' || true)"
   local base=$runs/${name}_seed$seed fresh=0 rc=0
   if [ -s "$base.json" ] && [ -f "$base.key" ] && [ "$(cat "$base.key")" = "$key" ]; then
     fresh=1

@@ -7,7 +7,8 @@
 #   1. a study of two configurations runs both;
 #   2. the same study again runs nothing (the runs are kept);
 #   3. other --steps: both run again (a kept run of other flags is stale);
-#   4. another binary (same flags): both run again;
+#   4. another binary (same flags): both run again; so does a zpp setting
+#      in the environment (ZPP_ALGO=flat), not one of the study's own;
 #   5. the summary uses only this study's runs, not a stale one of a
 #      configuration left out by ZPP_CONV_CONFIGS;
 #   6. a run that hangs is killed after ZPP_CONV_RUN_TIMEOUT_S and the
@@ -17,7 +18,9 @@
 #      ones computed here from the stand-in's losses; the same study again
 #      runs nothing, another libzpp.so runs both again; ZPP_CONV_PARTS=lm
 #      runs no zpp-train, and a study of both parts that names no lm_
-#      configuration runs no LM run.
+#      configuration runs no LM run;
+#   8. only an LM configuration with both parts on (no MLP bf16 to plot)
+#      runs it; bad ZPP_CONV_STEPS / ZPP_CONV_SEEDS are refused by name.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -94,10 +97,20 @@ write_fake v2
 study_run ZPP_CONV_STEPS=4 || fail "fourth study: $(tail -3 "$work/err")"
 [ "$(calls)" = 6 ] || fail "another binary: $(( $(calls) - 4 )) runs, want 2 (stale)"
 
+# a zpp setting in the environment (the ranks inherit it) makes the kept
+# runs stale; the study's own ZPP_CONV_* settings do not
+study_run ZPP_CONV_STEPS=4 ZPP_CONV_RUNS="$work/out/convergence_runs" \
+  || fail "fourth study, again: $(tail -3 "$work/err")"
+[ "$(calls)" = 6 ] || fail "ZPP_CONV_RUNS set to its default: $(( $(calls) - 6 )) runs, want 0"
+study_run ZPP_CONV_STEPS=4 ZPP_ALGO=flat || fail "study with ZPP_ALGO=flat: $(tail -3 "$work/err")"
+[ "$(calls)" = 8 ] || fail "ZPP_ALGO=flat: $(( $(calls) - 6 )) runs, want 2 (stale)"
+study_run ZPP_CONV_STEPS=4 || fail "fourth study, third time: $(tail -3 "$work/err")"
+[ "$(calls)" = 10 ] || fail "ZPP_ALGO unset again: $(( $(calls) - 8 )) runs, want 2 (stale)"
+
 # zeropp's kept run is from this binary and --steps 4; with --steps 5 and
 # only bf16 run, zeropp's run is stale and must not reach the summary
 study_run ZPP_CONV_STEPS=5 ZPP_CONV_CONFIGS=bf16 || fail "fifth study: $(tail -3 "$work/err")"
-[ "$(calls)" = 7 ] || fail "fifth study: $(( $(calls) - 6 )) runs, want 1"
+[ "$(calls)" = 11 ] || fail "fifth study: $(( $(calls) - 10 )) runs, want 1"
 grep -q "^| ZeRO++" "$work/out/convergence_study.md" && fail "a stale run (other --steps) is in the summary"
 
 t0=$(date +%s)
