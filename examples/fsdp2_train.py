@@ -96,6 +96,7 @@ def main(argv=None) -> int:
 def run(argvs, before=None) -> int:
     """Several training runs in one process group (tests compare them);
     ``before()``, when given, runs first in that group."""
+    runs = [parse(argv) for argv in argvs]  # bad flags fail before any rendezvous
     _launch_env()
     import torch
     import torch.distributed as dist
@@ -104,8 +105,8 @@ def run(argvs, before=None) -> int:
     dist.init_process_group("gloo")
     if before is not None:
         before()
-    for argv in argvs:
-        train(parse(argv))
+    for a in runs:
+        train(a)
     # no barrier right before destroy_process_group: it aborts at exit under
     # gloo (a torch bug)
     dist.destroy_process_group()

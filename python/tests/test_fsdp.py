@@ -152,6 +152,12 @@ def test_options_that_would_be_ignored_are_refused_by_name(capsys):
             fsdp2_train.parse(argv.split())
         assert e.value.code == 2, argv
         assert pat in capsys.readouterr().err, argv
+    # the command line fails before any rendezvous (no launcher here: a
+    # parse after init_process_group would fail on torch's missing RANK)
+    e = {k: v for k, v in env().items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, str(EXAMPLE), "--hadamard", "32"], env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--hadamard 32 needs qgZ" in r.stderr, (r.returncode, r.stderr)
     # what the convergence study runs is accepted
     a = fsdp2_train.parse("--comm zppmpi --dtype bf16 --reduce-dtype bf16 --qwz-bits 8 --hpz 4 "
                           "--qgz-bits 4 --qgz-intra-bits 8 --hadamard 32 --ef 0".split())
