@@ -6,14 +6,17 @@
 # after the other.  zpp's MPI transport cuts inter-node transfers in
 # messages under the TCP eager limit (ZPP_NET_SEGMENT, 65408 by default on
 # real links).  This runs zpp-bench's hierarchical bf16 all-gather and
-# reduce-scatter on scripts/netns_cluster.sh (2 nodes x 4 ranks) with the
+# reduce-scatter on scripts/netns_cluster.sh (2 nodes x PPN ranks) with the
 # cut (ZPP_NET_SEGMENT unset) and without (ZPP_NET_SEGMENT=0), alternated,
 # RUNS times, and prints each row's median, fastest and slowest timed
 # iteration, the busiest node link's bytes and the ratio of the median to
 # that link's limit (bytes / rate).
 #   usage: perf/net_segment_check.sh [BUILD_DIR]
 #   env:   RATE (per node link, default 400mbit), SIZES (zpp-bench -b/-e,
-#          default "4M 16M"), ITERS (timed iterations, 5), RUNS (2)
+#          default "4M 16M"), ITERS (timed iterations, 5), RUNS (2),
+#          AG / RS (zpp-bench variants of each collective, default bf16;
+#          e.g. AG=bf16,qwz8 RS=bf16,qgz4), PPN (ranks per node, 4; with 1
+#          there is no intra-node stage: one TCP flow each way)
 # Needs root and iproute2 (exits 1 saying why otherwise); one cluster at a
 # time (/run/zpp-cluster.lock); torn down on exit.  About 45 s per run at
 # 400mbit.
@@ -29,6 +32,12 @@ read -r lo hi <<< "${SIZES:-4M 16M}"
 hi=${hi:-$lo}
 iters=${ITERS:-5}
 runs=${RUNS:-2}
+ppn=${PPN:-4}
+case $ppn in 1|2|3|4|5|6|7|8) ;; *) echo "$prog: PPN '$ppn': 1 to 8" >&2; exit 2 ;; esac
+declare -A variants=([allgather]=${AG:-bf16} [reducescatter]=${RS:-bf16})
+for v in "${variants[@]}"; do
+  [[ "$v" =~ ^[a-z0-9,-]+$ ]] || { echo "$prog: variants '$v': names like bf16,qwz8" >&2; exit 2; }
+done
 case $runs in ''|*[!0-9]*|0) echo "$prog: RUNS '$runs': must be a positive integer" >&2; exit 2 ;; esac
 [ "$runs" -le 20 ] || { echo "$prog: RUNS $runs: at most 20" >&2; exit 2; }
 [[ "$rate" =~ ^([0-9]+)mbit$ ]] || { echo "$prog: RATE '$rate': must be <n>mbit" >&2; exit 2; }
@@ -40,17 +49,17 @@ flock -w 600 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock
 out=$(mktemp /tmp/zpp-net-seg.XXXXXX)
 trap '"$cluster" down > /dev/null 2>&1; rm -f "$out"' EXIT
 trap 'exit 130' INT TERM
-"$cluster" up -n 2 -p 4 -r "$rate" > /dev/null || exit 1
-echo "# $prog: 2x4 namespace cluster, $rate per node link, bf16, $lo..$hi per rank, $iters timed iterations; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "run | ZPP_NET_SEGMENT | collective | size | median ms | fastest..slowest ms | busiest node link MB | median / link limit"
+"$cluster" up -n 2 -p "$ppn" -r "$rate" > /dev/null || exit 1
+echo "# $prog: 2x$ppn namespace cluster, $rate per node link, all-gather ${variants[allgather]}, reduce-scatter ${variants[reducescatter]}, $lo..$hi per rank, $iters timed iterations; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "run | ZPP_NET_SEGMENT | collective | variant | size | median ms | fastest..slowest ms | busiest node link MB | median / link limit"
 status=0
 for run in $(seq "$runs"); do
   for seg in unset 0; do
     env_seg=()
     [ "$seg" = 0 ] && env_seg=(-x ZPP_NET_SEGMENT=0)
     for coll in allgather reducescatter; do
-      if ! timeout -k 10 600 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${env_seg[@]}" \
-          "$bench" --coll "$coll" --variant bf16 -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 1 \
+      if ! timeout -k 10 600 "$cluster" run -np $((2 * ppn)) -x OMPI_MCA_mpi_yield_when_idle=1 "${env_seg[@]}" \
+          "$bench" --coll "$coll" --variant "${variants[$coll]}" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 1 \
           --format csv > "$out" 2>&1 9>&-; then
         echo "$prog: run $run, ZPP_NET_SEGMENT=$seg, $coll failed:" >&2
         tail -5 "$out" >&2
@@ -59,10 +68,10 @@ for run in $(seq "$runs"); do
       fi
       # columns: coll,variant,size,...,time_med_us(15),time_min_us,time_max_us,
       # inter_bytes_node_max(18): the bytes over the busiest node link
-      grep -E "^$coll,bf16," "$out" |
+      grep -E "^$coll," "$out" |
         awk -F, -v r="$run" -v s="$seg" -v m="$mbit" '{
           lim = $18 * 8 / (m * 1e6) * 1e3
-          printf "%s | %s | %s | %d | %.1f | %.1f..%.1f | %.2f | %.2f\n", r, s, $1, $3,
+          printf "%s | %s | %s | %s | %d | %.1f | %.1f..%.1f | %.2f | %.2f\n", r, s, $1, $2, $3,
                  $15 / 1e3, $16 / 1e3, $17 / 1e3, $18 / 1e6, (lim > 0 ? $15 / 1e3 / lim : 0)
         }'
     done
