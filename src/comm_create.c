@@ -469,13 +469,15 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                    "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
                    "[4096, 2^30] bytes (unset: %d on real inter-node links)",
                    net_seg, ZPP_NET_SEGMENT_AUTO);
-  if (st == ZPP_OK) {
-    c = calloc(1, sizeof *c);
-    rec = malloc((size_t)size * sizeof *rec);
-    if (c == NULL || rec == NULL)
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "communicator of %d ranks",
-                     size);
-  }
+  /* Also after a failure here (a bad setting on this rank only): the
+   * records are needed to take part in the first exchange, which tells
+   * every rank of the failure instead of leaving them to time out in it
+   * (bootstrap.h, pre_status). */
+  c = calloc(1, sizeof *c);
+  rec = malloc((size_t)size * sizeof *rec);
+  if (st == ZPP_OK && (c == NULL || rec == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "communicator of %d ranks",
+                   size);
   if (st == ZPP_OK) {
     spec = (cfg->topology != NULL && cfg->topology[0] != '\0')
                ? cfg->topology

@@ -1318,6 +1318,21 @@ TEST(Errors, RanksDisagreeingOnTheNetSegmentAllFail) {
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
       << zpp_get_last_error();
   EXPECT_EQ(c, nullptr);
+  // Out of range on one rank only: that rank still takes part in the first
+  // exchange, so the others fail at once with its message instead of
+  // waiting there for the timeout (short here, so that a rank left
+  // waiting fails with ZPP_ERR_TIMEOUT).
+  if (g_rank == 0)
+    setenv("ZPP_NET_SEGMENT", "100", 1);
+  else
+    unsetenv("ZPP_NET_SEGMENT");
+  zpp_settings_reload();
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 10;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
+      << zpp_get_last_error();
+  EXPECT_EQ(c, nullptr);
   if (old != nullptr)
     setenv("ZPP_NET_SEGMENT", keep.c_str(), 1);
   else
