@@ -1391,12 +1391,15 @@ TEST(Errors, RanksDisagreeingOnTheNetSegmentAllFail) {
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT"), std::string::npos)
       << zpp_get_last_error();
   EXPECT_EQ(c, nullptr);
-  setenv("ZPP_NET_SEGMENT", "100", 1);
-  zpp_settings_reload();
-  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
-      << zpp_get_last_error();
-  EXPECT_EQ(c, nullptr);
+  for (const char *bad : {"100", "-1", "1073741825"}) {
+    setenv("ZPP_NET_SEGMENT", bad, 1);
+    zpp_settings_reload();
+    EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(zpp_get_last_error()).find(std::string("ZPP_NET_SEGMENT ") + bad),
+              std::string::npos)
+        << zpp_get_last_error();
+    EXPECT_EQ(c, nullptr);
+  }
   // Out of range on one rank only: that rank still takes part in the first
   // exchange, so the others fail at once with its message instead of
   // waiting there for the timeout (short here, so that a rank left
