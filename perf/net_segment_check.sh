@@ -32,6 +32,9 @@ read -r lo hi <<< "${SIZES:-4M 16M}"
 hi=${hi:-$lo}
 iters=${ITERS:-5}
 runs=${RUNS:-2}
+[ -n "$lo" ] || { echo "$prog: SIZES '${SIZES:-}': must be one or two sizes" >&2; exit 2; }
+case $iters in ''|*[!0-9]*|0) echo "$prog: ITERS '$iters': must be a positive integer" >&2; exit 2 ;; esac
+[ "$iters" -le 100 ] || { echo "$prog: ITERS $iters: at most 100" >&2; exit 2; }
 ppn=${PPN:-4}
 case $ppn in 1|2|3|4|5|6|7|8) ;; *) echo "$prog: PPN '$ppn': 1 to 8" >&2; exit 2 ;; esac
 declare -A variants=([allgather]=${AG:-bf16} [reducescatter]=${RS:-bf16})
@@ -66,14 +69,18 @@ for run in $(seq "$runs"); do
         status=1
         continue
       fi
-      # columns: coll,variant,size,...,time_med_us(15),time_min_us,time_max_us,
-      # inter_bytes_node_max(18): the bytes over the busiest node link
-      grep -E "^$coll," "$out" |
-        awk -F, -v r="$run" -v s="$seg" -v m="$mbit" '{
-          lim = $18 * 8 / (m * 1e6) * 1e3
-          printf "%s | %s | %s | %s | %d | %.1f | %.1f..%.1f | %.2f | %.2f\n", r, s, $1, $2, $3,
-                 $15 / 1e3, $16 / 1e3, $17 / 1e3, $18 / 1e6, (lim > 0 ? $15 / 1e3 / lim : 0)
-        }'
+      # zpp-bench's CSV rows, by column name;
+      # inter_bytes_node_max: the bytes over the busiest node link
+      grep -v '^#' "$out" |
+        awk -F, -v r="$run" -v s="$seg" -v m="$mbit" -v p="$prog" -v co="$coll" '
+          $1 == "coll" { for (i = 1; i <= NF; i++) c[$i] = i; next }
+          c["variant"] && $c["coll"] == co {
+            if (!c["inter_bytes_node_max"]) { print p ": no inter_bytes_node_max column: rebuild zpp-bench" > "/dev/stderr"; exit 1 }
+            med = $c["time_med_us"] / 1e3; b = $c["inter_bytes_node_max"]
+            lim = b * 8 / (m * 1e6) * 1e3
+            printf "%s | %s | %s | %s | %d | %.1f | %.1f..%.1f | %.2f | %.2f\n", r, s, $c["coll"], $c["variant"], $c["size"],
+                   med, $c["time_min_us"] / 1e3, $c["time_max_us"] / 1e3, b / 1e6, (lim > 0 ? med / lim : 0)
+          }' || status=1
     done
   done
 done

@@ -11,6 +11,7 @@
  * communicators of any subset (zpp_comm_split).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -462,20 +463,26 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                    "ZPP_HIER_CHUNK %ld: must be in [0, 2^30] bytes",
                    hier_chunk);
-  net_seg = zpp_setting_long("ZPP_NET_SEGMENT", -1);
-  if (st == ZPP_OK && net_seg != -1 && net_seg != 0 &&
-      (net_seg < 4096 || net_seg > (1L << 30)))
+  /* LONG_MIN: unset (or not a number: warned), -1 in the record; an
+   * explicit -1 is out of range like any other negative value */
+  net_seg = zpp_setting_long("ZPP_NET_SEGMENT", LONG_MIN);
+  if (net_seg == LONG_MIN)
+    net_seg = -1;
+  else if (st == ZPP_OK && net_seg != 0 &&
+           (net_seg < 4096 || net_seg > (1L << 30)))
     st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                    "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
                    "[4096, 2^30] bytes (unset: %d on real inter-node links)",
                    net_seg, ZPP_NET_SEGMENT_AUTO);
-  if (st == ZPP_OK) {
-    c = calloc(1, sizeof *c);
-    rec = malloc((size_t)size * sizeof *rec);
-    if (c == NULL || rec == NULL)
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "communicator of %d ranks",
-                     size);
-  }
+  /* Also after a failure here (a bad setting on this rank only): the
+   * records are needed to take part in the first exchange, which tells
+   * every rank of the failure instead of leaving them to time out in it
+   * (bootstrap.h, pre_status). */
+  c = calloc(1, sizeof *c);
+  rec = malloc((size_t)size * sizeof *rec);
+  if (st == ZPP_OK && (c == NULL || rec == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "communicator of %d ranks",
+                   size);
   if (st == ZPP_OK) {
     spec = (cfg->topology != NULL && cfg->topology[0] != '\0')
                ? cfg->topology

@@ -37,6 +37,29 @@ extern "C" {
 #include "transport.h"
 }
 
+#include <mutex>
+#include <utility>
+
+// The messages zpp's MPI transport sends, seen through MPI's profiling
+// interface while g_isend_watch is set: (destination, bytes) of each
+// MPI_Isend on a communicator other than MPI_COMM_WORLD (zpp's duplicate).
+static std::mutex g_isend_mu;
+static bool g_isend_watch = false;
+static std::vector<std::pair<int, long>> g_isend;
+
+extern "C" int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag,
+                         MPI_Comm comm, MPI_Request *req) {
+  {
+    std::lock_guard<std::mutex> l(g_isend_mu);
+    if (g_isend_watch && comm != MPI_COMM_WORLD) {
+      int es = 1;
+      MPI_Type_size(dt, &es);
+      g_isend.emplace_back(dest, (long)count * es);
+    }
+  }
+  return PMPI_Isend(buf, count, dt, dest, tag, comm, req);
+}
+
 namespace {
 
 int g_rank = 0, g_size = 1;
@@ -781,6 +804,62 @@ TEST(Ops, BarrierCountsACallAndNoBytes) {
   }
 }
 
+// Transfers to a rank on another node go in messages of at most
+// ZPP_NET_SEGMENT bytes (docs/design.md): set, on every layout; unset, on
+// real nodes only (65408), whole on an emulated topology.  The messages are
+// watched at MPI_Isend; the receives cut alike, or the data checks of the
+// other Ops tests fail.
+TEST(Ops, InterNodeTransfersAreCutAtTheNetSegment) {
+  if (g_backend != "mpi") GTEST_SKIP() << "the MPI transport's messages";
+  const char *e = std::getenv("ZPP_NET_SEGMENT");
+  long seg = e != nullptr && *e != '\0' ? std::atol(e) : g_layout.emulated ? 0 : 65408;
+  // The pairwise all-to-all sends each block straight to its member: a
+  // transfer of B bytes per peer, more than two segments (and more than
+  // 4096, the smallest, when whole).
+  const size_t B = 2 * (size_t)std::max(seg, 4096L) + 5;
+  std::vector<uint8_t> in(B * g_size), out(B * g_size);
+  for (int r = 0; r < g_size; r++)
+    std::memcpy(in.data() + r * B, bytes_of(7000 + r, g_rank, B).data(), B);
+  {
+    std::lock_guard<std::mutex> l(g_isend_mu);
+    g_isend.clear();
+    g_isend_watch = true;
+  }
+  zpp_status_t st = zpp_transport_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+                                           ZPP_MEMORY_HOST, nullptr);
+  std::vector<std::pair<int, long>> sent;
+  {
+    std::lock_guard<std::mutex> l(g_isend_mu);
+    g_isend_watch = false;
+    sent.swap(g_isend);
+  }
+  ASSERT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(g_comm);
+  for (int r = 0; r < g_size; r++)
+    EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(7000 + g_rank, r, B).data(), B))
+        << "block from " << r;
+  // Expected: per peer on another node ceil(B / seg) messages (seg, ...,
+  // the rest), one of B bytes when whole; per peer on this node one.
+  std::vector<std::vector<long>> want(g_size), got(g_size);
+  for (int r = 0; r < g_size; r++) {
+    if (r == g_rank) continue;
+    size_t left = B;
+    bool net = g_layout.node_of[r] != g_layout.node_of[g_rank];
+    do {
+      size_t b = net && seg > 0 && left > (size_t)seg ? (size_t)seg : left;
+      want[r].push_back((long)b);
+      left -= b;
+    } while (left > 0);
+  }
+  for (auto &m : sent) {
+    ASSERT_GE(m.first, 0);
+    ASSERT_LT(m.first, g_size);
+    got[m.first].push_back(m.second);
+  }
+  for (int r = 0; r < g_size; r++)
+    EXPECT_EQ(got[r], want[r]) << "messages to rank " << r << " (ZPP_NET_SEGMENT "
+                               << (e != nullptr ? e : "unset") << ", " << B << " bytes)";
+}
+
 // Summed over ranks, a world allgather of B bytes puts (n-1) * B * nnodes
 // bytes on the network when nnodes > 1 on the ring (it crosses each node
 // boundary once, so the boundary ranks carry it all), n * (nnodes-1) * B
@@ -1312,9 +1391,27 @@ TEST(Errors, RanksDisagreeingOnTheNetSegmentAllFail) {
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT"), std::string::npos)
       << zpp_get_last_error();
   EXPECT_EQ(c, nullptr);
-  setenv("ZPP_NET_SEGMENT", "100", 1);
+  for (const char *bad : {"100", "-1", "1073741825"}) {
+    setenv("ZPP_NET_SEGMENT", bad, 1);
+    zpp_settings_reload();
+    EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(zpp_get_last_error()).find(std::string("ZPP_NET_SEGMENT ") + bad),
+              std::string::npos)
+        << zpp_get_last_error();
+    EXPECT_EQ(c, nullptr);
+  }
+  // Out of range on one rank only: that rank still takes part in the first
+  // exchange, so the others fail at once with its message instead of
+  // waiting there for the timeout (short here, so that a rank left
+  // waiting fails with ZPP_ERR_TIMEOUT).
+  if (g_rank == 0)
+    setenv("ZPP_NET_SEGMENT", "100", 1);
+  else
+    unsetenv("ZPP_NET_SEGMENT");
   zpp_settings_reload();
-  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT);
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 10;
+  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
       << zpp_get_last_error();
   EXPECT_EQ(c, nullptr);
