@@ -1374,54 +1374,6 @@ TEST(Errors, RanksDisagreeingOnTheTopologyAllFail) {
   EXPECT_EQ(c, nullptr);
 }
 
-// ZPP_NET_SEGMENT cuts transfers into messages on both sides alike, so it
-// must be the same everywhere: ranks that differ (one set, one unset) all
-// fail naming it, none hangs; a value out of range fails naming it.
-TEST(Errors, RanksDisagreeingOnTheNetSegmentAllFail) {
-  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
-  const char *old = std::getenv("ZPP_NET_SEGMENT");
-  std::string keep = old != nullptr ? old : "";
-  zpp_comm_t c = nullptr;
-  if (g_rank == 0)
-    setenv("ZPP_NET_SEGMENT", "8192", 1);
-  else
-    unsetenv("ZPP_NET_SEGMENT");
-  zpp_settings_reload();  // settings are read once, then cached
-  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_MISMATCH);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT"), std::string::npos)
-      << zpp_get_last_error();
-  EXPECT_EQ(c, nullptr);
-  for (const char *bad : {"100", "-1", "1073741825"}) {
-    setenv("ZPP_NET_SEGMENT", bad, 1);
-    zpp_settings_reload();
-    EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &c), ZPP_ERR_INVALID_ARGUMENT) << bad;
-    EXPECT_NE(std::string(zpp_get_last_error()).find(std::string("ZPP_NET_SEGMENT ") + bad),
-              std::string::npos)
-        << zpp_get_last_error();
-    EXPECT_EQ(c, nullptr);
-  }
-  // Out of range on one rank only: that rank still takes part in the first
-  // exchange, so the others fail at once with its message instead of
-  // waiting there for the timeout (short here, so that a rank left
-  // waiting fails with ZPP_ERR_TIMEOUT).
-  if (g_rank == 0)
-    setenv("ZPP_NET_SEGMENT", "100", 1);
-  else
-    unsetenv("ZPP_NET_SEGMENT");
-  zpp_settings_reload();
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  cfg.timeout_s = 10;
-  EXPECT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_NET_SEGMENT 100"), std::string::npos)
-      << zpp_get_last_error();
-  EXPECT_EQ(c, nullptr);
-  if (old != nullptr)
-    setenv("ZPP_NET_SEGMENT", keep.c_str(), 1);
-  else
-    unsetenv("ZPP_NET_SEGMENT");
-  zpp_settings_reload();
-}
-
 // An explicit backend in the config wins over ZPP_BACKEND, on the MPI
 // bootstrap too (UCX's worker addresses travel over MPI then).
 TEST(Config, ExplicitBackendIsUsed) {
@@ -2137,6 +2089,39 @@ class RankPrinter : public ::testing::EmptyTestEventListener {
 };
 }  // namespace
 
+// ZPP_NET_SEGMENT cuts transfers into messages on both sides alike, so it
+// must be the same everywhere and in range: ctest launches this binary
+// with ZPP_TEST_NETSEG_CASE set and ZPP_NET_SEGMENT given by the launcher,
+// per rank where the ranks differ (tests/transport.cmake; the environment
+// is never changed inside this multi-threaded process).  "mismatch": the
+// ranks disagree, every rank fails with ZPP_ERR_MISMATCH; "invalid": a
+// value out of range on some rank (on one only: that rank still takes part
+// in the first exchange, so the others fail at once with its message
+// instead of waiting there for the 10 s timeout).  Every rank's message
+// must contain ZPP_TEST_NETSEG_EXPECT.  Returns 1 on a failed check.
+static int net_segment_case(const char *which) {
+  const char *want = std::getenv("ZPP_TEST_NETSEG_EXPECT");
+  zpp_status_t code = std::string(which) == "mismatch" ? ZPP_ERR_MISMATCH
+                      : std::string(which) == "invalid" ? ZPP_ERR_INVALID_ARGUMENT
+                                                        : ZPP_OK;
+  if (code == ZPP_OK || want == nullptr) {
+    std::fprintf(stderr, "[rank %d] ZPP_TEST_NETSEG_CASE=%s: must be mismatch or invalid, "
+                 "with ZPP_TEST_NETSEG_EXPECT set\n", g_rank, which);
+    return 1;
+  }
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 10;
+  zpp_comm_t c = nullptr;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  std::string msg = zpp_get_last_error();
+  int bad = st != code || c != nullptr || msg.find(want) == std::string::npos;
+  if (bad)
+    std::fprintf(stderr, "[rank %d] %s: status %d (want %d), message \"%s\" (want \"%s\")\n",
+                 g_rank, which, (int)st, (int)code, msg.c_str(), want);
+  if (c != nullptr) zpp_comm_destroy(c);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -2163,6 +2148,13 @@ int main(int argc, char **argv) {
                 t && *t ? t : "",
                 !(t && *t) && x && *x ? ", expected ZPP_TEST_EXPECT_NODES=" : "",
                 !(t && *t) && x && *x ? x : "");
+  }
+  if (const char *c = std::getenv("ZPP_TEST_NETSEG_CASE"); c && *c) {
+    int bad = net_segment_case(c), any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (g_rank == 0) std::printf("%s ZPP_TEST_NETSEG_CASE=%s\n", any ? "FAILED" : "PASSED", c);
+    MPI_Finalize();
+    return any;
   }
   int failed = 1;
   zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &g_comm);
