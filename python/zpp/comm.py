@@ -119,6 +119,7 @@ class Comm:
         self._c = handle
         self._keep = keep
         self._pending: dict = {}  # id -> Work started and not waited for
+        self._memory: Optional[str] = None  # fixed at creation; read once
         _live.append(self)
 
     # ---- creation ---------------------------------------------------------
@@ -319,10 +320,12 @@ class Comm:
         ``__cuda_array_interface__`` arrays): the memory space of every
         buffer of this communicator's collectives (``memory=`` at creation;
         communicators split from it inherit it)."""
-        L = _lib.get()
-        m = L.ffi.new("zpp_memory_t *")
-        L.check(L.lib.zpp_comm_memory(self._c, m), self._c)
-        return "device" if m[0] == L.lib.ZPP_MEMORY_DEVICE else "host"
+        if self._memory is None:
+            L = _lib.get()
+            m = L.ffi.new("zpp_memory_t *")
+            L.check(L.lib.zpp_comm_memory(self._c, m), self._c)
+            self._memory = "device" if m[0] == L.lib.ZPP_MEMORY_DEVICE else "host"
+        return self._memory
 
     # ---- collectives ---------------------------------------------------------
 
