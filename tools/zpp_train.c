@@ -73,6 +73,10 @@ typedef struct {
   /* LoCo's compensation: moving average and reset period (0: off) */
   float ef_beta;
   unsigned ef_reset;
+  /* standard deviation of the Gaussian noise added to every target (0:
+   * none); the expected loss of the teacher itself is then sigma^2, a
+   * floor no model can go below, as a language model's entropy rate */
+  float label_noise;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -109,6 +113,16 @@ static uint64_t mix(uint64_t x) {
 static float urand(uint64_t seed, uint64_t stream, uint64_t i) {
   uint64_t h = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(i)));
   return (float)((double)(h >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+/* standard normal from (seed, stream, index): Box-Muller on two uniforms
+ * in (0, 1] drawn from independent counters */
+static float nrand(uint64_t seed, uint64_t stream, uint64_t i) {
+  uint64_t a = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(2 * i)));
+  uint64_t b = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(2 * i + 1)));
+  double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
 static float bf(uint16_t h) { return zpp_qm_bf16_to_f32(h); }
@@ -156,6 +170,8 @@ static void usage(FILE *out) {
           "                  weight B on the old one, in [0, 1) (0; LoCo 0.8)\n"
           "  --ef-reset N    LoCo: zero the residual every N steps (0 never;\n"
           "                  LoCo 1024)\n"
+          "  --label-noise S add Gaussian noise of standard deviation S to every\n"
+          "                  target: the loss then has a floor, S^2 (0)\n"
           "  zero1/zero2 use --qwz, --qgz, --ef only when given (default: the\n"
           "  bitwise baseline); dp ignores all compression flags\n"
           "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
@@ -167,7 +183,8 @@ static void usage(FILE *out) {
 
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
-                8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0};
+                8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0,
+                0.0f};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -208,6 +225,16 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--ef-beta")) { NEEDV; o->ef_beta = strtof(v, NULL);
     } else if (!strcmp(a, "--ef-reset")) { NEEDV;
       o->ef_reset = (unsigned)strtoul(v, NULL, 10);
+    } else if (!strcmp(a, "--label-noise")) {
+      NEEDV;
+      char *end;
+      o->label_noise = strtof(v, &end);
+      if (end == v || *end || !(o->label_noise >= 0.0f) ||
+          !isfinite(o->label_noise)) {
+        fprintf(stderr, PROG ": --label-noise %s: must be a finite number "
+                        ">= 0\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--hpz")) { NEEDV; o->hpz = atoi(v);
     } else if (!strcmp(a, "--qgz")) { NEEDV; o->qgz_bits = atoi(v); o->given_qgz = 1;
     } else if (!strcmp(a, "--qgz-intra")) { NEEDV; o->qgz_intra_bits = atoi(v);
@@ -429,13 +456,14 @@ int main(int argc, char **argv) {
 
   zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
   ZCALL(zpp_comm_reset_stats(comm));
-  double final_loss = 0, tail_sum = 0, first_loss = 0;
+  double final_loss = 0, tail_sum = 0, first_loss = 0, floor_tail_sum = 0;
+  double floor_loss = 0; /* this step's loss of the teacher (--label-noise) */
   int tail_n = 0;
   uint64_t tot_inter = 0, tot_intra = 0;
   uint64_t *all_stats = xcalloc(2 * (size_t)W, 8);
   size_t peak_full = 0, hpz_bytes = 0, resid_bytes = 0;
   size_t resid_fp32_bytes = 0, qwd_scratch = 0;
-  double *losses = xcalloc((size_t)W, sizeof(double));
+  double *losses = xcalloc(2 * (size_t)W, sizeof(double));
   uint64_t loss_hash = 1469598103934665603ull; /* every step's loss, bitwise */
 
   if (g_rank == 0 && !o.quiet)
@@ -495,7 +523,7 @@ int main(int argc, char **argv) {
       }
     }
     /* ---- loss: mean over samples and outputs of (y - t)^2 ---- */
-    double lsum = 0;
+    double lsum = 0, fsum = 0;
     for (int b = 0; b < bl; b++) {
       const float *x = act[0] + (size_t)b * maxd;
       const float *yv = act[L] + (size_t)b * maxd;
@@ -504,23 +532,35 @@ int main(int argc, char **argv) {
         for (int i = 0; i < o.in_dim; i++)
           t += teacher[(size_t)k * o.in_dim + i] * x[i];
         t = tanhf(t);
+        if (o.label_noise > 0.0f) {
+          /* noise of this step's sample, the same in every mode */
+          float nz = o.label_noise *
+                     nrand(o.seed, 4, ((uint64_t)step << 32) ^
+                                          ((uint64_t)(sample0 + b) * o.out_dim + k));
+          t += nz;
+          fsum += (double)nz * nz; /* the teacher's own loss */
+        }
         float e = yv[k] - t;
         lsum += (double)e * e;
         dcur[(size_t)b * maxd + k] = 2.0f * e / (float)(bl * o.out_dim);
       }
     }
-    double lloc = lsum / (bl * o.out_dim);
-    MPI_Allgather(&lloc, 1, MPI_DOUBLE, losses, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    double lloc[2] = {lsum / (bl * o.out_dim), fsum / (bl * o.out_dim)};
+    MPI_Allgather(lloc, 2, MPI_DOUBLE, losses, 2, MPI_DOUBLE, MPI_COMM_WORLD);
     double loss = 0;
-    for (int r = 0; r < W; r++) /* rank order: the same on every rank */
-      loss += losses[r];
+    floor_loss = 0;
+    for (int r = 0; r < W; r++) { /* rank order: the same on every rank */
+      loss += losses[2 * r];
+      floor_loss += losses[2 * r + 1];
+    }
     loss /= W;
+    floor_loss /= W;
     final_loss = loss;
     loss_hash = fnv(loss_hash, &loss, sizeof loss);
     if (step == 1)
       first_loss = loss;
     if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
-      tail_sum += loss, tail_n++;
+      tail_sum += loss, floor_tail_sum += floor_loss, tail_n++;
 
     /* ---- backward ---- */
     if (sharded_param)
@@ -643,6 +683,8 @@ int main(int argc, char **argv) {
       for (int r = 0; r < W; r++)
         printf(" r%d %llu/%llu", r, (unsigned long long)all_stats[2 * r + 1],
                (unsigned long long)all_stats[2 * r]);
+      if (o.label_noise > 0.0f) /* the floor of this step's batch */
+        printf("  floor %.6f", floor_loss);
       printf("\n");
       fflush(stdout);
     }
@@ -718,10 +760,13 @@ int main(int argc, char **argv) {
              "\"steps\": %d, \"final_loss\": %.9g, "
              "\"param_checksum\": \"%016llx\", \"loss_last10\": %.9g, "
              "\"first_loss\": %.9g, \"loss_curve_checksum\": \"%016llx\", "
-             "\"overlap\": %d, ",
+             "\"overlap\": %d, \"label_noise\": %.9g, \"loss_floor\": %.9g, "
+             "\"floor_last10\": %.9g, ",
              mode_names[mode], W, nnodes, o.steps, final_loss,
              (unsigned long long)h, tail_n ? tail_sum / tail_n : final_loss,
-             first_loss, (unsigned long long)loss_hash, o.overlap);
+             first_loss, (unsigned long long)loss_hash, o.overlap,
+             (double)o.label_noise, (double)o.label_noise * o.label_noise,
+             tail_n ? floor_tail_sum / tail_n : floor_loss);
       printf("\"inter_bytes_per_step\": %.17g, \"intra_bytes_per_step\": "
              "%.17g, ",
              (double)wi / steps, (double)wa / steps);

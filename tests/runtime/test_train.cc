@@ -277,6 +277,38 @@ TEST(Train, HadamardAndStochasticRoundingRunAndConverge) {
             raw(train("--mode zeropp --sr 1 --hadamard 32").json, "param_checksum"));
 }
 
+// --label-noise S adds S * N(0, 1) to every target (the convergence
+// study's loss floor, perf/convergence_study.sh).  floor_last10 is the
+// teacher's own loss on the noisy targets over the last 10 steps, the mean
+// of n = 10 * batch * outputs values S^2 z^2 (z standard normal): its mean
+// is S^2 and its standard deviation S^2 sqrt(2 / n); the bound is 6 of
+// them (a wrong scale of the normal, e.g. the uniform's variance 1/3, or
+// noise left out, is far outside).  The noise is a function of (seed,
+// step, sample), not of the rank or the mode: zero3 and dp still give the
+// same bits.  --label-noise 0 is the run without the flag, bit for bit.
+TEST(Train, LabelNoiseGivesTheLossAFloorOfItsVariance) {
+  const double s = 0.5;
+  const std::string &z3 = train("--mode zero3 --steps 20 --label-noise 0.5").json;
+  const std::string &dp = train("--mode dp --steps 20 --label-noise 0.5").json;
+  EXPECT_EQ(num(z3, "label_noise"), s);
+  EXPECT_EQ(num(z3, "loss_floor"), s * s);
+  double n = 10.0 * 64 * 4; /* the trainer's default batch and outputs */
+  double fl = num(z3, "floor_last10"), sd = s * s * std::sqrt(2.0 / n);
+  std::printf("floor over the last 10 steps %.6g, expected %.6g +- %.3g (1 sd)\n", fl,
+              s * s, sd);
+  EXPECT_LE(std::fabs(fl - s * s), 6 * sd);
+  // the loss against noisy targets: above the floor (the student is not
+  // the teacher; the cross term's mean is 0)
+  EXPECT_GT(num(z3, "loss_last10"), fl);
+  EXPECT_EQ(raw(z3, "param_checksum"), raw(dp, "param_checksum"));
+  EXPECT_EQ(raw(z3, "floor_last10"), raw(dp, "floor_last10"));
+  const std::string &off = train("--mode zero3 --label-noise 0").json;
+  EXPECT_EQ(num(off, "loss_floor"), 0);
+  EXPECT_EQ(num(off, "floor_last10"), 0);
+  EXPECT_EQ(raw(off, "loss_curve_checksum"), raw(train("--mode zero3").json,
+                                                 "loss_curve_checksum"));
+}
+
 // The trainer's layer arithmetic reorders the per-sample loops across
 // independent sums only, so it must give their bits exactly.  The
 // reference is those loops, written plainly (one sample at a time, each
