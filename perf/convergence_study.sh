@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Convergence study (issue 14), two parts on an EMULATED 2x4 cluster (8
+# Convergence study (issue 14), three parts on an EMULATED 2x4 cluster (8
 # ranks, ZPP_TOPO=2x4), every configuration and every seed, then per part a
 # table of the final loss relative to bf16 and of the inter-node bytes per
 # step, in the layout of the SDP4Bit paper's table, and a plot of the loss
 # curves (perf/plot_convergence_study.py):
 #   mlp: zpp-train --large (an MLP regressing onto an exact teacher; its
-#        loss goes to 0), about 2 hours;
+#        loss goes to 0, so a relative gap measures noise on a vanishing
+#        loss), time below;
+#   floor: the same runs with Gaussian noise on every target
+#        (zpp-train --label-noise ZPP_CONV_NOISE, default 0.2: 8% of the
+#        targets' variance, about 0.5), so the loss has a floor, the noise's
+#        variance, as a language model's has its entropy rate; the gaps are
+#        also given as a fraction of bf16's final loss above the floor (the
+#        teacher's own loss on the same noisy targets and steps); files
+#        OUT_DIR/convergence_floor_*, runs in OUT_DIR/convergence_floor_runs
+#        (ZPP_CONV_FLOOR_RUNS);
 #   lm:  examples/fsdp2_train.py, a small transformer language model under
 #        PyTorch FSDP2 with zpp as its all-gather and reduce-scatter, on a
 #        Markov chain whose entropy rate is the loss's floor (in nats, as the
 #        paper's), about 30 minutes (sizing below, "LM part").
 #   usage: perf/convergence_study.sh OUT_DIR [BUILD_DIR]
-#   ZPP_CONV_PARTS: "mlp lm" (default), "mlp" or "lm".
+#   ZPP_CONV_PARTS: "mlp floor lm" (default), or any of them.
 # Writes OUT_DIR/convergence_runs/<config>_seed<S>.{log,json,key} (one per
 # run; a run is not run again when its .json exists and its .key, the
 # exact command line, launcher and sha256 of the zpp-train binary, and the
@@ -84,14 +93,20 @@ out=$1
 build=${2:-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-read -r -a parts <<< "${ZPP_CONV_PARTS:-mlp lm}"
+read -r -a parts <<< "${ZPP_CONV_PARTS:-mlp floor lm}"
 for p in "${parts[@]}"; do
   case $p in
-    mlp|lm) ;;
-    *) echo "$prog: ZPP_CONV_PARTS '${ZPP_CONV_PARTS:-}': parts are mlp and lm" >&2; exit 2 ;;
+    mlp|floor|lm) ;;
+    *) echo "$prog: ZPP_CONV_PARTS '${ZPP_CONV_PARTS:-}': parts are mlp, floor and lm" >&2; exit 2 ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || { echo "$prog: ZPP_CONV_PARTS is empty: name mlp, lm or both" >&2; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { echo "$prog: ZPP_CONV_PARTS is empty: name mlp, floor, lm or several" >&2; exit 2; }
+noise=${ZPP_CONV_NOISE:-0.2}
+python3 -c 'import math, sys; x = float(sys.argv[1]); sys.exit(not (math.isfinite(x) and x > 0))' \
+    "$noise" 2> /dev/null || {
+  echo "$prog: ZPP_CONV_NOISE '$noise': must be a number > 0 (the targets' noise, a standard deviation)" >&2
+  exit 2
+}
 part_on() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 steps=${ZPP_CONV_STEPS:-300}
 # (steps reaches $((...)) below: only digits may)
@@ -164,7 +179,16 @@ run_one() {
 }
 
 # ==== MLP part: zpp-train --large ==========================================
+# mlp_part STEM RUNS NOISE: the MLP configurations, each run's files in
+# RUNS, the tables OUT_DIR/STEM_* and the runs' list OUT_DIR/STEM_study.*;
+# NOISE (a standard deviation, or empty) adds --label-noise NOISE to every
+# run (after the configuration's flags, before ZPP_CONV_EXTRA) and the
+# columns of a loss with a floor.
 mlp_part() {
+local stem=$1 runs=$2 noise=$3
+local -a noiseflags=()
+[ -z "$noise" ] || noiseflags=(--label-noise "$noise")
+mkdir -p "$runs"
 train=$build/tools/zpp-train
 [ -x "$train" ] || { echo "$prog: no $train: build first" >&2; exit 1; }
 batch=${ZPP_CONV_BATCH:-16}
@@ -194,17 +218,18 @@ else
           --bind-to none -np 8 -x ZPP_TOPO=2x4 -x OMPI_MCA_mpi_yield_when_idle)
 fi
 train_sum=$(sha256sum "$train" | cut -d' ' -f1)
-cmds=$out/convergence_study.cmds
+cmds=$out/${stem}_study.cmds
 : > "$cmds"
 # the runs the summary may use: those whose key is this study's
-valid=$out/convergence_study.valid
+valid=$out/${stem}_study.valid
 : > "$valid"
 t0=$(date +%s)
 for seed in "${seeds[@]}"; do
   for c in "${configs[@]}"; do
     IFS='|' read -r name label flags <<< "$c"
     read -r -a f <<< "$flags"
-    args=(--large --steps "$steps" --batch "$batch" --seed "$seed" "${f[@]}" "${extra[@]}" --json)
+    args=(--large --steps "$steps" --batch "$batch" --seed "$seed" "${f[@]}" "${noiseflags[@]}"
+          "${extra[@]}" --json)
     # what the run's result depends on: a run with another key is stale
     key="${mpirun[*]} $train ${args[*]} | zpp-train sha256 $train_sum"
     run_one "$name" "$seed" "$key" "$run_timeout" \
@@ -212,38 +237,52 @@ for seed in "${seeds[@]}"; do
   done
 done
 t1=$(date +%s)
-echo "$prog: MLP runs took $((t1 - t0)) s" >&2
+echo "$prog: MLP runs ($stem) took $((t1 - t0)) s" >&2
 
 # ---- losses and summary -------------------------------------------------
-python3 - "$out" "$steps" "${seeds[*]}" "$runs" "$valid" "$t0" "$batch" "${configs[@]}" <<'PY'
+python3 - "$out" "$steps" "${seeds[*]}" "$runs" "$valid" "$stem" "$batch" "$noise" "${configs[@]}" <<'PY'
 import csv, json, math, pathlib, re, statistics, sys
 out = pathlib.Path(sys.argv[1]); steps = int(sys.argv[2])
 seeds = [int(s) for s in sys.argv[3].split()]
 runs = pathlib.Path(sys.argv[4])
 valid = set(pathlib.Path(sys.argv[5]).read_text().split())  # this study's runs only
+stem = sys.argv[6]
 batch = int(sys.argv[7])
-configs = [c.split("|") for c in sys.argv[8:]]
+noise = float(sys.argv[8]) if sys.argv[8] else 0.0
+configs = [c.split("|") for c in sys.argv[9:]]
 tail = max(1, steps // 10)
 step_re = re.compile(r"^step\s+(\d+) loss ([0-9.eE+-]+|nan|inf)")
+floor_re = re.compile(r"  floor ([0-9.eE+-]+)$")
 rows, summ = [], {}
 for name, label, flags in configs:
     for s in seeds:
         log, js = runs / f"{name}_seed{s}.log", runs / f"{name}_seed{s}.json"
         if f"{name}_seed{s}" not in valid or not js.exists():
             continue
-        losses = []
+        losses, floors = [], []
         for line in log.read_text().splitlines():
             m = step_re.match(line)
             if m:
                 losses.append(float(m.group(2)))
                 rows.append((name, s, int(m.group(1)), m.group(2)))
+                f = floor_re.search(line)
+                if f:
+                    floors.append(float(f.group(1)))
         j = json.loads(js.read_text())
+        if noise and (j.get("label_noise") is None or abs(j["label_noise"] - noise) > 1e-6 * noise
+                      or len(floors) != len(losses)):
+            sys.exit(f"convergence_study.sh: {log}: not a run with --label-noise {noise} "
+                     f"(every step line ends with its floor)")
         final = sum(losses[-tail:]) / len(losses[-tail:])
-        summ[(name, s)] = dict(final=final, first=losses[0], inter=j["inter_bytes_per_step"],
+        # the floor over the same steps: the teacher's loss on these noisy
+        # targets (the same in every configuration of a seed)
+        floor = statistics.mean(floors[-tail:]) if noise else 0.0
+        summ[(name, s)] = dict(final=final, first=losses[0], floor=floor,
+                               inter=j["inter_bytes_per_step"],
                                intra=j["intra_bytes_per_step"],
                                state=j["model_state_bytes"], buffers=j["buffers"],
                                time=j["step_time_s"])
-with open(out / "convergence_losses.csv", "w", newline="") as f:
+with open(out / f"{stem}_losses.csv", "w", newline="") as f:
     w = csv.writer(f); w.writerow(["config", "seed", "step", "loss"]); w.writerows(rows)
 
 def spread(v):
@@ -260,8 +299,11 @@ for name, label, flags in configs:
     # the same gap as a fraction of the loss bf16 removed in training
     # (first step's loss minus bf16's final): context for a loss that
     # tends to 0 here, where the paper's tends to an entropy floor
+    # (with a floor: as a fraction of what bf16 still has above it, the
+    # LM part's column)
     drop = [(summ[(name, s)]["final"] - summ[("bf16", s)]["final"]) /
-            (summ[("bf16", s)]["first"] - summ[("bf16", s)]["final"])
+            ((summ[("bf16", s)]["final"] - summ[("bf16", s)]["floor"]) if noise else
+             (summ[("bf16", s)]["first"] - summ[("bf16", s)]["final"]))
             for s in have if ("bf16", s) in summ]
     inter = statistics.mean(summ[(name, s)]["inter"] for s in have)
     b = summ[(name, have[0])]["buffers"]
@@ -274,43 +316,60 @@ for name, label, flags in configs:
                     inter / bf_inter,
                     b.get("qgz_residual", 0), b.get("qgz_residual_fp32", 0),
                     statistics.mean(summ[(name, s)]["time"] for s in have)])
-with open(out / "convergence_summary.csv", "w", newline="") as f:
+with open(out / f"{stem}_summary.csv", "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["config", "label", "seeds", "final_loss_mean", "final_loss_min", "final_loss_max",
-                "gap_mean", "gap_min", "gap_max", "gap_of_loss_drop", "inter_bytes_per_step",
+                "gap_mean", "gap_min", "gap_max",
+                "gap_of_excess_over_floor" if noise else "gap_of_loss_drop", "inter_bytes_per_step",
                 "inter_ratio_vs_bf16",
                 "qgz_residual_bytes", "qgz_residual_fp32_bytes", "step_time_s"])
     w.writerows(csvrows)
 md = []
-md.append("| configuration | final loss (mean of last %d steps), mean over seeds (min..max) | vs bf16, same seed: mean (min..max) | gap / bf16's loss drop | inter-node bytes / step | x bf16 ZeRO-3 |" % tail)
+md.append("| configuration | final loss (mean of last %d steps), mean over seeds (min..max) | vs bf16, same seed: mean (min..max) | %s | inter-node bytes / step | x bf16 ZeRO-3 |"
+          % (tail, "gap / (bf16 final - floor)" if noise else "gap / bf16's loss drop"))
 md.append("|---|---:|---:|---:|---:|---:|")
 for (label, flags, n, f_m, f_lo, f_hi, g_m, g_lo, g_hi, d_m, inter, ratio, state, res) in table:
     md.append("| %s | %.5f (%.5f..%.5f) | %+.1f%% (%+.1f..%+.1f) | %+.3f%% | %.0f | %.3f |" %
               (label, f_m, f_lo, f_hi, 100 * g_m, 100 * g_lo, 100 * g_hi, 100 * d_m, inter, ratio))
 md.append("")
+nf = " --label-noise %g" % noise if noise else ""
+if noise:
+    bs = [s for s in seeds if ("bf16", s) in summ]
+    md.append("Floor: every target carries Gaussian noise of standard deviation %g (`--label-noise`),"
+              " so no model's expected loss is below %g; the teacher's own loss on the same noisy"
+              " targets over the same last %d steps, seeds %s: %s; bf16's final loss above it: %s." % (
+                  noise, noise * noise, tail, ", ".join(map(str, bs)),
+                  " / ".join("%.5f" % summ[("bf16", s)]["floor"] for s in bs),
+                  " / ".join("%.5f" % (summ[("bf16", s)]["final"] - summ[("bf16", s)]["floor"])
+                             for s in bs)))
+    md.append("")
 md.append("Runs: %d steps, seeds %s, 8 ranks as 2 nodes x 4 (emulated), `zpp-train --large`"
           " (6,319,108 parameters), global batch %d." % (steps, ", ".join(map(str, seeds)), batch))
 md.append("")
-md.append("Flags of each configuration (each run: `ZPP_TOPO=2x4 mpirun -np 8 zpp-train --large --steps %d --batch %d --seed S FLAGS --json`):" % (steps, batch))
+md.append("Flags of each configuration (each run: `ZPP_TOPO=2x4 mpirun -np 8 zpp-train --large --steps %d --batch %d --seed S FLAGS%s --json`):" % (steps, batch, nf))
 md.append("")
 for name, label, flags in configs:
     md.append("- %s: `%s`" % (label, flags))
-(out / "convergence_study.md").write_text("\n".join(md) + "\n")
+(out / f"{stem}_study.md").write_text("\n".join(md) + "\n")
 PY
 # the plot is relative to bf16: none without a bf16 run of this study (e.g.
 # ZPP_CONV_CONFIGS naming only lm_ configurations; the LM part still runs)
-if [ "${ZPP_CONV_PLOT:-1}" = 0 ] || ! grep -q '^bf16,' "$out/convergence_losses.csv"; then
+if [ "${ZPP_CONV_PLOT:-1}" = 0 ] || ! grep -q '^bf16,' "$out/${stem}_losses.csv"; then
   why="ZPP_CONV_PLOT=0"
   [ "${ZPP_CONV_PLOT:-1}" = 0 ] || why="no bf16 run"
-  echo "$prog: wrote $out/convergence_study.md and $out/convergence_summary.csv (no plot: $why)" >&2
+  echo "$prog: wrote $out/${stem}_study.md and $out/${stem}_summary.csv (no plot: $why)" >&2
   return 0
 fi
-python3 "$here/plot_convergence_study.py" "$out/convergence_losses.csv" \
-  -o "$out/convergence_study.png" --steps "$steps" || {
+local -a plotflags=()
+[ -z "$noise" ] || plotflags=(--floor "$(python3 -c 'import sys; print(float(sys.argv[1]) ** 2)' "$noise")"
+  --floor-label "noise floor (--label-noise squared)"
+  --title "zpp-train --large, targets with noise (--label-noise $noise), emulated 2x4")
+python3 "$here/plot_convergence_study.py" "$out/${stem}_losses.csv" \
+  -o "$out/${stem}_study.png" --steps "$steps" "${plotflags[@]}" || {
   echo "$prog: the plot failed (is matplotlib installed?)" >&2
   exit 1
 }
-echo "$prog: wrote $out/convergence_study.md, $out/convergence_summary.csv and $out/convergence_study.png" >&2
+echo "$prog: wrote $out/${stem}_study.md, $out/${stem}_summary.csv and $out/${stem}_study.png" >&2
 }
 
 # ==== LM part: the FSDP2 transformer (examples/fsdp2_train.py) ============
@@ -494,5 +553,8 @@ python3 "$here/plot_convergence_study.py" "$out/convergence_lm_losses.csv" \
 echo "$prog: wrote $out/convergence_study_lm.md, $out/convergence_lm_summary.csv and $out/convergence_study_lm.png" >&2
 }
 
-if part_on mlp; then mlp_part; fi
+if part_on mlp; then mlp_part convergence "$runs" ""; fi
+if part_on floor; then
+  mlp_part convergence_floor "${ZPP_CONV_FLOOR_RUNS:-$out/convergence_floor_runs}" "$noise"
+fi
 if part_on lm; then lm_part; fi

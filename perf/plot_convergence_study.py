@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--title", default="zpp-train --large, emulated 2x4")
     ap.add_argument("--linear", action="store_true", help="linear loss axis (default: log)")
     ap.add_argument("--floor", type=float, default=None, help="a dashed line at this loss")
+    ap.add_argument("--floor-label", default="entropy floor (mean over seeds)",
+                    help="the legend of the --floor line")
     a = ap.parse_args()
     try:
         import matplotlib
@@ -87,7 +89,7 @@ def main():
         half = len(steps) // 2
         ax1.plot(steps[half:], sm[half:], label=cfg, color=color)
     if a.floor is not None:
-        ax0.axhline(a.floor, color="k", ls="--", lw=0.8, label="entropy floor (mean over seeds)")
+        ax0.axhline(a.floor, color="k", ls="--", lw=0.8, label=a.floor_label)
         if a.linear and top > a.floor:  # the curves' approach to the floor, not step 0
             ax0.set_ylim(a.floor - 0.05 * (top - a.floor), top)
     if not a.linear:

@@ -20,7 +20,12 @@
 #      runs no zpp-train, and a study of both parts that names no lm_
 #      configuration runs no LM run;
 #   8. only an LM configuration with both parts on (no MLP bf16 to plot)
-#      runs it; bad ZPP_CONV_STEPS / ZPP_CONV_SEEDS are refused by name.
+#      runs it; bad ZPP_CONV_STEPS / ZPP_CONV_SEEDS are refused by name;
+#   9. the floor part (ZPP_CONV_PARTS=floor): its runs carry --label-noise
+#      and go to their own directory, its table's gaps (also as a fraction
+#      of bf16's final loss above the floor the runs print) are the ones
+#      computed here; another noise runs again; logs without floors and a
+#      bad ZPP_CONV_NOISE are refused by name.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -34,16 +39,34 @@ write_fake() { # $1: a comment that changes the binary's bytes
 #!/usr/bin/env bash
 # stand-in zpp-train ($1)
 echo "\$*" >> "$work/calls"
-steps=3
+steps=3 seed=1 noise= qgz=0
 while [ \$# -gt 0 ]; do
-  case \$1 in --steps) steps=\$2; shift ;; esac
+  case \$1 in
+    --steps) steps=\$2; shift ;;
+    --seed) seed=\$2; shift ;;
+    --label-noise) noise=\$2; shift ;;
+    --qgz) qgz=1; shift ;;
+  esac
   shift
 done
 if [ -n "\${FAKE_HANG:-}" ]; then sleep 1000; fi
+# with --label-noise: every step line ends with the floor, 0.4 - seed / 10
+# (FAKE_NO_FLOOR: not the last one), and with --qgz the last loss is
+# bf16's times (1 + seed / 100)
 for ((i = 0; i < steps; i++)); do
-  echo "step \$i loss 0.\$((500 - i))"
+  l=0.\$((500 - i)) tailtxt=
+  if [ -n "\$noise" ]; then
+    if [ \$i = \$((steps - 1)) ] && [ "\$qgz" = 1 ]; then
+      l=\$(awk -v l="\$l" -v s="\$seed" 'BEGIN { printf "%.9f", l * (1 + s / 100) }')
+    fi
+    if [ -z "\${FAKE_NO_FLOOR:-}" ] || [ \$i != \$((steps - 1)) ]; then
+      tailtxt=\$(awk -v s="\$seed" 'BEGIN { printf "  floor %.6f", 0.4 - s / 10 }')
+    fi
+  fi
+  echo "step \$i loss \$l  time 0.1 s  bytes sent intra/inter per rank: r0 1/2\$tailtxt"
 done
-echo '{"inter_bytes_per_step": 100, "intra_bytes_per_step": 50, "model_state_bytes": 10, "buffers": {"qgz_residual": 0}, "step_time_s": 0.1}'
+if [ -n "\$noise" ]; then nz=", \\"label_noise\\": \$noise"; else nz=; fi
+echo "{\\"inter_bytes_per_step\\": \$((qgz ? 25 : 100)), \\"intra_bytes_per_step\\": 50, \\"model_state_bytes\\": 10, \\"buffers\\": {\\"qgz_residual\\": 0}, \\"step_time_s\\": 0.1\$nz}"
 EOF
   chmod +x "$fake"
 }
@@ -164,4 +187,45 @@ done
 if study_run ZPP_CONV_SEEDS="1 two"; then fail "ZPP_CONV_SEEDS='1 two' was accepted"; fi
 grep -q "ZPP_CONV_SEEDS '1 two': seeds are non-negative integers" "$work/err" \
   || fail "ZPP_CONV_SEEDS: the error does not name it: $(tail -2 "$work/err")"
-echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run, LM table as computed)"
+# the floor part: the MLP runs with --label-noise, in runs of their own;
+# steps 10, final = the last step: bf16 0.491 (both seeds), ZeRO++ 0.491 x
+# 1.01 / x 1.02 (gaps +1%, +2%); floor 0.3 / 0.2, so bf16 is 0.191 / 0.291
+# above it and the gaps are 0.00491 / 0.191 and 0.00982 / 0.291 of that
+floor_run() {
+  study_run ZPP_CONV_PARTS=floor ZPP_CONV_SEEDS="1 2" ZPP_CONV_STEPS=10 ZPP_CONV_NOISE=0.25 "$@"
+}
+n=$(calls)
+floor_run || fail "floor study: $(tail -3 "$work/err")"
+[ "$(calls)" = $((n + 4)) ] || fail "floor study: $(( $(calls) - n )) runs, want 4"
+[ "$(tail -n 4 "$work/calls" | grep -c -- "--label-noise 0.25 --json")" = 4 ] \
+  || fail "the floor runs lack --label-noise 0.25: $(tail -n 4 "$work/calls")"
+[ -s "$work/out/convergence_floor_runs/zeropp_seed2.json" ] || fail "no run file in convergence_floor_runs"
+python3 - "$work/out/convergence_floor_summary.csv" <<'PY' || fail "floor summary: $(cat "$work/out/convergence_floor_summary.csv")"
+import csv, sys
+rows = {r["config"]: r for r in csv.DictReader(open(sys.argv[1]))}
+want = {"bf16": (0.491, 0.0, 0.0, 100), "zeropp": (0.491 * 1.015, 0.015,
+        (0.00491 / 0.191 + 0.00982 / 0.291) / 2, 25)}
+for c, (fin, gap, ex, inter) in want.items():
+    r = rows[c]
+    got = (float(r["final_loss_mean"]), float(r["gap_mean"]), float(r["gap_of_excess_over_floor"]),
+           float(r["inter_bytes_per_step"]))
+    for g, w in zip(got, (fin, gap, ex, inter)):
+        if abs(g - w) > 1e-6:
+            sys.exit("%s: got %s, want %s" % (c, got, (fin, gap, ex, inter)))
+PY
+grep -qF "seeds 1, 2: 0.30000 / 0.20000; bf16's final loss above it: 0.19100 / 0.29100." \
+  "$work/out/convergence_floor_study.md" || fail "floor line: $(grep Floor "$work/out/convergence_floor_study.md")"
+grep -q "gap / (bf16 final - floor)" "$work/out/convergence_floor_study.md" || fail "no floor column"
+floor_run || fail "floor study again: $(tail -3 "$work/err")"
+[ "$(calls)" = $((n + 4)) ] || fail "the same floor study again ran $(( $(calls) - n - 4 )) runs, want 0"
+# another noise: every run again; a log without its floors fails the study
+floor_run ZPP_CONV_NOISE=0.5 ZPP_CONV_CONFIGS=bf16 || fail "floor study, noise 0.5: $(tail -3 "$work/err")"
+[ "$(calls)" = $((n + 6)) ] || fail "ZPP_CONV_NOISE=0.5: $(( $(calls) - n - 4 )) runs, want 2"
+if floor_run FAKE_NO_FLOOR=1 ZPP_CONV_FLOOR_RUNS="$work/nofloor"; then fail "runs without floors were summarised"; fi
+grep -q "not a run with --label-noise 0.25" "$work/err" || fail "no floors: the error does not say: $(tail -2 "$work/err")"
+for v in 0 -1 x inf; do
+  if floor_run ZPP_CONV_NOISE=$v; then fail "ZPP_CONV_NOISE=$v was accepted"; fi
+  grep -q "ZPP_CONV_NOISE '$v': must be a number > 0" "$work/err" \
+    || fail "ZPP_CONV_NOISE=$v: the error does not name it: $(tail -2 "$work/err")"
+done
+echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run, LM and floor tables as computed)"
