@@ -15,8 +15,11 @@
 #   env:   RATE (per node link, default 400mbit), SIZES (zpp-bench -b/-e,
 #          default "4M 16M"), ITERS (timed iterations, 5), RUNS (2),
 #          AG / RS (zpp-bench variants of each collective, default bf16;
-#          e.g. AG=bf16,qwz8 RS=bf16,qgz4), PPN (ranks per node, 4; with 1
-#          there is no intra-node stage: one TCP flow each way)
+#          e.g. AG=bf16,qwz8 RS=bf16,qgz4; mpi is Open MPI's own
+#          collective on the same buffers), PPN (ranks per node, 4; with 1
+#          there is no intra-node stage: one TCP flow each way), SEGS (the
+#          ZPP_NET_SEGMENT settings each run alternates, default "unset 0";
+#          "unset" alone compares the variants with the default cut)
 # Needs root and iproute2 (exits 1 saying why otherwise); one cluster at a
 # time (/run/zpp-cluster.lock); torn down on exit.  About 45 s per run at
 # 400mbit.
@@ -41,6 +44,14 @@ declare -A variants=([allgather]=${AG:-bf16} [reducescatter]=${RS:-bf16})
 for v in "${variants[@]}"; do
   [[ "$v" =~ ^[a-z0-9,-]+$ ]] || { echo "$prog: variants '$v': names like bf16,qwz8" >&2; exit 2; }
 done
+read -r -a segs <<< "${SEGS:-unset 0}"
+[ ${#segs[@]} -gt 0 ] || { echo "$prog: SEGS is empty: name unset, 0 or a segment size" >&2; exit 2; }
+for seg in "${segs[@]}"; do
+  case $seg in
+    unset) ;;
+    ''|*[!0-9]*) echo "$prog: SEGS '${SEGS:-}': each is unset or a ZPP_NET_SEGMENT value (bytes, 0 = no cut)" >&2; exit 2 ;;
+  esac
+done
 case $runs in ''|*[!0-9]*|0) echo "$prog: RUNS '$runs': must be a positive integer" >&2; exit 2 ;; esac
 [ "$runs" -le 20 ] || { echo "$prog: RUNS $runs: at most 20" >&2; exit 2; }
 [[ "$rate" =~ ^([0-9]+)mbit$ ]] || { echo "$prog: RATE '$rate': must be <n>mbit" >&2; exit 2; }
@@ -57,9 +68,9 @@ echo "# $prog: 2x$ppn namespace cluster, $rate per node link, all-gather ${varia
 echo "run | ZPP_NET_SEGMENT | collective | variant | size | median ms | fastest..slowest ms | busiest node link MB | median / link limit"
 status=0
 for run in $(seq "$runs"); do
-  for seg in unset 0; do
+  for seg in "${segs[@]}"; do
     env_seg=()
-    [ "$seg" = 0 ] && env_seg=(-x ZPP_NET_SEGMENT=0)
+    [ "$seg" = unset ] || env_seg=(-x ZPP_NET_SEGMENT="$seg")
     for coll in allgather reducescatter; do
       if ! timeout -k 10 600 "$cluster" run -np $((2 * ppn)) -x OMPI_MCA_mpi_yield_when_idle=1 "${env_seg[@]}" \
           "$bench" --coll "$coll" --variant "${variants[$coll]}" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 1 \
