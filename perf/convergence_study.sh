@@ -43,9 +43,11 @@
 # batch of 64 and about 1.1-1.5 s at 8-16, so the study uses a global batch
 # of 16 (2 samples per rank): 300 steps x 8 configurations x 3 seeds is
 # then about 3 hours.  (Those times are from before tools/train_math.h;
-# the trainer's arithmetic is 4-5x faster since, perf/train_compute_time.sh,
-# so a study now takes less; not re-timed.)  Runs go seed by seed (every configuration of seed 1
-# first), so a study stopped early still compares like with like.  Run it
+# the trainer's arithmetic is 4-5x faster since, perf/train_compute_time.sh:
+# the floor part's 24 runs took 1613 s, about 70 s each, niced at a load
+# of about 10; the plain MLP part runs the same steps.)  Runs go seed by
+# seed (every configuration of seed 1 first), so a study stopped early
+# still compares like with like.  Run it
 # in the background, niced:  nice -n 10 perf/convergence_study.sh ...
 # Environment: ZPP_CONV_STEPS (300), ZPP_CONV_SEEDS ("1 2 3"),
 # ZPP_CONV_BATCH (16), ZPP_CONV_CONFIGS (names below; default all),

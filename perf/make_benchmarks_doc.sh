@@ -18,10 +18,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 gen=$root/docs/generated
 mkdir -p "$gen"
 assemble_only=0
-[ "$build" = --assemble-only ] && assemble_only=1
+case $build in
+  --assemble-only) assemble_only=1 ;;
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "make_benchmarks_doc.sh: unknown option '$build' (usage: [BUILD_DIR] or --assemble-only)" >&2; exit 2 ;;
+esac
 if [ $assemble_only = 0 ]; then
 
 qb=$build/perf/zpp-quant-bench
+# a section is written only when its run succeeds: no half table over the
+# committed one
+[ -x "$qb" ] || { echo "make_benchmarks_doc.sh: no $qb: build first (BUILD_DIR '$build')" >&2; exit 1; }
 pin=()
 command -v taskset > /dev/null && pin=(taskset -c 1)
 {
@@ -42,7 +49,8 @@ command -v taskset > /dev/null && pin=(taskset -c 1)
       { printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", $col["op"], $col["dtype"],
           $col["bits"], $col["isa"], $col["gbps"], $col["memcpy_gbps"], $col["ratio"] }'
   done
-} > "$gen/quant_bench.md"
+} > "$gen/quant_bench.md.tmp"
+mv "$gen/quant_bench.md.tmp" "$gen/quant_bench.md"
 
 ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/quant_error_tables.sh" "$gen/quant_error.md" "$gen/quant_error.png"
@@ -60,9 +68,9 @@ else
 fi
 fi
 
-# The convergence study takes about 2.5 hours on 2 cores (its MLP part
-# about 2 hours, its FSDP2 LM part about 35 minutes; ZPP_CONV_PARTS=lm runs
-# only the latter): it runs only with ZPP_RUN_CONVERGENCE=1 (it resumes
+# The convergence study takes about 1.5 hours on 2 cores (its two MLP
+# parts about 27 minutes each, its FSDP2 LM part 30-50 minutes;
+# ZPP_CONV_PARTS chooses parts): it runs only with ZPP_RUN_CONVERGENCE=1 (it resumes
 # from its per-run files in $ZPP_CONV_RUNS, default
 # /tmp/zpp_convergence_runs); otherwise the committed
 # docs/generated/convergence_study*.* are pasted as they are.
