@@ -34,14 +34,18 @@ struct TrainRun {
   int rc = -1;
 };
 
-// Runs zpp-train once per argument string (cached across tests).
-const TrainRun &train(const std::string &args) {
+// Runs zpp-train once per argument string (cached across tests), on
+// kRanks ranks and ZPP_TOPO from the environment, or on `ranks` ranks as
+// the topology `topo` (NxM, N * M = ranks).
+const TrainRun &train(const std::string &args, int ranks = kRanks,
+                      const std::string &topo = "") {
   static std::map<std::string, TrainRun> cache;
-  auto it = cache.find(args);
+  std::string key = std::to_string(ranks) + " " + topo + " " + args;
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  std::string cmd = std::string(ZPP_RT_LAUNCH) + " -np " +
-                    std::to_string(kRanks) + " " ZPP_RT_TRAIN " --json --quiet " +
-                    args + " 2>&1";
+  std::string cmd = (topo.empty() ? "" : "env ZPP_TOPO=" + topo + " ") +
+                    std::string(ZPP_RT_LAUNCH) + " -np " + std::to_string(ranks) +
+                    " " ZPP_RT_TRAIN " --json --quiet " + args + " 2>&1";
   TrainRun r;
   FILE *p = popen(cmd.c_str(), "r");
   std::string out;
@@ -56,7 +60,7 @@ const TrainRun &train(const std::string &args) {
     ADD_FAILURE() << cmd << "\nexit " << r.rc << "\n" << out;
   else
     std::printf("%s\n  %s", cmd.c_str(), r.json.c_str());
-  return cache[args] = r;
+  return cache[key] = r;
 }
 
 // The text after "key": up to the next ',' or '}' or ']'.
@@ -285,14 +289,18 @@ TEST(Train, HadamardAndStochasticRoundingRunAndConverge) {
 // them (a wrong scale of the normal, e.g. the uniform's variance 1/3, or
 // noise left out, is far outside).  The noise is a function of (seed,
 // step, sample), not of the rank or the mode: zero3 and dp still give the
-// same bits.  --label-noise 0 is the run without the flag, bit for bit.
+// same bits, 2 ranks (32 samples each) the same floor as 4 (16 each) up
+// to the JSON's 9 digits and the order of the double sums, and the first
+// 10 steps another floor than steps 11-20.  --label-noise 0 is the run
+// without the flag, bit for bit.
 TEST(Train, LabelNoiseGivesTheLossAFloorOfItsVariance) {
   const double s = 0.5;
-  const std::string &z3 = train("--mode zero3 --steps 20 --label-noise 0.5").json;
-  const std::string &dp = train("--mode dp --steps 20 --label-noise 0.5").json;
+  const std::string flags = " --batch 64 --out 4 --label-noise 0.5";
+  const std::string &z3 = train("--mode zero3 --steps 20" + flags).json;
+  const std::string &dp = train("--mode dp --steps 20" + flags).json;
   EXPECT_EQ(num(z3, "label_noise"), s);
   EXPECT_EQ(num(z3, "loss_floor"), s * s);
-  double n = 10.0 * 64 * 4; /* the trainer's default batch and outputs */
+  double n = 10.0 * 64 * 4; /* --batch 64 --out 4, 10 steps */
   double fl = num(z3, "floor_last10"), sd = s * s * std::sqrt(2.0 / n);
   std::printf("floor over the last 10 steps %.6g, expected %.6g +- %.3g (1 sd)\n", fl,
               s * s, sd);
@@ -302,6 +310,12 @@ TEST(Train, LabelNoiseGivesTheLossAFloorOfItsVariance) {
   EXPECT_GT(num(z3, "loss_last10"), fl);
   EXPECT_EQ(raw(z3, "param_checksum"), raw(dp, "param_checksum"));
   EXPECT_EQ(raw(z3, "floor_last10"), raw(dp, "floor_last10"));
+  // the same global samples split over 2 ranks: the same noise
+  const std::string &two = train("--mode zero3 --steps 20" + flags, 2, "2x1").json;
+  EXPECT_NEAR(num(two, "floor_last10"), fl, 2e-8 * fl);
+  // steps 1-10 against 11-20: fresh noise every step
+  const std::string &first10 = train("--mode zero3 --steps 10" + flags).json;
+  EXPECT_NE(raw(first10, "floor_last10"), raw(z3, "floor_last10"));
   const std::string &off = train("--mode zero3 --label-noise 0").json;
   EXPECT_EQ(num(off, "loss_floor"), 0);
   EXPECT_EQ(num(off, "floor_last10"), 0);
