@@ -31,6 +31,8 @@ qb=$build/perf/zpp-quant-bench
 [ -x "$qb" ] || { echo "make_benchmarks_doc.sh: no $qb: build first (BUILD_DIR '$build')" >&2; exit 1; }
 pin=()
 command -v taskset > /dev/null && pin=(taskset -c 1)
+# a failed run leaves no temporary file in docs/generated
+trap 'rm -f "$gen/quant_bench.md.tmp"' EXIT
 {
   echo "### Quantizer throughput, one core"
   echo
@@ -71,11 +73,14 @@ fi
 # The convergence study takes about 1.5 hours on 2 cores (its two MLP
 # parts about 27 minutes each, its FSDP2 LM part 30-50 minutes;
 # ZPP_CONV_PARTS chooses parts): it runs only with ZPP_RUN_CONVERGENCE=1 (it resumes
-# from its per-run files in $ZPP_CONV_RUNS, default
-# /tmp/zpp_convergence_runs); otherwise the committed
-# docs/generated/convergence_study*.* are pasted as they are.
-if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ]; then
+# from its per-run files in $ZPP_CONV_RUNS and $ZPP_CONV_FLOOR_RUNS, default
+# /tmp/zpp_convergence_runs and /tmp/zpp_convergence_floor_runs, not in
+# docs/generated); otherwise the committed docs/generated/convergence_*.*
+# are pasted as they are (and always with --assemble-only, which has no
+# build to run).
+if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ] && [ $assemble_only = 0 ]; then
   ZPP_CONV_RUNS=${ZPP_CONV_RUNS:-/tmp/zpp_convergence_runs} \
+  ZPP_CONV_FLOOR_RUNS=${ZPP_CONV_FLOOR_RUNS:-/tmp/zpp_convergence_floor_runs} \
     bash "$root/perf/convergence_study.sh" "$gen" "$build"
 fi
 
