@@ -83,7 +83,7 @@
 # ZPP_CONV_RUN_TIMEOUT_S (default for an LM run: 300 + 5 s per step) are the
 # MLP part's.  An LM run's key holds the sha256 of the example, of
 # python/zpp/*.py and of libzpp.so, and torch's version.
-# tests/convergence_study_test.sh runs both parts with stand-ins (a fake
+# tests/convergence_study_test.sh runs the three parts with stand-ins (a fake
 # zpp-train, a fake python).
 set -euo pipefail
 prog=convergence_study.sh
@@ -129,6 +129,14 @@ want=${ZPP_CONV_CONFIGS:-}
 export OMPI_MCA_mpi_yield_when_idle=1
 runs=${ZPP_CONV_RUNS:-$out/convergence_runs}
 mkdir -p "$out" "$runs"
+floor_runs=${ZPP_CONV_FLOOR_RUNS:-$out/convergence_floor_runs}
+# the two MLP parts' runs have the same file names: in one directory each
+# part would find the other's run under its name and run it again, every time
+if part_on floor && mkdir -p "$floor_runs" &&
+    [ "$(cd "$runs" && pwd -P)" = "$(cd "$floor_runs" && pwd -P)" ]; then
+  echo "$prog: ZPP_CONV_FLOOR_RUNS '$floor_runs' is the MLP part's directory (ZPP_CONV_RUNS): give the floor part its own" >&2
+  exit 2
+fi
 
 # run_one NAME SEED KEY LIMIT SHOWN CMD...: runs CMD (stdout to
 # $runs/NAME_seedSEED.log, stderr to .err, killed after LIMIT s) unless the
@@ -556,7 +564,5 @@ echo "$prog: wrote $out/convergence_study_lm.md, $out/convergence_lm_summary.csv
 }
 
 if part_on mlp; then mlp_part convergence "$runs" ""; fi
-if part_on floor; then
-  mlp_part convergence_floor "${ZPP_CONV_FLOOR_RUNS:-$out/convergence_floor_runs}" "$noise"
-fi
+if part_on floor; then mlp_part convergence_floor "$floor_runs" "$noise"; fi
 if part_on lm; then lm_part; fi

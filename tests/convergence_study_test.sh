@@ -24,8 +24,9 @@
 #   9. the floor part (ZPP_CONV_PARTS=floor): its runs carry --label-noise
 #      and go to their own directory, its table's gaps (also as a fraction
 #      of bf16's final loss above the floor the runs print) are the ones
-#      computed here; another noise runs again; logs without floors and a
-#      bad ZPP_CONV_NOISE are refused by name.
+#      computed here; another noise runs again; logs without floors, a
+#      bad ZPP_CONV_NOISE and the MLP part's run directory are refused by
+#      name.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -104,7 +105,7 @@ study_run() { # extra environment as arguments
 }
 
 write_fake v1
-# both parts (the default), no lm_ configuration named: no LM run
+# the mlp and lm parts, no lm_ configuration named: no LM run
 study_run ZPP_CONV_PARTS="mlp lm" || fail "first study: $(tail -3 "$work/err")"
 [ "$(calls)" = 2 ] || fail "first study: $(calls) runs, want 2"
 grep -q "^| bf16 (ZeRO-3) " "$work/out/convergence_study.md" || fail "no bf16 row in the table"
@@ -172,7 +173,7 @@ lm_run || fail "LM study again: $(tail -3 "$work/err")"
 echo "libzpp v2" > "$work/build/libzpp.so"
 lm_run || fail "LM study, another library: $(tail -3 "$work/err")"
 [ "$(lmcalls)" = 8 ] || fail "another libzpp.so: $(( $(lmcalls) - 4 )) LM runs, want 4 (stale)"
-# both parts (the default) and only an LM configuration, no bf16 in either:
+# the mlp and lm parts and only an LM configuration, no bf16 in either:
 # the MLP part has nothing to plot and must not stop the study before the
 # LM part runs (the plot refuses a losses file without bf16); plots on
 n=$(lmcalls)
@@ -228,4 +229,11 @@ for v in 0 -1 x inf; do
   grep -q "ZPP_CONV_NOISE '$v': must be a number > 0" "$work/err" \
     || fail "ZPP_CONV_NOISE=$v: the error does not name it: $(tail -2 "$work/err")"
 done
+# the floor part in the MLP part's directory: each would rerun the other's
+# runs (same names, other keys) every time
+if floor_run ZPP_CONV_RUNS="$work/same" ZPP_CONV_FLOOR_RUNS="$work/same/."; then
+  fail "the floor part was given the MLP part's run directory"
+fi
+grep -q "ZPP_CONV_FLOOR_RUNS '$work/same/.' is the MLP part's directory" "$work/err" \
+  || fail "one run directory: the error does not say: $(tail -2 "$work/err")"
 echo "convergence_study_test: passed (stale runs rerun, timeouts kill and name the run, LM and floor tables as computed)"
