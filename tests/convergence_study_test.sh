@@ -26,7 +26,7 @@
 #      of bf16's final loss above the floor the runs print) are the ones
 #      computed here; another noise runs again; logs without floors, a
 #      bad ZPP_CONV_NOISE and the MLP part's run directory are refused by
-#      name.
+#      name; the default parts (all three) run each part once.
 # usage: convergence_study_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -228,6 +228,19 @@ for v in 0 -1 x inf; do
   if floor_run ZPP_CONV_NOISE=$v; then fail "ZPP_CONV_NOISE=$v was accepted"; fi
   grep -q "ZPP_CONV_NOISE '$v': must be a number > 0" "$work/err" \
     || fail "ZPP_CONV_NOISE=$v: the error does not name it: $(tail -2 "$work/err")"
+done
+# the default parts (ZPP_CONV_PARTS empty or unset: mlp floor lm): one run
+# of each, the MLP one without --label-noise, the floor one with the
+# default 0.2, each part's table written
+n=$(calls) nlm=$(lmcalls)
+rm -f "$work/out/convergence_study.md" "$work/out/convergence_floor_study.md" "$work/out/convergence_study_lm.md"
+study_run ZPP_CONV_PARTS= ZPP_CONV_CONFIGS="bf16 lm_bf16" || fail "default parts: $(tail -3 "$work/err")"
+[ "$(calls)" = $((n + 2)) ] && [ "$(lmcalls)" = $((nlm + 1)) ] \
+  || fail "default parts: $(( $(calls) - n )) zpp-train and $(( $(lmcalls) - nlm )) LM runs, want 2 and 1"
+tail -n 2 "$work/calls" | head -n 1 | grep -q -- "--label-noise" && fail "the mlp run has --label-noise"
+tail -n 1 "$work/calls" | grep -q -- "--label-noise 0.2 --json" || fail "the floor run lacks --label-noise 0.2"
+for f in convergence_study.md convergence_floor_study.md convergence_study_lm.md; do
+  [ -s "$work/out/$f" ] || fail "default parts: no $f"
 done
 # the floor part in the MLP part's directory: each would rerun the other's
 # runs (same names, other keys) every time
