@@ -13,6 +13,10 @@
 # --cluster), with ZPP_RUN_CONVERGENCE=1 the convergence study; then docs/benchmarks.md
 # = docs/benchmarks.md.in with the generated sections pasted in.
 set -euo pipefail
+if [ $# -gt 1 ]; then
+  echo "make_benchmarks_doc.sh: $# arguments (usage: [BUILD_DIR] or --assemble-only)" >&2
+  exit 2
+fi
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 gen=$root/docs/generated
