@@ -1,12 +1,15 @@
 // What the reference trainer zpp-train proves (docs/runtime.md): runs it
-// under mpirun (ZPP_TOPO from the environment, 4 ranks) in every mode with
-// --json and checks the last line:
+// under mpirun (ZPP_TOPO from the environment, 4 ranks; one check on 2) in
+// every mode with --json and checks the last line:
 //   - dp, zero1, zero2, zero3: bitwise identical final fp32 parameters;
 //   - model-state bytes per rank: the ZeRO formulas for mixed-precision Adam;
 //   - zeropp converges to within 10% of zero3's loss (docs/runtime.md says
 //     why 10%);
 //   - inter-node bytes per step: exactly the algorithms' formulas
 //     (docs/collectives.md, docs/design.md), and the zeropp/zero3 ratio;
+//   - --label-noise: the teacher's loss on the noisy targets is the noise's
+//     variance within 6 standard deviations, the noise is the same for any
+//     mode and rank count, and 0 is the run without the flag, bitwise;
 //   - its layer arithmetic (tools/train_math.h, no mpirun): bitwise the
 //     plain per-sample loops, whose summation order it must keep.
 // ZPP_RT_LAUNCH (mpirun and its flags) and ZPP_RT_TRAIN (the binary) come
