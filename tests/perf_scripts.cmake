@@ -1,7 +1,8 @@
 # perf/ scripts run with stand-ins for the programs they drive (seconds;
 # no build needed): tests/convergence_study_test.sh,
-# tests/cluster_train_test.sh.  Label "scripts" (run
-# by `make test`'s ctest of the build tree, not again under ASan).
+# tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh.  Label
+# "scripts" (run by `make test`'s ctest of the build tree, not again under
+# ASan).
 add_test(NAME convergence_study_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/convergence_study_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(convergence_study_script PROPERTIES LABELS scripts TIMEOUT 180)
@@ -11,3 +12,9 @@ set_tests_properties(convergence_study_script PROPERTIES LABELS scripts TIMEOUT 
 add_test(NAME cluster_train_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_train_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(cluster_train_script PROPERTIES LABELS scripts TIMEOUT 180)
+
+# perf/bandwidth_study.sh's training table (medians over the alternated
+# repetitions) from a CSV of random step times (about 3 s)
+add_test(NAME bandwidth_train_table
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bandwidth_train_table_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(bandwidth_train_table PROPERTIES LABELS scripts TIMEOUT 120)
