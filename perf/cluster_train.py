@@ -26,7 +26,7 @@ META: one line per (rate, batch) block, whitespace-separated:
     block RATE BATCH LOAD1 LOAD5 LOAD15 LOAD1_AFTER LOAD5_AFTER LOAD15_AFTER
           WAITED_S SECONDS START_ISO
 and "key value..." lines: start, cores, cpu, reps, steps, max_load,
-load_wait_s, timeout_s, train (the zpp-train path).
+load_wait_s, timeout_s (others are ignored).
 
 Per (rate, batch) the table gives each mode's median step time over its
 successful runs and the fastest..slowest, speedup = zero3's median /
@@ -179,8 +179,20 @@ def markdown(csv_path, meta_path):
       f"{kv.get('load_wait_s', '?')} s) for the 1-minute load average to "
       f"fall below {kv.get('max_load', '?')} (0: no wait).")
     p()
+    # the invocation, with the settings that are not the defaults
+    rates = list(dict.fromkeys(b[0] for b in blocks))
+    batches = list(dict.fromkeys(b[1] for b in blocks))
+    given = [("RATES", " ".join(rates), "400mbit 1600mbit none"),
+             ("BATCHES", " ".join(batches), "64 8"), ("REPS", reps, "5"),
+             ("STEPS", steps, "20"), ("TIMEOUT_S", kv.get("timeout_s"), "600"),
+             ("MAX_LOAD", kv.get("max_load"), "3"),
+             ("LOAD_WAIT_S", kv.get("load_wait_s"), "1200")]
+    env = "".join(f"ZPP_CLUSTER_TRAIN_{k}={v!r} " if " " in v else f"ZPP_CLUSTER_TRAIN_{k}={v} "
+                  for k, v, d in given if v is not None and v != d)
+    p(f"Run: `{env}perf/cluster_train.sh OUT_DIR BUILD_DIR`.")
+    p()
     p("Commands, per block (RATE and B from the table; `zpp-train` is "
-      f"`{kv.get('train', 'zpp-train')}`, every launch under "
+      f"BUILD_DIR/tools/zpp-train, every launch under "
       f"`timeout {kv.get('timeout_s', '?')}`):")
     p()
     p("```")

@@ -160,6 +160,8 @@ while IFS= read -r line; do
   grep -qF -- "$line" "$md" || fail "the table lacks: $line"
 done < "$work/want"
 grep -q "^| unshaped | 8 | 0.50 0.40 0.30 | 0 | 0.50 0.40 0.30 |" "$md" || fail "no load row for unshaped, batch 8"
+grep -qF "Run: \`ZPP_CLUSTER_TRAIN_RATES='400mbit none' ZPP_CLUSTER_TRAIN_REPS=4 ZPP_CLUSTER_TRAIN_STEPS=4 perf/cluster_train.sh OUT_DIR BUILD_DIR\`" "$md" ||
+  fail "the invocation: $(grep '^Run:' "$md")"
 grep -qF "up -n 2 -p 4 -r RATE" "$md" || fail "no command above the table"
 grep -qF -- "--mode zeropp --large --batch B --steps 4 --json" "$md" || fail "no zeropp command in the table's header"
 # the CSV's per-rank bytes: the mean and the busiest rank
