@@ -99,7 +99,6 @@ python3 "$here/cluster_train.py" --header > "$csv"
   echo "max_load $max_load"
   echo "load_wait_s $load_wait"
   echo "timeout_s $tmo"
-  echo "train $train"
 } > "$meta"
 
 # The cluster is ours only while we hold the lock (fd 9): the exit trap
