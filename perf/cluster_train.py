@@ -4,7 +4,7 @@
 
     cluster_train.py --row RATE BATCH REP MODE STEPS STATUS WALL_S OUT
         one CSV row (no header) for one zpp-train run: OUT is its stdout;
-        STATUS is "ok" or why the run failed ("exit N", "timeout"); a run
+        STATUS is "ok" or why the run failed ("exit N", "timeout after N s"); a run
         whose STATUS is ok but whose OUT has no JSON object with a
         step_time_s, or whose JSON says another number of nodes than the
         cluster has, gets a STATUS saying so (and exit status 3).

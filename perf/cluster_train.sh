@@ -34,10 +34,14 @@
 #   ZPP_CLUSTER_TRAIN_CLUSTER (another scripts/netns_cluster.sh),
 #   ZPP_CLUSTER_TRAIN_LOCK (another lock file), ZPP_CLUSTER_TRAIN_LOADAVG
 #   (a file read instead of /proc/loadavg).
-# Run time with the defaults on 2 cores: about 40 minutes of runs (6 blocks
-# x 10 launches of 10-40 s) plus the load waits.  The target's point alone:
-# ZPP_CLUSTER_TRAIN_RATES=400mbit ZPP_CLUSTER_TRAIN_BATCHES=64 (about
-# 5 minutes).
+# Run time with the defaults on 2 cores: about 10 minutes of runs (6 blocks
+# of 1-2 minutes, launches of 5-16 s) plus the load waits: 1-2 minutes
+# before each block on an otherwise quiet machine (the load of the block
+# before must decay), 17 minutes in all for docs/benchmarks.md's table.
+# The target's point alone: ZPP_CLUSTER_TRAIN_RATES=400mbit
+# ZPP_CLUSTER_TRAIN_BATCHES=64 (about 2 minutes of runs; 4 with
+# ZPP_CLUSTER_TRAIN_REPS=10).  A TERM during a load wait takes effect
+# within 30 s (the poll), during a launch at once.
 set -euo pipefail
 prog=cluster_train.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then

@@ -60,10 +60,10 @@ if [ "${ZPP_RUN_CLUSTER:-1}" != 0 ] && why=$(bash "$root/scripts/netns_cluster.s
 else
   echo "make_benchmarks_doc.sh: cluster study not run (${why:-ZPP_RUN_CLUSTER=0}); keeping docs/generated/cluster_study.*" >&2
 fi
-# The training step on real links (perf/cluster_train.sh: about 40 minutes
-# plus its waits for a quiet machine) runs only with
-# ZPP_RUN_CLUSTER_TRAIN=1; otherwise, or where no cluster can be made
-# (exit 77), the committed docs/generated/cluster_train.* are pasted.
+# The training step on real links (perf/cluster_train.sh: about 10 minutes
+# of runs plus its waits for a quiet machine, 17 minutes and more) runs
+# only with ZPP_RUN_CLUSTER_TRAIN=1; otherwise, or where no cluster can be
+# made (exit 77), the committed docs/generated/cluster_train.* are pasted.
 if [ "${ZPP_RUN_CLUSTER_TRAIN:-0}" = 1 ]; then
   rc=0
   bash "$root/perf/cluster_train.sh" "$gen" "$build" || rc=$?
