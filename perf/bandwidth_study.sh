@@ -6,8 +6,9 @@
 # hpz-fwd8, hpz-bwd8) at 256 KiB .. 16 MiB (x4).  Each speedup is the bf16
 # baseline's time divided by the variant's, both measured in the same
 # zpp-bench run.  Then, when BUILD_DIR/tools/zpp-train exists, a training
-# step study (zpp-train --large --mode zero3 vs zeropp, 5 steps) at the same
-# link speeds.
+# step study (zpp-train --large --mode zero3 vs zeropp) at the same link
+# speeds: ZPP_STUDY_TRAIN_REPS (3) repetitions of the two modes alternated,
+# ZPP_STUDY_TRAIN_STEPS (5) steps each; medians and paired ratios.
 #   usage: perf/bandwidth_study.sh OUT_DIR [BUILD_DIR]
 #          perf/bandwidth_study.sh --cluster OUT_DIR [BUILD_DIR]
 # --cluster runs the study on real links instead (perf/cluster_study.sh:
@@ -17,8 +18,11 @@
 # OUT_DIR/bandwidth_study_busbw.png, OUT_DIR/bandwidth_study_speedup.png
 # and, with zpp-train, OUT_DIR/bandwidth_study_train.{csv,png}.
 #
-# Run time on 2 cores: about 5-8 minutes.  To keep it there every row is
-# -w 1 -n 2 (one untimed, two timed iterations), and at 0.1 Gbit/s -n 1:
+# Run time on 2 cores: about 5-8 minutes of collectives and, with the
+# default 3 repetitions of 5 steps, about 3 minutes of training runs (60
+# launches; ZPP_STUDY_TRAIN_REPS=1 is the old single run per point).  To
+# keep the collectives there every row is -w 1 -n 2 (one untimed, two
+# timed iterations), and at 0.1 Gbit/s -n 1:
 # a bf16 all-gather of 16 MiB shards moves 7 * 16 MiB through one rank per
 # node there, about 10 s per iteration.
 # For a quick smoke run: ZPP_STUDY_SPEEDS="1 unlimited" ZPP_STUDY_MAXBYTES=1M.
@@ -34,6 +38,12 @@ if [ $# -lt 1 ] || [ $# -gt 2 ]; then
 fi
 out=$1
 build=${2:-build}
+train_reps=${ZPP_STUDY_TRAIN_REPS:-3}
+train_steps=${ZPP_STUDY_TRAIN_STEPS:-5}
+[[ "$train_reps" =~ ^[1-9][0-9]?$ ]] || {
+  echo "$prog: ZPP_STUDY_TRAIN_REPS '$train_reps': must be an integer 1..99" >&2; exit 2; }
+[[ "$train_steps" =~ ^[1-9][0-9]{0,4}$ ]] && [ "$train_steps" -ge 2 ] || {
+  echo "$prog: ZPP_STUDY_TRAIN_STEPS '$train_steps': must be an integer 2..99999 (step 1 is not timed)" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bench=$build/perf/zpp-bench
 train=$build/tools/zpp-train
@@ -89,20 +99,23 @@ tcsv=$out/bandwidth_study_train.csv
 tmd=$out/.train.md
 rm -f "$tcsv"
 if [ -x "$train" ]; then
-  steps=5
-  echo "batch,link_gbit,mode,steps,wall_s,step_time_s,step_time_source,inter_bytes_per_step,inter_bytes_per_step_per_rank" > "$tcsv"
+  echo "batch,link_gbit,mode,steps,wall_s,step_time_s,step_time_source,inter_bytes_per_step,inter_bytes_per_step_per_rank,rep" > "$tcsv"
   # Two global batches: 8 (one sample per rank) keeps the step's compute
   # small next to its traffic, as on GPUs, where a step's FLOPs take far
   # less time than here; 64 (the trainer's default) is compute-heavy on
   # 2 shared cores.  docs/benchmarks.md section 4 explains the choice.
+  # Each point: train_reps repetitions of zero3 then zeropp, alternated,
+  # so that both modes see the same minutes of the shared machine; the
+  # table gives medians and the median of each repetition's ratio.
   for batch in 8 64; do
   for gbit in "${speeds[@]}"; do
     emu=${gbit/unlimited/0}
+    for ((rep = 1; rep <= train_reps; rep++)); do
     for mode in zero3 zeropp; do
-      targs=(--mode "$mode" --large --batch "$batch" --steps "$steps" --json)
+      targs=(--mode "$mode" --large --batch "$batch" --steps "$train_steps" --json)
       cmd="ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$emu mpirun -np 8 zpp-train ${targs[*]}"
-      echo "$cmd" >> "$cmds"
-      echo "\$ $cmd" >&2
+      [ "$rep" = 1 ] && echo "$cmd" >> "$cmds"
+      echo "\$ [rep $rep/$train_reps] $cmd" >&2
       ts=$(date +%s.%N)
       rc=0
       "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$train" "${targs[@]}" \
@@ -110,13 +123,14 @@ if [ -x "$train" ]; then
           > "$out/.train.out" || rc=$?
       te=$(date +%s.%N)
       if [ "$rc" -ne 0 ]; then
-        echo "$prog: zpp-train exited $rc at $gbit Gbit/s, --mode $mode:" >&2
+        echo "$prog: zpp-train exited $rc at $gbit Gbit/s, --mode $mode, rep $rep:" >&2
         tail -5 "$out/.train.err" >&2
         status=1
         continue
       fi
       python3 "$here/plot_bandwidth_study.py" --train-row "$batch" "$gbit" "$mode" \
-          "$steps" "$ts" "$te" "$out/.train.out" >> "$tcsv" || status=1
+          "$train_steps" "$ts" "$te" "$out/.train.out" "$rep" >> "$tcsv" || status=1
+    done
     done
   done
   done

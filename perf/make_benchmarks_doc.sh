@@ -10,8 +10,10 @@
 # Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
 # collectives' targets (perf/collective_targets.sh), the bandwidth study,
 # the bandwidth study on real links (as root: perf/bandwidth_study.sh
-# --cluster), with ZPP_RUN_CONVERGENCE=1 the convergence study; then docs/benchmarks.md
-# = docs/benchmarks.md.in with the generated sections pasted in.
+# --cluster), with ZPP_RUN_CLUSTER_TRAIN=1 the training step on real links
+# (perf/cluster_train.sh), with ZPP_RUN_CONVERGENCE=1 the convergence
+# study; then docs/benchmarks.md = docs/benchmarks.md.in with the generated
+# sections pasted in.
 set -euo pipefail
 if [ $# -gt 1 ]; then
   echo "make_benchmarks_doc.sh: $# arguments (usage: [BUILD_DIR] or --assemble-only)" >&2
@@ -71,6 +73,15 @@ if [ "${ZPP_RUN_CLUSTER:-1}" != 0 ] && why=$(bash "$root/scripts/netns_cluster.s
   bash "$root/perf/bandwidth_study.sh" --cluster "$gen" "$build"
 else
   echo "make_benchmarks_doc.sh: cluster study not run (${why:-ZPP_RUN_CLUSTER=0}); keeping docs/generated/cluster_study.*" >&2
+fi
+# The training step on real links (perf/cluster_train.sh: about 10 minutes
+# of runs plus its waits for a quiet machine, 17 minutes and more) runs
+# only with ZPP_RUN_CLUSTER_TRAIN=1; otherwise, or where no cluster can be
+# made (exit 77), the committed docs/generated/cluster_train.* are pasted.
+if [ "${ZPP_RUN_CLUSTER_TRAIN:-0}" = 1 ]; then
+  rc=0
+  bash "$root/perf/cluster_train.sh" "$gen" "$build" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"
 fi
 fi
 

@@ -10,8 +10,9 @@
         the markdown section on stdout
     plot_bandwidth_study.py --stamp < zpp-train output > STAMPED
         prefix each line with its arrival time
-    plot_bandwidth_study.py --train-row BATCH GBIT MODE STEPS T_START T_END STAMPED
-        one CSV row of the training table from zpp-train --json output
+    plot_bandwidth_study.py --train-row BATCH GBIT MODE STEPS T_START T_END STAMPED REP
+        one CSV row of the training table from zpp-train --json output (REP:
+        the repetition, 1..; the study alternates zero3 and zeropp)
 
 STUDY.csv is zpp-bench's CSV with the link speed (Gbit/s per rank, or
 "unlimited") as first column.  speedup = baseline time / variant time, both
@@ -115,7 +116,7 @@ def stamp():
         sys.stdout.flush()
 
 
-def train_row(batch, gbit, mode, steps, t_start, t_end, stamped_path):
+def train_row(batch, gbit, mode, steps, t_start, t_end, stamped_path, rep):
     """zpp-train prints a line per step (rank 0, flushed) and then one JSON
     object; the step time is its own step_time_s (barrier to the end of the
     optimizer step, max over ranks, first step excluded) when it reports
@@ -147,7 +148,33 @@ def train_row(batch, gbit, mode, steps, t_start, t_end, stamped_path):
     inter = obj.get("inter_bytes_per_step")
     inter_all = f"{inter:.0f}" if isinstance(inter, (int, float)) else ""
     inter_rank = f"{inter / world:.0f}" if isinstance(inter, (int, float)) else ""
-    print(f"{batch},{gbit},{mode},{steps},{wall:.3f},{step_s:.6f},{source},{inter_all},{inter_rank}")
+    print(f"{batch},{gbit},{mode},{steps},{wall:.3f},{step_s:.6f},{source},{inter_all},"
+          f"{inter_rank},{int(rep)}")
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def train_medians(train):
+    """(batch, link, mode) -> med, min, max of step_time_s over the
+    repetitions, by_rep (rep -> step_time_s), inter (median bytes per step
+    and rank, None if not counted), source (where the step time came from)."""
+    groups = {}
+    for r in train:
+        groups.setdefault((r["batch"], r["link_gbit"], r["mode"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        t = [float(r["step_time_s"]) for r in rs]
+        inter = [float(r["inter_bytes_per_step_per_rank"]) for r in rs
+                 if r["inter_bytes_per_step_per_rank"]]
+        out[key] = {"med": median(t), "min": min(t), "max": max(t),
+                    "by_rep": {int(r.get("rep") or 1): float(r["step_time_s"]) for r in rs},
+                    "inter": median(inter) if inter else None,
+                    "source": rs[0]["step_time_source"]}
+    return out
 
 
 # ---- markdown ---------------------------------------------------------------
@@ -236,33 +263,48 @@ def markdown(study, cmds_path, train_path, train_bin, s_coll, s_train):
           f"(no `{train_bin}`), so there is no training-step study in this "
           f"version of the document.")
     else:
+        reps = max(int(r.get("rep") or 1) for r in train)
         p(f"{s_train} s in all. step time = zpp-train's `step_time_s` (from a "
           f"barrier to the end of the optimizer step, max over ranks, mean over "
-          f"steps 2..); inter MB/step = zpp-train's `inter_bytes_per_step` (the "
+          f"steps 2..), the median over {reps} repetition(s) of each mode, run "
+          f"alternated (zero3, zeropp, zero3, ...), fastest..slowest beside it; "
+          f"speedup = zero3's median / zeropp's median; paired = the median and "
+          f"min..max of each repetition's zero3 / zeropp (the two runs side by "
+          f"side); inter MB/step = zpp-train's `inter_bytes_per_step` (the "
           f"sum over all 8 ranks) / 8 ranks / 1e6, i.e. per rank. The global "
-          f"batch is 8 (one sample per rank) or 64 (the trainer's default).")
+          f"batch is 8 (one sample per rank) or 64 (the trainer's default). "
+          f"Each command below ran once per repetition.")
         p("")
-        p("| batch | link per rank | zero3 step (ms) | zeropp step (ms) | speedup | "
+        p("| batch | link per rank | zero3 step (ms) | zero3 min..max | zeropp step (ms) | "
+          "zeropp min..max | speedup | paired | paired min..max | "
           "zero3 inter MB/step/rank | zeropp inter MB/step/rank | step time from |")
-        p("|---:|---|---:|---:|---:|---:|---:|---|")
-        tb = {(r["batch"], r["link_gbit"], r["mode"]): r for r in train}
+        p("|---:|---|---:|---|---:|---|---:|---:|---|---:|---:|---|")
+        tm = train_medians(train)
         for b, g in [(b, g) for b in sorted({r["batch"] for r in train}, key=int)
                      for g in ordered([r["link_gbit"] for r in train], SPEED_ORDER)]:
-            z3, zp = tb.get((b, g, "zero3")), tb.get((b, g, "zeropp"))
+            z3, zp = tm.get((b, g, "zero3")), tm.get((b, g, "zeropp"))
             if not z3 and not zp:
                 continue
 
-            def ms(r):
-                return f"{float(r['step_time_s']) * 1e3:.1f}" if r else "-"
+            def ms(m):
+                return f"{m['med'] * 1e3:.1f}" if m else "-"
 
-            def mb(r):
-                return f"{float(r['inter_bytes_per_step_per_rank']) / 1e6:.2f}" \
-                    if r and r["inter_bytes_per_step_per_rank"] else "-"
-            sp = "-"
-            if z3 and zp and float(zp["step_time_s"]) > 0:
-                sp = f"{float(z3['step_time_s']) / float(zp['step_time_s']):.2f}"
-            src = (z3 or zp)["step_time_source"]
-            p(f"| {b} | {speed_label(g)} | {ms(z3)} | {ms(zp)} | {sp} | {mb(z3)} | {mb(zp)} | {src} |")
+            def mm(m):
+                return f"{m['min'] * 1e3:.1f}..{m['max'] * 1e3:.1f}" if m else "-"
+
+            def mb(m):
+                return f"{m['inter'] / 1e6:.2f}" if m and m["inter"] is not None else "-"
+            sp = pm = pr = "-"
+            if z3 and zp and zp["med"] > 0:
+                sp = f"{z3['med'] / zp['med']:.2f}"
+                pairs = [z3["by_rep"][k] / zp["by_rep"][k] for k in z3["by_rep"]
+                         if zp["by_rep"].get(k)]
+                if pairs:
+                    pm = f"{median(pairs):.2f}"
+                    pr = f"{min(pairs):.2f}..{max(pairs):.2f}"
+            src = (z3 or zp)["source"]
+            p(f"| {b} | {speed_label(g)} | {ms(z3)} | {mm(z3)} | {ms(zp)} | {mm(zp)} | "
+              f"{sp} | {pm} | {pr} | {mb(z3)} | {mb(zp)} | {src} |")
     p("")
     p("Commands (`mpirun` stands for `mpirun --allow-run-as-root --oversubscribe "
       "--mca btl self,vader --bind-to none`, with `OMPI_MCA_mpi_yield_when_idle=1`; "
@@ -355,8 +397,9 @@ def plot(study, train_path, out_dir):
         k = 0
         for batch in sorted({r["batch"] for r in train}, key=int):
             for mode in ["zero3", "zeropp"]:
-                pts = sorted((speed_x(r["link_gbit"]), float(r["step_time_s"]) * 1e3)
-                             for r in train if r["mode"] == mode and r["batch"] == batch)
+                pts = sorted((speed_x(g), m["med"] * 1e3)
+                             for (b, g, md), m in train_medians(train).items()
+                             if md == mode and b == batch)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts],
                         marker=markers[k % len(markers)],
                         linestyle="-" if batch == "8" else "--",
@@ -383,8 +426,8 @@ def main(argv):
         markdown(read_study(argv[2]), *argv[3:8])
     elif len(argv) == 2 and argv[1] == "--stamp":
         stamp()
-    elif len(argv) >= 2 and argv[1] == "--train-row" and len(argv) == 9:
-        train_row(*argv[2:9])
+    elif len(argv) >= 2 and argv[1] == "--train-row" and len(argv) == 10:
+        train_row(*argv[2:10])
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1,6 +1,20 @@
 # perf/ scripts run with stand-ins for the programs they drive (seconds;
-# no build needed): tests/convergence_study_test.sh.  Label "scripts" (run
-# by `make test`'s ctest of the build tree, not again under ASan).
+# no build needed): tests/convergence_study_test.sh,
+# tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh.  Label
+# "scripts" (run by `make test`'s ctest of the build tree, not again under
+# ASan).
 add_test(NAME convergence_study_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/convergence_study_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(convergence_study_script PROPERTIES LABELS scripts TIMEOUT 180)
+
+# perf/cluster_train.sh with a stand-in cluster script and zpp-train
+# (about 20 s: two 2 s waits it must make, a timeout, a TERM)
+add_test(NAME cluster_train_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_train_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(cluster_train_script PROPERTIES LABELS scripts TIMEOUT 180)
+
+# perf/bandwidth_study.sh's training table (medians over the alternated
+# repetitions) from a CSV of random step times (about 3 s)
+add_test(NAME bandwidth_train_table
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bandwidth_train_table_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(bandwidth_train_table PROPERTIES LABELS scripts TIMEOUT 120)

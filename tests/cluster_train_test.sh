@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# perf/cluster_train.sh with stand-ins: a stand-in scripts/netns_cluster.sh
+# (ZPP_CLUSTER_TRAIN_CLUSTER: logs check, up, down and run; run starts the
+# program directly and notes whether the study's lock is held) and a
+# stand-in zpp-train (prints step lines and the JSON object the study
+# reads, with step times that depend on the mode, batch, rate and its call
+# number, and logs what it printed), a lock file and a load average of the
+# test's own (ZPP_CLUSTER_TRAIN_LOCK, ZPP_CLUSTER_TRAIN_LOADAVG):
+#   1. two rates x two batches, 4 repetitions: per block one up at the
+#      rate, zero3 and zeropp alternated with the block's flags, one down,
+#      every run under the lock; the tables' medians, min..max, speedups
+#      (of the medians, median paired), inter-node MB per rank, per
+#      repetition cells and the target's line are the ones computed here
+#      from what the stand-in printed;
+#   2. a failed run (exit 1) fails the study, is named and left out of the
+#      medians and of the pairs; a run whose zpp-train saw 1 node fails it;
+#   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM to
+#      the study ends it at once, ends the launch and tears down;
+#   4. the load wait: above the limit it waits at most
+#      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load;
+#   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
+#   6. bad settings are refused by name, before anything runs.
+# usage: cluster_train_test.sh SOURCE_DIR
+set -euo pipefail
+src=$1
+study=$src/perf/cluster_train.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/build/tools"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cat > "$work/cluster" <<EOF
+#!/usr/bin/env bash
+# stand-in scripts/netns_cluster.sh
+case \$1 in
+  check)
+    if [ -n "\${FAKE_NO_CLUSTER:-}" ]; then echo "netns_cluster.sh: cannot make a cluster here: no namespaces (stand-in)"; exit 77; fi ;;
+  up) echo "up \${*:2}" >> "$work/calls"; echo "\$7" > "$work/rate" ;;
+  down) echo "down" >> "$work/calls"; rm -f "$work/rate" ;;
+  run)
+    shift
+    pre=()
+    while [ \$# -gt 0 ]; do
+      case \$1 in
+        -np|-x) pre+=("\$1" "\$2"); shift 2 ;;
+        *) break ;;
+      esac
+    done
+    if flock -n "$work/lock" true; then held=UNLOCKED; else held=locked; fi
+    echo "run \$held \${pre[*]} | \${*:2}" >> "$work/calls"
+    FAKE_RATE=\$(cat "$work/rate") exec "\$@" ;;
+  *) echo "stand-in cluster: unknown command \$1" >&2; exit 2 ;;
+esac
+EOF
+chmod +x "$work/cluster"
+
+cat > "$work/build/tools/zpp-train" <<EOF
+#!/usr/bin/env bash
+# stand-in zpp-train: step time = base(mode, batch, rate) * (1 + k % 7 / 20),
+# k its call number; inter-node bytes those of the real --large run
+mode= batch= steps=
+while [ \$# -gt 0 ]; do
+  case \$1 in
+    --mode) mode=\$2; shift ;;
+    --batch) batch=\$2; shift ;;
+    --steps) steps=\$2; shift ;;
+  esac
+  shift
+done
+k=\$(( \$(cat "$work/count" 2> /dev/null || echo 0) + 1 ))
+echo \$k > "$work/count"
+if [ "\${FAKE_HANG_AT:-}" = \$k ]; then echo \$\$ > "$work/hang.pid"; exec sleep 1000; fi
+if [ "\${FAKE_FAIL_AT:-}" = \$k ]; then echo "stand-in: failing call \$k" >&2; exit 1; fi
+case \$FAKE_RATE in 400mbit) r=3 ;; 1600mbit) r=2 ;; *) r=1 ;; esac
+t=\$(awk -v m=\$mode -v b=\$batch -v r=\$r -v k=\$k 'BEGIN {
+  base = (m == "zero3" ? 0.2 * r : 0.11 + 0.02 * r) + b / 1000
+  printf "%.6f", base * (1 + (k % 7) / 20) }')
+if [ \$mode = zero3 ]; then inter=4746240; else inter=1211280; fi
+for ((i = 1; i <= steps; i++)); do echo "step \$i loss 0.5  time \$t s"; done
+echo "\$FAKE_RATE \$batch \$mode \$t \$inter" >> "$work/truth"
+echo "{\"mode\": \"\$mode\", \"world_size\": 8, \"nodes\": \${FAKE_NODES:-2}, \"steps\": \$steps, \"inter_bytes_per_step\": \$((inter * 8)), \"step_time_s\": \$t, \"first_step_time_s\": 1.5, \"inter_bytes_per_step_per_rank\": [\$inter, \$inter, \$inter, \$((inter + 8)), \$inter, \$inter, \$inter, \$inter]}"
+EOF
+chmod +x "$work/build/tools/zpp-train"
+echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
+
+study_run() { # extra environment as arguments
+  rm -f "$work/calls" "$work/truth" "$work/count"
+  rm -rf "$work/out"
+  env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+    ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+    ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=3 ZPP_CLUSTER_TRAIN_STEPS=4 "$@" \
+    timeout 60 bash "$study" "$work/out" "$work/build" 2> "$work/err"
+}
+count() { if [ -f "$work/$1" ]; then grep -c "${2:-.}" "$work/$1" || true; else echo 0; fi; }
+
+# the tables as computed here: one line per expected table row or cell
+expect() { # truth file -> expected markdown lines
+  python3 - "$work/truth" "$1" <<'PY'
+import sys
+truth, reps = sys.argv[1], int(sys.argv[2])
+link = {"400mbit": "0.4 Gbit/s (100 GbE scaled)", "1600mbit": "1.6 Gbit/s (NDR scaled)", "none": "unshaped"}
+runs = {}
+for l in open(truth):
+    rate, batch, mode, t, inter = l.split()
+    runs.setdefault((rate, batch), []).append((mode, float(t), int(inter)))
+def med(v):
+    v = sorted(v); n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+for (rate, batch), rs in runs.items():
+    assert [m for m, _, _ in rs] == ["zero3", "zeropp"] * reps, rs
+    z3 = [t for m, t, _ in rs if m == "zero3"]
+    zp = [t for m, t, _ in rs if m == "zeropp"]
+    pairs = [a / b for a, b in zip(z3, zp)]
+    i3 = [i for m, _, i in rs if m == "zero3"][0] / 1e6
+    ip = [i for m, _, i in rs if m == "zeropp"][0] / 1e6
+    print(f"| {link[rate]} | {batch} | {2 * reps}/{2 * reps} | {med(z3) * 1e3:.1f} | "
+          f"{min(z3) * 1e3:.1f}..{max(z3) * 1e3:.1f} | {med(zp) * 1e3:.1f} | "
+          f"{min(zp) * 1e3:.1f}..{max(zp) * 1e3:.1f} | {med(z3) / med(zp):.2f} | "
+          f"{med(pairs):.2f} | {min(pairs):.2f}..{max(pairs):.2f} | {i3:.2f} | {ip:.2f} |")
+    print(f"| {link[rate]} | {batch} | " + " | ".join(
+        f"{a * 1e3:.1f} / {b * 1e3:.1f} = {a / b:.2f}" for a, b in zip(z3, zp)) + " |")
+    if (rate, batch) == ("400mbit", "64"):
+        s, p = med(z3) / med(zp), med(pairs)
+        v = "met" if s >= 2 and p >= 2 else "not met" if s < 2 and p < 2 else "not settled"
+        print(f"speedup of the medians {s:.3f}, median paired speedup {p:.3f} "
+              f"({min(pairs):.3f}..{max(pairs):.3f} over {reps} repetitions): {v}")
+PY
+}
+
+# ---- 1. two rates x two batches, 4 repetitions (an even count) ------------
+study_run ZPP_CLUSTER_TRAIN_RATES="400mbit none" ZPP_CLUSTER_TRAIN_BATCHES="64 8" \
+  ZPP_CLUSTER_TRAIN_REPS=4 || fail "first study: $(tail -3 "$work/err")"
+md=$work/out/cluster_train.md
+[ "$(count calls '^up ')" = 4 ] || fail "$(count calls '^up ') ups, want 4 (one per block)"
+[ "$(count calls '^down')" = 4 ] || fail "$(count calls '^down') downs, want 4"
+[ "$(count calls '^run ')" = 32 ] || fail "$(count calls '^run ') runs, want 32"
+[ "$(count calls '^run UNLOCKED')" = 0 ] || fail "a run without the lock held"
+[ "$(count out/cluster_train.csv ',ok,')" = 32 ] || fail "the CSV has $(count out/cluster_train.csv ',ok,') ok rows, want 32"
+# the order: up RATE, 4 x (zero3, zeropp) with the block's batch, down
+python3 - "$work/calls" <<'PY' || fail "launch order (above)"
+import sys
+lines = [l.rstrip("\n") for l in open(sys.argv[1])]
+want = []
+for rate in ("400mbit", "none"):
+    for batch in ("64", "8"):
+        want.append(f"up -n 2 -p 4 -r {rate}")
+        for _ in range(4):
+            for m in ("zero3", "zeropp"):
+                want.append(f"run locked -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 | "
+                            f"--mode {m} --large --batch {batch} --steps 4 --json")
+        want.append("down")
+if lines != want:
+    for a, b in zip(lines + [""] * len(want), want + [""] * len(lines)):
+        if a != b:
+            sys.exit(f"call {a!r}, want {b!r}")
+PY
+expect 4 > "$work/want"
+[ "$(wc -l < "$work/want")" = 9 ] || fail "expected $(wc -l < "$work/want") lines, want 9"
+while IFS= read -r line; do
+  grep -qF -- "$line" "$md" || fail "the table lacks: $line"
+done < "$work/want"
+grep -q "^| unshaped | 8 | 0.50 0.40 0.30 | 0 | 0.50 0.40 0.30 |" "$md" || fail "no load row for unshaped, batch 8"
+grep -qF "Run: \`ZPP_CLUSTER_TRAIN_RATES='400mbit none' ZPP_CLUSTER_TRAIN_REPS=4 ZPP_CLUSTER_TRAIN_STEPS=4 perf/cluster_train.sh OUT_DIR BUILD_DIR\`" "$md" ||
+  fail "the invocation: $(grep '^Run:' "$md")"
+grep -qF "up -n 2 -p 4 -r RATE" "$md" || fail "no command above the table"
+grep -qF -- "--mode zeropp --large --batch B --steps 4 --json" "$md" || fail "no zeropp command in the table's header"
+# the CSV's per-rank bytes: the mean and the busiest rank
+grep -q "^400mbit,64,1,zero3,4,ok,[0-9.]*,1.500000,[0-9.]*,4746240,4746248,2,8$" "$work/out/cluster_train.csv" ||
+  fail "CSV row: $(sed -n 2p "$work/out/cluster_train.csv")"
+
+# ---- 2. failed runs -------------------------------------------------------
+# call 2 is rep 1's zeropp: out of zeropp's median and of the pairs
+if study_run FAKE_FAIL_AT=2; then fail "a failed run did not fail the study"; fi
+grep -q "rep 1, zeropp failed: exit 1" "$work/err" || fail "the failure is not named: $(tail -3 "$work/err")"
+grep -q "^- 400mbit, batch 64, rep 1, zeropp: exit 1$" "$work/out/cluster_train.md" || fail "the table does not list the failed run"
+[ "$(count calls '^down')" = 1 ] || fail "no teardown after a failed run"
+python3 - "$work/truth" "$work/out/cluster_train.md" <<'PY' || fail "failed run: table (above)"
+import sys
+rs = [l.split() for l in open(sys.argv[1])]  # calls 1, 3, 4, 5, 6
+z3 = [float(r[3]) for r in rs if r[2] == "zero3"]
+zp = [float(r[3]) for r in rs if r[2] == "zeropp"]
+assert len(z3) == 3 and len(zp) == 2, (z3, zp)
+pairs = sorted([z3[1] / zp[0], z3[2] / zp[1]])
+want = (f"| 5/6 | {sorted(z3)[1] * 1e3:.1f} | {min(z3) * 1e3:.1f}..{max(z3) * 1e3:.1f} | "
+        f"{(zp[0] + zp[1]) / 2 * 1e3:.1f} | {min(zp) * 1e3:.1f}..{max(zp) * 1e3:.1f} | "
+        f"{sorted(z3)[1] / ((zp[0] + zp[1]) / 2):.2f} | {(pairs[0] + pairs[1]) / 2:.2f} | "
+        f"{pairs[0]:.2f}..{pairs[1]:.2f} |")
+text = open(sys.argv[2]).read()
+if want not in text:
+    sys.exit(f"the table lacks {want}")
+if f"{z3[0] * 1e3:.1f} / - |" not in text:
+    sys.exit("rep 1's cell does not show the missing zeropp")
+PY
+if study_run FAKE_NODES=1 ZPP_CLUSTER_TRAIN_REPS=1; then fail "a run on 1 node did not fail the study"; fi
+grep -q "zero3: zpp-train saw 1 nodes (want 2)" "$work/out/cluster_train.md" || fail "the 1-node run is not named in the table"
+
+# ---- 3. a hanging run, and a TERM to the study ----------------------------
+t0=$(date +%s)
+if study_run FAKE_HANG_AT=1 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=2; then
+  fail "a hanging run did not fail the study"
+fi
+t1=$(date +%s)
+[ $((t1 - t0)) -le 15 ] || fail "the hanging run was stopped after $((t1 - t0)) s, limit 2 s"
+grep -q "rep 1, zero3: timeout after 2 s" "$work/out/cluster_train.md" || fail "the timeout is not named in the table"
+[ "$(count calls '^run ')" = 2 ] || fail "after the timeout: $(count calls '^run ') runs, want 2 (the study goes on)"
+rm -f "$work/hang.pid"
+rm -f "$work/calls" "$work/count"
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+  ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=50 \
+  FAKE_HANG_AT=1 bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+pid=$!  # the study itself: TERM goes to it, not to a wrapper
+for ((i = 0; i < 100; i++)); do [ -s "$work/hang.pid" ] && break; sleep 0.1; done
+[ -s "$work/hang.pid" ] || fail "the hanging stand-in did not start within 10 s"
+t0=$(date +%s)
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+t1=$(date +%s)
+[ "$rc" = 143 ] || fail "TERM: exit $rc, want 143"
+[ $((t1 - t0)) -le 5 ] || fail "TERM: the study took $((t1 - t0)) s to end"
+[ "$(tail -n 1 "$work/calls")" = down ] || fail "TERM: no teardown (last call: $(tail -n 1 "$work/calls"))"
+for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$work/hang.pid")" 2> /dev/null || break; sleep 0.1; done
+if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
+  kill -KILL "$(cat "$work/hang.pid")"
+  fail "TERM: the launch still runs after the study ended"
+fi
+
+# ---- 4. the load wait -----------------------------------------------------
+echo "9.50 8.25 7.00 3/100 4242" > "$work/loadavg"
+t0=$(date +%s)
+study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=3 ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=2 ||
+  fail "high load: $(tail -3 "$work/err")"
+t1=$(date +%s)
+[ $((t1 - t0)) -ge 2 ] || fail "high load: the study did not wait ($((t1 - t0)) s)"
+grep -q "still not below 3 after 2 s" "$work/err" || fail "high load: the wait's end is not said"
+grep -q "^| 0.4 Gbit/s (100 GbE scaled) | 64 | 9.50 8.25 7.00 | [23] | 9.50 8.25 7.00 |" "$work/out/cluster_train.md" ||
+  fail "high load: the load row: $(grep '^| 0.4' "$work/out/cluster_train.md" | tail -1)"
+t0=$(date +%s)
+study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=9.6 ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=30 ||
+  fail "load below the limit: $(tail -3 "$work/err")"
+t1=$(date +%s)
+[ $((t1 - t0)) -le 10 ] || fail "load 9.50 below a limit of 9.6: the study waited"
+echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
+
+# ---- 5. no cluster here ---------------------------------------------------
+rc=0
+study_run FAKE_NO_CLUSTER=1 || rc=$?
+[ "$rc" = 77 ] || fail "no cluster: exit $rc, want 77"
+grep -q "skipped: .*no namespaces (stand-in)" "$work/err" || fail "no cluster: the reason is not given: $(cat "$work/err")"
+[ "$(count calls)" = 0 ] || fail "no cluster: $(count calls) calls, want 0"
+
+# ---- 6. bad settings ------------------------------------------------------
+bad() { # VAR VALUE
+  local rc=0
+  study_run "$1=$2" || rc=$?
+  [ "$rc" = 2 ] || fail "$1='$2': exit $rc, want 2"
+  grep -q "$1" "$work/err" || fail "$1='$2': the message does not name it: $(cat "$work/err")"
+  [ "$(count calls)" = 0 ] || fail "$1='$2': something ran"
+}
+bad ZPP_CLUSTER_TRAIN_REPS 0
+bad ZPP_CLUSTER_TRAIN_REPS x
+bad ZPP_CLUSTER_TRAIN_STEPS 1
+bad ZPP_CLUSTER_TRAIN_STEPS -3
+bad ZPP_CLUSTER_TRAIN_BATCHES 12
+bad ZPP_CLUSTER_TRAIN_BATCHES ""
+bad ZPP_CLUSTER_TRAIN_RATES 0.4gbit
+bad ZPP_CLUSTER_TRAIN_RATES "400mbit fast"
+bad ZPP_CLUSTER_TRAIN_TIMEOUT_S 0
+bad ZPP_CLUSTER_TRAIN_MAX_LOAD -1
+bad ZPP_CLUSTER_TRAIN_LOAD_WAIT_S 1.5
+echo "PASS: cluster_train_test.sh" >&2
