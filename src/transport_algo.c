@@ -64,6 +64,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "elementwise.h"
 #include "quant_math.h"
 
 #if ZPP_HAVE_CUDA
@@ -537,20 +538,12 @@ static void shard(size_t count, int n, int j, size_t *off, size_t *len) {
 
 /* dst[e] = sum over i = 0..n-1 of block i (dtype in_dt), element e, in
  * that order with an fp32 accumulator, divided by div when div > 0 (MEAN),
- * rounded once to out_dt. */
+ * rounded once to out_dt (kernels/quant/elementwise.c, in tiles). */
 static void reduce_blocks(void *dst, zpp_dtype_t out_dt,
                           const void *const *blocks, zpp_dtype_t in_dt, int n,
                           size_t count, float div) {
-  size_t e;
-  int i, it = (int)in_dt, ot = (int)out_dt;
-  for (e = 0; e < count; e++) {
-    float acc = zpp_qm_load(blocks[0], e, it);
-    for (i = 1; i < n; i++)
-      acc = zpp_qm_add(acc, zpp_qm_load(blocks[i], e, it));
-    /* MEAN: one IEEE division in fp32, then the one rounding to dtype
-     * (elementwise.c's finish does the same) */
-    zpp_qm_store(dst, e, ot, div > 0 ? acc / div : acc);
-  }
+  zpp_ew_reduce_blocks_host(dst, (int)out_dt, blocks, (int)in_dt, n, count,
+                            div);
 }
 
 #if ZPP_HAVE_CUDA

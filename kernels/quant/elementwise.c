@@ -3,6 +3,8 @@
 
 #include "quant_math.h"
 
+#include <string.h>
+
 void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
                         void *out) {
   size_t i;
@@ -38,4 +40,79 @@ void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
   size_t i;
   for (i = 0; i < count; i++)
     res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, omega);
+}
+
+/* ---- reduction of blocks ------------------------------------------------ */
+
+/* Elements per tile: the fp32 accumulators of a tile (2 KiB) stay in L1
+ * while every block streams through them. */
+#define ZPP_EW_TILE 512
+
+/* acc[j] = fp32(src[j]) (first) or acc[j] + fp32(src[j]), j < m; src is
+ * element `base` of a buffer of `dtype`, at any byte alignment.  One loop
+ * per dtype, without a branch on the dtype inside: the compiler vectorizes
+ * the fp32 and bf16 ones. */
+static void tile_in(float *acc, const void *p, size_t base, size_t m,
+                    int dtype, int first) {
+  size_t j;
+  if (dtype == ZPP_QM_F32) {
+    const unsigned char *s = (const unsigned char *)p + 4 * base;
+    if (first) {
+      memcpy(acc, s, 4 * m);
+    } else {
+      for (j = 0; j < m; j++) {
+        float v;
+        memcpy(&v, s + 4 * j, 4);
+        acc[j] = zpp_qm_add(acc[j], v);
+      }
+    }
+  } else if (dtype == ZPP_QM_BF16) {
+    const unsigned char *s = (const unsigned char *)p + 2 * base;
+    for (j = 0; j < m; j++) {
+      uint16_t h;
+      memcpy(&h, s + 2 * j, 2);
+      float v = zpp_qm_bf16_to_f32(h);
+      acc[j] = first ? v : zpp_qm_add(acc[j], v);
+    }
+  } else {
+    for (j = 0; j < m; j++) {
+      float v = zpp_qm_load(p, base + j, dtype);
+      acc[j] = first ? v : zpp_qm_add(acc[j], v);
+    }
+  }
+}
+
+static void tile_out(void *p, size_t base, size_t m, int dtype,
+                     const float *acc) {
+  size_t j;
+  if (dtype == ZPP_QM_F32) {
+    memcpy((unsigned char *)p + 4 * base, acc, 4 * m);
+  } else if (dtype == ZPP_QM_BF16) {
+    unsigned char *d = (unsigned char *)p + 2 * base;
+    for (j = 0; j < m; j++) {
+      uint16_t h = zpp_qm_f32_to_bf16(acc[j]);
+      memcpy(d + 2 * j, &h, 2);
+    }
+  } else {
+    for (j = 0; j < m; j++)
+      zpp_qm_store(p, base + j, dtype, acc[j]);
+  }
+}
+
+void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
+                               const void *const *blocks, int in_dtype, int n,
+                               size_t count, float div) {
+  float acc[ZPP_EW_TILE];
+  size_t base;
+  int i;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE, j;
+    tile_in(acc, blocks[0], base, m, in_dtype, 1);
+    for (i = 1; i < n; i++)
+      tile_in(acc, blocks[i], base, m, in_dtype, 0);
+    if (div > 0)
+      for (j = 0; j < m; j++)
+        acc[j] = acc[j] / div;
+    tile_out(dst, base, m, out_dtype, acc);
+  }
 }

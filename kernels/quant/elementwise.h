@@ -32,6 +32,16 @@ void zpp_ew_residual_host(const float *x, size_t count, float *res);
 void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
                               float beta, float *res);
 
+/* dst[e] = out_dtype(sum over i = 0..n-1 of fp32(blocks[i][e])), the sum
+ * in block order with an fp32 accumulator, divided by div when div > 0
+ * (MEAN: one IEEE division), rounded once: per element the arithmetic of
+ * the scalar loop over zpp_qm_load / zpp_qm_add / zpp_qm_store, bit for
+ * bit, in tiles that the compiler vectorizes (fp32 and bf16).  Buffers of
+ * any byte alignment; n >= 1. */
+void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
+                               const void *const *blocks, int in_dtype, int n,
+                               size_t count, float div);
+
 /* Device versions, enqueued on `stream` (a cudaStream_t).  Return 0, or
  * non-zero with the CUDA message in err. */
 int zpp_ew_finish_device(const float *acc, size_t count, float div,
