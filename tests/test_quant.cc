@@ -609,6 +609,56 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
   std::printf("%d cases bitwise equal to the per-element loop\n", cases);
 }
 
+// The other tiled element-wise loops against plain per-element loops of
+// zpp_qm_load / zpp_qm_store, bit for bit (NaN payloads aside): finish
+// (fp32 accumulators to the dtype, sum and mean), scale (in place) and
+// add_residual; every dtype, lengths around the tile, odd alignment, specials.
+TEST(QuantElementwise, FinishScaleAndResidualAreBitwiseThePerElementLoops) {
+  auto rng = seeded_rng("ElementwiseTiles");
+  std::normal_distribution<float> nd(0.0f, 100.0f);
+  std::uniform_int_distribution<uint32_t> u32;
+  const float sp[] = {NAN, INFINITY, -INFINITY, 1e-40f, 7e4f, 3e38f, -0.0f};
+  auto same = [](const unsigned char *a, const unsigned char *b, size_t e, int dt) {
+    float x = zpp_qm_load(a, e, dt), y = zpp_qm_load(b, e, dt);
+    size_t es = dt == ZPP_QM_F32 ? 4 : 2;
+    return (std::isnan(x) && std::isnan(y)) || std::memcmp(a + e * es, b + e * es, es) == 0;
+  };
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (size_t count : {(size_t)0, (size_t)1, (size_t)511, (size_t)512, (size_t)1025})
+      for (float div : {1.0f, 8.0f, 3.0f}) {
+        size_t es = dt == ZPP_QM_F32 ? 4 : 2;
+        std::vector<float> acc(count), res(count);
+        std::vector<unsigned char> buf(count * es + 1);
+        for (size_t e = 0; e < count; e++) {
+          acc[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng);
+          res[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng);
+          zpp_qm_store(buf.data() + 1, e, dt, u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng));
+        }
+        std::vector<unsigned char> got(count * es + 1), want(count * es + 1);
+        zpp_ew_finish_host(acc.data(), count, div, dt, got.data() + 1);
+        for (size_t e = 0; e < count; e++)
+          zpp_qm_store(want.data() + 1, e, dt, div == 1.0f ? acc[e] : acc[e] / div);
+        for (size_t e = 0; e < count; e++)
+          ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
+              << "finish: element " << e << " of " << count << ", dtype " << dt << ", div " << div;
+        got = buf;
+        want = buf;
+        zpp_ew_scale_host(dt, got.data() + 1, count, div);
+        for (size_t e = 0; e < count; e++)
+          zpp_qm_store(want.data() + 1, e, dt, zpp_qm_load(want.data() + 1, e, dt) / div);
+        for (size_t e = 0; e < count; e++)
+          ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
+              << "scale: element " << e << " of " << count << ", dtype " << dt << ", div " << div;
+        std::vector<float> out(count), ref(count);
+        zpp_ew_add_residual_host(dt, buf.data() + 1, res.data(), count, out.data());
+        for (size_t e = 0; e < count; e++) {
+          ref[e] = zpp_qm_add(zpp_qm_load(buf.data() + 1, e, dt), res[e]);
+          ASSERT_TRUE((std::isnan(out[e]) && std::isnan(ref[e])) || bits_of(out[e]) == bits_of(ref[e]))
+              << "add_residual: element " << e << " of " << count << ", dtype " << dt;
+        }
+      }
+}
+
 // ---- SIMD paths against the scalar reference --------------------------------------
 
 class QuantSimd : public ::testing::TestWithParam<const char *> {};

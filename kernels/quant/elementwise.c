@@ -5,24 +5,54 @@
 
 #include <string.h>
 
+/* Element-wise loops in tiles (tile_in / tile_out below): per element the
+ * arithmetic of a plain loop over zpp_qm_load / zpp_qm_store, bit for bit,
+ * with the dtype decided once per tile so that the compiler vectorizes the
+ * fp32 and bf16 loops. */
+static void tile_in(float *acc, const void *p, size_t base, size_t m,
+                    int dtype, int first);
+static void tile_out(void *p, size_t base, size_t m, int dtype,
+                     const float *acc);
+#define ZPP_EW_TILE 512
+
 void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
                         void *out) {
-  size_t i;
-  for (i = 0; i < count; i++)
-    zpp_qm_store(out, i, dtype, div == 1.0f ? acc[i] : acc[i] / div);
+  float t[ZPP_EW_TILE];
+  size_t base, j;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
+    if (div == 1.0f) {
+      tile_out(out, base, m, dtype, acc + base);
+      continue;
+    }
+    for (j = 0; j < m; j++)
+      t[j] = acc[base + j] / div;
+    tile_out(out, base, m, dtype, t);
+  }
 }
 
 void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div) {
-  size_t i;
-  for (i = 0; i < count; i++)
-    zpp_qm_store(buf, i, dtype, zpp_qm_load(buf, i, dtype) / div);
+  float t[ZPP_EW_TILE];
+  size_t base, j;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
+    tile_in(t, buf, base, m, dtype, 1);
+    for (j = 0; j < m; j++)
+      t[j] = t[j] / div;
+    tile_out(buf, base, m, dtype, t);
+  }
 }
 
 void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
                               size_t count, float *out) {
-  size_t i;
-  for (i = 0; i < count; i++)
-    out[i] = zpp_qm_add(zpp_qm_load(g, i, dtype), res[i]);
+  float t[ZPP_EW_TILE];
+  size_t base, j;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
+    tile_in(t, g, base, m, dtype, 1);
+    for (j = 0; j < m; j++)
+      out[base + j] = zpp_qm_add(t[j], res[base + j]);
+  }
 }
 
 void zpp_ew_residual_host(const float *x, size_t count, float *res) {
@@ -44,9 +74,8 @@ void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
 
 /* ---- reduction of blocks ------------------------------------------------ */
 
-/* Elements per tile: the fp32 accumulators of a tile (2 KiB) stay in L1
+/* ZPP_EW_TILE (above): the fp32 accumulators of a tile (2 KiB) stay in L1
  * while every block streams through them. */
-#define ZPP_EW_TILE 512
 
 /* acc[j] = fp32(src[j]) (first) or acc[j] + fp32(src[j]), j < m; src is
  * element `base` of a buffer of `dtype`, at any byte alignment.  One loop
