@@ -81,8 +81,10 @@ done
   bad "ZPP_CLUSTER_TRAIN_MAX_LOAD '$max_load': must be a number >= 0 (0: no wait)"
 [[ "$load_wait" =~ ^[0-9]{1,5}$ ]] || bad "ZPP_CLUSTER_TRAIN_LOAD_WAIT_S '$load_wait': must be an integer >= 0 (seconds)"
 
-train=$(cd "$build" 2> /dev/null && pwd)/tools/zpp-train
-[ -x "$train" ] || { echo "$prog: no $build/tools/zpp-train: build first" >&2; exit 1; }
+# (a missing BUILD_DIR must reach the message, not end the script under
+# set -e in the command substitution)
+train=$(cd "$build" 2> /dev/null && pwd)/tools/zpp-train || train=
+[ -n "$train" ] && [ -x "$train" ] || { echo "$prog: no $build/tools/zpp-train: build first" >&2; exit 1; }
 rc=0
 why=$("$cluster" check) || rc=$?
 if [ $rc -ne 0 ]; then

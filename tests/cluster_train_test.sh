@@ -19,7 +19,8 @@
 #   4. the load wait: above the limit it waits at most
 #      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load;
 #   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
-#   6. bad settings are refused by name, before anything runs.
+#   6. bad settings are refused by name, before anything runs; a missing
+#      BUILD_DIR is named (exit 1).
 # usage: cluster_train_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -269,4 +270,12 @@ bad ZPP_CLUSTER_TRAIN_RATES "400mbit fast"
 bad ZPP_CLUSTER_TRAIN_TIMEOUT_S 0
 bad ZPP_CLUSTER_TRAIN_MAX_LOAD -1
 bad ZPP_CLUSTER_TRAIN_LOAD_WAIT_S 1.5
+# a BUILD_DIR that does not exist: exit 1 naming zpp-train, nothing run
+rm -f "$work/calls"
+rc=0
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" timeout 60 bash "$study" "$work/out" "$work/nobuild" 2> "$work/err" || rc=$?
+[ "$rc" = 1 ] || fail "no build dir: exit $rc, want 1"
+grep -q "no $work/nobuild/tools/zpp-train: build first" "$work/err" || fail "no build dir: not said: $(cat "$work/err")"
+[ "$(count calls)" = 0 ] || fail "no build dir: something ran"
 echo "PASS: cluster_train_test.sh" >&2
