@@ -40,8 +40,8 @@
 # before must decay), 17 minutes in all for docs/benchmarks.md's table.
 # The target's point alone: ZPP_CLUSTER_TRAIN_RATES=400mbit
 # ZPP_CLUSTER_TRAIN_BATCHES=64 (about 2 minutes of runs; 4 with
-# ZPP_CLUSTER_TRAIN_REPS=10).  A TERM during a load wait takes effect
-# within 30 s (the poll), during a launch at once.
+# ZPP_CLUSTER_TRAIN_REPS=10).  A TERM (INT) takes effect at once,
+# also during a load wait or a launch.
 set -euo pipefail
 prog=cluster_train.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -125,11 +125,16 @@ trap 'exit 143' TERM
 
 load() { cut -d' ' -f1-3 "$loadavg"; }
 # Wait until the 1-minute load average is below max_load, polling every
-# 30 s, at most load_wait seconds; prints the seconds waited.
+# 30 s, at most load_wait seconds; sets waited (seconds).  Not in a $( ):
+# a TERM to this script is not passed to a command substitution's
+# subshell, which went on waiting up to load_wait s before the trap ran.
+# The sleep runs in the background and is waited for, so that the trap
+# runs at once (cleanup ends the sleep).
+waited=0
 wait_load() {
   local t0 now left
   t0=$(date +%s)
-  while [ "$max_load" != 0 ] && awk -v l="$(cut -d' ' -f1 "$loadavg")" -v m="$max_load" 'BEGIN { exit !(l >= m) }'; do
+  while awk -v l="$(cut -d' ' -f1 "$loadavg")" -v m="$max_load" 'BEGIN { exit !(m > 0 && l >= m) }'; do
     now=$(date +%s)
     left=$((t0 + load_wait - now))
     if [ "$left" -le 0 ]; then
@@ -137,15 +142,18 @@ wait_load() {
       break
     fi
     echo "$prog: load $(load): waiting for the 1-minute figure to fall below $max_load ($left s left)" >&2
-    sleep $((left < 30 ? left : 30))
+    sleep $((left < 30 ? left : 30)) &
+    child=$!
+    wait "$child"
+    child=
   done
-  echo $(($(date +%s) - t0))
+  waited=$(($(date +%s) - t0))
 }
 
 status=0
 for rate in "${rates[@]}"; do
   for batch in "${batches[@]}"; do
-    waited=$(wait_load)
+    wait_load
     before=$(load)
     tb=$(date +%s)
     start=$(date -u +%H:%M:%S)

@@ -14,10 +14,12 @@
 #      from what the stand-in printed;
 #   2. a failed run (exit 1) fails the study, is named and left out of the
 #      medians and of the pairs; a run whose zpp-train saw 1 node fails it;
-#   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM to
-#      the study ends it at once, ends the launch and tears down;
+#   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM
+#      (or HUP) to the study ends it at once, ends the launch and tears
+#      down; the ranks never get the lock's fd 9;
 #   4. the load wait: above the limit it waits at most
-#      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load;
+#      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load; a limit of
+#      0.0 does not wait; a TERM during the wait ends the study at once;
 #   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
 #   6. bad settings are refused by name, before anything runs; a missing
 #      BUILD_DIR is named (exit 1).
@@ -70,6 +72,9 @@ while [ \$# -gt 0 ]; do
 done
 k=\$(( \$(cat "$work/count" 2> /dev/null || echo 0) + 1 ))
 echo \$k > "$work/count"
+# the study's lock (fd 9) must not reach the ranks: a rank that outlives
+# the study would hold it and block every later cluster run
+if [ -e /proc/\$\$/fd/9 ]; then echo "call \$k" >> "$work/fd9"; fi
 if [ "\${FAKE_HANG_AT:-}" = \$k ]; then echo \$\$ > "$work/hang.pid"; exec sleep 1000; fi
 if [ "\${FAKE_FAIL_AT:-}" = \$k ]; then echo "stand-in: failing call \$k" >&2; exit 1; fi
 case \$FAKE_RATE in 400mbit) r=3 ;; 1600mbit) r=2 ;; *) r=1 ;; esac
@@ -136,6 +141,7 @@ md=$work/out/cluster_train.md
 [ "$(count calls '^down')" = 4 ] || fail "$(count calls '^down') downs, want 4"
 [ "$(count calls '^run ')" = 32 ] || fail "$(count calls '^run ') runs, want 32"
 [ "$(count calls '^run UNLOCKED')" = 0 ] || fail "a run without the lock held"
+[ ! -e "$work/fd9" ] || fail "the ranks got the lock's fd 9 ($(count fd9) calls)"
 [ "$(count out/cluster_train.csv ',ok,')" = 32 ] || fail "the CSV has $(count out/cluster_train.csv ',ok,') ok rows, want 32"
 # the order: up RATE, 4 x (zero3, zeropp) with the block's batch, down
 python3 - "$work/calls" <<'PY' || fail "launch order (above)"
@@ -227,6 +233,26 @@ if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
   fail "TERM: the launch still runs after the study ended"
 fi
 
+# a HUP ends it the same way (bash runs the EXIT trap on a fatal signal)
+rm -f "$work/calls" "$work/count" "$work/hang.pid"
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+  ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=50 \
+  FAKE_HANG_AT=1 bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+pid=$!
+for ((i = 0; i < 100; i++)); do [ -s "$work/hang.pid" ] && break; sleep 0.1; done
+[ -s "$work/hang.pid" ] || fail "HUP: the hanging stand-in did not start within 10 s"
+kill -HUP "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 129 ] || fail "HUP: exit $rc, want 129"
+[ "$(tail -n 1 "$work/calls")" = down ] || fail "HUP: no teardown (last call: $(tail -n 1 "$work/calls"))"
+for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$work/hang.pid")" 2> /dev/null || break; sleep 0.1; done
+if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
+  kill -KILL "$(cat "$work/hang.pid")"
+  fail "HUP: the launch still runs after the study ended"
+fi
+
 # ---- 4. the load wait -----------------------------------------------------
 echo "9.50 8.25 7.00 3/100 4242" > "$work/loadavg"
 t0=$(date +%s)
@@ -242,6 +268,28 @@ study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=9.6 ZPP_CLUSTER_TR
   fail "load below the limit: $(tail -3 "$work/err")"
 t1=$(date +%s)
 [ $((t1 - t0)) -le 10 ] || fail "load 9.50 below a limit of 9.6: the study waited"
+t0=$(date +%s)
+study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=0.0 ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=30 ||
+  fail "MAX_LOAD 0.0: $(tail -3 "$work/err")"
+t1=$(date +%s)
+[ $((t1 - t0)) -le 10 ] || fail "MAX_LOAD 0.0 (no wait) waited $((t1 - t0)) s"
+# a TERM during the load wait ends the study at once, before any cluster
+rm -f "$work/calls" "$work/count"
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+  ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=3 \
+  ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=60 bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+pid=$!
+for ((i = 0; i < 100; i++)); do grep -q "waiting for the 1-minute" "$work/err" && break; sleep 0.1; done
+grep -q "waiting for the 1-minute" "$work/err" || fail "load wait: not started within 10 s"
+t0=$(date +%s)
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+t1=$(date +%s)
+[ "$rc" = 143 ] || fail "TERM in the load wait: exit $rc, want 143"
+[ $((t1 - t0)) -le 5 ] || fail "TERM in the load wait: the study took $((t1 - t0)) s to end"
+[ "$(count calls)" = 0 ] || fail "TERM in the load wait: $(count calls) cluster calls, want 0"
 echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
 
 # ---- 5. no cluster here ---------------------------------------------------
