@@ -41,7 +41,7 @@
 # The target's point alone: ZPP_CLUSTER_TRAIN_RATES=400mbit
 # ZPP_CLUSTER_TRAIN_BATCHES=64 (about 2 minutes of runs; 4 with
 # ZPP_CLUSTER_TRAIN_REPS=10).  A TERM (INT) takes effect at once,
-# also during a load wait or a launch.
+# also during a load wait, a wait for the lock or a launch.
 set -euo pipefail
 prog=cluster_train.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -154,11 +154,23 @@ status=0
 for rate in "${rates[@]}"; do
   for batch in "${batches[@]}"; do
     wait_load
+    exec 9> "$lock"
+    if ! flock -n 9; then
+      # flock in the background, waited for: a TERM ends the wait at once
+      # (cleanup ends the flock; up is still 0, so nothing is torn down)
+      echo "$prog: another cluster run holds $lock: waiting for it (at most 900 s)" >&2
+      flock -w 900 9 &
+      child=$!
+      rc=0
+      wait "$child" || rc=$?
+      child=
+      [ "$rc" = 0 ] || { echo "$prog: another cluster run held $lock for 900 s" >&2; exit 1; }
+    fi
+    # the load, the time and the block's seconds from here: a wait for the
+    # lock is another run's time, and its load is not "before" ours
     before=$(load)
     tb=$(date +%s)
     start=$(date -u +%H:%M:%S)
-    exec 9> "$lock"
-    flock -w 900 9 || { echo "$prog: another cluster run held $lock for 900 s" >&2; exit 1; }
     up=1
     "$cluster" up -n 2 -p 4 -r "$rate"
     for ((rep = 1; rep <= reps; rep++)); do

@@ -20,6 +20,9 @@
 #   4. the load wait: above the limit it waits at most
 #      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load; a limit of
 #      0.0 does not wait; a TERM during the wait ends the study at once;
+#      with the lock held by another run: a TERM while waiting for it ends
+#      the study at once without touching the cluster, and once the lock
+#      is free the block's "load before" is the one after the lock wait;
 #   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
 #   6. bad settings are refused by name, before anything runs; a missing
 #      BUILD_DIR is named (exit 1).
@@ -290,6 +293,58 @@ t1=$(date +%s)
 [ "$rc" = 143 ] || fail "TERM in the load wait: exit $rc, want 143"
 [ $((t1 - t0)) -le 5 ] || fail "TERM in the load wait: the study took $((t1 - t0)) s to end"
 [ "$(count calls)" = 0 ] || fail "TERM in the load wait: $(count calls) cluster calls, want 0"
+echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
+
+# ---- 4b. the lock held by another run -------------------------------------
+# The holder: a process of the test's own holding the lock (as another
+# cluster run would), killed by its pid.
+hold_lock() {
+  bash -c 'exec 8> "$1"; flock 8; exec sleep 60' _ "$work/lock" &
+  holder=$!
+  for ((i = 0; i < 50; i++)); do flock -n "$work/lock" true || return 0; sleep 0.1; done
+  fail "the test's lock holder did not take the lock"
+}
+lock_study() { # extra environment as arguments; in the background: pid
+  rm -f "$work/calls" "$work/count"
+  env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+    ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+    ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_STEPS=4 \
+    ZPP_CLUSTER_TRAIN_MAX_LOAD=0 "$@" bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+  pid=$!
+  for ((i = 0; i < 100; i++)); do grep -q "holds .*: waiting for it" "$work/err" && return 0; sleep 0.1; done
+  kill -KILL "$holder"
+  fail "lock held: the study does not say it waits for the lock: $(cat "$work/err")"
+}
+# a TERM while waiting: exit 143 at once, no up, no down (the cluster is
+# the holder's), the holder keeps its lock
+hold_lock
+lock_study
+t0=$(date +%s)
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+t1=$(date +%s)
+if flock -n "$work/lock" true; then held=0; else held=1; fi
+kill "$holder" 2> /dev/null || true  # gone already if the study waited 60 s
+wait "$holder" 2> /dev/null || true
+[ "$rc" = 143 ] || fail "TERM in the lock wait: exit $rc, want 143"
+[ $((t1 - t0)) -le 5 ] || fail "TERM in the lock wait: the study took $((t1 - t0)) s to end"
+[ "$(count calls)" = 0 ] || fail "TERM in the lock wait: cluster calls: $(cat "$work/calls")"
+[ "$held" = 1 ] || fail "TERM in the lock wait: the holder lost its lock"
+# the holder lets go: the study runs, and its "load before" is the one
+# after the wait for the lock (another run's load is not ours)
+echo "5.00 4.00 3.00 3/100 4242" > "$work/loadavg"
+hold_lock
+lock_study
+echo "0.70 0.60 0.50 1/100 4242" > "$work/loadavg"
+kill "$holder" 2> /dev/null || true  # gone already if the study waited 60 s
+wait "$holder" 2> /dev/null || true
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 0 ] || fail "after the lock wait: exit $rc: $(tail -3 "$work/err")"
+[ "$(count calls '^run locked')" = 2 ] || fail "after the lock wait: $(count calls '^run locked') runs under the lock, want 2"
+grep -q "^| 0.4 Gbit/s (100 GbE scaled) | 64 | 0.70 0.60 0.50 | 0 |" "$work/out/cluster_train.md" ||
+  fail "after the lock wait: the load row: $(grep '^| 0.4 .* | [0-9]* | .* | [0-9]* | [0-9:]* |$' "$work/out/cluster_train.md")"
 echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
 
 # ---- 5. no cluster here ---------------------------------------------------
