@@ -64,14 +64,21 @@ tmo=${ZPP_CLUSTER_TRAIN_TIMEOUT_S-600}
 max_load=${ZPP_CLUSTER_TRAIN_MAX_LOAD-3}
 load_wait=${ZPP_CLUSTER_TRAIN_LOAD_WAIT_S-1200}
 [ ${#rates[@]} -gt 0 ] || bad "ZPP_CLUSTER_TRAIN_RATES is empty: give tc rates, e.g. 400mbit, or none"
+# (a rate or batch given twice would make two blocks whose rows the tables
+# cannot tell apart: one repetition's runs would replace the other's)
+declare -A seen=()
 for r in "${rates[@]}"; do
   [[ "$r" =~ ^(none|[1-9][0-9]{0,5}(bit|kbit|mbit|gbit))$ ]] ||
     bad "ZPP_CLUSTER_TRAIN_RATES: rate '$r': must be none or a positive integer with bit, kbit, mbit or gbit (e.g. 400mbit)"
+  [ -z "${seen[r$r]:-}" ] || bad "ZPP_CLUSTER_TRAIN_RATES: rate '$r' given twice"
+  seen[r$r]=1
 done
 [ ${#batches[@]} -gt 0 ] || bad "ZPP_CLUSTER_TRAIN_BATCHES is empty: give global batches, e.g. 64 8"
 for b in "${batches[@]}"; do
   [[ "$b" =~ ^[1-9][0-9]{0,5}$ ]] && [ $((b % 8)) = 0 ] ||
     bad "ZPP_CLUSTER_TRAIN_BATCHES: batch '$b': must be a positive multiple of the 8 ranks"
+  [ -z "${seen[b$b]:-}" ] || bad "ZPP_CLUSTER_TRAIN_BATCHES: batch '$b' given twice"
+  seen[b$b]=1
 done
 [[ "$reps" =~ ^[1-9][0-9]?$ ]] || bad "ZPP_CLUSTER_TRAIN_REPS '$reps': must be an integer 1..99"
 [[ "$steps" =~ ^[1-9][0-9]{0,4}$ ]] && [ "$steps" -ge 2 ] ||
