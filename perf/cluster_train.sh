@@ -13,7 +13,7 @@
 # blocks).  Alternating puts both modes in the same minutes of a shared
 # machine; each repetition's zero3 / zeropp is a paired ratio.
 #   usage: perf/cluster_train.sh OUT_DIR [BUILD_DIR]
-# Writes OUT_DIR/cluster_train.csv (one row per zpp-train run:
+# Writes, at the end, OUT_DIR/cluster_train.csv (one row per zpp-train run:
 # perf/cluster_train.py names the columns) and OUT_DIR/cluster_train.md
 # (medians, min..max, speedup of the medians, median paired speedup,
 # inter-node bytes per step and rank, the load averages, the commands).
@@ -99,7 +99,12 @@ if [ $rc -ne 0 ]; then
   exit 77
 fi
 mkdir -p "$out"
-csv=$out/cluster_train.csv
+# The rows go to a hidden file until the end: a study that stops half way
+# (TERM, the lock not free, a cluster that would not come up) leaves
+# OUT_DIR's cluster_train.{csv,md} as they were, never a half CSV beside
+# the old table (make_benchmarks_doc.sh writes into docs/generated); its
+# rows stay in OUT_DIR/.cluster_train.csv for a look.
+csv=$out/.cluster_train.csv
 meta=$out/.cluster_train.meta
 tmp=$out/.cluster_train
 python3 "$here/cluster_train.py" --header > "$csv"
@@ -219,7 +224,9 @@ for rate in "${rates[@]}"; do
   done
 done
 
-python3 "$here/cluster_train.py" --markdown "$csv" "$meta" > "$out/cluster_train.md"
+python3 "$here/cluster_train.py" --markdown "$csv" "$meta" > "$out/.cluster_train.md"
+mv "$csv" "$out/cluster_train.csv"
+mv "$out/.cluster_train.md" "$out/cluster_train.md"
 rm -f "$meta"
 echo "wrote $out/cluster_train.{csv,md}" >&2
 exit "$status"

@@ -16,7 +16,8 @@
 #      medians and of the pairs; a run whose zpp-train saw 1 node fails it;
 #   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM
 #      (or HUP) to the study ends it at once, ends the launch and tears
-#      down; the ranks never get the lock's fd 9;
+#      down, and leaves OUT_DIR's earlier tables as they were; the ranks
+#      never get the lock's fd 9;
 #   4. the load wait: above the limit it waits at most
 #      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load; a limit of
 #      0.0 does not wait; a TERM during the wait ends the study at once;
@@ -215,6 +216,9 @@ grep -q "rep 1, zero3: timeout after 2 s" "$work/out/cluster_train.md" || fail "
 [ "$(count calls '^run ')" = 2 ] || fail "after the timeout: $(count calls '^run ') runs, want 2 (the study goes on)"
 rm -f "$work/hang.pid"
 rm -f "$work/calls" "$work/count"
+# the tables of an earlier study in OUT_DIR must outlive a study that stops
+echo "earlier csv" > "$work/out/cluster_train.csv"
+echo "earlier md" > "$work/out/cluster_train.md"
 env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
   ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
   ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=50 \
@@ -230,6 +234,8 @@ t1=$(date +%s)
 [ "$rc" = 143 ] || fail "TERM: exit $rc, want 143"
 [ $((t1 - t0)) -le 5 ] || fail "TERM: the study took $((t1 - t0)) s to end"
 [ "$(tail -n 1 "$work/calls")" = down ] || fail "TERM: no teardown (last call: $(tail -n 1 "$work/calls"))"
+[ "$(cat "$work/out/cluster_train.csv")" = "earlier csv" ] || fail "TERM: the earlier CSV was overwritten"
+[ "$(cat "$work/out/cluster_train.md")" = "earlier md" ] || fail "TERM: the earlier table was overwritten"
 for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$work/hang.pid")" 2> /dev/null || break; sleep 0.1; done
 if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
   kill -KILL "$(cat "$work/hang.pid")"
