@@ -13,7 +13,7 @@
 # blocks).  Alternating puts both modes in the same minutes of a shared
 # machine; each repetition's zero3 / zeropp is a paired ratio.
 #   usage: perf/cluster_train.sh OUT_DIR [BUILD_DIR]
-# Writes OUT_DIR/cluster_train.csv (one row per zpp-train run:
+# Writes, at the end, OUT_DIR/cluster_train.csv (one row per zpp-train run:
 # perf/cluster_train.py names the columns) and OUT_DIR/cluster_train.md
 # (medians, min..max, speedup of the medians, median paired speedup,
 # inter-node bytes per step and rank, the load averages, the commands).
@@ -40,8 +40,8 @@
 # before must decay), 17 minutes in all for docs/benchmarks.md's table.
 # The target's point alone: ZPP_CLUSTER_TRAIN_RATES=400mbit
 # ZPP_CLUSTER_TRAIN_BATCHES=64 (about 2 minutes of runs; 4 with
-# ZPP_CLUSTER_TRAIN_REPS=10).  A TERM during a load wait takes effect
-# within 30 s (the poll), during a launch at once.
+# ZPP_CLUSTER_TRAIN_REPS=10).  A TERM (INT) takes effect at once,
+# also during a load wait, a wait for the lock or a launch.
 set -euo pipefail
 prog=cluster_train.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -64,14 +64,21 @@ tmo=${ZPP_CLUSTER_TRAIN_TIMEOUT_S-600}
 max_load=${ZPP_CLUSTER_TRAIN_MAX_LOAD-3}
 load_wait=${ZPP_CLUSTER_TRAIN_LOAD_WAIT_S-1200}
 [ ${#rates[@]} -gt 0 ] || bad "ZPP_CLUSTER_TRAIN_RATES is empty: give tc rates, e.g. 400mbit, or none"
+# (a rate or batch given twice would make two blocks whose rows the tables
+# cannot tell apart: one repetition's runs would replace the other's)
+declare -A seen=()
 for r in "${rates[@]}"; do
   [[ "$r" =~ ^(none|[1-9][0-9]{0,5}(bit|kbit|mbit|gbit))$ ]] ||
     bad "ZPP_CLUSTER_TRAIN_RATES: rate '$r': must be none or a positive integer with bit, kbit, mbit or gbit (e.g. 400mbit)"
+  [ -z "${seen[r$r]:-}" ] || bad "ZPP_CLUSTER_TRAIN_RATES: rate '$r' given twice"
+  seen[r$r]=1
 done
 [ ${#batches[@]} -gt 0 ] || bad "ZPP_CLUSTER_TRAIN_BATCHES is empty: give global batches, e.g. 64 8"
 for b in "${batches[@]}"; do
   [[ "$b" =~ ^[1-9][0-9]{0,5}$ ]] && [ $((b % 8)) = 0 ] ||
     bad "ZPP_CLUSTER_TRAIN_BATCHES: batch '$b': must be a positive multiple of the 8 ranks"
+  [ -z "${seen[b$b]:-}" ] || bad "ZPP_CLUSTER_TRAIN_BATCHES: batch '$b' given twice"
+  seen[b$b]=1
 done
 [[ "$reps" =~ ^[1-9][0-9]?$ ]] || bad "ZPP_CLUSTER_TRAIN_REPS '$reps': must be an integer 1..99"
 [[ "$steps" =~ ^[1-9][0-9]{0,4}$ ]] && [ "$steps" -ge 2 ] ||
@@ -81,8 +88,10 @@ done
   bad "ZPP_CLUSTER_TRAIN_MAX_LOAD '$max_load': must be a number >= 0 (0: no wait)"
 [[ "$load_wait" =~ ^[0-9]{1,5}$ ]] || bad "ZPP_CLUSTER_TRAIN_LOAD_WAIT_S '$load_wait': must be an integer >= 0 (seconds)"
 
-train=$(cd "$build" 2> /dev/null && pwd)/tools/zpp-train
-[ -x "$train" ] || { echo "$prog: no $build/tools/zpp-train: build first" >&2; exit 1; }
+# (a missing BUILD_DIR must reach the message, not end the script under
+# set -e in the command substitution)
+train=$(cd "$build" 2> /dev/null && pwd)/tools/zpp-train || train=
+[ -n "$train" ] && [ -x "$train" ] || { echo "$prog: no $build/tools/zpp-train: build first" >&2; exit 1; }
 rc=0
 why=$("$cluster" check) || rc=$?
 if [ $rc -ne 0 ]; then
@@ -90,7 +99,12 @@ if [ $rc -ne 0 ]; then
   exit 77
 fi
 mkdir -p "$out"
-csv=$out/cluster_train.csv
+# The rows go to a hidden file until the end: a study that stops half way
+# (TERM, the lock not free, a cluster that would not come up) leaves
+# OUT_DIR's cluster_train.{csv,md} as they were, never a half CSV beside
+# the old table (make_benchmarks_doc.sh writes into docs/generated); its
+# rows stay in OUT_DIR/.cluster_train.csv for a look.
+csv=$out/.cluster_train.csv
 meta=$out/.cluster_train.meta
 tmp=$out/.cluster_train
 python3 "$here/cluster_train.py" --header > "$csv"
@@ -123,11 +137,16 @@ trap 'exit 143' TERM
 
 load() { cut -d' ' -f1-3 "$loadavg"; }
 # Wait until the 1-minute load average is below max_load, polling every
-# 30 s, at most load_wait seconds; prints the seconds waited.
+# 30 s, at most load_wait seconds; sets waited (seconds).  Not in a $( ):
+# a TERM to this script is not passed to a command substitution's
+# subshell, which went on waiting up to load_wait s before the trap ran.
+# The sleep runs in the background and is waited for, so that the trap
+# runs at once (cleanup ends the sleep).
+waited=0
 wait_load() {
   local t0 now left
   t0=$(date +%s)
-  while [ "$max_load" != 0 ] && awk -v l="$(cut -d' ' -f1 "$loadavg")" -v m="$max_load" 'BEGIN { exit !(l >= m) }'; do
+  while awk -v l="$(cut -d' ' -f1 "$loadavg")" -v m="$max_load" 'BEGIN { exit !(m > 0 && l >= m) }'; do
     now=$(date +%s)
     left=$((t0 + load_wait - now))
     if [ "$left" -le 0 ]; then
@@ -135,20 +154,35 @@ wait_load() {
       break
     fi
     echo "$prog: load $(load): waiting for the 1-minute figure to fall below $max_load ($left s left)" >&2
-    sleep $((left < 30 ? left : 30))
+    sleep $((left < 30 ? left : 30)) &
+    child=$!
+    wait "$child"
+    child=
   done
-  echo $(($(date +%s) - t0))
+  waited=$(($(date +%s) - t0))
 }
 
 status=0
 for rate in "${rates[@]}"; do
   for batch in "${batches[@]}"; do
-    waited=$(wait_load)
+    wait_load
+    exec 9> "$lock"
+    if ! flock -n 9; then
+      # flock in the background, waited for: a TERM ends the wait at once
+      # (cleanup ends the flock; up is still 0, so nothing is torn down)
+      echo "$prog: another cluster run holds $lock: waiting for it (at most 900 s)" >&2
+      flock -w 900 9 &
+      child=$!
+      rc=0
+      wait "$child" || rc=$?
+      child=
+      [ "$rc" = 0 ] || { echo "$prog: another cluster run held $lock for 900 s" >&2; exit 1; }
+    fi
+    # the load, the time and the block's seconds from here: a wait for the
+    # lock is another run's time, and its load is not "before" ours
     before=$(load)
     tb=$(date +%s)
     start=$(date -u +%H:%M:%S)
-    exec 9> "$lock"
-    flock -w 900 9 || { echo "$prog: another cluster run held $lock for 900 s" >&2; exit 1; }
     up=1
     "$cluster" up -n 2 -p 4 -r "$rate"
     for ((rep = 1; rep <= reps; rep++)); do
@@ -190,7 +224,9 @@ for rate in "${rates[@]}"; do
   done
 done
 
-python3 "$here/cluster_train.py" --markdown "$csv" "$meta" > "$out/cluster_train.md"
+python3 "$here/cluster_train.py" --markdown "$csv" "$meta" > "$out/.cluster_train.md"
+mv "$csv" "$out/cluster_train.csv"
+mv "$out/.cluster_train.md" "$out/cluster_train.md"
 rm -f "$meta"
 echo "wrote $out/cluster_train.{csv,md}" >&2
 exit "$status"

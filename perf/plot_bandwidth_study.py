@@ -263,7 +263,8 @@ def markdown(study, cmds_path, train_path, train_bin, s_coll, s_train):
           f"(no `{train_bin}`), so there is no training-step study in this "
           f"version of the document.")
     else:
-        reps = max(int(r.get("rep") or 1) for r in train)
+        # default 0: every zpp-train run failed (the CSV is its header)
+        reps = max((int(r.get("rep") or 1) for r in train), default=0)
         p(f"{s_train} s in all. step time = zpp-train's `step_time_s` (from a "
           f"barrier to the end of the optimizer step, max over ranks, mean over "
           f"steps 2..), the median over {reps} repetition(s) of each mode, run "

@@ -6,7 +6,8 @@
 #      each mode at two batches and two links, the table's medians,
 #      min..max, speedup of the medians and median paired speedup are the
 #      ones computed here; a CSV of the old format (no rep column: one run
-#      per point) still makes a table;
+#      per point) still makes a table, and so does a CSV without rows
+#      (every training run failed);
 #   3. the study refuses a bad ZPP_STUDY_TRAIN_REPS / ZPP_STUDY_TRAIN_STEPS
 #      by name, before it runs anything.
 # usage: bandwidth_train_table_test.sh SOURCE_DIR
@@ -67,6 +68,11 @@ grep -q "the median over 3 repetition(s)" "$work/new.md" || fail "the repetition
 python3 "$plot" --markdown "$work/study.csv" "$work/cmds" "$work/old.csv" zpp-train 1 2 > "$work/old.md" ||
   fail "markdown of an old CSV"
 [ "$(grep -c '^| [0-9]* | .* | zpp-train step_time_s |$' "$work/old.md")" = 4 ] || fail "old CSV: not 4 rows"
+# every zpp-train run failed: the CSV is its header, the table has no rows
+head -1 "$work/new.csv" > "$work/empty.csv"
+python3 "$plot" --markdown "$work/study.csv" "$work/cmds" "$work/empty.csv" zpp-train 1 2 > "$work/empty.md" ||
+  fail "markdown of a CSV without rows (every training run failed)"
+[ "$(grep -c '^| [0-9]* | .* | zpp-train step_time_s |$' "$work/empty.md")" = 0 ] || fail "empty CSV: rows in the table"
 
 # ---- 3. bad settings --------------------------------------------------------
 mkdir -p "$work/build/perf"

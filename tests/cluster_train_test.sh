@@ -14,12 +14,19 @@
 #      from what the stand-in printed;
 #   2. a failed run (exit 1) fails the study, is named and left out of the
 #      medians and of the pairs; a run whose zpp-train saw 1 node fails it;
-#   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM to
-#      the study ends it at once, ends the launch and tears down;
+#   3. a hanging run is killed after ZPP_CLUSTER_TRAIN_TIMEOUT_S; a TERM
+#      (or HUP) to the study ends it at once, ends the launch and tears
+#      down, and leaves OUT_DIR's earlier tables as they were; the ranks
+#      never get the lock's fd 9;
 #   4. the load wait: above the limit it waits at most
-#      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load;
+#      ZPP_CLUSTER_TRAIN_LOAD_WAIT_S, the table shows the load; a limit of
+#      0.0 does not wait; a TERM during the wait ends the study at once;
+#      with the lock held by another run: a TERM while waiting for it ends
+#      the study at once without touching the cluster, and once the lock
+#      is free the block's "load before" is the one after the lock wait;
 #   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
-#   6. bad settings are refused by name, before anything runs.
+#   6. bad settings are refused by name, before anything runs; a missing
+#      BUILD_DIR is named (exit 1).
 # usage: cluster_train_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -69,6 +76,9 @@ while [ \$# -gt 0 ]; do
 done
 k=\$(( \$(cat "$work/count" 2> /dev/null || echo 0) + 1 ))
 echo \$k > "$work/count"
+# the study's lock (fd 9) must not reach the ranks: a rank that outlives
+# the study would hold it and block every later cluster run
+if [ -e /proc/\$\$/fd/9 ]; then echo "call \$k" >> "$work/fd9"; fi
 if [ "\${FAKE_HANG_AT:-}" = \$k ]; then echo \$\$ > "$work/hang.pid"; exec sleep 1000; fi
 if [ "\${FAKE_FAIL_AT:-}" = \$k ]; then echo "stand-in: failing call \$k" >&2; exit 1; fi
 case \$FAKE_RATE in 400mbit) r=3 ;; 1600mbit) r=2 ;; *) r=1 ;; esac
@@ -135,6 +145,7 @@ md=$work/out/cluster_train.md
 [ "$(count calls '^down')" = 4 ] || fail "$(count calls '^down') downs, want 4"
 [ "$(count calls '^run ')" = 32 ] || fail "$(count calls '^run ') runs, want 32"
 [ "$(count calls '^run UNLOCKED')" = 0 ] || fail "a run without the lock held"
+[ ! -e "$work/fd9" ] || fail "the ranks got the lock's fd 9 ($(count fd9) calls)"
 [ "$(count out/cluster_train.csv ',ok,')" = 32 ] || fail "the CSV has $(count out/cluster_train.csv ',ok,') ok rows, want 32"
 # the order: up RATE, 4 x (zero3, zeropp) with the block's batch, down
 python3 - "$work/calls" <<'PY' || fail "launch order (above)"
@@ -205,6 +216,9 @@ grep -q "rep 1, zero3: timeout after 2 s" "$work/out/cluster_train.md" || fail "
 [ "$(count calls '^run ')" = 2 ] || fail "after the timeout: $(count calls '^run ') runs, want 2 (the study goes on)"
 rm -f "$work/hang.pid"
 rm -f "$work/calls" "$work/count"
+# the tables of an earlier study in OUT_DIR must outlive a study that stops
+echo "earlier csv" > "$work/out/cluster_train.csv"
+echo "earlier md" > "$work/out/cluster_train.md"
 env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
   ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
   ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=50 \
@@ -220,10 +234,32 @@ t1=$(date +%s)
 [ "$rc" = 143 ] || fail "TERM: exit $rc, want 143"
 [ $((t1 - t0)) -le 5 ] || fail "TERM: the study took $((t1 - t0)) s to end"
 [ "$(tail -n 1 "$work/calls")" = down ] || fail "TERM: no teardown (last call: $(tail -n 1 "$work/calls"))"
+[ "$(cat "$work/out/cluster_train.csv")" = "earlier csv" ] || fail "TERM: the earlier CSV was overwritten"
+[ "$(cat "$work/out/cluster_train.md")" = "earlier md" ] || fail "TERM: the earlier table was overwritten"
 for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$work/hang.pid")" 2> /dev/null || break; sleep 0.1; done
 if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
   kill -KILL "$(cat "$work/hang.pid")"
   fail "TERM: the launch still runs after the study ended"
+fi
+
+# a HUP ends it the same way (bash runs the EXIT trap on a fatal signal)
+rm -f "$work/calls" "$work/count" "$work/hang.pid"
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+  ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_TIMEOUT_S=50 \
+  FAKE_HANG_AT=1 bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+pid=$!
+for ((i = 0; i < 100; i++)); do [ -s "$work/hang.pid" ] && break; sleep 0.1; done
+[ -s "$work/hang.pid" ] || fail "HUP: the hanging stand-in did not start within 10 s"
+kill -HUP "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 129 ] || fail "HUP: exit $rc, want 129"
+[ "$(tail -n 1 "$work/calls")" = down ] || fail "HUP: no teardown (last call: $(tail -n 1 "$work/calls"))"
+for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$work/hang.pid")" 2> /dev/null || break; sleep 0.1; done
+if kill -0 "$(cat "$work/hang.pid")" 2> /dev/null; then
+  kill -KILL "$(cat "$work/hang.pid")"
+  fail "HUP: the launch still runs after the study ended"
 fi
 
 # ---- 4. the load wait -----------------------------------------------------
@@ -241,6 +277,80 @@ study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=9.6 ZPP_CLUSTER_TR
   fail "load below the limit: $(tail -3 "$work/err")"
 t1=$(date +%s)
 [ $((t1 - t0)) -le 10 ] || fail "load 9.50 below a limit of 9.6: the study waited"
+t0=$(date +%s)
+study_run ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=0.0 ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=30 ||
+  fail "MAX_LOAD 0.0: $(tail -3 "$work/err")"
+t1=$(date +%s)
+[ $((t1 - t0)) -le 10 ] || fail "MAX_LOAD 0.0 (no wait) waited $((t1 - t0)) s"
+# a TERM during the load wait ends the study at once, before any cluster
+rm -f "$work/calls" "$work/count"
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+  ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_MAX_LOAD=3 \
+  ZPP_CLUSTER_TRAIN_LOAD_WAIT_S=60 bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+pid=$!
+for ((i = 0; i < 100; i++)); do grep -q "waiting for the 1-minute" "$work/err" && break; sleep 0.1; done
+grep -q "waiting for the 1-minute" "$work/err" || fail "load wait: not started within 10 s"
+t0=$(date +%s)
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+t1=$(date +%s)
+[ "$rc" = 143 ] || fail "TERM in the load wait: exit $rc, want 143"
+[ $((t1 - t0)) -le 5 ] || fail "TERM in the load wait: the study took $((t1 - t0)) s to end"
+[ "$(count calls)" = 0 ] || fail "TERM in the load wait: $(count calls) cluster calls, want 0"
+echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
+
+# ---- 4b. the lock held by another run -------------------------------------
+# The holder: a process of the test's own holding the lock (as another
+# cluster run would), killed by its pid.
+hold_lock() {
+  bash -c 'exec 8> "$1"; flock 8; exec sleep 60' _ "$work/lock" &
+  holder=$!
+  for ((i = 0; i < 50; i++)); do flock -n "$work/lock" true || return 0; sleep 0.1; done
+  fail "the test's lock holder did not take the lock"
+}
+lock_study() { # extra environment as arguments; in the background: pid
+  rm -f "$work/calls" "$work/count"
+  env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+    ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
+    ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=1 ZPP_CLUSTER_TRAIN_STEPS=4 \
+    ZPP_CLUSTER_TRAIN_MAX_LOAD=0 "$@" bash "$study" "$work/out" "$work/build" 2> "$work/err" &
+  pid=$!
+  for ((i = 0; i < 100; i++)); do grep -q "holds .*: waiting for it" "$work/err" && return 0; sleep 0.1; done
+  kill -KILL "$holder"
+  fail "lock held: the study does not say it waits for the lock: $(cat "$work/err")"
+}
+# a TERM while waiting: exit 143 at once, no up, no down (the cluster is
+# the holder's), the holder keeps its lock
+hold_lock
+lock_study
+t0=$(date +%s)
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+t1=$(date +%s)
+if flock -n "$work/lock" true; then held=0; else held=1; fi
+kill "$holder" 2> /dev/null || true  # gone already if the study waited 60 s
+wait "$holder" 2> /dev/null || true
+[ "$rc" = 143 ] || fail "TERM in the lock wait: exit $rc, want 143"
+[ $((t1 - t0)) -le 5 ] || fail "TERM in the lock wait: the study took $((t1 - t0)) s to end"
+[ "$(count calls)" = 0 ] || fail "TERM in the lock wait: cluster calls: $(cat "$work/calls")"
+[ "$held" = 1 ] || fail "TERM in the lock wait: the holder lost its lock"
+# the holder lets go: the study runs, and its "load before" is the one
+# after the wait for the lock (another run's load is not ours)
+echo "5.00 4.00 3.00 3/100 4242" > "$work/loadavg"
+hold_lock
+lock_study
+echo "0.70 0.60 0.50 1/100 4242" > "$work/loadavg"
+kill "$holder" 2> /dev/null || true  # gone already if the study waited 60 s
+wait "$holder" 2> /dev/null || true
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 0 ] || fail "after the lock wait: exit $rc: $(tail -3 "$work/err")"
+[ "$(count calls '^run locked')" = 2 ] || fail "after the lock wait: $(count calls '^run locked') runs under the lock, want 2"
+grep -q "^| 0.4 Gbit/s (100 GbE scaled) | 64 | 0.70 0.60 0.50 | 0 |" "$work/out/cluster_train.md" ||
+  fail "after the lock wait: the load row: $(grep '^| 0.4 .* | [0-9]* | .* | [0-9]* | [0-9:]* |$' "$work/out/cluster_train.md")"
 echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
 
 # ---- 5. no cluster here ---------------------------------------------------
@@ -266,7 +376,17 @@ bad ZPP_CLUSTER_TRAIN_BATCHES 12
 bad ZPP_CLUSTER_TRAIN_BATCHES ""
 bad ZPP_CLUSTER_TRAIN_RATES 0.4gbit
 bad ZPP_CLUSTER_TRAIN_RATES "400mbit fast"
+bad ZPP_CLUSTER_TRAIN_RATES "400mbit none 400mbit"
+bad ZPP_CLUSTER_TRAIN_BATCHES "64 8 64"
 bad ZPP_CLUSTER_TRAIN_TIMEOUT_S 0
 bad ZPP_CLUSTER_TRAIN_MAX_LOAD -1
 bad ZPP_CLUSTER_TRAIN_LOAD_WAIT_S 1.5
+# a BUILD_DIR that does not exist: exit 1 naming zpp-train, nothing run
+rm -f "$work/calls"
+rc=0
+env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" timeout 60 bash "$study" "$work/out" "$work/nobuild" 2> "$work/err" || rc=$?
+[ "$rc" = 1 ] || fail "no build dir: exit $rc, want 1"
+grep -q "no $work/nobuild/tools/zpp-train: build first" "$work/err" || fail "no build dir: not said: $(cat "$work/err")"
+[ "$(count calls)" = 0 ] || fail "no build dir: something ran"
 echo "PASS: cluster_train_test.sh" >&2

@@ -8,7 +8,8 @@ add_test(NAME convergence_study_script
 set_tests_properties(convergence_study_script PROPERTIES LABELS scripts TIMEOUT 180)
 
 # perf/cluster_train.sh with a stand-in cluster script and zpp-train
-# (about 20 s: two 2 s waits it must make, a timeout, a TERM)
+# (about 20 s: two 2 s waits it must make, a timeout, TERMs during a
+# launch, a load wait and a lock wait, a HUP)
 add_test(NAME cluster_train_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_train_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(cluster_train_script PROPERTIES LABELS scripts TIMEOUT 180)
