@@ -567,7 +567,8 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
               }
               blocks[i] = in[i].data() + 1;
             }
-            std::vector<unsigned char> got(count * esz(ot) + 3, 0xa5), want(got);
+            // 3 guard bytes either side of the output
+            std::vector<unsigned char> got(count * esz(ot) + 6, 0xa5), want(got);
             zpp_ew_reduce_blocks_host(got.data() + 3, ot, blocks.data(), it, n, count, div);
             for (size_t e = 0; e < count; e++) {
               float acc = zpp_qm_load(blocks[0], e, it);
@@ -595,6 +596,9 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
             // choice: it may commute the operands); the bytes before the
             // output are untouched
             ASSERT_EQ(0, std::memcmp(got.data(), want.data(), 3)) << "wrote before dst";
+            ASSERT_EQ(0, std::memcmp(got.data() + 3 + count * esz(ot),
+                                     want.data() + 3 + count * esz(ot), 3))
+                << "wrote past dst";
             for (size_t e = 0; e < count; e++) {
               float g = zpp_qm_load(got.data() + 3, e, ot), w = zpp_qm_load(want.data() + 3, e, ot);
               if (std::isnan(g) && std::isnan(w)) continue;
@@ -603,6 +607,24 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
                   << "element " << e << ": " << g << " against " << w << "; count " << count
                   << ", n " << n << ", in " << it << ", out " << ot << ", div " << div
                   << ", specials " << special;
+            }
+            // in place (the in-place allreduce: dst is block k itself), when
+            // the output is no wider than the input: the same bytes
+            if (esz(ot) <= esz(it) && count > 0) {
+              int k = cases % n;
+              std::vector<unsigned char> inpl(in[k]);
+              std::vector<const void *> b2(blocks);
+              b2[k] = inpl.data() + 1;
+              zpp_ew_reduce_blocks_host(inpl.data() + 1, ot, b2.data(), it, n, count, div);
+              for (size_t e = 0; e < count; e++) {
+                float g = zpp_qm_load(inpl.data() + 1, e, ot), w = zpp_qm_load(want.data() + 3, e, ot);
+                if (std::isnan(g) && std::isnan(w)) continue;
+                ASSERT_EQ(0, std::memcmp(inpl.data() + 1 + e * esz(ot),
+                                         want.data() + 3 + e * esz(ot), esz(ot)))
+                    << "in place (dst = block " << k << "): element " << e << ": " << g
+                    << " against " << w << "; count " << count << ", n " << n << ", in " << it
+                    << ", out " << ot << ", div " << div;
+              }
             }
             cases++;
           }
@@ -641,6 +663,14 @@ TEST(QuantElementwise, FinishScaleAndResidualAreBitwiseThePerElementLoops) {
         for (size_t e = 0; e < count; e++)
           ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
               << "finish: element " << e << " of " << count << ", dtype " << dt << ", div " << div;
+        {  // in place: out is acc itself, as the per-element loop allowed
+          std::vector<float> inpl(acc);
+          zpp_ew_finish_host(inpl.data(), count, div, dt, inpl.data());
+          for (size_t e = 0; e < count; e++)
+            ASSERT_TRUE(same((const unsigned char *)inpl.data(), want.data() + 1, e, dt))
+                << "finish in place: element " << e << " of " << count << ", dtype " << dt
+                << ", div " << div;
+        }
         got = buf;
         want = buf;
         zpp_ew_scale_host(dt, got.data() + 1, count, div);

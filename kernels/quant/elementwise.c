@@ -115,7 +115,9 @@ static void tile_out(void *p, size_t base, size_t m, int dtype,
                      const float *acc) {
   size_t j;
   if (dtype == ZPP_QM_F32) {
-    memcpy((unsigned char *)p + 4 * base, acc, 4 * m);
+    /* memmove: zpp_ew_finish_host may be called with out == acc, which the
+     * per-element loop allowed (memcpy of a buffer onto itself is UB) */
+    memmove((unsigned char *)p + 4 * base, acc, 4 * m);
   } else if (dtype == ZPP_QM_BF16) {
     unsigned char *d = (unsigned char *)p + 2 * base;
     for (j = 0; j < m; j++) {

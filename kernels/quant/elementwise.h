@@ -15,7 +15,8 @@ extern "C" {
 #endif
 
 /* out[i] = dtype(acc[i] / div): div 1 for a sum, the world size for a
- * mean (one IEEE division, then one rounding to the dtype). */
+ * mean (one IEEE division, then one rounding to the dtype).  out may be
+ * acc itself (in place; the narrower dtypes are written behind the reads). */
 void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
                         void *out);
 /* buf[i] = dtype(fp32(buf[i]) / div), in place. */
@@ -37,7 +38,9 @@ void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
  * (MEAN: one IEEE division), rounded once: per element the arithmetic of
  * the scalar loop over zpp_qm_load / zpp_qm_add / zpp_qm_store, bit for
  * bit, in tiles that the compiler vectorizes (fp32 and bf16).  Buffers of
- * any byte alignment; n >= 1. */
+ * any byte alignment; n >= 1.  dst may be one of the blocks itself when
+ * out_dtype is no wider than in_dtype (the in-place allreduce: send ==
+ * recv); otherwise it must not overlap a block. */
 void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
                                const void *const *blocks, int in_dtype, int n,
                                size_t count, float div);
