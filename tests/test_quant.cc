@@ -530,9 +530,10 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
 // same inputs on finite data: within (n - 1) * 2^-24 * sum|x| of the fp32
 // additions, plus the fp32 division of a mean (2^-24 |r|), plus half a unit
 // of the output dtype (2^-24, 2^-11, 2^-8 relative to the fp32 result, so
-// (1 + that) times the fp32 errors; fp16 subnormals 2^-25 absolute).  Every dtype pair, block counts 1..9, lengths around the
-// 512-element tile, odd byte offsets (the host algorithms accept any
-// alignment), sum and mean.
+// (1 + that) times the fp32 errors; fp16 subnormals 2^-25 absolute).
+// Every dtype pair, block counts 1..9, lengths around the 512-element
+// tile, odd byte offsets (the host algorithms accept any alignment), sum
+// and mean, and dst = one of the blocks (in place).
 TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
   auto rng = seeded_rng("ReduceBlocks");
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -596,8 +597,8 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
             }
             // bit for bit, but for the payload of a NaN (which operand's
             // payload an addition of two NaNs keeps is the compiler's
-            // choice: it may commute the operands); the bytes before the
-            // output are untouched
+            // choice: it may commute the operands); the bytes either side
+            // of the output are untouched
             ASSERT_EQ(0, std::memcmp(got.data(), want.data(), 3)) << "wrote before dst";
             ASSERT_EQ(0, std::memcmp(got.data() + 3 + count * esz(ot),
                                      want.data() + 3 + count * esz(ot), 3))
