@@ -26,6 +26,9 @@
 # a bf16 all-gather of 16 MiB shards moves 7 * 16 MiB through one rank per
 # node there, about 10 s per iteration.
 # For a quick smoke run: ZPP_STUDY_SPEEDS="1 unlimited" ZPP_STUDY_MAXBYTES=1M.
+# ZPP_STUDY_RUN_TIMEOUT_S (900): each launch is killed after that many
+# seconds, the study goes on and exits 1 naming it
+# (tests/bandwidth_study_timeout_test.sh).
 set -euo pipefail
 prog=bandwidth_study.sh
 if [ "${1:-}" = --cluster ]; then
@@ -44,6 +47,12 @@ train_steps=${ZPP_STUDY_TRAIN_STEPS:-5}
   echo "$prog: ZPP_STUDY_TRAIN_REPS '$train_reps': must be an integer 1..99" >&2; exit 2; }
 [[ "$train_steps" =~ ^[1-9][0-9]{0,4}$ ]] && [ "$train_steps" -ge 2 ] || {
   echo "$prog: ZPP_STUDY_TRAIN_STEPS '$train_steps': must be an integer 2..99999 (step 1 is not timed)" >&2; exit 2; }
+# every launch (zpp-bench or zpp-train, 8 ranks) is killed after this many
+# seconds: a hung rank must not hold the study (the longest launch, the
+# 16 MiB bf16 all-gather at 0.1 Gbit/s, takes well under a minute)
+run_timeout=${ZPP_STUDY_RUN_TIMEOUT_S:-900}
+[[ "$run_timeout" =~ ^[1-9][0-9]{0,5}$ ]] || {
+  echo "$prog: ZPP_STUDY_RUN_TIMEOUT_S '$run_timeout': must be an integer 1..999999 (seconds)" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bench=$build/perf/zpp-bench
 train=$build/tools/zpp-train
@@ -81,9 +90,12 @@ for gbit in "${speeds[@]}"; do
     echo "\$ $cmd" >&2
     # A failed check (exit 1) still prints its rows: keep them, report it.
     rc=0
-    "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$bench" "${args[@]}" \
+    timeout -k 10 "$run_timeout" "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$bench" "${args[@]}" \
         > "$out/.bench.out" 2> "$out/.bench.err" || rc=$?
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      echo "$prog: zpp-bench at $gbit Gbit/s, $coll: timed out after $run_timeout s (ZPP_STUDY_RUN_TIMEOUT_S); killed" >&2
+      status=1
+    elif [ "$rc" -ne 0 ]; then
       echo "$prog: zpp-bench exited $rc at $gbit Gbit/s, $coll:" >&2
       tail -5 "$out/.bench.err" >&2
       status=1
@@ -118,11 +130,15 @@ if [ -x "$train" ]; then
       echo "\$ [rep $rep/$train_reps] $cmd" >&2
       ts=$(date +%s.%N)
       rc=0
-      "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$train" "${targs[@]}" \
+      timeout -k 10 "$run_timeout" "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$emu" "$train" "${targs[@]}" \
           2> "$out/.train.err" | python3 "$here/plot_bandwidth_study.py" --stamp \
           > "$out/.train.out" || rc=$?
       te=$(date +%s.%N)
-      if [ "$rc" -ne 0 ]; then
+      if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        echo "$prog: zpp-train at $gbit Gbit/s, --mode $mode, rep $rep: timed out after $run_timeout s (ZPP_STUDY_RUN_TIMEOUT_S); killed" >&2
+        status=1
+        continue
+      elif [ "$rc" -ne 0 ]; then
         echo "$prog: zpp-train exited $rc at $gbit Gbit/s, --mode $mode, rep $rep:" >&2
         tail -5 "$out/.train.err" >&2
         status=1

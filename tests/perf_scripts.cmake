@@ -1,6 +1,7 @@
 # perf/ scripts run with stand-ins for the programs they drive (seconds;
 # no build needed): tests/convergence_study_test.sh,
-# tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh.  Label
+# tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh,
+# tests/bandwidth_study_timeout_test.sh.  Label
 # "scripts" (run by `make test`'s ctest of the build tree, not again under
 # ASan).
 add_test(NAME convergence_study_script
@@ -19,3 +20,9 @@ set_tests_properties(cluster_train_script PROPERTIES LABELS scripts TIMEOUT 180)
 add_test(NAME bandwidth_train_table
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bandwidth_train_table_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(bandwidth_train_table PROPERTIES LABELS scripts TIMEOUT 120)
+
+# perf/bandwidth_study.sh kills a hung launch after ZPP_STUDY_RUN_TIMEOUT_S
+# and goes on (a stand-in mpirun that hangs; about 15 s: 7 launches of 2 s)
+add_test(NAME bandwidth_study_timeout
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bandwidth_study_timeout_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(bandwidth_study_timeout PROPERTIES LABELS scripts TIMEOUT 120)
