@@ -109,17 +109,20 @@ static uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+/* 64 random bits from (seed, stream, index) */
+static uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t i) {
+  return mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(i)));
+}
 /* uniform in [-1, 1) from (seed, stream, index) */
 static float urand(uint64_t seed, uint64_t stream, uint64_t i) {
-  uint64_t h = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(i)));
+  uint64_t h = hash3(seed, stream, i);
   return (float)((double)(h >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
 }
 
 /* standard normal from (seed, stream, index): Box-Muller on two uniforms
  * in (0, 1] drawn from independent counters */
 static float nrand(uint64_t seed, uint64_t stream, uint64_t i) {
-  uint64_t a = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(2 * i)));
-  uint64_t b = mix(seed ^ mix(stream * 0x100000001b3ull ^ mix(2 * i + 1)));
+  uint64_t a = hash3(seed, stream, 2 * i), b = hash3(seed, stream, 2 * i + 1);
   double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740992.0);
   double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
