@@ -1,7 +1,11 @@
 /*
  * zpp-quant-bench: single-thread throughput of the CPU block quantizer
  * (encode, decode, decode-accumulate) for every input dtype and width,
- * each beside memcpy of the same number of bytes measured in the same run.
+ * each beside memcpy of the same number of bytes measured in the same run;
+ * and qgZ's error feedback around an encode (fp32 and bf16 gradients, fp32
+ * residual), fused (zpp_ew_encode_ef_host, one pass: `ef_fused`) and as
+ * the sequence of passes it replaced (`ef_passes`: add the residual,
+ * encode, decode, subtract), in the same run.
  *
  * Bandwidth is (bytes read + bytes written) / time, for the codec and for
  * memcpy alike, so `ratio` = codec GB/s / memcpy GB/s says how close the
@@ -13,6 +17,7 @@
  *
  * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
  */
+#include "elementwise.h"
 #include "quant_cpu.h"
 #include "quant_math.h"
 
@@ -212,11 +217,21 @@ typedef struct {
   const void *src;
   uint8_t *enc;
   void *out;
-  int kind; /* 0 encode, 1 decode, 2 decode-accumulate */
+  int kind; /* 0 encode, 1 decode, 2 decode-accumulate, 3 error feedback
+               fused, 4 error feedback in passes */
+  float *res, *tmp; /* 3, 4: the residual; 4: x = g + res */
 } job_t;
 
 static void run_job(const job_t *j) {
-  if (j->kind == 0)
+  if (j->kind == 3) {
+    zpp_ew_encode_ef_host(j->ops, &j->q, j->dtype, j->src, j->n, j->res, 0.0f,
+                          j->enc);
+  } else if (j->kind == 4) {
+    zpp_ew_add_residual_host(j->dtype, j->src, j->res, j->n, j->tmp);
+    j->ops->encode(&j->q, ZPP_QM_F32, j->tmp, j->n, j->enc);
+    j->ops->decode(&j->q, j->enc, j->n, ZPP_QM_F32, j->res);
+    zpp_ew_residual_host(j->tmp, j->n, j->res);
+  } else if (j->kind == 0)
     j->ops->encode(&j->q, j->dtype, j->src, j->n, j->enc);
   else
     j->ops->decode(&j->q, j->enc, j->n,
@@ -313,6 +328,7 @@ int main(int argc, char **argv) {
   size_t enc_max, mc_max;
   float *f32;
   void *in[3], *out, *out_ref, *acc, *acc_ref, *mc_src, *mc_dst;
+  float *res, *res_ref, *tmp;
   uint8_t *enc, *enc_ref;
   int bits_i, d, kind, first = 1, wrong_rows = 0, ovf = 0;
 
@@ -353,10 +369,13 @@ int main(int argc, char **argv) {
   acc_ref = xalloc(4 * o.n);
   enc = xalloc(enc_max);
   enc_ref = xalloc(enc_max);
+  res = xalloc(4 * o.n);
+  res_ref = xalloc(4 * o.n);
+  tmp = xalloc(4 * o.n);
   mc_src = xalloc(mc_max);
   mc_dst = xalloc(mc_max);
   if (!f32 || !in[1] || !in[2] || !out || !out_ref || !acc || !acc_ref ||
-      !enc || !enc_ref || !mc_src || !mc_dst) {
+      !enc || !enc_ref || !mc_src || !mc_dst || !res || !res_ref || !tmp) {
     fprintf(stderr, "zpp-quant-bench: out of memory for --n %zu\n", o.n);
     return 1;
   }
@@ -376,10 +395,10 @@ int main(int argc, char **argv) {
     int bits = bits_i == 0 ? 8 : 4;
     zpp_qcfg_t q = {bits, o.asym, o.block, 0, 0, 0, 0};
     size_t eb = zpp_quant_bytes(&q, o.n, &ovf);
-    for (kind = 0; kind < 3; kind++) {
+    for (kind = 0; kind < 5; kind++) {
       for (d = 0; d < 3; d++) {
         size_t esz = dtypes[d] == ZPP_QM_F32 ? 4 : 2;
-        job_t j = {ops, q, dtypes[d], o.n, in[d], enc, NULL, kind};
+        job_t j = {ops, q, dtypes[d], o.n, in[d], enc, NULL, kind, NULL, NULL};
         row_t r;
         memset(&r, 0, sizeof r);
         r.dtype = dtype_names[d];
@@ -399,6 +418,31 @@ int main(int argc, char **argv) {
           measure(&o, &j, mc_dst, mc_src, &r);
           ref->decode(&q, enc, o.n, dtypes[d], out_ref);
           r.wrong = count_diff(out, out_ref, esz * o.n);
+        } else if (kind >= 3) {
+          /* error feedback: fp32 and bf16 gradients (what qgZ gets), the
+           * residual a fraction of them; wrong = bytes (code and new
+           * residual) where fused and passes differ, from the same start */
+          size_t i;
+          if (dtypes[d] == ZPP_QM_F16 || o.block > ZPP_EW_EF_TILE)
+            continue;
+          r.op = kind == 3 ? "ef_fused" : "ef_passes";
+          for (i = 0; i < o.n; i++)
+            res[i] = 0.01f * f32[(i * 7) % o.n];
+          j.res = res;
+          j.tmp = tmp;
+          r.bytes = (double)(esz * o.n + 8 * o.n + eb);
+          measure(&o, &j, mc_dst, mc_src, &r);
+          for (i = 0; i < o.n; i++)
+            res[i] = res_ref[i] = 0.01f * f32[(i * 7) % o.n];
+          zpp_ew_encode_ef_host(ops, &q, dtypes[d], in[d], o.n, res, 0.0f,
+                                enc);
+          j.ops = ref;
+          j.kind = 4;
+          j.res = res_ref;
+          j.enc = enc_ref;
+          run_job(&j);
+          r.wrong = count_diff(enc, enc_ref, eb) +
+                    count_diff(res, res_ref, 4 * o.n);
         } else {
           /* accumulation is into fp32 whatever the dtype that was encoded:
            * one row per width, from the fp32 encoding */

@@ -308,6 +308,28 @@ zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
 #endif
 }
 
+zpp_status_t zpp_k_encode_ef(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *g, size_t count,
+                             uint64_t index_base, float *res, float beta,
+                             float *tmp, float *scratch, void *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    int fused = 0;
+    ZPP_CHECK(zpp_quant_encode_ef_at(q, dtype, g, count, index_base, res,
+                                     beta, out,
+                                     zpp_coll_encoded_size(q, count), &fused));
+    if (fused)
+      return ZPP_OK;
+  }
+  ZPP_CHECK(zpp_k_add_residual(ex, dtype, g, res, count, tmp));
+  ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, tmp, count, index_base, out));
+  if (beta == 0.0f)
+    return zpp_k_update_residual(ex, q, tmp, out, count, res);
+  return zpp_k_update_residual_ema(ex, q, tmp, out, count, beta, scratch,
+                                   res);
+}
+
 zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
                                  size_t count, int dtype, int op,
                                  const uint64_t *words, int nwords,

@@ -75,6 +75,17 @@ zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
                                        size_t count, float beta,
                                        float *scratch, float *res);
 
+/* Error feedback around one encode with an fp32 residual: x = fp32(g) +
+ * res is encoded as `count` elements at index_base into out, and res
+ * becomes x - decode(out) (0 where not finite), or with beta > 0 LoCo's
+ * moving average of it.  Host memory: one fused pass (zpp_quant_encode_ef_at)
+ * where the block fits its tile; otherwise, and on a device, the three
+ * steps above through tmp (count floats: x) and, with beta, scratch
+ * (count floats).  Bitwise the same either way. */
+zpp_status_t zpp_k_encode_ef(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *g, size_t count,
+                             uint64_t index_base, float *res, float beta,
+                             float *tmp, float *scratch, void *out);
 /* Encoded bytes of `count` elements (config already checked). */
 size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);
 

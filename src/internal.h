@@ -133,6 +133,16 @@ zpp_status_t zpp_quant_encode_at(const zpp_quant_config_t *cfg,
                                  zpp_dtype_t dtype, const void *src,
                                  size_t count, uint64_t index_base, void *dst,
                                  size_t dst_bytes);
+/* Host error feedback fused with zpp_quant_encode_at (elementwise.h,
+ * zpp_ew_encode_ef_host): src (count of dtype) plus the fp32 residual res
+ * encoded into dst, res replaced by the new error (beta > 0: its moving
+ * average).  *fused = 0 with nothing written when the block is too long
+ * for the fused loop: the caller runs the unfused sequence. */
+zpp_status_t zpp_quant_encode_ef_at(const zpp_quant_config_t *cfg,
+                                    zpp_dtype_t dtype, const void *src,
+                                    size_t count, uint64_t index_base,
+                                    float *res, float beta, void *dst,
+                                    size_t dst_bytes, int *fused);
 zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
                                         zpp_dtype_t dtype, const void *src,
                                         size_t count, uint64_t index_base,

@@ -220,9 +220,8 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
     float *res = (float *)a->residual + seg * a->count + off;
     if (a->reset)
       ZPP_CHECK(zpp_k_zero(ex, res, len * sizeof(float)));
-    ZPP_CHECK(zpp_k_add_residual(ex, dt, x, res, len, p->tmp));
-    ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
-    return store_error(p, q, out, len, res);
+    return zpp_k_encode_ef(ex, q, dt, x, len, off, res, a->beta, p->tmp,
+                           p->tmp3, out);
   }
   {
     size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;

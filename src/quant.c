@@ -3,6 +3,7 @@
  * run time (kernels/quant/quant_cpu.h) or the CUDA launchers.
  */
 #include "internal.h"
+#include "elementwise.h"
 #include "quant_cpu.h"
 #include "quant_math.h"
 #include "transform.h"
@@ -282,6 +283,25 @@ zpp_status_t zpp_quant_encode_at(const zpp_quant_config_t *cfg,
   q.base = index_base;
   if (count > 0)
     zpp_quant_cpu_ops()->encode(&q, (int)dtype, src, count, (uint8_t *)dst);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_quant_encode_ef_at(const zpp_quant_config_t *cfg,
+                                    zpp_dtype_t dtype, const void *src,
+                                    size_t count, uint64_t index_base,
+                                    float *res, float beta, void *dst,
+                                    size_t dst_bytes, int *fused) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(encode_args("zpp_quant_encode", cfg, dtype, src, count, dst,
+                        dst_bytes, &q));
+  q.base = index_base;
+  *fused = 1;
+  if (count > 0 && res == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, "zpp_quant_encode",
+                     "res is NULL (count %zu)", count);
+  if (count > 0)
+    *fused = zpp_ew_encode_ef_host(zpp_quant_cpu_ops(), &q, (int)dtype, src,
+                                   count, res, beta, (uint8_t *)dst) == 0;
   return ZPP_OK;
 }
 

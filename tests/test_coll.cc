@@ -1071,10 +1071,14 @@ struct EfCase {
 };
 
 TEST(Qgz, ErrorFeedbackWithHadamardAndLoCoMatchesFloat64Identity) {
-  const size_t count = 1000, block = 128;
+  const size_t count = 1000;
   const int steps = 7;
   const double u = std::ldexp(1.0, -24);
-  const EfCase efs[] = {{32, 0.0f, 0}, {32, 0.8f, 3}, {0, 0.8f, 3}, {8, 0.5f, 2}};
+  // block 2048: longer than the fused host loop's tile (elementwise.h,
+  // ZPP_EW_EF_TILE), so the residual takes the unfused passes
+  struct BlockEf { size_t block; EfCase ef; };
+  const BlockEf efs[] = {{128, {32, 0.0f, 0}}, {128, {32, 0.8f, 3}}, {128, {0, 0.8f, 3}},
+                         {128, {8, 0.5f, 2}},  {2048, {0, 0.0f, 0}}, {2048, {8, 0.8f, 3}}};
   bool two = g_uniform && g_nnodes > 1;
   int me = g_rank, my_node = 0, my_local = 0;
   zpp_comm_node_of(g_comm, me, &my_node);
@@ -1095,7 +1099,9 @@ TEST(Qgz, ErrorFeedbackWithHadamardAndLoCoMatchesFloat64Identity) {
     EXPECT_EQ(bs.allgather(bs.ctx, mine.data(), rc * sizeof(float), all.data(), 60.0), ZPP_OK);
     return all;
   };
-  for (const EfCase &ec : efs) {
+  for (const BlockEf &be : efs) {
+    const EfCase &ec = be.ef;
+    const size_t block = be.block;
     zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
     cfg.block_size = block;
     cfg.hadamard = ec.g;
@@ -1198,14 +1204,15 @@ TEST(Qgz, ErrorFeedbackWithHadamardAndLoCoMatchesFloat64Identity) {
         double b = bound[i] * (1 + std::ldexp(1.0, -10)) + 1e-30, err = std::fabs(out[i] - want[i]);
         worst = std::max(worst, err / b);
         if (!(err <= b) && bad++ < 3)
-          ADD_FAILURE() << "g " << ec.g << " beta " << ec.beta << " reset " << ec.reset
-                        << " step " << step << (reset ? " (reset)" : "") << " element " << i
+          ADD_FAILURE() << "block " << block << " g " << ec.g << " beta " << ec.beta
+                        << " reset " << ec.reset << " step " << step << (reset ? " (reset)" : "") << " element " << i
                         << ": " << out[i] << " vs float64 " << want[i] << " bound " << b;
       }
     }
     if (g_rank == 0)
-      std::printf("[ info ] error feedback g %zu beta %.2f reset %u: largest error / bound %.3f\n",
-                  ec.g, ec.beta, ec.reset, worst);
+      std::printf("[ info ] error feedback block %zu g %zu beta %.2f reset %u: largest error / "
+                  "bound %.3f\n",
+                  block, ec.g, ec.beta, ec.reset, worst);
   }
 }
 

@@ -693,6 +693,107 @@ TEST(QuantElementwise, FinishScaleAndResidualAreBitwiseThePerElementLoops) {
       }
 }
 
+// zpp_ew_encode_ef_host (error feedback fused with the encode, in tiles of
+// whole blocks) against the unfused sequence it replaced, on the scalar
+// path: x = fp32(g) + res (zpp_qm_add), one encode of the whole call,
+// its decode, res = x - decode (0 where not finite) or LoCo's moving
+// average.  The encoded bytes and the new residual bit for bit (NaN
+// payloads aside), every CPU path, every dtype, 8 and 4 bits, symmetric
+// and asymmetric, stochastic rounding at a non-zero base, lengths around
+// the tile with tail blocks, odd block sizes, special values in g and in
+// the residual; a block longer than the tile returns -1 and writes nothing.
+TEST(QuantElementwise, EncodeWithErrorFeedbackIsBitwiseTheUnfusedSequence) {
+  auto rng = seeded_rng("EncodeEF");
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_int_distribution<uint32_t> u32;
+  const float sp[] = {NAN, INFINITY, -INFINITY, 1e-40f, 3e38f, -0.0f};
+  const zpp_quant_cpu_ops_t *scalar = zpp_quant_cpu_ops_named("scalar");
+  const size_t blocks[] = {1, 3, 7, 64, 255, 256, 1000, 1024, 1025};
+  const size_t counts[] = {0, 1, 255, 1024, 1025, 3001};
+  int cases = 0, fused = 0;
+  for (const char *isa : {"scalar", "avx2", "avx512"}) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr) {
+      std::printf("%s: not built or not supported by this CPU\n", isa);
+      continue;
+    }
+    for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+      for (int bits : {8, 4})
+        for (int asym : {0, 1})
+          for (size_t blk : blocks)
+            for (size_t count : counts)
+              for (float beta : {0.0f, 0.8f}) {
+                if (count > 1100 && blk < 64) continue;  // keep the run short
+                zpp_qcfg_t q{};
+                q.bits = bits;
+                q.asym = asym;
+                q.block = blk;
+                q.sr = (int)(u32(rng) % 2);
+                q.k0 = u32(rng);
+                q.k1 = u32(rng);
+                q.base = u32(rng) % 100000;
+                size_t es = dt == ZPP_QM_F32 ? 4 : 2;
+                int special = cases % 3 == 0;
+                std::vector<unsigned char> g(count * es + 1);
+                std::vector<float> res(count);
+                for (size_t e = 0; e < count; e++) {
+                  float scale = (float)(1 << (e / blk % 5));  // blocks of differing range
+                  float v = special && u32(rng) % 32 == 0 ? sp[u32(rng) % 6] : nd(rng) * scale;
+                  zpp_qm_store(g.data() + 1, e, dt, v);
+                  res[e] = special && u32(rng) % 32 == 0 ? sp[u32(rng) % 6] : nd(rng) * 0.01f;
+                }
+                int ovf = 0;
+                size_t eb = zpp_quant_bytes(&q, count, &ovf);
+                ASSERT_EQ(0, ovf);
+                // the unfused sequence on the scalar path
+                std::vector<float> x(count), dec(count), want_res(res);
+                std::vector<unsigned char> want(eb + 4, 0x5a), got(eb + 4, 0x5a);
+                for (size_t e = 0; e < count; e++)
+                  x[e] = zpp_qm_add(zpp_qm_load(g.data() + 1, e, dt), res[e]);
+                if (count > 0) {
+                  scalar->encode(&q, ZPP_QM_F32, x.data(), count, want.data());
+                  scalar->decode(&q, want.data(), count, ZPP_QM_F32, dec.data());
+                }
+                for (size_t e = 0; e < count; e++) {
+                  if (beta == 0.0f) {
+                    float d = x[e] - dec[e];
+                    want_res[e] = std::isfinite(d) ? d : 0.0f;
+                  } else {
+                    want_res[e] = zpp_qm_ema_residual(res[e], x[e], dec[e], beta, 1.0f - beta);
+                  }
+                }
+                std::vector<float> got_res(res);
+                int rc = zpp_ew_encode_ef_host(ops, &q, dt, g.data() + 1, count, got_res.data(),
+                                               beta, got.data());
+                cases++;
+                if (blk > ZPP_EW_EF_TILE) {  // too long for a tile: nothing written
+                  ASSERT_EQ(-1, rc) << "block " << blk;
+                  for (size_t e = 0; e < count; e++)
+                    ASSERT_EQ(bits_of(res[e]), bits_of(got_res[e])) << "res written, block " << blk;
+                  for (size_t b = 0; b < got.size(); b++)
+                    ASSERT_EQ(0x5a, got[b]) << "dst written, block " << blk;
+                  continue;
+                }
+                ASSERT_EQ(0, rc);
+                fused++;
+                const std::string what = std::string(isa) + ", dtype " + std::to_string(dt) +
+                                         ", bits " + std::to_string(bits) + ", asym " +
+                                         std::to_string(asym) + ", block " + std::to_string(blk) +
+                                         ", count " + std::to_string(count) + ", sr " +
+                                         std::to_string(q.sr) + ", beta " + std::to_string(beta);
+                for (size_t b = 0; b < got.size(); b++)  // the 4 bytes past it too
+                  ASSERT_EQ(want[b], got[b]) << "encoded byte " << b << " of " << eb << ": " << what;
+                for (size_t e = 0; e < count; e++)
+                  ASSERT_TRUE((std::isnan(got_res[e]) && std::isnan(want_res[e])) ||
+                              bits_of(got_res[e]) == bits_of(want_res[e]))
+                      << "residual " << e << ": " << got_res[e] << " against " << want_res[e]
+                      << ": " << what;
+              }
+  }
+  std::printf("%d cases, %d fused, bitwise the unfused sequence\n", cases, fused);
+  ASSERT_GT(fused, 0);
+}
+
 // ---- SIMD paths against the scalar reference --------------------------------------
 
 class QuantSimd : public ::testing::TestWithParam<const char *> {};

@@ -55,13 +55,15 @@ void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
   }
 }
 
+/* The error to keep: e, or 0 when it is not finite. */
+static float finite_error(float e) {
+  return (zpp_qm_f32_bits(e) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : e;
+}
+
 void zpp_ew_residual_host(const float *x, size_t count, float *res) {
   size_t i;
-  for (i = 0; i < count; i++) {
-    float e = x[i] - res[i];
-    res[i] = (zpp_qm_f32_bits(e) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f
-                                                                       : e;
-  }
+  for (i = 0; i < count; i++)
+    res[i] = finite_error(x[i] - res[i]);
 }
 
 void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
@@ -70,6 +72,52 @@ void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
   size_t i;
   for (i = 0; i < count; i++)
     res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, omega);
+}
+
+/* ---- error feedback fused with the encode ------------------------------ */
+
+/* Bytes of the encode of one tile: every block's meta, then the payloads
+ * (at most ZPP_EW_EF_TILE blocks of one element, 8 bytes of meta each). */
+#define EF_ENC_MAX (ZPP_EW_EF_TILE * 8 + ZPP_EW_EF_TILE)
+
+int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
+                          int dtype, const void *g, size_t count, float *res,
+                          float beta, uint8_t *dst) {
+  float x[ZPP_EW_EF_TILE], dec[ZPP_EW_EF_TILE];
+  uint8_t enc[EF_ENC_MAX];
+  size_t bs = cfg->block, per, nb, mb, pb, b0;
+  float omega = 1.0f - beta;
+  if (bs > ZPP_EW_EF_TILE)
+    return -1;
+  per = ZPP_EW_EF_TILE / bs; /* whole blocks per tile */
+  nb = zpp_quant_nblocks(cfg, count);
+  mb = zpp_qm_meta_bytes(cfg->asym);
+  pb = zpp_qm_payload_bytes(bs, cfg->bits);
+  for (b0 = 0; b0 < nb; b0 += per) {
+    size_t off = b0 * bs, j;
+    size_t m = count - off < per * bs ? count - off : per * bs;
+    size_t tnb = (m + bs - 1) / bs, tail = m - (tnb - 1) * bs;
+    zpp_qcfg_t t = *cfg;
+    t.base = cfg->base + off; /* stochastic rounding: the element's index */
+    tile_in(x, g, off, m, dtype, 1);
+    for (j = 0; j < m; j++)
+      x[j] = zpp_qm_add(x[j], res[off + j]);
+    ops->encode(&t, ZPP_QM_F32, x, m, enc);
+    /* the tile's layout (its metas, then its payloads) into the call's */
+    memcpy(dst + b0 * mb, enc, tnb * mb);
+    memcpy(dst + nb * mb + b0 * pb, enc + tnb * mb,
+           (tnb - 1) * pb + zpp_qm_payload_bytes(tail, cfg->bits));
+    ops->decode(&t, enc, m, ZPP_QM_F32, dec);
+    if (beta == 0.0f) {
+      for (j = 0; j < m; j++)
+        res[off + j] = finite_error(x[j] - dec[j]);
+    } else {
+      for (j = 0; j < m; j++)
+        res[off + j] =
+            zpp_qm_ema_residual(res[off + j], x[j], dec[j], beta, omega);
+    }
+  }
+  return 0;
 }
 
 /* ---- reduction of blocks ------------------------------------------------ */

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant_cpu.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,6 +34,23 @@ void zpp_ew_residual_host(const float *x, size_t count, float *res);
  * the moving-average residual of LoCo (res holds the old residual). */
 void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
                               float beta, float *res);
+
+/* Error feedback fused with the encode (qgZ): for every element i of the
+ * call, x = fp32(g[i]) + res[i]; x is encoded with cfg through `ops`
+ * (element i draws at cfg->base + i) into dst, in the layout of one encode
+ * of all `count` elements (docs/format.md); res[i] becomes the new error,
+ * x minus its decode (a non-finite error stores 0), or with beta > 0 its
+ * moving average zpp_qm_ema_residual(res[i], x, dec, beta, 1 - beta).
+ * Per element bitwise the unfused sequence zpp_ew_add_residual_host,
+ * encode, decode, zpp_ew_residual_host (or zpp_ew_ema_residual_host), run
+ * in tiles of whole blocks that stay in L1: g and res are read once, res
+ * and dst written once.  g, res and dst must not overlap.  Returns 0, or
+ * -1 with nothing written when a block is longer than ZPP_EW_EF_TILE
+ * elements (the caller then runs the unfused sequence). */
+#define ZPP_EW_EF_TILE 1024
+int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
+                          int dtype, const void *g, size_t count, float *res,
+                          float beta, uint8_t *dst);
 
 /* dst[e] = out_dtype(sum over i = 0..n-1 of fp32(blocks[i][e])), the sum
  * in block order with an fp32 accumulator, divided by div when div > 0
