@@ -478,7 +478,15 @@ int main(int argc, char **argv) {
    * slowest rank (MPI_Wtime, max over ranks); the first step warms caches
    * and allocators, so the mean leaves it out when there are more. */
   double time_sum = 0.0, time_first = 0.0;
+  /* Where a step goes, this rank's sums over steps 2.. (the first when
+   * there is one step): forward (data, forward, loss), backward, drain
+   * (waiting for the last reductions), optimizer; and of those the time
+   * blocked in zpp waits for parameters (forward, backward) and for
+   * gradient reductions (backward and drain) */
+  enum { PH_FWD, PH_BWD, PH_DRAIN, PH_OPT, PH_WAIT_FWD, PH_WAIT_BWD, PH_N };
+  double ph[PH_N] = {0};
   for (int step = 1; step <= o.steps; step++) {
+    double tp[PH_N] = {0}, tw;
     MPI_Barrier(MPI_COMM_WORLD);
     double t_step = MPI_Wtime();
     ZCALL(zpp_comm_get_stats(comm, &s0));
@@ -505,7 +513,9 @@ int main(int argc, char **argv) {
         }
         if (full_live > peak_full)
           peak_full = full_live;
+        tw = MPI_Wtime();
         ZCALL(zpp_pgroup_wait(y->pg, &full));
+        tp[PH_WAIT_FWD] += MPI_Wtime() - tw;
         w = full;
       }
       for (size_t i = 0; i < y->n; i++)
@@ -564,6 +574,8 @@ int main(int argc, char **argv) {
       first_loss = loss;
     if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
       tail_sum += loss, floor_tail_sum += floor_loss, tail_n++;
+    double t_phase = MPI_Wtime();
+    tp[PH_FWD] = t_phase - t_step;
 
     /* ---- backward ---- */
     if (sharded_param)
@@ -575,7 +587,9 @@ int main(int argc, char **argv) {
         void *full;
         if (l > 0)
           ZCALL(zpp_pgroup_fetch(ly[l - 1].pg, ZPP_FETCH_BACKWARD, NULL));
+        tw = MPI_Wtime();
         ZCALL(zpp_pgroup_wait(y->pg, &full));
+        tp[PH_WAIT_BWD] += MPI_Wtime() - tw;
         w = full;
       }
       for (size_t i = 0; i < y->n; i++)
@@ -604,7 +618,9 @@ int main(int argc, char **argv) {
        * shard: the same call in every non-quantized mode.  Overlapped: the
        * reduction two layers back read this buffer (zero2/3) */
       if (sharded_grad && o.overlap && l + 2 < L && rs_req[l + 2] != NULL) {
+        tw = MPI_Wtime();
         ZCALL(zpp_request_wait(rs_req[l + 2]));
+        tp[PH_WAIT_BWD] += MPI_Wtime() - tw;
         rs_req[l + 2] = NULL;
       }
       for (size_t i = 0; i < y->padded; i++)
@@ -617,6 +633,8 @@ int main(int argc, char **argv) {
                             ZPP_BFLOAT16, NULL,
                             o.overlap ? &ag_req[l] : NULL));
     }
+    tp[PH_BWD] = MPI_Wtime() - t_phase;
+    t_phase = MPI_Wtime();
     /* every reduction done before the optimizer reads the gradients (in
      * start order: the engine completes them in that order anyway) */
     for (int l = L - 1; l >= 0; l--) {
@@ -627,6 +645,8 @@ int main(int argc, char **argv) {
       rs_req[l] = ag_req[l] = NULL;
     }
 
+    tp[PH_DRAIN] = MPI_Wtime() - t_phase;
+    t_phase = MPI_Wtime();
     /* ---- optimizer ---- */
     float bc1 = 1.0f - powf(0.9f, (float)step);
     float bc2 = 1.0f - powf(0.999f, (float)step);
@@ -664,7 +684,11 @@ int main(int argc, char **argv) {
         ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
 
+    tp[PH_OPT] = MPI_Wtime() - t_phase;
     t_step = MPI_Wtime() - t_step;
+    if (step > 1 || o.steps == 1)
+      for (int k = 0; k < PH_N; k++)
+        ph[k] += tp[k];
     double t_max = 0.0;
     MPI_Allreduce(&t_step, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (step == 1)
@@ -742,6 +766,8 @@ int main(int argc, char **argv) {
   uint64_t *tots = xcalloc(2 * (size_t)W, 8);
   MPI_Gather(pr_inter, 2, MPI_UINT64_T, tots, 2, MPI_UINT64_T, 0,
              MPI_COMM_WORLD);
+  double phmax[PH_N];
+  MPI_Reduce(ph, phmax, PH_N, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   unsigned long long sb = state_bytes, sbmin, sbmax;
   MPI_Allreduce(&sb, &sbmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&sb, &sbmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -775,6 +801,15 @@ int main(int argc, char **argv) {
              (double)wi / steps, (double)wa / steps);
       printf("\"step_time_s\": %.9g, \"first_step_time_s\": %.9g, ",
              o.steps > 1 ? time_sum / (o.steps - 1) : time_first, time_first);
+      {
+        double n = o.steps > 1 ? o.steps - 1 : 1;
+        printf("\"phase_s\": {\"forward\": %.6g, \"backward\": %.6g, "
+               "\"drain\": %.6g, \"optimizer\": %.6g, "
+               "\"wait_params_forward\": %.6g, \"wait_backward\": %.6g}, ",
+               phmax[PH_FWD] / n, phmax[PH_BWD] / n, phmax[PH_DRAIN] / n,
+               phmax[PH_OPT] / n, phmax[PH_WAIT_FWD] / n,
+               phmax[PH_WAIT_BWD] / n);
+      }
       printf("\"inter_bytes_per_step_per_rank\": [");
       for (int r = 0; r < W; r++)
         printf("%s%.17g", r ? ", " : "", (double)tots[2 * r] / steps);

@@ -160,6 +160,26 @@ TEST(Train, ModelStateBytesFollowTheZeroFormulas) {
                                                "model_state_bytes"));
 }
 
+// phase_s: each phase is the slowest rank's mean over the same steps as
+// step_time_s, whose per-step maximum bounds every rank's step, so no
+// phase exceeds step_time_s; a wait is part of its phase on every rank,
+// so it cannot exceed its phase's maximum either (%.6g: 1e-5 relative).
+TEST(Train, PhaseTimesStayWithinTheStepAndTheirWaitsWithinThem) {
+  for (const char *m : {"zero3", "zeropp"}) {
+    const std::string &j = train(std::string("--mode ") + m).json;
+    double step = num(j, "step_time_s"), slack = 1 + 1e-5;
+    for (const char *k : {"forward", "backward", "drain", "optimizer", "wait_params_forward",
+                          "wait_backward"}) {
+      EXPECT_GE(num(j, k), 0.0) << m << " " << k;
+      EXPECT_LE(num(j, k), step * slack) << m << " " << k;
+    }
+    EXPECT_LE(num(j, "wait_params_forward"), num(j, "forward") * slack) << m;
+    EXPECT_LE(num(j, "wait_backward"), num(j, "backward") * slack) << m;
+    // the forward of a sharded mode waits for its parameters at least once
+    EXPECT_GT(num(j, "wait_params_forward"), 0.0) << m;
+  }
+}
+
 TEST(Train, ZeroppConvergesWithinTenPercentOfZero3) {
   const std::string &z3 = train("--mode zero3").json;
   const std::string &pp = train("--mode zeropp").json;
