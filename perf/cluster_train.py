@@ -20,7 +20,11 @@ the optimizer step, the slowest rank, mean over steps 2..), first_step_s,
 wall_s (the whole launch, mpirun's start-up included), inter_bytes_rank
 (zpp-train's inter_bytes_per_step / world_size: bytes each rank sends to
 the other node per step, mean over ranks), inter_bytes_rank_max (the
-busiest rank's), nodes and world_size as zpp-train saw them.
+busiest rank's), nodes and world_size as zpp-train saw them, then
+zpp-train's phase_s (seconds, the slowest rank's mean over steps 2..;
+empty when its JSON has none): fwd_s, fwd_wait_s (blocked on parameters
+in the forward), bwd_s, bwd_wait_s (blocked in the backward), drain_s.
+A CSV of the columns before the phases is still read (no phase table).
 
 META: one line per (rate, batch) block, whitespace-separated:
     block RATE BATCH LOAD1 LOAD5 LOAD15 LOAD1_AFTER LOAD5_AFTER LOAD15_AFTER
@@ -44,8 +48,13 @@ import sys
 PROG = "cluster_train.py"
 NODES = 2
 MODES = ("zero3", "zeropp")
-HEADER = ("rate,batch,rep,mode,steps,status,step_time_s,first_step_s,wall_s,"
-          "inter_bytes_rank,inter_bytes_rank_max,nodes,world_size")
+OLD_HEADER = ("rate,batch,rep,mode,steps,status,step_time_s,first_step_s,wall_s,"
+              "inter_bytes_rank,inter_bytes_rank_max,nodes,world_size")
+# zpp-train's phase_s (seconds, the slowest rank's mean over steps 2..)
+PHASES = (("fwd_s", "forward"), ("fwd_wait_s", "wait_params_forward"),
+          ("bwd_s", "backward"), ("bwd_wait_s", "wait_backward"),
+          ("drain_s", "drain"))
+HEADER = OLD_HEADER + "," + ",".join(c for c, _ in PHASES)
 LINK = {
     "1600mbit": "1.6 Gbit/s (NDR scaled)",
     "400mbit": "0.4 Gbit/s (100 GbE scaled)",
@@ -74,7 +83,7 @@ def row(rate, batch, rep, mode, steps, status, wall, out_path):
         if status == "ok":
             status = f"no output ({e.strerror})"
     code = 0
-    cols = [""] * 7
+    cols = [""] * (7 + len(PHASES))
     if status == "ok":
         if obj is None or not isinstance(obj.get("step_time_s"), (int, float)):
             status, code = "no JSON with step_time_s", 3
@@ -94,6 +103,8 @@ def row(rate, batch, rep, mode, steps, status, wall, out_path):
             str(obj.get("nodes", "")),
             str(world or ""),
         ]
+        ph = obj.get("phase_s") if isinstance(obj.get("phase_s"), dict) else {}
+        cols += [f"{ph[k]:.6f}" if num(ph.get(k)) else "" for _, k in PHASES]
     cols[2] = f"{float(wall):.3f}"
     status = status.replace(",", ";")
     print(",".join([rate, batch, rep, mode, steps, status] + cols))
@@ -103,15 +114,18 @@ def row(rate, batch, rep, mode, steps, status, wall, out_path):
 def read_csv(path):
     with open(path) as f:
         lines = [l.rstrip("\n") for l in f if l.strip()]
-    if not lines or lines[0] != HEADER:
+    if not lines or lines[0] not in (HEADER, OLD_HEADER):
         fail(2, f"{path}: not a cluster_train CSV (header {HEADER})")
-    keys = HEADER.split(",")
+    keys = lines[0].split(",")
     rows = []
     for n, l in enumerate(lines[1:], 2):
         v = l.split(",")
         if len(v) != len(keys):
             fail(2, f"{path}:{n}: {len(v)} fields, want {len(keys)}")
-        rows.append(dict(zip(keys, v)))
+        r = dict(zip(keys, v))
+        for c, _ in PHASES:  # a CSV from before the phases: none
+            r.setdefault(c, "")
+        rows.append(r)
     return rows
 
 
@@ -261,6 +275,29 @@ def markdown(csv_path, meta_path):
     for b in blocks:
         p(f"| {LINK.get(b[0], b[0])} | {b[1]} | {b[2]} {b[3]} {b[4]} | {b[8]} | {b[5]} {b[6]} {b[7]} "
           f"| {b[9]} | {b[10]} |")
+    phase_rows = []
+    for b in blocks:
+        for m in MODES:
+            ok = [r for r in rows if r["rate"] == b[0] and r["batch"] == b[1]
+                  and r["mode"] == m and r["status"] == "ok"]
+            vals = [[float(r[c]) for r in ok if r[c]] for c, _ in PHASES]
+            if ok and all(vals):
+                phase_rows.append([LINK.get(b[0], b[0]), b[1], m]
+                                  + [ms(statistics.median(v)) for v in vals])
+    if phase_rows:
+        p()
+        p("Where the step goes (zpp-train's `phase_s`, each the slowest rank's mean "
+          "over steps 2.., median over the repetitions, ms): forward (data, forward, "
+          "loss) and of it the time blocked waiting for parameters; backward and of "
+          "it the time blocked in waits (parameters, and the gradient reductions "
+          "the overlapped backward waits for); drain = waiting for the last "
+          "reductions after the backward. A wait on shared cores also holds the "
+          "time the other ranks take to get there.")
+        p()
+        p("| link | batch | mode | forward | of it waiting | backward | of it waiting | drain |")
+        p("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in phase_rows:
+            p("| " + " | ".join(r) + " |")
     p()
     p("Per repetition (step ms, zero3 / zeropp, and their ratio):")
     p()

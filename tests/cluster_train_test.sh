@@ -86,9 +86,14 @@ t=\$(awk -v m=\$mode -v b=\$batch -v r=\$r -v k=\$k 'BEGIN {
   base = (m == "zero3" ? 0.2 * r : 0.11 + 0.02 * r) + b / 1000
   printf "%.6f", base * (1 + (k % 7) / 20) }')
 if [ \$mode = zero3 ]; then inter=4746240; else inter=1211280; fi
+# phase_s: forward, its wait, backward, its wait, drain (fractions of t
+# that depend on the call, so that the medians are of their own)
+ph=(\$(awk -v t=\$t -v k=\$k 'BEGIN {
+  printf "%.6f %.6f %.6f %.6f %.6f", t * (0.3 + k % 3 / 100), t * (0.1 + k % 5 / 100),
+    t * (0.6 - k % 4 / 100), t * (0.2 + k % 2 / 100), t * 0.05 }'))
 for ((i = 1; i <= steps; i++)); do echo "step \$i loss 0.5  time \$t s"; done
-echo "\$FAKE_RATE \$batch \$mode \$t \$inter" >> "$work/truth"
-echo "{\"mode\": \"\$mode\", \"world_size\": 8, \"nodes\": \${FAKE_NODES:-2}, \"steps\": \$steps, \"inter_bytes_per_step\": \$((inter * 8)), \"step_time_s\": \$t, \"first_step_time_s\": 1.5, \"inter_bytes_per_step_per_rank\": [\$inter, \$inter, \$inter, \$((inter + 8)), \$inter, \$inter, \$inter, \$inter]}"
+echo "\$FAKE_RATE \$batch \$mode \$t \$inter \${ph[*]}" >> "$work/truth"
+echo "{\"mode\": \"\$mode\", \"world_size\": 8, \"nodes\": \${FAKE_NODES:-2}, \"steps\": \$steps, \"inter_bytes_per_step\": \$((inter * 8)), \"step_time_s\": \$t, \"first_step_time_s\": 1.5, \"phase_s\": {\"forward\": \${ph[0]}, \"backward\": \${ph[2]}, \"drain\": \${ph[4]}, \"optimizer\": 0.001, \"wait_params_forward\": \${ph[1]}, \"wait_backward\": \${ph[3]}}, \"inter_bytes_per_step_per_rank\": [\$inter, \$inter, \$inter, \$((inter + 8)), \$inter, \$inter, \$inter, \$inter]}"
 EOF
 chmod +x "$work/build/tools/zpp-train"
 echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
@@ -110,9 +115,11 @@ import sys
 truth, reps = sys.argv[1], int(sys.argv[2])
 link = {"400mbit": "0.4 Gbit/s (100 GbE scaled)", "1600mbit": "1.6 Gbit/s (NDR scaled)", "none": "unshaped"}
 runs = {}
+phases = {}
 for l in open(truth):
-    rate, batch, mode, t, inter = l.split()
+    rate, batch, mode, t, inter, *ph = l.split()
     runs.setdefault((rate, batch), []).append((mode, float(t), int(inter)))
+    phases.setdefault((rate, batch, mode), []).append([float(x) for x in ph])
 def med(v):
     v = sorted(v); n = len(v)
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
@@ -129,6 +136,11 @@ for (rate, batch), rs in runs.items():
           f"{med(pairs):.2f} | {min(pairs):.2f}..{max(pairs):.2f} | {i3:.2f} | {ip:.2f} |")
     print(f"| {link[rate]} | {batch} | " + " | ".join(
         f"{a * 1e3:.1f} / {b * 1e3:.1f} = {a / b:.2f}" for a, b in zip(z3, zp)) + " |")
+    for m in ("zero3", "zeropp"):
+        cols = list(zip(*phases[(rate, batch, m)]))
+        assert len(cols) == 5, cols
+        print(f"| {link[rate]} | {batch} | {m} | " +
+              " | ".join(f"{med(c) * 1e3:.1f}" for c in cols) + " |")
     if (rate, batch) == ("400mbit", "64"):
         s, p = med(z3) / med(zp), med(pairs)
         v = "met" if s >= 2 and p >= 2 else "not met" if s < 2 and p < 2 else "not settled"
@@ -166,7 +178,7 @@ if lines != want:
             sys.exit(f"call {a!r}, want {b!r}")
 PY
 expect 4 > "$work/want"
-[ "$(wc -l < "$work/want")" = 9 ] || fail "expected $(wc -l < "$work/want") lines, want 9"
+[ "$(wc -l < "$work/want")" = 17 ] || fail "expected $(wc -l < "$work/want") lines, want 17"
 while IFS= read -r line; do
   grep -qF -- "$line" "$md" || fail "the table lacks: $line"
 done < "$work/want"
@@ -176,7 +188,7 @@ grep -qF "Run: \`ZPP_CLUSTER_TRAIN_RATES='400mbit none' ZPP_CLUSTER_TRAIN_REPS=4
 grep -qF "up -n 2 -p 4 -r RATE" "$md" || fail "no command above the table"
 grep -qF -- "--mode zeropp --large --batch B --steps 4 --json" "$md" || fail "no zeropp command in the table's header"
 # the CSV's per-rank bytes: the mean and the busiest rank
-grep -q "^400mbit,64,1,zero3,4,ok,[0-9.]*,1.500000,[0-9.]*,4746240,4746248,2,8$" "$work/out/cluster_train.csv" ||
+grep -q "^400mbit,64,1,zero3,4,ok,[0-9.]*,1.500000,[0-9.]*,4746240,4746248,2,8,$(head -1 "$work/truth" | cut -d' ' -f6- | tr ' ' ,)$" "$work/out/cluster_train.csv" ||
   fail "CSV row: $(sed -n 2p "$work/out/cluster_train.csv")"
 
 # ---- 2. failed runs -------------------------------------------------------
