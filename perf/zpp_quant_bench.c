@@ -357,8 +357,14 @@ int main(int argc, char **argv) {
     }
     enc_max = e4 > e8 ? e4 : e8;
   }
-  /* largest row: decode-accumulate reads enc + 4n, writes 4n */
-  mc_max = (enc_max + 8 * o.n) / 2 + 64;
+  /* largest row: error feedback with fp32 gradients reads 4n of gradient
+   * and 4n of residual, writes 4n of residual and enc (decode-accumulate
+   * moves enc + 8n) */
+  if (o.n > (SIZE_MAX - enc_max) / 12) {
+    fprintf(stderr, "zpp-quant-bench: --n %zu: buffer sizes overflow\n", o.n);
+    return 2;
+  }
+  mc_max = (enc_max + 12 * o.n) / 2 + 64;
   f32 = xalloc(4 * o.n);
   in[0] = f32;
   in[1] = xalloc(2 * o.n);
