@@ -633,8 +633,11 @@ int main(int argc, char **argv) {
                             ZPP_BFLOAT16, NULL,
                             o.overlap ? &ag_req[l] : NULL));
     }
-    tp[PH_BWD] = MPI_Wtime() - t_phase;
-    t_phase = MPI_Wtime();
+    /* one clock reading ends a phase and starts the next: the phases
+     * partition the step, no time between them left out */
+    double t_now = MPI_Wtime();
+    tp[PH_BWD] = t_now - t_phase;
+    t_phase = t_now;
     /* every reduction done before the optimizer reads the gradients (in
      * start order: the engine completes them in that order anyway) */
     for (int l = L - 1; l >= 0; l--) {
@@ -645,8 +648,9 @@ int main(int argc, char **argv) {
       rs_req[l] = ag_req[l] = NULL;
     }
 
-    tp[PH_DRAIN] = MPI_Wtime() - t_phase;
-    t_phase = MPI_Wtime();
+    t_now = MPI_Wtime();
+    tp[PH_DRAIN] = t_now - t_phase;
+    t_phase = t_now;
     /* ---- optimizer ---- */
     float bc1 = 1.0f - powf(0.9f, (float)step);
     float bc2 = 1.0f - powf(0.999f, (float)step);
@@ -684,8 +688,9 @@ int main(int argc, char **argv) {
         ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
 
-    tp[PH_OPT] = MPI_Wtime() - t_phase;
-    t_step = MPI_Wtime() - t_step;
+    t_now = MPI_Wtime();
+    tp[PH_OPT] = t_now - t_phase;
+    t_step = t_now - t_step;
     if (step > 1 || o.steps == 1)
       for (int k = 0; k < PH_N; k++)
         ph[k] += tp[k];
