@@ -806,16 +806,16 @@ TEST(ErrorText, OverlappingBuffers) {
   static zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
   static size_t rb;  // residual bytes of count c
   ASSERT_EQ(zpp_qgz_residual_bytes(g_comm, &g, c, &rb), ZPP_OK) << zpp_get_last_error();
-  static int r, n;
+  static int r, o;  // my slot and another rank's, for the lambdas
   r = g_rank;
-  n = nx;
+  o = nx;
   const char *AG = "zpp_allgather", *RS = "zpp_reduce_scatter", *QW = "zpp_qwz_allgather",
              *QD = "zpp_qwd_allgather", *QG = "zpp_qgz_reduce_scatter",
              *HF = "zpp_hpz_forward_gather", *HB = "zpp_hpz_backward_gather";
   const long long sh = (long long)one * g_rank + 4;  // my slot, one element on
   check({
       // all-gather: sendbuf inside recvbuf elsewhere than its own slot
-      {AG, [] { return zpp_allgather(g_comm, base + n * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+      {AG, [] { return zpp_allgather(g_comm, base + o * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
        INV, msg_in_place(AG, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
       {AG, [] { return zpp_allgather(g_comm, base + r * 4 + 1, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
        INV, msg_in_place(AG, "sendbuf", one, "recvbuf", sh, all), true},
@@ -824,7 +824,7 @@ TEST(ErrorText, OverlappingBuffers) {
       // reduce-scatter: recvbuf inside sendbuf elsewhere than its own slot
       {RS,
        [] {
-         return zpp_reduce_scatter(g_comm, base, base + n * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+         return zpp_reduce_scatter(g_comm, base, base + o * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
                                    nullptr);
        },
        INV, msg_in_place(RS, "recvbuf", one, "sendbuf", (long long)one * nx, all), true},
@@ -843,7 +843,7 @@ TEST(ErrorText, OverlappingBuffers) {
       // qwZ: as the all-gather
       {QW,
        [] {
-         return zpp_qwz_allgather(g_comm, &q, base + n * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr);
+         return zpp_qwz_allgather(g_comm, &q, base + o * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr);
        },
        INV, msg_in_place(QW, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
       {QW,
@@ -862,7 +862,7 @@ TEST(ErrorText, OverlappingBuffers) {
       // qgZ: sendbuf and recvbuf as the reduce-scatter; the residual apart
       {QG,
        [] {
-         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + n * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM,
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + o * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM,
                                        nullptr, nullptr, nullptr);
        },
        INV, msg_in_place(QG, "recvbuf", one, "sendbuf", (long long)one * nx, all), true},
@@ -886,7 +886,7 @@ TEST(ErrorText, OverlappingBuffers) {
   zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
   ASSERT_EQ(zpp_hpz_create(g_comm, &hc, c, ZPP_FLOAT32, &h), ZPP_OK) << zpp_get_last_error();
   check({
-      {HF, [] { return zpp_hpz_forward_gather(h, base + n * 4, base, nullptr, nullptr); }, INV,
+      {HF, [] { return zpp_hpz_forward_gather(h, base + o * 4, base, nullptr, nullptr); }, INV,
        msg_in_place(HF, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
       {HF, [] { return zpp_hpz_forward_gather(h, base - 1, base, nullptr, nullptr); }, INV,
        msg_in_place(HF, "sendbuf", one, "recvbuf", -4, all), true},
@@ -898,7 +898,7 @@ TEST(ErrorText, OverlappingBuffers) {
   ASSERT_EQ(zpp_hpz_forward_gather(h, mem.data(), base, nullptr, nullptr), ZPP_OK)
       << zpp_get_last_error();
   check({
-      {HB, [] { return zpp_hpz_backward_gather(h, base + n * 4, base, nullptr, nullptr); }, INV,
+      {HB, [] { return zpp_hpz_backward_gather(h, base + o * 4, base, nullptr, nullptr); }, INV,
        msg_in_place(HB, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
   });
   EXPECT_EQ(zpp_hpz_destroy(h), ZPP_OK);
