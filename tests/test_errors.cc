@@ -917,6 +917,35 @@ TEST(ErrorText, OverlappingBuffers) {
        false},
   });
   EXPECT_EQ(zpp_comm_destroy(solo), ZPP_OK);
+  // count 0: no byte is shared, whatever the pointers (none of these is an
+  // in-place form), so every call is accepted and runs (on every rank)
+  static zpp_hpz_t h0 = nullptr;
+  ASSERT_EQ(zpp_hpz_create(g_comm, &hc, 0, ZPP_FLOAT32, &h0), ZPP_OK) << zpp_get_last_error();
+  check({
+      {AG, [] { return zpp_allgather(g_comm, base + 1, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {RS,
+       [] {
+         return zpp_reduce_scatter(g_comm, base, base + 1, 0, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr);
+       },
+       ZPP_OK, "", false},
+      {QW, [] { return zpp_qwz_allgather(g_comm, &q, base + 1, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {QD, [] { return zpp_qwd_allgather(g_comm, &q, base, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {QG,
+       [] {
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + 1, 0, ZPP_FLOAT32, ZPP_OP_SUM,
+                                       base + 2, nullptr, nullptr);
+       },
+       ZPP_OK, "", false},
+      {HF, [] { return zpp_hpz_forward_gather(h0, base + 1, base, nullptr, nullptr); }, ZPP_OK, "",
+       false},
+      {HB, [] { return zpp_hpz_backward_gather(h0, base + 1, base, nullptr, nullptr); }, ZPP_OK, "",
+       false},
+  });
+  EXPECT_EQ(zpp_hpz_destroy(h0), ZPP_OK);
 }
 
 // How a call places its buffers.
