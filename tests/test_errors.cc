@@ -1412,6 +1412,68 @@ TEST(ErrorText, Runtime) {
        "zpp_pgroup_fetch: pg: a qWD group (cfg->qwd_bits 4) keeps the full parameters; refresh "
        "them with zpp_pgroup_update_params", false},
   });
+  // Attached buffers follow the collectives' overlap rule (zpp_runtime.h):
+  // the master shard inside the qWD full buffer is refused ...
+  static std::vector<uint16_t> full(4096 * 16);
+  zpp_pgroup_info_t wi = ZPP_PGROUP_INFO_INIT;
+  ASSERT_EQ(zpp_pgroup_get_info(pg, &wi), ZPP_OK) << zpp_get_last_error();
+  ASSERT_LE(wi.padded_numel, full.size());
+  ASSERT_EQ(zpp_pgroup_attach(pg, nullptr, full.data(), nullptr), ZPP_OK) << zpp_get_last_error();
+  check({
+      {"zpp_pgroup_update_params",
+       [] { return zpp_pgroup_update_params(pg, reinterpret_cast<float *>(full.data()), nullptr); },
+       INV,
+       msg_apart("zpp_qwd_allgather", "target", wi.shard_numel * 4, "recon", 0,
+                 wi.padded_numel * 2),
+       false},
+  });
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  // ... and a shard (gradient shard) in another rank's slot of the full
+  // buffer (gradient) too, while this rank's own slot is the in-place form
+  // and works: every rank gathers (and reduces) its own slot
+  zpp_pgroup_config_t pc = ZPP_PGROUP_CONFIG_INIT;
+  pc.align = 1;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &pc, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  ASSERT_EQ(zpp_pgroup_get_info(pg, &info), ZPP_OK) << zpp_get_last_error();
+  static size_t sn;
+  static int o;
+  sn = info.shard_numel;
+  o = (g_rank + 1) % g_size;
+  const size_t one = sn * 2, all = one * (size_t)g_size;
+  if (g_size > 1) {
+    ASSERT_EQ(zpp_pgroup_attach(pg, full.data() + (size_t)o * sn, full.data(), nullptr), ZPP_OK);
+    check({
+        {"zpp_pgroup_fetch", [] { return zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr); }, INV,
+         msg_in_place("zpp_allgather", "sendbuf", one, "recvbuf", (long long)(o * one), all),
+         false},
+        {"zpp_pgroup_reduce_gradients",
+         [] {
+           return zpp_pgroup_reduce_gradients(pg, full.data(), full.data() + (size_t)o * sn,
+                                              ZPP_OP_SUM, nullptr, nullptr);
+         },
+         INV, msg_in_place("zpp_reduce_scatter", "recvbuf", one, "sendbuf", (long long)(o * one), all),
+         false},
+    });
+  }
+  // in place: rank r's shard holds r + 1 in every element, gathered into
+  // every slot of every rank
+  uint16_t *mine = full.data() + (size_t)g_rank * sn;
+  for (size_t i = 0; i < sn; i++) {
+    float v = (float)(g_rank + 1);
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    mine[i] = (uint16_t)(u >> 16);  // exact in bf16
+  }
+  ASSERT_EQ(zpp_pgroup_attach(pg, mine, full.data(), nullptr), ZPP_OK);
+  ASSERT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_wait(pg, &p), ZPP_OK) << zpp_get_last_error();
+  for (int r = 0; r < g_size; r++) {
+    uint32_t u = (uint32_t)full[(size_t)r * sn + sn - 1] << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    EXPECT_EQ(v, (float)(r + 1)) << "in-place fetch: slot of rank " << r;
+  }
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
