@@ -1430,7 +1430,7 @@ TEST(ErrorText, Runtime) {
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   // ... and a shard (gradient shard) in another rank's slot of the full
   // buffer (gradient) too, while this rank's own slot is the in-place form
-  // and works: every rank gathers (and reduces) its own slot
+  // and works
   zpp_pgroup_config_t pc = ZPP_PGROUP_CONFIG_INIT;
   pc.align = 1;
   ASSERT_EQ(zpp_pgroup_create(g_comm, &pc, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
@@ -1456,24 +1456,41 @@ TEST(ErrorText, Runtime) {
          false},
     });
   }
-  // in place: rank r's shard holds r + 1 in every element, gathered into
-  // every slot of every rank
-  uint16_t *mine = full.data() + (size_t)g_rank * sn;
-  for (size_t i = 0; i < sn; i++) {
-    float v = (float)(g_rank + 1);
+  // in place: element i of rank r's shard holds (r + 1) * 8 + i % 8, exact
+  // in bf16 (integers below 256); the fetch gathers every shard into its
+  // slot, then the in-place reduction of that full buffer leaves in my
+  // slot the sum over the ranks of their copies of it: size x my values
+  auto bf = [](float v) {
     uint32_t u;
     std::memcpy(&u, &v, 4);
-    mine[i] = (uint16_t)(u >> 16);  // exact in bf16
-  }
+    return (uint16_t)(u >> 16);
+  };
+  auto val = [](int r, size_t i) { return (float)((r + 1) * 8 + (int)(i % 8)); };
+  auto f32 = [](uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  uint16_t *mine = full.data() + (size_t)g_rank * sn;
+  for (size_t i = 0; i < sn; i++) mine[i] = bf(val(g_rank, i));
   ASSERT_EQ(zpp_pgroup_attach(pg, mine, full.data(), nullptr), ZPP_OK);
   ASSERT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK) << zpp_get_last_error();
   ASSERT_EQ(zpp_pgroup_wait(pg, &p), ZPP_OK) << zpp_get_last_error();
-  for (int r = 0; r < g_size; r++) {
-    uint32_t u = (uint32_t)full[(size_t)r * sn + sn - 1] << 16;
-    float v;
-    std::memcpy(&v, &u, 4);
-    EXPECT_EQ(v, (float)(r + 1)) << "in-place fetch: slot of rank " << r;
-  }
+  size_t bad = 0;
+  for (int r = 0; r < g_size; r++)
+    for (size_t i = 0; i < sn; i++)
+      if (f32(full[(size_t)r * sn + i]) != val(r, i) && bad++ < 4)
+        ADD_FAILURE() << "in-place fetch: slot of rank " << r << ", element " << i << ": "
+                      << f32(full[(size_t)r * sn + i]) << ", want " << val(r, i);
+  EXPECT_EQ(bad, 0u);
+  ASSERT_EQ(zpp_pgroup_reduce_gradients(pg, full.data(), mine, ZPP_OP_SUM, nullptr, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  for (size_t i = 0; i < sn; i++)
+    if (f32(mine[i]) != (float)g_size * val(g_rank, i) && bad++ < 4)
+      ADD_FAILURE() << "in-place reduce_gradients: element " << i << ": " << f32(mine[i])
+                    << ", want " << (float)g_size * val(g_rank, i);
+  EXPECT_EQ(bad, 0u);
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
