@@ -40,7 +40,8 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype_bytes(__func__, dtype);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
+                             count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, -1, NULL, 0,
                                                     st)));
@@ -65,7 +66,8 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
   if (st == ZPP_OK)
     st = zpp_coll_check_op(__func__, op);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_SCATTER, sendbuf,
+                             recvbuf, count, dtype);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
                                                     (int)dtype, (int)op, NULL,
                                                     0, st)));
@@ -220,7 +222,8 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   if (st == ZPP_OK)
     st = zpp_coll_check_dtype(__func__, dtype);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
+                             count, dtype);
   if (quant != NULL)
     quant_words(quant, w);
   ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
@@ -578,6 +581,15 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
     st = zpp_coll_check_device_buf(func, &ex, "recvbuf", recvbuf);
   if (st == ZPP_OK && hpz->count > 0)
     st = zpp_coll_check_device_buf(func, &ex, "sendbuf", sendbuf);
+  /* Whether the gather will read sendbuf depends on the generations, so
+   * its overlap is checked whenever it is passed (zpp_coll.h); size *
+   * count * dtype bytes fit size_t (checked by zpp_hpz_create). */
+  if (st == ZPP_OK) {
+    size_t one = hpz->count * zpp_dtype_size(hpz->dtype);
+    st = zpp_coll_check_overlap(func, &ex, "recvbuf", recvbuf,
+                                (size_t)zpp_transport_size(ex.t) * one,
+                                "sendbuf", sendbuf, one, 1);
+  }
   quant_words(&hpz->cfg.quant, w);
   w[3] = (uint64_t)hpz->cfg.quantized;
   /* the plan travels as the op: ranks that invalidated differently differ */

@@ -452,11 +452,51 @@ zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,
   return zpp_coll_check_device_buf(func, ex, recv_name, recv);
 }
 
+zpp_status_t zpp_coll_check_overlap(const char *func, const zpp_exec_t *ex,
+                                    const char *a_name, const void *a,
+                                    size_t a_bytes, const char *b_name,
+                                    const void *b, size_t b_bytes,
+                                    int in_place) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  char sign = y >= x ? '+' : '-';
+  size_t off = y >= x ? (size_t)(y - x) : (size_t)(x - y);
+  if (!zpp_bytes_overlap(a, a_bytes, b, b_bytes))
+    return ZPP_OK;
+  if (in_place) {
+    /* rank * b_bytes < size * b_bytes = a_bytes: no overflow */
+    size_t me = (size_t)zpp_transport_rank(ex->t), slot = me * b_bytes;
+    if (sign == '+' && off == slot)
+      return ZPP_OK;
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s (%zu bytes at %s %c %zu) overlaps %s (%zu bytes): "
+                     "only %s == %s + %zu (in place: rank %zu x %zu bytes) "
+                     "may share memory with %s",
+                     b_name, b_bytes, a_name, sign, off, a_name, a_bytes,
+                     b_name, a_name, slot, me, b_bytes, a_name);
+  }
+  return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "%s (%zu bytes at %s %c %zu) overlaps %s (%zu bytes): %s "
+                   "must not share memory with %s",
+                   b_name, b_bytes, a_name, sign, off, a_name, a_bytes, b_name,
+                   a_name);
+}
+
 zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                                 const void *send, const void *recv,
-                                 size_t count, zpp_dtype_t dtype) {
-  return zpp_coll_check_bufs_named(func, ex, "sendbuf", send, "recvbuf", recv,
-                                   count, dtype);
+                                 zpp_bufs_layout_t layout, const void *send,
+                                 const void *recv, size_t count,
+                                 zpp_dtype_t dtype) {
+  size_t one, all;
+  ZPP_CHECK(zpp_coll_check_bufs_named(func, ex, "sendbuf", send, "recvbuf",
+                                      recv, count, dtype));
+  /* size * count * dtype bytes fit size_t (zpp_coll_check_count) */
+  one = count * zpp_dtype_size(dtype);
+  all = one * (size_t)zpp_transport_size(ex->t);
+  /* the per-rank buffer is named first, as "at <whole buffer> + offset" */
+  if (layout == ZPP_BUFS_GATHER)
+    return zpp_coll_check_overlap(func, ex, "recvbuf", recv, all, "sendbuf",
+                                  send, one, 1);
+  return zpp_coll_check_overlap(func, ex, "sendbuf", send, all, "recvbuf",
+                                recv, one, 1);
 }
 
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {

@@ -113,14 +113,36 @@ zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
  * one pointer query per buffer and call (the kernels skip theirs). */
 zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
                                        const char *what, const void *p);
-/* zpp_coll_check_count; buffers non-NULL when count > 0, and on device
+/* ZPP_ERR_INVALID_ARGUMENT when buffer b (b_bytes) shares a byte with
+ * buffer a (a_bytes), naming both, their sizes and where b starts
+ * relative to a; else ZPP_OK.  in_place: b is this rank's slot of a (the
+ * per-rank buffer of an all-gather or reduce-scatter, a the whole one),
+ * and b == a + rank * b_bytes, the collective's in-place form, is
+ * accepted.  A local check of this rank's own pointers (docs/collectives.md,
+ * "Buffers"), made before any transfer. */
+zpp_status_t zpp_coll_check_overlap(const char *func, const zpp_exec_t *ex,
+                                    const char *a_name, const void *a,
+                                    size_t a_bytes, const char *b_name,
+                                    const void *b, size_t b_bytes,
+                                    int in_place);
+/* The layouts of the two buffers of an all-gather or a reduce-scatter. */
+typedef enum {
+  ZPP_BUFS_GATHER = 0, /* send count, recv size * count elements; in place:
+                          send == recv + rank * count */
+  ZPP_BUFS_SCATTER = 1 /* send size * count, recv count elements; in place:
+                          recv == send + rank * count */
+} zpp_bufs_layout_t;
+/* zpp_coll_check_count; buffers non-NULL when count > 0; overlapping only
+ * in the in-place form of `layout` (zpp_coll_check_overlap); and on device
  * communicators classified as device memory once.  Messages name them
  * "sendbuf" and "recvbuf". */
 zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                                 const void *send, const void *recv,
-                                 size_t count, zpp_dtype_t dtype);
-/* The same with the names the public declaration gives the two buffers
- * (qWD: "target" and "recon"). */
+                                 zpp_bufs_layout_t layout, const void *send,
+                                 const void *recv, size_t count,
+                                 zpp_dtype_t dtype);
+/* The count, NULL and device checks of zpp_coll_check_bufs (not the
+ * overlap: its sizes differ by collective) with the names the public
+ * declaration gives the two buffers (qWD: "target" and "recon"). */
 zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,
                                        const char *send_name, const void *send,
                                        const char *recv_name, const void *recv,

@@ -7,6 +7,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <zpp/zpp.h>
 
 #ifdef __cplusplus
@@ -42,6 +43,20 @@ void zpp_error_clear(void);
  * here, with a message that says so. */
 zpp_status_t zpp_check_float_dtype(const char *func, const char *what,
                                    zpp_dtype_t dtype);
+
+/* 1 when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a
+ * byte; an empty range or a NULL pointer shares none.  The addresses are
+ * compared as integers and no end address is formed, so a range near the
+ * top of the address space cannot wrap around and hide an overlap.  The
+ * one test of buffer overlap in the library (zpp_hadamard, the
+ * collectives' zpp_coll_check_overlap). */
+static inline int zpp_bytes_overlap(const void *a, size_t a_bytes,
+                                    const void *b, size_t b_bytes) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  if (a == NULL || b == NULL || a_bytes == 0 || b_bytes == 0)
+    return 0;
+  return x <= y ? y - x < a_bytes : x - y < b_bytes;
+}
 
 /* ---- logging: ZPP_DEBUG=WARN|INFO|TRACE, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE */
 typedef enum {

@@ -527,6 +527,25 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
   return ZPP_OK;
 }
 
+/* The residual is read and written between the encodes that read
+ * sendbuf and the finish that writes recvbuf: it may share no byte with
+ * either (cfg and the buffers already checked). */
+static zpp_status_t check_residual_overlap(const char *func,
+                                           const zpp_exec_t *ex,
+                                           const zpp_qgz_config_t *cfg,
+                                           const void *sendbuf,
+                                           const void *recvbuf, size_t count,
+                                           zpp_dtype_t dtype,
+                                           const void *residual) {
+  size_t rb, one = count * zpp_dtype_size(dtype);
+  size_t all = one * (size_t)zpp_transport_size(ex->t);
+  ZPP_CHECK(zpp_qgz_residual_bytes(ex->comm, cfg, count, &rb));
+  ZPP_CHECK(zpp_coll_check_overlap(func, ex, "sendbuf", sendbuf, all,
+                                   "residual", residual, rb, 0));
+  return zpp_coll_check_overlap(func, ex, "recvbuf", recvbuf, one, "residual",
+                                residual, rb, 0);
+}
+
 zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                     const zpp_qgz_config_t *cfg,
                                     const void *sendbuf, void *recvbuf,
@@ -550,9 +569,13 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   if (st == ZPP_OK)
     st = zpp_qgz_residual_count(comm, count, &rc);
   if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, sendbuf, recvbuf, count, dtype);
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_SCATTER, sendbuf,
+                             recvbuf, count, dtype);
   if (st == ZPP_OK && count > 0)
     st = zpp_coll_check_device_buf(__func__, &ex, "residual", residual);
+  if (st == ZPP_OK && residual != NULL)
+    st = check_residual_overlap(__func__, &ex, cfg, sendbuf, recvbuf, count,
+                                dtype, residual);
   memset(w, 0, sizeof w);
   if (st == ZPP_OK) {
     qgz_config_get(cfg, &cf);

@@ -252,9 +252,8 @@ zpp_status_t zpp_hadamard(size_t group, zpp_dtype_t dtype, const void *src,
      * every 2 read), which would overwrite input not yet read wherever the
      * two ranges share a byte.  fp32 is moved as a whole first (memmove),
      * then rotated in dst: any overlap works. */
-    uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
-    uintptr_t s1 = s0 + count * zpp_dtype_size(dtype), d1 = d0 + count * 4;
-    if (s0 < d1 && d0 < s1)
+    if (zpp_bytes_overlap(src, count * zpp_dtype_size(dtype), dst,
+                          count * sizeof(float)))
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
                        "dst overlaps src (dtype %s, count %zu): only "
                        "ZPP_FLOAT32 input may share memory with dst",

@@ -132,6 +132,17 @@ zpp_status_t zpp_qwd_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   if (st == ZPP_OK) /* named as in zpp_coll.h */
     st = zpp_coll_check_bufs_named(__func__, &ex, "target", target, "recon",
                                    recon, count, dtype);
+  if (st == ZPP_OK && count > SIZE_MAX / sizeof(float))
+    st = zpp_error(ZPP_ERR_OVERFLOW, __func__,
+                   "count %zu: target (count x 4 bytes) overflows size_t",
+                   count);
+  /* No in-place form: the difference is taken against recon's old slice,
+   * which a target stored there would have overwritten (zpp_coll.h). */
+  if (st == ZPP_OK)
+    st = zpp_coll_check_overlap(__func__, &ex, "recon", recon,
+                                (size_t)zpp_transport_size(ex.t) * count *
+                                    zpp_dtype_size(dtype),
+                                "target", target, count * sizeof(float), 0);
   if (st == ZPP_OK) {
     zpp_quant_config_get(quant, &q);
     w[0] = (uint64_t)q.bits;

@@ -24,7 +24,10 @@
  *     NCCL backend: enqueued on `stream`; zpp_transport_sync waits for it
  *     with the timeout;
  *   - send and receive buffers must not overlap, except in-place allgather
- *     (send == recv + my_index * bytes) and in-place allreduce (send ==
+ *     (send == recv + my_index * bytes), in-place reduce_scatter (recv ==
+ *     send + my_index * count elements: my shard of send is never sent and
+ *     is read before recv is written, chunk by chunk; zpp_reduce_scatter
+ *     promises this form, zpp_coll.h) and in-place allreduce (send ==
  *     recv);
  *   - sizes are bytes for data movement and elements for reductions;
  *   - reductions are deterministic: reduce_scatter's shard j is the sum of

@@ -10,4 +10,13 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
       --bind-to none -np 4 $<TARGET_FILE:test_errors>)
   set_tests_properties(errors_2x2 PROPERTIES LABELS mpi TIMEOUT 120
     ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+  # The buffer-overlap tests again on the UCX transport, uneven nodes (the
+  # hierarchical algorithm with a small node) and ZPP_CHECK=1 (one rank's
+  # refused call fails every rank).
+  add_test(NAME errors_overlap_ucx_uneven
+    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe --mca btl self,vader
+      --bind-to none -np 5 $<TARGET_FILE:test_errors>
+      --gtest_filter=Overlap.*:ErrorText.OverlappingBuffers)
+  set_tests_properties(errors_overlap_ucx_uneven PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "ZPP_TOPO=0,0,0,1,1;ZPP_BACKEND=ucx;ZPP_CHECK=1;OMPI_MCA_mpi_yield_when_idle=1")
 endif()

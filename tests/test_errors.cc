@@ -25,6 +25,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -729,6 +731,544 @@ TEST(ErrorText, Hpz) {
   EXPECT_EQ(zpp_hpz_destroy(h), ZPP_OK);
 }
 
+// ---- buffer overlap (zpp_coll.h, docs/collectives.md "Buffers") ------------
+//
+// Every collective with two (qgZ: three) caller buffers refuses any shared
+// byte except its in-place form: ZPP_ERR_INVALID_ARGUMENT, before any
+// transfer, with a message naming both buffers, their sizes and where one
+// starts in the other.  The in-place forms and buffers that only touch
+// (the end of one is the start of the other) give results bitwise equal
+// to the out-of-place call, on the hierarchical communicator of the suite
+// and on a flat one (g_flat), and on data large enough for the pipelined
+// (chunked) paths of the transport, qwZ and qgZ.
+
+zpp_comm_t g_flat = nullptr;  // ZPP_ALGORITHM_FLAT on MPI_COMM_WORLD (MPI launch)
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+// n random finite elements of dtype dt for rank r and test `tag`.
+std::vector<uint8_t> rnd(zpp_dtype_t dt, size_t n, uint64_t tag, int r) {
+  std::mt19937_64 rng(seed() * 7919ull + tag * 104729ull + (uint64_t)r);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint8_t> b(n * zpp_dtype_size(dt));
+  for (size_t i = 0; i < n; i++) {
+    float v = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if (dt == ZPP_FLOAT32) {
+      std::memcpy(&b[4 * i], &v, 4);
+    } else {
+      uint16_t h = dt == ZPP_BFLOAT16
+                       ? (uint16_t)(u >> 16)  // a bf16 value: fp32's top half
+                       : (uint16_t)((u >> 31) << 15 | (uint32_t)(12 + rng() % 7) << 10 |
+                                    (uint32_t)(rng() & 0x3ff));  // fp16, 2^-3..2^3
+      std::memcpy(&b[2 * i], &h, 2);
+    }
+  }
+  return b;
+}
+
+// "base + off" or "base - off": where a buffer starts relative to another.
+std::string rel(const char *base, long long off) {
+  return S("%s %c %lld", base, off < 0 ? '-' : '+', off < 0 ? -off : off);
+}
+// The two messages of zpp_coll_check_overlap: b (nb bytes at a + off)
+// overlapping a (na bytes), with the in-place form (b == a + rank * nb)
+// or none.
+std::string msg_in_place(const char *func, const char *b, size_t nb, const char *a, long long off,
+                         size_t na) {
+  return S("%s: %s (%zu bytes at %s) overlaps %s (%zu bytes): only %s == %s + %zu (in place: "
+           "rank %d x %zu bytes) may share memory with %s",
+           func, b, nb, rel(a, off).c_str(), a, na, b, a, (size_t)g_rank * nb, g_rank, nb, a);
+}
+std::string msg_apart(const char *func, const char *b, size_t nb, const char *a, long long off,
+                      size_t na) {
+  return S("%s: %s (%zu bytes at %s) overlaps %s (%zu bytes): %s must not share memory with %s",
+           func, b, nb, rel(a, off).c_str(), a, na, b, a);
+}
+
+// (a) Every refused overlap, on every rank alike (so no rank goes on into
+// the collective): a slot that is not this rank's, a slot shifted by one
+// element, a buffer starting before the other; qWD's target anywhere in
+// recon (even its own slot); qgZ's residual in sendbuf or recvbuf.
+TEST(ErrorText, OverlappingBuffers) {
+  if (g_size < 2) GTEST_SKIP() << "another rank's slot needs 2+ ranks";
+  const size_t c = 4, one = c * 4, all = one * (size_t)g_size;  // fp32
+  const int nx = (g_rank + 1) % g_size;  // a slot that is not mine
+  // room before and after: buffers placed at base + 64 floats
+  static std::vector<float> mem(4096);
+  static float *base;
+  base = mem.data() + 64;
+  static zpp_quant_config_t q = q8();
+  static zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  static size_t rb;  // residual bytes of count c
+  ASSERT_EQ(zpp_qgz_residual_bytes(g_comm, &g, c, &rb), ZPP_OK) << zpp_get_last_error();
+  static int r, o;  // my slot and another rank's, for the lambdas
+  r = g_rank;
+  o = nx;
+  const char *AG = "zpp_allgather", *RS = "zpp_reduce_scatter", *QW = "zpp_qwz_allgather",
+             *QD = "zpp_qwd_allgather", *QG = "zpp_qgz_reduce_scatter",
+             *HF = "zpp_hpz_forward_gather", *HB = "zpp_hpz_backward_gather";
+  const long long sh = (long long)one * g_rank + 4;  // my slot, one element on
+  check({
+      // all-gather: sendbuf inside recvbuf elsewhere than its own slot
+      {AG, [] { return zpp_allgather(g_comm, base + o * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+       INV, msg_in_place(AG, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
+      {AG, [] { return zpp_allgather(g_comm, base + r * 4 + 1, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+       INV, msg_in_place(AG, "sendbuf", one, "recvbuf", sh, all), true},
+      {AG, [] { return zpp_allgather(g_comm, base - 2, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+       INV, msg_in_place(AG, "sendbuf", one, "recvbuf", -8, all), true},
+      // reduce-scatter: recvbuf inside sendbuf elsewhere than its own slot
+      {RS,
+       [] {
+         return zpp_reduce_scatter(g_comm, base, base + o * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr);
+       },
+       INV, msg_in_place(RS, "recvbuf", one, "sendbuf", (long long)one * nx, all), true},
+      {RS,
+       [] {
+         return zpp_reduce_scatter(g_comm, base, base + r * 4 + 1, 4, ZPP_FLOAT32, ZPP_OP_MEAN,
+                                   nullptr, nullptr);
+       },
+       INV, msg_in_place(RS, "recvbuf", one, "sendbuf", sh, all), true},
+      {RS,
+       [] {
+         return zpp_reduce_scatter(g_comm, base, base - 1, 4, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr);
+       },
+       INV, msg_in_place(RS, "recvbuf", one, "sendbuf", -4, all), true},
+      // qwZ: as the all-gather
+      {QW,
+       [] {
+         return zpp_qwz_allgather(g_comm, &q, base + o * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr);
+       },
+       INV, msg_in_place(QW, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
+      {QW,
+       [] {
+         return zpp_qwz_allgather(g_comm, &q, base + r * 4 + 1, base, 4, ZPP_FLOAT32, nullptr,
+                                  nullptr);
+       },
+       INV, msg_in_place(QW, "sendbuf", one, "recvbuf", sh, all), true},
+      // qWD: no in-place form at all
+      {QD,
+       [] { return zpp_qwd_allgather(g_comm, &q, base + r * 4, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+       INV, msg_apart(QD, "target", one, "recon", (long long)one * g_rank, all), true},
+      {QD,
+       [] { return zpp_qwd_allgather(g_comm, &q, base - 3, base, 4, ZPP_FLOAT32, nullptr, nullptr); },
+       INV, msg_apart(QD, "target", one, "recon", -12, all), true},
+      // qgZ: sendbuf and recvbuf as the reduce-scatter; the residual apart
+      {QG,
+       [] {
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + o * 4, 4, ZPP_FLOAT32, ZPP_OP_SUM,
+                                       nullptr, nullptr, nullptr);
+       },
+       INV, msg_in_place(QG, "recvbuf", one, "sendbuf", (long long)one * nx, all), true},
+      {QG,
+       [] {
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + 1024, 4, ZPP_FLOAT32, ZPP_OP_SUM,
+                                       base + 3, nullptr, nullptr);
+       },
+       INV, msg_apart(QG, "residual", rb, "sendbuf", 12, all), true},
+      {QG,
+       [] {
+         // recvbuf at base + 1024, the residual ending one element into it
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + 1024, 4, ZPP_FLOAT32, ZPP_OP_SUM,
+                                       base + 1024 + 1 - (long)(rb / 4), nullptr, nullptr);
+       },
+       INV, msg_apart(QG, "residual", rb, "recvbuf", 4 - (long long)rb, one), true},
+  });
+  // hpZ gathers: as the all-gather; the backward one checks a sendbuf it
+  // is given whether or not it will read it
+  static zpp_hpz_t h = nullptr;
+  zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+  ASSERT_EQ(zpp_hpz_create(g_comm, &hc, c, ZPP_FLOAT32, &h), ZPP_OK) << zpp_get_last_error();
+  check({
+      {HF, [] { return zpp_hpz_forward_gather(h, base + o * 4, base, nullptr, nullptr); }, INV,
+       msg_in_place(HF, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
+      {HF, [] { return zpp_hpz_forward_gather(h, base - 1, base, nullptr, nullptr); }, INV,
+       msg_in_place(HF, "sendbuf", one, "recvbuf", -4, all), true},
+      {HB, [] { return zpp_hpz_backward_gather(h, base + r * 4 + 1, base, nullptr, nullptr); }, INV,
+       msg_in_place(HB, "sendbuf", one, "recvbuf", sh, all), true},
+  });
+  // a secondary copy exists now: the backward gather would not read
+  // sendbuf, and still refuses it
+  ASSERT_EQ(zpp_hpz_forward_gather(h, mem.data(), base, nullptr, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  check({
+      {HB, [] { return zpp_hpz_backward_gather(h, base + o * 4, base, nullptr, nullptr); }, INV,
+       msg_in_place(HB, "sendbuf", one, "recvbuf", (long long)one * nx, all), true},
+  });
+  EXPECT_EQ(zpp_hpz_destroy(h), ZPP_OK);
+  // qWD's target is count floats whatever the dtype: on one rank a count
+  // can fit size * count * 2 bytes and not count * 4 (its size is checked
+  // before the overlap)
+  static zpp_comm_t solo = nullptr;
+  ASSERT_EQ(zpp_comm_split(g_comm, g_rank, 0, &solo), ZPP_OK) << zpp_get_last_error();
+  check({
+      {QD,
+       [] {
+         return zpp_qwd_allgather(solo, &q, base, base + 8, SIZE_MAX / 2, ZPP_FLOAT16, nullptr,
+                                  nullptr);
+       },
+       OVF, S("%s: count %zu: target (count x 4 bytes) overflows size_t", QD, SIZE_MAX / 2),
+       false},
+  });
+  EXPECT_EQ(zpp_comm_destroy(solo), ZPP_OK);
+  // count 0: no byte is shared, whatever the pointers (none of these is an
+  // in-place form), so every call is accepted and runs (on every rank)
+  static zpp_hpz_t h0 = nullptr;
+  ASSERT_EQ(zpp_hpz_create(g_comm, &hc, 0, ZPP_FLOAT32, &h0), ZPP_OK) << zpp_get_last_error();
+  check({
+      {AG, [] { return zpp_allgather(g_comm, base + 1, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {RS,
+       [] {
+         return zpp_reduce_scatter(g_comm, base, base + 1, 0, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr);
+       },
+       ZPP_OK, "", false},
+      {QW, [] { return zpp_qwz_allgather(g_comm, &q, base + 1, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {QD, [] { return zpp_qwd_allgather(g_comm, &q, base, base, 0, ZPP_FLOAT32, nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {QG,
+       [] {
+         return zpp_qgz_reduce_scatter(g_comm, &g, base, base + 1, 0, ZPP_FLOAT32, ZPP_OP_SUM,
+                                       base + 2, nullptr, nullptr);
+       },
+       ZPP_OK, "", false},
+      {HF, [] { return zpp_hpz_forward_gather(h0, base + 1, base, nullptr, nullptr); }, ZPP_OK, "",
+       false},
+      {HB, [] { return zpp_hpz_backward_gather(h0, base + 1, base, nullptr, nullptr); }, ZPP_OK, "",
+       false},
+  });
+  EXPECT_EQ(zpp_hpz_destroy(h0), ZPP_OK);
+}
+
+// How a call places its buffers.
+enum Layout { OUT_OF_PLACE, IN_PLACE, SEND_THEN_RECV, RECV_THEN_SEND };
+const char *layout_name(Layout l) {
+  static const char *n[] = {"out of place", "in place", "recvbuf right after sendbuf",
+                            "sendbuf right after recvbuf"};
+  return n[l];
+}
+
+// One collective of two buffers, for the layouts below.
+struct TwoBufs {
+  std::string what;
+  size_t send_bytes, recv_bytes;
+  int form;  // in-place form: 0 none, 1 gather (send == recv + rank * send_bytes),
+             // 2 scatter (recv == send + rank * recv_bytes)
+  std::vector<uint8_t> send_init, recv_init;  // recv_init: recvbuf before the call
+  std::function<zpp_status_t(const void *send, void *recv)> call;
+};
+
+// Runs c in layout l and returns recvbuf after it ("" and a failure when
+// the call failed).
+std::vector<uint8_t> run_layout(const TwoBufs &c, Layout l) {
+  const size_t sb = c.send_bytes, rb = c.recv_bytes;
+  std::vector<uint8_t> s = c.send_init, rv = c.recv_init, buf;
+  const void *send = nullptr;
+  void *recv = nullptr;
+  size_t out = 0;  // where recvbuf starts in the buffer returned
+  std::vector<uint8_t> *res = &buf;
+  switch (l) {
+  case OUT_OF_PLACE:
+    send = s.data();
+    recv = rv.data();
+    res = &rv;
+    break;
+  case IN_PLACE:
+    if (c.form == 1) {  // my shard already in my slot of recvbuf
+      buf = c.recv_init;
+      std::memcpy(buf.data() + (size_t)g_rank * sb, s.data(), sb);
+      send = buf.data() + (size_t)g_rank * sb;
+      recv = buf.data();
+    } else {  // recvbuf is my slot of sendbuf
+      buf = c.send_init;
+      send = buf.data();
+      out = (size_t)g_rank * rb;
+      recv = buf.data() + out;
+    }
+    break;
+  case SEND_THEN_RECV:
+    buf = s;
+    buf.insert(buf.end(), rv.begin(), rv.end());
+    send = buf.data();
+    out = sb;
+    recv = buf.data() + out;
+    break;
+  case RECV_THEN_SEND:
+    buf = rv;
+    buf.insert(buf.end(), s.begin(), s.end());
+    send = buf.data() + rb;
+    recv = buf.data();
+    break;
+  }
+  zpp_status_t st = c.call(send, recv);
+  EXPECT_EQ(st, ZPP_OK) << c.what << ", " << layout_name(l) << ": " << zpp_get_last_error();
+  if (st != ZPP_OK) return {};
+  return std::vector<uint8_t>(res->begin() + (long)out, res->begin() + (long)(out + rb));
+}
+
+// (b) and (c): the in-place form (when there is one) and both adjacent
+// placements give recvbuf bitwise equal to the out-of-place call.
+void expect_layouts_equal(const TwoBufs &c) {
+  std::vector<uint8_t> ref = run_layout(c, OUT_OF_PLACE);
+  for (Layout l : {IN_PLACE, SEND_THEN_RECV, RECV_THEN_SEND}) {
+    if (l == IN_PLACE && c.form == 0) continue;
+    std::vector<uint8_t> got = run_layout(c, l);
+    if (got.size() != ref.size()) continue;  // the call failed: reported
+    size_t i = 0;
+    while (i < ref.size() && got[i] == ref[i]) i++;
+    EXPECT_EQ(i, ref.size()) << c.what << ", " << layout_name(l) << ": byte " << i << " of "
+                             << ref.size() << " differs from the out-of-place call (seed "
+                             << seed() << ")";
+  }
+}
+
+// The suite's communicator (hierarchical at 2x2) and the flat one, named
+// by the algorithm each runs.
+std::vector<std::pair<const char *, zpp_comm_t>> comms() {
+  std::vector<std::pair<const char *, zpp_comm_t>> v;
+  for (zpp_comm_t c : {g_comm, g_flat}) {
+    zpp_algorithm_t a = ZPP_ALGORITHM_DEFAULT;
+    if (c == nullptr) continue;
+    EXPECT_EQ(zpp_comm_algorithm(c, &a), ZPP_OK) << zpp_get_last_error();
+    v.push_back({a == ZPP_ALGORITHM_HIER ? "hier" : "flat", c});
+  }
+  return v;
+}
+
+// Small (one block, one chunk) and large (several transport chunks, and
+// qwZ/qgZ pipelined in chunks of ZPP_PIPE_MIN_CHUNK = 65536 elements).
+const size_t kCounts[] = {10, 3 * 65536 + 18};
+
+// Every dtype on the small count; the large one in fp32 only (the chunk
+// boundaries, which the large count is for, do not depend on the dtype),
+// to keep the suite short.
+std::vector<zpp_dtype_t> dtypes(size_t count, std::vector<zpp_dtype_t> all) {
+  if (count > kCounts[0]) return {ZPP_FLOAT32};
+  return all;
+}
+
+std::string tag(const char *coll, const char *comm, size_t count, zpp_dtype_t dt) {
+  return S("%s (%s, count %zu, %s)", coll, comm, count, zpp_dtype_name(dt));
+}
+
+TEST(Overlap, BaselinesInPlaceAndAdjacentEqualOutOfPlace) {
+  if (g_rank == 0) std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  const size_t n = (size_t)g_size;
+  for (auto cm : comms()) {
+    zpp_comm_t comm = cm.second;
+    for (size_t count : kCounts) {
+      for (zpp_dtype_t dt : dtypes(count, {ZPP_FLOAT32, ZPP_BFLOAT16, ZPP_FLOAT16})) {
+        const size_t one = count * zpp_dtype_size(dt);
+        TwoBufs ag{tag("zpp_allgather", cm.first, count, dt), one, n * one, 1,
+                   rnd(dt, count, 1, g_rank), std::vector<uint8_t>(n * one, 0x5a),
+                   [=](const void *s, void *r) {
+                     return zpp_allgather(comm, s, r, count, dt, nullptr, nullptr);
+                   }};
+        expect_layouts_equal(ag);
+        for (zpp_redop_t op : {ZPP_OP_SUM, ZPP_OP_MEAN}) {
+          TwoBufs rs{tag(op == ZPP_OP_SUM ? "zpp_reduce_scatter SUM" : "zpp_reduce_scatter MEAN",
+                         cm.first, count, dt),
+                     n * one, one, 2, rnd(dt, n * count, 2, g_rank),
+                     std::vector<uint8_t>(one, 0x5a), [=](const void *s, void *r) {
+                       return zpp_reduce_scatter(comm, s, r, count, dt, op, nullptr, nullptr);
+                     }};
+          expect_layouts_equal(rs);
+        }
+      }
+    }
+  }
+}
+
+TEST(Overlap, QuantizedInPlaceAndAdjacentEqualOutOfPlace) {
+  if (g_rank == 0) std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  const size_t n = (size_t)g_size;
+  zpp_quant_config_t q4 = q8();
+  q4.bits = 4;
+  q4.block_size = 64;
+  q4.rounding = ZPP_ROUND_STOCHASTIC;  // draws at the element's index
+  q4.seed = seed();
+  for (auto cm : comms()) {
+    zpp_comm_t comm = cm.second;
+    for (size_t count : kCounts) {
+      for (zpp_dtype_t dt : dtypes(count, {ZPP_FLOAT32, ZPP_BFLOAT16})) {
+        const size_t one = count * zpp_dtype_size(dt);
+        std::vector<uint8_t> shard = rnd(dt, count, 3, g_rank);
+        std::vector<uint8_t> fill(n * one, 0x5a);
+        TwoBufs qwz{tag("zpp_qwz_allgather", cm.first, count, dt), one, n * one, 1, shard, fill,
+                    [=](const void *s, void *r) {
+                      return zpp_qwz_allgather(comm, &q4, s, r, count, dt, nullptr, nullptr);
+                    }};
+        expect_layouts_equal(qwz);
+        // hpZ, quantized and not: forward; backward from the secondary copy
+        // (which does not read sendbuf); backward refreshing (which does)
+        for (int quantized : {1, 0}) {
+          zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+          hc.quantized = quantized;
+          for (int kind = 0; kind < 3; kind++) {
+            static const char *kinds[] = {"zpp_hpz_forward_gather", "zpp_hpz_backward_gather",
+                                          "zpp_hpz_backward_gather (refresh)"};
+            std::vector<uint8_t> own = shard;  // the primary shard, apart
+            TwoBufs hz{tag(kinds[kind], cm.first, count, dt) +
+                           (quantized ? " quantized" : " full precision"),
+                       one, n * one, 1, shard, fill, [=](const void *s, void *r) {
+                         zpp_hpz_t h = nullptr;
+                         std::vector<uint8_t> tmp(n * one), src = own;
+                         zpp_status_t st = zpp_hpz_create(comm, &hc, count, dt, &h);
+                         if (st == ZPP_OK && kind == 0)
+                           st = zpp_hpz_forward_gather(h, s, r, nullptr, nullptr);
+                         if (st == ZPP_OK && kind > 0)
+                           st = zpp_hpz_forward_gather(h, src.data(), tmp.data(), nullptr, nullptr);
+                         if (st == ZPP_OK && kind == 2) st = zpp_hpz_invalidate(h);
+                         if (st == ZPP_OK && kind > 0)
+                           st = zpp_hpz_backward_gather(h, s, r, nullptr, nullptr);
+                         zpp_hpz_destroy(h);
+                         return st;
+                       }};
+            expect_layouts_equal(hz);
+          }
+        }
+        // qgZ: default; and the Hadamard rotation with stochastic rounding
+        // and an fp32 error-feedback residual (whose new value must match
+        // too, and which must not touch either buffer)
+        for (int variant = 0; variant < 2; variant++) {
+          zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+          size_t rbytes = 0;
+          if (variant == 1) {
+            g.hadamard = ZPP_QGZ_HADAMARD_DEFAULT;
+            g.rounding = ZPP_ROUND_STOCHASTIC;
+            g.seed = seed() + 1;
+            ASSERT_EQ(zpp_qgz_residual_bytes(comm, &g, count, &rbytes), ZPP_OK)
+                << zpp_get_last_error();
+          }
+          // residual (when used) starting random, the same for every layout
+          std::vector<uint8_t> res0 = rnd(ZPP_FLOAT32, rbytes / 4, 5, g_rank);
+          auto residuals = std::make_shared<std::vector<std::vector<uint8_t>>>();
+          TwoBufs qg{tag(variant ? "zpp_qgz_reduce_scatter (hadamard, stochastic, residual)"
+                                 : "zpp_qgz_reduce_scatter",
+                         cm.first, count, dt),
+                     n * one, one, 2, rnd(dt, n * count, 4, g_rank), std::vector<uint8_t>(one, 0x5a),
+                     [=](const void *s, void *r) {
+                       residuals->push_back(res0);
+                       void *res = rbytes ? residuals->back().data() : nullptr;
+                       return zpp_qgz_reduce_scatter(comm, &g, s, r, count, dt, ZPP_OP_MEAN, res,
+                                                     nullptr, nullptr);
+                     }};
+          expect_layouts_equal(qg);
+          for (size_t i = 1; i < residuals->size(); i++)
+            EXPECT_TRUE((*residuals)[i] == (*residuals)[0])
+                << qg.what << ": the residual of call " << i << " differs from the out-of-place one";
+        }
+      }
+    }
+  }
+}
+
+// qWD has no in-place form; target right before or after recon works.
+// recon starts the same on every rank (as the call requires).
+TEST(Overlap, QwdAdjacentEqualsApart) {
+  if (g_rank == 0) std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  const size_t n = (size_t)g_size;
+  zpp_quant_config_t q = q8();
+  for (auto cm : comms()) {
+    zpp_comm_t comm = cm.second;
+    for (size_t count : kCounts) {
+      for (zpp_dtype_t dt : dtypes(count, {ZPP_FLOAT32, ZPP_BFLOAT16})) {
+        TwoBufs qd{tag("zpp_qwd_allgather", cm.first, count, dt), count * 4,
+                   n * count * zpp_dtype_size(dt), 0, rnd(ZPP_FLOAT32, count, 6, g_rank),
+                   rnd(dt, n * count, 7, 0), [=](const void *s, void *r) {
+                     return zpp_qwd_allgather(comm, &q, (const float *)s, r, count, dt, nullptr,
+                                              nullptr);
+                   }};
+        expect_layouts_equal(qd);
+      }
+    }
+  }
+}
+
+// qgZ's residual right after sendbuf and right before recvbuf.
+TEST(Overlap, QgzResidualAdjacentEqualsApart) {
+  if (g_rank == 0) std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  const size_t n = (size_t)g_size, count = 10;
+  zpp_qgz_config_t g = ZPP_QGZ_CONFIG_INIT;
+  size_t rb = 0;
+  ASSERT_EQ(zpp_qgz_residual_bytes(g_comm, &g, count, &rb), ZPP_OK) << zpp_get_last_error();
+  const size_t sb = n * count * 4, ob = count * 4;
+  std::vector<uint8_t> in = rnd(ZPP_FLOAT32, n * count, 8, g_rank);
+  std::vector<uint8_t> res0 = rnd(ZPP_FLOAT32, rb / 4, 9, g_rank);
+  // apart: the reference
+  std::vector<uint8_t> s = in, r(ob), res = res0;
+  ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, s.data(), r.data(), count, ZPP_FLOAT32, ZPP_OP_SUM,
+                                   res.data(), nullptr, nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  // [sendbuf | residual] [recvbuf], then [sendbuf] [residual | recvbuf]
+  for (int where = 0; where < 2; where++) {
+    std::vector<uint8_t> pair, other;
+    if (where == 0) {
+      pair = in;
+      pair.insert(pair.end(), res0.begin(), res0.end());
+      other.assign(ob, 0x5a);
+    } else {
+      pair = res0;
+      pair.resize(rb + ob, 0x5a);
+      other = in;
+    }
+    void *send = where == 0 ? pair.data() : other.data();
+    void *resid = where == 0 ? pair.data() + sb : pair.data();
+    void *recv = where == 0 ? other.data() : pair.data() + rb;
+    ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &g, send, recv, count, ZPP_FLOAT32, ZPP_OP_SUM, resid,
+                                     nullptr, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(std::memcmp(recv, r.data(), ob), 0) << "recvbuf, residual placement " << where;
+    EXPECT_EQ(std::memcmp(resid, res.data(), rb), 0) << "residual, placement " << where;
+  }
+}
+
+// The check is local: one rank's buffers may overlap where the others'
+// do not.  With ZPP_CHECK=1 that rank returns its own error and every
+// other rank ZPP_ERR_MISMATCH naming it, and no rank starts the
+// collective (ctest: errors_overlap_ucx_uneven).
+TEST(Overlap, OneRankRefusedFailsEveryRankWithZppCheck) {
+  const char *check_env = std::getenv("ZPP_CHECK");
+  if (!(check_env && std::atoi(check_env) == 1) || g_size < 2)
+    GTEST_SKIP() << "needs ZPP_CHECK=1 and 2+ ranks (ctest runs it as errors_overlap_ucx_uneven)";
+  const size_t count = 4, one = count * 4, all = one * (size_t)g_size;
+  const int culprit = g_size - 1, nx = (g_rank + 1) % g_size;
+  std::vector<float> buf((size_t)g_size * count, 1.0f);
+  float *recv = buf.data();
+  // the others in place, the culprit in another rank's slot
+  const float *send = recv + (size_t)(g_rank == culprit ? nx : g_rank) * count;
+  zpp_status_t st = zpp_allgather(g_comm, send, recv, count, ZPP_FLOAT32, nullptr, nullptr);
+  if (g_rank == culprit) {
+    EXPECT_EQ(st, ZPP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(zpp_comm_get_last_error(g_comm)),
+              msg_in_place("zpp_allgather", "sendbuf", one, "recvbuf", (long long)one * nx, all));
+  } else {
+    EXPECT_EQ(st, ZPP_ERR_MISMATCH);
+    EXPECT_EQ(std::string(zpp_comm_get_last_error(g_comm)),
+              S("zpp_allgather: ZPP_CHECK: rank %d failed its argument checks (%s); this is rank %d",
+                culprit, zpp_status_string(ZPP_ERR_INVALID_ARGUMENT), g_rank));
+  }
+  // nobody started it: the in-place call on every rank works afterwards
+  for (size_t i = 0; i < count; i++) recv[(size_t)g_rank * count + i] = (float)(g_rank * 10 + (int)i);
+  ASSERT_EQ(zpp_allgather(g_comm, recv + (size_t)g_rank * count, recv, count, ZPP_FLOAT32, nullptr,
+                          nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  for (int r = 0; r < g_size; r++)
+    for (size_t i = 0; i < count; i++)
+      EXPECT_EQ(recv[(size_t)r * count + i], (float)(r * 10 + (int)i)) << "rank " << r << " element " << i;
+}
+
 // ---- runtime (zpp_runtime.h) ------------------------------------------------
 
 TEST(ErrorText, Runtime) {
@@ -872,6 +1412,85 @@ TEST(ErrorText, Runtime) {
        "zpp_pgroup_fetch: pg: a qWD group (cfg->qwd_bits 4) keeps the full parameters; refresh "
        "them with zpp_pgroup_update_params", false},
   });
+  // Attached buffers follow the collectives' overlap rule (zpp_runtime.h):
+  // the master shard inside the qWD full buffer is refused ...
+  static std::vector<uint16_t> full(4096 * 16);
+  zpp_pgroup_info_t wi = ZPP_PGROUP_INFO_INIT;
+  ASSERT_EQ(zpp_pgroup_get_info(pg, &wi), ZPP_OK) << zpp_get_last_error();
+  ASSERT_LE(wi.padded_numel, full.size());
+  ASSERT_EQ(zpp_pgroup_attach(pg, nullptr, full.data(), nullptr), ZPP_OK) << zpp_get_last_error();
+  check({
+      {"zpp_pgroup_update_params",
+       [] { return zpp_pgroup_update_params(pg, reinterpret_cast<float *>(full.data()), nullptr); },
+       INV,
+       msg_apart("zpp_qwd_allgather", "target", wi.shard_numel * 4, "recon", 0,
+                 wi.padded_numel * 2),
+       false},
+  });
+  EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  // ... and a shard (gradient shard) in another rank's slot of the full
+  // buffer (gradient) too, while this rank's own slot is the in-place form
+  // and works
+  zpp_pgroup_config_t pc = ZPP_PGROUP_CONFIG_INIT;
+  pc.align = 1;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &pc, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  ASSERT_EQ(zpp_pgroup_get_info(pg, &info), ZPP_OK) << zpp_get_last_error();
+  static size_t sn;
+  static int o;
+  sn = info.shard_numel;
+  o = (g_rank + 1) % g_size;
+  const size_t one = sn * 2, all = one * (size_t)g_size;
+  if (g_size > 1) {
+    ASSERT_EQ(zpp_pgroup_attach(pg, full.data() + (size_t)o * sn, full.data(), nullptr), ZPP_OK);
+    check({
+        {"zpp_pgroup_fetch", [] { return zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr); }, INV,
+         msg_in_place("zpp_allgather", "sendbuf", one, "recvbuf", (long long)(o * one), all),
+         false},
+        {"zpp_pgroup_reduce_gradients",
+         [] {
+           return zpp_pgroup_reduce_gradients(pg, full.data(), full.data() + (size_t)o * sn,
+                                              ZPP_OP_SUM, nullptr, nullptr);
+         },
+         INV, msg_in_place("zpp_reduce_scatter", "recvbuf", one, "sendbuf", (long long)(o * one), all),
+         false},
+    });
+  }
+  // in place: element i of rank r's shard holds (r + 1) * 8 + i % 8, exact
+  // in bf16 (integers below 256); the fetch gathers every shard into its
+  // slot, then the in-place reduction of that full buffer leaves in my
+  // slot the sum over the ranks of their copies of it: size x my values
+  auto bf = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return (uint16_t)(u >> 16);
+  };
+  auto val = [](int r, size_t i) { return (float)((r + 1) * 8 + (int)(i % 8)); };
+  auto f32 = [](uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  uint16_t *mine = full.data() + (size_t)g_rank * sn;
+  for (size_t i = 0; i < sn; i++) mine[i] = bf(val(g_rank, i));
+  ASSERT_EQ(zpp_pgroup_attach(pg, mine, full.data(), nullptr), ZPP_OK);
+  ASSERT_EQ(zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr), ZPP_OK) << zpp_get_last_error();
+  ASSERT_EQ(zpp_pgroup_wait(pg, &p), ZPP_OK) << zpp_get_last_error();
+  size_t bad = 0;
+  for (int r = 0; r < g_size; r++)
+    for (size_t i = 0; i < sn; i++)
+      if (f32(full[(size_t)r * sn + i]) != val(r, i) && bad++ < 4)
+        ADD_FAILURE() << "in-place fetch: slot of rank " << r << ", element " << i << ": "
+                      << f32(full[(size_t)r * sn + i]) << ", want " << val(r, i);
+  EXPECT_EQ(bad, 0u);
+  ASSERT_EQ(zpp_pgroup_reduce_gradients(pg, full.data(), mine, ZPP_OP_SUM, nullptr, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  for (size_t i = 0; i < sn; i++)
+    if (f32(mine[i]) != (float)g_size * val(g_rank, i) && bad++ < 4)
+      ADD_FAILURE() << "in-place reduce_gradients: element " << i << ": " << f32(mine[i])
+                    << ", want " << (float)g_size * val(g_rank, i);
+  EXPECT_EQ(bad, 0u);
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
 }
 
@@ -907,9 +1526,18 @@ TEST(ErrorText, EveryPublicFunctionHasRows) {
 
 void setup() {
   zpp_test::OpenComm(0, &g_comm, &g_rank, &g_size, &g_nnodes, &g_uniform);
+  if (zpp_test::UsesMpi()) {  // the overlap tests run on the flat algorithm too
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.algorithm = ZPP_ALGORITHM_FLAT;
+    if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &g_flat) != ZPP_OK)
+      zpp_test::Die("zpp_comm_create_mpi (flat)");
+  }
 }
 
-void teardown() { zpp_comm_destroy(g_comm); }
+void teardown() {
+  zpp_comm_destroy(g_flat);
+  zpp_comm_destroy(g_comm);
+}
 
 }  // namespace
 

@@ -1443,6 +1443,76 @@ TEST(QuantHadamard, PartialOverlapIsHandledForFp32AndRefusedFor16Bit) {
   }
 }
 
+// ---- zpp_bytes_overlap (internal.h): the one overlap test of the library ------------
+//
+// Against a 128-bit reference: [x, x + na) and [y, y + nb) share a byte iff
+// both are non-empty, neither address is 0, and max(x, y) < min(x + na,
+// y + nb) computed without wrapping.  Ranges near the top of the address
+// space are where a test that forms end addresses in uintptr_t wraps to
+// a small number and misses the overlap.  The addresses are only compared,
+// never dereferenced.
+#if defined(__SIZEOF_INT128__)
+bool overlap_ref(uintptr_t x, size_t na, uintptr_t y, size_t nb) {
+  typedef unsigned __int128 u128;
+  if (x == 0 || y == 0 || na == 0 || nb == 0) return false;
+  u128 lo = x > y ? x : y, ex = (u128)x + na, ey = (u128)y + nb;
+  return lo < (ex < ey ? ex : ey);
+}
+
+TEST(BytesOverlap, MatchesA128BitReferenceAlsoAtTheTopOfTheAddressSpace) {
+  auto rng = seeded_rng("BytesOverlap");
+  const uintptr_t top = UINTPTR_MAX;
+  const size_t big = SIZE_MAX;
+  struct Case {
+    uintptr_t x;
+    size_t na;
+    uintptr_t y;
+    size_t nb;
+  };
+  std::vector<Case> cases = {
+      // the last bytes of the address space: end addresses would wrap to 0
+      {top - 15, 16, top - 3, 100},  // y inside x, y's range runs past the top
+      {top - 3, 100, top - 15, 16},  // the same, swapped
+      {top - 15, 16, top, 1},        // the very last byte
+      {top, 1, top, 1},
+      {top - 15, 8, top - 7, 8},     // touching at the top: no overlap
+      {top - 7, 8, top - 15, 8},
+      {top - 15, 8, top - 8, 8},     // one shared byte
+      {top - 7, big, 16, 16},        // a huge range from the top does not wrap
+      {16, 16, top - 7, big},        //   around onto low addresses
+      {1, big, top, 1},              // a range covering everything else
+      {top, 1, 1, big},
+      // empty ranges and NULL share nothing
+      {64, 0, 64, 16}, {64, 16, 64, 0}, {0, 16, 0, 16}, {0, big, 8, 8}, {8, 8, 0, big},
+      // plain cases: equal, inside, touching, apart
+      {4096, 64, 4096, 64}, {4096, 64, 4100, 4}, {4096, 64, 4160, 4}, {4160, 4, 4096, 64},
+      {4096, 64, 4159, 1}, {4159, 1, 4096, 64}, {4096, 64, 8192, 64},
+  };
+  // random ranges, half of them within 2^12 bytes of the top
+  for (int i = 0; i < 20000; i++) {
+    uintptr_t x = (uintptr_t)rng(), y;
+    if (i % 2) x = top - (x & 0xfff);
+    y = x + (uintptr_t)((int64_t)(rng() % 8192) - 4096);  // wraps on purpose
+    size_t na = (size_t)(rng() % 5000), nb = (size_t)(rng() % 5000);
+    if (i % 7 == 0) na = big - (size_t)(rng() % 16);
+    cases.push_back({x, na, y, nb});
+  }
+  int shown = 0;
+  size_t wrong = 0;
+  for (const Case &c : cases) {
+    bool want = overlap_ref(c.x, c.na, c.y, c.nb);
+    int got = zpp_bytes_overlap((const void *)c.x, c.na, (const void *)c.y, c.nb);
+    if (got != (want ? 1 : 0)) {
+      wrong++;
+      if (shown++ < 8)
+        ADD_FAILURE() << std::hex << "[0x" << c.x << " + 0x" << c.na << ") and [0x" << c.y
+                      << " + 0x" << c.nb << "): got " << got << ", want " << want;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << cases.size() << " cases";
+}
+#endif
+
 // ---- bad arguments --------------------------------------------------------------------
 
 TEST(QuantErrors, EveryBadArgumentReturnsItsCodeAndNamesIt) {

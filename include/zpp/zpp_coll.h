@@ -38,6 +38,23 @@
  * communicator's timeout (ZPP_TIMEOUT_S).  Until the wait returns, the caller must
  * not touch the buffers of a started collective.  All ranks must start the
  * same collectives in the same order.
+ *
+ * Buffers and overlap: the buffers of a call share no byte, except in the
+ * in-place form its declaration names (all-gathers: sendbuf == recvbuf +
+ * rank * count elements; reduce-scatters: recvbuf == sendbuf + rank *
+ * count; qWD: none).  Any other overlap is ZPP_ERR_INVALID_ARGUMENT,
+ * before anything is sent, with a message naming both buffers, their
+ * sizes in bytes and where one starts in the other.  Buffers that only
+ * touch (one ends where the other starts) do not overlap.  The check is
+ * local: it sees this rank's pointers, so a call may be refused on one
+ * rank and accepted on the others, and a refused call is a bug of the
+ * program on the rank that got it.  Like any argument error of one rank
+ * (a NULL buffer), it leaves the other ranks in a collective this rank
+ * did not start: they wait until the timeout, or meet this rank's next
+ * collective.  With ZPP_CHECK=1 the ranks compare the outcome of their
+ * checks before any data moves, and fail together: this rank with
+ * ZPP_ERR_INVALID_ARGUMENT, every other one with ZPP_ERR_MISMATCH naming
+ * it (docs/collectives.md, "Buffers").
  */
 #ifndef ZPP_ZPP_COLL_H
 #define ZPP_ZPP_COLL_H
@@ -66,7 +83,8 @@ ZPP_API zpp_status_t zpp_request_test(zpp_request_t req, int *done);
 /* ---- baselines ----------------------------------------------------------- */
 
 /* recvbuf[r * count ..] = rank r's sendbuf (count elements of dtype).
- * In place when sendbuf == recvbuf + rank * count. */
+ * In place when sendbuf == recvbuf + rank * count; any other overlap of
+ * sendbuf and recvbuf is ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
                                    void *recvbuf, size_t count,
                                    zpp_dtype_t dtype, zpp_stream_t stream,
@@ -81,7 +99,11 @@ ZPP_API zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf,
  * each node's ranks in order, that partial sum rounded to bf16 for bf16
  * (fp16 and fp32: kept in fp32), then the nodes in order
  * (docs/collectives.md, Baselines).  NCCL: its ring order (it then
- * carries fp32: 4 bytes per element, also for fp16/bf16 input). */
+ * carries fp32: 4 bytes per element, also for fp16/bf16 input).
+ * In place when recvbuf == sendbuf + rank * count (NCCL's in-place form;
+ * every algorithm and backend reads this rank's slice of sendbuf before
+ * it writes recvbuf), the same bits as out of place; any other overlap is
+ * ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                         void *recvbuf, size_t count,
                                         zpp_dtype_t dtype, zpp_redop_t op,
@@ -93,7 +115,10 @@ ZPP_API zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
 /* Each rank encodes its shard with `quant` (scales and payload in one
  * buffer), one all-gather moves every encoded shard, every rank decodes
  * them into recvbuf in dtype.  All ranks end with bitwise identical
- * output, within the per-element bound of docs/format.md of the input. */
+ * output, within the per-element bound of docs/format.md of the input.
+ * In place when sendbuf == recvbuf + rank * count (each chunk of the shard
+ * is encoded before its decoded value is written over it), the same bits
+ * as out of place; any other overlap is ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_qwz_allgather(zpp_comm_t comm,
                                        const zpp_quant_config_t *quant,
                                        const void *sendbuf, void *recvbuf,
@@ -114,7 +139,10 @@ ZPP_API zpp_status_t zpp_qwz_allgather(zpp_comm_t comm,
  * the error of recon against the targets is one quantization of one
  * difference plus the dtype rounding, whatever the number of steps
  * (docs/collectives.md, "qWD").  Stochastic rounding draws at the
- * element's index in the full tensor. */
+ * element's index in the full tensor.  target (count floats) and recon
+ * must not share a byte (ZPP_ERR_INVALID_ARGUMENT): there is no in-place
+ * form, since the difference is taken against recon's slice as it was
+ * before the call (a target kept in that slice would send zero). */
 ZPP_API zpp_status_t zpp_qwd_allgather(zpp_comm_t comm,
                                        const zpp_quant_config_t *quant,
                                        const float *target, void *recon,
@@ -159,7 +187,8 @@ ZPP_API zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz);
  * quantized) of sendbuf (this rank's primary shard) into recvbuf (size *
  * count), and it keeps this rank's secondary shard: the encoded shards of
  * the ranks with my local rank on every node, cut from the gathered data
- * with no extra communication. */
+ * with no extra communication.  In place when sendbuf == recvbuf + rank *
+ * count; any other overlap is ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_hpz_forward_gather(zpp_hpz_t hpz,
                                             const void *sendbuf,
                                             void *recvbuf,
@@ -172,7 +201,10 @@ ZPP_API zpp_status_t zpp_hpz_forward_gather(zpp_hpz_t hpz,
  * since the secondary copy was made (zpp_hpz_invalidate), it never uses
  * the stale copy: with sendbuf (the current primary shard) it refreshes
  * by running a forward gather; with sendbuf NULL it returns
- * ZPP_ERR_STALE.  Before any forward gather it behaves the same way. */
+ * ZPP_ERR_STALE.  Before any forward gather it behaves the same way.
+ * sendbuf, when not NULL, follows the forward gather's rule (in place when
+ * sendbuf == recvbuf + rank * count, no other overlap), checked whether or
+ * not this call reads it. */
 ZPP_API zpp_status_t zpp_hpz_backward_gather(zpp_hpz_t hpz,
                                              const void *sendbuf,
                                              void *recvbuf,
@@ -270,7 +302,11 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  * that many steps of cfg->step).  With cfg->residual_bits 8 it
  * is a buffer of zpp_qgz_residual_bytes bytes (all zero before the first
  * step), any alignment.  A NaN or Inf in any rank's gradient makes the
- * owning shard's element non-finite. */
+ * owning shard's element non-finite.  In place when recvbuf == sendbuf +
+ * rank * count (each chunk of this rank's slice is encoded before its
+ * result is written over it), the same bits as out of place; residual
+ * (zpp_qgz_residual_bytes bytes) shares no byte with sendbuf or recvbuf;
+ * any other overlap is ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                             const zpp_qgz_config_t *cfg,
                                             const void *sendbuf,

@@ -143,7 +143,11 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * residual (zpp_pgroup_residual_count floats, zero before the first
  * reduction; needed only with error feedback).  Not during a fetch.
  * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
- * it must hold the same values on every rank. */
+ * it must hold the same values on every rank.  shard may be this rank's
+ * slot of full (full + rank * shard_numel elements: the gather runs in
+ * place) and shares no other byte with it; otherwise the fetch fails with
+ * ZPP_ERR_INVALID_ARGUMENT from the collective, whose message calls shard
+ * sendbuf and full recvbuf (zpp_coll.h, "Buffers and overlap"). */
 ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
                                        void *full, void *residual);
 
@@ -177,7 +181,11 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
  * elements) of its owner: qgZ when qgz_bits (with the group's residual
  * when error_feedback), else the baseline zpp_reduce_scatter (fp32 sum in
  * its fixed order, rounded once; see there).  req NULL: returns when done; otherwise
- * zpp_request_wait(*req) finishes it. */
+ * zpp_request_wait(*req) finishes it.  grad_shard may be this rank's slot
+ * of full_grad (full_grad + rank * shard_numel elements: in place); any
+ * other byte shared by full_grad, grad_shard and the residual is
+ * ZPP_ERR_INVALID_ARGUMENT from the collective (named sendbuf, recvbuf and
+ * residual there). */
 ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                                                  const void *full_grad,
                                                  void *grad_shard,
@@ -193,7 +201,9 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
  * attached one at what the caller put there, the same on every rank).
  * Asynchronous like a fetch: zpp_pgroup_wait returns the full buffer,
  * identical on all ranks.  Call zpp_pgroup_params_changed first.
- * ZPP_ERR_INVALID_ARGUMENT without qwd_bits or while a fetch is pending. */
+ * ZPP_ERR_INVALID_ARGUMENT without qwd_bits or while a fetch is pending,
+ * or when master_shard shares a byte with the full buffer (qWD has no
+ * in-place form; zpp_qwd_allgather names them target and recon). */
 ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
                                               const float *master_shard,
                                               zpp_stream_t stream);
