@@ -77,6 +77,8 @@ typedef struct {
    * none); the expected loss of the teacher itself is then sigma^2, a
    * floor no model can go below, as a language model's entropy rate */
   float label_noise;
+  /* zero3/zeropp: backward parameter fetches this many layers ahead (1) */
+  int bwd_prefetch;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -179,6 +181,8 @@ static void usage(FILE *out) {
           "  bitwise baseline); dp ignores all compression flags\n"
           "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
           "                  with the next layer's backward (1)\n"
+          "  --bwd-prefetch D zero3/zeropp: fetch the backward's parameters D\n"
+          "                  layers ahead, 1 to 4 (1)\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
@@ -187,7 +191,7 @@ static void usage(FILE *out) {
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
                 8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0,
-                0.0f};
+                0.0f, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -244,6 +248,7 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v); o->given_ef = 1;
     } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
     } else if (!strcmp(a, "--overlap")) { NEEDV; o->overlap = atoi(v);
+    } else if (!strcmp(a, "--bwd-prefetch")) { NEEDV; o->bwd_prefetch = atoi(v);
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -260,6 +265,11 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->steps < 0 || o->batch < 1 || o->block < 1 || !(o->lr > 0)) {
     fprintf(stderr, PROG ": --depth, --width, --in, --out, --batch, --block "
                     "must be >= 1, --steps >= 0, --lr > 0\n");
+    return 2;
+  }
+  if (o->bwd_prefetch < 1 || o->bwd_prefetch > 4) {
+    fprintf(stderr, PROG ": --bwd-prefetch %d: must be 1 to 4\n",
+            o->bwd_prefetch);
     return 2;
   }
   if (o->overlap != 0 && o->overlap != 1) {
@@ -483,7 +493,8 @@ int main(int argc, char **argv) {
    * (waiting for the last reductions), optimizer; and of those the time
    * blocked in zpp waits for parameters (forward, backward) and for
    * gradient reductions (backward and drain) */
-  enum { PH_FWD, PH_BWD, PH_DRAIN, PH_OPT, PH_WAIT_FWD, PH_WAIT_BWD, PH_N };
+  enum { PH_FWD, PH_BWD, PH_DRAIN, PH_OPT, PH_WAIT_FWD, PH_WAIT_BWD,
+         PH_WAIT_BWD_PARAMS, PH_N };
   double ph[PH_N] = {0};
   for (int step = 1; step <= o.steps; step++) {
     double tp[PH_N] = {0}, tw;
@@ -506,7 +517,8 @@ int main(int argc, char **argv) {
       const uint16_t *w = y->wfull;
       if (sharded_param) {
         void *full;
-        full_live += y->padded * 2;
+        if (l == 0) /* later layers were counted at their prefetch */
+          full_live += y->padded * 2;
         if (l + 1 < L) { /* prefetch the next layer */
           ZCALL(zpp_pgroup_fetch(ly[l + 1].pg, ZPP_FETCH_FORWARD, NULL));
           full_live += ly[l + 1].padded * 2;
@@ -578,24 +590,38 @@ int main(int argc, char **argv) {
     tp[PH_FWD] = t_phase - t_step;
 
     /* ---- backward ---- */
+    /* parameters fetched bwd_prefetch layers ahead of their use */
+    const int D = o.bwd_prefetch;
+    full_live = 0;
     if (sharded_param)
-      ZCALL(zpp_pgroup_fetch(ly[L - 1].pg, ZPP_FETCH_BACKWARD, NULL));
+      for (int k = 1; k <= D && L - k >= 0; k++) {
+        ZCALL(zpp_pgroup_fetch(ly[L - k].pg, ZPP_FETCH_BACKWARD, NULL));
+        full_live += ly[L - k].padded * 2;
+      }
     for (int l = L - 1; l >= 0; l--) {
       layer_t *y = &ly[l];
       const uint16_t *w = y->wfull;
       if (sharded_param) {
         void *full;
-        if (l > 0)
-          ZCALL(zpp_pgroup_fetch(ly[l - 1].pg, ZPP_FETCH_BACKWARD, NULL));
+        if (l - D >= 0) {
+          ZCALL(zpp_pgroup_fetch(ly[l - D].pg, ZPP_FETCH_BACKWARD, NULL));
+          full_live += ly[l - D].padded * 2;
+        }
+        if (full_live > peak_full)
+          peak_full = full_live;
         tw = MPI_Wtime();
         ZCALL(zpp_pgroup_wait(y->pg, &full));
-        tp[PH_WAIT_BWD] += MPI_Wtime() - tw;
+        tw = MPI_Wtime() - tw;
+        tp[PH_WAIT_BWD] += tw;
+        tp[PH_WAIT_BWD_PARAMS] += tw;
         w = full;
       }
       for (size_t i = 0; i < y->n; i++)
         wtmp[i] = bf(w[i]);
-      if (sharded_param)
+      if (sharded_param) {
         ZCALL(zpp_pgroup_release(y->pg));
+        full_live -= y->padded * 2;
+      }
       /* dcur holds dLoss/d(output of layer l) pre-activation for the last
        * layer; for tanh layers convert through the derivative */
       if (l != L - 1)
@@ -810,10 +836,11 @@ int main(int argc, char **argv) {
         double n = o.steps > 1 ? o.steps - 1 : 1;
         printf("\"phase_s\": {\"forward\": %.6g, \"backward\": %.6g, "
                "\"drain\": %.6g, \"optimizer\": %.6g, "
-               "\"wait_params_forward\": %.6g, \"wait_backward\": %.6g}, ",
+               "\"wait_params_forward\": %.6g, \"wait_backward\": %.6g, "
+               "\"wait_params_backward\": %.6g}, ",
                phmax[PH_FWD] / n, phmax[PH_BWD] / n, phmax[PH_DRAIN] / n,
                phmax[PH_OPT] / n, phmax[PH_WAIT_FWD] / n,
-               phmax[PH_WAIT_BWD] / n);
+               phmax[PH_WAIT_BWD] / n, phmax[PH_WAIT_BWD_PARAMS] / n);
       }
       printf("\"inter_bytes_per_step_per_rank\": [");
       for (int r = 0; r < W; r++)

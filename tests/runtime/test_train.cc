@@ -180,6 +180,32 @@ TEST(Train, PhaseTimesStayWithinTheStepAndTheirWaitsWithinThem) {
   }
 }
 
+// gathered_params_peak: the full bf16 layers alive at once, the current
+// one and those fetched ahead (forward: the next layer; backward:
+// --bwd-prefetch D layers), so 2 bytes x world x the largest sum of the
+// shards of D + 1 consecutive layers (2 in the forward); the depth of the
+// prefetch changes no bit of the result.  (It once counted every
+// prefetched layer twice and reported almost the whole model.)
+TEST(Train, GatheredParamsPeakIsTheLayersAliveAtOnce) {
+  const std::string &d1 = train("--mode zeropp").json;
+  for (int d : {1, 3}) {
+    const std::string &j = d == 1 ? d1 : train("--mode zeropp --bwd-prefetch 3").json;
+    std::vector<double> sh = list(j, "shards");
+    ASSERT_GE(sh.size(), 4u);
+    double worst = 0;
+    for (int win : {2, d + 1})
+      for (size_t a = 0; a + win <= sh.size(); a++) {
+        double sum = 0;
+        for (int k = 0; k < win; k++) sum += sh[a + k];
+        worst = std::max(worst, sum);
+      }
+    EXPECT_EQ(num(j, "gathered_params_peak"), 2 * num(j, "world_size") * worst)
+        << "--bwd-prefetch " << d;
+    EXPECT_EQ(raw(j, "param_checksum"), raw(d1, "param_checksum")) << "--bwd-prefetch " << d;
+    EXPECT_EQ(raw(j, "loss_curve_checksum"), raw(d1, "loss_curve_checksum"));
+  }
+}
+
 TEST(Train, ZeroppConvergesWithinTenPercentOfZero3) {
   const std::string &z3 = train("--mode zero3").json;
   const std::string &pp = train("--mode zeropp").json;
