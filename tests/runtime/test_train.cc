@@ -169,12 +169,13 @@ TEST(Train, PhaseTimesStayWithinTheStepAndTheirWaitsWithinThem) {
     const std::string &j = train(std::string("--mode ") + m).json;
     double step = num(j, "step_time_s"), slack = 1 + 1e-5;
     for (const char *k : {"forward", "backward", "drain", "optimizer", "wait_params_forward",
-                          "wait_backward"}) {
+                          "wait_backward", "wait_params_backward"}) {
       EXPECT_GE(num(j, k), 0.0) << m << " " << k;
       EXPECT_LE(num(j, k), step * slack) << m << " " << k;
     }
     EXPECT_LE(num(j, "wait_params_forward"), num(j, "forward") * slack) << m;
     EXPECT_LE(num(j, "wait_backward"), num(j, "backward") * slack) << m;
+    EXPECT_LE(num(j, "wait_params_backward"), num(j, "wait_backward") * slack) << m;
     // the forward of a sharded mode waits for its parameters at least once
     EXPECT_GT(num(j, "wait_params_forward"), 0.0) << m;
   }
