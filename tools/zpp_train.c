@@ -182,7 +182,7 @@ static void usage(FILE *out) {
           "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
           "                  with the next layer's backward (1)\n"
           "  --bwd-prefetch D zero3/zeropp: fetch the backward's parameters D\n"
-          "                  layers ahead, 1 to 4 (1)\n"
+          "                  layers ahead, 1 to 4; other modes refuse D > 1 (1)\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
@@ -248,7 +248,15 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v); o->given_ef = 1;
     } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
     } else if (!strcmp(a, "--overlap")) { NEEDV; o->overlap = atoi(v);
-    } else if (!strcmp(a, "--bwd-prefetch")) { NEEDV; o->bwd_prefetch = atoi(v);
+    } else if (!strcmp(a, "--bwd-prefetch")) {
+      NEEDV;
+      char *end;
+      long d = strtol(v, &end, 10);
+      if (end == v || *end || d < 1 || d > 4) {
+        fprintf(stderr, PROG ": --bwd-prefetch %s: must be 1 to 4\n", v);
+        return 2;
+      }
+      o->bwd_prefetch = (int)d;
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -267,9 +275,12 @@ static int parse(int argc, char **argv, opts_t *o) {
                     "must be >= 1, --steps >= 0, --lr > 0\n");
     return 2;
   }
-  if (o->bwd_prefetch < 1 || o->bwd_prefetch > 4) {
-    fprintf(stderr, PROG ": --bwd-prefetch %d: must be 1 to 4\n",
-            o->bwd_prefetch);
+  if (o->bwd_prefetch != 1 && o->mode != M_ZERO3 && o->mode != M_ZEROPP) {
+    /* dp, zero1 and zero2 keep the full parameters: no backward fetch to
+     * move, and a silently ignored D would pass for a measured one */
+    fprintf(stderr, PROG ": --bwd-prefetch %d: only zero3 and zeropp fetch "
+                    "parameters in the backward (--mode %s keeps them)\n",
+            o->bwd_prefetch, mode_names[o->mode]);
     return 2;
   }
   if (o->overlap != 0 && o->overlap != 1) {

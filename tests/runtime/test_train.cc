@@ -207,6 +207,32 @@ TEST(Train, GatheredParamsPeakIsTheLayersAliveAtOnce) {
   }
 }
 
+// --bwd-prefetch's value is checked as given, and modes with no backward
+// fetch (dp, zero1, zero2) refuse a D other than 1 rather than ignore it;
+// the message names the flag and the value (or the mode).  One rank on
+// one node: an accepted flag would run one step and exit 0.  (0 and 5 were
+// refused already; each case is an mpirun start, about 2 s here.)
+TEST(Train, BwdPrefetchRefusesBadValuesAndModesWithoutFetches) {
+  struct Case {
+    const char *args, *says;
+  } cases[] = {{"--bwd-prefetch abc", "--bwd-prefetch abc"},
+               {"--bwd-prefetch 2x", "--bwd-prefetch 2x"},
+               {"--bwd-prefetch 99999999999", "--bwd-prefetch 99999999999"},
+               {"--mode zero2 --bwd-prefetch 3", "--mode zero2"}};
+  for (const Case &c : cases) {
+    std::string cmd = "env ZPP_TOPO=1x1 " + std::string(ZPP_RT_LAUNCH) + " -np 1 " ZPP_RT_TRAIN
+                      " --quiet --steps 1 " + c.args + " 2>&1";
+    FILE *p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr) << cmd;
+    std::string out;
+    char buf[4096];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    int rc = pclose(p);
+    EXPECT_NE(rc, 0) << cmd << "\n" << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << cmd << "\n" << out;
+  }
+}
+
 TEST(Train, ZeroppConvergesWithinTenPercentOfZero3) {
   const std::string &z3 = train("--mode zero3").json;
   const std::string &pp = train("--mode zeropp").json;
