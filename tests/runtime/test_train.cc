@@ -207,6 +207,24 @@ TEST(Train, GatheredParamsPeakIsTheLayersAliveAtOnce) {
   }
 }
 
+// Fewer layers than D + 1: every layer is fetched at the backward's start,
+// each once (a second fetch of a pending group fails the run), so the peak
+// is the whole model; depth 1 and 2 with D = 4 against D = 1, bitwise.
+TEST(Train, BwdPrefetchDeeperThanTheModelFetchesEachLayerOnce) {
+  for (int depth : {1, 2}) {
+    std::string base = "--mode zeropp --steps 3 --depth " + std::to_string(depth);
+    const std::string &d1 = train(base).json;
+    const std::string &d4 = train(base + " --bwd-prefetch 4").json;
+    std::vector<double> sh = list(d4, "shards");
+    ASSERT_EQ(sh.size(), (size_t)depth);
+    double all = 0;
+    for (double x : sh) all += x;
+    EXPECT_EQ(num(d4, "gathered_params_peak"), 2 * num(d4, "world_size") * all)
+        << "--depth " << depth;
+    EXPECT_EQ(raw(d4, "param_checksum"), raw(d1, "param_checksum")) << "--depth " << depth;
+  }
+}
+
 // --bwd-prefetch's value is checked as given, and modes with no backward
 // fetch (dp, zero1, zero2) refuse a D other than 1 rather than ignore it;
 // the message names the flag and the value (or the mode).  One rank on
