@@ -190,18 +190,6 @@ static zpp_quant_config_t stream_q(const zpp_quant_config_t *q, int stage,
   return r;
 }
 
-/* The new residual `res` (the old one on entry) of the compensated chunk
- * x (p->tmp) encoded as out: the error x - decode(out), or with beta its
- * moving average (LoCo). */
-static zpp_status_t store_error(qgz_ctx_t *p, const zpp_quant_config_t *q,
-                                const uint8_t *out, size_t len, float *res) {
-  const qgz_arg_t *a = &p->a;
-  if (a->beta == 0.0f)
-    return zpp_k_update_residual(&a->ex, q, p->tmp, out, len, res);
-  return zpp_k_update_residual_ema(&a->ex, q, p->tmp, out, len, a->beta,
-                                   p->tmp3, res);
-}
-
 /* Error feedback around one encode of `len` elements at `off` of slice
  * (or partial sum) `seg`: x (fp32, may be p->tmp) += residual, encode x
  * into out, store the new error.  fp32 residual: seg * count + off floats
@@ -234,9 +222,8 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
       ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
       ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
     }
-    ZPP_CHECK(zpp_k_add_residual(ex, dt, x, p->tmp2, len, p->tmp));
-    ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, p->tmp, len, off, out));
-    ZPP_CHECK(store_error(p, q, out, len, p->tmp2));
+    ZPP_CHECK(zpp_k_encode_ef(ex, q, dt, x, len, off, p->tmp2, a->beta,
+                              p->tmp, p->tmp3, out));
     ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
     ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
     return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
