@@ -584,12 +584,9 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
   /* Whether the gather will read sendbuf depends on the generations, so
    * its overlap is checked whenever it is passed (zpp_coll.h); size *
    * count * dtype bytes fit size_t (checked by zpp_hpz_create). */
-  if (st == ZPP_OK) {
-    size_t one = hpz->count * zpp_dtype_size(hpz->dtype);
-    st = zpp_coll_check_overlap(func, &ex, "recvbuf", recvbuf,
-                                (size_t)zpp_transport_size(ex.t) * one,
-                                "sendbuf", sendbuf, one, 1);
-  }
+  if (st == ZPP_OK)
+    st = zpp_coll_check_layout_overlap(func, &ex, ZPP_BUFS_GATHER, sendbuf,
+                                       recvbuf, hpz->count, hpz->dtype);
   quant_words(&hpz->cfg.quant, w);
   w[3] = (uint64_t)hpz->cfg.quantized;
   /* the plan travels as the op: ranks that invalidated differently differ */

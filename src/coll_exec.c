@@ -481,22 +481,30 @@ zpp_status_t zpp_coll_check_overlap(const char *func, const zpp_exec_t *ex,
                    a_name);
 }
 
-zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
-                                 zpp_bufs_layout_t layout, const void *send,
-                                 const void *recv, size_t count,
-                                 zpp_dtype_t dtype) {
-  size_t one, all;
-  ZPP_CHECK(zpp_coll_check_bufs_named(func, ex, "sendbuf", send, "recvbuf",
-                                      recv, count, dtype));
+zpp_status_t zpp_coll_check_layout_overlap(const char *func,
+                                           const zpp_exec_t *ex,
+                                           zpp_bufs_layout_t layout,
+                                           const void *send, const void *recv,
+                                           size_t count, zpp_dtype_t dtype) {
   /* size * count * dtype bytes fit size_t (zpp_coll_check_count) */
-  one = count * zpp_dtype_size(dtype);
-  all = one * (size_t)zpp_transport_size(ex->t);
+  size_t one = count * zpp_dtype_size(dtype);
+  size_t all = one * (size_t)zpp_transport_size(ex->t);
   /* the per-rank buffer is named first, as "at <whole buffer> + offset" */
   if (layout == ZPP_BUFS_GATHER)
     return zpp_coll_check_overlap(func, ex, "recvbuf", recv, all, "sendbuf",
                                   send, one, 1);
   return zpp_coll_check_overlap(func, ex, "sendbuf", send, all, "recvbuf",
                                 recv, one, 1);
+}
+
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                                 zpp_bufs_layout_t layout, const void *send,
+                                 const void *recv, size_t count,
+                                 zpp_dtype_t dtype) {
+  ZPP_CHECK(zpp_coll_check_bufs_named(func, ex, "sendbuf", send, "recvbuf",
+                                      recv, count, dtype));
+  return zpp_coll_check_layout_overlap(func, ex, layout, send, recv, count,
+                                       dtype);
 }
 
 zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {

@@ -132,6 +132,14 @@ typedef enum {
   ZPP_BUFS_SCATTER = 1 /* send size * count, recv count elements; in place:
                           recv == send + rank * count */
 } zpp_bufs_layout_t;
+/* The overlap part of zpp_coll_check_bufs: send and recv (count elements
+ * per rank of dtype, the sizes of `layout`) share bytes only in the
+ * layout's in-place form.  size * count * dtype bytes must fit size_t. */
+zpp_status_t zpp_coll_check_layout_overlap(const char *func,
+                                           const zpp_exec_t *ex,
+                                           zpp_bufs_layout_t layout,
+                                           const void *send, const void *recv,
+                                           size_t count, zpp_dtype_t dtype);
 /* zpp_coll_check_count; buffers non-NULL when count > 0; overlapping only
  * in the in-place form of `layout` (zpp_coll_check_overlap); and on device
  * communicators classified as device memory once.  Messages name them
