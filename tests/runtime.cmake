@@ -30,9 +30,10 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
   if(TARGET zpp-train)
     # A plain gtest (no MPI of its own) that launches zpp-train with mpirun.
     string(REPLACE ";" " " _zpp_rt_launch "${_zpp_rt_mpirun}")
-    add_executable(test_runtime_train runtime/test_train.cc)
+    add_executable(test_runtime_train runtime/test_train.cc runtime/train_math_baseline.cc)
     target_link_libraries(test_runtime_train PRIVATE GTest::gtest GTest::gtest_main)
-    target_include_directories(test_runtime_train PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+    target_include_directories(test_runtime_train PRIVATE ${PROJECT_SOURCE_DIR}/tools
+      ${PROJECT_SOURCE_DIR}/kernels/quant)
     target_compile_definitions(test_runtime_train PRIVATE
       ZPP_RT_LAUNCH="${_zpp_rt_launch}"
       ZPP_RT_TRAIN="$<TARGET_FILE:zpp-train>")

@@ -77,8 +77,10 @@ typedef struct {
    * none); the expected loss of the teacher itself is then sigma^2, a
    * floor no model can go below, as a language model's entropy rate */
   float label_noise;
-  /* zero3/zeropp: backward parameter fetches this many layers ahead (1) */
+  /* zero3/zeropp: forward and backward parameter fetches this many
+   * layers ahead (1) */
   int bwd_prefetch;
+  int fwd_prefetch;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -181,8 +183,9 @@ static void usage(FILE *out) {
           "  bitwise baseline); dp ignores all compression flags\n"
           "  --overlap 0|1   start each layer's gradient reduction and overlap it\n"
           "                  with the next layer's backward (1)\n"
-          "  --bwd-prefetch D zero3/zeropp: fetch the backward's parameters D\n"
+          "  --fwd-prefetch D zero3/zeropp: fetch the forward's parameters D\n"
           "                  layers ahead, 1 to 4; other modes refuse D > 1 (1)\n"
+          "  --bwd-prefetch D the same for the backward's parameters (1)\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
           "  --quiet         no per-step lines\n");
@@ -191,7 +194,7 @@ static void usage(FILE *out) {
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
                 8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0,
-                0.0f, 1};
+                0.0f, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -248,15 +251,15 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--ef")) { NEEDV; o->ef = atoi(v); o->given_ef = 1;
     } else if (!strcmp(a, "--block")) { NEEDV; o->block = strtoull(v, NULL, 10);
     } else if (!strcmp(a, "--overlap")) { NEEDV; o->overlap = atoi(v);
-    } else if (!strcmp(a, "--bwd-prefetch")) {
+    } else if (!strcmp(a, "--bwd-prefetch") || !strcmp(a, "--fwd-prefetch")) {
       NEEDV;
       char *end;
       long d = strtol(v, &end, 10);
       if (end == v || *end || d < 1 || d > 4) {
-        fprintf(stderr, PROG ": --bwd-prefetch %s: must be 1 to 4\n", v);
+        fprintf(stderr, PROG ": %s %s: must be 1 to 4\n", a, v);
         return 2;
       }
-      o->bwd_prefetch = (int)d;
+      *(a[2] == 'b' ? &o->bwd_prefetch : &o->fwd_prefetch) = (int)d;
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -275,12 +278,16 @@ static int parse(int argc, char **argv, opts_t *o) {
                     "must be >= 1, --steps >= 0, --lr > 0\n");
     return 2;
   }
-  if (o->bwd_prefetch != 1 && o->mode != M_ZERO3 && o->mode != M_ZEROPP) {
-    /* dp, zero1 and zero2 keep the full parameters: no backward fetch to
-     * move, and a silently ignored D would pass for a measured one */
-    fprintf(stderr, PROG ": --bwd-prefetch %d: only zero3 and zeropp fetch "
-                    "parameters in the backward (--mode %s keeps them)\n",
-            o->bwd_prefetch, mode_names[o->mode]);
+  if ((o->bwd_prefetch != 1 || o->fwd_prefetch != 1) && o->mode != M_ZERO3 &&
+      o->mode != M_ZEROPP) {
+    /* dp, zero1 and zero2 keep the full parameters: no fetch to move, and
+     * a silently ignored D would pass for a measured one */
+    fprintf(stderr, PROG ": --%s-prefetch %d: only zero3 and zeropp fetch "
+                    "parameters in the forward and backward (--mode %s keeps "
+                    "them)\n",
+            o->bwd_prefetch != 1 ? "bwd" : "fwd",
+            o->bwd_prefetch != 1 ? o->bwd_prefetch : o->fwd_prefetch,
+            mode_names[o->mode]);
     return 2;
   }
   if (o->overlap != 0 && o->overlap != 1) {
@@ -467,8 +474,6 @@ int main(int argc, char **argv) {
   for (int l = 0; l <= L; l++)
     act[l] = xcalloc((size_t)bl * maxd, 4);
   float *dcur = xcalloc((size_t)bl * maxd, 4), *dprev = xcalloc((size_t)bl * maxd, 4);
-  float *gacc = xcalloc(max_padded, 4);
-  float *wtmp = xcalloc(max_padded, 4);
   /* the forward's input, transposed: [fan_in][ns] (tools/train_math.h) */
   const size_t ns = train_lanes(bl);
   float *xt = xcalloc((size_t)maxd * ns, 4);
@@ -520,19 +525,22 @@ int main(int argc, char **argv) {
             urand(o.seed, 2, ((uint64_t)step << 32) ^
                                  ((uint64_t)(sample0 + b) * o.in_dim + i));
     /* ---- forward ---- */
+    /* parameters fetched fwd_prefetch layers ahead of their use */
+    const int DF = o.fwd_prefetch;
     size_t full_live = 0;
     if (sharded_param)
-      ZCALL(zpp_pgroup_fetch(ly[0].pg, ZPP_FETCH_FORWARD, NULL));
+      for (int k = 0; k < DF && k < L; k++) {
+        ZCALL(zpp_pgroup_fetch(ly[k].pg, ZPP_FETCH_FORWARD, NULL));
+        full_live += ly[k].padded * 2;
+      }
     for (int l = 0; l < L; l++) {
       layer_t *y = &ly[l];
       const uint16_t *w = y->wfull;
       if (sharded_param) {
         void *full;
-        if (l == 0) /* later layers were counted at their prefetch */
-          full_live += y->padded * 2;
-        if (l + 1 < L) { /* prefetch the next layer */
-          ZCALL(zpp_pgroup_fetch(ly[l + 1].pg, ZPP_FETCH_FORWARD, NULL));
-          full_live += ly[l + 1].padded * 2;
+        if (l + DF < L) { /* prefetch DF layers ahead */
+          ZCALL(zpp_pgroup_fetch(ly[l + DF].pg, ZPP_FETCH_FORWARD, NULL));
+          full_live += ly[l + DF].padded * 2;
         }
         if (full_live > peak_full)
           peak_full = full_live;
@@ -541,11 +549,9 @@ int main(int argc, char **argv) {
         tp[PH_WAIT_FWD] += MPI_Wtime() - tw;
         w = full;
       }
-      for (size_t i = 0; i < y->n; i++)
-        wtmp[i] = bf(w[i]);
-      const float *bias = wtmp + (size_t)y->fan_out * y->fan_in;
+      const uint16_t *bias = w + (size_t)y->fan_out * y->fan_in;
       train_transpose(act[l], (size_t)maxd, bl, y->fan_in, ns, xt);
-      train_forward(wtmp, bias, y->fan_out, y->fan_in, xt, ns, bl, act[l + 1],
+      train_forward(w, bias, y->fan_out, y->fan_in, xt, ns, bl, act[l + 1],
                     (size_t)maxd);
       if (l != L - 1)
         for (int b = 0; b < bl; b++)
@@ -627,12 +633,6 @@ int main(int argc, char **argv) {
         tp[PH_WAIT_BWD_PARAMS] += tw;
         w = full;
       }
-      for (size_t i = 0; i < y->n; i++)
-        wtmp[i] = bf(w[i]);
-      if (sharded_param) {
-        ZCALL(zpp_pgroup_release(y->pg));
-        full_live -= y->padded * 2;
-      }
       /* dcur holds dLoss/d(output of layer l) pre-activation for the last
        * layer; for tanh layers convert through the derivative */
       if (l != L - 1)
@@ -642,26 +642,32 @@ int main(int argc, char **argv) {
             dcur[(size_t)b * maxd + k] *= 1.0f - a * a;
           }
       /* samples in order (tools/train_math.h): deterministic */
-      train_weight_grad(dcur, (size_t)maxd, act[l], (size_t)maxd, bl,
-                        y->fan_out, y->fan_in, gacc,
-                        gacc + (size_t)y->fan_out * y->fan_in);
       if (l > 0)
-        train_input_grad(wtmp, y->fan_out, y->fan_in, dcur, (size_t)maxd, bl,
+        train_input_grad(w, y->fan_out, y->fan_in, dcur, (size_t)maxd, bl,
                          dprev, (size_t)maxd);
-      float *t = dcur;
-      dcur = dprev;
-      dprev = t;
-      /* the bf16 gradient (padded tail zero) is reduced into its owner's
-       * shard: the same call in every non-quantized mode.  Overlapped: the
-       * reduction two layers back read this buffer (zero2/3) */
+      if (sharded_param) {
+        ZCALL(zpp_pgroup_release(y->pg));
+        full_live -= y->padded * 2;
+      }
+      /* Overlapped: the reduction two layers back read the buffer the
+       * gradient goes to (zero2/3) */
       if (sharded_grad && o.overlap && l + 2 < L && rs_req[l + 2] != NULL) {
         tw = MPI_Wtime();
         ZCALL(zpp_request_wait(rs_req[l + 2]));
         tp[PH_WAIT_BWD] += MPI_Wtime() - tw;
         rs_req[l + 2] = NULL;
       }
-      for (size_t i = 0; i < y->padded; i++)
-        y->gfull[i] = i < y->n ? tobf(gacc[i]) : 0;
+      /* the bf16 gradient, padded tail zero (the buffer is shared by
+       * layers of other sizes) */
+      train_weight_grad(dcur, (size_t)maxd, act[l], (size_t)maxd, bl,
+                        y->fan_out, y->fan_in, y->gfull,
+                        y->gfull + (size_t)y->fan_out * y->fan_in);
+      memset(y->gfull + y->n, 0, (y->padded - y->n) * 2);
+      float *t = dcur;
+      dcur = dprev;
+      dprev = t;
+      /* reduced into its owner's shard: the same call in every
+       * non-quantized mode */
       ZCALL(zpp_pgroup_reduce_gradients(y->pg, y->gfull, y->gshard,
                                         ZPP_OP_MEAN, NULL,
                                         o.overlap ? &rs_req[l] : NULL));
@@ -911,8 +917,6 @@ int main(int argc, char **argv) {
   free(ag_req);
   free(dcur);
   free(dprev);
-  free(gacc);
-  free(wtmp);
   free(xt);
   free(teacher);
   free(all_stats);

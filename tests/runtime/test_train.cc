@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "train_math.h"
+#include "train_math_baseline.h"
 
 namespace {
 
@@ -182,28 +183,31 @@ TEST(Train, PhaseTimesStayWithinTheStepAndTheirWaitsWithinThem) {
 }
 
 // gathered_params_peak: the full bf16 layers alive at once, the current
-// one and those fetched ahead (forward: the next layer; backward:
-// --bwd-prefetch D layers), so 2 bytes x world x the largest sum of the
-// shards of D + 1 consecutive layers (2 in the forward); the depth of the
-// prefetch changes no bit of the result.  (It once counted every
-// prefetched layer twice and reported almost the whole model.)
+// one and those fetched ahead (forward: --fwd-prefetch F layers;
+// backward: --bwd-prefetch D layers), so 2 bytes x world x the largest sum
+// of the shards of F + 1 (forward) or D + 1 (backward) consecutive layers;
+// the depth of the prefetch changes no bit of the result.  (It once
+// counted every prefetched layer twice and reported almost the whole
+// model.)
 TEST(Train, GatheredParamsPeakIsTheLayersAliveAtOnce) {
   const std::string &d1 = train("--mode zeropp").json;
-  for (int d : {1, 3}) {
-    const std::string &j = d == 1 ? d1 : train("--mode zeropp --bwd-prefetch 3").json;
+  for (auto fd : {std::make_pair(1, 1), std::make_pair(1, 3), std::make_pair(3, 1)}) {
+    const int f = fd.first, d = fd.second;
+    const std::string args = "--mode zeropp --fwd-prefetch " + std::to_string(f) +
+                             " --bwd-prefetch " + std::to_string(d);
+    const std::string &j = f == 1 && d == 1 ? d1 : train(args).json;
     std::vector<double> sh = list(j, "shards");
     ASSERT_GE(sh.size(), 4u);
     double worst = 0;
-    for (int win : {2, d + 1})
+    for (int win : {f + 1, d + 1})
       for (size_t a = 0; a + win <= sh.size(); a++) {
         double sum = 0;
         for (int k = 0; k < win; k++) sum += sh[a + k];
         worst = std::max(worst, sum);
       }
-    EXPECT_EQ(num(j, "gathered_params_peak"), 2 * num(j, "world_size") * worst)
-        << "--bwd-prefetch " << d;
-    EXPECT_EQ(raw(j, "param_checksum"), raw(d1, "param_checksum")) << "--bwd-prefetch " << d;
-    EXPECT_EQ(raw(j, "loss_curve_checksum"), raw(d1, "loss_curve_checksum"));
+    EXPECT_EQ(num(j, "gathered_params_peak"), 2 * num(j, "world_size") * worst) << args;
+    EXPECT_EQ(raw(j, "param_checksum"), raw(d1, "param_checksum")) << args;
+    EXPECT_EQ(raw(j, "loss_curve_checksum"), raw(d1, "loss_curve_checksum")) << args;
   }
 }
 
@@ -225,8 +229,9 @@ TEST(Train, BwdPrefetchDeeperThanTheModelFetchesEachLayerOnce) {
   }
 }
 
-// --bwd-prefetch's value is checked as given, and modes with no backward
-// fetch (dp, zero1, zero2) refuse a D other than 1 rather than ignore it;
+// --bwd-prefetch's and --fwd-prefetch's values are checked as given, and
+// modes with no fetch (dp, zero1, zero2) refuse a D other than 1 rather
+// than ignore it;
 // the message names the flag and the value (or the mode).  One rank on
 // one node: an accepted flag would run one step and exit 0.  (0 and 5 were
 // refused already; each case is an mpirun start, about 2 s here.)
@@ -236,7 +241,9 @@ TEST(Train, BwdPrefetchRefusesBadValuesAndModesWithoutFetches) {
   } cases[] = {{"--bwd-prefetch abc", "--bwd-prefetch abc"},
                {"--bwd-prefetch 2x", "--bwd-prefetch 2x"},
                {"--bwd-prefetch 99999999999", "--bwd-prefetch 99999999999"},
-               {"--mode zero2 --bwd-prefetch 3", "--mode zero2"}};
+               {"--mode zero2 --bwd-prefetch 3", "--mode zero2"},
+               {"--fwd-prefetch 0", "--fwd-prefetch 0"},
+               {"--mode zero1 --fwd-prefetch 2", "--fwd-prefetch 2"}};
   for (const Case &c : cases) {
     std::string cmd = "env ZPP_TOPO=1x1 " + std::string(ZPP_RT_LAUNCH) + " -np 1 " ZPP_RT_TRAIN
                       " --quiet --steps 1 " + c.args + " 2>&1";
@@ -420,11 +427,25 @@ TEST(Train, LabelNoiseGivesTheLossAFloorOfItsVariance) {
 // The trainer's layer arithmetic reorders the per-sample loops across
 // independent sums only, so it must give their bits exactly.  The
 // reference is those loops, written plainly (one sample at a time, each
-// sum left to right).  Shapes cover the tiles' tails (rows % 8, inputs %
-// 32 and % 4, samples % 4, rows > 64: several row blocks of the input
+// sum left to right, in fp32 on the bf16 weights widened, the weight
+// gradient rounded to bf16 by zpp_qm_f32_to_bf16 at the end).  The
+// kernels run on the CPU's widest path (AVX2 where it has it: the
+// target_clones of tools/train_math.h); each lane is a separate sum, so
+// every path must give these bits.  Shapes cover the tiles' tails (rows % 8, inputs %
+// 64 and % 8, samples % 8, rows > 64: several row blocks of the input
 // gradient).  Inputs span 2^-12..2^12, so a reordered sum would change
 // bits: checked on the data itself (one reversed dot product differs).
-TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
+struct TrainKernels {
+  const char *name;
+  void (*forward)(const uint16_t *, const uint16_t *, int, int, const float *, size_t, int,
+                  float *, size_t);
+  void (*weight_grad)(const float *, size_t, const float *, size_t, int, int, int, uint16_t *,
+                      uint16_t *);
+  void (*input_grad)(const uint16_t *, int, int, const float *, size_t, int, float *, size_t);
+};
+
+void CheckLayerKernels(const TrainKernels &kern) {
+  SCOPED_TRACE(kern.name);
   const unsigned seed = 20250611;
   std::printf("seed %u\n", seed);
   std::mt19937 gen(seed);
@@ -435,12 +456,18 @@ TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
   };
   int reorder_seen = 0;
   for (int fan_out : {1, 5, 8, 13, 70, 130})
-    for (int fan_in : {1, 3, 4, 31, 32, 37, 100})
-      for (int bl : {1, 2, 3, 4, 5, 8, 9}) {
+    for (int fan_in : {1, 3, 8, 31, 64, 71, 130})
+      for (int bl : {1, 3, 7, 8, 9, 16, 17}) {
         const size_t ld = 131, ns = train_lanes(bl); // ld > every width
         std::vector<float> w((size_t)fan_out * fan_in + fan_out), x(ld * bl),
             d(ld * bl);
         fill(w), fill(x), fill(d);
+        // the weights as the trainer holds them: bf16; w is their value
+        std::vector<uint16_t> wb(w.size());
+        for (size_t j = 0; j < w.size(); j++) {
+          wb[j] = zpp_qm_f32_to_bf16(w[j]);
+          w[j] = zpp_qm_bf16_to_f32(wb[j]);
+        }
         const float *bias = w.data() + (size_t)fan_out * fan_in;
         // reference: the per-sample loops
         std::vector<float> z0(ld * bl), g0(w.size(), 0.0f), dp0(ld * bl);
@@ -466,13 +493,15 @@ TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
           }
         // the trainer's kernels; outputs start as NaN, and the rest of each
         // row (the trainer's rows are max-width long) must stay NaN
-        std::vector<float> xt((size_t)fan_in * ns), z(ld * bl, NAN), g(w.size(), NAN),
-            dp(ld * bl, NAN);
+        // (bf16 NaN for the gradient: 0x7fc1, which no finite sum rounds to)
+        std::vector<float> xt((size_t)fan_in * ns), z(ld * bl, NAN), dp(ld * bl, NAN);
+        std::vector<uint16_t> g(w.size() + 9, 0x7fc1);
+        const uint16_t *wbias = wb.data() + (size_t)fan_out * fan_in;
         train_transpose(x.data(), ld, bl, fan_in, ns, xt.data());
-        train_forward(w.data(), bias, fan_out, fan_in, xt.data(), ns, bl, z.data(), ld);
-        train_weight_grad(d.data(), ld, x.data(), ld, bl, fan_out, fan_in, g.data(),
+        kern.forward(wb.data(), wbias, fan_out, fan_in, xt.data(), ns, bl, z.data(), ld);
+        kern.weight_grad(d.data(), ld, x.data(), ld, bl, fan_out, fan_in, g.data(),
                           g.data() + (size_t)fan_out * fan_in);
-        train_input_grad(w.data(), fan_out, fan_in, d.data(), ld, bl, dp.data(), ld);
+        kern.input_grad(wb.data(), fan_out, fan_in, d.data(), ld, bl, dp.data(), ld);
         int bad_z = 0, bad_g = 0, bad_dp = 0, outside = 0;
         for (int b = 0; b < bl; b++) {
           for (int k = 0; k < fan_out; k++)
@@ -482,15 +511,54 @@ TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
           for (size_t k = fan_out; k < ld; k++) outside += !std::isnan(z[b * ld + k]);
           for (size_t i = fan_in; i < ld; i++) outside += !std::isnan(dp[b * ld + i]);
         }
-        for (size_t j = 0; j < g.size(); j++) bad_g += std::memcmp(&g[j], &g0[j], 4) != 0;
+        for (size_t j = 0; j < g0.size(); j++) bad_g += g[j] != zpp_qm_f32_to_bf16(g0[j]);
+        for (size_t j = g0.size(); j < g.size(); j++) outside += g[j] != 0x7fc1;
         EXPECT_EQ(outside, 0) << "fan_out " << fan_out << " fan_in " << fan_in << " bl "
-                              << bl << ": elements written past a row's end";
+                              << bl << ": elements written past a row's end (or the "
+                              << "gradient's)";
         EXPECT_EQ(bad_z + bad_g + bad_dp, 0)
             << "fan_out " << fan_out << " fan_in " << fan_in << " bl " << bl
             << ": elements differing from the reference: forward " << bad_z
             << ", weight gradient " << bad_g << ", input gradient " << bad_dp;
       }
   EXPECT_GT(reorder_seen, 0) << "the data cannot tell a reordered sum from the reference";
+}
+
+TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {
+  CheckLayerKernels({"dispatched (AVX2 where the CPU has it)", train_forward,
+                     train_weight_grad, train_input_grad});
+  CheckLayerKernels({"baseline", baseline_train_forward, baseline_train_weight_grad,
+                     baseline_train_input_grad});
+}
+
+// The weight gradient's vector rounding to bf16 (train_store_bf) against
+// the scalar one of the library (zpp_qm_f32_to_bf16), on every rounding
+// boundary of every bf16 value (the exact ties, and one ulp either side),
+// the specials (NaNs with their payloads, infinities, the largest finite
+// values that round to Inf, subnormals) and a stride through all floats.
+TEST(TrainMath, GradientRoundingIsTheLibrarysBf16) {
+  std::vector<uint32_t> in;
+  for (uint32_t h = 0; h < 65536; h++)
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+      in.push_back(h << 16 | low);
+  for (uint64_t u = 0; u < (1ull << 32); u += 65521) in.push_back((uint32_t)u);
+  while (in.size() % 8) in.push_back(0x7fc00001u);
+  int bad = 0;
+  for (size_t j = 0; j < in.size(); j += 8) {
+    train_vf v;
+    std::memcpy(&v, &in[j], sizeof v);
+    uint16_t got[8];
+    train_store_bf(got, v);
+    for (int t = 0; t < 8; t++) {
+      float f;
+      std::memcpy(&f, &in[j + t], 4);
+      const uint16_t want = zpp_qm_f32_to_bf16(f);
+      if (got[t] != want && bad++ < 5)
+        ADD_FAILURE() << std::hex << "0x" << in[j + t] << ": 0x" << got[t] << ", want 0x"
+                      << want;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << in.size() << " values";
 }
 
 }  // namespace
