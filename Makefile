@@ -56,7 +56,7 @@ asan: deps
 
 # ThreadSanitizer on the threading code: the engine thread, requests,
 # the transports' locks (tests/sanitizers/README.md).
-TSAN_TARGETS = test_engine test_transport
+TSAN_TARGETS = test_engine test_transport test_runtime_train
 
 tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_SANITIZE=thread \
@@ -120,7 +120,7 @@ test-asan-mpi: asan
 test-tsan: tsan
 	cd $(TSAN_BUILD) && UCX_MEM_EVENTS=no \
 	  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp" \
-	  ctest --output-on-failure --no-tests=error -L mpi -R '^(engine_2x2|transport_mpi_2x2)$$'
+	  ctest --output-on-failure --no-tests=error -R '^(engine_2x2|transport_mpi_2x2|runtime_train_math)$$'
 
 test-fuzz: fuzz
 	@if [ -d $(FUZZ_BUILD)/tests/fuzz ]; then \

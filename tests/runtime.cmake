@@ -41,6 +41,11 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
     add_test(NAME runtime_train_2x2 COMMAND test_runtime_train)
     set_tests_properties(runtime_train_2x2 PROPERTIES LABELS mpi TIMEOUT 240
       ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+    # The layer kernels alone (no mpirun), also in make test-tsan: there the
+    # kernels' target_clones resolver crashed the program at load.
+    add_test(NAME runtime_train_math
+      COMMAND test_runtime_train --gtest_filter=TrainMath.*)
+    set_tests_properties(runtime_train_math PROPERTIES LABELS unit TIMEOUT 120)
   endif()
 
   # docs/runtime.md's example: compiled, run, and kept verbatim in the doc.

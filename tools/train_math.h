@@ -46,9 +46,20 @@ typedef uint32_t train_vu __attribute__((vector_size(32)));
 typedef uint16_t train_vh __attribute__((vector_size(16)));
 #define TRAIN_LANES 8
 
-/* ZPP_TRAIN_NO_CLONES: the baseline only (tests/runtime checks both) */
+/* ZPP_TRAIN_NO_CLONES: the baseline only (tests/runtime checks both).
+ * ThreadSanitizer builds (ZPP_SANITIZE=thread) get the baseline too: the
+ * clones' ifunc resolver is instrumented and runs during relocation,
+ * before the TSan runtime is initialized, so the program crashed at load
+ * (zpp-train --help included). */
+#if defined(__SANITIZE_THREAD__)
+#define TRAIN_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TRAIN_TSAN 1
+#endif
+#endif
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__)) && \
-    !defined(ZPP_TRAIN_NO_CLONES)
+    !defined(ZPP_TRAIN_NO_CLONES) && !defined(TRAIN_TSAN)
 #define TRAIN_KERNEL static __attribute__((target_clones("avx2", "default")))
 #else
 #define TRAIN_KERNEL static
