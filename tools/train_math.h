@@ -60,9 +60,16 @@ typedef uint16_t train_vh __attribute__((vector_size(16)));
 #endif
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__)) && \
     !defined(ZPP_TRAIN_NO_CLONES) && !defined(TRAIN_TSAN)
-#define TRAIN_KERNEL static __attribute__((target_clones("avx2", "default")))
+#define TRAIN_KERNEL                                                           \
+  static inline __attribute__((target_clones("avx2", "default")))
 #else
-#define TRAIN_KERNEL static
+#define TRAIN_KERNEL static inline
+#endif
+
+/* train_load_bf16x2's shuffles put each bf16 in the high half of a 32-bit
+ * lane of a little-endian vector */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tools/train_math.h: little-endian targets only"
 #endif
 
 /* The vector helpers are macros (GNU statement expressions), not
