@@ -30,6 +30,26 @@ install_python_env() {
   echo "$want" > "$stamp"
 }
 
+# matplotlib for the python3 on PATH: perf/bandwidth_study.sh draws its
+# plots with it and refuses to start without it, and make test runs the
+# study's own tests (tests/bandwidth_study_timeout_test.sh).  From PyPI,
+# pinned; where that python3 takes no pip installs (a Debian system
+# python, PEP 668) Debian's python3-matplotlib, as root.
+install_matplotlib() {
+  python3 -c 'import matplotlib' 2>/dev/null && return 0
+  echo "zpp: installing matplotlib for $(command -v python3)"
+  if ! python3 -m pip install -q --disable-pip-version-check \
+       'matplotlib==3.9.2' 2>/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "zpp: run as root, or: python3 -m pip install matplotlib" >&2
+      return 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends python3-matplotlib
+  fi
+  python3 -c 'import matplotlib' # fails loudly if still missing
+}
+
 # iproute2 (ip, tc) and util-linux (unshare, flock): the namespace cluster
 # of scripts/netns_cluster.sh (make test-cluster).  clang and its runtime
 # libraries (libFuzzer, the sanitizers) build the fuzz targets of
@@ -43,6 +63,7 @@ for p in "${pkgs[@]}"; do
     || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
+  install_matplotlib
   [ "$python_env" = 1 ] && install_python_env
   exit 0
 fi
@@ -54,5 +75,6 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_matplotlib
 [ "$python_env" = 1 ] && install_python_env
 exit 0
