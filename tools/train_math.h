@@ -121,15 +121,16 @@ typedef uint16_t train_vh __attribute__((vector_size(16)));
     v_;                                                                        \
   })
 
-/* Two-input shuffles: GCC's and Clang's builtins differ. */
+/* Two-input shuffle of vectors a and b by the constant lane indices that
+ * follow, of the mask type mask_t (an integer vector of a's lane count and
+ * width): GCC's builtin takes the mask as a vector, Clang's as arguments. */
 typedef uint16_t train_vh16 __attribute__((vector_size(32)));
 #if defined(__clang__)
-#define TRAIN_SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#define TRAIN_SHUFFLE2_H(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#define TRAIN_SHUFFLE(mask_t, a, b, ...)                                       \
+  __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
-#define TRAIN_SHUFFLE2(a, b, ...) __builtin_shuffle(a, b, (train_vu){__VA_ARGS__})
-#define TRAIN_SHUFFLE2_H(a, b, ...)                                            \
-  __builtin_shuffle(a, b, (train_vh16){__VA_ARGS__})
+#define TRAIN_SHUFFLE(mask_t, a, b, ...)                                       \
+  __builtin_shuffle(a, b, (mask_t){__VA_ARGS__})
 #endif
 
 /* 16 bf16 at p, widened into lo and hi in the order of AVX2's in-lane
@@ -141,10 +142,12 @@ typedef uint16_t train_vh16 __attribute__((vector_size(32)));
     const train_vh16 z_ = {0};                                                 \
     train_vh16 h_;                                                             \
     memcpy(&h_, (p), sizeof h_);                                               \
-    const train_vh16 l_ = TRAIN_SHUFFLE2_H(z_, h_, 0, 16, 0, 17, 0, 18, 0, 19, \
-                                           0, 24, 0, 25, 0, 26, 0, 27);        \
-    const train_vh16 u_ = TRAIN_SHUFFLE2_H(z_, h_, 0, 20, 0, 21, 0, 22, 0, 23, \
-                                           0, 28, 0, 29, 0, 30, 0, 31);        \
+    const train_vh16 l_ = TRAIN_SHUFFLE(train_vh16, z_, h_, 0, 16, 0, 17, 0,  \
+                                        18, 0, 19, 0, 24, 0, 25, 0, 26, 0,    \
+                                        27);                                  \
+    const train_vh16 u_ = TRAIN_SHUFFLE(train_vh16, z_, h_, 0, 20, 0, 21, 0,  \
+                                        22, 0, 23, 0, 28, 0, 29, 0, 30, 0,    \
+                                        31);                                  \
     memcpy(&(lo), &l_, sizeof(lo));                                            \
     memcpy(&(hi), &u_, sizeof(hi));                                            \
   } while (0)
@@ -153,8 +156,8 @@ typedef uint16_t train_vh16 __attribute__((vector_size(32)));
 #define train_swap_halves(x, y, lo, hi)                                        \
   do {                                                                         \
     const train_vf x_ = (x), y_ = (y);                                         \
-    (lo) = TRAIN_SHUFFLE2(x_, y_, 0, 1, 2, 3, 8, 9, 10, 11);                   \
-    (hi) = TRAIN_SHUFFLE2(x_, y_, 4, 5, 6, 7, 12, 13, 14, 15);                 \
+    (lo) = TRAIN_SHUFFLE(train_vu, x_, y_, 0, 1, 2, 3, 8, 9, 10, 11);         \
+    (hi) = TRAIN_SHUFFLE(train_vu, x_, y_, 4, 5, 6, 7, 12, 13, 14, 15);       \
   } while (0)
 
 /* v rounded to 8 bf16 at p, lane by lane zpp_qm_f32_to_bf16: nearest
@@ -301,8 +304,9 @@ TRAIN_KERNEL void train_input_grad(const uint16_t *w, int fan_out, int fan_in,
         train_vf a[8];
         for (int v = 0; v < 4; v++)
           if (k0)
-            train_swap_halves(train_load(o + 16 * v), train_load(o + 16 * v + 8),
-                              a[2 * v], a[2 * v + 1]);
+            train_swap_halves(train_load(o + 16 * v),
+                              train_load(o + 16 * v + 8), a[2 * v],
+                              a[2 * v + 1]);
           else
             a[2 * v] = a[2 * v + 1] = train_splat(0.0f);
         for (int k = k0; k < k1; k++) {
