@@ -7,7 +7,8 @@
  * Variants: <dtype> (baseline), <dtype>-flat (the same on a communicator
  * with the flat algorithm, pairwise), qgz4 (INT4 in and across nodes), qgz8
  * (INT8 both), qgzA-B (A bits inside the node, B across: qgz8-4 is the
- * ZeRO++ setting), mpi (Open MPI's own MPI_Reduce_scatter_block on the same
+ * ZeRO++ setting; A = 16: ZPP_QGZ_INTRA_RAW, the dtype inside the node,
+ * not quantized), mpi (Open MPI's own MPI_Reduce_scatter_block on the same
  * buffers: zpp_bench_mpi_reduce_scatter; not in the default list).
  * Size: the bytes of one rank's INPUT in the data dtype; count = size /
  * dtype size / world elements per rank in the output.
@@ -50,7 +51,7 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   if (sscanf(tok, "qgz%d-%d%n", &a, &b, &n) == 2 && tok[n] == '\0' &&
-      bits_ok(a) && bits_ok(b)) {
+      (bits_ok(a) || a == ZPP_QGZ_INTRA_RAW) && bits_ok(b)) {
     v->kind = RS_QGZ;
     v->bits = a;
     v->bits2 = b;
@@ -62,8 +63,9 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   snprintf(err, errlen,
-           "must be %s (baseline), %s-flat, qgz4, qgz8, qgzA-B with A, B in "
-           "{4, 8} (A bits inside the node, B across nodes), or mpi",
+           "must be %s (baseline), %s-flat, qgz4, qgz8, qgzA-B with A in "
+           "{4, 8, 16} and B in {4, 8} (A bits inside the node, 16: not "
+           "quantized; B across nodes), or mpi",
            zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
@@ -200,7 +202,8 @@ static void rs_check_mpi(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
 /* qgZ: the two-stage bound of docs/collectives.md ("qgZ", "Error bound"),
  * as tests/test_coll.cc qgz_reference computes it, for one block of my
  * slice.  Stage 1 quantizes each rank's block with intra_bits
- * (error h1 from that block's own scale); stage 2, with two levels, the
+ * (error h1 from that block's own scale; none when stage 1 is raw, and
+ * inter_bits for the flat stage of uneven nodes); stage 2, with two levels, the
  * partial sum of each node, bounded by U = sum over the node of |x| + h1;
  * plus (world + nodes) fp32 additions and the output rounding. */
 static void rs_check_qgz(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
@@ -214,14 +217,20 @@ static void rs_check_qgz(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
   double *h2 = abssum + len, *u = h2 + len; /* u: m * len */
   double levels2 = (double)((1 << (c->v->bits2 - 1)) - 1);
   double out_rel = zpp_bench_out_rel(o->dtype);
+  int bits1 = c->v->bits;
+  if (bits1 == ZPP_QGZ_INTRA_RAW) /* raw: two levels, one node; else flat */
+    bits1 = two || m <= 1 ? 0 : c->v->bits2;
   memset(sum, 0, (4 + (size_t)m) * len * sizeof *x);
   for (r = 0; r < w; r++) {
-    double scale, range;
+    double scale = 0, range = 0;
     for (i = 0; i < len; i++)
       x[i] = zpp_bench_value(o->seed, r, base + b0 + i, o->dtype);
-    zpp_bench_block_params(x, len, c->v->bits, &scale, &range);
+    if (bits1)
+      zpp_bench_block_params(x, len, bits1, &scale, &range);
     for (i = 0; i < len; i++) {
-      double h1 = zpp_bench_quant_bound(scale, range, x[i], 0, ZPP_FLOAT32);
+      double h1 = bits1 ? zpp_bench_quant_bound(scale, range, x[i], 0,
+                                                ZPP_FLOAT32)
+                        : 0.0;
       sum[i] += x[i];
       h1sum[i] += h1;
       abssum[i] += fabs(x[i]);
@@ -293,7 +302,8 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "reduce_scatter)",
     "<dtype> (zpp_reduce_scatter, the baseline), <dtype>-flat (pairwise, "
     "ZPP_ALGORITHM_FLAT), qgz4, qgz8, qgzA-B "
-    "(zpp_qgz_reduce_scatter, A bits inside the node, B across nodes, "
+    "(zpp_qgz_reduce_scatter, A bits inside the node (16: not quantized, "
+    "ZPP_QGZ_INTRA_RAW), B across nodes, "
     "symmetric, --block elements per scale, no error feedback), mpi (Open "
     "MPI's MPI_Reduce_scatter_block on the same buffers; 16-bit dtypes with "
     "a user-defined sum that rounds each partial sum to the dtype)",

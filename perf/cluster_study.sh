@@ -9,7 +9,8 @@
 #   400mbit   per node = 4 x 0.1 Gbit/s: 100 Gb Ethernet
 #   none      unshaped veth (what 2 shared cores move through TCP)
 # At each: zpp-bench all-gather (bf16, bf16-flat, qwz8, qwz4, Open MPI's
-# MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, Open MPI's
+# MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, qgz16-4
+# (bf16 inside the node, INT4 across), Open MPI's
 # MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4), -w 1 -n 5: median and
 # spread of 5 timed iterations; and zpp on its UCX backend (--backend ucx:
 # bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.
@@ -53,7 +54,7 @@ trap '"$cluster" down; rm -f "$out/.bench.out" "$out/.bench.err"' EXIT
 read -r -a rates <<< "${ZPP_CLUSTER_STUDY_RATES:-1600mbit 400mbit none}"
 maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
 iters=${ZPP_CLUSTER_STUDY_ITERS:-5}
-declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,mpi)
+declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi)
 declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 # zpp over its UCX backend on the same links (UCX's TCP between the nodes,
 # shared memory inside one): rows named ucx-<variant>.

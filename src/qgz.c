@@ -15,7 +15,11 @@
  *            order: the sum over the world of slice w(n, l) = my slice.
  *   finish:  divide by the world size for MEAN, round once to dtype.
  * Uneven nodes: one flat all-to-all over the world (stage 1 only, over
- * all ranks).  Bytes and the error bound: docs/design.md, "qgZ".
+ * all ranks).  intra_bits ZPP_QGZ_INTRA_RAW: stage 1 sends the slices in
+ * the dtype and sums them in fp32 (no codes, no error, no stage-1
+ * residual); the flat stage of uneven nodes, which crosses the network,
+ * then quantizes in inter_bits, and one node quantizes nothing.  Bytes and
+ * the error bound: docs/collectives.md, "qgZ".
  */
 #include "coll_internal.h"
 #include "plan.h"
@@ -67,8 +71,18 @@ zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
   return ZPP_OK;
 }
 
-static size_t qgz_levels(const zpp_transport_t *t) {
-  return (size_t)zpp_transport_size(t) +
+/* Stage 1 of a config with intra_bits ZPP_QGZ_INTRA_RAW is not quantized
+ * on two levels and on one node; the flat stage of uneven nodes crosses the
+ * network and quantizes in inter_bits. */
+static int qgz_raw1(const zpp_transport_t *t, int intra_bits) {
+  return intra_bits == ZPP_QGZ_INTRA_RAW &&
+         (qgz_two_level(t) || zpp_transport_topo(t)->nnodes <= 1);
+}
+
+/* Residual segments: one per quantized stage-1 slice (W, none when stage
+ * 1 is raw), then one per stage-2 partial sum (M, two levels). */
+static size_t qgz_levels(const zpp_transport_t *t, int intra_bits) {
+  return (qgz_raw1(t, intra_bits) ? 0 : (size_t)zpp_transport_size(t)) +
          (qgz_two_level(t) ? (size_t)zpp_transport_topo(t)->nnodes : 0);
 }
 
@@ -122,7 +136,7 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "bytes is NULL");
   ZPP_CHECK(check_cfg(__func__, cfg));
   qgz_config_get(cfg, &c);
-  n = qgz_levels(zpp_comm_transport(comm));
+  n = qgz_levels(zpp_comm_transport(comm), c.intra_bits);
   if (c.residual_bits == 8) {
     zpp_quant_config_t q = residual_q8(c.block_size);
     ZPP_CHECK(zpp_quant_encoded_size(&q, count, &per));
@@ -149,6 +163,11 @@ typedef struct {
   const zpp_topo_t *topo;
   zpp_group_t g1;
   int s1, m1, two;
+  int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
+  int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
+                     on the partial sums before the stage-2 encode */
+  size_t seg2;    /* residual segment of partial sum 0: after the W
+                     stage-1 ones, or first when stage 1 is raw */
   size_t chunk, nchunks;
   /* Scratch of one kernel step (kernel steps of a plan run one at a time,
    * and none of these outlives its step, so one of each serves all
@@ -174,6 +193,13 @@ static int slice_of(const qgz_ctx_t *p, int j, int m) {
 static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
   size_t off = k * p->chunk;
   return p->a.count - off < p->chunk ? p->a.count - off : p->chunk;
+}
+
+/* Bytes of one stage-1 message part: `len` elements encoded, or in the
+ * dtype when stage 1 is raw. */
+static size_t s1_bytes(const qgz_ctx_t *p, size_t len) {
+  return p->raw1 ? len * zpp_dtype_size(p->a.dtype)
+                 : zpp_coll_encoded_size(&p->a.q1, len);
 }
 
 /* Stochastic rounding: the config of one encode, with a seed of its own
@@ -236,7 +262,7 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e1 = zpp_coll_encoded_size(&a->q1, len), ds = zpp_dtype_size(a->dtype);
+  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(ex->t);
   for (j = 0; j < p->s1; j++) {
@@ -247,7 +273,11 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
       const void *g = (const uint8_t *)a->send + at * ds;
       zpp_dtype_t dt = a->dtype;
       zpp_quant_config_t q = stream_q(&a->q1, 1, me, sl);
-      if (a->hadamard) { /* groups start at the slice's first element */
+      if (p->raw1) { /* the slice as it is, into its message */
+        ZPP_CHECK(zpp_k_copy(ex, out, g, e1));
+        continue;
+      }
+      if (p->rot1) { /* groups start at the slice's first element */
         ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, dt, g, len, p->tmp));
         g = p->tmp;
         dt = ZPP_FLOAT32;
@@ -264,15 +294,17 @@ static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk;
   float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  if (a->hadamard) /* back from the rotated domain, in place */
+  if (p->rot1 || p->rot2) /* back from the rotated domain, in place */
     ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
                              chunk_len(p, k), acc));
   return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
                       (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
 }
 
-/* Stage 2 encode of the partial sums of chunk k (stage-2 residual after
- * the W * count stage-1 residual). */
+/* Stage 2 encode of the partial sums of chunk k (stage-2 residual
+ * segments from p->seg2).  A raw stage 1 leaves the rotation to here: the
+ * partial sums are rotated in place (acc is the slot's, and stage 2 reduces
+ * into acc2), and the sum of rotated partial sums is the rotated sum. */
 static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
@@ -280,32 +312,38 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
-  size_t w = (size_t)zpp_transport_size(ex->t);
   int m, me = zpp_transport_rank(ex->t);
   for (m = 0; m < p->m1; m++, out += e2) {
+    float *part = acc + (size_t)m * len;
     zpp_plan_poll();
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
-    /* stage-2 residual segments follow the W stage-1 ones */
-    ZPP_CHECK(encode_ef(p, &q, w + (size_t)m, off, len, ZPP_FLOAT32,
-                        acc + (size_t)m * len, out));
+    if (p->rot2)
+      ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, ZPP_FLOAT32, part, len, part));
+    ZPP_CHECK(encode_ef(p, &q, p->seg2 + (size_t)m, off, len, ZPP_FLOAT32,
+                        part, out));
   }
   return ZPP_OK;
 }
 
-/* Stage 1 decode-accumulate of chunk k (sources in member order), then
- * stage 2's encode (two levels) or the finish (one level). */
+/* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k, sources
+ * in member order, then stage 2's encode (two levels) or the finish (one
+ * level). */
 static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
-  size_t len = chunk_len(p, k), e1 = zpp_coll_encoded_size(&a->q1, len);
+  size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
   const uint8_t *in = p->slot[k % QGZ_DEPTH].r1;
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   int j, m;
   ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
   for (j = 0; j < p->s1; j++) {
     for (m = 0; m < p->m1; m++, in += e1) {
+      float *part = acc + (size_t)m * len;
       zpp_plan_poll();
-      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, acc + (size_t)m * len));
+      if (p->raw1) /* part = part + fp32(slice), in place */
+        ZPP_CHECK(zpp_k_add_residual(&a->ex, a->dtype, in, part, len, part));
+      else
+        ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, part));
     }
   }
   return p->two ? stage2_encode(p, k) : finish(p, k, acc);
@@ -382,13 +420,19 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->g1 = p->two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
   p->s1 = zpp_transport_group_size(ex->t, p->g1);
   p->m1 = p->two ? p->topo->nnodes : 1;
+  p->raw1 = qgz_raw1(ex->t, a->q1.bits);
+  if (a->q1.bits == ZPP_QGZ_INTRA_RAW && !p->raw1)
+    p->a.q1.bits = a->q2.bits; /* uneven nodes: the flat stage crosses */
+  p->rot1 = a->hadamard && !p->raw1;
+  p->rot2 = a->hadamard && p->raw1 && p->two;
+  p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
   p->chunk = a->count;
   if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
       a->count > 0)
     p->chunk = zpp_plan_chunk(a->count, a->q1.block_size);
   p->nchunks = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
   nslots = p->nchunks < QGZ_DEPTH ? (int)p->nchunks : QGZ_DEPTH;
-  e1 = zpp_coll_encoded_size(&a->q1, p->chunk);
+  e1 = s1_bytes(p, p->chunk);
   e2 = zpp_coll_encoded_size(&a->q2, p->chunk);
   for (i = 0; i < nslots && st == ZPP_OK; i++) {
     size_t w = (size_t)p->s1 * (size_t)p->m1;
@@ -434,7 +478,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       int sl = (int)(k % QGZ_DEPTH), e;
       size_t len = chunk_len(p, k);
       zpp_step_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
-                         (size_t)p->m1 * zpp_coll_encoded_size(&a->q1, len));
+                         (size_t)p->m1 * s1_bytes(p, len));
       e = zpp_plan_kernel(plan, stage1_encode, k, free_after[sl], ZPP_NO_STEP);
       red[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */
     }
@@ -476,9 +520,12 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
                      "ZPP_QGZ_CONFIG_INIT",
                      in->struct_size);
   qgz_config_get(in, &cc);
-  if (c->intra_bits != 4 && c->intra_bits != 8)
+  if (c->intra_bits != 4 && c->intra_bits != 8 &&
+      c->intra_bits != ZPP_QGZ_INTRA_RAW)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->intra_bits %d: must be 4 or 8", c->intra_bits);
+                     "cfg->intra_bits %d: must be 4, 8 or 16 "
+                     "(ZPP_QGZ_INTRA_RAW: not quantized inside the node)",
+                     c->intra_bits);
   if (c->inter_bits != 4 && c->inter_bits != 8)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->inter_bits %d: must be 4 or 8", c->inter_bits);

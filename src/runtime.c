@@ -91,7 +91,12 @@ static zpp_status_t check_config(const char *func,
   ZPP_CHECK(zpp_check_float_dtype(func, "cfg->dtype", c->dtype));
   ZPP_CHECK(check_bits(func, "cfg->qwz_bits", c->qwz_bits, 1));
   ZPP_CHECK(check_bits(func, "cfg->qgz_bits", c->qgz_bits, 1));
-  ZPP_CHECK(check_bits(func, "cfg->qgz_intra_bits", c->qgz_intra_bits, 1));
+  if (c->qgz_intra_bits != 0 && c->qgz_intra_bits != 4 &&
+      c->qgz_intra_bits != 8 && c->qgz_intra_bits != ZPP_QGZ_INTRA_RAW)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->qgz_intra_bits %d: must be 0 (qgz_bits), 4, 8 or "
+                     "16 (ZPP_QGZ_INTRA_RAW: not quantized inside the node)",
+                     c->qgz_intra_bits);
   if (c->qwz_bits && c->qwz_block == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->qwz_block 0: must be >= 1");

@@ -37,7 +37,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
 
   # JSON, MEAN, fp16, every qgZ width and a non-default block
   set(_args --coll reducescatter --op mean --dtype fp16 --block 64
-    --variant qgz4,qgz8,qgz8-4,qgz4-8,fp16 ${_zpp_bench_small} --format json)
+    --variant qgz4,qgz8,qgz8-4,qgz4-8,qgz16-4,qgz16-8,fp16 ${_zpp_bench_small} --format json)
   zpp_bench_test(bench_json_2x2 4 2x2 "${_args}" -DFORMAT=json)
 
   # The hierarchical baselines against the flat ones of a second
@@ -60,7 +60,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   zpp_bench_test(bench_mpi_allgather_2x2 4 2x2
     "--coll;allgather;--variant;bf16,mpi;${_zpp_bench_small};--format;csv")
   zpp_bench_test(bench_mpi_reducescatter_2x4 8 2x4
-    "--coll;reducescatter;--variant;bf16,qgz4,mpi;${_zpp_bench_small};--format;csv")
+    "--coll;reducescatter;--variant;bf16,qgz4,qgz16-4,mpi;${_zpp_bench_small};--format;csv")
   set(_args --coll reducescatter --op mean --dtype fp16 --variant fp16,mpi
     ${_zpp_bench_small} --format json)
   zpp_bench_test(bench_mpi_fp16_mean_2x2 4 2x2 "${_args}" -DFORMAT=json)

@@ -540,16 +540,20 @@ QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
   ref.bound.assign(c.count, 0.0);
   std::vector<double> h1sum(c.count, 0.0), abssum(c.count, 0.0);
   std::vector<std::vector<double>> nodeU(g_nnodes, std::vector<double>(c.count, 0.0));
+  // ZPP_QGZ_INTRA_RAW: stage 1 is exact on two levels and on one node; the
+  // flat stage of uneven nodes quantizes in inter_bits
+  int bits1 = intra_bits;
+  if (intra_bits == ZPP_QGZ_INTRA_RAW) bits1 = two || g_nnodes == 1 ? 0 : inter_bits;
   for (int r = 0; r < g_size; r++) {
     int node;
     zpp_comm_node_of(g_comm, r, &node);
     const float *xs = &x[r][(size_t)me * c.count];
     for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
       size_t len = std::min(c.block, c.count - b0);
-      double scale, range;
-      block_params(xs + b0, len, intra_bits, asym, &scale, &range);
+      double scale = 0, range = 0;
+      if (bits1) block_params(xs + b0, len, bits1, asym, &scale, &range);
       for (size_t i = b0; i < b0 + len; i++) {
-        double h1 = block_bound(scale, range, xs[i], 0, ZPP_FLOAT32);
+        double h1 = bits1 ? block_bound(scale, range, xs[i], 0, ZPP_FLOAT32) : 0.0;
         ref.sum[i] += xs[i];
         h1sum[i] += h1;
         abssum[i] += std::fabs(xs[i]);
@@ -584,10 +588,11 @@ QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
 TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
   int me = g_rank;
   for (const Case &c : cases())
-    for (int intra_bits : {4, 8}) {
+    for (int intra_bits : {4, 8, ZPP_QGZ_INTRA_RAW}) {
       if (c.bits == 8 && intra_bits == 4) continue;  // covers 4/4, 8/4... below
       int inter_bits = c.bits == 8 ? 8 : 4;
       if (c.bits == 4 && intra_bits == 8) inter_bits = 4;  // ZeRO++ 8 intra, 4 inter
+      // raw inside the node: 16/4 and 16/8
       for (bool asym : {false, true}) {
         zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
         cfg.intra_bits = intra_bits;
@@ -698,6 +703,73 @@ TEST(Qgz, ErrorFeedbackDrivesTheAverageErrorDown) {
   EXPECT_LT(e_ef, 0.25 * e_plain) << "error feedback did not reduce the error";
 }
 
+// ZPP_QGZ_INTRA_RAW: stage 1 has no error, so the residual holds only the
+// stage-2 errors (M segments, first); uneven nodes quantize the flat stage
+// (W segments); one node quantizes nothing.  Error feedback on what is
+// quantized still cancels the errors over steps, and nothing past
+// zpp_qgz_residual_bytes is written (a sentinel fills the rest of a
+// zpp_qgz_residual_count buffer).
+TEST(Qgz, RawIntraStageKeepsOnlyTheQuantizedStagesResidual) {
+  const size_t count = 1000;
+  const int steps = 8;
+  size_t n = g_size * count;
+  bool two = g_uniform && g_nnodes > 1;
+  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+  cfg.intra_bits = ZPP_QGZ_INTRA_RAW;
+  cfg.block_size = 128;
+  auto x = gen(g_rank, n, ZPP_FLOAT32, 12);
+  size_t rc = 0, rb = 0;
+  EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc), ZPP_OK);
+  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &rb), ZPP_OK);
+  size_t segs = two ? (size_t)g_nnodes : g_nnodes > 1 ? (size_t)g_size : 0;
+  EXPECT_EQ(rb, segs * count * sizeof(float));
+  ASSERT_LE(rb, rc * sizeof(float));
+  const float sentinel = 12345.5f;
+  std::vector<float> residual(rc, sentinel), out(count), plain(count);
+  std::fill(residual.begin(), residual.begin() + rb / sizeof(float), 0.0f);
+  std::vector<double> avg_ef(count, 0.0);
+  Mem m;
+  float *res = m.out(residual);
+  for (int k = 0; k < steps; k++) {
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
+                                     ZPP_OP_SUM, res, nullptr, nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(g_comm);
+    m.back();
+    for (size_t i = 0; i < count; i++) avg_ef[i] += out[i] / (double)steps;
+  }
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(plain), count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  m.back();
+  size_t touched = 0;
+  for (size_t i = rb / sizeof(float); i < rc; i++) touched += residual[i] != sentinel;
+  EXPECT_EQ(touched, 0u) << "floats past zpp_qgz_residual_bytes written";
+  std::vector<double> exact(count, 0.0), abssum(count, 0.0);
+  for (int r = 0; r < g_size; r++) {
+    auto xr = gen(r, n, ZPP_FLOAT32, 12);
+    for (size_t i = 0; i < count; i++) {
+      exact[i] += xr[(size_t)g_rank * count + i];
+      abssum[i] += std::fabs(xr[(size_t)g_rank * count + i]);
+    }
+  }
+  if (segs == 0) {  // one node: the fp32 sum, W additions of relative 2^-24
+    for (size_t i = 0; i < count; i++) {
+      double b = g_size * std::ldexp(1.0, -24) * abssum[i] + 1e-30;
+      ASSERT_LE(std::fabs(plain[i] - exact[i]), b) << "element " << i;
+      ASSERT_EQ(out[i], plain[i]) << "element " << i << ": the residual changed an exact sum";
+    }
+    return;
+  }
+  double e_ef = 0, e_plain = 0;
+  for (size_t i = 0; i < count; i++) {
+    e_ef += (avg_ef[i] - exact[i]) * (avg_ef[i] - exact[i]);
+    e_plain += (plain[i] - exact[i]) * (plain[i] - exact[i]);
+  }
+  EXPECT_GT(e_plain, 0.0);
+  EXPECT_LT(e_ef, 0.25 * e_plain) << "error feedback did not reduce the error";
+}
+
 TEST(Qgz, CountsEqualTheFormulas) {
   const size_t count = 4096;
   size_t n = g_size * count;
@@ -726,6 +798,26 @@ TEST(Qgz, CountsEqualTheFormulas) {
     EXPECT_EQ(s.inter_bytes_sent, 0u);
   } else {  // flat fallback: one encoded slice to every other rank
     EXPECT_EQ(s.intra_bytes_sent + s.inter_bytes_sent, (uint64_t)(g_size - 1) * e1);
+  }
+  // raw inside the node: stage 1 moves the bf16 slices (2 bytes each); the
+  // flat stage of uneven nodes crosses the network in inter_bits
+  cfg.intra_bits = ZPP_QGZ_INTRA_RAW;
+  zpp_comm_reset_stats(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(in), m.out(out), count,
+                                   ZPP_BFLOAT16, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK)
+      << zpp_comm_get_last_error(g_comm);
+  s = stats();
+  size_t raw = count * 2;
+  if (g_uniform && g_nnodes > 1) {
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(local_size - 1) * g_nnodes * raw);
+    EXPECT_EQ(s.inter_bytes_sent, (uint64_t)(g_nnodes - 1) * e2);
+    EXPECT_EQ(s.inter_bytes_recv, (uint64_t)(g_nnodes - 1) * e2);
+  } else if (g_uniform) {
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(g_size - 1) * raw);
+    EXPECT_EQ(s.inter_bytes_sent, 0u);
+  } else {
+    EXPECT_EQ(s.intra_bytes_sent + s.inter_bytes_sent, (uint64_t)(g_size - 1) * e2);
   }
 }
 
@@ -888,6 +980,97 @@ HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int 
   return ref;
 }
 
+// The same bound when stage 1 is raw (ZPP_QGZ_INTRA_RAW, two levels): the
+// rotation moves to the node partial sums.  Node m's fp32 partial sum
+// misses the exact P_m by d_m <= (S - 1) 2^-24 sum_{r on m} |x_r| (S - 1
+// additions of terms bounded by that sum); it is rotated in fp32 (error
+// e_m, the bound of the rotation of a vector with l1 norm
+// sum_G (|P_m| + d_m)) and R carries d_m to at most c sum_G d_m; so the
+// rotated partial sum is within E_m,j = c sum_G d_m + e_m,j of R P_m and
+// its magnitude within |R P_m|_j + E_m,j, which bounds the stage-2 block
+// range and error h2 as above.  In the rotated domain the owner's
+// accumulator z misses R sum P_m by B_j = sum_m (E_m,j + h2_m,j) plus the
+// M fp32 additions; the inverse rotation is as above.
+HadRef qgz_hadamard_raw_reference(size_t count, zpp_dtype_t dt, int inter_bits, size_t block,
+                                  size_t g, bool sr, uint64_t tag, int me) {
+  size_t n = g_size * count, whole = count / g * g;
+  int k = 0, local_size = 1;
+  while (((size_t)1 << k) < g) k++;
+  zpp_comm_local_size(g_comm, &local_size);
+  double c = 1.0 / std::sqrt((double)g), u = std::ldexp(1.0, -24);
+  double half = sr ? 1.0 : 0.5;
+  HadRef ref;
+  ref.sum.assign(count, 0.0);
+  ref.bound.assign(count, 0.0);
+  std::vector<std::vector<double>> P(g_nnodes, std::vector<double>(count, 0.0));
+  std::vector<std::vector<double>> A(g_nnodes, std::vector<double>(count, 0.0));
+  for (int r = 0; r < g_size; r++) {
+    auto x = gen_outliers(r, n, dt, tag);
+    int node;
+    zpp_comm_node_of(g_comm, r, &node);
+    for (size_t i = 0; i < count; i++) {
+      double v = x[(size_t)me * count + i];
+      ref.sum[i] += v;
+      P[node][i] += v;
+      A[node][i] += std::fabs(v);
+    }
+  }
+  std::vector<double> B(count, 0.0), zmag(count, 0.0), h2sum(count, 0.0), magsum(count, 0.0);
+  double levels2 = (1 << (inter_bits - 1)) - 1;
+  for (int m = 0; m < g_nnodes; m++) {
+    std::vector<double> mag(count), E(count, 0.0);
+    for (size_t i = 0; i < count; i++) {  // tail: not rotated
+      E[i] = (local_size - 1) * u * (1 + std::ldexp(1.0, -20)) * A[m][i];
+      mag[i] = std::fabs(P[m][i]) + E[i];
+    }
+    for (size_t b0 = 0; b0 < whole; b0 += g) {
+      std::vector<double> y(g);
+      hadamard64(&P[m][b0], g, y.data());
+      double l1 = 0, dsum = 0;
+      for (size_t j = 0; j < g; j++) {
+        double d = (local_size - 1) * u * (1 + std::ldexp(1.0, -20)) * A[m][b0 + j];
+        dsum += d;
+        l1 += std::fabs(P[m][b0 + j]) + d;
+      }
+      for (size_t j = 0; j < g; j++) {
+        double e = k * u * (1 + std::ldexp(1.0, -20)) * l1 * c +
+                   2 * u * (std::fabs(y[j]) + c * dsum) + std::ldexp(1.0, -149);
+        E[b0 + j] = c * dsum + e;
+        mag[b0 + j] = std::fabs(y[j]) + E[b0 + j];
+      }
+    }
+    for (size_t b0 = 0; b0 < count; b0 += block) {
+      size_t len = std::min(block, count - b0);
+      double umax = 0;
+      for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, mag[j]);
+      double scale2 = umax / levels2 * (1 + std::ldexp(1.0, -22));
+      for (size_t i = b0; i < b0 + len; i++) {
+        double h2 = scale2 * (half + std::ldexp(1.0, -12)) +
+                    std::ldexp(1.0, -22) * (mag[i] + umax);
+        B[i] += E[i] + h2;
+        h2sum[i] += h2;
+        magsum[i] += mag[i];
+      }
+    }
+  }
+  for (size_t i = 0; i < count; i++) {
+    B[i] += g_nnodes * std::ldexp(1.0, -23) * (magsum[i] + h2sum[i]);
+    zmag[i] = magsum[i] + B[i];
+  }
+  for (size_t b0 = 0; b0 < whole; b0 += g) {
+    double sb = 0, sz = 0;
+    for (size_t j = 0; j < g; j++) {
+      sb += B[b0 + j];
+      sz += zmag[b0 + j];
+    }
+    for (size_t i = b0; i < b0 + g; i++)
+      ref.bound[i] = c * sb + k * u * (1 + std::ldexp(1.0, -20)) * c * sz +
+                     std::ldexp(1.0, -22) * std::fabs(ref.sum[i]);
+  }
+  for (size_t i = whole; i < count; i++) ref.bound[i] = B[i];
+  return ref;
+}
+
 TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
   struct HC {
     zpp_dtype_t dt;
@@ -899,7 +1082,10 @@ TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
                     {ZPP_BFLOAT16, 10007, 256, 32, 8, 4, false},
                     {ZPP_FLOAT32, 7, 32, 8, 4, 4, false},   // all tail
                     {ZPP_FLOAT16, 1000, 64, 64, 4, 4, true},
-                    {ZPP_FLOAT32, 2048, 1024, 1024, 8, 4, false}};
+                    {ZPP_FLOAT32, 2048, 1024, 1024, 8, 4, false},
+                    // raw inside the node: the partial sums are rotated
+                    {ZPP_BFLOAT16, 10007, 256, 32, ZPP_QGZ_INTRA_RAW, 4, false},
+                    {ZPP_FLOAT32, 4097, 256, 64, ZPP_QGZ_INTRA_RAW, 4, true}};
   for (const HC &h : hcs) {
     zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
     cfg.intra_bits = h.intra;
@@ -921,11 +1107,19 @@ TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
                                      ZPP_OP_SUM, nullptr, nullptr, nullptr),
               ZPP_OK);
     m.back();
+    bool raw = h.intra == ZPP_QGZ_INTRA_RAW, two = g_uniform && g_nnodes > 1;
+    if (raw && !two && g_nnodes == 1) {  // one node, raw: nothing quantized, nothing rotated
+      EXPECT_EQ(sum, plain) << "g " << h.g << ": one node, raw: rotated anyway";
+      continue;
+    }
     if (h.count >= h.g) {
       EXPECT_NE(sum, plain) << "g " << h.g << ": the rotation changed nothing";
     }
-    HadRef ref = qgz_hadamard_reference(h.count, h.dt, h.intra, h.inter, h.block, h.g, h.sr,
-                                        21, g_rank);
+    // (uneven nodes with raw: the flat stage quantizes in inter_bits)
+    HadRef ref = raw && two ? qgz_hadamard_raw_reference(h.count, h.dt, h.inter, h.block, h.g,
+                                                          h.sr, 21, g_rank)
+                            : qgz_hadamard_reference(h.count, h.dt, raw ? h.inter : h.intra,
+                                                     h.inter, h.block, h.g, h.sr, 21, g_rank);
     double out_u = h.dt == ZPP_FLOAT32 ? std::ldexp(1.0, -24)
                    : h.dt == ZPP_BFLOAT16 ? std::ldexp(1.0, -8)
                                           : std::ldexp(1.0, -11);

@@ -637,7 +637,7 @@ TEST(ErrorText, Collectives) {
   const G gs[] = {
       {[](zpp_qgz_config_t *c) { c->struct_size = 8; }, INV,
        "cfg->struct_size 8: initialise with ZPP_QGZ_CONFIG_INIT"},
-      {[](zpp_qgz_config_t *c) { c->intra_bits = 2; }, INV, "cfg->intra_bits 2: must be 4 or 8"},
+      {[](zpp_qgz_config_t *c) { c->intra_bits = 2; }, INV, "cfg->intra_bits 2: must be 4, 8 or 16 (ZPP_QGZ_INTRA_RAW: not quantized inside the node)"},
       {[](zpp_qgz_config_t *c) { c->inter_bits = 16; }, INV, "cfg->inter_bits 16: must be 4 or 8"},
       {[](zpp_qgz_config_t *c) { c->block_size = 0; }, INV, "cfg->block_size 0: must be >= 1"},
       {[](zpp_qgz_config_t *c) { c->mode = (zpp_quant_mode_t)3; }, INV,
@@ -1305,7 +1305,7 @@ TEST(ErrorText, Runtime) {
       {[](zpp_pgroup_config_t *c) { c->qwz_bits = 5; }, "cfg->qwz_bits 5: must be 0 (off), 4 or 8"},
       {[](zpp_pgroup_config_t *c) { c->qgz_bits = 2; }, "cfg->qgz_bits 2: must be 0 (off), 4 or 8"},
       {[](zpp_pgroup_config_t *c) { c->qgz_intra_bits = 3; },
-       "cfg->qgz_intra_bits 3: must be 0 (off), 4 or 8"},
+       "cfg->qgz_intra_bits 3: must be 0 (qgz_bits), 4, 8 or 16 (ZPP_QGZ_INTRA_RAW: not quantized inside the node)"},
       {[](zpp_pgroup_config_t *c) { c->qwz_bits = 8; c->qwz_block = 0; },
        "cfg->qwz_block 0: must be >= 1"},
       {[](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_block = 0; },

@@ -509,7 +509,7 @@ TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
       {"qwz_bits", [](zpp_pgroup_config_t *c) { c->qwz_bits = 3; }},
       {"qwz_block", [](zpp_pgroup_config_t *c) { c->qwz_bits = 8; c->qwz_block = 0; }},
       {"qgz_bits", [](zpp_pgroup_config_t *c) { c->qgz_bits = 2; }},
-      {"qgz_intra_bits", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_intra_bits = 16; }},
+      {"qgz_intra_bits", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_intra_bits = 12; }},
       {"qgz_block", [](zpp_pgroup_config_t *c) { c->qgz_bits = 4; c->qgz_block = 0; }},
       {"hpz", [](zpp_pgroup_config_t *c) { c->hpz = 2; }},
       {"error_feedback", [](zpp_pgroup_config_t *c) { c->error_feedback = 1; }},

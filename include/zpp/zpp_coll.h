@@ -220,12 +220,24 @@ ZPP_API zpp_status_t zpp_hpz_get_info(zpp_hpz_t hpz, zpp_hpz_info_t *info);
 
 /* ---- qgZ ---------------------------------------------------------------- */
 
+/* intra_bits for an intra-node stage without quantization: each slice
+ * travels inside the node in sendbuf's dtype (16 bits for the bf16 and fp16
+ * gradients it is meant for) and is summed in fp32; only the network
+ * crossing is quantized (inter_bits).  Where quantizing costs more than the
+ * intra-node link saves (host memory, shared-memory peers), and one
+ * quantization error instead of two. */
+#define ZPP_QGZ_INTRA_RAW 16
+
 /* The Hadamard group size the literature uses (SDP4Bit: 32). */
 #define ZPP_QGZ_HADAMARD_DEFAULT 32
 
 typedef struct {
   size_t struct_size;     /* sizeof(zpp_qgz_config_t): INIT macro */
-  int intra_bits;         /* codes inside the node: 4 (default) or 8 */
+  int intra_bits;         /* codes inside the node: 4 (default) or 8, or
+                             ZPP_QGZ_INTRA_RAW (16): no codes inside the
+                             node, the slices travel in sendbuf's dtype
+                             (docs/collectives.md, "Raw intra-node
+                             stage") */
   int inter_bits;         /* codes across nodes: 4 (default) or 8 */
   size_t block_size;      /* elements per scale, default 256 */
   zpp_quant_mode_t mode;  /* default symmetric */
@@ -271,13 +283,18 @@ typedef struct {
 #define ZPP_QGZ_LOCO_RESET 1024
 
 /* Floats of the fp32 error-feedback residual for a call with `count`
- * elements per rank (it holds the compression error of both stages). */
+ * elements per rank (it holds the compression error of both stages): enough
+ * for every config; with intra_bits ZPP_QGZ_INTRA_RAW fewer are used
+ * (zpp_qgz_residual_bytes). */
 ZPP_API zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
                                             size_t *residual_count);
 
 /* Bytes of the error-feedback residual of `cfg` (either residual_bits):
  * fp32 4 (W + M) count; INT8 (W + M) E8(count), one encoded INT8 buffer
- * of `count` elements per stage-1 slice and per stage-2 partial sum. */
+ * of `count` elements per stage-1 slice and per stage-2 partial sum.  With
+ * intra_bits ZPP_QGZ_INTRA_RAW stage 1 has no error: M segments (two
+ * levels), W (uneven nodes: the flat stage quantizes in inter_bits) or 0
+ * (one node: nothing is quantized, and the residual is not touched). */
 ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
                                             const zpp_qgz_config_t *cfg,
                                             size_t count, size_t *bytes);

@@ -46,7 +46,9 @@ typedef struct {
                            a secondary partition (default 0) */
   int qgz_bits;         /* 0 (default): baseline reduce-scatter; 4 or 8:
                            qgZ with these inter-node bits */
-  int qgz_intra_bits;   /* qgZ intra-node bits; 0 (default): qgz_bits */
+  int qgz_intra_bits;   /* qgZ intra-node bits; 0 (default): qgz_bits;
+                           ZPP_QGZ_INTRA_RAW (16): not quantized inside
+                           the node */
   size_t qgz_block;     /* qgZ elements per scale (default 256) */
   int error_feedback;   /* 1: qgZ keeps a residual (needs qgz_bits) */
   size_t align;         /* shard_numel is a multiple of this (elements);
