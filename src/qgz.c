@@ -272,11 +272,12 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
       size_t at = (size_t)sl * a->count + off;
       const void *g = (const uint8_t *)a->send + at * ds;
       zpp_dtype_t dt = a->dtype;
-      zpp_quant_config_t q = stream_q(&a->q1, 1, me, sl);
+      zpp_quant_config_t q;
       if (p->raw1) { /* the slice as it is, into its message */
         ZPP_CHECK(zpp_k_copy(ex, out, g, e1));
         continue;
       }
+      q = stream_q(&a->q1, 1, me, sl);
       if (p->rot1) { /* groups start at the slice's first element */
         ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, dt, g, len, p->tmp));
         g = p->tmp;

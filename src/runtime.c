@@ -410,8 +410,11 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
                      "pg: a fetch is pending: zpp_pgroup_wait first");
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "residual: given but the group has no error feedback "
-                     "(cfg->error_feedback 0)");
+                     "residual: given but the group keeps none (%s)",
+                     pg->cfg.error_feedback
+                         ? "no stage it quantizes keeps an error: an empty "
+                           "shard, or qgz_intra_bits 16 on one node"
+                         : "cfg->error_feedback 0");
   if (shard) {
     free(pg->own_shard);
     pg->own_shard = NULL;
@@ -560,7 +563,9 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                      "op %d: must be ZPP_OP_SUM or ZPP_OP_MEAN", (int)op);
   const zpp_pgroup_config_t *c = &pg->cfg;
   if (c->qgz_bits) {
-    if (c->error_feedback && pg->residual == NULL)
+    /* (a group whose quantized stages keep no error, residual_count 0,
+     * needs none: an empty shard, or qgz_intra_bits 16 on one node) */
+    if (c->error_feedback && pg->residual_count && pg->residual == NULL)
       return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                        "pg: a device-memory group with error feedback: "
                        "attach a residual first (zpp_pgroup_attach)");
@@ -568,7 +573,9 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
     q.step = pg->reductions++;
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
-                                  c->error_feedback ? pg->residual : NULL,
+                                  c->error_feedback && pg->residual_count
+                                      ? pg->residual
+                                      : NULL,
                                   stream, req);
   }
   return zpp_reduce_scatter(pg->comm, full_grad, grad_shard, pg->shard_numel,

@@ -706,45 +706,16 @@ TEST(Qgz, ErrorFeedbackDrivesTheAverageErrorDown) {
 // ZPP_QGZ_INTRA_RAW: stage 1 has no error, so the residual holds only the
 // stage-2 errors (M segments, first); uneven nodes quantize the flat stage
 // (W segments); one node quantizes nothing.  Error feedback on what is
-// quantized still cancels the errors over steps, and nothing past
-// zpp_qgz_residual_bytes is written (a sentinel fills the rest of a
-// zpp_qgz_residual_count buffer).
+// quantized still cancels the errors over steps, with the fp32 and the
+// INT8 residual, with and without the Hadamard rotation (raw: of the
+// partial sums), and nothing past zpp_qgz_residual_bytes is written (a
+// sentinel fills the rest of a zpp_qgz_residual_count buffer).
 TEST(Qgz, RawIntraStageKeepsOnlyTheQuantizedStagesResidual) {
   const size_t count = 1000;
   const int steps = 8;
   size_t n = g_size * count;
   bool two = g_uniform && g_nnodes > 1;
-  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
-  cfg.intra_bits = ZPP_QGZ_INTRA_RAW;
-  cfg.block_size = 128;
   auto x = gen(g_rank, n, ZPP_FLOAT32, 12);
-  size_t rc = 0, rb = 0;
-  EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc), ZPP_OK);
-  EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &rb), ZPP_OK);
-  size_t segs = two ? (size_t)g_nnodes : g_nnodes > 1 ? (size_t)g_size : 0;
-  EXPECT_EQ(rb, segs * count * sizeof(float));
-  ASSERT_LE(rb, rc * sizeof(float));
-  const float sentinel = 12345.5f;
-  std::vector<float> residual(rc, sentinel), out(count), plain(count);
-  std::fill(residual.begin(), residual.begin() + rb / sizeof(float), 0.0f);
-  std::vector<double> avg_ef(count, 0.0);
-  Mem m;
-  float *res = m.out(residual);
-  for (int k = 0; k < steps; k++) {
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
-                                     ZPP_OP_SUM, res, nullptr, nullptr),
-              ZPP_OK)
-        << zpp_comm_get_last_error(g_comm);
-    m.back();
-    for (size_t i = 0; i < count; i++) avg_ef[i] += out[i] / (double)steps;
-  }
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(plain), count, ZPP_FLOAT32,
-                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
-            ZPP_OK);
-  m.back();
-  size_t touched = 0;
-  for (size_t i = rb / sizeof(float); i < rc; i++) touched += residual[i] != sentinel;
-  EXPECT_EQ(touched, 0u) << "floats past zpp_qgz_residual_bytes written";
   std::vector<double> exact(count, 0.0), abssum(count, 0.0);
   for (int r = 0; r < g_size; r++) {
     auto xr = gen(r, n, ZPP_FLOAT32, 12);
@@ -753,21 +724,60 @@ TEST(Qgz, RawIntraStageKeepsOnlyTheQuantizedStagesResidual) {
       abssum[i] += std::fabs(xr[(size_t)g_rank * count + i]);
     }
   }
-  if (segs == 0) {  // one node: the fp32 sum, W additions of relative 2^-24
-    for (size_t i = 0; i < count; i++) {
-      double b = g_size * std::ldexp(1.0, -24) * abssum[i] + 1e-30;
-      ASSERT_LE(std::fabs(plain[i] - exact[i]), b) << "element " << i;
-      ASSERT_EQ(out[i], plain[i]) << "element " << i << ": the residual changed an exact sum";
+  for (int rbits : {32, 8})
+    for (size_t had : {(size_t)0, (size_t)32}) {
+      zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+      cfg.intra_bits = ZPP_QGZ_INTRA_RAW;
+      cfg.block_size = 128;
+      cfg.residual_bits = rbits;
+      cfg.hadamard = had;
+      std::string what = "residual_bits " + std::to_string(rbits) + ", hadamard " +
+                         std::to_string(had);
+      size_t rc = 0, rb = 0, per = rbits == 32 ? count * 4 : enc_size(qcfg(8, 128), count);
+      EXPECT_EQ(zpp_qgz_residual_count(g_comm, count, &rc), ZPP_OK);
+      EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &rb), ZPP_OK);
+      size_t segs = two ? (size_t)g_nnodes : g_nnodes > 1 ? (size_t)g_size : 0;
+      EXPECT_EQ(rb, segs * per) << what;
+      ASSERT_LE(rb, rc * sizeof(float)) << what;
+      const uint8_t sentinel = 0xa7;
+      std::vector<uint8_t> residual(rc * sizeof(float), sentinel);
+      std::fill(residual.begin(), residual.begin() + rb, 0);
+      std::vector<float> out(count), plain(count);
+      std::vector<double> avg_ef(count, 0.0);
+      Mem m;
+      uint8_t *res = m.out(residual);
+      for (int k = 0; k < steps; k++) {
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(out), count, ZPP_FLOAT32,
+                                         ZPP_OP_SUM, res, nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_comm_get_last_error(g_comm);
+        m.back();
+        for (size_t i = 0; i < count; i++) avg_ef[i] += out[i] / (double)steps;
+      }
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(x), m.out(plain), count, ZPP_FLOAT32,
+                                       ZPP_OP_SUM, nullptr, nullptr, nullptr),
+                ZPP_OK);
+      m.back();
+      size_t touched = 0;
+      for (size_t i = rb; i < residual.size(); i++) touched += residual[i] != sentinel;
+      EXPECT_EQ(touched, 0u) << "bytes past zpp_qgz_residual_bytes written: " << what;
+      if (segs == 0) {  // one node: the fp32 sum, W additions of relative 2^-24
+        for (size_t i = 0; i < count; i++) {
+          double b = g_size * std::ldexp(1.0, -24) * abssum[i] + 1e-30;
+          ASSERT_LE(std::fabs(plain[i] - exact[i]), b) << "element " << i << ": " << what;
+          ASSERT_EQ(out[i], plain[i]) << "element " << i << ": the residual changed an exact "
+                                      << "sum: " << what;
+        }
+        continue;
+      }
+      double e_ef = 0, e_plain = 0;
+      for (size_t i = 0; i < count; i++) {
+        e_ef += (avg_ef[i] - exact[i]) * (avg_ef[i] - exact[i]);
+        e_plain += (plain[i] - exact[i]) * (plain[i] - exact[i]);
+      }
+      EXPECT_GT(e_plain, 0.0) << what;
+      EXPECT_LT(e_ef, 0.25 * e_plain) << "error feedback did not reduce the error: " << what;
     }
-    return;
-  }
-  double e_ef = 0, e_plain = 0;
-  for (size_t i = 0; i < count; i++) {
-    e_ef += (avg_ef[i] - exact[i]) * (avg_ef[i] - exact[i]);
-    e_plain += (plain[i] - exact[i]) * (plain[i] - exact[i]);
-  }
-  EXPECT_GT(e_plain, 0.0);
-  EXPECT_LT(e_ef, 0.25 * e_plain) << "error feedback did not reduce the error";
 }
 
 TEST(Qgz, CountsEqualTheFormulas) {
@@ -1108,7 +1118,7 @@ TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
               ZPP_OK);
     m.back();
     bool raw = h.intra == ZPP_QGZ_INTRA_RAW, two = g_uniform && g_nnodes > 1;
-    if (raw && !two && g_nnodes == 1) {  // one node, raw: nothing quantized, nothing rotated
+    if (raw && g_nnodes == 1) {  // one node, raw: nothing quantized, nothing rotated
       EXPECT_EQ(sum, plain) << "g " << h.g << ": one node, raw: rotated anyway";
       continue;
     }

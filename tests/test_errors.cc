@@ -1360,7 +1360,7 @@ TEST(ErrorText, Runtime) {
       {"zpp_pgroup_attach", [] { return zpp_pgroup_attach(nullptr, nullptr, nullptr, nullptr); },
        NUL, "zpp_pgroup_attach: pg is NULL", false},
       {"zpp_pgroup_attach", [] { return zpp_pgroup_attach(pg, nullptr, nullptr, dummy.data()); },
-       INV, "zpp_pgroup_attach: residual: given but the group has no error feedback "
+       INV, "zpp_pgroup_attach: residual: given but the group keeps none "
             "(cfg->error_feedback 0)", false},
       {"zpp_pgroup_residual_count", [] { return zpp_pgroup_residual_count(nullptr, &cnt); }, NUL,
        "zpp_pgroup_residual_count: pg is NULL", false},

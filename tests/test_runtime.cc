@@ -427,13 +427,17 @@ TEST(PGroup, ReduceGradientsBaselineIsTheExactOrderedMean) {
 
 // With LoCo's options too (beta, reset): the group passes its reduction
 // count as the step, so reduction k > 0 with k % reset == 0 starts from a
-// zero residual, as the collective does with the same step.
+// zero residual, as the collective does with the same step.  With
+// qgz_intra_bits 16 (ZPP_QGZ_INTRA_RAW) the group keeps only what the
+// quantized stages need (zpp_qgz_residual_bytes): on one node (1x4) none,
+// and reducing must still work there.
 TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
-  for (int loco = 0; loco < 2; loco++) {
+  for (int run = 0; run < 3; run++) {
+    int loco = run == 1, intra = run == 2 ? ZPP_QGZ_INTRA_RAW : 8;
     const size_t sizes[] = {3000};
     zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
     cfg.qgz_bits = 4;
-    cfg.qgz_intra_bits = 8;
+    cfg.qgz_intra_bits = intra;
     cfg.qgz_block = 128;
     cfg.error_feedback = 1;
     if (loco) {
@@ -445,26 +449,33 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
         << zpp_get_last_error();
     zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
     zpp_pgroup_get_info(pg, &info);
-    size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0;
+    size_t s = info.shard_numel, n = info.padded_numel, rc = 0, want_rc = 0, want_b = 0;
     EXPECT_EQ(info.shard_numel % 128, 0u);
+    zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+    q.inter_bits = 4;
+    q.intra_bits = intra;
+    q.block_size = 128;
+    q.residual_beta = cfg.error_feedback_beta;
+    q.residual_reset = cfg.error_feedback_reset;
     EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
     EXPECT_EQ(zpp_qgz_residual_count(g_comm, s, &want_rc), ZPP_OK);
-    EXPECT_EQ(rc, want_rc);
+    EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &q, s, &want_b), ZPP_OK);
+    EXPECT_EQ(rc * 4, want_b) << "intra " << intra;
+    if (intra == 8) {
+      EXPECT_EQ(rc, want_rc);
+    }
+    if (intra == ZPP_QGZ_INTRA_RAW && g_nnodes == 1) {
+      EXPECT_EQ(rc, 0u) << "one node: nothing quantized";
+    }
     // residual_bytes counts the group's own memory (device: attached, 0).
     EXPECT_EQ(info.residual_bytes, DeviceMemory() ? 0 : rc * 4);
     // Reference: the collective itself with our own residual, same inputs,
     // five steps (the residual carries over between steps).
-    zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
-    q.inter_bits = 4;
-    q.intra_bits = 8;
-    q.block_size = 128;
-    q.residual_beta = cfg.error_feedback_beta;
-    q.residual_reset = cfg.error_feedback_reset;
     {
       Bufs bufs(pg);  // device memory: the group's residual is attached
       std::vector<float> resid(rc, 0.0f);
       Mem rm;  // the reference residual lives across the steps
-      float *resid_buf = rm.out(resid);
+      float *resid_buf = rc ? rm.out(resid) : nullptr;
       for (int step = 0; step < 5; step++) {
         auto g = gen(g_rank, n, 10 + step);
         std::vector<uint16_t> a(s + 1), b(s + 1);
@@ -472,7 +483,7 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
         EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN,
                                               nullptr, nullptr),
                   ZPP_OK)
-            << zpp_get_last_error();
+            << zpp_get_last_error() << " (intra " << intra << ")";
         q.step = (uint64_t)step;
         EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, m.in(g), m.out(b), s,
                                          ZPP_BFLOAT16, ZPP_OP_MEAN, resid_buf,
@@ -480,7 +491,7 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
                   ZPP_OK);
         m.back();
         EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0)
-            << "loco " << loco << " step " << step;
+            << "loco " << loco << " intra " << intra << " step " << step;
       }
       EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);  // before bufs frees its buffers
     }

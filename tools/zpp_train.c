@@ -771,10 +771,15 @@ int main(int argc, char **argv) {
     hpz_bytes += pi.hpz_bytes;
     resid_bytes += pi.residual_bytes;
     /* what an fp32 residual would hold (the INT8 one saves the rest) */
-    if (ly[l].cfg.error_feedback) {
-      size_t rc = 0;
-      ZCALL(zpp_qgz_residual_count(comm, ly[l].shard, &rc));
-      resid_fp32_bytes += rc * sizeof(float);
+    if (ly[l].cfg.error_feedback) { /* the layer's config, fp32 storage */
+      zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+      size_t rb = 0;
+      q.inter_bits = ly[l].cfg.qgz_bits;
+      q.intra_bits = ly[l].cfg.qgz_intra_bits ? ly[l].cfg.qgz_intra_bits
+                                              : ly[l].cfg.qgz_bits;
+      q.block_size = ly[l].cfg.qgz_block;
+      ZCALL(zpp_qgz_residual_bytes(comm, &q, ly[l].shard, &rb));
+      resid_fp32_bytes += rb;
     }
     /* qWD: nothing kept beyond the full parameters these modes hold; per
      * update the encoded differences of all ranks and one fp32 shard */

@@ -153,7 +153,9 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
 ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
                                        void *full, void *residual);
 
-/* Floats of the error-feedback residual (0 without error feedback); with
+/* Floats of the error-feedback residual (0 without error feedback, and 0
+ * when no quantized stage keeps an error: an empty shard, or
+ * qgz_intra_bits 16 on one node, where nothing is quantized); with
  * error_feedback_bits 8 the INT8 residual of zpp_qgz_residual_bytes
  * bytes, rounded up to whole floats. */
 ZPP_API zpp_status_t zpp_pgroup_residual_count(zpp_pgroup_t pg,

@@ -135,6 +135,8 @@ def test_options_that_would_be_ignored_are_refused_by_name(capsys):
     m = torch.nn.Linear(2, 2)
     for kw, pat in [(dict(hadamard=32), "hadamard 32 needs qgz_bits"),
                     (dict(qgz_intra_bits=8), "qgz_intra_bits 8 needs qgz_bits"),
+                    (dict(qgz_bits=4, qgz_intra_bits=12),
+                     "qgz_intra_bits 12: must be 0 (qgz_bits), 4, 8 or 16"),
                     (dict(qgz_bits=4, hadamard=24), "hadamard 24: must be 0 (off) or a power of two"),
                     (dict(qgz_bits=4, hadamard=512), "divides qgz_block 256"),
                     (dict(qgz_bits=4, hadamard=-2), "hadamard -2: must be")]:

@@ -255,10 +255,12 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     current stream (FSDP2's all-gather and reduce-scatter streams)."""
     opts = Options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
                    error_feedback, hadamard)
-    for b, name in ((qwz_bits, "qwz_bits"), (qgz_bits, "qgz_bits"),
-                    (qgz_intra_bits, "qgz_intra_bits")):
+    for b, name in ((qwz_bits, "qwz_bits"), (qgz_bits, "qgz_bits")):
         if b not in (0, 4, 8):
             raise ValueError("%s %d: must be 0 (off), 4 or 8" % (name, b))
+    if qgz_intra_bits not in (0, 4, 8, 16):
+        raise ValueError("qgz_intra_bits %d: must be 0 (qgz_bits), 4, 8 or 16 (not "
+                         "quantized inside the node)" % qgz_intra_bits)
     if error_feedback and not qgz_bits:
         raise ValueError("error_feedback needs qgz_bits (4 or 8)")
     # qgZ's options: without qgz_bits the reduce-scatter is the exact one and
