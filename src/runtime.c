@@ -411,10 +411,11 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "residual: given but the group keeps none (%s)",
-                     pg->cfg.error_feedback
-                         ? "no stage it quantizes keeps an error: an empty "
-                           "shard, or qgz_intra_bits 16 on one node"
-                         : "cfg->error_feedback 0");
+                     !pg->cfg.error_feedback ? "cfg->error_feedback 0"
+                     : pg->shard_numel == 0
+                         ? "the shard is empty (shard_numel 0)"
+                         : "qgz_intra_bits 16 on one node: nothing is "
+                           "quantized");
   if (shard) {
     free(pg->own_shard);
     pg->own_shard = NULL;

@@ -24,7 +24,7 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
   # attached device buffers, on the MPI backend (staging through host
   # memory) and on the NCCL stand-in (tests/nccl_emu).  Label "emu".
   if(ZPP_CUDA_EMU)
-    zpp_add_device_suite(runtime_device test_runtime "2x2:4;3x2:6" "")
+    zpp_add_device_suite(runtime_device test_runtime "2x2:4;3x2:6;1x4:4" "")
   endif()
 
   if(TARGET zpp-train)

@@ -498,6 +498,73 @@ TEST(PGroup, ReduceGradientsQgzEqualsTheCollectiveWithTheGroupsResidual) {
   }
 }
 
+// A group with error feedback whose quantized stages keep no error (an
+// empty shard; qgz_intra_bits 16 on one node) has residual count 0: it
+// reduces without one and refuses one given to it, naming why.  Elsewhere
+// the count is the formula's (raw: M shards on two levels, W uneven), and
+// on device memory a group that needs a residual refuses to reduce
+// without one (the check is the same on every rank, before any transfer).
+TEST(PGroup, ErrorFeedbackResidualIsKeptOnlyWhereSomethingIsQuantized) {
+  auto msg = []() { return std::string(zpp_get_last_error()); };
+  float x = 0.0f;
+  {  // no tensors: an empty shard
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.qgz_bits = 4;
+    cfg.error_feedback = 1;
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, nullptr, 0, &pg), ZPP_OK) << msg();
+    size_t rc = 1;
+    EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+    EXPECT_EQ(rc, 0u);
+    EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, &x), ZPP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(msg().find("the shard is empty"), std::string::npos) << msg();
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, nullptr, nullptr, ZPP_OP_MEAN, nullptr, nullptr),
+              ZPP_OK)
+        << msg();
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  }
+  {  // qgz_intra_bits 16
+    const size_t sizes[] = {3000};
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.qgz_bits = 4;
+    cfg.qgz_intra_bits = ZPP_QGZ_INTRA_RAW;
+    cfg.qgz_block = 128;
+    cfg.error_feedback = 1;
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK) << msg();
+    zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+    zpp_pgroup_get_info(pg, &info);
+    size_t rc = 0, s = info.shard_numel;
+    EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+    size_t want = g_nnodes == 1 ? 0 : g_uniform ? (size_t)g_nnodes * s : (size_t)g_size * s;
+    EXPECT_EQ(rc, want) << g_nnodes << " nodes, uniform " << g_uniform;
+    if (g_nnodes == 1) {
+      EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, &x), ZPP_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(msg().find("qgz_intra_bits 16 on one node"), std::string::npos) << msg();
+    }
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
+  }
+  if (DeviceMemory()) {  // needs a residual, none attached
+    const size_t sizes[] = {3000};
+    zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+    cfg.qgz_bits = 4;
+    cfg.qgz_block = 128;
+    cfg.error_feedback = 1;
+    zpp_pgroup_t pg = nullptr;
+    ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK) << msg();
+    zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+    zpp_pgroup_get_info(pg, &info);
+    std::vector<uint16_t> shard(info.shard_numel), full(info.padded_numel);
+    std::vector<uint16_t> g(info.padded_numel), a(info.shard_numel);
+    Mem m;
+    EXPECT_EQ(zpp_pgroup_attach(pg, m.out(shard), m.out(full), nullptr), ZPP_OK) << msg();
+    EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr, nullptr),
+              ZPP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(msg().find("attach a residual"), std::string::npos) << msg();
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);  // before m frees the buffers
+  }
+}
+
 TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
   const size_t sizes[] = {10};
   zpp_pgroup_t pg = nullptr;

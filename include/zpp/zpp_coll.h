@@ -284,8 +284,10 @@ typedef struct {
 
 /* Floats of the fp32 error-feedback residual for a call with `count`
  * elements per rank (it holds the compression error of both stages): enough
- * for every config; with intra_bits ZPP_QGZ_INTRA_RAW fewer are used
- * (zpp_qgz_residual_bytes). */
+ * for every fp32-residual config (with intra_bits ZPP_QGZ_INTRA_RAW fewer
+ * are used); the INT8 residual's size is zpp_qgz_residual_bytes, which
+ * can exceed 4 times this count (E8(count) > 4 count with blocks of one
+ * element, or count 1). */
 ZPP_API zpp_status_t zpp_qgz_residual_count(zpp_comm_t comm, size_t count,
                                             size_t *residual_count);
 

@@ -50,7 +50,9 @@ typedef struct {
                            ZPP_QGZ_INTRA_RAW (16): not quantized inside
                            the node */
   size_t qgz_block;     /* qgZ elements per scale (default 256) */
-  int error_feedback;   /* 1: qgZ keeps a residual (needs qgz_bits) */
+  int error_feedback;   /* 1: qgZ keeps a residual of its quantization
+                           errors (needs qgz_bits; none where nothing it
+                           quantizes: zpp_pgroup_residual_count) */
   size_t align;         /* shard_numel is a multiple of this (elements);
                            0 (default): the quantization blocks in use
                            (lcm of qwz_block and qgz_block), else 1 */
@@ -143,7 +145,11 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * device memory, optional for host memory; NULL keeps the group's own):
  * shard (shard_numel elements of dtype), full (padded_numel elements) and
  * residual (zpp_pgroup_residual_count floats, zero before the first
- * reduction; needed only with error feedback).  Not during a fetch.
+ * reduction; needed only with error feedback, and only when that count is
+ * non-zero: a residual given to a group whose count is 0 is refused).  Not
+ * during a fetch, and not while a zpp_pgroup_reduce_gradients of the group
+ * is in flight (its request not yet waited for: the group does not track
+ * it, and the residual it replaces may be freed under it).
  * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
  * it must hold the same values on every rank.  shard may be this rank's
  * slot of full (full + rank * shard_numel elements: the gather runs in
@@ -183,7 +189,7 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
 /* full_grad (padded_numel elements of dtype; elements past numel should
  * be zero) of every rank is reduced into grad_shard (shard_numel
  * elements) of its owner: qgZ when qgz_bits (with the group's residual
- * when error_feedback), else the baseline zpp_reduce_scatter (fp32 sum in
+ * when error_feedback and zpp_pgroup_residual_count is non-zero), else the baseline zpp_reduce_scatter (fp32 sum in
  * its fixed order, rounded once; see there).  req NULL: returns when done; otherwise
  * zpp_request_wait(*req) finishes it.  grad_shard may be this rank's slot
  * of full_grad (full_grad + rank * shard_numel elements: in place); any

@@ -142,6 +142,12 @@ def test_options_that_would_be_ignored_are_refused_by_name(capsys):
                     (dict(qgz_bits=4, hadamard=-2), "hadamard -2: must be")]:
         with pytest.raises(ValueError, match=re.escape(pat)):
             zpp.fsdp.enable(m, **kw)
+    # qgz_intra_bits 16 (the raw intra-node stage) passes the checks: the
+    # call gets as far as looking for the FSDP modules (a stand-in for the
+    # communicators, which a call without a launch cannot make, is not used
+    # before that)
+    with pytest.raises(ValueError, match="no FSDPModule"):
+        zpp.fsdp.enable(m, qgz_bits=4, qgz_intra_bits=16, comms=object())
     sys.path.insert(0, str(EXAMPLE.parent))
     import fsdp2_train
 

@@ -493,7 +493,8 @@ class Comm:
                            inter_bits: int = 4, block: int = 256, residual=None,
                            hadamard: int = 0, async_op: bool = False, stream=None):
         """qgZ: hierarchical quantized reduce-scatter (intra-node all-to-all
-        in ``intra_bits``, one inter-node crossing in ``inter_bits``).
+        in ``intra_bits``, 16 for the dtype unquantized, one inter-node
+        crossing in ``inter_bits``).
         ``residual`` (from :meth:`qgz_residual`, zero at first) turns on
         error feedback and is updated in place."""
         s, o, out = self._scatter_bufs(send, out)

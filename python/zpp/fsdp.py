@@ -48,7 +48,7 @@ class Options:
     qwz_bits: int = 0        # 0: exact all-gather; 8 or 4: qwZ on gathers across nodes
     qwz_block: int = 256     # elements per scale
     qgz_bits: int = 0        # 0: exact reduce-scatter; 4 or 8: qgZ inter-node bits
-    qgz_intra_bits: int = 0  # qgZ intra-node bits; 0: qgz_bits
+    qgz_intra_bits: int = 0  # qgZ intra-node bits; 0: qgz_bits; 16: not quantized
     qgz_block: int = 256
     error_feedback: bool = False  # qgZ residual per module (fp32)
     hadamard: int = 0        # qgZ Hadamard group (0: off)

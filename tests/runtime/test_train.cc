@@ -368,6 +368,28 @@ TEST(Train, Int8ResidualReportsTheMemorySavedAndConverges) {
   EXPECT_LE(std::fabs(l8 - l3) / l3, 0.10);
 }
 
+// --qgz-intra 16: nothing quantized inside the node, so only the M
+// stage-2 residual segments are kept (two levels; the test runs 2 nodes),
+// and qgz_residual_fp32 is the fp32 size of those, not of W + M.
+TEST(Train, RawIntraStageKeepsOnlyTheStageTwoResidualAndConverges) {
+  const std::string &z3 = train("--mode zero3").json;
+  const std::string &r = train("--mode zeropp --qgz-intra 16 --ef-bits 8").json;
+  double M = num(r, "nodes"), b = num(r, "block");
+  ASSERT_GT(M, 1) << "the suite runs two levels";
+  EXPECT_EQ(num(r, "qgz_intra_bits"), 16);
+  double want8 = 0, want32 = 0;
+  for (double sh : list(r, "shards")) {
+    want8 += M * enc(sh, 8, b);
+    want32 += M * 4 * sh;
+  }
+  EXPECT_EQ(num(r, "qgz_residual"), want8);
+  EXPECT_EQ(num(r, "qgz_residual_fp32"), want32);
+  double l3 = num(z3, "loss_last10"), lr = num(r, "loss_last10");
+  std::printf("raw intra stage: residual %.0f bytes (fp32 %.0f); loss zero3 %.6g, zeropp %.6g "
+              "(rel %.4f)\n", want8, want32, l3, lr, std::fabs(lr - l3) / l3);
+  EXPECT_LE(std::fabs(lr - l3) / l3, 0.10);
+}
+
 TEST(Train, HadamardAndStochasticRoundingRunAndConverge) {
   const std::string &z3 = train("--mode zero3").json;
   const std::string &h = train("--mode zeropp --hadamard 32 --sr 1").json;
