@@ -85,6 +85,26 @@ def main():
     assert err <= bound, (err, bound)
     assert np.any(res != 0)  # error feedback stored the compression error
     done["qgz_err_over_bound"] = err / bound
+    # the raw intra-node stage (intra_bits 16): stage 1 exact, so only the
+    # stage-2 half-step error of each node's partial sum is left, and the
+    # residual holds only the M stage-2 segments (these layouts are
+    # uniform: 2x2, 2x1), none on one node
+    assert comm.qgz_residual_count(n, intra_bits=4) == comm.qgz_residual_count(n)
+    want16 = comm.nnodes * n if comm.nnodes > 1 else 0
+    assert comm.qgz_residual_count(n, intra_bits=16) == want16, comm.qgz_residual_count(n, intra_bits=16)
+    res16 = comm.qgz_residual(n, intra_bits=16)
+    g16 = comm.qgz_reduce_scatter(x[r], op="mean", intra_bits=16, inter_bits=4, block=256,
+                                  residual=res16)
+    err16 = float(np.max(np.abs(g16.astype(np.float64) - ref64)))
+    bound16 = (comm.nnodes * W * A / 14) * 1.001 / W
+    assert err16 <= bound16, (err16, bound16)
+    assert want16 == 0 or np.any(res16 != 0)
+    try:  # a residual sized for both stages is refused, naming the size
+        comm.qgz_reduce_scatter(x[r], op="mean", intra_bits=16, residual=comm.qgz_residual(n))
+        raise AssertionError("accepted a residual of the wrong size")
+    except ValueError as e:
+        assert "must be %d" % want16 in str(e) and "intra_bits 16" in str(e), e
+    done["qgz16_err_over_bound"] = err16 / bound16
     # wrong inputs raise, naming the problem; the communicator still works
     for bad, pat in ((np.ones(W * 4, np.float64), "float64"), (torch.ones(W * 4, dtype=torch.int64), "int64")):
         try:

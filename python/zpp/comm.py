@@ -462,21 +462,29 @@ class Comm:
                          (self._c, s.cptr, o.cptr, o.numel, s.dtype, _op(op)),
                          (send, out), out, async_op, (s, o), stream)
 
-    def qgz_residual_count(self, count: int) -> int:
+    def qgz_residual_count(self, count: int, *, intra_bits: int = 4) -> int:
         """Floats of the error-feedback residual of a qgz_reduce_scatter with
-        ``count`` output elements per rank (zpp_qgz_residual_count)."""
+        ``count`` output elements per rank and ``intra_bits`` (the fp32
+        residual of zpp_qgz_residual_bytes: with 4 or 8 that of both stages,
+        zpp_qgz_residual_count; with 16, the intra-node stage unquantized,
+        only the quantized stages', 0 on one node)."""
         L = _lib.get()
         n = L.ffi.new("size_t *")
-        L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
-        return n[0]
+        if intra_bits in (4, 8):
+            L.check(L.lib.zpp_qgz_residual_count(self._c, count, n), self._c)
+            return n[0]
+        cfg = qgz_config(intra_bits=intra_bits)
+        L.check(L.lib.zpp_qgz_residual_bytes(self._c, cfg, count, n), self._c)
+        return n[0] // 4
 
-    def qgz_residual(self, count: int, *, like=None):
+    def qgz_residual(self, count: int, *, like=None, intra_bits: int = 4):
         """A zeroed fp32 error-feedback residual for qgz_reduce_scatter with
-        ``count`` output elements per rank (:meth:`qgz_residual_count`
-        floats): a torch tensor on ``like``'s device when ``like`` is one,
-        else a numpy array.  On device memory ``like`` must be a CUDA
-        tensor (other device arrays: allocate and zero that many floats)."""
-        n = self.qgz_residual_count(count)
+        ``count`` output elements per rank and ``intra_bits``
+        (:meth:`qgz_residual_count` floats): a torch tensor on ``like``'s
+        device when ``like`` is one, else a numpy array.  On device memory
+        ``like`` must be a CUDA tensor (other device arrays: allocate and
+        zero that many floats)."""
+        n = self.qgz_residual_count(count, intra_bits=intra_bits)
         if like is not None and _lib.is_torch(like):
             import torch
 
@@ -495,8 +503,10 @@ class Comm:
         """qgZ: hierarchical quantized reduce-scatter (intra-node all-to-all
         in ``intra_bits``, 16 for the dtype unquantized, one inter-node
         crossing in ``inter_bits``).
-        ``residual`` (from :meth:`qgz_residual`, zero at first) turns on
-        error feedback and is updated in place."""
+        ``residual`` (from :meth:`qgz_residual` with the same ``intra_bits``,
+        zero at first) turns on error feedback and is updated in place; with
+        ``intra_bits`` 16 on one node nothing is quantized and the residual
+        has 0 floats."""
         s, o, out = self._scatter_bufs(send, out)
         L = _lib.get()
         cfg = qgz_config(intra_bits=intra_bits, inter_bits=inter_bits, block=block,
@@ -505,16 +515,17 @@ class Comm:
         bufs = [s, o]
         if residual is not None:
             r = Buf(residual, "residual", written=True)
-            want = L.ffi.new("size_t *")
-            L.check(L.lib.zpp_qgz_residual_count(self._c, o.numel, want), self._c)
+            want = self.qgz_residual_count(o.numel, intra_bits=intra_bits)
             if r.dtype_name.endswith("float32"):
-                if r.numel != want[0]:
-                    raise ValueError("residual: %d floats, must be %d (qgz_residual)" % (r.numel, want[0]))
+                if r.numel != want:
+                    raise ValueError("residual: %d floats, must be %d (qgz_residual with "
+                                     "intra_bits %d)" % (r.numel, want, intra_bits))
             else:
                 raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                                  "residual has dtype %s: must be float32" % r.dtype_name)
-            res = r.cptr
-            bufs.append(r)
+            if want:  # (none kept where nothing is quantized)
+                res = r.cptr
+                bufs.append(r)
         return self._run(L.lib.zpp_qgz_reduce_scatter,
                          (self._c, cfg, s.cptr, o.cptr, o.numel, s.dtype, _op(op), res),
                          (send, out, residual, cfg), out, async_op, bufs, stream)

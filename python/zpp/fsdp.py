@@ -198,7 +198,8 @@ class ReduceScatter(_FsdpReduceScatter):
                 key = (id(comm), output_tensor.numel())
                 res = self.residuals.get(key)
                 if res is None:
-                    res = comm.qgz_residual(output_tensor.numel(), like=output_tensor)
+                    res = comm.qgz_residual(output_tensor.numel(), like=output_tensor,
+                                            intra_bits=o.qgz_intra_bits or o.qgz_bits)
                     self.residuals[key] = res
             w = comm.qgz_reduce_scatter(input_tensor, output_tensor, op=zop,
                                         intra_bits=o.qgz_intra_bits or o.qgz_bits,
