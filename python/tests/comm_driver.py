@@ -86,19 +86,24 @@ def main():
     assert np.any(res != 0)  # error feedback stored the compression error
     done["qgz_err_over_bound"] = err / bound
     # the raw intra-node stage (intra_bits 16): stage 1 exact, so only the
-    # stage-2 half-step error of each node's partial sum is left, and the
-    # residual holds only the M stage-2 segments (these layouts are
-    # uniform: 2x2, 2x1), none on one node
-    assert comm.qgz_residual_count(n, intra_bits=4) == comm.qgz_residual_count(n)
+    # stage-2 half-step error of each node's partial sum (|p| <= S A) is
+    # left, and the residual holds only the M stage-2 segments (these
+    # layouts are uniform: 2x2, 2x1), none on one node; a sentinel past
+    # them shows that nothing more is written
+    for b in (4, 8):
+        assert comm.qgz_residual_count(n, intra_bits=b) == (W + comm.nnodes) * n
     want16 = comm.nnodes * n if comm.nnodes > 1 else 0
     assert comm.qgz_residual_count(n, intra_bits=16) == want16, comm.qgz_residual_count(n, intra_bits=16)
-    res16 = comm.qgz_residual(n, intra_bits=16)
+    room = np.full(want16 + 64, 12345.5, np.float32)
+    room[:want16] = 0
+    res16 = room[:want16]
     g16 = comm.qgz_reduce_scatter(x[r], op="mean", intra_bits=16, inter_bits=4, block=256,
                                   residual=res16)
     err16 = float(np.max(np.abs(g16.astype(np.float64) - ref64)))
-    bound16 = (comm.nnodes * W * A / 14) * 1.001 / W
+    bound16 = comm.nnodes * comm.local_size * A / 14 * 1.001 / W
     assert err16 <= bound16, (err16, bound16)
     assert want16 == 0 or np.any(res16 != 0)
+    assert np.all(room[want16:] == 12345.5), "written past the residual"
     try:  # a residual sized for both stages is refused, naming the size
         comm.qgz_reduce_scatter(x[r], op="mean", intra_bits=16, residual=comm.qgz_residual(n))
         raise AssertionError("accepted a residual of the wrong size")
@@ -135,6 +140,28 @@ def main():
     assert (first is None) == (r not in (0, W - 1))
     s = node.allgather(np.full(3, r, np.float32))
     assert sorted(set(s.tolist())) == sorted(q for q in range(W) if comm.node_of(q) == comm.node_of(r))
+    # one node, intra 16: nothing quantized, a residual of 0 floats (and
+    # only that) accepted, synchronously and asynchronously; the result is
+    # the fp32 sum of the node's ranks (S - 1 additions of relative 2^-24)
+    S, me = node.size, node.rank
+    members = [q for q in range(W) if comm.node_of(q) == comm.node_of(r)]
+    assert node.qgz_residual_count(n, intra_bits=16) == 0
+    y = data(100 + r, n * S, 7)
+    ys = [data(100 + q, n * S, 7)[me * n:(me + 1) * n].astype(np.float64) for q in members]
+    ref = np.sum(ys, axis=0)
+    tol = S * 2.0 ** -24 * np.sum(np.abs(ys), axis=0) + 1e-30
+    for async_op in (False, True):
+        got = np.zeros(n, np.float32)
+        w = node.qgz_reduce_scatter(y, got, op="sum", intra_bits=16, async_op=async_op,
+                                    residual=node.qgz_residual(n, intra_bits=16))
+        if async_op:
+            w.wait()
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= tol), (async_op, np.max(np.abs(got - ref)))
+    try:
+        node.qgz_reduce_scatter(y, op="sum", intra_bits=16, residual=np.zeros(1, np.float32))
+        raise AssertionError("one node: accepted a residual of 1 float")
+    except ValueError as e:
+        assert "must be 0" in str(e), e
     if first is not None:
         first.close()
     node.close()

@@ -466,8 +466,10 @@ class Comm:
         """Floats of the error-feedback residual of a qgz_reduce_scatter with
         ``count`` output elements per rank and ``intra_bits`` (the fp32
         residual of zpp_qgz_residual_bytes: with 4 or 8 that of both stages,
-        zpp_qgz_residual_count; with 16, the intra-node stage unquantized,
-        only the quantized stages', 0 on one node)."""
+        zpp_qgz_residual_count, (W + M) count on M > 1 equal nodes, else
+        W count; with 16, the intra-node stage unquantized, only the
+        quantized stages': M count on equal nodes, W count on uneven ones
+        (their flat stage quantizes in inter_bits), 0 on one node)."""
         L = _lib.get()
         n = L.ffi.new("size_t *")
         if intra_bits in (4, 8):
@@ -491,8 +493,8 @@ class Comm:
             return torch.zeros(n, dtype=torch.float32, device=like.device)
         if self.memory == "device":
             raise ValueError("qgz_residual: on device memory pass like=<a CUDA tensor>, or "
-                             "allocate qgz_residual_count(%d) = %d zeroed floats yourself"
-                             % (count, n))
+                             "allocate qgz_residual_count(%d, intra_bits=%d) = %d zeroed "
+                             "floats yourself" % (count, intra_bits, n))
         import numpy as np
 
         return np.zeros(n, dtype=np.float32)
@@ -506,7 +508,11 @@ class Comm:
         ``residual`` (from :meth:`qgz_residual` with the same ``intra_bits``,
         zero at first) turns on error feedback and is updated in place; with
         ``intra_bits`` 16 on one node nothing is quantized and the residual
-        has 0 floats."""
+        has 0 floats.  Its size must be exactly that of qgz_residual for
+        this ``intra_bits`` (the C library takes any buffer of at least
+        zpp_qgz_residual_bytes; the binding refuses the others, since a
+        residual kept for intra 4 or 8 holds stage-1 errors where intra 16
+        keeps its stage-2 ones)."""
         s, o, out = self._scatter_bufs(send, out)
         L = _lib.get()
         cfg = qgz_config(intra_bits=intra_bits, inter_bits=inter_bits, block=block,
@@ -523,6 +529,7 @@ class Comm:
             else:
                 raise DtypeError(-1, "ZPP_ERR_INVALID_ARGUMENT",
                                  "residual has dtype %s: must be float32" % r.dtype_name)
+            self._check_memory([r])
             if want:  # (none kept where nothing is quantized)
                 res = r.cptr
                 bufs.append(r)

@@ -195,7 +195,7 @@ class ReduceScatter(_FsdpReduceScatter):
         if o.qgz_bits:
             res = None
             if o.error_feedback:
-                key = (id(comm), output_tensor.numel())
+                key = (id(comm), output_tensor.numel(), o.qgz_intra_bits or o.qgz_bits)
                 res = self.residuals.get(key)
                 if res is None:
                     res = comm.qgz_residual(output_tensor.numel(), like=output_tensor,
