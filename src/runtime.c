@@ -574,9 +574,7 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
     q.step = pg->reductions++;
     return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
                                   pg->shard_numel, c->dtype, op,
-                                  c->error_feedback && pg->residual_count
-                                      ? pg->residual
-                                      : NULL,
+                                  c->error_feedback ? pg->residual : NULL,
                                   stream, req);
   }
   return zpp_reduce_scatter(pg->comm, full_grad, grad_shard, pg->shard_numel,

@@ -916,6 +916,27 @@ struct HadRef {
   std::vector<double> sum, bound;
 };
 
+// The owner's bound through the inverse rotation, shared by both
+// references: B_j bounds the rotated accumulator's error (rotation errors
+// included), zmag_j its magnitude; each whole group of g gets
+// c sum_G B + k u (1 + 2^-20) c sum_G zmag + 2^-22 |sum|, the tail its own B.
+void inverse_rotation_bound(const std::vector<double> &B, const std::vector<double> &zmag,
+                            size_t count, size_t g, int k, double c, HadRef *ref) {
+  size_t whole = count / g * g;
+  double u = std::ldexp(1.0, -24);
+  for (size_t b0 = 0; b0 < whole; b0 += g) {
+    double sb = 0, sz = 0;
+    for (size_t j = 0; j < g; j++) {
+      sb += B[b0 + j];
+      sz += zmag[b0 + j];
+    }
+    for (size_t i = b0; i < b0 + g; i++)
+      ref->bound[i] = c * sb + k * u * (1 + std::ldexp(1.0, -20)) * c * sz +
+                      std::ldexp(1.0, -22) * std::fabs(ref->sum[i]);
+  }
+  for (size_t i = whole; i < count; i++) ref->bound[i] = B[i];
+}
+
 HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int inter_bits,
                               size_t block, size_t g, bool sr, uint64_t tag, int me) {
   size_t n = g_size * count, whole = count / g * g;
@@ -985,17 +1006,9 @@ HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int 
       zmag[i] = abssum[i] + B[i];
     }
   }
-  for (size_t b0 = 0; b0 < whole; b0 += g) {
-    double sb = 0, sz = 0;
-    for (size_t j = 0; j < g; j++) {
-      sb += B[b0 + j] + esum[b0 + j];
-      sz += zmag[b0 + j];
-    }
-    for (size_t i = b0; i < b0 + g; i++)
-      ref.bound[i] = c * sb + k * u * (1 + std::ldexp(1.0, -20)) * c * sz +
-                     std::ldexp(1.0, -22) * std::fabs(ref.sum[i]);
-  }
-  for (size_t i = whole; i < count; i++) ref.bound[i] = B[i];
+  // the rotations' own errors join B (esum is 0 on the unrotated tail)
+  for (size_t i = 0; i < count; i++) B[i] += esum[i];
+  inverse_rotation_bound(B, zmag, count, g, k, c, &ref);
   return ref;
 }
 
@@ -1076,17 +1089,7 @@ HadRef qgz_hadamard_raw_reference(size_t count, zpp_dtype_t dt, int inter_bits, 
     B[i] += g_nnodes * std::ldexp(1.0, -23) * (magsum[i] + h2sum[i]);
     zmag[i] = magsum[i] + B[i];
   }
-  for (size_t b0 = 0; b0 < whole; b0 += g) {
-    double sb = 0, sz = 0;
-    for (size_t j = 0; j < g; j++) {
-      sb += B[b0 + j];
-      sz += zmag[b0 + j];
-    }
-    for (size_t i = b0; i < b0 + g; i++)
-      ref.bound[i] = c * sb + k * u * (1 + std::ldexp(1.0, -20)) * c * sz +
-                     std::ldexp(1.0, -22) * std::fabs(ref.sum[i]);
-  }
-  for (size_t i = whole; i < count; i++) ref.bound[i] = B[i];
+  inverse_rotation_bound(B, zmag, count, g, k, c, &ref);
   return ref;
 }
 
