@@ -65,6 +65,8 @@ struct zpp_request {
   int64_t started_ns;   /* for the timeout of the event wait */
   int abandoned;        /* its waiter gave up while the plan ran: the
                            engine frees the request when it completes */
+  uint64_t ticket;      /* its plan's place in the engine's queue (0: the
+                           plan ran inline, before the call returned) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
 };
@@ -82,6 +84,7 @@ struct zpp_plan {
   struct zpp_request *req; /* where the result goes; NULL: inline caller */
   _Atomic int64_t *progress; /* the engine's last_progress_ns, or NULL */
   struct zpp_plan *next;   /* engine queue */
+  uint64_t ticket;         /* 1, 2, ... in queue order (0: never queued) */
 };
 
 /* ---- the per-communicator engine ----------------------------------------- */
@@ -95,6 +98,8 @@ typedef struct {
   pthread_cond_t cv;        /* queue, busy and stop changes */
   zpp_plan_t *head, *tail;  /* queued plans */
   int busy;                 /* a plan is running (thread or inline) */
+  uint64_t last_ticket;     /* the last queued plan's ticket */
+  uint64_t running_ticket;  /* the engine thread's plan now (0: none) */
   int thread_started, stop;
   pthread_t thread;
   /* A plan started or finished a step, or moved bytes (for bounded waits:
@@ -673,10 +678,16 @@ static void *engine_main(void *arg) {
     if (e->head == NULL)
       e->tail = NULL;
     e->busy = 1;
+    e->running_ticket = p->ticket;
     pthread_mutex_unlock(&e->mu);
     r = p->req;
     p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
+    /* done with the caller's memory (run_plan freed p): no longer in
+     * flight, before its waiter can wake and ask (zpp_engine_in_flight) */
+    pthread_mutex_lock(&e->mu);
+    e->running_ticket = 0;
+    pthread_mutex_unlock(&e->mu);
     complete(r, st, event);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
@@ -701,6 +712,9 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
   if (e->head == NULL && !e->busy)
     e->last_progress_ns = zpp_time_ns();
   p->next = NULL;
+  p->ticket = ++e->last_ticket;
+  if (p->req != NULL)
+    p->req->ticket = p->ticket;
   if (e->tail != NULL)
     e->tail->next = p;
   else
@@ -937,6 +951,29 @@ zpp_status_t zpp_request_test(zpp_request_t req, int *done) {
   }
 #endif
   return ZPP_OK;
+}
+
+uint64_t zpp_engine_ticket(zpp_request_t req) {
+  return req != NULL ? req->ticket : 0;
+}
+
+int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
+  engine_t *e;
+  const zpp_plan_t *p;
+  int in = 0;
+  if (ticket == 0)
+    return 0;
+  pthread_mutex_lock(&engines_mu);
+  e = (engine_t *)comm->engine;
+  if (e != NULL) {
+    pthread_mutex_lock(&e->mu);
+    in = e->running_ticket == ticket;
+    for (p = e->head; p != NULL && !in; p = p->next)
+      in = p->ticket == ticket;
+    pthread_mutex_unlock(&e->mu);
+  }
+  pthread_mutex_unlock(&engines_mu);
+  return in;
 }
 
 /* zpp_comm_abort (any thread; the transport is broken already): the

@@ -104,6 +104,14 @@ void zpp_plan_discard(zpp_plan_t *p);
  * thread; frees its scratch cache.  Called by zpp_comm_destroy. */
 void zpp_engine_release(zpp_comm_t comm);
 
+/* A started call's place in its communicator's engine queue, read before
+ * the request is waited for (0: its plan ran inline and was done with
+ * host memory before the call returned).  zpp_engine_in_flight: 1 while
+ * that plan is queued or running (it may still read or write the
+ * caller's buffers), 0 once it finished or was dropped by an abort. */
+uint64_t zpp_engine_ticket(zpp_request_t req);
+int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,12 +1,16 @@
 /*
  * Parameter groups (include/zpp/zpp_runtime.h): the layout, the buffers and
- * the choice of collective a ZeRO runtime needs, written only against the
- * public collectives (zpp_coll.h) and communicator (zpp_comm.h) APIs.
- * Usage and the memory each call holds: docs/runtime.md.
+ * the choice of collective a ZeRO runtime needs, written against the
+ * public collectives (zpp_coll.h) and communicator (zpp_comm.h) APIs, and
+ * one question to the engine (plan.h): whether a started gradient
+ * reduction of the group is still in flight, so that the residual it uses
+ * is never freed under it.  Usage and the memory each call holds:
+ * docs/runtime.md.
  */
 #include <zpp/zpp_runtime.h>
 
 #include "internal.h"
+#include "plan.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -34,6 +38,8 @@ struct zpp_pgroup {
   uint64_t reductions;   /* reduce_gradients calls: the residual's step */
   zpp_hpz_t hpz;
   zpp_request_t pending;    /* fetch in flight */
+  uint64_t reduce_ticket;   /* the last started reduce_gradients (engine
+                               ticket; 0: none or done inline) */
   int held;                 /* the full buffer holds gathered data */
   uint64_t generation;
 };
@@ -327,9 +333,22 @@ static zpp_status_t finish_pending(zpp_pgroup_t pg) {
   return st;
 }
 
+/* A started zpp_pgroup_reduce_gradients of pg is queued or running: it
+ * reads and writes the residual (and the caller's gradient buffers). */
+static int reduction_in_flight(zpp_pgroup_t pg) {
+  if (pg->reduce_ticket && !zpp_engine_in_flight(pg->comm, pg->reduce_ticket))
+    pg->reduce_ticket = 0;
+  return pg->reduce_ticket != 0;
+}
+
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
   if (pg == NULL)
     return ZPP_OK;
+  if (reduction_in_flight(pg))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, "zpp_pgroup_destroy",
+                     "pg: a zpp_pgroup_reduce_gradients of the group is in "
+                     "flight and uses its residual: zpp_request_wait its "
+                     "request first (nothing was freed)");
   zpp_status_t st = finish_pending(pg);
   zpp_status_t st2 = zpp_hpz_destroy(pg->hpz);
   free(pg->own_full);
@@ -408,6 +427,11 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
   if (pg->pending)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "pg: a fetch is pending: zpp_pgroup_wait first");
+  if (residual && reduction_in_flight(pg))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "residual: a zpp_pgroup_reduce_gradients of the group "
+                     "is in flight and uses the residual this would "
+                     "replace: zpp_request_wait its request first");
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "residual: given but the group keeps none (%s)",
@@ -572,10 +596,16 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                        "attach a residual first (zpp_pgroup_attach)");
     zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
     q.step = pg->reductions++;
-    return zpp_qgz_reduce_scatter(pg->comm, &q, full_grad, grad_shard,
-                                  pg->shard_numel, c->dtype, op,
-                                  c->error_feedback ? pg->residual : NULL,
-                                  stream, req);
+    zpp_status_t st = zpp_qgz_reduce_scatter(
+        pg->comm, &q, full_grad, grad_shard, pg->shard_numel, c->dtype, op,
+        c->error_feedback ? pg->residual : NULL, stream, req);
+    /* only the residual is the group's (the gradients are the caller's);
+     * plans run in order: the newest one finishing means every earlier
+     * one of the group has too */
+    if (st == ZPP_OK && req != NULL && *req != NULL && c->error_feedback &&
+        pg->residual_count)
+      pg->reduce_ticket = zpp_engine_ticket(*req);
+    return st;
   }
   return zpp_reduce_scatter(pg->comm, full_grad, grad_shard, pg->shard_numel,
                             c->dtype, op, stream, req);

@@ -565,6 +565,91 @@ TEST(PGroup, ErrorFeedbackResidualIsKeptOnlyWhereSomethingIsQuantized) {
   }
 }
 
+// A started reduction with error feedback reads and writes the group's
+// residual until it is waited for: replacing the residual
+// (zpp_pgroup_attach) or destroying the group meanwhile is refused, naming
+// why, and nothing is freed; both work once it is waited for, and the
+// attached residual is the one the next reduction uses.  Deterministic:
+// rank 0 starts its reduction and checks before any other rank calls (they
+// wait at an MPI barrier that rank 0 enters after its checks), so rank 0's
+// reduction cannot have finished.
+TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
+  const char *be = std::getenv("ZPP_TEST_BACKEND");
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (g_size < 2 || level != MPI_THREAD_MULTIPLE || (be && std::string(be) == "nccl"))
+    GTEST_SKIP() << "needs 2+ ranks, MPI_THREAD_MULTIPLE (started calls run on the "
+                    "engine thread) and a host-ordered backend (NCCL's calls return once "
+                    "their work is on the stream; zpp_runtime.h)";
+  const size_t sizes[] = {3000};
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.qgz_bits = 4;
+  cfg.qgz_intra_bits = 8;
+  cfg.qgz_block = 128;
+  cfg.error_feedback = 1;
+  zpp_pgroup_t pg = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg), ZPP_OK) << zpp_get_last_error();
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  size_t s = info.shard_numel, n = info.padded_numel, rc = 0;
+  EXPECT_EQ(zpp_pgroup_residual_count(pg, &rc), ZPP_OK);
+  ASSERT_GT(rc, 0u);  // the same on every rank
+  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+  q.inter_bits = 4;
+  q.intra_bits = 8;
+  q.block_size = 128;
+  {
+    Bufs bufs(pg);
+    std::vector<float> zeros(rc, 0.0f), fresh(rc, 0.0f), ref_resid(rc, 0.0f);
+    Mem rm;
+    float *new_resid = rm.out(fresh), *ref_buf = rm.out(ref_resid);
+    for (int step = 0; step < 2; step++) {
+      auto g = gen(g_rank, n, 300 + step);
+      std::vector<uint16_t> a(s + 1), b(s + 1);
+      Mem m;
+      const uint16_t *gin = m.in(g);
+      uint16_t *aout = m.out(a);
+      if (step == 0 && g_rank == 0) {
+        zpp_request_t req = nullptr;
+        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, gin, aout, ZPP_OP_MEAN, nullptr, &req), ZPP_OK)
+            << zpp_get_last_error();
+        EXPECT_NE(req, nullptr);
+        EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, new_resid), ZPP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(zpp_get_last_error())
+                      .find("residual: a zpp_pgroup_reduce_gradients of the group is in flight"),
+                  std::string::npos)
+            << zpp_get_last_error();
+        EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(zpp_get_last_error()).find("nothing was freed"), std::string::npos)
+            << zpp_get_last_error();
+        // the other ranks start now; the group is intact and in use
+        MPI_Barrier(MPI_COMM_WORLD);
+        EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
+      } else {
+        if (step == 0) MPI_Barrier(MPI_COMM_WORLD);
+        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, gin, aout, ZPP_OP_MEAN, nullptr, nullptr),
+                  ZPP_OK)
+            << zpp_get_last_error();
+      }
+      if (step == 0) {  // waited for: the new residual is taken (every rank)
+        EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, new_resid), ZPP_OK)
+            << zpp_get_last_error();
+      }
+      // Reference: the collective with a residual that is zero where the
+      // group's is: at step 0 its first, at step 1 the freshly attached one.
+      q.step = (uint64_t)step;
+      Mem zm;
+      float *rb = step == 0 ? ref_buf : zm.out(zeros);
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &q, gin, m.out(b), s, ZPP_BFLOAT16, ZPP_OP_MEAN,
+                                       rb, nullptr, nullptr),
+                ZPP_OK);
+      m.back();
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
+    }
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK) << zpp_get_last_error();
+  }
+}
+
 TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
   const size_t sizes[] = {10};
   zpp_pgroup_t pg = nullptr;

@@ -128,7 +128,11 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
                                        const size_t *sizes, int ntensors,
                                        zpp_pgroup_t *out);
 /* Frees what the group allocated (not attached buffers).  Waits for a
- * pending fetch first.  Safe on NULL. */
+ * pending fetch first.  Safe on NULL.  Destroy a group before its
+ * communicator.  ZPP_ERR_INVALID_ARGUMENT, and nothing freed, while a
+ * zpp_pgroup_reduce_gradients of the group with error feedback is in
+ * flight (its request not yet waited for: it uses the group's residual);
+ * wait for it, then destroy. */
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg);
 
 ZPP_API zpp_status_t zpp_pgroup_get_info(zpp_pgroup_t pg,
@@ -147,9 +151,13 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * residual (zpp_pgroup_residual_count floats, zero before the first
  * reduction; needed only with error feedback, and only when that count is
  * non-zero: a residual given to a group whose count is 0 is refused).  Not
- * during a fetch, and not while a zpp_pgroup_reduce_gradients of the group
- * is in flight (its request not yet waited for: the group does not track
- * it, and the residual it replaces may be freed under it).
+ * during a fetch (refused).  A residual is refused while a
+ * zpp_pgroup_reduce_gradients of the group is in flight (its request not
+ * yet waited for): that reduction uses the residual it would replace,
+ * and the group's own would be freed under it.  On a stream-ordered
+ * backend (NCCL) the call has returned once its work is on the stream,
+ * and the group cannot see that work: attach after the stream has done
+ * it (the residual is the caller's there, never freed by the group).
  * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
  * it must hold the same values on every rank.  shard may be this rank's
  * slot of full (full + rank * shard_numel elements: the gather runs in
