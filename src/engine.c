@@ -65,8 +65,6 @@ struct zpp_request {
   int64_t started_ns;   /* for the timeout of the event wait */
   int abandoned;        /* its waiter gave up while the plan ran: the
                            engine frees the request when it completes */
-  uint64_t ticket;      /* its plan's place in the engine's queue (0: the
-                           plan ran inline, before the call returned) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
 };
@@ -642,8 +640,18 @@ static void free_request(struct zpp_request *r) {
   free(r);
 }
 
-static void complete(struct zpp_request *r, zpp_status_t st, void *event) {
+/* e: the engine whose thread ran r's plan (NULL: inline or dropped); its
+ * running ticket is cleared while r->mu is held (lock order r->mu, then
+ * e->mu, as wait_ran), so whoever sees r done also sees the plan out of
+ * flight (zpp_engine_in_flight), and the other way round. */
+static void complete(struct zpp_request *r, zpp_status_t st, void *event,
+                     engine_t *e) {
   pthread_mutex_lock(&r->mu);
+  if (e != NULL) {
+    pthread_mutex_lock(&e->mu);
+    e->running_ticket = 0;
+    pthread_mutex_unlock(&e->mu);
+  }
   if (r->abandoned) { /* nobody waits for it any more */
     pthread_mutex_unlock(&r->mu);
     r->event = event;
@@ -683,12 +691,9 @@ static void *engine_main(void *arg) {
     r = p->req;
     p->progress = &e->last_progress_ns;
     st = run_plan(p, &event);
-    /* done with the caller's memory (run_plan freed p): no longer in
-     * flight, before its waiter can wake and ask (zpp_engine_in_flight) */
-    pthread_mutex_lock(&e->mu);
-    e->running_ticket = 0;
-    pthread_mutex_unlock(&e->mu);
-    complete(r, st, event);
+    /* the host part is done (run_plan freed p; device work may still be
+     * on the stream): out of flight as r completes */
+    complete(r, st, event, e);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
     e->last_progress_ns = zpp_time_ns();
@@ -713,8 +718,6 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
     e->last_progress_ns = zpp_time_ns();
   p->next = NULL;
   p->ticket = ++e->last_ticket;
-  if (p->req != NULL)
-    p->req->ticket = p->ticket;
   if (e->tail != NULL)
     e->tail->next = p;
   else
@@ -863,7 +866,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (r != NULL) {
-      complete(r, st, event);
+      complete(r, st, event, NULL);
       if (st != ZPP_OK) {
         free_request(r);
         return zpp_comm_fail(comm, st);
@@ -953,13 +956,30 @@ zpp_status_t zpp_request_test(zpp_request_t req, int *done) {
   return ZPP_OK;
 }
 
-uint64_t zpp_engine_ticket(zpp_request_t req) {
-  return req != NULL ? req->ticket : 0;
+uint64_t zpp_engine_last_ticket(zpp_comm_t comm) {
+  engine_t *e;
+  uint64_t t = 0;
+  pthread_mutex_lock(&engines_mu);
+  e = (engine_t *)comm->engine;
+  if (e != NULL) {
+    pthread_mutex_lock(&e->mu);
+    t = e->last_ticket;
+    pthread_mutex_unlock(&e->mu);
+  }
+  pthread_mutex_unlock(&engines_mu);
+  return t;
+}
+
+/* Under e->mu.  Tickets grow in queue order and the queue stays sorted
+ * (plans leave it only from the head, or dropped by abandon / abort), so
+ * the oldest plan not yet done is the running one, else the head. */
+static int ticket_in_flight(const engine_t *e, uint64_t ticket) {
+  return (e->running_ticket != 0 && e->running_ticket <= ticket) ||
+         (e->head != NULL && e->head->ticket <= ticket);
 }
 
 int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
   engine_t *e;
-  const zpp_plan_t *p;
   int in = 0;
   if (ticket == 0)
     return 0;
@@ -967,13 +987,53 @@ int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
   e = (engine_t *)comm->engine;
   if (e != NULL) {
     pthread_mutex_lock(&e->mu);
-    in = e->running_ticket == ticket;
-    for (p = e->head; p != NULL && !in; p = p->next)
-      in = p->ticket == ticket;
+    in = ticket_in_flight(e, ticket);
     pthread_mutex_unlock(&e->mu);
   }
   pthread_mutex_unlock(&engines_mu);
   return in;
+}
+
+zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
+                                    const char *func) {
+  engine_t *e;
+  zpp_status_t st = ZPP_OK;
+  double to = zpp_transport_timeout_s(zpp_comm_transport(comm));
+  if (ticket == 0)
+    return ZPP_OK;
+  /* the engine lives until zpp_comm_destroy, which the caller has not
+   * reached (it still uses comm) */
+  pthread_mutex_lock(&engines_mu);
+  e = (engine_t *)comm->engine;
+  pthread_mutex_unlock(&engines_mu);
+  if (e == NULL)
+    return ZPP_OK;
+  pthread_mutex_lock(&e->mu);
+  while (ticket_in_flight(e, ticket)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    /* signalled when a plan finishes; the slice also sees abandon() */
+    pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    /* as wait_ran: give up when the engine made no progress for twice
+     * the timeout and a second */
+    if (to > 0 && ticket_in_flight(e, ticket) &&
+        zpp_time_ns() - e->last_progress_ns >
+            (int64_t)(2.0 * to * 1e9) + 1000000000) {
+      st = zpp_error(ZPP_ERR_TIMEOUT, func,
+                     "the communicator's engine made no progress for %.3g s "
+                     "(ZPP_TIMEOUT_S %.3g) while a started call was in "
+                     "flight",
+                     2.0 * to + 1.0, to);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+  return st;
 }
 
 /* zpp_comm_abort (any thread; the transport is broken already): the
@@ -1000,7 +1060,7 @@ static void engine_abort(zpp_comm_t comm) {
     zpp_status_t st = zpp_transport_broken_error(p->ex.t, p->func);
     next = p->next;
     plan_free(p);
-    complete(r, st, NULL);
+    complete(r, st, NULL, NULL);
   }
 }
 

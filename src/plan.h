@@ -104,13 +104,21 @@ void zpp_plan_discard(zpp_plan_t *p);
  * thread; frees its scratch cache.  Called by zpp_comm_destroy. */
 void zpp_engine_release(zpp_comm_t comm);
 
-/* A started call's place in its communicator's engine queue, read before
- * the request is waited for (0: its plan ran inline and was done with
- * host memory before the call returned).  zpp_engine_in_flight: 1 while
- * that plan is queued or running (it may still read or write the
- * caller's buffers), 0 once it finished or was dropped by an abort. */
-uint64_t zpp_engine_ticket(zpp_request_t req);
+/* Tickets: the engine numbers the plans it queues 1, 2, ... in order.
+ * zpp_engine_last_ticket: the newest one handed out on comm (0: none), so
+ * read right after a call returns it covers that call's plan if it was
+ * queued (a plan run inline is done with host memory when the call
+ * returns).  zpp_engine_in_flight: 1 while a plan with a ticket <= ticket
+ * is queued or running on the engine thread (its host part may still read
+ * or write the caller's buffers; device work it put on a stream is not
+ * seen), 0 once all have finished or were dropped (abort, abandoned
+ * waits).  zpp_engine_wait_ticket: waits until zpp_engine_in_flight is 0,
+ * bounded like zpp_request_wait (ZPP_ERR_TIMEOUT when the engine made no
+ * progress for twice ZPP_TIMEOUT_S and a second). */
+uint64_t zpp_engine_last_ticket(zpp_comm_t comm);
 int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket);
+zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
+                                    const char *func);
 
 #ifdef __cplusplus
 }

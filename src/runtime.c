@@ -13,6 +13,7 @@
 #include "plan.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -333,8 +334,8 @@ static zpp_status_t finish_pending(zpp_pgroup_t pg) {
   return st;
 }
 
-/* A started zpp_pgroup_reduce_gradients of pg is queued or running: it
- * reads and writes the residual (and the caller's gradient buffers). */
+/* A zpp_pgroup_reduce_gradients of pg with error feedback is queued or
+ * running on the engine: it reads and writes the residual. */
 static int reduction_in_flight(zpp_pgroup_t pg) {
   if (pg->reduce_ticket && !zpp_engine_in_flight(pg->comm, pg->reduce_ticket))
     pg->reduce_ticket = 0;
@@ -344,11 +345,18 @@ static int reduction_in_flight(zpp_pgroup_t pg) {
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
   if (pg == NULL)
     return ZPP_OK;
-  if (reduction_in_flight(pg))
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, "zpp_pgroup_destroy",
-                     "pg: a zpp_pgroup_reduce_gradients of the group is in "
-                     "flight and uses its residual: zpp_request_wait its "
-                     "request first (nothing was freed)");
+  /* a started reduction still uses the residual: wait for it (bounded),
+   * as for a pending fetch; past the bound the residual is leaked, never
+   * freed under it */
+  zpp_status_t st0 =
+      zpp_engine_wait_ticket(pg->comm, pg->reduce_ticket, "zpp_pgroup_destroy");
+  if (st0 != ZPP_OK) {
+    char why[512]; /* the message is rewritten in the same buffer */
+    snprintf(why, sizeof why, "%s", zpp_get_last_error());
+    zpp_error(st0, "zpp_pgroup_destroy",
+              "%s; the group's residual is leaked, not freed under it", why);
+    pg->own_residual = NULL;
+  }
   zpp_status_t st = finish_pending(pg);
   zpp_status_t st2 = zpp_hpz_destroy(pg->hpz);
   free(pg->own_full);
@@ -356,6 +364,8 @@ ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
   free(pg->own_shard);
   free(pg->offsets);
   free(pg);
+  if (st0 != ZPP_OK)
+    return st0;
   return st != ZPP_OK ? st : st2;
 }
 
@@ -599,12 +609,13 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
     zpp_status_t st = zpp_qgz_reduce_scatter(
         pg->comm, &q, full_grad, grad_shard, pg->shard_numel, c->dtype, op,
         c->error_feedback ? pg->residual : NULL, stream, req);
-    /* only the residual is the group's (the gradients are the caller's);
-     * plans run in order: the newest one finishing means every earlier
-     * one of the group has too */
-    if (st == ZPP_OK && req != NULL && *req != NULL && c->error_feedback &&
-        pg->residual_count)
-      pg->reduce_ticket = zpp_engine_ticket(*req);
+    /* only the residual is the group's (the gradients are the caller's).
+     * The newest ticket covers this call's plan if it was queued; taken
+     * also after a failed call (a timed-out wait leaves its plan
+     * running) and for blocking ones: a ticket already done costs
+     * nothing. */
+    if (c->error_feedback && pg->residual_count)
+      pg->reduce_ticket = zpp_engine_last_ticket(pg->comm);
     return st;
   }
   return zpp_reduce_scatter(pg->comm, full_grad, grad_shard, pg->shard_numel,

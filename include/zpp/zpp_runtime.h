@@ -127,12 +127,13 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
                                        const zpp_pgroup_config_t *cfg,
                                        const size_t *sizes, int ntensors,
                                        zpp_pgroup_t *out);
-/* Frees what the group allocated (not attached buffers).  Waits for a
- * pending fetch first.  Safe on NULL.  Destroy a group before its
- * communicator.  ZPP_ERR_INVALID_ARGUMENT, and nothing freed, while a
- * zpp_pgroup_reduce_gradients of the group with error feedback is in
- * flight (its request not yet waited for: it uses the group's residual);
- * wait for it, then destroy. */
+/* Frees what the group allocated (not attached buffers).  Waits first for
+ * a pending fetch, and for a zpp_pgroup_reduce_gradients of the group
+ * with error feedback that is still queued or running (it uses the
+ * group's residual; bounded like zpp_request_wait: past the bound
+ * ZPP_ERR_TIMEOUT, the rest freed and the residual leaked, never freed
+ * under it).  Its request stays valid: wait for it as usual.  Safe on
+ * NULL.  Destroy a group before its communicator. */
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg);
 
 ZPP_API zpp_status_t zpp_pgroup_get_info(zpp_pgroup_t pg,
@@ -152,12 +153,14 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * reduction; needed only with error feedback, and only when that count is
  * non-zero: a residual given to a group whose count is 0 is refused).  Not
  * during a fetch (refused).  A residual is refused while a
- * zpp_pgroup_reduce_gradients of the group is in flight (its request not
- * yet waited for): that reduction uses the residual it would replace,
- * and the group's own would be freed under it.  On a stream-ordered
- * backend (NCCL) the call has returned once its work is on the stream,
- * and the group cannot see that work: attach after the stream has done
- * it (the residual is the caller's there, never freed by the group).
+ * zpp_pgroup_reduce_gradients of the group with error feedback is still
+ * queued or running: it uses the residual this would replace, and the
+ * group's own would be freed under it (zpp_request_wait or a successful
+ * zpp_request_test ends that).  On device memory the group sees only the
+ * host part: kernels the reduction put on the stream may still use the
+ * old residual (the caller's there, never freed by the group), and on
+ * NCCL the call returns once its work is on the stream; order an attach
+ * after the stream.
  * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
  * it must hold the same values on every rank.  shard may be this rank's
  * slot of full (full + rank * shard_numel elements: the gather runs in
