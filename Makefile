@@ -55,8 +55,9 @@ asan: deps
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 # ThreadSanitizer on the threading code: the engine thread, requests,
-# the transports' locks (tests/sanitizers/README.md).
-TSAN_TARGETS = test_engine test_transport test_runtime_train
+# the transports' locks, the parameter groups' in-flight checks
+# (tests/sanitizers/README.md).
+TSAN_TARGETS = test_engine test_transport test_runtime_train test_runtime
 
 tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DZPP_SANITIZE=thread \
@@ -125,7 +126,7 @@ test-asan-mpi: asan
 test-tsan: tsan
 	cd $(TSAN_BUILD) && UCX_MEM_EVENTS=no \
 	  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp" \
-	  ctest --output-on-failure --no-tests=error -R '^(engine_2x2|transport_mpi_2x2|runtime_train_math)$$'
+	  ctest --output-on-failure --no-tests=error -R '^(engine_2x2|transport_mpi_2x2|runtime_train_math|runtime_2x2)$$'
 
 test-fuzz: fuzz
 	@if [ -d $(FUZZ_BUILD)/tests/fuzz ]; then \
