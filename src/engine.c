@@ -995,11 +995,11 @@ int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
 }
 
 zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
-                                    const char *func) {
+                                    const char *func, const char *tail) {
   engine_t *e;
   zpp_status_t st = ZPP_OK;
-  double to = zpp_transport_timeout_s(zpp_comm_transport(comm));
-  if (ticket == 0)
+  double to;
+  if (ticket == 0) /* nothing started: comm is not touched */
     return ZPP_OK;
   /* the engine lives until zpp_comm_destroy, which the caller has not
    * reached (it still uses comm) */
@@ -1008,6 +1008,7 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
   pthread_mutex_unlock(&engines_mu);
   if (e == NULL)
     return ZPP_OK;
+  to = zpp_transport_timeout_s(zpp_comm_transport(comm));
   pthread_mutex_lock(&e->mu);
   while (ticket_in_flight(e, ticket)) {
     struct timespec ts;
@@ -1024,16 +1025,25 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
     if (to > 0 && ticket_in_flight(e, ticket) &&
         zpp_time_ns() - e->last_progress_ns >
             (int64_t)(2.0 * to * 1e9) + 1000000000) {
-      st = zpp_error(ZPP_ERR_TIMEOUT, func,
-                     "the communicator's engine made no progress for %.3g s "
-                     "(ZPP_TIMEOUT_S %.3g) while a started call was in "
-                     "flight",
-                     2.0 * to + 1.0, to);
+      st = ZPP_ERR_TIMEOUT;
       break;
     }
   }
   pthread_mutex_unlock(&e->mu);
-  return st;
+  if (st == ZPP_OK)
+    return ZPP_OK;
+  /* as a timed-out zpp_request_wait: the stuck plan stops at its next
+   * step, and nothing sane can follow on this communicator */
+  zpp_transport_break_st(zpp_comm_transport(comm), ZPP_ERR_TIMEOUT,
+                         "%s: the communicator's engine made no progress "
+                         "within the timeout",
+                         func);
+  st = zpp_error(ZPP_ERR_TIMEOUT, func,
+                 "the communicator's engine made no progress for %.3g s "
+                 "(ZPP_TIMEOUT_S %.3g) while a started call was in flight; "
+                 "the communicator is aborted%s%s",
+                 2.0 * to + 1.0, to, tail ? "; " : "", tail ? tail : "");
+  return zpp_comm_fail(comm, st);
 }
 
 /* zpp_comm_abort (any thread; the transport is broken already): the

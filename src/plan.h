@@ -105,20 +105,23 @@ void zpp_plan_discard(zpp_plan_t *p);
 void zpp_engine_release(zpp_comm_t comm);
 
 /* Tickets: the engine numbers the plans it queues 1, 2, ... in order.
- * zpp_engine_last_ticket: the newest one handed out on comm (0: none), so
- * read right after a call returns it covers that call's plan if it was
- * queued (a plan run inline is done with host memory when the call
- * returns).  zpp_engine_in_flight: 1 while a plan with a ticket <= ticket
- * is queued or running on the engine thread (its host part may still read
- * or write the caller's buffers; device work it put on a stream is not
- * seen), 0 once all have finished or were dropped (abort, abandoned
- * waits).  zpp_engine_wait_ticket: waits until zpp_engine_in_flight is 0,
- * bounded like zpp_request_wait (ZPP_ERR_TIMEOUT when the engine made no
- * progress for twice ZPP_TIMEOUT_S and a second). */
+ * zpp_engine_last_ticket: the newest one handed out on comm (0: none);
+ * read before and after a call, a change means the call queued a plan
+ * (a plan run inline is done with host memory when the call returns).
+ * zpp_engine_in_flight: 1 while a plan with a ticket <= ticket is queued
+ * or running on the engine thread (its host part may still read or write
+ * the caller's buffers; device work it put on a stream is not seen), 0
+ * once all have finished or were dropped (abort, abandoned waits).
+ * zpp_engine_wait_ticket: waits until zpp_engine_in_flight is 0, bounded
+ * like zpp_request_wait: when the engine made no progress for twice
+ * ZPP_TIMEOUT_S and a second (no bound with ZPP_TIMEOUT_S 0), the
+ * communicator is aborted and ZPP_ERR_TIMEOUT returned, its message
+ * ending with `tail` (may be NULL).  Ticket 0 returns at once without
+ * touching comm. */
 uint64_t zpp_engine_last_ticket(zpp_comm_t comm);
 int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket);
 zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
-                                    const char *func);
+                                    const char *func, const char *tail);
 
 #ifdef __cplusplus
 }

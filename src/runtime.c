@@ -13,7 +13,6 @@
 #include "plan.h"
 
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -345,20 +344,18 @@ static int reduction_in_flight(zpp_pgroup_t pg) {
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
   if (pg == NULL)
     return ZPP_OK;
-  /* a started reduction still uses the residual: wait for it (bounded),
-   * as for a pending fetch; past the bound the residual is leaked, never
-   * freed under it */
-  zpp_status_t st0 =
-      zpp_engine_wait_ticket(pg->comm, pg->reduce_ticket, "zpp_pgroup_destroy");
-  if (st0 != ZPP_OK) {
-    char why[512]; /* the message is rewritten in the same buffer */
-    snprintf(why, sizeof why, "%s", zpp_get_last_error());
-    zpp_error(st0, "zpp_pgroup_destroy",
-              "%s; the group's residual is leaked, not freed under it", why);
-    pg->own_residual = NULL;
-  }
   zpp_status_t st = finish_pending(pg);
   zpp_status_t st2 = zpp_hpz_destroy(pg->hpz);
+  /* a started reduction still uses the residual: wait for it (bounded),
+   * as for a pending fetch; past the bound the residual is leaked, never
+   * freed under it.  Last, so that its message is the one left. */
+  zpp_status_t st0 = zpp_engine_wait_ticket(
+      pg->comm, pg->reduce_ticket, "zpp_pgroup_destroy",
+      pg->own_residual ? "the group's residual is leaked, not freed under it"
+                       : "the attached residual may still be in use until "
+                         "the reduction's request completes");
+  if (st0 != ZPP_OK)
+    pg->own_residual = NULL;
   free(pg->own_full);
   free(pg->own_residual);
   free(pg->own_shard);
@@ -441,7 +438,8 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "residual: a zpp_pgroup_reduce_gradients of the group "
                      "is in flight and uses the residual this would "
-                     "replace: zpp_request_wait its request first");
+                     "replace: attach once it has finished (its request "
+                     "waited for or tested done)");
   if (residual && pg->residual_count == 0)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "residual: given but the group keeps none (%s)",
@@ -606,16 +604,17 @@ ZPP_API zpp_status_t zpp_pgroup_reduce_gradients(zpp_pgroup_t pg,
                        "attach a residual first (zpp_pgroup_attach)");
     zpp_qgz_config_t q = group_qgz(pg, pg->calls++);
     q.step = pg->reductions++;
+    uint64_t before = zpp_engine_last_ticket(pg->comm);
     zpp_status_t st = zpp_qgz_reduce_scatter(
         pg->comm, &q, full_grad, grad_shard, pg->shard_numel, c->dtype, op,
         c->error_feedback ? pg->residual : NULL, stream, req);
     /* only the residual is the group's (the gradients are the caller's).
-     * The newest ticket covers this call's plan if it was queued; taken
-     * also after a failed call (a timed-out wait leaves its plan
-     * running) and for blocking ones: a ticket already done costs
-     * nothing. */
-    if (c->error_feedback && pg->residual_count)
-      pg->reduce_ticket = zpp_engine_last_ticket(pg->comm);
+     * A new ticket means the call queued a plan: kept also after a
+     * failed call (a timed-out wait leaves its plan running) and for
+     * blocking ones (a ticket already done costs nothing). */
+    uint64_t after = zpp_engine_last_ticket(pg->comm);
+    if (c->error_feedback && pg->residual_count && after != before)
+      pg->reduce_ticket = after;
     return st;
   }
   return zpp_reduce_scatter(pg->comm, full_grad, grad_shard, pg->shard_numel,

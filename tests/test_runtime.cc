@@ -573,8 +573,10 @@ TEST(PGroup, ErrorFeedbackResidualIsKeptOnlyWhereSomethingIsQuantized) {
 // next reduction then uses the attached one); zpp_pgroup_destroy waits
 // for it instead of freeing the residual under it.  Deterministic: rank 0
 // starts its reduction and checks before any other rank calls (they wait
-// at an MPI barrier that rank 0 enters after its checks; for the destroy
-// they also sleep 300 ms), so rank 0's reduction cannot have finished.
+// at an MPI barrier that rank 0 enters after its checks), so rank 0's
+// reduction cannot have finished; for the destroy the others sleep 300 ms
+// after a barrier (a rank 0 descheduled that long could pass without the
+// wait, never fail with it).
 TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
   zpp_backend_t be = ZPP_BACKEND_AUTO;
   zpp_comm_backend(g_comm, &be);
@@ -648,20 +650,27 @@ TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
       m.back();
       EXPECT_EQ(std::memcmp(a.data(), b.data(), s * 2), 0) << "step " << step;
     }
-    // Destroy under a started reduction: rank 0's cannot finish before the
-    // others call, 300 ms after the barrier; destroy returns only once it
-    // has run (its request is then done at once; the residual was not
-    // freed under it).
+    EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK) << zpp_get_last_error();
+  }
+  // Destroy under a started reduction, on a fresh group whose residual is
+  // its own on host memory (an ASan build would see it freed under the
+  // reduction): rank 0's reduction cannot finish before the others call,
+  // 300 ms after the barrier; destroy returns only once it has run (its
+  // request is then done at once).
+  zpp_pgroup_t pg2 = nullptr;
+  ASSERT_EQ(zpp_pgroup_create(g_comm, &cfg, sizes, 1, &pg2), ZPP_OK) << zpp_get_last_error();
+  {
+    Bufs bufs2(pg2);
     auto g = gen(g_rank, n, 302);
     std::vector<uint16_t> a(s + 1);
     Mem m;
     MPI_Barrier(MPI_COMM_WORLD);
     if (g_rank == 0) {
       zpp_request_t req = nullptr;
-      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr, &req),
+      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg2, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr, &req),
                 ZPP_OK)
           << zpp_get_last_error();
-      EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK) << zpp_get_last_error();
+      EXPECT_EQ(zpp_pgroup_destroy(pg2), ZPP_OK) << zpp_get_last_error();
       int done = 0;
       EXPECT_EQ(zpp_request_test(req, &done), ZPP_OK);
       if (!DeviceMemory()) {
@@ -670,10 +679,10 @@ TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
       EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr, nullptr),
+      EXPECT_EQ(zpp_pgroup_reduce_gradients(pg2, m.in(g), m.out(a), ZPP_OP_MEAN, nullptr, nullptr),
                 ZPP_OK)
           << zpp_get_last_error();
-      EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK) << zpp_get_last_error();
+      EXPECT_EQ(zpp_pgroup_destroy(pg2), ZPP_OK) << zpp_get_last_error();
     }
   }
 }

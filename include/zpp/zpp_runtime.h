@@ -130,10 +130,13 @@ ZPP_API zpp_status_t zpp_pgroup_create(zpp_comm_t comm,
 /* Frees what the group allocated (not attached buffers).  Waits first for
  * a pending fetch, and for a zpp_pgroup_reduce_gradients of the group
  * with error feedback that is still queued or running (it uses the
- * group's residual; bounded like zpp_request_wait: past the bound
- * ZPP_ERR_TIMEOUT, the rest freed and the residual leaked, never freed
- * under it).  Its request stays valid: wait for it as usual.  Safe on
- * NULL.  Destroy a group before its communicator. */
+ * group's residual).  That wait is bounded like zpp_request_wait: when
+ * the engine makes no progress for twice ZPP_TIMEOUT_S and a second, the
+ * communicator is aborted and ZPP_ERR_TIMEOUT returned, the rest freed
+ * and the group's own residual leaked, never freed under the reduction
+ * (an attached one may be in use until its request completes).  The
+ * reduction's request stays valid: wait for it as usual.  Safe on NULL.
+ * Destroy a group before its communicator. */
 ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg);
 
 ZPP_API zpp_status_t zpp_pgroup_get_info(zpp_pgroup_t pg,
