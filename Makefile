@@ -111,11 +111,12 @@ test-asan: asan
 # (tests/sanitizers/lsan.supp); for that the stacks must name the modules:
 # Open MPI keeps its plugins loaded (disable_dlclose) and malloc stacks are
 # unwound fully (fast_unwind_on_malloc=0; Open MPI has no frame pointers).
-# A subset that covers every collective, the engine and the transport on
+# A subset that covers every collective, the engine, the transport and
+# the parameter groups (a residual freed under a started reduction) on
 # 2x2 keeps this short; ASAN_MPI_TESTS=. runs every "mpi" suite (long;
 # there faults_* fail on the MPI objects zpp leaks on purpose once a
 # communicator is aborted, and soak_* on RSS growth, ASan's quarantine).
-ASAN_MPI_TESTS ?= ^(engine_2x2|coll_2x2|transport_mpi_2x2)$$
+ASAN_MPI_TESTS ?= ^(engine_2x2|coll_2x2|transport_mpi_2x2|runtime_2x2)$$
 test-asan-mpi: asan
 	cd $(ASAN_BUILD) && $(ASAN_ENV) \
 	  ctest --output-on-failure --no-tests=error -L mpi -R '$(ASAN_MPI_TESTS)'
