@@ -11,8 +11,11 @@
 # At each: zpp-bench all-gather (bf16, bf16-flat, qwz8, qwz4, Open MPI's
 # MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, qgz16-4
 # (bf16 inside the node, INT4 across), Open MPI's
-# MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4), -w 1 -n 5: median and
-# spread of 5 timed iterations; and zpp on its UCX backend (--backend ucx:
+# MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4): median and spread of
+# 50 timed iterations below 1 MiB (-w 5; one call takes milliseconds, and 5
+# left the zpp / Open MPI ratio at the mercy of one scheduling hiccup), 15
+# at 1-4 MiB (-w 2) and 5 from 16 MiB (-w 1) (ZPP_CLUSTER_STUDY_SMALL_ITERS,
+# _MID_ITERS, _ITERS); and zpp on its UCX backend (--backend ucx:
 # bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.
 # Then the same benchmark on zpp's in-library emulation (ZPP_TOPO=2x4,
 # ZPP_EMU_INTER_GBIT, root namespace, shared memory) at the per-rank share
@@ -54,6 +57,23 @@ trap '"$cluster" down; rm -f "$out/.bench.out" "$out/.bench.err"' EXIT
 read -r -a rates <<< "${ZPP_CLUSTER_STUDY_RATES:-1600mbit 400mbit none}"
 maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
 iters=${ZPP_CLUSTER_STUDY_ITERS:-5}
+small_iters=${ZPP_CLUSTER_STUDY_SMALL_ITERS:-50}
+mid_iters=${ZPP_CLUSTER_STUDY_MID_ITERS:-15}
+for v in iters small_iters mid_iters; do
+  [[ "${!v}" =~ ^[1-9][0-9]{0,3}$ ]] || {
+    echo "$prog: ZPP_CLUSTER_STUDY_${v^^} '${!v}': must be an integer 1..9999" >&2; exit 2; }
+done
+# zpp-bench's sizes, 64 KiB x 4^k up to maxbytes, in up to three runs
+# ("-b B -e E -n N -w W" each): below 1 MiB small_iters timed iterations
+# after 5 untimed ones, 1-4 MiB mid_iters after 2 (one slow TCP recovery
+# among 5 moved a median by 2.8x there), from 16 MiB iters after 1.
+maxb=$(numfmt --from=iec "$maxbytes")
+[ "$maxb" -ge $((64 << 10)) ] || { echo "$prog: ZPP_CLUSTER_STUDY_MAXBYTES $maxbytes: must be >= 64K" >&2; exit 2; }
+size_runs=()
+smallest() { [ "$maxb" -lt "$(numfmt --from=iec "$1")" ] && echo "$maxbytes" || echo "$1"; }
+size_runs+=("-b 64K -e $(smallest 256K) -n $small_iters -w 5")
+[ "$maxb" -ge $((1 << 20)) ] && size_runs+=("-b 1M -e $(smallest 4M) -n $mid_iters -w 2")
+[ "$maxb" -ge $((16 << 20)) ] && size_runs+=("-b 16M -e $maxbytes -n $iters -w 1")
 declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi)
 declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 # zpp over its UCX backend on the same links (UCX's TCP between the nodes,
@@ -76,6 +96,8 @@ echo "mode,link,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,in
   echo "load_start $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "cores $(nproc)"
   echo "iters $iters"
+  echo "small_iters $small_iters"
+  echo "mid_iters $mid_iters"
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 } > "$meta"
 status=0
@@ -105,14 +127,17 @@ t0=$(date +%s)
 for rate in "${rates[@]}"; do
   "$cluster" shape "$rate"
   for coll in allgather reducescatter; do
-    args=(--coll "$coll" --variant "${variants[$coll]}" -b 64K -e "$maxbytes" -f 4
-          -n "$iters" -w 1 -c 1 --format csv)
+  for sz in "${size_runs[@]}"; do
+    read -r -a sargs <<< "$sz"
+    args=(--coll "$coll" --variant "${variants[$coll]}" "${sargs[@]}" -f 4
+          -c 1 --format csv)
     run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 ${yield_env[*]} zpp-bench ${args[*]}" \
       timeout -k 10 900 "$cluster" run -np 8 "${yield_env[@]}" "$bench" "${args[@]}"
-    args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" -b 64K
-          -e "$maxbytes" -f 4 -n "$iters" -w 1 -c 1 --format csv)
+    args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" "${sargs[@]}"
+          -f 4 -c 1 --format csv)
     row_prefix=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${yield_env[*]} ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
       timeout -k 10 600 "$cluster" run -np 8 "${yield_env[@]}" "${ucx_env[@]}" "$bench" "${args[@]}"
+  done
   done
 done
 "$cluster" down
@@ -133,7 +158,7 @@ if [ "${ZPP_CLUSTER_STUDY_EMU:-1}" != 0 ]; then
       done_g[$g]=1
       for coll in allgather reducescatter; do
         args=(--coll "$coll" --variant "${emu_variants[$coll]}" -b 1M -e 4M -f 4
-              -n "$iters" -w 1 -c 1 --format csv)
+              -n "$mid_iters" -w 2 -c 1 --format csv)
         run emu "$g" "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$g mpirun -np 8 zpp-bench ${args[*]}" \
           timeout -k 10 900 "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$g" "$bench" "${args[@]}"
       done

@@ -159,7 +159,11 @@ def markdown(rows, cmds_path, meta_path):
       f"nodes TCP over their shaped links (Open MPI ob1: vader, tcp; the `ucx-*` rows: zpp on "
       f"its UCX backend, UCX's tcp, sm).")
     p("")
-    p(f"med = median over the {meta.get('iters', '?')} timed iterations of each iteration's slowest rank (ms); "
+    its = f"{meta.get('iters', '?')} timed iterations"
+    if "small_iters" in meta:
+        its = (f"{meta['small_iters']} (below 1 MiB), {meta.get('mid_iters', meta.get('iters', '?'))} "
+               f"(1-4 MiB) or {meta.get('iters', '?')} (from 16 MiB) timed iterations")
+    p(f"med = median over the {its} of each iteration's slowest rank (ms); "
       "min..max = the fastest and slowest of those iterations; link MB = the bytes the "
       "busiest node link carries one way in one call (zpp's counters, "
       "`inter_bytes_node_max`; Open MPI's own collectives are not counted: -); "
