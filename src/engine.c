@@ -732,6 +732,17 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
  * another, each transfer bounded by the timeout; a wait gives up when the
  * engine made no progress (no step started or finished, no bytes moved)
  * for twice the timeout and a second. */
+/* A waiter's deadline for one slice of a bounded wait: 100 ms from now
+ * (CLOCK_REALTIME, as pthread_cond_timedwait takes it). */
+static void slice_deadline(struct timespec *ts) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  ts->tv_nsec += 100 * 1000 * 1000;
+  if (ts->tv_nsec >= 1000000000) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000;
+  }
+}
+
 static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
                              const char *func) {
   double to = zpp_transport_timeout_s(r->t);
@@ -739,12 +750,7 @@ static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
   while (!r->ran) {
     struct timespec ts;
     int64_t last;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    slice_deadline(&ts);
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     if (r->ran || to <= 0 || e == NULL)
       continue;
@@ -1012,12 +1018,7 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
   pthread_mutex_lock(&e->mu);
   while (ticket_in_flight(e, ticket)) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    slice_deadline(&ts);
     /* signalled when a plan finishes; the slice also sees abandon() */
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
     /* as wait_ran: give up when the engine made no progress for twice
