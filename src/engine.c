@@ -728,10 +728,6 @@ static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
   return ZPP_OK;
 }
 
-/* Waits until r's host part ran.  The engine runs plans one after
- * another, each transfer bounded by the timeout; a wait gives up when the
- * engine made no progress (no step started or finished, no bytes moved)
- * for twice the timeout and a second. */
 /* A waiter's deadline for one slice of a bounded wait: 100 ms from now
  * (CLOCK_REALTIME, as pthread_cond_timedwait takes it). */
 static void slice_deadline(struct timespec *ts) {
@@ -743,6 +739,20 @@ static void slice_deadline(struct timespec *ts) {
   }
 }
 
+/* The bound of every wait on the engine: the plan running now is bounded
+ * by its own transfers' timeouts, so a waiter allows it one timeout and a
+ * margin beyond the last completion: no progress since `last_ns` for
+ * twice the timeout `to` and a second (never with to <= 0). */
+static double stall_limit_s(double to) { return 2.0 * to + 1.0; }
+static int engine_stalled(int64_t last_ns, double to) {
+  return to > 0 &&
+         zpp_time_ns() - last_ns > (int64_t)(stall_limit_s(to) * 1e9);
+}
+
+/* Waits until r's host part ran.  The engine runs plans one after
+ * another, each transfer bounded by the timeout; a wait gives up when the
+ * engine made no progress (no step started or finished, no bytes moved)
+ * for twice the timeout and a second. */
 static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
                              const char *func) {
   double to = zpp_transport_timeout_s(r->t);
@@ -757,15 +767,13 @@ static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
     pthread_mutex_lock(&e->mu);
     last = e->last_progress_ns;
     pthread_mutex_unlock(&e->mu);
-    /* the plan running now is bounded by its own transfers' timeouts:
-     * allow it one timeout and a margin beyond the last completion */
-    if (zpp_time_ns() - last > (int64_t)(2.0 * to * 1e9) + 1000000000) {
+    if (engine_stalled(last, to)) {
       pthread_mutex_unlock(&r->mu);
       return zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the communicator's engine made no progress for "
                        "%.3g s (ZPP_TIMEOUT_S %.3g); the communicator is "
                        "aborted",
-                       2.0 * to + 1.0, to);
+                       stall_limit_s(to), to);
     }
   }
   pthread_mutex_unlock(&r->mu);
@@ -1021,11 +1029,8 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
     slice_deadline(&ts);
     /* signalled when a plan finishes; the slice also sees abandon() */
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
-    /* as wait_ran: give up when the engine made no progress for twice
-     * the timeout and a second */
-    if (to > 0 && ticket_in_flight(e, ticket) &&
-        zpp_time_ns() - e->last_progress_ns >
-            (int64_t)(2.0 * to * 1e9) + 1000000000) {
+    if (ticket_in_flight(e, ticket) &&
+        engine_stalled(e->last_progress_ns, to)) {
       st = ZPP_ERR_TIMEOUT;
       break;
     }
@@ -1043,7 +1048,7 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
                  "the communicator's engine made no progress for %.3g s "
                  "(ZPP_TIMEOUT_S %.3g) while a started call was in flight; "
                  "the communicator is aborted%s%s",
-                 2.0 * to + 1.0, to, tail ? "; " : "", tail ? tail : "");
+                 stall_limit_s(to), to, tail ? "; " : "", tail ? tail : "");
   return zpp_comm_fail(comm, st);
 }
 
