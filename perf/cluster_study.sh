@@ -63,10 +63,6 @@ for v in iters small_iters mid_iters; do
   [[ "${!v}" =~ ^[1-9][0-9]{0,3}$ ]] || {
     echo "$prog: ZPP_CLUSTER_STUDY_${v^^} '${!v}': must be an integer 1..9999" >&2; exit 2; }
 done
-# zpp-bench's sizes, 64 KiB x 4^k up to maxbytes, in up to three runs
-# ("-b B -e E -n N -w W" each): below 1 MiB small_iters timed iterations
-# after 5 untimed ones, 1-4 MiB mid_iters after 2 (one slow TCP recovery
-# among 5 moved a median by 2.8x there), from 16 MiB iters after 1.
 # bytes of a size as zpp-bench reads it (an integer, optional K/M/G)
 bytes_of() {
   [[ "$1" =~ ^([0-9]{1,12})([KkMmGg]?)$ ]] || return 1
@@ -80,6 +76,10 @@ maxb=$(bytes_of "$maxbytes") && [ "$maxb" -ge $((64 << 10)) ] || {
   echo "$prog: ZPP_CLUSTER_STUDY_MAXBYTES '$maxbytes': must be an integer with an optional K, M or G suffix, at least 64K" >&2
   exit 2
 }
+# zpp-bench's sizes, 64 KiB x 4^k up to maxbytes, in up to three runs
+# ("-b B -e E -n N -w W" each): below 1 MiB small_iters timed iterations
+# after 5 untimed ones, 1-4 MiB mid_iters after 2 (one slow TCP recovery
+# among 5 moved a median by 2.8x there), from 16 MiB iters after 1.
 size_runs=()
 smallest() { [ "$maxb" -lt "$(bytes_of "$1")" ] && echo "$maxbytes" || echo "$1"; }
 size_runs+=("-b 64K -e $(smallest 256K) -n $small_iters -w 5")
