@@ -247,6 +247,20 @@ zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
 #endif
 }
 
+zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                          const void *x, size_t count, float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_to_f32_host(zpp_quant_cpu_simd(), (int)dtype, x, count, out);
+    return ZPP_OK;
+  }
+  if (dtype == ZPP_FLOAT32)
+    return zpp_k_copy(ex, out, x, count * sizeof(float));
+  ZPP_CHECK(zpp_k_zero(ex, out, count * sizeof(float)));
+  return zpp_k_add_residual(ex, dtype, x, out, count, out);
+}
+
 zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
                                 const void *g, const float *res, size_t count,
                                 float *out) {

@@ -6,14 +6,19 @@
  * owns slice w(n, l) of the result, where w(m, j) is the world rank with
  * local rank j on node m: the standard reduce-scatter layout, whatever the
  * rank-to-node map.
- *   stage 1: for each local rank j, encode (intra_bits) the M slices
- *            w(0, j) .. w(M-1, j) into one contiguous message; all-to-all
- *            in the NODE group; decode-accumulate in fp32 in local-rank
- *            order: acc[m] = sum over my node of slice w(m, l).
- *   stage 2: encode (inter_bits) each acc[m]; all-to-all in the CROSS
- *            group (acc[m] goes to node m); decode-accumulate in node
- *            order: the sum over the world of slice w(n, l) = my slice.
+ *   stage 1: for each other local rank j, encode (intra_bits) the M
+ *            slices w(0, j) .. w(M-1, j) into one contiguous message;
+ *            all-to-all in the NODE group; acc[m] = my own slice w(m, l)
+ *            from sendbuf in fp32, then the decoded messages added in
+ *            local-rank order: the sum over my node of slice w(m, l).
+ *   stage 2: encode (inter_bits) each acc[m] of another node; all-to-all
+ *            in the CROSS group (acc[m] goes to node m); sum in node order,
+ *            acc[n] of my own node in fp32: my slice.
  *   finish:  divide by the world size for MEAN, round once to dtype.
+ * What a rank would send to itself (its own slices, its own node's
+ * partial sum) skips the quantizer: less work, one error term less per
+ * stage; its part of the messages is zeroed and not read, and its
+ * residual segments are neither read nor written.
  * Uneven nodes: one flat all-to-all over the world (stage 1 only, over
  * all ranks).  intra_bits ZPP_QGZ_INTRA_RAW: stage 1 sends the slices in
  * the dtype and sums them in fp32 (no codes, no error, no stage-1
@@ -164,6 +169,13 @@ typedef struct {
   zpp_group_t g1;
   int s1, m1, two;
   int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
+  /* A rank's own share of each stage, which it would send to itself: its
+   * index in g1 (stage 1: its own slices) and in CROSS (stage 2: its own
+   * node's partial sum).  That share skips the quantizer and the message:
+   * it is summed from sendbuf, or kept in the partial sums, in fp32 (no
+   * encode, no decode, no error), and its residual segments are neither
+   * read nor written (docs/collectives.md, "qgZ"). */
+  int me1, me2;
   int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
                      on the partial sums before the stage-2 encode */
   size_t seg2;    /* residual segment of partial sum 0: after the W
@@ -266,6 +278,11 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(ex->t);
   for (j = 0; j < p->s1; j++) {
+    if (j == p->me1) { /* summed from sendbuf by stage1_reduce */
+      ZPP_CHECK(zpp_k_zero(ex, out, (size_t)p->m1 * e1)); /* defined bytes */
+      out += (size_t)p->m1 * e1;
+      continue;
+    }
     for (m = 0; m < p->m1; m++, out += e1) {
       int sl = slice_of(p, j, m);
       zpp_plan_poll(); /* keep the transfers in flight moving */
@@ -318,51 +335,81 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
     float *part = acc + (size_t)m * len;
     zpp_plan_poll();
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
-    if (p->rot2)
+    if (p->rot2) /* the own partial sum too: stage2_reduce adds it rotated */
       ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, ZPP_FLOAT32, part, len, part));
+    if (m == p->me2) { /* stays in acc for stage2_reduce */
+      ZPP_CHECK(zpp_k_zero(ex, out, e2)); /* defined bytes */
+      continue;
+    }
     ZPP_CHECK(encode_ef(p, &q, p->seg2 + (size_t)m, off, len, ZPP_FLOAT32,
                         part, out));
   }
   return ZPP_OK;
 }
 
-/* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k, sources
- * in member order, then stage 2's encode (two levels) or the finish (one
- * level). */
+/* part = this rank's own slice of partial sum m, chunk k, in fp32, read
+ * from sendbuf (rotated first when stage 1 rotates). */
+static zpp_status_t own_slice(qgz_ctx_t *p, size_t k, int m, float *part) {
+  const qgz_arg_t *a = &p->a;
+  size_t len = chunk_len(p, k), ds = zpp_dtype_size(a->dtype);
+  size_t at = (size_t)slice_of(p, p->me1, m) * a->count + k * p->chunk;
+  const void *g = (const uint8_t *)a->send + at * ds;
+  if (p->rot1) /* straight into part: the rotation writes fp32 */
+    return zpp_k_hadamard(&a->ex, a->hadamard, a->dtype, g, len, part);
+  return zpp_k_to_f32(&a->ex, a->dtype, g, len, part);
+}
+
+/* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k: each
+ * partial sum starts as this rank's own slice, then the other members'
+ * messages are added in member order; then stage 2's encode (two levels)
+ * or the finish (one level). */
 static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
   size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
-  const uint8_t *in = p->slot[k % QGZ_DEPTH].r1;
+  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
   float *acc = p->slot[k % QGZ_DEPTH].acc;
   int j, m;
-  ZPP_CHECK(zpp_k_zero(&a->ex, acc, (size_t)p->m1 * len * sizeof(float)));
-  for (j = 0; j < p->s1; j++) {
-    for (m = 0; m < p->m1; m++, in += e1) {
-      float *part = acc + (size_t)m * len;
+  for (m = 0; m < p->m1; m++) {
+    float *part = acc + (size_t)m * len;
+    ZPP_CHECK(own_slice(p, k, m, part));
+    for (j = 0; j < p->s1; j++) {
+      const uint8_t *in = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      if (j == p->me1)
+        continue; /* already in part */
       zpp_plan_poll();
       if (p->raw1) /* part = part + fp32(slice), in place */
-        ZPP_CHECK(zpp_k_add_residual(&a->ex, a->dtype, in, part, len, part));
+        ZPP_CHECK(zpp_k_add_residual(ex, a->dtype, in, part, len, part));
       else
-        ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q1, in, len, part));
+        ZPP_CHECK(zpp_k_decode_acc(ex, &a->q1, in, len, part));
     }
   }
   return p->two ? stage2_encode(p, k) : finish(p, k, acc);
 }
 
-/* Stage 2 decode-accumulate of chunk k in node order (deterministic), then
- * the finish. */
+/* Stage 2 decode-accumulate of chunk k in node order (deterministic; this
+ * node's own partial sum added from acc in fp32 at its place), then the
+ * finish. */
 static zpp_status_t stage2_reduce(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
   size_t len = chunk_len(p, k), e2 = zpp_coll_encoded_size(&a->q2, len);
   const uint8_t *in = p->slot[k % QGZ_DEPTH].r2;
+  const float *acc = p->slot[k % QGZ_DEPTH].acc;
   float *acc2 = p->slot[k % QGZ_DEPTH].acc2;
   int m;
-  ZPP_CHECK(zpp_k_zero(&a->ex, acc2, len * sizeof(float)));
   for (m = 0; m < p->m1; m++, in += e2) {
     zpp_plan_poll();
-    ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
+    const float *own = acc + (size_t)m * len;
+    if (m == p->me2 && m == 0)
+      ZPP_CHECK(zpp_k_copy(&a->ex, acc2, own, len * sizeof(float)));
+    else if (m == p->me2)
+      ZPP_CHECK(zpp_k_add_residual(&a->ex, ZPP_FLOAT32, own, acc2, len, acc2));
+    else if (m == 0)
+      ZPP_CHECK(zpp_k_decode(&a->ex, &a->q2, in, len, ZPP_FLOAT32, acc2));
+    else
+      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
   }
   return finish(p, k, acc2);
 }
@@ -427,6 +474,8 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->rot1 = a->hadamard && !p->raw1;
   p->rot2 = a->hadamard && p->raw1 && p->two;
   p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
+  p->me1 = zpp_transport_group_rank(ex->t, p->g1);
+  p->me2 = p->two ? zpp_transport_group_rank(ex->t, ZPP_GROUP_CROSS) : -1;
   p->chunk = a->count;
   if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
       a->count > 0)

@@ -303,15 +303,19 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
 
 /* Hierarchical quantized reduce-scatter: rank r receives slice r (count
  * elements) of the sum or mean of every rank's sendbuf (size * count).
- *   1. every rank encodes, for each local rank j of its node, the slices of
- *      the ranks with local rank j (one contiguous message per
+ *   1. every rank encodes, for each other local rank j of its node, the
+ *      slices of the ranks with local rank j (one contiguous message per
  *      destination), and an all-to-all inside the node moves them;
- *   2. each rank decodes and accumulates in fp32, then encodes the partial
- *      sum of each node's slice, and an all-to-all among the ranks with
- *      its local rank on the other nodes moves them (one crossing of the
+ *   2. each rank sums its own slices (read from sendbuf, not quantized) and
+ *      the decoded messages in fp32, then encodes the partial sum of each
+ *      other node's slice, and an all-to-all among the ranks with its
+ *      local rank on the other nodes moves them (one crossing of the
  *      network, in inter_bits);
- *   3. decode-accumulate in fp32, divide by the world size for MEAN, round
- *      once to dtype.
+ *   3. decode-accumulate in fp32 with its own node's partial sum (kept in
+ *      fp32), divide by the world size for MEAN, round once to dtype.
+ * What a rank would send to itself is never quantized: its residual
+ * segments (its own slices, its own node's partial sum) are neither read
+ * nor written.
  * One node: step 1 only.  Uneven nodes: one flat quantized all-to-all over
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before

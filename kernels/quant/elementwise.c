@@ -43,6 +43,39 @@ void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div) {
   }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+/* bf16 -> fp32 is a shift of the bits: 16 elements per step. */
+static __attribute__((target("avx2"))) size_t
+bf16_to_f32_avx2(const unsigned char *s, size_t count, float *out) {
+  size_t i;
+  for (i = 0; i + 16 <= count; i += 16) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(s + 2 * i));
+    __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+    __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+    _mm256_storeu_si256((__m256i *)(out + i), _mm256_slli_epi32(lo, 16));
+    _mm256_storeu_si256((__m256i *)(out + i + 8), _mm256_slli_epi32(hi, 16));
+  }
+  return i;
+}
+#define ZPP_EW_HAVE_AVX2 1
+#endif
+
+void zpp_ew_to_f32_host(int simd, int dtype, const void *x, size_t count,
+                        float *out) {
+  size_t base = 0;
+#ifdef ZPP_EW_HAVE_AVX2
+  if (simd && dtype == ZPP_QM_BF16)
+    base = bf16_to_f32_avx2((const unsigned char *)x, count, out);
+#else
+  (void)simd;
+#endif
+  for (; base < count; base += ZPP_EW_TILE)
+    tile_in(out + base, x, base,
+            count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE, dtype, 1);
+}
+
 void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
                               size_t count, float *out) {
   float t[ZPP_EW_TILE];

@@ -23,6 +23,10 @@ void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
                         void *out);
 /* buf[i] = dtype(fp32(buf[i]) / div), in place. */
 void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div);
+/* out[i] = fp32(x[i]): one pass, no read of out; simd (zpp_quant_cpu_simd):
+ * bf16 in AVX2 (the same bits). */
+void zpp_ew_to_f32_host(int simd, int dtype, const void *x, size_t count,
+                        float *out);
 /* out[i] = fp32(g[i]) + res[i]: the gradient with last step's error. */
 void zpp_ew_add_residual_host(int dtype, const void *g, const float *res,
                               size_t count, float *out);
