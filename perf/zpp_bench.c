@@ -1308,19 +1308,24 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   zpp_comm_nnodes(comm, &ctx.nnodes);
   zpp_comm_topo_uniform(comm, &ctx.uniform);
   ctx.node_of = malloc((size_t)ctx.world * sizeof *ctx.node_of);
+  ctx.local_of = malloc((size_t)ctx.world * sizeof *ctx.local_of);
   h.node_sizes = malloc((size_t)ctx.nnodes * sizeof *h.node_sizes);
-  if (ctx.node_of == NULL || h.node_sizes == NULL) {
+  if (ctx.node_of == NULL || ctx.local_of == NULL || h.node_sizes == NULL) {
     fprintf(stderr, "zpp-bench: rank %d: out of memory\n", ctx.rank);
     free(ctx.node_of);
+    free(ctx.local_of);
     free(h.node_sizes);
     return EXIT_ZPP;
   }
-  for (i = 0; i < ctx.world; i++)
+  for (i = 0; i < ctx.world; i++) {
     zpp_comm_node_of(comm, i, &ctx.node_of[i]);
+    zpp_comm_local_rank_of(comm, i, &ctx.local_of[i]);
+  }
   for (i = 0; i < ctx.nnodes; i++)
     zpp_comm_node_size(comm, i, &h.node_sizes[i]);
   if (parse_variants(coll, o, v, &nv, &h.added_baseline) != 0) {
     free(ctx.node_of);
+    free(ctx.local_of);
     free(h.node_sizes);
     return EXIT_USAGE;
   }
@@ -1341,6 +1346,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
       fprintf(stderr, "zpp-bench: rank %d: the flat communicator: %s: %s\n",
               ctx.rank, zpp_status_string(st), zpp_get_last_error());
       free(ctx.node_of);
+      free(ctx.local_of);
       free(h.node_sizes);
       return EXIT_ZPP;
     }
@@ -1438,6 +1444,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     print_footer(&h, out, wrong_total, error);
   zpp_comm_destroy(ctx.comm_flat);
   free(ctx.node_of);
+  free(ctx.local_of);
   free(h.node_sizes);
   return rc;
 }

@@ -58,6 +58,7 @@ typedef struct {
   int hier;
   int rank, world, nnodes, uniform;
   int *node_of; /* world rank -> node index (world entries) */
+  int *local_of; /* world rank -> local rank on its node (world entries) */
 } zpp_bench_ctx_t;
 
 /* A buffer in the communicator's memory space and its host mirror.  Host

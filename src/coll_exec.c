@@ -235,7 +235,7 @@ zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
   if (count == 0)
     return ZPP_OK;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    zpp_ew_finish_host(acc, count, div, (int)dtype, out);
+    zpp_ew_finish_host(zpp_quant_cpu_simd(), acc, count, div, (int)dtype, out);
     return ZPP_OK;
   }
 #if ZPP_HAVE_CUDA_KERNELS
@@ -255,10 +255,13 @@ zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
     zpp_ew_to_f32_host(zpp_quant_cpu_simd(), (int)dtype, x, count, out);
     return ZPP_OK;
   }
-  if (dtype == ZPP_FLOAT32)
-    return zpp_k_copy(ex, out, x, count * sizeof(float));
-  ZPP_CHECK(zpp_k_zero(ex, out, count * sizeof(float)));
-  return zpp_k_add_residual(ex, dtype, x, out, count, out);
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_widen_device((int)dtype, x, count, out,
+                                            ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
 }
 
 zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,

@@ -57,7 +57,7 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
 zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
                           size_t count, float div, zpp_dtype_t dtype,
                           void *out);
-/* out = fp32(x) (device: zeroed, then zpp_k_add_residual's kernel). */
+/* out = fp32(x), bit for bit (zpp_qm_load). */
 zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
                           const void *x, size_t count, float *out);
 /* out = fp32(g) + res. */

@@ -12,8 +12,9 @@
  *            from sendbuf in fp32, then the decoded messages added in
  *            local-rank order: the sum over my node of slice w(m, l).
  *   stage 2: encode (inter_bits) each acc[m] of another node; all-to-all
- *            in the CROSS group (acc[m] goes to node m); sum in node order,
- *            acc[n] of my own node in fp32: my slice.
+ *            in the CROSS group (acc[m] goes to node m); decode-accumulate
+ *            them in node order into acc[n] of my own node (fp32): my
+ *            slice.
  *   finish:  divide by the world size for MEAN, round once to dtype.
  * What a rank would send to itself (its own slices, its own node's
  * partial sum) skips the quantizer: less work, one error term less per
@@ -84,8 +85,9 @@ static int qgz_raw1(const zpp_transport_t *t, int intra_bits) {
          (qgz_two_level(t) || zpp_transport_topo(t)->nnodes <= 1);
 }
 
-/* Residual segments: one per quantized stage-1 slice (W, none when stage
- * 1 is raw), then one per stage-2 partial sum (M, two levels). */
+/* Residual segments: one per stage-1 slice (W, none when stage 1 is raw),
+ * then one per stage-2 partial sum (M, two levels); those of the rank's
+ * own share (not quantized) stay unused. */
 static size_t qgz_levels(const zpp_transport_t *t, int intra_bits) {
   return (qgz_raw1(t, intra_bits) ? 0 : (size_t)zpp_transport_size(t)) +
          (qgz_two_level(t) ? (size_t)zpp_transport_topo(t)->nnodes : 0);
@@ -161,8 +163,9 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
 #define QGZ_DEPTH 3 /* chunk slots in flight */
 
 /* The state of one call: stage 1 sends, to each member j of group g1, the
- * chunk of slices slice(j, 0..m1-1); stage 2 (two levels only) sends
- * partial sum m to CROSS member m. */
+ * chunk of slices slice(j, 0..m1-1) (to itself: zeros, not read); stage 2
+ * (two levels only) sends partial sum m to CROSS member m (to itself:
+ * zeros, not read). */
 typedef struct {
   qgz_arg_t a;
   const zpp_topo_t *topo;
@@ -192,7 +195,6 @@ typedef struct {
   struct {
     uint8_t *s1, *r1, *s2, *r2;
     float *acc;  /* m1 partial sums of the chunk */
-    float *acc2; /* the chunk's final sum (two levels) */
   } slot[QGZ_DEPTH];
 } qgz_ctx_t;
 
@@ -321,8 +323,9 @@ static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
 
 /* Stage 2 encode of the partial sums of chunk k (stage-2 residual
  * segments from p->seg2).  A raw stage 1 leaves the rotation to here: the
- * partial sums are rotated in place (acc is the slot's, and stage 2 reduces
- * into acc2), and the sum of rotated partial sums is the rotated sum. */
+ * partial sums are rotated in place (acc is the slot's; stage 2 sums into
+ * the own node's, rotated too), and the sum of rotated partial sums is the
+ * rotated sum. */
 static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
@@ -388,30 +391,23 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   return p->two ? stage2_encode(p, k) : finish(p, k, acc);
 }
 
-/* Stage 2 decode-accumulate of chunk k in node order (deterministic; this
- * node's own partial sum added from acc in fp32 at its place), then the
- * finish. */
+/* Stage 2 of chunk k: the other nodes' partial sums decoded and added, in
+ * node order, to this node's own (still in fp32 in acc, where the sum is
+ * made in place), then the finish. */
 static zpp_status_t stage2_reduce(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
   size_t len = chunk_len(p, k), e2 = zpp_coll_encoded_size(&a->q2, len);
   const uint8_t *in = p->slot[k % QGZ_DEPTH].r2;
-  const float *acc = p->slot[k % QGZ_DEPTH].acc;
-  float *acc2 = p->slot[k % QGZ_DEPTH].acc2;
+  float *sum = p->slot[k % QGZ_DEPTH].acc + (size_t)p->me2 * len;
   int m;
   for (m = 0; m < p->m1; m++, in += e2) {
+    if (m == p->me2)
+      continue; /* the start of the sum */
     zpp_plan_poll();
-    const float *own = acc + (size_t)m * len;
-    if (m == p->me2 && m == 0)
-      ZPP_CHECK(zpp_k_copy(&a->ex, acc2, own, len * sizeof(float)));
-    else if (m == p->me2)
-      ZPP_CHECK(zpp_k_add_residual(&a->ex, ZPP_FLOAT32, own, acc2, len, acc2));
-    else if (m == 0)
-      ZPP_CHECK(zpp_k_decode(&a->ex, &a->q2, in, len, ZPP_FLOAT32, acc2));
-    else
-      ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, acc2));
+    ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, sum));
   }
-  return finish(p, k, acc2);
+  return finish(p, k, sum);
 }
 
 static void qgz_release(void *ctx) {
@@ -424,7 +420,6 @@ static void qgz_release(void *ctx) {
     zpp_k_free(ex, p->slot[i].acc);
     zpp_k_free(ex, p->slot[i].s2);
     zpp_k_free(ex, p->slot[i].r2);
-    zpp_k_free(ex, p->slot[i].acc2);
   }
   zpp_k_free(ex, p->tmp);
   zpp_k_free(ex, p->tmp2);
@@ -471,7 +466,8 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->raw1 = qgz_raw1(ex->t, a->q1.bits);
   if (a->q1.bits == ZPP_QGZ_INTRA_RAW && !p->raw1)
     p->a.q1.bits = a->q2.bits; /* uneven nodes: the flat stage crosses */
-  p->rot1 = a->hadamard && !p->raw1;
+  /* the rotation only serves quantization: none on one rank */
+  p->rot1 = a->hadamard && !p->raw1 && zpp_transport_size(ex->t) > 1;
   p->rot2 = a->hadamard && p->raw1 && p->two;
   p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
   p->me1 = zpp_transport_group_rank(ex->t, p->g1);
@@ -496,8 +492,6 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].s2);
     if (st == ZPP_OK && p->two)
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
-    if (st == ZPP_OK && p->two)
-      st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->slot[i].acc2);
   }
   if (st == ZPP_OK && (a->residual != NULL || a->hadamard) && p->nchunks > 0)
     st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp);

@@ -542,8 +542,8 @@ static void shard(size_t count, int n, int j, size_t *off, size_t *len) {
 static void reduce_blocks(void *dst, zpp_dtype_t out_dt,
                           const void *const *blocks, zpp_dtype_t in_dt, int n,
                           size_t count, float div) {
-  zpp_ew_reduce_blocks_host(dst, (int)out_dt, blocks, (int)in_dt, n, count,
-                            div);
+  zpp_ew_reduce_blocks_host(zpp_quant_cpu_simd(), dst, (int)out_dt, blocks,
+                            (int)in_dt, n, count, div);
 }
 
 #if ZPP_HAVE_CUDA

@@ -963,6 +963,9 @@ HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int 
   std::vector<double> h1sum(count, 0.0), abssum(count, 0.0), esum(count, 0.0);
   std::vector<std::vector<double>> nodeU(g_nnodes, std::vector<double>(count, 0.0));
   bool two = g_uniform && g_nnodes > 1;
+  int node_of_me = 0, local_me = 0;
+  zpp_comm_node_of(g_comm, me, &node_of_me);
+  zpp_comm_local_rank_of(g_comm, me, &local_me);
   for (int r = 0; r < g_size; r++) {
     auto x = gen_outliers(r, n, dt, tag);
     const float *xs = &x[(size_t)me * count];
@@ -984,16 +987,19 @@ HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int 
         mag[b0 + j] = std::fabs(y[b0 + j]) + e;
       }
     }
-    int node;
+    int node, local;
     zpp_comm_node_of(g_comm, r, &node);
+    zpp_comm_local_rank_of(g_comm, r, &local);
+    bool own = two ? local == local_me : r == me;  // not quantized (qgz_reference)
     for (size_t b0 = 0; b0 < count; b0 += block) {
       size_t len = std::min(block, count - b0);
       double range = 0;
       for (size_t i = b0; i < b0 + len; i++) range = std::max(range, mag[i]);
       double scale = range / ((1 << (intra_bits - 1)) - 1) * (1 + std::ldexp(1.0, -23));
       for (size_t i = b0; i < b0 + len; i++) {
-        double h1 = scale * (half + std::ldexp(1.0, -12)) +
-                    std::ldexp(1.0, -22) * (mag[i] + range) + std::ldexp(1.0, -149);
+        double h1 = own ? 0.0
+                        : scale * (half + std::ldexp(1.0, -12)) +
+                              std::ldexp(1.0, -22) * (mag[i] + range) + std::ldexp(1.0, -149);
         h1sum[i] += h1;
         abssum[i] += mag[i];
         nodeU[node][i] += mag[i] + h1;
@@ -1008,6 +1014,7 @@ HadRef qgz_hadamard_reference(size_t count, zpp_dtype_t dt, int intra_bits, int 
       double h2 = 0;
       if (two)
         for (int m = 0; m < g_nnodes; m++) {
+          if (m == node_of_me) continue;  // my node's partial sum stays fp32
           double umax = 0;
           for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, nodeU[m][j]);
           double scale2 = umax / levels2 * (1 + std::ldexp(1.0, -22));
@@ -1062,6 +1069,8 @@ HadRef qgz_hadamard_raw_reference(size_t count, zpp_dtype_t dt, int inter_bits, 
   }
   std::vector<double> B(count, 0.0), zmag(count, 0.0), h2sum(count, 0.0), magsum(count, 0.0);
   double levels2 = (1 << (inter_bits - 1)) - 1;
+  int node_of_me = 0;
+  zpp_comm_node_of(g_comm, me, &node_of_me);
   for (int m = 0; m < g_nnodes; m++) {
     std::vector<double> mag(count), E(count, 0.0);
     for (size_t i = 0; i < count; i++) {  // tail: not rotated
@@ -1090,8 +1099,10 @@ HadRef qgz_hadamard_raw_reference(size_t count, zpp_dtype_t dt, int inter_bits, 
       for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, mag[j]);
       double scale2 = umax / levels2 * (1 + std::ldexp(1.0, -22));
       for (size_t i = b0; i < b0 + len; i++) {
-        double h2 = scale2 * (half + std::ldexp(1.0, -12)) +
-                    std::ldexp(1.0, -22) * (mag[i] + umax);
+        // my node's partial sum stays fp32: rotated, not quantized
+        double h2 = m == node_of_me ? 0.0
+                                    : scale2 * (half + std::ldexp(1.0, -12)) +
+                                          std::ldexp(1.0, -22) * (mag[i] + umax);
         B[i] += E[i] + h2;
         h2sum[i] += h2;
         magsum[i] += mag[i];
@@ -1143,8 +1154,8 @@ TEST(Qgz, HadamardMatchesFloat64ReferenceWithinTheRotatedBound) {
               ZPP_OK);
     m.back();
     bool raw = h.intra == ZPP_QGZ_INTRA_RAW, two = g_uniform && g_nnodes > 1;
-    if (raw && g_nnodes == 1) {  // one node, raw: nothing quantized, nothing rotated
-      EXPECT_EQ(sum, plain) << "g " << h.g << ": one node, raw: rotated anyway";
+    if ((raw && g_nnodes == 1) || g_size == 1) {  // nothing quantized, nothing rotated
+      EXPECT_EQ(sum, plain) << "g " << h.g << ": one node, raw, or one rank: rotated anyway";
       continue;
     }
     if (h.count >= h.g) {

@@ -570,7 +570,14 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
             }
             // 3 guard bytes either side of the output
             std::vector<unsigned char> got(count * esz(ot) + 6, 0xa5), want(got);
-            zpp_ew_reduce_blocks_host(got.data() + 3, ot, blocks.data(), it, n, count, div);
+            zpp_ew_reduce_blocks_host(1, got.data() + 3, ot, blocks.data(), it, n, count, div);
+            {  // the scalar rounding (simd 0): the same bytes as the AVX2 one
+              std::vector<unsigned char> sc(got.size(), 0xa5);
+              zpp_ew_reduce_blocks_host(0, sc.data() + 3, ot, blocks.data(), it, n, count, div);
+              ASSERT_EQ(0, std::memcmp(sc.data(), got.data(), got.size()))
+                  << "simd 0 and 1 differ; count " << count << ", n " << n << ", in " << it
+                  << ", out " << ot << ", div " << div << ", specials " << special;
+            }
             for (size_t e = 0; e < count; e++) {
               float acc = zpp_qm_load(blocks[0], e, it);
               double sum = acc, mag = std::fabs(acc);
@@ -619,7 +626,8 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
               std::vector<unsigned char> inpl(in[k]);
               std::vector<const void *> b2(blocks);
               b2[k] = inpl.data() + 1;
-              zpp_ew_reduce_blocks_host(inpl.data() + 1, ot, b2.data(), it, n, count, div);
+              zpp_ew_reduce_blocks_host(cases % 2, inpl.data() + 1, ot, b2.data(), it, n, count,
+                                        div);
               for (size_t e = 0; e < count; e++) {
                 float g = zpp_qm_load(inpl.data() + 1, e, ot), w = zpp_qm_load(want.data() + 3, e, ot);
                 if (std::isnan(g) && std::isnan(w)) continue;
@@ -637,43 +645,58 @@ TEST(QuantElementwise, ReduceBlocksIsBitwiseThePerElementLoopAndNearFloat64) {
 
 // The other tiled element-wise loops against plain per-element loops of
 // zpp_qm_load / zpp_qm_store, bit for bit (NaN payloads aside): finish
-// (fp32 accumulators to the dtype, sum and mean), scale (in place) and
-// add_residual; every dtype, lengths around the tile, odd alignment, specials.
+// (fp32 accumulators to the dtype, sum and mean; scalar and AVX2), scale
+// (in place), to_f32 (scalar and AVX2) and add_residual; every dtype,
+// lengths around the tile and the 16 elements of an AVX2 step, odd
+// alignment, specials.
 TEST(QuantElementwise, FinishScaleAndResidualAreBitwiseThePerElementLoops) {
   auto rng = seeded_rng("ElementwiseTiles");
   std::normal_distribution<float> nd(0.0f, 100.0f);
   std::uniform_int_distribution<uint32_t> u32;
-  const float sp[] = {NAN, INFINITY, -INFINITY, 1e-40f, 7e4f, 3e38f, -0.0f};
+  auto fb = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // specials, and bf16 rounding ties (to even: down, up), the largest
+  // float (rounds to Inf) and a signalling NaN (quietened)
+  const float sp[] = {NAN,           INFINITY,          -INFINITY,        1e-40f,
+                      7e4f,          3e38f,             -0.0f,            fb(0x3f808000u),
+                      fb(0xbf818000u), fb(0x7f7fffffu), fb(0x7f800001u)};
+  const uint32_t nsp = sizeof sp / sizeof sp[0];
   auto same = [](const unsigned char *a, const unsigned char *b, size_t e, int dt) {
     float x = zpp_qm_load(a, e, dt), y = zpp_qm_load(b, e, dt);
     size_t es = dt == ZPP_QM_F32 ? 4 : 2;
     return (std::isnan(x) && std::isnan(y)) || std::memcmp(a + e * es, b + e * es, es) == 0;
   };
   for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
-    for (size_t count : {(size_t)0, (size_t)1, (size_t)511, (size_t)512, (size_t)1025})
+    for (size_t count : {(size_t)0, (size_t)1, (size_t)15, (size_t)16, (size_t)33,
+                         (size_t)511, (size_t)512, (size_t)1025})
       for (float div : {1.0f, 8.0f, 3.0f}) {
         size_t es = dt == ZPP_QM_F32 ? 4 : 2;
         std::vector<float> acc(count), res(count);
         std::vector<unsigned char> buf(count * es + 1);
         for (size_t e = 0; e < count; e++) {
-          acc[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng);
-          res[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng);
-          zpp_qm_store(buf.data() + 1, e, dt, u32(rng) % 8 == 0 ? sp[u32(rng) % 7] : nd(rng));
+          acc[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % nsp] : nd(rng);
+          res[e] = u32(rng) % 8 == 0 ? sp[u32(rng) % nsp] : nd(rng);
+          zpp_qm_store(buf.data() + 1, e, dt, u32(rng) % 8 == 0 ? sp[u32(rng) % nsp] : nd(rng));
         }
         std::vector<unsigned char> got(count * es + 1), want(count * es + 1);
-        zpp_ew_finish_host(acc.data(), count, div, dt, got.data() + 1);
         for (size_t e = 0; e < count; e++)
           zpp_qm_store(want.data() + 1, e, dt, div == 1.0f ? acc[e] : acc[e] / div);
-        for (size_t e = 0; e < count; e++)
-          ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
-              << "finish: element " << e << " of " << count << ", dtype " << dt << ", div " << div;
-        {  // in place: out is acc itself, as the per-element loop allowed
+        for (int simd : {0, 1}) {  // the scalar and the AVX2 bf16 rounding
+          zpp_ew_finish_host(simd, acc.data(), count, div, dt, got.data() + 1);
+          for (size_t e = 0; e < count; e++)
+            ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
+                << "finish: element " << e << " of " << count << ", dtype " << dt << ", div "
+                << div << ", simd " << simd;
+          // in place: out is acc itself, as the per-element loop allowed
           std::vector<float> inpl(acc);
-          zpp_ew_finish_host(inpl.data(), count, div, dt, inpl.data());
+          zpp_ew_finish_host(simd, inpl.data(), count, div, dt, inpl.data());
           for (size_t e = 0; e < count; e++)
             ASSERT_TRUE(same((const unsigned char *)inpl.data(), want.data() + 1, e, dt))
                 << "finish in place: element " << e << " of " << count << ", dtype " << dt
-                << ", div " << div;
+                << ", div " << div << ", simd " << simd;
         }
         got = buf;
         want = buf;
@@ -684,6 +707,16 @@ TEST(QuantElementwise, FinishScaleAndResidualAreBitwiseThePerElementLoops) {
           ASSERT_TRUE(same(got.data() + 1, want.data() + 1, e, dt))
               << "scale: element " << e << " of " << count << ", dtype " << dt << ", div " << div;
         std::vector<float> out(count), ref(count);
+        for (int simd : {0, 1}) {  // to_f32: the conversion, in AVX2 for bf16
+          std::fill(out.begin(), out.end(), 12345.0f);
+          zpp_ew_to_f32_host(simd, dt, buf.data() + 1, count, out.data());
+          for (size_t e = 0; e < count; e++) {
+            float w = zpp_qm_load(buf.data() + 1, e, dt);
+            ASSERT_TRUE((std::isnan(out[e]) && std::isnan(w)) || bits_of(out[e]) == bits_of(w))
+                << "to_f32: element " << e << " of " << count << ", dtype " << dt << ", simd "
+                << simd;
+          }
+        }
         zpp_ew_add_residual_host(dt, buf.data() + 1, res.data(), count, out.data());
         for (size_t e = 0; e < count; e++) {
           ref[e] = zpp_qm_add(zpp_qm_load(buf.data() + 1, e, dt), res[e]);

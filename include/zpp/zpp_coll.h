@@ -283,7 +283,9 @@ typedef struct {
 #define ZPP_QGZ_LOCO_RESET 1024
 
 /* Floats of the fp32 error-feedback residual for a call with `count`
- * elements per rank (it holds the compression error of both stages): enough
+ * elements per rank (it holds the compression error of both stages, one
+ * segment per slice and per partial sum; the segments of the rank's own
+ * share, which is not quantized, are neither read nor written): enough
  * for every fp32-residual config (with intra_bits ZPP_QGZ_INTRA_RAW fewer
  * are used); the INT8 residual's size is zpp_qgz_residual_bytes, which
  * can exceed 4 times this count (E8(count) > 4 count with blocks of one
@@ -326,8 +328,9 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  * is a buffer of zpp_qgz_residual_bytes bytes (all zero before the first
  * step), any alignment.  A NaN or Inf in any rank's gradient makes the
  * owning shard's element non-finite.  In place when recvbuf == sendbuf +
- * rank * count (each chunk of this rank's slice is encoded before its
- * result is written over it), the same bits as out of place; residual
+ * rank * count (each chunk of this rank's slice is read into the partial
+ * sums before its result is written over it), the same bits as out of
+ * place; residual
  * (zpp_qgz_residual_bytes bytes) shares no byte with sendbuf or recvbuf;
  * any other overlap is ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,

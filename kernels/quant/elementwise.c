@@ -5,44 +5,6 @@
 
 #include <string.h>
 
-/* Element-wise loops in tiles (tile_in / tile_out below): per element the
- * arithmetic of a plain loop over zpp_qm_load / zpp_qm_store, bit for bit,
- * with the dtype decided once per tile so that the compiler vectorizes the
- * fp32 and bf16 loops. */
-static void tile_in(float *acc, const void *p, size_t base, size_t m,
-                    int dtype, int first);
-static void tile_out(void *p, size_t base, size_t m, int dtype,
-                     const float *acc);
-#define ZPP_EW_TILE 512
-
-void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
-                        void *out) {
-  float t[ZPP_EW_TILE];
-  size_t base, j;
-  for (base = 0; base < count; base += ZPP_EW_TILE) {
-    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
-    if (div == 1.0f) {
-      tile_out(out, base, m, dtype, acc + base);
-      continue;
-    }
-    for (j = 0; j < m; j++)
-      t[j] = acc[base + j] / div;
-    tile_out(out, base, m, dtype, t);
-  }
-}
-
-void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div) {
-  float t[ZPP_EW_TILE];
-  size_t base, j;
-  for (base = 0; base < count; base += ZPP_EW_TILE) {
-    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
-    tile_in(t, buf, base, m, dtype, 1);
-    for (j = 0; j < m; j++)
-      t[j] = t[j] / div;
-    tile_out(buf, base, m, dtype, t);
-  }
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
@@ -59,8 +21,78 @@ bf16_to_f32_avx2(const unsigned char *s, size_t count, float *out) {
   }
   return i;
 }
+
+/* fp32 -> bf16, zpp_qm_f32_to_bf16 bit for bit: round to nearest even
+ * (add 0x7fff plus the kept lowest bit), NaN quietened ((u >> 16) |
+ * 0x40).  16 elements per step; the 32 bytes of a step are stored after
+ * its 64 are loaded, so out may be the fp32 input itself (in place). */
+static __attribute__((target("avx2"))) size_t
+f32_to_bf16_avx2(const float *acc, size_t count, unsigned char *d) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  size_t i;
+  for (i = 0; i + 16 <= count; i += 16) {
+    __m256i r[2];
+    int h;
+    for (h = 0; h < 2; h++) {
+      __m256i u = _mm256_loadu_si256((const __m256i *)(acc + i + 8 * h));
+      __m256i hi = _mm256_srli_epi32(u, 16);
+      __m256i rn = _mm256_add_epi32(
+          u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one)));
+      __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+      r[h] = _mm256_blendv_epi8(_mm256_srli_epi32(rn, 16),
+                                _mm256_or_si256(hi, quiet), nan);
+    }
+    /* pack to 16 bits (every value < 2^16), lanes back in order */
+    _mm256_storeu_si256((__m256i *)(d + 2 * i),
+                        _mm256_permute4x64_epi64(
+                            _mm256_packus_epi32(r[0], r[1]), 0xd8));
+  }
+  return i;
+}
 #define ZPP_EW_HAVE_AVX2 1
 #endif
+
+/* Element-wise loops in tiles (tile_in / tile_out below): per element the
+ * arithmetic of a plain loop over zpp_qm_load / zpp_qm_store, bit for bit,
+ * with the dtype decided once per tile so that the compiler vectorizes the
+ * fp32 and bf16 loops. */
+static void tile_in(float *acc, const void *p, size_t base, size_t m,
+                    int dtype, int first);
+static void tile_out(void *p, size_t base, size_t m, int dtype,
+                     const float *acc, int simd);
+#define ZPP_EW_TILE 512
+
+void zpp_ew_finish_host(int simd, const float *acc, size_t count, float div,
+                        int dtype, void *out) {
+  float t[ZPP_EW_TILE];
+  size_t base, j;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
+    if (div == 1.0f) {
+      tile_out(out, base, m, dtype, acc + base, simd);
+      continue;
+    }
+    for (j = 0; j < m; j++)
+      t[j] = acc[base + j] / div;
+    tile_out(out, base, m, dtype, t, simd);
+  }
+}
+
+void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div) {
+  float t[ZPP_EW_TILE];
+  size_t base, j;
+  for (base = 0; base < count; base += ZPP_EW_TILE) {
+    size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE;
+    tile_in(t, buf, base, m, dtype, 1);
+    for (j = 0; j < m; j++)
+      t[j] = t[j] / div;
+    tile_out(buf, base, m, dtype, t, 0);
+  }
+}
+
 
 void zpp_ew_to_f32_host(int simd, int dtype, const void *x, size_t count,
                         float *out) {
@@ -193,25 +225,31 @@ static void tile_in(float *acc, const void *p, size_t base, size_t m,
 }
 
 static void tile_out(void *p, size_t base, size_t m, int dtype,
-                     const float *acc) {
-  size_t j;
+                     const float *acc, int simd) {
+  size_t j = 0;
   if (dtype == ZPP_QM_F32) {
     /* memmove: zpp_ew_finish_host may be called with out == acc, which the
      * per-element loop allowed (memcpy of a buffer onto itself is UB) */
     memmove((unsigned char *)p + 4 * base, acc, 4 * m);
   } else if (dtype == ZPP_QM_BF16) {
     unsigned char *d = (unsigned char *)p + 2 * base;
-    for (j = 0; j < m; j++) {
+#ifdef ZPP_EW_HAVE_AVX2
+    if (simd)
+      j = f32_to_bf16_avx2(acc, m, d);
+#else
+    (void)simd;
+#endif
+    for (; j < m; j++) {
       uint16_t h = zpp_qm_f32_to_bf16(acc[j]);
       memcpy(d + 2 * j, &h, 2);
     }
   } else {
-    for (j = 0; j < m; j++)
+    for (; j < m; j++)
       zpp_qm_store(p, base + j, dtype, acc[j]);
   }
 }
 
-void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
+void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
                                const void *const *blocks, int in_dtype, int n,
                                size_t count, float div) {
   float acc[ZPP_EW_TILE];
@@ -225,6 +263,6 @@ void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
     if (div > 0)
       for (j = 0; j < m; j++)
         acc[j] = acc[j] / div;
-    tile_out(dst, base, m, out_dtype, acc);
+    tile_out(dst, base, m, out_dtype, acc, simd);
   }
 }

@@ -18,9 +18,10 @@ extern "C" {
 
 /* out[i] = dtype(acc[i] / div): div 1 for a sum, the world size for a
  * mean (one IEEE division, then one rounding to the dtype).  out may be
- * acc itself (in place; the narrower dtypes are written behind the reads). */
-void zpp_ew_finish_host(const float *acc, size_t count, float div, int dtype,
-                        void *out);
+ * acc itself (in place; the narrower dtypes are written behind the reads).
+ * simd (zpp_quant_cpu_simd): the bf16 rounding in AVX2, the same bits. */
+void zpp_ew_finish_host(int simd, const float *acc, size_t count, float div,
+                        int dtype, void *out);
 /* buf[i] = dtype(fp32(buf[i]) / div), in place. */
 void zpp_ew_scale_host(int dtype, void *buf, size_t count, float div);
 /* out[i] = fp32(x[i]): one pass, no read of out; simd (zpp_quant_cpu_simd):
@@ -63,8 +64,8 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
  * bit, in tiles that the compiler vectorizes (fp32 and bf16).  Buffers of
  * any byte alignment; n >= 1.  dst may be one of the blocks itself when
  * out_dtype is no wider than in_dtype (the in-place allreduce: send ==
- * recv); otherwise it must not overlap a block. */
-void zpp_ew_reduce_blocks_host(void *dst, int out_dtype,
+ * recv); otherwise it must not overlap a block.  simd: as for finish. */
+void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
                                const void *const *blocks, int in_dtype, int n,
                                size_t count, float div);
 
