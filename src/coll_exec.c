@@ -247,6 +247,24 @@ zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
 #endif
 }
 
+zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
+                               const zpp_quant_config_t *q, zpp_dtype_t dtype,
+                               const void *own, const void *const *srcs, int n,
+                               size_t count, float *out) {
+  int j, fused = 0;
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    ZPP_CHECK(zpp_quant_sum_decoded(q, dtype, own, srcs, n, count, out,
+                                    &fused));
+  if (fused)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_to_f32(ex, dtype, own, count, out));
+  for (j = 0; j < n; j++)
+    ZPP_CHECK(zpp_k_decode_acc(ex, q, srcs[j], count, out));
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
                           const void *x, size_t count, float *out) {
   if (count == 0)

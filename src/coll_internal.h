@@ -57,6 +57,15 @@ zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
 zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
                           size_t count, float div, zpp_dtype_t dtype,
                           void *out);
+/* out = fp32(own) + decode(srcs[0]) + ... + decode(srcs[n - 1]) (each an
+ * encode of count elements with q), added in that order: bitwise
+ * zpp_k_to_f32 and n zpp_k_decode_acc, which is what a device (or a block
+ * too long for the host's tiles) runs; host memory in one pass of L1
+ * tiles. */
+zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
+                               const zpp_quant_config_t *q, zpp_dtype_t dtype,
+                               const void *own, const void *const *srcs, int n,
+                               size_t count, float *out);
 /* out = fp32(x), bit for bit (zpp_qm_load). */
 zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
                           const void *x, size_t count, float *out);

@@ -158,6 +158,15 @@ zpp_status_t zpp_quant_encode_ef_at(const zpp_quant_config_t *cfg,
                                     size_t count, uint64_t index_base,
                                     float *res, float beta, void *dst,
                                     size_t dst_bytes, int *fused);
+/* Host: out = fp32(own) (count of dtype) plus the decode of each of the n
+ * encodes srcs[j] (cfg, count elements each), added in order, fused in
+ * tiles (elementwise.h, zpp_ew_sum_decoded_host).  *fused = 0 with nothing
+ * written when the block is too long for the tiles: the caller runs the
+ * passes. */
+zpp_status_t zpp_quant_sum_decoded(const zpp_quant_config_t *cfg,
+                                   zpp_dtype_t dtype, const void *own,
+                                   const void *const *srcs, int n,
+                                   size_t count, float *out, int *fused);
 zpp_status_t zpp_quant_encode_device_at(const zpp_quant_config_t *cfg,
                                         zpp_dtype_t dtype, const void *src,
                                         size_t count, uint64_t index_base,

@@ -191,6 +191,7 @@ typedef struct {
   float *tmp2; /* INT8 residual: the chunk's residual, then its new error */
   float *tmp3; /* moving average: the chunk's decoded value */
   uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
+  const void **srcs; /* s1 - 1: the other members' messages of one part */
   size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
   struct {
     uint8_t *s1, *r1, *s2, *r2;
@@ -350,13 +351,18 @@ static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
   return ZPP_OK;
 }
 
+/* Chunk k of this rank's own slice of partial sum m, in sendbuf. */
+static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m) {
+  size_t at = (size_t)slice_of(p, p->me1, m) * p->a.count + k * p->chunk;
+  return (const uint8_t *)p->a.send + at * zpp_dtype_size(p->a.dtype);
+}
+
 /* part = this rank's own slice of partial sum m, chunk k, in fp32, read
  * from sendbuf (rotated first when stage 1 rotates). */
 static zpp_status_t own_slice(qgz_ctx_t *p, size_t k, int m, float *part) {
   const qgz_arg_t *a = &p->a;
-  size_t len = chunk_len(p, k), ds = zpp_dtype_size(a->dtype);
-  size_t at = (size_t)slice_of(p, p->me1, m) * a->count + k * p->chunk;
-  const void *g = (const uint8_t *)a->send + at * ds;
+  size_t len = chunk_len(p, k);
+  const void *g = own_ptr(p, k, m);
   if (p->rot1) /* straight into part: the rotation writes fp32 */
     return zpp_k_hadamard(&a->ex, a->hadamard, a->dtype, g, len, part);
   return zpp_k_to_f32(&a->ex, a->dtype, g, len, part);
@@ -364,8 +370,9 @@ static zpp_status_t own_slice(qgz_ctx_t *p, size_t k, int m, float *part) {
 
 /* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k: each
  * partial sum starts as this rank's own slice, then the other members'
- * messages are added in member order; then stage 2's encode (two levels)
- * or the finish (one level). */
+ * messages are added in member order (unrotated and quantized: in one pass
+ * of L1 tiles on the host, zpp_k_sum_decoded); then stage 2's encode (two
+ * levels) or the finish (one level). */
 static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
@@ -376,6 +383,16 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   int j, m;
   for (m = 0; m < p->m1; m++) {
     float *part = acc + (size_t)m * len;
+    if (!p->raw1 && !p->rot1) { /* own slice and messages in one pass */
+      int n = 0;
+      for (j = 0; j < p->s1; j++)
+        if (j != p->me1)
+          p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      zpp_plan_poll();
+      ZPP_CHECK(zpp_k_sum_decoded(ex, &a->q1, a->dtype, own_ptr(p, k, m),
+                                  p->srcs, n, len, part));
+      continue;
+    }
     ZPP_CHECK(own_slice(p, k, m, part));
     for (j = 0; j < p->s1; j++) {
       const uint8_t *in = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
@@ -425,6 +442,7 @@ static void qgz_release(void *ctx) {
   zpp_k_free(ex, p->tmp2);
   zpp_k_free(ex, p->tmp3);
   zpp_k_free(ex, p->rs);
+  free((void *)p->srcs);
   free(p);
 }
 
@@ -492,6 +510,11 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].s2);
     if (st == ZPP_OK && p->two)
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
+  }
+  if (p->s1 > 1) {
+    p->srcs = (const void **)calloc((size_t)p->s1 - 1, sizeof *p->srcs);
+    if (p->srcs == NULL)
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
   }
   if (st == ZPP_OK && (a->residual != NULL || a->hadamard) && p->nchunks > 0)
     st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp);

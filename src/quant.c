@@ -304,6 +304,22 @@ zpp_status_t zpp_quant_encode_ef_at(const zpp_quant_config_t *cfg,
   return ZPP_OK;
 }
 
+zpp_status_t zpp_quant_sum_decoded(const zpp_quant_config_t *cfg,
+                                   zpp_dtype_t dtype, const void *own,
+                                   const void *const *srcs, int n,
+                                   size_t count, float *out, int *fused) {
+  zpp_qcfg_t q;
+  ZPP_CHECK(to_qcfg(__func__, cfg, &q));
+  ZPP_CHECK(check_dtype(__func__, "dtype", dtype));
+  *fused = 1;
+  if (count > 0)
+    *fused = zpp_ew_sum_decoded_host(zpp_quant_cpu_ops(), &q,
+                                     zpp_quant_cpu_simd(), (int)dtype, own,
+                                     (const uint8_t *const *)srcs, n, count,
+                                     out) == 0;
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_quant_decode(const zpp_quant_config_t *cfg, const void *src,
                               size_t src_bytes, size_t count,
                               zpp_dtype_t dtype, void *dst) {

@@ -827,6 +827,85 @@ TEST(QuantElementwise, EncodeWithErrorFeedbackIsBitwiseTheUnfusedSequence) {
   ASSERT_GT(fused, 0);
 }
 
+// zpp_ew_sum_decoded_host (qgZ's stage 1 on the host: the own slice and
+// the other ranks' messages summed in one pass of L1 tiles) against the
+// passes it replaces on the scalar path: out = fp32(own), then each source
+// decode-accumulated in order.  Bit for bit (NaN payloads aside), every
+// ISA, dtype, width, mode, blocks around the tile (a block longer than
+// ZPP_EW_EF_TILE returns -1 with nothing written), tails, 0..3 sources,
+// the scalar and the AVX2 conversion of the own slice.
+TEST(QuantElementwise, SumOfDecodedSourcesIsBitwiseThePasses) {
+  auto rng = seeded_rng("SumDecoded");
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_int_distribution<uint32_t> u32;
+  const float sp[] = {NAN, INFINITY, -INFINITY, 1e-40f, 3e38f, -0.0f};
+  const zpp_quant_cpu_ops_t *scalar = zpp_quant_cpu_ops_named("scalar");
+  const size_t blocks[] = {1, 7, 64, 256, 1000, 1024, 1025};
+  const size_t counts[] = {0, 1, 255, 1024, 1025, 3001};
+  int cases = 0, fused = 0;
+  for (const char *isa : {"scalar", "avx2", "avx512"}) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr) {
+      std::printf("%s: not built or not supported by this CPU\n", isa);
+      continue;
+    }
+    for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+      for (int bits : {8, 4})
+        for (int asym : {0, 1})
+          for (size_t blk : blocks)
+            for (size_t count : counts) {
+              if (count > 1100 && blk < 64) continue;  // keep the run short
+              int n = cases % 4, simd = (cases / 4) % 2;
+              zpp_qcfg_t q{};
+              q.bits = bits;
+              q.asym = asym;
+              q.block = blk;
+              size_t es = dt == ZPP_QM_F32 ? 4 : 2;
+              int special = cases % 3 == 0;
+              auto value = [&](size_t e) {
+                float scale = (float)(1 << (e / blk % 5));  // blocks of differing range
+                return special && u32(rng) % 32 == 0 ? sp[u32(rng) % 6] : nd(rng) * scale;
+              };
+              std::vector<unsigned char> own(count * es + 1);
+              for (size_t e = 0; e < count; e++) zpp_qm_store(own.data() + 1, e, dt, value(e));
+              int ovf = 0;
+              size_t eb = zpp_quant_bytes(&q, count, &ovf);
+              ASSERT_EQ(0, ovf);
+              std::vector<std::vector<unsigned char>> enc(n, std::vector<unsigned char>(eb + 1));
+              std::vector<const uint8_t *> srcs(n);
+              for (int j = 0; j < n; j++) {
+                std::vector<float> x(count);
+                for (size_t e = 0; e < count; e++) x[e] = value(e);
+                if (count > 0) scalar->encode(&q, ZPP_QM_F32, x.data(), count, enc[j].data() + 1);
+                srcs[j] = enc[j].data() + 1;  // odd alignment
+              }
+              std::vector<float> want(count + 2, 777.0f), got(count + 2, 777.0f);
+              for (size_t e = 0; e < count; e++) want[e] = zpp_qm_load(own.data() + 1, e, dt);
+              for (int j = 0; j < n && count > 0; j++)
+                scalar->decode(&q, srcs[j], count, ZPP_QM_OUT_ACC, want.data());
+              int rc = zpp_ew_sum_decoded_host(ops, &q, simd, dt, own.data() + 1, srcs.data(), n,
+                                               count, got.data());
+              cases++;
+              if (blk > ZPP_EW_EF_TILE) {  // too long for a tile: nothing written
+                ASSERT_EQ(-1, rc) << "block " << blk;
+                for (float v : got) ASSERT_EQ(777.0f, v) << "out written, block " << blk;
+                continue;
+              }
+              ASSERT_EQ(0, rc);
+              fused++;
+              for (size_t e = 0; e < count + 2; e++)  // the 2 floats past it too
+                ASSERT_TRUE((std::isnan(got[e]) && std::isnan(want[e])) ||
+                            bits_of(got[e]) == bits_of(want[e]))
+                    << "element " << e << " of " << count << ": " << got[e] << " against "
+                    << want[e] << "; " << isa << ", dtype " << dt << ", bits " << bits
+                    << ", asym " << asym << ", block " << blk << ", sources " << n << ", simd "
+                    << simd;
+            }
+  }
+  std::printf("%d cases, %d fused, bitwise the passes\n", cases, fused);
+  ASSERT_GT(fused, 0);
+}
+
 // ---- SIMD paths against the scalar reference --------------------------------------
 
 class QuantSimd : public ::testing::TestWithParam<const char *> {};

@@ -185,6 +185,38 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
   return 0;
 }
 
+/* ---- the own slice and the decoded messages, summed ---------------------- */
+
+int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
+                            const zpp_qcfg_t *cfg, int simd, int dtype,
+                            const void *own, const uint8_t *const *srcs, int n,
+                            size_t count, float *out) {
+  uint8_t enc[EF_ENC_MAX];
+  size_t bs = cfg->block, per, nb, mb, pb, b0;
+  int j;
+  if (bs > ZPP_EW_EF_TILE)
+    return -1;
+  per = ZPP_EW_EF_TILE / bs; /* whole blocks per tile */
+  nb = zpp_quant_nblocks(cfg, count);
+  mb = zpp_qm_meta_bytes(cfg->asym);
+  pb = zpp_qm_payload_bytes(bs, cfg->bits);
+  for (b0 = 0; b0 < nb; b0 += per) {
+    size_t off = b0 * bs;
+    size_t m = count - off < per * bs ? count - off : per * bs;
+    size_t tnb = (m + bs - 1) / bs, tail = m - (tnb - 1) * bs;
+    size_t tpb = (tnb - 1) * pb + zpp_qm_payload_bytes(tail, cfg->bits);
+    zpp_ew_to_f32_host(simd, dtype, (const unsigned char *)own +
+                                        off * (dtype == ZPP_QM_F32 ? 4 : 2),
+                       m, out + off);
+    for (j = 0; j < n; j++) { /* the tile's blocks as one encode */
+      memcpy(enc, srcs[j] + b0 * mb, tnb * mb);
+      memcpy(enc + tnb * mb, srcs[j] + nb * mb + b0 * pb, tpb);
+      ops->decode(cfg, enc, m, ZPP_QM_OUT_ACC, out + off);
+    }
+  }
+  return 0;
+}
+
 /* ---- reduction of blocks ------------------------------------------------ */
 
 /* ZPP_EW_TILE (above): the fp32 accumulators of a tile (2 KiB) stay in L1

@@ -57,6 +57,19 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
                           int dtype, const void *g, size_t count, float *res,
                           float beta, uint8_t *dst);
 
+/* out[i] = fp32(own[i]) (own of dtype), then decode(srcs[j])[i] added for
+ * j = 0..n-1 in that order: per element bitwise zpp_ew_to_f32_host and n
+ * decode-accumulates through `ops`, run in tiles of whole blocks that stay
+ * in L1 (out is written once; each tile's blocks of a source are gathered
+ * into one encoded tile first).  Every srcs[j] is one encode of `count`
+ * elements with cfg (docs/format.md).  Returns 0, or -1 with nothing
+ * written when a block is longer than ZPP_EW_EF_TILE elements (the caller
+ * then runs the passes). */
+int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
+                            const zpp_qcfg_t *cfg, int simd, int dtype,
+                            const void *own, const uint8_t *const *srcs, int n,
+                            size_t count, float *out);
+
 /* dst[e] = out_dtype(sum over i = 0..n-1 of fp32(blocks[i][e])), the sum
  * in block order with an fp32 accumulator, divided by div when div > 0
  * (MEAN: one IEEE division), rounded once: per element the arithmetic of
