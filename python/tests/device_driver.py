@@ -132,7 +132,9 @@ def main():
         gh = host.qgz_reduce_scatter(xs, intra_bits=8, inter_bits=4, residual=res_h)
         assert np.array_equal(g, gh), step
         assert np.array_equal(res_d.get(), res_h), step
-    assert np.any(res_h != 0)
+    # a rank's own share skips the quantizer (docs/collectives.md), so on
+    # one rank nothing is compressed and the residual stays zero
+    assert np.any(res_h != 0) == (W > 1), (W, np.count_nonzero(res_h))
     xs = data(r, n * W, 12)
     g = dev.qgz_reduce_scatter(cu.array(xs), cu.empty(n, np.float32), hadamard=32).get()
     assert np.array_equal(g, host.qgz_reduce_scatter(xs, hadamard=32))
