@@ -6,6 +6,7 @@
 #include "coll_internal.h"
 #include "elementwise.h"
 #include "internal.h"
+#include "plan.h" /* zpp_plan_poll */
 #include "quant_math.h"
 #include "transform.h"
 
@@ -260,8 +261,10 @@ zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
   if (fused)
     return ZPP_OK;
   ZPP_CHECK(zpp_k_to_f32(ex, dtype, own, count, out));
-  for (j = 0; j < n; j++)
+  for (j = 0; j < n; j++) {
+    zpp_plan_poll();
     ZPP_CHECK(zpp_k_decode_acc(ex, q, srcs[j], count, out));
+  }
   return ZPP_OK;
 }
 

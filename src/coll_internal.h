@@ -61,7 +61,8 @@ zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
  * encode of count elements with q), added in that order: bitwise
  * zpp_k_to_f32 and n zpp_k_decode_acc, which is what a device (or a block
  * too long for the host's tiles) runs; host memory in one pass of L1
- * tiles. */
+ * tiles (the passes poll the engine's transfers between sources).  out
+ * must not overlap own or any srcs[j]. */
 zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
                                const zpp_quant_config_t *q, zpp_dtype_t dtype,
                                const void *own, const void *const *srcs, int n,

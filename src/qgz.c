@@ -511,7 +511,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (st == ZPP_OK && p->two)
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
   }
-  if (p->s1 > 1) {
+  if (st == ZPP_OK && p->s1 > 1 && !p->raw1 && !p->rot1) { /* stage1_reduce */
     p->srcs = (const void **)calloc((size_t)p->s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");

@@ -19,6 +19,7 @@
 #include <vector>
 
 extern "C" {
+#include "coll_internal.h"  // zpp_k_sum_decoded, zpp_exec_t
 #include "elementwise.h"
 #include "internal.h"
 #include "quant_cpu.h"
@@ -832,8 +833,9 @@ TEST(QuantElementwise, EncodeWithErrorFeedbackIsBitwiseTheUnfusedSequence) {
 // passes it replaces on the scalar path: out = fp32(own), then each source
 // decode-accumulated in order.  Bit for bit (NaN payloads aside), every
 // ISA, dtype, width, mode, blocks around the tile (a block longer than
-// ZPP_EW_EF_TILE returns -1 with nothing written), tails, 0..3 sources,
-// the scalar and the AVX2 conversion of the own slice.
+// ZPP_EW_EF_TILE returns -1 with nothing written), tails, 0..3 sources
+// (all four where the count spans tiles), the scalar and the AVX2
+// conversion of the own slice (drawn per case).
 TEST(QuantElementwise, SumOfDecodedSourcesIsBitwiseThePasses) {
   auto rng = seeded_rng("SumDecoded");
   std::normal_distribution<float> nd(0.0f, 3.0f);
@@ -841,7 +843,9 @@ TEST(QuantElementwise, SumOfDecodedSourcesIsBitwiseThePasses) {
   const float sp[] = {NAN, INFINITY, -INFINITY, 1e-40f, 3e38f, -0.0f};
   const zpp_quant_cpu_ops_t *scalar = zpp_quant_cpu_ops_named("scalar");
   const size_t blocks[] = {1, 7, 64, 256, 1000, 1024, 1025};
-  const size_t counts[] = {0, 1, 255, 1024, 1025, 3001};
+  // 3001 with block 1000: 4 tiles; 17409 (17 tiles of 1024 and one
+  // element), block 1024 only
+  const size_t counts[] = {0, 1, 255, 1024, 1025, 3001, 17409};
   int cases = 0, fused = 0;
   for (const char *isa : {"scalar", "avx2", "avx512"}) {
     const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
@@ -855,55 +859,115 @@ TEST(QuantElementwise, SumOfDecodedSourcesIsBitwiseThePasses) {
           for (size_t blk : blocks)
             for (size_t count : counts) {
               if (count > 1100 && blk < 64) continue;  // keep the run short
-              int n = cases % 4, simd = (cases / 4) % 2;
-              zpp_qcfg_t q{};
-              q.bits = bits;
-              q.asym = asym;
-              q.block = blk;
-              size_t es = dt == ZPP_QM_F32 ? 4 : 2;
-              int special = cases % 3 == 0;
-              auto value = [&](size_t e) {
-                float scale = (float)(1 << (e / blk % 5));  // blocks of differing range
-                return special && u32(rng) % 32 == 0 ? sp[u32(rng) % 6] : nd(rng) * scale;
-              };
-              std::vector<unsigned char> own(count * es + 1);
-              for (size_t e = 0; e < count; e++) zpp_qm_store(own.data() + 1, e, dt, value(e));
-              int ovf = 0;
-              size_t eb = zpp_quant_bytes(&q, count, &ovf);
-              ASSERT_EQ(0, ovf);
-              std::vector<std::vector<unsigned char>> enc(n, std::vector<unsigned char>(eb + 1));
-              std::vector<const uint8_t *> srcs(n);
-              for (int j = 0; j < n; j++) {
-                std::vector<float> x(count);
-                for (size_t e = 0; e < count; e++) x[e] = value(e);
-                if (count > 0) scalar->encode(&q, ZPP_QM_F32, x.data(), count, enc[j].data() + 1);
-                srcs[j] = enc[j].data() + 1;  // odd alignment
+              if (count > 3001 && blk != 1024) continue;
+              // across tile boundaries (count > one tile) every source count;
+              // below, one drawn from the case's parameters
+              int lo = 0, hi = 3;
+              if (count <= ZPP_EW_EF_TILE)
+                lo = hi = (int)((blk * 31 + count * 7 + (size_t)bits + (size_t)asym * 3 +
+                                 (size_t)dt * 5) % 4);
+              for (int n = lo; n <= hi; n++) {
+                int simd = (int)(u32(rng) % 2);
+                zpp_qcfg_t q{};
+                q.bits = bits;
+                q.asym = asym;
+                q.block = blk;
+                size_t es = dt == ZPP_QM_F32 ? 4 : 2;
+                int special = cases % 3 == 0;
+                auto value = [&](size_t e) {
+                  float scale = (float)(1 << (e / blk % 5));  // blocks of differing range
+                  return special && u32(rng) % 32 == 0 ? sp[u32(rng) % 6] : nd(rng) * scale;
+                };
+                std::vector<unsigned char> own(count * es + 1);
+                for (size_t e = 0; e < count; e++) zpp_qm_store(own.data() + 1, e, dt, value(e));
+                int ovf = 0;
+                size_t eb = zpp_quant_bytes(&q, count, &ovf);
+                ASSERT_EQ(0, ovf);
+                std::vector<std::vector<unsigned char>> enc(n, std::vector<unsigned char>(eb + 1));
+                std::vector<const uint8_t *> srcs(n);
+                for (int j = 0; j < n; j++) {
+                  std::vector<float> x(count);
+                  for (size_t e = 0; e < count; e++) x[e] = value(e);
+                  if (count > 0) scalar->encode(&q, ZPP_QM_F32, x.data(), count, enc[j].data() + 1);
+                  srcs[j] = enc[j].data() + 1;  // odd alignment
+                }
+                std::vector<float> want(count + 2, 777.0f), got(count + 2, 777.0f);
+                for (size_t e = 0; e < count; e++) want[e] = zpp_qm_load(own.data() + 1, e, dt);
+                for (int j = 0; j < n && count > 0; j++)
+                  scalar->decode(&q, srcs[j], count, ZPP_QM_OUT_ACC, want.data());
+                int rc = zpp_ew_sum_decoded_host(ops, &q, simd, dt, own.data() + 1, srcs.data(), n,
+                                                 count, got.data());
+                cases++;
+                if (blk > ZPP_EW_EF_TILE) {  // too long for a tile: nothing written
+                  ASSERT_EQ(-1, rc) << "block " << blk;
+                  for (float v : got) ASSERT_EQ(777.0f, v) << "out written, block " << blk;
+                  continue;
+                }
+                ASSERT_EQ(0, rc);
+                fused++;
+                for (size_t e = 0; e < count + 2; e++)  // the 2 floats past it too
+                  ASSERT_TRUE((std::isnan(got[e]) && std::isnan(want[e])) ||
+                              bits_of(got[e]) == bits_of(want[e]))
+                      << "element " << e << " of " << count << ": " << got[e] << " against "
+                      << want[e] << "; " << isa << ", dtype " << dt << ", bits " << bits
+                      << ", asym " << asym << ", block " << blk << ", sources " << n << ", simd "
+                      << simd;
               }
-              std::vector<float> want(count + 2, 777.0f), got(count + 2, 777.0f);
-              for (size_t e = 0; e < count; e++) want[e] = zpp_qm_load(own.data() + 1, e, dt);
-              for (int j = 0; j < n && count > 0; j++)
-                scalar->decode(&q, srcs[j], count, ZPP_QM_OUT_ACC, want.data());
-              int rc = zpp_ew_sum_decoded_host(ops, &q, simd, dt, own.data() + 1, srcs.data(), n,
-                                               count, got.data());
-              cases++;
-              if (blk > ZPP_EW_EF_TILE) {  // too long for a tile: nothing written
-                ASSERT_EQ(-1, rc) << "block " << blk;
-                for (float v : got) ASSERT_EQ(777.0f, v) << "out written, block " << blk;
-                continue;
-              }
-              ASSERT_EQ(0, rc);
-              fused++;
-              for (size_t e = 0; e < count + 2; e++)  // the 2 floats past it too
-                ASSERT_TRUE((std::isnan(got[e]) && std::isnan(want[e])) ||
-                            bits_of(got[e]) == bits_of(want[e]))
-                    << "element " << e << " of " << count << ": " << got[e] << " against "
-                    << want[e] << "; " << isa << ", dtype " << dt << ", bits " << bits
-                    << ", asym " << asym << ", block " << blk << ", sources " << n << ", simd "
-                    << simd;
             }
   }
   std::printf("%d cases, %d fused, bitwise the passes\n", cases, fused);
   ASSERT_GT(fused, 0);
+}
+
+// The collectives' entry, zpp_k_sum_decoded on host memory: the tiles where
+// the block fits one (zpp_quant_sum_decoded reports fused), the passes
+// where it does not (block 2048 > ZPP_EW_EF_TILE), no source (a null
+// table), and count 0 (nothing written).  Reference: fp32(own) by
+// zpp_qm_load, then the public zpp_quant_decode_accumulate per source.
+TEST(QuantElementwise, SumDecodedEntryTakesTheTilesOrThePasses) {
+  auto rng = seeded_rng("SumDecodedEntry");
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  zpp_exec_t ex{};
+  ex.mem = ZPP_MEMORY_HOST;
+  for (size_t blk : {size_t(64), size_t(2048)})
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16})
+      for (int n : {0, 3})
+        for (size_t count : {size_t(0), size_t(5000)}) {
+          zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+          q.bits = 4;
+          q.block_size = blk;
+          size_t es = zpp_dtype_size(dt), eb = 0;
+          ASSERT_EQ(ZPP_OK, zpp_quant_encoded_size(&q, count, &eb));
+          std::vector<unsigned char> own(count * es);
+          for (size_t e = 0; e < count; e++)
+            zpp_qm_store(own.data(), e, dt == ZPP_FLOAT32 ? ZPP_QM_F32 : ZPP_QM_BF16, nd(rng));
+          std::vector<std::vector<unsigned char>> enc(n, std::vector<unsigned char>(eb + 1));
+          std::vector<const void *> srcs(n);
+          for (int j = 0; j < n; j++) {
+            std::vector<float> x(count);
+            for (float &v : x) v = nd(rng);
+            ASSERT_EQ(ZPP_OK, zpp_quant_encode(&q, ZPP_FLOAT32, x.data(), count, enc[j].data(), eb));
+            srcs[j] = enc[j].data();
+          }
+          std::vector<float> want(count + 1, 777.0f), got(count + 1, 777.0f);
+          for (size_t e = 0; e < count; e++)
+            want[e] = zpp_qm_load(own.data(), e, dt == ZPP_FLOAT32 ? ZPP_QM_F32 : ZPP_QM_BF16);
+          for (int j = 0; j < n; j++)
+            ASSERT_EQ(ZPP_OK, zpp_quant_decode_accumulate(&q, srcs[j], eb, count, want.data()));
+          int fused = -1;
+          ASSERT_EQ(ZPP_OK, zpp_quant_sum_decoded(&q, dt, own.data(), n ? srcs.data() : nullptr, n,
+                                                  count, got.data(), &fused))
+              << zpp_get_last_error();
+          EXPECT_EQ(count == 0 || blk <= ZPP_EW_EF_TILE, fused == 1) << "block " << blk;
+          std::fill(got.begin(), got.end(), 777.0f);
+          ASSERT_EQ(ZPP_OK, zpp_k_sum_decoded(&ex, &q, dt, own.data(), n ? srcs.data() : nullptr,
+                                              n, count, got.data()))
+              << zpp_get_last_error();
+          for (size_t e = 0; e < count + 1; e++)  // the float past it too
+            ASSERT_EQ(bits_of(want[e]), bits_of(got[e]))
+                << "element " << e << " of " << count << ", block " << blk << ", dtype " << dt
+                << ", sources " << n;
+        }
 }
 
 // ---- SIMD paths against the scalar reference --------------------------------------

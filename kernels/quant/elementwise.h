@@ -62,9 +62,9 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
  * decode-accumulates through `ops`, run in tiles of whole blocks that stay
  * in L1 (out is written once; each tile's blocks of a source are gathered
  * into one encoded tile first).  Every srcs[j] is one encode of `count`
- * elements with cfg (docs/format.md).  Returns 0, or -1 with nothing
- * written when a block is longer than ZPP_EW_EF_TILE elements (the caller
- * then runs the passes). */
+ * elements with cfg (docs/format.md).  out must not overlap own or any
+ * srcs[j].  Returns 0, or -1 with nothing written when a block is longer
+ * than ZPP_EW_EF_TILE elements (the caller then runs the passes). */
 int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
                             const zpp_qcfg_t *cfg, int simd, int dtype,
                             const void *own, const uint8_t *const *srcs, int n,
