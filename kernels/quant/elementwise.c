@@ -145,23 +145,59 @@ void zpp_ew_ema_residual_host(const float *x, const float *dec, size_t count,
  * (at most ZPP_EW_EF_TILE blocks of one element, 8 bytes of meta each). */
 #define EF_ENC_MAX (ZPP_EW_EF_TILE * 8 + ZPP_EW_EF_TILE)
 
+/* The fused kernels' tiles: whole blocks, at most ZPP_EW_EF_TILE elements,
+ * and where tile t's blocks sit in an encode of `count` elements (every
+ * block's meta first, then the payloads: docs/format.md). */
+typedef struct {
+  size_t per, nb, mb, pb; /* blocks per tile; blocks; meta, payload bytes */
+} ew_tiling_t;
+typedef struct {
+  size_t b0, off, m;   /* first block, first element, elements */
+  size_t meta, pay;    /* the tile's meta and payload bytes */
+  size_t at_meta, at_pay; /* their offsets in the call's encode */
+} ew_tile_t;
+
+/* 0, or -1 when a block is longer than a tile. */
+static int ew_tiling(const zpp_qcfg_t *cfg, size_t count, ew_tiling_t *g) {
+  if (cfg->block > ZPP_EW_EF_TILE)
+    return -1;
+  g->per = ZPP_EW_EF_TILE / cfg->block;
+  g->nb = zpp_quant_nblocks(cfg, count);
+  g->mb = zpp_qm_meta_bytes(cfg->asym);
+  g->pb = zpp_qm_payload_bytes(cfg->block, cfg->bits);
+  return 0;
+}
+
+/* The tile that starts at block b0 (< g->nb). */
+static ew_tile_t ew_tile(const zpp_qcfg_t *cfg, const ew_tiling_t *g,
+                         size_t count, size_t b0) {
+  ew_tile_t t;
+  size_t bs = cfg->block, tnb;
+  t.b0 = b0;
+  t.off = b0 * bs;
+  t.m = count - t.off < g->per * bs ? count - t.off : g->per * bs;
+  tnb = (t.m + bs - 1) / bs;
+  t.meta = tnb * g->mb;
+  t.pay = (tnb - 1) * g->pb +
+          zpp_qm_payload_bytes(t.m - (tnb - 1) * bs, cfg->bits);
+  t.at_meta = b0 * g->mb;
+  t.at_pay = g->nb * g->mb + b0 * g->pb;
+  return t;
+}
+
 int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
                           int dtype, const void *g, size_t count, float *res,
                           float beta, uint8_t *dst) {
   float x[ZPP_EW_EF_TILE], dec[ZPP_EW_EF_TILE];
   uint8_t enc[EF_ENC_MAX];
-  size_t bs = cfg->block, per, nb, mb, pb, b0;
+  ew_tiling_t tl;
+  size_t b0;
   float omega = 1.0f - beta;
-  if (bs > ZPP_EW_EF_TILE)
+  if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
-  per = ZPP_EW_EF_TILE / bs; /* whole blocks per tile */
-  nb = zpp_quant_nblocks(cfg, count);
-  mb = zpp_qm_meta_bytes(cfg->asym);
-  pb = zpp_qm_payload_bytes(bs, cfg->bits);
-  for (b0 = 0; b0 < nb; b0 += per) {
-    size_t off = b0 * bs, j;
-    size_t m = count - off < per * bs ? count - off : per * bs;
-    size_t tnb = (m + bs - 1) / bs, tail = m - (tnb - 1) * bs;
+  for (b0 = 0; b0 < tl.nb; b0 += tl.per) {
+    ew_tile_t tt = ew_tile(cfg, &tl, count, b0);
+    size_t off = tt.off, m = tt.m, j;
     zpp_qcfg_t t = *cfg;
     t.base = cfg->base + off; /* stochastic rounding: the element's index */
     tile_in(x, g, off, m, dtype, 1);
@@ -169,9 +205,8 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
       x[j] = zpp_qm_add(x[j], res[off + j]);
     ops->encode(&t, ZPP_QM_F32, x, m, enc);
     /* the tile's layout (its metas, then its payloads) into the call's */
-    memcpy(dst + b0 * mb, enc, tnb * mb);
-    memcpy(dst + nb * mb + b0 * pb, enc + tnb * mb,
-           (tnb - 1) * pb + zpp_qm_payload_bytes(tail, cfg->bits));
+    memcpy(dst + tt.at_meta, enc, tt.meta);
+    memcpy(dst + tt.at_pay, enc + tt.meta, tt.pay);
     ops->decode(&t, enc, m, ZPP_QM_F32, dec);
     if (beta == 0.0f) {
       for (j = 0; j < m; j++)
@@ -192,26 +227,20 @@ int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
                             const void *own, const uint8_t *const *srcs, int n,
                             size_t count, float *out) {
   uint8_t enc[EF_ENC_MAX];
-  size_t bs = cfg->block, per, nb, mb, pb, b0;
+  ew_tiling_t tl;
+  size_t b0;
   int j;
-  if (bs > ZPP_EW_EF_TILE)
+  if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
-  per = ZPP_EW_EF_TILE / bs; /* whole blocks per tile */
-  nb = zpp_quant_nblocks(cfg, count);
-  mb = zpp_qm_meta_bytes(cfg->asym);
-  pb = zpp_qm_payload_bytes(bs, cfg->bits);
-  for (b0 = 0; b0 < nb; b0 += per) {
-    size_t off = b0 * bs;
-    size_t m = count - off < per * bs ? count - off : per * bs;
-    size_t tnb = (m + bs - 1) / bs, tail = m - (tnb - 1) * bs;
-    size_t tpb = (tnb - 1) * pb + zpp_qm_payload_bytes(tail, cfg->bits);
+  for (b0 = 0; b0 < tl.nb; b0 += tl.per) {
+    ew_tile_t tt = ew_tile(cfg, &tl, count, b0);
     zpp_ew_to_f32_host(simd, dtype, (const unsigned char *)own +
-                                        off * (dtype == ZPP_QM_F32 ? 4 : 2),
-                       m, out + off);
+                                        tt.off * (dtype == ZPP_QM_F32 ? 4 : 2),
+                       tt.m, out + tt.off);
     for (j = 0; j < n; j++) { /* the tile's blocks as one encode */
-      memcpy(enc, srcs[j] + b0 * mb, tnb * mb);
-      memcpy(enc + tnb * mb, srcs[j] + nb * mb + b0 * pb, tpb);
-      ops->decode(cfg, enc, m, ZPP_QM_OUT_ACC, out + off);
+      memcpy(enc, srcs[j] + tt.at_meta, tt.meta);
+      memcpy(enc + tt.meta, srcs[j] + tt.at_pay, tt.pay);
+      ops->decode(cfg, enc, tt.m, ZPP_QM_OUT_ACC, out + tt.off);
     }
   }
   return 0;
