@@ -368,6 +368,12 @@ static zpp_status_t own_slice(qgz_ctx_t *p, size_t k, int m, float *part) {
   return zpp_k_to_f32(&a->ex, a->dtype, g, len, part);
 }
 
+/* Stage 1's partial sums come from zpp_k_sum_decoded (its message table
+ * p->srcs) unless stage 1 is raw or rotated. */
+static int sum_in_one_call(const qgz_ctx_t *p) {
+  return !p->raw1 && !p->rot1;
+}
+
 /* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k: each
  * partial sum starts as this rank's own slice, then the other members'
  * messages are added in member order (unrotated and quantized: in one pass
@@ -383,7 +389,7 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
   int j, m;
   for (m = 0; m < p->m1; m++) {
     float *part = acc + (size_t)m * len;
-    if (!p->raw1 && !p->rot1) { /* own slice and messages in one pass */
+    if (sum_in_one_call(p)) { /* own slice and messages in one pass */
       int n = 0;
       for (j = 0; j < p->s1; j++)
         if (j != p->me1)
@@ -511,7 +517,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (st == ZPP_OK && p->two)
       st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
   }
-  if (st == ZPP_OK && p->s1 > 1 && !p->raw1 && !p->rot1) { /* stage1_reduce */
+  if (st == ZPP_OK && p->s1 > 1 && sum_in_one_call(p)) { /* stage1_reduce */
     p->srcs = (const void **)calloc((size_t)p->s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");

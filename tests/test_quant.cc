@@ -937,10 +937,10 @@ TEST(QuantElementwise, SumDecodedEntryTakesTheTilesOrThePasses) {
           q.bits = 4;
           q.block_size = blk;
           size_t es = zpp_dtype_size(dt), eb = 0;
+          int qdt = dt == ZPP_FLOAT32 ? ZPP_QM_F32 : ZPP_QM_BF16;
           ASSERT_EQ(ZPP_OK, zpp_quant_encoded_size(&q, count, &eb));
           std::vector<unsigned char> own(count * es);
-          for (size_t e = 0; e < count; e++)
-            zpp_qm_store(own.data(), e, dt == ZPP_FLOAT32 ? ZPP_QM_F32 : ZPP_QM_BF16, nd(rng));
+          for (size_t e = 0; e < count; e++) zpp_qm_store(own.data(), e, qdt, nd(rng));
           std::vector<std::vector<unsigned char>> enc(n, std::vector<unsigned char>(eb + 1));
           std::vector<const void *> srcs(n);
           for (int j = 0; j < n; j++) {
@@ -950,8 +950,7 @@ TEST(QuantElementwise, SumDecodedEntryTakesTheTilesOrThePasses) {
             srcs[j] = enc[j].data();
           }
           std::vector<float> want(count + 1, 777.0f), got(count + 1, 777.0f);
-          for (size_t e = 0; e < count; e++)
-            want[e] = zpp_qm_load(own.data(), e, dt == ZPP_FLOAT32 ? ZPP_QM_F32 : ZPP_QM_BF16);
+          for (size_t e = 0; e < count; e++) want[e] = zpp_qm_load(own.data(), e, qdt);
           for (int j = 0; j < n; j++)
             ASSERT_EQ(ZPP_OK, zpp_quant_decode_accumulate(&q, srcs[j], eb, count, want.data()));
           int fused = -1;

@@ -152,8 +152,8 @@ typedef struct {
   size_t per, nb, mb, pb; /* blocks per tile; blocks; meta, payload bytes */
 } ew_tiling_t;
 typedef struct {
-  size_t b0, off, m;   /* first block, first element, elements */
-  size_t meta, pay;    /* the tile's meta and payload bytes */
+  size_t off, m;          /* first element, elements */
+  size_t meta, pay;       /* the tile's meta and payload bytes */
   size_t at_meta, at_pay; /* their offsets in the call's encode */
 } ew_tile_t;
 
@@ -173,7 +173,6 @@ static ew_tile_t ew_tile(const zpp_qcfg_t *cfg, const ew_tiling_t *g,
                          size_t count, size_t b0) {
   ew_tile_t t;
   size_t bs = cfg->block, tnb;
-  t.b0 = b0;
   t.off = b0 * bs;
   t.m = count - t.off < g->per * bs ? count - t.off : g->per * bs;
   tnb = (t.m + bs - 1) / bs;
