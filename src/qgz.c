@@ -18,8 +18,9 @@
  *   finish:  divide by the world size for MEAN, round once to dtype.
  * What a rank would send to itself (its own slices, its own node's
  * partial sum) skips the quantizer: less work, one error term less per
- * stage; its part of the messages is zeroed and not read, and its
- * residual segments are neither read nor written.
+ * stage; its block of each all-to-all is empty (its part of the message
+ * buffers is never written, sent or read), and its residual segments are
+ * neither read nor written.
  * Uneven nodes: one flat all-to-all over the world (stage 1 only, over
  * all ranks).  intra_bits ZPP_QGZ_INTRA_RAW: stage 1 sends the slices in
  * the dtype and sums them in fp32 (no codes, no error, no stage-1
@@ -161,11 +162,13 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
 }
 
 #define QGZ_DEPTH 3 /* chunk slots in flight */
+/* qgz_plan appends N_k before K_{k-1} and relies on their slots differing */
+_Static_assert(QGZ_DEPTH >= 2, "QGZ_DEPTH");
 
 /* The state of one call: stage 1 sends, to each member j of group g1, the
- * chunk of slices slice(j, 0..m1-1) (to itself: zeros, not read); stage 2
- * (two levels only) sends partial sum m to CROSS member m (to itself:
- * zeros, not read). */
+ * chunk of slices slice(j, 0..m1-1) (to itself: nothing); stage 2 (two
+ * levels only) sends partial sum m to CROSS member m (to itself:
+ * nothing). */
 typedef struct {
   qgz_arg_t a;
   const zpp_topo_t *topo;
@@ -183,6 +186,8 @@ typedef struct {
                      on the partial sums before the stage-2 encode */
   size_t seg2;    /* residual segment of partial sum 0: after the W
                      stage-1 ones, or first when stage 1 is raw */
+  int mo;         /* the partial sum this rank's node keeps: its index in
+                     CROSS (two levels), 0 (one level) */
   size_t chunk, nchunks;
   /* Scratch of one kernel step (kernel steps of a plan run one at a time,
    * and none of these outlives its step, so one of each serves all
@@ -192,10 +197,24 @@ typedef struct {
   float *tmp3; /* moving average: the chunk's decoded value */
   uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
   const void **srcs; /* s1 - 1: the other members' messages of one part */
-  size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
+  /* The all-to-alls' layouts (the same for send and recv): bytes and
+   * displacements per member, [0] for a whole chunk, [1] for the last
+   * one; the block to itself is empty (it would only be copied, and it is
+   * never read). */
   struct {
-    uint8_t *s1, *r1, *s2, *r2;
-    float *acc;  /* m1 partial sums of the chunk */
+    size_t *bytes, *displs;
+  } lay1[2], lay2[2];
+  size_t *lay_mem;
+  size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
+  /* Per slot: stage 1's messages (to each member j the m1 parts of slices
+   * slice(j, 0..m1-1), in node order), and its partial sums in two sets:
+   * X, the m1 - 1 that other nodes keep, and O, the one this node keeps
+   * (one level: the only one); qgz_plan reduces them in separate steps. */
+  struct {
+    uint8_t *s1, *r1;
+    float *accx;     /* X: m1 - 1 partial sums of the chunk */
+    uint8_t *s2, *r2; /* stage 2 (two levels), m1 parts (own: unused) */
+    float *acco;     /* O: the kept partial sum, then the result */
   } slot[QGZ_DEPTH];
 } qgz_ctx_t;
 
@@ -271,6 +290,20 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
   }
 }
 
+/* The two sets of stage 1's partial sums. */
+enum { HALF_X = 0, HALF_O = 1 };
+
+static int half_parts(const qgz_ctx_t *p, int h) {
+  return h == HALF_O ? 1 : p->m1 - 1;
+}
+
+/* The partial sum (node index) of part i of set h: X skips mo. */
+static int half_part(const qgz_ctx_t *p, int h, int i) {
+  if (h == HALF_O)
+    return p->mo;
+  return i < p->mo ? i : i + 1;
+}
+
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
 static zpp_status_t stage1_encode(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
@@ -281,8 +314,7 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(ex->t);
   for (j = 0; j < p->s1; j++) {
-    if (j == p->me1) { /* summed from sendbuf by stage1_reduce */
-      ZPP_CHECK(zpp_k_zero(ex, out, (size_t)p->m1 * e1)); /* defined bytes */
+    if (j == p->me1) { /* not sent: summed from sendbuf by stage1_sum */
       out += (size_t)p->m1 * e1;
       continue;
     }
@@ -322,35 +354,6 @@ static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
                       (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
 }
 
-/* Stage 2 encode of the partial sums of chunk k (stage-2 residual
- * segments from p->seg2).  A raw stage 1 leaves the rotation to here: the
- * partial sums are rotated in place (acc is the slot's; stage 2 sums into
- * the own node's, rotated too), and the sum of rotated partial sums is the
- * rotated sum. */
-static zpp_status_t stage2_encode(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  float *acc = p->slot[k % QGZ_DEPTH].acc;
-  uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
-  int m, me = zpp_transport_rank(ex->t);
-  for (m = 0; m < p->m1; m++, out += e2) {
-    float *part = acc + (size_t)m * len;
-    zpp_plan_poll();
-    zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
-    if (p->rot2) /* the own partial sum too: stage2_reduce adds it rotated */
-      ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, ZPP_FLOAT32, part, len, part));
-    if (m == p->me2) { /* stays in acc for stage2_reduce */
-      ZPP_CHECK(zpp_k_zero(ex, out, e2)); /* defined bytes */
-      continue;
-    }
-    ZPP_CHECK(encode_ef(p, &q, p->seg2 + (size_t)m, off, len, ZPP_FLOAT32,
-                        part, out));
-  }
-  return ZPP_OK;
-}
-
 /* Chunk k of this rank's own slice of partial sum m, in sendbuf. */
 static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m) {
   size_t at = (size_t)slice_of(p, p->me1, m) * p->a.count + k * p->chunk;
@@ -374,21 +377,20 @@ static int sum_in_one_call(const qgz_ctx_t *p) {
   return !p->raw1 && !p->rot1;
 }
 
-/* Stage 1 decode-accumulate (raw: convert-accumulate) of chunk k: each
- * partial sum starts as this rank's own slice, then the other members'
- * messages are added in member order (unrotated and quantized: in one pass
- * of L1 tiles on the host, zpp_k_sum_decoded); then stage 2's encode (two
- * levels) or the finish (one level). */
-static zpp_status_t stage1_reduce(void *ctx, size_t k) {
-  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+/* Stage 1 decode-accumulate (raw: convert-accumulate) of set h of chunk
+ * k into acc (its partial sums one after the other): each partial sum starts as
+ * this rank's own slice, then the other members' messages are added in
+ * member order (unrotated and quantized: in one pass of L1 tiles on the
+ * host, zpp_k_sum_decoded). */
+static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
   const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  float *acc = p->slot[k % QGZ_DEPTH].acc;
-  int j, m;
-  for (m = 0; m < p->m1; m++) {
-    float *part = acc + (size_t)m * len;
+  int i, j, np = half_parts(p, h);
+  for (i = 0; i < np; i++) {
+    int m = half_part(p, h, i);
+    float *part = acc + (size_t)i * len;
     if (sum_in_one_call(p)) { /* own slice and messages in one pass */
       int n = 0;
       for (j = 0; j < p->s1; j++)
@@ -411,21 +413,58 @@ static zpp_status_t stage1_reduce(void *ctx, size_t k) {
         ZPP_CHECK(zpp_k_decode_acc(ex, &a->q1, in, len, part));
     }
   }
-  return p->two ? stage2_encode(p, k) : finish(p, k, acc);
+  return ZPP_OK;
 }
 
-/* Stage 2 of chunk k: the other nodes' partial sums decoded and added, in
- * node order, to this node's own (still in fp32 in acc, where the sum is
- * made in place), then the finish. */
-static zpp_status_t stage2_reduce(void *ctx, size_t k) {
+/* Set X of chunk k (two levels): the partial sums other nodes keep, then
+ * stage 2's encode of each into its part of s2 (stage-2 residual segments
+ * from p->seg2; own part: not written).  A raw stage 1 leaves the rotation to
+ * here: the partial sums are rotated in place, and the sum of rotated
+ * partial sums is the rotated sum (stage2_keep rotates the kept one). */
+static zpp_status_t stage1_reduce_x(void *ctx, size_t k) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+  float *acc = p->slot[k % QGZ_DEPTH].accx;
+  uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
+  int m, me = zpp_transport_rank(ex->t);
+  ZPP_CHECK(stage1_sum(p, k, HALF_X, acc));
+  for (m = 0; m < p->m1; m++, out += e2) {
+    float *part = acc + (size_t)(m < p->mo ? m : m - 1) * len;
+    zpp_quant_config_t q;
+    if (m == p->mo) /* not sent: kept in fp32 by stage2_keep */
+      continue;
+    zpp_plan_poll();
+    q = stream_q(&a->q2, 2, me, m);
+    if (p->rot2)
+      ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, ZPP_FLOAT32, part, len, part));
+    ZPP_CHECK(encode_ef(p, &q, p->seg2 + (size_t)m, off, len, ZPP_FLOAT32,
+                        part, out));
+  }
+  return ZPP_OK;
+}
+
+/* Set O of chunk k: the partial sum this node keeps; one level: the
+ * finish.  Two levels: rotated when stage 2 rotates, the other nodes'
+ * partial sums decoded and added to it in node order (in place, fp32),
+ * then the finish. */
+static zpp_status_t stage2_keep(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
   size_t len = chunk_len(p, k), e2 = zpp_coll_encoded_size(&a->q2, len);
-  const uint8_t *in = p->slot[k % QGZ_DEPTH].r2;
-  float *sum = p->slot[k % QGZ_DEPTH].acc + (size_t)p->me2 * len;
+  float *sum = p->slot[k % QGZ_DEPTH].acco;
+  const uint8_t *in;
   int m;
+  ZPP_CHECK(stage1_sum(p, k, HALF_O, sum));
+  if (!p->two)
+    return finish(p, k, sum);
+  if (p->rot2)
+    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, sum, len, sum));
+  in = p->slot[k % QGZ_DEPTH].r2;
   for (m = 0; m < p->m1; m++, in += e2) {
-    if (m == p->me2)
+    if (m == p->mo)
       continue; /* the start of the sum */
     zpp_plan_poll();
     ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, sum));
@@ -440,85 +479,85 @@ static void qgz_release(void *ctx) {
   for (i = 0; i < QGZ_DEPTH; i++) {
     zpp_k_free(ex, p->slot[i].s1);
     zpp_k_free(ex, p->slot[i].r1);
-    zpp_k_free(ex, p->slot[i].acc);
+    zpp_k_free(ex, p->slot[i].accx);
     zpp_k_free(ex, p->slot[i].s2);
     zpp_k_free(ex, p->slot[i].r2);
+    zpp_k_free(ex, p->slot[i].acco);
   }
   zpp_k_free(ex, p->tmp);
   zpp_k_free(ex, p->tmp2);
   zpp_k_free(ex, p->tmp3);
   zpp_k_free(ex, p->rs);
   free((void *)p->srcs);
+  free(p->lay_mem);
   free(p);
 }
 
+/* An all-to-all in g with the blocks bytes/displs (send and recv alike). */
 static zpp_step_xfer_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
-                      size_t bytes) {
+                           const size_t *bytes, const size_t *displs) {
   zpp_step_xfer_t x;
   memset(&x, 0, sizeof x);
-  x.kind = ZPP_XFER_ALLTOALL;
+  x.kind = ZPP_XFER_ALLTOALLV;
   x.group = g;
   x.send = send;
   x.recv = recv;
-  x.bytes = bytes;
+  x.sbytes = x.rbytes = bytes;
+  x.sdispls = x.rdispls = displs;
   return x;
 }
 
-/* The plan.  Per chunk k in slot k % QGZ_DEPTH:
- *   E_k  stage 1 encode                    (after the slot's last user)
- *   N_k  all-to-all in g1                  (after E_k)
- *   R_k  stage 1 reduce; stage 2 encode    (after N_k)
- *   C_k  all-to-all in CROSS (two levels)  (after R_k)
- *   F_k  stage 2 reduce and finish         (after C_k)
- * Steps are appended in the order N0 N1 C0 N2 C1 ..., which is the order
- * every rank starts its transfers in; the engine works on one chunk while
- * the transfers of the next two are on the wire. */
-static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
-                             zpp_request_t *req) {
+/* n blocks of b bytes back to back, but the block to member me: empty. */
+static void a2a_layout(size_t *bytes, size_t *displs, int n, int me,
+                       size_t b) {
+  int i;
+  for (i = 0; i < n; i++) {
+    bytes[i] = i == me ? 0 : b;
+    displs[i] = (size_t)i * b;
+  }
+}
+
+/* The buffers of the plan (scratch as the config needs it). */
+static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
-  zpp_comm_t comm = ex->comm; /* p (and ex) are freed on failure */
-  zpp_plan_t *plan;
+  size_t e1 = s1_bytes(p, p->chunk), s1 = (size_t)p->s1;
+  size_t e2 = zpp_coll_encoded_size(&a->q2, p->chunk), m1 = (size_t)p->m1;
+  size_t nslots = p->nchunks < QGZ_DEPTH ? p->nchunks : QGZ_DEPTH, i;
   zpp_status_t st = ZPP_OK;
-  size_t e1, e2, k, last;
-  int i, nslots, free_after[QGZ_DEPTH], red[QGZ_DEPTH];
-  p->topo = zpp_transport_topo(ex->t);
-  p->two = qgz_two_level(ex->t);
-  p->g1 = p->two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
-  p->s1 = zpp_transport_group_size(ex->t, p->g1);
-  p->m1 = p->two ? p->topo->nnodes : 1;
-  p->raw1 = qgz_raw1(ex->t, a->q1.bits);
-  if (a->q1.bits == ZPP_QGZ_INTRA_RAW && !p->raw1)
-    p->a.q1.bits = a->q2.bits; /* uneven nodes: the flat stage crosses */
-  /* the rotation only serves quantization: none on one rank */
-  p->rot1 = a->hadamard && !p->raw1 && zpp_transport_size(ex->t) > 1;
-  p->rot2 = a->hadamard && p->raw1 && p->two;
-  p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
-  p->me1 = zpp_transport_group_rank(ex->t, p->g1);
-  p->me2 = p->two ? zpp_transport_group_rank(ex->t, ZPP_GROUP_CROSS) : -1;
-  p->chunk = a->count;
-  if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
-      a->count > 0)
-    p->chunk = zpp_plan_chunk(a->count, a->q1.block_size);
-  p->nchunks = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
-  nslots = p->nchunks < QGZ_DEPTH ? (int)p->nchunks : QGZ_DEPTH;
-  e1 = s1_bytes(p, p->chunk);
-  e2 = zpp_coll_encoded_size(&a->q2, p->chunk);
   for (i = 0; i < nslots && st == ZPP_OK; i++) {
-    size_t w = (size_t)p->s1 * (size_t)p->m1;
-    st = zpp_k_alloc(ex, w * e1, (void **)&p->slot[i].s1);
+    st = zpp_k_alloc(ex, s1 * m1 * e1, (void **)&p->slot[i].s1);
     if (st == ZPP_OK)
-      st = zpp_k_alloc(ex, w * e1, (void **)&p->slot[i].r1);
+      st = zpp_k_alloc(ex, s1 * m1 * e1, (void **)&p->slot[i].r1);
     if (st == ZPP_OK)
-      st = zpp_k_alloc(ex, (size_t)p->m1 * p->chunk * sizeof(float),
-                       (void **)&p->slot[i].acc);
+      st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->slot[i].acco);
     if (st == ZPP_OK && p->two)
-      st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].s2);
+      st = zpp_k_alloc(ex, (m1 - 1) * p->chunk * sizeof(float),
+                       (void **)&p->slot[i].accx);
     if (st == ZPP_OK && p->two)
-      st = zpp_k_alloc(ex, (size_t)p->m1 * e2, (void **)&p->slot[i].r2);
+      st = zpp_k_alloc(ex, m1 * e2, (void **)&p->slot[i].s2);
+    if (st == ZPP_OK && p->two)
+      st = zpp_k_alloc(ex, m1 * e2, (void **)&p->slot[i].r2);
   }
-  if (st == ZPP_OK && p->s1 > 1 && sum_in_one_call(p)) { /* stage1_reduce */
-    p->srcs = (const void **)calloc((size_t)p->s1 - 1, sizeof *p->srcs);
+  if (st == ZPP_OK && p->nchunks > 0) { /* the all-to-alls' layouts */
+    size_t nl = 4 * (s1 + m1), last = chunk_len(p, p->nchunks - 1), t;
+    p->lay_mem = (size_t *)malloc(nl * sizeof *p->lay_mem);
+    if (p->lay_mem == NULL)
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ all-to-all layouts");
+    for (t = 0; t < 2 && st == ZPP_OK; t++) {
+      size_t len = t == 0 ? p->chunk : last;
+      p->lay1[t].bytes = p->lay_mem + t * 2 * s1;
+      p->lay1[t].displs = p->lay1[t].bytes + s1;
+      p->lay2[t].bytes = p->lay_mem + 4 * s1 + t * 2 * m1;
+      p->lay2[t].displs = p->lay2[t].bytes + m1;
+      a2a_layout(p->lay1[t].bytes, p->lay1[t].displs, p->s1, p->me1,
+                 m1 * s1_bytes(p, len));
+      a2a_layout(p->lay2[t].bytes, p->lay2[t].displs, p->m1, p->mo,
+                 zpp_coll_encoded_size(&a->q2, len));
+    }
+  }
+  if (st == ZPP_OK && p->s1 > 1 && sum_in_one_call(p)) { /* stage1_sum */
+    p->srcs = (const void **)calloc(s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
   }
@@ -535,6 +574,58 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   if (st == ZPP_OK && a->residual != NULL && a->beta != 0.0f &&
       p->nchunks > 0)
     st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp3);
+  return st;
+}
+
+/* The plan.  Per chunk k in slot k % QGZ_DEPTH:
+ *   E_k   stage 1 encode                 (after K_{k-3})
+ *   N_k   all-to-all in g1               (after E_k)
+ *   X_k   two levels: stage 1 reduce of the partial sums other nodes
+ *         keep; stage 2 encode           (after N_k, C_{k-3}: the latter
+ *                                         also follows from E_k, kept to
+ *                                         name the s2 hazard)
+ *   C_k   two levels: all-to-all in CROSS (after X_k)
+ *   K_k   stage 1 reduce of the partial sum this node keeps; two levels:
+ *         stage 2 reduce; the finish     (one level: after N_k; two:
+ *                                         after C_k, so after N_k too)
+ * appended in the order X_{k-1} C_{k-1} E_k N_k K_{k-1}, so transfers
+ * start in the order N0 C0 N1 C1 N2 ..., the same on every rank.  Kernel
+ * steps run in index order as soon as they are ready: a chunk's partial
+ * sums for the other nodes go on the wire before its own node's is summed,
+ * and the next chunk's encode comes before that sum too, so the engine
+ * sums and finishes one chunk while the next ones cross the network.  Each
+ * partial sum is made as in one step, in the same order: the bits do not
+ * depend on the split. */
+static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
+                             zpp_request_t *req) {
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  zpp_comm_t comm = ex->comm; /* p (and ex) are freed on failure */
+  zpp_plan_t *plan;
+  zpp_status_t st;
+  size_t k, n;
+  int i, kfree[QGZ_DEPTH], cprev[QGZ_DEPTH], nstep[QGZ_DEPTH];
+  p->topo = zpp_transport_topo(ex->t);
+  p->two = qgz_two_level(ex->t);
+  p->g1 = p->two ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD;
+  p->s1 = zpp_transport_group_size(ex->t, p->g1);
+  p->m1 = p->two ? p->topo->nnodes : 1;
+  p->raw1 = qgz_raw1(ex->t, a->q1.bits);
+  if (a->q1.bits == ZPP_QGZ_INTRA_RAW && !p->raw1)
+    p->a.q1.bits = a->q2.bits; /* uneven nodes: the flat stage crosses */
+  /* the rotation only serves quantization: none on one rank */
+  p->rot1 = a->hadamard && !p->raw1 && zpp_transport_size(ex->t) > 1;
+  p->rot2 = a->hadamard && p->raw1 && p->two;
+  p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
+  p->me1 = zpp_transport_group_rank(ex->t, p->g1);
+  p->me2 = p->two ? zpp_transport_group_rank(ex->t, ZPP_GROUP_CROSS) : -1;
+  p->mo = p->two ? p->me2 : 0;
+  p->chunk = a->count;
+  if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
+      a->count > 0)
+    p->chunk = zpp_plan_chunk(a->count, a->q1.block_size);
+  p->nchunks = n = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
+  st = qgz_alloc(func, p);
   if (st != ZPP_OK) {
     qgz_release(p);
     return zpp_comm_fail(comm, st);
@@ -542,36 +633,32 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   ZPP_CHECK(zpp_comm_fail(comm,
                           zpp_plan_create(func, ex, p, qgz_release, &plan)));
   ZPP_TRACE(ZPP_SUBSYS_COLL, "qgZ: %s, %zu chunk(s) of %zu elements",
-            p->two ? "two levels" : "one level", p->nchunks, p->chunk);
+            p->two ? "two levels" : "one level", n, p->chunk);
   for (i = 0; i < QGZ_DEPTH; i++)
-    free_after[i] = red[i] = ZPP_NO_STEP;
-  last = p->nchunks + (p->two ? 2 : 1);
-  for (k = 0; p->nchunks > 0 && k < last; k++) {
-    if (k < p->nchunks) {
-      int sl = (int)(k % QGZ_DEPTH), e;
-      size_t len = chunk_len(p, k);
+    kfree[i] = cprev[i] = nstep[i] = ZPP_NO_STEP;
+  for (k = 0; n > 0 && k <= n; k++) {
+    size_t j = k - 1; /* the previous chunk (unused at k = 0) */
+    int c = ZPP_NO_STEP;
+    if (k >= 1 && p->two) {
+      int sl = (int)(j % QGZ_DEPTH);
+      int t = j + 1 == n;
+      zpp_step_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
+                              p->lay2[t].bytes, p->lay2[t].displs);
+      int r = zpp_plan_kernel(plan, stage1_reduce_x, j, nstep[sl], cprev[sl]);
+      c = cprev[sl] = zpp_plan_xfer(plan, &x, r, ZPP_NO_STEP); /* C_j */
+    }
+    if (k < n) {
+      int sl = (int)(k % QGZ_DEPTH);
+      int t = k + 1 == n;
       zpp_step_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
-                         (size_t)p->m1 * s1_bytes(p, len));
-      e = zpp_plan_kernel(plan, stage1_encode, k, free_after[sl], ZPP_NO_STEP);
-      red[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */
+                              p->lay1[t].bytes, p->lay1[t].displs);
+      int e = zpp_plan_kernel(plan, stage1_encode, k, kfree[sl], ZPP_NO_STEP);
+      nstep[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */
     }
-    if (k >= 1 && k - 1 < p->nchunks) {
-      size_t j = k - 1;
-      int sl = (int)(j % QGZ_DEPTH);
-      int r = zpp_plan_kernel(plan, stage1_reduce, j, red[sl], ZPP_NO_STEP);
-      if (!p->two) {
-        free_after[sl] = r;
-      } else {
-        zpp_step_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
-                           zpp_coll_encoded_size(&a->q2, chunk_len(p, j)));
-        red[sl] = zpp_plan_xfer(plan, &x, r, ZPP_NO_STEP); /* C_j */
-      }
-    }
-    if (p->two && k >= 2) {
-      size_t j = k - 2;
-      int sl = (int)(j % QGZ_DEPTH);
-      free_after[sl] =
-          zpp_plan_kernel(plan, stage2_reduce, j, red[sl], ZPP_NO_STEP);
+    if (k >= 1) {
+      int sl = (int)(j % QGZ_DEPTH); /* nstep[sl]: N_j (N_k is in another) */
+      kfree[sl] = zpp_plan_kernel(plan, stage2_keep, j,
+                                  p->two ? c : nstep[sl], ZPP_NO_STEP);
     }
   }
   return zpp_plan_submit(plan, req);

@@ -1207,6 +1207,85 @@ TEST(Qgz, StochasticRoundingIsReproducibleAndSeedsDiffer) {
   }
 }
 
+// The chunked plan (ZPP_PIPE_MIN_CHUNK small: several chunks and a short
+// last one, each chunk's partial sums for other nodes sent before its own
+// node's is summed, all-to-alls without the block to itself) gives the bits
+// of the one-chunk plan (ZPP_PIPE_MIN_CHUNK=0): results and error-feedback
+// residuals over two steps, for each stage-1 kind, rotation, stochastic
+// rounding and both residual formats.  Device memory is never chunked, so
+// there the two runs are the same plan.
+TEST(Qgz, ChunkedPlanIsBitwiseTheOneChunkPlan) {
+  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
+  std::string keep = saved != nullptr ? saved : "";
+  struct Cfg {
+    int intra, inter;
+    size_t block, hadamard;
+    int residual_bits;  // 0: no residual
+    zpp_quant_mode_t mode;
+    zpp_rounding_t rounding;
+    float beta;
+  };
+  const Cfg cfgs[] = {
+      {4, 4, 256, 0, 0, ZPP_QUANT_SYMMETRIC, ZPP_ROUND_NEAREST, 0.0f},
+      {8, 4, 64, 0, 32, ZPP_QUANT_ASYMMETRIC, ZPP_ROUND_NEAREST, 0.0f},
+      {ZPP_QGZ_INTRA_RAW, 4, 64, 32, 32, ZPP_QUANT_SYMMETRIC, ZPP_ROUND_STOCHASTIC, 0.0f},
+      {8, 8, 64, 32, 8, ZPP_QUANT_SYMMETRIC, ZPP_ROUND_STOCHASTIC, 0.8f},
+  };
+  // block 256: 4 chunks of 256 at ZPP_PIPE_MIN_CHUNK=256, the last one 232;
+  // block 64: 8 chunks of 640, the last one 520
+  for (size_t count : {(size_t)1000, (size_t)5000})
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16})
+      for (const Cfg &k : cfgs) {
+        zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
+        cfg.intra_bits = k.intra;
+        cfg.inter_bits = k.inter;
+        cfg.block_size = k.block;
+        cfg.hadamard = k.hadamard;
+        cfg.mode = k.mode;
+        cfg.rounding = k.rounding;
+        cfg.seed = 41;
+        if (k.residual_bits) {
+          cfg.residual_bits = k.residual_bits;
+          cfg.residual_beta = k.beta;
+        }
+        size_t ds = zpp_dtype_size(dt), rb = 0;
+        if (k.residual_bits) {
+          ASSERT_EQ(zpp_qgz_residual_bytes(g_comm, &cfg, count, &rb), ZPP_OK);
+        }
+        auto mine = pack(gen(g_rank, g_size * count, dt, 61 + count), dt);
+        std::vector<uint8_t> out[2][2], res[2];
+        for (int chunked = 0; chunked < 2; chunked++) {
+          setenv("ZPP_PIPE_MIN_CHUNK", chunked ? "256" : "0", 1);
+          zpp_settings_reload();
+          res[chunked].assign(rb + 1, 0);
+          Mem m;
+          uint8_t *r = k.residual_bits ? m.out(res[chunked]) : nullptr;
+          for (int step = 0; step < 2; step++) {
+            out[chunked][step].assign(count * ds, 0);
+            cfg.step = (uint64_t)step;
+            EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine),
+                                             m.out(out[chunked][step]), count, dt,
+                                             ZPP_OP_MEAN, r, nullptr, nullptr),
+                      ZPP_OK)
+                << zpp_comm_get_last_error(g_comm);
+          }
+          m.back();
+        }
+        std::string what = "count " + std::to_string(count) + " " +
+                           zpp_dtype_name(dt) + " intra " + std::to_string(k.intra) +
+                           " inter " + std::to_string(k.inter) + " residual " +
+                           std::to_string(k.residual_bits);
+        for (int step = 0; step < 2; step++)
+          EXPECT_TRUE(out[1][step] == out[0][step]) << what << ": result of step " << step;
+        EXPECT_TRUE(res[1] == res[0]) << what << ": residual";
+      }
+  if (saved != nullptr)
+    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
+  else
+    unsetenv("ZPP_PIPE_MIN_CHUNK");
+  zpp_settings_reload();
+}
+
 // INT8 residual: the same error feedback (the average of K steps on a
 // fixed gradient approaches the exact sum) in about a quarter of the
 // memory: (W + M) E8(count) bytes instead of 4 (W + M) count.
