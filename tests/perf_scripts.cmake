@@ -1,7 +1,7 @@
 # perf/ scripts run with stand-ins for the programs they drive (seconds;
 # no build needed): tests/convergence_study_test.sh,
 # tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh,
-# tests/bandwidth_study_timeout_test.sh.  Label
+# tests/bandwidth_study_timeout_test.sh, tests/cluster_ab_test.sh.  Label
 # "scripts" (run by `make test`'s ctest of the build tree, not again under
 # ASan).
 add_test(NAME convergence_study_script
@@ -26,3 +26,10 @@ set_tests_properties(bandwidth_train_table PROPERTIES LABELS scripts TIMEOUT 120
 add_test(NAME bandwidth_study_timeout
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bandwidth_study_timeout_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(bandwidth_study_timeout PROPERTIES LABELS scripts TIMEOUT 120)
+
+# perf/cluster_ab.sh's table (perf/cluster_ab_table.py) from a CSV of
+# random times, and the script's refusals before it makes a cluster
+# (about 1 s)
+add_test(NAME cluster_ab_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_ab_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(cluster_ab_script PROPERTIES LABELS scripts TIMEOUT 60)

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Two zpp-bench binaries on the real 2 x 4 cluster (scripts/netns_cluster.sh),
+# alternated in one run, so that a slow phase of the shared machine hits
+# both: ROUNDS rounds of "launch A, launch B", each launch one zpp-bench of
+# the same collective, variants and sizes (checked: -c 1), then the table of
+# perf/cluster_ab_table.py (per size and variant: the median over the rounds
+# of each launch's median time, and the ratio to the bf16 row of the same
+# side).  A speed claim about a change to the host path is this table, not
+# a timed test.
+#   usage: perf/cluster_ab.sh BENCH_A BENCH_B OUT_PREFIX [ROUNDS]
+# BENCH_A, BENCH_B: zpp-bench executables (libzpp is linked in statically,
+# so a copy of one build's build/perf/zpp-bench can be kept while the other
+# is built).  Writes OUT_PREFIX.csv (side, round, zpp-bench's CSV columns)
+# and OUT_PREFIX.md.  ROUNDS: 1..99, default 5.
+# Settings (environment): ZPP_AB_RATE (node link rate, default 1600mbit;
+# none: unshaped), ZPP_AB_COLL (default reducescatter), ZPP_AB_VARIANTS
+# (default bf16,qgz4,qgz8-4), ZPP_AB_MINBYTES / ZPP_AB_MAXBYTES (default 4M
+# / 16M, x4), ZPP_AB_ITERS (default 15), ZPP_AB_WARMUP (default 2),
+# ZPP_AB_LABEL_A / _B (names in the table; default the paths).  Each launch
+# is bounded by 300 s; a failed or timed-out launch ends the run with its
+# output.  Needs root (exits 1 saying why if a cluster cannot be made).
+set -euo pipefail
+prog=cluster_ab.sh
+if [ $# -lt 3 ] || [ $# -gt 4 ]; then
+  echo "usage: $prog BENCH_A BENCH_B OUT_PREFIX [ROUNDS]" >&2
+  exit 2
+fi
+a=$1 b=$2 out=$3 rounds=${4:-5}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster=$here/../scripts/netns_cluster.sh
+table=$here/cluster_ab_table.py
+[[ "$rounds" =~ ^[1-9][0-9]?$ ]] || { echo "$prog: ROUNDS '$rounds': must be an integer 1..99" >&2; exit 2; }
+for x in "$a" "$b"; do
+  [ -x "$x" ] || { echo "$prog: '$x' is not an executable zpp-bench" >&2; exit 2; }
+done
+rate=${ZPP_AB_RATE:-1600mbit}
+coll=${ZPP_AB_COLL:-reducescatter}
+variants=${ZPP_AB_VARIANTS:-bf16,qgz4,qgz8-4}
+minb=${ZPP_AB_MINBYTES:-4M}
+maxb=${ZPP_AB_MAXBYTES:-16M}
+iters=${ZPP_AB_ITERS:-15}
+warmup=${ZPP_AB_WARMUP:-2}
+label_a=${ZPP_AB_LABEL_A:-$a}
+label_b=${ZPP_AB_LABEL_B:-$b}
+[[ "$rate" =~ ^([1-9][0-9]{0,5}(k|m|g)bit|none)$ ]] || { echo "$prog: ZPP_AB_RATE '$rate': must be like 1600mbit, or none" >&2; exit 2; }
+[[ "$coll" =~ ^(allgather|reducescatter)$ ]] || { echo "$prog: ZPP_AB_COLL '$coll': must be allgather or reducescatter" >&2; exit 2; }
+[[ "$variants" =~ ^[a-z0-9,-]+$ ]] || { echo "$prog: ZPP_AB_VARIANTS '$variants': a comma list of zpp-bench variants" >&2; exit 2; }
+for v in minb maxb; do
+  [[ "${!v}" =~ ^[0-9]{1,12}[KkMmGg]?$ ]] || { echo "$prog: ZPP_AB_${v^^}YTES '${!v}': an integer with an optional K, M or G suffix" >&2; exit 2; }
+done
+for v in iters warmup; do
+  [[ "${!v}" =~ ^[0-9]{1,4}$ ]] || { echo "$prog: ZPP_AB_${v^^} '${!v}': must be an integer 0..9999" >&2; exit 2; }
+done
+[ "$iters" -ge 1 ] || { echo "$prog: ZPP_AB_ITERS must be at least 1" >&2; exit 2; }
+python3 -c 'import statistics' 2> /dev/null || { echo "$prog: python3 is missing" >&2; exit 1; }
+if ! why=$("$cluster" check); then
+  echo "$prog: $why" >&2
+  exit 1
+fi
+mkdir -p "$(dirname "$out")"
+exec 9> /run/zpp-cluster.lock
+flock -w 900 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
+one=$(mktemp) err=$(mktemp)
+trap '"$cluster" down > /dev/null 2>&1; rm -f "$one" "$err"' EXIT
+shape=$rate; [ "$rate" = none ] && shape=0
+"$cluster" up -n 2 -p 4 -r "$shape" > /dev/null
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+args=(--coll "$coll" --variant "$variants" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w "$warmup" -c 1 --format csv)
+: > "$out.csv"
+for r in $(seq "$rounds"); do
+  for side in A B; do
+    bin=$a; [ $side = B ] && bin=$b
+    if ! timeout 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "$bin" "${args[@]}" \
+        > "$one" 2> "$err" 9>&-; then
+      echo "$prog: zpp-bench failed or timed out ($side = $bin, round $r):" >&2
+      tail -n 20 "$one" "$err" >&2
+      exit 1
+    fi
+    if [ ! -s "$out.csv" ]; then
+      grep -m1 '^coll,' "$one" | sed 's/^/side,round,/' > "$out.csv"
+    fi
+    grep "^$coll," "$one" | sed "s/^/$side,$r,/" >> "$out.csv" || true
+  done
+done
+python3 "$table" "$out.csv" "$out.md" \
+  --label-a "$label_a" --label-b "$label_b" \
+  --command "ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup perf/cluster_ab.sh A B $(basename "$out") $rounds" \
+  --note "$(date -u +%Y-%m-%d), $(nproc) cores, load average $load0 before and $(cut -d' ' -f1-3 /proc/loadavg) after; zpp-bench ${args[*]} on scripts/netns_cluster.sh up -n 2 -p 4 -r $shape (8 ranks, 2 nodes)"
+echo "$prog: wrote $out.csv and $out.md"
