@@ -16,7 +16,10 @@
 # none: unshaped), ZPP_AB_COLL (default reducescatter), ZPP_AB_VARIANTS
 # (default bf16,qgz4,qgz8-4), ZPP_AB_MINBYTES / ZPP_AB_MAXBYTES (default 4M
 # / 16M, x4), ZPP_AB_ITERS (default 15), ZPP_AB_WARMUP (default 2),
-# ZPP_AB_LABEL_A / _B (names in the table; default the paths).  Each launch
+# ZPP_AB_LABEL_A / _B (names in the table; default the paths),
+# ZPP_AB_ENV_A / _B (space-separated VAR=VALUE settings given to that
+# side's ranks, e.g. ZPP_PIPE_MIN_CHUNK=131072: one binary, two settings).
+# Each launch
 # is bounded by 300 s; a failed or timed-out launch ends the run with its
 # output.  Needs root (exits 1 saying why if a cluster cannot be made).
 set -euo pipefail
@@ -42,6 +45,15 @@ iters=${ZPP_AB_ITERS:-15}
 warmup=${ZPP_AB_WARMUP:-2}
 label_a=${ZPP_AB_LABEL_A:-$a}
 label_b=${ZPP_AB_LABEL_B:-$b}
+envs_a=() envs_b=()
+for side in A B; do
+  var=ZPP_AB_ENV_$side
+  for kv in ${!var:-}; do
+    [[ "$kv" =~ ^[A-Z][A-Z0-9_]{0,63}=[A-Za-z0-9_.,:/-]{0,256}$ ]] || {
+      echo "$prog: $var: '$kv' is not VAR=VALUE" >&2; exit 2; }
+    if [ $side = A ]; then envs_a+=(-x "$kv"); else envs_b+=(-x "$kv"); fi
+  done
+done
 [[ "$rate" =~ ^([1-9][0-9]{0,5}(k|m|g)bit|none)$ ]] || { echo "$prog: ZPP_AB_RATE '$rate': must be like 1600mbit, or none" >&2; exit 2; }
 [[ "$coll" =~ ^(allgather|reducescatter)$ ]] || { echo "$prog: ZPP_AB_COLL '$coll': must be allgather or reducescatter" >&2; exit 2; }
 [[ "$variants" =~ ^[a-z0-9,-]+$ ]] || { echo "$prog: ZPP_AB_VARIANTS '$variants': a comma list of zpp-bench variants" >&2; exit 2; }
@@ -69,8 +81,9 @@ args=(--coll "$coll" --variant "$variants" -b "$minb" -e "$maxb" -f 4 -n "$iters
 : > "$out.csv"
 for r in $(seq "$rounds"); do
   for side in A B; do
-    bin=$a; [ $side = B ] && bin=$b
-    if ! timeout 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "$bin" "${args[@]}" \
+    bin=$a envs=("${envs_a[@]}")
+    [ $side = B ] && bin=$b envs=("${envs_b[@]}")
+    if ! timeout 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${envs[@]}" "$bin" "${args[@]}" \
         > "$one" 2> "$err" 9>&-; then
       echo "$prog: zpp-bench failed or timed out ($side = $bin, round $r):" >&2
       tail -n 20 "$one" "$err" >&2
@@ -84,6 +97,6 @@ for r in $(seq "$rounds"); do
 done
 python3 "$table" "$out.csv" "$out.md" \
   --label-a "$label_a" --label-b "$label_b" \
-  --command "ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup perf/cluster_ab.sh A B $(basename "$out") $rounds" \
+  --command "${ZPP_AB_ENV_A:+ZPP_AB_ENV_A='$ZPP_AB_ENV_A' }${ZPP_AB_ENV_B:+ZPP_AB_ENV_B='$ZPP_AB_ENV_B' }ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup perf/cluster_ab.sh A B $(basename "$out") $rounds" \
   --note "$(date -u +%Y-%m-%d), $(nproc) cores, load average $load0 before and $(cut -d' ' -f1-3 /proc/loadavg) after; zpp-bench ${args[*]} on scripts/netns_cluster.sh up -n 2 -p 4 -r $shape (8 ranks, 2 nodes)"
 echo "$prog: wrote $out.csv and $out.md"

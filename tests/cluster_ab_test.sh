@@ -80,5 +80,7 @@ expect 2 "ZPP_AB_RATE '16'" -- env ZPP_AB_RATE=16 bash "$ab" "$true_bin" "$true_
 expect 2 "ZPP_AB_COLL 'hpz'" -- env ZPP_AB_COLL=hpz bash "$ab" "$true_bin" "$true_bin" "$work/o"
 expect 2 "ZPP_AB_MAXBYTES '4X'" -- env ZPP_AB_MAXBYTES=4X bash "$ab" "$true_bin" "$true_bin" "$work/o"
 expect 2 "ZPP_AB_ITERS must be at least 1" -- env ZPP_AB_ITERS=0 bash "$ab" "$true_bin" "$true_bin" "$work/o"
+expect 2 "ZPP_AB_ENV_B: 'b;c' is not VAR=VALUE" -- env "ZPP_AB_ENV_B=ZPP_X=a b;c" bash "$ab" "$true_bin" "$true_bin" "$work/o"
+expect 2 "ZPP_AB_ENV_A: 'lower=1' is not VAR=VALUE" -- env "ZPP_AB_ENV_A=ZPP_OK=1 lower=1" bash "$ab" "$true_bin" "$true_bin" "$work/o"
 [ ! -e "$work/o.csv" ] || fail "a refused run wrote $work/o.csv"
 echo "cluster_ab: ok"
