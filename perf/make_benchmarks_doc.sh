@@ -5,6 +5,9 @@
 #          perf/make_benchmarks_doc.sh --assemble-only
 #          (only pastes docs/generated/*.md into docs/benchmarks.md, for a
 #          section whose own script was run alone, e.g. compare_builds.sh)
+#          perf/make_benchmarks_doc.sh --quant-only [BUILD_DIR]
+#          (the quantizer throughput tables only, then the pasting: after a
+#          change to the CPU kernels; under a minute)
 # Steps: quantizer throughput (zpp-quant-bench, one core, pinned), the
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
 # Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
@@ -15,8 +18,13 @@
 # study; then docs/benchmarks.md = docs/benchmarks.md.in with the generated
 # sections pasted in.
 set -euo pipefail
+quant_only=0
+if [ "${1:-}" = --quant-only ]; then
+  quant_only=1
+  shift
+fi
 if [ $# -gt 1 ]; then
-  echo "make_benchmarks_doc.sh: $# arguments (usage: [BUILD_DIR] or --assemble-only)" >&2
+  echo "make_benchmarks_doc.sh: $# arguments (usage: [BUILD_DIR], --assemble-only or --quant-only [BUILD_DIR])" >&2
   exit 2
 fi
 build=${1:-build}
@@ -26,8 +34,8 @@ mkdir -p "$gen"
 assemble_only=0
 case $build in
   --assemble-only) assemble_only=1 ;;
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  -*) echo "make_benchmarks_doc.sh: unknown option '$build' (usage: [BUILD_DIR] or --assemble-only)" >&2; exit 2 ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "make_benchmarks_doc.sh: unknown option '$build' (usage: [BUILD_DIR], --assemble-only or --quant-only [BUILD_DIR])" >&2; exit 2 ;;
 esac
 if [ $assemble_only = 0 ]; then
 
@@ -59,6 +67,9 @@ trap 'rm -f "$gen/quant_bench.md.tmp"' EXIT
   done
 } > "$gen/quant_bench.md.tmp"
 mv "$gen/quant_bench.md.tmp" "$gen/quant_bench.md"
+fi
+
+if [ $assemble_only = 0 ] && [ $quant_only = 0 ]; then
 
 ZPP_QUANT_ERROR=$build/tools/zpp-quant-error \
   bash "$root/perf/quant_error_tables.sh" "$gen/quant_error.md" "$gen/quant_error.png"
