@@ -8,7 +8,9 @@
  *   - sub, mul, div, min, max and cvtps2dq run in the default MXCSR mode
  *     (round to nearest even; no embedded rounding is used);
  *   - codes are narrowed with the truncating vpmovdb/vpmovqb, exact because
- *     they lie in [-127, 255] (see quant16);
+ *     they lie in [-127, 255] (see quant16); INT4 codes (in [-7, 15]) also
+ *     through the saturating vpackssdw/vpacksswb, exact because they fit
+ *     in int8 (nibbles64);
  *   - decode is mul then add (never fused: see the pragma below);
  *   - fp16 output uses vcvtps2ph imm 0, which zpp_qm_f32_to_f16 mirrors
  *     (checked on all 2^32 inputs, NaN quietening included); bf16 output
@@ -700,18 +702,6 @@ ZPP_AVX512_INLINE __m512 dequant16(__m128i c, int asym, __m512 scale,
   return _mm512_add_ps(zero, _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
 }
 
-/* 16 INT4 codes (8 bytes, low half of b) to 16 code bytes in element
- * order; symmetric nibbles are sign-extended ((n ^ 8) - 8). */
-ZPP_AVX512_INLINE __m128i unpack_nibbles(__m128i b, int asym) {
-  const __m128i m = _mm_set1_epi8(0x0f);
-  __m128i lo = _mm_and_si128(b, m);
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-  __m128i e = _mm_unpacklo_epi8(lo, hi);
-  if (!asym)
-    e = _mm_sub_epi8(_mm_xor_si128(e, _mm_set1_epi8(8)), _mm_set1_epi8(8));
-  return e;
-}
-
 /* The scalar loop body of zpp_quant_decode_blocks_scalar for one element. */
 ZPP_AVX512_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
                                   int asym, float scale, float zero, void *dst,
@@ -812,38 +802,20 @@ ZPP_AVX512_INLINE void decode_block(const uint8_t *meta, const uint8_t *in,
     decode_block_lut4_f32(in, off, len, asym, out_kind, vs, vz, dst);
     return;
   }
-  if (bits == 8) {
-    for (; i + 64 <= len; i += 64) {
-      store16(dst, off + i, out_kind, nan,
-              dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
-      store16(dst, off + i + 16, out_kind, nan,
-              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 16)), asym, vs, vz));
-      store16(dst, off + i + 32, out_kind, nan,
-              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 32)), asym, vs, vz));
-      store16(dst, off + i + 48, out_kind, nan,
-              dequant16(_mm_loadu_si128((const __m128i *)(in + i + 48)), asym, vs, vz));
-    }
-    for (; i + 16 <= len; i += 16)
-      store16(dst, off + i, out_kind, nan,
-              dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
-  } else {
-    for (; i + 64 <= len; i += 64) {
-      __m128i b0 = _mm_loadu_si128((const __m128i *)(in + i / 2));
-      __m128i b1 = _mm_loadu_si128((const __m128i *)(in + i / 2 + 16));
-      store16(dst, off + i, out_kind, nan,
-              dequant16(unpack_nibbles(b0, asym), asym, vs, vz));
-      store16(dst, off + i + 16, out_kind, nan,
-              dequant16(unpack_nibbles(_mm_srli_si128(b0, 8), asym), asym, vs, vz));
-      store16(dst, off + i + 32, out_kind, nan,
-              dequant16(unpack_nibbles(b1, asym), asym, vs, vz));
-      store16(dst, off + i + 48, out_kind, nan,
-              dequant16(unpack_nibbles(_mm_srli_si128(b1, 8), asym), asym, vs, vz));
-    }
-    for (; i + 16 <= len; i += 16)
-      store16(dst, off + i, out_kind, nan,
-              dequant16(unpack_nibbles(_mm_loadl_epi64((const __m128i *)(in + i / 2)), asym),
-                        asym, vs, vz));
+  /* INT8 from here: INT4 took a table path above */
+  for (; i + 64 <= len; i += 64) {
+    store16(dst, off + i, out_kind, nan,
+            dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
+    store16(dst, off + i + 16, out_kind, nan,
+            dequant16(_mm_loadu_si128((const __m128i *)(in + i + 16)), asym, vs, vz));
+    store16(dst, off + i + 32, out_kind, nan,
+            dequant16(_mm_loadu_si128((const __m128i *)(in + i + 32)), asym, vs, vz));
+    store16(dst, off + i + 48, out_kind, nan,
+            dequant16(_mm_loadu_si128((const __m128i *)(in + i + 48)), asym, vs, vz));
   }
+  for (; i + 16 <= len; i += 16)
+    store16(dst, off + i, out_kind, nan,
+            dequant16(_mm_loadu_si128((const __m128i *)(in + i)), asym, vs, vz));
   for (; i < len; i++)
     decode_one(in, i, bits, asym, scale, zero, dst, off + i, out_kind);
 }
