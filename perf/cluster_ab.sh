@@ -48,7 +48,8 @@ label_b=${ZPP_AB_LABEL_B:-$b}
 envs_a=() envs_b=()
 for side in A B; do
   var=ZPP_AB_ENV_$side
-  for kv in ${!var:-}; do
+  read -r -a words <<< "${!var:-}"  # split on blanks, no globbing
+  for kv in ${words[@]+"${words[@]}"}; do
     [[ "$kv" =~ ^[A-Z][A-Z0-9_]{0,63}=[A-Za-z0-9_.,:/-]{0,256}$ ]] || {
       echo "$prog: $var: '$kv' is not VAR=VALUE" >&2; exit 2; }
     if [ $side = A ]; then envs_a+=(-x "$kv"); else envs_b+=(-x "$kv"); fi
@@ -83,14 +84,19 @@ for r in $(seq "$rounds"); do
   for side in A B; do
     bin=$a envs=("${envs_a[@]}")
     [ $side = B ] && bin=$b envs=("${envs_b[@]}")
-    if ! timeout 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${envs[@]}" "$bin" "${args[@]}" \
+    if ! timeout -k 10 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${envs[@]}" "$bin" "${args[@]}" \
         > "$one" 2> "$err" 9>&-; then
       echo "$prog: zpp-bench failed or timed out ($side = $bin, round $r):" >&2
       tail -n 20 "$one" "$err" >&2
       exit 1
     fi
+    hdr=$(grep -m1 '^coll,' "$one" || true)
+    [ -n "$hdr" ] || { echo "$prog: $bin printed no CSV header (round $r)" >&2; exit 1; }
     if [ ! -s "$out.csv" ]; then
-      grep -m1 '^coll,' "$one" | sed 's/^/side,round,/' > "$out.csv"
+      echo "side,round,$hdr" > "$out.csv"
+    elif [ "side,round,$hdr" != "$(head -n1 "$out.csv")" ]; then
+      echo "$prog: $bin's CSV columns differ from the first launch's: $hdr" >&2
+      exit 1
     fi
     grep "^$coll," "$one" | sed "s/^/$side,$r,/" >> "$out.csv" || true
   done

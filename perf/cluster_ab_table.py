@@ -81,7 +81,8 @@ def main():
                 per = [t[(side, s, v)][r] / t[kbase][r]
                        for r in t[(side, s, v)] if r in t[kbase]]
                 mbase = statistics.median(t[kbase].values())
-                cells.append(f"{m / mbase:.3f} ({min(per):.3f}..{max(per):.3f})")
+                spread = f" ({min(per):.3f}..{max(per):.3f})" if per else ""
+                cells.append(f"{m / mbase:.3f}{spread}")
             lines.append("| " + " | ".join(cells) + " |")
     with open(o.md, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -33,7 +33,9 @@ gen=$root/docs/generated
 mkdir -p "$gen"
 assemble_only=0
 case $build in
-  --assemble-only) assemble_only=1 ;;
+  --assemble-only)
+    [ $quant_only = 0 ] || { echo "make_benchmarks_doc.sh: --quant-only and --assemble-only exclude each other" >&2; exit 2; }
+    assemble_only=1 ;;
   -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "make_benchmarks_doc.sh: unknown option '$build' (usage: [BUILD_DIR], --assemble-only or --quant-only [BUILD_DIR])" >&2; exit 2 ;;
 esac
@@ -104,7 +106,7 @@ fi
 # docs/generated); otherwise the committed docs/generated/convergence_*.*
 # are pasted as they are (and always with --assemble-only, which has no
 # build to run).
-if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ] && [ $assemble_only = 0 ]; then
+if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ] && [ $assemble_only = 0 ] && [ $quant_only = 0 ]; then
   ZPP_CONV_RUNS=${ZPP_CONV_RUNS:-/tmp/zpp_convergence_runs} \
   ZPP_CONV_FLOOR_RUNS=${ZPP_CONV_FLOOR_RUNS:-/tmp/zpp_convergence_floor_runs} \
     bash "$root/perf/convergence_study.sh" "$gen" "$build"
@@ -113,7 +115,7 @@ fi
 # Issue 13's long runs write their own sections when run alone
 # (perf/fuzz.sh, perf/valgrind.sh, perf/soak.sh: minutes each); with
 # ZPP_RUN_ROBUSTNESS=1 they run here too (fuzz.sh needs the clang build).
-if [ "${ZPP_RUN_ROBUSTNESS:-0}" = 1 ] && [ $assemble_only = 0 ]; then
+if [ "${ZPP_RUN_ROBUSTNESS:-0}" = 1 ] && [ $assemble_only = 0 ] && [ $quant_only = 0 ]; then
   bash "$root/perf/fuzz.sh" 300 build-fuzz "$gen/fuzz.md"
   bash "$root/perf/valgrind.sh" "$build" "$gen/valgrind.md"
   bash "$root/perf/soak.sh" "$build" 10000 "$gen/soak.md"

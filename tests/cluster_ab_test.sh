@@ -55,6 +55,18 @@ for size, name in ((4194304, "4 MiB"), (16777216, "16 MiB")):
             base = med([t[(side, size, "bf16", r)] for r in range(1, 6)])
             want.append(f"{m / base:.3f} ({min(per):.3f}..{max(per):.3f})")
         assert got == want, (name, v, got, want)
+# a round missing from one side's baseline: that side's median over the
+# rounds it has, its per-round range over the rounds both rows have
+open(f"{work}/gap.csv", "w").write("\n".join(
+    [hdr] + [l for l in rows[1:] if not l.startswith("A,5,reducescatter,bf16,4194304,")]) + "\n")
+subprocess.run([sys.executable, table, f"{work}/gap.csv", f"{work}/gap.md"], check=True)
+row = [l for l in open(f"{work}/gap.md") if l.startswith("| 4 MiB | qgz4 |")][0]
+c = [x.strip() for x in row.strip().strip("|").split("|")]
+base = med([t[("A", 4194304, "bf16", r)] for r in range(1, 5)])
+ma = med([t[("A", 4194304, "qgz4", r)] for r in range(1, 6)])
+per = [t[("A", 4194304, "qgz4", r)] / t[("A", 4194304, "bf16", r)] for r in range(1, 5)]
+want = f"{ma / base:.3f} ({min(per):.3f}..{max(per):.3f})"
+assert c[5] == want, (c, want)
 # no baseline row: refused
 open(f"{work}/nobase.csv", "w").write("\n".join(
     [hdr] + [l for l in rows[1:] if ",bf16,4194304," not in l and ",bf16,16777216," not in l]) + "\n")
