@@ -176,18 +176,16 @@ typedef struct {
   int s1, m1, two;
   int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
   /* A rank's own share of each stage, which it would send to itself: its
-   * index in g1 (stage 1: its own slices) and in CROSS (stage 2: its own
-   * node's partial sum).  That share skips the quantizer and the message:
+   * index in g1 (me1, stage 1: its own slices) and in CROSS (mo, stage 2:
+   * the partial sum its node keeps; 0 on one level).  That share skips the quantizer and the message:
    * it is summed from sendbuf, or kept in the partial sums, in fp32 (no
    * encode, no decode, no error), and its residual segments are neither
    * read nor written (docs/collectives.md, "qgZ"). */
-  int me1, me2;
+  int me1, mo;
   int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
                      on the partial sums before the stage-2 encode */
   size_t seg2;    /* residual segment of partial sum 0: after the W
                      stage-1 ones, or first when stage 1 is raw */
-  int mo;         /* the partial sum this rank's node keeps: its index in
-                     CROSS (two levels), 0 (one level) */
   size_t chunk, nchunks;
   /* Scratch of one kernel step (kernel steps of a plan run one at a time,
    * and none of these outlives its step, so one of each serves all
@@ -428,14 +426,13 @@ static zpp_status_t stage1_reduce_x(void *ctx, size_t k) {
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
   float *acc = p->slot[k % QGZ_DEPTH].accx;
-  uint8_t *out = p->slot[k % QGZ_DEPTH].s2;
-  int m, me = zpp_transport_rank(ex->t);
+  int i, me = zpp_transport_rank(ex->t);
   ZPP_CHECK(stage1_sum(p, k, HALF_X, acc));
-  for (m = 0; m < p->m1; m++, out += e2) {
-    float *part = acc + (size_t)(m < p->mo ? m : m - 1) * len;
+  for (i = 0; i < half_parts(p, HALF_X); i++) { /* part mo: not sent */
+    int m = half_part(p, HALF_X, i);
+    float *part = acc + (size_t)i * len;
+    uint8_t *out = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
     zpp_quant_config_t q;
-    if (m == p->mo) /* not sent: kept in fp32 by stage2_keep */
-      continue;
     zpp_plan_poll();
     q = stream_q(&a->q2, 2, me, m);
     if (p->rot2)
@@ -618,8 +615,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->rot2 = a->hadamard && p->raw1 && p->two;
   p->seg2 = p->raw1 ? 0 : (size_t)zpp_transport_size(ex->t);
   p->me1 = zpp_transport_group_rank(ex->t, p->g1);
-  p->me2 = p->two ? zpp_transport_group_rank(ex->t, ZPP_GROUP_CROSS) : -1;
-  p->mo = p->two ? p->me2 : 0;
+  p->mo = p->two ? zpp_transport_group_rank(ex->t, ZPP_GROUP_CROSS) : 0;
   p->chunk = a->count;
   if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
       a->count > 0)
