@@ -714,6 +714,13 @@ ZPP_AVX512_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
     zpp_qm_store(dst, j, out_kind, v);
 }
 
+/* The 16 INT4 codes by stored nibble k: k (asym), ((k ^ 8) & 0xf) - 8
+ * (sym, sign-extended), for the table decoders below. */
+ZPP_AVX512_INLINE __m128i lut4_codes(int asym) {
+  const __m128i k = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return asym ? k : _mm_sub_epi8(_mm_xor_si128(k, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+}
+
 /* INT4 to fp16/bf16: a block has only 16 decoded values, so they are
  * computed once per block with the same vector arithmetic (lane k holds
  * the value of stored nibble k) and the elements are looked up with
@@ -721,9 +728,7 @@ ZPP_AVX512_INLINE void decode_one(const uint8_t *payload, size_t i, int bits,
 ZPP_AVX512_INLINE void decode_block_lut4(const uint8_t *in, size_t off,
                                          size_t len, int asym, int out_kind,
                                          __m512 vs, __m512 vz, void *dst) {
-  /* stored nibble k -> code: k (asym), ((k ^ 8) & 0xf) - 8 (sym) */
-  const __m128i k = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m128i codes = asym ? k : _mm_sub_epi8(_mm_xor_si128(k, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  const __m128i codes = lut4_codes(asym);
   const __m128i m = _mm_set1_epi8(0x0f);
   __m512 v = dequant16(codes, asym, vs, vz);
   __m256i t16 = out_kind == ZPP_QM_F16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
@@ -760,8 +765,7 @@ ZPP_AVX512_INLINE void decode_block_lut4_f32(const uint8_t *in, size_t off,
                                              size_t len, int asym,
                                              int out_kind, __m512 vs,
                                              __m512 vz, void *dst) {
-  const __m128i k = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m128i codes = asym ? k : _mm_sub_epi8(_mm_xor_si128(k, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+  const __m128i codes = lut4_codes(asym);
   const __m128i m = _mm_set1_epi8(0x0f);
   const __m512 tab = dequant16(codes, asym, vs, vz);
   size_t i = 0;
