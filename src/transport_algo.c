@@ -472,8 +472,12 @@ struct zpp_xop {
   size_t la;
   char *ra, *pp, *rbuf;
   /* Device staging: the host algorithm runs on stage_in / stage_out; at
-   * the end stage_out is copied to `user_recv` on `stream`. */
+   * the end stage_out is copied to `user_recv` on `stream`: all of it
+   * (nu < 0) or, for the v-variants, only its nu runs of blocks (uoff[r],
+   * ulen[r] bytes). */
   int staged, sync_out;
+  int nu;
+  size_t *uoff, *ulen; /* [n] */
   int stage_pending; /* a staging copy may still run: buffers wait for it */
   void *stream;
   void *user_recv;
@@ -1011,33 +1015,79 @@ static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
   }
 }
 
+/* The blocks of a v-variant (b[i] bytes at d[i], packed when d is NULL)
+ * as runs of contiguous bytes (off[r], len[r]): empty blocks dropped, a
+ * block that starts where the previous one (in member order) ends joined to
+ * it.  Returns the number of runs (at most n). */
+static int block_runs(const size_t *b, const size_t *d, int n, size_t *off,
+                      size_t *len) {
+  size_t acc = 0;
+  int i, nr = 0;
+  for (i = 0; i < n; i++) {
+    size_t o = d ? d[i] : acc;
+    acc += b[i];
+    if (b[i] == 0)
+      continue;
+    if (nr > 0 && off[nr - 1] + len[nr - 1] == o) {
+      len[nr - 1] += b[i];
+      continue;
+    }
+    off[nr] = o;
+    len[nr] = b[i];
+    nr++;
+  }
+  return nr;
+}
+
+/* Queues the copies of runs (off[r], len[r]) from src to dst on op's
+ * stream (the whole [0, bytes) when nr < 0). */
+static zpp_status_t copy_runs(zpp_xop_t *op, void *dst, const void *src,
+                              size_t bytes, const size_t *off,
+                              const size_t *len, int nr, const char *step) {
+  int r, whole = nr < 0;
+  for (r = 0; r < (whole ? 1 : nr); r++) {
+    size_t o = whole ? 0 : off[r], l = whole ? bytes : len[r];
+    cudaError_t e;
+    if (l == 0)
+      continue;
+    e = cudaMemcpyAsync((char *)dst + o, (const char *)src + o, l,
+                        cudaMemcpyDefault, (cudaStream_t)op->stream);
+    if (e != cudaSuccess) {
+      op->stage_pending |= r > 0; /* the runs before may still run */
+      return cuda_err(e, op->what, step);
+    }
+  }
+  return ZPP_OK;
+}
+
 /* Device-to-host copy into pinned memory, waited for (bounded). */
 static zpp_status_t copy_in(zpp_xop_t *op, void *dst, const void *src,
-                            size_t bytes) {
-  cudaError_t e;
-  if (bytes == 0)
-    return ZPP_OK;
-  e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)op->stream);
-  if (e != cudaSuccess)
-    return cuda_err(e, op->what, "device-to-host staging");
+                            size_t bytes, const size_t *off,
+                            const size_t *len, int nr) {
+  ZPP_CHECK(copy_runs(op, dst, src, bytes, off, len, nr,
+                      "device-to-host staging"));
   return stream_wait(op, "device-to-host staging");
 }
 #endif
 
-/* Device buffers: the op's input is copied to pinned memory now (and, for
- * the v-variants, the output's current contents, whose gaps must survive);
- * *send / *recv then point at the pinned copies. */
+/* Device buffers: the op's input is copied to pinned memory now; *send /
+ * *recv then point at the pinned copies, laid out as the user's buffers.
+ * For the v-variants only the blocks move, in both directions: a gap
+ * between them (an empty block to myself: qgZ's all-to-alls) is neither
+ * read, where it may never have been written, nor written back, so it
+ * keeps what the caller left there. */
 static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
                           const void **send, void **recv) {
 #if ZPP_HAVE_CUDA
   zpp_transport_t *t = op->t;
   const char *what = op->what;
   size_t in = 0, out = 0, es = zpp_dtype_size(a->dtype);
-  int n = op->n, keep_out = 0;
+  int n = op->n, v_in = 0;
   if (!zpp_cuda_available())
     return zpp_error(ZPP_ERR_UNSUPPORTED, what,
                      "mem ZPP_MEMORY_DEVICE: no usable CUDA device");
   ZPP_CHECK(set_device(t, what));
+  op->nu = -1; /* all of the output, but for the v-variants (below) */
   switch (a->kind) {
   case ZPP_XOP_ALLGATHER:
     in = a->bytes;
@@ -1046,7 +1096,7 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
   case ZPP_XOP_ALLGATHERV:
     out = extent(a->recv_bytes, a->recv_displs, n);
     in = a->recv_bytes[op->me];
-    keep_out = 1;
+    op->nu = block_runs(a->recv_bytes, a->recv_displs, n, op->uoff, op->ulen);
     break;
   case ZPP_XOP_ALLTOALLV:
     if (a->send_bytes == NULL) {
@@ -1054,8 +1104,8 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
     } else {
       in = extent(a->send_bytes, a->send_displs, n);
       out = extent(a->recv_bytes, a->recv_displs, n);
+      v_in = 1;
     }
-    keep_out = 1;
     break;
   case ZPP_XOP_REDUCE_SCATTER:
     out = a->count * es;
@@ -1073,9 +1123,14 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
   op->out_bytes = out;
   ZPP_CHECK(pinned_get(t, in + 1, &op->stage_in, what));
   ZPP_CHECK(pinned_get(t, out + 1, &op->stage_out, what));
-  if (keep_out)
-    ZPP_CHECK(copy_in(op, op->stage_out.p, a->recv, out));
-  ZPP_CHECK(copy_in(op, op->stage_in.p, a->send, in));
+  if (v_in) { /* the send runs first, in the table the recv runs then take */
+    int nr = block_runs(a->send_bytes, a->send_displs, n, op->uoff, op->ulen);
+    ZPP_CHECK(copy_in(op, op->stage_in.p, a->send, in, op->uoff, op->ulen,
+                      nr));
+    op->nu = block_runs(a->recv_bytes, a->recv_displs, n, op->uoff, op->ulen);
+  } else {
+    ZPP_CHECK(copy_in(op, op->stage_in.p, a->send, in, NULL, NULL, -1));
+  }
   *send = op->stage_in.p;
   *recv = op->stage_out.p;
   return ZPP_OK;
@@ -1092,7 +1147,6 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
  * device (synchronised for the blocking wrappers) and free the buffers. */
 static zpp_status_t unstage(zpp_xop_t *op) {
 #if ZPP_HAVE_CUDA
-  cudaError_t e = cudaSuccess;
   zpp_status_t st;
   int pending = 0;
   if (!op->staged || op->out_bytes == 0) {
@@ -1100,12 +1154,11 @@ static zpp_status_t unstage(zpp_xop_t *op) {
     return ZPP_OK;
   }
   st = set_device(op->t, op->what);
+  if (st == ZPP_OK)
+    st = copy_runs(op, op->user_recv, op->stage_out.p, op->out_bytes,
+                   op->uoff, op->ulen, op->nu, "host-to-device staging");
   if (st == ZPP_OK) {
-    e = cudaMemcpyAsync(op->user_recv, op->stage_out.p, op->out_bytes,
-                        cudaMemcpyDefault, (cudaStream_t)op->stream);
-    if (e != cudaSuccess)
-      st = cuda_err(e, op->what, "host-to-device staging");
-    else if (op->sync_out)
+    if (op->sync_out)
       st = stream_wait(op, "host-to-device staging"); /* pending on failure */
     else
       pending = 1;
@@ -1180,7 +1233,7 @@ static zpp_xop_t *op_alloc(int n, int nc, int slots) {
     k = slots;
   if (k < 1)
     k = 1;
-  sz = sizeof *op + 9 * nn * sizeof(size_t) + nn * sizeof(void *) +
+  sz = sizeof *op + 11 * nn * sizeof(size_t) + nn * sizeof(void *) +
        6 * (size_t)k * sizeof(zpp_xfer_t) + 2 * (size_t)k * sizeof(int64_t) +
        ((size_t)nc * nn + (size_t)nc + 3 * nn) * sizeof(int);
   op = calloc(1, sz);
@@ -1201,6 +1254,8 @@ static zpp_xop_t *op_alloc(int n, int nc, int slots) {
   ZPP_CARVE(off, nn);
   ZPP_CARVE(len, nn);
   ZPP_CARVE(pre, nn);
+  ZPP_CARVE(uoff, nn);
+  ZPP_CARVE(ulen, nn);
   ZPP_CARVE(blocks, nn);
   ZPP_CARVE(din, (size_t)k);
   ZPP_CARVE(dout, (size_t)k);

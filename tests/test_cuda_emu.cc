@@ -614,4 +614,28 @@ TEST_F(Emu, ApiCallsAreCounted) {
   CUDA_OK(cudaDeviceSynchronize());
 }
 
+TEST_F(Emu, CopiesAreLoggedInOrderEmptyOnesNot) {
+  char *d = nullptr;
+  char h[64] = {0};
+  CUDA_OK(cudaMalloc((void **)&d, 64));
+  zpp_emu_copy_log_clear();
+  CUDA_OK(cudaMemcpy(d + 8, h, 16, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpyAsync(h + 4, d + 32, 8, cudaMemcpyDefault, 0));
+  CUDA_OK(cudaMemcpy(d, h, 0, cudaMemcpyHostToDevice));  // not logged
+  EXPECT_EQ(cudaMemcpy(d, h, 65, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  CUDA_OK(cudaDeviceSynchronize());
+  zpp_emu_copy log[4] = {};
+  ASSERT_EQ(zpp_emu_copy_log(log, 4), 2u);
+  EXPECT_EQ(log[0].dst, (void *)(d + 8));
+  EXPECT_EQ(log[0].src, (const void *)h);
+  EXPECT_EQ(log[0].bytes, 16u);
+  EXPECT_EQ(log[1].dst, (void *)(h + 4));
+  EXPECT_EQ(log[1].src, (const void *)(d + 32));
+  EXPECT_EQ(log[1].bytes, 8u);
+  zpp_emu_copy_log_clear();
+  EXPECT_EQ(zpp_emu_copy_log(log, 4), 0u);
+  CUDA_OK(cudaFree(d));
+}
+
 }  // namespace

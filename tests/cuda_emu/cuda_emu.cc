@@ -261,6 +261,7 @@ struct Emu {
   std::mutex exec_mu;  // one device operation at a time
   std::mutex log_mu;
   std::vector<const void *> kernel_log;
+  std::vector<zpp_emu_copy> copy_log;
   std::atomic<int> last_kernel_device{-1};
   std::atomic<const void *> last_kernel{nullptr};
   std::atomic<unsigned> max_threads{0};
@@ -895,6 +896,10 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
   op.src = src;
   op.bytes = n;
   if ((err = enqueue(s, std::move(op))) != cudaSuccess) return err;
+  {
+    std::lock_guard<std::mutex> ll(e.log_mu);  // after mu, as elsewhere
+    if (e.copy_log.size() < 100000) e.copy_log.push_back({dst, src, n});
+  }
   // cudaMemcpy: returns after the copy, except device to device
   bool both_device = di.registered && di.a.kind == kDevice && si.registered && si.a.kind == kDevice;
   if (sync && !both_device) {
@@ -1591,6 +1596,19 @@ ZPP_EMU_EXPORT void zpp_emu_kernel_log_clear(void) {
   Emu &e = E();
   std::lock_guard<std::mutex> lk(e.log_mu);
   e.kernel_log.clear();
+}
+
+ZPP_EMU_EXPORT size_t zpp_emu_copy_log(struct zpp_emu_copy *out, size_t max) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.log_mu);
+  for (size_t i = 0; i < max && i < e.copy_log.size(); i++) out[i] = e.copy_log[i];
+  return e.copy_log.size();
+}
+
+ZPP_EMU_EXPORT void zpp_emu_copy_log_clear(void) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.log_mu);
+  e.copy_log.clear();
 }
 
 ZPP_EMU_EXPORT unsigned zpp_emu_max_block_threads(void) { return E().max_threads.load(); }

@@ -34,6 +34,18 @@ const void *zpp_emu_last_kernel(void);
  * them into out and returns how many there were. */
 size_t zpp_emu_kernel_log(const void **out, size_t max);
 void zpp_emu_kernel_log_clear(void);
+/* Copies (cudaMemcpy, cudaMemcpyAsync) of at least one byte queued since
+ * the last clear, by every thread of the process, in the order they were
+ * queued: copies up to max of them into out and returns how many there
+ * were (at most 100000 are kept). */
+struct zpp_emu_copy {
+  void *dst;
+  const void *src;
+  size_t bytes;
+};
+size_t zpp_emu_copy_log(struct zpp_emu_copy *out, size_t max);
+void zpp_emu_copy_log_clear(void);
+
 /* The largest CTA (threads) executed so far. */
 unsigned zpp_emu_max_block_threads(void);
 
