@@ -1040,11 +1040,13 @@ static int block_runs(const size_t *b, const size_t *d, int n, size_t *off,
 }
 
 /* Queues the copies of runs (off[r], len[r]) from src to dst on op's
- * stream (the whole [0, bytes) when nr < 0). */
+ * stream (the whole [0, bytes) when nr < 0); *queued: how many. */
 static zpp_status_t copy_runs(zpp_xop_t *op, void *dst, const void *src,
                               size_t bytes, const size_t *off,
-                              const size_t *len, int nr, const char *step) {
+                              const size_t *len, int nr, const char *step,
+                              int *queued) {
   int r, whole = nr < 0;
+  *queued = 0;
   for (r = 0; r < (whole ? 1 : nr); r++) {
     size_t o = whole ? 0 : off[r], l = whole ? bytes : len[r];
     cudaError_t e;
@@ -1053,20 +1055,23 @@ static zpp_status_t copy_runs(zpp_xop_t *op, void *dst, const void *src,
     e = cudaMemcpyAsync((char *)dst + o, (const char *)src + o, l,
                         cudaMemcpyDefault, (cudaStream_t)op->stream);
     if (e != cudaSuccess) {
-      op->stage_pending |= r > 0; /* the runs before may still run */
+      op->stage_pending |= *queued > 0; /* those may still run */
       return cuda_err(e, op->what, step);
     }
+    (*queued)++;
   }
   return ZPP_OK;
 }
 
-/* Device-to-host copy into pinned memory, waited for (bounded). */
+/* Device-to-host copy into pinned memory, waited for (bounded); with
+ * nothing to copy, no wait (the caller's stream may be busy for long). */
 static zpp_status_t copy_in(zpp_xop_t *op, void *dst, const void *src,
                             size_t bytes, const size_t *off,
                             const size_t *len, int nr) {
+  int queued = 0;
   ZPP_CHECK(copy_runs(op, dst, src, bytes, off, len, nr,
-                      "device-to-host staging"));
-  return stream_wait(op, "device-to-host staging");
+                      "device-to-host staging", &queued));
+  return queued > 0 ? stream_wait(op, "device-to-host staging") : ZPP_OK;
 }
 #endif
 
@@ -1148,7 +1153,7 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
 static zpp_status_t unstage(zpp_xop_t *op) {
 #if ZPP_HAVE_CUDA
   zpp_status_t st;
-  int pending = 0;
+  int pending = 0, queued = 0;
   if (!op->staged || op->out_bytes == 0) {
     release_buffers(op, 0);
     return ZPP_OK;
@@ -1156,8 +1161,9 @@ static zpp_status_t unstage(zpp_xop_t *op) {
   st = set_device(op->t, op->what);
   if (st == ZPP_OK)
     st = copy_runs(op, op->user_recv, op->stage_out.p, op->out_bytes,
-                   op->uoff, op->ulen, op->nu, "host-to-device staging");
-  if (st == ZPP_OK) {
+                   op->uoff, op->ulen, op->nu, "host-to-device staging",
+                   &queued);
+  if (st == ZPP_OK && queued > 0) {
     if (op->sync_out)
       st = stream_wait(op, "host-to-device staging"); /* pending on failure */
     else

@@ -332,6 +332,56 @@ TEST(DevicePath, StagedVariantsMoveOnlyTheirBlocks) {
     }
     check_output(out, lr, fill, [&](int i) { return block_bytes(i, me, len(i, me), 1); }, what);
   }
+  // packed output (recv_displs NULL): one copy back
+  {
+    auto len = [](int s, int d) { return 4 * (size_t)(17 + 3 * s + 2 * d); };
+    Layout ls, lr;
+    for (int j = 0; j < n; j++) {
+      ls.bytes.push_back(len(me, j));
+      lr.bytes.push_back(len(j, me));
+    }
+    DevBuf in(ls.extent()), out(lr.extent());
+    for (int j = 0; j < n; j++) {
+      std::vector<unsigned char> b = block_bytes(me, j, ls.bytes[j], 3);
+      ASSERT_EQ(cudaMemcpy((char *)in.p + ls.off(j), b.data(), b.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    zpp_emu_copy_log_clear();
+    ASSERT_EQ(zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.p, ls.bytes.data(), nullptr, out.p,
+                                      lr.bytes.data(), nullptr, ZPP_MEMORY_DEVICE, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    check_copies(in, ls, out, lr, "alltoallv, packed");
+    std::vector<zpp_emu_copy> log(64);
+    size_t nlog = zpp_emu_copy_log(log.data(), log.size()), writes = 0;
+    for (size_t k = 0; k < std::min(nlog, log.size()); k++)
+      writes += (uintptr_t)log[k].dst >= (uintptr_t)out.p &&
+                (uintptr_t)log[k].dst < (uintptr_t)out.p + out.bytes;
+    EXPECT_EQ(writes, 1u) << "alltoallv, packed: adjacent output blocks not copied back as one";
+    check_output(out, lr, 0, [&](int i) { return block_bytes(i, me, len(i, me), 3); },
+                 "alltoallv, packed");
+  }
+  // nothing to move (every block empty, displacements past 0): no copy and
+  // no wait for the caller's earlier work on its stream, which here is
+  // held (a wait would end only at the timeout)
+  {
+    std::vector<size_t> zero(n, 0), displs(n, 64);
+    DevBuf in(128), out(128), other(16);
+    zpp_emu_copy_log_clear();
+    ASSERT_EQ(zpp_emu_stream_hold(nullptr), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(other.p, 0, other.bytes, nullptr), cudaSuccess);
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.p, zero.data(), displs.data(), out.p,
+                                      zero.data(), displs.data(), ZPP_MEMORY_DEVICE, nullptr),
+              ZPP_OK)
+        << zpp_get_last_error();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(zpp_emu_stream_release(nullptr), cudaSuccess);
+    EXPECT_LT(waited, 10.0) << "an empty all-to-all waited for the caller's stream";
+    EXPECT_EQ(zpp_emu_copy_log(nullptr, 0), 0u) << "an empty all-to-all copied";
+  }
   // all-gatherv into an output with gaps
   {
     Layout lr, ls;

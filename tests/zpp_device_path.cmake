@@ -36,6 +36,13 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
     set_tests_properties(device_path_${_case} PROPERTIES LABELS emu
       TIMEOUT 120 ENVIRONMENT "${_e}")
   endforeach()
+  # The staged v-variants on 2 nodes x 2 ranks: the hierarchical
+  # all-gatherv.
+  add_test(NAME device_path_vblocks_2x2 COMMAND ${MPIEXEC_EXECUTABLE}
+    --allow-run-as-root --oversubscribe --mca btl self,vader --bind-to none
+    -np 4 $<TARGET_FILE:test_device_path>)
+  set_tests_properties(device_path_vblocks_2x2 PROPERTIES LABELS emu TIMEOUT 120
+    ENVIRONMENT "${_env};ZPP_TEST_CASE=vblocks;ZPP_TOPO=2x2;ZPP_EMU_DEVICES=2")
   # e: rank 0 alone gets a NCCL library that does not exist (an MPMD launch
   # gives the two ranks different environments).
   add_test(NAME device_path_creation COMMAND ${MPIEXEC_EXECUTABLE}
