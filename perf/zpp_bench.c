@@ -65,6 +65,7 @@ static int g_rank = 0;
  * communicator's bootstrap (never while a collective is in flight) ----- */
 
 static int g_env = 0;            /* started from torchrun's environment */
+static int g_trace = 0; /* ZPP_BENCH_TRACE=1: rank 0 prints each timed call */
 static zpp_comm_t g_comm = NULL; /* set once created */
 
 static int env_launch(void) {
@@ -541,6 +542,9 @@ static void usage(FILE *f) {
       "  -n, --iters N        timed iterations per row (default 20)\n"
       "  -w, --warmup_iters W untimed iterations first (default 5)\n"
       "  -c, --check 0|1      check the first timed iteration (default 1)\n"
+      "  --interleave         time the variants of a size round-robin:\n"
+      "                       iteration k of each before iteration k+1 of\n"
+      "                       any (default: one variant after the other)\n"
       "  --coll C             allgather (default), reducescatter, hpz-gather\n"
       "  --variant LIST       comma list (default: all of the collective);\n"
       "                       the baseline is added when missing\n"
@@ -569,6 +573,8 @@ static void usage(FILE *f) {
   fprintf(f, "environment: ZPP_TOPO (emulated nodes, e.g. 2x4), "
              "ZPP_EMU_INTER_GBIT and\nZPP_EMU_INTER_LAT_US (emulated "
              "inter-node link per rank); see --print-settings.\n"
+             "ZPP_BENCH_TRACE=1: rank 0 prints each timed call to stderr "
+             "before it\n(# timed VARIANT size SIZE iteration K).\n"
              "exit status: 0 ok, 1 a check failed, 2 bad flags, 3 a zpp or "
              "CUDA call failed\n");
 }
@@ -634,7 +640,8 @@ enum {
   OPT_SEED,
   OPT_CORRUPT,
   OPT_SETTINGS,
-  OPT_BOOTSTRAP
+  OPT_BOOTSTRAP,
+  OPT_INTERLEAVE
 };
 
 /* 0: run; 1: exit 0 (help); -1: bad flags. */
@@ -660,6 +667,7 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       {"corrupt", no_argument, NULL, OPT_CORRUPT},
       {"print-settings", no_argument, NULL, OPT_SETTINGS},
       {"bootstrap", required_argument, NULL, OPT_BOOTSTRAP},
+      {"interleave", no_argument, NULL, OPT_INTERLEAVE},
       {NULL, 0, NULL, 0}};
   int c;
   size_t v;
@@ -760,6 +768,9 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       break;
     case OPT_CORRUPT:
       o->corrupt = 1;
+      break;
+    case OPT_INTERLEAVE:
+      o->interleave = 1;
       break;
     case OPT_SETTINGS:
       *print_settings = 1;
@@ -980,9 +991,13 @@ static void header_texts(const header_t *h, char lines[][800],
        "CLOCK_MONOTONIC); time_us = MAX over ranks of the MEAN over "
        "-n %d iterations; -w %d warm-up iterations untimed; "
        "time_med_us, time_min_us, time_max_us = median, min, max over the "
-       "iterations of each iteration's MAX over ranks",
+       "iterations of each iteration's MAX over ranks; %s",
        g_env ? "the bootstrap's barrier" : "MPI_Barrier(MPI_COMM_WORLD)",
-       o->iters, o->warmup);
+       o->iters, o->warmup,
+       o->interleave ? "the variants of a size interleaved (--interleave: "
+                       "timed iteration k of each before iteration k+1 of "
+                       "any)"
+                     : "the variants of a size one after the other");
   LINE("size", "%s", h->coll->size_help);
   LINE("bandwidth", "%s; GB/s = 1e9 bytes/s", h->coll->bytes_help);
   LINE("bytes",
@@ -1053,10 +1068,11 @@ static void print_header(header_t *h, FILE *f) {
   json_string(f, h->topo);
   fprintf(f,
           ", \"link_emulated\": %s, \"emu_gbit\": %g, \"emu_lat_us\": %g, "
-          "\"seed\": %llu, \"iters\": %d, \"warmup\": %d, \"check\": %d",
+          "\"seed\": %llu, \"iters\": %d, \"warmup\": %d, \"check\": %d, "
+          "\"interleave\": %s",
           h->link_emulated ? "true" : "false", h->gbit, h->lat_us,
           (unsigned long long)h->o->seed, h->o->iters, h->o->warmup,
-          h->o->check);
+          h->o->check, h->o->interleave ? "true" : "false");
   fprintf(f, ", \"notes\": {"); /* the text of the table header */
   for (i = 0; i < n; i++) {
     fprintf(f, "%s\"%s\": ", i ? ", " : "", keys[i]);
@@ -1196,68 +1212,99 @@ static void iter_stats(double *t, int n, row_t *row) {
   row->max_us = 1e6 * t[n - 1];
 }
 
-/* Runs one row; returns the agreed status (ZPP_OK or the worst error). */
-static zpp_status_t run_case(const zpp_bench_coll_t *coll,
-                             const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c,
-                             row_t *row) {
+/* One (size, variant) row being measured: its case, the stats around its
+ * first timed iteration (the counted and checked one), its times. */
+typedef struct {
+  zpp_bench_case_t c;
+  zpp_comm_t comm;
+  zpp_comm_stats_t s0, s1;
+  zpp_bench_check_t chk;
+  double total, *times;
+} timed_t;
+
+/* Allocates the row's times, sets its case up and runs its warm-up
+ * iterations; returns the agreed status (ZPP_OK or the worst error).
+ * tc_end is owed whatever it returns. */
+static zpp_status_t tc_begin(const zpp_bench_coll_t *coll,
+                             const zpp_bench_ctx_t *ctx, timed_t *tc) {
   const zpp_bench_opts_t *o = ctx->opt;
-  zpp_comm_stats_t s0 = ZPP_COMM_STATS_INIT, s1 = ZPP_COMM_STATS_INIT;
-  zpp_bench_check_t chk = {0, 0, 0};
-  double total = 0, mean, tmax;
-  double *times = calloc((size_t)o->iters, sizeof *times);
-  uint64_t sent[2], sum[2] = {0, 0}, inter_max = 0;
   zpp_status_t st, all;
-  zpp_comm_t comm = c->v->flat ? ctx->comm_flat : ctx->comm;
   int it;
-  st = times != NULL ? coll->setup(ctx, c) : ZPP_ERR_OUT_OF_MEMORY;
+  tc->comm = tc->c.v->flat ? ctx->comm_flat : ctx->comm;
+  tc->times = calloc((size_t)o->iters, sizeof *tc->times);
+  st = tc->times != NULL ? coll->setup(ctx, &tc->c) : ZPP_ERR_OUT_OF_MEMORY;
   if (st != ZPP_OK)
-    report_failure(ctx, "setup", c, st);
+    report_failure(ctx, "setup", &tc->c, st);
   all = agree(st);
   for (it = 0; all == ZPP_OK && it < o->warmup; it++) {
-    st = coll->run(ctx, c);
+    st = coll->run(ctx, &tc->c);
     if (st != ZPP_OK)
-      report_failure(ctx, "warm-up", c, st);
+      report_failure(ctx, "warm-up", &tc->c, st);
     all = agree(st);
   }
-  if (all == ZPP_OK && o->check) {
-    st = buf_poison(ctx, c->out);
-    all = agree(st);
-  }
-  for (it = 0; all == ZPP_OK && it < o->iters; it++) {
-    double t0, t1;
-    h_barrier();
-    if (it == 0)
-      zpp_comm_get_stats(comm, &s0);
-    t0 = now_s();
-    st = coll->run(ctx, c);
-    t1 = now_s();
-    total += t1 - t0;
-    times[it] = t1 - t0;
-    if (it == 0)
-      zpp_comm_get_stats(comm, &s1);
+  return all;
+}
+
+/* Timed iteration `it` of the row: the first one poisons the output
+ * before, counts the bytes sent and checks the output after (untimed). */
+static zpp_status_t tc_iter(const zpp_bench_coll_t *coll,
+                            const zpp_bench_ctx_t *ctx, timed_t *tc, int it) {
+  const zpp_bench_opts_t *o = ctx->opt;
+  zpp_bench_case_t *c = &tc->c;
+  zpp_status_t st;
+  double t0, t1;
+  if (it == 0 && o->check) {
+    st = agree(buf_poison(ctx, c->out));
     if (st != ZPP_OK)
-      report_failure(ctx, "timed iteration", c, st);
-    if (it == 0 && st == ZPP_OK && o->check) {
-      st = zpp_bench_buf_download(ctx, c->out);
-      if (st == ZPP_OK) {
-        if (o->corrupt && ctx->rank == 0 && c->count > 0)
-          zpp_bench_store(c->out->host, 0, o->dtype, 4096.0);
-        coll->check(ctx, c, &chk);
-      }
+      return st;
+  }
+  if (g_trace && ctx->rank == 0)
+    fprintf(stderr, "# timed %s size %zu iteration %d\n", c->v->name,
+            c->bytes, it);
+  h_barrier();
+  if (it == 0)
+    zpp_comm_get_stats(tc->comm, &tc->s0);
+  t0 = now_s();
+  st = coll->run(ctx, c);
+  t1 = now_s();
+  tc->total += t1 - t0;
+  tc->times[it] = t1 - t0;
+  if (it == 0)
+    zpp_comm_get_stats(tc->comm, &tc->s1);
+  if (st != ZPP_OK)
+    report_failure(ctx, "timed iteration", c, st);
+  if (it == 0 && st == ZPP_OK && o->check) {
+    st = zpp_bench_buf_download(ctx, c->out);
+    if (st == ZPP_OK) {
+      if (o->corrupt && ctx->rank == 0 && c->count > 0)
+        zpp_bench_store(c->out->host, 0, o->dtype, 4096.0);
+      coll->check(ctx, c, &tc->chk);
     }
-    all = agree(st);
   }
+  return agree(st);
+}
+
+/* Tears the row's case down and, when every iteration ran (all ==
+ * ZPP_OK), fills its row (collective: every rank calls it). */
+static void tc_end(const zpp_bench_coll_t *coll, const zpp_bench_ctx_t *ctx,
+                   timed_t *tc, zpp_status_t all, row_t *row) {
+  const zpp_bench_opts_t *o = ctx->opt;
+  zpp_bench_case_t *c = &tc->c;
+  double mean, tmax;
+  uint64_t sent[2], sum[2] = {0, 0}, inter_max = 0;
   coll->teardown(ctx, c);
   if (all != ZPP_OK) {
-    free(times);
-    return all;
+    free(tc->times);
+    tc->times = NULL;
+    return;
   }
-  iter_stats(times, o->iters, row);
-  free(times);
-  mean = total / o->iters;
+  iter_stats(tc->times, o->iters, row);
+  free(tc->times);
+  tc->times = NULL;
+  mean = tc->total / o->iters;
   tmax = h_double(mean, H_MAX);
-  sent[0] = s1.intra_bytes_sent - s0.intra_bytes_sent;
-  sent[1] = s1.inter_bytes_sent - s0.inter_bytes_sent;
+  sent[0] = tc->s1.intra_bytes_sent - tc->s0.intra_bytes_sent;
+  sent[1] = tc->s1.inter_bytes_sent - tc->s0.inter_bytes_sent;
   sum[0] = h_u64(sent[0], H_SUM);
   sum[1] = h_u64(sent[1], H_SUM);
   inter_max = h_u64(sent[1], H_MAX);
@@ -1278,10 +1325,44 @@ static zpp_status_t run_case(const zpp_bench_coll_t *coll,
   row->max_err = 0;
   row->wrong = 0;
   if (o->check) {
-    row->max_err = h_double(chk.max_err, H_MAX);
-    row->wrong = h_u64(chk.wrong, H_SUM);
+    row->max_err = h_double(tc->chk.max_err, H_MAX);
+    row->wrong = h_u64(tc->chk.wrong, H_SUM);
   }
-  return ZPP_OK;
+}
+
+/* Measures the nv rows of one size: one variant after the other, or with
+ * --interleave round-robin (timed iteration k of every variant before
+ * iteration k + 1 of any, so that a slow phase of a shared machine slows
+ * every variant alike).  Returns the agreed status; *failed gets the
+ * variant that failed. */
+static zpp_status_t run_size(const zpp_bench_coll_t *coll,
+                             const zpp_bench_ctx_t *ctx, timed_t *tc, int nv,
+                             row_t *rows, int *failed) {
+  const zpp_bench_opts_t *o = ctx->opt;
+  zpp_status_t all = ZPP_OK;
+  int i, it, begun = 0;
+  if (!o->interleave) {
+    for (i = 0; i < nv && all == ZPP_OK; i++) {
+      all = tc_begin(coll, ctx, &tc[i]);
+      for (it = 0; all == ZPP_OK && it < o->iters; it++)
+        all = tc_iter(coll, ctx, &tc[i], it);
+      tc_end(coll, ctx, &tc[i], all, &rows[i]);
+      *failed = i;
+    }
+    return all;
+  }
+  for (i = 0; i < nv && all == ZPP_OK; i++, begun++) {
+    all = tc_begin(coll, ctx, &tc[i]);
+    *failed = i;
+  }
+  for (it = 0; all == ZPP_OK && it < o->iters; it++)
+    for (i = 0; i < nv && all == ZPP_OK; i++) {
+      all = tc_iter(coll, ctx, &tc[i], it);
+      *failed = i;
+    }
+  for (i = 0; i < begun; i++)
+    tc_end(coll, ctx, &tc[i], all, &rows[i]);
+  return all;
 }
 
 /* ---- main ---------------------------------------------------------------- */
@@ -1405,22 +1486,29 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
       zpp_bench_buf_free(&ctx, &outb);
       break;
     }
-    for (i = 0; i < nv && error[0] == '\0'; i++) {
-      zpp_bench_case_t c;
-      c.v = &v[i];
-      c.count = count;
-      c.bytes = coll->bytes_of(count, ds, ctx.world);
-      c.in = &in;
-      c.out = &outb;
-      c.state = NULL;
-      st = run_case(coll, &ctx, &c, &rows[i]);
+    {
+      timed_t tc[BENCH_MAX_VARIANTS];
+      int failed = 0;
+      memset(tc, 0, sizeof tc);
+      for (i = 0; i < nv; i++) {
+        tc[i].c.v = &v[i];
+        tc[i].c.count = count;
+        tc[i].c.bytes = coll->bytes_of(count, ds, ctx.world);
+        tc[i].c.in = &in;
+        tc[i].c.out = &outb;
+        tc[i].c.state = NULL;
+        tc[i].s0 = tc[i].s1 = (zpp_comm_stats_t)ZPP_COMM_STATS_INIT;
+      }
+      st = run_size(coll, &ctx, tc, nv, rows, &failed);
       if (st != ZPP_OK)
         snprintf(error, sizeof error,
                  "%s %s, size %zu: %s (each failing rank printed its "
                  "message to stderr)",
-                 coll->name, v[i].name, c.bytes, zpp_status_string(st));
-      else if (v[i].baseline && base_us < 0)
-        base_us = rows[i].time_us;
+                 coll->name, v[failed].name, tc[failed].c.bytes,
+                 zpp_status_string(st));
+      for (i = 0; st == ZPP_OK && i < nv; i++)
+        if (v[i].baseline && base_us < 0)
+          base_us = rows[i].time_us;
     }
     zpp_bench_buf_free(&ctx, &in);
     zpp_bench_buf_free(&ctx, &outb);
@@ -1490,6 +1578,8 @@ int main(int argc, char **argv) {
   o.memory = ZPP_MEMORY_HOST;
   o.backend = ZPP_BACKEND_AUTO;
   o.seed = 20261129ull;
+  g_trace = getenv("ZPP_BENCH_TRACE") != NULL &&
+            strcmp(getenv("ZPP_BENCH_TRACE"), "1") == 0;
   rc = parse_args(argc, argv, &o, &print_settings);
   if (rc != 0) {
     FINALIZE();

@@ -42,6 +42,7 @@ typedef struct {
   zpp_backend_t backend;       /* --backend */
   uint64_t seed;               /* --seed */
   int corrupt;                 /* --corrupt: checker self-test */
+  int interleave;              /* --interleave: variants round-robin */
 } zpp_bench_opts_t;
 
 /* The job as the communicator sees it. */

@@ -53,6 +53,21 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
   zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
 
+  # --interleave: the variants of a size round-robin (ZPP_BENCH_TRACE's
+  # lines on stderr: iteration 0 of each before iteration 1 of the first),
+  # with their state alive at once (hpZ handles), and the checker still
+  # catches a spoiled element.
+  zpp_bench_test(bench_interleave_2x4 8 2x4
+    "--coll;reducescatter;--variant;bf16,qgz4,mpi;--interleave;${_zpp_bench_small};--format;csv"
+    "-DEXPECT_ERR=# timed bf16 size 1024 iteration 0.*# timed qgz4 size 1024 iteration 0.*# timed mpi size 1024 iteration 0.*# timed bf16 size 1024 iteration 1")
+  set_tests_properties(bench_interleave_2x4 PROPERTIES ENVIRONMENT
+    "ZPP_TOPO=2x4;OMPI_MCA_mpi_yield_when_idle=1;ZPP_BENCH_TRACE=1")
+  zpp_bench_test(bench_interleave_hpz_2x2 4 2x2
+    "--coll;hpz-gather;--interleave;${_zpp_bench_small};--format;json" -DFORMAT=json)
+  set(_args --coll allgather --variant bf16,qwz8 -b 4K -e 4K -n 2 -w 0
+    --interleave --corrupt --format csv)
+  zpp_bench_test(bench_interleave_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
+
   # Open MPI's own collectives beside zpp's (--variant mpi): bitwise
   # all-gather, reduce-scatter within the bound of any summation order
   # (bf16 and fp16 through the user-defined sums, fp32 MEAN), the checker
