@@ -43,8 +43,11 @@ struct zpp_round {
   struct zpp_round *next; /* free list */
   MPI_Request *req;       /* [nreq] */
   int *idx;               /* [cap] MPI_Testsome indices */
+  MPI_Status *stat;       /* [cap] MPI_Testsome statuses */
+  size_t *want;           /* [cap] bytes a receive expects */
   int *peer;              /* [cap] world rank of each request; -1: barrier */
   char *is_recv;          /* [cap] */
+  zpp_group_t g;
   int nreq, cap, left;
   int cancellable; /* 0: a non-blocking collective (MPI cannot cancel it) */
 };
@@ -93,18 +96,25 @@ static zpp_round_t *round_get(mpi_impl_t *m, int nreq) {
     int *x = q != NULL ? realloc(r->idx, (size_t)nreq * sizeof *x) : NULL;
     int *pr = x != NULL ? realloc(r->peer, (size_t)nreq * sizeof *pr) : NULL;
     char *rv = pr != NULL ? realloc(r->is_recv, (size_t)nreq) : NULL;
+    MPI_Status *sa = rv != NULL ? realloc(r->stat, (size_t)nreq * sizeof *sa)
+                                : NULL;
+    size_t *w = sa != NULL ? realloc(r->want, (size_t)nreq * sizeof *w) : NULL;
     if (q != NULL)
       r->req = q;
     if (x != NULL)
       r->idx = x;
     if (pr != NULL)
       r->peer = pr;
-    if (rv == NULL) {
+    if (rv != NULL)
+      r->is_recv = rv;
+    if (sa != NULL)
+      r->stat = sa;
+    if (w == NULL) {
       r->next = m->free_rounds;
       m->free_rounds = r;
       return NULL;
     }
-    r->is_recv = rv;
+    r->want = w;
     r->cap = nreq;
   }
   r->nreq = r->left = 0;
@@ -262,6 +272,7 @@ static zpp_status_t post(zpp_transport_t *t, zpp_group_t g, zpp_round_t *r,
         return zpp_mpi_error(rc, "round_post", send ? "MPI_Isend" : "MPI_Irecv");
       r->peer[r->nreq] = world;
       r->is_recv[r->nreq] = (char)!send;
+      r->want[r->nreq] = b;
       r->nreq++;
       p += b;
       left -= b;
@@ -296,6 +307,7 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   r = round_get(m, nreq > 0 ? nreq : 1);
   if (r == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "round_post", "%d requests", nreq);
+  r->g = g;
   st = post(t, g, r, recv, nrecv, 0);
   if (st == ZPP_OK)
     st = post(t, g, r, send, nsend, 1);
@@ -308,11 +320,58 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   return ZPP_OK;
 }
 
+/* A receive that got another size than its peer sent (ranks passed
+ * different sizes): the transport is aborted, as UCX's is. */
+static zpp_status_t size_mismatch(zpp_transport_t *t, const zpp_round_t *r,
+                                  int i, const char *got) {
+  zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
+                         "group %s: rank %d sent %s where %zu bytes were "
+                         "expected",
+                         zpp_group_name(r->g), r->peer[i], got, r->want[i]);
+  return zpp_error(ZPP_ERR_MISMATCH, "round",
+                   "group %s: rank %d sent %s where %zu bytes were expected "
+                   "(ranks passed different sizes); the communicator is "
+                   "aborted",
+                   zpp_group_name(r->g), r->peer[i], got, r->want[i]);
+}
+
+/* Checks the receives MPI_Testsome completed: a longer message is
+ * MPI_ERR_TRUNCATE, a shorter one only shows in its count, and would leave
+ * the rest of the buffer as it was. */
+static zpp_status_t check_sizes(zpp_transport_t *t, zpp_round_t *r, int out,
+                                int rc) {
+  int k;
+  for (k = 0; k < out; k++) {
+    int i = r->idx[k], n = 0;
+    char got[64];
+    if (!r->is_recv[i] || r->peer[i] < 0) /* a send, the barrier */
+      continue;
+    if (rc == MPI_ERR_IN_STATUS && r->stat[k].MPI_ERROR != MPI_SUCCESS) {
+      int cls = 0;
+      MPI_Error_class(r->stat[k].MPI_ERROR, &cls);
+      if (cls == MPI_ERR_TRUNCATE)
+        return size_mismatch(t, r, i, "more bytes");
+      continue;
+    }
+    if (MPI_Get_count(&r->stat[k], MPI_BYTE, &n) == MPI_SUCCESS &&
+        n != MPI_UNDEFINED && (size_t)n != r->want[i]) {
+      snprintf(got, sizeof got, "%d bytes", n);
+      return size_mismatch(t, r, i, got);
+    }
+  }
+  return ZPP_OK;
+}
+
 static zpp_status_t mpi_round_test(zpp_transport_t *t, zpp_round_t *r,
                                    int *done) {
   int out = 0, rc;
+  zpp_status_t st;
   *done = 0;
-  rc = MPI_Testsome(r->nreq, r->req, &out, r->idx, MPI_STATUSES_IGNORE);
+  rc = MPI_Testsome(r->nreq, r->req, &out, r->idx, r->stat);
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS)
+    return zpp_mpi_error(rc, "round_test", "MPI_Testsome");
+  if (out != MPI_UNDEFINED && (st = check_sizes(t, r, out, rc)) != ZPP_OK)
+    return st;
   if (rc != MPI_SUCCESS)
     return zpp_mpi_error(rc, "round_test", "MPI_Testsome");
   if (out == MPI_UNDEFINED) {
@@ -367,6 +426,8 @@ static zpp_status_t mpi_barrier_post(zpp_transport_t *t, zpp_group_t g,
   }
   r->peer[0] = -1;
   r->is_recv[0] = 1;
+  r->want[0] = 0;
+  r->g = g;
   r->nreq = r->left = 1;
   r->cancellable = 0;
   *round = r;
@@ -423,6 +484,8 @@ static void mpi_destroy(zpp_transport_t *t) {
     free(r->idx);
     free(r->peer);
     free(r->is_recv);
+    free(r->stat);
+    free(r->want);
     free(r);
   }
   /* zpp_transport_free drained the orphans first (mpi_round_drain):

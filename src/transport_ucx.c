@@ -294,10 +294,13 @@ static zpp_status_t peer_failed(zpp_transport_t *t, zpp_group_t g,
    * destroy closes its endpoints): say which ranks of this machine are
    * gone or stopped. */
   char others[160] = "";
+  /* a longer message than the receive: ranks passed different sizes */
+  zpp_status_t st = s == UCS_ERR_MESSAGE_TRUNCATED ? ZPP_ERR_MISMATCH
+                                                   : ZPP_ERR_SYSTEM;
   zpp_transport_describe_peers(t, others, sizeof others);
-  zpp_transport_break_st(t, ZPP_ERR_SYSTEM, "group %s: rank %d %s",
+  zpp_transport_break_st(t, st, "group %s: rank %d %s",
                          zpp_group_name(g), x->peer, peer_problem(s));
-  return zpp_error(ZPP_ERR_SYSTEM, "round",
+  return zpp_error(st, "round",
                    "group %s: %s rank %d: rank %d %s (UCX %s: %s)%s; the "
                    "communicator is aborted",
                    zpp_group_name(g), x->is_recv ? "receive from" : "send to",

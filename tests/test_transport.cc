@@ -1222,6 +1222,47 @@ TEST(Xop, FreeInFlightBreaksTheTransport) {
   zpp_comm_destroy(c);
 }
 
+// Ranks that pass different sizes for one transfer: the receiver fails
+// with ZPP_ERR_MISMATCH naming the sender, on both backends, whether the
+// message is shorter than its receive (MPI completes it quietly: the rest
+// of the buffer kept its old bytes) or longer (truncated).  Rank 0 expects
+// `delta` more bytes from rank 1 than rank 1 sends.
+TEST(Xop, RanksPassingDifferentSizesFailWithMismatch) {
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (int delta : {8, -8}) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.timeout_s = 2;  // the others may wait for rank 0's later rounds
+    zpp_comm_t c = nullptr;
+    ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
+    zpp_transport_t *t = zpp_comm_transport(c);
+    auto len = [](int s, int d) { return (size_t)(32 + s + 2 * d); };
+    std::vector<size_t> sb(g_size), rb(g_size);
+    for (int j = 0; j < g_size; j++) {
+      sb[j] = len(g_rank, j);
+      rb[j] = len(j, g_rank) + (g_rank == 0 && j == 1 ? delta : 0);
+    }
+    std::vector<uint8_t> in(64 * g_size, 7), out(64 * g_size + 64, 0);
+    std::vector<size_t> displs(g_size);
+    for (int j = 0; j < g_size; j++) displs[j] = 64 * (size_t)j;
+    zpp_status_t st = zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.data(), sb.data(),
+                                              displs.data(), out.data(), rb.data(),
+                                              displs.data(), ZPP_MEMORY_HOST, nullptr);
+    if (g_rank == 0) {
+      std::string msg = zpp_comm_get_last_error(c);
+      EXPECT_EQ(st, ZPP_ERR_MISMATCH) << "delta " << delta << ": " << msg;
+      EXPECT_NE(msg.find("rank 1 sent"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("different sizes"), std::string::npos) << msg;
+      EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_MISMATCH)
+          << "the communicator is not aborted";
+    } else {
+      EXPECT_TRUE(st == ZPP_OK || st == ZPP_ERR_TIMEOUT || st == ZPP_ERR_MISMATCH)
+          << zpp_status_string(st) << ": " << zpp_comm_get_last_error(c);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_comm_destroy(c);
+  }
+}
+
 TEST(Xop, NullArgumentsAreNamed) {
   std::vector<uint8_t> buf(8 * g_size);
   EXPECT_EQ(zpp_transport_start_allgather(T(), ZPP_GROUP_WORLD, buf.data(), 8, buf.data(),
