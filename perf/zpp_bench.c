@@ -13,7 +13,9 @@
  * and per variant, every rank runs -w untimed warm-up calls, then -n timed
  * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
  * bootstrap's barrier without MPI) and timed alone with
- * clock_gettime(CLOCK_MONOTONIC);
+ * clock_gettime(CLOCK_MONOTONIC); one variant after the other, or with
+ * --interleave round-robin (warm-up call k, then timed call k, of every
+ * variant before call k + 1 of any, each round starting one variant later);
  * time_us is the MAX over ranks of each rank's MEAN; time_med_us,
  * time_min_us and time_max_us are the median, min and max over the timed
  * iterations of each iteration's MAX over ranks (the spread a shared machine
@@ -65,7 +67,7 @@ static int g_rank = 0;
  * communicator's bootstrap (never while a collective is in flight) ----- */
 
 static int g_env = 0;            /* started from torchrun's environment */
-static int g_trace = 0; /* ZPP_BENCH_TRACE=1: rank 0 prints each timed call */
+static int g_trace = 0; /* --trace: rank 0 prints each timed call */
 static zpp_comm_t g_comm = NULL; /* set once created */
 
 static int env_launch(void) {
@@ -542,9 +544,13 @@ static void usage(FILE *f) {
       "  -n, --iters N        timed iterations per row (default 20)\n"
       "  -w, --warmup_iters W untimed iterations first (default 5)\n"
       "  -c, --check 0|1      check the first timed iteration (default 1)\n"
-      "  --interleave         time the variants of a size round-robin:\n"
-      "                       iteration k of each before iteration k+1 of\n"
-      "                       any (default: one variant after the other)\n"
+      "  --interleave         run the variants of a size round-robin: warm-up\n"
+      "                       and timed call k of each before call k+1 of\n"
+      "                       any, each round starting one variant later\n"
+      "                       (default: one variant after the other); every\n"
+      "                       variant's buffers and handles exist at once\n"
+      "  --trace              rank 0 prints each timed call to stderr before\n"
+      "                       it (# timed VARIANT size SIZE iteration K)\n"
       "  --coll C             allgather (default), reducescatter, hpz-gather\n"
       "  --variant LIST       comma list (default: all of the collective);\n"
       "                       the baseline is added when missing\n"
@@ -573,8 +579,6 @@ static void usage(FILE *f) {
   fprintf(f, "environment: ZPP_TOPO (emulated nodes, e.g. 2x4), "
              "ZPP_EMU_INTER_GBIT and\nZPP_EMU_INTER_LAT_US (emulated "
              "inter-node link per rank); see --print-settings.\n"
-             "ZPP_BENCH_TRACE=1: rank 0 prints each timed call to stderr "
-             "before it\n(# timed VARIANT size SIZE iteration K).\n"
              "exit status: 0 ok, 1 a check failed, 2 bad flags, 3 a zpp or "
              "CUDA call failed\n");
 }
@@ -641,7 +645,8 @@ enum {
   OPT_CORRUPT,
   OPT_SETTINGS,
   OPT_BOOTSTRAP,
-  OPT_INTERLEAVE
+  OPT_INTERLEAVE,
+  OPT_TRACE
 };
 
 /* 0: run; 1: exit 0 (help); -1: bad flags. */
@@ -668,6 +673,7 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       {"print-settings", no_argument, NULL, OPT_SETTINGS},
       {"bootstrap", required_argument, NULL, OPT_BOOTSTRAP},
       {"interleave", no_argument, NULL, OPT_INTERLEAVE},
+      {"trace", no_argument, NULL, OPT_TRACE},
       {NULL, 0, NULL, 0}};
   int c;
   size_t v;
@@ -771,6 +777,9 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
       break;
     case OPT_INTERLEAVE:
       o->interleave = 1;
+      break;
+    case OPT_TRACE:
+      g_trace = 1;
       break;
     case OPT_SETTINGS:
       *print_settings = 1;
@@ -994,9 +1003,9 @@ static void header_texts(const header_t *h, char lines[][800],
        "iterations of each iteration's MAX over ranks; %s",
        g_env ? "the bootstrap's barrier" : "MPI_Barrier(MPI_COMM_WORLD)",
        o->iters, o->warmup,
-       o->interleave ? "the variants of a size interleaved (--interleave: "
-                       "timed iteration k of each before iteration k+1 of "
-                       "any)"
+       o->interleave ? "the variants of a size round-robin (--interleave: "
+                       "warm-up and timed call k of each before call k+1 "
+                       "of any, each round starting one variant later)"
                      : "the variants of a size one after the other");
   LINE("size", "%s", h->coll->size_help);
   LINE("bandwidth", "%s; GB/s = 1e9 bytes/s", h->coll->bytes_help);
@@ -1222,27 +1231,33 @@ typedef struct {
   double total, *times;
 } timed_t;
 
-/* Allocates the row's times, sets its case up and runs its warm-up
- * iterations; returns the agreed status (ZPP_OK or the worst error).
- * tc_end is owed whatever it returns. */
+/* Allocates the row's times and sets its case up; returns the agreed
+ * status (ZPP_OK or the worst error).  tc_end is owed whatever it
+ * returns. */
 static zpp_status_t tc_begin(const zpp_bench_coll_t *coll,
                              const zpp_bench_ctx_t *ctx, timed_t *tc) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_status_t st, all;
-  int it;
   tc->comm = tc->c.v->flat ? ctx->comm_flat : ctx->comm;
   tc->times = calloc((size_t)o->iters, sizeof *tc->times);
-  st = tc->times != NULL ? coll->setup(ctx, &tc->c) : ZPP_ERR_OUT_OF_MEMORY;
-  if (st != ZPP_OK)
-    report_failure(ctx, "setup", &tc->c, st);
-  all = agree(st);
-  for (it = 0; all == ZPP_OK && it < o->warmup; it++) {
-    st = coll->run(ctx, &tc->c);
-    if (st != ZPP_OK)
-      report_failure(ctx, "warm-up", &tc->c, st);
+  st = tc->times != NULL ? ZPP_OK : ZPP_ERR_OUT_OF_MEMORY;
+  /* setup may call collectives: every rank calls it, or none */
+  if ((all = agree(st)) == ZPP_OK) {
+    st = coll->setup(ctx, &tc->c);
     all = agree(st);
   }
+  if (st != ZPP_OK)
+    report_failure(ctx, "setup", &tc->c, st);
   return all;
+}
+
+/* One untimed warm-up call of the row; returns the agreed status. */
+static zpp_status_t tc_warm(const zpp_bench_coll_t *coll,
+                            const zpp_bench_ctx_t *ctx, timed_t *tc) {
+  zpp_status_t st = coll->run(ctx, &tc->c);
+  if (st != ZPP_OK)
+    report_failure(ctx, "warm-up", &tc->c, st);
+  return agree(st);
 }
 
 /* Timed iteration `it` of the row: the first one poisons the output
@@ -1331,34 +1346,40 @@ static void tc_end(const zpp_bench_coll_t *coll, const zpp_bench_ctx_t *ctx,
 }
 
 /* Measures the nv rows of one size: one variant after the other, or with
- * --interleave round-robin (timed iteration k of every variant before
- * iteration k + 1 of any, so that a slow phase of a shared machine slows
- * every variant alike).  Returns the agreed status; *failed gets the
- * variant that failed. */
+ * --interleave round-robin: warm-up call k, then timed call k, of every
+ * variant before call k + 1 of any, round k starting at variant k mod nv
+ * (so that a slow phase of a shared machine slows every variant alike, and
+ * what one call leaves behind -- a drained token bucket, a TCP window --
+ * falls on every variant in turn).  Returns the agreed status; *failed
+ * gets the variant that failed. */
 static zpp_status_t run_size(const zpp_bench_coll_t *coll,
                              const zpp_bench_ctx_t *ctx, timed_t *tc, int nv,
                              row_t *rows, int *failed) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_status_t all = ZPP_OK;
-  int i, it, begun = 0;
+  int i, k, it, begun = 0;
   if (!o->interleave) {
     for (i = 0; i < nv && all == ZPP_OK; i++) {
+      *failed = i;
       all = tc_begin(coll, ctx, &tc[i]);
+      for (it = 0; all == ZPP_OK && it < o->warmup; it++)
+        all = tc_warm(coll, ctx, &tc[i]);
       for (it = 0; all == ZPP_OK && it < o->iters; it++)
         all = tc_iter(coll, ctx, &tc[i], it);
       tc_end(coll, ctx, &tc[i], all, &rows[i]);
-      *failed = i;
     }
     return all;
   }
   for (i = 0; i < nv && all == ZPP_OK; i++, begun++) {
-    all = tc_begin(coll, ctx, &tc[i]);
     *failed = i;
+    all = tc_begin(coll, ctx, &tc[i]);
   }
-  for (it = 0; all == ZPP_OK && it < o->iters; it++)
-    for (i = 0; i < nv && all == ZPP_OK; i++) {
-      all = tc_iter(coll, ctx, &tc[i], it);
+  for (it = 0; all == ZPP_OK && it < o->warmup + o->iters; it++)
+    for (k = 0; k < nv && all == ZPP_OK; k++) {
+      i = (it + k) % nv;
       *failed = i;
+      all = it < o->warmup ? tc_warm(coll, ctx, &tc[i])
+                           : tc_iter(coll, ctx, &tc[i], it - o->warmup);
     }
   for (i = 0; i < begun; i++)
     tc_end(coll, ctx, &tc[i], all, &rows[i]);
@@ -1578,8 +1599,6 @@ int main(int argc, char **argv) {
   o.memory = ZPP_MEMORY_HOST;
   o.backend = ZPP_BACKEND_AUTO;
   o.seed = 20261129ull;
-  g_trace = getenv("ZPP_BENCH_TRACE") != NULL &&
-            strcmp(getenv("ZPP_BENCH_TRACE"), "1") == 0;
   rc = parse_args(argc, argv, &o, &print_settings);
   if (rc != 0) {
     FINALIZE();

@@ -53,15 +53,22 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
   zpp_bench_test(bench_corrupt_2x2 4 2x2 "${_args}" -DEXPECT_RC=1)
 
-  # --interleave: the variants of a size round-robin (ZPP_BENCH_TRACE's
-  # lines on stderr: iteration 0 of each before iteration 1 of the first),
-  # with their state alive at once (hpZ handles), and the checker still
-  # catches a spoiled element.
+  # --interleave: the variants of a size round-robin, each round starting
+  # one variant later (--trace's lines on stderr: with -w 1 -n 2, timed
+  # round 0 starts at qgz4, round 1 at mpi), with their state alive at once
+  # (hpZ handles), and the checker still catches a spoiled element.
   zpp_bench_test(bench_interleave_2x4 8 2x4
-    "--coll;reducescatter;--variant;bf16,qgz4,mpi;--interleave;${_zpp_bench_small};--format;csv"
-    "-DEXPECT_ERR=# timed bf16 size 1024 iteration 0.*# timed qgz4 size 1024 iteration 0.*# timed mpi size 1024 iteration 0.*# timed bf16 size 1024 iteration 1")
-  set_tests_properties(bench_interleave_2x4 PROPERTIES ENVIRONMENT
-    "ZPP_TOPO=2x4;OMPI_MCA_mpi_yield_when_idle=1;ZPP_BENCH_TRACE=1")
+    "--coll;reducescatter;--variant;bf16,qgz4,mpi;--interleave;--trace;${_zpp_bench_small};--format;csv"
+    "-DEXPECT_ERR=# timed qgz4 size 1024 iteration 0.*# timed mpi size 1024 iteration 0.*# timed bf16 size 1024 iteration 0.*# timed mpi size 1024 iteration 1.*# timed bf16 size 1024 iteration 1.*# timed qgz4 size 1024 iteration 1")
+  # Every row's byte counts are the same in both orders.
+  string(REPLACE ";" "|" _mpi "${_zpp_bench_mpirun}")
+  add_test(NAME bench_interleave_bytes_2x4
+    COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_mpi}" -DNP=8
+      -DBENCH=$<TARGET_FILE:zpp-bench>
+      "-DARGS=--coll|reducescatter|--variant|bf16,bf16-flat,qgz4,qgz8-4,mpi|-b|4K|-e|64K|-f|16|-n|2|-w|1|-c|0"
+      -P ${CMAKE_CURRENT_SOURCE_DIR}/bench/compare_interleave.cmake)
+  set_tests_properties(bench_interleave_bytes_2x4 PROPERTIES LABELS mpi
+    TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x4;OMPI_MCA_mpi_yield_when_idle=1")
   zpp_bench_test(bench_interleave_hpz_2x2 4 2x2
     "--coll;hpz-gather;--interleave;${_zpp_bench_small};--format;json" -DFORMAT=json)
   set(_args --coll allgather --variant bf16,qwz8 -b 4K -e 4K -n 2 -w 0

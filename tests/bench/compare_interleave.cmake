@@ -1,0 +1,46 @@
+# Runs zpp-bench twice under mpirun, one variant after the other and with
+# --interleave, and checks that every row's byte columns (intra_bytes,
+# inter_bytes, inter_bytes_max, inter_bytes_node_max) are the same in both:
+# each variant's counters must count its own call only, whatever ran
+# between its calls (cmake -P script, called by tests/bench.cmake).
+# Variables: MPIEXEC (joined with '|'), NP, BENCH, ARGS (joined with '|').
+cmake_minimum_required(VERSION 3.24)
+string(REPLACE "|" ";" MPIEXEC "${MPIEXEC}")
+string(REPLACE "|" ";" ARGS "${ARGS}")
+foreach(_mode seq inter)
+  set(_extra "")
+  if(_mode STREQUAL "inter")
+    set(_extra --interleave)
+  endif()
+  execute_process(COMMAND ${MPIEXEC} -np ${NP} ${BENCH} ${ARGS} ${_extra} --format csv
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${_mode}: exit status ${rc}\n${out}\n${err}")
+  endif()
+  string(REPLACE ";" "<semicolon>" _text "${out}")  # header texts use ';'
+  string(REPLACE "\n" ";" _lines "${_text}")
+  set(_rows_${_mode} "")
+  foreach(_line IN LISTS _lines)
+    if(_line MATCHES "^#" OR _line STREQUAL "" OR _line MATCHES "^coll,")
+      continue()
+    endif()
+    string(REPLACE "," ";" _v "${_line}")
+    list(GET _v 1 _variant)
+    list(GET _v 2 _size)
+    list(GET _v 8 _intra)
+    list(GET _v 9 _inter)
+    list(GET _v 13 _imax)
+    list(GET _v 17 _nmax)
+    list(APPEND _rows_${_mode} "${_variant}/${_size}:${_intra}/${_inter}/${_imax}/${_nmax}")
+  endforeach()
+  list(SORT _rows_${_mode})
+endforeach()
+message(STATUS "one after the other: ${_rows_seq}")
+message(STATUS "interleaved:         ${_rows_inter}")
+list(LENGTH _rows_seq _n)
+if(_n EQUAL 0)
+  message(FATAL_ERROR "no rows")
+endif()
+if(NOT _rows_seq STREQUAL _rows_inter)
+  message(FATAL_ERROR "byte columns differ between the two orders")
+endif()
