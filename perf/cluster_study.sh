@@ -15,7 +15,9 @@
 # 50 timed iterations below 1 MiB (-w 5; one call takes milliseconds, and 5
 # left the zpp / Open MPI ratio at the mercy of one scheduling hiccup), 15
 # at 1-4 MiB (-w 2) and 5 from 16 MiB (-w 1) (ZPP_CLUSTER_STUDY_SMALL_ITERS,
-# _MID_ITERS, _ITERS); and zpp on its UCX backend (--backend ucx:
+# _MID_ITERS, _ITERS), the variants of each launch timed round-robin
+# (zpp-bench --interleave: a slow phase of the shared machine slows every
+# variant of a size alike, not one); and zpp on its UCX backend (--backend ucx:
 # bf16 and qwz8, bf16 and qgz4; rows ucx-*), UCX's TCP between the nodes.
 # Then the same benchmark on zpp's in-library emulation (ZPP_TOPO=2x4,
 # ZPP_EMU_INTER_GBIT, root namespace, shared memory) at the per-rank share
@@ -109,6 +111,7 @@ echo "mode,link,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,in
   echo "iters $iters"
   echo "small_iters $small_iters"
   echo "mid_iters $mid_iters"
+  echo "interleave 1"
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 } > "$meta"
 status=0
@@ -141,11 +144,11 @@ for rate in "${rates[@]}"; do
   for sz in "${size_runs[@]}"; do
     read -r -a sargs <<< "$sz"
     args=(--coll "$coll" --variant "${variants[$coll]}" "${sargs[@]}" -f 4
-          -c 1 --format csv)
+          --interleave -c 1 --format csv)
     run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 ${yield_env[*]} zpp-bench ${args[*]}" \
       timeout -k 10 900 "$cluster" run -np 8 "${yield_env[@]}" "$bench" "${args[@]}"
     args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" "${sargs[@]}"
-          -f 4 -c 1 --format csv)
+          -f 4 --interleave -c 1 --format csv)
     row_prefix=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${yield_env[*]} ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
       timeout -k 10 600 "$cluster" run -np 8 "${yield_env[@]}" "${ucx_env[@]}" "$bench" "${args[@]}"
   done
@@ -169,7 +172,7 @@ if [ "${ZPP_CLUSTER_STUDY_EMU:-1}" != 0 ]; then
       done_g[$g]=1
       for coll in allgather reducescatter; do
         args=(--coll "$coll" --variant "${emu_variants[$coll]}" -b 1M -e 4M -f 4
-              -n "$mid_iters" -w 2 -c 1 --format csv)
+              -n "$mid_iters" -w 2 --interleave -c 1 --format csv)
         run emu "$g" "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$g mpirun -np 8 zpp-bench ${args[*]}" \
           timeout -k 10 900 "${mpirun[@]}" -x ZPP_EMU_INTER_GBIT="$g" "$bench" "${args[@]}"
       done

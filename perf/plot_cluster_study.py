@@ -163,7 +163,12 @@ def markdown(rows, cmds_path, meta_path):
     if "small_iters" in meta:
         its = (f"{meta['small_iters']} (below 1 MiB), {meta.get('mid_iters', meta.get('iters', '?'))} "
                f"(1-4 MiB) or {meta.get('iters', '?')} (from 16 MiB) timed iterations")
-    p(f"med = median over the {its} of each iteration's slowest rank (ms); "
+    order = ("; the variants of a launch run round-robin (zpp-bench --interleave: "
+             "call k of each before call k+1 of any, each round starting one variant "
+             "later), so a slow phase of the machine slows every row of a size in that "
+             "launch alike (the `ucx-*` rows are a launch of their own)"
+             if meta.get("interleave") == "1" else "")
+    p(f"med = median over the {its} of each iteration's slowest rank (ms){order}; "
       "min..max = the fastest and slowest of those iterations; link MB = the bytes the "
       "busiest node link carries one way in one call (zpp's counters, "
       "`inter_bytes_node_max`; Open MPI's own collectives are not counted: -); "
