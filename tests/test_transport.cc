@@ -1231,7 +1231,7 @@ TEST(Xop, RanksPassingDifferentSizesFailWithMismatch) {
   if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
   for (int delta : {8, -8}) {
     zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-    cfg.timeout_s = 2;  // the others may wait for rank 0's later rounds
+    cfg.timeout_s = 2;  // bounds any wait of the others on rank 0
     zpp_comm_t c = nullptr;
     ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
     zpp_transport_t *t = zpp_comm_transport(c);
