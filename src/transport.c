@@ -208,6 +208,20 @@ void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
   va_end(ap);
 }
 
+zpp_status_t zpp_transport_size_mismatch(zpp_transport_t *t, zpp_group_t g,
+                                         int peer, const char *got,
+                                         size_t want) {
+  zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
+                         "group %s: rank %d sent %s where %zu bytes were "
+                         "expected",
+                         zpp_group_name(g), peer, got, want);
+  return zpp_error(ZPP_ERR_MISMATCH, "round",
+                   "group %s: rank %d sent %s where %zu bytes were expected "
+                   "(ranks passed different sizes); the communicator is "
+                   "aborted",
+                   zpp_group_name(g), peer, got, want);
+}
+
 zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func) {
   zpp_status_t st;
   char why[sizeof t->broken_why];

@@ -171,6 +171,14 @@ void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
                             const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A receive from world rank `peer` of group g got another size than the
+ * `want` bytes it posted ("33 bytes", "more bytes"): ranks passed
+ * different sizes.  Breaks the transport with ZPP_ERR_MISMATCH and returns
+ * that error, naming both; every backend reports it so. */
+zpp_status_t zpp_transport_size_mismatch(zpp_transport_t *t, zpp_group_t g,
+                                         int peer, const char *got,
+                                         size_t want);
+
 /* Appends "; rank r (pid p) is gone" / "... is stopped" for every other
  * rank whose process this one can see in that state, to buf (len bytes,
  * NUL-terminated); nothing when none is. */

@@ -320,21 +320,6 @@ static zpp_status_t mpi_round_post(zpp_transport_t *t, zpp_group_t g,
   return ZPP_OK;
 }
 
-/* A receive that got another size than its peer sent (ranks passed
- * different sizes): the transport is aborted, as UCX's is. */
-static zpp_status_t size_mismatch(zpp_transport_t *t, const zpp_round_t *r,
-                                  int i, const char *got) {
-  zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
-                         "group %s: rank %d sent %s where %zu bytes were "
-                         "expected",
-                         zpp_group_name(r->g), r->peer[i], got, r->want[i]);
-  return zpp_error(ZPP_ERR_MISMATCH, "round",
-                   "group %s: rank %d sent %s where %zu bytes were expected "
-                   "(ranks passed different sizes); the communicator is "
-                   "aborted",
-                   zpp_group_name(r->g), r->peer[i], got, r->want[i]);
-}
-
 /* Checks the receives MPI_Testsome completed (in_status: it returned
  * MPI_ERR_IN_STATUS): a longer message is MPI_ERR_TRUNCATE, a shorter one
  * only shows in its count, and would leave the rest of the buffer as it
@@ -353,13 +338,15 @@ static zpp_status_t check_sizes(zpp_transport_t *t, zpp_round_t *r, int out,
       int cls = 0;
       MPI_Error_class(r->stat[k].MPI_ERROR, &cls);
       if (cls == MPI_ERR_TRUNCATE)
-        return size_mismatch(t, r, i, "more bytes");
+        return zpp_transport_size_mismatch(t, r->g, r->peer[i], "more bytes",
+                                           r->want[i]);
       continue;
     }
     if (MPI_Get_count(&r->stat[k], MPI_BYTE, &n) == MPI_SUCCESS &&
         n != MPI_UNDEFINED && (size_t)n != r->want[i]) {
       snprintf(got, sizeof got, "%d bytes", n);
-      return size_mismatch(t, r, i, got);
+      return zpp_transport_size_mismatch(t, r->g, r->peer[i], got,
+                                         r->want[i]);
     }
   }
   return ZPP_OK;

@@ -223,8 +223,6 @@ static const char *peer_problem(ucs_status_t s) {
   case UCS_ERR_CONNECTION_RESET:
   case UCS_ERR_ENDPOINT_TIMEOUT:
   case UCS_ERR_CANCELED: return "closed the connection (exited?)";
-  case UCS_ERR_MESSAGE_TRUNCATED:
-    return "sent more bytes than expected (ranks passed different sizes)";
   default: return "failed";
   }
 }
@@ -294,13 +292,10 @@ static zpp_status_t peer_failed(zpp_transport_t *t, zpp_group_t g,
    * destroy closes its endpoints): say which ranks of this machine are
    * gone or stopped. */
   char others[160] = "";
-  /* a longer message than the receive: ranks passed different sizes */
-  zpp_status_t st = s == UCS_ERR_MESSAGE_TRUNCATED ? ZPP_ERR_MISMATCH
-                                                   : ZPP_ERR_SYSTEM;
   zpp_transport_describe_peers(t, others, sizeof others);
-  zpp_transport_break_st(t, st, "group %s: rank %d %s",
+  zpp_transport_break_st(t, ZPP_ERR_SYSTEM, "group %s: rank %d %s",
                          zpp_group_name(g), x->peer, peer_problem(s));
-  return zpp_error(st, "round",
+  return zpp_error(ZPP_ERR_SYSTEM, "round",
                    "group %s: %s rank %d: rank %d %s (UCX %s: %s)%s; the "
                    "communicator is aborted",
                    zpp_group_name(g), x->is_recv ? "receive from" : "send to",
@@ -398,19 +393,15 @@ static zpp_status_t ucx_round_test(zpp_transport_t *t, zpp_round_t *r,
     x->req = NULL;
     r->left--;
     fin++;
+    if (s == UCS_ERR_MESSAGE_TRUNCATED && x->is_recv)
+      return zpp_transport_size_mismatch(t, r->g, x->peer, "more bytes",
+                                         x->bytes);
     if (s != UCS_OK)
       return peer_failed(t, r->g, x, s, "request");
     if (x->is_recv && info.length != x->bytes) {
-      zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
-                             "group %s: rank %d sent %zu bytes where %zu "
-                             "were expected",
-                             zpp_group_name(r->g), x->peer, info.length,
-                             x->bytes);
-      return zpp_error(ZPP_ERR_MISMATCH, "round",
-                       "group %s: rank %d sent %zu bytes where %zu were "
-                       "expected (ranks passed different sizes); the "
-                       "communicator is aborted",
-                       zpp_group_name(r->g), x->peer, info.length, x->bytes);
+      char got[64];
+      snprintf(got, sizeof got, "%zu bytes", (size_t)info.length);
+      return zpp_transport_size_mismatch(t, r->g, x->peer, got, x->bytes);
     }
   }
   if (fin > 0)
