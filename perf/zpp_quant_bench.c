@@ -39,7 +39,21 @@ typedef struct {
   const char *isa;
   fmt_t fmt;
   int asym;
+  int cold; /* write COLD_BYTES elsewhere before every run */
 } opts_t;
+
+/* --cold: bytes written before each run (codec and memcpy alike), several
+ * times any last-level cache of the machines we run on, so that a run
+ * reads its input from memory, as the encode of a collective reads a
+ * buffer the application wrote long before. */
+#define COLD_BYTES ((size_t)256 << 20)
+static unsigned char *cold_buf;
+
+static void make_cold(const opts_t *o) {
+  static unsigned char v;
+  if (o->cold)
+    memset(cold_buf, ++v, COLD_BYTES);
+}
 
 typedef struct {
   const char *op;
@@ -70,14 +84,16 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: zpp-quant-bench [--n N] [--block B] [--iters I] [--warmup W]\n"
           "                       [--isa auto|scalar|avx2|avx512]\n"
-          "                       [--format table|csv|json] [--sym|--asym]\n"
+          "                       [--format table|csv|json] [--sym|--asym] [--cold]\n"
           "  --n N        elements per buffer (default 16777216: out of cache)\n"
           "  --block B    elements per quantization block (default 256)\n"
           "  --iters I    timed runs per row; the median is reported (default 10)\n"
           "  --warmup W   untimed runs per row first (default 2)\n"
           "  --isa P      CPU path; auto = the library's choice (ZPP_CPU_ISA)\n"
           "  --format F   table (default), csv or json\n"
-          "  --sym/--asym quantization mode (default symmetric)\n");
+          "  --sym/--asym quantization mode (default symmetric)\n"
+          "  --cold       write 256 MiB elsewhere before every run (codec and\n"
+          "               memcpy alike): inputs come from memory, not cache\n");
 }
 
 static int parse_size(const char *flag, const char *s, size_t min, size_t *out) {
@@ -111,6 +127,8 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       o->asym = 0;
     } else if (strcmp(a, "--asym") == 0) {
       o->asym = 1;
+    } else if (strcmp(a, "--cold") == 0) {
+      o->cold = 1;
     } else if (strcmp(a, "--n") == 0) {
       if (parse_size(a, v, 1, &o->n) != 0)
         return -1;
@@ -250,13 +268,18 @@ static void measure(const opts_t *o, const job_t *j, void *mc_dst,
     exit(1);
   }
   for (k = 0; k < o->warmup; k++) {
+    make_cold(o);
     run_job(j);
+    make_cold(o);
     memcpy(mc_dst, mc_src, mc_bytes);
   }
   for (k = 0; k < o->iters; k++) {
-    double t0 = now_s();
+    double t0;
+    make_cold(o);
+    t0 = now_s();
     run_job(j);
     t[k] = now_s() - t0;
+    make_cold(o);
     t0 = now_s();
     memcpy(mc_dst, mc_src, mc_bytes);
     m[k] = now_s() - t0;
@@ -280,15 +303,16 @@ static size_t count_diff(const void *a, const void *b, size_t len) {
 static void print_header(const opts_t *o, const char *cpu, const char *isa) {
   if (o->fmt == FMT_JSON) {
     printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"n\": %zu, \"block\": %zu, "
-           "\"mode\": \"%s\", \"iters\": %d, \"warmup\": %d, \"rows\": [\n",
+           "\"mode\": \"%s\", \"iters\": %d, \"warmup\": %d, \"cold\": %d, "
+           "\"rows\": [\n",
            cpu, isa, o->n, o->block, o->asym ? "asym" : "sym", o->iters,
-           o->warmup);
+           o->warmup, o->cold);
     return;
   }
   printf("# zpp-quant-bench: cpu \"%s\", isa %s, n %zu, block %zu, %s, "
-         "iters %d (median), warmup %d, single thread\n",
+         "iters %d (median), warmup %d, single thread%s\n",
          cpu, isa, o->n, o->block, o->asym ? "asym" : "sym", o->iters,
-         o->warmup);
+         o->warmup, o->cold ? ", cold (256 MiB written before each run)" : "");
   if (o->fmt == FMT_CSV)
     printf("op,dtype,bits,isa,block,n,mode,bytes,time_ms,gbps,memcpy_ms,"
            "memcpy_gbps,ratio,wrong\n");
@@ -322,7 +346,7 @@ static void print_row(const opts_t *o, const char *isa, const row_t *r,
 int main(int argc, char **argv) {
   static const int dtypes[3] = {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16};
   static const char *dtype_names[3] = {"fp32", "fp16", "bf16"};
-  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0};
+  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0, 0};
   const zpp_quant_cpu_ops_t *ops, *ref;
   char cpu[256];
   size_t enc_max, mc_max;
@@ -380,6 +404,10 @@ int main(int argc, char **argv) {
   tmp = xalloc(4 * o.n);
   mc_src = xalloc(mc_max);
   mc_dst = xalloc(mc_max);
+  if (o.cold && (cold_buf = xalloc(COLD_BYTES)) == NULL) {
+    fprintf(stderr, "zpp-quant-bench: --cold: out of memory for 256 MiB\n");
+    return 1;
+  }
   if (!f32 || !in[1] || !in[2] || !out || !out_ref || !acc || !acc_ref ||
       !enc || !enc_ref || !mc_src || !mc_dst || !res || !res_ref || !tmp) {
     fprintf(stderr, "zpp-quant-bench: out of memory for --n %zu\n", o.n);

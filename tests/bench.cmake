@@ -127,3 +127,13 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
       -DEXPECT_RC=3 "-DEXPECT_ERR=no CUDA device")
   endif()
 endif()
+
+# zpp-quant-bench --cold (label "unit", about 10 s): inputs read from
+# memory, where the encoders prefetch; every row bytewise against the
+# scalar path, odd lengths and block sizes (tests/quant_bench_test.sh).
+if(TARGET zpp-quant-bench)
+  add_test(NAME quant_bench_cold
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/quant_bench_test.sh
+      $<TARGET_FILE:zpp-quant-bench>)
+  set_tests_properties(quant_bench_cold PROPERTIES LABELS unit TIMEOUT 120)
+endif()
