@@ -7,7 +7,7 @@
 #          section whose own script was run alone, e.g. compare_builds.sh)
 #          perf/make_benchmarks_doc.sh --quant-only [BUILD_DIR]
 #          (the quantizer throughput tables only, then the pasting: after a
-#          change to the CPU kernels; under a minute)
+#          change to the CPU kernels; about two minutes)
 # Steps: quantizer throughput (zpp-quant-bench, one core, pinned), the
 # quantization-error tables and plot (perf/quant_error_tables.sh), the
 # Hadamard / stochastic-rounding tables (perf/hadamard_error_tables.sh), the
@@ -56,13 +56,16 @@ trap 'rm -f "$gen/quant_bench.md.tmp"' EXIT
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), one core (pinned),"
   echo "16M elements (out of cache), block 256, median of 10 runs. GB/s counts bytes read plus"
   echo "written; memcpy moves the same bytes in the same run; ratio = GB/s / memcpy GB/s."
-  for isa in auto scalar; do
+  echo "--cold: 256 MiB written before every run (codec and memcpy alike), so that each reads"
+  echo "its input from memory, as a collective reads a buffer written long before."
+  for run in "auto" "auto --cold" "scalar"; do
+    read -r isa cold <<< "$run"
     echo
-    echo "\`${pin[*]} zpp-quant-bench --n 16777216 --isa $isa --format csv\`"
+    echo "\`${pin[*]} zpp-quant-bench --n 16777216 --isa $isa${cold:+ $cold} --format csv\`"
     echo
     echo "| op | dtype | bits | isa | GB/s | memcpy GB/s | ratio |"
     echo "|---|---|---:|---|---:|---:|---:|"
-    "${pin[@]}" "$qb" --n 16777216 --isa "$isa" --format csv | grep -v '^#' | awk -F, '
+    "${pin[@]}" "$qb" --n 16777216 --isa "$isa" ${cold:+"$cold"} --format csv | grep -v '^#' | awk -F, '
       NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
       { printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", $col["op"], $col["dtype"],
           $col["bits"], $col["isa"], $col["gbps"], $col["memcpy_gbps"], $col["ratio"] }'

@@ -190,7 +190,7 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
   float x[ZPP_EW_EF_TILE], dec[ZPP_EW_EF_TILE];
   uint8_t enc[EF_ENC_MAX];
   ew_tiling_t tl;
-  size_t b0;
+  size_t b0, es = dtype == ZPP_QM_F32 ? 4 : 2, pg = 0, pr = 0;
   float omega = 1.0f - beta;
   if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
@@ -198,6 +198,9 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
     ew_tile_t tt = ew_tile(cfg, &tl, count, b0);
     size_t off = tt.off, m = tt.m, j;
     zpp_qcfg_t t = *cfg;
+    /* the gradient and the residual, a tile ahead (quant_cpu.h) */
+    zpp_qcpu_prefetch(g, &pg, (off + 2 * m) * es, count * es);
+    zpp_qcpu_prefetch(res, &pr, (off + 2 * m) * 4, count * 4);
     t.base = cfg->base + off; /* stochastic rounding: the element's index */
     tile_in(x, g, off, m, dtype, 1);
     for (j = 0; j < m; j++)
@@ -227,12 +230,15 @@ int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
                             size_t count, float *out) {
   uint8_t enc[EF_ENC_MAX];
   ew_tiling_t tl;
-  size_t b0;
+  size_t b0, es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0;
   int j;
   if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
   for (b0 = 0; b0 < tl.nb; b0 += tl.per) {
     ew_tile_t tt = ew_tile(cfg, &tl, count, b0);
+    /* own is the caller's input, read once: a tile ahead (quant_cpu.h);
+     * the messages arrived just before and are left to the caches */
+    zpp_qcpu_prefetch(own, &pf, (tt.off + 2 * tt.m) * es, count * es);
     zpp_ew_to_f32_host(simd, dtype, (const unsigned char *)own +
                                         tt.off * (dtype == ZPP_QM_F32 ? 4 : 2),
                        tt.m, out + tt.off);
@@ -313,10 +319,15 @@ void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
                                const void *const *blocks, int in_dtype, int n,
                                size_t count, float div) {
   float acc[ZPP_EW_TILE];
-  size_t base;
+  size_t base, es = in_dtype == ZPP_QM_F32 ? 4 : 2;
   int i;
   for (base = 0; base < count; base += ZPP_EW_TILE) {
     size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE, j;
+    /* every block's next tile (quant_cpu.h) */
+    for (i = 0; i < n; i++) {
+      size_t done = (base + m) * es;
+      zpp_qcpu_prefetch(blocks[i], &done, (base + 2 * m) * es, count * es);
+    }
     tile_in(acc, blocks[0], base, m, in_dtype, 1);
     for (i = 1; i < n; i++)
       tile_in(acc, blocks[i], base, m, in_dtype, 0);

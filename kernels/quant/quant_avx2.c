@@ -523,10 +523,12 @@ ZPP_AVX2_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
   size_t mb = zpp_qm_meta_bytes(asym);
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
   uint8_t *payload = dst + nb * mb;
-  size_t b;
+  size_t es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0, b;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH,
+                      count * es);
     if (len < ZPP_AVX2_MIN_BLOCK) /* only the tail block can be here */
       zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
     else if (len == 32)
@@ -647,10 +649,12 @@ ZPP_AVX2_INLINE void encode_all_sr(const zpp_qcfg_t *cfg, int dtype,
   size_t nb = zpp_quant_nblocks(cfg, count);
   size_t mb = zpp_qm_meta_bytes(asym);
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
-  size_t b;
+  size_t es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0, b;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH,
+                      count * es);
     if (len < ZPP_AVX2_MIN_BLOCK)
       zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
     else

@@ -67,6 +67,32 @@ void zpp_quant_decode_blocks_scalar(const zpp_qcfg_t *cfg, const uint8_t *src,
                                     size_t count, size_t b0, size_t b1,
                                     int out_kind, void *dst);
 
+/* Software prefetch of a source stream, for the SIMD encoders and the
+ * element-wise kernels that read a collective's input.  An encode reads a
+ * block twice (statistics, then codes): from memory, its first pass waits
+ * on each line, because between blocks the core has too few misses in
+ * flight for the hardware prefetcher to run ahead.  Requesting the lines
+ * ZPP_QCPU_PREFETCH bytes ahead overlaps that wait with the work on the
+ * blocks before (perf/zpp-quant-bench --cold; docs/benchmarks.md). */
+#define ZPP_QCPU_PREFETCH 2048u
+
+/* Requests bytes [*done, min(upto, end)) of base, a 64-byte line at a
+ * time, and moves *done past them.  Only addresses inside the buffer
+ * (before base + end) are formed; prefetches have no visible effect. */
+static inline void zpp_qcpu_prefetch(const void *base, size_t *done,
+                                     size_t upto, size_t end) {
+  const char *p = (const char *)base;
+  if (upto > end)
+    upto = end;
+  for (; *done < upto; *done += 64) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p + *done, 0, 3);
+#else
+    (void)p;
+#endif
+  }
+}
+
 /* Table of a named path ("scalar", "avx2", "avx512"), or NULL when it was
  * not compiled in or this CPU cannot run it. */
 const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_named(const char *name);
