@@ -5,7 +5,7 @@
 # the reduce-scatter (bf16, qgz4, qgz8-4) and the hpZ gathers (bf16,
 # hpz-fwd8, hpz-bwd8) at 256 KiB .. 16 MiB (x4).  Each speedup is the bf16
 # baseline's time divided by the variant's, both measured in the same
-# zpp-bench run.  Then, when BUILD_DIR/tools/zpp-train exists, a training
+# zpp-bench run, the variants round-robin (--interleave).  Then, when BUILD_DIR/tools/zpp-train exists, a training
 # step study (zpp-train --large --mode zero3 vs zeropp) at the same link
 # speeds: ZPP_STUDY_TRAIN_REPS (3) repetitions of the two modes alternated,
 # ZPP_STUDY_TRAIN_STEPS (5) steps each; medians and paired ratios.
@@ -84,7 +84,7 @@ for gbit in "${speeds[@]}"; do
   emu=${gbit/unlimited/0}
   for coll in "${colls[@]}"; do
     args=(--coll "$coll" --variant "${variants[$coll]}" -b 256K -e "$maxbytes" -f 4
-          -n "$iters" -w 1 -c 1 --format csv)
+          -n "$iters" -w 1 -c 1 --interleave --format csv)
     cmd="ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=$emu mpirun -np 8 zpp-bench ${args[*]}"
     echo "$cmd" >> "$cmds"
     echo "\$ $cmd" >&2

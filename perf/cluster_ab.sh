@@ -18,7 +18,10 @@
 # / 16M, x4), ZPP_AB_ITERS (default 15), ZPP_AB_WARMUP (default 2),
 # ZPP_AB_LABEL_A / _B (names in the table; default the paths),
 # ZPP_AB_ENV_A / _B (space-separated VAR=VALUE settings given to that
-# side's ranks, e.g. ZPP_PIPE_MIN_CHUNK=131072: one binary, two settings).
+# side's ranks, e.g. ZPP_PIPE_MIN_CHUNK=131072: one binary, two settings),
+# ZPP_AB_INTERLEAVE (1, the default: zpp-bench --interleave, the variants of
+# a size round-robin; 0: one after the other, for binaries built before the
+# flag, which are refused otherwise).
 # Each launch
 # is bounded by 300 s; a failed or timed-out launch ends the run with its
 # output.  Needs root (exits 1 saying why if a cluster cannot be made).
@@ -65,6 +68,14 @@ for v in iters warmup; do
   [[ "${!v}" =~ ^[0-9]{1,4}$ ]] || { echo "$prog: ZPP_AB_${v^^} '${!v}': must be an integer 0..9999" >&2; exit 2; }
 done
 [ "$iters" -ge 1 ] || { echo "$prog: ZPP_AB_ITERS must be at least 1" >&2; exit 2; }
+interleave=${ZPP_AB_INTERLEAVE:-1}
+[[ "$interleave" =~ ^[01]$ ]] || { echo "$prog: ZPP_AB_INTERLEAVE '$interleave': must be 0 or 1" >&2; exit 2; }
+if [ "$interleave" = 1 ]; then
+  for x in "$a" "$b"; do
+    "$x" --help 2>&1 | grep -q -- '--interleave' || {
+      echo "$prog: '$x' has no --interleave (built before it): set ZPP_AB_INTERLEAVE=0" >&2; exit 2; }
+  done
+fi
 python3 -c 'import statistics' 2> /dev/null || { echo "$prog: python3 is missing" >&2; exit 1; }
 if ! why=$("$cluster" check); then
   echo "$prog: $why" >&2
@@ -79,6 +90,7 @@ shape=$rate; [ "$rate" = none ] && shape=0
 "$cluster" up -n 2 -p 4 -r "$shape" > /dev/null
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 args=(--coll "$coll" --variant "$variants" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w "$warmup" -c 1 --format csv)
+[ "$interleave" = 1 ] && args+=(--interleave)
 : > "$out.csv"
 for r in $(seq "$rounds"); do
   for side in A B; do

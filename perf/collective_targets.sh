@@ -3,7 +3,7 @@
 # an EMULATED 2x4 cluster, bf16, SIZE per rank (default 16 MiB), the
 # inter-node link EMULATED at 0.4 and 10 Gbit/s per rank and not slowed;
 # every ratio is against the bf16 baseline measured in the same zpp-bench
-# run.  The baseline is zpp's default, hierarchical and rail-aligned across
+# run, the variants round-robin (--interleave).  The baseline is zpp's default, hierarchical and rail-aligned across
 # nodes; bf16-flat is the same collective with the flat algorithms (ring
 # all-gather, pairwise reduce-scatter: ZPP_ALGO=flat) on a second
 # communicator of the same ranks, in the same run.  The link limit is the
@@ -46,7 +46,7 @@ csv=$out.csv
 for gbit in "${speeds[@]}"; do
   for coll in allgather reducescatter; do
     if [ "$coll" = allgather ]; then variants=bf16,bf16-flat,qwz8,qwz4; else variants=bf16,bf16-flat,qgz4,qgz8-4; fi
-    args=(--coll "$coll" --variant "$variants" -b "$size" -e "$size" -n "$iters" -w 1 -c 1 --format csv)
+    args=(--coll "$coll" --variant "$variants" -b "$size" -e "$size" -n "$iters" -w 1 -c 1 --interleave --format csv)
     emu=${gbit/unlimited/0}
     if [ "$gbit" = unlimited ]; then
       cmd="ZPP_TOPO=2x4 mpirun -np 8 zpp-bench ${args[*]}"
@@ -69,8 +69,8 @@ done
   echo "Commands (\`mpirun\` stands for \`mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --bind-to none\`):"
   echo
   echo '```'
-  echo "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=<0.4|10|0> mpirun -np 8 zpp-bench --coll allgather --variant bf16,bf16-flat,qwz8,qwz4 -b $size -e $size -n $iters -w 1 -c 1"
-  echo "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=<0.4|10|0> mpirun -np 8 zpp-bench --coll reducescatter --variant bf16,bf16-flat,qgz4,qgz8-4 -b $size -e $size -n $iters -w 1 -c 1"
+  echo "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=<0.4|10|0> mpirun -np 8 zpp-bench --coll allgather --variant bf16,bf16-flat,qwz8,qwz4 -b $size -e $size -n $iters -w 1 -c 1 --interleave"
+  echo "ZPP_TOPO=2x4 ZPP_EMU_INTER_GBIT=<0.4|10|0> mpirun -np 8 zpp-bench --coll reducescatter --variant bf16,bf16-flat,qgz4,qgz8-4 -b $size -e $size -n $iters -w 1 -c 1 --interleave"
   echo '```'
 } >> "$out"
 echo "wrote $out and $csv" >&2

@@ -5,7 +5,10 @@
 #      recomputed here (sorted-list medians, per-round ratios);
 #   2. a CSV without a baseline row is refused;
 #   3. the script refuses bad arguments and settings by name (exit 2)
-#      before it makes a cluster.
+#      before it makes a cluster, and a binary without --interleave unless
+#      ZPP_AB_INTERLEAVE=0;
+#   4. perf/compare_builds.sh likewise refuses a bad ZPP_COMPARE_INTERLEAVE
+#      and builds without --interleave.
 # usage: cluster_ab_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -96,5 +99,15 @@ expect 2 "ZPP_AB_MAXBYTES '4X'" -- env ZPP_AB_MAXBYTES=4X bash "$ab" "$true_bin"
 expect 2 "ZPP_AB_ITERS must be at least 1" -- env ZPP_AB_ITERS=0 bash "$ab" "$true_bin" "$true_bin" "$work/o"
 expect 2 "ZPP_AB_ENV_B: 'b;c' is not VAR=VALUE" -- env "ZPP_AB_ENV_B=ZPP_X=a b;c" bash "$ab" "$true_bin" "$true_bin" "$work/o"
 expect 2 "ZPP_AB_ENV_A: 'lower=1' is not VAR=VALUE" -- env "ZPP_AB_ENV_A=ZPP_OK=1 lower=1" bash "$ab" "$true_bin" "$true_bin" "$work/o"
+expect 2 "ZPP_AB_INTERLEAVE 'yes'" -- env ZPP_AB_INTERLEAVE=yes bash "$ab" "$true_bin" "$true_bin" "$work/o"
+# --interleave by default: a binary without it is refused by name
+expect 2 "'$true_bin' has no --interleave" -- bash "$ab" "$true_bin" "$true_bin" "$work/o"
 [ ! -e "$work/o.csv" ] || fail "a refused run wrote $work/o.csv"
+# ---- 4. perf/compare_builds.sh's refusals (before any run) ------------------
+cb=$src/perf/compare_builds.sh
+mkdir -p "$work/old/perf"
+ln -s "$true_bin" "$work/old/perf/zpp-bench"
+expect 2 "ZPP_COMPARE_INTERLEAVE '2'" -- env ZPP_COMPARE_INTERLEAVE=2 bash "$cb" "$work/old" "$work/old" "$work/c.md"
+expect 2 "$work/old/perf/zpp-bench has no --interleave" -- bash "$cb" "$work/old" "$work/old" "$work/c.md"
+[ ! -e "$work/c.md" ] || fail "a refused compare_builds wrote $work/c.md"
 echo "cluster_ab: ok"
