@@ -72,7 +72,9 @@ interleave=${ZPP_AB_INTERLEAVE:-1}
 [[ "$interleave" =~ ^[01]$ ]] || { echo "$prog: ZPP_AB_INTERLEAVE '$interleave': must be 0 or 1" >&2; exit 2; }
 if [ "$interleave" = 1 ]; then
   for x in "$a" "$b"; do
-    "$x" --help 2>&1 | grep -q -- '--interleave' || {
+    # the flag's name in the binary's usage text (running it would start
+    # MPI outside mpirun)
+    grep -qaF -- '--interleave' "$x" || {
       echo "$prog: '$x' has no --interleave (built before it): set ZPP_AB_INTERLEAVE=0" >&2; exit 2; }
   done
 fi
@@ -90,7 +92,8 @@ shape=$rate; [ "$rate" = none ] && shape=0
 "$cluster" up -n 2 -p 4 -r "$shape" > /dev/null
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 args=(--coll "$coll" --variant "$variants" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w "$warmup" -c 1 --format csv)
-[ "$interleave" = 1 ] && args+=(--interleave)
+il_env=
+if [ "$interleave" = 1 ]; then args+=(--interleave); else il_env="ZPP_AB_INTERLEAVE=0 "; fi
 : > "$out.csv"
 for r in $(seq "$rounds"); do
   for side in A B; do
@@ -115,6 +118,6 @@ for r in $(seq "$rounds"); do
 done
 python3 "$table" "$out.csv" "$out.md" \
   --label-a "$label_a" --label-b "$label_b" \
-  --command "${ZPP_AB_ENV_A:+ZPP_AB_ENV_A='$ZPP_AB_ENV_A' }${ZPP_AB_ENV_B:+ZPP_AB_ENV_B='$ZPP_AB_ENV_B' }ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup perf/cluster_ab.sh A B $(basename "$out") $rounds" \
+  --command "${ZPP_AB_ENV_A:+ZPP_AB_ENV_A='$ZPP_AB_ENV_A' }${ZPP_AB_ENV_B:+ZPP_AB_ENV_B='$ZPP_AB_ENV_B' }ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup ${il_env}perf/cluster_ab.sh A B $(basename "$out") $rounds" \
   --note "$(date -u +%Y-%m-%d), $(nproc) cores, load average $load0 before and $(cut -d' ' -f1-3 /proc/loadavg) after; zpp-bench ${args[*]} on scripts/netns_cluster.sh up -n 2 -p 4 -r $shape (8 ranks, 2 nodes)"
 echo "$prog: wrote $out.csv and $out.md"

@@ -25,7 +25,9 @@ il=()
 if [ "$interleave" = 1 ]; then
   il=(--interleave)
   for d in "$a" "$b"; do
-    "$d/perf/zpp-bench" --help 2>&1 | grep -q -- '--interleave' || {
+    # the flag's name in the binary's usage text (running it would start
+    # MPI outside mpirun)
+    grep -qaF -- '--interleave' "$d/perf/zpp-bench" || {
       echo "compare_builds: $d/perf/zpp-bench has no --interleave (built before it): set ZPP_COMPARE_INTERLEAVE=0" >&2; exit 2; }
   done
 fi

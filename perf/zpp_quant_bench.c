@@ -310,9 +310,12 @@ static void print_header(const opts_t *o, const char *cpu, const char *isa) {
     return;
   }
   printf("# zpp-quant-bench: cpu \"%s\", isa %s, n %zu, block %zu, %s, "
-         "iters %d (median), warmup %d, single thread%s\n",
+         "iters %d (median), warmup %d, single thread",
          cpu, isa, o->n, o->block, o->asym ? "asym" : "sym", o->iters,
-         o->warmup, o->cold ? ", cold (256 MiB written before each run)" : "");
+         o->warmup);
+  if (o->cold)
+    printf(", cold (%zu MiB written before each run)", COLD_BYTES >> 20);
+  printf("\n");
   if (o->fmt == FMT_CSV)
     printf("op,dtype,bits,isa,block,n,mode,bytes,time_ms,gbps,memcpy_ms,"
            "memcpy_gbps,ratio,wrong\n");

@@ -8,7 +8,9 @@
 #      before it makes a cluster, and a binary without --interleave unless
 #      ZPP_AB_INTERLEAVE=0;
 #   4. perf/compare_builds.sh likewise refuses a bad ZPP_COMPARE_INTERLEAVE
-#      and builds without --interleave.
+#      and builds without --interleave, passes --interleave to zpp-bench,
+#      and with ZPP_COMPARE_INTERLEAVE=0 runs an old build without it (a
+#      stand-in mpirun records the launch).
 # usage: cluster_ab_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -110,4 +112,16 @@ ln -s "$true_bin" "$work/old/perf/zpp-bench"
 expect 2 "ZPP_COMPARE_INTERLEAVE '2'" -- env ZPP_COMPARE_INTERLEAVE=2 bash "$cb" "$work/old" "$work/old" "$work/c.md"
 expect 2 "$work/old/perf/zpp-bench has no --interleave" -- bash "$cb" "$work/old" "$work/old" "$work/c.md"
 [ ! -e "$work/c.md" ] || fail "a refused compare_builds wrote $work/c.md"
+# what reaches mpirun: a stand-in first on PATH logs its arguments and
+# fails, which ends the script after the first launch
+mkdir -p "$work/bin" "$work/new/perf"
+printf '#!/bin/sh\necho "$*" >> "%s/mpirun.log"\nexit 1\n' "$work" > "$work/bin/mpirun"
+printf '#!/bin/sh\n# a zpp-bench whose usage names --interleave\nexit 0\n' > "$work/new/perf/zpp-bench"
+chmod +x "$work/bin/mpirun" "$work/new/perf/zpp-bench"
+expect 1 "zpp-bench failed" -- env PATH="$work/bin:$PATH" bash "$cb" "$work/new" "$work/new" "$work/c.md" 1 unlimited
+grep -q -- ' --interleave ' "$work/mpirun.log" || fail "compare_builds did not pass --interleave: $(cat "$work/mpirun.log")"
+rm -f "$work/mpirun.log"
+expect 1 "zpp-bench failed" -- env PATH="$work/bin:$PATH" ZPP_COMPARE_INTERLEAVE=0 bash "$cb" "$work/old" "$work/old" "$work/c.md" 1 unlimited
+[ -s "$work/mpirun.log" ] && ! grep -q -- '--interleave' "$work/mpirun.log" ||
+  fail "ZPP_COMPARE_INTERLEAVE=0: $(cat "$work/mpirun.log" 2>/dev/null)"
 echo "cluster_ab: ok"

@@ -18,6 +18,14 @@
 #include <string>
 #include <vector>
 
+// This file's copy of quant_cpu.h's zpp_qcpu_prefetch records the offsets
+// it requests (from g_pf_base) instead of prefetching (QuantPrefetch below);
+// the library's kernels keep the real requests.
+static const char *g_pf_base;
+static std::vector<size_t> g_pf;
+#define ZPP_QCPU_PREFETCH_LINE(addr) \
+  g_pf.push_back((size_t)((const char *)(addr) - g_pf_base))
+
 extern "C" {
 #include "coll_internal.h"  // zpp_k_sum_decoded, zpp_exec_t
 #include "elementwise.h"
@@ -520,6 +528,74 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
     ASSERT_EQ(bits_of(bf16_to_float(zpp_qm_f32_to_bf16(f))), bits_of((float)rb))
         << "bf16 of " << f;
   }
+}
+
+// ---- software prefetch (quant_cpu.h) ---------------------------------------
+
+// One call against its contract, computed here from the arguments: the
+// 64-byte steps from *done below min(upto, end), without the first ones
+// when they span more than 2 * AHEAD; *done then the first step at or
+// past min(upto, end); nothing when *done is already there.
+TEST(QuantPrefetch, ACallRequestsItsSpanInsideTheBuffer) {
+  auto rng = seeded_rng("QuantPrefetch.ACall");
+  const size_t A = ZPP_QCPU_PREFETCH_AHEAD;
+  for (int trial = 0; trial < 2000; trial++) {
+    size_t end = (size_t)(rng() % 200000);
+    size_t done = (size_t)(rng() % (end + 300));
+    size_t upto = (size_t)(rng() % (end + 6000));
+    std::vector<char> mem(end + 1);
+    g_pf_base = mem.data();
+    g_pf.clear();
+    size_t d = done;
+    zpp_qcpu_prefetch(mem.data(), &d, upto, end);
+    size_t u = upto < end ? upto : end;
+    std::vector<size_t> want;
+    size_t lo = done, x;
+    while (u > lo && u - lo > 2 * A)
+      lo += 64;
+    for (x = lo; x < u; x += 64)
+      want.push_back(x);
+    ASSERT_EQ(g_pf, want) << "end " << end << " done " << done << " upto " << upto;
+    ASSERT_EQ(d, done >= u ? done : x) << "end " << end << " done " << done;
+    for (size_t o : g_pf)
+      ASSERT_LT(o, end);
+  }
+}
+
+// An encoder's sweep (quant_avx2.c / quant_avx512.c: before block b, up to
+// the end of the block plus AHEAD): every request inside the buffer, each
+// step once and in order; blocks of at most AHEAD bytes get every step of
+// the buffer, longer ones at most 2 * AHEAD bytes of requests per block.
+TEST(QuantPrefetch, AnEncodersSweepCoversTheBufferOnce) {
+  auto rng = seeded_rng("QuantPrefetch.Sweep");
+  const size_t A = ZPP_QCPU_PREFETCH_AHEAD;
+  const size_t blocks[] = {1, 3, 16, 32, 256, 1000, 1024, 4096, 100000};
+  for (size_t es : {(size_t)2, (size_t)4})
+    for (size_t block : blocks)
+      for (int trial = 0; trial < 4; trial++) {
+        size_t count = (size_t)(rng() % 70000), end = count * es, pf = 0;
+        std::vector<char> mem(end + 1);
+        std::vector<size_t> all;
+        g_pf_base = mem.data();
+        for (size_t off = 0; off < count; off += block) {
+          size_t len = count - off < block ? count - off : block;
+          g_pf.clear();
+          zpp_qcpu_prefetch(mem.data(), &pf, (off + len) * es + A, end);
+          ASSERT_LE(g_pf.size() * 64, 2 * A) << "block " << block;
+          all.insert(all.end(), g_pf.begin(), g_pf.end());
+        }
+        for (size_t i = 0; i < all.size(); i++) {
+          ASSERT_LT(all[i], end) << "es " << es << " block " << block;
+          ASSERT_EQ(all[i] % 64, 0u) << "off the grid of *done = 0";
+          if (i > 0) {
+            ASSERT_GT(all[i], all[i - 1]) << "a step requested twice";
+          }
+        }
+        if (block * es <= A) {
+          ASSERT_EQ(all.size(), (end + 63) / 64)
+              << "es " << es << " block " << block << " count " << count;
+        }
+      }
 }
 
 // ---- the reduction of the host algorithms (elementwise.h) -------------------

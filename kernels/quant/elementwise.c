@@ -323,11 +323,14 @@ void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
   int i;
   for (base = 0; base < count; base += ZPP_EW_TILE) {
     size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE, j;
-    /* every block's next tile (quant_cpu.h) */
-    for (i = 0; i < n; i++) {
-      size_t done = (base + m) * es;
-      zpp_qcpu_prefetch(blocks[i], &done, (base + 2 * m) * es, count * es);
-    }
+    /* every block's next tile (quant_cpu.h), while the n tiles fit in
+     * L1 (16 KiB: 16 tiles of bf16); beyond, the requests would evict the
+     * lines of the tile being summed */
+    if ((size_t)n * m * es <= 16384)
+      for (i = 0; i < n; i++) {
+        size_t done = (base + m) * es;
+        zpp_qcpu_prefetch(blocks[i], &done, (base + 2 * m) * es, count * es);
+      }
     tile_in(acc, blocks[0], base, m, in_dtype, 1);
     for (i = 1; i < n; i++)
       tile_in(acc, blocks[i], base, m, in_dtype, 0);

@@ -527,7 +527,7 @@ ZPP_AVX2_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
-    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH,
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);
     if (len < ZPP_AVX2_MIN_BLOCK) /* only the tail block can be here */
       zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);
@@ -653,7 +653,7 @@ ZPP_AVX2_INLINE void encode_all_sr(const zpp_qcfg_t *cfg, int dtype,
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
-    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH,
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);
     if (len < ZPP_AVX2_MIN_BLOCK)
       zpp_quant_encode_blocks_scalar(cfg, dtype, src, count, b, b + 1, dst);

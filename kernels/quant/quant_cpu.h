@@ -72,25 +72,38 @@ void zpp_quant_decode_blocks_scalar(const zpp_qcfg_t *cfg, const uint8_t *src,
  * block twice (statistics, then codes): from memory, its first pass waits
  * on each line, because between blocks the core has too few misses in
  * flight for the hardware prefetcher to run ahead.  Requesting the lines
- * ZPP_QCPU_PREFETCH bytes ahead overlaps that wait with the work on the
- * blocks before (perf/zpp-quant-bench --cold; docs/benchmarks.md). */
-#define ZPP_QCPU_PREFETCH 2048u
+ * ZPP_QCPU_PREFETCH_AHEAD bytes ahead overlaps that wait with the work on
+ * the blocks before (perf/zpp-quant-bench --cold; docs/benchmarks.md). */
+#ifndef ZPP_QCPU_PREFETCH_AHEAD
+#define ZPP_QCPU_PREFETCH_AHEAD 2048u
+#endif
 
-/* Requests bytes [*done, min(upto, end)) of base, a 64-byte line at a
- * time, and moves *done past them.  Only addresses inside the buffer
- * (before base + end) are formed; prefetches have no visible effect. */
+/* One line's request (tests define it before this header to record the
+ * addresses of their own copy of zpp_qcpu_prefetch). */
+#ifndef ZPP_QCPU_PREFETCH_LINE
+#if defined(__GNUC__) || defined(__clang__)
+#define ZPP_QCPU_PREFETCH_LINE(addr) __builtin_prefetch((addr), 0, 3)
+#else
+#define ZPP_QCPU_PREFETCH_LINE(addr) ((void)(addr))
+#endif
+#endif
+
+/* Requests the bytes of base from *done up to min(upto, end), a 64-byte
+ * step at a time, and moves *done past them; at most the last
+ * 2 * ZPP_QCPU_PREFETCH_AHEAD of them (whole steps are skipped, so *done
+ * stays on its grid), so that a long block is left to the hardware
+ * prefetcher instead of swept into the cache ahead of its use.
+ * Only addresses inside the buffer (before base + end) are formed;
+ * prefetches have no visible effect. */
 static inline void zpp_qcpu_prefetch(const void *base, size_t *done,
                                      size_t upto, size_t end) {
   const char *p = (const char *)base;
   if (upto > end)
     upto = end;
-  for (; *done < upto; *done += 64) {
-#if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(p + *done, 0, 3);
-#else
-    (void)p;
-#endif
-  }
+  if (upto > *done && upto - *done > 2 * (size_t)ZPP_QCPU_PREFETCH_AHEAD)
+    *done += (upto - 2 * (size_t)ZPP_QCPU_PREFETCH_AHEAD - *done + 63) / 64 * 64;
+  for (; *done < upto; *done += 64)
+    ZPP_QCPU_PREFETCH_LINE(p + *done);
 }
 
 /* Table of a named path ("scalar", "avx2", "avx512"), or NULL when it was
