@@ -239,8 +239,7 @@ int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
     /* own is the caller's input, read once: a tile ahead (quant_cpu.h);
      * the messages arrived just before and are left to the caches */
     zpp_qcpu_prefetch(own, &pf, (tt.off + 2 * tt.m) * es, count * es);
-    zpp_ew_to_f32_host(simd, dtype, (const unsigned char *)own +
-                                        tt.off * (dtype == ZPP_QM_F32 ? 4 : 2),
+    zpp_ew_to_f32_host(simd, dtype, (const unsigned char *)own + tt.off * es,
                        tt.m, out + tt.off);
     for (j = 0; j < n; j++) { /* the tile's blocks as one encode */
       memcpy(enc, srcs[j] + tt.at_meta, tt.meta);
