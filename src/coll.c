@@ -92,6 +92,13 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
 }
 
 #define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
+/* Chunks of a call (at least ZPP_PIPE_MIN_CHUNK elements each): the first
+ * gather and the last decode run alone, so each costs 1/QWZ_PARTS of the
+ * call.  32 rather than qgZ's 8: on the real 2x4 link at 1.6 Gbit/s per
+ * node, 16 MiB shards, qwZ INT8 took 0.78 of the time with 32 chunks that
+ * it took with 8, and 64 were no better for INT8 and slower for INT4
+ * (docs/benchmarks.md, section 9, "qwZ's chunks"). */
+#define QWZ_PARTS 32
 
 /* qwZ as a plan.  The shard is cut into chunks of whole blocks (one chunk
  * unless chunking pays: zpp_plan_chunk); per chunk k, in buffer slot
@@ -175,7 +182,7 @@ static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
   c->me = zpp_transport_rank(ex->t);
   c->chunk = count;
   if (ex->mem == ZPP_MEMORY_HOST && c->n > 1 && count > 0)
-    c->chunk = zpp_plan_chunk(count, q->block_size);
+    c->chunk = zpp_plan_chunk(count, q->block_size, QWZ_PARTS);
   nchunks = count == 0 ? 0 : (count + c->chunk - 1) / c->chunk;
   nslots = nchunks < QWZ_DEPTH ? (int)nchunks : QWZ_DEPTH;
   ebuf = zpp_coll_encoded_size(q, c->chunk);

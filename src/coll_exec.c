@@ -552,12 +552,12 @@ zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op) {
   return ZPP_OK;
 }
 
-/* Chunk length: whole blocks, about count / 8 and at least
+/* Chunk length: whole blocks, about count / parts and at least
  * ZPP_PIPE_MIN_CHUNK elements; count itself (no pipelining) when that
  * setting is 0 or the data fits one chunk. */
-size_t zpp_plan_chunk(size_t count, size_t block) {
+size_t zpp_plan_chunk(size_t count, size_t block, size_t parts) {
   long min = zpp_setting_long("ZPP_PIPE_MIN_CHUNK", 65536);
-  size_t target = count / 8, nblk;
+  size_t target = count / (parts > 0 ? parts : 1), nblk;
   if (min <= 0 || block == 0)
     return count;
   if (target < (size_t)min)

@@ -176,12 +176,12 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
                                   const zpp_quant_config_t *q);
 
 /* Elements per chunk of a chunked (pipelined) plan: a whole number of
- * blocks, about count / 8 and at least ZPP_PIPE_MIN_CHUNK (below that,
+ * blocks, about count / parts and at least ZPP_PIPE_MIN_CHUNK (below that,
  * per-message latency costs more than the overlap hides), so chunk
  * boundaries are block boundaries and the chunked result is bitwise the
  * unchunked one.  Returns count when the collective should not be
- * chunked. */
-size_t zpp_plan_chunk(size_t count, size_t block);
+ * chunked.  parts is the collective's (QWZ_PARTS, QGZ_PARTS). */
+size_t zpp_plan_chunk(size_t count, size_t block, size_t parts);
 
 /* ---- transforms of issue 14 (kernels/quant/transform.h) ----------------- */
 

@@ -162,6 +162,7 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
 }
 
 #define QGZ_DEPTH 3 /* chunk slots in flight */
+#define QGZ_PARTS 8 /* chunks of a call (zpp_plan_chunk) */
 /* qgz_plan appends N_k before K_{k-1} and relies on their slots differing */
 _Static_assert(QGZ_DEPTH >= 2, "QGZ_DEPTH");
 
@@ -619,7 +620,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->chunk = a->count;
   if (ex->mem == ZPP_MEMORY_HOST && zpp_transport_size(ex->t) > 1 &&
       a->count > 0)
-    p->chunk = zpp_plan_chunk(a->count, a->q1.block_size);
+    p->chunk = zpp_plan_chunk(a->count, a->q1.block_size, QGZ_PARTS);
   p->nchunks = n = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
   st = qgz_alloc(func, p);
   if (st != ZPP_OK) {

@@ -10,7 +10,7 @@
 //
 // pthread_create is wrapped at link time (-Wl,--wrap=pthread_create) and
 // counted.  ctest runs this with ZPP_PIPE_MIN_CHUNK=256, so the counts used
-// below are cut into 8 chunks.  Seed: ZPP_TEST_SEED, printed by rank 0.
+// below are cut into chunks (32 for qwZ, 8 for qgZ).  Seed: ZPP_TEST_SEED, printed by rank 0.
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <mpi.h>
@@ -32,6 +32,8 @@
 
 #include "mpi_gtest_main.h"
 #include "plan.h"  // the engine's own interface (src/)
+
+extern "C" void zpp_settings_reload(void);  // src/internal.h
 
 extern "C" {
 int __real_pthread_create(pthread_t *, const pthread_attr_t *,
@@ -62,7 +64,8 @@ std::vector<float> gen(size_t n, uint64_t tag) {
   return x;
 }
 
-// Elements per rank: 8 chunks of 1024 at ZPP_PIPE_MIN_CHUNK=256, block 256.
+// Elements per rank: at ZPP_PIPE_MIN_CHUNK=256, block 256, qwZ cuts them in
+// 32 chunks of 256 and qgZ in 8 of 1024.
 constexpr size_t kCount = 8192;
 
 TEST(EngineThreads, BlockingChunkedCollectivesCreateNoThread) {
@@ -133,9 +136,16 @@ size_t heap_in_use() {
 TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  // 1M elements per rank: the scratch of one call is megabytes.
+  // 1M elements per rank, not chunked (ZPP_PIPE_MIN_CHUNK=0 here): the
+  // scratch of the call is one buffer of every rank's encoded shard,
+  // size * (n codes + scales) bytes.  (Chunked, it is 3 slots of 1/32 of
+  // that: 3/8 n at 4 ranks, too close to what MPI keeps for a bound.)
   const size_t n = (size_t)1 << 20;
   std::vector<float> x = gen(n, 3), y(n * (size_t)g_size);
+  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
+  std::string keep = saved != nullptr ? saved : "";
+  setenv("ZPP_PIPE_MIN_CHUNK", "0", 1);
+  zpp_settings_reload();
   size_t before = heap_in_use(), during;
   zpp_comm_t c = nullptr;
   ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
@@ -146,13 +156,18 @@ TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
   during = heap_in_use();
   EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
   size_t after = heap_in_use();
-  // The gather keeps n * size encoded bytes of scratch (> n bytes) cached;
+  // The gather keeps size * n encoded bytes of scratch (> n bytes) cached;
   // destroy must give it back (what MPI keeps for the communicator is far
   // smaller).
   EXPECT_GT(during, before + n) << "expected cached scratch while alive";
   EXPECT_LT(after, before + n / 4)
       << "heap in use: before " << before << ", with the communicator "
       << during << ", after destroy " << after;
+  if (saved != nullptr)
+    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
+  else
+    unsetenv("ZPP_PIPE_MIN_CHUNK");
+  zpp_settings_reload();
 }
 
 // hpZ: destroying the handle while started gathers are still queued on the

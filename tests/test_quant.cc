@@ -530,6 +530,57 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
   }
 }
 
+// ---- pipeline chunks (coll_internal.h) -------------------------------------
+
+// zpp_plan_chunk, the chunk of qwZ's and qgZ's pipelines, by its contract
+// (coll_internal.h) checked property by property on random counts, blocks,
+// part counts and minimums: the count itself when the setting is 0 or one
+// chunk would hold it all, else whole blocks, at least the minimum and
+// count / parts, less than one block above the larger of the two, and
+// short of the count.  Then the sizes docs/collectives.md names.
+TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
+  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
+  std::string keep = saved != nullptr ? saved : "";
+  auto rng = seeded_rng("PlanChunk");
+  for (int it = 0; it < 4000; it++) {
+    size_t count = (size_t)(rng() % (it % 2 ? 50000000u : 5000u)) + 1;
+    size_t block = (size_t)(rng() % (it % 3 ? 300u : 5000u)) + 1;
+    size_t parts = (size_t)(rng() % 64) + 1;
+    long min = it % 10 == 0 ? 0 : (long)(rng() % 200000);
+    setenv("ZPP_PIPE_MIN_CHUNK", std::to_string(min).c_str(), 1);
+    zpp_settings_reload();
+    size_t c = zpp_plan_chunk(count, block, parts);
+    std::string what = "count " + std::to_string(count) + " block " +
+                       std::to_string(block) + " parts " + std::to_string(parts) +
+                       " min " + std::to_string(min);
+    size_t want = count / parts > (size_t)min ? count / parts : (size_t)min;
+    // one chunk: pipelining off, or the rounded target reaches the count
+    if (min == 0 || (want + block - 1) / block * block >= count) {
+      EXPECT_EQ(c, count) << what;
+      continue;
+    }
+    EXPECT_EQ(c % block, 0u) << what;
+    EXPECT_GE(c, (size_t)min) << what;
+    EXPECT_GE(c, count / parts) << what;
+    EXPECT_LT(c - block, want) << what;
+    EXPECT_LT(c, count) << what;
+  }
+  setenv("ZPP_PIPE_MIN_CHUNK", "65536", 1);
+  zpp_settings_reload();
+  // qwZ (32 parts), block 256: a 16 MiB bf16 shard (8 Mi elements) in 32
+  // chunks of 256 Ki, a 4 MiB one in 32 of 64 Ki; qgZ (8 parts): the 16 MiB
+  // input's slice at 2 x 4 (1 Mi) in 8 of 128 Ki, 256 KiB input: one chunk
+  EXPECT_EQ(zpp_plan_chunk(8u << 20, 256, 32), 256u << 10);
+  EXPECT_EQ(zpp_plan_chunk(2u << 20, 256, 32), 64u << 10);
+  EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 8), 128u << 10);
+  EXPECT_EQ(zpp_plan_chunk(16u << 10, 256, 8), 16u << 10);
+  if (saved != nullptr)
+    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
+  else
+    unsetenv("ZPP_PIPE_MIN_CHUNK");
+  zpp_settings_reload();
+}
+
 // ---- software prefetch (quant_cpu.h) ---------------------------------------
 
 // One call against its contract, computed here from the arguments: the
