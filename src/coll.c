@@ -92,12 +92,14 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
 }
 
 #define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
-/* Chunks of a call (at least ZPP_PIPE_MIN_CHUNK elements each): the first
- * gather and the last decode run alone, so each costs 1/QWZ_PARTS of the
- * call.  32 rather than qgZ's 8: on the real 2x4 link at 1.6 Gbit/s per
- * node, 16 MiB shards, qwZ INT8 took 0.78 of the time with 32 chunks that
- * it took with 8, and 64 were no better for INT8 and slower for INT4
- * (docs/benchmarks.md, section 9, "qwZ's chunks"). */
+/* Chunks of a call (zpp_plan_chunk: every chunk but the last at least
+ * ZPP_PIPE_MIN_CHUNK elements).  The first chunk's encode and gather and
+ * the last one's decode run alone; from 32 * ZPP_PIPE_MIN_CHUNK elements
+ * on, each is about 1/QWZ_PARTS of the call.  32 rather than qgZ's 8: on
+ * the real 2x4 link at 1.6 Gbit/s per node, 16 MiB shards, qwZ INT8 took
+ * 0.78 of the time with 32 chunks that it took with 8, and 64 were no
+ * better for INT8 and slower for INT4 (docs/benchmarks.md, section 9,
+ * "qwZ's chunks"). */
 #define QWZ_PARTS 32
 
 /* qwZ as a plan.  The shard is cut into chunks of whole blocks (one chunk

@@ -179,8 +179,10 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
  * blocks, about count / parts and at least ZPP_PIPE_MIN_CHUNK (below that,
  * per-message latency costs more than the overlap hides), so chunk
  * boundaries are block boundaries and the chunked result is bitwise the
- * unchunked one.  Returns count when the collective should not be
- * chunked.  parts is the collective's (QWZ_PARTS, QGZ_PARTS). */
+ * unchunked one; the last chunk is what is left.  Returns count when the
+ * collective should not be chunked: ZPP_PIPE_MIN_CHUNK 0, block 0, one
+ * chunk holding it all, or a chunk that would overflow size_t.  parts is
+ * the collective's (QWZ_PARTS, QGZ_PARTS); 0 counts as 1. */
 size_t zpp_plan_chunk(size_t count, size_t block, size_t parts);
 
 /* ---- transforms of issue 14 (kernels/quant/transform.h) ----------------- */

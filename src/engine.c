@@ -105,7 +105,8 @@ typedef struct {
    * running plan without the mutex. */
   _Atomic int64_t last_progress_ns;
   /* Host scratch: plans need large buffers on every call (a qwZ gather of
-   * 16 MiB per rank over 8 ranks needs ~70 MB); fresh malloc'ed memory of
+   * 16 MiB per rank over 8 ranks needs ~70 MB unchunked, on device memory;
+   * the host pipeline keeps 3 slots of 1/32 of it); fresh malloc'ed memory of
    * that size is mmap'ed and returned on free, so every call would pay
    * page faults.  Freed buffers are kept (up to ZPP_SCRATCH_CACHE_MB) for
    * the life of the communicator and released by zpp_comm_destroy. */

@@ -162,9 +162,12 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
 }
 
 #define QGZ_DEPTH 3 /* chunk slots in flight */
-#define QGZ_PARTS 8 /* chunks of a call (zpp_plan_chunk) */
 /* qgz_plan appends N_k before K_{k-1} and relies on their slots differing */
 _Static_assert(QGZ_DEPTH >= 2, "QGZ_DEPTH");
+/* Chunks of a call (zpp_plan_chunk).  qwZ takes 32; here 16 were within
+ * the spread of an alternated run on the real 2x4 link at 1.6 Gbit/s, 16
+ * MiB per rank (docs/benchmarks.md, section 9, "qwZ's chunks"). */
+#define QGZ_PARTS 8
 
 /* The state of one call: stage 1 sends, to each member j of group g1, the
  * chunk of slices slice(j, 0..m1-1) (to itself: nothing); stage 2 (two

@@ -9,8 +9,8 @@
 //     zpp_comm_destroy (it used to be per thread and outlive it).
 //
 // pthread_create is wrapped at link time (-Wl,--wrap=pthread_create) and
-// counted.  ctest runs this with ZPP_PIPE_MIN_CHUNK=256, so the counts used
-// below are cut into chunks (32 for qwZ, 8 for qgZ).  Seed: ZPP_TEST_SEED, printed by rank 0.
+// counted.  ctest runs this with ZPP_PIPE_MIN_CHUNK=256, so the counts
+// used below are cut into chunks (32 for qwZ, 8 for qgZ).  Seed: ZPP_TEST_SEED, printed by rank 0.
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <mpi.h>
@@ -34,6 +34,27 @@
 #include "plan.h"  // the engine's own interface (src/)
 
 extern "C" void zpp_settings_reload(void);  // src/internal.h
+
+// Sets an environment setting for one scope (and reloads the settings);
+// puts the old value back however the scope ends (ASSERT_* returns early).
+struct ScopedSetting {
+  std::string name, old;
+  bool had;
+  ScopedSetting(const char *n, const char *v) : name(n) {
+    const char *o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, v, 1);
+    zpp_settings_reload();
+  }
+  ~ScopedSetting() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+    zpp_settings_reload();
+  }
+};
 
 extern "C" {
 int __real_pthread_create(pthread_t *, const pthread_attr_t *,
@@ -138,14 +159,12 @@ TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   // 1M elements per rank, not chunked (ZPP_PIPE_MIN_CHUNK=0 here): the
   // scratch of the call is one buffer of every rank's encoded shard,
-  // size * (n codes + scales) bytes.  (Chunked, it is 3 slots of 1/32 of
-  // that: 3/8 n at 4 ranks, too close to what MPI keeps for a bound.)
+  // size * (n codes + scales) bytes.  (Chunked at ctest's
+  // ZPP_PIPE_MIN_CHUNK=256, it is 3 slots of 1/32 of that: 3/8 n at 4
+  // ranks, too close to what MPI keeps for a bound.)
   const size_t n = (size_t)1 << 20;
   std::vector<float> x = gen(n, 3), y(n * (size_t)g_size);
-  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
-  std::string keep = saved != nullptr ? saved : "";
-  setenv("ZPP_PIPE_MIN_CHUNK", "0", 1);
-  zpp_settings_reload();
+  ScopedSetting unchunked("ZPP_PIPE_MIN_CHUNK", "0");
   size_t before = heap_in_use(), during;
   zpp_comm_t c = nullptr;
   ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);
@@ -163,11 +182,6 @@ TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
   EXPECT_LT(after, before + n / 4)
       << "heap in use: before " << before << ", with the communicator "
       << during << ", after destroy " << after;
-  if (saved != nullptr)
-    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
-  else
-    unsetenv("ZPP_PIPE_MIN_CHUNK");
-  zpp_settings_reload();
 }
 
 // hpZ: destroying the handle while started gathers are still queued on the

@@ -537,7 +537,8 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
 // part counts and minimums: the count itself when the setting is 0 or one
 // chunk would hold it all, else whole blocks, at least the minimum and
 // count / parts, less than one block above the larger of the two, and
-// short of the count.  Then the sizes docs/collectives.md names.
+// short of the count.  Then the edge cases of the contract, and the sizes
+// of docs/benchmarks.md section 9's runs ("qwZ's chunks").
 TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
   const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
   std::string keep = saved != nullptr ? saved : "";
@@ -574,6 +575,11 @@ TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
   EXPECT_EQ(zpp_plan_chunk(2u << 20, 256, 32), 64u << 10);
   EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 8), 128u << 10);
   EXPECT_EQ(zpp_plan_chunk(16u << 10, 256, 8), 16u << 10);
+  // block 0 and a chunk past SIZE_MAX: one chunk; parts 0 counts as 1
+  EXPECT_EQ(zpp_plan_chunk(1u << 20, 0, 8), 1u << 20);
+  EXPECT_EQ(zpp_plan_chunk(SIZE_MAX, SIZE_MAX / 2, 1), SIZE_MAX);
+  EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 0), 1u << 20);
+  EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 1), 1u << 20);
   if (saved != nullptr)
     setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
   else
