@@ -32,29 +32,9 @@
 
 #include "mpi_gtest_main.h"
 #include "plan.h"  // the engine's own interface (src/)
+#include "scoped_env.h"
 
 extern "C" void zpp_settings_reload(void);  // src/internal.h
-
-// Sets an environment setting for one scope (and reloads the settings);
-// puts the old value back however the scope ends (ASSERT_* returns early).
-struct ScopedSetting {
-  std::string name, old;
-  bool had;
-  ScopedSetting(const char *n, const char *v) : name(n) {
-    const char *o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, v, 1);
-    zpp_settings_reload();
-  }
-  ~ScopedSetting() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-    zpp_settings_reload();
-  }
-};
 
 extern "C" {
 int __real_pthread_create(pthread_t *, const pthread_attr_t *,
@@ -164,7 +144,7 @@ TEST(EngineMemory, ScratchIsFreedByCommDestroy) {
   // ranks, too close to what MPI keeps for a bound.)
   const size_t n = (size_t)1 << 20;
   std::vector<float> x = gen(n, 3), y(n * (size_t)g_size);
-  ScopedSetting unchunked("ZPP_PIPE_MIN_CHUNK", "0");
+  ScopedEnv unchunked("ZPP_PIPE_MIN_CHUNK", "0", zpp_settings_reload);
   size_t before = heap_in_use(), during;
   zpp_comm_t c = nullptr;
   ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK);

@@ -28,6 +28,8 @@ extern "C" {
 #include "quant_math.h"
 }
 
+#include "scoped_env.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -42,24 +44,6 @@ uint64_t seed(const char *what) {
   std::printf("[ seed ] %s: ZPP_TEST_SEED=%llu\n", what, (unsigned long long)v);
   return v;
 }
-
-// Sets an environment variable for the life of the object.
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char *n, const char *v) : name(n) {
-    const char *o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, v, 1);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 // Runs f(rank) on n threads at once.
 void on_ranks(int n, const std::function<void(int)> &f) {
