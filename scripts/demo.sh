@@ -94,7 +94,7 @@ echo "benchmarks on real, kernel-shaped links (network namespaces as nodes, tc t
 echo "node's link, Open MPI's TCP between nodes, the topology discovered) and next to"
 echo "Open MPI's own MPI_Allgather / MPI_Reduce_scatter_block are in docs/benchmarks.md,"
 echo "section 9 \"Real links\" (docs/generated/cluster_study.md); as root, reproduce them with"
-echo "  perf/bandwidth_study.sh --cluster OUT_DIR $build     (about 15 minutes)"
+echo "  perf/bandwidth_study.sh --cluster OUT_DIR $build     (7-8 minutes on 2 cores)"
 echo "or make such a cluster yourself: scripts/netns_cluster.sh up -n 2 -p 4 -r 400mbit;"
 echo "scripts/netns_cluster.sh run -np 8 $build/perf/zpp-bench --coll allgather --variant bf16,qwz8,mpi;"
 echo "scripts/netns_cluster.sh down."
