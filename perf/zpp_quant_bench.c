@@ -434,7 +434,7 @@ int main(int argc, char **argv) {
     size_t eb = zpp_quant_bytes(&q, o.n, &ovf);
     for (kind = 0; kind < 5; kind++) {
       for (d = 0; d < 3; d++) {
-        size_t esz = dtypes[d] == ZPP_QM_F32 ? 4 : 2;
+        size_t esz = zpp_qm_dtype_bytes(dtypes[d]);
         job_t j = {ops, q, dtypes[d], o.n, in[d], enc, NULL, kind, NULL, NULL};
         row_t r;
         memset(&r, 0, sizeof r);

@@ -190,7 +190,7 @@ int zpp_ew_encode_ef_host(const zpp_quant_cpu_ops_t *ops, const zpp_qcfg_t *cfg,
   float x[ZPP_EW_EF_TILE], dec[ZPP_EW_EF_TILE];
   uint8_t enc[EF_ENC_MAX];
   ew_tiling_t tl;
-  size_t b0, es = dtype == ZPP_QM_F32 ? 4 : 2, pg = 0, pr = 0;
+  size_t b0, es = zpp_qm_dtype_bytes(dtype), pg = 0, pr = 0;
   float omega = 1.0f - beta;
   if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
@@ -230,7 +230,7 @@ int zpp_ew_sum_decoded_host(const zpp_quant_cpu_ops_t *ops,
                             size_t count, float *out) {
   uint8_t enc[EF_ENC_MAX];
   ew_tiling_t tl;
-  size_t b0, es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0;
+  size_t b0, es = zpp_qm_dtype_bytes(dtype), pf = 0;
   int j;
   if (ew_tiling(cfg, count, &tl) != 0)
     return -1;
@@ -318,7 +318,7 @@ void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
                                const void *const *blocks, int in_dtype, int n,
                                size_t count, float div) {
   float acc[ZPP_EW_TILE];
-  size_t base, es = in_dtype == ZPP_QM_F32 ? 4 : 2;
+  size_t base, es = zpp_qm_dtype_bytes(in_dtype);
   int i;
   for (base = 0; base < count; base += ZPP_EW_TILE) {
     size_t m = count - base < ZPP_EW_TILE ? count - base : ZPP_EW_TILE, j;

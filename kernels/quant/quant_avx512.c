@@ -494,7 +494,7 @@ ZPP_AVX512_INLINE void encode_all(const zpp_qcfg_t *cfg, int dtype,
   size_t mb = zpp_qm_meta_bytes(asym);
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
   uint8_t *payload = dst + nb * mb;
-  size_t es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0, b;
+  size_t es = zpp_qm_dtype_bytes(dtype), pf = 0, b;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
@@ -611,7 +611,7 @@ ZPP_AVX512_INLINE void encode_all_sr(const zpp_qcfg_t *cfg, int dtype,
   size_t nb = zpp_quant_nblocks(cfg, count);
   size_t mb = zpp_qm_meta_bytes(asym);
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
-  size_t es = dtype == ZPP_QM_F32 ? 4 : 2, pf = 0, b;
+  size_t es = zpp_qm_dtype_bytes(dtype), pf = 0, b;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;

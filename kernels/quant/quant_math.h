@@ -29,6 +29,11 @@
 /* dtype ids: the same values as zpp_dtype_t in <zpp/zpp.h>. */
 enum { ZPP_QM_F32 = 0, ZPP_QM_F16 = 1, ZPP_QM_BF16 = 2 };
 
+/* Bytes of one element of a dtype id. */
+static ZPP_QM_HD size_t zpp_qm_dtype_bytes(int dtype) {
+  return dtype == ZPP_QM_F32 ? 4 : 2;
+}
+
 /* How a block is encoded (docs/format.md, "Block parameters"). */
 enum {
   ZPP_QM_KIND_MUL = 0,      /* q = rint(clamp(v * inv))                    */
