@@ -30,6 +30,7 @@
 
 #include "mpi_gtest_main.h"
 #include "test_memory.h"
+#include "scoped_env.h"
 
 extern "C" {
 #include "internal.h"
@@ -1215,8 +1216,7 @@ TEST(Qgz, StochasticRoundingIsReproducibleAndSeedsDiffer) {
 // rounding and both residual formats.  Device memory is never chunked, so
 // there the two runs are the same plan.
 TEST(Qgz, ChunkedPlanIsBitwiseTheOneChunkPlan) {
-  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
-  std::string keep = saved != nullptr ? saved : "";
+  ScopedEnv keep("ZPP_PIPE_MIN_CHUNK", "0", zpp_settings_reload);
   struct Cfg {
     int intra, inter;
     size_t block, hadamard;
@@ -1279,11 +1279,6 @@ TEST(Qgz, ChunkedPlanIsBitwiseTheOneChunkPlan) {
           EXPECT_TRUE(out[1][step] == out[0][step]) << what << ": result of step " << step;
         EXPECT_TRUE(res[1] == res[0]) << what << ": residual";
       }
-  if (saved != nullptr)
-    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
-  else
-    unsetenv("ZPP_PIPE_MIN_CHUNK");
-  zpp_settings_reload();
 }
 
 // INT8 residual: the same error feedback (the average of K steps on a

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "scoped_env.h"
+
 // This file's copy of quant_cpu.h's zpp_qcpu_prefetch records the offsets
 // it requests (from g_pf_base) instead of prefetching (QuantPrefetch below);
 // the library's kernels keep the real requests.
@@ -540,8 +542,7 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
 // short of the count.  Then the edge cases of the contract, and the sizes
 // of docs/benchmarks.md section 9's runs ("qwZ's chunks").
 TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
-  const char *saved = std::getenv("ZPP_PIPE_MIN_CHUNK");
-  std::string keep = saved != nullptr ? saved : "";
+  ScopedEnv keep("ZPP_PIPE_MIN_CHUNK", "65536", zpp_settings_reload);
   auto rng = seeded_rng("PlanChunk");
   for (int it = 0; it < 4000; it++) {
     size_t count = (size_t)(rng() % (it % 2 ? 50000000u : 5000u)) + 1;
@@ -580,11 +581,6 @@ TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
   EXPECT_EQ(zpp_plan_chunk(SIZE_MAX, SIZE_MAX / 2, 1), SIZE_MAX);
   EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 0), 1u << 20);
   EXPECT_EQ(zpp_plan_chunk(1u << 20, 256, 1), 1u << 20);
-  if (saved != nullptr)
-    setenv("ZPP_PIPE_MIN_CHUNK", keep.c_str(), 1);
-  else
-    unsetenv("ZPP_PIPE_MIN_CHUNK");
-  zpp_settings_reload();
 }
 
 // ---- software prefetch (quant_cpu.h) ---------------------------------------
