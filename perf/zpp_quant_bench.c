@@ -17,9 +17,7 @@
  *
  * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
  */
-#include "elementwise.h"
-#include "quant_cpu.h"
-#include "quant_math.h"
+#include "zpp_internal/kernels.h"
 
 #include <zpp/zpp.h>
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "quant_math.h"
+#include "zpp_internal/kernels.h"
 
 namespace {
 

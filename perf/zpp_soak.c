@@ -46,6 +46,8 @@
  */
 #include <mpi.h>
 #include <zpp/zpp.h>
+
+#include "zpp_internal/engine.h"
 #include <zpp/zpp_coll.h>
 #include <zpp/zpp_comm.h>
 #include <zpp/zpp_mpi.h>
@@ -61,8 +63,6 @@
 #define PROG "zpp-soak"
 #define PRE_ITERS 20 /* iterations of the first communicator */
 
-/* src/engine.c: bytes held by the communicator's host scratch cache. */
-size_t zpp_engine_cached_bytes(zpp_comm_t comm);
 
 typedef struct {
   long iter;

@@ -1,14 +1,13 @@
 # Multi-rank tests of the collectives (tests/test_coll.cc) under mpirun, one
 # ctest entry per emulated layout (ZPP_TOPO), plus ZPP_CHECK=1 mismatch
 # detection.  Label "mpi".
-if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport_mpi.c)
+if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport_mpi.c)
   add_executable(test_coll test_coll.cc)
   target_link_libraries(test_coll PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   # C bindings only: no MPI C++ library at link time
   target_compile_definitions(test_coll PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1
     ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}>)
-  target_include_directories(test_coll PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
+  target_include_directories(test_coll PRIVATE ${PROJECT_SOURCE_DIR}/src)
   set(_zpp_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
     --mca btl self,vader --bind-to none)
   # layout name -> ZPP_TOPO and rank count

@@ -5,9 +5,8 @@ if(ZPP_WITH_MPI_ENABLED)
   add_executable(test_engine test_engine.cc)
   target_link_libraries(test_engine PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   target_link_options(test_engine PRIVATE -Wl,--wrap=pthread_create)
-  # the engine's own interface (src/plan.h) for plans of test kernels
-  target_include_directories(test_engine PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
+  # the engine's own interface (src/engine/plan.h) for plans of test kernels
+  target_include_directories(test_engine PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_engine PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   add_test(NAME engine_2x2
     COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe

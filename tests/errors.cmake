@@ -1,6 +1,6 @@
 # The exact error text of every bad argument of every public function
 # (tests/test_errors.cc), under mpirun on an emulated 2x2.  Label "mpi".
-if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
+if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime/runtime.c)
   add_executable(test_errors test_errors.cc)
   target_link_libraries(test_errors PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   target_compile_definitions(test_errors PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1

@@ -7,8 +7,7 @@
 if(ZPP_WITH_MPI_ENABLED)
   add_executable(test_faults test_faults.cc)
   target_link_libraries(test_faults PRIVATE zpp_static GTest::gtest MPI::MPI_C)
-  target_include_directories(test_faults PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
+  target_include_directories(test_faults PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_faults PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   foreach(_chk 0 1)
     if(_chk)

@@ -26,7 +26,7 @@ if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND TARGET zpp_cudar
 
   add_executable(test_nccl_emu test_nccl_emu.cc)
   target_include_directories(test_nccl_emu PRIVATE ${ZPP_NCCL_EMU_NCCL_H}
-    ${PROJECT_SOURCE_DIR}/kernels/quant)
+    ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(test_nccl_emu PRIVATE zpp_nccl_emu ${_zpp_nccl_emu_rt}
     GTest::gtest GTest::gtest_main Threads::Threads)
   gtest_discover_tests(test_nccl_emu DISCOVERY_TIMEOUT 60

@@ -6,9 +6,9 @@
 # same launchers): it compiles the scalar reference in.
 if(TARGET zpp_cudart_emu)
   add_executable(test_quant_cuda_emu test_quant_cuda_emu.cc
-    ${PROJECT_SOURCE_DIR}/kernels/quant/quant_scalar.c)
+    ${PROJECT_SOURCE_DIR}/src/kernels/quant_scalar.c)
   target_include_directories(test_quant_cuda_emu PRIVATE
-    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/kernels/quant
+    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
     ${CMAKE_CURRENT_SOURCE_DIR})
   # Vector loads reinterpret element buffers; #pragma unroll is nvcc's.
   # UBSan's alignment check stands in for the GPU's misaligned-address

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "quant_cpu.h"
-#include "quant_math.h"
+#include "kernels/quant_cpu.h"
+#include "kernels/quant_math.h"
 
 namespace zpp_test {
 

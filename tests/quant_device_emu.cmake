@@ -8,8 +8,7 @@
 if(ZPP_CUDA_EMU AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_quant_cuda.cc)
   add_executable(test_quant_cuda test_quant_cuda.cc)
   target_link_libraries(test_quant_cuda PRIVATE zpp_static GTest::gtest GTest::gtest_main)
-  target_include_directories(test_quant_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/kernels/quant ${PROJECT_SOURCE_DIR}/topology)
+  target_include_directories(test_quant_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_quant_cuda PRIVATE ZPP_HAVE_CUDA=1
     "ZPP_TEST_QUANT_CUDA_LONG=((size_t)3 << 20) + 43")
   # Six of the 72 shapes, so that each dtype, width and mode and every

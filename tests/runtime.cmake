@@ -1,15 +1,14 @@
 # Runtime API (tests/test_runtime.cc, multi-rank), the reference trainer
 # zpp-train (tests/runtime/test_train.cc runs it under mpirun and checks its
 # JSON) and the example of docs/runtime.md.  Label "mpi" (docs: "docs").
-if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
+if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime/runtime.c)
   set(_zpp_rt_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
     --mca btl self,vader --bind-to none)
   add_executable(test_runtime test_runtime.cc)
   target_link_libraries(test_runtime PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   target_compile_definitions(test_runtime PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1
     ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}>)
-  target_include_directories(test_runtime PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/kernels/quant)
+  target_include_directories(test_runtime PRIVATE ${PROJECT_SOURCE_DIR}/src)
   foreach(_layout 2x2:4 1x4:4 "0,0,0,1,1:5")
     string(REPLACE ":" ";" _p "${_layout}")
     list(GET _p 0 _topo)
@@ -33,7 +32,7 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/runtime.c)
     add_executable(test_runtime_train runtime/test_train.cc runtime/train_math_baseline.cc)
     target_link_libraries(test_runtime_train PRIVATE GTest::gtest GTest::gtest_main)
     target_include_directories(test_runtime_train PRIVATE ${PROJECT_SOURCE_DIR}/tools
-      ${PROJECT_SOURCE_DIR}/kernels/quant)
+      ${PROJECT_SOURCE_DIR}/src/include)
     target_compile_definitions(test_runtime_train PRIVATE
       ZPP_RT_LAUNCH="${_zpp_rt_launch}"
       ZPP_RT_TRAIN="$<TARGET_FILE:zpp-train>")

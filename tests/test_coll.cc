@@ -33,8 +33,9 @@
 #include "scoped_env.h"
 
 extern "C" {
-#include "internal.h"
-#include "quant_math.h"
+#include "core/core.h"
+#include "quant/quant.h"
+#include "kernels/quant_math.h"
 }
 
 namespace {

@@ -42,8 +42,10 @@
 #include <vector>
 
 #include "cuda_runtime.h"
-#include "internal.h"
-#include "transport.h"
+#include "core/core.h"
+#include "quant/quant.h"
+#include "comm/comm.h"
+#include "transport/transport.h"
 #include "zpp_cuda_emu.h"
 
 namespace {

@@ -31,7 +31,8 @@
 #include <vector>
 
 #include "mpi_gtest_main.h"
-#include "plan.h"  // the engine's own interface (src/)
+#include "comm/comm.h"
+#include "engine/plan.h"  // the engine's own interface (src/)
 #include "scoped_env.h"
 
 extern "C" void zpp_settings_reload(void);  // src/internal.h

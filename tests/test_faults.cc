@@ -30,8 +30,9 @@
 #include <vector>
 
 #include "mpi_gtest_main.h"
-#include "internal.h"  // zpp_error, for the injected failure
-#include "plan.h"      // the engine's interface, to inject a failing step
+#include "core/core.h"  // zpp_error, for the injected failure
+#include "comm/comm.h"
+#include "engine/plan.h"      // the engine's interface, to inject a failing step
 
 namespace {
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 extern "C" {
-#include "quant_math.h"
+#include "kernels/quant_math.h"
 }
 
 #include "scoped_env.h"

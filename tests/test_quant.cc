@@ -29,12 +29,13 @@ static std::vector<size_t> g_pf;
   g_pf.push_back((size_t)((const char *)(addr) - g_pf_base))
 
 extern "C" {
-#include "coll_internal.h"  // zpp_k_sum_decoded, zpp_exec_t
-#include "elementwise.h"
-#include "internal.h"
-#include "quant_cpu.h"
-#include "quant_math.h"
-#include "transform.h"
+#include "coll/coll.h"  // zpp_k_sum_decoded, zpp_exec_t
+#include "kernels/elementwise.h"
+#include "core/core.h"
+#include "quant/quant.h"
+#include "kernels/quant_cpu.h"
+#include "kernels/quant_math.h"
+#include "kernels/transform.h"
 }
 
 namespace {

@@ -25,11 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include "internal.h"
-#include "quant_cpu.h"
+#include "core/core.h"
+#include "quant/quant.h"
+#include "kernels/quant_cpu.h"
 #include "quant_cuda_testdata.h"
-#include "quant_math.h"
-#include "transform.h"
+#include "kernels/quant_math.h"
+#include "kernels/transform.h"
 
 namespace {
 

@@ -21,7 +21,7 @@
 // CTAs per launch; lowered by one test to run the kernels' grid-stride loops.
 static size_t g_max_grid = (size_t)1 << 30;
 #define ZPP_QUANT_CUDA_MAX_GRID g_max_grid
-#include "quant_cuda.cu"  // kernels and launchers, compiled as C++
+#include "kernels/quant_cuda.cu"  // kernels and launchers, compiled as C++
 #include "quant_cuda_testdata.h"
 #include "zpp_cuda_emu.h"
 

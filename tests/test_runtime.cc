@@ -31,7 +31,7 @@
 #include "mpi_gtest_main.h"
 
 extern "C" {
-#include "quant_math.h"
+#include "kernels/quant_math.h"
 }
 
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 extern "C" {
-#include "topo.h"
+#include "topology/topo.h"
 }
 
 namespace {

@@ -33,8 +33,9 @@
 #endif
 
 extern "C" {
-#include "internal.h"
-#include "transport.h"
+#include "core/core.h"
+#include "comm/comm.h"
+#include "transport/transport.h"
 }
 
 #include <mutex>

@@ -5,8 +5,7 @@
 if(ZPP_WITH_MPI_ENABLED)
   add_executable(test_transport test_transport.cc)
   target_link_libraries(test_transport PRIVATE zpp_static GTest::gtest MPI::MPI_C)
-  target_include_directories(test_transport PRIVATE ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/topology)
+  target_include_directories(test_transport PRIVATE ${PROJECT_SOURCE_DIR}/src)
   # The C API of MPI only (no C++ bindings to link).
   target_compile_definitions(test_transport PRIVATE
     ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}> OMPI_SKIP_MPICXX=1

@@ -9,8 +9,7 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
   target_link_libraries(test_device_path PRIVATE zpp_static zpp_cudart_emu
     GTest::gtest MPI::MPI_C)
   target_include_directories(test_device_path BEFORE PRIVATE
-    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu ${PROJECT_SOURCE_DIR}/src
-    ${PROJECT_SOURCE_DIR}/topology)
+    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_device_path PRIVATE OMPI_SKIP_MPICXX=1
     MPICH_SKIP_MPICXX=1)
   set(_run ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe

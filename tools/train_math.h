@@ -39,7 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant_math.h" /* zpp_qm_bf16_to_f32, zpp_qm_f32_to_bf16 */
+#include "zpp_internal/kernels.h" /* zpp_qm_bf16_to_f32, zpp_qm_f32_to_bf16 */
 
 typedef float train_vf __attribute__((vector_size(32)));
 typedef uint32_t train_vu __attribute__((vector_size(32)));

@@ -29,7 +29,7 @@
  */
 #include <zpp/zpp.h>
 
-#include "quant_math.h"
+#include "zpp_internal/kernels.h"
 
 #include <errno.h>
 #include <math.h>

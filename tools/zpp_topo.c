@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "topo.h"
+#include "zpp_internal/topo.h"
 
 #if defined(__has_include)
 #if __has_include(<mpi.h>)

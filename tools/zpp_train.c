@@ -48,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_math.h"
+#include "zpp_internal/kernels.h"
 #include "train_math.h"
 
 #define PROG "zpp-train"

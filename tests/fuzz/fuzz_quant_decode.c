@@ -24,7 +24,7 @@
  */
 #include <zpp/zpp.h>
 
-#include "quant_cpu.h"
+#include "kernels/quant_cpu.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -29,7 +29,7 @@
  * anything in them. */
 #include <zpp/zpp.h>
 
-#include "quant_math.h"
+#include "kernels/quant_math.h"
 
 #include <errno.h>
 #include <math.h>

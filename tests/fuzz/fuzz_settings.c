@@ -18,10 +18,10 @@
  * environment's text; every parser returns, with a message on an error;
  * ZPP_DEBUG_FILE expands within its buffer.
  */
-#include "bootstrap.h"
-#include "internal.h"
-#include "quant_cpu.h"
-#include "topo.h"
+#include "comm/bootstrap.h"
+#include "core/core.h"
+#include "kernels/quant_cpu.h"
+#include "topology/topo.h"
 
 #include <float.h>
 #include <stdint.h>

@@ -14,7 +14,7 @@
  * (NODE and CROSS members are on my node / have my local rank, each rank
  * once); reports of any host names and links are written without error.
  */
-#include "topo.h"
+#include "topology/topo.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,0 +1,645 @@
+/*
+ * Baselines, qwZ and hpZ, written once against the transport table and the
+ * kernel dispatch of coll_exec.c.  Algorithms and byte formulas:
+ * docs/design.md, "Collectives".
+ */
+#include "coll/coll.h"
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/engine.h"
+#include "engine/plan.h"
+#include "quant/quant.h"
+#include "topology/topo.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Config words compared across ranks under ZPP_CHECK. */
+static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
+  w[0] = (uint64_t)q->bits;
+  w[1] = (uint64_t)q->block_size;
+  w[2] = (uint64_t)q->mode;
+}
+
+/* ---- baselines ------------------------------------------------------------ */
+
+/* A plan of one transfer step. */
+static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
+                               const zpp_step_xfer_t *x, zpp_request_t *req) {
+  zpp_plan_t *p;
+  ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, NULL, NULL, &p)));
+  zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
+  return zpp_plan_submit(p, req);
+}
+
+zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
+                           size_t count, zpp_dtype_t dtype,
+                           zpp_stream_t stream, zpp_request_t *req) {
+  zpp_exec_t ex;
+  zpp_step_xfer_t x;
+  zpp_status_t st;
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
+  st = zpp_coll_check_dtype_bytes(__func__, dtype);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
+                             count, dtype);
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
+                                                    (int)dtype, -1, NULL, 0,
+                                                    st)));
+  memset(&x, 0, sizeof x);
+  x.kind = ZPP_XFER_ALLGATHER;
+  x.group = ZPP_GROUP_WORLD;
+  x.send = sendbuf;
+  x.recv = recvbuf;
+  x.bytes = count * zpp_dtype_size(dtype);
+  return submit_one(__func__, &ex, &x, req);
+}
+
+zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
+                                void *recvbuf, size_t count, zpp_dtype_t dtype,
+                                zpp_redop_t op, zpp_stream_t stream,
+                                zpp_request_t *req) {
+  zpp_exec_t ex;
+  zpp_step_xfer_t x;
+  zpp_status_t st;
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
+  st = zpp_coll_check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_op(__func__, op);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_SCATTER, sendbuf,
+                             recvbuf, count, dtype);
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
+                                                    (int)dtype, (int)op, NULL,
+                                                    0, st)));
+  memset(&x, 0, sizeof x);
+  x.kind = ZPP_XFER_REDUCE_SCATTER;
+  x.group = ZPP_GROUP_WORLD;
+  x.send = sendbuf;
+  x.recv = recvbuf;
+  x.count = count;
+  x.dtype = dtype;
+  /* MEAN divides the fp32 sum before the one rounding (transport.h) */
+  x.op = op == ZPP_OP_MEAN ? ZPP_REDUCE_MEAN : ZPP_REDUCE_SUM;
+  return submit_one(__func__, &ex, &x, req);
+}
+
+/* ---- qwZ -------------------------------------------------------------------- */
+
+zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
+                                  const char *fp,
+                                  const zpp_quant_config_t *q) {
+  return zpp_quant_config_check_named(func, name, fp, q);
+}
+
+#define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
+/* Chunks of a call (zpp_plan_chunk: every chunk but the last at least
+ * ZPP_PIPE_MIN_CHUNK elements).  The first chunk's encode and gather and
+ * the last one's decode run alone; from 32 * ZPP_PIPE_MIN_CHUNK elements
+ * on, each is about 1/QWZ_PARTS of the call.  32 rather than qgZ's 8: on
+ * the real 2x4 link at 1.6 Gbit/s per node, 16 MiB shards, qwZ INT8 took
+ * 0.78 of the time with 32 chunks that it took with 8, and 64 were no
+ * better for INT8 and slower for INT4 (docs/benchmarks.md, section 9,
+ * "qwZ's chunks"). */
+#define QWZ_PARTS 32
+
+/* qwZ as a plan.  The shard is cut into chunks of whole blocks (one chunk
+ * unless chunking pays: zpp_plan_chunk); per chunk k, in buffer slot
+ * k % QWZ_DEPTH:
+ *   E_k  encode my chunk into slot + me * bytes_k     (after D_{k-DEPTH})
+ *   X_k  in-place all-gather of the slot over WORLD   (after E_k)
+ *   D_k  decode every rank's chunk into recv          (after X_k)
+ * so the engine decodes chunk k while k+1 and k+2 are on the wire.  Since
+ * chunks are whole blocks, every decoded value is the unchunked one. */
+typedef struct {
+  zpp_exec_t ex;
+  zpp_quant_config_t q;
+  const void *send;
+  void *recv;
+  size_t count, chunk;
+  zpp_dtype_t dtype;
+  int n, me;
+  uint8_t *buf[QWZ_DEPTH];
+} qwz_ctx_t;
+
+static void qwz_release(void *p) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
+  int i;
+  for (i = 0; i < QWZ_DEPTH; i++)
+    zpp_k_free(&c->ex, c->buf[i]);
+  free(c);
+}
+
+static size_t qwz_len(const qwz_ctx_t *c, size_t k) {
+  size_t off = k * c->chunk;
+  return c->count - off < c->chunk ? c->count - off : c->chunk;
+}
+
+static zpp_status_t qwz_encode(void *p, size_t k) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
+  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
+  const uint8_t *src =
+      (const uint8_t *)c->send + k * c->chunk * zpp_dtype_size(c->dtype);
+  /* stochastic rounding draws at the element's index in the whole tensor
+   * (rank me's shard starts at me * count), so chunking does not change
+   * the bytes */
+  return zpp_k_encode_at(&c->ex, &c->q, c->dtype, src, len,
+                         (uint64_t)c->me * c->count + k * c->chunk,
+                         c->buf[k % QWZ_DEPTH] + (size_t)c->me * e);
+}
+
+static zpp_status_t qwz_decode(void *p, size_t k) {
+  qwz_ctx_t *c = (qwz_ctx_t *)p;
+  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
+  size_t ds = zpp_dtype_size(c->dtype), off = k * c->chunk;
+  int r;
+  for (r = 0; r < c->n; r++) {
+    zpp_plan_poll(); /* keep the next chunks' gathers moving */
+    ZPP_CHECK(zpp_k_decode(&c->ex, &c->q, c->buf[k % QWZ_DEPTH] + (size_t)r * e,
+                           len, c->dtype,
+                           (uint8_t *)c->recv + ((size_t)r * c->count + off) * ds));
+  }
+  return ZPP_OK;
+}
+
+static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
+                             const zpp_quant_config_t *q, const void *send,
+                             void *recv, size_t count, zpp_dtype_t dtype,
+                             zpp_request_t *req) {
+  qwz_ctx_t *c;
+  zpp_plan_t *p;
+  size_t nchunks, k, ebuf;
+  int i, nslots, dec[QWZ_DEPTH];
+  zpp_status_t st = ZPP_OK;
+  c = (qwz_ctx_t *)calloc(1, sizeof *c);
+  if (c == NULL)
+    return zpp_comm_fail(ex->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                             "plan context"));
+  c->ex = *ex;
+  zpp_quant_config_get(q, &c->q); /* any accepted struct_size */
+  c->send = send;
+  c->recv = recv;
+  c->count = count;
+  c->dtype = dtype;
+  c->n = zpp_transport_size(ex->t);
+  c->me = zpp_transport_rank(ex->t);
+  c->chunk = count;
+  if (ex->mem == ZPP_MEMORY_HOST && c->n > 1 && count > 0)
+    c->chunk = zpp_plan_chunk(count, q->block_size, QWZ_PARTS);
+  nchunks = count == 0 ? 0 : (count + c->chunk - 1) / c->chunk;
+  nslots = nchunks < QWZ_DEPTH ? (int)nchunks : QWZ_DEPTH;
+  ebuf = zpp_coll_encoded_size(q, c->chunk);
+  for (i = 0; i < nslots && st == ZPP_OK; i++)
+    st = zpp_k_alloc(ex, (size_t)c->n * ebuf, (void **)&c->buf[i]);
+  if (st != ZPP_OK) {
+    qwz_release(c);
+    return zpp_comm_fail(ex->comm, st);
+  }
+  ZPP_CHECK(zpp_comm_fail(ex->comm,
+                          zpp_plan_create(func, ex, c, qwz_release, &p)));
+  for (i = 0; i < QWZ_DEPTH; i++)
+    dec[i] = ZPP_NO_STEP;
+  if (nchunks > 0)
+    ZPP_TRACE(ZPP_SUBSYS_COLL, "qwZ: %zu chunk(s) of %zu elements", nchunks,
+              c->chunk);
+  for (k = 0; k < nchunks; k++) {
+    size_t bytes = zpp_coll_encoded_size(q, qwz_len(c, k));
+    uint8_t *slot = c->buf[k % QWZ_DEPTH];
+    zpp_step_xfer_t x;
+    int e, xs;
+    e = zpp_plan_kernel(p, qwz_encode, k, dec[k % QWZ_DEPTH], ZPP_NO_STEP);
+    memset(&x, 0, sizeof x);
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_WORLD;
+    x.send = slot + (size_t)c->me * bytes;
+    x.recv = slot;
+    x.bytes = bytes;
+    xs = zpp_plan_xfer(p, &x, e, ZPP_NO_STEP);
+    dec[k % QWZ_DEPTH] = zpp_plan_kernel(p, qwz_decode, k, xs, ZPP_NO_STEP);
+  }
+  return zpp_plan_submit(p, req);
+}
+
+zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
+                               const void *sendbuf, void *recvbuf,
+                               size_t count, zpp_dtype_t dtype,
+                               zpp_stream_t stream, zpp_request_t *req) {
+  zpp_exec_t ex;
+  uint64_t w[3] = {0, 0, 0};
+  zpp_status_t st;
+  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
+  st = zpp_coll_check_quant(__func__, "quant", "quant->", quant);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_dtype(__func__, dtype);
+  if (st == ZPP_OK)
+    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
+                             count, dtype);
+  if (quant != NULL)
+    quant_words(quant, w);
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
+                                                    (int)dtype, -1, w, 3,
+                                                    st)));
+  return qwz_plan(__func__, &ex, quant, sendbuf, recvbuf, count, dtype, req);
+}
+
+/* ---- hpZ ---------------------------------------------------------------------- */
+
+struct zpp_hpz {
+  zpp_comm_t comm;
+  zpp_hpz_config_t cfg;
+  size_t count;
+  zpp_dtype_t dtype;
+  int hierarchical;  /* uniform nodes: backward gathers stay in the node */
+  int nnodes;        /* members of my CROSS group (= nodes when uniform) */
+  size_t unit;       /* bytes of one rank's shard as stored: encoded size
+                        (quantized) or count * dtype size */
+  void *secondary;   /* nnodes units: the shards of my CROSS group, in
+                        group order; in the communicator's memory space */
+  uint64_t generation;
+  uint64_t secondary_generation; /* set when a forward gather completed */
+  uint64_t planned_generation;   /* set when one was started */
+  /* Gathers started and not yet released by the engine hold a reference:
+   * zpp_hpz_destroy with gathers still queued on the engine thread frees
+   * the handle and the secondary copy when the last one is done. */
+  pthread_mutex_t mu;
+  int refs, destroyed;
+};
+
+/* Frees the secondary copy and the handle (no gather holds it). */
+static void hpz_free(zpp_hpz_t h) {
+  zpp_exec_t ex;
+  /* cudaFree waits for the device: gathers still queued on any stream
+   * finish with the copy before it goes. */
+  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK)
+    zpp_k_free_persistent(&ex, h->secondary);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+/* Drops a gather's reference; the last one after destroy frees h. */
+static void hpz_put(zpp_hpz_t h) {
+  int last;
+  pthread_mutex_lock(&h->mu);
+  last = --h->refs == 0 && h->destroyed;
+  pthread_mutex_unlock(&h->mu);
+  if (last)
+    hpz_free(h);
+}
+
+zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
+                            size_t count, zpp_dtype_t dtype, zpp_hpz_t *hpz) {
+  zpp_exec_t ex;
+  struct zpp_hpz *h;
+  int uniform;
+  zpp_status_t st;
+  ZPP_CHECK(zpp_exec_init(__func__, comm, NULL, &ex));
+  if (cfg == NULL)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
+                                         "cfg is NULL"));
+  if (hpz == NULL)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_NULL_POINTER, __func__,
+                                         "hpz is NULL"));
+  /* 0.1 structs embed the smaller 0.1 quant config (its last field) */
+  if (cfg->struct_size <
+      offsetof(zpp_hpz_config_t, quant) + ZPP_QUANT_CONFIG_V1_SIZE)
+    return zpp_comm_fail(
+        comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                        "cfg->struct_size %zu: initialise with "
+                        "ZPP_HPZ_CONFIG_INIT",
+                        cfg->struct_size));
+  if (cfg->quantized != 0 && cfg->quantized != 1)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                                         "cfg->quantized %d: must be 0 or 1",
+                                         cfg->quantized));
+  if (cfg->quantized)
+    ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_quant(__func__, "cfg->quant",
+                                                      "cfg->quant.",
+                                                      &cfg->quant)));
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_dtype(__func__, dtype)));
+  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_count(__func__, &ex, count,
+                                                    dtype)));
+  ZPP_CHECK(zpp_comm_topo_uniform(comm, &uniform));
+  h = (struct zpp_hpz *)calloc(1, sizeof *h);
+  if (h == NULL)
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                                         "hpz handle"));
+  h->comm = comm;
+  h->cfg.struct_size = sizeof h->cfg;
+  h->cfg.quantized = cfg->quantized;
+  {
+    zpp_quant_config_t dq = ZPP_QUANT_CONFIG_INIT;
+    h->cfg.quant = dq;
+    if (cfg->quantized)
+      zpp_quant_config_get(&cfg->quant, &h->cfg.quant);
+  }
+  h->count = count;
+  h->dtype = dtype;
+  h->hierarchical = uniform;
+  h->nnodes = zpp_transport_group_size(ex.t, ZPP_GROUP_CROSS);
+  h->unit = cfg->quantized ? zpp_coll_encoded_size(&cfg->quant, count)
+                           : count * zpp_dtype_size(dtype);
+  h->generation = 1;
+  h->secondary_generation = 0;
+  pthread_mutex_init(&h->mu, NULL);
+  if (h->hierarchical) {
+    st = zpp_k_alloc_persistent(&ex, (size_t)h->nnodes * h->unit,
+                                &h->secondary);
+    if (st != ZPP_OK) {
+      pthread_mutex_destroy(&h->mu);
+      free(h);
+      return zpp_comm_fail(comm, st);
+    }
+  } else {
+    ZPP_INFO(ZPP_SUBSYS_COLL,
+             "hpZ: nodes have different numbers of ranks; backward gathers "
+             "fall back to a world gather");
+  }
+  *hpz = h;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz) {
+  int last;
+  if (hpz == NULL)
+    return ZPP_OK;
+  pthread_mutex_lock(&hpz->mu);
+  hpz->destroyed = 1;
+  last = hpz->refs == 0;
+  pthread_mutex_unlock(&hpz->mu);
+  if (last)
+    hpz_free(hpz);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_hpz_invalidate(zpp_hpz_t hpz) {
+  if (hpz == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "hpz is NULL");
+  hpz->generation++;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_hpz_get_info(zpp_hpz_t hpz, zpp_hpz_info_t *info) {
+  if (hpz == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "hpz is NULL");
+  if (info == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "info is NULL");
+  if (info->struct_size < sizeof(zpp_hpz_info_t))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "info->struct_size %zu: initialise with "
+                     "ZPP_HPZ_INFO_INIT",
+                     info->struct_size);
+  info->hierarchical = hpz->hierarchical;
+  info->generation = hpz->generation;
+  info->secondary_generation = hpz->secondary_generation;
+  info->secondary_bytes = hpz->hierarchical ? (size_t)hpz->nnodes * hpz->unit
+                                            : 0;
+  return ZPP_OK;
+}
+
+/* What a gather does, decided when it is started (so a queued forward
+ * gather counts), identically on every rank that made the same calls. */
+enum { HPZ_FORWARD = 0, HPZ_BACKWARD_NODE = 1, HPZ_REFRESH = 2 };
+
+typedef struct {
+  zpp_exec_t ex;
+  zpp_hpz_t h;
+  const void *send;
+  void *recv;
+  uint64_t generation; /* of the parameters when the gather was started */
+  uint8_t *all;        /* gathered encoded shards (scratch) */
+} hpz_ctx_t;
+
+static void hpz_release(void *p) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  zpp_k_free(&c->ex, c->all);
+  free(c);
+  hpz_put(h);
+}
+
+static zpp_status_t hpz_encode(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  int me = zpp_transport_rank(c->ex.t);
+  (void)arg;
+  /* stochastic rounding draws at the element's index in the whole tensor */
+  return zpp_k_encode_at(&c->ex, &c->h->cfg.quant, c->h->dtype, c->send,
+                         c->h->count, (uint64_t)me * c->h->count,
+                         c->all + (size_t)me * c->h->unit);
+}
+
+static zpp_status_t hpz_decode_world(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  size_t ds = zpp_dtype_size(h->dtype);
+  int n = zpp_transport_size(c->ex.t), r;
+  (void)arg;
+  for (r = 0; r < n; r++)
+    ZPP_CHECK(zpp_k_decode(&c->ex, &h->cfg.quant, c->all + (size_t)r * h->unit,
+                           h->count, h->dtype,
+                           (uint8_t *)c->recv + (size_t)r * h->count * ds));
+  return ZPP_OK;
+}
+
+/* The secondary copy is cut from what was gathered (the encoded shards, or
+ * recv): no extra traffic. */
+static zpp_status_t hpz_keep(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  const uint8_t *src = h->cfg.quantized ? c->all : (const uint8_t *)c->recv;
+  int i;
+  (void)arg;
+  for (i = 0; h->hierarchical && i < h->nnodes; i++) {
+    int w = zpp_transport_group_member(c->ex.t, ZPP_GROUP_CROSS, i);
+    ZPP_CHECK(zpp_k_copy(&c->ex, (uint8_t *)h->secondary + (size_t)i * h->unit,
+                         src + (size_t)w * h->unit, h->unit));
+  }
+  return ZPP_OK;
+}
+
+static zpp_status_t hpz_mark(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  (void)arg;
+  if (c->h->hierarchical || c->h->count == 0)
+    c->h->secondary_generation = c->generation;
+  return ZPP_OK;
+}
+
+/* Every world rank's shard is held by exactly one rank of each node (its
+ * local rank's CROSS group): decode (or copy) the node's gathered
+ * secondary copies into recv. */
+static zpp_status_t hpz_unpack_node(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  zpp_hpz_t h = c->h;
+  const zpp_topo_t *topo = zpp_transport_topo(c->ex.t);
+  int s = zpp_transport_group_size(c->ex.t, ZPP_GROUP_NODE);
+  int m = h->nnodes, l, node;
+  size_t ds = zpp_dtype_size(h->dtype), per = (size_t)m * h->unit;
+  (void)arg;
+  for (l = 0; l < s; l++) {
+    for (node = 0; node < m; node++) {
+      int w = topo->node_ranks[topo->node_off[node] + l];
+      const uint8_t *unit = c->all + (size_t)l * per + (size_t)node * h->unit;
+      uint8_t *out = (uint8_t *)c->recv + (size_t)w * h->count * ds;
+      ZPP_CHECK(h->cfg.quantized
+                    ? zpp_k_decode(&c->ex, &h->cfg.quant, unit, h->count,
+                                   h->dtype, out)
+                    : zpp_k_copy(&c->ex, out, unit, h->unit));
+    }
+  }
+  return ZPP_OK;
+}
+
+/* Forward (and refresh): world gather into recv, keeping the shards of my
+ * CROSS group.  Backward: node-local gather of the secondary shards. */
+static zpp_status_t hpz_plan(const char *func, hpz_ctx_t *c, int kind,
+                             zpp_request_t *req) {
+  zpp_hpz_t h = c->h;
+  const zpp_exec_t *ex = &c->ex;
+  size_t n = (size_t)zpp_transport_size(ex->t);
+  zpp_plan_t *p;
+  zpp_step_xfer_t x;
+  zpp_status_t st = ZPP_OK;
+  int me = zpp_transport_rank(ex->t), s = zpp_transport_group_size(
+                                             ex->t, ZPP_GROUP_NODE);
+  if (h->count > 0) {
+    if (kind == HPZ_BACKWARD_NODE)
+      st = zpp_k_alloc(ex, (size_t)s * (size_t)h->nnodes * h->unit,
+                       (void **)&c->all);
+    else if (h->cfg.quantized)
+      st = zpp_k_alloc(ex, n * h->unit, (void **)&c->all);
+  }
+  if (st != ZPP_OK) {
+    hpz_release(c);
+    return zpp_comm_fail(h->comm, st);
+  }
+  ZPP_CHECK(zpp_comm_fail(h->comm, zpp_plan_create(func, ex, c, hpz_release,
+                                                   &p)));
+  memset(&x, 0, sizeof x);
+  if (h->count == 0) {
+    if (kind != HPZ_BACKWARD_NODE)
+      zpp_plan_kernel(p, hpz_mark, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+  } else if (kind == HPZ_BACKWARD_NODE) {
+    int xs;
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_NODE;
+    x.send = h->secondary;
+    x.recv = c->all;
+    x.bytes = (size_t)h->nnodes * h->unit;
+    xs = zpp_plan_xfer(p, &x, ZPP_NO_STEP, ZPP_NO_STEP);
+    zpp_plan_kernel(p, hpz_unpack_node, 0, xs, ZPP_NO_STEP);
+  } else {
+    int e = ZPP_NO_STEP, xs, d = ZPP_NO_STEP, k;
+    x.kind = ZPP_XFER_ALLGATHER;
+    x.group = ZPP_GROUP_WORLD;
+    x.bytes = h->unit;
+    if (h->cfg.quantized) {
+      e = zpp_plan_kernel(p, hpz_encode, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+      x.send = c->all + (size_t)me * h->unit;
+      x.recv = c->all;
+    } else {
+      x.send = c->send;
+      x.recv = c->recv;
+    }
+    xs = zpp_plan_xfer(p, &x, e, ZPP_NO_STEP);
+    if (h->cfg.quantized)
+      d = zpp_plan_kernel(p, hpz_decode_world, 0, xs, ZPP_NO_STEP);
+    k = zpp_plan_kernel(p, hpz_keep, 0, xs, ZPP_NO_STEP);
+    zpp_plan_kernel(p, hpz_mark, 0, k, d);
+  }
+  return zpp_plan_submit(p, req);
+}
+
+static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
+                              const void *sendbuf, void *recvbuf,
+                              zpp_stream_t stream, zpp_request_t *req,
+                              int backward) {
+  zpp_exec_t ex;
+  hpz_ctx_t *c;
+  uint64_t w[4];
+  uint64_t planned = 0;
+  int plan = HPZ_FORWARD;
+  zpp_status_t st = ZPP_OK;
+  if (hpz == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "hpz is NULL");
+  ZPP_CHECK(zpp_exec_init(func, hpz->comm, stream, &ex));
+  if (hpz->count > 0 && recvbuf == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
+                   hpz->count);
+  else if (!backward && hpz->count > 0 && sendbuf == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
+                   hpz->count);
+  else if (backward) {
+    if (hpz->hierarchical && hpz->planned_generation == hpz->generation)
+      plan = HPZ_BACKWARD_NODE;
+    else if (sendbuf != NULL || hpz->count == 0)
+      plan = HPZ_REFRESH;
+    else if (!hpz->hierarchical)
+      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "sendbuf is NULL: with uneven nodes hpZ keeps no "
+                     "secondary copy, so the backward gather needs the "
+                     "primary shard");
+    else
+      st = zpp_error(ZPP_ERR_STALE, func,
+                     "the secondary copy is from generation %llu but the "
+                     "parameters are at generation %llu (invalidated, or no "
+                     "forward gather yet); pass sendbuf to refresh it",
+                     (unsigned long long)hpz->planned_generation,
+                     (unsigned long long)hpz->generation);
+  }
+  /* Device communicators: the caller's buffers are classified once here. */
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &ex, "recvbuf", recvbuf);
+  if (st == ZPP_OK && hpz->count > 0)
+    st = zpp_coll_check_device_buf(func, &ex, "sendbuf", sendbuf);
+  /* Whether the gather will read sendbuf depends on the generations, so
+   * its overlap is checked whenever it is passed (zpp_coll.h); size *
+   * count * dtype bytes fit size_t (checked by zpp_hpz_create). */
+  if (st == ZPP_OK)
+    st = zpp_coll_check_layout_overlap(func, &ex, ZPP_BUFS_GATHER, sendbuf,
+                                       recvbuf, hpz->count, hpz->dtype);
+  quant_words(&hpz->cfg.quant, w);
+  w[3] = (uint64_t)hpz->cfg.quantized;
+  /* the plan travels as the op: ranks that invalidated differently differ */
+  ZPP_CHECK(zpp_comm_fail(hpz->comm,
+                          zpp_coll_check_args(func, &ex, hpz->count,
+                                              (int)hpz->dtype, plan, w, 4,
+                                              st)));
+  c = (hpz_ctx_t *)calloc(1, sizeof *c);
+  if (c == NULL)
+    return zpp_comm_fail(hpz->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                              "plan context"));
+  c->ex = ex;
+  c->h = hpz;
+  pthread_mutex_lock(&hpz->mu);
+  hpz->refs++; /* dropped by hpz_release */
+  pthread_mutex_unlock(&hpz->mu);
+  c->send = sendbuf;
+  c->recv = recvbuf;
+  c->generation = hpz->generation;
+  if (plan == HPZ_REFRESH)
+    ZPP_INFO(ZPP_SUBSYS_COLL,
+             "hpZ backward gather: %s; running a world gather",
+             hpz->hierarchical ? "secondary copy stale, refreshing"
+                               : "uneven nodes");
+  planned = hpz->planned_generation;
+  if (plan != HPZ_BACKWARD_NODE && hpz->hierarchical)
+    hpz->planned_generation = hpz->generation;
+  st = hpz_plan(func, c, plan, req);
+  if (st != ZPP_OK) /* the secondary copy was not refreshed */
+    hpz->planned_generation = planned;
+  return st;
+}
+
+zpp_status_t zpp_hpz_forward_gather(zpp_hpz_t hpz, const void *sendbuf,
+                                    void *recvbuf, zpp_stream_t stream,
+                                    zpp_request_t *req) {
+  return hpz_start(__func__, hpz, sendbuf, recvbuf, stream, req, 0);
+}
+
+zpp_status_t zpp_hpz_backward_gather(zpp_hpz_t hpz, const void *sendbuf,
+                                     void *recvbuf, zpp_stream_t stream,
+                                     zpp_request_t *req) {
+  return hpz_start(__func__, hpz, sendbuf, recvbuf, stream, req, 1);
+}

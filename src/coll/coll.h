@@ -1,0 +1,109 @@
+/*
+ * The collectives layer (src/coll): the shared argument checks of every
+ * collective (check.c) and the helpers the plans of baseline.c, qwz.c,
+ * hpz.c, qgz.c and qwd.c share.  Each collective builds a plan
+ * (src/engine/plan.h) of kernel steps (src/engine/exec.h) and transport
+ * operations, never calling MPI, NCCL or CUDA directly.  Not installed.
+ */
+#ifndef ZPP_SRC_COLL_COLL_H
+#define ZPP_SRC_COLL_COLL_H
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+
+#include "engine/exec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+/* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words) and
+ * the result of their local argument checks (`local`) with one small
+ * all-gather, and fail together: a rank whose own checks failed returns
+ * its error, every other rank ZPP_ERR_MISMATCH naming it; differing
+ * arguments give ZPP_ERR_MISMATCH naming the field and the first differing
+ * rank.  So one rank's bad call never leaves the others hanging.  Without
+ * ZPP_CHECK it returns `local`. */
+zpp_status_t zpp_coll_check_args(const char *func, const zpp_exec_t *ex,
+                                 size_t count, int dtype, int op,
+                                 const uint64_t *words, int nwords,
+                                 zpp_status_t local);
+
+/* Argument checks shared by the collectives; the message names `func`. */
+zpp_status_t zpp_coll_check_dtype(const char *func, zpp_dtype_t dtype);
+/* The plain all-gather moves bytes: it takes ZPP_UINT8 as well. */
+zpp_status_t zpp_coll_check_dtype_bytes(const char *func, zpp_dtype_t dtype);
+zpp_status_t zpp_coll_check_op(const char *func, zpp_redop_t op);
+/* size * count * dtype bytes must fit size_t. */
+zpp_status_t zpp_coll_check_count(const char *func, const zpp_exec_t *ex,
+                                  size_t count, zpp_dtype_t dtype);
+/* On a device-memory communicator, p (if not NULL) must be device memory:
+ * one pointer query per buffer and call (the kernels skip theirs). */
+zpp_status_t zpp_coll_check_device_buf(const char *func, const zpp_exec_t *ex,
+                                       const char *what, const void *p);
+/* ZPP_ERR_INVALID_ARGUMENT when buffer b (b_bytes) shares a byte with
+ * buffer a (a_bytes), naming both, their sizes and where b starts
+ * relative to a; else ZPP_OK.  in_place: b is this rank's slot of a (the
+ * per-rank buffer of an all-gather or reduce-scatter, a the whole one),
+ * and b == a + rank * b_bytes, the collective's in-place form, is
+ * accepted.  A local check of this rank's own pointers (docs/collectives.md,
+ * "Buffers"), made before any transfer. */
+zpp_status_t zpp_coll_check_overlap(const char *func, const zpp_exec_t *ex,
+                                    const char *a_name, const void *a,
+                                    size_t a_bytes, const char *b_name,
+                                    const void *b, size_t b_bytes,
+                                    int in_place);
+/* The layouts of the two buffers of an all-gather or a reduce-scatter. */
+typedef enum {
+  ZPP_BUFS_GATHER = 0, /* send count, recv size * count elements; in place:
+                          send == recv + rank * count */
+  ZPP_BUFS_SCATTER = 1 /* send size * count, recv count elements; in place:
+                          recv == send + rank * count */
+} zpp_bufs_layout_t;
+/* The overlap part of zpp_coll_check_bufs: send and recv (count elements
+ * per rank of dtype, the sizes of `layout`) share bytes only in the
+ * layout's in-place form.  size * count * dtype bytes must fit size_t. */
+zpp_status_t zpp_coll_check_layout_overlap(const char *func,
+                                           const zpp_exec_t *ex,
+                                           zpp_bufs_layout_t layout,
+                                           const void *send, const void *recv,
+                                           size_t count, zpp_dtype_t dtype);
+/* zpp_coll_check_count; buffers non-NULL when count > 0; overlapping only
+ * in the in-place form of `layout` (zpp_coll_check_overlap); and on device
+ * communicators classified as device memory once.  Messages name them
+ * "sendbuf" and "recvbuf". */
+zpp_status_t zpp_coll_check_bufs(const char *func, const zpp_exec_t *ex,
+                                 zpp_bufs_layout_t layout, const void *send,
+                                 const void *recv, size_t count,
+                                 zpp_dtype_t dtype);
+/* The count, NULL and device checks of zpp_coll_check_bufs (not the
+ * overlap: its sizes differ by collective) with the names the public
+ * declaration gives the two buffers (qWD: "target" and "recon"). */
+zpp_status_t zpp_coll_check_bufs_named(const char *func, const zpp_exec_t *ex,
+                                       const char *send_name, const void *send,
+                                       const char *recv_name, const void *recv,
+                                       size_t count, zpp_dtype_t dtype);
+/* q non-NULL and valid (zpp_quant_config_check), reported under `func`
+ * with the caller's names: ("quant", "quant->") gives "zpp_qwz_allgather:
+ * quant->bits 3: must be 8 or 4". */
+zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
+                                  const char *fp,
+                                  const zpp_quant_config_t *q);
+
+/* Elements per chunk of a chunked (pipelined) plan: a whole number of
+ * blocks, about count / parts and at least ZPP_PIPE_MIN_CHUNK (below that,
+ * per-message latency costs more than the overlap hides), so chunk
+ * boundaries are block boundaries and the chunked result is bitwise the
+ * unchunked one; the last chunk is what is left.  Returns count when the
+ * collective should not be chunked: ZPP_PIPE_MIN_CHUNK 0, block 0, one
+ * chunk holding it all, or a chunk that would overflow size_t.  parts is
+ * the collective's (QWZ_PARTS, QGZ_PARTS); 0 counts as 1. */
+size_t zpp_plan_chunk(size_t count, size_t block, size_t parts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_COLL_COLL_H */

@@ -1,0 +1,1107 @@
+/*
+ * Creating a communicator over any bootstrap (docs/design.md, "Bootstrap"):
+ * exchange host identities, build the node map (or the ZPP_TOPO
+ * emulation), pick the backend, describe the GPUs, then build the
+ * transport.  Every rank takes the same path and the same bootstrap calls
+ * whatever happened locally: each step's status is exchanged, so a failure
+ * on one rank fails every rank with a message naming it, and nobody waits
+ * for an exchange that will not happen.
+ *
+ * Also here: zpp's own ways in (a unique id, torchrun's environment) and
+ * communicators of any subset (zpp_comm_split).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stddef.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "transport/transport_impl.h"
+
+#if ZPP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define MSGLEN 200
+
+/* What each rank tells the others first. */
+typedef struct {
+  int32_t status; /* this rank's status so far */
+  int32_t flags;  /* REC_* */
+  int32_t want;   /* the backend asked for (cfg, else ZPP_BACKEND) */
+  int32_t memory; /* cfg->memory */
+  int64_t key;    /* launcher's host key (REC_KEY), else -1 */
+  int32_t real_local_rank;
+  int32_t spec_len;
+  int32_t algo;       /* zpp_algorithm_t resolved (cfg, else ZPP_ALGO) */
+  int32_t hier_chunk; /* ZPP_HIER_CHUNK: chunks must match everywhere */
+  uint64_t spec_hash;
+  uint64_t host_id; /* hash of host name, boot id, network namespace */
+  uint64_t pid_space; /* hash of boot id and pid namespace: equal ones see
+                         each other's processes (error messages name a
+                         peer that is gone or stopped) */
+  int32_t pid;
+  int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
+  char host[ZPP_TOPO_HOST_LEN];
+  char msg[MSGLEN];
+} boot_rec_t;
+
+enum { REC_KEY = 1, REC_NCCL = 2, REC_UCX = 4 };
+
+typedef struct {
+  int32_t status;
+  char msg[MSGLEN];
+} agree_rec_t;
+
+static uint64_t fnv_mix(uint64_t h, const void *p, size_t n) {
+  const unsigned char *c = p;
+  while (n--)
+    h = (h ^ *c++) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t hash_str(const char *s) {
+  return fnv_mix(1469598103934665603ull, s, strlen(s));
+}
+
+/* Host identity without a launcher: the host name, the kernel's boot id
+ * (two containers of one host share it) and the network namespace (ranks
+ * in different namespaces cannot share memory transports the same way). */
+static void boot_id(char *boot, size_t len) {
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  boot[0] = '\0';
+  if (f != NULL) {
+    if (fgets(boot, (int)len, f) == NULL)
+      boot[0] = '\0';
+    fclose(f);
+  }
+}
+
+static uint64_t host_identity(const char *host) {
+  uint64_t h = hash_str(host);
+  char boot[64];
+  struct stat sb;
+  boot_id(boot, sizeof boot);
+  h = fnv_mix(h, boot, strlen(boot));
+  if (stat("/proc/self/ns/net", &sb) == 0)
+    h = fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
+  return h;
+}
+
+/* Processes with equal values see each other's pids; 0: unknown. */
+static uint64_t pid_space(void) {
+  char boot[64];
+  struct stat sb;
+  boot_id(boot, sizeof boot);
+  if (boot[0] == '\0' || stat("/proc/self/ns/pid", &sb) != 0)
+    return 0;
+  return fnv_mix(hash_str(boot), &sb.st_ino, sizeof sb.st_ino);
+}
+
+static void fill_msg(char *msg, zpp_status_t st) {
+  if (st != ZPP_OK)
+    snprintf(msg, MSGLEN, "%s", zpp_get_last_error());
+  else
+    msg[0] = '\0';
+}
+
+/* Raises the first failing rank's error on every rank (the failing rank
+ * keeps its own message).  recs: n records of `stride` bytes with an
+ * int32 status at status_off and a message of MSGLEN at msg_off. */
+static zpp_status_t first_failure(const void *recs, size_t stride,
+                                  size_t status_off, size_t msg_off, int n,
+                                  zpp_status_t mine, const char *func) {
+  const char *p = recs;
+  int r;
+  if (mine != ZPP_OK)
+    return mine;
+  for (r = 0; r < n; r++, p += stride) {
+    int32_t s;
+    memcpy(&s, p + status_off, sizeof s);
+    if (s != ZPP_OK)
+      return zpp_error((zpp_status_t)s, func, "rank %d failed: %.*s", r,
+                       MSGLEN - 1, p + msg_off);
+  }
+  return ZPP_OK;
+}
+
+/* Every rank learns whether any failed.  Called by every rank at the same
+ * point, whatever its status. */
+static zpp_status_t agree(const zpp_bootstrap_t *bs, double timeout,
+                          zpp_status_t st, const char *func) {
+  agree_rec_t mine, *all;
+  zpp_status_t xs;
+  int r;
+  memset(&mine, 0, sizeof mine);
+  mine.status = st;
+  fill_msg(mine.msg, st);
+  all = malloc((size_t)bs->size * sizeof *all);
+  if (all == NULL) {
+    /* Cannot take part: the others time out in the exchange. */
+    return st != ZPP_OK ? st
+                        : zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
+  }
+  xs = bs->allgather(bs->ctx, &mine, sizeof mine, all, timeout);
+  if (xs != ZPP_OK) {
+    free(all);
+    return st != ZPP_OK ? st : xs;
+  }
+  if (st == ZPP_OK) {
+    for (r = 0; r < bs->size; r++) {
+      if (all[r].status != ZPP_OK) {
+        all[r].msg[MSGLEN - 1] = '\0';
+        st = zpp_error((zpp_status_t)all[r].status, func, "rank %d failed: %s",
+                       r, all[r].msg);
+        break;
+      }
+    }
+  }
+  free(all);
+  return st;
+}
+
+/* ---- topology ------------------------------------------------------------- */
+
+static zpp_status_t build_topo(const boot_rec_t *rec, int size,
+                               const char *spec, const char *boot_name,
+                               zpp_topo_t **out) {
+  zpp_status_t st;
+  zpp_topo_t *t = NULL;
+  char (*hosts)[ZPP_TOPO_HOST_LEN];
+  int r;
+  if (spec[0] != '\0') {
+    int *node_of = NULL, n = 0;
+    ZPP_CHECK(zpp_topo_parse(spec, size, &node_of, &n));
+    st = zpp_topo_from_nodes(size, node_of, spec, "ZPP_TOPO", &t);
+    free(node_of);
+  } else {
+    int64_t *keys = malloc((size_t)size * sizeof *keys);
+    char source[64];
+    if (keys == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%d keys", size);
+    for (r = 0; r < size; r++)
+      keys[r] = rec[r].key;
+    if (rec[0].flags & REC_KEY)
+      snprintf(source, sizeof source, "MPI shared-memory split");
+    else
+      snprintf(source, sizeof source, "host identity (%.20s bootstrap)",
+               boot_name);
+    st = zpp_topo_from_keys(size, keys, source, &t);
+    free(keys);
+  }
+  if (st != ZPP_OK)
+    return st;
+  hosts = malloc((size_t)size * sizeof *hosts);
+  if (hosts == NULL) {
+    zpp_topo_free(t);
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "host names");
+  }
+  for (r = 0; r < size; r++)
+    memcpy(hosts[r], rec[r].host, ZPP_TOPO_HOST_LEN);
+  st = zpp_topo_set_hosts(t, (const char(*)[ZPP_TOPO_HOST_LEN])hosts);
+  free(hosts);
+  if (st != ZPP_OK) {
+    zpp_topo_free(t);
+    return st;
+  }
+  *out = t;
+  return ZPP_OK;
+}
+
+/* Picks and activates this rank's CUDA device. */
+static zpp_status_t pick_device(const zpp_comm_config_t *cfg, int real_local,
+                                int *device) {
+#if ZPP_HAVE_CUDA
+  int n = 0, d;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                     "cfg->memory ZPP_MEMORY_DEVICE: no usable CUDA device "
+                     "(%s)",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  }
+  d = cfg->cuda_device >= 0 ? cfg->cuda_device : real_local % n;
+  if (d >= n)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "cfg->cuda_device %d: only %d devices are visible", d, n);
+  e = cudaSetDevice(d);
+  if (e != cudaSuccess)
+    return zpp_error(ZPP_ERR_CUDA, __func__, "cudaSetDevice(%d): %s", d,
+                     cudaGetErrorString(e));
+  *device = d;
+  return ZPP_OK;
+#else
+  (void)cfg;
+  (void)real_local;
+  (void)device;
+  return zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                   "cfg->memory ZPP_MEMORY_DEVICE: zpp was built without CUDA");
+#endif
+}
+
+/* Attaches the GPU link matrix: each rank measures its row (only ranks on
+ * its real machine can be related), then the rows are exchanged.  Every
+ * rank takes part in both exchanges, also after a local failure. */
+static zpp_status_t gpu_links(zpp_status_t st, const zpp_bootstrap_t *bs,
+                              double timeout, zpp_topo_t *t,
+                              const boot_rec_t *rec, int rank, int device,
+                              const char *func) {
+  int n = t->world_size, b;
+  zpp_topo_gpu_t me, *all = NULL;
+  uint8_t *row = NULL, *links = NULL, *cls = NULL;
+  memset(&me, 0, sizeof me);
+  if (st == ZPP_OK)
+    st = zpp_topo_gpu_describe(device, &me);
+  all = malloc((size_t)n * sizeof *all);
+  row = calloc(2, (size_t)n);
+  links = malloc(2 * (size_t)n * (size_t)n);
+  cls = malloc(2 * (size_t)n * (size_t)n);
+  if (st == ZPP_OK && (all == NULL || row == NULL || links == NULL ||
+                       cls == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "GPU link matrix");
+  st = agree(bs, timeout, st, func);
+  if (st == ZPP_OK)
+    st = bs->allgather(bs->ctx, &me, sizeof me, all, timeout);
+  for (b = 0; st == ZPP_OK && b < n; b++) {
+    zpp_link_t l = ZPP_LINK_NET;
+    int nv = 0;
+    if (b == rank)
+      l = ZPP_LINK_SELF;
+    else if (rec[b].key == rec[rank].key)
+      st = zpp_topo_gpu_link(&me, &all[b], &l, &nv);
+    row[b] = (uint8_t)l;
+    row[n + b] = (uint8_t)(nv > 255 ? 255 : nv);
+  }
+  st = agree(bs, timeout, st, func);
+  if (st == ZPP_OK)
+    st = bs->allgather(bs->ctx, row, 2 * (size_t)n, links, timeout);
+  if (st == ZPP_OK) {
+    /* links holds, per rank, [class row | NVLink-count row]. */
+    for (b = 0; b < n; b++) {
+      memcpy(cls + (size_t)b * n, links + (size_t)b * 2 * n, (size_t)n);
+      memcpy(cls + (size_t)n * n + (size_t)b * n, links + (size_t)b * 2 * n + n,
+             (size_t)n);
+    }
+    st = zpp_topo_set_gpus(t, all, cls, cls + (size_t)n * n);
+  }
+  free(cls);
+  free(links);
+  free(row);
+  free(all);
+  return st;
+}
+
+/* ---- backend -------------------------------------------------------------- */
+
+static zpp_status_t requested_backend(const zpp_comm_config_t *cfg,
+                                      zpp_backend_t *out, const char *func) {
+  const char *env;
+  *out = cfg->backend;
+  if (cfg->backend != ZPP_BACKEND_AUTO)
+    return ZPP_OK;
+  env = zpp_setting("ZPP_BACKEND");
+  if (env[0] == '\0' || strcmp(env, "auto") == 0)
+    return ZPP_OK;
+  if (strcmp(env, "mpi") == 0)
+    *out = ZPP_BACKEND_MPI;
+  else if (strcmp(env, "nccl") == 0)
+    *out = ZPP_BACKEND_NCCL;
+  else if (strcmp(env, "ucx") == 0)
+    *out = ZPP_BACKEND_UCX;
+  else
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_BACKEND \"%s\": must be auto, mpi, nccl or ucx", env);
+  if (*out == ZPP_BACKEND_NCCL && cfg->memory != ZPP_MEMORY_DEVICE)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_BACKEND=nccl needs cfg->memory ZPP_MEMORY_DEVICE");
+  return ZPP_OK;
+}
+
+/* cfg->algorithm, else the setting ZPP_ALGO (hier when unset). */
+static zpp_status_t requested_algorithm(const zpp_comm_config_t *cfg,
+                                        zpp_algorithm_t *out,
+                                        const char *func) {
+  const char *env;
+  *out = cfg->algorithm;
+  if (cfg->algorithm != ZPP_ALGORITHM_DEFAULT)
+    return ZPP_OK;
+  env = zpp_setting("ZPP_ALGO");
+  if (env[0] == '\0' || strcmp(env, "hier") == 0)
+    *out = ZPP_ALGORITHM_HIER;
+  else if (strcmp(env, "flat") == 0)
+    *out = ZPP_ALGORITHM_FLAT;
+  else
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_ALGO \"%s\": must be hier or flat", env);
+  return ZPP_OK;
+}
+
+/* The same choice on every rank: it depends only on exchanged facts. */
+/* Two ranks of one real machine on one GPU (NCCL refuses that); real
+ * machines, not emulated nodes: two emulated nodes may share a GPU. */
+static int shared_gpu(const zpp_topo_t *topo, const boot_rec_t *rec, int n,
+                      int *device) {
+  int a, b;
+  if (topo->gpu == NULL)
+    return 0;
+  for (a = 0; a < n; a++) {
+    if (topo->gpu[a].bus_id[0] == '\0')
+      continue;
+    for (b = a + 1; b < n; b++)
+      if (rec[b].key == rec[a].key &&
+          strcmp(topo->gpu[b].bus_id, topo->gpu[a].bus_id) == 0) {
+        *device = topo->gpu[a].device;
+        return 1;
+      }
+  }
+  return 0;
+}
+
+static zpp_status_t resolve_backend(zpp_backend_t want,
+                                    const zpp_comm_config_t *cfg,
+                                    const zpp_creator_t *cr,
+                                    const boot_rec_t *rec,
+                                    const zpp_topo_t *topo, int n,
+                                    const char *func, zpp_backend_t *out) {
+  int r, nccl = 1, ucx = 1, dev = -1;
+  for (r = 0; r < n; r++) {
+    nccl &= (rec[r].flags & REC_NCCL) != 0;
+    ucx &= (rec[r].flags & REC_UCX) != 0;
+  }
+  if (want == ZPP_BACKEND_AUTO && cfg->memory == ZPP_MEMORY_DEVICE && nccl &&
+      shared_gpu(topo, rec, n, &dev)) {
+    nccl = 0;
+    ZPP_INFO(ZPP_SUBSYS_NET, "backend auto: ranks share GPU %d, and NCCL "
+             "needs one GPU per rank", dev);
+  }
+  if (want == ZPP_BACKEND_AUTO) {
+    if (cfg->memory == ZPP_MEMORY_DEVICE && nccl)
+      want = ZPP_BACKEND_NCCL;
+    else if (cr->mpi_transport != NULL)
+      want = ZPP_BACKEND_MPI;
+    else if (ucx)
+      want = ZPP_BACKEND_UCX;
+    else
+      return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                       "backend auto: the %s bootstrap has no MPI backend and "
+                       "UCX is not usable on every rank (%s)",
+                       cr->name, zpp_get_last_error());
+    if (cfg->memory == ZPP_MEMORY_DEVICE && want != ZPP_BACKEND_NCCL)
+      ZPP_INFO(ZPP_SUBSYS_NET, "backend auto: NCCL not usable on every rank; "
+               "device memory goes through %s staging",
+               zpp_backend_name(want));
+  }
+  if (want == ZPP_BACKEND_MPI && cr->mpi_transport == NULL)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "backend MPI needs an MPI bootstrap "
+                     "(zpp_comm_create_mpi); this communicator's bootstrap "
+                     "is %s: use ZPP_BACKEND_UCX",
+                     cr->name);
+  if (want == ZPP_BACKEND_UCX && !ucx) {
+    for (r = 0; r < n && (rec[r].flags & REC_UCX); r++) {
+    }
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "backend UCX: libucp.so.0 cannot be used on rank %d "
+                     "(install libucx0; its log says why)",
+                     r);
+  }
+  *out = want;
+  return ZPP_OK;
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+static void release_tcp(zpp_comm_t c) {
+  zpp_tcp_boot_free(c->tcp);
+  c->tcp = NULL;
+}
+
+zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
+                                  const zpp_comm_config_t *cfg,
+                                  const zpp_creator_t *cr, const char *func,
+                                  zpp_comm_t *out) {
+  zpp_comm_config_t def = ZPP_COMM_CONFIG_INIT, whole;
+  zpp_comm_t c = NULL;
+  boot_rec_t mine, *rec = NULL;
+  zpp_topo_t *topo = NULL;
+  const char *spec = "";
+  zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
+  zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
+  long hier_chunk = 0, net_seg = -1;
+  double timeout;
+  zpp_status_t st = cr->pre_status, xs;
+  int rank = bs->rank, size = bs->size, r;
+  char why[256];
+
+  if (cfg == NULL) {
+    cfg = &def;
+  } else if (cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE) {
+    /* an older, smaller struct: the fields past it take their defaults
+     * (and nothing past its struct_size is read) */
+    zpp_comm_config_get(cfg, &whole);
+    cfg = &whole;
+  }
+  timeout = zpp_timeout_clamp(
+      (cfg->struct_size == sizeof *cfg && cfg->timeout_s > 0)
+          ? cfg->timeout_s
+          : zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
+  zpp_log_set_rank(rank);
+  if (st == ZPP_OK)
+    st = zpp_comm_config_check_as(func, cfg);
+  if (st == ZPP_OK)
+    st = requested_backend(cfg, &want, func);
+  if (st == ZPP_OK)
+    st = requested_algorithm(cfg, &algo, func);
+  hier_chunk = zpp_setting_long("ZPP_HIER_CHUNK", 262144);
+  if (st == ZPP_OK && (hier_chunk < 0 || hier_chunk > (1L << 30)))
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "ZPP_HIER_CHUNK %ld: must be in [0, 2^30] bytes",
+                   hier_chunk);
+  /* LONG_MIN: unset (or not a number: warned), -1 in the record; an
+   * explicit -1 is out of range like any other negative value */
+  net_seg = zpp_setting_long("ZPP_NET_SEGMENT", LONG_MIN);
+  if (net_seg == LONG_MIN)
+    net_seg = -1;
+  else if (st == ZPP_OK && net_seg != 0 &&
+           (net_seg < 4096 || net_seg > (1L << 30)))
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
+                   "[4096, 2^30] bytes (unset: %d on real inter-node links)",
+                   net_seg, ZPP_NET_SEGMENT_AUTO);
+  /* Also after a failure here (a bad setting on this rank only): the
+   * records are needed to take part in the first exchange, which tells
+   * every rank of the failure instead of leaving them to time out in it
+   * (bootstrap.h, pre_status). */
+  c = calloc(1, sizeof *c);
+  rec = malloc((size_t)size * sizeof *rec);
+  if (st == ZPP_OK && (c == NULL || rec == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "communicator of %d ranks",
+                   size);
+  if (st == ZPP_OK) {
+    spec = (cfg->topology != NULL && cfg->topology[0] != '\0')
+               ? cfg->topology
+               : zpp_setting("ZPP_TOPO");
+    if (strlen(spec) >= sizeof c->topo_spec)
+      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "topology \"%.40s...\": longer than %zu characters", spec,
+                     sizeof c->topo_spec - 1);
+  }
+
+  /* First exchange: status, host identity, spec, what loads here.  A rank
+   * that could not allocate the records cannot take part: the others time
+   * out in this exchange (bounded) instead. */
+  memset(&mine, 0, sizeof mine);
+  if (gethostname(mine.host, sizeof mine.host) != 0)
+    snprintf(mine.host, sizeof mine.host, "unknown");
+  mine.host[sizeof mine.host - 1] = '\0';
+  mine.key = -1;
+  if (cr->has_host_key) {
+    mine.flags |= REC_KEY;
+    mine.key = cr->host_key;
+    mine.real_local_rank = cr->real_local_rank;
+  }
+  mine.host_id = host_identity(mine.host);
+  mine.pid_space = pid_space();
+  mine.pid = (int32_t)getpid();
+  mine.spec_hash = hash_str(spec);
+  mine.spec_len = (int32_t)strlen(spec);
+  mine.want = (int32_t)want;
+  mine.memory = (int32_t)cfg->memory;
+  mine.algo = (int32_t)algo;
+  mine.hier_chunk = (int32_t)hier_chunk;
+  mine.net_seg = (int32_t)net_seg;
+  if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
+      (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
+      zpp_transport_nccl_available(why, sizeof why))
+    mine.flags |= REC_NCCL;
+  if (st == ZPP_OK && (want == ZPP_BACKEND_UCX ||
+                       (want == ZPP_BACKEND_AUTO && cr->mpi_transport == NULL))) {
+    if (zpp_transport_ucx_available(why, sizeof why))
+      mine.flags |= REC_UCX;
+    else
+      ZPP_WARN(ZPP_SUBSYS_NET, "UCX not usable: %s", why);
+  }
+  mine.status = st;
+  fill_msg(mine.msg, st);
+  if (rec == NULL) {
+    zpp_comm_destroy(c);
+    return st != ZPP_OK ? st
+                        : zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "records");
+  }
+  xs = bs->allgather(bs->ctx, &mine, sizeof mine, rec, timeout);
+  if (xs != ZPP_OK) {
+    st = st != ZPP_OK ? st : xs;
+    goto err_comm;
+  }
+  ZPP_CHECK_GOTO(first_failure(rec, sizeof *rec, offsetof(boot_rec_t, status),
+                               offsetof(boot_rec_t, msg), size, st, func),
+                 st, err_comm);
+  c->cfg = *cfg;
+  c->cfg.topology = NULL;
+  c->cuda_device = -1;
+  snprintf(c->topo_spec, sizeof c->topo_spec, "%s", spec);
+  snprintf(c->boot_name, sizeof c->boot_name, "%s",
+           cr->name != NULL ? cr->name
+           : bs->name != NULL ? bs->name
+                               : "user");
+
+  /* Host keys without a launcher: the lowest rank of my host identity. */
+  if (!(rec[0].flags & REC_KEY)) {
+    for (r = 0; r < size; r++) {
+      int q, local = 0;
+      rec[r].key = r;
+      for (q = 0; q < r; q++) {
+        if (rec[q].host_id == rec[r].host_id &&
+            strncmp(rec[q].host, rec[r].host, ZPP_TOPO_HOST_LEN) == 0) {
+          if (local == 0)
+            rec[r].key = rec[q].key;
+          local++;
+        }
+      }
+      rec[r].real_local_rank = local;
+    }
+  }
+  for (r = 0; r < size && st == ZPP_OK; r++)
+    if (rec[r].spec_hash != mine.spec_hash)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "topology: rank %d uses \"%s\" but rank %d uses another "
+                     "(%d characters); set ZPP_TOPO alike on every rank",
+                     rank, spec, r, (int)rec[r].spec_len);
+  /* Ranks that asked for different backends or memory spaces would build
+   * transports that cannot talk to each other (and wait for each other
+   * until the timeout, or inside MPI). */
+  for (r = 0; r < size && st == ZPP_OK; r++) {
+    if (rec[r].want != mine.want)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "backend: rank %d asks for %s but rank %d for %s; pass "
+                     "the same cfg->backend (or ZPP_BACKEND) on every rank",
+                     rank, zpp_backend_name((zpp_backend_t)mine.want), r,
+                     zpp_backend_name((zpp_backend_t)rec[r].want));
+    else if (rec[r].memory != mine.memory)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "memory: rank %d uses %s memory but rank %d %s memory; "
+                     "pass the same cfg->memory on every rank",
+                     rank, mine.memory == ZPP_MEMORY_DEVICE ? "device" : "host",
+                     r, rec[r].memory == ZPP_MEMORY_DEVICE ? "device" : "host");
+    else if (rec[r].algo != mine.algo)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "algorithm: rank %d runs %s but rank %d %s; pass the "
+                     "same cfg->algorithm (or ZPP_ALGO) on every rank",
+                     rank, mine.algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier", r,
+                     rec[r].algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier");
+    else if (rec[r].hier_chunk != mine.hier_chunk)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_HIER_CHUNK: rank %d uses %d but rank %d %d; set it "
+                     "alike on every rank",
+                     rank, (int)mine.hier_chunk, r, (int)rec[r].hier_chunk);
+    else if (rec[r].net_seg != mine.net_seg)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_NET_SEGMENT: rank %d uses %d but rank %d %d (-1: "
+                     "unset); set it alike on every rank",
+                     rank, (int)mine.net_seg, r, (int)rec[r].net_seg);
+  }
+  if (st == ZPP_OK)
+    st = build_topo(rec, size, spec, c->boot_name, &topo);
+  ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_topo);
+  ZPP_INFO(ZPP_SUBSYS_TOPO, "%d ranks on %d nodes%s (%s%s%s); I am node %d, "
+           "local rank %d of %d%s",
+           size, topo->nnodes, topo->uniform ? "" : " of uneven sizes",
+           topo->emulated ? "EMULATED by \"" : topo->source,
+           topo->emulated ? topo->spec : "", topo->emulated ? "\"" : "",
+           topo->node_of[rank], topo->local_rank_of[rank],
+           topo->node_off[topo->node_of[rank] + 1] -
+               topo->node_off[topo->node_of[rank]],
+           topo->emulated ? "; real placement ignored for nodes" : "");
+
+  if (cfg->memory == ZPP_MEMORY_DEVICE) {
+    st = pick_device(cfg, rec[rank].real_local_rank, &c->cuda_device);
+    ZPP_CHECK_GOTO(gpu_links(st, bs, timeout, topo, rec, rank,
+                             c->cuda_device, func),
+                   st, err_topo);
+  }
+  /* After the GPU map: AUTO must know whether ranks share a GPU.  The
+   * choice depends on exchanged facts only, so it is the same everywhere. */
+  ZPP_CHECK_GOTO(resolve_backend(want, cfg, cr, rec, topo, size, func,
+                                 &backend),
+                 st, err_topo);
+
+  c->tr = calloc(1, sizeof *c->tr);
+  if (c->tr == NULL) {
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "transport");
+  } else {
+    st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
+    c->tr->flat = algo == ZPP_ALGORITHM_FLAT;
+    c->tr->hier_chunk = (size_t)hier_chunk;
+    /* unset: cut only real inter-node transfers (an emulated topology's
+     * "network" is shared memory, where the cut only costs messages) */
+    c->tr->net_seg = net_seg >= 0 ? (size_t)net_seg
+                     : topo->emulated ? 0
+                                      : (size_t)ZPP_NET_SEGMENT_AUTO;
+    topo = NULL; /* owned by the transport now */
+  }
+  if (st == ZPP_OK && mine.pid_space != 0 &&
+      (c->tr->pid = calloc((size_t)size, sizeof *c->tr->pid)) != NULL)
+    for (r = 0; r < size; r++)
+      if (rec[r].pid_space == mine.pid_space)
+        c->tr->pid[r] = rec[r].pid;
+  c->boot = *bs;
+  c->boot.name = c->boot_name;
+  c->thread_caps = cr->thread_caps;
+  c->split = cr->split;
+  /* A rank that failed here must not leave the others inside the
+   * backend's creation exchanges. */
+  ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
+  if (backend == ZPP_BACKEND_UCX) {
+    st = zpp_transport_ucx_create(c->tr, bs, c->cuda_device);
+  } else if (backend == ZPP_BACKEND_NCCL) {
+    st = zpp_transport_nccl_create(c->tr, bs, c->cuda_device);
+  } else {
+    st = cr->mpi_transport(c->tr, cr->state, c->cuda_device);
+  }
+  ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
+
+  c->creator = cr->state;
+  c->release = cr->release;
+  c->tcp = cr->tcp;
+  if (rank == 0) {
+    const zpp_transport_t *t = c->tr;
+    ZPP_INFO(ZPP_SUBSYS_INIT, "communicator: %d ranks, %d nodes%s, bootstrap "
+             "%s, backend %s, memory %s%s",
+             size, t->topo->nnodes,
+             t->topo->emulated ? " (EMULATED topology)" : "", c->boot_name,
+             zpp_backend_name(t->backend),
+             cfg->memory == ZPP_MEMORY_DEVICE ? "device" : "host",
+             t->emu_on ? ", EMULATED inter-node links" : "");
+  }
+  free(rec);
+  *out = c;
+  return ZPP_OK;
+
+err_tr:
+  zpp_transport_free(c->tr);
+  c->tr = NULL;
+err_topo:
+  zpp_topo_free(topo);
+err_comm:
+  free(rec);
+  if (c != NULL) {
+    /* The creator's state stays the caller's. */
+    c->release = NULL;
+    c->tcp = NULL;
+    zpp_comm_destroy(c);
+  }
+  return st;
+}
+
+/* The caller's table, named as zpp_comm_create's argument `bs`. */
+static zpp_status_t check_table(const zpp_bootstrap_t *bs, const char *func) {
+  if (bs == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "bs is NULL");
+  if (bs->struct_size != sizeof *bs)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "bs->struct_size %zu: must be sizeof(zpp_bootstrap_t) = "
+                     "%zu (ZPP_BOOTSTRAP_INIT)",
+                     bs->struct_size, sizeof *bs);
+  if (bs->allgather == NULL || bs->bcast == NULL || bs->barrier == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "bs->%s is NULL",
+                     bs->allgather == NULL ? "allgather"
+                     : bs->bcast == NULL   ? "bcast"
+                                           : "barrier");
+  if (bs->size < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "bs->size %d: must be >= 1", bs->size);
+  if (bs->rank < 0 || bs->rank >= bs->size)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "bs->rank %d: must be in [0, bs->size = %d)", bs->rank,
+                     bs->size);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_create(const zpp_bootstrap_t *bs,
+                             const zpp_comm_config_t *cfg, zpp_comm_t *out) {
+  zpp_creator_t cr;
+  if (out == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
+  ZPP_CHECK(check_table(bs, __func__));
+  memset(&cr, 0, sizeof cr);
+  cr.name = bs->name != NULL ? bs->name : "user";
+  cr.thread_caps = ZPP_THREADS_PROGRESS;
+  return zpp_comm_create_with(bs, cfg, &cr, __func__, out);
+}
+
+zpp_status_t zpp_comm_get_bootstrap(zpp_comm_t comm, zpp_bootstrap_t *bs) {
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  if (bs == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "bs is NULL");
+  *bs = comm->boot;
+  return ZPP_OK;
+}
+
+const char *zpp_comm_bootstrap_name(zpp_comm_t comm) {
+  return comm != NULL ? comm->boot_name : "";
+}
+
+/* ---- zpp's TCP bootstrap ----------------------------------------------------- */
+
+static double timeout_of(const zpp_comm_config_t *cfg) {
+  if (cfg != NULL && cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE &&
+      cfg->timeout_s > 0)
+    return zpp_timeout_clamp(cfg->timeout_s);
+  return zpp_timeout_clamp(zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
+}
+
+static zpp_status_t create_tcp(const zpp_unique_id_t *id, int nranks, int rank,
+                               const zpp_comm_config_t *cfg,
+                               const char *rank_error, const char *func,
+                               zpp_comm_t *out) {
+  zpp_bootstrap_t bs;
+  zpp_creator_t cr;
+  zpp_status_t st;
+  ZPP_CHECK(zpp_tcp_boot_create(id, nranks, rank, timeout_of(cfg), rank_error,
+                                &bs, func));
+  memset(&cr, 0, sizeof cr);
+  cr.name = "tcp";
+  cr.thread_caps = ZPP_THREADS_PROGRESS;
+  cr.tcp = bs.ctx;
+  cr.release = release_tcp;
+  st = zpp_comm_create_with(&bs, cfg, &cr, func, out);
+  if (st != ZPP_OK)
+    zpp_tcp_boot_free(bs.ctx);
+  else /* zpp_comm_abort ends the bootstrap's waits too */
+    zpp_tcp_boot_watch(bs.ctx, &(*out)->tr->broken);
+  return st;
+}
+
+zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id, int nranks,
+                                     int rank, const zpp_comm_config_t *cfg,
+                                     zpp_comm_t *out) {
+  char bad[200];
+  if (id == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
+  if (out == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
+  if (nranks < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "nranks %d: must be >= 1", nranks);
+  if (rank < 0 || rank >= nranks) {
+    /* Tell the root, so every rank fails naming this one. */
+    snprintf(bad, sizeof bad, "rank %d: must be in [0, nranks = %d)", rank,
+             nranks);
+    return create_tcp(id, nranks, rank, cfg, bad, __func__, out);
+  }
+  return create_tcp(id, nranks, rank, cfg, NULL, __func__, out);
+}
+
+static zpp_status_t env_int(const char *name, int *v, const char *func) {
+  const char *s = getenv(name);
+  char *end = NULL;
+  long x;
+  if (s == NULL || s[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s is not set (torchrun sets MASTER_ADDR, MASTER_PORT, "
+                     "RANK and WORLD_SIZE)",
+                     name);
+  errno = 0;
+  x = strtol(s, &end, 10);
+  if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s \"%s\": must be a non-negative integer", name, s);
+  *v = (int)x;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
+                                      zpp_comm_t *out) {
+  zpp_unique_id_t id;
+  int rank = 0, size = 0, local = -1;
+  zpp_status_t st;
+  char bad[200];
+  const char *bad_rank = NULL;
+  if (out == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
+  ZPP_CHECK(env_int("RANK", &rank, __func__));
+  ZPP_CHECK(env_int("WORLD_SIZE", &size, __func__));
+  if (size < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "WORLD_SIZE %d: must be >= 1", size);
+  if (getenv("LOCAL_RANK") != NULL)
+    ZPP_CHECK(env_int("LOCAL_RANK", &local, __func__));
+  if (rank >= size) {
+    snprintf(bad, sizeof bad, "RANK %d: must be in [0, WORLD_SIZE = %d)", rank,
+             size);
+    bad_rank = bad;
+  }
+  ZPP_CHECK(zpp_tcp_id_env(__func__, rank, &id));
+  st = create_tcp(&id, size, rank, cfg, bad_rank, __func__, out);
+  if (st == ZPP_OK && local >= 0) {
+    zpp_comm_t c = *out;
+    int mine = c->tr->topo->emulated ? -1 : c->tr->topo->local_rank_of[rank];
+    if (mine >= 0 && mine != local)
+      ZPP_WARN(ZPP_SUBSYS_TOPO,
+               "LOCAL_RANK %d differs from the local rank %d discovered from "
+               "host identities (zpp uses its own)",
+               local, mine);
+  }
+  return st;
+}
+
+/* ---- subsets ------------------------------------------------------------- */
+
+typedef struct {
+  int32_t status;
+  int32_t color, key;
+  int32_t list_n;     /* zpp_comm_create_from_ranks: the list's length */
+  uint64_t list_hash; /* ... and a hash of it (0 for zpp_comm_split) */
+  char msg[MSGLEN];
+} split_rec_t;
+
+/* The node map of `parent` restricted to `members` (in new-rank order), as
+ * an emulation spec with labels dense by first appearance. */
+static zpp_status_t child_spec(const zpp_topo_t *t, const int *members, int n,
+                               char *spec, size_t len, const char *func) {
+  int *label = malloc((size_t)t->nnodes * sizeof *label), next = 0, i;
+  size_t used = 0;
+  if (label == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "labels");
+  for (i = 0; i < t->nnodes; i++)
+    label[i] = -1;
+  spec[0] = '\0';
+  for (i = 0; i < n; i++) {
+    int node = t->node_of[members[i]];
+    int k;
+    if (label[node] < 0)
+      label[node] = next++;
+    k = snprintf(spec + used, len - used, "%s%d", i ? "," : "", label[node]);
+    if (k < 0 || (size_t)k >= len - used) {
+      free(label);
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                       "the emulated node map of %d ranks does not fit in a "
+                       "spec of %zu characters",
+                       n, len - 1);
+    }
+    used += (size_t)k;
+  }
+  free(label);
+  return ZPP_OK;
+}
+
+/* zpp_comm_split and zpp_comm_create_from_ranks: st is this rank's status
+ * so far (it still takes part in the exchange, so every rank fails alike,
+ * naming it); list_n/list_hash: every rank must pass the same list. */
+static zpp_status_t split_impl(zpp_comm_t comm, zpp_status_t st, int color,
+                               int key, int list_n, uint64_t list_hash,
+                               const char *func, zpp_comm_t *newcomm) {
+  split_rec_t mine, *all = NULL;
+  zpp_comm_config_t cfg;
+  const zpp_topo_t *topo;
+  int n, rank, r, cnt = 0, me = -1, *members = NULL, i;
+  char spec[128];
+  double timeout;
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
+  ZPP_CHECK(zpp_transport_broken_error(comm->tr, func));
+  timeout = comm->tr->timeout_s;
+  n = comm->tr->size;
+  rank = comm->tr->rank;
+  topo = comm->tr->topo;
+  if (st == ZPP_OK && newcomm == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "newcomm is NULL");
+  else if (st == ZPP_OK && color < ZPP_SPLIT_NONE)
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                   "color %d: must be >= 0, or ZPP_SPLIT_NONE", color);
+  memset(&mine, 0, sizeof mine);
+  mine.status = st;
+  mine.color = color;
+  mine.key = key;
+  mine.list_n = list_n;
+  mine.list_hash = list_hash;
+  fill_msg(mine.msg, st);
+  all = malloc((size_t)n * sizeof *all);
+  members = malloc((size_t)n * sizeof *members);
+  if (all == NULL || members == NULL) {
+    free(all);
+    free(members);
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                         "%d records", n));
+  }
+  st = comm->boot.allgather(comm->boot.ctx, &mine, sizeof mine, all, timeout);
+  if (st == ZPP_OK)
+    st = first_failure(all, sizeof *all, offsetof(split_rec_t, status),
+                       offsetof(split_rec_t, msg), n, mine.status, func);
+  for (r = 0; st == ZPP_OK && r < n; r++)
+    if (all[r].list_n != list_n || all[r].list_hash != list_hash)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ranks: rank %d passed another list (n %d) than this "
+                     "rank %d (n %d); every rank must pass the same list",
+                     r, all[r].list_n, rank, list_n);
+  if (st != ZPP_OK) {
+    color = ZPP_SPLIT_NONE;
+    goto subset;
+  }
+  /* Members of my colour ordered by (key, rank). */
+  if (color != ZPP_SPLIT_NONE) {
+    for (r = 0; r < n; r++)
+      if (all[r].color == color)
+        members[cnt++] = r;
+    for (i = 1; i < cnt; i++) {
+      int x = members[i], j = i;
+      while (j > 0 && (all[members[j - 1]].key > all[x].key ||
+                       (all[members[j - 1]].key == all[x].key &&
+                        members[j - 1] > x))) {
+        members[j] = members[j - 1];
+        j--;
+      }
+      members[j] = x;
+    }
+    for (i = 0; i < cnt; i++)
+      if (members[i] == rank)
+        me = i;
+  }
+subset:
+  cfg = comm->cfg;
+  cfg.backend = comm->tr->backend;
+  cfg.algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
+  cfg.topology = NULL;
+  cfg.timeout_s = timeout;
+  spec[0] = '\0';
+  if (st == ZPP_OK && color != ZPP_SPLIT_NONE && topo->emulated) {
+    st = child_spec(topo, members, cnt, spec, sizeof spec, func);
+    cfg.topology = spec;
+  }
+  if (comm->split != NULL) {
+    /* The creator's way (MPI): collective over comm, also after a failure
+     * (a bootstrap exchange that failed leaves it unusable, so the hook
+     * then fails at once everywhere). */
+    zpp_comm_t c = NULL;
+    zpp_status_t xs =
+        comm->split(comm, st, st == ZPP_OK ? color : ZPP_SPLIT_NONE,
+                    members, st == ZPP_OK ? cnt : 0, me, &cfg, &c);
+    st = st != ZPP_OK ? st : xs;
+    if (st == ZPP_OK)
+      *newcomm = c;
+    goto done;
+  }
+  {
+    /* A TCP star per colour: its first member listens, the ids travel
+     * over comm's bootstrap. */
+    zpp_unique_id_t id, *ids = NULL;
+    memset(&id, 0, sizeof id);
+    if (st == ZPP_OK && me == 0) {
+      uint32_t ip = 0;
+      const char *a = zpp_setting("ZPP_BOOTSTRAP_ADDR");
+      int same_host = 1;
+      for (i = 1; i < cnt; i++)
+        same_host &= strncmp(topo->host[members[i]], topo->host[rank],
+                             ZPP_TOPO_HOST_LEN) == 0;
+      if (a[0] != '\0')
+        st = zpp_tcp_listen_addr(func, &ip);
+      else if (comm->tcp != NULL)
+        ip = zpp_tcp_boot_ip(comm->tcp);
+      else if (same_host)
+        ip = htonl(INADDR_LOOPBACK);
+      else
+        st = zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                       "the members of colour %d are on several hosts and "
+                       "the %s bootstrap gives no address to listen on: set "
+                       "ZPP_BOOTSTRAP_ADDR",
+                       color, comm->boot_name);
+      if (st == ZPP_OK)
+        st = zpp_tcp_listen(ip, 0, zpp_tcp_random_session(), &id, func);
+    }
+    ids = malloc((size_t)n * sizeof *ids);
+    if (ids == NULL) {
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ids");
+      zpp_tcp_unlisten(&id);
+      goto done;
+    }
+    /* Everyone takes part, also after a local failure: the status rides
+     * in the first 4 bytes of a zeroed id slot when it failed. */
+    if (st != ZPP_OK) {
+      int32_t s = st;
+      memset(&id, 0, sizeof id);
+      memcpy(id.internal + sizeof id.internal - 4, &s, 4);
+    }
+    {
+      zpp_status_t xs = comm->boot.allgather(comm->boot.ctx, &id, sizeof id,
+                                             ids, timeout);
+      if (st == ZPP_OK)
+        st = xs;
+    }
+    for (r = 0; st == ZPP_OK && r < n; r++) {
+      int32_t s;
+      memcpy(&s, ids[r].internal + sizeof id.internal - 4, 4);
+      if (s != 0)
+        st = zpp_error((zpp_status_t)s, func,
+                       "rank %d failed to start the bootstrap of its new "
+                       "communicator",
+                       r);
+    }
+    if (st == ZPP_OK && color != ZPP_SPLIT_NONE)
+      st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, func,
+                      newcomm);
+    else if (me == 0)
+      zpp_tcp_unlisten(&id); /* a rank failed: nobody will join it */
+    free(ids);
+  }
+done:
+  if (st == ZPP_OK && color == ZPP_SPLIT_NONE)
+    *newcomm = NULL;
+  free(all);
+  free(members);
+  return zpp_comm_fail(comm, st);
+}
+
+zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
+                            zpp_comm_t *newcomm) {
+  return split_impl(comm, ZPP_OK, color, key, 0, 0, __func__, newcomm);
+}
+
+zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
+                                        const int *ranks,
+                                        zpp_comm_t *newcomm) {
+  int i, j, pos = -1, size;
+  uint64_t h = 1469598103934665603ull;
+  zpp_status_t st = ZPP_OK;
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  size = comm->tr->size;
+  if (ranks == NULL)
+    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__, "ranks is NULL");
+  else if (n < 1 || n > size)
+    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                   "n %d: must be in [1, %d]", n, size);
+  for (i = 0; st == ZPP_OK && i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= size)
+      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "ranks[%d] = %d: must be in [0, %d)", i, ranks[i], size);
+    for (j = 0; st == ZPP_OK && j < i; j++)
+      if (ranks[j] == ranks[i])
+        st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                       "ranks[%d] = ranks[%d] = %d: ranks must be distinct", j,
+                       i, ranks[i]);
+    if (st == ZPP_OK && ranks[i] == comm->tr->rank)
+      pos = i;
+    if (st == ZPP_OK)
+      h = fnv_mix(h, &ranks[i], sizeof ranks[i]);
+  }
+  /* A bad list still takes part in the exchange (its status rides in the
+   * record), and lists are compared there: ranks that passed different
+   * lists fail with ZPP_ERR_MISMATCH naming one, instead of building
+   * communicators that wait for each other. */
+  return split_impl(comm, st, st == ZPP_OK && pos >= 0 ? 0 : ZPP_SPLIT_NONE,
+                    pos, st == ZPP_OK ? n : 0, st == ZPP_OK ? h : 0, __func__,
+                    newcomm);
+}
+
+/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK. */
+zpp_status_t zpp_env_int(const char *name, int *v) {
+  return env_int(name, v, __func__);
+}

@@ -1,0 +1,415 @@
+/*
+ * Memory-space dispatch of the kernels the collectives use: host memory
+ * runs the CPU quantizer and element-wise loops; device memory enqueues the
+ * CUDA kernels on the collective's stream.
+ */
+#include "engine/exec.h"
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/engine.h"
+#include "engine/plan.h" /* zpp_plan_poll */
+#include "kernels/elementwise.h"
+#include "kernels/quant_math.h"
+#include "kernels/transform.h"
+#include "quant/quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
+                           zpp_exec_t *ex) {
+  if (comm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
+  ex->comm = comm;
+  ex->t = zpp_comm_transport(comm);
+  /* A communicator that failed (or was aborted) fails every later call at
+   * once with its first error, before ZPP_CHECK's exchange. */
+  ZPP_CHECK(zpp_transport_broken_error(ex->t, func));
+  ZPP_CHECK(zpp_comm_memory(comm, &ex->mem));
+  ex->stream = stream;
+  return ZPP_OK;
+}
+
+size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count) {
+  size_t b = 0;
+  if (zpp_quant_encoded_size(q, count, &b) != ZPP_OK)
+    return 0;
+  return b;
+}
+
+#if ZPP_HAVE_CUDA_KERNELS
+#define DEVICE_CALL(func, call)                                                \
+  do {                                                                         \
+    char err_[256];                                                            \
+    if ((call) != 0)                                                           \
+      return zpp_error(ZPP_ERR_CUDA, func, "%s", err_);                        \
+  } while (0)
+#define DEVICE_ERRBUF err_, sizeof err_
+#endif
+
+#if !ZPP_HAVE_CUDA_KERNELS
+static zpp_status_t no_device(const char *func) {
+  return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                   "device memory needs zpp built with CUDA kernels");
+}
+#endif
+
+#if ZPP_HAVE_CUDA_KERNELS
+/* Plans allocate their device scratch while they are built, on the
+ * caller's thread, whose current device may be another: allocate (and
+ * free) on the communicator's device, restoring the thread's. */
+static int dev_enter(const zpp_exec_t *ex, int *saved) {
+  char err[256];
+  int want = zpp_comm_device(ex->comm), cur = -1;
+  *saved = -1;
+  if (want < 0 || zpp_ew_get_device(&cur, err, sizeof err) != 0 ||
+      cur == want)
+    return 0;
+  *saved = cur;
+  return zpp_ew_set_device(want, err, sizeof err);
+}
+
+static void dev_leave(int saved) {
+  char err[256];
+  if (saved >= 0)
+    zpp_ew_set_device(saved, err, sizeof err);
+}
+
+/* Device memory on the communicator's device: stream-ordered scratch, or
+ * persistent (cudaMalloc) memory. */
+static zpp_status_t device_alloc(const char *func, const zpp_exec_t *ex,
+                                 size_t bytes, int persistent, void **p) {
+  char err[256];
+  int saved, rc = dev_enter(ex, &saved);
+  if (rc == 0)
+    rc = persistent ? zpp_ew_alloc_persistent(bytes, p, err, sizeof err)
+                    : zpp_ew_alloc_device(bytes, p, ex->stream, err,
+                                          sizeof err);
+  else
+    snprintf(err, sizeof err, "cudaSetDevice(%d) failed",
+             zpp_comm_device(ex->comm));
+  dev_leave(saved);
+  if (rc != 0)
+    return zpp_error(ZPP_ERR_CUDA, func, "%s", err);
+  return ZPP_OK;
+}
+#endif
+
+zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
+  *p = NULL;
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    *p = zpp_engine_host_alloc(ex->comm, bytes);
+    if (*p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
+                       "scratch of %zu bytes", bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  return device_alloc(__func__, ex, bytes, 0, p);
+#else
+  return no_device(__func__);
+#endif
+}
+
+void zpp_k_free(const zpp_exec_t *ex, void *p) {
+  if (p == NULL)
+    return;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    zpp_engine_host_free(ex->comm, p);
+#if ZPP_HAVE_CUDA_KERNELS
+  else {
+    int saved;
+    dev_enter(ex, &saved);
+    zpp_ew_free_device(p, ex->stream);
+    dev_leave(saved);
+  }
+#endif
+}
+
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p) {
+  *p = NULL;
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    *p = malloc(bytes);
+    if (*p == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "%zu bytes", bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  return device_alloc(__func__, ex, bytes, 1, p);
+#else
+  return no_device(__func__);
+#endif
+}
+
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
+  if (p == NULL)
+    return;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    if (!zpp_engine_hold(ex->comm, p))
+      free(p);
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  else {
+    int saved;
+    dev_enter(ex, &saved);
+    zpp_ew_free_persistent(p);
+    dev_leave(saved);
+  }
+#endif
+}
+
+zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
+                        size_t bytes) {
+  if (bytes == 0 || dst == src)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    memmove(dst, src, bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_copy_device(dst, src, bytes, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes) {
+  if (bytes == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    memset(p, 0, bytes);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_zero_device(p, bytes, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          zpp_dtype_t dtype, const void *src, size_t count,
+                          void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_encode(q, dtype, src, count, dst, bytes);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, 0, dst, bytes,
+                                         ex->stream);
+}
+
+zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          const void *src, size_t count, zpp_dtype_t dtype,
+                          void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_decode(q, src, bytes, count, dtype, dst);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, 0, dtype, dst,
+                                         ex->stream);
+}
+
+zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
+                              const zpp_quant_config_t *q, const void *src,
+                              size_t count, float *acc) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_decode_accumulate(q, src, bytes, count, acc);
+  return zpp_quant_decode_device_trusted(q, src, bytes, count, 1, ZPP_FLOAT32,
+                                         acc, ex->stream);
+}
+
+zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
+                          size_t count, float div, zpp_dtype_t dtype,
+                          void *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_finish_host(zpp_quant_cpu_simd(), acc, count, div, (int)dtype, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_finish_device(acc, count, div, (int)dtype, out,
+                                             ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
+                               const zpp_quant_config_t *q, zpp_dtype_t dtype,
+                               const void *own, const void *const *srcs, int n,
+                               size_t count, float *out) {
+  int j, fused = 0;
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST)
+    ZPP_CHECK(zpp_quant_sum_decoded(q, dtype, own, srcs, n, count, out,
+                                    &fused));
+  if (fused)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_to_f32(ex, dtype, own, count, out));
+  for (j = 0; j < n; j++) {
+    zpp_plan_poll();
+    ZPP_CHECK(zpp_k_decode_acc(ex, q, srcs[j], count, out));
+  }
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                          const void *x, size_t count, float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_to_f32_host(zpp_quant_cpu_simd(), (int)dtype, x, count, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_widen_device((int)dtype, x, count, out,
+                                            ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                                const void *g, const float *res, size_t count,
+                                float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_add_residual_host((int)dtype, g, res, count, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_add_residual_device((int)dtype, g, res, count,
+                                                   out, ex->stream,
+                                                   DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
+                                   const zpp_quant_config_t *q,
+                                   const float *x, const void *enc,
+                                   size_t count, float *res) {
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_decode(ex, q, enc, count, ZPP_FLOAT32, res));
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_residual_host(x, count, res);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_residual_device(x, count, res, ex->stream,
+                                               DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res) {
+  if (count == 0)
+    return ZPP_OK;
+  ZPP_CHECK(zpp_k_decode(ex, q, enc, count, ZPP_FLOAT32, scratch));
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_ew_ema_residual_host(x, scratch, count, beta, res);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_ew_ema_residual_device(x, scratch, count, beta,
+                                                   res, ex->stream,
+                                                   DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_encode_ef(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *g, size_t count,
+                             uint64_t index_base, float *res, float beta,
+                             float *tmp, float *scratch, void *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    int fused = 0;
+    ZPP_CHECK(zpp_quant_encode_ef_at(q, dtype, g, count, index_base, res,
+                                     beta, out,
+                                     zpp_coll_encoded_size(q, count), &fused));
+    if (fused)
+      return ZPP_OK;
+  }
+  ZPP_CHECK(zpp_k_add_residual(ex, dtype, g, res, count, tmp));
+  ZPP_CHECK(zpp_k_encode_at(ex, q, ZPP_FLOAT32, tmp, count, index_base, out));
+  if (beta == 0.0f)
+    return zpp_k_update_residual(ex, q, tmp, out, count, res);
+  return zpp_k_update_residual_ema(ex, q, tmp, out, count, beta, scratch,
+                                   res);
+}
+
+/* ---- transforms (src/kernels/transform.h) ---------------------------------- */
+
+zpp_status_t zpp_k_encode_at(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *src, size_t count,
+                             uint64_t index_base, void *dst) {
+  size_t bytes = zpp_coll_encoded_size(q, count);
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_quant_encode_at(q, dtype, src, count, index_base, dst, bytes);
+  return zpp_quant_encode_device_trusted(q, dtype, src, count, index_base,
+                                         dst, bytes, ex->stream);
+}
+
+zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,
+                            zpp_dtype_t dtype, const void *src, size_t count,
+                            float *dst) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_tf_hadamard_host(zpp_quant_cpu_simd(), group, (int)dtype, src, count,
+                         dst);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_tf_hadamard_device(group, (int)dtype, src, count,
+                                               dst, ex->stream,
+                                               DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                         const void *recon, const float *target, size_t count,
+                         float *out) {
+  if (count == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    zpp_tf_wdiff_host((int)dtype, recon, target, count, out);
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_tf_wdiff_device((int)dtype, recon, target, count,
+                                            out, ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  return no_device(__func__);
+#endif
+}

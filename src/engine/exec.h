@@ -1,0 +1,128 @@
+/*
+ * Kernel dispatch by memory space (src/engine/exec.c): the quantizer and
+ * element-wise kernels of src/kernels on host or device memory, on a
+ * plan's stream, and the scratch memory they work in.  The kernel steps of
+ * every plan (src/coll) are written against these calls, never against
+ * CUDA directly.  Not installed.
+ */
+#ifndef ZPP_SRC_ENGINE_EXEC_H
+#define ZPP_SRC_ENGINE_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zpp/zpp.h>
+#include <zpp/zpp_comm.h>
+
+#include "transport/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a collective's buffers live and which stream orders its work. */
+typedef struct {
+  zpp_comm_t comm;
+  zpp_transport_t *t;
+  zpp_memory_t mem;
+  void *stream;
+} zpp_exec_t;
+
+zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
+                           zpp_exec_t *ex);
+
+/* Scratch memory in the exec's space (device: stream-ordered). */
+zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p);
+void zpp_k_free(const zpp_exec_t *ex, void *p);
+/* Memory that outlives a call and is used on whatever stream later calls
+ * pass (hpZ's secondary copy): cudaMalloc/cudaFree, never stream-ordered
+ * on the legacy stream, which would not order with the non-blocking
+ * streams frameworks use.  Host: malloc/free. */
+zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
+                                    void **p);
+void zpp_k_free_persistent(const zpp_exec_t *ex, void *p);
+zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
+                        size_t bytes);
+zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes);
+
+/* The quantizer on the exec's memory (dst sized by the encoded size). */
+zpp_status_t zpp_k_encode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          zpp_dtype_t dtype, const void *src, size_t count,
+                          void *dst);
+zpp_status_t zpp_k_decode(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                          const void *src, size_t count, zpp_dtype_t dtype,
+                          void *dst);
+zpp_status_t zpp_k_decode_acc(const zpp_exec_t *ex,
+                              const zpp_quant_config_t *q, const void *src,
+                              size_t count, float *acc);
+/* out = dtype(acc / div). */
+zpp_status_t zpp_k_finish(const zpp_exec_t *ex, const float *acc,
+                          size_t count, float div, zpp_dtype_t dtype,
+                          void *out);
+/* out = fp32(own) + decode(srcs[0]) + ... + decode(srcs[n - 1]) (each an
+ * encode of count elements with q), added in that order: bitwise
+ * zpp_k_to_f32 and n zpp_k_decode_acc, which is what a device (or a block
+ * too long for the host's tiles) runs; host memory in one pass of L1
+ * tiles (the passes poll the engine's transfers between sources).  out
+ * must not overlap own or any srcs[j]. */
+zpp_status_t zpp_k_sum_decoded(const zpp_exec_t *ex,
+                               const zpp_quant_config_t *q, zpp_dtype_t dtype,
+                               const void *own, const void *const *srcs, int n,
+                               size_t count, float *out);
+/* out = fp32(x), bit for bit (zpp_qm_load). */
+zpp_status_t zpp_k_to_f32(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                          const void *x, size_t count, float *out);
+/* out = fp32(g) + res. */
+zpp_status_t zpp_k_add_residual(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                                const void *g, const float *res, size_t count,
+                                float *out);
+/* res = x - decode(enc), 0 where not finite. */
+zpp_status_t zpp_k_update_residual(const zpp_exec_t *ex,
+                                   const zpp_quant_config_t *q,
+                                   const float *x, const void *enc,
+                                   size_t count, float *res);
+/* LoCo's moving average (docs/collectives.md): dec = decode(enc) into
+ * `scratch` (count floats), then res = beta res + (1 - beta) (x - dec)
+ * (zpp_qm_ema_residual); res holds the old residual on entry. */
+zpp_status_t zpp_k_update_residual_ema(const zpp_exec_t *ex,
+                                       const zpp_quant_config_t *q,
+                                       const float *x, const void *enc,
+                                       size_t count, float beta,
+                                       float *scratch, float *res);
+
+/* Error feedback around one encode with an fp32 residual: x = fp32(g) +
+ * res is encoded as `count` elements at index_base into out, and res
+ * becomes x - decode(out) (0 where not finite), or with beta > 0 LoCo's
+ * moving average of it.  Host memory: one fused pass (zpp_quant_encode_ef_at)
+ * where the block fits its tile; otherwise, and on a device, the three
+ * steps above through tmp (count floats: x) and, with beta, scratch
+ * (count floats).  Bitwise the same either way. */
+zpp_status_t zpp_k_encode_ef(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *g, size_t count,
+                             uint64_t index_base, float *res, float beta,
+                             float *tmp, float *scratch, void *out);
+/* Encoded bytes of `count` elements (config already checked). */
+size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count);
+
+/* ---- transforms (src/kernels/transform.h) -------------------------------- */
+
+/* zpp_k_encode whose element i draws its stochastic-rounding bits at index
+ * index_base + i (docs/format.md, "Stochastic rounding"). */
+zpp_status_t zpp_k_encode_at(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t dtype, const void *src, size_t count,
+                             uint64_t index_base, void *dst);
+/* dst = fp32(src) with every whole group of `group` elements rotated by the
+ * orthonormal Hadamard transform (its own inverse); the last count % group
+ * elements copied.  dst may equal src for fp32. */
+zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,
+                            zpp_dtype_t dtype, const void *src, size_t count,
+                            float *dst);
+/* out = target - fp32(recon) (qWD). */
+zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
+                         const void *recon, const float *target, size_t count,
+                         float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_ENGINE_EXEC_H */

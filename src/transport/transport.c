@@ -1,0 +1,863 @@
+/*
+ * The generic half of every transport: argument checks, serialisation,
+ * call and byte counters, link emulation and error recording.  Backends
+ * (transport_mpi.c, transport_nccl.c) only move bytes.
+ */
+#include "transport/transport_impl.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- time --------------------------------------------------------------- */
+
+int64_t zpp_time_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void zpp_sleep_until_ns(int64_t deadline_ns) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)(deadline_ns / 1000000000);
+  ts.tv_nsec = (long)(deadline_ns % 1000000000);
+  /* Absolute sleep: a signal only restarts it, never shortens the wait. */
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+
+void zpp_pause_ns(long *pause_ns) {
+  struct timespec ts = {0, *pause_ns};
+  nanosleep(&ts, NULL);
+  if (*pause_ns < 200000)
+    *pause_ns *= 2;
+}
+
+double zpp_timeout_clamp(double timeout_s) {
+  return timeout_s > ZPP_TIMEOUT_MAX_S ? ZPP_TIMEOUT_MAX_S : timeout_s;
+}
+
+/* ---- init / teardown ------------------------------------------------------ */
+
+static zpp_linkclass_t link_class(const zpp_transport_t *t, int peer) {
+  return zpp_topo_link(t->topo, t->rank, peer) == ZPP_LINK_NET
+             ? ZPP_LINKCLASS_INTER
+             : ZPP_LINKCLASS_INTRA;
+}
+
+/* The node runs of a group's ring order (transport_impl.h). */
+static zpp_status_t group_nodes(const zpp_topo_t *topo, zpp_tgroup_t *gr) {
+  int n = gr->size, i, k = 0;
+  gr->hoff = malloc((size_t)(n + 1) * sizeof(int));
+  gr->hnode = malloc((size_t)n * sizeof(int));
+  gr->hlocal = malloc((size_t)n * sizeof(int));
+  if (gr->hoff == NULL || gr->hnode == NULL || gr->hlocal == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_transport_init",
+                     "group node tables");
+  for (i = 0; i < n; i++) {
+    int m = gr->ring[i];
+    if (i == 0 || topo->node_of[gr->members[m]] !=
+                      topo->node_of[gr->members[gr->ring[i - 1]]])
+      gr->hoff[k++] = i;
+    gr->hnode[m] = k - 1;
+    gr->hlocal[m] = i - gr->hoff[k - 1];
+  }
+  gr->hoff[k] = n;
+  gr->nh = k;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
+                                int rank, zpp_memory_t memory,
+                                double timeout_s) {
+  int g, i;
+  memset(t, 0, sizeof *t);
+  t->topo = topo;
+  t->rank = rank;
+  t->size = topo->world_size;
+  t->memory = memory;
+  t->timeout_s = zpp_timeout_clamp(timeout_s);
+  pthread_mutex_init(&t->lock, NULL);
+  pthread_mutex_init(&t->err_lock, NULL);
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    zpp_tgroup_t *gr = &t->grp[g];
+    ZPP_CHECK(zpp_topo_group(topo, (zpp_group_t)g, rank, NULL, &gr->size,
+                             &gr->index));
+    gr->members = malloc((size_t)gr->size * sizeof(int));
+    gr->ring = malloc((size_t)gr->size * sizeof(int));
+    if (gr->members == NULL || gr->ring == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "group tables");
+    ZPP_CHECK(zpp_topo_group(topo, (zpp_group_t)g, rank, gr->members, NULL,
+                             NULL));
+    /* NODE and CROSS members are already in node order; WORLD members are
+     * in world-rank order, which a round-robin placement interleaves. */
+    if (g == ZPP_GROUP_WORLD)
+      memcpy(gr->ring, topo->node_ranks, (size_t)gr->size * sizeof(int));
+    else
+      for (i = 0; i < gr->size; i++)
+        gr->ring[i] = i;
+    ZPP_CHECK(group_nodes(topo, gr));
+  }
+  t->emu_gbit = zpp_setting_double("ZPP_EMU_INTER_GBIT", 0.0);
+  t->emu_lat_us = zpp_setting_double("ZPP_EMU_INTER_LAT_US", 0.0);
+  if (t->emu_gbit < 0 || t->emu_lat_us < 0) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "negative ZPP_EMU_INTER_GBIT/ZPP_EMU_INTER_LAT_US "
+             "ignored");
+    t->emu_gbit = t->emu_gbit < 0 ? 0 : t->emu_gbit;
+    t->emu_lat_us = t->emu_lat_us < 0 ? 0 : t->emu_lat_us;
+  }
+  t->emu_on = t->emu_gbit > 0 || t->emu_lat_us > 0;
+  t->hier_chunk = 262144; /* comm_create sets the agreed ZPP_HIER_CHUNK */
+  t->net_seg = 0;         /* and the agreed ZPP_NET_SEGMENT */
+  t->cuda_device = -1;
+  t->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 100000) * 1000;
+  if (t->spin_ns < 0)
+    t->spin_ns = 0;
+  t->rings = (int)zpp_setting_long("ZPP_NET_RINGS", 1);
+  if (t->rings < 1 || t->rings > 64) {
+    ZPP_WARN(ZPP_SUBSYS_NET, "ZPP_NET_RINGS=%d: must be in [1, 64]; using 1",
+             t->rings);
+    t->rings = 1;
+  }
+  return ZPP_OK;
+}
+
+void zpp_transport_add_in_doubt(zpp_transport_t *t, int n, const char *what) {
+  if (n <= 0)
+    return;
+  atomic_fetch_add(&t->in_doubt, n);
+  zpp_transport_break(t, "%s: %d cancelled transfer(s) may still complete",
+                      what, n);
+}
+
+int zpp_transport_quiesce(zpp_transport_t *t) {
+  int left;
+  if (t == NULL)
+    return 1;
+  left = atomic_load(&t->in_doubt);
+  if (left > 0 && t->ops != NULL && t->ops->round_drain != NULL) {
+    double to = t->timeout_s > 0 ? t->timeout_s : 60.0;
+    pthread_mutex_lock(&t->lock);
+    left = t->ops->round_drain(t, zpp_time_ns() + (int64_t)(to * 1e9));
+    pthread_mutex_unlock(&t->lock);
+    atomic_store(&t->in_doubt, left);
+  }
+  return left == 0;
+}
+
+void zpp_transport_free(zpp_transport_t *t) {
+  int g;
+  if (t == NULL)
+    return;
+  /* The algorithms' held buffers (zpp_algo_destroy) are freed only once
+   * no cancelled transfer can touch them. */
+  if (t->ops != NULL)
+    zpp_transport_quiesce(t);
+  if (t->ops != NULL && t->ops->destroy != NULL)
+    t->ops->destroy(t);
+  zpp_algo_destroy(t);
+  for (g = 0; g < ZPP_NGROUPS; g++) {
+    free(t->grp[g].members);
+    free(t->grp[g].ring);
+    free(t->grp[g].hoff);
+    free(t->grp[g].hnode);
+    free(t->grp[g].hlocal);
+  }
+  zpp_topo_free(t->topo);
+  free(t->pid);
+  pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->err_lock);
+  free(t);
+}
+
+static void vbreak(zpp_transport_t *t, zpp_status_t st, const char *fmt,
+                   va_list ap) {
+  char why[sizeof t->broken_why];
+  int first = 0;
+  vsnprintf(why, sizeof why, fmt, ap);
+  pthread_mutex_lock(&t->err_lock);
+  if (!atomic_load(&t->broken)) {
+    memcpy(t->broken_why, why, sizeof why);
+    t->broken_st = st;
+    atomic_store(&t->broken, 1);
+    first = 1;
+  } else if (t->broken_st == ZPP_OK) {
+    t->broken_st = st; /* the first break did not know its status */
+  }
+  pthread_mutex_unlock(&t->err_lock);
+  if (first)
+    ZPP_WARN(ZPP_SUBSYS_NET, "communicator unusable: %s", why);
+}
+
+void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vbreak(t, ZPP_OK, fmt, ap);
+  va_end(ap);
+}
+
+void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
+                            const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vbreak(t, st, fmt, ap);
+  va_end(ap);
+}
+
+zpp_status_t zpp_transport_size_mismatch(zpp_transport_t *t, zpp_group_t g,
+                                         int peer, const char *got,
+                                         size_t want) {
+  zpp_transport_break_st(t, ZPP_ERR_MISMATCH,
+                         "group %s: rank %d sent %s where %zu bytes were "
+                         "expected",
+                         zpp_group_name(g), peer, got, want);
+  return zpp_error(ZPP_ERR_MISMATCH, "round",
+                   "group %s: rank %d sent %s where %zu bytes were expected "
+                   "(ranks passed different sizes); the communicator is "
+                   "aborted",
+                   zpp_group_name(g), peer, got, want);
+}
+
+zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func) {
+  zpp_status_t st;
+  char why[sizeof t->broken_why];
+  if (t == NULL || !atomic_load(&t->broken))
+    return ZPP_OK;
+  pthread_mutex_lock(&t->err_lock);
+  st = t->broken_st != ZPP_OK ? t->broken_st : ZPP_ERR_TIMEOUT;
+  memcpy(why, t->broken_why, sizeof why);
+  pthread_mutex_unlock(&t->err_lock);
+  return zpp_transport_fail(
+      t, zpp_error(st, func,
+                   "communicator was aborted earlier (%s); destroy it", why));
+}
+
+/* 'T' (stopped), 't' (traced) ... from /proc/<pid>/stat; 0 if unknown. */
+static char proc_state(int pid) {
+  char path[64], line[256], *p;
+  FILE *f;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  p = fgets(line, sizeof line, f);
+  fclose(f);
+  if (p == NULL || (p = strrchr(line, ')')) == NULL || p[1] != ' ')
+    return 0;
+  return p[2];
+}
+
+void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
+                                  size_t len) {
+  size_t used = strnlen(buf, len);
+  int r;
+  if (t == NULL || t->pid == NULL)
+    return;
+  for (r = 0; r < t->size && used + 48 < len; r++) {
+    const char *what = NULL;
+    char s;
+    if (r == t->rank || t->pid[r] <= 0)
+      continue;
+    if (kill(t->pid[r], 0) != 0 && errno == ESRCH)
+      what = "is gone (exited or killed)";
+    else if ((s = proc_state(t->pid[r])) == 'T' || s == 't')
+      what = "is stopped";
+    else if (s == 'Z' || s == 'X')
+      what = "is gone (exited or killed)";
+    if (what != NULL)
+      used += (size_t)snprintf(buf + used, len - used, "; rank %d (pid %d) %s",
+                               r, t->pid[r], what);
+  }
+}
+
+/* ---- link emulation ------------------------------------------------------- */
+
+int64_t zpp_transport_emu_deadline(zpp_transport_t *t, int peer,
+                                   uint64_t bytes) {
+  int64_t now, start, xfer;
+  double x;
+  if (!t->emu_on || link_class(t, peer) != ZPP_LINKCLASS_INTER)
+    return 0;
+  now = zpp_time_ns();
+  /* Gbit/s is bits per nanosecond.  A tiny bandwidth (the setting allows
+   * any value in [0, 1e6]) must not overflow the conversion: a transfer
+   * lasts at most ~30 years of emulated time. */
+  x = t->emu_gbit > 0 ? (double)bytes * 8.0 / t->emu_gbit + 0.5 : 0.0;
+  xfer = x < 1e18 ? (int64_t)x : (int64_t)1e18;
+  start = now > t->nic_free_ns ? now : t->nic_free_ns;
+  /* transfers queue on the NIC: keep their sum from overflowing too
+   * (the timeout ends such a wait long before) */
+  t->nic_free_ns = start < (int64_t)4e18 - xfer ? start + xfer : (int64_t)4e18;
+  return t->nic_free_ns + (int64_t)(t->emu_lat_us * 1000.0 + 0.5);
+}
+
+void zpp_transport_emu_wait(zpp_transport_t *t, int64_t deadline_ns) {
+  int64_t now;
+  if (deadline_ns <= 0)
+    return;
+  now = zpp_time_ns();
+  if (deadline_ns <= now)
+    return;
+  zpp_sleep_until_ns(deadline_ns);
+  atomic_fetch_add(&t->emu_wait_ns, (uint_fast64_t)(zpp_time_ns() - now));
+}
+
+/* ---- accounting ------------------------------------------------------------ */
+
+void zpp_transport_account(zpp_transport_t *t, int peer, uint64_t sent,
+                           uint64_t recv) {
+  zpp_linkclass_t c;
+  if (t == NULL || peer == t->rank || peer < 0 || peer >= t->size)
+    return;
+  c = link_class(t, peer);
+  if (sent)
+    atomic_fetch_add(&t->sent[c], sent);
+  if (recv)
+    atomic_fetch_add(&t->recv[c], recv);
+}
+
+void zpp_transport_get_counts(zpp_transport_t *t, zpp_transport_counts_t *out) {
+  int i;
+  for (i = 0; i < ZPP_NLINKCLASSES; i++) {
+    out->sent[i] = atomic_load(&t->sent[i]);
+    out->recv[i] = atomic_load(&t->recv[i]);
+  }
+  for (i = 0; i < ZPP_NGROUPS; i++)
+    out->calls[i] = atomic_load(&t->calls[i]);
+}
+
+void zpp_transport_reset_counts(zpp_transport_t *t) {
+  int i;
+  for (i = 0; i < ZPP_NLINKCLASSES; i++) {
+    atomic_store(&t->sent[i], 0);
+    atomic_store(&t->recv[i], 0);
+  }
+  for (i = 0; i < ZPP_NGROUPS; i++)
+    atomic_store(&t->calls[i], 0);
+  atomic_store(&t->emu_wait_ns, 0);
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+zpp_status_t zpp_transport_fail(zpp_transport_t *t, zpp_status_t st) {
+  if (t != NULL && st != ZPP_OK) {
+    pthread_mutex_lock(&t->err_lock);
+    snprintf(t->last_error, sizeof t->last_error, "%s", zpp_get_last_error());
+    pthread_mutex_unlock(&t->err_lock);
+  }
+  return st;
+}
+
+/* ---- queries ---------------------------------------------------------------- */
+
+int zpp_transport_rank(const zpp_transport_t *t) { return t->rank; }
+int zpp_transport_size(const zpp_transport_t *t) { return t->size; }
+const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t) {
+  return t->topo;
+}
+zpp_backend_t zpp_transport_backend(const zpp_transport_t *t) {
+  return t->backend;
+}
+double zpp_transport_timeout_s(const zpp_transport_t *t) {
+  return t->timeout_s;
+}
+uint64_t zpp_transport_progress(const zpp_transport_t *t) {
+  return (uint64_t)atomic_load(&((zpp_transport_t *)t)->progress);
+}
+
+static int group_ok(zpp_group_t g) {
+  return g == ZPP_GROUP_WORLD || g == ZPP_GROUP_NODE || g == ZPP_GROUP_CROSS;
+}
+
+int zpp_transport_group_size(const zpp_transport_t *t, zpp_group_t g) {
+  return group_ok(g) ? t->grp[g].size : -1;
+}
+int zpp_transport_group_rank(const zpp_transport_t *t, zpp_group_t g) {
+  return group_ok(g) ? t->grp[g].index : -1;
+}
+int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
+                               int i) {
+  if (!group_ok(g) || i < 0 || i >= t->grp[g].size)
+    return -1;
+  return t->grp[g].members[i];
+}
+zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer) {
+  if (peer < 0 || peer >= t->size)
+    return ZPP_LINK_NET;
+  return zpp_topo_link(t->topo, t->rank, peer);
+}
+
+/* ---- checked operations -------------------------------------------------- */
+
+void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on) {
+  pthread_mutex_lock(&t->lock);
+  t->p2p_barrier = on;
+  pthread_mutex_unlock(&t->lock);
+}
+
+static zpp_status_t check_common(zpp_transport_t *t, zpp_group_t g,
+                                 zpp_memory_t mem, const char *func) {
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "transport is NULL");
+  if (!group_ok(g))
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "group %d: must be ZPP_GROUP_WORLD, _NODE or _CROSS",
+                     (int)g));
+  if (mem != ZPP_MEMORY_HOST && mem != ZPP_MEMORY_DEVICE)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "mem %d: must be ZPP_MEMORY_HOST or ZPP_MEMORY_DEVICE",
+                     (int)mem));
+  return ZPP_OK;
+}
+
+static zpp_status_t need(zpp_transport_t *t, const void *p, int needed,
+                         const char *name, const char *func) {
+  if (p == NULL && needed)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL", name));
+  return ZPP_OK;
+}
+
+static zpp_status_t check_bytes_x_members(zpp_transport_t *t, zpp_group_t g,
+                                          size_t bytes, const char *func) {
+  if (bytes > 0 && (size_t)t->grp[g].size > SIZE_MAX / bytes)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "bytes %zu x %d members overflows size_t", bytes,
+                     t->grp[g].size));
+  return ZPP_OK;
+}
+
+/* Sum of counts (and with displacements, the largest end) fits size_t. */
+static zpp_status_t check_counts(zpp_transport_t *t, int n,
+                                 const size_t *bytes, const size_t *displs,
+                                 const char *name, const char *func,
+                                 size_t *total) {
+  size_t sum = 0;
+  int i;
+  for (i = 0; i < n; i++) {
+    size_t end = displs ? displs[i] : sum;
+    if (end > SIZE_MAX - bytes[i] || sum > SIZE_MAX - bytes[i])
+      return zpp_transport_fail(
+          t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                       "%s[%d] = %zu: the buffer extent overflows size_t",
+                       name, i, bytes[i]));
+    sum += bytes[i];
+  }
+  *total = sum;
+  return ZPP_OK;
+}
+
+static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
+                                 zpp_dtype_t dtype, zpp_reduce_op_t op,
+                                 size_t count, const char *func) {
+  size_t es = zpp_dtype_size(dtype);
+  zpp_status_t st = zpp_check_float_dtype(func, "dtype", dtype);
+  if (st != ZPP_OK)
+    return zpp_transport_fail(t, st);
+  if (op != ZPP_REDUCE_SUM && op != ZPP_REDUCE_MEAN)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "op %d: must be ZPP_REDUCE_SUM or ZPP_REDUCE_MEAN",
+                     (int)op));
+  if (count > SIZE_MAX / es / (size_t)t->grp[g].size)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_OVERFLOW, func,
+                     "count %zu: the buffer size overflows size_t", count));
+  return ZPP_OK;
+}
+
+/* A stream-ordered backend enqueues the operation with its own entry. */
+static zpp_status_t enqueue(zpp_transport_t *t, const zpp_xop_args_t *a) {
+  const zpp_transport_ops_t *o = t->ops;
+  switch (a->kind) {
+  case ZPP_XOP_ALLGATHER:
+    return o->allgather(t, a->g, a->send, a->bytes, a->recv, a->mem, a->stream);
+  case ZPP_XOP_ALLGATHERV:
+    return o->allgatherv(t, a->g, a->send, a->recv, a->recv_bytes,
+                         a->recv_displs, a->mem, a->stream);
+  case ZPP_XOP_ALLTOALLV:
+    if (a->send_bytes == NULL) {
+      size_t n = (size_t)t->grp[a->g].size, i, *counts;
+      zpp_status_t st;
+      counts = malloc(n * sizeof *counts);
+      if (counts == NULL)
+        return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "%zu counts", n);
+      for (i = 0; i < n; i++)
+        counts[i] = a->bytes;
+      st = o->alltoallv(t, a->g, a->send, counts, NULL, a->recv, counts, NULL,
+                        a->mem, a->stream);
+      free(counts);
+      return st;
+    }
+    return o->alltoallv(t, a->g, a->send, a->send_bytes, a->send_displs,
+                        a->recv, a->recv_bytes, a->recv_displs, a->mem,
+                        a->stream);
+  case ZPP_XOP_REDUCE_SCATTER:
+    return o->reduce_scatter(t, a->g, a->send, a->recv, a->count, a->dtype,
+                             a->op, a->mem, a->stream);
+  case ZPP_XOP_ALLREDUCE:
+    return o->allreduce(t, a->g, a->send, a->recv, a->count, a->dtype,
+                        a->op, a->mem, a->stream);
+  case ZPP_XOP_BARRIER:
+    return o->barrier(t, a->g);
+  }
+  return zpp_error(ZPP_ERR_INTERNAL, a->what, "operation kind %d", (int)a->kind);
+}
+
+/* After the argument checks: under the lock, refuses a broken transport,
+ * counts the call and starts the operation (host backends: the
+ * algorithms' state machine; stream-ordered ones: enqueued, done). */
+static zpp_status_t start(zpp_transport_t *t, const zpp_xop_args_t *a,
+                          int blocking, const char *func, zpp_xop_t **op) {
+  zpp_status_t st;
+  pthread_mutex_lock(&t->lock);
+  if (atomic_load(&t->broken)) {
+    pthread_mutex_unlock(&t->lock);
+    return zpp_transport_broken_error(t, func);
+  }
+  atomic_fetch_add(&t->calls[a->g], 1);
+  ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
+            zpp_group_name(a->g), t->grp[a->g].size);
+  if (t->ops->round_post != NULL) {
+    st = zpp_algo_start(t, a, blocking, op);
+  } else {
+    st = enqueue(t, a);
+    if (st == ZPP_OK)
+      *op = zpp_xop_done();
+  }
+  pthread_mutex_unlock(&t->lock);
+  return zpp_transport_fail(t, st);
+}
+
+/* The blocking operations: start, wait (no lock held), free. */
+static zpp_status_t run(zpp_transport_t *t, const zpp_xop_args_t *a,
+                        const char *func) {
+  zpp_xop_t *op = NULL;
+  zpp_status_t st;
+  ZPP_CHECK(start(t, a, 1, func, &op));
+  st = zpp_xop_wait(op);
+  zpp_xop_free(op);
+  return st;
+}
+
+static zpp_status_t need_op(zpp_transport_t *t, zpp_xop_t **op,
+                            const char *func) {
+  if (op == NULL)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "op is NULL"));
+  *op = NULL;
+  return ZPP_OK;
+}
+
+/* ---- the operations: checks, then start (non-blocking) or run --------------- */
+
+static zpp_status_t allgather_args(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, size_t bytes, void *recv,
+                                   zpp_memory_t mem, void *stream,
+                                   const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLGATHER;
+  a->g = g;
+  a->what = "allgather";
+  a->send = send;
+  a->recv = recv;
+  a->bytes = bytes;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, size_t bytes,
+                                     void *recv, zpp_memory_t mem,
+                                     void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
+                                           const void *send, size_t bytes,
+                                           void *recv, zpp_memory_t mem,
+                                           void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t allgatherv_args(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, void *recv,
+                                    const size_t *recv_bytes,
+                                    const size_t *recv_displs,
+                                    zpp_memory_t mem, void *stream,
+                                    const char *func, zpp_xop_args_t *a) {
+  size_t total = 0;
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", func, &total));
+  ZPP_CHECK(need(t, send, recv_bytes[t->grp[g].index] > 0, "send", func));
+  ZPP_CHECK(need(t, recv, total > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLGATHERV;
+  a->g = g;
+  a->what = "allgatherv";
+  a->send = send;
+  a->recv = recv;
+  a->recv_bytes = recv_bytes;
+  a->recv_displs = recv_displs;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
+                                      const void *send, void *recv,
+                                      const size_t *recv_bytes,
+                                      const size_t *recv_displs,
+                                      zpp_memory_t mem, void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
+                            stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allgatherv(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
+                            stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t alltoall_args(zpp_transport_t *t, zpp_group_t g,
+                                  const void *send, size_t bytes, void *recv,
+                                  zpp_memory_t mem, void *stream,
+                                  const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
+  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
+  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLTOALLV;
+  a->g = g;
+  a->what = "alltoallv";
+  a->send = send;
+  a->recv = recv;
+  a->bytes = bytes;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                    const void *send, size_t bytes,
+                                    void *recv, zpp_memory_t mem,
+                                    void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, size_t bytes,
+                                          void *recv, zpp_memory_t mem,
+                                          void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t alltoallv_args(zpp_transport_t *t, zpp_group_t g,
+                                   const void *send, const size_t *send_bytes,
+                                   const size_t *send_displs, void *recv,
+                                   const size_t *recv_bytes,
+                                   const size_t *recv_displs,
+                                   zpp_memory_t mem, void *stream,
+                                   const char *func, zpp_xop_args_t *a) {
+  size_t stotal = 0, rtotal = 0;
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(need(t, send_bytes, 1, "send_bytes", func));
+  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, send_bytes, send_displs,
+                         "send_bytes", func, &stotal));
+  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
+                         "recv_bytes", func, &rtotal));
+  ZPP_CHECK(need(t, send, stotal > 0, "send", func));
+  ZPP_CHECK(need(t, recv, rtotal > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_ALLTOALLV;
+  a->g = g;
+  a->what = "alltoallv";
+  a->send = send;
+  a->recv = recv;
+  a->send_bytes = send_bytes;
+  a->send_displs = send_displs;
+  a->recv_bytes = recv_bytes;
+  a->recv_displs = recv_displs;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send,
+                                     const size_t *send_bytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_bytes,
+                                     const size_t *recv_displs,
+                                     zpp_memory_t mem, void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
+                           recv_bytes, recv_displs, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_alltoallv(
+    zpp_transport_t *t, zpp_group_t g, const void *send,
+    const size_t *send_bytes, const size_t *send_displs, void *recv,
+    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
+    void *stream, zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
+                           recv_bytes, recv_displs, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+static zpp_status_t reduce_args(zpp_transport_t *t, zpp_xop_kind_t kind,
+                                zpp_group_t g, const void *send, void *recv,
+                                size_t count, zpp_dtype_t dtype,
+                                zpp_reduce_op_t op, zpp_memory_t mem,
+                                void *stream, const char *func,
+                                zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, mem, func));
+  ZPP_CHECK(check_reduce(t, g, dtype, op, count, func));
+  ZPP_CHECK(need(t, send, count > 0, "send", func));
+  ZPP_CHECK(need(t, recv, count > 0, "recv", func));
+  memset(a, 0, sizeof *a);
+  a->kind = kind;
+  a->g = g;
+  a->what = kind == ZPP_XOP_ALLREDUCE ? "allreduce" : "reduce_scatter";
+  a->send = send;
+  a->recv = recv;
+  a->count = count;
+  a->dtype = dtype;
+  a->op = op;
+  a->mem = mem;
+  a->stream = stream;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
+                                          const void *send, void *recv,
+                                          size_t count, zpp_dtype_t dtype,
+                                          zpp_reduce_op_t op,
+                                          zpp_memory_t mem, void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
+                        op, mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_reduce_scatter(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, xop, __func__));
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
+                        op, mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, xop);
+}
+
+zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
+                                     const void *send, void *recv,
+                                     size_t count, zpp_dtype_t dtype,
+                                     zpp_reduce_op_t op, zpp_memory_t mem,
+                                     void *stream) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
+                        mem, stream, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_allreduce(
+    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
+    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
+    void *stream, zpp_xop_t **xop) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, xop, __func__));
+  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
+                        mem, stream, __func__, &a));
+  return start(t, &a, 0, __func__, xop);
+}
+
+static zpp_status_t barrier_args(zpp_transport_t *t, zpp_group_t g,
+                                 const char *func, zpp_xop_args_t *a) {
+  ZPP_CHECK(check_common(t, g, ZPP_MEMORY_HOST, func));
+  memset(a, 0, sizeof *a);
+  a->kind = ZPP_XOP_BARRIER;
+  a->g = g;
+  a->what = "barrier";
+  a->mem = ZPP_MEMORY_HOST;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(barrier_args(t, g, __func__, &a));
+  return run(t, &a, __func__);
+}
+
+zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
+                                         zpp_xop_t **op) {
+  zpp_xop_args_t a;
+  ZPP_CHECK(need_op(t, op, __func__));
+  ZPP_CHECK(barrier_args(t, g, __func__, &a));
+  return start(t, &a, 0, __func__, op);
+}
+
+/* The lock guards the broken check only: the backend's wait polls without
+ * it (one thread at a time per transport, see transport.h). */
+zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
+  zpp_status_t st = ZPP_OK;
+  int broken;
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "transport is NULL");
+  if (t->ops->sync == NULL)
+    return ZPP_OK;
+  pthread_mutex_lock(&t->lock);
+  broken = atomic_load(&t->broken);
+  pthread_mutex_unlock(&t->lock);
+  if (broken)
+    return zpp_transport_broken_error(t, __func__);
+  st = t->ops->sync(t, stream);
+  return zpp_transport_fail(t, st);
+}
+
+zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
+  if (t == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, what, "transport is NULL");
+  if (atomic_load(&t->broken))
+    return zpp_transport_broken_error(t, what);
+  if (t->ops->check_async == NULL)
+    return ZPP_OK;
+  return zpp_transport_fail(t, t->ops->check_async(t, what));
+}

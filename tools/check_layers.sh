@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The layer check: libzpp's source is one folder per layer (src/<layer>/),
+# and a file may include only headers of its own layer or of a layer below
+# it.  Run by `make test` (ctest: layers_check).
+#
+#   usage: tools/check_layers.sh [--list | --diagram] [--objects DIR] [ROOT]
+#     (none)     checks ROOT (default: the tree this script is in); prints
+#                every violation and exits 1 when there is one
+#     --objects DIR  also checks the compiled objects under DIR (a build's
+#                CMakeFiles/zpp_objects.dir): every zpp_ symbol an object
+#                uses is defined in its own layer or one below (a call that
+#                goes up through a prototype in a lower header is caught
+#                here, not by the includes)
+#     --list     prints the layers, bottom first, with what each holds
+#     --diagram  prints the layer diagram of docs/design.md ("Layers"),
+#                which a test compares with the doc
+#
+# What it refuses:
+#   - an include of a higher layer's header ("up"), or of a file that does
+#     not exist in the layer named;
+#   - an include cycle among the library's headers;
+#   - a prototype of a zpp_ function written by hand in a .c file of src/,
+#     tools/ or perf/ (declarations live in the owner's header; tools and
+#     perf use <zpp/...> or the declared internal API, src/include/zpp_internal);
+#   - in tools/ and perf/: an include of a layer's private header.
+# Same-folder headers are included by bare name ("quant_cpu.h"), others by
+# their path below src/ ("transport/transport.h").
+set -euo pipefail
+
+# Bottom first.  A layer may include its own headers and those of every
+# layer before it.  name|what it holds (docs/design.md draws from this).
+LAYERS=(
+  "core|errors, logging, settings"
+  "kernels|quantizer and element-wise kernels: scalar, AVX2, AVX-512, CUDA"
+  "quant|the public codec API (zpp_quant_*) over the kernels"
+  "topology|the node map, emulation specs, GPU links (NVML)"
+  "transport|one transport per communicator: groups, counters, link emulation, errors; backends MPI, UCX (rounds) and NCCL (collectives)"
+  "algo|host algorithms over rounds: ring, pairwise, hierarchical; the transfer descriptor's one dispatch"
+  "comm|struct zpp_comm: creation over MPI, TCP or a caller's bootstrap; subsets"
+  "engine|plans, the engine that runs them, kernel dispatch by memory space, scratch"
+  "coll|the collectives: baselines, qwZ, hpZ, qgZ, qWD, over one argument check"
+  "runtime|parameter groups for a ZeRO runtime (zpp_pgroup_*)"
+)
+
+mode=check
+objdir=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --list) mode=list; shift ;;
+    --diagram) mode=diagram; shift ;;
+    --objects)
+      [ $# -ge 2 ] || { echo "check_layers.sh: --objects needs a directory" >&2; exit 2; }
+      objdir=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "check_layers.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+if [ -n "$objdir" ]; then
+  [ -d "$objdir/src" ] || { echo "check_layers.sh: --objects '$objdir': no src/ of objects there (give a build's CMakeFiles/zpp_objects.dir)" >&2; exit 2; }
+  objdir=$(cd "$objdir" && pwd)
+fi
+root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+[ -d "$root/src" ] || { echo "check_layers.sh: no src/ under '$root'" >&2; exit 2; }
+
+declare -A rank
+names=()
+for i in "${!LAYERS[@]}"; do
+  n=${LAYERS[$i]%%|*}
+  rank[$n]=$i
+  names+=("$n")
+done
+
+if [ $mode = list ]; then
+  for i in "${!LAYERS[@]}"; do
+    printf '%2d  src/%-10s %s\n' "$i" "${LAYERS[$i]%%|*}/" "${LAYERS[$i]#*|}"
+  done
+  exit 0
+fi
+if [ $mode = diagram ]; then
+  # Top first, as a stack: each layer uses only what is drawn below it.
+  echo "src/include/zpp_internal   declared internal API for tools/ and perf/"
+  for ((i = ${#LAYERS[@]} - 1; i >= 0; i--)); do
+    printf '%-26s %s\n' "src/${LAYERS[$i]%%|*}/" "${LAYERS[$i]#*|}"
+    [ $i -gt 0 ] && echo "   |"
+  done
+  exit 0
+fi
+
+fail=0
+bad() { echo "check_layers: $*"; fail=1; }
+
+cd "$root"
+# Every folder of src/ is a layer (or the declared internal API).
+for d in src/*/; do
+  d=${d%/}; d=${d#src/}
+  [ "$d" = include ] && continue
+  [ -n "${rank[$d]:-}" ] || bad "src/$d/ is not a known layer (add it to LAYERS in tools/check_layers.sh)"
+done
+for f in src/*.c src/*.h; do
+  [ -e "$f" ] && bad "$f: every source file lives in a layer's folder"
+done
+
+edges=$(mktemp)
+trap 'rm -f "$edges"' EXIT
+check_file() { # file layer
+  local f=$1 me=$2 line inc tgt
+  while IFS= read -r line; do
+    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
+    if [[ $inc != */* ]]; then
+      [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\", which is not in its folder"
+      echo "$f $(dirname "$f")/$inc" >> "$edges"
+      continue
+    fi
+    tgt=${inc%%/*}
+    if [ "$tgt" = include ]; then
+      [ -e "src/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
+      continue
+    fi
+    if [ -z "${rank[$tgt]:-}" ]; then
+      bad "$f: includes \"$inc\": '$tgt' is not a layer"
+      continue
+    fi
+    [ -e "src/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
+    if [ "${rank[$tgt]}" -gt "${rank[$me]}" ]; then
+      bad "$f: includes \"$inc\": layer $me may not include $tgt, a layer above it"
+    fi
+    echo "$f src/$inc" >> "$edges"
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
+}
+# A hand-written prototype: a file-scope declaration of a zpp_ function
+# ending in ");" on a line that starts the declaration (not static).
+hand_protos() { # file
+  awk '
+    /^[A-Za-z_][A-Za-z0-9_ \t\*]*[ \t\*]zpp_[A-Za-z0-9_]+[ \t]*\(/ && $1 != "static" {
+      decl = $0; start = FNR
+      while (decl !~ /[;{]/ && (getline nxt) > 0) decl = decl " " nxt
+      if (decl ~ /\)[ \t]*(__attribute__.*)?;[ \t]*$/) print FILENAME ":" start ": " $0
+    }' "$1"
+}
+
+for n in "${names[@]}"; do
+  [ -d "src/$n" ] || continue
+  while IFS= read -r f; do
+    check_file "$f" "$n"
+    case $f in
+      *.c|*.cu)
+        while IFS= read -r p; do
+          bad "$p (a prototype belongs in its owner's header)"
+        done < <(hand_protos "$f") ;;
+    esac
+  done < <(find "src/$n" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | sort)
+done
+
+# The declared internal API includes only public headers and the
+# self-contained headers it re-exports (by relative path).
+while IFS= read -r f; do
+  while IFS= read -r line; do
+    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
+    [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
+done < <(find src/include -type f -name '*.h' 2>/dev/null | sort)
+
+# Tools and benchmarks: the public API or src/include/zpp_internal only.
+while IFS= read -r f; do
+  while IFS= read -r line; do
+    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
+    case $inc in
+      zpp_internal/*) [ -e "src/include/$inc" ] || bad "$f: includes \"$inc\", which does not exist" ;;
+      */*) bad "$f: includes \"$inc\": tools and perf use <zpp/...> or zpp_internal/" ;;
+      *) [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\": not a header of its folder (tools and perf use <zpp/...> or zpp_internal/)" ;;
+    esac
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
+  case $f in
+    *.c|*.cu)
+      while IFS= read -r p; do
+        bad "$p (declare it in src/include/zpp_internal, not by hand)"
+      done < <(hand_protos "$f") ;;
+  esac
+done < <(find tools perf -maxdepth 1 -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | sort)
+
+# No include cycle among the library's files.
+if [ -s "$edges" ] && ! tsort "$edges" > /dev/null 2> "$edges.err"; then
+  bad "an include cycle: $(grep -v 'input contains a loop' "$edges.err" | sed 's/^tsort: //' | tr '\n' ' ')"
+fi
+rm -f "$edges.err"
+
+# Symbols: what each layer's objects define, and what they use.
+nobj=0
+if [ -n "$objdir" ]; then
+  declare -A owner
+  for n in "${names[@]}"; do
+    [ -d "$objdir/src/$n" ] || continue
+    for o in "$objdir/src/$n"/*.o; do
+      [ -e "$o" ] || continue
+      nobj=$((nobj + 1))
+      while read -r sym; do
+        owner[$sym]=$n
+      done < <(nm --defined-only -g "$o" | awk '$3 ~ /^zpp_/ {print $3}')
+    done
+  done
+  for n in "${names[@]}"; do
+    [ -d "$objdir/src/$n" ] || continue
+    for o in "$objdir/src/$n"/*.o; do
+      [ -e "$o" ] || continue
+      while read -r sym; do
+        o_layer=${owner[$sym]:-}
+        [ -n "$o_layer" ] || continue
+        if [ "${rank[$o_layer]}" -gt "${rank[$n]}" ]; then
+          bad "src/$n/$(basename "${o%.o}") uses $sym of layer $o_layer, a layer above it"
+        fi
+      done < <(nm -u "$o" | awk '$2 ~ /^zpp_/ {print $2}')
+    done
+  done
+  [ $nobj -gt 0 ] || bad "--objects '$objdir': no object files under src/"
+fi
+
+if [ $fail = 0 ]; then
+  [ -n "$objdir" ] && echo "check_layers: $nobj objects: no call into a layer above"
+  echo "check_layers: ${#names[@]} layers, bottom first: ${names[*]}; no upward include, no cycle, no hand-written prototype"
+fi
+exit $fail
