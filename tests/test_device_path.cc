@@ -46,6 +46,7 @@
 #include "quant/quant.h"
 #include "comm/comm.h"
 #include "transport/transport.h"
+#include "xfer_blocking.h"
 #include "zpp_cuda_emu.h"
 
 namespace {
@@ -136,7 +137,7 @@ TEST(DevicePath, NcclBarrierDoesNotWaitForTheCallersStreams) {
   ASSERT_EQ(cudaMemsetAsync(d.p, 0, 1024, s), cudaSuccess);
   ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(d.p, 1, 1024, s), cudaSuccess);  // held back
-  EXPECT_EQ(zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD), ZPP_OK)
+  EXPECT_EQ(blocking_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD), ZPP_OK)
       << zpp_get_last_error();
   EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the held work ran early";
   ASSERT_EQ(zpp_emu_stream_release(s), cudaSuccess);
@@ -323,7 +324,7 @@ TEST(DevicePath, StagedVariantsMoveOnlyTheirBlocks) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zpp_emu_copy_log_clear();
     const char *what = self_empty ? "alltoallv, empty self block, gaps" : "alltoallv, packed input";
-    ASSERT_EQ(zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.p, ls.bytes.data(), ls.d(), out.p,
+    ASSERT_EQ(blocking_alltoallv(t, ZPP_GROUP_WORLD, in.p, ls.bytes.data(), ls.d(), out.p,
                                       lr.bytes.data(), lr.d(), ZPP_MEMORY_DEVICE, nullptr),
               ZPP_OK)
         << zpp_get_last_error();
@@ -350,7 +351,7 @@ TEST(DevicePath, StagedVariantsMoveOnlyTheirBlocks) {
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zpp_emu_copy_log_clear();
-    ASSERT_EQ(zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.p, ls.bytes.data(), nullptr, out.p,
+    ASSERT_EQ(blocking_alltoallv(t, ZPP_GROUP_WORLD, in.p, ls.bytes.data(), nullptr, out.p,
                                       lr.bytes.data(), nullptr, ZPP_MEMORY_DEVICE, nullptr),
               ZPP_OK)
         << zpp_get_last_error();
@@ -375,7 +376,7 @@ TEST(DevicePath, StagedVariantsMoveOnlyTheirBlocks) {
     ASSERT_EQ(zpp_emu_stream_hold(nullptr), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(other.p, 0, other.bytes, nullptr), cudaSuccess);
     auto t0 = std::chrono::steady_clock::now();
-    EXPECT_EQ(zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.p, zero.data(), displs.data(), out.p,
+    EXPECT_EQ(blocking_alltoallv(t, ZPP_GROUP_WORLD, in.p, zero.data(), displs.data(), out.p,
                                       zero.data(), displs.data(), ZPP_MEMORY_DEVICE, nullptr),
               ZPP_OK)
         << zpp_get_last_error();
@@ -400,7 +401,7 @@ TEST(DevicePath, StagedVariantsMoveOnlyTheirBlocks) {
     ASSERT_EQ(cudaMemset(out.p, fill, out.bytes), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zpp_emu_copy_log_clear();
-    ASSERT_EQ(zpp_transport_allgatherv(t, ZPP_GROUP_WORLD, in.p, out.p, lr.bytes.data(),
+    ASSERT_EQ(blocking_allgatherv(t, ZPP_GROUP_WORLD, in.p, out.p, lr.bytes.data(),
                                        lr.d(), ZPP_MEMORY_DEVICE, nullptr),
               ZPP_OK)
         << zpp_get_last_error();
@@ -433,7 +434,7 @@ TEST(DevicePath, StagingBeyondTheSlotsNeverSynchronisesTheStream) {
     in.emplace_back(new DevBuf(n * 4));
     out.emplace_back(new DevBuf(n * 4 * (size_t)g_size));
     ASSERT_EQ(cudaMemcpy(in.back()->p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.back()->p, n * 4,
+    ASSERT_EQ(start_allgather(t, ZPP_GROUP_WORLD, in.back()->p, n * 4,
                                             out.back()->p, ZPP_MEMORY_DEVICE, s, &ops[i]),
               ZPP_OK)
         << zpp_get_last_error();
@@ -885,7 +886,7 @@ TEST(DevicePath, NcclAbortFromAnotherThreadFailsTheWaits) {
           aborted_at = now();
           EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
         });
-        st = zpp_transport_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD);
+        st = blocking_barrier(zpp_comm_transport(comm), ZPP_GROUP_WORLD);
         killer.join();
       } else {
         zpp_request_t req = nullptr;

@@ -36,6 +36,7 @@ extern "C" {
 #include "core/core.h"
 #include "comm/comm.h"
 #include "transport/transport.h"
+#include "xfer_blocking.h"
 }
 
 #include <mutex>
@@ -500,7 +501,7 @@ TEST(Ops, AllgatherEveryGroup) {
           send = out.data() + me * B;
         }
         zpp_comm_reset_stats(g_comm);
-        ASSERT_EQ(zpp_transport_allgather(T(), g, send, B, out.data(),
+        ASSERT_EQ(blocking_allgather(T(), g, send, B, out.data(),
                                           ZPP_MEMORY_HOST, nullptr), ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
         for (int i = 0; i < n; i++)
@@ -535,7 +536,7 @@ TEST(Ops, AllgathervEveryGroup) {
       std::vector<uint8_t> mine = bytes_of(salt, g_rank, cnt[me]);
       std::vector<uint8_t> out(total + 1, 0xEE);
       zpp_comm_reset_stats(g_comm);
-      ASSERT_EQ(zpp_transport_allgatherv(T(), g, mine.data(), out.data(),
+      ASSERT_EQ(blocking_allgatherv(T(), g, mine.data(), out.data(),
                                          cnt.data(), gaps ? dis.data() : nullptr,
                                          ZPP_MEMORY_HOST, nullptr), ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
@@ -562,7 +563,7 @@ TEST(Ops, AlltoallEveryGroup) {
       std::vector<uint8_t> mine = bytes_of(salt, g_rank, n * B);
       std::vector<uint8_t> out(n * B + 1, 0xEE);
       zpp_comm_reset_stats(g_comm);
-      ASSERT_EQ(zpp_transport_alltoall(T(), g, mine.data(), B, out.data(),
+      ASSERT_EQ(blocking_alltoall(T(), g, mine.data(), B, out.data(),
                                        ZPP_MEMORY_HOST, nullptr), ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
       Bytes want;
@@ -609,7 +610,7 @@ TEST(Ops, AlltoallvEveryGroup) {
       std::vector<uint8_t> mine = bytes_of(salt, g_rank, stotal);
       std::vector<uint8_t> out(rtotal + 1, 0xEE);
       zpp_comm_reset_stats(g_comm);
-      ASSERT_EQ(zpp_transport_alltoallv(T(), g, mine.data(), sc.data(),
+      ASSERT_EQ(blocking_alltoallv(T(), g, mine.data(), sc.data(),
                                         c ? sd.data() : nullptr, out.data(),
                                         rc.data(), c ? rd.data() : nullptr,
                                         ZPP_MEMORY_HOST, nullptr), ZPP_OK)
@@ -642,7 +643,7 @@ TEST(Ops, ReduceScatterEveryGroupAndDtype) {
         std::vector<uint8_t> in = floats_of(salt, g_rank, n * count, dt);
         std::vector<uint8_t> out(count * es + 1, 0xEE), again(count * es + 1, 0xEE);
         zpp_comm_reset_stats(g_comm);
-        ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), out.data(), count,
+        ASSERT_EQ(blocking_reduce_scatter(T(), g, in.data(), out.data(), count,
                                                dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                nullptr), ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
@@ -653,7 +654,7 @@ TEST(Ops, ReduceScatterEveryGroupAndDtype) {
             << tag(g, "reduce_scatter", count, dt);
         EXPECT_EQ(out[count * es], 0xEE);
         // Deterministic: the same bits every run.
-        ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), again.data(), count,
+        ASSERT_EQ(blocking_reduce_scatter(T(), g, in.data(), again.data(), count,
                                                dt, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                nullptr), ZPP_OK);
         EXPECT_EQ(out, again);
@@ -707,7 +708,7 @@ TEST(Ops, ReduceScatterPartialSumsDoNotOverflow) {
         }
       }
       std::vector<uint8_t> out(count * es + 1, 0xEE);
-      ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in[me].data(), out.data(), count, dt,
+      ASSERT_EQ(blocking_reduce_scatter(T(), g, in[me].data(), out.data(), count, dt,
                                              ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
                 ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
@@ -764,7 +765,7 @@ TEST(Ops, AllreduceEqualsReduceScatterShards) {
             send = out.data();
           }
           zpp_comm_reset_stats(g_comm);
-          ASSERT_EQ(zpp_transport_allreduce(T(), g, send, out.data(), count, dt,
+          ASSERT_EQ(blocking_allreduce(T(), g, send, out.data(), count, dt,
                                             ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
                     ZPP_OK)
               << zpp_comm_get_last_error(g_comm);
@@ -783,7 +784,7 @@ TEST(Ops, AllreduceEqualsReduceScatterShards) {
           if (count % n == 0 && !inplace) {
             size_t c = count / n;
             std::vector<uint8_t> rs(c * es + 1);
-            ASSERT_EQ(zpp_transport_reduce_scatter(T(), g, in.data(), rs.data(), c, dt,
+            ASSERT_EQ(blocking_reduce_scatter(T(), g, in.data(), rs.data(), c, dt,
                                                    ZPP_REDUCE_SUM, ZPP_MEMORY_HOST,
                                                    nullptr), ZPP_OK);
             EXPECT_EQ(0, std::memcmp(rs.data(), out.data() + me * c * es, c * es))
@@ -798,7 +799,7 @@ TEST(Ops, AllreduceEqualsReduceScatterShards) {
 TEST(Ops, BarrierCountsACallAndNoBytes) {
   for (zpp_group_t g : kGroups) {
     zpp_comm_reset_stats(g_comm);
-    ASSERT_EQ(zpp_transport_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    ASSERT_EQ(blocking_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
     zpp_comm_stats_t s = stats();
     EXPECT_EQ(s.calls[g], 1u);
     expect_bytes(Bytes(), s, tag(g, "barrier", 0));
@@ -826,7 +827,7 @@ TEST(Ops, InterNodeTransfersAreCutAtTheNetSegment) {
     g_isend.clear();
     g_isend_watch = true;
   }
-  zpp_status_t st = zpp_transport_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+  zpp_status_t st = blocking_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
                                            ZPP_MEMORY_HOST, nullptr);
   std::vector<std::pair<int, long>> sent;
   {
@@ -870,7 +871,7 @@ TEST(Stats, WorldTotalsFollowTheFormulas) {
   const size_t B = 1024;
   std::vector<uint8_t> in = bytes_of(42, g_rank, B), out(B * g_size);
   zpp_comm_reset_stats(g_comm);
-  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+  ASSERT_EQ(blocking_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
                                     ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   zpp_comm_stats_t s = stats();
   uint64_t mine[4] = {s.intra_bytes_sent, s.intra_bytes_recv, s.inter_bytes_sent,
@@ -908,7 +909,7 @@ TEST(Threads, OperationsFromAnotherThread) {
   std::vector<uint8_t> in = bytes_of(77, g_rank, B), out(B * g_size);
   zpp_status_t st = ZPP_ERR_INTERNAL;
   std::thread th([&] {
-    st = zpp_transport_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+    st = blocking_allgather(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
                                  ZPP_MEMORY_HOST, nullptr);
   });
   th.join();
@@ -981,14 +982,14 @@ TEST(Xop, SeveralInFlightEqualTheBlockingCalls) {
   std::vector<zpp_xop_t *> ops(8, nullptr);
   zpp_transport_t *t = T();
   uint64_t moved = zpp_transport_progress(t);
-  ASSERT_EQ(zpp_transport_start_allgather(t, W, a_in.data(), B1, a_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[0]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_allgather(t, W, b_in.data(), B2, b_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[1]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_alltoall(t, W, c_in.data(), B3, c_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[2]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_allgatherv(t, N, d_in.data(), d_out.data(), d_cnt.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[3]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_reduce_scatter(t, C, e_in.data(), e_out.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[4]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_allreduce(t, W, f_in.data(), f_out.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[5]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, g_out.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[6]), ZPP_OK);
-  ASSERT_EQ(zpp_transport_start_barrier(t, C, &ops[7]), ZPP_OK);
+  ASSERT_EQ(start_allgather(t, W, a_in.data(), B1, a_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[0]), ZPP_OK);
+  ASSERT_EQ(start_allgather(t, W, b_in.data(), B2, b_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[1]), ZPP_OK);
+  ASSERT_EQ(start_alltoall(t, W, c_in.data(), B3, c_out.data(), ZPP_MEMORY_HOST, nullptr, &ops[2]), ZPP_OK);
+  ASSERT_EQ(start_allgatherv(t, N, d_in.data(), d_out.data(), d_cnt.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[3]), ZPP_OK);
+  ASSERT_EQ(start_reduce_scatter(t, C, e_in.data(), e_out.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[4]), ZPP_OK);
+  ASSERT_EQ(start_allreduce(t, W, f_in.data(), f_out.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr, &ops[5]), ZPP_OK);
+  ASSERT_EQ(start_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, g_out.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr, &ops[6]), ZPP_OK);
+  ASSERT_EQ(start_barrier(t, C, &ops[7]), ZPP_OK);
   // The argument arrays are copied at start: scribbling on them is harmless.
   std::vector<size_t> d_keep = d_cnt, g_sk = g_sc, g_rk = g_rc;
   std::fill(d_cnt.begin(), d_cnt.end(), 0);
@@ -1041,19 +1042,19 @@ TEST(Xop, SeveralInFlightEqualTheBlockingCalls) {
 
   // The blocking calls give the same bits.
   std::vector<uint8_t> x(nw * B2 + 1, 0xEE);
-  ASSERT_EQ(zpp_transport_allgather(t, W, b_in.data(), B2, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  ASSERT_EQ(blocking_allgather(t, W, b_in.data(), B2, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   EXPECT_EQ(x, b_out);
   x.assign(nw * B3 + 1, 0xEE);
-  ASSERT_EQ(zpp_transport_alltoall(t, W, c_in.data(), B3, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  ASSERT_EQ(blocking_alltoall(t, W, c_in.data(), B3, x.data(), ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   EXPECT_EQ(x, c_out);
   x.assign(RS * 2 + 1, 0xEE);
-  ASSERT_EQ(zpp_transport_reduce_scatter(t, C, e_in.data(), x.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  ASSERT_EQ(blocking_reduce_scatter(t, C, e_in.data(), x.data(), RS, bf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   EXPECT_EQ(x, e_out);
   x.assign(AR * 2 + 1, 0xEE);
-  ASSERT_EQ(zpp_transport_allreduce(t, W, f_in.data(), x.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  ASSERT_EQ(blocking_allreduce(t, W, f_in.data(), x.data(), AR, hf, ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   EXPECT_EQ(x, f_out);
   x.assign(g_rt + 1, 0xEE);
-  ASSERT_EQ(zpp_transport_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, x.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
+  ASSERT_EQ(blocking_alltoallv(t, N, g_in.data(), g_sc.data(), nullptr, x.data(), g_rc.data(), nullptr, ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   EXPECT_EQ(x, g_out);
 }
 
@@ -1067,10 +1068,10 @@ TEST(Xop, TwoOnOnePairCompleteInEitherOrder) {
     std::vector<uint8_t> in1 = bytes_of(4101 + g, g_rank, B), in2 = bytes_of(4201 + g, g_rank, B);
     std::vector<uint8_t> o1(n * B), o2(n * B);
     zpp_xop_t *x1 = nullptr, *x2 = nullptr;
-    ASSERT_EQ(zpp_transport_start_allgather(T(), g, in1.data(), B, o1.data(), ZPP_MEMORY_HOST, nullptr, &x1), ZPP_OK);
-    ASSERT_EQ(zpp_transport_start_allgather(T(), g, in2.data(), B, o2.data(), ZPP_MEMORY_HOST, nullptr, &x2), ZPP_OK);
-    ASSERT_EQ(zpp_xop_wait(x2), ZPP_OK) << zpp_comm_get_last_error(g_comm);
-    ASSERT_EQ(zpp_xop_wait(x1), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    ASSERT_EQ(start_allgather(T(), g, in1.data(), B, o1.data(), ZPP_MEMORY_HOST, nullptr, &x1), ZPP_OK);
+    ASSERT_EQ(start_allgather(T(), g, in2.data(), B, o2.data(), ZPP_MEMORY_HOST, nullptr, &x2), ZPP_OK);
+    ASSERT_EQ(xop_wait(x2), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+    ASSERT_EQ(xop_wait(x1), ZPP_OK) << zpp_comm_get_last_error(g_comm);
     zpp_xop_free(x1);
     zpp_xop_free(x2);
     for (int i = 0; i < n; i++) {
@@ -1098,10 +1099,10 @@ TEST(Xop, TestReturnsWhileThePeersAreLate) {
       char go = 1;
       zpp_xop_t *op = nullptr;
       auto start = [&] {
-        return kind == 0 ? zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.data(), B,
+        return kind == 0 ? start_allgather(t, ZPP_GROUP_WORLD, in.data(), B,
                                                          out.data(), ZPP_MEMORY_HOST,
                                                          nullptr, &op)
-                         : zpp_transport_start_barrier(t, ZPP_GROUP_WORLD, &op);
+                         : start_barrier(t, ZPP_GROUP_WORLD, &op);
       };
       if (g_rank == 0) {
         ASSERT_EQ(start(), ZPP_OK);
@@ -1117,7 +1118,7 @@ TEST(Xop, TestReturnsWhileThePeersAreLate) {
         MPI_Recv(&go, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         ASSERT_EQ(start(), ZPP_OK);
       }
-      ASSERT_EQ(zpp_xop_wait(op), ZPP_OK) << zpp_comm_get_last_error(c);
+      ASSERT_EQ(xop_wait(op), ZPP_OK) << zpp_comm_get_last_error(c);
       int done = 0;
       EXPECT_EQ(zpp_xop_test(op, &done), ZPP_OK);
       EXPECT_EQ(done, 1);
@@ -1138,7 +1139,7 @@ TEST(Xop, DisseminationBarrierCountsNoBytes) {
   for (zpp_group_t g : kGroups) {
     zpp_comm_reset_stats(g_comm);
     for (int k = 0; k < 3; k++)
-      ASSERT_EQ(zpp_transport_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
+      ASSERT_EQ(blocking_barrier(T(), g), ZPP_OK) << zpp_comm_get_last_error(g_comm);
     zpp_comm_stats_t s = stats();
     EXPECT_EQ(s.calls[g], 3u);
     expect_bytes(Bytes(), s, tag(g, "p2p barrier", 0));
@@ -1162,7 +1163,7 @@ TEST(Xop, TimeoutNamesTheGroupAndBreaksTheTransport) {
     const size_t B = 64;
     std::vector<uint8_t> in(B, 1), out(B * g_size);
     zpp_xop_t *op = nullptr;
-    ASSERT_EQ(zpp_transport_start_allgather(t, g, in.data(), B, out.data(),
+    ASSERT_EQ(start_allgather(t, g, in.data(), B, out.data(),
                                             ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
     zpp_status_t st = ZPP_OK;
     int done = 0;
@@ -1192,7 +1193,7 @@ TEST(Xop, TimeoutNamesTheGroupAndBreaksTheTransport) {
     EXPECT_EQ(done, 1);
     zpp_xop_free(op);
     zpp_xop_t *again = nullptr;
-    EXPECT_EQ(zpp_transport_start_barrier(t, ZPP_GROUP_WORLD, &again), ZPP_ERR_TIMEOUT);
+    EXPECT_EQ(start_barrier(t, ZPP_GROUP_WORLD, &again), ZPP_ERR_TIMEOUT);
     EXPECT_EQ(again, nullptr);
     EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("aborted earlier"), std::string::npos);
   }
@@ -1212,10 +1213,10 @@ TEST(Xop, FreeInFlightBreaksTheTransport) {
   if (g_rank == 0) {
     std::vector<uint8_t> in(32, 1), out(32 * g_size);
     zpp_xop_t *op = nullptr;
-    ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_WORLD, in.data(), 32, out.data(),
+    ASSERT_EQ(start_allgather(t, ZPP_GROUP_WORLD, in.data(), 32, out.data(),
                                             ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
     zpp_xop_free(op);
-    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
+    EXPECT_EQ(blocking_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
     EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("freed while in flight"),
               std::string::npos) << zpp_comm_get_last_error(c);
   }
@@ -1245,7 +1246,7 @@ TEST(Xop, RanksPassingDifferentSizesFailWithMismatch) {
     std::vector<uint8_t> in(64 * g_size, 7), out(64 * g_size + 64, 0);
     std::vector<size_t> displs(g_size);
     for (int j = 0; j < g_size; j++) displs[j] = 64 * (size_t)j;
-    zpp_status_t st = zpp_transport_alltoallv(t, ZPP_GROUP_WORLD, in.data(), sb.data(),
+    zpp_status_t st = blocking_alltoallv(t, ZPP_GROUP_WORLD, in.data(), sb.data(),
                                               displs.data(), out.data(), rb.data(),
                                               displs.data(), ZPP_MEMORY_HOST, nullptr);
     if (g_rank == 0) {
@@ -1253,7 +1254,7 @@ TEST(Xop, RanksPassingDifferentSizesFailWithMismatch) {
       EXPECT_EQ(st, ZPP_ERR_MISMATCH) << "delta " << delta << ": " << msg;
       EXPECT_NE(msg.find("rank 1 sent"), std::string::npos) << msg;
       EXPECT_NE(msg.find("different sizes"), std::string::npos) << msg;
-      EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_MISMATCH)
+      EXPECT_EQ(blocking_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_MISMATCH)
           << "the communicator is not aborted";
     } else {
       EXPECT_TRUE(st == ZPP_OK || st == ZPP_ERR_TIMEOUT || st == ZPP_ERR_MISMATCH)
@@ -1266,19 +1267,19 @@ TEST(Xop, RanksPassingDifferentSizesFailWithMismatch) {
 
 TEST(Xop, NullArgumentsAreNamed) {
   std::vector<uint8_t> buf(8 * g_size);
-  EXPECT_EQ(zpp_transport_start_allgather(T(), ZPP_GROUP_WORLD, buf.data(), 8, buf.data(),
+  EXPECT_EQ(start_allgather(T(), ZPP_GROUP_WORLD, buf.data(), 8, buf.data(),
                                           ZPP_MEMORY_HOST, nullptr, nullptr),
             ZPP_ERR_NULL_POINTER);
   EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("op is NULL"), std::string::npos);
   zpp_xop_t *op = nullptr;
-  EXPECT_EQ(zpp_transport_start_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
+  EXPECT_EQ(start_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
                                           ZPP_MEMORY_HOST, nullptr, &op),
             ZPP_ERR_NULL_POINTER);
   EXPECT_EQ(op, nullptr);
   EXPECT_NE(std::string(zpp_comm_get_last_error(g_comm)).find("send is NULL"), std::string::npos);
   int done = 0;
   EXPECT_EQ(zpp_xop_test(nullptr, &done), ZPP_ERR_NULL_POINTER);
-  EXPECT_EQ(zpp_xop_wait(nullptr), ZPP_ERR_NULL_POINTER);
+  EXPECT_EQ(xop_wait(nullptr), ZPP_ERR_NULL_POINTER);
   EXPECT_EQ(zpp_xop_wake_ns(nullptr), 0);
   zpp_xop_free(nullptr);
 }
@@ -1300,7 +1301,7 @@ double cpu_s() {
 }  // namespace
 
 // Neither an idle communicator nor a rank waiting for a late peer keeps a
-// core busy (host backends: zpp_xop_wait sleeps between polls once
+// core busy (host backends: xop_wait sleeps between polls once
 // ZPP_NET_SPIN_US, 100 ms by default, passed without progress; that window
 // alone is about 100 ms of the 0.3 x 800 ms allowed, measured 161-169 ms
 // in all).
@@ -1315,7 +1316,7 @@ TEST(Threads, IdleAndLateWaitsUseLittleCpu) {
   if (g_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
   c0 = cpu_s();
   w0 = now_s();
-  EXPECT_EQ(zpp_transport_barrier(T(), ZPP_GROUP_WORLD), ZPP_OK);
+  EXPECT_EQ(blocking_barrier(T(), ZPP_GROUP_WORLD), ZPP_OK);
   double cpu = cpu_s() - c0, wall = now_s() - w0;
   if (g_rank == 0) {
     std::printf("[ wait ] rank 0 waited %.0f ms for late peers, %.0f ms CPU\n",
@@ -1337,31 +1338,31 @@ TEST(Errors, BadArgumentsAreNamed) {
         << "message \"" << msg << "\" lacks \"" << needle << "\"";
   };
   zpp_comm_reset_stats(g_comm);
-  expect(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
+  expect(blocking_allgather(T(), ZPP_GROUP_WORLD, nullptr, 8, buf.data(),
                                  ZPP_MEMORY_HOST, nullptr),
          ZPP_ERR_NULL_POINTER, "send is NULL");
-  expect(zpp_transport_allgather(T(), (zpp_group_t)9, buf.data(), 8, buf.data(),
+  expect(blocking_allgather(T(), (zpp_group_t)9, buf.data(), 8, buf.data(),
                                  ZPP_MEMORY_HOST, nullptr),
          ZPP_ERR_INVALID_ARGUMENT, "group 9");
-  expect(zpp_transport_alltoall(T(), ZPP_GROUP_NODE, buf.data(), 8, buf.data(),
+  expect(blocking_alltoall(T(), ZPP_GROUP_NODE, buf.data(), 8, buf.data(),
                                 (zpp_memory_t)5, nullptr),
          ZPP_ERR_INVALID_ARGUMENT, "mem 5");
-  expect(zpp_transport_reduce_scatter(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+  expect(blocking_reduce_scatter(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
                                       1, (zpp_dtype_t)8, ZPP_REDUCE_SUM,
                                       ZPP_MEMORY_HOST, nullptr),
          ZPP_ERR_INVALID_ARGUMENT, "dtype 8");
-  expect(zpp_transport_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(), 1,
+  expect(blocking_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(), 1,
                                  ZPP_FLOAT32, (zpp_reduce_op_t)3, ZPP_MEMORY_HOST,
                                  nullptr),
          ZPP_ERR_INVALID_ARGUMENT, "op 3");
-  expect(zpp_transport_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+  expect(blocking_allreduce(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
                                  SIZE_MAX / 2, ZPP_FLOAT32, ZPP_REDUCE_SUM,
                                  ZPP_MEMORY_HOST, nullptr),
          ZPP_ERR_OVERFLOW, "count");
-  expect(zpp_transport_allgatherv(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
+  expect(blocking_allgatherv(T(), ZPP_GROUP_WORLD, buf.data(), buf.data(),
                                   nullptr, nullptr, ZPP_MEMORY_HOST, nullptr),
          ZPP_ERR_NULL_POINTER, "recv_bytes is NULL");
-  expect(zpp_transport_alltoallv(T(), ZPP_GROUP_WORLD, buf.data(), nullptr, nullptr,
+  expect(blocking_alltoallv(T(), ZPP_GROUP_WORLD, buf.data(), nullptr, nullptr,
                                  buf.data(), nullptr, nullptr, ZPP_MEMORY_HOST,
                                  nullptr),
          ZPP_ERR_NULL_POINTER, "send_bytes is NULL");
@@ -1431,7 +1432,7 @@ TEST(Config, ExplicitBackendIsUsed) {
     EXPECT_STREQ(zpp_comm_bootstrap_name(c), "mpi");
     uint32_t mine = 0x5a000000u + (uint32_t)g_rank;
     std::vector<uint32_t> all(g_size, 0);
-    EXPECT_EQ(zpp_transport_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD, &mine, 4,
+    EXPECT_EQ(blocking_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD, &mine, 4,
                                       all.data(), ZPP_MEMORY_HOST, nullptr),
               ZPP_OK)
         << zpp_comm_get_last_error(c);
@@ -1459,7 +1460,7 @@ TEST(Config, AlgorithmFromTheConfigIsUsed) {
     const size_t B = 777;
     std::vector<uint8_t> mine = bytes_of(7100, g_rank, B), out(n * B);
     zpp_comm_reset_stats(c);
-    ASSERT_EQ(zpp_transport_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD,
+    ASSERT_EQ(blocking_allgather(zpp_comm_transport(c), ZPP_GROUP_WORLD,
                                       mine.data(), B, out.data(), ZPP_MEMORY_HOST,
                                       nullptr), ZPP_OK);
     for (int i = 0; i < n; i++)
@@ -1577,14 +1578,14 @@ TEST(Errors, TimeoutInsteadOfHanging) {
   zpp_transport_t *t = zpp_comm_transport(c);
   if (g_rank == 0) {
     auto t0 = std::chrono::steady_clock::now();
-    EXPECT_EQ(zpp_transport_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
+    EXPECT_EQ(blocking_barrier(t, ZPP_GROUP_WORLD), ZPP_ERR_TIMEOUT);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_GE(s, 0.5);
     EXPECT_LT(s, 5.0);
     EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("ZPP_TIMEOUT_S"),
               std::string::npos) << zpp_comm_get_last_error(c);
     char b = 0;
-    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, &b, 0, &b,
+    EXPECT_EQ(blocking_allgather(t, ZPP_GROUP_WORLD, &b, 0, &b,
                                       ZPP_MEMORY_HOST, nullptr), ZPP_ERR_TIMEOUT);
     EXPECT_NE(std::string(zpp_comm_get_last_error(c)).find("aborted earlier"),
               std::string::npos);
@@ -1593,7 +1594,7 @@ TEST(Errors, TimeoutInsteadOfHanging) {
     // MPI leaves rank 0's barrier request behind (a collective cannot be
     // cancelled), so the late ranks complete; point-to-point backends
     // (UCX) cancelled rank 0's part, and the late ranks time out in turn.
-    zpp_status_t st = zpp_transport_barrier(t, ZPP_GROUP_WORLD);
+    zpp_status_t st = blocking_barrier(t, ZPP_GROUP_WORLD);
     if (g_backend == "mpi")
       EXPECT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
     else
@@ -1621,7 +1622,7 @@ TEST(Errors, HugeTimeoutIsNoTimeout) {
     const size_t B = 64;
     std::vector<uint8_t> in = bytes_of(4401, g_rank, B), out(B * g_size);
     if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_EQ(zpp_transport_allgather(t, ZPP_GROUP_WORLD, in.data(), B, out.data(),
+    EXPECT_EQ(blocking_allgather(t, ZPP_GROUP_WORLD, in.data(), B, out.data(),
                                       ZPP_MEMORY_HOST, nullptr), ZPP_OK)
         << "timeout_s " << to << ": " << zpp_comm_get_last_error(c);
     for (int r = 0; r < g_size; r++)
@@ -1644,7 +1645,7 @@ TEST(Device, ClearErrorWithoutAGpu) {
   EXPECT_TRUE(msg.find("no usable CUDA device") != std::string::npos ||
               msg.find("built without CUDA") != std::string::npos) << msg;
   char b[8] = {0};
-  EXPECT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_WORLD, b, 1, b,
+  EXPECT_EQ(blocking_allgather(T(), ZPP_GROUP_WORLD, b, 1, b,
                                     ZPP_MEMORY_DEVICE, nullptr),
             ZPP_HAVE_CUDA ? ZPP_ERR_UNSUPPORTED : ZPP_ERR_UNSUPPORTED);
 }
@@ -1666,7 +1667,7 @@ void device_ops(zpp_comm_t c, const char *what) {
     // allgather
     std::vector<uint8_t> in = bytes_of(2000 + g, g_rank, B), out(n * B);
     cudaMemcpy(din, in.data(), B, cudaMemcpyHostToDevice);
-    ASSERT_EQ(zpp_transport_allgather(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK)
+    ASSERT_EQ(blocking_allgather(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK)
         << what << ": " << zpp_comm_get_last_error(c);
     ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
     cudaMemcpy(out.data(), dout, n * B, cudaMemcpyDeviceToHost);
@@ -1676,7 +1677,7 @@ void device_ops(zpp_comm_t c, const char *what) {
     // alltoall
     in = bytes_of(2100 + g, g_rank, n * B);
     cudaMemcpy(din, in.data(), n * B, cudaMemcpyHostToDevice);
-    ASSERT_EQ(zpp_transport_alltoall(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK);
+    ASSERT_EQ(blocking_alltoall(t, g, din, B, dout, ZPP_MEMORY_DEVICE, s), ZPP_OK);
     ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
     cudaMemcpy(out.data(), dout, n * B, cudaMemcpyDeviceToHost);
     for (int i = 0; i < n; i++)
@@ -1690,7 +1691,7 @@ void device_ops(zpp_comm_t c, const char *what) {
     std::vector<uint8_t> fin = floats_of(2200 + g, g_rank, count, ZPP_FLOAT32);
     std::vector<uint8_t> fout(count * 4);
     cudaMemcpy(din, fin.data(), count * 4, cudaMemcpyHostToDevice);
-    ASSERT_EQ(zpp_transport_allreduce(t, g, din, dout, count, ZPP_FLOAT32,
+    ASSERT_EQ(blocking_allreduce(t, g, din, dout, count, ZPP_FLOAT32,
                                       ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE, s), ZPP_OK);
     ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
     cudaMemcpy(fout.data(), dout, count * 4, cudaMemcpyDeviceToHost);
@@ -1715,7 +1716,7 @@ void device_ops(zpp_comm_t c, const char *what) {
       const uint64_t salt = 2300 + g + 10 * (uint64_t)dt;
       std::vector<uint8_t> rin = floats_of(salt, g_rank, n * count, dt), rout(count * es);
       cudaMemcpy(din, rin.data(), n * count * es, cudaMemcpyHostToDevice);
-      ASSERT_EQ(zpp_transport_reduce_scatter(t, g, din, dout, count, dt, ZPP_REDUCE_SUM,
+      ASSERT_EQ(blocking_reduce_scatter(t, g, din, dout, count, dt, ZPP_REDUCE_SUM,
                                              ZPP_MEMORY_DEVICE, s), ZPP_OK)
           << what << ": " << zpp_comm_get_last_error(c);
       ASSERT_EQ(zpp_transport_sync(t, s), ZPP_OK);
@@ -1854,9 +1855,9 @@ TEST(Nccl, ReductionsOnTwoStreamsKeepTheirOwnInputs) {
   }
   for (Op &o : ops) {
     st = o.allreduce
-             ? zpp_transport_allreduce(t, g, o.din, o.dout, count, o.dt, ZPP_REDUCE_SUM,
+             ? blocking_allreduce(t, g, o.din, o.dout, count, o.dt, ZPP_REDUCE_SUM,
                                        ZPP_MEMORY_DEVICE, str[o.stream])
-             : zpp_transport_reduce_scatter(t, g, o.din, o.dout, count, o.dt,
+             : blocking_reduce_scatter(t, g, o.din, o.dout, count, o.dt,
                                             ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE,
                                             str[o.stream]);
     ASSERT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(c);
@@ -1923,7 +1924,7 @@ TEST(Emu, InterNodeTransferTakesBytesOverBandwidth) {
   // before my predecessor's start + latency + B / bandwidth.
   MPI_Barrier(MPI_COMM_WORLD);
   double start = now_s();
-  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
+  ASSERT_EQ(blocking_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
                                     ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   double end = now_s();
   std::vector<double> starts(g_size);
@@ -1950,7 +1951,7 @@ TEST(Emu, InterNodeTransferTakesBytesOverBandwidth) {
   double slept = stats().emu_wait_s;
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = now_s();
-  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_NODE, in.data(), B, out.data(),
+  ASSERT_EQ(blocking_allgather(T(), ZPP_GROUP_NODE, in.data(), B, out.data(),
                                     ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   double el = now_s() - t0;
   EXPECT_EQ(stats().emu_wait_s, slept) << "intra-node traffic was slowed";
@@ -1975,7 +1976,7 @@ TEST(Emu, ConcurrentTransfersShareTheNic) {
   std::vector<uint8_t> in(B * g_size, 1), out(B * g_size);
   MPI_Barrier(MPI_COMM_WORLD);
   double start = now_s();
-  ASSERT_EQ(zpp_transport_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
+  ASSERT_EQ(blocking_alltoall(T(), ZPP_GROUP_WORLD, in.data(), B, out.data(),
                                    ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   double end = now_s(), first, last;
   MPI_Allreduce(&start, &first, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -2005,7 +2006,7 @@ TEST(Emu, WaitingDoesNotBurnACore) {
   zpp_comm_reset_stats(g_comm);
   MPI_Barrier(MPI_COMM_WORLD);
   double c0 = cpu_s(), w0 = now_s();
-  ASSERT_EQ(zpp_transport_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
+  ASSERT_EQ(blocking_allgather(T(), ZPP_GROUP_CROSS, in.data(), B, out.data(),
                                     ZPP_MEMORY_HOST, nullptr), ZPP_OK);
   double cpu = cpu_s() - c0, wall = now_s() - w0;
   if (ncross < 2) return;
@@ -2021,7 +2022,7 @@ TEST(Emu, WaitingDoesNotBurnACore) {
 // says when, and that time is the sender's deadline: its start + bytes /
 // bandwidth + latency on a fresh NIC clock (docs/design.md "Link
 // emulation").  Compared with the sender's start, bracketed by clock reads
-// around its zpp_transport_start_allgather (which posts the first round).
+// around its start_allgather (which posts the first round).
 TEST(Emu, NonBlockingWakeIsTheSendersDeadline) {
   zpp_comm_stats_t s0 = stats();
   if (!s0.link_emulated) GTEST_SKIP() << "set ZPP_EMU_INTER_GBIT";
@@ -2043,7 +2044,7 @@ TEST(Emu, NonBlockingWakeIsTheSendersDeadline) {
   MPI_Barrier(MPI_COMM_WORLD);
   zpp_xop_t *op = nullptr;
   int64_t before = mono_ns();
-  ASSERT_EQ(zpp_transport_start_allgather(t, ZPP_GROUP_CROSS, in.data(), B, out.data(),
+  ASSERT_EQ(start_allgather(t, ZPP_GROUP_CROSS, in.data(), B, out.data(),
                                           ZPP_MEMORY_HOST, nullptr, &op), ZPP_OK);
   int64_t after = mono_ns();
   std::vector<int64_t> befores(g_size), afters(g_size);
@@ -2098,7 +2099,7 @@ TEST(Emu, NonBlockingWakeIsTheSendersDeadline) {
                 "start window %.3f ms)\n", g_rank, (wake - befores[prev]) * 1e-6,
                 (xfer + lat) * 1e-6, (afters[prev] - befores[prev]) * 1e-6);
   }
-  ASSERT_EQ(zpp_xop_wait(op), ZPP_OK);
+  ASSERT_EQ(xop_wait(op), ZPP_OK);
   zpp_xop_free(op);
   for (int i = 0; i < n; i++)
     EXPECT_EQ(0, std::memcmp(out.data() + i * B, pattern(m[i]).data(), B)) << "block " << i;

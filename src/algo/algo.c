@@ -57,6 +57,7 @@
  * transport, so ops in flight have their own), and the wait loop's
  * spin-then-sleep policy (ZPP_NET_SPIN_US).
  */
+#include "algo/algo_impl.h"
 #include "core/core.h"
 #include "kernels/elementwise.h"
 #include "kernels/quant_math.h"
@@ -133,9 +134,12 @@ typedef struct {
   void *p;
 } buf_t;
 
+static void algo_release(zpp_transport_t *t);
+
 static zpp_status_t algo_state(zpp_transport_t *t, const char *what) {
   if (t->algo == NULL && (t->algo = calloc(1, sizeof *t->algo)) == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "transport caches");
+  t->algo_release = algo_release;
   return ZPP_OK;
 }
 
@@ -350,7 +354,8 @@ static void held_free(retired_t **l, int quiet, int pinned) {
   }
 }
 
-void zpp_algo_destroy(zpp_transport_t *t) {
+/* The transport's algo_release: after the backend's destroy. */
+static void algo_release(zpp_transport_t *t) {
   int i, quiet;
   if (t->algo == NULL)
     return;
@@ -416,7 +421,7 @@ enum { XS_RUNNING = 0, XS_DONE = 1 };
 
 struct zpp_xop {
   zpp_transport_t *t; /* NULL: the shared done op */
-  zpp_xop_kind_t kind;
+  zpp_xfer_kind_t kind;
   zpp_group_t g;
   const char *what;
   int state;
@@ -645,7 +650,7 @@ static zpp_status_t post_round(zpp_xop_t *op) {
     round_complete(op);
     return ZPP_OK;
   }
-  return t->ops->round_post(t, op->g, op->rx, nr, op->sx, ns, &op->round);
+  return t->ops->round->round_post(t, op->g, op->rx, nr, op->sx, ns, &op->round);
 }
 
 static void data_xfer(zpp_xop_t *op, zpp_xfer_t *x, int peer, const void *buf,
@@ -1083,7 +1088,7 @@ static zpp_status_t copy_in(zpp_xop_t *op, void *dst, const void *src,
  * between them (an empty block to myself: qgZ's all-to-alls) is neither
  * read, where it may never have been written, nor written back, so it
  * keeps what the caller left there. */
-static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
+static zpp_status_t stage(zpp_xop_t *op, const zpp_xfer_desc_t *a,
                           const void **send, void **recv) {
 #if ZPP_HAVE_CUDA
   zpp_transport_t *t = op->t;
@@ -1096,16 +1101,17 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
   ZPP_CHECK(set_device(t, what));
   op->nu = -1; /* all of the output, but for the v-variants (below) */
   switch (a->kind) {
-  case ZPP_XOP_ALLGATHER:
+  case ZPP_XFER_ALLGATHER:
     in = a->bytes;
     out = a->bytes * (size_t)n;
     break;
-  case ZPP_XOP_ALLGATHERV:
+  case ZPP_XFER_ALLGATHERV:
     out = extent(a->recv_bytes, a->recv_displs, n);
     in = a->recv_bytes[op->me];
     op->nu = block_runs(a->recv_bytes, a->recv_displs, n, op->uoff, op->ulen);
     break;
-  case ZPP_XOP_ALLTOALLV:
+  case ZPP_XFER_ALLTOALL: /* zpp_xfer_start cleared its arrays */
+  case ZPP_XFER_ALLTOALLV:
     if (a->send_bytes == NULL) {
       in = out = a->bytes * (size_t)n;
     } else {
@@ -1114,14 +1120,14 @@ static zpp_status_t stage(zpp_xop_t *op, const zpp_xop_args_t *a,
       v_in = 1;
     }
     break;
-  case ZPP_XOP_REDUCE_SCATTER:
+  case ZPP_XFER_REDUCE_SCATTER:
     out = a->count * es;
     in = out * (size_t)n;
     break;
-  case ZPP_XOP_ALLREDUCE:
+  case ZPP_XFER_ALLREDUCE:
     in = out = a->count * es;
     break;
-  case ZPP_XOP_BARRIER:
+  case ZPP_XFER_BARRIER:
     return ZPP_OK;
   }
   op->staged = 1;
@@ -1280,15 +1286,15 @@ static zpp_xop_t *op_alloc(int n, int nc, int slots) {
   return op;
 }
 
-static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
+static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
   int n = op->n, me = op->me, i, np = 0;
   int hier = hier_on(op->t, &op->t->grp[op->g]);
   const void *send = a->send;
   void *recv = a->recv;
-  if (a->mem == ZPP_MEMORY_DEVICE && a->kind != ZPP_XOP_BARRIER)
+  if (a->mem == ZPP_MEMORY_DEVICE && a->kind != ZPP_XFER_BARRIER)
     ZPP_CHECK(stage(op, a, &send, &recv));
   switch (a->kind) {
-  case ZPP_XOP_ALLGATHER: {
+  case ZPP_XFER_ALLGATHER: {
     for (i = 0; i < n; i++) {
       op->bytes[i] = a->bytes;
       op->displs[i] = (size_t)i * a->bytes;
@@ -1299,7 +1305,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     op->plan[np++] = hier ? PH_HAG : PH_RING;
     break;
   }
-  case ZPP_XOP_ALLGATHERV: {
+  case ZPP_XFER_ALLGATHERV: {
     memcpy(op->bytes, a->recv_bytes, (size_t)n * sizeof(size_t));
     offsets(a->recv_bytes, a->recv_displs, n, op->displs);
     setup_ring(op, recv, send);
@@ -1308,7 +1314,8 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     op->plan[np++] = hier ? PH_HAG : PH_RING;
     break;
   }
-  case ZPP_XOP_ALLTOALLV:
+  case ZPP_XFER_ALLTOALL: /* zpp_xfer_start cleared its arrays */
+  case ZPP_XFER_ALLTOALLV:
     if (a->send_bytes == NULL) {
       for (i = 0; i < n; i++) {
         op->sb[i] = op->rb[i] = a->bytes;
@@ -1332,7 +1339,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     op->p_recv = recv;
     op->plan[np++] = PH_PAIR;
     break;
-  case ZPP_XOP_REDUCE_SCATTER:
+  case ZPP_XFER_REDUCE_SCATTER:
     op->dtype = a->dtype;
     op->rop = a->op;
     for (i = 0; i < n; i++) {
@@ -1350,7 +1357,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
       op->plan[np++] = PH_REDUCE;
     }
     break;
-  case ZPP_XOP_ALLREDUCE: {
+  case ZPP_XFER_ALLREDUCE: {
     size_t es = zpp_dtype_size(a->dtype);
     op->dtype = a->dtype;
     op->rop = a->op;
@@ -1378,7 +1385,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
     }
     break;
   }
-  case ZPP_XOP_BARRIER:
+  case ZPP_XFER_BARRIER:
     op->plan[np++] = PH_BARRIER;
     break;
   }
@@ -1393,7 +1400,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xop_args_t *a) {
  * buffers are then held by release_buffers, never reused. */
 static void cancel_round(zpp_xop_t *op) {
   if (op->round != NULL) {
-    int left = op->t->ops->round_cancel(op->t, op->round);
+    int left = op->t->ops->round->round_cancel(op->t, op->round);
     op->round = NULL;
     zpp_transport_add_in_doubt(op->t, left, op->what);
   }
@@ -1402,8 +1409,8 @@ static void cancel_round(zpp_xop_t *op) {
 static zpp_status_t timed_out(zpp_xop_t *op) {
   zpp_transport_t *t = op->t;
   char who[160] = "";
-  if (op->round != NULL && t->ops->round_pending != NULL)
-    t->ops->round_pending(t, op->round, who, sizeof who);
+  if (op->round != NULL && t->ops->round->round_pending != NULL)
+    t->ops->round->round_pending(t, op->round, who, sizeof who);
   /* Broken first: the timeout is the cause, not what the cancel left. */
   zpp_transport_break(t, "%s on group %s timed out after %.3g s", op->what,
                       zpp_group_name(op->g), t->timeout_s);
@@ -1486,13 +1493,13 @@ static zpp_status_t next_step(zpp_xop_t *op) {
   case PH_BARRIER:
     if (op->n == 1)
       break;
-    if (t->ops->barrier_post != NULL && !t->p2p_barrier) {
+    if (t->ops->round->barrier_post != NULL && !t->p2p_barrier) {
       if (op->step >= 1)
         break;
       op->step = 1;
       op->ctl = 1;
       op->nin = op->nout = op->nhdr = 0;
-      return t->ops->barrier_post(t, op->g, op->tag + SUB_CTL, &op->round);
+      return t->ops->round->barrier_post(t, op->g, op->tag + SUB_CTL, &op->round);
     }
     if ((1 << op->step) >= op->n)
       break;
@@ -1526,7 +1533,7 @@ static zpp_status_t advance(zpp_xop_t *op) {
   for (guard = 0; guard < 4 * op->n + 64; guard++) {
     if (op->round != NULL) {
       int done = 0;
-      zpp_status_t st = t->ops->round_test(t, op->round, &done);
+      zpp_status_t st = t->ops->round->round_test(t, op->round, &done);
       if (st != ZPP_OK) {
         cancel_round(op);
         return st;
@@ -1553,13 +1560,13 @@ static zpp_status_t advance(zpp_xop_t *op) {
   return ZPP_OK; /* more next time */
 }
 
-zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
+zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xfer_desc_t *a,
                             int sync_out, zpp_xop_t **out) {
-  const zpp_tgroup_t *gr = &t->grp[a->g];
-  int n = gr->size, ring = a->kind == ZPP_XOP_ALLGATHER ||
-                           a->kind == ZPP_XOP_ALLGATHERV ||
-                           a->kind == ZPP_XOP_ALLREDUCE;
-  int hier = ring || a->kind == ZPP_XOP_REDUCE_SCATTER;
+  const zpp_tgroup_t *gr = &t->grp[a->group];
+  int n = gr->size, ring = a->kind == ZPP_XFER_ALLGATHER ||
+                           a->kind == ZPP_XFER_ALLGATHERV ||
+                           a->kind == ZPP_XFER_ALLREDUCE;
+  int hier = ring || a->kind == ZPP_XFER_REDUCE_SCATTER;
   /* hierarchical ops run one rotated ring: nc = 1 */
   int nc = ring && !hier_on(t, gr) ? ring_channels(t, gr) : 1;
   uint32_t span = t->tag_limit / NSUB;
@@ -1567,15 +1574,16 @@ zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
   zpp_status_t st;
   /* The tag is taken before anything can fail, so every member's sequence
    * stays in step with the others'. */
-  uint32_t seq = t->grp[a->g].seq++;
+  uint32_t seq = t->grp[a->group].seq++;
   op = op_alloc(n, nc, hier ? hier_slots(t, gr) : 0);
   if (op == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "operation of %d members",
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, zpp_xfer_name(a->kind),
+                     "operation of %d members",
                      n);
   op->t = t;
   op->kind = a->kind;
-  op->g = a->g;
-  op->what = a->what;
+  op->g = a->group;
+  op->what = zpp_xfer_name(a->kind);
   op->n = n;
   op->me = gr->index;
   op->nc = nc;
@@ -1623,53 +1631,6 @@ zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done) {
 
 int64_t zpp_xop_wake_ns(const zpp_xop_t *op) {
   return op != NULL && op->state != XS_DONE ? op->wake_ns : 0;
-}
-
-/* Polls without sleeping (yielding the core to any runnable rank) for
- * spin_ns after the start or the last completed transfer, so a transfer
- * in flight -- a large intra-node message moves in fragments that need
- * both sides to poll -- runs at full speed; after that it sleeps between
- * polls, 1 us doubling to 200 us, so a rank waiting for a late peer does
- * not burn a core.  Emulated deadlines are slept through (absolute sleep).
- * No lock is held between polls; the op's timeout bounds the loop. */
-zpp_status_t zpp_xop_wait(zpp_xop_t *op) {
-  zpp_transport_t *t;
-  uint_fast64_t seen;
-  int64_t quiet_until;
-  long pause_ns = 1000;
-  int done = 0;
-  if (op == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "op is NULL");
-  t = op->t;
-  if (t == NULL || op->state == XS_DONE)
-    return ZPP_OK;
-  seen = atomic_load(&t->progress);
-  quiet_until = zpp_time_ns() + t->spin_ns;
-  for (;;) {
-    int64_t now, wake;
-    uint_fast64_t p;
-    ZPP_CHECK(zpp_xop_test(op, &done));
-    if (done)
-      return ZPP_OK;
-    now = zpp_time_ns();
-    p = atomic_load(&t->progress);
-    if (p != seen) {
-      seen = p;
-      quiet_until = now + t->spin_ns;
-      pause_ns = 1000;
-      continue;
-    }
-    wake = zpp_xop_wake_ns(op);
-    if (wake > now) {
-      zpp_sleep_until_ns(wake);
-      quiet_until = zpp_time_ns() + t->spin_ns;
-      pause_ns = 1000;
-    } else if (now < quiet_until) {
-      sched_yield();
-    } else {
-      zpp_pause_ns(&pause_ns);
-    }
-  }
 }
 
 void zpp_xop_free(zpp_xop_t *op) {

@@ -27,7 +27,7 @@ static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
 
 /* A plan of one transfer step. */
 static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
-                               const zpp_step_xfer_t *x, zpp_request_t *req) {
+                               const zpp_xfer_desc_t *x, zpp_request_t *req) {
   zpp_plan_t *p;
   ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, NULL, NULL, &p)));
   zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
@@ -38,7 +38,7 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
                            size_t count, zpp_dtype_t dtype,
                            zpp_stream_t stream, zpp_request_t *req) {
   zpp_exec_t ex;
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype_bytes(__func__, dtype);
@@ -62,7 +62,7 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                 zpp_redop_t op, zpp_stream_t stream,
                                 zpp_request_t *req) {
   zpp_exec_t ex;
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   zpp_status_t st;
   ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
   st = zpp_coll_check_dtype(__func__, dtype);
@@ -207,7 +207,7 @@ static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
   for (k = 0; k < nchunks; k++) {
     size_t bytes = zpp_coll_encoded_size(q, qwz_len(c, k));
     uint8_t *slot = c->buf[k % QWZ_DEPTH];
-    zpp_step_xfer_t x;
+    zpp_xfer_desc_t x;
     int e, xs;
     e = zpp_plan_kernel(p, qwz_encode, k, dec[k % QWZ_DEPTH], ZPP_NO_STEP);
     memset(&x, 0, sizeof x);
@@ -499,7 +499,7 @@ static zpp_status_t hpz_plan(const char *func, hpz_ctx_t *c, int kind,
   const zpp_exec_t *ex = &c->ex;
   size_t n = (size_t)zpp_transport_size(ex->t);
   zpp_plan_t *p;
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   zpp_status_t st = ZPP_OK;
   int me = zpp_transport_rank(ex->t), s = zpp_transport_group_size(
                                              ex->t, ZPP_GROUP_NODE);

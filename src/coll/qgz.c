@@ -498,16 +498,16 @@ static void qgz_release(void *ctx) {
 }
 
 /* An all-to-all in g with the blocks bytes/displs (send and recv alike). */
-static zpp_step_xfer_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
+static zpp_xfer_desc_t a2a(zpp_group_t g, const uint8_t *send, uint8_t *recv,
                            const size_t *bytes, const size_t *displs) {
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   memset(&x, 0, sizeof x);
   x.kind = ZPP_XFER_ALLTOALLV;
   x.group = g;
   x.send = send;
   x.recv = recv;
-  x.sbytes = x.rbytes = bytes;
-  x.sdispls = x.rdispls = displs;
+  x.send_bytes = x.recv_bytes = bytes;
+  x.send_displs = x.recv_displs = displs;
   return x;
 }
 
@@ -645,7 +645,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (k >= 1 && p->two) {
       int sl = (int)(j % QGZ_DEPTH);
       int t = j + 1 == n;
-      zpp_step_xfer_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
+      zpp_xfer_desc_t x = a2a(ZPP_GROUP_CROSS, p->slot[sl].s2, p->slot[sl].r2,
                               p->lay2[t].bytes, p->lay2[t].displs);
       int r = zpp_plan_kernel(plan, stage1_reduce_x, j, nstep[sl], cprev[sl]);
       c = cprev[sl] = zpp_plan_xfer(plan, &x, r, ZPP_NO_STEP); /* C_j */
@@ -653,7 +653,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     if (k < n) {
       int sl = (int)(k % QGZ_DEPTH);
       int t = k + 1 == n;
-      zpp_step_xfer_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
+      zpp_xfer_desc_t x = a2a(p->g1, p->slot[sl].s1, p->slot[sl].r1,
                               p->lay1[t].bytes, p->lay1[t].displs);
       int e = zpp_plan_kernel(plan, stage1_encode, k, kfree[sl], ZPP_NO_STEP);
       nstep[sl] = zpp_plan_xfer(plan, &x, e, ZPP_NO_STEP); /* N_k */

@@ -87,7 +87,7 @@ static zpp_status_t qwd_plan(const char *func, qwd_ctx_t *c,
   zpp_comm_t comm = ex->comm; /* c (and ex) are freed on failure */
   size_t e = zpp_coll_encoded_size(&c->q, c->count);
   zpp_plan_t *p;
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   zpp_status_t st = ZPP_OK;
   int d, xs;
   c->n = zpp_transport_size(ex->t);

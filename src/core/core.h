@@ -59,6 +59,16 @@ static inline int zpp_bytes_overlap(const void *a, size_t a_bytes,
   return x <= y ? y - x < a_bytes : x - y < b_bytes;
 }
 
+/* ---- time (src/core/clock.c) -------------------------------------------- */
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t zpp_time_ns(void);
+/* Sleeps (never spins) until CLOCK_MONOTONIC reaches `deadline_ns`. */
+void zpp_sleep_until_ns(int64_t deadline_ns);
+/* The back-off of a poll loop with nothing to wake it: sleeps *pause_ns,
+ * then doubles it up to 200 us (callers start at 1 us and reset to it on
+ * progress). */
+void zpp_pause_ns(long *pause_ns);
+
 /* ---- logging: ZPP_DEBUG=WARN|INFO|TRACE, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE */
 typedef enum {
   ZPP_LOG_NONE = 0,

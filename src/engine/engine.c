@@ -28,6 +28,7 @@
  * communicator's device current for the plan and restores its previous
  * device afterwards (a caller's current device is its own business).
  */
+#include "algo/algo.h"
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
@@ -52,7 +53,7 @@ typedef struct {
   int deps[ZPP_STEP_MAXDEPS];
   zpp_kernel_fn fn;
   size_t arg;
-  zpp_step_xfer_t x;
+  zpp_xfer_desc_t x;
   int state;
   zpp_xop_t *op;
 } step_t;
@@ -304,10 +305,14 @@ int zpp_plan_kernel(zpp_plan_t *p, zpp_kernel_fn fn, size_t arg, int dep0,
   return i;
 }
 
-int zpp_plan_xfer(zpp_plan_t *p, const zpp_step_xfer_t *x, int dep0, int dep1) {
+int zpp_plan_xfer(zpp_plan_t *p, const zpp_xfer_desc_t *x, int dep0, int dep1) {
   int i = add_step(p, ZPP_STEP_XFER, dep0, dep1);
-  if (i != ZPP_NO_STEP)
+  if (i != ZPP_NO_STEP) {
     p->steps[i].x = *x;
+    /* Every transfer of a plan is on the plan's memory space and stream. */
+    p->steps[i].x.mem = p->ex.mem;
+    p->steps[i].x.stream = p->ex.stream;
+  }
   return i;
 }
 
@@ -338,28 +343,7 @@ static int deps_done(const zpp_plan_t *p, const step_t *s) {
 }
 
 static zpp_status_t start_xfer(zpp_plan_t *p, step_t *s) {
-  const zpp_exec_t *ex = &p->ex;
-  const zpp_step_xfer_t *x = &s->x;
-  switch (x->kind) {
-  case ZPP_XFER_ALLGATHER:
-    return zpp_transport_start_allgather(ex->t, x->group, x->send, x->bytes,
-                                         x->recv, ex->mem, ex->stream, &s->op);
-  case ZPP_XFER_ALLTOALL:
-    return zpp_transport_start_alltoall(ex->t, x->group, x->send, x->bytes,
-                                        x->recv, ex->mem, ex->stream, &s->op);
-  case ZPP_XFER_ALLTOALLV:
-    return zpp_transport_start_alltoallv(ex->t, x->group, x->send, x->sbytes,
-                                         x->sdispls, x->recv, x->rbytes,
-                                         x->rdispls, ex->mem, ex->stream,
-                                         &s->op);
-  case ZPP_XFER_REDUCE_SCATTER:
-    return zpp_transport_start_reduce_scatter(ex->t, x->group, x->send,
-                                              x->recv, x->count, x->dtype,
-                                              x->op, ex->mem, ex->stream,
-                                              &s->op);
-  }
-  return zpp_error(ZPP_ERR_INTERNAL, p->func, "transfer kind %d",
-                   (int)x->kind);
+  return zpp_xfer_start(p->ex.t, &s->x, 0, &s->op);
 }
 
 /* Waits for progress: until the earliest emulated-link deadline of the
@@ -583,7 +567,7 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
      * zpp_comm_abort, a timeout) lets the aborted work leave the stream,
      * and the event then completes without the collective having run:
      * on a broken transport, done is not success. */
-    if (done && t->ops->abort_device_work != NULL)
+    if (done && t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
       ZPP_CHECK(zpp_transport_broken_error(t, func));
     if (done)
       return ZPP_OK;
@@ -594,8 +578,8 @@ static zpp_status_t wait_event(zpp_transport_t *t, void *event,
                              func, to);
       /* The stream holds work waiting for peers: stop it, or the
        * caller's stream (and its next synchronisation) never drains. */
-      if (t->ops->abort_device_work != NULL)
-        t->ops->abort_device_work(t);
+      if (t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
+        t->ops->coll->abort_device_work(t);
       return zpp_transport_fail(
           t, zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the collective's work on the stream did not finish "

@@ -6,9 +6,9 @@
  *   - kernel steps: a function of the collective (encode, decode,
  *     accumulate, copy: the kernels of exec.h, on the plan's memory
  *     space and stream), run to completion by the engine;
- *   - transfer steps: one transport operation (transport.h), started
- *     without blocking and polled (host-only backends), or enqueued on the
- *     stream (NCCL).
+ *   - transfer steps: one transfer descriptor (transport.h), started by
+ *     src/algo's one dispatch without blocking and polled (host backends),
+ *     or enqueued on the stream (NCCL).
  * Each step names up to ZPP_STEP_MAXDEPS earlier steps it needs done
  * (data hazards, buffer reuse); dependencies point backwards, so a plan is
  * a DAG in index order and cannot deadlock.  Transfer steps start in index
@@ -23,8 +23,9 @@
  * uses it).
  *
  * Where a new collective plugs in: build a plan with these calls.  Where a
- * new transport plugs in: transport.h (zpp_transport_start_* and the
- * backend table); plans do not change.  docs/design.md, "Execution".
+ * new transport plugs in: one of transport.h's two backend tables (the
+ * collective table or the round table); plans do not change.
+ * docs/design.md, "Execution".
  */
 #ifndef ZPP_SRC_ENGINE_PLAN_H
 #define ZPP_SRC_ENGINE_PLAN_H
@@ -40,26 +41,6 @@ extern "C" {
 
 typedef enum { ZPP_STEP_KERNEL = 0, ZPP_STEP_XFER = 1 } zpp_step_kind_t;
 
-typedef enum {
-  ZPP_XFER_ALLGATHER = 0, /* bytes per member; in place when send is mine */
-  ZPP_XFER_ALLTOALL,      /* bytes per member */
-  ZPP_XFER_ALLTOALLV,     /* sbytes/sdispls/rbytes/rdispls */
-  ZPP_XFER_REDUCE_SCATTER /* count, dtype, op */
-} zpp_xfer_kind_t;
-
-/* One transport operation (arguments as in transport.h; count arrays must
- * live as long as the plan, e.g. in its context). */
-typedef struct {
-  zpp_xfer_kind_t kind;
-  zpp_group_t group;
-  const void *send;
-  void *recv;
-  size_t bytes;
-  const size_t *sbytes, *sdispls, *rbytes, *rdispls;
-  size_t count;
-  zpp_dtype_t dtype;
-  zpp_reduce_op_t op;
-} zpp_step_xfer_t;
 
 /* A kernel step: fn(ctx, arg).  ctx is the plan's context. */
 typedef zpp_status_t (*zpp_kernel_fn)(void *ctx, size_t arg);
@@ -81,7 +62,10 @@ zpp_status_t zpp_plan_create(const char *func, const zpp_exec_t *ex,
  * dep1 are earlier step indices or ZPP_NO_STEP. */
 int zpp_plan_kernel(zpp_plan_t *p, zpp_kernel_fn fn, size_t arg, int dep0,
                     int dep1);
-int zpp_plan_xfer(zpp_plan_t *p, const zpp_step_xfer_t *x, int dep0, int dep1);
+/* A transfer step: the descriptor (transport.h) without mem and stream,
+ * which are the plan's.  Its arrays must live as long as the plan (in its
+ * context). */
+int zpp_plan_xfer(zpp_plan_t *p, const zpp_xfer_desc_t *x, int dep0, int dep1);
 /* The context of a plan (for collectives that fill it after creation). */
 void *zpp_plan_ctx(zpp_plan_t *p);
 

@@ -13,28 +13,11 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- time --------------------------------------------------------------- */
-
-int64_t zpp_time_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-void zpp_sleep_until_ns(int64_t deadline_ns) {
-  struct timespec ts;
-  ts.tv_sec = (time_t)(deadline_ns / 1000000000);
-  ts.tv_nsec = (long)(deadline_ns % 1000000000);
-  /* Absolute sleep: a signal only restarts it, never shortens the wait. */
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-  }
-}
-
-void zpp_pause_ns(long *pause_ns) {
-  struct timespec ts = {0, *pause_ns};
-  nanosleep(&ts, NULL);
-  if (*pause_ns < 200000)
-    *pause_ns *= 2;
+const char *zpp_xfer_name(zpp_xfer_kind_t kind) {
+  static const char *const names[ZPP_XFER_NKINDS] = {
+      "allgather",      "allgatherv", "alltoall", "alltoallv",
+      "reduce_scatter", "allreduce",  "barrier"};
+  return (unsigned)kind < ZPP_XFER_NKINDS ? names[kind] : "transfer";
 }
 
 double zpp_timeout_clamp(double timeout_s) {
@@ -139,10 +122,11 @@ int zpp_transport_quiesce(zpp_transport_t *t) {
   if (t == NULL)
     return 1;
   left = atomic_load(&t->in_doubt);
-  if (left > 0 && t->ops != NULL && t->ops->round_drain != NULL) {
+  if (left > 0 && t->ops != NULL && t->ops->round != NULL &&
+      t->ops->round->round_drain != NULL) {
     double to = t->timeout_s > 0 ? t->timeout_s : 60.0;
     pthread_mutex_lock(&t->lock);
-    left = t->ops->round_drain(t, zpp_time_ns() + (int64_t)(to * 1e9));
+    left = t->ops->round->round_drain(t, zpp_time_ns() + (int64_t)(to * 1e9));
     pthread_mutex_unlock(&t->lock);
     atomic_store(&t->in_doubt, left);
   }
@@ -153,13 +137,14 @@ void zpp_transport_free(zpp_transport_t *t) {
   int g;
   if (t == NULL)
     return;
-  /* The algorithms' held buffers (zpp_algo_destroy) are freed only once
-   * no cancelled transfer can touch them. */
+  /* The algorithms' held buffers (algo_release) are freed only once no
+   * cancelled transfer can touch them. */
   if (t->ops != NULL)
     zpp_transport_quiesce(t);
   if (t->ops != NULL && t->ops->destroy != NULL)
     t->ops->destroy(t);
-  zpp_algo_destroy(t);
+  if (t->algo_release != NULL)
+    t->algo_release(t);
   for (g = 0; g < ZPP_NGROUPS; g++) {
     free(t->grp[g].members);
     free(t->grp[g].ring);
@@ -399,441 +384,6 @@ void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on) {
   pthread_mutex_unlock(&t->lock);
 }
 
-static zpp_status_t check_common(zpp_transport_t *t, zpp_group_t g,
-                                 zpp_memory_t mem, const char *func) {
-  if (t == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "transport is NULL");
-  if (!group_ok(g))
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "group %d: must be ZPP_GROUP_WORLD, _NODE or _CROSS",
-                     (int)g));
-  if (mem != ZPP_MEMORY_HOST && mem != ZPP_MEMORY_DEVICE)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "mem %d: must be ZPP_MEMORY_HOST or ZPP_MEMORY_DEVICE",
-                     (int)mem));
-  return ZPP_OK;
-}
-
-static zpp_status_t need(zpp_transport_t *t, const void *p, int needed,
-                         const char *name, const char *func) {
-  if (p == NULL && needed)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "%s is NULL", name));
-  return ZPP_OK;
-}
-
-static zpp_status_t check_bytes_x_members(zpp_transport_t *t, zpp_group_t g,
-                                          size_t bytes, const char *func) {
-  if (bytes > 0 && (size_t)t->grp[g].size > SIZE_MAX / bytes)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_OVERFLOW, func,
-                     "bytes %zu x %d members overflows size_t", bytes,
-                     t->grp[g].size));
-  return ZPP_OK;
-}
-
-/* Sum of counts (and with displacements, the largest end) fits size_t. */
-static zpp_status_t check_counts(zpp_transport_t *t, int n,
-                                 const size_t *bytes, const size_t *displs,
-                                 const char *name, const char *func,
-                                 size_t *total) {
-  size_t sum = 0;
-  int i;
-  for (i = 0; i < n; i++) {
-    size_t end = displs ? displs[i] : sum;
-    if (end > SIZE_MAX - bytes[i] || sum > SIZE_MAX - bytes[i])
-      return zpp_transport_fail(
-          t, zpp_error(ZPP_ERR_OVERFLOW, func,
-                       "%s[%d] = %zu: the buffer extent overflows size_t",
-                       name, i, bytes[i]));
-    sum += bytes[i];
-  }
-  *total = sum;
-  return ZPP_OK;
-}
-
-static zpp_status_t check_reduce(zpp_transport_t *t, zpp_group_t g,
-                                 zpp_dtype_t dtype, zpp_reduce_op_t op,
-                                 size_t count, const char *func) {
-  size_t es = zpp_dtype_size(dtype);
-  zpp_status_t st = zpp_check_float_dtype(func, "dtype", dtype);
-  if (st != ZPP_OK)
-    return zpp_transport_fail(t, st);
-  if (op != ZPP_REDUCE_SUM && op != ZPP_REDUCE_MEAN)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "op %d: must be ZPP_REDUCE_SUM or ZPP_REDUCE_MEAN",
-                     (int)op));
-  if (count > SIZE_MAX / es / (size_t)t->grp[g].size)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_OVERFLOW, func,
-                     "count %zu: the buffer size overflows size_t", count));
-  return ZPP_OK;
-}
-
-/* A stream-ordered backend enqueues the operation with its own entry. */
-static zpp_status_t enqueue(zpp_transport_t *t, const zpp_xop_args_t *a) {
-  const zpp_transport_ops_t *o = t->ops;
-  switch (a->kind) {
-  case ZPP_XOP_ALLGATHER:
-    return o->allgather(t, a->g, a->send, a->bytes, a->recv, a->mem, a->stream);
-  case ZPP_XOP_ALLGATHERV:
-    return o->allgatherv(t, a->g, a->send, a->recv, a->recv_bytes,
-                         a->recv_displs, a->mem, a->stream);
-  case ZPP_XOP_ALLTOALLV:
-    if (a->send_bytes == NULL) {
-      size_t n = (size_t)t->grp[a->g].size, i, *counts;
-      zpp_status_t st;
-      counts = malloc(n * sizeof *counts);
-      if (counts == NULL)
-        return zpp_error(ZPP_ERR_OUT_OF_MEMORY, a->what, "%zu counts", n);
-      for (i = 0; i < n; i++)
-        counts[i] = a->bytes;
-      st = o->alltoallv(t, a->g, a->send, counts, NULL, a->recv, counts, NULL,
-                        a->mem, a->stream);
-      free(counts);
-      return st;
-    }
-    return o->alltoallv(t, a->g, a->send, a->send_bytes, a->send_displs,
-                        a->recv, a->recv_bytes, a->recv_displs, a->mem,
-                        a->stream);
-  case ZPP_XOP_REDUCE_SCATTER:
-    return o->reduce_scatter(t, a->g, a->send, a->recv, a->count, a->dtype,
-                             a->op, a->mem, a->stream);
-  case ZPP_XOP_ALLREDUCE:
-    return o->allreduce(t, a->g, a->send, a->recv, a->count, a->dtype,
-                        a->op, a->mem, a->stream);
-  case ZPP_XOP_BARRIER:
-    return o->barrier(t, a->g);
-  }
-  return zpp_error(ZPP_ERR_INTERNAL, a->what, "operation kind %d", (int)a->kind);
-}
-
-/* After the argument checks: under the lock, refuses a broken transport,
- * counts the call and starts the operation (host backends: the
- * algorithms' state machine; stream-ordered ones: enqueued, done). */
-static zpp_status_t start(zpp_transport_t *t, const zpp_xop_args_t *a,
-                          int blocking, const char *func, zpp_xop_t **op) {
-  zpp_status_t st;
-  pthread_mutex_lock(&t->lock);
-  if (atomic_load(&t->broken)) {
-    pthread_mutex_unlock(&t->lock);
-    return zpp_transport_broken_error(t, func);
-  }
-  atomic_fetch_add(&t->calls[a->g], 1);
-  ZPP_TRACE(ZPP_SUBSYS_NET, "%s on group %s (%d members)", func,
-            zpp_group_name(a->g), t->grp[a->g].size);
-  if (t->ops->round_post != NULL) {
-    st = zpp_algo_start(t, a, blocking, op);
-  } else {
-    st = enqueue(t, a);
-    if (st == ZPP_OK)
-      *op = zpp_xop_done();
-  }
-  pthread_mutex_unlock(&t->lock);
-  return zpp_transport_fail(t, st);
-}
-
-/* The blocking operations: start, wait (no lock held), free. */
-static zpp_status_t run(zpp_transport_t *t, const zpp_xop_args_t *a,
-                        const char *func) {
-  zpp_xop_t *op = NULL;
-  zpp_status_t st;
-  ZPP_CHECK(start(t, a, 1, func, &op));
-  st = zpp_xop_wait(op);
-  zpp_xop_free(op);
-  return st;
-}
-
-static zpp_status_t need_op(zpp_transport_t *t, zpp_xop_t **op,
-                            const char *func) {
-  if (op == NULL)
-    return zpp_transport_fail(
-        t, zpp_error(ZPP_ERR_NULL_POINTER, func, "op is NULL"));
-  *op = NULL;
-  return ZPP_OK;
-}
-
-/* ---- the operations: checks, then start (non-blocking) or run --------------- */
-
-static zpp_status_t allgather_args(zpp_transport_t *t, zpp_group_t g,
-                                   const void *send, size_t bytes, void *recv,
-                                   zpp_memory_t mem, void *stream,
-                                   const char *func, zpp_xop_args_t *a) {
-  ZPP_CHECK(check_common(t, g, mem, func));
-  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
-  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
-  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
-  memset(a, 0, sizeof *a);
-  a->kind = ZPP_XOP_ALLGATHER;
-  a->g = g;
-  a->what = "allgather";
-  a->send = send;
-  a->recv = recv;
-  a->bytes = bytes;
-  a->mem = mem;
-  a->stream = stream;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send, size_t bytes,
-                                     void *recv, zpp_memory_t mem,
-                                     void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
-                                           const void *send, size_t bytes,
-                                           void *recv, zpp_memory_t mem,
-                                           void *stream, zpp_xop_t **op) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, op, __func__));
-  ZPP_CHECK(allgather_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
-  return start(t, &a, 0, __func__, op);
-}
-
-static zpp_status_t allgatherv_args(zpp_transport_t *t, zpp_group_t g,
-                                    const void *send, void *recv,
-                                    const size_t *recv_bytes,
-                                    const size_t *recv_displs,
-                                    zpp_memory_t mem, void *stream,
-                                    const char *func, zpp_xop_args_t *a) {
-  size_t total = 0;
-  ZPP_CHECK(check_common(t, g, mem, func));
-  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
-                         "recv_bytes", func, &total));
-  ZPP_CHECK(need(t, send, recv_bytes[t->grp[g].index] > 0, "send", func));
-  ZPP_CHECK(need(t, recv, total > 0, "recv", func));
-  memset(a, 0, sizeof *a);
-  a->kind = ZPP_XOP_ALLGATHERV;
-  a->g = g;
-  a->what = "allgatherv";
-  a->send = send;
-  a->recv = recv;
-  a->recv_bytes = recv_bytes;
-  a->recv_displs = recv_displs;
-  a->mem = mem;
-  a->stream = stream;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
-                                      const void *send, void *recv,
-                                      const size_t *recv_bytes,
-                                      const size_t *recv_displs,
-                                      zpp_memory_t mem, void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
-                            stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_allgatherv(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
-    void *stream, zpp_xop_t **op) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, op, __func__));
-  ZPP_CHECK(allgatherv_args(t, g, send, recv, recv_bytes, recv_displs, mem,
-                            stream, __func__, &a));
-  return start(t, &a, 0, __func__, op);
-}
-
-static zpp_status_t alltoall_args(zpp_transport_t *t, zpp_group_t g,
-                                  const void *send, size_t bytes, void *recv,
-                                  zpp_memory_t mem, void *stream,
-                                  const char *func, zpp_xop_args_t *a) {
-  ZPP_CHECK(check_common(t, g, mem, func));
-  ZPP_CHECK(need(t, send, bytes > 0, "send", func));
-  ZPP_CHECK(need(t, recv, bytes > 0, "recv", func));
-  ZPP_CHECK(check_bytes_x_members(t, g, bytes, func));
-  memset(a, 0, sizeof *a);
-  a->kind = ZPP_XOP_ALLTOALLV;
-  a->g = g;
-  a->what = "alltoallv";
-  a->send = send;
-  a->recv = recv;
-  a->bytes = bytes;
-  a->mem = mem;
-  a->stream = stream;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
-                                    const void *send, size_t bytes,
-                                    void *recv, zpp_memory_t mem,
-                                    void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
-                                          const void *send, size_t bytes,
-                                          void *recv, zpp_memory_t mem,
-                                          void *stream, zpp_xop_t **op) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, op, __func__));
-  ZPP_CHECK(alltoall_args(t, g, send, bytes, recv, mem, stream, __func__, &a));
-  return start(t, &a, 0, __func__, op);
-}
-
-static zpp_status_t alltoallv_args(zpp_transport_t *t, zpp_group_t g,
-                                   const void *send, const size_t *send_bytes,
-                                   const size_t *send_displs, void *recv,
-                                   const size_t *recv_bytes,
-                                   const size_t *recv_displs,
-                                   zpp_memory_t mem, void *stream,
-                                   const char *func, zpp_xop_args_t *a) {
-  size_t stotal = 0, rtotal = 0;
-  ZPP_CHECK(check_common(t, g, mem, func));
-  ZPP_CHECK(need(t, send_bytes, 1, "send_bytes", func));
-  ZPP_CHECK(need(t, recv_bytes, 1, "recv_bytes", func));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, send_bytes, send_displs,
-                         "send_bytes", func, &stotal));
-  ZPP_CHECK(check_counts(t, t->grp[g].size, recv_bytes, recv_displs,
-                         "recv_bytes", func, &rtotal));
-  ZPP_CHECK(need(t, send, stotal > 0, "send", func));
-  ZPP_CHECK(need(t, recv, rtotal > 0, "recv", func));
-  memset(a, 0, sizeof *a);
-  a->kind = ZPP_XOP_ALLTOALLV;
-  a->g = g;
-  a->what = "alltoallv";
-  a->send = send;
-  a->recv = recv;
-  a->send_bytes = send_bytes;
-  a->send_displs = send_displs;
-  a->recv_bytes = recv_bytes;
-  a->recv_displs = recv_displs;
-  a->mem = mem;
-  a->stream = stream;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send,
-                                     const size_t *send_bytes,
-                                     const size_t *send_displs, void *recv,
-                                     const size_t *recv_bytes,
-                                     const size_t *recv_displs,
-                                     zpp_memory_t mem, void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
-                           recv_bytes, recv_displs, mem, stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_alltoallv(
-    zpp_transport_t *t, zpp_group_t g, const void *send,
-    const size_t *send_bytes, const size_t *send_displs, void *recv,
-    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
-    void *stream, zpp_xop_t **op) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, op, __func__));
-  ZPP_CHECK(alltoallv_args(t, g, send, send_bytes, send_displs, recv,
-                           recv_bytes, recv_displs, mem, stream, __func__, &a));
-  return start(t, &a, 0, __func__, op);
-}
-
-static zpp_status_t reduce_args(zpp_transport_t *t, zpp_xop_kind_t kind,
-                                zpp_group_t g, const void *send, void *recv,
-                                size_t count, zpp_dtype_t dtype,
-                                zpp_reduce_op_t op, zpp_memory_t mem,
-                                void *stream, const char *func,
-                                zpp_xop_args_t *a) {
-  ZPP_CHECK(check_common(t, g, mem, func));
-  ZPP_CHECK(check_reduce(t, g, dtype, op, count, func));
-  ZPP_CHECK(need(t, send, count > 0, "send", func));
-  ZPP_CHECK(need(t, recv, count > 0, "recv", func));
-  memset(a, 0, sizeof *a);
-  a->kind = kind;
-  a->g = g;
-  a->what = kind == ZPP_XOP_ALLREDUCE ? "allreduce" : "reduce_scatter";
-  a->send = send;
-  a->recv = recv;
-  a->count = count;
-  a->dtype = dtype;
-  a->op = op;
-  a->mem = mem;
-  a->stream = stream;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
-                                          const void *send, void *recv,
-                                          size_t count, zpp_dtype_t dtype,
-                                          zpp_reduce_op_t op,
-                                          zpp_memory_t mem, void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
-                        op, mem, stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_reduce_scatter(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
-    void *stream, zpp_xop_t **xop) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, xop, __func__));
-  ZPP_CHECK(reduce_args(t, ZPP_XOP_REDUCE_SCATTER, g, send, recv, count, dtype,
-                        op, mem, stream, __func__, &a));
-  return start(t, &a, 0, __func__, xop);
-}
-
-zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send, void *recv,
-                                     size_t count, zpp_dtype_t dtype,
-                                     zpp_reduce_op_t op, zpp_memory_t mem,
-                                     void *stream) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
-                        mem, stream, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_allreduce(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
-    void *stream, zpp_xop_t **xop) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, xop, __func__));
-  ZPP_CHECK(reduce_args(t, ZPP_XOP_ALLREDUCE, g, send, recv, count, dtype, op,
-                        mem, stream, __func__, &a));
-  return start(t, &a, 0, __func__, xop);
-}
-
-static zpp_status_t barrier_args(zpp_transport_t *t, zpp_group_t g,
-                                 const char *func, zpp_xop_args_t *a) {
-  ZPP_CHECK(check_common(t, g, ZPP_MEMORY_HOST, func));
-  memset(a, 0, sizeof *a);
-  a->kind = ZPP_XOP_BARRIER;
-  a->g = g;
-  a->what = "barrier";
-  a->mem = ZPP_MEMORY_HOST;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(barrier_args(t, g, __func__, &a));
-  return run(t, &a, __func__);
-}
-
-zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
-                                         zpp_xop_t **op) {
-  zpp_xop_args_t a;
-  ZPP_CHECK(need_op(t, op, __func__));
-  ZPP_CHECK(barrier_args(t, g, __func__, &a));
-  return start(t, &a, 0, __func__, op);
-}
-
 /* The lock guards the broken check only: the backend's wait polls without
  * it (one thread at a time per transport, see transport.h). */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
@@ -841,14 +391,14 @@ zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream) {
   int broken;
   if (t == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "transport is NULL");
-  if (t->ops->sync == NULL)
+  if (t->ops->coll == NULL || t->ops->coll->sync == NULL)
     return ZPP_OK;
   pthread_mutex_lock(&t->lock);
   broken = atomic_load(&t->broken);
   pthread_mutex_unlock(&t->lock);
   if (broken)
     return zpp_transport_broken_error(t, __func__);
-  st = t->ops->sync(t, stream);
+  st = t->ops->coll->sync(t, stream);
   return zpp_transport_fail(t, st);
 }
 
@@ -857,7 +407,7 @@ zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
     return zpp_error(ZPP_ERR_NULL_POINTER, what, "transport is NULL");
   if (atomic_load(&t->broken))
     return zpp_transport_broken_error(t, what);
-  if (t->ops->check_async == NULL)
+  if (t->ops->coll == NULL || t->ops->coll->check_async == NULL)
     return ZPP_OK;
-  return zpp_transport_fail(t, t->ops->check_async(t, what));
+  return zpp_transport_fail(t, t->ops->coll->check_async(t, what));
 }

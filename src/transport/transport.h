@@ -1,28 +1,29 @@
 /*
- * The transport interface: the only way the collective algorithms (qwZ,
- * hpZ, qgZ and the baselines) move bytes.  They call the zpp_transport_*
- * functions below, never MPI or NCCL.  A backend (transport_mpi.c,
- * transport_nccl.c, transport_ucx.c; docs/design.md "Transports") fills a
- * zpp_transport_ops_t; the wrappers here check arguments, serialise calls,
- * count calls per group and record errors on the communicator, so every
- * backend gets the same contract.
+ * The transport layer (src/transport): one transport per communicator,
+ * holding its groups, call and byte counters, link emulation, timeout and
+ * errors, and one backend.  A backend fills one of two tables below: the
+ * collective table (NCCL, stream-ordered) or the round table (MPI, UCX:
+ * point-to-point rounds, from which src/algo builds every collective).
+ * What moves is described by one transfer descriptor (zpp_xfer_desc_t);
+ * src/algo checks it and dispatches it once (algo/algo.h), and plans
+ * (src/engine) hold it as their transfer steps.  Nothing above src/algo
+ * calls a backend.  docs/design.md, "Transports".
  *
  * Groups (see <zpp/zpp_comm.h>): WORLD, NODE (my node, by local rank),
  * CROSS (my local rank on each node, by node).  "Member i" of a group is
  * the i-th rank in that order; buffers are laid out by member index.
  *
- * Contract of every operation:
+ * Contract of every transfer:
  *   - collective over the members of the group; all members pass the same
  *     sizes (the transport does not verify this; the collectives do under
  *     ZPP_CHECK=1);
  *   - `mem` is the memory space of every buffer of the call; `stream` is a
  *     cudaStream_t for device memory (NULL: legacy default stream), ignored
  *     for host memory;
- *   - host backends (MPI): a blocking call returns with the output
- *     complete (device memory: the stream has been synchronised); the
- *     non-blocking form below is complete when zpp_xop_test says done.
- *     NCCL backend: enqueued on `stream`; zpp_transport_sync waits for it
- *     with the timeout;
+ *   - host backends: complete when zpp_xop_test says done (device memory:
+ *     the stage-out copy is enqueued on the stream, or synchronised with
+ *     ZPP_XFER_SYNC_OUT).  NCCL backend: enqueued on `stream`;
+ *     zpp_transport_sync waits for it with the timeout;
  *   - send and receive buffers must not overlap, except in-place allgather
  *     (send == recv + my_index * bytes), in-place reduce_scatter (recv ==
  *     send + my_index * count elements: my shard of send is never sent and
@@ -40,17 +41,15 @@
  *     so its result equals reduce_scatter's shards bit for bit.
  *
  * Threads: one thread at a time per transport (the engine serialises its
- * calls; the blocking wrappers may be called from any one thread at a
- * time, e.g. a progress thread).  A per-transport mutex guards each short
- * step (start, one test, free), so MPI is never entered by two threads of
- * one transport at once.  On host backends (the round primitive) it is
- * never held while a wait sleeps or polls; backends that fill the
- * operations run them under it (NCCL: until each call is taken in, and its
- * barrier until the stream is done; UCX: the whole blocking operation),
- * bounded by the timeout.
+ * calls).  A per-transport mutex guards each short step (start, one test,
+ * free), so MPI is never entered by two threads of one transport at once.
+ * On host backends (the round table) it is never held while a wait sleeps
+ * or polls; the collective table runs under it (NCCL: until each call is
+ * taken in, and its barrier until the stream is done), bounded by the
+ * timeout.
  */
-#ifndef ZPP_SRC_TRANSPORT_H
-#define ZPP_SRC_TRANSPORT_H
+#ifndef ZPP_SRC_TRANSPORT_TRANSPORT_H
+#define ZPP_SRC_TRANSPORT_TRANSPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -83,11 +82,7 @@ typedef struct {
 
 /* ---- the round primitive of host backends --------------------------------
  * A round is a set of point-to-point transfers within one group, posted
- * together and complete when all of them are.  src/transport_algo.c builds
- * every operation of a host backend (MPI, UCX) from rounds and does
- * everything else itself: algorithms, tags, byte accounting, link
- * emulation (the deadline header is one more 8-byte transfer of the
- * round), device staging, timeouts (docs/design.md "Transports"). */
+ * together and complete when all of them are (the round table below). */
 typedef struct {
   int peer;       /* member index in the round's group */
   void *buf;      /* host memory: read for a send, written for a receive */
@@ -101,52 +96,72 @@ typedef struct {
 /* A posted round; each backend defines struct zpp_round privately. */
 typedef struct zpp_round zpp_round_t;
 
-/* A backend.  Arguments reach it already checked.  Stream-ordered
- * backends (NCCL) fill the operations and count their own bytes with
- * zpp_transport_account (per peer, so each byte lands on its link); host
- * backends fill only the round primitive at the end (and destroy): the
- * operations are then the algorithms of src/transport_algo.c. */
+/* ---- the transfer descriptor ---------------------------------------------
+ * One collective transfer, as a plan step holds it (src/engine/plan.h), as
+ * the dispatch checks and starts it (src/algo/xfer.c), and as a backend
+ * receives it: the collective table's enqueue (NCCL) or the host
+ * algorithms over rounds (src/algo).  One kind enum, one dispatch. */
+typedef enum {
+  ZPP_XFER_ALLGATHER = 0, /* bytes per member; in place when send is my slot */
+  ZPP_XFER_ALLGATHERV,    /* recv_bytes (recv_displs NULL: packed) */
+  ZPP_XFER_ALLTOALL,      /* bytes per member */
+  ZPP_XFER_ALLTOALLV,     /* send_bytes, send_displs, recv_bytes, recv_displs */
+  ZPP_XFER_REDUCE_SCATTER, /* count elements of my shard, dtype, op */
+  ZPP_XFER_ALLREDUCE,     /* count elements, dtype, op */
+  ZPP_XFER_BARRIER
+} zpp_xfer_kind_t;
+#define ZPP_XFER_NKINDS 7
+
 typedef struct {
-  const char *name;
-  zpp_status_t (*allgather)(zpp_transport_t *t, zpp_group_t g,
-                            const void *send, size_t bytes, void *recv,
-                            zpp_memory_t mem, void *stream);
-  zpp_status_t (*allgatherv)(zpp_transport_t *t, zpp_group_t g,
-                             const void *send, void *recv,
-                             const size_t *recv_bytes,
-                             const size_t *recv_displs, zpp_memory_t mem,
-                             void *stream);
-  zpp_status_t (*alltoallv)(zpp_transport_t *t, zpp_group_t g,
-                            const void *send, const size_t *send_bytes,
-                            const size_t *send_displs, void *recv,
-                            const size_t *recv_bytes,
-                            const size_t *recv_displs, zpp_memory_t mem,
-                            void *stream);
-  zpp_status_t (*reduce_scatter)(zpp_transport_t *t, zpp_group_t g,
-                                 const void *send, void *recv, size_t count,
-                                 zpp_dtype_t dtype, zpp_reduce_op_t op,
-                                 zpp_memory_t mem, void *stream);
-  zpp_status_t (*allreduce)(zpp_transport_t *t, zpp_group_t g,
-                            const void *send, void *recv, size_t count,
-                            zpp_dtype_t dtype, zpp_reduce_op_t op,
-                            zpp_memory_t mem, void *stream);
-  zpp_status_t (*barrier)(zpp_transport_t *t, zpp_group_t g);
+  zpp_xfer_kind_t kind;
+  zpp_group_t group;
+  const void *send;
+  void *recv;
+  size_t bytes; /* allgather, alltoall: per member */
+  /* allgatherv, alltoallv: per member, in member order; the arrays must
+   * live until the operation is done (a plan keeps them in its context;
+   * the host algorithms copy them at start).  displs NULL: packed. */
+  const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs;
+  size_t count; /* reductions, elements */
+  zpp_dtype_t dtype;
+  zpp_reduce_op_t op;
+  zpp_memory_t mem; /* the memory space of every buffer */
+  void *stream;     /* cudaStream_t for device memory (NULL: legacy) */
+} zpp_xfer_desc_t;
+
+/* "allgather", "alltoallv", ...: the name errors carry. */
+const char *zpp_xfer_name(zpp_xfer_kind_t kind);
+
+/* ---- the backends' tables ------------------------------------------------
+ * A backend fills exactly one of two tables.  Arguments reach it checked. */
+
+/* Stream-ordered backends (NCCL): the collective table.  The backend moves
+ * whole collectives and counts its own bytes with zpp_transport_account
+ * (per peer, so each byte lands on its link). */
+typedef struct {
+  /* Enqueues d (checked; d->mem is the communicator's) on d->stream. */
+  zpp_status_t (*enqueue)(zpp_transport_t *t, const zpp_xfer_desc_t *d);
   /* Waits until the operations enqueued on `stream` completed, polling
    * asynchronous errors; ZPP_ERR_TIMEOUT after the timeout (the backend is
-   * then aborted and every later call fails).  NULL: nothing to wait for. */
+   * then aborted and every later call fails). */
   zpp_status_t (*sync)(zpp_transport_t *t, void *stream);
-  void (*destroy)(zpp_transport_t *t);
   /* Non-blocking check for asynchronous errors (NCCL's
    * ncclCommGetAsyncError); on one, the backend aborts and breaks the
-   * transport and returns the error.  NULL: there are none. */
+   * transport and returns the error. */
   zpp_status_t (*check_async)(zpp_transport_t *t, const char *what);
   /* Stops the backend's in-flight device work now (NCCL: ncclCommAbort on
    * every group), so that streams holding it drain instead of waiting for
    * peers that will not come; called once the transport is broken.
-   * Idempotent.  NULL: the backend has no such work. */
+   * Idempotent. */
   void (*abort_device_work)(zpp_transport_t *t);
-  /* -- host backends: the round primitive (NULL for stream-ordered ones) --
-   * All three are called with the transport's mutex held and never block.
+} zpp_coll_ops_t;
+
+/* Host backends (MPI, UCX): the round table.  The algorithms of src/algo
+ * build every collective from rounds and do everything else themselves:
+ * tags, byte accounting, link emulation (the deadline header is one more
+ * 8-byte transfer of the round), device staging, timeouts. */
+typedef struct {
+  /* All three are called with the transport's mutex held and never block.
    * round_post posts every receive of recv[0..nrecv), then every send of
    * send[0..nsend), in that order (the order a send takes the NIC), and
    * returns a handle; on error nothing stays posted.  The xfer arrays may
@@ -186,136 +201,25 @@ typedef struct {
    * timeout names the peers it waited for.  NULL: they are not named. */
   void (*round_pending)(zpp_transport_t *t, const zpp_round_t *round,
                         char *buf, size_t len);
+} zpp_round_ops_t;
+
+typedef struct {
+  const char *name;
+  void (*destroy)(zpp_transport_t *t);
+  const zpp_coll_ops_t *coll;   /* stream-ordered backends, else NULL */
+  const zpp_round_ops_t *round; /* host backends, else NULL */
 } zpp_transport_ops_t;
 
 /* ---- the operations ------------------------------------------------------
  * All return ZPP_OK or an error whose message is also kept as the
  * transport's last error. */
 
-/* recv[i * bytes ..] = member i's send (bytes each). */
-zpp_status_t zpp_transport_allgather(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send, size_t bytes,
-                                     void *recv, zpp_memory_t mem,
-                                     void *stream);
-/* Member i contributes recv_bytes[i] bytes, placed at recv + recv_displs[i]
- * (recv_displs NULL: packed in member order).  My send holds
- * recv_bytes[my_index] bytes. */
-zpp_status_t zpp_transport_allgatherv(zpp_transport_t *t, zpp_group_t g,
-                                      const void *send, void *recv,
-                                      const size_t *recv_bytes,
-                                      const size_t *recv_displs,
-                                      zpp_memory_t mem, void *stream);
-/* send[j * bytes ..] goes to member j; recv[i * bytes ..] came from i. */
-zpp_status_t zpp_transport_alltoall(zpp_transport_t *t, zpp_group_t g,
-                                    const void *send, size_t bytes,
-                                    void *recv, zpp_memory_t mem,
-                                    void *stream);
-/* Per-peer byte counts; displacements NULL: packed in member order.
- * send_bytes[j] here must equal member j's recv_bytes[my_index]. */
-zpp_status_t zpp_transport_alltoallv(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send,
-                                     const size_t *send_bytes,
-                                     const size_t *send_displs, void *recv,
-                                     const size_t *recv_bytes,
-                                     const size_t *recv_displs,
-                                     zpp_memory_t mem, void *stream);
-/* send holds n * count elements (n = group size); recv (count elements)
- * receives shard my_index of the sum. */
-zpp_status_t zpp_transport_reduce_scatter(zpp_transport_t *t, zpp_group_t g,
-                                          const void *send, void *recv,
-                                          size_t count, zpp_dtype_t dtype,
-                                          zpp_reduce_op_t op,
-                                          zpp_memory_t mem, void *stream);
-/* recv (count elements, any count) = sum of every member's send. */
-zpp_status_t zpp_transport_allreduce(zpp_transport_t *t, zpp_group_t g,
-                                     const void *send, void *recv,
-                                     size_t count, zpp_dtype_t dtype,
-                                     zpp_reduce_op_t op, zpp_memory_t mem,
-                                     void *stream);
-zpp_status_t zpp_transport_barrier(zpp_transport_t *t, zpp_group_t g);
 /* Asynchronous errors of the backend, without blocking (ZPP_OK when the
  * backend has none); a transport broken earlier answers its error. */
 zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
 /* Completes what was enqueued on `stream` (no-op for host backends).  The
  * mutex is not held while it waits. */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
-
-/* ---- non-blocking operations (the engine's transfer steps) ----------------
- * zpp_transport_start_* starts the same operation as its blocking twin
- * above (same arguments, same checks, same counters and results) and
- * returns at once with a handle; zpp_xop_test advances it without
- * blocking.  Several operations may be in flight on one transport, also on
- * different groups; they must be started in the same order on every
- * member of their group (each gets a tag from a per-group sequence, so
- * their messages never match another operation's).  Blocking operations
- * are start + zpp_xop_wait.
- *
- *   host-only backends (MPI, UCX): the algorithms (ring, pairwise, member-
- *     order reduction, emulation, accounting) run as state machines over
- *     rounds of point-to-point transfers in src/transport_algo.c; device
- *     buffers are staged through pinned host memory (the stage-in copy is
- *     waited for at start, within the op's timeout, the stage-out copy is
- *     enqueued on `stream` at completion);
- *   stream-ordered backends (NCCL): start enqueues on `stream`; the
- *     operation is then done as far as the host is concerned (its
- *     completion is the stream's business: plans record an event).
- *
- * A timed-out operation (ZPP_TIMEOUT_S from its start), or one freed while
- * in flight, breaks the transport; other failures return their error and
- * the engine breaks the transport for any plan that failed part-way (its
- * peers still run the transfers this rank skipped).  Single-threaded per
- * transport: the caller (the engine, src/engine.c) serialises calls. */
-typedef struct zpp_xop zpp_xop_t;
-
-zpp_status_t zpp_transport_start_allgather(zpp_transport_t *t, zpp_group_t g,
-                                           const void *send, size_t bytes,
-                                           void *recv, zpp_memory_t mem,
-                                           void *stream, zpp_xop_t **op);
-zpp_status_t zpp_transport_start_allgatherv(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
-    void *stream, zpp_xop_t **op);
-zpp_status_t zpp_transport_start_alltoallv(
-    zpp_transport_t *t, zpp_group_t g, const void *send,
-    const size_t *send_bytes, const size_t *send_displs, void *recv,
-    const size_t *recv_bytes, const size_t *recv_displs, zpp_memory_t mem,
-    void *stream, zpp_xop_t **op);
-zpp_status_t zpp_transport_start_alltoall(zpp_transport_t *t, zpp_group_t g,
-                                          const void *send, size_t bytes,
-                                          void *recv, zpp_memory_t mem,
-                                          void *stream, zpp_xop_t **op);
-zpp_status_t zpp_transport_start_reduce_scatter(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
-    void *stream, zpp_xop_t **xop);
-zpp_status_t zpp_transport_start_allreduce(
-    zpp_transport_t *t, zpp_group_t g, const void *send, void *recv,
-    size_t count, zpp_dtype_t dtype, zpp_reduce_op_t op, zpp_memory_t mem,
-    void *stream, zpp_xop_t **xop);
-zpp_status_t zpp_transport_start_barrier(zpp_transport_t *t, zpp_group_t g,
-                                         zpp_xop_t **op);
-/* Advances op without blocking; *done = 1 once its output is complete
- * (host memory) or enqueued (stream-ordered / staged device output).  An
- * error (also a timeout) is returned once; the op is then done. */
-zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done);
-/* Earliest CLOCK_MONOTONIC time (ns) at which testing op again can make
- * progress when nothing else happens (an emulated link's deadline), or 0:
- * poll as usual.  Lets the engine sleep instead of spinning. */
-int64_t zpp_xop_wake_ns(const zpp_xop_t *op);
-/* Polls op (spin, then sleep, like the blocking wait) until done. */
-zpp_status_t zpp_xop_wait(zpp_xop_t *op);
-/* Frees a done op; an op still in flight is cancelled first (its peers then
- * time out; the transport is broken). */
-void zpp_xop_free(zpp_xop_t *op);
-/* Details of the implementation (src/transport_algo.c):
- *   - tags: each start on group g takes the next number of g's sequence;
- *     the op's transfers carry tags derived from it, so ops in flight at
- *     once never match each other's messages, also on one pair of ranks;
- *   - the blocking wrappers are start + wait + free, and with staged
- *     device memory they also synchronise `stream` (as before: on return
- *     the output is complete);
- *   - an op started on a group of one member, or with nothing to send,
- *     may be done at start (its first test says so). */
 
 /* Testing: on = 1 makes barriers of host backends run the dissemination
  * barrier of rounds even where the backend has its own (barrier_post). */
@@ -371,4 +275,4 @@ zpp_status_t zpp_transport_fail(zpp_transport_t *t, zpp_status_t st);
 }
 #endif
 
-#endif /* ZPP_SRC_TRANSPORT_H */
+#endif /* ZPP_SRC_TRANSPORT_TRANSPORT_H */

@@ -46,7 +46,7 @@ typedef struct {
   uint32_t seq; /* operations started on this group (their tags) */
 } zpp_tgroup_t;
 
-struct zpp_algo; /* transport_algo.c's per-transport caches */
+struct zpp_algo; /* src/algo's per-transport caches */
 
 struct zpp_transport {
   const zpp_transport_ops_t *ops;
@@ -68,7 +68,7 @@ struct zpp_transport {
   atomic_uint_fast64_t sent[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t recv[ZPP_NLINKCLASSES];
   atomic_uint_fast64_t calls[ZPP_NGROUPS];
-  /* Host backends (transport_algo.c). */
+  /* Host backends (src/algo). */
   int64_t spin_ns;    /* ZPP_NET_SPIN_US: busy polling after progress */
   int rings;          /* ZPP_NET_RINGS: rings of a ring all-gather */
   uint32_t tag_limit; /* tags the backend can carry: [0, tag_limit) */
@@ -79,7 +79,10 @@ struct zpp_transport {
   size_t net_seg;     /* ZPP_NET_SEGMENT: the MPI transport's largest message
                          to an inter-node peer (0: whole transfers) */
   atomic_uint_fast64_t progress; /* bumped when a transfer completes */
-  struct zpp_algo *algo;         /* owned; freed with the transport */
+  struct zpp_algo *algo;         /* owned by src/algo, which sets */
+  void (*algo_release)(struct zpp_transport *t); /* with it: frees it, run by
+                                    zpp_transport_free after the backend's
+                                    destroy */
   pthread_mutex_t lock;     /* guards each start/test/free (never a wait) */
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[ZPP_TRANSPORT_ERRLEN];
@@ -138,15 +141,6 @@ zpp_status_t zpp_transport_size_mismatch(zpp_transport_t *t, zpp_group_t g,
 void zpp_transport_describe_peers(const zpp_transport_t *t, char *buf,
                                   size_t len);
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-int64_t zpp_time_ns(void);
-/* Sleeps (never spins) until CLOCK_MONOTONIC reaches `deadline_ns`. */
-void zpp_sleep_until_ns(int64_t deadline_ns);
-/* The back-off of a poll loop with nothing to wake it: sleeps *pause_ns,
- * then doubles it up to 200 us (callers start at 1 us and reset to it on
- * progress). */
-void zpp_pause_ns(long *pause_ns);
-
 /* Link emulation: for a send of `bytes` to world rank `peer`, reserves my
  * NIC and returns the time the receiver may use the data: start =
  * max(now, nic_free), nic_free = start + bytes * 8 / Gbit, deadline =
@@ -176,43 +170,6 @@ static inline int zpp_transport_in_doubt(zpp_transport_t *t) {
 static inline void zpp_transport_progressed(zpp_transport_t *t) {
   atomic_fetch_add_explicit(&t->progress, 1, memory_order_relaxed);
 }
-
-/* ---- operations (transport.c checks, transport_algo.c runs) ------------- */
-typedef enum {
-  ZPP_XOP_ALLGATHER,
-  ZPP_XOP_ALLGATHERV,
-  ZPP_XOP_ALLTOALLV, /* send_bytes NULL: alltoall of `bytes` per peer */
-  ZPP_XOP_REDUCE_SCATTER,
-  ZPP_XOP_ALLREDUCE,
-  ZPP_XOP_BARRIER
-} zpp_xop_kind_t;
-
-/* One operation's checked arguments (arrays are copied at start). */
-typedef struct {
-  zpp_xop_kind_t kind;
-  zpp_group_t g;
-  const char *what; /* the name errors carry: "allgather", ... */
-  const void *send;
-  void *recv;
-  size_t bytes; /* allgather, alltoall */
-  const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs;
-  size_t count; /* reductions, elements */
-  zpp_dtype_t dtype;
-  zpp_reduce_op_t op; /* reductions */
-  zpp_memory_t mem;
-  void *stream;
-} zpp_xop_args_t;
-
-/* Starts a on a host backend; called with t->lock held, after the call was
- * counted.  sync_out: staged device output is synchronised at completion
- * (the blocking wrappers).  On error no op is returned. */
-zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xop_args_t *a,
-                            int sync_out, zpp_xop_t **op);
-/* The op of a stream-ordered backend once enqueued: done from the start
- * (shared, never written; zpp_xop_free ignores it). */
-zpp_xop_t *zpp_xop_done(void);
-/* Frees the per-transport caches (after the backend's destroy). */
-void zpp_algo_destroy(zpp_transport_t *t);
 
 /* Backend constructors: fill t->ops, t->impl, t->backend (host backends
  * also t->tag_limit). */

@@ -490,9 +490,7 @@ static void mpi_destroy(zpp_transport_t *t) {
   t->impl = NULL;
 }
 
-static const zpp_transport_ops_t mpi_ops = {
-    .name = "mpi",
-    .destroy = mpi_destroy,
+static const zpp_round_ops_t mpi_rounds = {
     .round_post = mpi_round_post,
     .round_test = mpi_round_test,
     .round_cancel = mpi_round_cancel,
@@ -500,6 +498,8 @@ static const zpp_transport_ops_t mpi_ops = {
     .barrier_post = mpi_barrier_post,
     .round_pending = mpi_round_pending,
 };
+static const zpp_transport_ops_t mpi_ops = {
+    .name = "mpi", .destroy = mpi_destroy, .round = &mpi_rounds};
 
 zpp_status_t zpp_transport_mpi_create(zpp_transport_t *t, MPI_Comm comm,
                                       const int *mpi_rank, int cuda_device) {

@@ -744,18 +744,54 @@ static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
 }
 
 /* Stream-ordered: the operations enqueue; no round primitive. */
-static const zpp_transport_ops_t nccl_ops = {
-    .name = "nccl",
-    .allgather = nccl_allgather,
-    .allgatherv = nccl_allgatherv,
-    .alltoallv = nccl_alltoallv,
-    .reduce_scatter = nccl_reduce_scatter,
-    .allreduce = nccl_allreduce,
-    .barrier = nccl_barrier,
+/* The collective table's one entry: the descriptor's kind picks the
+ * operation.  An all-to-all of `bytes` per member is the all-to-allv of
+ * equal counts. */
+static zpp_status_t nccl_enqueue(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
+  switch (d->kind) {
+  case ZPP_XFER_ALLGATHER:
+    return nccl_allgather(t, d->group, d->send, d->bytes, d->recv, d->mem,
+                          d->stream);
+  case ZPP_XFER_ALLGATHERV:
+    return nccl_allgatherv(t, d->group, d->send, d->recv, d->recv_bytes,
+                           d->recv_displs, d->mem, d->stream);
+  case ZPP_XFER_ALLTOALL: {
+    size_t n = (size_t)t->grp[d->group].size, i, *counts;
+    zpp_status_t st;
+    counts = malloc(n * sizeof *counts);
+    if (counts == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "alltoall", "%zu counts", n);
+    for (i = 0; i < n; i++)
+      counts[i] = d->bytes;
+    st = nccl_alltoallv(t, d->group, d->send, counts, NULL, d->recv, counts,
+                        NULL, d->mem, d->stream);
+    free(counts);
+    return st;
+  }
+  case ZPP_XFER_ALLTOALLV:
+    return nccl_alltoallv(t, d->group, d->send, d->send_bytes, d->send_displs,
+                          d->recv, d->recv_bytes, d->recv_displs, d->mem,
+                          d->stream);
+  case ZPP_XFER_REDUCE_SCATTER:
+    return nccl_reduce_scatter(t, d->group, d->send, d->recv, d->count,
+                               d->dtype, d->op, d->mem, d->stream);
+  case ZPP_XFER_ALLREDUCE:
+    return nccl_allreduce(t, d->group, d->send, d->recv, d->count, d->dtype,
+                          d->op, d->mem, d->stream);
+  case ZPP_XFER_BARRIER:
+    return nccl_barrier(t, d->group);
+  }
+  return zpp_error(ZPP_ERR_INTERNAL, zpp_xfer_name(d->kind),
+                   "transfer kind %d", (int)d->kind);
+}
+
+static const zpp_coll_ops_t nccl_coll = {
+    .enqueue = nccl_enqueue,
     .sync = nccl_sync,
-    .destroy = nccl_destroy,
     .check_async = nccl_check_async,
     .abort_device_work = abort_all};
+static const zpp_transport_ops_t nccl_ops = {
+    .name = "nccl", .destroy = nccl_destroy, .coll = &nccl_coll};
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,

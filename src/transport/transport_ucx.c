@@ -478,14 +478,14 @@ static void ucx_destroy(zpp_transport_t *t) {
 
 /* No barrier_post: transport_algo.c's dissemination barrier of 1-byte
  * messages over the rounds is what a UCP barrier would be anyway. */
-static const zpp_transport_ops_t ucx_ops = {
-    .name = "ucx",
-    .destroy = ucx_destroy,
+static const zpp_round_ops_t ucx_rounds = {
     .round_post = ucx_round_post,
     .round_test = ucx_round_test,
     .round_cancel = ucx_round_cancel,
     .round_pending = ucx_round_pending,
 };
+static const zpp_transport_ops_t ucx_ops = {
+    .name = "ucx", .destroy = ucx_destroy, .round = &ucx_rounds};
 
 /* ---- creation --------------------------------------------------------------------- */
 
