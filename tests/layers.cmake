@@ -11,3 +11,8 @@ endif()
 add_test(NAME layers_check_refuses
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/check_layers_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(layers_check_refuses PROPERTIES LABELS unit TIMEOUT 120)
+# docs/design.md's layer diagram is the script's (--diagram).
+add_test(NAME layers_diagram
+  COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR}
+    -P ${PROJECT_SOURCE_DIR}/cmake/check_layers_diagram.cmake)
+set_tests_properties(layers_diagram PROPERTIES LABELS docs TIMEOUT 60)

@@ -30,16 +30,16 @@ set -euo pipefail
 # Bottom first.  A layer may include its own headers and those of every
 # layer before it.  name|what it holds (docs/design.md draws from this).
 LAYERS=(
-  "core|errors, logging, settings"
-  "kernels|quantizer and element-wise kernels: scalar, AVX2, AVX-512, CUDA"
+  "core|errors, logging, settings, clock"
+  "kernels|block quantizer, element-wise kernels: scalar, AVX2, AVX-512, CUDA"
   "quant|the public codec API (zpp_quant_*) over the kernels"
-  "topology|the node map, emulation specs, GPU links (NVML)"
-  "transport|one transport per communicator: groups, counters, link emulation, errors; backends MPI, UCX (rounds) and NCCL (collectives)"
-  "algo|host algorithms over rounds: ring, pairwise, hierarchical; the transfer descriptor's one dispatch"
-  "comm|struct zpp_comm: creation over MPI, TCP or a caller's bootstrap; subsets"
-  "engine|plans, the engine that runs them, kernel dispatch by memory space, scratch"
-  "coll|the collectives: baselines, qwZ, hpZ, qgZ, qWD, over one argument check"
-  "runtime|parameter groups for a ZeRO runtime (zpp_pgroup_*)"
+  "topology|node map, ZPP_TOPO emulation, GPU links (NVML)"
+  "transport|groups, counters, link emulation, errors; MPI, UCX, NCCL backends"
+  "algo|ring, pairwise, hierarchical over rounds; the one transfer dispatch"
+  "comm|struct zpp_comm: creation over any bootstrap, subsets"
+  "engine|plans and the engine that runs them; kernels by memory space"
+  "coll|baselines, qwZ, hpZ, qgZ, qWD over one argument check"
+  "runtime|parameter groups for ZeRO runtimes (zpp_pgroup_*)"
 )
 
 mode=check
@@ -79,10 +79,10 @@ if [ $mode = list ]; then
 fi
 if [ $mode = diagram ]; then
   # Top first, as a stack: each layer uses only what is drawn below it.
-  echo "src/include/zpp_internal   declared internal API for tools/ and perf/"
+  printf '%-15s %s\n' "src/include/" "zpp_internal/: the declared internal API of tools/, perf/"
   for ((i = ${#LAYERS[@]} - 1; i >= 0; i--)); do
-    printf '%-26s %s\n' "src/${LAYERS[$i]%%|*}/" "${LAYERS[$i]#*|}"
-    [ $i -gt 0 ] && echo "   |"
+    printf '%-15s %s\n' "src/${LAYERS[$i]%%|*}/" "${LAYERS[$i]#*|}"
+    [ $i -gt 0 ] && echo "   |" || true
   done
   exit 0
 fi

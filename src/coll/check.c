@@ -214,3 +214,50 @@ size_t zpp_plan_chunk(size_t count, size_t block, size_t parts) {
   return nblk * block >= count ? count : nblk * block;
 }
 
+
+zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
+                                  const char *fp,
+                                  const zpp_quant_config_t *q) {
+  return zpp_quant_config_check_named(func, name, fp, q);
+}
+
+/* ---- the prologue ----------------------------------------------------------- */
+
+static zpp_status_t local_checks(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  const char *f = a->func;
+  if (a->pre != NULL)
+    ZPP_CHECK(a->pre(a, ex));
+  if (a->quant_name != NULL)
+    ZPP_CHECK(zpp_coll_check_quant(f, a->quant_name, a->quant_fp, a->quant));
+  ZPP_CHECK(a->dtype_bytes ? zpp_coll_check_dtype_bytes(f, a->dtype)
+                           : zpp_coll_check_dtype(f, a->dtype));
+  if (a->check_op)
+    ZPP_CHECK(zpp_coll_check_op(f, a->op));
+  switch (a->layout) {
+  case ZPP_BUFS_GATHER:
+  case ZPP_BUFS_SCATTER:
+    ZPP_CHECK(zpp_coll_check_bufs(f, ex, a->layout, a->send, a->recv,
+                                  a->count, a->dtype));
+    break;
+  case ZPP_BUFS_NAMED:
+    ZPP_CHECK(zpp_coll_check_bufs_named(f, ex, a->send_name, a->send,
+                                        a->recv_name, a->recv, a->count,
+                                        a->dtype));
+    break;
+  case ZPP_BUFS_NONE:
+    break;
+  }
+  if (a->post != NULL)
+    ZPP_CHECK(a->post(a, ex));
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_coll_prologue(zpp_coll_args_t *a, zpp_exec_t *ex) {
+  zpp_status_t st;
+  ZPP_CHECK(zpp_exec_init(a->func, a->comm, a->stream, ex));
+  st = local_checks(a, ex);
+  return zpp_comm_fail(a->comm,
+                       zpp_coll_check_args(a->func, ex, a->count,
+                                           (int)a->dtype, a->op_word,
+                                           a->words, a->nwords, st));
+}

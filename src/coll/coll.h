@@ -8,6 +8,7 @@
 #ifndef ZPP_SRC_COLL_COLL_H
 #define ZPP_SRC_COLL_COLL_H
 
+#include <stdint.h>
 #include <zpp/zpp.h>
 #include <zpp/zpp_coll.h>
 #include <zpp/zpp_comm.h>
@@ -18,6 +19,69 @@
 extern "C" {
 #endif
 
+
+/* The words of a quantizer config compared across ranks under ZPP_CHECK. */
+static inline void zpp_coll_quant_words(const zpp_quant_config_t *q,
+                                        uint64_t w[3]) {
+  w[0] = (uint64_t)q->bits;
+  w[1] = (uint64_t)q->block_size;
+  w[2] = (uint64_t)q->mode;
+}
+
+/* ---- the prologue: one argument check for every collective --------------
+ * A collective fills one zpp_coll_args_t (as NCCL's collectives fill one
+ * descriptor) and calls zpp_coll_prologue, which runs, in this order, and
+ * stops at the first failure:
+ *   1. the communicator: not NULL, not broken (zpp_exec_init);
+ *   2. pre(a, ex), the collective's own first checks (its config);
+ *   3. the quantizer config `quant`, reported as `quant_name` with fields
+ *      `quant_fp`-prefixed ("quant", "quant->"), when quant_name is set;
+ *   4. the dtype: a float dtype, or any dtype with dtype_bytes (the plain
+ *      all-gather moves bytes);
+ *   5. the reduction op, with check_op;
+ *   6. the buffers of `layout`: counts that fit size_t, non-NULL where data
+ *      moves, overlapping only in the layout's in-place form, device memory
+ *      on device communicators (ZPP_BUFS_NAMED: the same without the
+ *      overlap, under send_name and recv_name; ZPP_BUFS_NONE: none);
+ *   7. post(a, ex), the collective's own last checks;
+ * then, with ZPP_CHECK=1, every rank's count, dtype, op_word and
+ * words[0..nwords) and the local outcome are compared (zpp_coll_check_args),
+ * so all ranks fail together.  Any error is recorded on the communicator.
+ * On success ex is ready for the plan. */
+typedef enum {
+  ZPP_BUFS_GATHER = 0, /* send count, recv size * count elements; in place:
+                          send == recv + rank * count */
+  ZPP_BUFS_SCATTER = 1, /* send size * count, recv count elements; in place:
+                           recv == send + rank * count */
+  ZPP_BUFS_NAMED = 2,   /* count, NULL and device checks only */
+  ZPP_BUFS_NONE = 3     /* the collective checks its buffers itself */
+} zpp_bufs_layout_t;
+
+typedef struct zpp_coll_args {
+  const char *func; /* the public function, for messages */
+  zpp_comm_t comm;
+  void *stream;
+  size_t count;
+  zpp_dtype_t dtype;
+  int dtype_bytes; /* 1: ZPP_UINT8 too */
+  zpp_redop_t op;
+  int check_op;    /* 1: op is the call's reduction, checked */
+  int op_word;     /* compared under ZPP_CHECK as "op": the op, -1 when the
+                      collective has none, or the collective's own tag */
+  zpp_bufs_layout_t layout;
+  const void *send, *recv;
+  const char *send_name, *recv_name; /* ZPP_BUFS_NAMED */
+  const zpp_quant_config_t *quant;
+  const char *quant_name, *quant_fp;
+  zpp_status_t (*pre)(struct zpp_coll_args *a, const zpp_exec_t *ex);
+  zpp_status_t (*post)(struct zpp_coll_args *a, const zpp_exec_t *ex);
+  void *ctx; /* for pre and post */
+  uint64_t words[5]; /* config words compared under ZPP_CHECK (pre and post
+                        may fill them) */
+  int nwords;
+} zpp_coll_args_t;
+
+zpp_status_t zpp_coll_prologue(zpp_coll_args_t *a, zpp_exec_t *ex);
 
 /* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words) and
  * the result of their local argument checks (`local`) with one small
@@ -55,13 +119,6 @@ zpp_status_t zpp_coll_check_overlap(const char *func, const zpp_exec_t *ex,
                                     size_t a_bytes, const char *b_name,
                                     const void *b, size_t b_bytes,
                                     int in_place);
-/* The layouts of the two buffers of an all-gather or a reduce-scatter. */
-typedef enum {
-  ZPP_BUFS_GATHER = 0, /* send count, recv size * count elements; in place:
-                          send == recv + rank * count */
-  ZPP_BUFS_SCATTER = 1 /* send size * count, recv count elements; in place:
-                          recv == send + rank * count */
-} zpp_bufs_layout_t;
 /* The overlap part of zpp_coll_check_bufs: send and recv (count elements
  * per rank of dtype, the sizes of `layout`) share bytes only in the
  * layout's in-place form.  size * count * dtype bytes must fit size_t. */

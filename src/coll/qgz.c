@@ -743,54 +743,78 @@ static zpp_status_t check_residual_overlap(const char *func,
                                 residual, rb, 0);
 }
 
+/* What qgZ's own checks read besides the common arguments. */
+typedef struct {
+  const zpp_qgz_config_t *cfg;
+  void *residual;
+} qgz_args_t;
+
+/* The prologue's first check: the qgZ config. */
+static zpp_status_t qgz_pre(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  (void)ex;
+  return check_cfg(a->func, ((const qgz_args_t *)a->ctx)->cfg);
+}
+
+/* The prologue's last checks: the residual (its size fits, device memory,
+ * no overlap), then the config words compared under ZPP_CHECK. */
+static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  const zpp_qgz_config_t *cfg = ((const qgz_args_t *)a->ctx)->cfg;
+  void *residual = ((const qgz_args_t *)a->ctx)->residual;
+  zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
+  uint32_t bb;
+  size_t rc; /* only checked, so an overflowing residual size fails */
+  ZPP_CHECK(zpp_qgz_residual_count(a->comm, a->count, &rc));
+  if (a->count > 0)
+    ZPP_CHECK(zpp_coll_check_device_buf(a->func, ex, "residual", residual));
+  if (residual != NULL)
+    ZPP_CHECK(check_residual_overlap(a->func, ex, cfg, a->send, a->recv,
+                                     a->count, a->dtype, residual));
+  qgz_config_get(cfg, &cf);
+  /* packed so that every field is compared within the 5 words */
+  a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
+                (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
+                (uint64_t)cf.residual_bits << 32;
+  a->words[1] = (uint64_t)cf.block_size;
+  /* two fields per word where needed: a mismatch of either changes it */
+  a->words[2] = (uint64_t)cf.hadamard ^ (uint64_t)cf.residual_reset << 32;
+  a->words[3] = cf.seed ^ (cf.step * 0x9e3779b97f4a7c15ull);
+  memcpy(&bb, &cf.residual_beta, sizeof bb);
+  a->words[4] = (uint64_t)bb << 32 | (residual != NULL);
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                     const zpp_qgz_config_t *cfg,
                                     const void *sendbuf, void *recvbuf,
                                     size_t count, zpp_dtype_t dtype,
                                     zpp_redop_t op, void *residual,
                                     zpp_stream_t stream, zpp_request_t *req) {
+  zpp_coll_args_t a = {0};
+  qgz_args_t g;
   zpp_exec_t ex;
   qgz_ctx_t *c;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
-  uint64_t w[5];
-  uint32_t bb;
-  size_t rc; /* only checked, so an overflowing residual size fails */
-  zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = check_cfg(__func__, cfg);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_dtype(__func__, dtype);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_op(__func__, op);
-  if (st == ZPP_OK)
-    st = zpp_qgz_residual_count(comm, count, &rc);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_SCATTER, sendbuf,
-                             recvbuf, count, dtype);
-  if (st == ZPP_OK && count > 0)
-    st = zpp_coll_check_device_buf(__func__, &ex, "residual", residual);
-  if (st == ZPP_OK && residual != NULL)
-    st = check_residual_overlap(__func__, &ex, cfg, sendbuf, recvbuf, count,
-                                dtype, residual);
-  memset(w, 0, sizeof w);
-  if (st == ZPP_OK) {
-    qgz_config_get(cfg, &cf);
-    /* packed so that every field is compared within the 5 words */
-    w[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
-           (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
-           (uint64_t)cf.residual_bits << 32;
-    w[1] = (uint64_t)cf.block_size;
-    /* two fields per word where needed: a mismatch of either changes it */
-    w[2] = (uint64_t)cf.hadamard ^ (uint64_t)cf.residual_reset << 32;
-    w[3] = cf.seed ^ (cf.step * 0x9e3779b97f4a7c15ull);
-    memcpy(&bb, &cf.residual_beta, sizeof bb);
-    w[4] = (uint64_t)bb << 32;
-  }
-  w[4] |= residual != NULL;
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
-                                                    (int)dtype, (int)op, w, 5,
-                                                    st)));
+  a.func = __func__;
+  a.comm = comm;
+  a.stream = stream;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.check_op = 1;
+  a.op_word = (int)op;
+  a.layout = ZPP_BUFS_SCATTER;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.pre = qgz_pre;
+  a.post = qgz_post;
+  g.cfg = cfg;
+  g.residual = residual;
+  a.ctx = &g;
+  a.nwords = 5;
+  a.words[4] = residual != NULL;
+  ZPP_CHECK(zpp_coll_prologue(&a, &ex));
+  qgz_config_get(cfg, &cf);
   c = (qgz_ctx_t *)calloc(1, sizeof *c);
   if (c == NULL)
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,

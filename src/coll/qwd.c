@@ -117,44 +117,56 @@ static zpp_status_t qwd_plan(const char *func, qwd_ctx_t *c,
   return zpp_plan_submit(p, req);
 }
 
+/* The prologue's last checks: target's size, no in-place form, and the
+ * config words compared under ZPP_CHECK. */
+static zpp_status_t qwd_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  zpp_quant_config_t q;
+  if (a->count > SIZE_MAX / sizeof(float))
+    return zpp_error(ZPP_ERR_OVERFLOW, a->func,
+                     "count %zu: target (count x 4 bytes) overflows size_t",
+                     a->count);
+  /* No in-place form: the difference is taken against recon's old slice,
+   * which a target stored there would have overwritten (zpp_coll.h). */
+  ZPP_CHECK(zpp_coll_check_overlap(a->func, ex, "recon", a->recv,
+                                   (size_t)zpp_transport_size(ex->t) *
+                                       a->count * zpp_dtype_size(a->dtype),
+                                   "target", a->send,
+                                   a->count * sizeof(float), 0));
+  zpp_quant_config_get(a->quant, &q);
+  a->words[0] = (uint64_t)q.bits;
+  a->words[1] = (uint64_t)q.block_size;
+  a->words[2] = (uint64_t)q.mode | (uint64_t)q.rounding << 8;
+  a->words[3] = q.seed;
+  a->nwords = 4;
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_qwd_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                const float *target, void *recon, size_t count,
                                zpp_dtype_t dtype, zpp_stream_t stream,
                                zpp_request_t *req) {
+  zpp_coll_args_t a = {0};
   zpp_exec_t ex;
   zpp_quant_config_t q;
   qwd_ctx_t *c;
-  uint64_t w[4] = {0, 0, 0, 0};
-  zpp_status_t st = ZPP_OK;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  memset(&q, 0, sizeof q);
-  st = zpp_coll_check_quant(__func__, "quant", "quant->", quant);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_dtype(__func__, dtype);
-  if (st == ZPP_OK) /* named as in zpp_coll.h */
-    st = zpp_coll_check_bufs_named(__func__, &ex, "target", target, "recon",
-                                   recon, count, dtype);
-  if (st == ZPP_OK && count > SIZE_MAX / sizeof(float))
-    st = zpp_error(ZPP_ERR_OVERFLOW, __func__,
-                   "count %zu: target (count x 4 bytes) overflows size_t",
-                   count);
-  /* No in-place form: the difference is taken against recon's old slice,
-   * which a target stored there would have overwritten (zpp_coll.h). */
-  if (st == ZPP_OK)
-    st = zpp_coll_check_overlap(__func__, &ex, "recon", recon,
-                                (size_t)zpp_transport_size(ex.t) * count *
-                                    zpp_dtype_size(dtype),
-                                "target", target, count * sizeof(float), 0);
-  if (st == ZPP_OK) {
-    zpp_quant_config_get(quant, &q);
-    w[0] = (uint64_t)q.bits;
-    w[1] = (uint64_t)q.block_size;
-    w[2] = (uint64_t)q.mode | (uint64_t)q.rounding << 8;
-    w[3] = q.seed;
-  }
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
-                                                    (int)dtype, -2, w, 4,
-                                                    st)));
+  a.func = __func__;
+  a.comm = comm;
+  a.stream = stream;
+  a.count = count;
+  a.dtype = dtype;
+  a.op_word = -2;
+  a.layout = ZPP_BUFS_NAMED; /* named as in zpp_coll.h */
+  a.send = target;
+  a.send_name = "target";
+  a.recv = recon;
+  a.recv_name = "recon";
+  a.quant = quant;
+  a.quant_name = "quant";
+  a.quant_fp = "quant->";
+  a.post = qwd_post;
+  a.nwords = 4;
+  ZPP_CHECK(zpp_coll_prologue(&a, &ex));
+  zpp_quant_config_get(quant, &q);
   c = (qwd_ctx_t *)calloc(1, sizeof *c);
   if (c == NULL)
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,

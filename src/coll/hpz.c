@@ -1,250 +1,22 @@
 /*
- * Baselines, qwZ and hpZ, written once against the transport table and the
- * kernel dispatch of coll_exec.c.  Algorithms and byte formulas:
- * docs/design.md, "Collectives".
+ * hpZ: the secondary copy of the weights inside each node, so that the
+ * backward gather stays on the node's links.  A forward gather runs over
+ * the world (optionally quantized) and keeps this rank's CROSS group's
+ * shards; a backward gather gathers them over the node.  docs/design.md,
+ * "Collectives".
  */
 #include "coll/coll.h"
-#include "comm/comm.h"
-#include "core/core.h"
-#include "engine/engine.h"
-#include "engine/plan.h"
-#include "quant/quant.h"
-#include "topology/topo.h"
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Config words compared across ranks under ZPP_CHECK. */
-static void quant_words(const zpp_quant_config_t *q, uint64_t w[3]) {
-  w[0] = (uint64_t)q->bits;
-  w[1] = (uint64_t)q->block_size;
-  w[2] = (uint64_t)q->mode;
-}
-
-/* ---- baselines ------------------------------------------------------------ */
-
-/* A plan of one transfer step. */
-static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
-                               const zpp_xfer_desc_t *x, zpp_request_t *req) {
-  zpp_plan_t *p;
-  ZPP_CHECK(zpp_comm_fail(ex->comm, zpp_plan_create(func, ex, NULL, NULL, &p)));
-  zpp_plan_xfer(p, x, ZPP_NO_STEP, ZPP_NO_STEP);
-  return zpp_plan_submit(p, req);
-}
-
-zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
-                           size_t count, zpp_dtype_t dtype,
-                           zpp_stream_t stream, zpp_request_t *req) {
-  zpp_exec_t ex;
-  zpp_xfer_desc_t x;
-  zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = zpp_coll_check_dtype_bytes(__func__, dtype);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
-                             count, dtype);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
-                                                    (int)dtype, -1, NULL, 0,
-                                                    st)));
-  memset(&x, 0, sizeof x);
-  x.kind = ZPP_XFER_ALLGATHER;
-  x.group = ZPP_GROUP_WORLD;
-  x.send = sendbuf;
-  x.recv = recvbuf;
-  x.bytes = count * zpp_dtype_size(dtype);
-  return submit_one(__func__, &ex, &x, req);
-}
-
-zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
-                                void *recvbuf, size_t count, zpp_dtype_t dtype,
-                                zpp_redop_t op, zpp_stream_t stream,
-                                zpp_request_t *req) {
-  zpp_exec_t ex;
-  zpp_xfer_desc_t x;
-  zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = zpp_coll_check_dtype(__func__, dtype);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_op(__func__, op);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_SCATTER, sendbuf,
-                             recvbuf, count, dtype);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
-                                                    (int)dtype, (int)op, NULL,
-                                                    0, st)));
-  memset(&x, 0, sizeof x);
-  x.kind = ZPP_XFER_REDUCE_SCATTER;
-  x.group = ZPP_GROUP_WORLD;
-  x.send = sendbuf;
-  x.recv = recvbuf;
-  x.count = count;
-  x.dtype = dtype;
-  /* MEAN divides the fp32 sum before the one rounding (transport.h) */
-  x.op = op == ZPP_OP_MEAN ? ZPP_REDUCE_MEAN : ZPP_REDUCE_SUM;
-  return submit_one(__func__, &ex, &x, req);
-}
-
-/* ---- qwZ -------------------------------------------------------------------- */
-
-zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
-                                  const char *fp,
-                                  const zpp_quant_config_t *q) {
-  return zpp_quant_config_check_named(func, name, fp, q);
-}
-
-#define QWZ_DEPTH 3 /* chunk buffers in flight: gather k+2 while decoding k */
-/* Chunks of a call (zpp_plan_chunk: every chunk but the last at least
- * ZPP_PIPE_MIN_CHUNK elements).  The first chunk's encode and gather and
- * the last one's decode run alone; from 32 * ZPP_PIPE_MIN_CHUNK elements
- * on, each is about 1/QWZ_PARTS of the call.  32 rather than qgZ's 8: on
- * the real 2x4 link at 1.6 Gbit/s per node, 16 MiB shards, qwZ INT8 took
- * 0.78 of the time with 32 chunks that it took with 8, and 64 were no
- * better for INT8 and slower for INT4 (docs/benchmarks.md, section 9,
- * "qwZ's chunks"). */
-#define QWZ_PARTS 32
-
-/* qwZ as a plan.  The shard is cut into chunks of whole blocks (one chunk
- * unless chunking pays: zpp_plan_chunk); per chunk k, in buffer slot
- * k % QWZ_DEPTH:
- *   E_k  encode my chunk into slot + me * bytes_k     (after D_{k-DEPTH})
- *   X_k  in-place all-gather of the slot over WORLD   (after E_k)
- *   D_k  decode every rank's chunk into recv          (after X_k)
- * so the engine decodes chunk k while k+1 and k+2 are on the wire.  Since
- * chunks are whole blocks, every decoded value is the unchunked one. */
-typedef struct {
-  zpp_exec_t ex;
-  zpp_quant_config_t q;
-  const void *send;
-  void *recv;
-  size_t count, chunk;
-  zpp_dtype_t dtype;
-  int n, me;
-  uint8_t *buf[QWZ_DEPTH];
-} qwz_ctx_t;
-
-static void qwz_release(void *p) {
-  qwz_ctx_t *c = (qwz_ctx_t *)p;
-  int i;
-  for (i = 0; i < QWZ_DEPTH; i++)
-    zpp_k_free(&c->ex, c->buf[i]);
-  free(c);
-}
-
-static size_t qwz_len(const qwz_ctx_t *c, size_t k) {
-  size_t off = k * c->chunk;
-  return c->count - off < c->chunk ? c->count - off : c->chunk;
-}
-
-static zpp_status_t qwz_encode(void *p, size_t k) {
-  qwz_ctx_t *c = (qwz_ctx_t *)p;
-  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
-  const uint8_t *src =
-      (const uint8_t *)c->send + k * c->chunk * zpp_dtype_size(c->dtype);
-  /* stochastic rounding draws at the element's index in the whole tensor
-   * (rank me's shard starts at me * count), so chunking does not change
-   * the bytes */
-  return zpp_k_encode_at(&c->ex, &c->q, c->dtype, src, len,
-                         (uint64_t)c->me * c->count + k * c->chunk,
-                         c->buf[k % QWZ_DEPTH] + (size_t)c->me * e);
-}
-
-static zpp_status_t qwz_decode(void *p, size_t k) {
-  qwz_ctx_t *c = (qwz_ctx_t *)p;
-  size_t len = qwz_len(c, k), e = zpp_coll_encoded_size(&c->q, len);
-  size_t ds = zpp_dtype_size(c->dtype), off = k * c->chunk;
-  int r;
-  for (r = 0; r < c->n; r++) {
-    zpp_plan_poll(); /* keep the next chunks' gathers moving */
-    ZPP_CHECK(zpp_k_decode(&c->ex, &c->q, c->buf[k % QWZ_DEPTH] + (size_t)r * e,
-                           len, c->dtype,
-                           (uint8_t *)c->recv + ((size_t)r * c->count + off) * ds));
-  }
-  return ZPP_OK;
-}
-
-static zpp_status_t qwz_plan(const char *func, const zpp_exec_t *ex,
-                             const zpp_quant_config_t *q, const void *send,
-                             void *recv, size_t count, zpp_dtype_t dtype,
-                             zpp_request_t *req) {
-  qwz_ctx_t *c;
-  zpp_plan_t *p;
-  size_t nchunks, k, ebuf;
-  int i, nslots, dec[QWZ_DEPTH];
-  zpp_status_t st = ZPP_OK;
-  c = (qwz_ctx_t *)calloc(1, sizeof *c);
-  if (c == NULL)
-    return zpp_comm_fail(ex->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                                             "plan context"));
-  c->ex = *ex;
-  zpp_quant_config_get(q, &c->q); /* any accepted struct_size */
-  c->send = send;
-  c->recv = recv;
-  c->count = count;
-  c->dtype = dtype;
-  c->n = zpp_transport_size(ex->t);
-  c->me = zpp_transport_rank(ex->t);
-  c->chunk = count;
-  if (ex->mem == ZPP_MEMORY_HOST && c->n > 1 && count > 0)
-    c->chunk = zpp_plan_chunk(count, q->block_size, QWZ_PARTS);
-  nchunks = count == 0 ? 0 : (count + c->chunk - 1) / c->chunk;
-  nslots = nchunks < QWZ_DEPTH ? (int)nchunks : QWZ_DEPTH;
-  ebuf = zpp_coll_encoded_size(q, c->chunk);
-  for (i = 0; i < nslots && st == ZPP_OK; i++)
-    st = zpp_k_alloc(ex, (size_t)c->n * ebuf, (void **)&c->buf[i]);
-  if (st != ZPP_OK) {
-    qwz_release(c);
-    return zpp_comm_fail(ex->comm, st);
-  }
-  ZPP_CHECK(zpp_comm_fail(ex->comm,
-                          zpp_plan_create(func, ex, c, qwz_release, &p)));
-  for (i = 0; i < QWZ_DEPTH; i++)
-    dec[i] = ZPP_NO_STEP;
-  if (nchunks > 0)
-    ZPP_TRACE(ZPP_SUBSYS_COLL, "qwZ: %zu chunk(s) of %zu elements", nchunks,
-              c->chunk);
-  for (k = 0; k < nchunks; k++) {
-    size_t bytes = zpp_coll_encoded_size(q, qwz_len(c, k));
-    uint8_t *slot = c->buf[k % QWZ_DEPTH];
-    zpp_xfer_desc_t x;
-    int e, xs;
-    e = zpp_plan_kernel(p, qwz_encode, k, dec[k % QWZ_DEPTH], ZPP_NO_STEP);
-    memset(&x, 0, sizeof x);
-    x.kind = ZPP_XFER_ALLGATHER;
-    x.group = ZPP_GROUP_WORLD;
-    x.send = slot + (size_t)c->me * bytes;
-    x.recv = slot;
-    x.bytes = bytes;
-    xs = zpp_plan_xfer(p, &x, e, ZPP_NO_STEP);
-    dec[k % QWZ_DEPTH] = zpp_plan_kernel(p, qwz_decode, k, xs, ZPP_NO_STEP);
-  }
-  return zpp_plan_submit(p, req);
-}
-
-zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
-                               const void *sendbuf, void *recvbuf,
-                               size_t count, zpp_dtype_t dtype,
-                               zpp_stream_t stream, zpp_request_t *req) {
-  zpp_exec_t ex;
-  uint64_t w[3] = {0, 0, 0};
-  zpp_status_t st;
-  ZPP_CHECK(zpp_exec_init(__func__, comm, stream, &ex));
-  st = zpp_coll_check_quant(__func__, "quant", "quant->", quant);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_dtype(__func__, dtype);
-  if (st == ZPP_OK)
-    st = zpp_coll_check_bufs(__func__, &ex, ZPP_BUFS_GATHER, sendbuf, recvbuf,
-                             count, dtype);
-  if (quant != NULL)
-    quant_words(quant, w);
-  ZPP_CHECK(zpp_comm_fail(comm, zpp_coll_check_args(__func__, &ex, count,
-                                                    (int)dtype, -1, w, 3,
-                                                    st)));
-  return qwz_plan(__func__, &ex, quant, sendbuf, recvbuf, count, dtype, req);
-}
-
-/* ---- hpZ ---------------------------------------------------------------------- */
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/plan.h"
+#include "quant/quant.h"
 
 struct zpp_hpz {
   zpp_comm_t comm;
@@ -551,61 +323,99 @@ static zpp_status_t hpz_plan(const char *func, hpz_ctx_t *c, int kind,
   return zpp_plan_submit(p, req);
 }
 
-static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
-                              const void *sendbuf, void *recvbuf,
-                              zpp_stream_t stream, zpp_request_t *req,
-                              int backward) {
-  zpp_exec_t ex;
-  hpz_ctx_t *c;
-  uint64_t w[4];
-  uint64_t planned = 0;
-  int plan = HPZ_FORWARD;
-  zpp_status_t st = ZPP_OK;
-  if (hpz == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "hpz is NULL");
-  ZPP_CHECK(zpp_exec_init(func, hpz->comm, stream, &ex));
-  if (hpz->count > 0 && recvbuf == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "recvbuf is NULL (count %zu)",
-                   hpz->count);
-  else if (!backward && hpz->count > 0 && sendbuf == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "sendbuf is NULL (count %zu)",
-                   hpz->count);
-  else if (backward) {
-    if (hpz->hierarchical && hpz->planned_generation == hpz->generation)
-      plan = HPZ_BACKWARD_NODE;
-    else if (sendbuf != NULL || hpz->count == 0)
-      plan = HPZ_REFRESH;
-    else if (!hpz->hierarchical)
-      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+/* The prologue's first check: what this gather does, and whether it can
+ * (decided from the generations at start, identically on every rank that
+ * made the same calls). */
+typedef struct {
+  zpp_hpz_t h;
+  int backward;
+  int plan;
+} hpz_args_t;
+
+static zpp_status_t hpz_pre(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  hpz_args_t *g = (hpz_args_t *)a->ctx;
+  zpp_hpz_t hpz = g->h;
+  (void)ex;
+  if (hpz->count > 0 && a->recv == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, a->func,
+                     "recvbuf is NULL (count %zu)", hpz->count);
+  if (!g->backward && hpz->count > 0 && a->send == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, a->func,
+                     "sendbuf is NULL (count %zu)", hpz->count);
+  if (!g->backward)
+    return ZPP_OK;
+  if (hpz->hierarchical && hpz->planned_generation == hpz->generation)
+    g->plan = HPZ_BACKWARD_NODE;
+  else if (a->send != NULL || hpz->count == 0)
+    g->plan = HPZ_REFRESH;
+  else if (!hpz->hierarchical)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, a->func,
                      "sendbuf is NULL: with uneven nodes hpZ keeps no "
                      "secondary copy, so the backward gather needs the "
                      "primary shard");
-    else
-      st = zpp_error(ZPP_ERR_STALE, func,
+  else
+    return zpp_error(ZPP_ERR_STALE, a->func,
                      "the secondary copy is from generation %llu but the "
                      "parameters are at generation %llu (invalidated, or no "
                      "forward gather yet); pass sendbuf to refresh it",
                      (unsigned long long)hpz->planned_generation,
                      (unsigned long long)hpz->generation);
-  }
+  return ZPP_OK;
+}
+
+/* The prologue's last check: the buffers, and the words compared. */
+static zpp_status_t hpz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
+  hpz_args_t *g = (hpz_args_t *)a->ctx;
+  zpp_hpz_t hpz = g->h;
   /* Device communicators: the caller's buffers are classified once here. */
-  if (st == ZPP_OK && hpz->count > 0)
-    st = zpp_coll_check_device_buf(func, &ex, "recvbuf", recvbuf);
-  if (st == ZPP_OK && hpz->count > 0)
-    st = zpp_coll_check_device_buf(func, &ex, "sendbuf", sendbuf);
+  if (hpz->count > 0) {
+    ZPP_CHECK(zpp_coll_check_device_buf(a->func, ex, "recvbuf", a->recv));
+    ZPP_CHECK(zpp_coll_check_device_buf(a->func, ex, "sendbuf", a->send));
+  }
   /* Whether the gather will read sendbuf depends on the generations, so
    * its overlap is checked whenever it is passed (zpp_coll.h); size *
    * count * dtype bytes fit size_t (checked by zpp_hpz_create). */
-  if (st == ZPP_OK)
-    st = zpp_coll_check_layout_overlap(func, &ex, ZPP_BUFS_GATHER, sendbuf,
-                                       recvbuf, hpz->count, hpz->dtype);
-  quant_words(&hpz->cfg.quant, w);
-  w[3] = (uint64_t)hpz->cfg.quantized;
+  ZPP_CHECK(zpp_coll_check_layout_overlap(a->func, ex, ZPP_BUFS_GATHER,
+                                          a->send, a->recv, hpz->count,
+                                          hpz->dtype));
   /* the plan travels as the op: ranks that invalidated differently differ */
-  ZPP_CHECK(zpp_comm_fail(hpz->comm,
-                          zpp_coll_check_args(func, &ex, hpz->count,
-                                              (int)hpz->dtype, plan, w, 4,
-                                              st)));
+  a->op_word = g->plan;
+  return ZPP_OK;
+}
+
+static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
+                              const void *sendbuf, void *recvbuf,
+                              zpp_stream_t stream, zpp_request_t *req,
+                              int backward) {
+  zpp_coll_args_t a = {0};
+  hpz_args_t g;
+  zpp_exec_t ex;
+  hpz_ctx_t *c;
+  uint64_t planned = 0;
+  int plan;
+  zpp_status_t st = ZPP_OK;
+  if (hpz == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "hpz is NULL");
+  g.h = hpz;
+  g.backward = backward;
+  g.plan = HPZ_FORWARD;
+  a.func = func;
+  a.comm = hpz->comm;
+  a.stream = stream;
+  a.count = hpz->count;
+  a.dtype = hpz->dtype;
+  a.op_word = HPZ_FORWARD;
+  a.layout = ZPP_BUFS_NONE;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.pre = hpz_pre;
+  a.post = hpz_post;
+  a.ctx = &g;
+  zpp_coll_quant_words(&hpz->cfg.quant, a.words);
+  a.words[3] = (uint64_t)hpz->cfg.quantized;
+  a.nwords = 4;
+  ZPP_CHECK(zpp_coll_prologue(&a, &ex));
+  plan = g.plan;
   c = (hpz_ctx_t *)calloc(1, sizeof *c);
   if (c == NULL)
     return zpp_comm_fail(hpz->comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
