@@ -115,7 +115,7 @@ if [ -x "$train" ]; then
   # Two global batches: 8 (one sample per rank) keeps the step's compute
   # small next to its traffic, as on GPUs, where a step's FLOPs take far
   # less time than here; 64 (the trainer's default) is compute-heavy on
-  # 2 shared cores.  docs/benchmarks.md section 4 explains the choice.
+  # 2 shared cores.  docs/bench/training.md has the results.
   # Each point: train_reps repetitions of zero3 then zeropp, alternated,
   # so that both modes see the same minutes of the shared machine; the
   # table gives medians and the median of each repetition's ratio.

@@ -5,7 +5,7 @@
 # both directions:
 #   1600mbit  per node = 4 ranks x 0.4 Gbit/s: the compute:network ratio of
 #             H200s on 400 Gb/s NDR, as the emulated study scales it
-#             (docs/benchmarks.md, section 3, "Why 0.4 Gbit/s")
+#             (docs/bench/collectives.md, "Why 0.4 Gbit/s")
 #   400mbit   per node = 4 x 0.1 Gbit/s: 100 Gb Ethernet
 #   none      unshaped veth (what 2 shared cores move through TCP)
 # At each: zpp-bench all-gather (bf16, bf16-flat, qwz8, qwz4, Open MPI's

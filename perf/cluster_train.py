@@ -259,12 +259,12 @@ def markdown(csv_path, meta_path):
             verdict = ("met" if med >= tgoal and pm >= tgoal else
                        "not met" if med < tgoal and pm < tgoal else
                        "not settled (the two figures disagree)")
-            p(f"Issue 12's target, zeropp at least {tgoal:g}x faster than zero3 at "
+            p(f"Target: zeropp at least {tgoal:g}x faster than zero3 at "
               f"{LINK[trate]} per node link and batch {tbatch}: speedup of the medians "
               f"{med:.3f}, median paired speedup {pm:.3f} ({min(pairs):.3f}..{max(pairs):.3f} "
               f"over {len(pairs)} repetitions): {verdict}.")
         else:
-            p(f"Issue 12's target ({LINK[trate]}, batch {tbatch}): no figure (runs failed).")
+            p(f"Target ({LINK[trate]}, batch {tbatch}): no figure (runs failed).")
     p()
     p("Load average (1, 5, 15 min) of the machine before and after each block "
       "(the machine's cores are shared with other jobs; the 8 ranks of this "

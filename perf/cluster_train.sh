@@ -37,7 +37,7 @@
 # Run time with the defaults on 2 cores: about 10 minutes of runs (6 blocks
 # of 1-2 minutes, launches of 5-16 s) plus the load waits: 1-2 minutes
 # before each block on an otherwise quiet machine (the load of the block
-# before must decay), 17 minutes in all for docs/benchmarks.md's table.
+# before must decay), 17 minutes in all for the table of docs/bench/training.md.
 # The target's point alone: ZPP_CLUSTER_TRAIN_RATES=400mbit
 # ZPP_CLUSTER_TRAIN_BATCHES=64 (about 2 minutes of runs; 4 with
 # ZPP_CLUSTER_TRAIN_REPS=10).  A TERM (INT) takes effect at once,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures the targets of the collectives (docs/benchmarks.md): 8 ranks as
+# Measures the targets of the collectives (docs/bench/collectives.md): 8 ranks as
 # an EMULATED 2x4 cluster, bf16, SIZE per rank (default 16 MiB), the
 # inter-node link EMULATED at 0.4 and 10 Gbit/s per rank and not slowed;
 # every ratio is against the bf16 baseline measured in the same zpp-bench

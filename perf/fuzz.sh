@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target of tests/fuzz for longer than make test does
 # (which replays the corpus and fuzzes 5 s each), and writes a table of
-# executions and coverage for docs/benchmarks.md.
+# executions and coverage for docs/bench/robustness.md.
 #   usage: perf/fuzz.sh [SECONDS_PER_TARGET] [FUZZ_BUILD_DIR] [OUT.md]
 #   (default 300 s each, build-fuzz, docs/generated/fuzz.md; then
 #    perf/make_benchmarks_doc.sh --assemble-only pastes the table)

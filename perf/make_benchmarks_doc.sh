@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates docs/benchmarks.md: every table in it comes from a run of the
-# project's own tools made by this script, on this machine, now.
+# Regenerates the benchmark pages, docs/benchmarks.md (the index) and
+# docs/bench/*.md: every table in them comes from a run of the project's
+# own tools, made by this script (or by the study's own script, named
+# above its table) and kept in docs/generated.
 #   usage: perf/make_benchmarks_doc.sh [BUILD_DIR]   (a few minutes)
 #          perf/make_benchmarks_doc.sh --assemble-only
-#          (only pastes docs/generated/*.md into docs/benchmarks.md, for a
-#          section whose own script was run alone, e.g. compare_builds.sh)
+#          (only pastes docs/generated/*.md into the pages, for a section
+#          whose own script was run alone, e.g. perf/soak.sh)
 #          perf/make_benchmarks_doc.sh --quant-only [BUILD_DIR]
 #          (the quantizer throughput tables only, then the pasting: after a
 #          change to the CPU kernels; about two minutes)
@@ -15,8 +17,14 @@
 # the bandwidth study on real links (as root: perf/bandwidth_study.sh
 # --cluster), with ZPP_RUN_CLUSTER_TRAIN=1 the training step on real links
 # (perf/cluster_train.sh), with ZPP_RUN_CONVERGENCE=1 the convergence
-# study; then docs/benchmarks.md = docs/benchmarks.md.in with the generated
-# sections pasted in.
+# study; then each page P.md = P.md.in (docs/benchmarks.md.in,
+# docs/bench/*.md.in) with the generated sections pasted in:
+#   @INCLUDE name.md@          all of docs/generated/name.md
+#   @INCLUDE name.md#Heading@  one section of it: the heading that starts
+#                              with "Heading" and its text up to the next
+#                              heading of any level
+# Dated runs and A/B comparisons are kept in docs/lab/, which this script
+# does not read.
 set -euo pipefail
 quant_only=0
 if [ "${1:-}" = --quant-only ]; then
@@ -36,7 +44,7 @@ case $build in
   --assemble-only)
     [ $quant_only = 0 ] || { echo "make_benchmarks_doc.sh: --quant-only and --assemble-only exclude each other" >&2; exit 2; }
     assemble_only=1 ;;
-  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "make_benchmarks_doc.sh: unknown option '$build' (usage: [BUILD_DIR], --assemble-only or --quant-only [BUILD_DIR])" >&2; exit 2 ;;
 esac
 if [ $assemble_only = 0 ]; then
@@ -115,7 +123,7 @@ if [ "${ZPP_RUN_CONVERGENCE:-0}" = 1 ] && [ $assemble_only = 0 ] && [ $quant_onl
     bash "$root/perf/convergence_study.sh" "$gen" "$build"
 fi
 
-# Issue 13's long runs write their own sections when run alone
+# The robustness runs write their own sections when run alone
 # (perf/fuzz.sh, perf/valgrind.sh, perf/soak.sh: minutes each); with
 # ZPP_RUN_ROBUSTNESS=1 they run here too (fuzz.sh needs the clang build).
 if [ "${ZPP_RUN_ROBUSTNESS:-0}" = 1 ] && [ $assemble_only = 0 ] && [ $quant_only = 0 ]; then
@@ -124,17 +132,51 @@ if [ "${ZPP_RUN_ROBUSTNESS:-0}" = 1 ] && [ $assemble_only = 0 ] && [ $quant_only
   bash "$root/perf/soak.sh" "$build" 10000 "$gen/soak.md"
 fi
 
-python3 - "$root/docs/benchmarks.md.in" "$root/docs/benchmarks.md" "$gen" <<'PY'
-import re, sys, pathlib
-src, dst, gen = sys.argv[1:]
-text = pathlib.Path(src).read_text()
-def include(m):
-    f = pathlib.Path(gen, m.group(1))
-    if not f.exists():  # a section whose script has not run yet says so
-        return ("*(not generated yet: `docs/generated/%s` comes from its "
-                "script, which has not been run)*" % m.group(1))
-    return f.read_text().strip()
-text = re.sub(r"@INCLUDE ([\w.]+)@", include, text)
-pathlib.Path(dst).write_text(text)
+python3 - "$root/docs" "$gen" <<'PY'
+import os, re, sys, pathlib
+docs, gen = map(pathlib.Path, sys.argv[1:])
+heading = re.compile(r"#{1,6} ")
+
+def section(lines, title, name):
+    """The heading line that starts with title and its text up to the next
+    heading of any level (lines inside ``` fences are not headings)."""
+    fence, start = False, None
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if fence or not heading.match(line):
+            continue
+        if start is not None:
+            return lines[start:i]
+        if line.lstrip("#").strip().startswith(title):
+            start = i
+    if start is None:
+        sys.exit("make_benchmarks_doc.sh: docs/generated/%s has no heading "
+                 "starting with %r" % (name, title))
+    return lines[start:]
+
+def paste(dst):
+    def include(m):
+        name, title = m.group(1), m.group(2)
+        f = gen / name
+        if not f.exists():  # a section whose script has not run yet says so
+            return ("*(not generated yet: `docs/generated/%s` comes from its "
+                    "script, which has not been run)*" % name)
+        text = f.read_text()
+        if title:
+            text = "\n".join(section(text.splitlines(), title, name))
+        # links in a table (its plots) are relative to docs/generated
+        rel = os.path.relpath(gen, dst.parent)
+        text = re.sub(r"\]\((?![a-z]+:|#|/)([^)]+)\)",
+                      lambda l: "](%s/%s)" % (rel, l.group(1)), text)
+        return text.strip()
+    return include
+
+pages = [docs / "benchmarks.md.in"] + sorted((docs / "bench").glob("*.md.in"))
+for src in pages:
+    dst = src.with_suffix("")
+    text = re.sub(r"@INCLUDE ([\w.]+)(?:#([^@]+))?@", paste(dst), src.read_text())
+    dst.write_text(text)
+    print("wrote %s" % dst.relative_to(docs.parent), file=sys.stderr)
 PY
-echo "wrote docs/benchmarks.md" >&2

@@ -220,9 +220,9 @@ def markdown(rows, cmds_path, meta_path):
 def targets(p, real, by, rates):
     """The issue's targets on the shaped links, 4-16 MiB per rank."""
     p("")
-    p("#### The targets of issue 12 on these links")
+    p("#### The targets on these links")
     p("")
-    p("From the tables above (medians), at the sizes the issue names. *best bf16* is the "
+    p("From the tables above (medians), at the sizes the targets name. *best bf16* is the "
       "faster of zpp's bf16 and Open MPI's at that size.")
     p("")
     p("| target | link | size | measured | met |")

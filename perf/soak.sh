@@ -5,7 +5,7 @@
 # (perf/zpp_soak.c says what is checked).  Fails when RSS grows (last 10%
 # of samples > first 10% + 1%), threads or fds grow, the cache passes
 # ZPP_SCRATCH_CACHE_MB, or zpp_comm_destroy leaves threads, fds or memory
-# behind (more than half the scratch cache it held).  Writes a table for docs/benchmarks.md (then
+# behind (more than half the scratch cache it held).  Writes a table for docs/bench/robustness.md (then
 # perf/make_benchmarks_doc.sh --assemble-only pastes it).
 #   usage: perf/soak.sh [BUILD_DIR] [ITERATIONS] [OUT.md]
 #   (default build, 10000, docs/generated/soak.md; ~10 minutes on 2 cores)

@@ -13,7 +13,7 @@ mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
         --bind-to none -np "$np" -x ZPP_TOPO="$topo" -x OMPI_MCA_mpi_yield_when_idle)
 
 echo "== zpp demo: $np ranks on this machine, EMULATED as $topo (ZPP_TOPO), inter-node link EMULATED at $gbit Gbit/s per rank =="
-echo "   (real-link figures: docs/benchmarks.md section 9, \"Real links\"; see the end of this demo)"
+echo "   (real-link figures: docs/bench/real_links.md; see the end of this demo)"
 
 if [ -x "$build/tools/zpp-topo" ]; then
   echo
@@ -92,8 +92,8 @@ echo
 echo "Real links: this demo EMULATES the network inside zpp (it needs no root). The same"
 echo "benchmarks on real, kernel-shaped links (network namespaces as nodes, tc tbf on each"
 echo "node's link, Open MPI's TCP between nodes, the topology discovered) and next to"
-echo "Open MPI's own MPI_Allgather / MPI_Reduce_scatter_block are in docs/benchmarks.md,"
-echo "section 9 \"Real links\" (docs/generated/cluster_study.md); as root, reproduce them with"
+echo "Open MPI's own MPI_Allgather / MPI_Reduce_scatter_block are in docs/bench/real_links.md"
+echo "(all tables: docs/generated/cluster_study.md); as root, reproduce them with"
 echo "  perf/bandwidth_study.sh --cluster OUT_DIR $build     (7-8 minutes on 2 cores)"
 echo "or make such a cluster yourself: scripts/netns_cluster.sh up -n 2 -p 4 -r 400mbit;"
 echo "scripts/netns_cluster.sh run -np 8 $build/perf/zpp-bench --coll allgather --variant bf16,qwz8,mpi;"
