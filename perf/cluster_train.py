@@ -60,7 +60,7 @@ LINK = {
     "400mbit": "0.4 Gbit/s (100 GbE scaled)",
     "none": "unshaped",
 }
-TARGET = ("400mbit", "64", 2.0)  # issue 12: zeropp >= 2x zero3 there
+TARGET = ("400mbit", "64", 2.0)  # the training target: zeropp >= 2x zero3 there
 
 
 def fail(code, msg):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Host-path ratios of two builds in one run (issue 9: the engine must not
-# make perf/collective_targets.sh's ratios worse).  For each configuration
+# Host-path ratios of two builds in one run (a change to the engine must
+# not make perf/collective_targets.sh's ratios worse).  For each configuration
 # of collective_targets.sh (8 ranks as an EMULATED 2x4, bf16, 16 MiB per
 # rank) it runs build A then build B, REPEATS times alternating, and
 # reports the median ratio (time / bf16 time of the same zpp-bench run) of

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Convergence study (issue 14), three parts on an EMULATED 2x4 cluster (8
+# Convergence study of the transforms, three parts on an EMULATED 2x4 cluster (8
 # ranks, ZPP_TOPO=2x4), every configuration and every seed, then per part a
 # table of the final loss relative to bf16 and of the inter-node bytes per
 # step, in the layout of the SDP4Bit paper's table, and a plot of the loss

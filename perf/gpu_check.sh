@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot check of the device path on a machine with a GPU (issue 9): build
+# One-shot check of the device path on a machine with a GPU: build
 # (CUDA, NCCL and MPI on), run the unit tests (test_quant, test_quant_cuda),
 # the device-memory collective tests (test_coll with ZPP_TEST_MEMORY=device:
 # 4 ranks sharing the GPU through MPI staging, and 1 rank on NCCL; the
@@ -289,7 +289,7 @@ fi
     echo
     echo "| op | dtype | bits | block | GB/s | d2d GB/s | ratio | goal |"
     echo "| --- | --- | --- | --- | ---: | ---: | ---: | --- |"
-    # goal (issue 9): INT8 encode/decode >= 0.8 of the copy, INT4 >= 0.7
+    # the codec's device goal: INT8 encode/decode >= 0.8 of the copy, INT4 >= 0.7
     tail -n +2 "$f" | awk -F, '{
       g = ($3 == 8) ? 0.8 : 0.7; v = "";
       if ($1 == "encode" || $1 == "decode")

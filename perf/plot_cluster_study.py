@@ -218,7 +218,7 @@ def markdown(rows, cmds_path, meta_path):
 
 
 def targets(p, real, by, rates):
-    """The issue's targets on the shaped links, 4-16 MiB per rank."""
+    """The collective targets on the shaped links, 4-16 MiB per rank."""
     p("")
     p("#### The targets on these links")
     p("")

@@ -4,7 +4,7 @@
 # as an EMULATED 2x4, --large, the default global batch (64, 8 samples
 # per rank), --steps 5; zero3 and zeropp on the unlimited link
 # (ZPP_EMU_INTER_GBIT=0, compute-dominated) and at 0.1 Gbit/s per rank
-# (issue 12's target: zeropp at least 2x faster than zero3 there).  The
+# (the training target: zeropp at least 2x faster than zero3 there).  The
 # binaries alternate run by run, REPEATS times, so a slow phase of a
 # shared machine hits both; the table has the median of zpp-train's
 # step_time_s (mean over steps 2.., max over ranks) per binary, the ratio

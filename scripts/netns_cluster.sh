@@ -52,7 +52,7 @@
 # loss, paces the senders; burst 256 KiB or 2 ms at the rate, whichever is
 # larger (at least rate/HZ at any kernel HZ), so the bucket never limits
 # below the rate.  With a 32 KiB queue TCP over tbf dropped, backed off
-# and one run in ten took 10x longer (issue 12).
+# and one run in ten took 10x longer.
 #
 # Open MPI: ob1 with the btls self, vader (shared memory, ranks of one
 # node) and tcp (between nodes, on the cluster subnet only:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Injects a real fault into a running zpp job (tests/fault_worker.cc) and
-# checks what issue 13 asks:
+# checks that the job fails cleanly and boundedly:
 #   kill: rank ZPP_FAULT_VICTIM (default 2) is killed with SIGKILL while
 #         the job runs collectives back to back; every survivor must return
 #         an error within ZPP_TIMEOUT_S + 5 s of the kill, naming the

@@ -1,4 +1,4 @@
-# Faults (issue 13): zpp_comm_abort, the asynchronous error, the first
+# Faults: zpp_comm_abort, the asynchronous error, the first
 # error of a failed communicator, bounded creation (tests/test_faults.cc,
 # under mpirun on an emulated 2x2, with and without ZPP_CHECK's argument
 # exchange); then real faults injected into running jobs by

@@ -17,7 +17,7 @@ if(ZPP_CUDA_EMU AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_quant_cuda.cc)
     fp16_int4_sym_block4096 bf16_int8_sym_block1048576 bf16_int4_asym_block32)
   set(_filter "QuantCudaPointers.*:QuantCudaStream.*")
   # stochastic rounding at nonzero index bases, on every launcher path
-  string(APPEND _filter ":QuantCudaIssue14.StochasticRoundingAtANonzeroIndexBase")
+  string(APPEND _filter ":QuantCudaTransforms.StochasticRoundingAtANonzeroIndexBase")
   foreach(_s ${_shapes})
     string(APPEND _filter ":All/QuantCuda.*/${_s}")
   endforeach()

@@ -432,8 +432,9 @@ TEST(Bootstrap, ConnectToAnUnansweringRootIsBoundedByTheTimeout) {
 }
 
 // ZPP_BOOTSTRAP_PORT out of range: refused at once on every rank, naming
-// the variable (a non-root rank used to connect to the port's low 16 bits
-// and wait out the timeout; the root listened on the truncated port).
+// the variable (the bug it catches: a non-root rank connecting to the
+// port's low 16 bits and waiting out the timeout, the root listening on the
+// truncated port).
 TEST(Bootstrap, BootstrapPortOutOfRangeIsNamedOnEveryRank) {
   // zpp reads its settings once per process: one value per child.
   const char *bad[] = {"-5", "65536", "4294967297"};

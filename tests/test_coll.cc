@@ -884,7 +884,7 @@ TEST(Qwz, StochasticRoundingDrawsAtTheIndexInTheWholeTensor) {
   }
 }
 
-// ---- qgZ options of issue 14: Hadamard, stochastic rounding, INT8 residual ---------
+// ---- qgZ transforms: Hadamard, stochastic rounding, INT8 residual ---------
 
 // float64 H x / sqrt(g) of one group (Sylvester order, as the butterflies).
 void hadamard64(const double *x, size_t g, double *y) {

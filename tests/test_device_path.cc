@@ -1,7 +1,7 @@
 // The device path's contract on the emulated CUDA runtime (tests/cuda_emu)
-// and the NCCL stand-in (tests/nccl_emu), under mpirun: one test per bug of
-// issue 9 part 2 that the collectives' results alone would not show.  Each
-// fails at 9ec3fac (said per test) and passes now.
+// and the NCCL stand-in (tests/nccl_emu), under mpirun: one test per
+// device-path bug that the collectives' results alone would not show.  Each
+// fails when its bug is put back (the bug is said per test).
 //
 //   b  a started collective is not done before the device ran it
 //   e  when one rank cannot create its NCCL communicator (here: its
@@ -91,7 +91,7 @@ bool run_case(const char *name) {
 }
 
 // b: the request reports done only after the device ran the collective
-// (at 9ec3fac a NCCL request was marked done when enqueued).
+// (the bug: a NCCL request marked done when enqueued).
 TEST(DevicePath, RequestIsNotDoneBeforeTheDeviceRanIt) {
   if (!run_case("request")) GTEST_SKIP() << "ZPP_TEST_CASE";
   zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
@@ -185,7 +185,7 @@ TEST(DevicePath, TimedOutDeviceWaitAbortsNcclSoTheStreamDrains) {
 // read once, each block byte of the output written once, no gap byte read
 // or written, the output never read; adjacent blocks go as one copy; the
 // output's gaps keep the caller's bytes and the blocks hold the peers'.
-// Fails at a884abe (reads of the gaps and of the output).
+// The bug it catches: reads of the gaps and of the output.
 struct Layout {
   std::vector<size_t> bytes, displs;  // displs empty: packed (NULL)
   size_t extent() const {
@@ -657,8 +657,8 @@ TEST(DevicePath, TrustedDecodeNeverTakesADtypeForAccumulate) {
 
 // c: a communicator on device 1 runs its kernels on device 1 from the
 // engine thread (whose current device is 0) and from a caller whose
-// current device is 0, which it leaves at 0 (at 9ec3fac the engine thread
-// launched on device 0: an illegal address on device 1's buffers).
+// current device is 0, which it leaves at 0 (the bug: the engine thread
+// launching on device 0, an illegal address on device 1's buffers).
 TEST(DevicePath, WorkRunsOnTheCommunicatorsDevice) {
   if (!run_case("device")) GTEST_SKIP() << "ZPP_TEST_CASE";
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
@@ -709,9 +709,9 @@ TEST(DevicePath, WorkRunsOnTheCommunicatorsDevice) {
 }
 
 // d: destroying an hpZ handle while its gathers are still queued on a
-// non-blocking stream must not free the secondary copy under them (at
-// 9ec3fac it was freed with cudaFreeAsync on the legacy stream, which does
-// not wait for non-blocking streams: a use after free).
+// non-blocking stream must not free the secondary copy under them (the
+// bug: freeing it with cudaFreeAsync on the legacy stream, which does not
+// wait for non-blocking streams, a use after free).
 TEST(DevicePath, HpzDestroyWaitsForQueuedGathers) {
   if (!run_case("hpz")) GTEST_SKIP() << "ZPP_TEST_CASE";
   zpp_comm_t comm = make_comm(ZPP_BACKEND_NCCL, -1);
@@ -748,9 +748,9 @@ TEST(DevicePath, HpzDestroyWaitsForQueuedGathers) {
 }
 
 // e: rank 0 cannot load NCCL (the ctest entry gives it a library that does
-// not exist); every rank must fail creation, and quickly (at 9ec3fac the
-// failing rank returned before broadcasting the unique id and the others
-// waited in the broadcast).
+// not exist); every rank must fail creation, and quickly (the bug: the
+// failing rank returning before broadcasting the unique id, the others
+// waiting in the broadcast).
 TEST(DevicePath, CreationFailsOnEveryRankWhenOneCannot) {
   if (!run_case("creation")) GTEST_SKIP() << "ZPP_TEST_CASE";
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
@@ -773,7 +773,7 @@ TEST(DevicePath, CreationFailsOnEveryRankWhenOneCannot) {
 }
 
 // f: with ranks sharing one GPU (ZPP_EMU_DEVICES=1), AUTO chooses MPI
-// staging (at 9ec3fac it chose NCCL, which refuses two ranks per device).
+// staging (the bug: choosing NCCL, which refuses two ranks per device).
 TEST(DevicePath, AutoChoosesMpiWhenRanksShareAGpu) {
   if (!run_case("auto")) GTEST_SKIP() << "ZPP_TEST_CASE";
   zpp_comm_t comm = make_comm(ZPP_BACKEND_AUTO, -1);
@@ -785,7 +785,7 @@ TEST(DevicePath, AutoChoosesMpiWhenRanksShareAGpu) {
 }
 
 // h: a qgZ call with error feedback classifies its three user buffers
-// once each (at 9ec3fac every encode and decode queried both pointers:
+// once each (the bug: every encode and decode querying both pointers,
 // dozens of queries per call).
 // A buffer of another device than the communicator's is refused by name
 // before any work is queued (kernels of the communicator's device would

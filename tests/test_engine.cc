@@ -2,11 +2,11 @@
 // threads and memory, which the collectives' results cannot show.
 //
 //   - a blocking collective, chunked (pipelined) or not, creates no thread:
-//     the plan runs on the caller (before the engine, every pipelined call
-//     started a thread of its own);
+//     the plan runs on the caller (no pipelined call starts a thread of
+//     its own);
 //   - started collectives share one engine thread per communicator;
 //   - the host scratch cache belongs to the communicator and is freed by
-//     zpp_comm_destroy (it used to be per thread and outlive it).
+//     zpp_comm_destroy (not per thread, outliving it).
 //
 // pthread_create is wrapped at link time (-Wl,--wrap=pthread_create) and
 // counted.  ctest runs this with ZPP_PIPE_MIN_CHUNK=256, so the counts
@@ -242,10 +242,10 @@ zpp_status_t submit_kernel(zpp_comm_t c, zpp_kernel_fn fn, void *ctx,
 
 // A wait that gives up (the engine finished nothing for 2 x timeout + 1 s)
 // returns ZPP_ERR_TIMEOUT; the collective it waited for must then never
-// run: the caller may free its buffers.  Before the fix a blocking call
-// queued behind a stuck plan freed its request and returned, and the
-// engine later ran its plan and wrote the freed request; a timed-out
-// zpp_request_wait left its plan queued, to run at destroy.
+// run: the caller may free its buffers.  The bugs it catches: a blocking
+// call queued behind a stuck plan freeing its request and returning while
+// the engine later runs its plan and writes the freed request; a timed-out
+// zpp_request_wait leaving its plan queued, to run at destroy.
 TEST(EngineTimeout, GivingUpDropsTheQueuedPlan) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   cfg.timeout_s = 0.3;  // waits give up after 1.6 s without progress
@@ -271,8 +271,8 @@ TEST(EngineTimeout, GivingUpDropsTheQueuedPlan) {
 
 // A plan that keeps making progress is not a hung one: 8 steps of 0.4 s
 // (3.2 s in all) against waits that give up after 1.6 s without progress.
-// Before the fix only a finished plan counted as progress, and the wait
-// returned ZPP_ERR_TIMEOUT (and broke the communicator) mid-plan.
+// The bug it catches: only a finished plan counting as progress, so the
+// wait returns ZPP_ERR_TIMEOUT (and breaks the communicator) mid-plan.
 TEST(EngineTimeout, ALongPlanThatKeepsMovingIsNotTimedOut) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   cfg.timeout_s = 0.3;

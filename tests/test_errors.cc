@@ -1,5 +1,5 @@
 // The exact text of the error of every bad argument of every public
-// function (include/zpp/*.h), table-driven (issue 13, item 7).  Each row
+// function (include/zpp/*.h), table-driven.  Each row
 // calls one function with one bad argument and checks the status and the
 // whole message of zpp_get_last_error(), which names the function, the
 // argument as the header names it (a field as arg->field), its value where

@@ -402,8 +402,8 @@ TEST(Faults, CreateFromRanksListsMustAgree) {
 // A subset of a subset, split by its members only (the other half does
 // something else).  Under MPI sibling subsets share their parent's
 // duplicates, and a duplication is collective over all their ranks: the
-// split used to wait for the other half until the timeout.  It fails at
-// once now, on every member, saying so.  A subset of all the ranks
+// split must not wait for the other half until the timeout.  It fails at
+// once, on every member, saying so.  A subset of all the ranks
 // (reordered) has no siblings and splits again, with correct blocks; its
 // MPI communicator is refused (MPI's rank order is not its own).
 TEST(Faults, SplitOfASubsetFailsAtOnceOrWorks) {

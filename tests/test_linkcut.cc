@@ -1,6 +1,6 @@
-// Link cuts on a real cluster (issue 13, item 3): scripts/netns_cluster.sh
-// makes the nodes, and tests/cluster_tests.sh runs this suite under its
-// mpirun with two commands in the environment:
+// Link cuts on a real cluster (a fault of the network, not of a rank):
+// scripts/netns_cluster.sh makes the nodes, and tests/cluster_tests.sh
+// runs this suite under its mpirun with two commands in the environment:
 //   ZPP_TEST_LINK_CUT      cuts a node's link (e.g. "netns_cluster.sh link 1
 //                          down": its bridge port down; or "... link 1 loss":
 //                          100% loss both ways)

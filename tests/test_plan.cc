@@ -226,7 +226,7 @@ TEST(Plan, BadInputExits2NamingTheFlag) {
   }
 }
 
-// Issue 14, the same small case (c = 125000, N = 8, M = 2, block 256):
+// The transforms (error feedback, qWD), the same small case (c = 125000, N = 8, M = 2, block 256):
 //   --ef 32: residual 4 (N + M) c = 4 * 10 * 125000 = 5000000 bytes;
 //   --ef 8:  (N + M) E8(c), E8 = 125000 + 4 * 489 = 126956: 1269560 bytes;
 //            both added to zeropp's model state;

@@ -470,12 +470,12 @@ TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {
 }
 
 
-// ---- issue 14: stochastic rounding and the Hadamard rotation on the device ----------
+// ---- transforms: stochastic rounding and the Hadamard rotation on the device ------
 
 // The encode kernel draws the same bits as the CPU (zpp_qm_rand24 of the
 // element index plus the base): every path of the launcher (one segment,
 // looping, split blocks) gives the CPU's bytes.
-TEST(QuantCudaIssue14, StochasticRoundingIsBitwiseEqualToCpu) {
+TEST(QuantCudaTransforms, StochasticRoundingIsBitwiseEqualToCpu) {
   ZPP_SKIP_WITHOUT_DEVICE();
   Stream st;
   const size_t blocks[] = {7, 32, 256, 5000, (size_t)1 << 16, (size_t)1 << 22};
@@ -531,7 +531,7 @@ const Input &normal_input(int dt) {
   return in;
 }
 
-TEST(QuantCudaIssue14, StochasticRoundingAtANonzeroIndexBase) {
+TEST(QuantCudaTransforms, StochasticRoundingAtANonzeroIndexBase) {
   ZPP_SKIP_WITHOUT_DEVICE();
   Stream st;
   struct Shape {
@@ -577,7 +577,7 @@ TEST(QuantCudaIssue14, StochasticRoundingAtANonzeroIndexBase) {
 // The device rotation performs the host's operations in the same order:
 // bitwise equal for every dtype, shared-memory groups (<= 1024) and the
 // staged path (larger groups), with a tail left unrotated.
-TEST(QuantCudaIssue14, HadamardIsBitwiseEqualToCpu) {
+TEST(QuantCudaTransforms, HadamardIsBitwiseEqualToCpu) {
   ZPP_SKIP_WITHOUT_DEVICE();
   Stream st;
   for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})

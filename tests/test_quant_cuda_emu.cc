@@ -207,7 +207,7 @@ TEST_P(QuantCudaEmu, KernelsLoopWhenTheGridIsCapped) {
     }
 }
 
-// Stochastic rounding (issue 14): the kernels draw element i's bits at
+// Stochastic rounding: the kernels draw element i's bits at
 // base + i from the same keyed generator as the scalar codec, so the bytes
 // are equal, whatever the block class, the split over CTAs or the base.
 TEST_P(QuantCudaEmu, StochasticRoundingIsBitwiseEqualToScalar) {

@@ -677,7 +677,7 @@ void expect_error(const ToolRun &r, std::vector<std::string> words) {
 }
 
 
-// ---- issue 14: --hadamard and --rounding ------------------------------------------
+// ---- transforms: --hadamard and --rounding ----------------------------------------
 
 // The two flags add the columns hadamard,rounding; rows without rotation
 // and with nearest rounding are the plain tool's rows; a rotated row

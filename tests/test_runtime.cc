@@ -763,7 +763,7 @@ TEST(PGroup, BadArgumentsAreRejectedWithMessagesNamingThem) {
 }
 
 
-// ---- issue 14: qWD groups, INT8 error feedback, Hadamard, old structs -------------
+// ---- transforms: qWD groups, INT8 error feedback, Hadamard, old structs -----------
 
 uint64_t fnv64(const void *p, size_t n) {
   const uint8_t *c = (const uint8_t *)p;
@@ -799,11 +799,11 @@ double correlation(const std::vector<double> &a, const std::vector<double> &b) {
 // Two groups (two layers of one model) with the same configuration and
 // seed, fed the same gradient and the same master weights: their
 // stochastic rounding must draw independent bits, or every layer makes the
-// same rounding error at the same step (the seed used to be seed ^ call,
-// the same for every layer's call k).  Given the data, the two errors are
+// same rounding error at the same step (the bug it catches: a seed of
+// seed ^ call, the same for every layer's call k).  Given the data, the two errors are
 // then independent and zero-mean, so the sample correlation of n pairs
 // has a standard deviation of about 1/sqrt(n); the check allows 6 of them
-// (before the fix it was exactly 1).  That a run repeats with the same
+// (with the bug it is exactly 1).  That a run repeats with the same
 // seed is checked by tests/runtime/test_train.cc.
 TEST(PGroup, GroupsWithOneSeedDrawIndependentStochasticRounding) {
   const size_t sizes[] = {4096 * 4};

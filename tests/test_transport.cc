@@ -1605,9 +1605,9 @@ TEST(Errors, TimeoutInsteadOfHanging) {
 }
 
 // A huge timeout means "practically none" (ZPP_TIMEOUT_MAX_S), not an
-// immediate one: timeout_s * 1e9 used to overflow int64_t nanoseconds and
-// put every deadline in the past, so any wait not done at its first test
-// (creation's bootstrap included) failed at once.  Rank 0 arrives late, so
+// immediate one: timeout_s * 1e9 must not overflow int64_t nanoseconds and
+// put every deadline in the past, so that any wait not done at its first
+// test (creation's bootstrap included) fails at once.  Rank 0 arrives late, so
 // the others' first tests see nothing done.
 TEST(Errors, HugeTimeoutIsNoTimeout) {
   for (double to : {1e12, (double)INFINITY}) {

@@ -1,7 +1,7 @@
 # (Named zpp_* so that it comes after tests/nccl_emu.cmake, which defines
 # the stand-in: tests/CMakeLists.txt includes the fragments in name order.)
 # The device path's contract (tests/test_device_path.cc): one ctest entry per
-# bug of issue 9 part 2 whose effect the collectives' results do not show,
+# device-path bug whose effect the collectives' results do not show,
 # each with the backend, devices and ranks it needs.  Emulated builds only
 # (it uses the emulator's hooks, tests/cuda_emu/zpp_cuda_emu.h).  Label emu.
 if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)

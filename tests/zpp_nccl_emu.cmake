@@ -4,8 +4,8 @@
 # the fragments in name order).
 # zpp's NCCL backend on the stand-in, through the emulated libzpp
 # (ZPP_CUDA_EMU=ON): the transport suite's device tests under mpirun, one
-# rank per emulated device, on the layouts of the issue (1x1, 2x2, 2x4,
-# 3x2).  The MPI staging test of the same suite runs alongside (Device.*).
+# rank per emulated device, on the layouts 1x1, 2x2, 2x4 and 3x2 (one
+# node, a square, the 8-rank cluster, an uneven node count).  The MPI staging test of the same suite runs alongside (Device.*).
 # ZPP_NCCL_LIBRARY makes libzpp dlopen the stand-in instead of libnccl.so.2.
 # Label "mpi;emu".
 if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
@@ -16,8 +16,7 @@ if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
   # Expected failures: tests that fail because of a known library bug, one
   # list per bug, appended to _xfail.  They are left out of the main entry
   # and run in an entry of their own marked WILL_FAIL, so that the fix of
-  # the bug makes that entry fail: then delete the list.  None today (the
-  # init-handle bug of issue 9, 2a, had one until main fixed it).
+  # the bug makes that entry fail: then delete the list.  None at present.
   set(_xfail "")
   foreach(_l "1x1|1" "2x2|4" "2x4|8" "3x2|6")
     string(REPLACE "|" ";" _f "${_l}")

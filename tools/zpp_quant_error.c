@@ -201,7 +201,7 @@ typedef struct {
   int format;
   /* generator flags given explicitly: an error together with --input */
   const char *gen_flag_given;
-  /* issue 14: Hadamard group sizes (0: off) and roundings; with either
+  /* transforms: Hadamard group sizes (0: off) and roundings; with either
    * flag the output gains the columns hadamard,rounding */
   size_t hadamards[QE_MAX_LIST];
   int nhadamards;

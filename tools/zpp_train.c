@@ -64,7 +64,7 @@ typedef struct {
   int json, quiet, overlap;
   int qwz_bits, hpz, qgz_bits, qgz_intra_bits, ef;
   size_t block;
-  /* issue 14 options */
+  /* transforms: qWD, Hadamard, stochastic rounding, error-feedback bits */
   int qwd_bits, hadamard, sr, ef_bits;
   size_t qwd_block, qwz_block;
   /* compression flags given on the command line: zero1/zero2 use only

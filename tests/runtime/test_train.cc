@@ -320,7 +320,7 @@ TEST(Train, InterNodeBytesPerStepMatchTheFormulasAndTheRatio) {
 }
 
 
-// ---- issue 14 options ------------------------------------------------------------
+// ---- transforms: qWD, INT8 error feedback, Hadamard, stochastic rounding ---------
 
 // zero2 with qWD (4-bit differences, block 256): the full weights every
 // rank holds are the reconstruction, so the run converges like zero2
