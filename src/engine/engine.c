@@ -28,16 +28,12 @@
  * communicator's device current for the plan and restores its previous
  * device afterwards (a caller's current device is its own business).
  */
-#include "algo/algo.h"
+#include "engine/engine_impl.h"
+
 #include "comm/comm.h"
 #include "core/core.h"
-#include "engine/engine.h"
-#include "engine/plan.h"
 #include "kernels/elementwise.h"
 #include "transport/transport_impl.h"
-
-#if ZPP_HAVE_CUDA_KERNELS
-#endif
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,94 +42,11 @@
 #include <string.h>
 #include <time.h>
 
-enum { STEP_WAITING = 0, STEP_RUNNING = 1, STEP_DONE = 2 };
-
-typedef struct {
-  zpp_step_kind_t kind;
-  int deps[ZPP_STEP_MAXDEPS];
-  zpp_kernel_fn fn;
-  size_t arg;
-  zpp_xfer_desc_t x;
-  int state;
-  zpp_xop_t *op;
-} step_t;
-
-struct zpp_request {
-  zpp_comm_t comm;
-  zpp_transport_t *t;
-  int ran;              /* the host part finished (status valid) */
-  zpp_status_t status;
-  char msg[512];        /* the error message of the thread that ran it */
-  void *event;          /* device plans: recorded after the last step */
-  int64_t started_ns;   /* for the timeout of the event wait */
-  int abandoned;        /* its waiter gave up while the plan ran: the
-                           engine frees the request when it completes */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-};
-
-struct zpp_plan {
-  const char *func;
-  int ndone;       /* steps done (execute) */
-  zpp_status_t poll_st; /* first error seen by zpp_plan_poll */
-  zpp_exec_t ex;
-  void *ctx;
-  void (*release)(void *ctx);
-  step_t *steps;
-  int n, cap;
-  int oom;
-  struct zpp_request *req; /* where the result goes; NULL: inline caller */
-  _Atomic int64_t *progress; /* the engine's last_progress_ns, or NULL */
-  struct zpp_plan *next;   /* engine queue */
-  uint64_t ticket;         /* 1, 2, ... in queue order (0: never queued) */
-};
-
-/* ---- the per-communicator engine ----------------------------------------- */
-
-#define CACHE_SLOTS 32
-#define CACHE_HDR 64 /* keeps buffers 64-byte aligned, holds their size */
-
-typedef struct {
-  zpp_comm_t comm;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;        /* queue, busy and stop changes */
-  zpp_plan_t *head, *tail;  /* queued plans */
-  int busy;                 /* a plan is running (thread or inline) */
-  uint64_t last_ticket;     /* the last queued plan's ticket */
-  uint64_t running_ticket;  /* the engine thread's plan now (0: none) */
-  int thread_started, stop;
-  pthread_t thread;
-  /* A plan started or finished a step, or moved bytes (for bounded waits:
-   * a long plan that keeps moving is not a hung one).  Written by the
-   * running plan without the mutex. */
-  _Atomic int64_t last_progress_ns;
-  /* Host scratch: plans need large buffers on every call (a qwZ gather of
-   * 16 MiB per rank over 8 ranks needs ~70 MB unchunked, on device memory;
-   * the host pipeline keeps 3 slots of 1/32 of it); fresh malloc'ed memory of
-   * that size is mmap'ed and returned on free, so every call would pay
-   * page faults.  Freed buffers are kept (up to ZPP_SCRATCH_CACHE_MB) for
-   * the life of the communicator and released by zpp_comm_destroy. */
-  pthread_mutex_t cache_mu;
-  void *slot[CACHE_SLOTS];
-  size_t slot_cap[CACHE_SLOTS];
-  size_t cache_total;
-  /* Host memory given back while cancelled transfers may still read or
-   * write it (zpp_transport_in_doubt: a failed plan's scratch, a failed
-   * hpZ handle's partition): never reused, freed by zpp_engine_release
-   * once the transport is quiet, else leaked.  Under cache_mu. */
-  struct held *held;
-} engine_t;
-
-struct held {
-  void *p; /* what free() takes */
-  struct held *next;
-};
-
 static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void engine_abort(zpp_comm_t comm);
 
-static engine_t *engine_of(zpp_comm_t comm) {
+engine_t *zpp_engine_of(zpp_comm_t comm) {
   engine_t *e;
   pthread_mutex_lock(&engines_mu);
   e = (engine_t *)comm->engine;
@@ -154,458 +67,6 @@ static engine_t *engine_of(zpp_comm_t comm) {
   return e;
 }
 
-void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes) {
-  engine_t *e = engine_of(comm);
-  void *base = NULL;
-  int i, best = -1;
-  if (e != NULL) {
-    pthread_mutex_lock(&e->cache_mu);
-    for (i = 0; i < CACHE_SLOTS; i++)
-      if (e->slot[i] != NULL && e->slot_cap[i] >= bytes &&
-          (best < 0 || e->slot_cap[i] < e->slot_cap[best]))
-        best = i;
-    if (best >= 0) {
-      base = e->slot[best];
-      e->slot[best] = NULL;
-      e->cache_total -= e->slot_cap[best];
-    }
-    pthread_mutex_unlock(&e->cache_mu);
-    if (base != NULL)
-      return (char *)base + CACHE_HDR;
-  }
-  if (bytes > SIZE_MAX - CACHE_HDR ||
-      posix_memalign(&base, CACHE_HDR, bytes + CACHE_HDR) != 0)
-    return NULL;
-  memcpy(base, &bytes, sizeof bytes);
-  return (char *)base + CACHE_HDR;
-}
-
-/* While cancelled transfers may still touch host memory, keeps `p` (a
- * block free() takes) until zpp_engine_release instead of freeing it:
- * returns 1 when it took p (without memory for the record p is leaked,
- * never freed), 0 when the caller frees it as usual. */
-int zpp_engine_hold(zpp_comm_t comm, void *p) {
-  engine_t *e;
-  struct held *h;
-  if (p == NULL || !zpp_transport_in_doubt(zpp_comm_transport(comm)))
-    return 0;
-  e = (engine_t *)comm->engine;
-  if (e == NULL || (h = (struct held *)calloc(1, sizeof *h)) == NULL)
-    return 1;
-  h->p = p;
-  pthread_mutex_lock(&e->cache_mu);
-  h->next = e->held;
-  e->held = h;
-  pthread_mutex_unlock(&e->cache_mu);
-  return 1;
-}
-
-void zpp_engine_host_free(zpp_comm_t comm, void *p) {
-  engine_t *e = (engine_t *)comm->engine;
-  void *base = (char *)p - CACHE_HDR;
-  size_t cap, limit = (size_t)zpp_setting_long("ZPP_SCRATCH_CACHE_MB", 512)
-                      << 20;
-  int i, slot = -1;
-  if (zpp_engine_hold(comm, base))
-    return;
-  memcpy(&cap, base, sizeof cap);
-  if (e == NULL || cap > limit) {
-    free(base);
-    return;
-  }
-  pthread_mutex_lock(&e->cache_mu);
-  for (i = 0; i < CACHE_SLOTS && slot < 0; i++)
-    if (e->slot[i] == NULL)
-      slot = i;
-  if (slot < 0) {
-    pthread_mutex_unlock(&e->cache_mu);
-    free(base);
-    return;
-  }
-  /* make room under the limit by dropping the smallest buffers */
-  while (e->cache_total + cap > limit) {
-    int small = -1;
-    for (i = 0; i < CACHE_SLOTS; i++)
-      if (e->slot[i] != NULL && (small < 0 || e->slot_cap[i] < e->slot_cap[small]))
-        small = i;
-    if (small < 0)
-      break;
-    free(e->slot[small]);
-    e->slot[small] = NULL;
-    e->cache_total -= e->slot_cap[small];
-  }
-  e->slot[slot] = base;
-  e->slot_cap[slot] = cap;
-  e->cache_total += cap;
-  pthread_mutex_unlock(&e->cache_mu);
-}
-
-size_t zpp_engine_cached_bytes(zpp_comm_t comm) {
-  engine_t *e = comm != NULL ? (engine_t *)comm->engine : NULL;
-  size_t b;
-  if (e == NULL)
-    return 0;
-  pthread_mutex_lock(&e->cache_mu);
-  b = e->cache_total;
-  pthread_mutex_unlock(&e->cache_mu);
-  return b;
-}
-
-/* ---- plans ------------------------------------------------------------------ */
-
-zpp_status_t zpp_plan_create(const char *func, const zpp_exec_t *ex,
-                             void *ctx, void (*release)(void *ctx),
-                             zpp_plan_t **out) {
-  zpp_plan_t *p = (zpp_plan_t *)calloc(1, sizeof *p);
-  if (p == NULL) {
-    if (release != NULL)
-      release(ctx);
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "plan");
-  }
-  p->func = func;
-  p->ex = *ex;
-  p->ctx = ctx;
-  p->release = release;
-  *out = p;
-  return ZPP_OK;
-}
-
-void *zpp_plan_ctx(zpp_plan_t *p) { return p->ctx; }
-
-static int add_step(zpp_plan_t *p, zpp_step_kind_t kind, int dep0, int dep1) {
-  step_t *s;
-  if (p->oom)
-    return ZPP_NO_STEP;
-  if (p->n == p->cap) {
-    int cap = p->cap ? 2 * p->cap : 16;
-    step_t *q = (step_t *)realloc(p->steps, (size_t)cap * sizeof *q);
-    if (q == NULL) {
-      p->oom = 1;
-      return ZPP_NO_STEP;
-    }
-    p->steps = q;
-    p->cap = cap;
-  }
-  s = &p->steps[p->n];
-  memset(s, 0, sizeof *s);
-  s->kind = kind;
-  /* Dependencies point backwards (a DAG in index order: no deadlock). */
-  s->deps[0] = dep0 >= 0 && dep0 < p->n ? dep0 : ZPP_NO_STEP;
-  s->deps[1] = dep1 >= 0 && dep1 < p->n ? dep1 : ZPP_NO_STEP;
-  return p->n++;
-}
-
-int zpp_plan_kernel(zpp_plan_t *p, zpp_kernel_fn fn, size_t arg, int dep0,
-                    int dep1) {
-  int i = add_step(p, ZPP_STEP_KERNEL, dep0, dep1);
-  if (i != ZPP_NO_STEP) {
-    p->steps[i].fn = fn;
-    p->steps[i].arg = arg;
-  }
-  return i;
-}
-
-int zpp_plan_xfer(zpp_plan_t *p, const zpp_xfer_desc_t *x, int dep0, int dep1) {
-  int i = add_step(p, ZPP_STEP_XFER, dep0, dep1);
-  if (i != ZPP_NO_STEP) {
-    p->steps[i].x = *x;
-    /* Every transfer of a plan is on the plan's memory space and stream. */
-    p->steps[i].x.mem = p->ex.mem;
-    p->steps[i].x.stream = p->ex.stream;
-  }
-  return i;
-}
-
-static void plan_free(zpp_plan_t *p) {
-  int i;
-  for (i = 0; i < p->n; i++)
-    if (p->steps[i].op != NULL)
-      zpp_xop_free(p->steps[i].op);
-  if (p->release != NULL)
-    p->release(p->ctx);
-  free(p->steps);
-  free(p);
-}
-
-void zpp_plan_discard(zpp_plan_t *p) {
-  if (p != NULL)
-    plan_free(p);
-}
-
-/* ---- executing a plan ---------------------------------------------------- */
-
-static int deps_done(const zpp_plan_t *p, const step_t *s) {
-  int d;
-  for (d = 0; d < ZPP_STEP_MAXDEPS; d++)
-    if (s->deps[d] != ZPP_NO_STEP && p->steps[s->deps[d]].state != STEP_DONE)
-      return 0;
-  return 1;
-}
-
-static zpp_status_t start_xfer(zpp_plan_t *p, step_t *s) {
-  return zpp_xfer_start(p->ex.t, &s->x, 0, &s->op);
-}
-
-/* Waits for progress: until the earliest emulated-link deadline of the
- * transfers in flight when every one has such a deadline, else spin
- * (yield) until quiet_until and then sleep with a doubling pause. */
-static void idle_wait(const zpp_plan_t *p, int64_t quiet_until,
-                      long *pause_ns) {
-  int64_t now = zpp_time_ns(), wake = INT64_MAX;
-  int i, polled = 0;
-  for (i = 0; i < p->n; i++) {
-    int64_t w;
-    if (p->steps[i].state != STEP_RUNNING)
-      continue;
-    w = zpp_xop_wake_ns(p->steps[i].op);
-    if (w <= now) {
-      polled = 1;
-      break;
-    }
-    if (w < wake)
-      wake = w;
-  }
-  if (!polled && wake != INT64_MAX) {
-    zpp_sleep_until_ns(wake);
-    return;
-  }
-  if (now < quiet_until) {
-    sched_yield();
-  } else {
-    zpp_pause_ns(pause_ns);
-  }
-}
-
-/* The plan whose kernel step this thread is running (zpp_plan_poll). */
-static _Thread_local zpp_plan_t *tl_running;
-
-/* Tests every transfer in flight once; marks the done ones. */
-static zpp_status_t poll_xfers(zpp_plan_t *p, int *progressed) {
-  int i;
-  for (i = 0; i < p->n; i++) {
-    step_t *s = &p->steps[i];
-    int done = 0;
-    zpp_status_t st;
-    if (s->state != STEP_RUNNING)
-      continue;
-    st = zpp_xop_test(s->op, &done);
-    if (st != ZPP_OK)
-      return st;
-    if (done) {
-      zpp_xop_free(s->op);
-      s->op = NULL;
-      s->state = STEP_DONE;
-      p->ndone++;
-      *progressed = 1;
-    }
-  }
-  return ZPP_OK;
-}
-
-void zpp_plan_poll(void) {
-  zpp_plan_t *p = tl_running;
-  int progressed = 0;
-  zpp_status_t st;
-  if (p == NULL || p->poll_st != ZPP_OK)
-    return;
-  st = poll_xfers(p, &progressed);
-  if (st != ZPP_OK) /* reported by the executor after the kernel step */
-    p->poll_st = st;
-}
-
-static zpp_status_t execute(zpp_plan_t *p) {
-  int64_t spin_ns = p->ex.t->spin_ns; /* ZPP_NET_SPIN_US, read at creation */
-  int64_t quiet_until = zpp_time_ns() + spin_ns;
-  long pause_ns = 1000;
-  int n = p->n, next_x = 0, i;
-  uint64_t moved = zpp_transport_progress(p->ex.t);
-  zpp_status_t st = ZPP_OK;
-  if (p->oom)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, p->func, "plan steps");
-  p->ndone = 0;
-  while (p->ndone < n) {
-    int progressed = 0;
-    /* zpp_comm_abort from another thread, or a failure elsewhere: stop
-     * between steps (transfers in flight see it at their next test) */
-    ZPP_CHECK(zpp_transport_broken_error(p->ex.t, p->func));
-    /* transfers start in index order, the same on every rank */
-    while (next_x < n) {
-      step_t *s = &p->steps[next_x];
-      if (s->kind != ZPP_STEP_XFER) {
-        next_x++;
-        continue;
-      }
-      if (!deps_done(p, s))
-        break;
-      st = start_xfer(p, s);
-      if (st != ZPP_OK)
-        return st;
-      s->state = STEP_RUNNING;
-      next_x++;
-      progressed = 1;
-    }
-    st = poll_xfers(p, &progressed);
-    if (st != ZPP_OK)
-      return st;
-    /* one kernel step, then look at the wire again */
-    for (i = 0; i < n; i++) {
-      step_t *s = &p->steps[i];
-      if (s->kind != ZPP_STEP_KERNEL || s->state != STEP_WAITING ||
-          !deps_done(p, s))
-        continue;
-      tl_running = p;
-      st = s->fn(p->ctx, s->arg);
-      tl_running = NULL;
-      if (st == ZPP_OK && p->poll_st != ZPP_OK)
-        st = p->poll_st; /* a transfer failed while the kernel polled */
-      if (st != ZPP_OK)
-        return st;
-      s->state = STEP_DONE;
-      p->ndone++;
-      progressed = 1;
-      break;
-    }
-    /* a transfer inside an operation completed (a round of a ring, a
-     * fragment): keep spinning, large intra-node messages need both sides
-     * to poll */
-    if (zpp_transport_progress(p->ex.t) != moved) {
-      moved = zpp_transport_progress(p->ex.t);
-      progressed = 1;
-    }
-    if (progressed) {
-      int64_t now = zpp_time_ns();
-      quiet_until = now + spin_ns;
-      pause_ns = 1000;
-      if (p->progress != NULL)
-        atomic_store_explicit(p->progress, now, memory_order_relaxed);
-    } else {
-      idle_wait(p, quiet_until, &pause_ns);
-    }
-  }
-  return ZPP_OK;
-}
-
-/* Makes the communicator's device current on this thread for the plan;
- * *saved gets the thread's previous device (-1: none to restore). */
-static zpp_status_t enter_device(const zpp_plan_t *p, int *saved) {
-  *saved = -1;
-#if ZPP_HAVE_CUDA_KERNELS
-  if (p->ex.mem == ZPP_MEMORY_DEVICE && p->ex.comm->cuda_device >= 0) {
-    char err[256];
-    int cur = -1;
-    if (zpp_ew_get_device(&cur, err, sizeof err) != 0)
-      return zpp_error(ZPP_ERR_CUDA, p->func, "%s", err);
-    if (cur != p->ex.comm->cuda_device &&
-        zpp_ew_set_device(p->ex.comm->cuda_device, err, sizeof err) != 0)
-      return zpp_error(ZPP_ERR_CUDA, p->func, "%s", err);
-    *saved = cur;
-  }
-#else
-  (void)p;
-#endif
-  return ZPP_OK;
-}
-
-static void leave_device(const zpp_plan_t *p, int saved) {
-#if ZPP_HAVE_CUDA_KERNELS
-  char err[256];
-  if (saved >= 0 && saved != p->ex.comm->cuda_device)
-    zpp_ew_set_device(saved, err, sizeof err);
-#else
-  (void)p;
-  (void)saved;
-#endif
-}
-
-/* Runs p's steps on this thread; on device memory records the completion
- * event (*event, may stay NULL for host plans).  Frees p. */
-static zpp_status_t run_plan(zpp_plan_t *p, void **event) {
-  int saved = -1;
-  zpp_status_t st;
-  *event = NULL;
-  st = enter_device(p, &saved);
-  if (st == ZPP_OK)
-    st = execute(p);
-#if ZPP_HAVE_CUDA_KERNELS
-  if (st == ZPP_OK && p->ex.mem == ZPP_MEMORY_DEVICE) {
-    char err[256];
-    /* release first: stream-ordered frees come before the event */
-    if (p->release != NULL)
-      p->release(p->ctx);
-    p->release = NULL;
-    if (zpp_ew_event_record(event, p->ex.stream, err, sizeof err) != 0)
-      st = zpp_error(ZPP_ERR_CUDA, p->func, "completion event: %s", err);
-  }
-#endif
-  leave_device(p, saved);
-  if (st != ZPP_OK) {
-    /* This rank left the collective part-way: its peers still run the
-     * transfers it skipped, and its next operations would take their
-     * tags.  Nothing sane can follow on this communicator. */
-    zpp_transport_fail(p->ex.t, st);
-    zpp_transport_break_st(p->ex.t, st, "%s failed on this rank: %s",
-                           p->func, zpp_status_string(st));
-  }
-  plan_free(p);
-  return st;
-}
-
-/* Waits for a device plan's completion event, polling the transport's
- * asynchronous errors; bounded by the timeout from `start_ns`. */
-static zpp_status_t wait_event(zpp_transport_t *t, void *event,
-                               int64_t start_ns, const char *func) {
-#if ZPP_HAVE_CUDA_KERNELS
-  double to = zpp_transport_timeout_s(t);
-  int64_t limit = to > 0 ? start_ns + (int64_t)(to * 1e9) : INT64_MAX;
-  long pause_ns = 1000;
-  char err[256];
-  for (;;) {
-    int done = 0;
-    if (zpp_ew_event_query(event, &done, err, sizeof err) != 0)
-      return zpp_transport_fail(t, zpp_error(ZPP_ERR_CUDA, func, "%s", err));
-    /* A backend that aborts its device work on a failure (NCCL: after
-     * zpp_comm_abort, a timeout) lets the aborted work leave the stream,
-     * and the event then completes without the collective having run:
-     * on a broken transport, done is not success. */
-    if (done && t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
-      ZPP_CHECK(zpp_transport_broken_error(t, func));
-    if (done)
-      return ZPP_OK;
-    ZPP_CHECK(zpp_transport_check_async(t, func));
-    if (zpp_time_ns() > limit) {
-      zpp_transport_break_st(t, ZPP_ERR_TIMEOUT,
-                             "%s: device work did not finish within %.3g s",
-                             func, to);
-      /* The stream holds work waiting for peers: stop it, or the
-       * caller's stream (and its next synchronisation) never drains. */
-      if (t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
-        t->ops->coll->abort_device_work(t);
-      return zpp_transport_fail(
-          t, zpp_error(ZPP_ERR_TIMEOUT, func,
-                       "the collective's work on the stream did not finish "
-                       "within %.3g s (ZPP_TIMEOUT_S); the communicator is "
-                       "aborted",
-                       to));
-    }
-    zpp_pause_ns(&pause_ns);
-  }
-#else
-  (void)t;
-  (void)event;
-  (void)start_ns;
-  (void)func;
-  return ZPP_OK;
-#endif
-}
-
-static void event_destroy(void *event) {
-#if ZPP_HAVE_CUDA_KERNELS
-  zpp_ew_event_destroy(event);
-#else
-  (void)event;
-#endif
-}
-
 /* ---- requests ---------------------------------------------------------------- */
 
 static struct zpp_request *new_request(zpp_comm_t comm) {
@@ -621,7 +82,7 @@ static struct zpp_request *new_request(zpp_comm_t comm) {
 }
 
 static void free_request(struct zpp_request *r) {
-  event_destroy(r->event);
+  zpp_engine_event_destroy(r->event);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r);
@@ -677,8 +138,8 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mu);
     r = p->req;
     p->progress = &e->last_progress_ns;
-    st = run_plan(p, &event);
-    /* the host part is done (run_plan freed p; device work may still be
+    st = zpp_engine_run_plan(p, &event);
+    /* the host part is done (zpp_engine_run_plan freed p; device work may still be
      * on the stream): out of flight as r completes */
     complete(r, st, event, e);
     pthread_mutex_lock(&e->mu);
@@ -792,7 +253,7 @@ static void abandon(engine_t *e, struct zpp_request *r, const char *func) {
   }
   pthread_mutex_unlock(&e->mu);
   if (p != NULL) {
-    plan_free(p);
+    zpp_engine_plan_free(p);
     free_request(r);
     return;
   }
@@ -812,9 +273,9 @@ static zpp_status_t request_result(struct zpp_request *r, const char *func) {
     return zpp_transport_fail(r->t, st);
   }
   if (r->event != NULL) {
-    st = wait_event(r->t, r->event, r->started_ns, func);
+    st = zpp_engine_wait_event(r->t, r->event, r->started_ns, func);
     if (st == ZPP_OK) {
-      event_destroy(r->event);
+      zpp_engine_event_destroy(r->event);
       r->event = NULL;
     }
   }
@@ -827,19 +288,19 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   const char *func = p->func;
   int stream_ordered = zpp_transport_backend(t) == ZPP_BACKEND_NCCL;
   int inline_ok = 0;
-  engine_t *e = engine_of(comm);
+  engine_t *e = zpp_engine_of(comm);
   struct zpp_request *r = NULL;
   void *event = NULL;
   zpp_status_t st;
   if (e == NULL) {
-    plan_free(p);
+    zpp_engine_plan_free(p);
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                          "engine state"));
   }
   if (req != NULL) {
     r = new_request(comm);
     if (r == NULL) {
-      plan_free(p);
+      zpp_engine_plan_free(p);
       return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                            "request"));
     }
@@ -860,7 +321,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   pthread_mutex_unlock(&e->mu);
   if (inline_ok) {
     p->progress = &e->last_progress_ns;
-    st = run_plan(p, &event);
+    st = zpp_engine_run_plan(p, &event);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
     e->last_progress_ns = zpp_time_ns();
@@ -876,21 +337,21 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
       return ZPP_OK;
     }
     if (st == ZPP_OK && event != NULL)
-      st = wait_event(t, event, zpp_time_ns(), func);
-    event_destroy(event);
+      st = zpp_engine_wait_event(t, event, zpp_time_ns(), func);
+    zpp_engine_event_destroy(event);
     return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
   }
   if (r == NULL) { /* blocking call behind queued plans: wait our turn */
     r = new_request(comm);
     if (r == NULL) {
-      plan_free(p);
+      zpp_engine_plan_free(p);
       return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                            "request"));
     }
     p->req = r;
     st = enqueue(e, p);
     if (st != ZPP_OK) {
-      plan_free(p);
+      zpp_engine_plan_free(p);
       free_request(r);
       return zpp_comm_fail(comm, st);
     }
@@ -906,7 +367,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   p->req = r;
   st = enqueue(e, p);
   if (st != ZPP_OK) {
-    plan_free(p);
+    zpp_engine_plan_free(p);
     free_request(r);
     return zpp_comm_fail(comm, st);
   }
@@ -1062,7 +523,7 @@ static void engine_abort(zpp_comm_t comm) {
     struct zpp_request *r = p->req;
     zpp_status_t st = zpp_transport_broken_error(p->ex.t, p->func);
     next = p->next;
-    plan_free(p);
+    zpp_engine_plan_free(p);
     complete(r, st, NULL, NULL);
   }
 }
