@@ -50,8 +50,9 @@ for name in soak engine; do
   read -r errs def ind zpp_recs total_recs < <(python3 - "$logs" "$name" "$root" <<'PY'
 import glob, os, re, sys
 logs, name, root = sys.argv[1:]
-ours = {os.path.basename(f) for d in ("src", "kernels/quant", "topology", "perf", "tests")
-        for f in glob.glob(os.path.join(root, d, "*.[ch]")) + glob.glob(os.path.join(root, d, "*.cc"))}
+# every source of ours: src/ (all its layer folders), perf/, tests/
+ours = {os.path.basename(f) for d in ("src", "perf", "tests") for ext in ("*.[ch]", "*.cc")
+        for f in glob.glob(os.path.join(root, d, "**", ext), recursive=True)}
 errs = defi = ind = zpp = total = 0
 for f in sorted(glob.glob("%s/%s.*.log" % (logs, name))):
     text = open(f, errors="replace").read()

@@ -1,6 +1,6 @@
 /*
  * zpp-soak: a long run of the three ZeRO++ collectives, watching the
- * process for growth (perf/soak.sh drives it; docs/benchmarks.md).
+ * process for growth (perf/soak.sh drives it; docs/bench/robustness.md).
  *
  * Every iteration, on host memory and `count` fp32 elements per rank:
  *   qwZ   zpp_qwz_allgather (INT8, block 256);

@@ -44,7 +44,7 @@
 # namespaces: the root namespace gets no address or route, so no traffic
 # leaves them.
 #
-# Shaping (docs/benchmarks.md, "Real links"): a tbf on each node's link in
+# Shaping (docs/bench/real_links.md): a tbf on each node's link in
 # both directions, its egress in the node (what the node sends) and the
 # egress of its bridge port (what it receives).  Queue and burst are sized
 # so that TCP does not see drops: latency 400 ms of queue (at 400 Mbit/s

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # zpp-quant-bench --cold: inputs read from memory, where the SIMD encoders
-# and the element-wise kernels prefetch (kernels/quant/quant_cpu.h).  The
+# and the element-wise kernels prefetch (src/kernels/quant_cpu.h).  The
 # benchmark compares every row bytewise with the scalar path and exits 1
 # on any difference: the prefetches must not change a byte (where they
 # point is tested by QuantPrefetch.* in test_quant.cc; a request past a

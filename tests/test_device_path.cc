@@ -563,7 +563,7 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << msg;
   EXPECT_LT(took, 1.0 + 3.0) << "the wait for the stream is bounded by the timeout";
   EXPECT_NE(msg.find("ZPP_TIMEOUT_S"), std::string::npos) << msg;
-  // A collective that failed part-way aborts the communicator (src/engine.c):
+  // A collective that failed part-way aborts the communicator (src/engine/engine.c):
   // the next call fails at once with the first error's status, queues no
   // copy and does not wait for the held stream again.
   t0 = std::chrono::steady_clock::now();

@@ -1,4 +1,4 @@
-// The execution engine (src/engine.c), under mpirun: what it promises about
+// The execution engine (src/engine/engine.c), under mpirun: what it promises about
 // threads and memory, which the collectives' results cannot show.
 //
 //   - a blocking collective, chunked (pipelined) or not, creates no thread:
@@ -35,7 +35,7 @@
 #include "engine/plan.h"  // the engine's own interface (src/)
 #include "scoped_env.h"
 
-extern "C" void zpp_settings_reload(void);  // src/internal.h
+extern "C" void zpp_settings_reload(void);  // src/core/core.h
 
 extern "C" {
 int __real_pthread_create(pthread_t *, const pthread_attr_t *,

@@ -533,15 +533,16 @@ TEST(QuantConvert, F16AndBf16RoundToNearestEvenLikeFloat64Reference) {
   }
 }
 
-// ---- pipeline chunks (coll_internal.h) -------------------------------------
+// ---- pipeline chunks (coll/coll.h) -----------------------------------------
 
 // zpp_plan_chunk, the chunk of qwZ's and qgZ's pipelines, by its contract
-// (coll_internal.h) checked property by property on random counts, blocks,
+// (src/coll/coll.h) checked property by property on random counts, blocks,
 // part counts and minimums: the count itself when the setting is 0 or one
 // chunk would hold it all, else whole blocks, at least the minimum and
 // count / parts, less than one block above the larger of the two, and
 // short of the count.  Then the edge cases of the contract, and the sizes
-// of docs/benchmarks.md section 9's runs ("qwZ's chunks").
+// of the real-link runs of docs/bench/real_links.md (qwZ's 32 chunks per
+// call at 16 MiB).
 TEST(PlanChunk, WholeBlocksAboutCountOverPartsAtLeastTheMinimum) {
   ScopedEnv keep("ZPP_PIPE_MIN_CHUNK", "65536", zpp_settings_reload);
   auto rng = seeded_rng("PlanChunk");
@@ -1748,7 +1749,7 @@ TEST(QuantHadamard, PartialOverlapIsHandledForFp32AndRefusedFor16Bit) {
   }
 }
 
-// ---- zpp_bytes_overlap (internal.h): the one overlap test of the library ------------
+// ---- zpp_bytes_overlap (core/core.h): the one overlap test of the library ----------
 //
 // Against a 128-bit reference: [x, x + na) and [y, y + nb) share a byte iff
 // both are non-empty, neither address is 0, and max(x, y) < min(x + na,

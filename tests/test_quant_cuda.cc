@@ -1,5 +1,5 @@
 // Tests of the device block quantizer (zpp_quant_*_device, the kernels of
-// kernels/quant/quant_cuda.cu) against the CPU reference, bit for bit:
+// src/kernels/quant_cuda.cu) against the CPU reference, bit for bit:
 // the encoded bytes with memcmp, the decoded outputs and accumulators
 // element by element (NaN == NaN: the device may return another NaN
 // payload).  Also: the bytes past every output stay untouched, host

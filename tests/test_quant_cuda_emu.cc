@@ -1,4 +1,4 @@
-// The CUDA block codec (kernels/quant/quant_cuda.cu) run on the CPU under
+// The CUDA block codec (src/kernels/quant_cuda.cu) run on the CPU under
 // the emulated CUDA runtime (tests/cuda_emu, libzpp_cudart_emu) and
 // compared with the scalar reference bit for bit: encoded bytes with
 // memcmp, decoded outputs bit for bit.  Buffers are emulated device memory

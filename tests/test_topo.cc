@@ -1,4 +1,4 @@
-// Tests of the node map (topology/topo.h) in one process: ZPP_TOPO
+// Tests of the node map (src/topology/topo.h) in one process: ZPP_TOPO
 // parsing and its errors, maps from host keys, uneven and round-robin
 // layouts, group membership, GPU link classes and the reports.
 #include <gtest/gtest.h>

@@ -71,7 +71,7 @@ uint64_t g_seed = 20261129ull;
 std::string g_backend = "mpi";
 zpp_comm_t g_comm = nullptr;
 
-// ---- the layout, derived here from ZPP_TOPO independently of topology/ ----
+// ---- the layout, derived from ZPP_TOPO independently of src/topology/ ----
 struct Layout {
   std::vector<int> node_of;
   int nnodes = 1;
@@ -265,7 +265,7 @@ Bytes rs_bytes(const std::vector<int> &m, const std::vector<uint64_t> &blk,
     if (k != k0) b.add(m[owner(N, k, me)], 0, wire * blk[me]);
   return b;
 }
-// The partials' wire bytes per shard byte (src/transport_algo.c).
+// The partials' wire bytes per shard byte (src/algo/hier.c).
 uint64_t wire_of(zpp_dtype_t dt) { return dt == ZPP_FLOAT16 ? 2 : 1; }
 
 // All-gather(v) bytes.  Ring allgatherv: I forward every block but my
@@ -918,7 +918,7 @@ TEST(Threads, OperationsFromAnotherThread) {
     EXPECT_EQ(0, std::memcmp(out.data() + r * B, bytes_of(77, r, B).data(), B));
 }
 
-// ---- non-blocking operations (zpp_transport_start_* / zpp_xop_*) ----------
+// ---- non-blocking operations (zpp_xfer_start / zpp_xop_*) -----------------
 
 namespace {
 int64_t mono_ns() {

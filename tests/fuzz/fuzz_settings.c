@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the settings table (src/settings.c) and every parser of
+ * libFuzzer target: the settings table (src/core/settings.c) and every parser of
  * the environment: the ZPP_* values as numbers and text, the log settings
  * (ZPP_DEBUG, ZPP_DEBUG_SUBSYS, ZPP_DEBUG_FILE), ZPP_CPU_ISA, ZPP_TOPO,
  * and torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT,
@@ -156,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* ZPP_CPU_ISA and ZPP_TOPO */
   (void)zpp_quant_cpu_ops_named(zpp_setting("ZPP_CPU_ISA"));
   if (zpp_topo_parse(zpp_setting("ZPP_TOPO"), 0, &node_of, &n) == ZPP_OK) {
-    if (n < 1 || n > 1 << 16) /* ZPP_TOPO_MAX_RANKS of topology/topo.c */
+    if (n < 1 || n > 1 << 16) /* ZPP_TOPO_MAX_RANKS of src/topology/topo.c */
       fail("zpp_topo_parse accepted a rank count out of range");
     free(node_of);
   } else if (zpp_get_last_error()[0] == '\0') {

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the topology-string parser (ZPP_TOPO, the `topology`
- * field of zpp_comm_config_t; topology/topo.c) and what is built from it:
+ * field of zpp_comm_config_t; src/topology/topo.c) and what is built from it:
  * the node map, the groups, the host names and GPU links exchanged at
  * creation, and the text and JSON reports.
  *

@@ -91,7 +91,7 @@ for k, (world, spec) in enumerate(((0, "2x4"), (9, "2x4"), (0, "0,0,0,1,1"),
     put("fuzz_topo", "spec%02d" % k, bytes([world]) + spec.encode() + tail)
 
 # ---- fuzz_settings: records "<selector><value>\n" ------------------------
-# selectors below 0xF0 are indices into the settings table (src/settings.c
+# selectors below 0xF0 are indices into the settings table (src/core/settings.c
 # order, modulo its size: entries appended later keep these meanings);
 # from 0xF0: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT, TORCHELASTIC_RUN_ID,
 # then the host name of ZPP_DEBUG_FILE's %h.  Any byte is valid.
