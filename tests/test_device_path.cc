@@ -10,7 +10,7 @@
 //   c  work runs on the communicator's device, whatever the calling or
 //      engine thread's current device, and the caller's device is restored
 //   d  hpZ's secondary copy survives destroy while its gathers are queued
-//      on a non-blocking stream (it was freed on the legacy stream)
+//      on a non-blocking stream (not freed on the legacy stream)
 //   f  AUTO picks MPI staging, not NCCL, when ranks share a GPU
 //   h  one pointer query per user buffer per collective, not two per kernel
 //
