@@ -7,8 +7,8 @@
  * on one rank fails every rank with a message naming it, and nobody waits
  * for an exchange that will not happen.
  *
- * Also here: zpp's own ways in (a unique id, torchrun's environment) and
- * communicators of any subset (zpp_comm_split).
+ * zpp's own ways in (a unique id, torchrun's environment) are in
+ * comm_tcp.c, communicators of a subset (zpp_comm_split) in comm_split.c.
  */
 #include <errno.h>
 #include <limits.h>
@@ -22,13 +22,13 @@
 
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
+#include "comm/comm_impl.h"
 #include "transport/transport_impl.h"
 
 #if ZPP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
-#define MSGLEN 200
 
 /* What each rank tells the others first. */
 typedef struct {
@@ -49,17 +49,17 @@ typedef struct {
   int32_t pid;
   int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
   char host[ZPP_TOPO_HOST_LEN];
-  char msg[MSGLEN];
+  char msg[ZPP_COMM_MSGLEN];
 } boot_rec_t;
 
 enum { REC_KEY = 1, REC_NCCL = 2, REC_UCX = 4 };
 
 typedef struct {
   int32_t status;
-  char msg[MSGLEN];
+  char msg[ZPP_COMM_MSGLEN];
 } agree_rec_t;
 
-static uint64_t fnv_mix(uint64_t h, const void *p, size_t n) {
+uint64_t zpp_comm_fnv_mix(uint64_t h, const void *p, size_t n) {
   const unsigned char *c = p;
   while (n--)
     h = (h ^ *c++) * 1099511628211ull;
@@ -67,7 +67,7 @@ static uint64_t fnv_mix(uint64_t h, const void *p, size_t n) {
 }
 
 static uint64_t hash_str(const char *s) {
-  return fnv_mix(1469598103934665603ull, s, strlen(s));
+  return zpp_comm_fnv_mix(1469598103934665603ull, s, strlen(s));
 }
 
 /* Host identity without a launcher: the host name, the kernel's boot id
@@ -88,9 +88,9 @@ static uint64_t host_identity(const char *host) {
   char boot[64];
   struct stat sb;
   boot_id(boot, sizeof boot);
-  h = fnv_mix(h, boot, strlen(boot));
+  h = zpp_comm_fnv_mix(h, boot, strlen(boot));
   if (stat("/proc/self/ns/net", &sb) == 0)
-    h = fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
+    h = zpp_comm_fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
   return h;
 }
 
@@ -101,22 +101,22 @@ static uint64_t pid_space(void) {
   boot_id(boot, sizeof boot);
   if (boot[0] == '\0' || stat("/proc/self/ns/pid", &sb) != 0)
     return 0;
-  return fnv_mix(hash_str(boot), &sb.st_ino, sizeof sb.st_ino);
+  return zpp_comm_fnv_mix(hash_str(boot), &sb.st_ino, sizeof sb.st_ino);
 }
 
-static void fill_msg(char *msg, zpp_status_t st) {
+void zpp_comm_fill_msg(char *msg, zpp_status_t st) {
   if (st != ZPP_OK)
-    snprintf(msg, MSGLEN, "%s", zpp_get_last_error());
+    snprintf(msg, ZPP_COMM_MSGLEN, "%s", zpp_get_last_error());
   else
     msg[0] = '\0';
 }
 
 /* Raises the first failing rank's error on every rank (the failing rank
  * keeps its own message).  recs: n records of `stride` bytes with an
- * int32 status at status_off and a message of MSGLEN at msg_off. */
-static zpp_status_t first_failure(const void *recs, size_t stride,
-                                  size_t status_off, size_t msg_off, int n,
-                                  zpp_status_t mine, const char *func) {
+ * int32 status at status_off and a message of ZPP_COMM_MSGLEN at msg_off. */
+zpp_status_t zpp_comm_first_failure(const void *recs, size_t stride,
+                                    size_t status_off, size_t msg_off, int n,
+                                    zpp_status_t mine, const char *func) {
   const char *p = recs;
   int r;
   if (mine != ZPP_OK)
@@ -126,7 +126,7 @@ static zpp_status_t first_failure(const void *recs, size_t stride,
     memcpy(&s, p + status_off, sizeof s);
     if (s != ZPP_OK)
       return zpp_error((zpp_status_t)s, func, "rank %d failed: %.*s", r,
-                       MSGLEN - 1, p + msg_off);
+                       ZPP_COMM_MSGLEN - 1, p + msg_off);
   }
   return ZPP_OK;
 }
@@ -140,7 +140,7 @@ static zpp_status_t agree(const zpp_bootstrap_t *bs, double timeout,
   int r;
   memset(&mine, 0, sizeof mine);
   mine.status = st;
-  fill_msg(mine.msg, st);
+  zpp_comm_fill_msg(mine.msg, st);
   all = malloc((size_t)bs->size * sizeof *all);
   if (all == NULL) {
     /* Cannot take part: the others time out in the exchange. */
@@ -155,7 +155,7 @@ static zpp_status_t agree(const zpp_bootstrap_t *bs, double timeout,
   if (st == ZPP_OK) {
     for (r = 0; r < bs->size; r++) {
       if (all[r].status != ZPP_OK) {
-        all[r].msg[MSGLEN - 1] = '\0';
+        all[r].msg[ZPP_COMM_MSGLEN - 1] = '\0';
         st = zpp_error((zpp_status_t)all[r].status, func, "rank %d failed: %s",
                        r, all[r].msg);
         break;
@@ -418,7 +418,7 @@ static zpp_status_t resolve_backend(zpp_backend_t want,
 
 /* ---- creation ------------------------------------------------------------- */
 
-static void release_tcp(zpp_comm_t c) {
+void zpp_comm_release_tcp(zpp_comm_t c) {
   zpp_tcp_boot_free(c->tcp);
   c->tcp = NULL;
 }
@@ -529,7 +529,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
       ZPP_WARN(ZPP_SUBSYS_NET, "UCX not usable: %s", why);
   }
   mine.status = st;
-  fill_msg(mine.msg, st);
+  zpp_comm_fill_msg(mine.msg, st);
   if (rec == NULL) {
     zpp_comm_destroy(c);
     return st != ZPP_OK ? st
@@ -540,8 +540,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = st != ZPP_OK ? st : xs;
     goto err_comm;
   }
-  ZPP_CHECK_GOTO(first_failure(rec, sizeof *rec, offsetof(boot_rec_t, status),
-                               offsetof(boot_rec_t, msg), size, st, func),
+  ZPP_CHECK_GOTO(zpp_comm_first_failure(rec, sizeof *rec,
+                                        offsetof(boot_rec_t, status),
+                                        offsetof(boot_rec_t, msg), size, st,
+                                        func),
                  st, err_comm);
   c->cfg = *cfg;
   c->cfg.topology = NULL;
@@ -747,361 +749,4 @@ zpp_status_t zpp_comm_get_bootstrap(zpp_comm_t comm, zpp_bootstrap_t *bs) {
 
 const char *zpp_comm_bootstrap_name(zpp_comm_t comm) {
   return comm != NULL ? comm->boot_name : "";
-}
-
-/* ---- zpp's TCP bootstrap ----------------------------------------------------- */
-
-static double timeout_of(const zpp_comm_config_t *cfg) {
-  if (cfg != NULL && cfg->struct_size >= ZPP_COMM_CONFIG_V1_SIZE &&
-      cfg->timeout_s > 0)
-    return zpp_timeout_clamp(cfg->timeout_s);
-  return zpp_timeout_clamp(zpp_setting_double("ZPP_TIMEOUT_S", 300.0));
-}
-
-static zpp_status_t create_tcp(const zpp_unique_id_t *id, int nranks, int rank,
-                               const zpp_comm_config_t *cfg,
-                               const char *rank_error, const char *func,
-                               zpp_comm_t *out) {
-  zpp_bootstrap_t bs;
-  zpp_creator_t cr;
-  zpp_status_t st;
-  ZPP_CHECK(zpp_tcp_boot_create(id, nranks, rank, timeout_of(cfg), rank_error,
-                                &bs, func));
-  memset(&cr, 0, sizeof cr);
-  cr.name = "tcp";
-  cr.thread_caps = ZPP_THREADS_PROGRESS;
-  cr.tcp = bs.ctx;
-  cr.release = release_tcp;
-  st = zpp_comm_create_with(&bs, cfg, &cr, func, out);
-  if (st != ZPP_OK)
-    zpp_tcp_boot_free(bs.ctx);
-  else /* zpp_comm_abort ends the bootstrap's waits too */
-    zpp_tcp_boot_watch(bs.ctx, &(*out)->tr->broken);
-  return st;
-}
-
-zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id, int nranks,
-                                     int rank, const zpp_comm_config_t *cfg,
-                                     zpp_comm_t *out) {
-  char bad[200];
-  if (id == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
-  if (out == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
-  if (nranks < 1)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "nranks %d: must be >= 1", nranks);
-  if (rank < 0 || rank >= nranks) {
-    /* Tell the root, so every rank fails naming this one. */
-    snprintf(bad, sizeof bad, "rank %d: must be in [0, nranks = %d)", rank,
-             nranks);
-    return create_tcp(id, nranks, rank, cfg, bad, __func__, out);
-  }
-  return create_tcp(id, nranks, rank, cfg, NULL, __func__, out);
-}
-
-static zpp_status_t env_int(const char *name, int *v, const char *func) {
-  const char *s = getenv(name);
-  char *end = NULL;
-  long x;
-  if (s == NULL || s[0] == '\0')
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s is not set (torchrun sets MASTER_ADDR, MASTER_PORT, "
-                     "RANK and WORLD_SIZE)",
-                     name);
-  errno = 0;
-  x = strtol(s, &end, 10);
-  if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s \"%s\": must be a non-negative integer", name, s);
-  *v = (int)x;
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
-                                      zpp_comm_t *out) {
-  zpp_unique_id_t id;
-  int rank = 0, size = 0, local = -1;
-  zpp_status_t st;
-  char bad[200];
-  const char *bad_rank = NULL;
-  if (out == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
-  ZPP_CHECK(env_int("RANK", &rank, __func__));
-  ZPP_CHECK(env_int("WORLD_SIZE", &size, __func__));
-  if (size < 1)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "WORLD_SIZE %d: must be >= 1", size);
-  if (getenv("LOCAL_RANK") != NULL)
-    ZPP_CHECK(env_int("LOCAL_RANK", &local, __func__));
-  if (rank >= size) {
-    snprintf(bad, sizeof bad, "RANK %d: must be in [0, WORLD_SIZE = %d)", rank,
-             size);
-    bad_rank = bad;
-  }
-  ZPP_CHECK(zpp_tcp_id_env(__func__, rank, &id));
-  st = create_tcp(&id, size, rank, cfg, bad_rank, __func__, out);
-  if (st == ZPP_OK && local >= 0) {
-    zpp_comm_t c = *out;
-    int mine = c->tr->topo->emulated ? -1 : c->tr->topo->local_rank_of[rank];
-    if (mine >= 0 && mine != local)
-      ZPP_WARN(ZPP_SUBSYS_TOPO,
-               "LOCAL_RANK %d differs from the local rank %d discovered from "
-               "host identities (zpp uses its own)",
-               local, mine);
-  }
-  return st;
-}
-
-/* ---- subsets ------------------------------------------------------------- */
-
-typedef struct {
-  int32_t status;
-  int32_t color, key;
-  int32_t list_n;     /* zpp_comm_create_from_ranks: the list's length */
-  uint64_t list_hash; /* ... and a hash of it (0 for zpp_comm_split) */
-  char msg[MSGLEN];
-} split_rec_t;
-
-/* The node map of `parent` restricted to `members` (in new-rank order), as
- * an emulation spec with labels dense by first appearance. */
-static zpp_status_t child_spec(const zpp_topo_t *t, const int *members, int n,
-                               char *spec, size_t len, const char *func) {
-  int *label = malloc((size_t)t->nnodes * sizeof *label), next = 0, i;
-  size_t used = 0;
-  if (label == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "labels");
-  for (i = 0; i < t->nnodes; i++)
-    label[i] = -1;
-  spec[0] = '\0';
-  for (i = 0; i < n; i++) {
-    int node = t->node_of[members[i]];
-    int k;
-    if (label[node] < 0)
-      label[node] = next++;
-    k = snprintf(spec + used, len - used, "%s%d", i ? "," : "", label[node]);
-    if (k < 0 || (size_t)k >= len - used) {
-      free(label);
-      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                       "the emulated node map of %d ranks does not fit in a "
-                       "spec of %zu characters",
-                       n, len - 1);
-    }
-    used += (size_t)k;
-  }
-  free(label);
-  return ZPP_OK;
-}
-
-/* zpp_comm_split and zpp_comm_create_from_ranks: st is this rank's status
- * so far (it still takes part in the exchange, so every rank fails alike,
- * naming it); list_n/list_hash: every rank must pass the same list. */
-static zpp_status_t split_impl(zpp_comm_t comm, zpp_status_t st, int color,
-                               int key, int list_n, uint64_t list_hash,
-                               const char *func, zpp_comm_t *newcomm) {
-  split_rec_t mine, *all = NULL;
-  zpp_comm_config_t cfg;
-  const zpp_topo_t *topo;
-  int n, rank, r, cnt = 0, me = -1, *members = NULL, i;
-  char spec[128];
-  double timeout;
-  if (comm == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, func, "comm is NULL");
-  ZPP_CHECK(zpp_transport_broken_error(comm->tr, func));
-  timeout = comm->tr->timeout_s;
-  n = comm->tr->size;
-  rank = comm->tr->rank;
-  topo = comm->tr->topo;
-  if (st == ZPP_OK && newcomm == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, func, "newcomm is NULL");
-  else if (st == ZPP_OK && color < ZPP_SPLIT_NONE)
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                   "color %d: must be >= 0, or ZPP_SPLIT_NONE", color);
-  memset(&mine, 0, sizeof mine);
-  mine.status = st;
-  mine.color = color;
-  mine.key = key;
-  mine.list_n = list_n;
-  mine.list_hash = list_hash;
-  fill_msg(mine.msg, st);
-  all = malloc((size_t)n * sizeof *all);
-  members = malloc((size_t)n * sizeof *members);
-  if (all == NULL || members == NULL) {
-    free(all);
-    free(members);
-    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                                         "%d records", n));
-  }
-  st = comm->boot.allgather(comm->boot.ctx, &mine, sizeof mine, all, timeout);
-  if (st == ZPP_OK)
-    st = first_failure(all, sizeof *all, offsetof(split_rec_t, status),
-                       offsetof(split_rec_t, msg), n, mine.status, func);
-  for (r = 0; st == ZPP_OK && r < n; r++)
-    if (all[r].list_n != list_n || all[r].list_hash != list_hash)
-      st = zpp_error(ZPP_ERR_MISMATCH, func,
-                     "ranks: rank %d passed another list (n %d) than this "
-                     "rank %d (n %d); every rank must pass the same list",
-                     r, all[r].list_n, rank, list_n);
-  if (st != ZPP_OK) {
-    color = ZPP_SPLIT_NONE;
-    goto subset;
-  }
-  /* Members of my colour ordered by (key, rank). */
-  if (color != ZPP_SPLIT_NONE) {
-    for (r = 0; r < n; r++)
-      if (all[r].color == color)
-        members[cnt++] = r;
-    for (i = 1; i < cnt; i++) {
-      int x = members[i], j = i;
-      while (j > 0 && (all[members[j - 1]].key > all[x].key ||
-                       (all[members[j - 1]].key == all[x].key &&
-                        members[j - 1] > x))) {
-        members[j] = members[j - 1];
-        j--;
-      }
-      members[j] = x;
-    }
-    for (i = 0; i < cnt; i++)
-      if (members[i] == rank)
-        me = i;
-  }
-subset:
-  cfg = comm->cfg;
-  cfg.backend = comm->tr->backend;
-  cfg.algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
-  cfg.topology = NULL;
-  cfg.timeout_s = timeout;
-  spec[0] = '\0';
-  if (st == ZPP_OK && color != ZPP_SPLIT_NONE && topo->emulated) {
-    st = child_spec(topo, members, cnt, spec, sizeof spec, func);
-    cfg.topology = spec;
-  }
-  if (comm->split != NULL) {
-    /* The creator's way (MPI): collective over comm, also after a failure
-     * (a bootstrap exchange that failed leaves it unusable, so the hook
-     * then fails at once everywhere). */
-    zpp_comm_t c = NULL;
-    zpp_status_t xs =
-        comm->split(comm, st, st == ZPP_OK ? color : ZPP_SPLIT_NONE,
-                    members, st == ZPP_OK ? cnt : 0, me, &cfg, &c);
-    st = st != ZPP_OK ? st : xs;
-    if (st == ZPP_OK)
-      *newcomm = c;
-    goto done;
-  }
-  {
-    /* A TCP star per colour: its first member listens, the ids travel
-     * over comm's bootstrap. */
-    zpp_unique_id_t id, *ids = NULL;
-    memset(&id, 0, sizeof id);
-    if (st == ZPP_OK && me == 0) {
-      uint32_t ip = 0;
-      const char *a = zpp_setting("ZPP_BOOTSTRAP_ADDR");
-      int same_host = 1;
-      for (i = 1; i < cnt; i++)
-        same_host &= strncmp(topo->host[members[i]], topo->host[rank],
-                             ZPP_TOPO_HOST_LEN) == 0;
-      if (a[0] != '\0')
-        st = zpp_tcp_listen_addr(func, &ip);
-      else if (comm->tcp != NULL)
-        ip = zpp_tcp_boot_ip(comm->tcp);
-      else if (same_host)
-        ip = htonl(INADDR_LOOPBACK);
-      else
-        st = zpp_error(ZPP_ERR_UNSUPPORTED, func,
-                       "the members of colour %d are on several hosts and "
-                       "the %s bootstrap gives no address to listen on: set "
-                       "ZPP_BOOTSTRAP_ADDR",
-                       color, comm->boot_name);
-      if (st == ZPP_OK)
-        st = zpp_tcp_listen(ip, 0, zpp_tcp_random_session(), &id, func);
-    }
-    ids = malloc((size_t)n * sizeof *ids);
-    if (ids == NULL) {
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ids");
-      zpp_tcp_unlisten(&id);
-      goto done;
-    }
-    /* Everyone takes part, also after a local failure: the status rides
-     * in the first 4 bytes of a zeroed id slot when it failed. */
-    if (st != ZPP_OK) {
-      int32_t s = st;
-      memset(&id, 0, sizeof id);
-      memcpy(id.internal + sizeof id.internal - 4, &s, 4);
-    }
-    {
-      zpp_status_t xs = comm->boot.allgather(comm->boot.ctx, &id, sizeof id,
-                                             ids, timeout);
-      if (st == ZPP_OK)
-        st = xs;
-    }
-    for (r = 0; st == ZPP_OK && r < n; r++) {
-      int32_t s;
-      memcpy(&s, ids[r].internal + sizeof id.internal - 4, 4);
-      if (s != 0)
-        st = zpp_error((zpp_status_t)s, func,
-                       "rank %d failed to start the bootstrap of its new "
-                       "communicator",
-                       r);
-    }
-    if (st == ZPP_OK && color != ZPP_SPLIT_NONE)
-      st = create_tcp(&ids[members[0]], cnt, me, &cfg, NULL, func,
-                      newcomm);
-    else if (me == 0)
-      zpp_tcp_unlisten(&id); /* a rank failed: nobody will join it */
-    free(ids);
-  }
-done:
-  if (st == ZPP_OK && color == ZPP_SPLIT_NONE)
-    *newcomm = NULL;
-  free(all);
-  free(members);
-  return zpp_comm_fail(comm, st);
-}
-
-zpp_status_t zpp_comm_split(zpp_comm_t comm, int color, int key,
-                            zpp_comm_t *newcomm) {
-  return split_impl(comm, ZPP_OK, color, key, 0, 0, __func__, newcomm);
-}
-
-zpp_status_t zpp_comm_create_from_ranks(zpp_comm_t comm, int n,
-                                        const int *ranks,
-                                        zpp_comm_t *newcomm) {
-  int i, j, pos = -1, size;
-  uint64_t h = 1469598103934665603ull;
-  zpp_status_t st = ZPP_OK;
-  if (comm == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
-  size = comm->tr->size;
-  if (ranks == NULL)
-    st = zpp_error(ZPP_ERR_NULL_POINTER, __func__, "ranks is NULL");
-  else if (n < 1 || n > size)
-    st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                   "n %d: must be in [1, %d]", n, size);
-  for (i = 0; st == ZPP_OK && i < n; i++) {
-    if (ranks[i] < 0 || ranks[i] >= size)
-      st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "ranks[%d] = %d: must be in [0, %d)", i, ranks[i], size);
-    for (j = 0; st == ZPP_OK && j < i; j++)
-      if (ranks[j] == ranks[i])
-        st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                       "ranks[%d] = ranks[%d] = %d: ranks must be distinct", j,
-                       i, ranks[i]);
-    if (st == ZPP_OK && ranks[i] == comm->tr->rank)
-      pos = i;
-    if (st == ZPP_OK)
-      h = fnv_mix(h, &ranks[i], sizeof ranks[i]);
-  }
-  /* A bad list still takes part in the exchange (its status rides in the
-   * record), and lists are compared there: ranks that passed different
-   * lists fail with ZPP_ERR_MISMATCH naming one, instead of building
-   * communicators that wait for each other. */
-  return split_impl(comm, st, st == ZPP_OK && pos >= 0 ? 0 : ZPP_SPLIT_NONE,
-                    pos, st == ZPP_OK ? n : 0, st == ZPP_OK ? h : 0, __func__,
-                    newcomm);
-}
-
-/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK. */
-zpp_status_t zpp_env_int(const char *name, int *v) {
-  return env_int(name, v, __func__);
 }
