@@ -7,7 +7,7 @@
  *   zpp_qgz_reduce_scatter                qgZ: hierarchical quantized
  *                                         reduce-scatter of gradients
  *
- * Every collective is written once against the transport table and the
+ * Every collective is written once against the transfer descriptor and the
  * quantizer (docs/design.md, "Collectives"), so the same code serves host
  * memory over MPI and device memory over NCCL.  Buffers live in the
  * communicator's memory space (zpp_comm_config_t.memory); device buffers

@@ -1,6 +1,6 @@
 /*
- * qgZ: hierarchical quantized reduce-scatter of gradients, written against
- * the transport table and the kernel dispatch (coll_internal.h).
+ * qgZ: hierarchical quantized reduce-scatter of gradients, written as
+ * plans of transfer descriptors and kernel steps (src/engine/exec.h).
  *
  * World of M nodes of S ranks (uniform layout).  Rank (node n, local l)
  * owns slice w(n, l) of the result, where w(m, j) is the world rank with

@@ -1,6 +1,6 @@
 /*
  * qWD: all-gather of quantized weight differences (SDP4Bit), written
- * against the transport table and the kernel dispatch (coll_internal.h).
+ * as a plan of transfer descriptors and kernel steps (src/engine/exec.h).
  *
  * For runtimes that keep the full parameters between steps (ZeRO-1/2):
  * every rank holds the same reconstruction `recon` of the full tensor.

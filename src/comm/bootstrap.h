@@ -72,7 +72,7 @@ zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip);
 /* The id of torchrun's environment (rank 0 also starts listening). */
 zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id);
 /* RANK, WORLD_SIZE or LOCAL_RANK as zpp_comm_create_from_env reads it: an
- * integer in [0, 2^24] (src/comm_create.c; tests/fuzz calls it). */
+ * integer in [0, 2^24] (src/comm/comm_create.c; tests/fuzz calls it). */
 zpp_status_t zpp_env_int(const char *name, int *v);
 /* Joins the star of `id` as `rank` of `nranks` (the process holding the
  * id's listener is the root).  rank_error != NULL: this rank's own

@@ -59,7 +59,7 @@ struct zpp_comm {
   zpp_bootstrap_t boot;
   char boot_name[32];
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
-  void *engine;    /* the plan engine (src/engine.c), created on first use */
+  void *engine;    /* the plan engine (src/engine), created on first use */
   uint64_t objects; /* objects created on it so far (zpp_comm_next_object_id) */
 };
 

@@ -103,7 +103,7 @@ void zpp_log_set_rank(int rank);
   } while (0)
 
 /* The parsers behind ZPP_DEBUG, ZPP_DEBUG_FILE and ZPP_DEBUG_SUBSYS
- * (src/log.c; separate so tests/fuzz can call them): the level named by
+ * (src/core/log.c; separate so tests/fuzz can call them): the level named by
  * `lvl` (WARN for anything unknown); `pattern` with %h -> host and %p ->
  * pid into out[cap] (truncated, always terminated; returns its length);
  * whether `subsys` is in the comma list (or the list is ALL or empty). */

@@ -160,7 +160,7 @@ extern "C" int zpp_ew_zero_device(void *p, size_t bytes, void *stream,
                 "cudaMemsetAsync", err, errlen);
 }
 
-/* ---- persistent memory, devices and events (the engine, src/engine.c) -- */
+/* ---- persistent memory, devices and events (the engine, src/engine) -- */
 
 extern "C" int zpp_ew_alloc_persistent(size_t bytes, void **p, char *err,
                                        size_t errlen) {

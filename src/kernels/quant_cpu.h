@@ -4,7 +4,7 @@
  * (docs/format.md); the SIMD paths fall back to the shared scalar math of
  * quant_math.h for tails and short blocks.
  *
- * Internal header: not installed.  Inputs are validated by src/quant.c
+ * Internal header: not installed.  Inputs are validated by src/quant/quant.c
  * before they reach these functions.
  */
 #ifndef ZPP_KERNELS_QUANT_CPU_H

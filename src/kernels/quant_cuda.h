@@ -1,6 +1,6 @@
 /*
- * Launchers of the CUDA block codec (kernels/quant/quant_cuda.cu).  They
- * receive validated arguments from src/quant.c and report a CUDA failure as
+ * Launchers of the CUDA block codec (quant_cuda.cu).  They
+ * receive validated arguments from src/quant/quant.c and report a CUDA failure as
  * a non-zero return with the CUDA message copied into `err`.
  * Internal header: not installed.
  */

@@ -1,6 +1,6 @@
 /*
  * Public block-quantizer API: argument checks, then the CPU path chosen at
- * run time (kernels/quant/quant_cpu.h) or the CUDA launchers.
+ * run time (src/kernels/quant_cpu.h) or the CUDA launchers.
  */
 #include "core/core.h"
 #include "kernels/elementwise.h"

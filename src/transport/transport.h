@@ -247,7 +247,8 @@ double zpp_transport_timeout_s(const zpp_transport_t *t);
 double zpp_timeout_clamp(double timeout_s);
 /* A counter that grows whenever a transfer of a host backend completed
  * (also partway through an op): a poll loop keeps spinning while it moves,
- * as zpp_xop_wait does, and sleeps only once it stops (ZPP_NET_SPIN_US). */
+ * as the engine's wait does, and sleeps only once it stops
+ * (ZPP_NET_SPIN_US). */
 uint64_t zpp_transport_progress(const zpp_transport_t *t);
 
 /* ---- accounting hook -----------------------------------------------------

@@ -36,7 +36,7 @@ typedef struct {
   int *members; /* [size] world rank of each member */
   int *ring;    /* [size] member indices in ring order: by node, then local
                    rank, so a ring crosses each node boundary once */
-  /* The group's nodes (hierarchical algorithms, transport_algo.c): node k
+  /* The group's nodes (hierarchical algorithms, src/algo): node k
    * of the group (k = 0..nh-1, in ring order) holds the members
    * ring[hoff[k] .. hoff[k + 1]); member i is on node hnode[i], at
    * position hlocal[i] of that run. */
@@ -103,7 +103,7 @@ struct zpp_transport {
    * buffers (round_cancel's count; round_drain's after teardown).  While
    * it is not 0, the transport is broken and the buffers zpp owns that a
    * failed operation used are held, never freed or reused: by the
-   * operation (transport_algo.c) and by the engine's scratch (engine.c);
+   * operation (src/algo) and by the engine's scratch (src/engine);
    * zpp_transport_quiesce waits for them at teardown, and whatever is
    * still in doubt then is leaked. */
   atomic_int in_doubt;

@@ -1,8 +1,8 @@
 /*
- * MPI backend: the round primitive of src/transport.h over MPI_Isend /
+ * MPI backend: the round primitive of src/transport/transport.h over MPI_Isend /
  * MPI_Irecv, plus MPI_Ibarrier as its barrier.  The algorithms (rings,
  * pairwise exchange, member-order reduction), accounting, link emulation,
- * device staging and the waits are src/transport_algo.c's, so every byte
+ * device staging and the waits are src/algo's, so every byte
  * is counted on the link it crosses (docs/design.md "Transports").
  *
  * One MPI communicator for every group: zpp's duplicate (for a subset, a
@@ -22,7 +22,7 @@
  * its buffer when the peer posts the receive).  So a cancelled request is
  * never freed blind: what does not complete within a few milliseconds is
  * kept (the orphans) and tested again at teardown, and its buffer is
- * kept alive until then (src/transport_impl.h, in_doubt).
+ * kept alive until then (src/transport/transport_impl.h, in_doubt).
  */
 #include "transport/transport_impl.h"
 

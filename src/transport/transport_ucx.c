@@ -1,9 +1,9 @@
 /*
  * UCX backend (ucp, tag matching), host memory: the round primitive of
- * src/transport.h over ucp_tag_send_nbx / ucp_tag_recv_nbx (docs/design.md,
+ * src/transport/transport.h over ucp_tag_send_nbx / ucp_tag_recv_nbx (docs/design.md,
  * "Transports", "UCX backend").  The algorithms (rings, pairwise exchange,
  * member-order reduction), byte accounting, link emulation, device
- * staging, timeouts and the waits are src/transport_algo.c's, as for MPI,
+ * staging, timeouts and the waits are src/algo's, as for MPI,
  * so results and byte counts are the MPI backend's bit for bit.
  *
  * libucp.so.0 is opened with dlopen and the symbols used are resolved into
@@ -30,7 +30,7 @@
  * and breaks the communicator.
  *
  * Device memory: Debian's UCX is built without CUDA, so device buffers
- * are staged through host memory by transport_algo.c, as on the MPI
+ * are staged through host memory by src/algo, as on the MPI
  * backend; creation logs that it does so.
  */
 #include "transport/transport_impl.h"
@@ -148,7 +148,7 @@ static zpp_status_t context_get(ucp_context_h *out, const char *func) {
     if (s == UCS_OK) {
       memset(&p, 0, sizeof p);
       p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-      /* Tag matching only: the waits are transport_algo.c's (poll, then
+      /* Tag matching only: the waits are src/algo's (poll, then
        * sleep), so no event fd is needed. */
       p.features = UCP_FEATURE_TAG;
       /* Workers of different communicators may be driven by different
@@ -264,7 +264,7 @@ static void round_put(ucx_impl_t *u, zpp_round_t *r) {
  * gets no callback, but one UCX had already matched (a rendezvous in
  * progress) or could not cancel still reads or writes its buffer until
  * it completes: returns how many were still in progress after the
- * cancel, so their buffers are held (src/transport.h).  UCX gives no way
+ * cancel, so their buffers are held (transport/transport.h).  UCX gives no way
  * to wait for a freed request, so there is no round_drain: they stay in
  * doubt, and zpp's buffers are leaked at destroy. */
 static int ucx_round_cancel(zpp_transport_t *t, zpp_round_t *r) {
@@ -476,7 +476,7 @@ static void ucx_destroy(zpp_transport_t *t) {
   t->impl = NULL;
 }
 
-/* No barrier_post: transport_algo.c's dissemination barrier of 1-byte
+/* No barrier_post: src/algo's dissemination barrier of 1-byte
  * messages over the rounds is what a UCP barrier would be anyway. */
 static const zpp_round_ops_t ucx_rounds = {
     .round_post = ucx_round_post,
