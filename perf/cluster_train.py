@@ -266,6 +266,9 @@ def markdown(csv_path, meta_path):
         else:
             p(f"Target ({LINK[trate]}, batch {tbatch}): no figure (runs failed).")
     p()
+    # its own heading, so that a page can paste the result without these
+    p("#### Load, phases and repetitions")
+    p()
     p("Load average (1, 5, 15 min) of the machine before and after each block "
       "(the machine's cores are shared with other jobs; the 8 ranks of this "
       "study count in the load while they run, so \"after\" includes them):")
