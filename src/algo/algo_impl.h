@@ -39,8 +39,9 @@ enum { PH_RING, PH_PAIR, PH_REDUCE, PH_BARRIER, PH_HAG, PH_HRS, PH_END };
 #define MAX_PHASES 4
 
 /* ---- the per-transport caches (cache.c) -----------------------------------
- * Reduction scratch and pinned staging buffers: SLOTS of each kept for
- * reuse, guarded by t->lock. */
+ * Pinned staging buffers: SLOTS kept for reuse, guarded by t->lock.
+ * Reduction scratch comes from the transport's host scratch cache
+ * (zpp_scratch_get, transport/transport.h), which the engine shares. */
 #define SLOTS 8
 
 typedef struct {
@@ -59,7 +60,7 @@ typedef struct {
  * caller's unrelated work, from inside a non-blocking test): pinned slots
  * are only ever added (SLOTS in the array, more on a list when all are
  * busy), and a slot too small for a request gets a larger buffer while the
- * old one is retired, kept until zpp_algo_destroy.  Capacities are powers
+ * old one is retired, kept until algo_release.  Capacities are powers
  * of two, so a slot's retired buffers total less than its current one. */
 typedef struct more_slot {
   slot_t s;
@@ -72,17 +73,17 @@ typedef struct retired {
 } retired_t;
 
 struct zpp_algo {
-  slot_t host[SLOTS];
   slot_t pinned[SLOTS];
   more_slot_t *more;  /* pinned slots beyond SLOTS */
   retired_t *retired; /* pinned buffers replaced by larger ones */
-  /* Buffers of ops released while cancelled transfers may still touch
-   * them (t->in_doubt): freed by zpp_algo_destroy only once the transport
-   * is quiet, else leaked. */
-  retired_t *held_host, *held_pinned;
+  /* Pinned buffers of ops released while cancelled transfers may still
+   * touch them (t->in_doubt): freed by algo_release only once the
+   * transport is quiet, else leaked. */
+  retired_t *held_pinned;
 };
 
-/* A buffer of an op: a cache slot, or its own when every slot is busy. */
+/* A buffer of an op: a pinned cache slot, or its own (pinned: when every
+ * slot is busy; host: the transport's scratch). */
 typedef struct {
   slot_t *slot;
   void *own;
@@ -238,7 +239,7 @@ zpp_status_t zpp_algo_unstage(zpp_xop_t *op);
 /* Host scratch of `need` bytes into b; given back by zpp_algo_host_put. */
 zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, buf_t *b,
                                const char *what);
-void zpp_algo_host_put(buf_t *b);
+void zpp_algo_host_put(zpp_transport_t *t, buf_t *b);
 /* Moves b's memory onto the held list *l (freed at destroy once the
  * transport is quiet). */
 void zpp_algo_hold(retired_t **l, buf_t *b);

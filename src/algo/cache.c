@@ -26,44 +26,23 @@ static zpp_status_t algo_state(zpp_transport_t *t, const char *what) {
   return ZPP_OK;
 }
 
-/* Host scratch of `need` bytes. */
+/* Host scratch of `need` bytes, from the transport's cache. */
 zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, buf_t *b,
                                const char *what) {
-  slot_t *best = NULL, *idle = NULL;
-  int i;
-  ZPP_CHECK(algo_state(t, what));
-  for (i = 0; i < SLOTS; i++) {
-    slot_t *s = &t->algo->host[i];
-    if (s->busy)
-      continue;
-    if (s->cap >= need && (best == NULL || s->cap < best->cap))
-      best = s;
-    if (idle == NULL || s->cap > idle->cap)
-      idle = s;
-  }
-  if (best == NULL && idle != NULL) {
-    void *p = malloc(need);
-    if (p == NULL)
-      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what,
-                       "reduction scratch of %zu bytes", need);
-    free(idle->p);
-    idle->p = p;
-    idle->cap = need;
-    best = idle;
-  }
-  if (best != NULL) {
-    best->busy = 1;
-    b->slot = best;
-    b->own = NULL;
-    b->p = best->p;
-    return ZPP_OK;
-  }
   b->slot = NULL;
-  b->own = b->p = malloc(need);
+  b->own = b->p = zpp_scratch_get(t, need);
   if (b->own == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what,
                      "reduction scratch of %zu bytes", need);
   return ZPP_OK;
+}
+
+/* Gives b back to the transport's cache (held there while cancelled
+ * transfers may still touch it). */
+void zpp_algo_host_put(zpp_transport_t *t, buf_t *b) {
+  zpp_scratch_put(t, b->own);
+  b->slot = NULL;
+  b->own = b->p = NULL;
 }
 
 /* Moves b's memory onto the held list *l (its slot, if any, is left
@@ -83,14 +62,6 @@ void zpp_algo_hold(retired_t **l, buf_t *b) {
     h->next = *l;
     *l = h;
   }
-}
-
-void zpp_algo_host_put(buf_t *b) {
-  if (b->slot != NULL)
-    b->slot->busy = 0;
-  free(b->own);
-  b->slot = NULL;
-  b->own = b->p = NULL;
 }
 
 #if ZPP_HAVE_CUDA
@@ -222,17 +193,18 @@ void zpp_algo_pinned_put(buf_t *b, int pending, void *stream) {
 }
 #endif
 
-/* Frees a held list, or (quiet = 0: cancelled transfers may still touch
- * the buffers) leaks the buffers and frees only the list nodes. */
-static void held_free(retired_t **l, int quiet, int pinned) {
+/* Frees a held list of pinned buffers, or (quiet = 0: cancelled
+ * transfers may still touch the buffers) leaks the buffers and frees only
+ * the list nodes. */
+static void held_free(retired_t **l, int quiet) {
   while (*l != NULL) {
     retired_t *h = *l;
     *l = h->next;
-    if (quiet && !pinned)
-      free(h->p);
 #if ZPP_HAVE_CUDA
-    else if (quiet)
+    if (quiet)
       cudaFreeHost(h->p);
+#else
+    (void)quiet;
 #endif
     free(h);
   }
@@ -240,18 +212,15 @@ static void held_free(retired_t **l, int quiet, int pinned) {
 
 /* The transport's algo_release: after the backend's destroy. */
 static void algo_release(zpp_transport_t *t) {
-  int i, quiet;
+  int quiet;
   if (t->algo == NULL)
     return;
   /* zpp_transport_free drained the backend first */
   quiet = !zpp_transport_in_doubt(t);
-  if (!quiet && (t->algo->held_host != NULL || t->algo->held_pinned != NULL))
+  if (!quiet && t->algo->held_pinned != NULL)
     ZPP_WARN(ZPP_SUBSYS_NET, "destroy: buffers of failed operations are "
                              "leaked: cancelled transfers may still use them");
-  held_free(&t->algo->held_host, quiet, 0);
-  held_free(&t->algo->held_pinned, quiet, 1);
-  for (i = 0; i < SLOTS; i++)
-    free(t->algo->host[i].p);
+  held_free(&t->algo->held_pinned, quiet);
 #if ZPP_HAVE_CUDA
   {
     struct zpp_algo *a = t->algo;

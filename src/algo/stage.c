@@ -20,13 +20,11 @@
  * After a failure, while cancelled transfers may still read or write
  * (t->in_doubt), the op's buffers are held until destroy instead. */
 void zpp_algo_release_buffers(zpp_xop_t *op, int pending_out) {
+  /* the transport's scratch holds it itself while in doubt */
+  zpp_algo_host_put(op->t, &op->tmp);
+#if ZPP_HAVE_CUDA
   int held = !pending_out && zpp_transport_in_doubt(op->t) &&
              op->t->algo != NULL;
-  if (held)
-    zpp_algo_hold(&op->t->algo->held_host, &op->tmp);
-  else
-    zpp_algo_host_put(&op->tmp);
-#if ZPP_HAVE_CUDA
   if (op->staged && held) {
     zpp_algo_hold(&op->t->algo->held_pinned, &op->stage_in);
     zpp_algo_hold(&op->t->algo->held_pinned, &op->stage_out);
@@ -35,6 +33,8 @@ void zpp_algo_release_buffers(zpp_xop_t *op, int pending_out) {
     zpp_algo_pinned_put(&op->stage_out, pending_out || op->stage_pending,
                         op->stream);
   }
+#else
+  (void)pending_out;
 #endif
 }
 

@@ -56,7 +56,6 @@ engine_t *zpp_engine_of(zpp_comm_t comm) {
       e->comm = comm;
       pthread_mutex_init(&e->mu, NULL);
       pthread_cond_init(&e->cv, NULL);
-      pthread_mutex_init(&e->cache_mu, NULL);
       e->last_progress_ns = zpp_time_ns();
       comm->engine = e;
       zpp_comm_set_before_destroy(comm, zpp_engine_release);
@@ -530,7 +529,6 @@ static void engine_abort(zpp_comm_t comm) {
 
 void zpp_engine_release(zpp_comm_t comm) {
   engine_t *e;
-  int i, quiet;
   pthread_mutex_lock(&engines_mu);
   e = (engine_t *)comm->engine;
   comm->engine = NULL;
@@ -543,21 +541,11 @@ void zpp_engine_release(zpp_comm_t comm) {
   pthread_mutex_unlock(&e->mu);
   if (e->thread_started)
     pthread_join(e->thread, NULL); /* runs what is queued first */
-  /* The cache was filled before any transfer was left in doubt (after
-   * that, memory goes to `held`): free.  Held memory only once the
-   * transport's cancelled transfers are done (bounded wait), else leak. */
-  quiet = zpp_transport_quiesce(zpp_comm_transport(comm));
-  while (e->held != NULL) {
-    struct held *h = e->held;
-    e->held = h->next;
-    if (quiet)
-      free(h->p);
-    free(h);
-  }
-  for (i = 0; i < CACHE_SLOTS; i++)
-    free(e->slot[i]);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
-  pthread_mutex_destroy(&e->cache_mu);
   free(e);
+}
+
+size_t zpp_engine_cached_bytes(zpp_comm_t comm) {
+  return comm != NULL ? zpp_scratch_cached_bytes(zpp_comm_transport(comm)) : 0;
 }

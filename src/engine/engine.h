@@ -1,7 +1,7 @@
 /*
  * The engine's own interface to the layers above (src/coll, src/runtime)
- * besides plans (plan.h): teardown, tickets of queued plans, and the host
- * scratch cache that kernel steps allocate from (exec.c).  Not installed.
+ * besides plans (plan.h): teardown and the tickets of queued plans.  Not
+ * installed.
  */
 #ifndef ZPP_SRC_ENGINE_ENGINE_H
 #define ZPP_SRC_ENGINE_ENGINE_H
@@ -40,13 +40,6 @@ int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket);
 zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
                                     const char *func, const char *tail);
 
-/* Host scratch from the communicator's engine: a cache kept for the life
- * of the communicator, freed by destroy. */
-void *zpp_engine_host_alloc(zpp_comm_t comm, size_t bytes);
-void zpp_engine_host_free(zpp_comm_t comm, void *p);
-/* 1: p (malloc'ed) is kept until destroy, as transfers cancelled after a
- * failure may still touch it; 0: free it. */
-int zpp_engine_hold(zpp_comm_t comm, void *p);
 
 #ifdef __cplusplus
 }

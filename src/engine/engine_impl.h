@@ -61,9 +61,6 @@ struct zpp_plan {
 
 /* ---- the per-communicator engine ----------------------------------------- */
 
-#define CACHE_SLOTS 32
-#define CACHE_HDR 64 /* keeps buffers 64-byte aligned, holds their size */
-
 typedef struct {
   zpp_comm_t comm;
   pthread_mutex_t mu;
@@ -78,27 +75,8 @@ typedef struct {
    * a long plan that keeps moving is not a hung one).  Written by the
    * running plan without the mutex. */
   _Atomic int64_t last_progress_ns;
-  /* Host scratch: plans need large buffers on every call (a qwZ gather of
-   * 16 MiB per rank over 8 ranks needs ~70 MB unchunked, on device memory;
-   * the host pipeline keeps 3 slots of 1/32 of it); fresh malloc'ed memory of
-   * that size is mmap'ed and returned on free, so every call would pay
-   * page faults.  Freed buffers are kept (up to ZPP_SCRATCH_CACHE_MB) for
-   * the life of the communicator and released by zpp_comm_destroy. */
-  pthread_mutex_t cache_mu;
-  void *slot[CACHE_SLOTS];
-  size_t slot_cap[CACHE_SLOTS];
-  size_t cache_total;
-  /* Host memory given back while cancelled transfers may still read or
-   * write it (zpp_transport_in_doubt: a failed plan's scratch, a failed
-   * hpZ handle's partition): never reused, freed by zpp_engine_release
-   * once the transport is quiet, else leaked.  Under cache_mu. */
-  struct held *held;
 } engine_t;
 
-struct held {
-  void *p; /* what free() takes */
-  struct held *next;
-};
 
 /* The communicator's engine, created on first use (NULL: out of memory). */
 engine_t *zpp_engine_of(zpp_comm_t comm);

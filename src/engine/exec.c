@@ -102,7 +102,7 @@ zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p) {
   if (bytes == 0)
     return ZPP_OK;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    *p = zpp_engine_host_alloc(ex->comm, bytes);
+    *p = zpp_scratch_get(ex->t, bytes);
     if (*p == NULL)
       return zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__,
                        "scratch of %zu bytes", bytes);
@@ -119,7 +119,7 @@ void zpp_k_free(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
   if (ex->mem == ZPP_MEMORY_HOST)
-    zpp_engine_host_free(ex->comm, p);
+    zpp_scratch_put(ex->t, p);
 #if ZPP_HAVE_CUDA_KERNELS
   else {
     int saved;
@@ -152,7 +152,7 @@ void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
   if (p == NULL)
     return;
   if (ex->mem == ZPP_MEMORY_HOST) {
-    if (!zpp_engine_hold(ex->comm, p))
+    if (!zpp_scratch_hold(ex->t, p))
       free(p);
   }
 #if ZPP_HAVE_CUDA_KERNELS

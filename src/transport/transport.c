@@ -66,6 +66,7 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
   t->timeout_s = zpp_timeout_clamp(timeout_s);
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->err_lock, NULL);
+  zpp_scratch_init(&t->scratch);
   for (g = 0; g < ZPP_NGROUPS; g++) {
     zpp_tgroup_t *gr = &t->grp[g];
     ZPP_CHECK(zpp_topo_group(topo, (zpp_group_t)g, rank, NULL, &gr->size,
@@ -137,7 +138,7 @@ void zpp_transport_free(zpp_transport_t *t) {
   int g;
   if (t == NULL)
     return;
-  /* The algorithms' held buffers (algo_release) are freed only once no
+  /* Held buffers (the scratch's, algo_release's) are freed only once no
    * cancelled transfer can touch them. */
   if (t->ops != NULL)
     zpp_transport_quiesce(t);
@@ -145,6 +146,7 @@ void zpp_transport_free(zpp_transport_t *t) {
     t->ops->destroy(t);
   if (t->algo_release != NULL)
     t->algo_release(t);
+  zpp_scratch_release(t, !zpp_transport_in_doubt(t));
   for (g = 0; g < ZPP_NGROUPS; g++) {
     free(t->grp[g].members);
     free(t->grp[g].ring);

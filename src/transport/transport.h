@@ -221,6 +221,22 @@ zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
  * mutex is not held while it waits. */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
 
+/* ---- host scratch ---------------------------------------------------------
+ * One cache of host buffers per transport (scratch.c), shared by the
+ * engine's plans and the host algorithms; thread-safe.
+ * zpp_scratch_get: `bytes` of host memory, 64-byte aligned (NULL: out of
+ * memory).  zpp_scratch_put: gives it back (kept for reuse up to
+ * ZPP_SCRATCH_CACHE_MB, or held until the transport is freed while
+ * cancelled transfers may still touch it).  zpp_scratch_hold: for a block
+ * of malloc's that is not scratch (hpZ's secondary copy): 1 when the
+ * transport took it (held, never freed under a transfer), 0 when the
+ * caller frees it as usual.  zpp_scratch_cached_bytes: bytes kept for
+ * reuse. */
+void *zpp_scratch_get(zpp_transport_t *t, size_t bytes);
+void zpp_scratch_put(zpp_transport_t *t, void *p);
+int zpp_scratch_hold(zpp_transport_t *t, void *p);
+size_t zpp_scratch_cached_bytes(zpp_transport_t *t);
+
 /* Testing: on = 1 makes barriers of host backends run the dissemination
  * barrier of rounds even where the backend has its own (barrier_post). */
 void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on);

@@ -46,6 +46,18 @@ typedef struct {
   uint32_t seq; /* operations started on this group (their tags) */
 } zpp_tgroup_t;
 
+/* The host scratch cache (scratch.c): best fit over ZPP_SCRATCH_SLOTS
+ * kept buffers, up to ZPP_SCRATCH_CACHE_MB in all, plus the buffers held
+ * while cancelled transfers may touch them. */
+#define ZPP_SCRATCH_SLOTS 32
+typedef struct {
+  pthread_mutex_t mu; /* guards everything below; taken after t->lock */
+  void *slot[ZPP_SCRATCH_SLOTS]; /* the allocation (header first) */
+  size_t cap[ZPP_SCRATCH_SLOTS];
+  size_t total;
+  struct zpp_scratch_held *held;
+} zpp_scratch_t;
+
 struct zpp_algo; /* src/algo's per-transport caches */
 
 struct zpp_transport {
@@ -79,6 +91,7 @@ struct zpp_transport {
   size_t net_seg;     /* ZPP_NET_SEGMENT: the MPI transport's largest message
                          to an inter-node peer (0: whole transfers) */
   atomic_uint_fast64_t progress; /* bumped when a transfer completes */
+  zpp_scratch_t scratch;         /* host scratch (scratch.c) */
   struct zpp_algo *algo;         /* owned by src/algo, which sets */
   void (*algo_release)(struct zpp_transport *t); /* with it: frees it, run by
                                     zpp_transport_free after the backend's
@@ -170,6 +183,11 @@ static inline int zpp_transport_in_doubt(zpp_transport_t *t) {
 static inline void zpp_transport_progressed(zpp_transport_t *t) {
   atomic_fetch_add_explicit(&t->progress, 1, memory_order_relaxed);
 }
+
+/* Scratch: set up by zpp_transport_init; freed by zpp_transport_free
+ * after the quiesce (quiet = 0: held buffers are leaked). */
+void zpp_scratch_init(zpp_scratch_t *s);
+void zpp_scratch_release(zpp_transport_t *t, int quiet);
 
 /* Backend constructors: fill t->ops, t->impl, t->backend (host backends
  * also t->tag_limit). */

@@ -14,8 +14,9 @@
 extern "C" {
 #endif
 
-/* Bytes held by the communicator's host scratch cache (0 for NULL or a
- * communicator that never ran a plan). */
+/* Bytes kept for reuse by the communicator's host scratch cache (its
+ * transport's, shared by the engine's plans and the host algorithms;
+ * 0 for NULL). */
 size_t zpp_engine_cached_bytes(zpp_comm_t comm);
 
 #ifdef __cplusplus
