@@ -43,6 +43,39 @@ fresh  # a tool reaching into a layer's private header
 printf '#include "engine/plan.h"\n' > "$work/t/tools/planted.c"
 expect_fail "private header in tools/" 'tools and perf use'
 
+fresh  # an upward include written with angle brackets
+sed -i '0,/#include "/s@#include "@#include <engine/plan.h>\n#include "@' "$work/t/src/transport/transport.c"
+expect_fail "upward <...> include" 'layer transport may not include engine'
+
+fresh  # an upward include behind a comment on its line
+printf '/* note */ #include "coll/coll.h"\n' >> "$work/t/src/comm/comm.c"
+expect_fail "include after a comment" 'layer comm may not include coll'
+
+fresh  # a commented-out include is no include
+printf '/* #include "coll/coll.h" */\n// #include "runtime/x.h"\n' >> "$work/t/src/core/log.c"
+if "$chk" "$work/t" > /dev/null; then echo "ok: commented-out includes ignored"; pass=$((pass + 1));
+else echo "FAIL: a commented-out include was counted"; failn=$((failn + 1)); fi
+
+fresh  # the internal API used to launder an upward include
+sed -i '0,/#include "/s@#include "@#include "include/zpp_internal/topo.h"\n#include "@' "$work/t/src/core/log.c"
+expect_fail "upward include through zpp_internal" 're-exports layer topology, a layer above core'
+
+fresh  # a C++ file of a layer is checked too
+printf '#include "runtime/runtime.c"\n' > "$work/t/src/algo/planted.cc"
+expect_fail "upward include in a .cc file" 'planted.cc: includes "runtime/runtime.c": layer algo may not include runtime'
+
+fresh  # a prototype with its return type on the line before
+printf 'zpp_status_t\nzpp_planted_two_lines(int x);\n' >> "$work/t/src/coll/qwd.c"
+expect_fail "two-line hand-written prototype" 'qwd.c:[0-9]*: zpp_planted_two_lines'
+
+fresh  # a computed include
+printf '#define HDR "coll/coll.h"\n#include HDR\n' >> "$work/t/src/comm/comm.c"
+expect_fail "computed include" 'a computed include'
+
+fresh  # a benchmark in a subfolder reaching into a layer
+mkdir -p "$work/t/perf/sub" && printf '#include "engine/plan.h"\n' > "$work/t/perf/sub/x.c"
+expect_fail "private header in a perf/ subfolder" 'perf/sub/x.c: includes "engine/plan.h"'
+
 fresh  # a source file outside the layers
 printf 'int zpp_planted;\n' > "$work/t/src/planted.c"
 expect_fail "file outside the layers" 'lives in a layer'

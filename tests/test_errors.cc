@@ -627,6 +627,18 @@ TEST(ErrorText, Collectives) {
                                        nullptr, nullptr, nullptr);
        },
        NUL, "zpp_qgz_reduce_scatter: recvbuf is NULL (count 4)", true},
+      // the residual's size is checked before the buffers: an overflowing
+      // count is named as such, though recvbuf is NULL too
+      {"zpp_qgz_reduce_scatter",
+       [] {
+         return zpp_qgz_reduce_scatter(g_comm, &g, a.data(), nullptr, SIZE_MAX / 2, ZPP_FLOAT32,
+                                       ZPP_OP_SUM, nullptr, nullptr, nullptr);
+       },
+       OVF,
+       S("zpp_qgz_reduce_scatter: count %zu: the residual (zpp_qgz_residual_count floats) "
+         "overflows size_t",
+         SIZE_MAX / 2),
+       true},
   });
   // every field of zpp_qgz_config_t, through zpp_qgz_reduce_scatter
   struct G {

@@ -23,8 +23,12 @@
 #     tools/ or perf/ (declarations live in the owner's header; tools and
 #     perf use <zpp/...> or the declared internal API, src/include/zpp_internal);
 #   - in tools/ and perf/: an include of a layer's private header.
-# Same-folder headers are included by bare name ("quant_cpu.h"), others by
-# their path below src/ ("transport/transport.h").
+# Headers are included by their path below src/ ("transport/transport.h");
+# a header of the file's own folder may also be named bare ("quant_cpu.h",
+# which the kernels use so that tools can compile them alone).  Comments
+# are stripped before the includes are read (gcc -fpreprocessed); <...>
+# includes of a layer's header count like "..." ones; a header of
+# src/include/zpp_internal counts as the layers it re-exports.
 set -euo pipefail
 
 # Bottom first.  A layer may include its own headers and those of every
@@ -103,22 +107,56 @@ done
 
 edges=$(mktemp)
 trap 'rm -f "$edges"' EXIT
+# The include directives of a file, comments stripped first (so neither a
+# commented-out include counts nor a comment hides one), one a line:
+# "q PATH" ("..."), "a PATH" (<...>) or "x TEXT" (a computed include).
+includes_of() { # file
+  gcc -fpreprocessed -dD -E -P -x c "$1" 2>/dev/null |
+    sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/q \1/p;
+             t;
+             s/^[[:space:]]*#[[:space:]]*include[[:space:]]*<([^>]+)>.*/a \1/p;
+             t;
+             s/^[[:space:]]*#[[:space:]]*include[[:space:]]*(.*)$/x \1/p'
+}
+# The highest layer a header of src/include/zpp_internal re-exports (by its
+# relative includes), as a rank; -1 when it re-exports none.
+internal_rank() { # src/include/... file
+  local r=-1 kind inc tgt
+  while read -r kind inc; do
+    [ "$kind" = q ] || continue
+    tgt=$(realpath -m --relative-to=src "$(dirname "$1")/$inc")
+    tgt=${tgt%%/*}
+    if [ -n "${rank[$tgt]:-}" ] && [ "${rank[$tgt]}" -gt "$r" ]; then r=${rank[$tgt]}; fi
+  done < <(includes_of "$1")
+  echo "$r"
+}
 check_file() { # file layer
-  local f=$1 me=$2 line inc tgt
-  while IFS= read -r line; do
-    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
+  local f=$1 me=$2 kind inc tgt r
+  while read -r kind inc; do
+    if [ "$kind" = x ]; then
+      bad "$f: a computed include ($inc): name the header"
+      continue
+    fi
     if [[ $inc != */* ]]; then
+      [ "$kind" = a ] && continue # a system header
       [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\", which is not in its folder"
       echo "$f $(dirname "$f")/$inc" >> "$edges"
       continue
     fi
     tgt=${inc%%/*}
     if [ "$tgt" = include ]; then
-      [ -e "src/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
+      if [ ! -e "src/$inc" ]; then
+        bad "$f: includes \"$inc\", which does not exist"
+        continue
+      fi
+      r=$(internal_rank "src/$inc")
+      [ "$r" -gt "${rank[$me]}" ] &&
+        bad "$f: includes \"$inc\", which re-exports layer ${names[$r]}, a layer above $me"
       continue
     fi
     if [ -z "${rank[$tgt]:-}" ]; then
-      bad "$f: includes \"$inc\": '$tgt' is not a layer"
+      # <zpp/...>, <sys/...>: public and system headers; "x/y.h": no layer
+      [ "$kind" = q ] && bad "$f: includes \"$inc\": '$tgt' is not a layer"
       continue
     fi
     [ -e "src/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
@@ -126,58 +164,72 @@ check_file() { # file layer
       bad "$f: includes \"$inc\": layer $me may not include $tgt, a layer above it"
     fi
     echo "$f src/$inc" >> "$edges"
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
+  done < <(includes_of "$f")
 }
 # A hand-written prototype: a file-scope declaration of a zpp_ function
-# ending in ");" on a line that starts the declaration (not static).
+# ending in ");", its return type on the same line (not static) or on the
+# line before (a line that starts with the name).
 hand_protos() { # file
   awk '
-    /^[A-Za-z_][A-Za-z0-9_ \t\*]*[ \t\*]zpp_[A-Za-z0-9_]+[ \t]*\(/ && $1 != "static" {
-      decl = $0; start = FNR
+    function check(line) {
+      decl = line; start = FNR
       while (decl !~ /[;{]/ && (getline nxt) > 0) decl = decl " " nxt
-      if (decl ~ /\)[ \t]*(__attribute__.*)?;[ \t]*$/) print FILENAME ":" start ": " $0
-    }' "$1"
+      if (decl ~ /\)[ \t]*(__attribute__.*)?;[ \t]*$/) print FILENAME ":" start ": " line
+    }
+    /^[A-Za-z_][A-Za-z0-9_ \t\*]*[ \t\*]zpp_[A-Za-z0-9_]+[ \t]*\(/ && $1 != "static" { check($0); next }
+    /^zpp_[A-Za-z0-9_]+[ \t]*\(/ && prev !~ /^static/ { check($0); next }
+    { prev = $0 }' "$1"
 }
+# Source files of every kind: C, CUDA, C++.
+SRC_FIND=(-type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh'
+          -o -name '*.cc' -o -name '*.cpp' -o -name '*.hpp' \))
 
 for n in "${names[@]}"; do
   [ -d "src/$n" ] || continue
   while IFS= read -r f; do
     check_file "$f" "$n"
     case $f in
-      *.c|*.cu)
+      *.h|*.cuh|*.hpp) ;;
+      *)
         while IFS= read -r p; do
           bad "$p (a prototype belongs in its owner's header)"
         done < <(hand_protos "$f") ;;
     esac
-  done < <(find "src/$n" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | sort)
+  done < <(find "src/$n" "${SRC_FIND[@]}" | sort)
 done
 
 # The declared internal API includes only public headers and the
 # self-contained headers it re-exports (by relative path).
 while IFS= read -r f; do
-  while IFS= read -r line; do
-    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
+  while read -r kind inc; do
+    [ "$kind" = q ] || continue
     [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
-done < <(find src/include -type f -name '*.h' 2>/dev/null | sort)
+  done < <(includes_of "$f")
+done < <(find src/include "${SRC_FIND[@]}" 2>/dev/null | sort)
 
 # Tools and benchmarks: the public API or src/include/zpp_internal only.
 while IFS= read -r f; do
-  while IFS= read -r line; do
-    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$line")
-    case $inc in
-      zpp_internal/*) [ -e "src/include/$inc" ] || bad "$f: includes \"$inc\", which does not exist" ;;
-      */*) bad "$f: includes \"$inc\": tools and perf use <zpp/...> or zpp_internal/" ;;
-      *) [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\": not a header of its folder (tools and perf use <zpp/...> or zpp_internal/)" ;;
+  while read -r kind inc; do
+    if [ "$kind" = x ]; then
+      bad "$f: a computed include ($inc): name the header"
+      continue
+    fi
+    tgt=${inc%%/*}
+    case $kind:$inc in
+      *:zpp_internal/*) [ -e "src/include/$inc" ] || bad "$f: includes \"$inc\", which does not exist" ;;
+      a:*/*) [ -n "${rank[$tgt]:-}" ] && bad "$f: includes <$inc>: tools and perf use <zpp/...> or zpp_internal/" ;;
+      q:*/*) bad "$f: includes \"$inc\": tools and perf use <zpp/...> or zpp_internal/" ;;
+      q:*) [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\": not a header of its folder (tools and perf use <zpp/...> or zpp_internal/)" ;;
     esac
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" || true)
+  done < <(includes_of "$f")
   case $f in
-    *.c|*.cu)
+    *.h|*.cuh|*.hpp) ;;
+    *)
       while IFS= read -r p; do
         bad "$p (declare it in src/include/zpp_internal, not by hand)"
       done < <(hand_protos "$f") ;;
   esac
-done < <(find tools perf -maxdepth 1 -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | sort)
+done < <(find tools perf "${SRC_FIND[@]}" | sort)
 
 # No include cycle among the library's files.
 if [ -s "$edges" ] && ! tsort "$edges" > /dev/null 2> "$edges.err"; then

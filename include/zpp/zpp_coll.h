@@ -181,6 +181,9 @@ typedef struct {
 ZPP_API zpp_status_t zpp_hpz_create(zpp_comm_t comm,
                                     const zpp_hpz_config_t *cfg, size_t count,
                                     zpp_dtype_t dtype, zpp_hpz_t *hpz);
+/* Frees the handle and its secondary copy once the gathers started on it
+ * are done.  Call it before zpp_comm_destroy of its communicator: the
+ * handle uses the communicator to free its copy. */
 ZPP_API zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz);
 
 /* Forward gather: like zpp_qwz_allgather (or zpp_allgather when not

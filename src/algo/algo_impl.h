@@ -31,18 +31,18 @@ extern "C" {
 #endif
 
 /* An op's transfers carry tag = base + sub, base = (group sequence number
- * modulo tag_limit / NSUB) * NSUB. */
-enum { SUB_DATA = 0, SUB_EMU = 1, SUB_CTL = 2, NSUB = 4 };
+ * modulo tag_limit / ZPP_NSUB) * ZPP_NSUB. */
+enum { ZPP_SUB_DATA = 0, ZPP_SUB_EMU = 1, ZPP_SUB_CTL = 2, ZPP_NSUB = 4 };
 
 /* Phases; an op runs its plan in order. */
-enum { PH_RING, PH_PAIR, PH_REDUCE, PH_BARRIER, PH_HAG, PH_HRS, PH_END };
-#define MAX_PHASES 4
+enum { ZPP_PH_RING, ZPP_PH_PAIR, ZPP_PH_REDUCE, ZPP_PH_BARRIER, ZPP_PH_HAG, ZPP_PH_HRS, ZPP_PH_END };
+#define ZPP_MAX_PHASES 4
 
 /* ---- the per-transport caches (cache.c) -----------------------------------
- * Pinned staging buffers: SLOTS kept for reuse, guarded by t->lock.
+ * Pinned staging buffers: ZPP_ALGO_SLOTS kept for reuse, guarded by t->lock.
  * Reduction scratch comes from the transport's host scratch cache
  * (zpp_scratch_get, transport/transport.h), which the engine shares. */
-#define SLOTS 8
+#define ZPP_ALGO_SLOTS 8
 
 typedef struct {
   void *p;
@@ -53,46 +53,46 @@ typedef struct {
   int ev_made, ev_pending;
   int lost; /* a copy may still use it and no event says when: leaked */
 #endif
-} slot_t;
+} zpp_algo_slot_t;
 
 /* Pinned staging buffers.  cudaFreeHost synchronises the whole device, so
  * it never runs while operations may be in flight (it would wait for the
  * caller's unrelated work, from inside a non-blocking test): pinned slots
- * are only ever added (SLOTS in the array, more on a list when all are
+ * are only ever added (ZPP_ALGO_SLOTS in the array, more on a list when all are
  * busy), and a slot too small for a request gets a larger buffer while the
  * old one is retired, kept until algo_release.  Capacities are powers
  * of two, so a slot's retired buffers total less than its current one. */
-typedef struct more_slot {
-  slot_t s;
-  struct more_slot *next;
-} more_slot_t;
+typedef struct zpp_algo_more_slot {
+  zpp_algo_slot_t s;
+  struct zpp_algo_more_slot *next;
+} zpp_algo_more_slot_t;
 
-typedef struct retired {
+typedef struct zpp_algo_retired {
   void *p;
-  struct retired *next;
-} retired_t;
+  struct zpp_algo_retired *next;
+} zpp_algo_retired_t;
 
 struct zpp_algo {
-  slot_t pinned[SLOTS];
-  more_slot_t *more;  /* pinned slots beyond SLOTS */
-  retired_t *retired; /* pinned buffers replaced by larger ones */
+  zpp_algo_slot_t pinned[ZPP_ALGO_SLOTS];
+  zpp_algo_more_slot_t *more;  /* pinned slots beyond ZPP_ALGO_SLOTS */
+  zpp_algo_retired_t *retired; /* pinned buffers replaced by larger ones */
   /* Pinned buffers of ops released while cancelled transfers may still
    * touch them (t->in_doubt): freed by algo_release only once the
    * transport is quiet, else leaked. */
-  retired_t *held_pinned;
+  zpp_algo_retired_t *held_pinned;
 };
 
 /* A buffer of an op: a pinned cache slot, or its own (pinned: when every
  * slot is busy; host: the transport's scratch). */
 typedef struct {
-  slot_t *slot;
+  zpp_algo_slot_t *slot;
   void *own;
   void *p;
-} buf_t;
+} zpp_algo_buf_t;
 
 /* ---- the op (op.c) ------------------------------------------------------- */
 
-enum { XS_RUNNING = 0, XS_DONE = 1 };
+enum { ZPP_XS_RUNNING = 0, ZPP_XS_DONE = 1 };
 
 struct zpp_xop {
   zpp_transport_t *t; /* NULL: the shared done op */
@@ -104,7 +104,7 @@ struct zpp_xop {
   uint32_t tag; /* base tag (SUB_* added) */
   int64_t limit_ns;
   /* The plan and where it is. */
-  int plan[MAX_PHASES + 1];
+  int plan[ZPP_MAX_PHASES + 1];
   int phase, step;
   /* The round in flight (NULL: none), its data transfers, and what was
    * posted (data plus emulation headers). */
@@ -135,7 +135,7 @@ struct zpp_xop {
   void *dst;
   zpp_dtype_t dtype;
   zpp_reduce_op_t rop;
-  buf_t tmp;
+  zpp_algo_buf_t tmp;
   /* Barrier: one byte each way per round. */
   char bar_out, bar_in;
   /* Hierarchical phases: hc chunks; my node hn (hs members, mine at
@@ -164,7 +164,7 @@ struct zpp_xop {
   void *stream;
   void *user_recv;
   size_t out_bytes;
-  buf_t stage_in, stage_out;
+  zpp_algo_buf_t stage_in, stage_out;
 };
 
 /* ---- op.c ---------------------------------------------------------------- */
@@ -193,7 +193,7 @@ void zpp_algo_data_xfer(zpp_xop_t *op, zpp_xfer_t *x, int peer, const void *buf,
 /* ring.c: the rings of a group (ZPP_NET_RINGS, capped by its largest node
  * run); chunk c of nc of b bytes or elements (floor split, the first
  * b % nc one longer); the ring tables and my block's source (send NULL:
- * already in place in buf); the PH_RING step. */
+ * already in place in buf); the ZPP_PH_RING step. */
 int zpp_algo_ring_channels(const zpp_transport_t *t, const zpp_tgroup_t *gr);
 void zpp_algo_chunk_of(size_t b, int c, int nc, size_t *lo, size_t *len);
 void zpp_algo_setup_ring(zpp_xop_t *op, char *buf, const void *send);
@@ -201,7 +201,7 @@ zpp_status_t zpp_algo_ring_step(zpp_xop_t *op, int *end);
 
 /* pairwise.c: dst = the sum of n blocks of count elements in order, fp32,
  * divided by div when div > 0, rounded once to out_dt; the flat
- * reduce-scatter's tables and scratch; the PH_PAIR and PH_REDUCE steps. */
+ * reduce-scatter's tables and scratch; the ZPP_PH_PAIR and ZPP_PH_REDUCE steps. */
 void zpp_algo_reduce_blocks(void *dst, zpp_dtype_t out_dt,
                             const void *const *blocks, zpp_dtype_t in_dt, int n,
                             size_t count, float div);
@@ -211,7 +211,7 @@ zpp_status_t zpp_algo_reduce_step(zpp_xop_t *op, int *end);
 
 /* hier.c: whether ops on a group run hierarchically; my node, owners and
  * what I own; the transfers a hierarchical round can hold; the
- * hierarchical reduce-scatter's tables and scratch; the PH_HAG and PH_HRS
+ * hierarchical reduce-scatter's tables and scratch; the ZPP_PH_HAG and ZPP_PH_HRS
  * steps. */
 int zpp_algo_hier_on(const zpp_transport_t *t, const zpp_tgroup_t *gr);
 void zpp_algo_hier_setup(zpp_xop_t *op);
@@ -237,21 +237,21 @@ zpp_status_t zpp_algo_unstage(zpp_xop_t *op);
 /* ---- cache.c ------------------------------------------------------------- */
 
 /* Host scratch of `need` bytes into b; given back by zpp_algo_host_put. */
-zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, buf_t *b,
+zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, zpp_algo_buf_t *b,
                                const char *what);
-void zpp_algo_host_put(zpp_transport_t *t, buf_t *b);
+void zpp_algo_host_put(zpp_transport_t *t, zpp_algo_buf_t *b);
 /* Moves b's memory onto the held list *l (freed at destroy once the
  * transport is quiet). */
-void zpp_algo_hold(retired_t **l, buf_t *b);
+void zpp_algo_hold(zpp_algo_retired_t **l, zpp_algo_buf_t *b);
 #if ZPP_HAVE_CUDA
 /* A CUDA error as zpp's, the call and CUDA's message kept. */
 zpp_status_t zpp_algo_cuda_err(cudaError_t e, const char *what,
                                const char *call);
 /* A pinned buffer of at least `need` bytes into b; given back by
  * zpp_algo_pinned_put (pending: a copy on `stream` still uses it). */
-zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
+zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, zpp_algo_buf_t *b,
                                  const char *what);
-void zpp_algo_pinned_put(buf_t *b, int pending, void *stream);
+void zpp_algo_pinned_put(zpp_algo_buf_t *b, int pending, void *stream);
 #endif
 
 #ifdef __cplusplus

@@ -27,7 +27,7 @@ static zpp_status_t algo_state(zpp_transport_t *t, const char *what) {
 }
 
 /* Host scratch of `need` bytes, from the transport's cache. */
-zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, buf_t *b,
+zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, zpp_algo_buf_t *b,
                                const char *what) {
   b->slot = NULL;
   b->own = b->p = zpp_scratch_get(t, need);
@@ -39,7 +39,7 @@ zpp_status_t zpp_algo_host_get(zpp_transport_t *t, size_t need, buf_t *b,
 
 /* Gives b back to the transport's cache (held there while cancelled
  * transfers may still touch it). */
-void zpp_algo_host_put(zpp_transport_t *t, buf_t *b) {
+void zpp_algo_host_put(zpp_transport_t *t, zpp_algo_buf_t *b) {
   zpp_scratch_put(t, b->own);
   b->slot = NULL;
   b->own = b->p = NULL;
@@ -47,9 +47,9 @@ void zpp_algo_host_put(zpp_transport_t *t, buf_t *b) {
 
 /* Moves b's memory onto the held list *l (its slot, if any, is left
  * empty); without memory for the list node it is leaked. */
-void zpp_algo_hold(retired_t **l, buf_t *b) {
+void zpp_algo_hold(zpp_algo_retired_t **l, zpp_algo_buf_t *b) {
   void *p = b->slot != NULL ? b->slot->p : b->own;
-  retired_t *h;
+  zpp_algo_retired_t *h;
   if (b->slot != NULL) {
     b->slot->p = NULL;
     b->slot->cap = 0;
@@ -57,7 +57,7 @@ void zpp_algo_hold(retired_t **l, buf_t *b) {
   }
   b->slot = NULL;
   b->own = b->p = NULL;
-  if (p != NULL && (h = (retired_t *)calloc(1, sizeof *h)) != NULL) {
+  if (p != NULL && (h = (zpp_algo_retired_t *)calloc(1, sizeof *h)) != NULL) {
     h->p = p;
     h->next = *l;
     *l = h;
@@ -71,7 +71,7 @@ zpp_status_t zpp_algo_cuda_err(cudaError_t e, const char *what,
 }
 
 /* A pinned slot is free once no stage-out copy reads it any more. */
-static int pinned_idle(slot_t *s) {
+static int pinned_idle(zpp_algo_slot_t *s) {
   if (s->busy)
     return 0;
   if (s->ev_pending) {
@@ -86,13 +86,13 @@ static int pinned_idle(slot_t *s) {
 
 /* The pinned slot after s (the array, then the list; *cur tracks the
  * list node, NULL while in the array); s NULL: the first. */
-static slot_t *pinned_next(struct zpp_algo *a, slot_t *s, more_slot_t **cur) {
+static zpp_algo_slot_t *pinned_next(struct zpp_algo *a, zpp_algo_slot_t *s, zpp_algo_more_slot_t **cur) {
   if (s == NULL) {
     *cur = NULL;
     return &a->pinned[0];
   }
   if (*cur == NULL) {
-    if (s != &a->pinned[SLOTS - 1])
+    if (s != &a->pinned[ZPP_ALGO_SLOTS - 1])
       return s + 1;
     *cur = a->more;
   } else {
@@ -108,10 +108,10 @@ static size_t pow2_at_least(size_t n) {
   return c < n ? n : c;
 }
 
-zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
+zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, zpp_algo_buf_t *b,
                                  const char *what) {
-  slot_t *best = NULL, *idle = NULL, *s;
-  more_slot_t *cur = NULL;
+  zpp_algo_slot_t *best = NULL, *idle = NULL, *s;
+  zpp_algo_more_slot_t *cur = NULL;
   struct zpp_algo *a;
   ZPP_CHECK(algo_state(t, what));
   a = t->algo;
@@ -126,12 +126,12 @@ zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
   if (best == NULL) {
     size_t cap = pow2_at_least(need);
     void *p = NULL;
-    retired_t *old = NULL;
-    more_slot_t *ms = NULL;
+    zpp_algo_retired_t *old = NULL;
+    zpp_algo_more_slot_t *ms = NULL;
     cudaError_t e;
     if ((idle != NULL && idle->p != NULL &&
-         (old = (retired_t *)calloc(1, sizeof *old)) == NULL) ||
-        (idle == NULL && (ms = (more_slot_t *)calloc(1, sizeof *ms)) == NULL)) {
+         (old = (zpp_algo_retired_t *)calloc(1, sizeof *old)) == NULL) ||
+        (idle == NULL && (ms = (zpp_algo_more_slot_t *)calloc(1, sizeof *ms)) == NULL)) {
       free(old);
       return zpp_error(ZPP_ERR_OUT_OF_MEMORY, what, "pinned slot list");
     }
@@ -165,9 +165,9 @@ zpp_status_t zpp_algo_pinned_get(zpp_transport_t *t, size_t need, buf_t *b,
  * still uses b, so the slot waits for an event recorded there.  Never
  * blocks: where the event cannot be made (a broken CUDA context), the slot
  * is lost, never reused nor freed, rather than waiting for the stream. */
-void zpp_algo_pinned_put(buf_t *b, int pending, void *stream) {
+void zpp_algo_pinned_put(zpp_algo_buf_t *b, int pending, void *stream) {
   if (b->slot != NULL) {
-    slot_t *s = b->slot;
+    zpp_algo_slot_t *s = b->slot;
     if (pending) {
       cudaError_t e = cudaSuccess;
       if (!s->ev_made) {
@@ -196,9 +196,9 @@ void zpp_algo_pinned_put(buf_t *b, int pending, void *stream) {
 /* Frees a held list of pinned buffers, or (quiet = 0: cancelled
  * transfers may still touch the buffers) leaks the buffers and frees only
  * the list nodes. */
-static void held_free(retired_t **l, int quiet) {
+static void held_free(zpp_algo_retired_t **l, int quiet) {
   while (*l != NULL) {
-    retired_t *h = *l;
+    zpp_algo_retired_t *h = *l;
     *l = h->next;
 #if ZPP_HAVE_CUDA
     if (quiet)
@@ -224,8 +224,8 @@ static void algo_release(zpp_transport_t *t) {
 #if ZPP_HAVE_CUDA
   {
     struct zpp_algo *a = t->algo;
-    slot_t *s;
-    more_slot_t *cur = NULL;
+    zpp_algo_slot_t *s;
+    zpp_algo_more_slot_t *cur = NULL;
     double to = zpp_transport_timeout_s(t);
     int64_t limit = zpp_time_ns() + (int64_t)((to > 0 ? to : 60.0) * 1e9);
     int leak = 0;
@@ -252,12 +252,12 @@ static void algo_release(zpp_transport_t *t) {
       ZPP_WARN(ZPP_SUBSYS_NET, "destroy: a staging copy did not finish within "
                                "the timeout; its pinned buffer is leaked");
     while (a->more != NULL) {
-      more_slot_t *m = a->more;
+      zpp_algo_more_slot_t *m = a->more;
       a->more = m->next;
       free(m);
     }
     while (a->retired != NULL) {
-      retired_t *r = a->retired;
+      zpp_algo_retired_t *r = a->retired;
       a->retired = r->next;
       cudaFreeHost(r->p);
       free(r);

@@ -251,7 +251,7 @@ zpp_status_t zpp_algo_setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
   return ZPP_OK;
 }
 
-/* The PH_HAG step: rounds 0..hc (the chunks counted at step 0). */
+/* The ZPP_PH_HAG step: rounds 0..hc (the chunks counted at step 0). */
 zpp_status_t zpp_algo_hag_step(zpp_xop_t *op, int *end) {
   zpp_status_t st;
   if (op->step == 0) {
@@ -276,7 +276,7 @@ zpp_status_t zpp_algo_hag_step(zpp_xop_t *op, int *end) {
   return st;
 }
 
-/* The PH_HRS step.  Step r: round r - 1 is complete: its stage-A chunk is
+/* The ZPP_PH_HRS step.  Step r: round r - 1 is complete: its stage-A chunk is
  * reduced into partial sums, its stage-B chunk (r - 2) into my slice; then
  * round r goes out (it sends the partials of chunk r - 1). */
 zpp_status_t zpp_algo_hrs_step(zpp_xop_t *op, int *end) {

@@ -71,7 +71,7 @@
 #include <string.h>
 
 /* The op of stream-ordered backends: done from the start. */
-static zpp_xop_t done_op = {.state = XS_DONE};
+static zpp_xop_t done_op = {.state = ZPP_XS_DONE};
 
 zpp_xop_t *zpp_xop_done(void) { return &done_op; }
 
@@ -137,7 +137,7 @@ zpp_status_t zpp_algo_post_round(zpp_xop_t *op) {
       h->peer = x->peer;
       h->buf = &op->hin[op->nhdr++];
       h->bytes = sizeof(int64_t);
-      h->tag = op->tag + SUB_EMU;
+      h->tag = op->tag + ZPP_SUB_EMU;
     }
     op->rx[nr++] = *x;
   }
@@ -152,7 +152,7 @@ zpp_status_t zpp_algo_post_round(zpp_xop_t *op) {
       h->peer = x->peer;
       h->buf = &op->hout[i];
       h->bytes = sizeof(int64_t);
-      h->tag = op->tag + SUB_EMU;
+      h->tag = op->tag + ZPP_SUB_EMU;
     }
     op->sx[ns++] = *x;
   }
@@ -168,7 +168,7 @@ void zpp_algo_data_xfer(zpp_xop_t *op, zpp_xfer_t *x, int peer, const void *buf,
   x->peer = peer;
   x->buf = (void *)buf;
   x->bytes = bytes;
-  x->tag = op->tag + SUB_DATA;
+  x->tag = op->tag + ZPP_SUB_DATA;
 }
 
 /* Dissemination round k: a byte to member me + 2^k, one from me - 2^k. */
@@ -177,17 +177,17 @@ static zpp_status_t barrier_round(zpp_xop_t *op) {
   op->dout[0].peer = (op->me + d) % n;
   op->dout[0].buf = &op->bar_out;
   op->dout[0].bytes = 1;
-  op->dout[0].tag = op->tag + SUB_CTL;
+  op->dout[0].tag = op->tag + ZPP_SUB_CTL;
   op->din[0].peer = (op->me - d % n + n) % n;
   op->din[0].buf = &op->bar_in;
   op->din[0].bytes = 1;
-  op->din[0].tag = op->tag + SUB_CTL;
+  op->din[0].tag = op->tag + ZPP_SUB_CTL;
   op->nin = op->nout = 1;
   op->ctl = 1;
   return zpp_algo_post_round(op);
 }
 
-/* The PH_BARRIER step: the backend's barrier (one step), else the
+/* The ZPP_PH_BARRIER step: the backend's barrier (one step), else the
  * dissemination rounds. */
 static zpp_status_t barrier_step(zpp_xop_t *op, int *end) {
   zpp_transport_t *t = op->t;
@@ -204,7 +204,7 @@ static zpp_status_t barrier_step(zpp_xop_t *op, int *end) {
     op->step = 1;
     op->ctl = 1;
     op->nin = op->nout = op->nhdr = 0;
-    return t->ops->round->barrier_post(t, op->g, op->tag + SUB_CTL, &op->round);
+    return t->ops->round->barrier_post(t, op->g, op->tag + ZPP_SUB_CTL, &op->round);
   }
   if ((1 << op->step) >= op->n) {
     *end = 1;
@@ -283,7 +283,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
     zpp_algo_setup_ring(op, recv, send);
     if (hier)
       zpp_algo_hier_setup(op);
-    op->plan[np++] = hier ? PH_HAG : PH_RING;
+    op->plan[np++] = hier ? ZPP_PH_HAG : ZPP_PH_RING;
     break;
   }
   case ZPP_XFER_ALLGATHERV: {
@@ -292,7 +292,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
     zpp_algo_setup_ring(op, recv, send);
     if (hier)
       zpp_algo_hier_setup(op);
-    op->plan[np++] = hier ? PH_HAG : PH_RING;
+    op->plan[np++] = hier ? ZPP_PH_HAG : ZPP_PH_RING;
     break;
   }
   case ZPP_XFER_ALLTOALL: /* zpp_xfer_start cleared its arrays */
@@ -318,7 +318,7 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
               op->sb[me]);
     op->p_send = send;
     op->p_recv = recv;
-    op->plan[np++] = PH_PAIR;
+    op->plan[np++] = ZPP_PH_PAIR;
     break;
   case ZPP_XFER_REDUCE_SCATTER:
     op->dtype = a->dtype;
@@ -329,13 +329,13 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
     }
     if (hier) {
       ZPP_CHECK(zpp_algo_setup_hrs(op, send, recv));
-      op->plan[np++] = PH_HRS;
+      op->plan[np++] = ZPP_PH_HRS;
       break;
     }
     ZPP_CHECK(zpp_algo_setup_reduce(op, send, recv));
     if (n > 1) {
-      op->plan[np++] = PH_PAIR;
-      op->plan[np++] = PH_REDUCE;
+      op->plan[np++] = ZPP_PH_PAIR;
+      op->plan[np++] = ZPP_PH_REDUCE;
     }
     break;
   case ZPP_XFER_ALLREDUCE: {
@@ -354,23 +354,23 @@ static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
     zpp_algo_setup_ring(op, recv, NULL);
     if (hier) {
       ZPP_CHECK(zpp_algo_setup_hrs(op, send, (char *)recv + op->displs[me]));
-      op->plan[np++] = PH_HRS;
-      op->plan[np++] = PH_HAG;
+      op->plan[np++] = ZPP_PH_HRS;
+      op->plan[np++] = ZPP_PH_HAG;
       break;
     }
     ZPP_CHECK(zpp_algo_setup_reduce(op, send, (char *)recv + op->displs[me]));
     if (n > 1) {
-      op->plan[np++] = PH_PAIR;
-      op->plan[np++] = PH_REDUCE;
-      op->plan[np++] = PH_RING;
+      op->plan[np++] = ZPP_PH_PAIR;
+      op->plan[np++] = ZPP_PH_REDUCE;
+      op->plan[np++] = ZPP_PH_RING;
     }
     break;
   }
   case ZPP_XFER_BARRIER:
-    op->plan[np++] = PH_BARRIER;
+    op->plan[np++] = ZPP_PH_BARRIER;
     break;
   }
-  op->plan[np] = PH_END;
+  op->plan[np] = ZPP_PH_END;
   return ZPP_OK;
 }
 
@@ -411,28 +411,28 @@ static zpp_status_t next_step(zpp_xop_t *op) {
   zpp_status_t st;
   int end = 0; /* the phase has no step left: on to the next */
   switch (op->plan[op->phase]) {
-  case PH_RING:
+  case ZPP_PH_RING:
     st = zpp_algo_ring_step(op, &end);
     break;
-  case PH_PAIR:
+  case ZPP_PH_PAIR:
     st = zpp_algo_pair_step(op, &end);
     break;
-  case PH_HAG:
+  case ZPP_PH_HAG:
     st = zpp_algo_hag_step(op, &end);
     break;
-  case PH_HRS:
+  case ZPP_PH_HRS:
     st = zpp_algo_hrs_step(op, &end);
     break;
-  case PH_REDUCE:
+  case ZPP_PH_REDUCE:
     st = zpp_algo_reduce_step(op, &end);
     break;
-  case PH_BARRIER:
+  case ZPP_PH_BARRIER:
     st = barrier_step(op, &end);
     break;
-  case PH_END:
+  case ZPP_PH_END:
   default:
     st = zpp_algo_unstage(op);
-    op->state = XS_DONE;
+    op->state = ZPP_XS_DONE;
     return st;
   }
   if (!end)
@@ -473,10 +473,10 @@ static zpp_status_t advance(zpp_xop_t *op) {
                        (uint_fast64_t)(op->wake_ns - op->arrived_ns));
       op->wake_ns = 0;
     }
-    if (op->state == XS_DONE)
+    if (op->state == ZPP_XS_DONE)
       return ZPP_OK;
     ZPP_CHECK(next_step(op));
-    if (op->state == XS_DONE)
+    if (op->state == ZPP_XS_DONE)
       return ZPP_OK;
   }
   return ZPP_OK; /* more next time */
@@ -491,7 +491,7 @@ zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xfer_desc_t *a,
   int hier = ring || a->kind == ZPP_XFER_REDUCE_SCATTER;
   /* hierarchical ops run one rotated ring: nc = 1 */
   int nc = ring && !zpp_algo_hier_on(t, gr) ? zpp_algo_ring_channels(t, gr) : 1;
-  uint32_t span = t->tag_limit / NSUB;
+  uint32_t span = t->tag_limit / ZPP_NSUB;
   zpp_xop_t *op;
   zpp_status_t st;
   /* The tag is taken before anything can fail, so every member's sequence
@@ -509,7 +509,7 @@ zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xfer_desc_t *a,
   op->n = n;
   op->me = gr->index;
   op->nc = nc;
-  op->tag = (span > 0 ? seq % span : 0) * NSUB;
+  op->tag = (span > 0 ? seq % span : 0) * ZPP_NSUB;
   op->sync_out = sync_out;
   op->limit_ns = t->timeout_s > 0
                      ? zpp_time_ns() + (int64_t)(t->timeout_s * 1e9)
@@ -535,7 +535,7 @@ zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done) {
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "%s is NULL",
                      op == NULL ? "op" : "done");
   *done = 0;
-  if (op->state == XS_DONE) {
+  if (op->state == ZPP_XS_DONE) {
     *done = 1;
     return ZPP_OK;
   }
@@ -544,15 +544,15 @@ zpp_status_t zpp_xop_test(zpp_xop_t *op, int *done) {
   st = advance(op);
   if (st != ZPP_OK) {
     zpp_algo_release_buffers(op, 0);
-    op->state = XS_DONE;
+    op->state = ZPP_XS_DONE;
   }
-  *done = op->state == XS_DONE;
+  *done = op->state == ZPP_XS_DONE;
   pthread_mutex_unlock(&t->lock);
   return zpp_transport_fail(t, st);
 }
 
 int64_t zpp_xop_wake_ns(const zpp_xop_t *op) {
-  return op != NULL && op->state != XS_DONE ? op->wake_ns : 0;
+  return op != NULL && op->state != ZPP_XS_DONE ? op->wake_ns : 0;
 }
 
 void zpp_xop_free(zpp_xop_t *op) {
@@ -561,7 +561,7 @@ void zpp_xop_free(zpp_xop_t *op) {
     return;
   t = op->t;
   pthread_mutex_lock(&t->lock);
-  if (op->state != XS_DONE) {
+  if (op->state != ZPP_XS_DONE) {
     /* Its peers cannot complete without it: they time out.  Broken
      * first: that is the cause, not what the cancel may leave. */
     if (!t->broken)

@@ -63,7 +63,7 @@ zpp_status_t zpp_algo_setup_reduce(zpp_xop_t *op, const void *send, void *dst) {
   return ZPP_OK;
 }
 
-/* The PH_PAIR step: the one pairwise round. */
+/* The ZPP_PH_PAIR step: the one pairwise round. */
 zpp_status_t zpp_algo_pair_step(zpp_xop_t *op, int *end) {
   if (op->step >= 1) {
     *end = 1;
@@ -73,7 +73,7 @@ zpp_status_t zpp_algo_pair_step(zpp_xop_t *op, int *end) {
   return pair_round(op);
 }
 
-/* The PH_REDUCE step: the blocks of zpp_algo_setup_reduce summed into
+/* The ZPP_PH_REDUCE step: the blocks of zpp_algo_setup_reduce summed into
  * dst (no round). */
 zpp_status_t zpp_algo_reduce_step(zpp_xop_t *op, int *end) {
   zpp_algo_reduce_blocks(op->dst, op->dtype, op->blocks, op->dtype, op->n,

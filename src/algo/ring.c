@@ -100,7 +100,7 @@ void zpp_algo_setup_ring(zpp_xop_t *op, char *buf, const void *send) {
   }
 }
 
-/* The PH_RING step: ring round op->step, n - 1 of them. */
+/* The ZPP_PH_RING step: ring round op->step, n - 1 of them. */
 zpp_status_t zpp_algo_ring_step(zpp_xop_t *op, int *end) {
   zpp_status_t st;
   if (op->step >= op->n - 1) {

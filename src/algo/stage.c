@@ -3,7 +3,7 @@
  * pinned host copies of the caller's buffers (cache.c's pinned slots).
  * The input is copied in when the op starts, waited for within the op's
  * timeout; the output is copied back when it completes, enqueued on the
- * caller's stream (synchronised for the blocking wrappers).
+ * caller's stream (synchronised with ZPP_XFER_SYNC_OUT).
  */
 #include "algo/algo_impl.h"
 #include "core/core.h"
@@ -227,7 +227,7 @@ zpp_status_t zpp_algo_stage(zpp_xop_t *op, const zpp_xfer_desc_t *a,
 }
 
 /* The op's output is complete in host memory: enqueue the copy to the
- * device (synchronised for the blocking wrappers) and free the buffers. */
+ * device (synchronised with ZPP_XFER_SYNC_OUT) and free the buffers. */
 zpp_status_t zpp_algo_unstage(zpp_xop_t *op) {
 #if ZPP_HAVE_CUDA
   zpp_status_t st;

@@ -53,6 +53,10 @@ zpp_status_t zpp_xfer_check(zpp_transport_t *t, const zpp_xfer_desc_t *d,
   if (d == NULL)
     return zpp_transport_fail(
         t, zpp_error(ZPP_ERR_NULL_POINTER, func, "descriptor is NULL"));
+  if ((unsigned)d->kind >= ZPP_XFER_NKINDS)
+    return zpp_transport_fail(
+        t, zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "kind %d: not a transfer kind", (int)d->kind));
   g = d->group;
   if (g != ZPP_GROUP_WORLD && g != ZPP_GROUP_NODE && g != ZPP_GROUP_CROSS)
     return zpp_transport_fail(
@@ -130,7 +134,8 @@ zpp_status_t zpp_xfer_start(zpp_transport_t *t, const zpp_xfer_desc_t *d,
                                                        func, "op is NULL"))
                      : zpp_error(ZPP_ERR_NULL_POINTER, func, "op is NULL");
   *op = NULL;
-  ZPP_CHECK(zpp_xfer_check(t, d, zpp_xfer_name(d != NULL ? d->kind : 0)));
+  /* errors are named after the transfer ("allgather: send is NULL") */
+  ZPP_CHECK(zpp_xfer_check(t, d, d != NULL ? zpp_xfer_name(d->kind) : func));
   c = *d;
   if (c.kind == ZPP_XFER_BARRIER) {
     c.mem = ZPP_MEMORY_HOST;

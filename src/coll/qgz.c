@@ -755,15 +755,24 @@ static zpp_status_t qgz_pre(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   return check_cfg(a->func, ((const qgz_args_t *)a->ctx)->cfg);
 }
 
-/* The prologue's last checks: the residual (its size fits, device memory,
- * no overlap), then the config words compared under ZPP_CHECK. */
+/* The prologue's last checks, in qgZ's order: the residual's size fits,
+ * then the buffers (as ZPP_BUFS_SCATTER would check them), the residual in
+ * device memory and apart from them; then the config words compared under
+ * ZPP_CHECK. */
 static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   const zpp_qgz_config_t *cfg = ((const qgz_args_t *)a->ctx)->cfg;
   void *residual = ((const qgz_args_t *)a->ctx)->residual;
   zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
   uint32_t bb;
   size_t rc; /* only checked, so an overflowing residual size fails */
-  ZPP_CHECK(zpp_qgz_residual_count(a->comm, a->count, &rc));
+  /* its only failure here: the size overflows; named after the call */
+  if (zpp_qgz_residual_count(a->comm, a->count, &rc) != ZPP_OK)
+    return zpp_error(ZPP_ERR_OVERFLOW, a->func,
+                     "count %zu: the residual (zpp_qgz_residual_count "
+                     "floats) overflows size_t",
+                     a->count);
+  ZPP_CHECK(zpp_coll_check_bufs(a->func, ex, ZPP_BUFS_SCATTER, a->send,
+                                a->recv, a->count, a->dtype));
   if (a->count > 0)
     ZPP_CHECK(zpp_coll_check_device_buf(a->func, ex, "residual", residual));
   if (residual != NULL)
@@ -803,7 +812,7 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   a.op = op;
   a.check_op = 1;
   a.op_word = (int)op;
-  a.layout = ZPP_BUFS_SCATTER;
+  a.layout = ZPP_BUFS_NONE; /* qgz_post, after the residual's size */
   a.send = sendbuf;
   a.recv = recvbuf;
   a.pre = qgz_pre;

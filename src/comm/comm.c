@@ -133,9 +133,7 @@ zpp_status_t zpp_comm_abort(zpp_comm_t comm) {
                          comm->tr->rank);
   /* Device work in flight (NCCL kernels waiting for peers) stops now,
    * so the caller's streams drain. */
-  if (comm->tr->ops->coll != NULL &&
-      comm->tr->ops->coll->abort_device_work != NULL)
-    comm->tr->ops->coll->abort_device_work(comm->tr);
+  zpp_transport_abort_device_work(comm->tr);
   /* Plans still queued never start: their requests complete now. */
   if (comm->on_abort != NULL)
     comm->on_abort(comm);

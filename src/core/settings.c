@@ -107,8 +107,9 @@ static zpp_setting_t settings[] = {
      "links, 0 on an emulated topology; the same on every rank",
      NULL, 0},
     {"ZPP_SCRATCH_CACHE_MB", "512",
-     "host scratch memory each thread keeps between collectives, in MiB "
-     "(reused instead of malloc/free per call; 0 keeps none)",
+     "host scratch memory each communicator keeps between collectives "
+     "(the plans' and the host reductions' alike), in MiB (reused instead "
+     "of malloc/free per call; 0 keeps none)",
      NULL, 0},
     {"ZPP_NCCL_LIBRARY", "libnccl.so.2",
      "NCCL library the NCCL backend opens with dlopen: a file name the "

@@ -33,7 +33,6 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "kernels/elementwise.h"
-#include "transport/transport_impl.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,12 +45,12 @@ static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void engine_abort(zpp_comm_t comm);
 
-engine_t *zpp_engine_of(zpp_comm_t comm) {
-  engine_t *e;
+zpp_engine_t *zpp_engine_of(zpp_comm_t comm) {
+  zpp_engine_t *e;
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   if (e == NULL) {
-    e = (engine_t *)calloc(1, sizeof *e);
+    e = (zpp_engine_t *)calloc(1, sizeof *e);
     if (e != NULL) {
       e->comm = comm;
       pthread_mutex_init(&e->mu, NULL);
@@ -92,7 +91,7 @@ static void free_request(struct zpp_request *r) {
  * e->mu, as wait_ran), so whoever sees r done also sees the plan out of
  * flight (zpp_engine_in_flight), and the other way round. */
 static void complete(struct zpp_request *r, zpp_status_t st, void *event,
-                     engine_t *e) {
+                     zpp_engine_t *e) {
   pthread_mutex_lock(&r->mu);
   if (e != NULL) {
     pthread_mutex_lock(&e->mu);
@@ -117,7 +116,7 @@ static void complete(struct zpp_request *r, zpp_status_t st, void *event,
 /* ---- the engine thread -------------------------------------------------------- */
 
 static void *engine_main(void *arg) {
-  engine_t *e = (engine_t *)arg;
+  zpp_engine_t *e = (zpp_engine_t *)arg;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     zpp_plan_t *p;
@@ -151,7 +150,7 @@ static void *engine_main(void *arg) {
 }
 
 /* Queues p for the engine thread (started on first use). */
-static zpp_status_t enqueue(engine_t *e, zpp_plan_t *p) {
+static zpp_status_t enqueue(zpp_engine_t *e, zpp_plan_t *p) {
   pthread_mutex_lock(&e->mu);
   if (!e->thread_started) {
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
@@ -200,7 +199,7 @@ static int engine_stalled(int64_t last_ns, double to) {
  * another, each transfer bounded by the timeout; a wait gives up when the
  * engine made no progress (no step started or finished, no bytes moved)
  * for twice the timeout and a second. */
-static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
+static zpp_status_t wait_ran(zpp_engine_t *e, struct zpp_request *r,
                              const char *func) {
   double to = zpp_transport_timeout_s(r->t);
   pthread_mutex_lock(&r->mu);
@@ -230,7 +229,7 @@ static zpp_status_t wait_ran(engine_t *e, struct zpp_request *r,
 /* A wait for r timed out: the communicator is aborted and r is freed.  A
  * plan still queued is dropped (it must not touch the caller's buffers
  * after the call returned); one running now frees r when it completes. */
-static void abandon(engine_t *e, struct zpp_request *r, const char *func) {
+static void abandon(zpp_engine_t *e, struct zpp_request *r, const char *func) {
   zpp_plan_t *p = NULL, *prev = NULL, *q;
   int ran;
   zpp_transport_break_st(r->t, ZPP_ERR_TIMEOUT,
@@ -287,7 +286,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   const char *func = p->func;
   int stream_ordered = zpp_transport_backend(t) == ZPP_BACKEND_NCCL;
   int inline_ok = 0;
-  engine_t *e = zpp_engine_of(comm);
+  zpp_engine_t *e = zpp_engine_of(comm);
   struct zpp_request *r = NULL;
   void *event = NULL;
   zpp_status_t st;
@@ -375,11 +374,11 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
 }
 
 zpp_status_t zpp_request_wait(zpp_request_t req) {
-  engine_t *e;
+  zpp_engine_t *e;
   zpp_status_t st;
   if (req == NULL)
     return ZPP_OK;
-  e = (engine_t *)req->comm->engine;
+  e = (zpp_engine_t *)req->comm->engine;
   st = wait_ran(e, req, __func__);
   if (st != ZPP_OK) { /* still queued or running */
     zpp_comm_t comm = req->comm;
@@ -418,10 +417,10 @@ zpp_status_t zpp_request_test(zpp_request_t req, int *done) {
 }
 
 uint64_t zpp_engine_last_ticket(zpp_comm_t comm) {
-  engine_t *e;
+  zpp_engine_t *e;
   uint64_t t = 0;
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   if (e != NULL) {
     pthread_mutex_lock(&e->mu);
     t = e->last_ticket;
@@ -434,18 +433,18 @@ uint64_t zpp_engine_last_ticket(zpp_comm_t comm) {
 /* Under e->mu.  Tickets grow in queue order and the queue stays sorted
  * (plans leave it only from the head, or dropped by abandon / abort), so
  * the oldest plan not yet done is the running one, else the head. */
-static int ticket_in_flight(const engine_t *e, uint64_t ticket) {
+static int ticket_in_flight(const zpp_engine_t *e, uint64_t ticket) {
   return (e->running_ticket != 0 && e->running_ticket <= ticket) ||
          (e->head != NULL && e->head->ticket <= ticket);
 }
 
 int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
-  engine_t *e;
+  zpp_engine_t *e;
   int in = 0;
   if (ticket == 0)
     return 0;
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   if (e != NULL) {
     pthread_mutex_lock(&e->mu);
     in = ticket_in_flight(e, ticket);
@@ -457,7 +456,7 @@ int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket) {
 
 zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
                                     const char *func, const char *tail) {
-  engine_t *e;
+  zpp_engine_t *e;
   zpp_status_t st = ZPP_OK;
   double to;
   if (ticket == 0) /* nothing started: comm is not touched */
@@ -465,7 +464,7 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
   /* the engine lives until zpp_comm_destroy, which the caller has not
    * reached (it still uses comm) */
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   pthread_mutex_unlock(&engines_mu);
   if (e == NULL)
     return ZPP_OK;
@@ -504,10 +503,10 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
  * communicator's error now, so their waiters return at once.  The plan
  * running now stops at its next step or test. */
 static void engine_abort(zpp_comm_t comm) {
-  engine_t *e;
+  zpp_engine_t *e;
   zpp_plan_t *p, *next;
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   if (e == NULL) {
     pthread_mutex_unlock(&engines_mu);
     return;
@@ -528,9 +527,9 @@ static void engine_abort(zpp_comm_t comm) {
 }
 
 void zpp_engine_release(zpp_comm_t comm) {
-  engine_t *e;
+  zpp_engine_t *e;
   pthread_mutex_lock(&engines_mu);
-  e = (engine_t *)comm->engine;
+  e = (zpp_engine_t *)comm->engine;
   comm->engine = NULL;
   pthread_mutex_unlock(&engines_mu);
   if (e == NULL)

@@ -18,7 +18,8 @@ extern "C" {
 #endif
 
 /* Drains the communicator's engine (queued plans run first) and stops its
- * thread; frees its scratch cache.  Called by zpp_comm_destroy. */
+ * thread.  Called by zpp_comm_destroy (the host scratch the plans used is
+ * the transport's, freed with it). */
 void zpp_engine_release(zpp_comm_t comm);
 
 /* Tickets: the engine numbers the plans it queues 1, 2, ... in order.

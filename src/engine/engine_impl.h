@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-enum { STEP_WAITING = 0, STEP_RUNNING = 1, STEP_DONE = 2 };
+enum { ZPP_STEP_WAITING = 0, ZPP_STEP_RUNNING = 1, ZPP_STEP_DONE = 2 };
 
 typedef struct {
   zpp_step_kind_t kind;
@@ -27,7 +27,7 @@ typedef struct {
   zpp_xfer_desc_t x;
   int state;
   zpp_xop_t *op;
-} step_t;
+} zpp_step_t;
 
 struct zpp_request {
   zpp_comm_t comm;
@@ -50,7 +50,7 @@ struct zpp_plan {
   zpp_exec_t ex;
   void *ctx;
   void (*release)(void *ctx);
-  step_t *steps;
+  zpp_step_t *steps;
   int n, cap;
   int oom;
   struct zpp_request *req; /* where the result goes; NULL: inline caller */
@@ -75,11 +75,11 @@ typedef struct {
    * a long plan that keeps moving is not a hung one).  Written by the
    * running plan without the mutex. */
   _Atomic int64_t last_progress_ns;
-} engine_t;
+} zpp_engine_t;
 
 
 /* The communicator's engine, created on first use (NULL: out of memory). */
-engine_t *zpp_engine_of(zpp_comm_t comm);
+zpp_engine_t *zpp_engine_of(zpp_comm_t comm);
 /* Runs the plan's release and frees it (plan.c). */
 void zpp_engine_plan_free(zpp_plan_t *p);
 /* Runs p's steps on this thread; on device memory records the completion

@@ -10,7 +10,6 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
-#include "transport/transport_impl.h"
 
 /* ---- plans ------------------------------------------------------------------ */
 
@@ -34,12 +33,12 @@ zpp_status_t zpp_plan_create(const char *func, const zpp_exec_t *ex,
 void *zpp_plan_ctx(zpp_plan_t *p) { return p->ctx; }
 
 static int add_step(zpp_plan_t *p, zpp_step_kind_t kind, int dep0, int dep1) {
-  step_t *s;
+  zpp_step_t *s;
   if (p->oom)
     return ZPP_NO_STEP;
   if (p->n == p->cap) {
     int cap = p->cap ? 2 * p->cap : 16;
-    step_t *q = (step_t *)realloc(p->steps, (size_t)cap * sizeof *q);
+    zpp_step_t *q = (zpp_step_t *)realloc(p->steps, (size_t)cap * sizeof *q);
     if (q == NULL) {
       p->oom = 1;
       return ZPP_NO_STEP;

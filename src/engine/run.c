@@ -12,7 +12,6 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
-#include "transport/transport_impl.h"
 #include "kernels/elementwise.h"
 
 #include <sched.h>
@@ -20,15 +19,15 @@
 
 /* ---- executing a plan ---------------------------------------------------- */
 
-static int deps_done(const zpp_plan_t *p, const step_t *s) {
+static int deps_done(const zpp_plan_t *p, const zpp_step_t *s) {
   int d;
   for (d = 0; d < ZPP_STEP_MAXDEPS; d++)
-    if (s->deps[d] != ZPP_NO_STEP && p->steps[s->deps[d]].state != STEP_DONE)
+    if (s->deps[d] != ZPP_NO_STEP && p->steps[s->deps[d]].state != ZPP_STEP_DONE)
       return 0;
   return 1;
 }
 
-static zpp_status_t start_xfer(zpp_plan_t *p, step_t *s) {
+static zpp_status_t start_xfer(zpp_plan_t *p, zpp_step_t *s) {
   return zpp_xfer_start(p->ex.t, &s->x, 0, &s->op);
 }
 
@@ -41,7 +40,7 @@ static void idle_wait(const zpp_plan_t *p, int64_t quiet_until,
   int i, polled = 0;
   for (i = 0; i < p->n; i++) {
     int64_t w;
-    if (p->steps[i].state != STEP_RUNNING)
+    if (p->steps[i].state != ZPP_STEP_RUNNING)
       continue;
     w = zpp_xop_wake_ns(p->steps[i].op);
     if (w <= now) {
@@ -69,10 +68,10 @@ static _Thread_local zpp_plan_t *tl_running;
 static zpp_status_t poll_xfers(zpp_plan_t *p, int *progressed) {
   int i;
   for (i = 0; i < p->n; i++) {
-    step_t *s = &p->steps[i];
+    zpp_step_t *s = &p->steps[i];
     int done = 0;
     zpp_status_t st;
-    if (s->state != STEP_RUNNING)
+    if (s->state != ZPP_STEP_RUNNING)
       continue;
     st = zpp_xop_test(s->op, &done);
     if (st != ZPP_OK)
@@ -80,7 +79,7 @@ static zpp_status_t poll_xfers(zpp_plan_t *p, int *progressed) {
     if (done) {
       zpp_xop_free(s->op);
       s->op = NULL;
-      s->state = STEP_DONE;
+      s->state = ZPP_STEP_DONE;
       p->ndone++;
       *progressed = 1;
     }
@@ -100,7 +99,7 @@ void zpp_plan_poll(void) {
 }
 
 static zpp_status_t execute(zpp_plan_t *p) {
-  int64_t spin_ns = p->ex.t->spin_ns; /* ZPP_NET_SPIN_US, read at creation */
+  int64_t spin_ns = zpp_transport_spin_ns(p->ex.t);
   int64_t quiet_until = zpp_time_ns() + spin_ns;
   long pause_ns = 1000;
   int n = p->n, next_x = 0, i;
@@ -116,7 +115,7 @@ static zpp_status_t execute(zpp_plan_t *p) {
     ZPP_CHECK(zpp_transport_broken_error(p->ex.t, p->func));
     /* transfers start in index order, the same on every rank */
     while (next_x < n) {
-      step_t *s = &p->steps[next_x];
+      zpp_step_t *s = &p->steps[next_x];
       if (s->kind != ZPP_STEP_XFER) {
         next_x++;
         continue;
@@ -126,7 +125,7 @@ static zpp_status_t execute(zpp_plan_t *p) {
       st = start_xfer(p, s);
       if (st != ZPP_OK)
         return st;
-      s->state = STEP_RUNNING;
+      s->state = ZPP_STEP_RUNNING;
       next_x++;
       progressed = 1;
     }
@@ -135,8 +134,8 @@ static zpp_status_t execute(zpp_plan_t *p) {
       return st;
     /* one kernel step, then look at the wire again */
     for (i = 0; i < n; i++) {
-      step_t *s = &p->steps[i];
-      if (s->kind != ZPP_STEP_KERNEL || s->state != STEP_WAITING ||
+      zpp_step_t *s = &p->steps[i];
+      if (s->kind != ZPP_STEP_KERNEL || s->state != ZPP_STEP_WAITING ||
           !deps_done(p, s))
         continue;
       tl_running = p;
@@ -146,7 +145,7 @@ static zpp_status_t execute(zpp_plan_t *p) {
         st = p->poll_st; /* a transfer failed while the kernel polled */
       if (st != ZPP_OK)
         return st;
-      s->state = STEP_DONE;
+      s->state = ZPP_STEP_DONE;
       p->ndone++;
       progressed = 1;
       break;
@@ -253,7 +252,7 @@ zpp_status_t zpp_engine_wait_event(zpp_transport_t *t, void *event,
      * zpp_comm_abort, a timeout) lets the aborted work leave the stream,
      * and the event then completes without the collective having run:
      * on a broken transport, done is not success. */
-    if (done && t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
+    if (done && zpp_transport_aborts_device_work(t))
       ZPP_CHECK(zpp_transport_broken_error(t, func));
     if (done)
       return ZPP_OK;
@@ -264,8 +263,7 @@ zpp_status_t zpp_engine_wait_event(zpp_transport_t *t, void *event,
                              func, to);
       /* The stream holds work waiting for peers: stop it, or the
        * caller's stream (and its next synchronisation) never drains. */
-      if (t->ops->coll != NULL && t->ops->coll->abort_device_work != NULL)
-        t->ops->coll->abort_device_work(t);
+      zpp_transport_abort_device_work(t);
       return zpp_transport_fail(
           t, zpp_error(ZPP_ERR_TIMEOUT, func,
                        "the collective's work on the stream did not finish "

@@ -1,7 +1,8 @@
 /*
- * The generic half of every transport: argument checks, serialisation,
- * call and byte counters, link emulation and error recording.  Backends
- * (transport_mpi.c, transport_nccl.c) only move bytes.
+ * The generic half of every transport: groups, call and byte counters,
+ * link emulation, errors and queries.  Backends (transport_mpi.c,
+ * transport_ucx.c, transport_nccl.c) only move bytes; transfers are
+ * checked and dispatched by src/algo/xfer.c.
  */
 #include "transport/transport_impl.h"
 
@@ -378,7 +379,7 @@ zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer) {
   return zpp_topo_link(t->topo, t->rank, peer);
 }
 
-/* ---- checked operations -------------------------------------------------- */
+/* ---- testing switches, stream sync, asynchronous errors ------------------- */
 
 void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on) {
   pthread_mutex_lock(&t->lock);
@@ -413,3 +414,15 @@ zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what) {
     return ZPP_OK;
   return zpp_transport_fail(t, t->ops->coll->check_async(t, what));
 }
+
+int zpp_transport_aborts_device_work(const zpp_transport_t *t) {
+  return t->ops != NULL && t->ops->coll != NULL &&
+         t->ops->coll->abort_device_work != NULL;
+}
+
+void zpp_transport_abort_device_work(zpp_transport_t *t) {
+  if (zpp_transport_aborts_device_work(t))
+    t->ops->coll->abort_device_work(t);
+}
+
+int64_t zpp_transport_spin_ns(const zpp_transport_t *t) { return t->spin_ns; }

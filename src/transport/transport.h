@@ -217,6 +217,13 @@ typedef struct {
 /* Asynchronous errors of the backend, without blocking (ZPP_OK when the
  * backend has none); a transport broken earlier answers its error. */
 zpp_status_t zpp_transport_check_async(zpp_transport_t *t, const char *what);
+/* 1 when the backend can stop its in-flight device work (NCCL), so that
+ * aborted work may leave a stream without having run; 0 for host
+ * backends. */
+int zpp_transport_aborts_device_work(const zpp_transport_t *t);
+/* Stops the backend's in-flight device work now (no-op when it has none),
+ * so that streams holding it drain; for a broken transport.  Idempotent. */
+void zpp_transport_abort_device_work(zpp_transport_t *t);
 /* Completes what was enqueued on `stream` (no-op for host backends).  The
  * mutex is not held while it waits. */
 zpp_status_t zpp_transport_sync(zpp_transport_t *t, void *stream);
@@ -266,6 +273,9 @@ double zpp_timeout_clamp(double timeout_s);
  * as the engine's wait does, and sleeps only once it stops
  * (ZPP_NET_SPIN_US). */
 uint64_t zpp_transport_progress(const zpp_transport_t *t);
+/* ZPP_NET_SPIN_US in nanoseconds, read at creation: how long a poll loop
+ * keeps spinning after the last progress before it sleeps. */
+int64_t zpp_transport_spin_ns(const zpp_transport_t *t);
 
 /* ---- accounting hook -----------------------------------------------------
  * Adds bytes this rank sent to / received from world rank `peer` to the
@@ -283,6 +293,17 @@ void zpp_transport_reset_counts(zpp_transport_t *t);
  * ZPP_ERR_ABORTED), raised as this thread's error for `func` and recorded
  * on the communicator.  Safe from any thread. */
 zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func);
+
+/* Marks the transport unusable with a reason; later calls fail with it.
+ * The first break wins; its status is the first one known: st of
+ * zpp_transport_break_st (zpp_transport_break leaves it to the call that
+ * returns the error; ZPP_ERR_TIMEOUT when none does).  Safe from any
+ * thread. */
+void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
+                            const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Records the calling thread's last error as the transport's (so the
  * communicator's) last error and returns `st`. */

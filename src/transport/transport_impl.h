@@ -1,6 +1,7 @@
 /*
  * What the transport backends and the layers that build them (src/algo,
- * src/comm) share; the engine and the collectives use transport.h only.  One zpp_transport_t per communicator: the
+ * src/comm) share; the engine and the collectives use transport.h
+ * only.  One zpp_transport_t per communicator: the
  * generic part (groups, counters, link emulation, errors) lives here and
  * in transport.c, a backend hangs its state on `impl`.
  */
@@ -116,7 +117,8 @@ struct zpp_transport {
    * buffers (round_cancel's count; round_drain's after teardown).  While
    * it is not 0, the transport is broken and the buffers zpp owns that a
    * failed operation used are held, never freed or reused: by the
-   * operation (src/algo) and by the engine's scratch (src/engine);
+   * operation's pinned staging (src/algo) and by the scratch cache
+   * (scratch.c);
    * zpp_transport_quiesce waits for them at teardown, and whatever is
    * still in doubt then is leaked. */
   atomic_int in_doubt;
@@ -128,17 +130,6 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
                                 double timeout_s);
 /* Backend destroy, then the generic part; frees t. */
 void zpp_transport_free(zpp_transport_t *t);
-
-/* Marks the transport unusable with a reason; later calls fail with it.
- * The first break wins; its status is the first one known: st of
- * zpp_transport_break_st (zpp_transport_break leaves it to the call that
- * returns the error; ZPP_ERR_TIMEOUT when none does).  Safe from any
- * thread. */
-void zpp_transport_break(zpp_transport_t *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void zpp_transport_break_st(zpp_transport_t *t, zpp_status_t st,
-                            const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* A receive from world rank `peer` of group g got another size than the
  * `want` bytes it posted ("33 bytes", "more bytes"): ranks passed
