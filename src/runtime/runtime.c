@@ -2,7 +2,7 @@
  * Parameter groups (include/zpp/zpp_runtime.h): the layout, the buffers and
  * the choice of collective a ZeRO runtime needs, written against the
  * public collectives (zpp_coll.h) and communicator (zpp_comm.h) APIs, and
- * one question to the engine (plan.h): whether a started gradient
+ * one question to the engine (engine/engine.h): whether a started gradient
  * reduction of the group is still in flight, so that the residual it uses
  * is never freed under it.  Usage and the memory each call holds:
  * docs/runtime.md.
@@ -12,7 +12,6 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
-#include "engine/plan.h"
 #include "quant/quant.h"
 
 #include <stddef.h>
