@@ -22,19 +22,12 @@ static zpp_status_t submit_one(const char *func, const zpp_exec_t *ex,
 zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
                            size_t count, zpp_dtype_t dtype,
                            zpp_stream_t stream, zpp_request_t *req) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   zpp_exec_t ex;
   zpp_xfer_desc_t x;
-  a.func = __func__;
-  a.comm = comm;
-  a.stream = stream;
-  a.count = count;
-  a.dtype = dtype;
+  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
   a.dtype_bytes = 1;
-  a.op_word = -1;
   a.layout = ZPP_BUFS_GATHER;
-  a.send = sendbuf;
-  a.recv = recvbuf;
   ZPP_CHECK(zpp_coll_prologue(&a, &ex));
   memset(&x, 0, sizeof x);
   x.kind = ZPP_XFER_ALLGATHER;
@@ -49,20 +42,14 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
                                 void *recvbuf, size_t count, zpp_dtype_t dtype,
                                 zpp_redop_t op, zpp_stream_t stream,
                                 zpp_request_t *req) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   zpp_exec_t ex;
   zpp_xfer_desc_t x;
-  a.func = __func__;
-  a.comm = comm;
-  a.stream = stream;
-  a.count = count;
-  a.dtype = dtype;
+  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a.op_word = (int)op;
   a.op = op;
   a.check_op = 1;
-  a.op_word = (int)op;
   a.layout = ZPP_BUFS_SCATTER;
-  a.send = sendbuf;
-  a.recv = recvbuf;
   ZPP_CHECK(zpp_coll_prologue(&a, &ex));
   memset(&x, 0, sizeof x);
   x.kind = ZPP_XFER_REDUCE_SCATTER;

@@ -221,7 +221,7 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
   return zpp_quant_config_check_named(func, name, fp, q);
 }
 
-/* ---- the prologue ----------------------------------------------------------- */
+/* ---- the prologue ------------------------------------------------------ */
 
 static zpp_status_t local_checks(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   const char *f = a->func;

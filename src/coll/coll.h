@@ -9,6 +9,7 @@
 #define ZPP_SRC_COLL_COLL_H
 
 #include <stdint.h>
+#include <string.h>
 #include <zpp/zpp.h>
 #include <zpp/zpp_coll.h>
 #include <zpp/zpp_comm.h>
@@ -82,6 +83,25 @@ typedef struct zpp_coll_args {
 } zpp_coll_args_t;
 
 zpp_status_t zpp_coll_prologue(zpp_coll_args_t *a, zpp_exec_t *ex);
+
+/* The arguments every collective has, the rest zero: no op (op_word -1),
+ * layout ZPP_BUFS_GATHER, no quantizer config, no hooks. */
+static inline zpp_coll_args_t zpp_coll_args(const char *func, zpp_comm_t comm,
+                                            void *stream, const void *send,
+                                            const void *recv, size_t count,
+                                            zpp_dtype_t dtype) {
+  zpp_coll_args_t a;
+  memset(&a, 0, sizeof a);
+  a.func = func;
+  a.comm = comm;
+  a.stream = stream;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.dtype = dtype;
+  a.op_word = -1;
+  return a;
+}
 
 /* With ZPP_CHECK=1: all ranks compare (count, dtype, op, config words) and
  * the result of their local argument checks (`local`) with one small

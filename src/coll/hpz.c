@@ -387,7 +387,7 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
                               const void *sendbuf, void *recvbuf,
                               zpp_stream_t stream, zpp_request_t *req,
                               int backward) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   hpz_args_t g;
   zpp_exec_t ex;
   hpz_ctx_t *c;
@@ -399,15 +399,10 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
   g.h = hpz;
   g.backward = backward;
   g.plan = HPZ_FORWARD;
-  a.func = func;
-  a.comm = hpz->comm;
-  a.stream = stream;
-  a.count = hpz->count;
-  a.dtype = hpz->dtype;
+  a = zpp_coll_args(func, hpz->comm, stream, sendbuf, recvbuf, hpz->count,
+                    hpz->dtype);
   a.op_word = HPZ_FORWARD;
   a.layout = ZPP_BUFS_NONE;
-  a.send = sendbuf;
-  a.recv = recvbuf;
   a.pre = hpz_pre;
   a.post = hpz_post;
   a.ctx = &g;

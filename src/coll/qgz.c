@@ -798,23 +798,17 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
                                     size_t count, zpp_dtype_t dtype,
                                     zpp_redop_t op, void *residual,
                                     zpp_stream_t stream, zpp_request_t *req) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   qgz_args_t g;
   zpp_exec_t ex;
   qgz_ctx_t *c;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
-  a.func = __func__;
-  a.comm = comm;
-  a.stream = stream;
-  a.count = count;
-  a.dtype = dtype;
+  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a.op_word = (int)op;
   a.op = op;
   a.check_op = 1;
-  a.op_word = (int)op;
   a.layout = ZPP_BUFS_NONE; /* qgz_post, after the residual's size */
-  a.send = sendbuf;
-  a.recv = recvbuf;
   a.pre = qgz_pre;
   a.post = qgz_post;
   g.cfg = cfg;

@@ -145,20 +145,14 @@ zpp_status_t zpp_qwd_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                const float *target, void *recon, size_t count,
                                zpp_dtype_t dtype, zpp_stream_t stream,
                                zpp_request_t *req) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   zpp_exec_t ex;
   zpp_quant_config_t q;
   qwd_ctx_t *c;
-  a.func = __func__;
-  a.comm = comm;
-  a.stream = stream;
-  a.count = count;
-  a.dtype = dtype;
+  a = zpp_coll_args(__func__, comm, stream, target, recon, count, dtype);
   a.op_word = -2;
   a.layout = ZPP_BUFS_NAMED; /* named as in zpp_coll.h */
-  a.send = target;
   a.send_name = "target";
-  a.recv = recon;
   a.recv_name = "recon";
   a.quant = quant;
   a.quant_name = "quant";

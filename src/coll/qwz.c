@@ -154,17 +154,10 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                const void *sendbuf, void *recvbuf,
                                size_t count, zpp_dtype_t dtype,
                                zpp_stream_t stream, zpp_request_t *req) {
-  zpp_coll_args_t a = {0};
+  zpp_coll_args_t a;
   zpp_exec_t ex;
-  a.func = __func__;
-  a.comm = comm;
-  a.stream = stream;
-  a.count = count;
-  a.dtype = dtype;
-  a.op_word = -1;
+  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
   a.layout = ZPP_BUFS_GATHER;
-  a.send = sendbuf;
-  a.recv = recvbuf;
   a.quant = quant;
   a.quant_name = "quant";
   a.quant_fp = "quant->";

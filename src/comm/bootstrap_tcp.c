@@ -11,13 +11,12 @@
  * root forwards an error it sees to every rank (ERR message), so no rank
  * is left waiting for an exchange that will not happen.
  *
- * The unique id (zpp_unique_id_t, 128 bytes):
- *   magic "ZPPBOOT1" | u32 version | u32 IPv4 (network order) |
- *   u16 port (network order) | u16 0 | u64 session | u64 FNV-1a of the
- *   preceding 32 bytes | zeros.
+ * The id and its listeners are in tcp_id.c, the socket I/O under a
+ * deadline in tcp_io.c; the wire format in comm/tcp.h.
  */
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
+#include "comm/tcp.h"
 #include "transport/transport_impl.h"
 
 #include <arpa/inet.h>
@@ -35,77 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
-#define ID_MAGIC "ZPPBOOT1"
-#define ID_VERSION 1u
-#define MSG_MAGIC 0x5a505042u /* "ZPPB" */
-#define HOSTLEN 64
-#define ERRLEN 400
-
-enum { M_HELLO = 1, M_WELCOME = 2, M_ERR = 3, M_DATA = 4 };
-
-typedef struct {
-  uint32_t magic, type;
-  uint64_t seq, len;
-} msg_hdr_t;
-
-typedef struct {
-  uint64_t session;
-  int32_t rank, nranks;
-  int32_t pid;
-  int32_t failed; /* 1: this rank's own checks failed; text follows */
-  char host[HOSTLEN];
-  char why[ERRLEN];
-} hello_t;
-
-typedef struct {
-  char magic[8];
-  uint32_t version;
-  uint32_t ip;
-  uint16_t port;
-  uint16_t zero;
-  uint64_t session;
-  uint64_t sum;
-} id_fields_t;
-
-/* ---- listeners made by zpp_get_unique_id, found again by session -------- */
-
-typedef struct listener {
-  uint64_t session;
-  int fd;
-  struct listener *next;
-} listener_t;
-
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static listener_t *reg_head;
-
-static void reg_add(uint64_t session, int fd, listener_t *l) {
-  l->session = session;
-  l->fd = fd;
-  pthread_mutex_lock(&reg_lock);
-  l->next = reg_head;
-  reg_head = l;
-  pthread_mutex_unlock(&reg_lock);
-}
-
-/* Removes and returns the listener of `session` (-1: not this process). */
-static int reg_take(uint64_t session) {
-  listener_t **p, *l;
-  int fd = -1;
-  pthread_mutex_lock(&reg_lock);
-  for (p = &reg_head; *p != NULL; p = &(*p)->next) {
-    if ((*p)->session == session) {
-      l = *p;
-      *p = l->next;
-      fd = l->fd;
-      free(l);
-      break;
-    }
-  }
-  pthread_mutex_unlock(&reg_lock);
-  return fd;
-}
-
 /* ---- the bootstrap state ------------------------------------------------ */
 
 typedef struct {
@@ -117,347 +45,14 @@ typedef struct {
   uint64_t seq; /* rounds so far */
   uint32_t local_ip; /* the address others reach me by (for splits) */
   int broken;
-  char broken_why[ERRLEN];
+  char broken_why[ZPP_TCP_ERRLEN];
   char peer_name[96]; /* "root 127.0.0.1:5000" */
   const atomic_int *abort; /* zpp_tcp_boot_watch */
 } tcp_t;
 
-static uint64_t fnv(const void *p, size_t n) {
-  const unsigned char *c = p;
-  uint64_t h = 1469598103934665603ull;
-  while (n--)
-    h = (h ^ *c++) * 1099511628211ull;
-  return h;
-}
-
-static int64_t deadline_of(double timeout_s) {
-  return timeout_s > 0 ? zpp_time_ns() + (int64_t)(timeout_s * 1e9)
-                       : INT64_MAX;
-}
-
-static int ms_left(int64_t deadline) {
-  int64_t left;
-  if (deadline == INT64_MAX)
-    return 1000;
-  left = (deadline - zpp_time_ns()) / 1000000;
-  if (left <= 0)
-    return 0;
-  return left > 1000 ? 1000 : (int)left + 1;
-}
-
-/* The communicator's broken flag while this thread runs one of its
- * exchanges (zpp_tcp_boot_watch): zpp_comm_abort ends the waits. */
-static _Thread_local const atomic_int *tl_abort;
-
-/* Waits until fd is readable/writable; 0 ok, 1 timeout, -1 error, -6
- * aborted. */
-static int wait_fd(int fd, short ev, int64_t deadline) {
-  for (;;) {
-    struct pollfd p = {fd, ev, 0};
-    int ms = ms_left(deadline), rc;
-    if (tl_abort != NULL && atomic_load(tl_abort))
-      return -6;
-    if (ms == 0 && zpp_time_ns() >= deadline)
-      return 1;
-    if (tl_abort != NULL && ms > 100)
-      ms = 100;
-    rc = poll(&p, 1, ms);
-    if (rc > 0)
-      return (p.revents & (POLLERR | POLLNVAL)) && !(p.revents & ev) ? -1 : 0;
-    if (rc < 0 && errno != EINTR)
-      return -1;
-    if (deadline != INT64_MAX && zpp_time_ns() >= deadline)
-      return 1;
-  }
-}
-
-/* 0 ok; 1 timeout; -1 error (errno), -2 closed by the peer. */
-static int send_all(int fd, const void *buf, size_t n, int64_t deadline) {
-  const char *p = buf;
-  while (n > 0) {
-    ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      p += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      int w = wait_fd(fd, POLLOUT, deadline);
-      if (w != 0)
-        return w;
-      continue;
-    }
-    return (k < 0 && (errno == EPIPE || errno == ECONNRESET)) ? -2 : -1;
-  }
-  return 0;
-}
-
-static int recv_all(int fd, void *buf, size_t n, int64_t deadline) {
-  char *p = buf;
-  while (n > 0) {
-    ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
-    if (k > 0) {
-      p += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k == 0)
-      return -2;
-    if (errno == EINTR)
-      continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      int w = wait_fd(fd, POLLIN, deadline);
-      if (w != 0)
-        return w;
-      continue;
-    }
-    return errno == ECONNRESET ? -2 : -1;
-  }
-  return 0;
-}
-
-static int send_msg(int fd, uint32_t type, uint64_t seq, const void *a,
-                    size_t alen, const void *b, size_t blen,
-                    int64_t deadline) {
-  msg_hdr_t h = {MSG_MAGIC, type, seq, (uint64_t)(alen + blen)};
-  int rc = send_all(fd, &h, sizeof h, deadline);
-  if (rc == 0 && alen > 0)
-    rc = send_all(fd, a, alen, deadline);
-  if (rc == 0 && blen > 0)
-    rc = send_all(fd, b, blen, deadline);
-  return rc;
-}
-
-static const char *io_what(int rc) {
-  return rc == 1    ? "timed out"
-         : rc == -2 ? "connection closed"
-         : rc == -6 ? "aborted (zpp_comm_abort)"
-                    : strerror(errno);
-}
-
-static zpp_status_t io_status(int rc) {
-  return rc == 1 ? ZPP_ERR_TIMEOUT : rc == -6 ? ZPP_ERR_ABORTED : ZPP_ERR_SYSTEM;
-}
-
-static void set_sockopts(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  fcntl(fd, F_SETFD, FD_CLOEXEC);
-}
-
-/* ---- the id ----------------------------------------------------------------- */
-
-static void id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
-                    uint64_t session) {
-  id_fields_t f;
-  memset(id, 0, sizeof *id);
-  memset(&f, 0, sizeof f);
-  memcpy(f.magic, ID_MAGIC, 8);
-  f.version = ID_VERSION;
-  f.ip = ip;
-  f.port = port;
-  f.session = session;
-  f.sum = fnv(&f, offsetof(id_fields_t, sum));
-  memcpy(id->internal, &f, sizeof f);
-}
-
-static zpp_status_t id_unpack(const zpp_unique_id_t *id, id_fields_t *f,
-                              const char *func) {
-  size_t i;
-  memcpy(f, id->internal, sizeof *f);
-  if (memcmp(f->magic, ID_MAGIC, 8) != 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "id: malformed (no zpp bootstrap magic; was it made by "
-                     "zpp_get_unique_id and copied whole?)");
-  if (f->version != ID_VERSION)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "id: version %u, this zpp speaks %u", f->version,
-                     ID_VERSION);
-  if (f->sum != fnv(f, offsetof(id_fields_t, sum)))
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "id: malformed (checksum mismatch: truncated or "
-                     "corrupted in transit)");
-  for (i = sizeof *f; i < sizeof id->internal; i++)
-    if (id->internal[i] != 0)
-      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                       "id: malformed (non-zero padding at byte %zu)", i);
-  if (f->port == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "id: malformed (port 0)");
-  return ZPP_OK;
-}
-
-static void id_addr(const id_fields_t *f, char *buf, size_t len) {
-  char ip[INET_ADDRSTRLEN];
-  struct in_addr a;
-  a.s_addr = f->ip;
-  inet_ntop(AF_INET, &a, ip, sizeof ip);
-  snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(f->port));
-}
-
-/* IPv4 of a host name or dotted address. */
-static zpp_status_t resolve(const char *host, uint32_t *ip, const char *func,
-                            const char *what) {
-  struct addrinfo hints, *res = NULL;
-  int rc;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  rc = getaddrinfo(host, NULL, &hints, &res);
-  if (rc != 0 || res == NULL)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s \"%s\": cannot resolve to an IPv4 address (%s)", what,
-                     host, gai_strerror(rc));
-  *ip = ((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr;
-  freeaddrinfo(res);
-  return ZPP_OK;
-}
-
-zpp_status_t zpp_tcp_listen(uint32_t ip, int port, uint64_t session,
-                            zpp_unique_id_t *id, const char *func) {
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof sa;
-  listener_t *l;
-  int fd, one = 1;
-  char addr[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &ip, addr, sizeof addr);
-  if (port < 0 || port > 65535)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "port %d: must be in [0, 65535]", port);
-  l = calloc(1, sizeof *l);
-  if (l == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "listener");
-  fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    free(l);
-    return zpp_error(ZPP_ERR_SYSTEM, func, "socket: %s", strerror(errno));
-  }
-  /* A port in TIME_WAIT may be reused; one with a live listener may not. */
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = ip;
-  sa.sin_port = htons((uint16_t)port);
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(fd, 1024) != 0) {
-    int e = errno;
-    close(fd);
-    free(l);
-    if (e == EADDRINUSE)
-      return zpp_error(ZPP_ERR_SYSTEM, func,
-                       "bootstrap port %s:%d is already in use by another "
-                       "process (set ZPP_BOOTSTRAP_PORT or MASTER_PORT to a "
-                       "free one)",
-                       addr, port);
-    return zpp_error(ZPP_ERR_SYSTEM, func, "bind/listen on %s:%d: %s", addr,
-                     port, strerror(e));
-  }
-  getsockname(fd, (struct sockaddr *)&sa, &sl);
-  id_pack(id, ip, sa.sin_port, session);
-  reg_add(session, fd, l);
-  ZPP_INFO(ZPP_SUBSYS_INIT, "bootstrap root listening on %s:%u", addr,
-           (unsigned)ntohs(sa.sin_port));
-  return ZPP_OK;
-}
-
-uint64_t zpp_tcp_random_session(void) {
-  uint64_t s = 0;
-  if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
-    s = (uint64_t)zpp_time_ns() ^ ((uint64_t)getpid() << 32);
-  return s ? s : 1;
-}
-
-void zpp_tcp_unlisten(const zpp_unique_id_t *id) {
-  id_fields_t f;
-  int fd;
-  memcpy(&f, id->internal, sizeof f);
-  if (memcmp(f.magic, ID_MAGIC, 8) != 0)
-    return;
-  fd = reg_take(f.session);
-  if (fd >= 0)
-    close(fd);
-}
-
-zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip) {
-  const char *a = zpp_setting("ZPP_BOOTSTRAP_ADDR");
-  const char *what = "ZPP_BOOTSTRAP_ADDR";
-  if (a[0] == '\0') {
-    a = getenv("MASTER_ADDR");
-    what = "MASTER_ADDR";
-  }
-  if (a == NULL || a[0] == '\0') {
-    *ip = htonl(INADDR_LOOPBACK);
-    return ZPP_OK;
-  }
-  return resolve(a, ip, func, what);
-}
-
-zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
-  uint32_t ip = 0;
-  long port;
-  if (id == NULL)
-    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
-  ZPP_CHECK(zpp_tcp_listen_addr(__func__, &ip));
-  port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
-  if (port < 0 || port > 65535) /* before the cast to int */
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "ZPP_BOOTSTRAP_PORT %ld: must be in [0, 65535] (0: any "
-                     "free port)",
-                     port);
-  return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id,
-                        __func__);
-}
-
-zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {
-  const char *addr = getenv("MASTER_ADDR"), *ps = getenv("MASTER_PORT");
-  const char *run = getenv("TORCHELASTIC_RUN_ID"), *ws = getenv("WORLD_SIZE");
-  char *end = NULL;
-  long mport, port;
-  uint32_t ip = 0;
-  uint64_t session;
-  char key[256];
-  if (addr == NULL || addr[0] == '\0')
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "MASTER_ADDR is not set (torchrun sets MASTER_ADDR, "
-                     "MASTER_PORT, RANK and WORLD_SIZE)");
-  if (ps == NULL || ps[0] == '\0')
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "MASTER_PORT is not set");
-  errno = 0;
-  mport = strtol(ps, &end, 10);
-  if (errno != 0 || *end != '\0' || mport <= 0 || mport > 65535)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "MASTER_PORT \"%s\": must be a port number in [1, 65535]",
-                     ps);
-  port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
-  /* Checked on every rank: only rank 0 listens, and a non-root rank would
-   * otherwise connect to the port's 16 low bits. */
-  if (port < 0 || port > 65535)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "ZPP_BOOTSTRAP_PORT %ld: must be in [1, 65535] (0 or "
-                     "unset: MASTER_PORT + 1)",
-                     port);
-  if (port == 0)
-    port = mport + 1;
-  if (port > 65535)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "bootstrap port %ld (MASTER_PORT + 1) is out of range; "
-                     "set ZPP_BOOTSTRAP_PORT",
-                     port);
-  ZPP_CHECK(resolve(addr, &ip, func, "MASTER_ADDR"));
-  /* Every rank derives the same session from the job's description. */
-  snprintf(key, sizeof key, "%s|%ld|%s|%s", addr, port, ws ? ws : "",
-           run ? run : "");
-  session = fnv(key, strlen(key));
-  if (rank == 0)
-    return zpp_tcp_listen(ip, (int)port, session, id, func);
-  id_pack(id, ip, htons((uint16_t)port), session);
-  return ZPP_OK;
-}
-
 /* ---- joining ----------------------------------------------------------------- */
 
-static void fill_hello(hello_t *h, uint64_t session, int rank, int nranks) {
+static void fill_hello(zpp_tcp_hello_t *h, uint64_t session, int rank, int nranks) {
   memset(h, 0, sizeof *h);
   h->session = session;
   h->rank = rank;
@@ -489,12 +84,12 @@ static void root_fail_all(tcp_t *b, const char *text) {
   int64_t d = zpp_time_ns() + 1000000000;
   for (r = 0; r < b->size; r++)
     if (b->fd[r] >= 0)
-      send_msg(b->fd[r], M_ERR, b->seq, text, strlen(text) + 1, NULL, 0, d);
+      zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_ERR, b->seq, text, strlen(text) + 1, NULL, 0, d);
 }
 
 typedef struct {
   int fd;
-  hello_t h;
+  zpp_tcp_hello_t h;
 } pending_t;
 
 /* The root: accept until every rank said hello or the deadline passed. */
@@ -502,47 +97,47 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
                                 int64_t deadline, double timeout_s,
                                 const char *func) {
   int n = b->size, arrived = 1, r;
-  char err[ERRLEN] = "";
+  char err[ZPP_TCP_ERRLEN] = "";
   zpp_status_t st = ZPP_OK;
   int *pid = calloc((size_t)n, sizeof *pid);
-  char (*host)[HOSTLEN] = calloc((size_t)n, HOSTLEN);
+  char (*host)[ZPP_TCP_HOSTLEN] = calloc((size_t)n, ZPP_TCP_HOSTLEN);
   if (pid == NULL || host == NULL) {
     free(pid);
     free(host);
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "roster");
   }
   pid[b->rank] = (int)getpid();
-  gethostname(host[b->rank], HOSTLEN - 1);
+  gethostname(host[b->rank], ZPP_TCP_HOSTLEN - 1);
   while (arrived < n) {
     struct sockaddr_in sa;
     socklen_t sl = sizeof sa;
-    hello_t h;
-    msg_hdr_t mh;
+    zpp_tcp_hello_t h;
+    zpp_tcp_msg_hdr_t mh;
     int fd, w, rc;
-    w = wait_fd(lfd, POLLIN, deadline);
+    w = zpp_tcp_wait_fd(lfd, POLLIN, deadline);
     if (w != 0)
       break;
     fd = accept(lfd, (struct sockaddr *)&sa, &sl);
     if (fd < 0)
       continue;
-    set_sockopts(fd);
+    zpp_tcp_set_sockopts(fd);
     /* A hello is small and sent right after connecting. */
-    rc = recv_all(fd, &mh, sizeof mh, deadline);
-    if (rc == 0 && (mh.magic != MSG_MAGIC || mh.type != M_HELLO ||
+    rc = zpp_tcp_recv_all(fd, &mh, sizeof mh, deadline);
+    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC || mh.type != ZPP_TCP_M_HELLO ||
                     mh.len != sizeof h))
       rc = -3;
     if (rc == 0)
-      rc = recv_all(fd, &h, sizeof h, deadline);
+      rc = zpp_tcp_recv_all(fd, &h, sizeof h, deadline);
     if (rc != 0) {
       close(fd);
       continue; /* not a zpp rank, or gone: ignore */
     }
-    h.host[HOSTLEN - 1] = '\0';
-    h.why[ERRLEN - 1] = '\0';
+    h.host[ZPP_TCP_HOSTLEN - 1] = '\0';
+    h.why[ZPP_TCP_ERRLEN - 1] = '\0';
     if (h.session != session) {
       const char *m = "stale id: this root serves another session (the id "
                       "comes from an earlier zpp_get_unique_id)";
-      send_msg(fd, M_ERR, 0, m, strlen(m) + 1, NULL, 0, deadline);
+      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, m, strlen(m) + 1, NULL, 0, deadline);
       close(fd);
       continue;
     }
@@ -573,7 +168,7 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
     }
     if (err[0] != '\0') {
       /* Tell the newcomer; keep counting so late ranks hear it too. */
-      send_msg(fd, M_ERR, 0, err, strlen(err) + 1, NULL, 0, deadline);
+      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, err, strlen(err) + 1, NULL, 0, deadline);
       close(fd);
       if (h.rank >= 0 && h.rank < n && h.rank != b->rank && pid[h.rank] == 0) {
         pid[h.rank] = h.pid;
@@ -583,7 +178,7 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
     }
     b->fd[h.rank] = fd;
     pid[h.rank] = h.pid;
-    memcpy(host[h.rank], h.host, HOSTLEN);
+    memcpy(host[h.rank], h.host, ZPP_TCP_HOSTLEN);
     arrived++;
   }
   if (err[0] == '\0' && arrived < n) {
@@ -610,11 +205,11 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
       int rc;
       if (r == b->rank)
         continue;
-      rc = send_msg(b->fd[r], M_WELCOME, 0, NULL, 0, NULL, 0, deadline);
+      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_WELCOME, 0, NULL, 0, NULL, 0, deadline);
       if (rc != 0) {
         snprintf(err, sizeof err, "rank %d: sending the welcome: %s", r,
-                 io_what(rc));
-        st = zpp_error(io_status(rc), func, "%s", err);
+                 zpp_tcp_io_what(rc));
+        st = zpp_error(zpp_tcp_io_status(rc), func, "%s", err);
         root_fail_all(b, err);
       }
     }
@@ -624,15 +219,15 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
   return st;
 }
 
-static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
-                                const hello_t *h, int64_t deadline,
+static zpp_status_t client_join(tcp_t *b, const zpp_tcp_id_fields_t *f,
+                                const zpp_tcp_hello_t *h, int64_t deadline,
                                 double timeout_s, const char *func) {
   struct sockaddr_in sa;
   char addr[64];
   int fd = -1, refused = 0, rc;
   long pause_ms = 10;
-  msg_hdr_t mh;
-  id_addr(f, addr, sizeof addr);
+  zpp_tcp_msg_hdr_t mh;
+  zpp_tcp_id_addr(f, addr, sizeof addr);
   snprintf(b->peer_name, sizeof b->peer_name, "root %s", addr);
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
@@ -650,7 +245,7 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
       break;
     e = errno;
     if (e == EINPROGRESS) {
-      int w = wait_fd(fd, POLLOUT, deadline);
+      int w = zpp_tcp_wait_fd(fd, POLLOUT, deadline);
       socklen_t el = sizeof e;
       if (w == 1)
         e = ETIMEDOUT;
@@ -681,7 +276,7 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
         pause_ms *= 2;
     }
   }
-  set_sockopts(fd);
+  zpp_tcp_set_sockopts(fd);
   b->hub = fd;
   {
     struct sockaddr_in me;
@@ -689,13 +284,13 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
     if (getsockname(fd, (struct sockaddr *)&me, &sl) == 0)
       b->local_ip = me.sin_addr.s_addr;
   }
-  rc = send_msg(fd, M_HELLO, 0, h, sizeof *h, NULL, 0, deadline);
+  rc = zpp_tcp_send_msg(fd, ZPP_TCP_M_HELLO, 0, h, sizeof *h, NULL, 0, deadline);
   if (rc != 0)
-    return zpp_error(io_status(rc), func, "saying hello to the root at %s: %s",
-                     addr, io_what(rc));
+    return zpp_error(zpp_tcp_io_status(rc), func, "saying hello to the root at %s: %s",
+                     addr, zpp_tcp_io_what(rc));
   if (h->failed)
     return ZPP_OK; /* the caller reports its own error */
-  rc = recv_all(fd, &mh, sizeof mh, deadline);
+  rc = zpp_tcp_recv_all(fd, &mh, sizeof mh, deadline);
   if (rc == 1)
     return zpp_error(ZPP_ERR_TIMEOUT, func,
                      "the root at %s did not welcome rank %d within %.3g s "
@@ -706,16 +301,16 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
     return zpp_error(ZPP_ERR_SYSTEM, func,
                      "the root at %s closed the connection before welcoming "
                      "rank %d (%s)",
-                     addr, h->rank, io_what(rc));
-  if (mh.magic != MSG_MAGIC)
+                     addr, h->rank, zpp_tcp_io_what(rc));
+  if (mh.magic != ZPP_TCP_MSG_MAGIC)
     return zpp_error(ZPP_ERR_SYSTEM, func,
                      "the process at %s is not a zpp bootstrap root (bad "
                      "reply)",
                      addr);
-  if (mh.type == M_ERR) {
-    char text[ERRLEN] = "";
+  if (mh.type == ZPP_TCP_M_ERR) {
+    char text[ZPP_TCP_ERRLEN] = "";
     size_t k = mh.len < sizeof text ? mh.len : sizeof text - 1;
-    recv_all(fd, text, k, deadline);
+    zpp_tcp_recv_all(fd, text, k, deadline);
     text[sizeof text - 1] = '\0';
     return zpp_error(strstr(text, "never arrived") ? ZPP_ERR_TIMEOUT
                      : strstr(text, "stale") || strstr(text, "claimed") ||
@@ -724,7 +319,7 @@ static zpp_status_t client_join(tcp_t *b, const id_fields_t *f,
                          : ZPP_ERR_INVALID_ARGUMENT,
                      func, "bootstrap root at %s: %s", addr, text);
   }
-  if (mh.type != M_WELCOME)
+  if (mh.type != ZPP_TCP_M_WELCOME)
     return zpp_error(ZPP_ERR_SYSTEM, func,
                      "the root at %s sent message type %u instead of a "
                      "welcome",
@@ -745,20 +340,20 @@ static zpp_status_t round_trip(tcp_t *b, const void *mine, uint64_t len,
                                uint64_t *lens, char **all, double timeout_s,
                                const char *func) {
   zpp_status_t st;
-  tl_abort = b->abort;
+  zpp_tcp_io_watch(b->abort);
   st = round_trip_(b, mine, len, lens, all, timeout_s, func);
-  tl_abort = NULL;
+  zpp_tcp_io_watch(NULL);
   return st;
 }
 
 static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
                                 uint64_t *lens, char **all, double timeout_s,
                                 const char *func) {
-  int64_t deadline = deadline_of(timeout_s);
+  int64_t deadline = zpp_tcp_deadline_of(timeout_s);
   int n = b->size, r, rc;
   uint64_t total = 0;
   char *buf = NULL, **part = NULL;
-  char err[ERRLEN];
+  char err[ZPP_TCP_ERRLEN];
   zpp_status_t st = ZPP_OK;
   if (b->broken)
     return zpp_error(ZPP_ERR_SYSTEM, func,
@@ -766,20 +361,20 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
                      b->broken_why);
   b->seq++;
   if (!b->is_root) {
-    msg_hdr_t mh;
-    rc = send_msg(b->hub, M_DATA, b->seq, mine, (size_t)len, NULL, 0,
+    zpp_tcp_msg_hdr_t mh;
+    rc = zpp_tcp_send_msg(b->hub, ZPP_TCP_M_DATA, b->seq, mine, (size_t)len, NULL, 0,
                   deadline);
     if (rc == 0)
-      rc = recv_all(b->hub, &mh, sizeof mh, deadline);
+      rc = zpp_tcp_recv_all(b->hub, &mh, sizeof mh, deadline);
     if (rc != 0) {
-      st = zpp_error(io_status(rc), func,
+      st = zpp_error(zpp_tcp_io_status(rc), func,
                      "rank %d: bootstrap exchange with the %s (rank %d): %s "
                      "after %.3g s",
-                     b->rank, b->peer_name, b->root_rank, io_what(rc),
+                     b->rank, b->peer_name, b->root_rank, zpp_tcp_io_what(rc),
                      rc == 1 ? timeout_s : 0.0);
       goto err_broken;
     }
-    if (mh.magic != MSG_MAGIC || mh.len > ((uint64_t)1 << 40)) {
+    if (mh.magic != ZPP_TCP_MSG_MAGIC || mh.len > ((uint64_t)1 << 40)) {
       st = zpp_error(ZPP_ERR_SYSTEM, func, "bad message from the %s",
                      b->peer_name);
       goto err_broken;
@@ -790,13 +385,13 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
                      (unsigned long long)mh.len);
       goto err_broken;
     }
-    rc = recv_all(b->hub, buf, (size_t)mh.len, deadline);
+    rc = zpp_tcp_recv_all(b->hub, buf, (size_t)mh.len, deadline);
     if (rc != 0) {
-      st = zpp_error(io_status(rc), func, "rank %d: receiving from the %s: %s",
-                     b->rank, b->peer_name, io_what(rc));
+      st = zpp_error(zpp_tcp_io_status(rc), func, "rank %d: receiving from the %s: %s",
+                     b->rank, b->peer_name, zpp_tcp_io_what(rc));
       goto err_broken;
     }
-    if (mh.type == M_ERR) {
+    if (mh.type == ZPP_TCP_M_ERR) {
       buf[mh.len] = '\0';
       st = zpp_error(strstr(buf, "did not take part") ? ZPP_ERR_TIMEOUT
                                                        : ZPP_ERR_SYSTEM,
@@ -804,7 +399,7 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
                      b->root_rank, buf);
       goto err_broken;
     }
-    if (mh.type != M_DATA || mh.seq != b->seq || mh.len < (uint64_t)n * 8) {
+    if (mh.type != ZPP_TCP_M_DATA || mh.seq != b->seq || mh.len < (uint64_t)n * 8) {
       st = zpp_error(ZPP_ERR_SYSTEM, func,
                      "bootstrap out of step with the root (message %u, "
                      "round %llu, expected %llu): ranks called the "
@@ -823,7 +418,7 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
   if (part == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "%d parts", n);
   for (r = 0; r < n && st == ZPP_OK; r++) {
-    msg_hdr_t mh;
+    zpp_tcp_msg_hdr_t mh;
     if (r == b->rank) {
       lens[r] = len;
       part[r] = malloc(len + 1);
@@ -833,8 +428,8 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
         memcpy(part[r], mine, (size_t)len);
       continue;
     }
-    rc = recv_all(b->fd[r], &mh, sizeof mh, deadline);
-    if (rc == 0 && (mh.magic != MSG_MAGIC || mh.type != M_DATA ||
+    rc = zpp_tcp_recv_all(b->fd[r], &mh, sizeof mh, deadline);
+    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC || mh.type != ZPP_TCP_M_DATA ||
                     mh.len > ((uint64_t)1 << 40)))
       rc = -3;
     if (rc == 0 && mh.seq != b->seq)
@@ -842,7 +437,7 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
     if (rc == 0) {
       part[r] = malloc(mh.len + 1);
       lens[r] = mh.len;
-      rc = part[r] == NULL ? -5 : recv_all(b->fd[r], part[r], mh.len, deadline);
+      rc = part[r] == NULL ? -5 : zpp_tcp_recv_all(b->fd[r], part[r], mh.len, deadline);
     }
     if (rc != 0) {
       if (rc == 1)
@@ -862,7 +457,7 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
                  : rc == -5 ? "out of memory"
                  : rc == -6 ? "the root was aborted (zpp_comm_abort)"
                             : strerror(errno));
-      st = zpp_error(io_status(rc), func, "bootstrap: %s", err);
+      st = zpp_error(zpp_tcp_io_status(rc), func, "bootstrap: %s", err);
       root_fail_all(b, err);
     }
   }
@@ -887,13 +482,13 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
     for (r = 0; r < n && st == ZPP_OK; r++) {
       if (r == b->rank)
         continue;
-      rc = send_msg(b->fd[r], M_DATA, b->seq, buf, (size_t)off, NULL, 0,
+      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_DATA, b->seq, buf, (size_t)off, NULL, 0,
                     deadline);
       if (rc != 0) {
         snprintf(err, sizeof err, "rank %d: %s", r,
                  rc == -2 ? "closed its bootstrap connection (exited?)"
-                          : io_what(rc));
-        st = zpp_error(io_status(rc), func, "bootstrap: %s", err);
+                          : zpp_tcp_io_what(rc));
+        st = zpp_error(zpp_tcp_io_status(rc), func, "bootstrap: %s", err);
         root_fail_all(b, err);
       }
     }
@@ -993,14 +588,14 @@ zpp_status_t zpp_tcp_boot_create(const zpp_unique_id_t *id, int nranks,
                                  int rank, double timeout_s,
                                  const char *rank_error, zpp_bootstrap_t *out,
                                  const char *func) {
-  id_fields_t f;
+  zpp_tcp_id_fields_t f;
   tcp_t *b;
-  hello_t h;
+  zpp_tcp_hello_t h;
   int lfd, r;
-  int64_t deadline = deadline_of(timeout_s);
+  int64_t deadline = zpp_tcp_deadline_of(timeout_s);
   zpp_status_t st;
-  ZPP_CHECK(id_unpack(id, &f, func));
-  lfd = reg_take(f.session);
+  ZPP_CHECK(zpp_tcp_id_unpack(id, &f, func));
+  lfd = zpp_tcp_reg_take(f.session);
   if (lfd >= 0 && rank_error != NULL) {
     close(lfd);
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "%s", rank_error);

@@ -1,0 +1,272 @@
+/*
+ * The TCP bootstrap's unique id (its 128 bytes: comm/tcp.h) and the
+ * listeners zpp_get_unique_id leaves open in this process, found again by
+ * session when zpp_tcp_boot_create joins as the root; the id from
+ * torchrun's environment.
+ */
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "comm/tcp.h"
+#include "core/core.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- listeners made by zpp_get_unique_id, found again by session -------- */
+
+typedef struct listener {
+  uint64_t session;
+  int fd;
+  struct listener *next;
+} listener_t;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static listener_t *reg_head;
+
+static void reg_add(uint64_t session, int fd, listener_t *l) {
+  l->session = session;
+  l->fd = fd;
+  pthread_mutex_lock(&reg_lock);
+  l->next = reg_head;
+  reg_head = l;
+  pthread_mutex_unlock(&reg_lock);
+}
+
+/* Removes and returns the listener of `session` (-1: not this process). */
+int zpp_tcp_reg_take(uint64_t session) {
+  listener_t **p, *l;
+  int fd = -1;
+  pthread_mutex_lock(&reg_lock);
+  for (p = &reg_head; *p != NULL; p = &(*p)->next) {
+    if ((*p)->session == session) {
+      l = *p;
+      *p = l->next;
+      fd = l->fd;
+      free(l);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&reg_lock);
+  return fd;
+}
+
+/* ---- the id ----------------------------------------------------------------- */
+
+void zpp_tcp_id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
+                    uint64_t session) {
+  zpp_tcp_id_fields_t f;
+  memset(id, 0, sizeof *id);
+  memset(&f, 0, sizeof f);
+  memcpy(f.magic, ZPP_TCP_ID_MAGIC, 8);
+  f.version = ZPP_TCP_ID_VERSION;
+  f.ip = ip;
+  f.port = port;
+  f.session = session;
+  f.sum = zpp_tcp_fnv(&f, offsetof(zpp_tcp_id_fields_t, sum));
+  memcpy(id->internal, &f, sizeof f);
+}
+
+zpp_status_t zpp_tcp_id_unpack(const zpp_unique_id_t *id, zpp_tcp_id_fields_t *f,
+                              const char *func) {
+  size_t i;
+  memcpy(f, id->internal, sizeof *f);
+  if (memcmp(f->magic, ZPP_TCP_ID_MAGIC, 8) != 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "id: malformed (no zpp bootstrap magic; was it made by "
+                     "zpp_get_unique_id and copied whole?)");
+  if (f->version != ZPP_TCP_ID_VERSION)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "id: version %u, this zpp speaks %u", f->version,
+                     ZPP_TCP_ID_VERSION);
+  if (f->sum != zpp_tcp_fnv(f, offsetof(zpp_tcp_id_fields_t, sum)))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "id: malformed (checksum mismatch: truncated or "
+                     "corrupted in transit)");
+  for (i = sizeof *f; i < sizeof id->internal; i++)
+    if (id->internal[i] != 0)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                       "id: malformed (non-zero padding at byte %zu)", i);
+  if (f->port == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "id: malformed (port 0)");
+  return ZPP_OK;
+}
+
+void zpp_tcp_id_addr(const zpp_tcp_id_fields_t *f, char *buf, size_t len) {
+  char ip[INET_ADDRSTRLEN];
+  struct in_addr a;
+  a.s_addr = f->ip;
+  inet_ntop(AF_INET, &a, ip, sizeof ip);
+  snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(f->port));
+}
+
+/* IPv4 of a host name or dotted address. */
+zpp_status_t zpp_tcp_resolve(const char *host, uint32_t *ip, const char *func,
+                            const char *what) {
+  struct addrinfo hints, *res = NULL;
+  int rc;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0 || res == NULL)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s \"%s\": cannot resolve to an IPv4 address (%s)", what,
+                     host, gai_strerror(rc));
+  *ip = ((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr;
+  freeaddrinfo(res);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_tcp_listen(uint32_t ip, int port, uint64_t session,
+                            zpp_unique_id_t *id, const char *func) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  listener_t *l;
+  int fd, one = 1;
+  char addr[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &ip, addr, sizeof addr);
+  if (port < 0 || port > 65535)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "port %d: must be in [0, 65535]", port);
+  l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "listener");
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    free(l);
+    return zpp_error(ZPP_ERR_SYSTEM, func, "socket: %s", strerror(errno));
+  }
+  /* A port in TIME_WAIT may be reused; one with a live listener may not. */
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = ip;
+  sa.sin_port = htons((uint16_t)port);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(fd, 1024) != 0) {
+    int e = errno;
+    close(fd);
+    free(l);
+    if (e == EADDRINUSE)
+      return zpp_error(ZPP_ERR_SYSTEM, func,
+                       "bootstrap port %s:%d is already in use by another "
+                       "process (set ZPP_BOOTSTRAP_PORT or MASTER_PORT to a "
+                       "free one)",
+                       addr, port);
+    return zpp_error(ZPP_ERR_SYSTEM, func, "bind/listen on %s:%d: %s", addr,
+                     port, strerror(e));
+  }
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  zpp_tcp_id_pack(id, ip, sa.sin_port, session);
+  reg_add(session, fd, l);
+  ZPP_INFO(ZPP_SUBSYS_INIT, "bootstrap root listening on %s:%u", addr,
+           (unsigned)ntohs(sa.sin_port));
+  return ZPP_OK;
+}
+
+uint64_t zpp_tcp_random_session(void) {
+  uint64_t s = 0;
+  if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
+    s = (uint64_t)zpp_time_ns() ^ ((uint64_t)getpid() << 32);
+  return s ? s : 1;
+}
+
+void zpp_tcp_unlisten(const zpp_unique_id_t *id) {
+  zpp_tcp_id_fields_t f;
+  int fd;
+  memcpy(&f, id->internal, sizeof f);
+  if (memcmp(f.magic, ZPP_TCP_ID_MAGIC, 8) != 0)
+    return;
+  fd = zpp_tcp_reg_take(f.session);
+  if (fd >= 0)
+    close(fd);
+}
+
+zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip) {
+  const char *a = zpp_setting("ZPP_BOOTSTRAP_ADDR");
+  const char *what = "ZPP_BOOTSTRAP_ADDR";
+  if (a[0] == '\0') {
+    a = getenv("MASTER_ADDR");
+    what = "MASTER_ADDR";
+  }
+  if (a == NULL || a[0] == '\0') {
+    *ip = htonl(INADDR_LOOPBACK);
+    return ZPP_OK;
+  }
+  return zpp_tcp_resolve(a, ip, func, what);
+}
+
+zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
+  uint32_t ip = 0;
+  long port;
+  if (id == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
+  ZPP_CHECK(zpp_tcp_listen_addr(__func__, &ip));
+  port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
+  if (port < 0 || port > 65535) /* before the cast to int */
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "ZPP_BOOTSTRAP_PORT %ld: must be in [0, 65535] (0: any "
+                     "free port)",
+                     port);
+  return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id,
+                        __func__);
+}
+
+zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {
+  const char *addr = getenv("MASTER_ADDR"), *ps = getenv("MASTER_PORT");
+  const char *run = getenv("TORCHELASTIC_RUN_ID"), *ws = getenv("WORLD_SIZE");
+  char *end = NULL;
+  long mport, port;
+  uint32_t ip = 0;
+  uint64_t session;
+  char key[256];
+  if (addr == NULL || addr[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "MASTER_ADDR is not set (torchrun sets MASTER_ADDR, "
+                     "MASTER_PORT, RANK and WORLD_SIZE)");
+  if (ps == NULL || ps[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "MASTER_PORT is not set");
+  errno = 0;
+  mport = strtol(ps, &end, 10);
+  if (errno != 0 || *end != '\0' || mport <= 0 || mport > 65535)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "MASTER_PORT \"%s\": must be a port number in [1, 65535]",
+                     ps);
+  port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
+  /* Checked on every rank: only rank 0 listens, and a non-root rank would
+   * otherwise connect to the port's 16 low bits. */
+  if (port < 0 || port > 65535)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_BOOTSTRAP_PORT %ld: must be in [1, 65535] (0 or "
+                     "unset: MASTER_PORT + 1)",
+                     port);
+  if (port == 0)
+    port = mport + 1;
+  if (port > 65535)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "bootstrap port %ld (MASTER_PORT + 1) is out of range; "
+                     "set ZPP_BOOTSTRAP_PORT",
+                     port);
+  ZPP_CHECK(zpp_tcp_resolve(addr, &ip, func, "MASTER_ADDR"));
+  /* Every rank derives the same session from the job's description. */
+  snprintf(key, sizeof key, "%s|%ld|%s|%s", addr, port, ws ? ws : "",
+           run ? run : "");
+  session = zpp_tcp_fnv(key, strlen(key));
+  if (rank == 0)
+    return zpp_tcp_listen(ip, (int)port, session, id, func);
+  zpp_tcp_id_pack(id, ip, htons((uint16_t)port), session);
+  return ZPP_OK;
+}
