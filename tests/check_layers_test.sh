@@ -60,6 +60,12 @@ fresh  # the internal API used to launder an upward include
 sed -i '0,/#include "/s@#include "@#include "include/zpp_internal/topo.h"\n#include "@' "$work/t/src/core/log.c"
 expect_fail "upward include through zpp_internal" 're-exports layer topology, a layer above core'
 
+fresh  # ... also through a second internal header
+printf '#include "planted_b.h"\n' > "$work/t/src/include/zpp_internal/planted_a.h"
+printf '#include "../../topology/topo.h"\n' > "$work/t/src/include/zpp_internal/planted_b.h"
+sed -i '0,/#include "/s@#include "@#include "include/zpp_internal/planted_a.h"\n#include "@' "$work/t/src/core/log.c"
+expect_fail "upward include through two internal headers" 'planted_a.h", which re-exports layer topology'
+
 fresh  # a C++ file of a layer is checked too
 printf '#include "runtime/runtime.c"\n' > "$work/t/src/algo/planted.cc"
 expect_fail "upward include in a .cc file" 'planted.cc: includes "runtime/runtime.c": layer algo may not include runtime'
@@ -83,6 +89,18 @@ expect_fail "file outside the layers" 'lives in a layer'
 fresh  # a folder that is no layer
 mkdir -p "$work/t/src/misc" && printf 'int zpp_planted2;\n' > "$work/t/src/misc/x.c"
 expect_fail "unknown folder" 'not a known layer'
+
+# A gcc that cannot strip comments (clang takes no -fpreprocessed) must
+# stop the check, not make every file look empty.
+fresh
+mkdir -p "$work/bin" && printf '#!/bin/sh\nexit 1\n' > "$work/bin/gcc" && chmod +x "$work/bin/gcc"
+if PATH="$work/bin:$PATH" "$chk" "$work/t" > /dev/null 2>&1; then
+  echo "FAIL: a broken gcc let the check pass"; failn=$((failn + 1))
+else
+  rc=0; PATH="$work/bin:$PATH" "$chk" "$work/t" > /dev/null 2>&1 || rc=$?
+  if [ $rc = 2 ]; then echo "ok: a broken gcc stops the check"; pass=$((pass + 1));
+  else echo "FAIL: a broken gcc gave exit $rc, not 2"; failn=$((failn + 1)); fi
+fi
 
 # Symbols: transport calling a function defined in algo.
 if command -v cc > /dev/null; then

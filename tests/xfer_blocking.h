@@ -19,10 +19,10 @@
 // or the transport's last completed transfer, so that a large intra-node
 // message, which moves only while both sides poll, runs at full speed;
 // then sleeping 1 us doubling to 200 us; an emulated link's deadline is
-// slept through.  The op's own timeout (ZPP_TIMEOUT_S from its start)
-// bounds the loop.
+// slept through (the window does not start again after it).  The op's own
+// timeout (ZPP_TIMEOUT_S from its start) bounds the loop.
 static inline zpp_status_t xop_wait(zpp_transport_t *t, zpp_xop_t *op) {
-  const int64_t spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 100000) * 1000;
+  const int64_t spin_ns = zpp_transport_spin_ns(t);
   uint64_t seen = zpp_transport_progress(t);
   int64_t quiet_until = zpp_time_ns() + spin_ns;
   long pause_ns = 1000;
@@ -39,8 +39,6 @@ static inline zpp_status_t xop_wait(zpp_transport_t *t, zpp_xop_t *op) {
       pause_ns = 1000;
     } else if (wake > now) {
       zpp_sleep_until_ns(wake);
-      quiet_until = zpp_time_ns() + spin_ns;
-      pause_ns = 1000;
     } else if (now < quiet_until) {
       sched_yield();
     } else {
@@ -215,7 +213,8 @@ static inline zpp_status_t start_allreduce(zpp_transport_t *t, zpp_group_t g,
 static inline zpp_status_t start_barrier(zpp_transport_t *t, zpp_group_t g,
                                          zpp_xop_t **op) {
   zpp_xfer_desc_t d =
-      xfer_desc(ZPP_XFER_BARRIER, g, nullptr, nullptr, ZPP_MEMORY_HOST, nullptr);
+      xfer_desc(ZPP_XFER_BARRIER, g, nullptr, nullptr, ZPP_MEMORY_HOST,
+                nullptr);
   return zpp_xfer_start(t, &d, 0, op);
 }
 

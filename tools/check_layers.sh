@@ -19,9 +19,13 @@
 #   - an include of a higher layer's header ("up"), or of a file that does
 #     not exist in the layer named;
 #   - an include cycle among the library's headers;
-#   - a prototype of a zpp_ function written by hand in a .c file of src/,
-#     tools/ or perf/ (declarations live in the owner's header; tools and
-#     perf use <zpp/...> or the declared internal API, src/include/zpp_internal);
+#   - a prototype of a zpp_ function written by hand in a source file (not a
+#     header) of src/, tools/ or perf/ (declarations live in the owner's
+#     header; tools and perf use <zpp/...> or the declared internal API,
+#     src/include/zpp_internal);
+#   - a computed include (#include MACRO), which it cannot read (an
+#     #include_next or an #include continued on the next line reads as one
+#     too: name the header on one line);
 #   - in tools/ and perf/: an include of a layer's private header.
 # Headers are included by their path below src/ ("transport/transport.h");
 # a header of the file's own folder may also be named bare ("quant_cpu.h",
@@ -55,7 +59,7 @@ while [ $# -gt 0 ]; do
     --objects)
       [ $# -ge 2 ] || { echo "check_layers.sh: --objects needs a directory" >&2; exit 2; }
       objdir=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "check_layers.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -94,6 +98,13 @@ fi
 fail=0
 bad() { echo "check_layers: $*"; fail=1; }
 
+# gcc strips the comments before the includes are read; a compiler that
+# does not (clang takes no -fpreprocessed) would make every file look
+# empty and the check pass: refuse to run instead.
+probe=$(printf '/**/ #include "a/b.h"\n// #include "c/d.h"\n' |
+        gcc -fpreprocessed -dD -E -P -x c - 2>/dev/null | tr -d ' \n') || probe=
+[ "$probe" = '#include"a/b.h"' ] ||
+  { echo "check_layers.sh: 'gcc -fpreprocessed' does not strip comments here (gcc missing, or not GNU gcc)" >&2; exit 2; }
 cd "$root"
 # Every folder of src/ is a layer (or the declared internal API).
 for d in src/*/; do
@@ -111,28 +122,46 @@ trap 'rm -f "$edges"' EXIT
 # commented-out include counts nor a comment hides one), one a line:
 # "q PATH" ("..."), "a PATH" (<...>) or "x TEXT" (a computed include).
 includes_of() { # file
-  gcc -fpreprocessed -dD -E -P -x c "$1" 2>/dev/null |
+  local txt
+  if ! txt=$(gcc -fpreprocessed -dD -E -P -x c "$1" 2>&1); then
+    echo "e gcc -fpreprocessed failed: ${txt%%$'\n'*}"
+    return 0
+  fi
+  printf '%s\n' "$txt" |
     sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/q \1/p;
              t;
              s/^[[:space:]]*#[[:space:]]*include[[:space:]]*<([^>]+)>.*/a \1/p;
              t;
              s/^[[:space:]]*#[[:space:]]*include[[:space:]]*(.*)$/x \1/p'
 }
-# The highest layer a header of src/include/zpp_internal re-exports (by its
-# relative includes), as a rank; -1 when it re-exports none.
-internal_rank() { # src/include/... file
-  local r=-1 kind inc tgt
+# The highest layer a header of src/include/zpp_internal re-exports, as a
+# rank (-1: none): its includes by relative path, "..." or <...>, followed
+# through other zpp_internal headers; each is an edge of the include
+# graph, so a cycle through the internal API is seen too.
+internal_rank() { # src/include/... file [depth]
+  local f=$1 depth=${2:-0} r=-1 kind inc path tgt sub
+  [ "$depth" -gt 8 ] && { echo 99; return; } # a loop: the cycle check names it
   while read -r kind inc; do
-    [ "$kind" = q ] || continue
-    tgt=$(realpath -m --relative-to=src "$(dirname "$1")/$inc")
-    tgt=${tgt%%/*}
-    if [ -n "${rank[$tgt]:-}" ] && [ "${rank[$tgt]}" -gt "$r" ]; then r=${rank[$tgt]}; fi
-  done < <(includes_of "$1")
+    case $kind in q|a) ;; *) continue ;; esac
+    path=$(realpath -m --relative-to=. "$(dirname "$f")/$inc")
+    [ -e "$path" ] || continue # a system header named <...>
+    echo "$f $path" >> "$edges"
+    case $path in
+      src/include/*) sub=$(internal_rank "$path" $((depth + 1))) ;;
+      src/*) tgt=${path#src/}; tgt=${tgt%%/*}; sub=${rank[$tgt]:--1} ;;
+      *) sub=-1 ;;
+    esac
+    [ "$sub" -gt "$r" ] && r=$sub
+  done < <(includes_of "$f")
   echo "$r"
 }
 check_file() { # file layer
   local f=$1 me=$2 kind inc tgt r
   while read -r kind inc; do
+    if [ "$kind" = e ]; then
+      bad "$f: $inc"
+      continue
+    fi
     if [ "$kind" = x ]; then
       bad "$f: a computed include ($inc): name the header"
       continue
@@ -149,9 +178,13 @@ check_file() { # file layer
         bad "$f: includes \"$inc\", which does not exist"
         continue
       fi
+      echo "$f src/$inc" >> "$edges"
       r=$(internal_rank "src/$inc")
-      [ "$r" -gt "${rank[$me]}" ] &&
+      if [ "$r" -ge ${#names[@]} ]; then
+        bad "$f: includes \"$inc\", whose includes loop"
+      elif [ "$r" -gt "${rank[$me]}" ]; then
         bad "$f: includes \"$inc\", which re-exports layer ${names[$r]}, a layer above $me"
+      fi
       continue
     fi
     if [ -z "${rank[$tgt]:-}" ]; then
@@ -202,6 +235,7 @@ done
 # self-contained headers it re-exports (by relative path).
 while IFS= read -r f; do
   while read -r kind inc; do
+    [ "$kind" = e ] && bad "$f: $inc"
     [ "$kind" = q ] || continue
     [ -e "$(dirname "$f")/$inc" ] || bad "$f: includes \"$inc\", which does not exist"
   done < <(includes_of "$f")
@@ -210,6 +244,10 @@ done < <(find src/include "${SRC_FIND[@]}" 2>/dev/null | sort)
 # Tools and benchmarks: the public API or src/include/zpp_internal only.
 while IFS= read -r f; do
   while read -r kind inc; do
+    if [ "$kind" = e ]; then
+      bad "$f: $inc"
+      continue
+    fi
     if [ "$kind" = x ]; then
       bad "$f: a computed include ($inc): name the header"
       continue

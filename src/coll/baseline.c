@@ -25,7 +25,8 @@ zpp_status_t zpp_allgather(zpp_comm_t comm, const void *sendbuf, void *recvbuf,
   zpp_coll_args_t a;
   zpp_exec_t ex;
   zpp_xfer_desc_t x;
-  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a = zpp_coll_args_init(__func__, comm, stream, sendbuf, recvbuf, count,
+                         dtype);
   a.dtype_bytes = 1;
   a.layout = ZPP_BUFS_GATHER;
   ZPP_CHECK(zpp_coll_prologue(&a, &ex));
@@ -45,7 +46,8 @@ zpp_status_t zpp_reduce_scatter(zpp_comm_t comm, const void *sendbuf,
   zpp_coll_args_t a;
   zpp_exec_t ex;
   zpp_xfer_desc_t x;
-  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a = zpp_coll_args_init(__func__, comm, stream, sendbuf, recvbuf, count,
+                         dtype);
   a.op_word = (int)op;
   a.op = op;
   a.check_op = 1;

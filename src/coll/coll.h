@@ -86,10 +86,10 @@ zpp_status_t zpp_coll_prologue(zpp_coll_args_t *a, zpp_exec_t *ex);
 
 /* The arguments every collective has, the rest zero: no op (op_word -1),
  * layout ZPP_BUFS_GATHER, no quantizer config, no hooks. */
-static inline zpp_coll_args_t zpp_coll_args(const char *func, zpp_comm_t comm,
-                                            void *stream, const void *send,
-                                            const void *recv, size_t count,
-                                            zpp_dtype_t dtype) {
+static inline zpp_coll_args_t
+zpp_coll_args_init(const char *func, zpp_comm_t comm, zpp_stream_t stream,
+                   const void *send, const void *recv, size_t count,
+                   zpp_dtype_t dtype) {
   zpp_coll_args_t a;
   memset(&a, 0, sizeof a);
   a.func = func;

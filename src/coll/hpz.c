@@ -399,8 +399,8 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
   g.h = hpz;
   g.backward = backward;
   g.plan = HPZ_FORWARD;
-  a = zpp_coll_args(func, hpz->comm, stream, sendbuf, recvbuf, hpz->count,
-                    hpz->dtype);
+  a = zpp_coll_args_init(func, hpz->comm, stream, sendbuf, recvbuf,
+                         hpz->count, hpz->dtype);
   a.op_word = HPZ_FORWARD;
   a.layout = ZPP_BUFS_NONE;
   a.pre = hpz_pre;

@@ -804,7 +804,8 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   qgz_ctx_t *c;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   zpp_qgz_config_t cf = ZPP_QGZ_CONFIG_INIT;
-  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a = zpp_coll_args_init(__func__, comm, stream, sendbuf, recvbuf, count,
+                         dtype);
   a.op_word = (int)op;
   a.op = op;
   a.check_op = 1;

@@ -149,7 +149,7 @@ zpp_status_t zpp_qwd_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
   zpp_exec_t ex;
   zpp_quant_config_t q;
   qwd_ctx_t *c;
-  a = zpp_coll_args(__func__, comm, stream, target, recon, count, dtype);
+  a = zpp_coll_args_init(__func__, comm, stream, target, recon, count, dtype);
   a.op_word = -2;
   a.layout = ZPP_BUFS_NAMED; /* named as in zpp_coll.h */
   a.send_name = "target";

@@ -156,7 +156,8 @@ zpp_status_t zpp_qwz_allgather(zpp_comm_t comm, const zpp_quant_config_t *quant,
                                zpp_stream_t stream, zpp_request_t *req) {
   zpp_coll_args_t a;
   zpp_exec_t ex;
-  a = zpp_coll_args(__func__, comm, stream, sendbuf, recvbuf, count, dtype);
+  a = zpp_coll_args_init(__func__, comm, stream, sendbuf, recvbuf, count,
+                         dtype);
   a.layout = ZPP_BUFS_GATHER;
   a.quant = quant;
   a.quant_name = "quant";

@@ -19,19 +19,13 @@
 #include "comm/tcp.h"
 #include "transport/transport_impl.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---- the bootstrap state ------------------------------------------------ */
@@ -40,19 +34,21 @@ typedef struct {
   int rank, size;
   int is_root;
   int root_rank;
-  int *fd;      /* root: [size] connection of each rank (-1 for itself) */
-  int hub;      /* non-root: connection to the root */
-  uint64_t seq; /* rounds so far */
+  int *fd;           /* root: [size] connection of each rank (-1 for itself) */
+  int hub;           /* non-root: connection to the root */
+  uint64_t seq;      /* rounds so far */
   uint32_t local_ip; /* the address others reach me by (for splits) */
   int broken;
   char broken_why[ZPP_TCP_ERRLEN];
-  char peer_name[96]; /* "root 127.0.0.1:5000" */
+  char peer_name[96];      /* "root 127.0.0.1:5000" */
   const atomic_int *abort; /* zpp_tcp_boot_watch */
 } tcp_t;
 
-/* ---- joining ----------------------------------------------------------------- */
+/* ---- joining
+ * ----------------------------------------------------------------- */
 
-static void fill_hello(zpp_tcp_hello_t *h, uint64_t session, int rank, int nranks) {
+static void fill_hello(zpp_tcp_hello_t *h, uint64_t session, int rank,
+                       int nranks) {
   memset(h, 0, sizeof *h);
   h->session = session;
   h->rank = rank;
@@ -84,7 +80,8 @@ static void root_fail_all(tcp_t *b, const char *text) {
   int64_t d = zpp_time_ns() + 1000000000;
   for (r = 0; r < b->size; r++)
     if (b->fd[r] >= 0)
-      zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_ERR, b->seq, text, strlen(text) + 1, NULL, 0, d);
+      zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_ERR, b->seq, text, strlen(text) + 1,
+                       NULL, 0, d);
 }
 
 typedef struct {
@@ -100,7 +97,7 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
   char err[ZPP_TCP_ERRLEN] = "";
   zpp_status_t st = ZPP_OK;
   int *pid = calloc((size_t)n, sizeof *pid);
-  char (*host)[ZPP_TCP_HOSTLEN] = calloc((size_t)n, ZPP_TCP_HOSTLEN);
+  char(*host)[ZPP_TCP_HOSTLEN] = calloc((size_t)n, ZPP_TCP_HOSTLEN);
   if (pid == NULL || host == NULL) {
     free(pid);
     free(host);
@@ -123,8 +120,8 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
     zpp_tcp_set_sockopts(fd);
     /* A hello is small and sent right after connecting. */
     rc = zpp_tcp_recv_all(fd, &mh, sizeof mh, deadline);
-    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC || mh.type != ZPP_TCP_M_HELLO ||
-                    mh.len != sizeof h))
+    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC ||
+                    mh.type != ZPP_TCP_M_HELLO || mh.len != sizeof h))
       rc = -3;
     if (rc == 0)
       rc = zpp_tcp_recv_all(fd, &h, sizeof h, deadline);
@@ -137,22 +134,25 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
     if (h.session != session) {
       const char *m = "stale id: this root serves another session (the id "
                       "comes from an earlier zpp_get_unique_id)";
-      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, m, strlen(m) + 1, NULL, 0, deadline);
+      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, m, strlen(m) + 1, NULL, 0,
+                       deadline);
       close(fd);
       continue;
     }
     if (err[0] == '\0') {
       if (h.failed)
-        snprintf(err, sizeof err, "rank %d (pid %d on %.40s) failed: %.300s", h.rank,
-                 h.pid, h.host, h.why);
+        snprintf(err, sizeof err, "rank %d (pid %d on %.40s) failed: %.300s",
+                 h.rank, h.pid, h.host, h.why);
       else if (h.nranks != n)
         snprintf(err, sizeof err,
                  "nranks differ: rank %d (pid %d on %s) says %d, the root "
                  "(rank %d) says %d",
                  h.rank, h.pid, h.host, h.nranks, b->rank, n);
       else if (h.rank < 0 || h.rank >= n)
-        snprintf(err, sizeof err, "a process (pid %d on %s) claims rank %d: "
-                 "must be in [0, %d)", h.pid, h.host, h.rank, n);
+        snprintf(err, sizeof err,
+                 "a process (pid %d on %s) claims rank %d: "
+                 "must be in [0, %d)",
+                 h.pid, h.host, h.rank, n);
       else if (b->fd[h.rank] >= 0 || h.rank == b->rank)
         snprintf(err, sizeof err,
                  "rank %d claimed by two processes (pid %d on %s and pid %d "
@@ -168,7 +168,8 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
     }
     if (err[0] != '\0') {
       /* Tell the newcomer; keep counting so late ranks hear it too. */
-      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, err, strlen(err) + 1, NULL, 0, deadline);
+      zpp_tcp_send_msg(fd, ZPP_TCP_M_ERR, 0, err, strlen(err) + 1, NULL, 0,
+                       deadline);
       close(fd);
       if (h.rank >= 0 && h.rank < n && h.rank != b->rank && pid[h.rank] == 0) {
         pid[h.rank] = h.pid;
@@ -205,7 +206,8 @@ static zpp_status_t root_gather(tcp_t *b, int lfd, uint64_t session,
       int rc;
       if (r == b->rank)
         continue;
-      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_WELCOME, 0, NULL, 0, NULL, 0, deadline);
+      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_WELCOME, 0, NULL, 0, NULL, 0,
+                            deadline);
       if (rc != 0) {
         snprintf(err, sizeof err, "rank %d: sending the welcome: %s", r,
                  zpp_tcp_io_what(rc));
@@ -284,10 +286,12 @@ static zpp_status_t client_join(tcp_t *b, const zpp_tcp_id_fields_t *f,
     if (getsockname(fd, (struct sockaddr *)&me, &sl) == 0)
       b->local_ip = me.sin_addr.s_addr;
   }
-  rc = zpp_tcp_send_msg(fd, ZPP_TCP_M_HELLO, 0, h, sizeof *h, NULL, 0, deadline);
+  rc =
+      zpp_tcp_send_msg(fd, ZPP_TCP_M_HELLO, 0, h, sizeof *h, NULL, 0, deadline);
   if (rc != 0)
-    return zpp_error(zpp_tcp_io_status(rc), func, "saying hello to the root at %s: %s",
-                     addr, zpp_tcp_io_what(rc));
+    return zpp_error(zpp_tcp_io_status(rc), func,
+                     "saying hello to the root at %s: %s", addr,
+                     zpp_tcp_io_what(rc));
   if (h->failed)
     return ZPP_OK; /* the caller reports its own error */
   rc = zpp_tcp_recv_all(fd, &mh, sizeof mh, deadline);
@@ -327,7 +331,8 @@ static zpp_status_t client_join(tcp_t *b, const zpp_tcp_id_fields_t *f,
   return ZPP_OK;
 }
 
-/* ---- one round through the root ------------------------------------------- */
+/* ---- one round through the root -------------------------------------------
+ */
 
 /* Every rank contributes `len` bytes (lengths may differ per rank); on
  * return *all (malloc'ed) holds the contributions concatenated by rank and
@@ -362,8 +367,8 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
   b->seq++;
   if (!b->is_root) {
     zpp_tcp_msg_hdr_t mh;
-    rc = zpp_tcp_send_msg(b->hub, ZPP_TCP_M_DATA, b->seq, mine, (size_t)len, NULL, 0,
-                  deadline);
+    rc = zpp_tcp_send_msg(b->hub, ZPP_TCP_M_DATA, b->seq, mine, (size_t)len,
+                          NULL, 0, deadline);
     if (rc == 0)
       rc = zpp_tcp_recv_all(b->hub, &mh, sizeof mh, deadline);
     if (rc != 0) {
@@ -387,19 +392,20 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
     }
     rc = zpp_tcp_recv_all(b->hub, buf, (size_t)mh.len, deadline);
     if (rc != 0) {
-      st = zpp_error(zpp_tcp_io_status(rc), func, "rank %d: receiving from the %s: %s",
-                     b->rank, b->peer_name, zpp_tcp_io_what(rc));
+      st = zpp_error(zpp_tcp_io_status(rc), func,
+                     "rank %d: receiving from the %s: %s", b->rank,
+                     b->peer_name, zpp_tcp_io_what(rc));
       goto err_broken;
     }
     if (mh.type == ZPP_TCP_M_ERR) {
       buf[mh.len] = '\0';
-      st = zpp_error(strstr(buf, "did not take part") ? ZPP_ERR_TIMEOUT
-                                                       : ZPP_ERR_SYSTEM,
-                     func, "bootstrap (via the root, rank %d): %s",
-                     b->root_rank, buf);
+      st = zpp_error(
+          strstr(buf, "did not take part") ? ZPP_ERR_TIMEOUT : ZPP_ERR_SYSTEM,
+          func, "bootstrap (via the root, rank %d): %s", b->root_rank, buf);
       goto err_broken;
     }
-    if (mh.type != ZPP_TCP_M_DATA || mh.seq != b->seq || mh.len < (uint64_t)n * 8) {
+    if (mh.type != ZPP_TCP_M_DATA || mh.seq != b->seq ||
+        mh.len < (uint64_t)n * 8) {
       st = zpp_error(ZPP_ERR_SYSTEM, func,
                      "bootstrap out of step with the root (message %u, "
                      "round %llu, expected %llu): ranks called the "
@@ -429,15 +435,17 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
       continue;
     }
     rc = zpp_tcp_recv_all(b->fd[r], &mh, sizeof mh, deadline);
-    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC || mh.type != ZPP_TCP_M_DATA ||
-                    mh.len > ((uint64_t)1 << 40)))
+    if (rc == 0 && (mh.magic != ZPP_TCP_MSG_MAGIC ||
+                    mh.type != ZPP_TCP_M_DATA || mh.len > ((uint64_t)1 << 40)))
       rc = -3;
     if (rc == 0 && mh.seq != b->seq)
       rc = -4;
     if (rc == 0) {
       part[r] = malloc(mh.len + 1);
       lens[r] = mh.len;
-      rc = part[r] == NULL ? -5 : zpp_tcp_recv_all(b->fd[r], part[r], mh.len, deadline);
+      rc = part[r] == NULL
+               ? -5
+               : zpp_tcp_recv_all(b->fd[r], part[r], mh.len, deadline);
     }
     if (rc != 0) {
       if (rc == 1)
@@ -482,8 +490,8 @@ static zpp_status_t round_trip_(tcp_t *b, const void *mine, uint64_t len,
     for (r = 0; r < n && st == ZPP_OK; r++) {
       if (r == b->rank)
         continue;
-      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_DATA, b->seq, buf, (size_t)off, NULL, 0,
-                    deadline);
+      rc = zpp_tcp_send_msg(b->fd[r], ZPP_TCP_M_DATA, b->seq, buf, (size_t)off,
+                            NULL, 0, deadline);
       if (rc != 0) {
         snprintf(err, sizeof err, "rank %d: %s", r,
                  rc == -2 ? "closed its bootstrap connection (exited?)"

@@ -6,8 +6,9 @@
  *
  * The unique id (zpp_unique_id_t, 128 bytes):
  *   magic "ZPPBOOT1" | u32 version | u32 IPv4 (network order) |
- *   u16 port (network order) | u16 0 | u64 session | u64 FNV-1a of the
- *   preceding 32 bytes | zeros.
+ *   u16 port (network order) | u16 0 | 4 zero bytes (alignment) |
+ *   u64 session | u64 FNV-1a of the preceding 32 bytes | zeros
+ * (zpp_tcp_id_fields_t, then zeros to 128 bytes).
  * A message: zpp_tcp_msg_hdr_t (magic, type, round, payload bytes), then
  * the payload.
  */
@@ -63,39 +64,28 @@ typedef struct {
 /* ---- tcp_io.c: every wait has a deadline (CLOCK_MONOTONIC ns; INT64_MAX:
  * none).  Results: 0 ok, 1 timed out, -1 error (errno), -2 closed by the
  * peer, -6 aborted (the watched flag was set). */
-uint64_t zpp_tcp_fnv(const void *p, size_t n);
 int64_t zpp_tcp_deadline_of(double timeout_s);
-/* Milliseconds to the deadline for poll(), capped. */
-int zpp_tcp_ms_left(int64_t deadline);
 /* While flag (the communicator's broken flag) is set on this thread, its
  * waits end with -6 once the flag is raised (zpp_comm_abort); NULL: not
  * watched. */
 void zpp_tcp_io_watch(const atomic_int *flag);
 int zpp_tcp_wait_fd(int fd, short ev, int64_t deadline);
-int zpp_tcp_send_all(int fd, const void *buf, size_t n, int64_t deadline);
 int zpp_tcp_recv_all(int fd, void *buf, size_t n, int64_t deadline);
 /* A message of type `type`, round `seq`, payload a then b. */
 int zpp_tcp_send_msg(int fd, uint32_t type, uint64_t seq, const void *a,
-                     size_t alen, const void *b, size_t blen,
-                     int64_t deadline);
+                     size_t alen, const void *b, size_t blen, int64_t deadline);
 /* A result in words ("timed out") and as a status. */
 const char *zpp_tcp_io_what(int rc);
 zpp_status_t zpp_tcp_io_status(int rc);
 void zpp_tcp_set_sockopts(int fd);
 
 /* ---- tcp_id.c ---- */
-void zpp_tcp_id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
-                     uint64_t session);
-/* The fields of an id, checked (magic, version, checksum); errors name
- * `func`. */
+/* The fields of an id, checked (magic, version, checksum, zero padding,
+ * a port); errors name `func`. */
 zpp_status_t zpp_tcp_id_unpack(const zpp_unique_id_t *id,
                                zpp_tcp_id_fields_t *f, const char *func);
 /* "a.b.c.d:port" of an id. */
 void zpp_tcp_id_addr(const zpp_tcp_id_fields_t *f, char *buf, size_t len);
-/* An IPv4 address of `host`; errors name `what` (the setting it came
- * from) under `func`. */
-zpp_status_t zpp_tcp_resolve(const char *host, uint32_t *ip, const char *func,
-                             const char *what);
 /* Removes and returns this process's listener of `session` (-1: none). */
 int zpp_tcp_reg_take(uint64_t session);
 

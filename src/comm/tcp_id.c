@@ -11,18 +11,14 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---- listeners made by zpp_get_unique_id, found again by session -------- */
@@ -63,10 +59,19 @@ int zpp_tcp_reg_take(uint64_t session) {
   return fd;
 }
 
-/* ---- the id ----------------------------------------------------------------- */
+static uint64_t zpp_tcp_fnv(const void *p, size_t n) {
+  const unsigned char *c = p;
+  uint64_t h = 1469598103934665603ull;
+  while (n--)
+    h = (h ^ *c++) * 1099511628211ull;
+  return h;
+}
 
-void zpp_tcp_id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
-                    uint64_t session) {
+/* ---- the id -----------------------------------------------------------------
+ */
+
+static void zpp_tcp_id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
+                            uint64_t session) {
   zpp_tcp_id_fields_t f;
   memset(id, 0, sizeof *id);
   memset(&f, 0, sizeof f);
@@ -79,8 +84,8 @@ void zpp_tcp_id_pack(zpp_unique_id_t *id, uint32_t ip, uint16_t port,
   memcpy(id->internal, &f, sizeof f);
 }
 
-zpp_status_t zpp_tcp_id_unpack(const zpp_unique_id_t *id, zpp_tcp_id_fields_t *f,
-                              const char *func) {
+zpp_status_t zpp_tcp_id_unpack(const zpp_unique_id_t *id,
+                               zpp_tcp_id_fields_t *f, const char *func) {
   size_t i;
   memcpy(f, id->internal, sizeof *f);
   if (memcmp(f->magic, ZPP_TCP_ID_MAGIC, 8) != 0)
@@ -113,8 +118,8 @@ void zpp_tcp_id_addr(const zpp_tcp_id_fields_t *f, char *buf, size_t len) {
 }
 
 /* IPv4 of a host name or dotted address. */
-zpp_status_t zpp_tcp_resolve(const char *host, uint32_t *ip, const char *func,
-                            const char *what) {
+static zpp_status_t zpp_tcp_resolve(const char *host, uint32_t *ip,
+                                    const char *func, const char *what) {
   struct addrinfo hints, *res = NULL;
   int rc;
   memset(&hints, 0, sizeof hints);
@@ -221,8 +226,7 @@ zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
                      "ZPP_BOOTSTRAP_PORT %ld: must be in [0, 65535] (0: any "
                      "free port)",
                      port);
-  return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id,
-                        __func__);
+  return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id, __func__);
 }
 
 zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {

@@ -7,36 +7,20 @@
 #include "comm/tcp.h"
 #include "core/core.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
-
-uint64_t zpp_tcp_fnv(const void *p, size_t n) {
-  const unsigned char *c = p;
-  uint64_t h = 1469598103934665603ull;
-  while (n--)
-    h = (h ^ *c++) * 1099511628211ull;
-  return h;
-}
 
 int64_t zpp_tcp_deadline_of(double timeout_s) {
-  return timeout_s > 0 ? zpp_time_ns() + (int64_t)(timeout_s * 1e9)
-                       : INT64_MAX;
+  return timeout_s > 0 ? zpp_time_ns() + (int64_t)(timeout_s * 1e9) : INT64_MAX;
 }
 
-int zpp_tcp_ms_left(int64_t deadline) {
+static int zpp_tcp_ms_left(int64_t deadline) {
   int64_t left;
   if (deadline == INT64_MAX)
     return 1000;
@@ -75,7 +59,8 @@ int zpp_tcp_wait_fd(int fd, short ev, int64_t deadline) {
 }
 
 /* 0 ok; 1 timeout; -1 error (errno), -2 closed by the peer. */
-int zpp_tcp_send_all(int fd, const void *buf, size_t n, int64_t deadline) {
+static int zpp_tcp_send_all(int fd, const void *buf, size_t n,
+                            int64_t deadline) {
   const char *p = buf;
   while (n > 0) {
     ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -122,8 +107,8 @@ int zpp_tcp_recv_all(int fd, void *buf, size_t n, int64_t deadline) {
 }
 
 int zpp_tcp_send_msg(int fd, uint32_t type, uint64_t seq, const void *a,
-                    size_t alen, const void *b, size_t blen,
-                    int64_t deadline) {
+                     size_t alen, const void *b, size_t blen,
+                     int64_t deadline) {
   zpp_tcp_msg_hdr_t h = {ZPP_TCP_MSG_MAGIC, type, seq, (uint64_t)(alen + blen)};
   int rc = zpp_tcp_send_all(fd, &h, sizeof h, deadline);
   if (rc == 0 && alen > 0)
@@ -141,7 +126,9 @@ const char *zpp_tcp_io_what(int rc) {
 }
 
 zpp_status_t zpp_tcp_io_status(int rc) {
-  return rc == 1 ? ZPP_ERR_TIMEOUT : rc == -6 ? ZPP_ERR_ABORTED : ZPP_ERR_SYSTEM;
+  return rc == 1    ? ZPP_ERR_TIMEOUT
+         : rc == -6 ? ZPP_ERR_ABORTED
+                    : ZPP_ERR_SYSTEM;
 }
 
 void zpp_tcp_set_sockopts(int fd) {
