@@ -10,7 +10,9 @@ if(ZPP_CUDA_EMU AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_quant_cuda.cc)
   target_link_libraries(test_quant_cuda PRIVATE zpp_static GTest::gtest GTest::gtest_main)
   target_include_directories(test_quant_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_quant_cuda PRIVATE ZPP_HAVE_CUDA=1
-    "ZPP_TEST_QUANT_CUDA_LONG=((size_t)3 << 20) + 43")
+    ZPP_TEST_CUDA_EMU=1 "ZPP_TEST_QUANT_CUDA_LONG=((size_t)3 << 20) + 43")
+  # zpp_cuda_emu.h: the emulator's test hooks (a held stream)
+  target_include_directories(test_quant_cuda PRIVATE ${PROJECT_SOURCE_DIR}/tests/cuda_emu)
   # Six of the 72 shapes, so that each dtype, width and mode and every
   # block size class runs once; the pointer and stream suites in full.
   set(_shapes fp32_int8_sym_block256 fp32_int4_asym_block1 fp16_int8_asym_block3

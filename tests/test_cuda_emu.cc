@@ -135,7 +135,13 @@ TEST_F(Emu, WorkRunsAsynchronouslyFromTheHost) {
   // the launch returned; the kernel has not run
   EXPECT_EQ(*(volatile int *)h.p, 0);
   EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "cudaErrorNotReady is not an error";
+  // Returned like any error, it is the thread's last error
+  // (cuda_runtime_api.h, cudaGetLastError: "the last error that has been
+  // produced by any of the runtime calls ... in the host thread"): peeking
+  // keeps it, getting it clears it.
+  EXPECT_EQ(cudaPeekAtLastError(), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "cudaGetLastError clears it";
   CUDA_OK(zpp_emu_stream_release(st.s));
   CUDA_OK(cudaStreamSynchronize(st.s));
   EXPECT_EQ(*h.p, 7);

@@ -31,6 +31,10 @@
 #include "quant_cuda_testdata.h"
 #include "kernels/quant_math.h"
 #include "kernels/transform.h"
+#include "kernels/elementwise.h"
+#if ZPP_TEST_CUDA_EMU
+#include "zpp_cuda_emu.h"
+#endif
 
 namespace {
 
@@ -410,6 +414,80 @@ TEST(QuantCudaStream, WorkRunsOnTheCallersStream) {
   check_case(ZPP_QM_F32, 8, true, 256, 1000003, st.s);
   check_case(ZPP_QM_BF16, 4, false, (size_t)1 << 20, 3 * ((size_t)1 << 20) + 5, st.s);
   check_case(ZPP_QM_F16, 8, false, 16384, kLong, st.s);
+}
+
+// A query of unfinished work returns cudaErrorNotReady, and the runtime
+// records it as the thread's last error like any other
+// (cuda_runtime_api.h, cudaGetLastError: "the last error that has been
+// produced by any of the runtime calls ... in the host thread").  It is no
+// failure of a later launch: the element-wise and Hadamard launchers
+// report their own launch's result, and zpp's own event query clears it.
+// On the emulator the busy stream is held, so the query is not ready for
+// sure; on a GPU a 256 MiB memset is usually still running (else skipped).
+TEST(QuantCudaStream, AStaleNotReadyIsNoLaunchError) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  print_seed("QuantCudaStream not ready");
+  Stream busy, st;
+  ASSERT_NE(busy.s, nullptr);
+  ASSERT_NE(st.s, nullptr);
+  const size_t n = 4096 + 3, g = 64;
+#if ZPP_TEST_CUDA_EMU
+  CUDA_OK(zpp_emu_stream_hold(busy.s));
+#else
+  const size_t big = (size_t)256 << 20;
+  DevBuf fill(big);
+  ASSERT_NE(fill.p, nullptr);
+  CUDA_OK(cudaMemsetAsync(fill.p, 0, big, busy.s));
+#endif
+  cudaEvent_t ev;
+  CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_OK(cudaEventRecord(ev, busy.s));
+  cudaError_t q = cudaEventQuery(ev);
+  if (q == cudaSuccess) {
+    cudaEventDestroy(ev);
+    GTEST_SKIP() << "the busy stream finished before the query";
+  }
+  ASSERT_EQ(q, cudaErrorNotReady);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaErrorNotReady)
+      << "the runtime keeps cudaErrorNotReady as the last error";
+  // Launches on another stream succeed and compute the CPU's bits.
+  std::vector<float> x(n), want(n), got(n), acc(n);
+  Rng r(test_seed() + 91);
+  for (size_t i = 0; i < n; i++) x[i] = (float)(r.uniform() * 8.0 - 4.0);
+  zpp_tf_hadamard_scalar(g, ZPP_QM_F32, x.data(), n, want.data());
+  DevBuf dx(n * 4), dy(n * 4), dz(n * 2);
+  ASSERT_NE(dx.p, nullptr);
+  CUDA_OK(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+  char err[256] = "";
+  EXPECT_EQ(zpp_tf_hadamard_device(g, ZPP_QM_F32, dx.p, n, (float *)dy.p, st.s,
+                                   err, sizeof err),
+            0)
+      << err;
+  EXPECT_EQ(zpp_ew_finish_device((const float *)dx.p, n, 3.0f, ZPP_QM_BF16,
+                                 dz.p, st.s, err, sizeof err),
+            0)
+      << err;
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemcpy(got.data(), dy.p, n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * 4)) << "Hadamard";
+  std::vector<uint16_t> z(n);
+  CUDA_OK(cudaMemcpy(z.data(), dz.p, n * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++) {
+    uint16_t w = zpp_qm_f32_to_bf16(x[i] / 3.0f);
+    ASSERT_EQ(z[i], w) << "finish, element " << i;
+  }
+  // zpp's own query of unfinished work leaves no error behind.
+  (void)cudaGetLastError();
+  int done = 1;
+  EXPECT_EQ(zpp_ew_event_query(ev, &done, err, sizeof err), 0) << err;
+#if ZPP_TEST_CUDA_EMU
+  EXPECT_EQ(done, 0);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess)
+      << "zpp_ew_event_query left cudaErrorNotReady behind";
+  CUDA_OK(zpp_emu_stream_release(busy.s));
+#endif
+  CUDA_OK(cudaStreamSynchronize(busy.s));
+  cudaEventDestroy(ev);
 }
 
 // Captured into a graph, nothing runs until the graph is launched: every

@@ -74,6 +74,10 @@ static zpp_status_t stream_wait(zpp_xop_t *op, const char *step) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)op->stream);
     if (e == cudaSuccess)
       return ZPP_OK;
+    /* cudaErrorNotReady is the thread's last error now; clear it, or the
+     * next launch checked with cudaGetLastError (the caller's) fails */
+    if (e == cudaErrorNotReady)
+      (void)cudaGetLastError();
     if (e != cudaErrorNotReady) {
       op->stage_pending = 1;
       return zpp_algo_cuda_err(e, op->what, step);

@@ -24,17 +24,21 @@ int report(cudaError_t e, const char *what, char *err, size_t errlen) {
 
 /* kernel<<<grid_for(count), kThreads, 0, stream>>>(args...), written as
  * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
- * emulator (tests/cuda_emu).  The launch's own return value is dropped:
- * callers read cudaGetLastError(), which holds it, as after <<<>>>. */
+ * emulator (tests/cuda_emu).  Returns the launch's own error, never the
+ * thread's last error: that may hold an earlier call's (a cudaEventQuery's
+ * cudaErrorNotReady), which is no failure of this launch. */
 template <typename... Exp, typename... Act>
-void launch(void (*kernel)(Exp...), size_t count, void *stream,
-            Act &&...args) {
+cudaError_t launch(void (*kernel)(Exp...), size_t count, void *stream,
+                   Act &&...args) {
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3((unsigned)grid_for(count), 1, 1);
   lc.blockDim = dim3(kThreads, 1, 1);
   lc.dynamicSmemBytes = 0;
   lc.stream = (cudaStream_t)stream;
-  (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+  if (e != cudaSuccess)
+    (void)cudaGetLastError(); /* reported by the caller; leave none behind */
+  return e;
 }
 
 __global__ void finish_kernel(const float *acc, size_t count, float div,
@@ -86,24 +90,25 @@ extern "C" int zpp_ew_widen_device(int dtype, const void *src, size_t count,
                                    float *out, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  launch(widen_kernel, count, stream, dtype, src, count, out);
-  return report(cudaGetLastError(), "widen kernel launch", err, errlen);
+  return report(launch(widen_kernel, count, stream, dtype, src, count, out),
+                "widen kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
                                     int dtype, void *out, void *stream,
                                     char *err, size_t errlen) {
   if (count == 0) return 0;
-  launch(finish_kernel, count, stream, acc, count, div, dtype, out);
-  return report(cudaGetLastError(), "finish kernel launch", err, errlen);
+  return report(
+      launch(finish_kernel, count, stream, acc, count, div, dtype, out),
+      "finish kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_scale_device(int dtype, void *buf, size_t count,
                                    float div, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  launch(scale_kernel, count, stream, dtype, buf, count, div);
-  return report(cudaGetLastError(), "scale kernel launch", err, errlen);
+  return report(launch(scale_kernel, count, stream, dtype, buf, count, div),
+                "scale kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
@@ -111,15 +116,16 @@ extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
                                           float *out, void *stream, char *err,
                                           size_t errlen) {
   if (count == 0) return 0;
-  launch(add_residual_kernel, count, stream, dtype, g, res, count, out);
-  return report(cudaGetLastError(), "add-residual kernel launch", err, errlen);
+  return report(
+      launch(add_residual_kernel, count, stream, dtype, g, res, count, out),
+      "add-residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
                                       void *stream, char *err, size_t errlen) {
   if (count == 0) return 0;
-  launch(residual_kernel, count, stream, x, count, res);
-  return report(cudaGetLastError(), "residual kernel launch", err, errlen);
+  return report(launch(residual_kernel, count, stream, x, count, res),
+                "residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
@@ -128,9 +134,9 @@ extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
                                           size_t errlen) {
   if (count == 0) return 0;
   float omega = 1.0f - beta;  // host fp32 subtraction: the host's omega
-  launch(ema_residual_kernel, count, stream, x, dec, count, beta, omega, res);
-  return report(cudaGetLastError(), "moving-average residual kernel launch",
-                err, errlen);
+  return report(launch(ema_residual_kernel, count, stream, x, dec, count, beta,
+                       omega, res),
+                "moving-average residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_alloc_device(size_t bytes, void **p, void *stream,
@@ -201,7 +207,13 @@ extern "C" int zpp_ew_event_query(void *ev, int *done, char *err,
                                   size_t errlen) {
   cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
   *done = e == cudaSuccess;
-  if (e == cudaErrorNotReady) return 0;
+  /* cudaErrorNotReady is recorded as the thread's last error (the runtime
+   * records every error a call returns): clear it, as PyTorch's
+   * CUDAEvent::query does, so that no later cudaGetLastError sees it */
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   return report(e, "cudaEventQuery", err, errlen);
 }
 

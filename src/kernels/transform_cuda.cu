@@ -33,17 +33,21 @@ int report(cudaError_t e, const char *what, char *err, size_t errlen) {
 
 /* kernel<<<ctas, threads, 0, stream>>>(args...), written as
  * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
- * emulator (tests/cuda_emu).  The launch's own return value is dropped:
- * callers read cudaGetLastError(), which holds it, as after <<<>>>. */
+ * emulator (tests/cuda_emu).  Returns the launch's own error, never the
+ * thread's last error: that may hold an earlier call's (a cudaEventQuery's
+ * cudaErrorNotReady), which is no failure of this launch. */
 template <typename... Exp, typename... Act>
-void launch(void (*kernel)(Exp...), unsigned ctas, unsigned threads,
-            cudaStream_t stream, Act &&...args) {
+cudaError_t launch(void (*kernel)(Exp...), unsigned ctas, unsigned threads,
+                   cudaStream_t stream, Act &&...args) {
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(ctas, 1, 1);
   lc.blockDim = dim3(threads, 1, 1);
   lc.dynamicSmemBytes = 0;
   lc.stream = stream;
-  (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
+  if (e != cudaSuccess)
+    (void)cudaGetLastError(); /* reported by the caller; leave none behind */
+  return e;
 }
 
 __global__ void convert_kernel(int dtype, const void *src, size_t count,
@@ -111,10 +115,9 @@ extern "C" int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
   cudaStream_t st = (cudaStream_t)stream;
   if (count == 0) return 0;
   if (dtype != ZPP_QM_F32 || (const void *)dst != src) {
-    launch(convert_kernel, (unsigned)grid_for(count), kThreads, st, dtype, src,
-           count, dst);
-    if (report(cudaGetLastError(), "hadamard convert kernel launch", err,
-               errlen))
+    if (report(launch(convert_kernel, (unsigned)grid_for(count), kThreads, st,
+                      dtype, src, count, dst),
+               "hadamard convert kernel launch", err, errlen))
       return 1;
   }
   size_t ngroups = g >= 2 ? count / g : 0;
@@ -125,21 +128,20 @@ extern "C" int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
     size_t gpc = threads / g;
     size_t ctas = (ngroups + gpc - 1) / gpc;
     if (ctas > 65535 * 16) ctas = 65535 * 16;
-    launch(hadamard_smem_kernel, (unsigned)ctas, threads, st, dst, ngroups,
-           (unsigned)g, c);
-    return report(cudaGetLastError(), "hadamard kernel launch", err, errlen);
+    return report(launch(hadamard_smem_kernel, (unsigned)ctas, threads, st, dst,
+                         ngroups, (unsigned)g, c),
+                  "hadamard kernel launch", err, errlen);
   }
   size_t n = ngroups * g;
   for (size_t h = 1; h < g; h *= 2) {
-    launch(hadamard_stage_kernel, (unsigned)grid_for(n / 2), kThreads, st, dst,
-           n, h);
-    if (report(cudaGetLastError(), "hadamard stage kernel launch", err,
-               errlen))
+    if (report(launch(hadamard_stage_kernel, (unsigned)grid_for(n / 2),
+                      kThreads, st, dst, n, h),
+               "hadamard stage kernel launch", err, errlen))
       return 1;
   }
-  launch(scale_kernel, (unsigned)grid_for(n), kThreads, st, dst, n, c);
-  return report(cudaGetLastError(), "hadamard scale kernel launch", err,
-                errlen);
+  return report(
+      launch(scale_kernel, (unsigned)grid_for(n), kThreads, st, dst, n, c),
+      "hadamard scale kernel launch", err, errlen);
 }
 
 extern "C" int zpp_tf_wdiff_device(int dtype, const void *recon,
@@ -147,8 +149,7 @@ extern "C" int zpp_tf_wdiff_device(int dtype, const void *recon,
                                    float *out, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  launch(wdiff_kernel, (unsigned)grid_for(count), kThreads,
-         (cudaStream_t)stream, dtype, recon, target, count, out);
-  return report(cudaGetLastError(), "weight-difference kernel launch", err,
-                errlen);
+  return report(launch(wdiff_kernel, (unsigned)grid_for(count), kThreads,
+                       (cudaStream_t)stream, dtype, recon, target, count, out),
+                "weight-difference kernel launch", err, errlen);
 }

@@ -622,6 +622,10 @@ static zpp_status_t nccl_sync(zpp_transport_t *t, void *stream) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     zpp_status_t st = ZPP_OK;
     int aborted;
+    /* not an error, but the thread's last error now: clear it (a launch
+     * checked with cudaGetLastError would fail on it) */
+    if (e == cudaErrorNotReady)
+      (void)cudaGetLastError();
     /* Work that an abort ended (zpp_comm_abort from another thread, an
      * error) leaves the stream too: drained is not done then. */
     pthread_mutex_lock(&m->mu);

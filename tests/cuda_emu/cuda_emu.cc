@@ -1312,7 +1312,13 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
   if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
   if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
   for (const Dep &d : sync_targets(s))
-    if (d.s->done < d.seq) return cudaErrorNotReady;  // not an error: last error unchanged
+    // cudaErrorNotReady is returned like any error, so it becomes the
+    // thread's last error: cudaGetLastError "returns the last error that
+    // has been produced by any of the runtime calls in the same instance
+    // of the CUDA Runtime library in the host thread" (cuda_runtime_api.h),
+    // and PyTorch clears it after a query for that reason
+    // (c10/cuda/CUDAEvent.h: "ignore and clear the error if not ready").
+    if (d.s->done < d.seq) return ret(cudaErrorNotReady);
   return cudaSuccess;
 }
 
@@ -1397,7 +1403,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (emu.dev[e->device].sticky != cudaSuccess) return ret(emu.dev[e->device].sticky);
   if (e->s == nullptr || e->s->done >= e->seq) return cudaSuccess;
-  return cudaErrorNotReady;
+  return ret(cudaErrorNotReady);  // the thread's last error (cudaStreamQuery)
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
