@@ -5,41 +5,13 @@
 #include <stdio.h>
 
 #include "elementwise.h"
+#include "launch.cuh"
 #include "quant_math.h"
 
 namespace {
 
-constexpr int kThreads = 256;
-
-int grid_for(size_t count) {
-  size_t blocks = (count + kThreads - 1) / kThreads;
-  return (int)(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride
-}
-
-int report(cudaError_t e, const char *what, char *err, size_t errlen) {
-  if (e == cudaSuccess) return 0;
-  snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-  return 1;
-}
-
-/* kernel<<<grid_for(count), kThreads, 0, stream>>>(args...), written as
- * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
- * emulator (tests/cuda_emu).  Returns the launch's own error, never the
- * thread's last error: that may hold an earlier call's (a cudaEventQuery's
- * cudaErrorNotReady), which is no failure of this launch. */
-template <typename... Exp, typename... Act>
-cudaError_t launch(void (*kernel)(Exp...), size_t count, void *stream,
-                   Act &&...args) {
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3((unsigned)grid_for(count), 1, 1);
-  lc.blockDim = dim3(kThreads, 1, 1);
-  lc.dynamicSmemBytes = 0;
-  lc.stream = (cudaStream_t)stream;
-  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
-  if (e != cudaSuccess)
-    (void)cudaGetLastError(); /* reported by the caller; leave none behind */
-  return e;
-}
+using zpp_kl::launch_over;
+using zpp_kl::report;
 
 __global__ void finish_kernel(const float *acc, size_t count, float div,
                               int dtype, void *out) {
@@ -90,8 +62,9 @@ extern "C" int zpp_ew_widen_device(int dtype, const void *src, size_t count,
                                    float *out, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  return report(launch(widen_kernel, count, stream, dtype, src, count, out),
-                "widen kernel launch", err, errlen);
+  return report(
+      launch_over(widen_kernel, count, stream, dtype, src, count, out),
+      "widen kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
@@ -99,7 +72,7 @@ extern "C" int zpp_ew_finish_device(const float *acc, size_t count, float div,
                                     char *err, size_t errlen) {
   if (count == 0) return 0;
   return report(
-      launch(finish_kernel, count, stream, acc, count, div, dtype, out),
+      launch_over(finish_kernel, count, stream, acc, count, div, dtype, out),
       "finish kernel launch", err, errlen);
 }
 
@@ -107,8 +80,9 @@ extern "C" int zpp_ew_scale_device(int dtype, void *buf, size_t count,
                                    float div, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  return report(launch(scale_kernel, count, stream, dtype, buf, count, div),
-                "scale kernel launch", err, errlen);
+  return report(
+      launch_over(scale_kernel, count, stream, dtype, buf, count, div),
+      "scale kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
@@ -116,15 +90,15 @@ extern "C" int zpp_ew_add_residual_device(int dtype, const void *g,
                                           float *out, void *stream, char *err,
                                           size_t errlen) {
   if (count == 0) return 0;
-  return report(
-      launch(add_residual_kernel, count, stream, dtype, g, res, count, out),
-      "add-residual kernel launch", err, errlen);
+  return report(launch_over(add_residual_kernel, count, stream, dtype, g, res,
+                            count, out),
+                "add-residual kernel launch", err, errlen);
 }
 
 extern "C" int zpp_ew_residual_device(const float *x, size_t count, float *res,
                                       void *stream, char *err, size_t errlen) {
   if (count == 0) return 0;
-  return report(launch(residual_kernel, count, stream, x, count, res),
+  return report(launch_over(residual_kernel, count, stream, x, count, res),
                 "residual kernel launch", err, errlen);
 }
 
@@ -134,8 +108,8 @@ extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
                                           size_t errlen) {
   if (count == 0) return 0;
   float omega = 1.0f - beta;  // host fp32 subtraction: the host's omega
-  return report(launch(ema_residual_kernel, count, stream, x, dec, count, beta,
-                       omega, res),
+  return report(launch_over(ema_residual_kernel, count, stream, x, dec, count,
+                            beta, omega, res),
                 "moving-average residual kernel launch", err, errlen);
 }
 

@@ -12,43 +12,18 @@
 
 #include <stdio.h>
 
+#include "launch.cuh"
 #include "quant_math.h"
 #include "transform.h"
 
 namespace {
 
-constexpr int kThreads = 256;
+using zpp_kl::grid_for;
+using zpp_kl::kThreads;
+using zpp_kl::launch;
+using zpp_kl::report;
+
 constexpr unsigned kSmemGroup = 1024; /* largest group done in one CTA */
-
-int grid_for(size_t count) {
-  size_t blocks = (count + kThreads - 1) / kThreads;
-  return (int)(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride
-}
-
-int report(cudaError_t e, const char *what, char *err, size_t errlen) {
-  if (e == cudaSuccess) return 0;
-  snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-  return 1;
-}
-
-/* kernel<<<ctas, threads, 0, stream>>>(args...), written as
- * cudaLaunchKernelEx so that the file also compiles as C++ against the CPU
- * emulator (tests/cuda_emu).  Returns the launch's own error, never the
- * thread's last error: that may hold an earlier call's (a cudaEventQuery's
- * cudaErrorNotReady), which is no failure of this launch. */
-template <typename... Exp, typename... Act>
-cudaError_t launch(void (*kernel)(Exp...), unsigned ctas, unsigned threads,
-                   cudaStream_t stream, Act &&...args) {
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(ctas, 1, 1);
-  lc.blockDim = dim3(threads, 1, 1);
-  lc.dynamicSmemBytes = 0;
-  lc.stream = stream;
-  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, static_cast<Act &&>(args)...);
-  if (e != cudaSuccess)
-    (void)cudaGetLastError(); /* reported by the caller; leave none behind */
-  return e;
-}
 
 __global__ void convert_kernel(int dtype, const void *src, size_t count,
                                float *dst) {
