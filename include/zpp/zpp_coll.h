@@ -21,23 +21,44 @@
  * rank's slice on its own (docs/format.md), so nothing is padded and no
  * multiple of 8 or of the world size is needed.
  *
- * Asynchrony: pass `req` to start a collective and wait on it later with
- * zpp_request_wait (req NULL: the call returns when it completed).  Each
- * collective is a plan of steps run by the communicator's engine
- * (docs/design.md, "Execution"), never by a thread of its own.  On device
- * memory the steps go to `stream` in order, and a collective is complete
- * when an event recorded on `stream` after its last step has completed:
- * zpp_request_test says done only then, and waiting does not wait for
- * other work queued later on the stream; a blocking call returns when the
- * device finished it.  The work runs on the communicator's device whatever
- * the calling thread's current device (which is restored).  On host memory
- * started collectives run on the communicator's engine thread in the order
- * they were started (MPI must then be initialised with
- * MPI_THREAD_MULTIPLE: zpp_comm_create_mpi checks it and runs requests to
- * completion when started otherwise).  Every wait is bounded by the
- * communicator's timeout (ZPP_TIMEOUT_S).  Until the wait returns, the caller must
- * not touch the buffers of a started collective.  All ranks must start the
- * same collectives in the same order.
+ * Asynchrony: pass `req` to start a collective and wait on it later (req
+ * NULL: the blocking form).  Each collective is a plan of steps run by the
+ * communicator's engine (docs/design.md, "Execution"), never by a thread
+ * of its own.  Every wait is bounded by the communicator's timeout
+ * (ZPP_TIMEOUT_S).  All ranks must start the same collectives in the same
+ * order.
+ *
+ * Host memory: started collectives run on the communicator's engine
+ * thread in the order they were started (MPI must then be initialised
+ * with MPI_THREAD_MULTIPLE: zpp_comm_create_mpi checks it and runs
+ * requests to completion when started otherwise); the blocking form
+ * returns when the collective completed.  Until the wait returns, the
+ * caller must not touch the buffers of a started collective.
+ *
+ * Device memory: collectives are stream-ordered, as NCCL's are.  The
+ * collective comes after the work queued on `stream` before the call, and
+ * the blocking form returns once it is queued, without waiting for the
+ * device or for peers: work queued later on `stream` comes after it.  On
+ * NCCL the steps go to `stream` itself; on MPI or UCX (staging through
+ * pinned memory) the engine thread runs them on a stream of its own, and
+ * `stream` waits for the engine (cuStreamWaitValue32 on a counter in
+ * pinned memory) rather than the caller.  Keep the buffers alive and
+ * untouched until the stream reached that point.  Errors that show after
+ * the call returned (a peer that never came, a failed transfer) break the
+ * communicator: its next call returns them, and a collective whose work
+ * did not finish within the timeout is aborted so that `stream` drains
+ * (its output is then undefined).  zpp_request_wait_stream makes another
+ * stream wait for a started collective; zpp_request_wait and
+ * zpp_request_test wait for it on the host: done means the device ran it
+ * (an event recorded after its last step completed), not counting work
+ * queued later on its stream.  The work runs on the communicator's device
+ * whatever the calling thread's current device, which is put back when it
+ * has a CUDA context already (a thread that never chose a device gets no
+ * context on device 0).  Collectives cannot be captured into a CUDA graph:
+ * a call on a capturing stream returns ZPP_ERR_UNSUPPORTED before anything
+ * is queued.  Built without CUDA stream memory operations in the driver,
+ * or with MPI below MPI_THREAD_MULTIPLE, staged collectives wait on the
+ * host instead (said once in the log).
  *
  * Buffers and overlap: the buffers of a call share no byte, except in the
  * in-place form its declaration names (all-gathers: sendbuf == recvbuf +
@@ -73,9 +94,18 @@ typedef enum {
 
 typedef struct zpp_request *zpp_request_t;
 
-/* Waits for a started collective, frees the request and returns the
- * collective's status.  A NULL request is ZPP_OK. */
+/* Waits on the host for a started collective (device memory: until the
+ * device ran it), frees the request and returns the collective's status.
+ * A NULL request is ZPP_OK. */
 ZPP_API zpp_status_t zpp_request_wait(zpp_request_t req);
+/* Device memory: makes `stream` (a cudaStream_t; NULL: the legacy
+ * stream) wait for the started collective without the host waiting, and
+ * frees the request.  Returns the errors known now (an argument error, a
+ * communicator broken earlier); later ones break the communicator and its
+ * next call returns them.  Host memory: as zpp_request_wait.  A NULL
+ * request is ZPP_OK. */
+ZPP_API zpp_status_t zpp_request_wait_stream(zpp_request_t req,
+                                             zpp_stream_t stream);
 /* *done = 1 when the request completed (then call zpp_request_wait to get
  * its status and free it). */
 ZPP_API zpp_status_t zpp_request_test(zpp_request_t req, int *done);

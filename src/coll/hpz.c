@@ -32,6 +32,11 @@ struct zpp_hpz {
   uint64_t generation;
   uint64_t secondary_generation; /* set when a forward gather completed */
   uint64_t planned_generation;   /* set when one was started */
+  /* Device memory: the secondary copy is written on the stream of one
+   * call and read on another's.  kept marks its last write (a forward
+   * gather's copy), read its last read (a backward gather's transfer):
+   * readers wait for kept, writers for read. */
+  void *kept, *read;
   /* Gathers started and not yet released by the engine hold a reference:
    * zpp_hpz_destroy with gathers still queued on the engine thread frees
    * the handle and the secondary copy when the last one is done. */
@@ -44,8 +49,11 @@ static void hpz_free(zpp_hpz_t h) {
   zpp_exec_t ex;
   /* cudaFree waits for the device: gathers still queued on any stream
    * finish with the copy before it goes. */
-  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK)
+  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK) {
     zpp_k_free_persistent(&ex, h->secondary);
+    zpp_k_order_free(&ex, h->kept);
+    zpp_k_order_free(&ex, h->read);
+  }
   pthread_mutex_destroy(&h->mu);
   free(h);
 }
@@ -222,12 +230,24 @@ static zpp_status_t hpz_keep(void *p, size_t arg) {
   const uint8_t *src = h->cfg.quantized ? c->all : (const uint8_t *)c->recv;
   int i;
   (void)arg;
-  for (i = 0; h->hierarchical && i < h->nnodes; i++) {
+  if (!h->hierarchical)
+    return ZPP_OK;
+  /* after the last backward gather's read, on whatever stream it ran */
+  ZPP_CHECK(zpp_k_order_wait(&c->ex, h->read));
+  for (i = 0; i < h->nnodes; i++) {
     int w = zpp_transport_group_member(c->ex.t, ZPP_GROUP_CROSS, i);
     ZPP_CHECK(zpp_k_copy(&c->ex, (uint8_t *)h->secondary + (size_t)i * h->unit,
                          src + (size_t)w * h->unit, h->unit));
   }
-  return ZPP_OK;
+  return zpp_k_order_record(&c->ex, &h->kept);
+}
+
+/* Backward: the secondary copy is read after the forward gather that
+ * wrote it, on whatever stream that ran. */
+static zpp_status_t hpz_wait_kept(void *p, size_t arg) {
+  hpz_ctx_t *c = (hpz_ctx_t *)p;
+  (void)arg;
+  return zpp_k_order_wait(&c->ex, c->h->kept);
 }
 
 static zpp_status_t hpz_mark(void *p, size_t arg) {
@@ -249,6 +269,8 @@ static zpp_status_t hpz_unpack_node(void *p, size_t arg) {
   int m = h->nnodes, l, node;
   size_t ds = zpp_dtype_size(h->dtype), per = (size_t)m * h->unit;
   (void)arg;
+  /* the transfer read the secondary copy: the next forward may write it */
+  ZPP_CHECK(zpp_k_order_record(&c->ex, &h->read));
   for (l = 0; l < s; l++) {
     for (node = 0; node < m; node++) {
       int w = topo->node_ranks[topo->node_off[node] + l];
@@ -299,7 +321,8 @@ static zpp_status_t hpz_plan(const char *func, hpz_ctx_t *c, int kind,
     x.send = h->secondary;
     x.recv = c->all;
     x.bytes = (size_t)h->nnodes * h->unit;
-    xs = zpp_plan_xfer(p, &x, ZPP_NO_STEP, ZPP_NO_STEP);
+    xs = zpp_plan_kernel(p, hpz_wait_kept, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+    xs = zpp_plan_xfer(p, &x, xs, ZPP_NO_STEP);
     zpp_plan_kernel(p, hpz_unpack_node, 0, xs, ZPP_NO_STEP);
   } else {
     int e = ZPP_NO_STEP, xs, d = ZPP_NO_STEP, k;

@@ -32,7 +32,9 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
+#include "engine/exec.h"
 #include "kernels/elementwise.h"
+#include "kernels/stream.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -115,16 +117,62 @@ static void complete(struct zpp_request *r, zpp_status_t st, void *event,
 
 /* ---- the engine thread -------------------------------------------------------- */
 
+/* The engine thread's wait for work: while completion events are
+ * watched, a poll of them every pause (1 us doubling to 1 ms). */
+static void engine_idle(zpp_engine_t *e, long *pause_ns) {
+  struct timespec ts;
+  if (e->watch == NULL) {
+    pthread_cond_wait(&e->cv, &e->mu);
+    *pause_ns = 1000;
+    return;
+  }
+  pthread_mutex_unlock(&e->mu);
+  zpp_engine_watch_poll(e);
+  pthread_mutex_lock(&e->mu);
+  if (e->watch == NULL || (e->head != NULL && !e->busy) || e->stop)
+    return;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += *pause_ns;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+  if (*pause_ns < 1000000)
+    *pause_ns *= 2;
+}
+
+/* A staged device plan ran (st): wait for its stream, then release the
+ * caller's streams waiting for its ticket (failed or not: the error is
+ * the communicator's, and no stream may wait for ever). */
+static zpp_status_t staged_done(zpp_engine_t *e, const char *func,
+                                struct zpp_request *r, zpp_status_t st,
+                                void **event, uint64_t ticket) {
+  if (st == ZPP_OK && *event != NULL)
+    st = zpp_engine_wait_event(r->t, *event, r->started_ns, func);
+  zpp_engine_event_destroy(*event);
+  *event = NULL;
+  pthread_mutex_lock(&e->mu);
+  if (e->release_upto > ticket)
+    ticket = e->release_upto;
+  pthread_mutex_unlock(&e->mu);
+  zpp_engine_release_ticket(e, ticket);
+  return st;
+}
+
 static void *engine_main(void *arg) {
   zpp_engine_t *e = (zpp_engine_t *)arg;
+  long pause_ns = 1000;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     zpp_plan_t *p;
     struct zpp_request *r;
     void *event = NULL;
     zpp_status_t st;
+    const char *func;
+    uint64_t ticket;
     while ((e->head == NULL || e->busy) && !e->stop)
-      pthread_cond_wait(&e->cv, &e->mu);
+      engine_idle(e, &pause_ns);
     if (e->head == NULL || e->busy)
       break; /* stop, with nothing left to run */
     p = e->head;
@@ -135,10 +183,15 @@ static void *engine_main(void *arg) {
     e->running_ticket = p->ticket;
     pthread_mutex_unlock(&e->mu);
     r = p->req;
+    func = p->func;
+    ticket = p->ticket;
     p->progress = &e->last_progress_ns;
+    p->on_engine = e;
     st = zpp_engine_run_plan(p, &event);
     /* the host part is done (zpp_engine_run_plan freed p; device work may still be
      * on the stream): out of flight as r completes */
+    if (r->staged)
+      st = staged_done(e, func, r, st, &event, ticket);
     complete(r, st, event, e);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
@@ -146,24 +199,36 @@ static void *engine_main(void *arg) {
     pthread_cond_broadcast(&e->cv);
   }
   pthread_mutex_unlock(&e->mu);
+  zpp_engine_watch_drain(e);
   return NULL;
+}
+
+zpp_status_t zpp_engine_start_thread_locked(zpp_engine_t *e,
+                                            const char *func) {
+  if (e->thread_started)
+    return ZPP_OK;
+  if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
+    return zpp_error(ZPP_ERR_SYSTEM, func,
+                     "pthread_create of the engine thread failed");
+  e->thread_started = 1;
+  return ZPP_OK;
 }
 
 /* Queues p for the engine thread (started on first use). */
 static zpp_status_t enqueue(zpp_engine_t *e, zpp_plan_t *p) {
+  zpp_status_t st;
   pthread_mutex_lock(&e->mu);
-  if (!e->thread_started) {
-    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-      pthread_mutex_unlock(&e->mu);
-      return zpp_error(ZPP_ERR_SYSTEM, p->func,
-                       "pthread_create of the engine thread failed");
-    }
-    e->thread_started = 1;
+  st = zpp_engine_start_thread_locked(e, p->func);
+  if (st != ZPP_OK) {
+    pthread_mutex_unlock(&e->mu);
+    return st;
   }
   if (e->head == NULL && !e->busy)
     e->last_progress_ns = zpp_time_ns();
   p->next = NULL;
   p->ticket = ++e->last_ticket;
+  if (p->req != NULL && p->req->staged)
+    p->req->staged = p->ticket;
   if (e->tail != NULL)
     e->tail->next = p;
   else
@@ -247,6 +312,8 @@ static void abandon(zpp_engine_t *e, struct zpp_request *r, const char *func) {
       e->head = q->next;
     if (e->tail == q)
       e->tail = prev;
+    if (r->staged)
+      zpp_engine_drop_ticket_locked(e, q->ticket);
     break;
   }
   pthread_mutex_unlock(&e->mu);
@@ -280,6 +347,67 @@ static zpp_status_t request_result(struct zpp_request *r, const char *func) {
   return st;
 }
 
+/* The waiter of r gives it up to the engine (a stream waits for it): the
+ * engine frees it when it completes, or now if it did already. */
+static void detach(struct zpp_request *r) {
+  int ran;
+  pthread_mutex_lock(&r->mu);
+  ran = r->ran;
+  r->abandoned = !ran;
+  pthread_mutex_unlock(&r->mu);
+  if (ran)
+    free_request(r);
+}
+
+/* A staged device plan (device.c): queued for the engine thread; the
+ * caller's stream waits for it, not the caller. */
+static zpp_status_t submit_staged(zpp_engine_t *e, zpp_plan_t *p,
+                                  zpp_request_t *req) {
+  zpp_comm_t comm = p->ex.comm;
+  const char *func = p->func;
+  void *stream = p->ex.caller_stream;
+  struct zpp_request *r = new_request(comm);
+  uint64_t ticket;
+  int host = 0;
+  zpp_status_t st;
+  if (r == NULL) {
+    zpp_engine_plan_free(p);
+    return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                                         "request"));
+  }
+  r->staged = 1; /* the ticket once queued */
+  st = zpp_engine_stage_in(e, p, stream);
+  if (st == ZPP_OK) {
+    p->req = r;
+    st = enqueue(e, p);
+  }
+  if (st != ZPP_OK) {
+    zpp_engine_plan_free(p);
+    free_request(r);
+    return zpp_comm_fail(comm, st);
+  }
+  ticket = r->staged; /* p is the engine's now */
+  if (req != NULL) {
+    *req = r;
+    return ZPP_OK;
+  }
+  st = zpp_engine_stage_out(e, stream, ticket, func, &host);
+  if (st == ZPP_OK && !host) {
+    detach(r);
+    return ZPP_OK;
+  }
+  /* no stream wait: this thread waits, as zpp_request_wait does */
+  if (st == ZPP_OK)
+    st = wait_ran(e, r, func);
+  if (st != ZPP_OK) {
+    abandon(e, r, func);
+    return zpp_comm_fail(comm, st);
+  }
+  st = request_result(r, func);
+  free_request(r);
+  return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
+}
+
 zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   zpp_comm_t comm = p->ex.comm;
   zpp_transport_t *t = p->ex.t;
@@ -289,12 +417,15 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   zpp_engine_t *e = zpp_engine_of(comm);
   struct zpp_request *r = NULL;
   void *event = NULL;
+  int64_t started;
   zpp_status_t st;
   if (e == NULL) {
     zpp_engine_plan_free(p);
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
                                          "engine state"));
   }
+  if (zpp_engine_staged(comm, p->ex.mem))
+    return submit_staged(e, p, req);
   if (req != NULL) {
     r = new_request(comm);
     if (r == NULL) {
@@ -318,6 +449,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   }
   pthread_mutex_unlock(&e->mu);
   if (inline_ok) {
+    started = zpp_time_ns();
     p->progress = &e->last_progress_ns;
     st = zpp_engine_run_plan(p, &event);
     pthread_mutex_lock(&e->mu);
@@ -334,8 +466,11 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
       *req = r;
       return ZPP_OK;
     }
+    if (st == ZPP_OK && event != NULL && stream_ordered)
+      /* on the stream: the engine thread watches it, the caller goes on */
+      return zpp_comm_fail(comm, zpp_engine_watch(e, event, started, func));
     if (st == ZPP_OK && event != NULL)
-      st = zpp_engine_wait_event(t, event, zpp_time_ns(), func);
+      st = zpp_engine_wait_event(t, event, started, func);
     zpp_engine_event_destroy(event);
     return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
   }
@@ -388,6 +523,50 @@ zpp_status_t zpp_request_wait(zpp_request_t req) {
   st = request_result(req, __func__);
   free_request(req);
   return st;
+}
+
+zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
+  zpp_engine_t *e;
+  zpp_comm_t comm;
+  zpp_status_t st;
+  int host = 0;
+  if (req == NULL)
+    return ZPP_OK;
+  comm = req->comm;
+  e = (zpp_engine_t *)comm->engine;
+  if (req->staged) {
+    st = zpp_engine_stage_out(e, stream, req->staged, __func__, &host);
+    if (st != ZPP_OK || host)
+      return st != ZPP_OK ? st : zpp_request_wait(req);
+    detach(req); /* req is the engine's now */
+    /* a failure known already (the communicator's): the stream goes on
+     * with the output undefined */
+    st = zpp_transport_check_async(zpp_comm_transport(comm), __func__);
+    return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
+  }
+  if (req->event == NULL) /* host memory, or a failed call: the host waits */
+    return zpp_request_wait(req);
+  /* stream-ordered: it ran inline, its work is on its stream */
+  st = req->status;
+  if (st == ZPP_OK) {
+#if ZPP_HAVE_CUDA_KERNELS
+    char err[256];
+    int saved = -1;
+    st = zpp_exec_device_enter(comm, &saved);
+    if (st == ZPP_OK && zpp_st_wait_event(stream, req->event, err, sizeof err) != 0)
+      st = zpp_error(ZPP_ERR_CUDA, __func__, "stream: %s", err);
+    zpp_exec_device_leave(saved);
+#endif
+  }
+  if (st != ZPP_OK) {
+    /* the stream was not ordered after it: the host waits instead */
+    zpp_status_t wst = zpp_request_wait(req);
+    return wst != ZPP_OK ? wst : zpp_comm_fail(comm, st);
+  }
+  st = zpp_engine_watch(e, req->event, req->started_ns, __func__);
+  req->event = NULL;
+  free_request(req);
+  return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
 }
 
 zpp_status_t zpp_request_test(zpp_request_t req, int *done) {
@@ -514,6 +693,8 @@ static void engine_abort(zpp_comm_t comm) {
   pthread_mutex_lock(&e->mu);
   p = e->head;
   e->head = e->tail = NULL;
+  if (p != NULL) /* staged plans among them: their streams go on */
+    zpp_engine_drop_ticket_locked(e, e->last_ticket);
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
   pthread_mutex_unlock(&engines_mu);
@@ -539,7 +720,9 @@ void zpp_engine_release(zpp_comm_t comm) {
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
   if (e->thread_started)
-    pthread_join(e->thread, NULL); /* runs what is queued first */
+    pthread_join(e->thread, NULL); /* runs what is queued first, then
+                                      waits for the watched events */
+  zpp_engine_device_free(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e);

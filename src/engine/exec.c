@@ -8,8 +8,10 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "engine/engine_impl.h"
 #include "engine/plan.h" /* zpp_plan_poll */
 #include "kernels/elementwise.h"
+#include "kernels/stream.h"
 #include "kernels/quant_math.h"
 #include "kernels/transform.h"
 #include "quant/quant.h"
@@ -17,6 +19,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if ZPP_HAVE_CUDA_KERNELS
+/* A collective polls events, allocates memory and waits for peers on the
+ * host: none of it can be captured into a CUDA graph, and a capture that
+ * met one of those calls is invalidated.  Refuse before anything is
+ * enqueued, so the capture stays valid. */
+static zpp_status_t check_capture(const char *func, zpp_comm_t comm,
+                                  void *stream) {
+  char err[256];
+  int saved = -1, capturing = 0, rc;
+  ZPP_CHECK(zpp_exec_device_enter(comm, &saved));
+  rc = zpp_st_capturing(stream, &capturing, err, sizeof err);
+  zpp_exec_device_leave(saved);
+  if (rc != 0)
+    return zpp_error(ZPP_ERR_CUDA, func, "stream: %s", err);
+  if (capturing)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "stream %p is capturing a CUDA graph "
+                     "(cudaStreamBeginCapture), or the legacy stream while "
+                     "another stream captures: zpp collectives cannot be "
+                     "captured; call them outside the capture",
+                     stream);
+  return ZPP_OK;
+}
+#endif
 
 zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
                            zpp_exec_t *ex) {
@@ -29,7 +56,59 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
   ZPP_CHECK(zpp_transport_broken_error(ex->t, func));
   ZPP_CHECK(zpp_comm_memory(comm, &ex->mem));
   ex->stream = stream;
+  ex->caller_stream = stream;
+#if ZPP_HAVE_CUDA_KERNELS
+  if (ex->mem == ZPP_MEMORY_DEVICE) {
+    ZPP_CHECK(check_capture(func, comm, stream));
+    /* staged plans run on the engine's stream, ordered after the caller's
+     * work by an event, and the caller's stream waits for the engine */
+    if (zpp_engine_staged(comm, ex->mem))
+      ZPP_CHECK(zpp_engine_device_stream(func, comm, &ex->stream));
+  }
+#endif
   return ZPP_OK;
+}
+
+zpp_status_t zpp_exec_device_enter(zpp_comm_t comm, int *saved) {
+  *saved = -1;
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    char err[256];
+    int want = zpp_comm_device(comm), cur = -1;
+    if (want < 0)
+      return ZPP_OK;
+    if (zpp_ew_get_device(&cur, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, "zpp_exec_device_enter", "%s", err);
+    if (cur == want)
+      return ZPP_OK;
+    if (zpp_ew_set_device(want, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, "zpp_exec_device_enter",
+                       "making the communicator's device %d current: %s",
+                       want, err);
+    *saved = cur;
+  }
+#else
+  (void)comm;
+#endif
+  return ZPP_OK;
+}
+
+void zpp_exec_device_leave(int saved) {
+#if ZPP_HAVE_CUDA_KERNELS
+  char err[256];
+  int active = 1;
+  if (saved < 0)
+    return;
+  /* A thread that never chose a device reads device 0 as current, and
+   * making device 0 current creates its context (cudaSetDevice since CUDA
+   * 12): a context on a GPU the rank does not use.  Put back only a device
+   * that has its context already. */
+  if (zpp_st_context_active(saved, &active, err, sizeof err) != 0 || !active)
+    return;
+  zpp_ew_set_device(saved, err, sizeof err);
+#else
+  (void)saved;
+#endif
 }
 
 size_t zpp_coll_encoded_size(const zpp_quant_config_t *q, size_t count) {
@@ -61,21 +140,10 @@ static zpp_status_t no_device(const char *func) {
  * caller's thread, whose current device may be another: allocate (and
  * free) on the communicator's device, restoring the thread's. */
 static int dev_enter(const zpp_exec_t *ex, int *saved) {
-  char err[256];
-  int want = zpp_comm_device(ex->comm), cur = -1;
-  *saved = -1;
-  if (want < 0 || zpp_ew_get_device(&cur, err, sizeof err) != 0 ||
-      cur == want)
-    return 0;
-  *saved = cur;
-  return zpp_ew_set_device(want, err, sizeof err);
+  return zpp_exec_device_enter(ex->comm, saved) == ZPP_OK ? 0 : 1;
 }
 
-static void dev_leave(int saved) {
-  char err[256];
-  if (saved >= 0)
-    zpp_ew_set_device(saved, err, sizeof err);
-}
+static void dev_leave(int saved) { zpp_exec_device_leave(saved); }
 
 /* Device memory on the communicator's device: stream-ordered scratch, or
  * persistent (cudaMalloc) memory. */
@@ -162,6 +230,46 @@ void zpp_k_free_persistent(const zpp_exec_t *ex, void *p) {
     zpp_ew_free_persistent(p);
     dev_leave(saved);
   }
+#endif
+}
+
+zpp_status_t zpp_k_order_record(const zpp_exec_t *ex, void **ev) {
+  if (ex->mem != ZPP_MEMORY_DEVICE)
+    return ZPP_OK;
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    char err[256];
+    void *e = NULL;
+    if (zpp_ew_event_record(&e, ex->stream, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, "zpp_k_order_record", "%s", err);
+    zpp_ew_event_destroy(*ev); /* a wait queued before keeps its record */
+    *ev = e;
+  }
+  return ZPP_OK;
+#else
+  (void)ev;
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_order_wait(const zpp_exec_t *ex, void *ev) {
+  if (ex->mem != ZPP_MEMORY_DEVICE || ev == NULL)
+    return ZPP_OK;
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    char err[256];
+    if (zpp_st_wait_event(ex->stream, ev, err, sizeof err) != 0)
+      return zpp_error(ZPP_ERR_CUDA, "zpp_k_order_wait", "%s", err);
+  }
+#endif
+  return ZPP_OK;
+}
+
+void zpp_k_order_free(const zpp_exec_t *ex, void *ev) {
+  if (ex->mem != ZPP_MEMORY_DEVICE || ev == NULL)
+    return;
+#if ZPP_HAVE_CUDA_KERNELS
+  zpp_ew_event_destroy(ev);
 #endif
 }
 

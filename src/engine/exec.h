@@ -24,11 +24,20 @@ typedef struct {
   zpp_comm_t comm;
   zpp_transport_t *t;
   zpp_memory_t mem;
-  void *stream;
+  void *stream;        /* where the plan's device work goes */
+  void *caller_stream; /* the caller's: the same, except for staged device
+                          plans (the engine's stream then) */
 } zpp_exec_t;
 
 zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
                            zpp_exec_t *ex);
+
+/* Makes the communicator's device current on this thread; *saved gets the
+ * device to put back (-1: none).  Leave puts it back only when that
+ * device has a CUDA context already, so that a thread which never chose a
+ * device (device 0 by default) does not get a context on GPU 0. */
+zpp_status_t zpp_exec_device_enter(zpp_comm_t comm, int *saved);
+void zpp_exec_device_leave(int saved);
 
 /* Scratch memory in the exec's space (device: stream-ordered). */
 zpp_status_t zpp_k_alloc(const zpp_exec_t *ex, size_t bytes, void **p);
@@ -40,6 +49,14 @@ void zpp_k_free(const zpp_exec_t *ex, void *p);
 zpp_status_t zpp_k_alloc_persistent(const zpp_exec_t *ex, size_t bytes,
                                     void **p);
 void zpp_k_free_persistent(const zpp_exec_t *ex, void *p);
+/* Order between the streams of different calls on memory that outlives
+ * them (hpZ's secondary copy): record makes *ev (replacing the one it
+ * held) mark the work queued so far on the exec's stream; wait makes the
+ * exec's stream wait for the work *ev marked (NULL: none).  No-ops on host
+ * memory, where the engine runs plans one after another. */
+zpp_status_t zpp_k_order_record(const zpp_exec_t *ex, void **ev);
+zpp_status_t zpp_k_order_wait(const zpp_exec_t *ex, void *ev);
+void zpp_k_order_free(const zpp_exec_t *ex, void *ev);
 zpp_status_t zpp_k_copy(const zpp_exec_t *ex, void *dst, const void *src,
                         size_t bytes);
 zpp_status_t zpp_k_zero(const zpp_exec_t *ex, void *p, size_t bytes);

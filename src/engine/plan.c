@@ -83,6 +83,7 @@ void zpp_engine_plan_free(zpp_plan_t *p) {
       zpp_xop_free(p->steps[i].op);
   if (p->release != NULL)
     p->release(p->ctx);
+  zpp_engine_event_destroy(p->in_event);
   free(p->steps);
   free(p);
 }

@@ -12,7 +12,9 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
+#include "engine/exec.h"
 #include "kernels/elementwise.h"
+#include "kernels/stream.h"
 
 #include <sched.h>
 #include <time.h>
@@ -171,35 +173,32 @@ static zpp_status_t execute(zpp_plan_t *p) {
 }
 
 /* Makes the communicator's device current on this thread for the plan;
- * *saved gets the thread's previous device (-1: none to restore). */
+ * *saved gets the thread's previous device (-1: none to restore).  The
+ * engine's thread keeps the device (it is zpp's thread). */
 static zpp_status_t enter_device(const zpp_plan_t *p, int *saved) {
   *saved = -1;
+  if (p->ex.mem != ZPP_MEMORY_DEVICE)
+    return ZPP_OK;
+  if (p->on_engine != NULL)
+    return zpp_engine_thread_device((zpp_engine_t *)p->on_engine, p->func);
+  return zpp_exec_device_enter(p->ex.comm, saved);
+}
+
+/* A staged plan's stream waits for the caller's work before its steps. */
+static zpp_status_t stage_in(zpp_plan_t *p) {
 #if ZPP_HAVE_CUDA_KERNELS
-  if (p->ex.mem == ZPP_MEMORY_DEVICE && p->ex.comm->cuda_device >= 0) {
-    char err[256];
-    int cur = -1;
-    if (zpp_ew_get_device(&cur, err, sizeof err) != 0)
-      return zpp_error(ZPP_ERR_CUDA, p->func, "%s", err);
-    if (cur != p->ex.comm->cuda_device &&
-        zpp_ew_set_device(p->ex.comm->cuda_device, err, sizeof err) != 0)
-      return zpp_error(ZPP_ERR_CUDA, p->func, "%s", err);
-    *saved = cur;
-  }
+  char err[256];
+  if (p->in_event == NULL)
+    return ZPP_OK;
+  if (zpp_st_wait_event(p->ex.stream, p->in_event, err, sizeof err) != 0)
+    return zpp_error(ZPP_ERR_CUDA, p->func, "waiting for the caller's stream: %s",
+                     err);
+  zpp_engine_event_destroy(p->in_event);
+  p->in_event = NULL;
 #else
   (void)p;
 #endif
   return ZPP_OK;
-}
-
-static void leave_device(const zpp_plan_t *p, int saved) {
-#if ZPP_HAVE_CUDA_KERNELS
-  char err[256];
-  if (saved >= 0 && saved != p->ex.comm->cuda_device)
-    zpp_ew_set_device(saved, err, sizeof err);
-#else
-  (void)p;
-  (void)saved;
-#endif
 }
 
 /* Runs p's steps on this thread; on device memory records the completion
@@ -209,6 +208,8 @@ zpp_status_t zpp_engine_run_plan(zpp_plan_t *p, void **event) {
   zpp_status_t st;
   *event = NULL;
   st = enter_device(p, &saved);
+  if (st == ZPP_OK)
+    st = stage_in(p);
   if (st == ZPP_OK)
     st = execute(p);
 #if ZPP_HAVE_CUDA_KERNELS
@@ -222,7 +223,7 @@ zpp_status_t zpp_engine_run_plan(zpp_plan_t *p, void **event) {
       st = zpp_error(ZPP_ERR_CUDA, p->func, "completion event: %s", err);
   }
 #endif
-  leave_device(p, saved);
+  zpp_exec_device_leave(saved);
   if (st != ZPP_OK) {
     /* This rank left the collective part-way: its peers still run the
      * transfers it skipped, and its next operations would take their
