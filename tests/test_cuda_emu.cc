@@ -117,6 +117,7 @@ class Emu : public ::testing::Test {
   }
   void TearDown() override {
     zpp_emu_stream_release(0);
+    zpp_emu_stream_release(cudaStreamPerThread);
     cudaDeviceSynchronize();
     for (int d = 0; d < 8; d++) zpp_emu_clear_sticky_error(d);
     cudaSetDevice(0);
@@ -352,6 +353,67 @@ TEST_F(Emu, BlockingStreamsWaitForTheLegacyStream) {
   EXPECT_EQ(log.p[1], 5);
   EXPECT_EQ(log.p[2], 1);
   EXPECT_EQ(log.p[3], 2);
+}
+
+// ---- the per-thread default stream -----------------------------------------------------
+
+// driver_types.h, cudaStreamPerThread: "Stream handle that can be passed as
+// a cudaStream_t to use an implicit stream with per-thread synchronization
+// behavior."; the CUDA Runtime API, "Stream synchronization behavior": "The
+// per-thread default stream is an implicit stream local to both the thread
+// and the CUcontext, and which does not synchronize with other streams
+// (just like explicitly created streams). The per-thread default stream is
+// not a non-blocking stream and will synchronize with the legacy default
+// stream if both are used in a program."
+TEST_F(Emu, PerThreadStreamsOfTwoThreadsAreNotOrderedBothAreOrderedWithTheLegacyStream) {
+  Pinned log(8);
+  CUDA_OK(zpp_emu_stream_hold(cudaStreamPerThread));  // this thread's one
+  CUDA_OK(launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 1));
+  cudaError_t b_sync = cudaErrorUnknown;
+  std::thread b([&] {
+    if (launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 2) == cudaSuccess)
+      b_sync = cudaStreamSynchronize(cudaStreamPerThread);
+  });
+  b.join();
+  EXPECT_EQ(b_sync, cudaSuccess) << "another thread's stream waited for this thread's";
+  EXPECT_EQ(*(volatile int *)log.p, 1);
+  // the legacy stream waits for this thread's (blocking) per-thread stream
+  CUDA_OK(launch(append_kernel, 1, 1, 0, log.p, 3));
+  EXPECT_EQ(cudaStreamQuery(0), cudaErrorNotReady);
+  // and another thread's per-thread stream waits for the legacy stream
+  cudaError_t c_query = cudaErrorUnknown;
+  std::thread c([&] {
+    if (launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 4) == cudaSuccess)
+      c_query = cudaStreamQuery(cudaStreamPerThread);
+  });
+  c.join();
+  EXPECT_EQ(c_query, cudaErrorNotReady);
+  EXPECT_EQ(*(volatile int *)log.p, 1);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(cudaStreamPerThread));
+  CUDA_OK(cudaDeviceSynchronize());  // the exited thread's work ran too
+  ASSERT_EQ(log.p[0], 4);
+  EXPECT_EQ(log.p[1], 2);
+  EXPECT_EQ(log.p[2], 1);
+  EXPECT_EQ(log.p[3], 3);
+  EXPECT_EQ(log.p[4], 4);
+  EXPECT_EQ(cudaStreamDestroy(cudaStreamPerThread), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+}
+
+TEST_F(Emu, APerThreadStreamBelongsToTheCurrentDevice) {
+  Pinned out(2);
+  CUDA_OK(zpp_emu_stream_hold(cudaStreamPerThread));
+  CUDA_OK(launch(store_kernel, 1, 1, cudaStreamPerThread, out.p, 1));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(launch(store_kernel, 1, 1, cudaStreamPerThread, out.p + 1, 2));
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(out.p[1], 2);
+  EXPECT_EQ(*(volatile int *)out.p, 0) << "device 0's per-thread stream is held";
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(zpp_emu_stream_release(cudaStreamPerThread));
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(out.p[0], 1);
 }
 
 // ---- devices ------------------------------------------------------------------------
@@ -841,6 +903,39 @@ TEST_F(Emu, TheDevicePointerOfPinnedMemoryIsItsHostPointer) {
   EXPECT_EQ(cudaHostGetDevicePointer(&d, &pageable, 0), cudaErrorInvalidValue);
   EXPECT_EQ(cudaHostGetDevicePointer(&d, h.p, 1), cudaErrorInvalidValue);
   (void)cudaGetLastError();
+}
+
+// cuda_runtime_api.h, cudaGetDriverEntryPointByVersion,
+// cudaEnablePerThreadDefaultStream: "This will enable the search for all
+// driver symbols that match the requested driver symbol name including the
+// per-thread versions."  In a per-thread version, stream 0 is the calling
+// thread's per-thread default stream.
+TEST_F(Emu, PerThreadDriverEntryPointsTakeStream0AsThePerThreadStream) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000,
+                                           cudaEnablePerThreadDefaultStream, &r));
+  ASSERT_EQ(r, cudaDriverEntryPointSuccess);
+  auto write_ptsz = reinterpret_cast<WriteValue32Fn>(p);
+  auto write = driver_fn<WriteValue32Fn>("cuStreamWriteValue32");
+  ASSERT_NE(write, nullptr);
+  EXPECT_NE((void *)write, p);
+  Pinned w(2);
+  CUDA_OK(zpp_emu_stream_hold(0));  // the legacy stream (empty: nothing waits for it)
+  ASSERT_EQ(write_ptsz(0, (unsigned long long)w.p, 5, 0), kCuSuccess);
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(w.p[0], 5) << "the _ptsz write went to the legacy stream";
+  ASSERT_EQ(write(0, (unsigned long long)(w.p + 1), 6, 0), kCuSuccess);
+  EXPECT_EQ(cudaStreamQuery(0), cudaErrorNotReady);
+  EXPECT_EQ(*(volatile int *)(w.p + 1), 0);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(0));
+  CUDA_OK(cudaStreamSynchronize(0));
+  EXPECT_EQ(w.p[1], 6);
+  // a function with no per-thread variant: the legacy one
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &p, 12000,
+                                           cudaEnablePerThreadDefaultStream, &r));
+  EXPECT_EQ(p, (void *)driver_fn<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState"));
 }
 
 // ---- primary contexts ------------------------------------------------------------------
