@@ -8,6 +8,7 @@
 // random data; the emulator prints its own delay seed (ZPP_EMU_SEED).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 
 #include <cuda_runtime.h>
@@ -586,6 +587,64 @@ TEST_F(Emu, StreamOrderedMemoryDoesNotExistBeforeItsPointInTheStream) {
   CUDA_OK(launch(store_kernel, 1, 1, b.s, d, 1));  // b is not ordered after a
   EXPECT_EQ(cudaStreamSynchronize(b.s), cudaErrorIllegalAddress);
   CUDA_OK(zpp_emu_stream_release(a.s));
+}
+
+// Whether done became true within ms milliseconds.
+bool returns_within(std::atomic<bool> &done, int ms) {
+  for (int i = 0; i < ms && !done.load(); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done.load();
+}
+
+// cuda_runtime_api.h, cudaFree: "For all other pointers, this API may
+// perform implicit synchronization." (all but those of cudaMallocAsync);
+// the emulator synchronises the allocation's device, and cudaFreeHost every
+// device, so that work queued on the memory finishes before it goes.
+TEST_F(Emu, FreeWaitsForTheDevicesQueuedWork) {
+  CUDA_OK(cudaSetDevice(2));
+  Stream st(cudaStreamNonBlocking);
+  int *d = nullptr, *h = nullptr;
+  CUDA_OK(cudaMalloc(&d, 64));
+  CUDA_OK(cudaMallocHost(&h, 64));
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 1));
+  CUDA_OK(cudaMemcpyAsync(h, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  std::atomic<bool> freed{false};
+  cudaError_t rc = cudaErrorUnknown, rc_host = cudaErrorUnknown;
+  std::thread t([&] {
+    cudaSetDevice(2);
+    rc = cudaFree(d);
+    rc_host = cudaFreeHost(h);
+    freed = true;
+  });
+  EXPECT_FALSE(returns_within(freed, 30)) << "cudaFree returned before the device's work";
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  t.join();
+  EXPECT_EQ(rc, cudaSuccess);
+  EXPECT_EQ(rc_host, cudaSuccess);
+  CUDA_OK(cudaStreamSynchronize(st.s));  // the kernel did not touch freed memory
+}
+
+// cuda_runtime_api.h, cudaFree: "This API will not perform any implicit
+// synchronization when the pointer was allocated with ::cudaMallocAsync or
+// ::cudaMallocFromPoolAsync. Callers must ensure that all accesses to these
+// pointer have completed before invoking ::cudaFree."
+TEST_F(Emu, FreeOfStreamOrderedMemoryDoesNotSynchronise) {
+  CUDA_OK(cudaSetDevice(2));
+  Stream st(cudaStreamNonBlocking);
+  int *d = nullptr;
+  CUDA_OK(cudaMallocAsync(&d, 64, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 1));
+  unsigned old = zpp_emu_set_timeout_s(5);  // a synchronising cudaFree fails, not hangs
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  zpp_emu_set_timeout_s(old);
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady) << "cudaFree waited for the stream";
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  // the kernel ran after the memory was gone: the caller's error
+  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorIllegalAddress);
 }
 
 TEST_F(Emu, FreedDeviceMemoryIsNeverReused) {

@@ -49,6 +49,9 @@
 //    unregistered host memory;
 //  - stream-ordered allocation: cudaMallocAsync's memory exists from its
 //    point in the stream, cudaFreeAsync's memory is gone from its point;
+//  - cudaFree waits for the queued work of the allocation's device first
+//    (cudaFreeHost: of every device), except for memory of cudaMallocAsync,
+//    which it frees at once;
 //  - a host function (cudaLaunchHostFunc) runs in stream order on the
 //    stream's worker; CUDA calls from it fail with cudaErrorNotPermitted,
 //    and it cannot touch device memory;
@@ -195,6 +198,7 @@ struct Alloc {
   Kind kind = kDevice;
   int device = 0;
   State state = kLive;
+  bool stream_ordered = false;  // from cudaMallocAsync
 };
 
 // ---- streams, operations, events --------------------------------------------
@@ -550,6 +554,7 @@ cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
   al.kind = kDevice;
   al.device = device;
   al.state = st;
+  al.stream_ordered = st == kPending;
   e.arena_next += len + e.page;
   e.reg[al.base] = al;
   e.dev[device].live_bytes += sz;
@@ -1288,11 +1293,15 @@ ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
     return ret(cudaErrorInvalidValue);
-  std::unique_lock<std::mutex> lk(emu.mu);
-  // cudaFree synchronises: the device finishes the work that may use p
-  cudaError_t err = device_wait_locked(lk, i.a.device);
-  if (err != cudaSuccess) return ret(err);
-  lk.unlock();
+  // "This API will not perform any implicit synchronization when the
+  // pointer was allocated with ::cudaMallocAsync ... For all other
+  // pointers, this API may perform implicit synchronization."
+  // (cuda_runtime_api.h): the device finishes the work that may use p.
+  if (!i.a.stream_ordered) {
+    std::unique_lock<std::mutex> lk(emu.mu);
+    cudaError_t err = device_wait_locked(lk, i.a.device);
+    if (err != cudaSuccess) return ret(err);
+  }
   if (i.a.kind == kManaged) {
     std::lock_guard<std::mutex> xl(emu.exec_mu);
     std::lock_guard<std::mutex> rl(emu.reg_mu);
