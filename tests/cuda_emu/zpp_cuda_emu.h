@@ -16,7 +16,8 @@ extern "C" {
 
 /* Work queued on a held stream waits (it does not start) until the stream
  * is released, so a test can see "not done" deterministically.  Stream 0
- * means the legacy stream of the current device.  A wait on a held stream
+ * means the legacy stream of the current device, cudaStreamPerThread the
+ * calling thread's per-thread stream of the current device.  A wait on a held stream
  * returns cudaErrorTimeout after ZPP_EMU_TIMEOUT_S. */
 cudaError_t zpp_emu_stream_hold(cudaStream_t stream);
 cudaError_t zpp_emu_stream_release(cudaStream_t stream);
@@ -62,6 +63,18 @@ void zpp_emu_clear_sticky_error(int device);
  * from [0, 2 us]); returns the previous one.  ZPP_EMU_DELAY_US sets it at
  * start. */
 unsigned zpp_emu_set_delay_us(unsigned us);
+
+/* Sets the bound of every wait (seconds; ZPP_EMU_TIMEOUT_S sets it at
+ * start); returns the previous one. */
+unsigned zpp_emu_set_timeout_s(unsigned s);
+
+/* Whether the primary context of a device is initialised (1) or not (0):
+ * cudaSetDevice initialises it, and so does every runtime call that needs
+ * a context, on the calling thread's device (0 if it never set one).
+ * cuDevicePrimaryCtxGetState answers from the same state.  Reset marks
+ * every context not initialised (allocations and streams stay). */
+int zpp_emu_context_active(int device);
+void zpp_emu_reset_contexts(void);
 
 #ifdef __cplusplus
 }
