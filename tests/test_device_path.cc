@@ -162,14 +162,16 @@ TEST(DevicePath, TimedOutDeviceWaitAbortsNcclSoTheStreamDrains) {
   const size_t n = 256;
   DevBuf dx(n * 4), dy(n * 4 * 2);
   if (g_rank == 0) {  // rank 1 never calls
-    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_TIMEOUT)
+    // queued: the call returns; the engine thread watches its event
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
         << zpp_get_last_error();
     auto t0 = std::chrono::steady_clock::now();
     cudaStreamSynchronize(s);  // the aborted work's status does not matter
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(waited, 20.0) << "the stream did not drain after the timeout";
-    EXPECT_NE(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
-        << "a broken communicator must fail fast";
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_ERR_TIMEOUT)
+        << "a broken communicator must fail fast with its first error: "
+        << zpp_get_last_error();
   }
   MPI_Barrier(MPI_COMM_WORLD);
   cudaStreamDestroy(s);
@@ -678,11 +680,14 @@ TEST(DevicePath, WorkRunsOnTheCommunicatorsDevice) {
       << zpp_get_last_error();
   EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
   EXPECT_EQ(zpp_emu_last_kernel_device(), 1) << zpp_emu_last_fault();
-  // blocking: runs on this thread, whose device must come back to 0
+  // blocking: queued from this thread, whose device must come back to 0
   EXPECT_EQ(zpp_qwz_allgather(comm, &q, dx.p, dy.p, n, ZPP_FLOAT32, nullptr,
                               nullptr),
             ZPP_OK)
       << zpp_get_last_error();
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // it returned once queued
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   EXPECT_EQ(zpp_emu_last_kernel_device(), 1) << zpp_emu_last_fault();
   int cur = -1;
   EXPECT_EQ(cudaGetDevice(&cur), cudaSuccess);
@@ -948,6 +953,293 @@ TEST(DevicePath, NcclAsyncErrorStaysTheFirstError) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// ---- stream-ordered device collectives ------------------------------------
+//
+//   s  a device collective and the wait for it return while the caller's
+//      stream is held (they queue work, the host does not wait), and the
+//      result is exact once the stream runs (the bug: a host wait for the
+//      device, which here blocks until the stream is released)
+//   o  hpZ's secondary copy, written by a forward gather on one stream and
+//      read by a backward gather on another, is read after it was written
+//      (the bug: no event between the streams; the backward read the copy
+//      of the previous generation)
+//   g  a collective on a capturing stream is refused with
+//      ZPP_ERR_UNSUPPORTED and leaves the capture valid (the bug: polls
+//      and allocations that invalidate the capture, or a hang)
+//   x  a thread that never chose a device gets no context on device 0 from
+//      a collective on device 1 or 2 (the bug: "restoring" device 0)
+//   t  cudaStreamPerThread is the calling thread's stream: a staged
+//      collective ordered on it from one thread is exact (the bug: the
+//      engine thread used the handle, i.e. its own per-thread stream)
+
+// Runs f on a thread and waits at most `limit_s` for it: false when it did
+// not return (the thread is then joined once `unblock` ran).
+bool returns_within(double limit_s, const std::function<void()> &f,
+                    const std::function<void()> &unblock) {
+  std::atomic<bool> done{false};
+  std::thread th([&] {
+    f();
+    done = true;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  while (!done && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                          .count() < limit_s)
+    usleep(1000);
+  bool ok = done;
+  if (!ok) unblock();
+  th.join();
+  return ok;
+}
+
+zpp_backend_t case_backend() {
+  return run_case("staged") ? ZPP_BACKEND_MPI : ZPP_BACKEND_NCCL;
+}
+
+// s: the blocking form and zpp_request_wait_stream queue work and return.
+TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
+  if (!run_case("stream")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(case_backend(), -1);
+  ASSERT_NE(comm, nullptr);
+  const size_t n = 3001;
+  std::vector<float> x = gen(g_rank, n, 11);
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size), dz(n * 4 * (size_t)g_size);
+  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t s = nullptr, s2 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  float *hy = nullptr, *hz = nullptr;
+  ASSERT_EQ(cudaMallocHost((void **)&hy, dy.bytes), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost((void **)&hz, dz.bytes), cudaSuccess);
+  std::fill(hy, hy + n * g_size, -1.0f);
+  std::fill(hz, hz + n * g_size, -1.0f);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  zpp_status_t st1 = ZPP_ERR_INTERNAL, st2 = ZPP_ERR_INTERNAL, st3 = ZPP_ERR_INTERNAL;
+  bool released = false;
+  auto release = [&] {
+    if (!released) zpp_emu_stream_release(s);
+    released = true;
+  };
+  bool quick = returns_within(
+      10.0,
+      [&] {
+        // blocking form on s, then its result read on s
+        st1 = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+        cudaMemcpyAsync(hy, dy.p, dy.bytes, cudaMemcpyDeviceToHost, s);
+        // started form on s, waited for by s2, its result read on s2
+        zpp_request_t req = nullptr;
+        st2 = zpp_allgather(comm, dx.p, dz.p, n, ZPP_FLOAT32, s, &req);
+        st3 = st2 == ZPP_OK ? zpp_request_wait_stream(req, s2) : st2;
+        cudaMemcpyAsync(hz, dz.p, dz.bytes, cudaMemcpyDeviceToHost, s2);
+      },
+      release);
+  EXPECT_TRUE(quick) << "a call or the stream wait blocked the host while the "
+                        "caller's stream was held";
+  EXPECT_EQ(st1, ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(st2, ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(st3, ZPP_OK) << zpp_get_last_error();
+  if (quick) {
+    usleep(50000);
+    EXPECT_EQ(cudaStreamQuery(s2), cudaErrorNotReady)
+        << "s2 did not wait for the collective held on s";
+    (void)cudaGetLastError();
+  }
+  release();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
+  for (int r = 0; r < g_size; r++) {
+    std::vector<float> want = gen(r, n, 11);
+    EXPECT_EQ(std::memcmp(hy + (size_t)r * n, want.data(), n * 4), 0)
+        << "blocking form, block of rank " << r;
+    EXPECT_EQ(std::memcmp(hz + (size_t)r * n, want.data(), n * 4), 0)
+        << "started form, block of rank " << r;
+  }
+  cudaFreeHost(hy);
+  cudaFreeHost(hz);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(s2);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// o: forward gather on a held stream a, backward on stream b: b must read
+// the secondary copy the forward wrote (generation 2), not the one before.
+TEST(DevicePath, HpzSecondaryCopyIsOrderedAcrossStreams) {
+  if (!run_case("secorder")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(case_backend(), -1);
+  ASSERT_NE(comm, nullptr);
+  const size_t n = 2048;
+  zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+  zpp_hpz_t h = nullptr;
+  ASSERT_EQ(zpp_hpz_create(comm, &hc, n, ZPP_FLOAT32, &h), ZPP_OK)
+      << zpp_get_last_error();
+  zpp_hpz_info_t info;
+  ASSERT_EQ(zpp_hpz_get_info(h, &info), ZPP_OK);
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size), dz(n * 4 * (size_t)g_size);
+  cudaStream_t a = nullptr, b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  // generation 1, all on a
+  std::vector<float> x1 = gen(g_rank, n, 21), x2 = gen(g_rank, n, 22);
+  ASSERT_EQ(cudaMemcpy(dx.p, x1.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(zpp_hpz_forward_gather(h, dx.p, dy.p, a, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  ASSERT_EQ(zpp_hpz_backward_gather(h, nullptr, dz.p, a, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  // generation 2: forward on held a, backward on b
+  ASSERT_EQ(cudaMemcpy(dx.p, x2.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(zpp_hpz_invalidate(h), ZPP_OK);
+  ASSERT_EQ(zpp_emu_stream_hold(a), cudaSuccess);
+  zpp_status_t sf = ZPP_ERR_INTERNAL, sb = ZPP_ERR_INTERNAL;
+  bool quick = returns_within(
+      10.0,
+      [&] {
+        sf = zpp_hpz_forward_gather(h, dx.p, dy.p, a, nullptr);
+        sb = zpp_hpz_backward_gather(h, nullptr, dz.p, b, nullptr);
+      },
+      [&] { zpp_emu_stream_release(a); });
+  EXPECT_TRUE(quick) << "a gather blocked the host";
+  EXPECT_EQ(sf, ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(sb, ZPP_OK) << zpp_get_last_error();
+  if (quick) {
+    usleep(20000);  // b may run now if nothing orders it after a
+    ASSERT_EQ(zpp_emu_stream_release(a), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  // the backward gather returns what the forward one of generation 2 did
+  // (the secondary copy holds the same encoded shards), and that is
+  // generation 2 within the codec's bound (INT8 by default: amax / 127)
+  std::vector<float> y(n * (size_t)g_size), z(n * (size_t)g_size);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(z.data(), dz.p, z.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int r = 0; r < g_size; r++) {
+    std::vector<float> want = gen(r, n, 22);
+    float amax = 0;
+    for (float v : want) amax = std::max(amax, std::fabs(v));
+    size_t far = 0;
+    for (size_t i = 0; i < n; i++)
+      far += std::fabs(y[(size_t)r * n + i] - want[i]) > amax / 127.0f;
+    EXPECT_EQ(far, 0u) << "forward gather of generation 2, block of rank " << r;
+    EXPECT_EQ(std::memcmp(&z[(size_t)r * n], &y[(size_t)r * n], n * 4), 0)
+        << "backward gather, block of rank " << r << " (hierarchical "
+        << info.hierarchical << "): not the secondary copy of generation 2";
+  }
+  EXPECT_EQ(zpp_hpz_destroy(h), ZPP_OK);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// g: refused on a capturing stream, before anything is queued.
+TEST(DevicePath, CaptureIsRefusedAndLeftValid) {
+  if (!run_case("capture")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(case_backend(), -1);
+  ASSERT_NE(comm, nullptr);
+  const size_t n = 100;
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr),
+            ZPP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("capturing"), std::string::npos)
+      << zpp_get_last_error();
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  EXPECT_EQ(zpp_qwz_allgather(comm, &q, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr),
+            ZPP_ERR_UNSUPPORTED);
+  cudaGraph_t g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the capture was invalidated";
+  if (g != nullptr) cudaGraphDestroy(g);
+  // the communicator is fine: a refused call queued nothing
+  EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// x: a fresh thread, no device chosen, collectives on device 1 + rank.
+TEST(DevicePath, NoContextOnAnotherDevice) {
+  if (!run_case("context")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  const int dev = 1 + g_rank;
+  bool ok = false;
+  std::thread th([&] {
+    zpp_comm_t comm = make_comm(case_backend(), dev);
+    ASSERT_NE(comm, nullptr);
+    const size_t n = 500;
+    void *dx = nullptr, *dy = nullptr;
+    zpp_request_t req = nullptr;
+    // allocations on the communicator's device, from a thread of its own
+    std::thread([&] {
+      cudaSetDevice(dev);
+      cudaMalloc(&dx, n * 4);
+      cudaMalloc(&dy, n * 4 * (size_t)g_size);
+      cudaMemset(dx, 0, n * 4);
+      cudaDeviceSynchronize();
+    }).join();
+    EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, &req), ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
+    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+    std::thread([&] {
+      cudaSetDevice(dev);
+      cudaFree(dx);
+      cudaFree(dy);
+    }).join();
+    ok = true;
+  });
+  th.join();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(zpp_emu_context_active(0), 0)
+      << "device 0 got a CUDA context though no thread of this rank chose it";
+  EXPECT_EQ(zpp_emu_context_active(dev), 1);
+}
+
+// t: the per-thread default stream names the calling thread's stream.
+TEST(DevicePath, PerThreadStreamIsTheCallers) {
+  if (!run_case("perthread")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  const int dev = g_rank;
+  zpp_comm_t comm = make_comm(case_backend(), dev);
+  ASSERT_NE(comm, nullptr);
+  const size_t n = 777, all = n * (size_t)g_size;
+  std::vector<float> x = gen(g_rank, n, 31);
+  ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+  DevBuf dx(n * 4), dy(all * 4);
+  float *hx = nullptr, *hy = nullptr;  // pinned: copies never block the host
+  ASSERT_EQ(cudaMallocHost((void **)&hx, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost((void **)&hy, all * 4), cudaSuccess);
+  std::copy(x.begin(), x.end(), hx);
+  std::fill(hy, hy + all, -1.0f);
+  std::thread th([&] {
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    // the input is written on this thread's stream, held: the collective
+    // must come after it
+    ASSERT_EQ(zpp_emu_stream_hold(cudaStreamPerThread), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(dx.p, hx, n * 4, cudaMemcpyHostToDevice, cudaStreamPerThread),
+              cudaSuccess);
+    zpp_request_t req = nullptr;
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, cudaStreamPerThread, &req),
+              ZPP_OK)
+        << zpp_get_last_error();
+    EXPECT_EQ(zpp_request_wait_stream(req, cudaStreamPerThread), ZPP_OK)
+        << zpp_get_last_error();
+    ASSERT_EQ(cudaMemcpyAsync(hy, dy.p, all * 4, cudaMemcpyDeviceToHost, cudaStreamPerThread),
+              cudaSuccess);
+    ASSERT_EQ(zpp_emu_stream_release(cudaStreamPerThread), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+  });
+  th.join();
+  for (int r = 0; r < g_size; r++) {
+    std::vector<float> want = gen(r, n, 31);
+    EXPECT_EQ(std::memcmp(hy + (size_t)r * n, want.data(), n * 4), 0) << "block of rank " << r;
+  }
+  cudaFreeHost(hx);
+  cudaFreeHost(hy);
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
 }
 

@@ -17,7 +17,8 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
   set(_env "ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>;ZPP_TIMEOUT_S=60"
     "OMPI_MCA_mpi_yield_when_idle=1")
   foreach(_case request device hpz auto queries barrier abort ncclkill ncclasync staging
-      cancelled stallsync wrongdev vblocks)
+      cancelled stallsync wrongdev vblocks stream stream-staged secorder secorder-staged
+      capture capture-staged context context-staged perthread perthread-staged)
     set(_e ${_env} "ZPP_TEST_CASE=${_case}" "ZPP_TOPO=2x1")
     if(_case STREQUAL "abort")
       list(APPEND _e "ZPP_NCCL_EMU_TIMEOUT_S=300")
@@ -28,6 +29,8 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
     endif()
     if(_case STREQUAL "auto")
       list(APPEND _e "ZPP_EMU_DEVICES=1")
+    elseif(_case MATCHES "^context")
+      list(APPEND _e "ZPP_EMU_DEVICES=3")
     else()
       list(APPEND _e "ZPP_EMU_DEVICES=2")
     endif()
