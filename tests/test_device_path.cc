@@ -1180,12 +1180,16 @@ TEST(DevicePath, NoContextOnAnotherDevice) {
       cudaMemset(dx, 0, n * 4);
       cudaDeviceSynchronize();
     }).join();
-    EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK)
-        << zpp_get_last_error();
-    EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, &req), ZPP_OK)
-        << zpp_get_last_error();
-    EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
-    EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+    // the calls from a thread that never chose a device (creation may
+    // have made the communicator's device current on this one)
+    std::thread([&] {
+      EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, nullptr), ZPP_OK)
+          << zpp_get_last_error();
+      EXPECT_EQ(zpp_allgather(comm, dx, dy, n, ZPP_FLOAT32, nullptr, &req), ZPP_OK)
+          << zpp_get_last_error();
+      EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
+      EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+    }).join();
     std::thread([&] {
       cudaSetDevice(dev);
       cudaFree(dx);
