@@ -494,9 +494,10 @@ TEST(DevicePath, CancelledTransfersKeepTheirBuffersAlive) {
   if (g_rank == 0) {  // rank 1 never calls
     DevBuf dx(n * 4), dy(n * 4 * 2);
     ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, nullptr, nullptr),
-              ZPP_ERR_TIMEOUT)
+    zpp_request_t req = nullptr;  // the host wait sees the timeout
+    EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, nullptr, &req), ZPP_OK)
         << zpp_get_last_error();
+    EXPECT_EQ(zpp_request_wait(req), ZPP_ERR_TIMEOUT) << zpp_get_last_error();
     auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -559,7 +560,10 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
   auto t0 = std::chrono::steady_clock::now();
-  zpp_status_t st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+  zpp_request_t req = nullptr;  // the host wait sees the timeout
+  ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+      << zpp_get_last_error();
+  zpp_status_t st = zpp_request_wait(req);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string msg = zpp_get_last_error();
   EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << msg;
@@ -583,6 +587,7 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   ASSERT_NE(comm, nullptr);
   ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
       << zpp_get_last_error();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // queued on s
   std::vector<float> y(n * (size_t)g_size);
   ASSERT_EQ(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   for (int r = 0; r < g_size; r++) {
@@ -623,7 +628,10 @@ TEST(DevicePath, AbortEndsAStagingWait) {
     aborted_at = now();
     EXPECT_EQ(zpp_comm_abort(comm), ZPP_OK);
   });
-  zpp_status_t st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr);
+  zpp_request_t req = nullptr;  // the host wait sees the abort
+  zpp_status_t st = zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req);
+  EXPECT_EQ(st, ZPP_OK) << zpp_get_last_error();
+  if (st == ZPP_OK) st = zpp_request_wait(req);
   double back = now();
   std::string msg = zpp_get_last_error();
   killer.join();

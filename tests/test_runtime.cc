@@ -586,8 +586,8 @@ TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
   if (g_size < 2 || level != MPI_THREAD_MULTIPLE || be == ZPP_BACKEND_NCCL ||
       (chk && std::atoi(chk) != 0))
     GTEST_SKIP() << "needs 2+ ranks, MPI_THREAD_MULTIPLE (started calls run on the "
-                    "engine thread), a host-ordered backend (NCCL's calls return once "
-                    "their work is on the stream; zpp_runtime.h) and no ZPP_CHECK (its "
+                    "engine thread), a backend whose engine runs the reduction (NCCL "
+                    "enqueues it on the stream at once; zpp_runtime.h) and no ZPP_CHECK (its "
                     "argument exchange would wait for the ranks held at the barrier)";
   const size_t sizes[] = {3000};
   zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
@@ -631,9 +631,14 @@ TEST(PGroup, ResidualIsNeitherReplacedNorFreedUnderAStartedReduction) {
         EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
       } else {
         if (step == 0) MPI_Barrier(MPI_COMM_WORLD);
-        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, gin, aout, ZPP_OP_MEAN, nullptr, nullptr),
+        // on device memory the blocking form returns once queued: wait on
+        // the host for the reduction before the attach below
+        zpp_request_t req = nullptr;
+        EXPECT_EQ(zpp_pgroup_reduce_gradients(pg, gin, aout, ZPP_OP_MEAN, nullptr,
+                                              DeviceMemory() ? &req : nullptr),
                   ZPP_OK)
             << zpp_get_last_error();
+        EXPECT_EQ(zpp_request_wait(req), ZPP_OK) << zpp_get_last_error();
       }
       if (step == 0) {  // waited for: the new residual is taken (every rank)
         EXPECT_EQ(zpp_pgroup_attach(pg, nullptr, nullptr, new_resid), ZPP_OK)

@@ -350,7 +350,10 @@ typedef struct {
   { sizeof(zpp_comm_stats_t), 0, 0, 0, 0, {0, 0, 0}, 0, 0, 0, 0.0, 0.0, 0.0 }
 
 /* stats->struct_size must be set (ZPP_COMM_STATS_INIT); a smaller, older
- * struct receives its leading fields.  Local operation. */
+ * struct receives its leading fields.  Local operation.  The counts take
+ * in every collective started before the call: on device memory over MPI
+ * or UCX, where calls return before the engine ran them, get and reset
+ * first wait (bounded by the timeout) until those ran their host part. */
 ZPP_API zpp_status_t zpp_comm_get_stats(zpp_comm_t comm,
                                         zpp_comm_stats_t *stats);
 /* Clears the counters of this rank.  Local operation. */

@@ -161,9 +161,11 @@ ZPP_API zpp_status_t zpp_pgroup_tensor(zpp_pgroup_t pg, int t, size_t *offset,
  * group's own would be freed under it (zpp_request_wait or a successful
  * zpp_request_test ends that).  On device memory the group sees only the
  * host part: kernels the reduction put on the stream may still use the
- * old residual (the caller's there, never freed by the group), and on
- * NCCL the call returns once its work is on the stream; order an attach
- * after the stream.
+ * old residual (the caller's there, never freed by the group), and the
+ * blocking form returns once the reduction is queued (zpp_coll.h,
+ * "Asynchrony"): a reduction is in flight until its request was waited
+ * for on the host, so start it with a request and wait for that before an
+ * attach, and order the attach after the stream.
  * With qwd_bits an attached full buffer is the reconstruction qWD keeps:
  * it must hold the same values on every rank.  shard may be this rank's
  * slot of full (full + rank * shard_numel elements: the gather runs in

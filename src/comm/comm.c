@@ -101,6 +101,12 @@ void zpp_comm_set_on_abort(zpp_comm_t comm, void (*fn)(zpp_comm_t)) {
     comm->on_abort = fn;
 }
 
+void zpp_comm_set_quiesce(zpp_comm_t comm,
+                          zpp_status_t (*fn)(zpp_comm_t, const char *)) {
+  if (comm != NULL)
+    comm->quiesce = fn;
+}
+
 zpp_status_t zpp_comm_meta_allgather(zpp_comm_t comm, const void *mine,
                                      size_t bytes, void *all) {
   zpp_status_t st;
@@ -340,6 +346,8 @@ zpp_status_t zpp_comm_get_stats(zpp_comm_t comm, zpp_comm_stats_t *stats) {
                             "ZPP_COMM_STATS_INIT",
                             stats->struct_size));
   t = comm->tr;
+  if (comm->quiesce != NULL)
+    ZPP_CHECK(comm->quiesce(comm, __func__));
   zpp_transport_get_counts(comm->tr, &c);
   s.intra_bytes_sent = c.sent[ZPP_LINKCLASS_INTRA];
   s.intra_bytes_recv = c.recv[ZPP_LINKCLASS_INTRA];
@@ -362,6 +370,8 @@ zpp_status_t zpp_comm_get_stats(zpp_comm_t comm, zpp_comm_stats_t *stats) {
 zpp_status_t zpp_comm_reset_stats(zpp_comm_t comm) {
   if (comm == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "comm is NULL");
+  if (comm->quiesce != NULL)
+    ZPP_CHECK(comm->quiesce(comm, __func__));
   zpp_transport_reset_counts(comm->tr);
   return ZPP_OK;
 }

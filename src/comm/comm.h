@@ -54,6 +54,9 @@ struct zpp_comm {
   /* Set by the engine: called by zpp_comm_abort (any thread) after the
    * transport is broken, to complete the requests of queued plans. */
   void (*on_abort)(struct zpp_comm *c);
+  /* Set by the engine: waits (bounded) until the collectives started so
+   * far ran their host part, so that the statistics count them. */
+  zpp_status_t (*quiesce)(struct zpp_comm *c, const char *func);
   /* Out-of-band host exchange for metadata (ZPP_CHECK), on every
    * backend; not counted in the statistics. */
   zpp_bootstrap_t boot;
@@ -73,6 +76,10 @@ void zpp_comm_set_before_destroy(zpp_comm_t comm, void (*fn)(zpp_comm_t));
 /* Registers fn to run in zpp_comm_abort (from any thread), after the
  * transport is marked broken (one hook). */
 void zpp_comm_set_on_abort(zpp_comm_t comm, void (*fn)(zpp_comm_t));
+/* Registers fn to run at the start of zpp_comm_get_stats and
+ * zpp_comm_reset_stats (one hook). */
+void zpp_comm_set_quiesce(zpp_comm_t comm,
+                          zpp_status_t (*fn)(zpp_comm_t, const char *));
 
 /* Every rank's `bytes` of host memory `mine`, concatenated by world rank,
  * over the communicator's bootstrap channel: works on every backend (NCCL

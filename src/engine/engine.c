@@ -46,6 +46,7 @@
 static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void engine_abort(zpp_comm_t comm);
+static zpp_status_t engine_quiesce(zpp_comm_t comm, const char *func);
 
 zpp_engine_t *zpp_engine_of(zpp_comm_t comm) {
   zpp_engine_t *e;
@@ -61,6 +62,7 @@ zpp_engine_t *zpp_engine_of(zpp_comm_t comm) {
       comm->engine = e;
       zpp_comm_set_before_destroy(comm, zpp_engine_release);
       zpp_comm_set_on_abort(comm, engine_abort);
+      zpp_comm_set_quiesce(comm, engine_quiesce);
     }
   }
   pthread_mutex_unlock(&engines_mu);
@@ -675,6 +677,20 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
                  "the communicator is aborted%s%s",
                  stall_limit_s(to), to, tail ? "; " : "", tail ? tail : "");
   return zpp_comm_fail(comm, st);
+}
+
+/* The statistics count what the collectives started so far moved: on a
+ * communicator whose calls return before the engine ran them (staged
+ * device plans), wait for their host part first.  A broken communicator
+ * answers at once (its counts are what they are). */
+static zpp_status_t engine_quiesce(zpp_comm_t comm, const char *func) {
+  uint64_t t = zpp_engine_last_ticket(comm);
+  zpp_status_t st;
+  if (t == 0 || !zpp_engine_in_flight(comm, t) ||
+      zpp_transport_broken_error(zpp_comm_transport(comm), func) != ZPP_OK)
+    return ZPP_OK;
+  st = zpp_engine_wait_ticket(comm, t, func, NULL);
+  return st;
 }
 
 /* zpp_comm_abort (any thread; the transport is broken already): the
