@@ -647,6 +647,127 @@ TEST_F(Emu, FreeOfStreamOrderedMemoryDoesNotSynchronise) {
   EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorIllegalAddress);
 }
 
+// ---- memory pools --------------------------------------------------------------------
+
+uint64_t pool_attr(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t v = ~0ull;
+  if (cudaMemPoolGetAttribute(pool, attr, &v) != cudaSuccess) return ~0ull;
+  return v;
+}
+
+// driver_types.h, cudaMemPoolAttrReleaseThreshold: "Amount of reserved
+// memory in bytes to hold onto before trying to release memory back to the
+// OS. When more than the release threshold bytes of memory are held by the
+// memory pool, the allocator will try to release memory back to the OS on
+// the next call to stream, event or context synchronize. (default 0)"
+TEST_F(Emu, TheDefaultPoolReturnsFreedMemoryAtTheNextSynchronize) {
+  CUDA_OK(cudaSetDevice(4));
+  Stream st(cudaStreamNonBlocking);
+  cudaMemPool_t pool = nullptr, current = nullptr;
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, 4));
+  CUDA_OK(cudaDeviceGetMemPool(&current, 4));
+  EXPECT_EQ(pool, current) << "the current pool is the default one";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReleaseThreshold), 0u);
+  CUDA_OK(cudaDeviceSynchronize());  // anything an earlier test left goes
+  ASSERT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  const size_t mb = 1 << 20;
+  unsigned long releases = zpp_emu_mempool_releases(4);
+  void *p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, mb, st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), mb);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb);
+  CUDA_OK(cudaFreeAsync(p, st.s));
+  while (cudaStreamQuery(st.s) == cudaErrorNotReady)  // the free ran; no synchronize
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (void)cudaGetLastError();
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 0u);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb)
+      << "freed memory stays reserved until a synchronize";
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases + 1);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemHigh), mb);
+}
+
+// cudaMemPoolTrimTo: "Releases memory back to the OS until the pool
+// contains fewer than minBytesToKeep reserved bytes, or there is no more
+// memory that the allocator can safely release. The allocator cannot
+// release OS allocations that back outstanding asynchronous allocations."
+TEST_F(Emu, APoolKeepsFreedMemoryBelowItsThresholdAndReusesIt) {
+  CUDA_OK(cudaSetDevice(4));
+  Stream st(cudaStreamNonBlocking);
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 4;
+  cudaMemPool_t pool = nullptr;
+  CUDA_OK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep_all = UINT64_MAX;
+  CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  const size_t mb = 1 << 20;
+  unsigned long releases = zpp_emu_mempool_releases(4);
+  void *a = nullptr, *b = nullptr;
+  CUDA_OK(cudaMallocFromPoolAsync(&a, mb, pool, st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, (int *)a, 1));  // usable in stream order
+  CUDA_OK(cudaFreeAsync(a, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb) << "released below threshold";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 0u);
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases);
+  CUDA_OK(cudaMallocAsync(&b, mb / 2, pool, st.s));  // the C++ overload
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb) << "not reused";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), mb / 2);
+  CUDA_OK(cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb / 2)
+      << "trimmed memory that backs a live allocation";
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases + 1);
+  CUDA_OK(cudaFreeAsync(b, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  CUDA_OK(cudaMemPoolDestroy(pool));
+}
+
+// cuda_runtime_api.h: cudaDeviceSetMemPool "The memory pool must be local to
+// the specified device."; cudaMemPoolDestroy "Destroying the current mempool
+// of a device sets the default mempool of that device as the current mempool
+// for that device." and "A device's default memory pool cannot be
+// destroyed."; cudaMemPoolSetAttribute, cudaMemPoolAttrReservedMemHigh "It
+// is illegal to set this attribute to a non-zero value."
+TEST_F(Emu, TheCurrentPoolOfADeviceAndWhatPoolsRefuse) {
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 5;
+  cudaMemPool_t mine = nullptr, dflt = nullptr, cur = nullptr;
+  CUDA_OK(cudaMemPoolCreate(&mine, &props));
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&dflt, 5));
+  EXPECT_EQ(cudaDeviceSetMemPool(4, mine), cudaErrorInvalidValue) << "a pool of device 5";
+  CUDA_OK(cudaDeviceSetMemPool(5, mine));
+  CUDA_OK(cudaDeviceGetMemPool(&cur, 5));
+  EXPECT_EQ(cur, mine);
+  CUDA_OK(cudaSetDevice(5));
+  Stream st(cudaStreamNonBlocking);
+  void *p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, 4096, st.s));
+  EXPECT_EQ(pool_attr(mine, cudaMemPoolAttrUsedMemCurrent), 4096u) << "not from the current pool";
+  CUDA_OK(cudaFreeAsync(p, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemPoolDestroy(mine));
+  CUDA_OK(cudaDeviceGetMemPool(&cur, 5));
+  EXPECT_EQ(cur, dflt);
+  EXPECT_EQ(cudaMemPoolDestroy(dflt), cudaErrorInvalidValue);
+  uint64_t one = 1;
+  EXPECT_EQ(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrReservedMemHigh, &one),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrUsedMemCurrent, &one),
+            cudaErrorInvalidValue);
+  props.reserved[0] = 1;
+  EXPECT_EQ(cudaMemPoolCreate(&mine, &props), cudaErrorInvalidValue) << "reserved must be 0";
+  (void)cudaGetLastError();
+}
+
 TEST_F(Emu, FreedDeviceMemoryIsNeverReused) {
   void *a = nullptr, *b = nullptr;
   CUDA_OK(cudaMalloc(&a, 4096));

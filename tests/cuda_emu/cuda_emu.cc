@@ -49,6 +49,12 @@
 //    unregistered host memory;
 //  - stream-ordered allocation: cudaMallocAsync's memory exists from its
 //    point in the stream, cudaFreeAsync's memory is gone from its point;
+//  - memory pools (cudaMallocAsync, cudaMallocFromPoolAsync, the default,
+//    current and created pools of a device), as an account of bytes:
+//    memory freed in stream order stays reserved in its pool and counts
+//    against the device's memory until a stream, event or device
+//    synchronisation releases what is above the pool's release threshold
+//    (default 0), or cudaMemPoolTrimTo;
 //  - cudaFree waits for the queued work of the allocation's device first
 //    (cudaFreeHost: of every device), except for memory of cudaMallocAsync,
 //    which it frees at once;
@@ -85,7 +91,8 @@
 //    last 256, are not caught (allocations end at a guard page, rounded up
 //    to 256 bytes);
 //  - concurrency between device operations, 2-D/3-D grids, dynamic shared
-//    memory, launch attributes, memory pools, IPC,
+//    memory, launch attributes, IPC (and exportable, managed or host memory
+//    pools), reuse of freed addresses (a pool's reuse is bytes only),
 //    managed-memory migration, device properties, timing accuracy;
 //  - contexts other than the primary ones (the driver's cuCtx* calls), a
 //    thread's current context apart from its device, cudaSetDeviceFlags;
@@ -169,7 +176,10 @@ struct Settings {
   X(cudaGraphInstantiate) X(cudaGraphLaunch) X(cudaGraphExecDestroy)             \
   X(cudaGraphDestroy) X(cudaLaunchKernelEx) X(cudaHostGetDevicePointer)          \
   X(cudaGetDriverEntryPointByVersion) X(cuStreamWaitValue32)                     \
-  X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState)
+  X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState) X(cudaMallocFromPoolAsync) \
+  X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool)  \
+  X(cudaMemPoolCreate) X(cudaMemPoolDestroy) X(cudaMemPoolTrimTo)                 \
+  X(cudaMemPoolSetAttribute) X(cudaMemPoolGetAttribute)
 // clang-format on
 
 enum Api {
@@ -190,6 +200,19 @@ std::atomic<unsigned long> g_calls[kApiCount];
 enum Kind { kDevice, kPinned, kManaged };
 enum State { kPending, kLive, kFreed };
 
+// A memory pool of cudaMallocAsync: bytes only (freed addresses are never
+// reused, so reuse is the accounting of reserved bytes).  Guarded by
+// reg_mu, as the device's live bytes it charges.
+struct Pool {
+  int device = 0;
+  bool is_default = false;
+  bool live = true;        // not destroyed
+  uint64_t threshold = 0;  // cudaMemPoolAttrReleaseThreshold: "(default 0)"
+  uint64_t max_size = 0;   // 0: the device's memory
+  uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  int reuse[3] = {1, 1, 1};  // the three reuse policies: "(default enabled)"
+};
+
 struct Alloc {
   uintptr_t base = 0;  // what the caller got
   size_t size = 0;     // what the caller asked for
@@ -199,6 +222,7 @@ struct Alloc {
   int device = 0;
   State state = kLive;
   bool stream_ordered = false;  // from cudaMallocAsync
+  Pool *pool = nullptr;         // the pool it came from (stream-ordered)
 };
 
 // ---- streams, operations, events --------------------------------------------
@@ -286,7 +310,9 @@ struct Device {
   Stream *legacy = nullptr;
   cudaError_t sticky = cudaSuccess;
   bool peer[kMaxDevices] = {};
-  size_t live_bytes = 0;
+  size_t live_bytes = 0;  // allocations outside pools, and pools' reserved bytes
+  Pool *default_pool = nullptr, *current_pool = nullptr;  // made at first use
+  unsigned long pool_releases = 0;                        // releases of pool memory to the OS
 };
 
 struct Emu {
@@ -297,6 +323,7 @@ struct Emu {
   std::set<Stream *> live_streams;
   std::set<Event *> live_events;
   std::set<Graph *> live_graphs;
+  std::set<Pool *> live_pools;  // under reg_mu
   Device dev[kMaxDevices];
   // Whether device d's primary context is initialised (active).
   std::atomic<bool> ctx[kMaxDevices] = {};
@@ -536,15 +563,27 @@ bool is_live_device(const PtrInfo &i) {
   return i.registered && i.a.kind == kDevice && i.a.state != kFreed;
 }
 
+// The bytes an allocation of size takes from its device or pool.
+size_t charged(size_t size) { return (size + 255) & ~(size_t)255; }
+
 // Device memory: [base, base + size) at the end of its pages, followed by
-// a PROT_NONE guard page, never reused.
-cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
+// a PROT_NONE guard page, never reused.  From a pool (stream-ordered,
+// pending): the pool's unused reserved bytes are taken first, and only the
+// rest is new memory of the device.
+cudaError_t arena_alloc(size_t size, int device, State st, Pool *pool, void **out) {
   Emu &e = E();
   install_handlers();
-  size_t sz = (size + 255) & ~(size_t)255;
+  size_t sz = charged(size);
   size_t len = (sz + e.page - 1) / e.page * e.page;
   std::lock_guard<std::mutex> lk(e.reg_mu);
-  if (e.dev[device].live_bytes + sz > e.cfg.device_bytes) return cudaErrorMemoryAllocation;
+  size_t grow = sz;
+  if (pool != nullptr) {
+    uint64_t idle = pool->reserved - pool->used;
+    grow = sz > idle ? sz - (size_t)idle : 0;
+    if (pool->max_size != 0 && pool->reserved + grow > pool->max_size)
+      return cudaErrorMemoryAllocation;
+  }
+  if (e.dev[device].live_bytes + grow > e.cfg.device_bytes) return cudaErrorMemoryAllocation;
   if (e.arena_next + len + e.page > e.arena_hi) return cudaErrorMemoryAllocation;
   Alloc al;
   al.region = e.arena_next;
@@ -555,11 +594,43 @@ cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
   al.device = device;
   al.state = st;
   al.stream_ordered = st == kPending;
+  al.pool = pool;
   e.arena_next += len + e.page;
   e.reg[al.base] = al;
-  e.dev[device].live_bytes += sz;
+  e.dev[device].live_bytes += grow;
+  if (pool != nullptr) {
+    pool->used += sz;
+    pool->reserved += grow;
+    pool->used_high = std::max(pool->used_high, pool->used);
+    pool->reserved_high = std::max(pool->reserved_high, pool->reserved);
+  }
   *out = (void *)al.base;
   return cudaSuccess;
+}
+
+// Returns unused reserved bytes of a pool to the OS until it holds at most
+// keep.  Caller holds reg_mu.
+void pool_release_locked(Pool *p, uint64_t keep) {
+  Emu &e = E();
+  uint64_t idle = p->reserved - p->used;
+  uint64_t over = p->reserved > keep ? p->reserved - keep : 0;
+  uint64_t rel = std::min(idle, over);
+  if (rel == 0) return;
+  p->reserved -= rel;
+  e.dev[p->device].live_bytes -= (size_t)rel;
+  e.dev[p->device].pool_releases++;
+}
+
+// After a synchronisation that involved device d: its pools release what
+// they hold above their threshold (cudaMemPoolAttrReleaseThreshold: "the
+// allocator will try to release memory back to the OS on the next call to
+// stream, event or context synchronize").  Caller holds neither mu nor
+// reg_mu.
+void pools_after_sync(int d) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  for (Pool *p : e.live_pools)
+    if (p->device == d) pool_release_locked(p, p->threshold);
 }
 
 // Makes a device allocation inaccessible for good.  Caller holds exec_mu.
@@ -570,7 +641,13 @@ void arena_release(uintptr_t base) {
   if (it == e.reg.end() || it->second.state == kFreed) return;
   Alloc &al = it->second;
   al.state = kFreed;
-  e.dev[al.device].live_bytes -= (al.size + 255) & ~(size_t)255;
+  if (al.pool != nullptr) {  // back to its pool: still reserved
+    al.pool->used -= charged(al.size);
+    // a destroyed pool goes once its last allocation does
+    if (!al.pool->live && al.pool->used == 0) pool_release_locked(al.pool, 0);
+  } else {
+    e.dev[al.device].live_bytes -= charged(al.size);
+  }
   mprotect((void *)al.region, al.region_len, PROT_NONE);
   madvise((void *)al.region, al.region_len, MADV_DONTNEED);
 }
@@ -1197,6 +1274,8 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   std::unique_lock<std::mutex> lk(emu.mu);
   cudaError_t err = device_wait_locked(lk, t_device);
   if (err == cudaSuccess) err = emu.dev[t_device].sticky;
+  lk.unlock();
+  if (err == cudaSuccess) pools_after_sync(t_device);
   return ret(err);
 }
 
@@ -1254,37 +1333,96 @@ ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
     *p = nullptr;
     return cudaSuccess;
   }
-  return ret(arena_alloc(size, t_device, kLive, p));
+  return ret(arena_alloc(size, t_device, kLive, nullptr, p));
 }
 
-ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
-  API_CTX(cudaMallocAsync);
-  if (p == nullptr) return ret(cudaErrorInvalidValue);
+namespace {
+
+// Device d's default pool (made at first use).  Caller holds reg_mu.
+Pool *default_pool_locked(int d) {
+  Emu &e = E();
+  Device &dv = e.dev[d];
+  if (dv.default_pool == nullptr) {
+    dv.default_pool = new Pool;
+    dv.default_pool->device = d;
+    dv.default_pool->is_default = true;
+    e.live_pools.insert(dv.default_pool);
+  }
+  return dv.default_pool;
+}
+
+// "By default, a device's current memory pool is its default memory pool."
+// Caller holds reg_mu.
+Pool *current_pool_locked(int d) {
+  Device &dv = E().dev[d];
+  return dv.current_pool != nullptr ? dv.current_pool : default_pool_locked(d);
+}
+
+// The live pool a handle names; nullptr if none.  Caller holds reg_mu.
+Pool *pool_of(cudaMemPool_t h) {
+  Pool *p = reinterpret_cast<Pool *>(h);
+  return E().live_pools.count(p) ? p : nullptr;
+}
+
+// cudaMallocAsync (from pool h, or from the current pool of the stream's
+// device when h is null): the memory exists from the allocation's point
+// in the stream.
+cudaError_t malloc_async(void **p, size_t size, cudaMemPool_t h_pool, cudaStream_t h) {
+  Emu &emu = E();
+  if (p == nullptr) return cudaErrorInvalidValue;
   cudaError_t err;
   int device;
   {
     std::lock_guard<std::mutex> lk(emu.mu);
     Stream *s = resolve(h, &err);
-    if (s == nullptr) return ret(err);
-    if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
-    if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
-    device = s->device;  // the pool of the stream's device
+    if (s == nullptr) return err;
+    if (s->capture) return cudaErrorStreamCaptureUnsupported;
+    if ((err = emu.dev[s->device].sticky) != cudaSuccess) return err;
+    device = s->device;
   }
+  Pool *pool;
+  {
+    std::lock_guard<std::mutex> rl(emu.reg_mu);
+    pool = h_pool != nullptr ? pool_of(h_pool) : current_pool_locked(device);
+  }
+  if (pool == nullptr) return cudaErrorInvalidValue;
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
   }
   void *q = nullptr;
-  if ((err = arena_alloc(size, device, kPending, &q)) != cudaSuccess) return ret(err);
-  std::lock_guard<std::mutex> lk(emu.mu);
-  Stream *s = resolve(h, &err);
-  if (s == nullptr) return ret(err);
-  Op op;
-  op.kind = kOpAlloc;
-  op.alloc = (uintptr_t)q;
-  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return ret(err);
+  if ((err = arena_alloc(size, pool->device, kPending, pool, &q)) != cudaSuccess) return err;
+  {
+    std::lock_guard<std::mutex> lk(emu.mu);
+    Stream *s = resolve(h, &err);
+    if (s != nullptr) {
+      Op op;
+      op.kind = kOpAlloc;
+      op.alloc = (uintptr_t)q;
+      err = enqueue(s, std::move(op));
+    }
+  }
+  if (err != cudaSuccess) {
+    std::lock_guard<std::mutex> xl(emu.exec_mu);
+    arena_release((uintptr_t)q);
+    return err;
+  }
   *p = q;
   return cudaSuccess;
+}
+
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
+  API_CTX(cudaMallocAsync);
+  return ret(malloc_async(p, size, nullptr, h));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool,
+                                                   cudaStream_t h) {
+  API_CTX(cudaMallocFromPoolAsync);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  return ret(malloc_async(p, size, pool, h));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
@@ -1329,6 +1467,161 @@ ZPP_EMU_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t h) {
   op.kind = kOpFree;
   op.alloc = i.a.base;
   return ret(enqueue(s, std::move(op)));
+}
+
+// ---- memory pools ----
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
+  API(cudaDeviceGetDefaultMemPool);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  *pool = reinterpret_cast<cudaMemPool_t>(default_pool_locked(device));
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *pool, int device) {
+  API(cudaDeviceGetMemPool);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  *pool = reinterpret_cast<cudaMemPool_t>(current_pool_locked(device));
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t h) {
+  API(cudaDeviceSetMemPool);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  // "The memory pool must be local to the specified device."
+  if (p == nullptr || p->device != device) return ret(cudaErrorInvalidValue);
+  emu.dev[device].current_pool = p;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
+                                             const struct cudaMemPoolProps *props) {
+  API(cudaMemPoolCreate);
+  if (pool == nullptr || props == nullptr) return ret(cudaErrorInvalidValue);
+  // "reserved for future use, must be 0"
+  for (unsigned char b : props->reserved)
+    if (b != 0) return ret(cudaErrorInvalidValue);
+  if (props->allocType != cudaMemAllocationTypePinned &&
+      props->allocType != cudaMemAllocationTypeManaged)
+    return ret(cudaErrorInvalidValue);
+  // Pools of device memory without IPC handles are modelled; managed and
+  // host pools and exportable ones are not.
+  if (props->allocType != cudaMemAllocationTypePinned ||
+      props->location.type != cudaMemLocationTypeDevice ||
+      props->handleTypes != cudaMemHandleTypeNone)
+    return ret(cudaErrorNotSupported);
+  if (!valid_device(props->location.id)) return ret(cudaErrorInvalidDevice);
+  Pool *p = new Pool;
+  p->device = props->location.id;
+  p->max_size = props->maxSize;
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  emu.live_pools.insert(p);
+  *pool = reinterpret_cast<cudaMemPool_t>(p);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t h) {
+  API(cudaMemPoolDestroy);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  // "A device's default memory pool cannot be destroyed."
+  if (p == nullptr || p->is_default) return ret(cudaErrorInvalidValue);
+  // "Destroying the current mempool of a device sets the default mempool of
+  // that device as the current mempool for that device."
+  if (emu.dev[p->device].current_pool == p) emu.dev[p->device].current_pool = nullptr;
+  emu.live_pools.erase(p);
+  p->live = false;
+  // "the resources associated with the pool will be released automatically
+  // once there are no more outstanding allocations" (arena_release); the
+  // Pool itself stays, as its allocations point to it
+  if (p->used == 0) pool_release_locked(p, 0);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t h, size_t keep) {
+  API(cudaMemPoolTrimTo);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  // "Releases memory back to the OS until the pool contains fewer than
+  // minBytesToKeep reserved bytes, or there is no more memory that the
+  // allocator can safely release."
+  pool_release_locked(p, keep);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t h, enum cudaMemPoolAttr attr,
+                                                   void *value) {
+  API(cudaMemPoolSetAttribute);
+  if (value == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  uint64_t v64 = 0;
+  std::memcpy(&v64, value, sizeof v64);
+  switch (attr) {
+  case cudaMemPoolReuseFollowEventDependencies:
+  case cudaMemPoolReuseAllowOpportunistic:
+  case cudaMemPoolReuseAllowInternalDependencies:
+    p->reuse[attr - 1] = *static_cast<int *>(value);
+    return cudaSuccess;
+  case cudaMemPoolAttrReleaseThreshold:
+    p->threshold = v64;
+    return cudaSuccess;
+  // "It is illegal to set this attribute to a non-zero value."
+  case cudaMemPoolAttrReservedMemHigh:
+    if (v64 != 0) return ret(cudaErrorInvalidValue);
+    p->reserved_high = p->reserved;  // a watermark starts again from now
+    return cudaSuccess;
+  case cudaMemPoolAttrUsedMemHigh:
+    if (v64 != 0) return ret(cudaErrorInvalidValue);
+    p->used_high = p->used;
+    return cudaSuccess;
+  default:  // the current amounts are read-only
+    return ret(cudaErrorInvalidValue);
+  }
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t h, enum cudaMemPoolAttr attr,
+                                                   void *value) {
+  API(cudaMemPoolGetAttribute);
+  if (value == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  uint64_t v;
+  switch (attr) {
+  case cudaMemPoolReuseFollowEventDependencies:
+  case cudaMemPoolReuseAllowOpportunistic:
+  case cudaMemPoolReuseAllowInternalDependencies:
+    *static_cast<int *>(value) = p->reuse[attr - 1];
+    return cudaSuccess;
+  case cudaMemPoolAttrReleaseThreshold:
+    v = p->threshold;
+    break;
+  case cudaMemPoolAttrReservedMemCurrent:
+    v = p->reserved;
+    break;
+  case cudaMemPoolAttrReservedMemHigh:
+    v = p->reserved_high;
+    break;
+  case cudaMemPoolAttrUsedMemCurrent:
+    v = p->used;
+    break;
+  case cudaMemPoolAttrUsedMemHigh:
+    v = p->used_high;
+    break;
+  default:
+    return ret(cudaErrorInvalidValue);
+  }
+  std::memcpy(value, &v, sizeof v);
+  return cudaSuccess;
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocHost(void **p, size_t size) {
@@ -1474,7 +1767,11 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   if (s == nullptr) return ret(err);
   if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
   if ((err = wait_deps(lk, sync_targets(s))) != cudaSuccess) return ret(err);
-  return ret(emu.dev[s->device].sticky);
+  int device = s->device;
+  if ((err = emu.dev[device].sticky) != cudaSuccess) return ret(err);
+  lk.unlock();
+  pools_after_sync(device);
+  return cudaSuccess;
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
@@ -1590,7 +1887,12 @@ ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     uint64_t seq = e->seq;
     if (!wait_for(lk, [&] { return s->done >= seq; })) return ret(cudaErrorTimeout);
   }
-  return ret(emu.dev[e->device].sticky);
+  int device = e->device;
+  cudaError_t err = emu.dev[device].sticky;
+  if (err != cudaSuccess) return ret(err);
+  lk.unlock();
+  pools_after_sync(device);
+  return cudaSuccess;
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev) {
@@ -1961,6 +2263,21 @@ ZPP_EMU_EXPORT void zpp_emu_clear_sticky_error(int device) {
 ZPP_EMU_EXPORT unsigned zpp_emu_set_delay_us(unsigned us) { return E().cfg.delay_us.exchange(us); }
 
 ZPP_EMU_EXPORT unsigned zpp_emu_set_timeout_s(unsigned s) { return E().cfg.timeout_s.exchange(s); }
+
+ZPP_EMU_EXPORT unsigned long zpp_emu_mempool_releases(int device) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> rl(e.reg_mu);
+  return valid_device(device) ? e.dev[device].pool_releases : 0;
+}
+
+ZPP_EMU_EXPORT unsigned long long zpp_emu_mempool_reserved(int device) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> rl(e.reg_mu);
+  unsigned long long n = 0;
+  for (Pool *p : e.live_pools)
+    if (p->device == device) n += p->reserved;
+  return n;
+}
 
 ZPP_EMU_EXPORT int zpp_emu_context_active(int device) {
   return valid_device(device) && E().ctx[device].load() ? 1 : 0;
