@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -830,9 +831,13 @@ TEST_F(Emu, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
   CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 1));
   CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 2));
-  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorStreamCaptureUnsupported);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
   cudaGraph_t g = nullptr;
   CUDA_OK(cudaStreamEndCapture(st.s, &g));
+  CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(log.p[0], 0);
   cudaGraphExec_t x = nullptr;
@@ -845,6 +850,192 @@ TEST_F(Emu, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   EXPECT_EQ(log.p[4], 2);
   cudaGraphExecDestroy(x);
   cudaGraphDestroy(g);
+}
+
+// Ends the capture on s and says how: cudaSuccess with a graph, or the
+// error with none (the graph, if any, is destroyed).
+cudaError_t end_capture(cudaStream_t s) {
+  cudaGraph_t g = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  if (e == cudaSuccess && g == nullptr) return cudaErrorUnknown;
+  if (e != cudaSuccess && g != nullptr) return cudaErrorUnknown;
+  if (g != nullptr) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  return e;
+}
+
+// cudaErrorStreamCaptureUnsupported: "The operation is not permitted when
+// the stream is capturing." (driver_types.h); cudaStreamEndCapture: "If
+// capture was invalidated, due to a violation of the rules of stream
+// capture, then a NULL graph will be returned."; cudaStreamIsCapturing,
+// cudaStreamCaptureStatusInvalidated: "The stream was capturing but an
+// error has invalidated the capture sequence."
+TEST_F(Emu, QueryingOrSynchronisingACapturingStreamInvalidatesTheCapture) {
+  Pinned log(4);
+  Stream st(cudaStreamNonBlocking);
+  for (int sync = 0; sync < 2; sync++) {
+    CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+    CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 1));
+    EXPECT_EQ(sync ? cudaStreamSynchronize(st.s) : cudaStreamQuery(st.s),
+              cudaErrorStreamCaptureUnsupported);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+    EXPECT_EQ(status, cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(launch(append_kernel, 1, 1, st.s, log.p, 2), cudaErrorStreamCaptureInvalidated)
+        << "work into an invalidated capture";
+    EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  }
+  // the stream works again, and nothing captured ran
+  CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 3));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  ASSERT_EQ(log.p[0], 1);
+  EXPECT_EQ(log.p[1], 3);
+}
+
+// driver_types.h: cudaErrorCapturedEvent "The operation is not permitted on
+// an event which was last recorded in a capturing stream."; cudaErrorStreamCaptureIsolation
+// "A dependency would have been created which crosses the capture sequence
+// boundary."
+TEST_F(Emu, EventsOfACaptureAreNotQueriedAndOutsideEventsAreNotWaitedOn) {
+  Stream st(cudaStreamNonBlocking), other(cudaStreamNonBlocking);
+  cudaEvent_t inside, outside;
+  CUDA_OK(cudaEventCreateWithFlags(&inside, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming));
+  for (int sync = 0; sync < 2; sync++) {
+    CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+    CUDA_OK(cudaEventRecord(inside, st.s));
+    CUDA_OK(cudaStreamWaitEvent(st.s, inside, 0));  // an event of the same capture
+    EXPECT_EQ(sync ? cudaEventSynchronize(inside) : cudaEventQuery(inside), cudaErrorCapturedEvent);
+    EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  }
+  CUDA_OK(cudaEventQuery(inside));  // after the capture: as if never recorded
+  CUDA_OK(zpp_emu_stream_hold(other.s));
+  CUDA_OK(cudaEventRecord(outside, other.s));
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(cudaStreamWaitEvent(st.s, outside, 0), cudaErrorStreamCaptureIsolation);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  CUDA_OK(zpp_emu_stream_release(other.s));
+  CUDA_OK(cudaStreamSynchronize(other.s));
+  cudaEventDestroy(inside);
+  cudaEventDestroy(outside);
+}
+
+// cuda_runtime_api.h, cudaThreadExchangeStreamCaptureMode:
+// "cudaStreamCaptureModeGlobal: This is the default mode. If the local
+// thread has an ongoing capture sequence that was not initiated with
+// cudaStreamCaptureModeRelaxed at cuStreamBeginCapture, or if any other
+// thread has a concurrent capture sequence initiated with
+// cudaStreamCaptureModeGlobal, this thread is prohibited from potentially
+// unsafe API calls."; "cudaStreamCaptureModeThreadLocal: If the local
+// thread has an ongoing capture sequence not initiated with
+// cudaStreamCaptureModeRelaxed, it is prohibited from potentially unsafe API
+// calls. Concurrent capture sequences in other threads are ignored.";
+// "cudaStreamCaptureModeRelaxed: The local thread is not prohibited from
+// potentially unsafe API calls."  cudaMalloc is the header's example;
+// cudaMallocHost, cudaFree and the synchronous copy are the others.
+TEST_F(Emu, PotentiallyUnsafeCallsDuringACaptureFollowTheThreadsMode) {
+  Stream st(cudaStreamNonBlocking);
+  auto malloc_free = [] {
+    void *p = nullptr;
+    cudaError_t e = cudaMalloc(&p, 64);
+    if (e == cudaSuccess) e = cudaFree(p);
+    (void)cudaGetLastError();
+    return e;
+  };
+  auto on_thread = [](cudaStreamCaptureMode mode, const std::function<cudaError_t()> &f) {
+    cudaError_t e = cudaErrorUnknown;
+    std::thread([&] {
+      cudaStreamCaptureMode m = mode;
+      if (cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess) e = f();
+    }).join();
+    return e;
+  };
+  // this thread's own Global capture
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(malloc_free(), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // another thread's Global capture prohibits this thread in Global mode,
+  // not in ThreadLocal or Relaxed mode
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeThreadLocal, malloc_free), cudaSuccess);
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeRelaxed, malloc_free), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeGlobal, malloc_free), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // a ThreadLocal capture prohibits only its own thread
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeGlobal, malloc_free), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  int *h = nullptr;
+  EXPECT_EQ(cudaMallocHost(&h, 64), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // a Relaxed capture prohibits nothing
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
+  EXPECT_EQ(malloc_free(), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  // the synchronous copy
+  int *d = nullptr, x = 5;
+  CUDA_OK(cudaMalloc(&d, sizeof x));
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(cudaMemcpy(d, &x, sizeof x, cudaMemcpyHostToDevice), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  CUDA_OK(cudaFree(d));
+}
+
+// cuda_runtime_api.h, cudaStreamIsCapturing: "if this is called on
+// ::cudaStreamLegacy (the "null stream") while a blocking stream on the same
+// device is capturing, it will return ::cudaErrorStreamCaptureImplicit ...
+// The blocking stream capture is not invalidated. When a blocking stream is
+// capturing, the legacy stream is in an unusable state until the blocking
+// stream capture is terminated."; driver_types.h,
+// cudaErrorStreamCaptureImplicit: "The operation would have resulted in a
+// disallowed implicit dependency on a current capture sequence from
+// cudaStreamLegacy."
+TEST_F(Emu, TheLegacyStreamIsUnusableWhileABlockingStreamCaptures) {
+  Pinned out;
+  Stream blocking(cudaStreamDefault), nonblocking(cudaStreamNonBlocking);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamBeginCapture(blocking.s, cudaStreamCaptureModeRelaxed));
+  EXPECT_EQ(cudaStreamIsCapturing(0, &status), cudaErrorStreamCaptureImplicit);
+  CUDA_OK(cudaStreamIsCapturing(blocking.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive) << "invalidated by the query";
+  EXPECT_EQ(launch(store_kernel, 1, 1, 0, out.p, 1), cudaErrorStreamCaptureImplicit);
+  EXPECT_EQ(end_capture(blocking.s), cudaErrorStreamCaptureInvalidated);
+  // a non-blocking stream's capture leaves the legacy stream alone
+  CUDA_OK(cudaStreamBeginCapture(nonblocking.s, cudaStreamCaptureModeRelaxed));
+  CUDA_OK(launch(store_kernel, 1, 1, 0, out.p, 2));
+  CUDA_OK(cudaStreamSynchronize(0));
+  EXPECT_EQ(*out.p, 2);
+  EXPECT_EQ(end_capture(nonblocking.s), cudaSuccess);
+}
+
+// cuda_runtime_api.h, cudaStreamEndCapture: "If the \p mode argument to
+// ::cudaStreamBeginCapture was not ::cudaStreamCaptureModeRelaxed, this call
+// must be from the same thread as ::cudaStreamBeginCapture."; cudaStreamGetCaptureInfo:
+// "an id for the capture sequence, which is unique over the lifetime of the
+// process"
+TEST_F(Emu, ACaptureEndsOnItsThreadUnlessRelaxedAndHasAUniqueId) {
+  Stream st(cudaStreamNonBlocking);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id1 = 0, id2 = 0;
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status, &id1, &g));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  EXPECT_NE(g, nullptr);
+  cudaError_t other = cudaErrorUnknown;
+  std::thread([&] { other = end_capture(st.s); }).join();
+  EXPECT_EQ(other, cudaErrorStreamCaptureWrongThread);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status, &id2));
+  EXPECT_NE(id1, id2);
+  std::thread([&] { other = end_capture(st.s); }).join();
+  EXPECT_EQ(other, cudaSuccess);
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
 }
 
 // ---- driver entry points ------------------------------------------------------------------

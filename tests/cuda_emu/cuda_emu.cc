@@ -62,7 +62,13 @@
 //    stream's worker; CUDA calls from it fail with cudaErrorNotPermitted,
 //    and it cannot touch device memory;
 //  - stream capture into a graph (kernels, copies, memsets, host
-//    functions), instantiate and launch;
+//    functions, stream memory operations), instantiate and launch, with
+//    the rules of a capture: querying or synchronising the capturing stream
+//    or an event recorded in it, waiting on an event from outside, using
+//    the legacy stream while a blocking stream captures, and potentially
+//    unsafe calls (by the capture's and the thread's mode) fail and
+//    invalidate the capture; a capture not begun Relaxed ends on its
+//    thread;
 //  - per-thread last error, sticky errors per device;
 //  - primary contexts: cudaSetDevice(d) initialises device d's, and every
 //    runtime call that needs a context (memory, streams, events, launches,
@@ -94,6 +100,9 @@
 //    memory, launch attributes, IPC (and exportable, managed or host memory
 //    pools), reuse of freed addresses (a pool's reuse is bytes only),
 //    managed-memory migration, device properties, timing accuracy;
+//  - in a capture: allocation nodes (cudaMallocAsync fails and
+//    invalidates it), captures joining other streams through events, graph
+//    nodes, a device synchronisation while one of its streams captures;
 //  - contexts other than the primary ones (the driver's cuCtx* calls), a
 //    thread's current context apart from its device, cudaSetDeviceFlags;
 //  - the v1 stream memory operations (cudaVersion below 11070 gets
@@ -179,7 +188,8 @@ struct Settings {
   X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState) X(cudaMallocFromPoolAsync) \
   X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool)  \
   X(cudaMemPoolCreate) X(cudaMemPoolDestroy) X(cudaMemPoolTrimTo)                 \
-  X(cudaMemPoolSetAttribute) X(cudaMemPoolGetAttribute)
+  X(cudaMemPoolSetAttribute) X(cudaMemPoolGetAttribute) X(cudaStreamIsCapturing)  \
+  X(cudaStreamGetCaptureInfo) X(cudaThreadExchangeStreamCaptureMode)
 // clang-format on
 
 enum Api {
@@ -293,8 +303,11 @@ struct Stream {
   uint64_t next = 0, done = 0;  // seq of the last queued and last completed op
   bool held = false, running = false;
   bool worker = false;
-  Graph *capture = nullptr;
-  bool capture_broken = false;
+  Graph *capture = nullptr;     // while a capture sequence runs
+  bool capture_broken = false;  // invalidated: cudaStreamEndCapture fails
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  uint64_t capture_thread = 0;        // the thread that began it
+  unsigned long long capture_id = 0;  // unique over the process
   uint64_t rng = 0;
 };
 
@@ -303,6 +316,7 @@ struct Event {
   unsigned flags = 0;
   Stream *s = nullptr;
   uint64_t seq = 0;
+  unsigned long long capture_id = 0;  // last recorded in this capture sequence
   std::shared_ptr<double> time;
 };
 
@@ -324,6 +338,8 @@ struct Emu {
   std::set<Event *> live_events;
   std::set<Graph *> live_graphs;
   std::set<Pool *> live_pools;  // under reg_mu
+  std::set<Stream *> capturing;  // streams with a capture sequence
+  unsigned long long next_capture_id = 0;
   Device dev[kMaxDevices];
   // Whether device d's primary context is initialised (active).
   std::atomic<bool> ctx[kMaxDevices] = {};
@@ -350,6 +366,15 @@ pthread_once_t g_once = PTHREAD_ONCE_INIT;
 __thread int t_device __attribute__((tls_model("initial-exec"))) = 0;
 __thread cudaError_t t_last __attribute__((tls_model("initial-exec"))) = cudaSuccess;
 __thread int t_in_host_fn __attribute__((tls_model("initial-exec"))) = 0;
+// cudaThreadExchangeStreamCaptureMode: "This is the default mode."
+__thread cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
+__thread uint64_t t_thread_id = 0;  // 0 until first asked
+
+uint64_t thread_id() {
+  static std::atomic<uint64_t> next{0};
+  if (t_thread_id == 0) t_thread_id = ++next;
+  return t_thread_id;
+}
 
 // The device operation this worker thread runs now (fault handler state).
 struct Exec {
@@ -737,17 +762,99 @@ bool deps_done(const Op &op) {
   return true;
 }
 
+// ---- stream capture: what a capture sequence forbids ----------------------
+//
+// Each returns the error and invalidates the capture sequences concerned
+// (cudaStreamEndCapture then fails with cudaErrorStreamCaptureInvalidated).
+// Callers hold mu.
+
+// The legacy stream while a blocking stream of its device captures:
+// cudaErrorStreamCaptureImplicit, "The operation would have resulted in a
+// disallowed implicit dependency on a current capture sequence from
+// cudaStreamLegacy." (driver_types.h).
+cudaError_t legacy_use_locked(const Stream *s, bool invalidate) {
+  if (!s->legacy) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  for (Stream *c : E().capturing)
+    if (c->device == s->device && !c->nonblocking) {
+      if (invalidate) c->capture_broken = true;
+      err = cudaErrorStreamCaptureImplicit;
+    }
+  return err;
+}
+
+// Synchronising or querying a capturing stream: "The operation is not
+// permitted when the stream is capturing." (cudaErrorStreamCaptureUnsupported)
+cudaError_t sync_use_locked(Stream *s) {
+  if (s->capture != nullptr) {
+    s->capture_broken = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return legacy_use_locked(s, true);
+}
+
+// A potentially unsafe call (cudaMalloc, cudaMallocHost, cudaFree, a
+// synchronous copy or memset) on this thread, by the rules of
+// cudaThreadExchangeStreamCaptureMode: prohibited in Global mode while this
+// thread has a capture not begun Relaxed or another thread one begun
+// Global, in ThreadLocal mode only for this thread's own.
+cudaError_t unsafe_call_locked() {
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  uint64_t me = thread_id();
+  cudaError_t err = cudaSuccess;
+  for (Stream *c : E().capturing) {
+    bool mine = c->capture_thread == me && c->capture_mode != cudaStreamCaptureModeRelaxed;
+    bool others = t_capture_mode == cudaStreamCaptureModeGlobal && c->capture_thread != me &&
+                  c->capture_mode == cudaStreamCaptureModeGlobal;
+    if (mine || others) {
+      c->capture_broken = true;
+      err = cudaErrorStreamCaptureUnsupported;
+    }
+  }
+  return err;
+}
+
+cudaError_t unsafe_call() {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.mu);
+  return unsafe_call_locked();
+}
+
+// The capturing stream whose sequence has this id; nullptr when it ended.
+Stream *capture_of(unsigned long long id) {
+  for (Stream *c : E().capturing)
+    if (c->capture_id == id) return c;
+  return nullptr;
+}
+
+// Querying or synchronising an event last recorded in a capture sequence
+// that still runs: cudaErrorCapturedEvent, "The operation is not permitted
+// on an event which was last recorded in a capturing stream."
+// (driver_types.h).  Once the sequence ended the event is as if never
+// recorded.
+cudaError_t captured_event_use_locked(const Event *e) {
+  Stream *c = e->capture_id != 0 ? capture_of(e->capture_id) : nullptr;
+  if (c == nullptr) return cudaSuccess;
+  c->capture_broken = true;
+  return cudaErrorCapturedEvent;
+}
+
 // Queues op on s (or appends it to the graph s captures).  Caller holds mu.
 cudaError_t enqueue(Stream *s, Op op) {
   Emu &e = E();
   if (s->capture != nullptr) {
-    if (op.kind == kOpAlloc || op.kind == kOpFree || op.kind == kOpMarker || op.kind == kOpWait) {
+    // "further use of any streams which are being captured ... is invalid"
+    if (s->capture_broken) return cudaErrorStreamCaptureInvalidated;
+    // not modelled: stream-ordered allocation nodes
+    if (op.kind == kOpAlloc || op.kind == kOpFree) {
       s->capture_broken = true;
       return cudaErrorStreamCaptureUnsupported;
     }
     s->capture->ops.push_back(std::move(op));
     return cudaSuccess;
   }
+  cudaError_t err = legacy_use_locked(s, true);
+  if (err != cudaSuccess) return err;
   // the legacy stream's implicit synchronisation
   if (s->legacy) {
     for (Stream *b : e.streams)
@@ -1212,6 +1319,10 @@ ZPP_EMU_EXPORT const char *cudaGetErrorName(cudaError_t e) {
     ZPP_EMU_CASE(cudaErrorNotSupported)
     ZPP_EMU_CASE(cudaErrorStreamCaptureUnsupported)
     ZPP_EMU_CASE(cudaErrorStreamCaptureInvalidated)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureIsolation)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureImplicit)
+    ZPP_EMU_CASE(cudaErrorCapturedEvent)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureWrongThread)
     ZPP_EMU_CASE(cudaErrorTimeout)
     ZPP_EMU_CASE(cudaErrorUnknown)
 #undef ZPP_EMU_CASE
@@ -1240,6 +1351,14 @@ ZPP_EMU_EXPORT const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorNotSupported: return "operation not supported";
   case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
   case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+  case cudaErrorStreamCaptureIsolation:
+    return "dependency created on uncaptured work in another stream";
+  case cudaErrorStreamCaptureImplicit:
+    return "operation would make the legacy stream depend on a capturing blocking stream";
+  case cudaErrorCapturedEvent:
+    return "operation not permitted on an event last recorded in a capturing stream";
+  case cudaErrorStreamCaptureWrongThread:
+    return "attempt to terminate a thread-local capture sequence from another thread";
   case cudaErrorTimeout: return "wait operation timed out";
   default: return "unknown error";
   }
@@ -1326,6 +1445,7 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) 
 
 ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
   API_CTX(cudaMalloc);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   cudaError_t s = sticky(t_device);
   if (s != cudaSuccess) return ret(s);
@@ -1376,7 +1496,10 @@ cudaError_t malloc_async(void **p, size_t size, cudaMemPool_t h_pool, cudaStream
     std::lock_guard<std::mutex> lk(emu.mu);
     Stream *s = resolve(h, &err);
     if (s == nullptr) return err;
-    if (s->capture) return cudaErrorStreamCaptureUnsupported;
+    if (s->capture) {  // not modelled: allocation nodes
+      s->capture_broken = true;
+      return cudaErrorStreamCaptureUnsupported;
+    }
     if ((err = emu.dev[s->device].sticky) != cudaSuccess) return err;
     device = s->device;
   }
@@ -1428,6 +1551,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMe
 ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
   API_CTX(cudaFree);
   if (p == nullptr) return cudaSuccess;
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
     return ret(cudaErrorInvalidValue);
@@ -1626,18 +1750,21 @@ ZPP_EMU_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t h, enum cudaMem
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocHost(void **p, size_t size) {
   API_CTX(cudaMallocHost);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
   API_CTX(cudaHostAlloc);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr || (flags & ~0x7u) != 0) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
   API_CTX(cudaMallocManaged);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kManaged, p));
@@ -1646,6 +1773,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned fla
 ZPP_EMU_EXPORT cudaError_t cudaFreeHost(void *p) {
   API_CTX(cudaFreeHost);
   if (p == nullptr) return cudaSuccess;
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind != kPinned || i.a.base != (uintptr_t)p)
     return ret(cudaErrorInvalidValue);
@@ -1706,6 +1834,7 @@ ZPP_EMU_EXPORT cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsi
 ZPP_EMU_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                                       enum cudaMemcpyKind kind) {
   API_CTX(cudaMemcpy);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   return ret(copy(dst, src, n, kind, nullptr, true));
 }
 
@@ -1717,6 +1846,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 
 ZPP_EMU_EXPORT cudaError_t cudaMemset(void *p, int v, size_t n) {
   API_CTX(cudaMemset);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   return ret(set(p, v, n, nullptr, true));
 }
 
@@ -1765,7 +1895,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
-  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = sync_use_locked(s)) != cudaSuccess) return ret(err);
   if ((err = wait_deps(lk, sync_targets(s))) != cudaSuccess) return ret(err);
   int device = s->device;
   if ((err = emu.dev[device].sticky) != cudaSuccess) return ret(err);
@@ -1780,7 +1910,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
-  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = sync_use_locked(s)) != cudaSuccess) return ret(err);
   if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
   for (const Dep &d : sync_targets(s))
     // cudaErrorNotReady is returned like any error, so it becomes the
@@ -1802,6 +1932,19 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, u
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (flags != 0) return ret(cudaErrorInvalidValue);
+  Stream *in = e->capture_id != 0 ? capture_of(e->capture_id) : nullptr;
+  if (in != nullptr) {  // recorded in a running capture sequence
+    if (s == in) return in->capture_broken ? ret(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
+    std::fprintf(stderr, "zpp cuda emu: a wait on an event recorded in another stream's capture "
+                         "(a capture across streams) is not modelled\n");
+    return ret(cudaErrorNotSupported);
+  }
+  if (s->capture != nullptr && e->s != nullptr) {
+    // driver_types.h, cudaErrorStreamCaptureIsolation: "A dependency would
+    // have been created which crosses the capture sequence boundary."
+    s->capture_broken = true;
+    return ret(cudaErrorStreamCaptureIsolation);
+  }
   if (e->s == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   Op op;
   op.kind = kOpWait;
@@ -1856,6 +1999,16 @@ ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
   if (s == nullptr) return ret(err);
   if (s->device != e->device) return ret(cudaErrorInvalidResourceHandle);
   if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  if (s->capture != nullptr) {
+    // recorded inside a capture sequence: no node, and until the sequence
+    // ends the event may be waited on in it, never queried or synchronised
+    if (s->capture_broken) return ret(cudaErrorStreamCaptureInvalidated);
+    e->s = nullptr;
+    e->seq = 0;
+    e->time.reset();
+    e->capture_id = s->capture_id;
+    return cudaSuccess;
+  }
   Op op;
   op.kind = kOpMarker;
   auto t = std::make_shared<double>(-1.0);
@@ -1864,6 +2017,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
   e->s = s;
   e->seq = s->next;
   e->time = t;
+  e->capture_id = 0;
   return cudaSuccess;
 }
 
@@ -1872,6 +2026,8 @@ ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err = captured_event_use_locked(e);
+  if (err != cudaSuccess) return ret(err);
   if (emu.dev[e->device].sticky != cudaSuccess) return ret(emu.dev[e->device].sticky);
   if (e->s == nullptr || e->s->done >= e->seq) return cudaSuccess;
   return ret(cudaErrorNotReady);  // the thread's last error (cudaStreamQuery)
@@ -1882,6 +2038,8 @@ ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   std::unique_lock<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t cerr = captured_event_use_locked(e);
+  if (cerr != cudaSuccess) return ret(cerr);
   if (e->s != nullptr) {
     Stream *s = e->s;
     uint64_t seq = e->seq;
@@ -1921,15 +2079,23 @@ ZPP_EMU_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEv
 
 // ---- graphs ----
 
-ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode) {
+ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mode) {
   API_CTX(cudaStreamBeginCapture);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return ret(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
+  // "Capture may not be initiated if \p stream is ::cudaStreamLegacy."
   if (s->legacy || s->capture) return ret(cudaErrorStreamCaptureUnsupported);
   s->capture = new Graph;
   s->capture_broken = false;
+  s->capture_mode = mode;
+  s->capture_thread = thread_id();
+  s->capture_id = ++emu.next_capture_id;
+  emu.capturing.insert(s);
   return cudaSuccess;
 }
 
@@ -1940,8 +2106,13 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) 
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
   if (g == nullptr || s->capture == nullptr) return ret(cudaErrorInvalidValue);
+  // "If the \p mode argument to ::cudaStreamBeginCapture was not
+  // ::cudaStreamCaptureModeRelaxed, this call must be from the same thread"
+  if (s->capture_mode != cudaStreamCaptureModeRelaxed && s->capture_thread != thread_id())
+    return ret(cudaErrorStreamCaptureWrongThread);
   Graph *gr = s->capture;
   s->capture = nullptr;
+  emu.capturing.erase(s);
   if (s->capture_broken) {
     delete gr;
     *g = nullptr;
@@ -1949,6 +2120,64 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) 
   }
   emu.live_graphs.insert(gr);
   *g = reinterpret_cast<cudaGraph_t>(gr);
+  return cudaSuccess;
+}
+
+namespace {
+cudaStreamCaptureStatus capture_status(const Stream *s) {
+  if (s->capture == nullptr) return cudaStreamCaptureStatusNone;
+  return s->capture_broken ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+}
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t h,
+                                                 enum cudaStreamCaptureStatus *status) {
+  API_CTX(cudaStreamIsCapturing);
+  if (status == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  // "if this is called on ::cudaStreamLegacy ... while a blocking stream on
+  // the same device is capturing, it will return
+  // ::cudaErrorStreamCaptureImplicit ... The blocking stream capture is not
+  // invalidated."
+  if ((err = legacy_use_locked(s, false)) != cudaSuccess) return ret(err);
+  *status = capture_status(s);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t h,
+                                                    enum cudaStreamCaptureStatus *status,
+                                                    unsigned long long *id, cudaGraph_t *graph,
+                                                    const cudaGraphNode_t **deps,
+                                                    const cudaGraphEdgeData **edges,
+                                                    size_t *ndeps) {
+  API_CTX(cudaStreamGetCaptureInfo);
+  // "If \p edgeData_out is non-NULL then \p dependencies_out must be as well."
+  if (status == nullptr || (edges != nullptr && deps == nullptr)) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if ((err = legacy_use_locked(s, false)) != cudaSuccess) return ret(err);
+  *status = capture_status(s);
+  if (*status != cudaStreamCaptureStatusActive) return cudaSuccess;
+  if (id != nullptr) *id = s->capture_id;
+  if (graph != nullptr) *graph = reinterpret_cast<cudaGraph_t>(s->capture);
+  if (deps != nullptr) *deps = nullptr;
+  if (edges != nullptr) *edges = nullptr;
+  if (ndeps != nullptr) *ndeps = 0;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  API(cudaThreadExchangeStreamCaptureMode);
+  if (mode == nullptr ||
+      (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+       *mode != cudaStreamCaptureModeRelaxed))
+    return ret(cudaErrorInvalidValue);
+  std::swap(*mode, t_capture_mode);
   return cudaSuccess;
 }
 

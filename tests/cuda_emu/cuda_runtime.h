@@ -56,6 +56,10 @@ typedef enum cudaError {
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
   cudaErrorTimeout = 909,
   cudaErrorUnknown = 999
 } cudaError_t;
@@ -79,6 +83,12 @@ enum cudaStreamCaptureMode {
   cudaStreamCaptureModeGlobal = 0,
   cudaStreamCaptureModeThreadLocal = 1,
   cudaStreamCaptureModeRelaxed = 2
+};
+
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
 };
 
 /* cudaGetDriverEntryPointByVersion: flags and the optional status. */
@@ -167,6 +177,13 @@ typedef struct CUevent_st *cudaEvent_t;
 typedef struct CUgraph_st *cudaGraph_t;
 typedef struct CUgraphExec_st *cudaGraphExec_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
+typedef struct cudaGraphEdgeData_st {
+  unsigned char from_port;
+  unsigned char to_port;
+  unsigned char type;
+  unsigned char reserved[5];
+} cudaGraphEdgeData;
 typedef void (*cudaHostFn_t)(void *userData);
 
 /* The per-device legacy default stream, also reached as stream 0. */
@@ -274,6 +291,18 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                    enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus *pCaptureStatus);
+/* No graph nodes are modelled: *dependencies_out is NULL and
+ * *numDependencies_out 0. */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                     enum cudaStreamCaptureStatus *captureStatus_out,
+                                     unsigned long long *id_out ZPP_EMU_DEFAULT(0),
+                                     cudaGraph_t *graph_out ZPP_EMU_DEFAULT(0),
+                                     const cudaGraphNode_t **dependencies_out ZPP_EMU_DEFAULT(0),
+                                     const cudaGraphEdgeData **edgeData_out ZPP_EMU_DEFAULT(0),
+                                     size_t *numDependencies_out ZPP_EMU_DEFAULT(0));
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                  unsigned long long flags ZPP_EMU_DEFAULT(0));
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
