@@ -232,6 +232,62 @@ TEST_F(Emu, MemcpyWaitsForTheLegacyStreamExceptDeviceToDevice) {
   cudaFree(b);
 }
 
+// The CUDA Runtime API, "API synchronization behavior", for the
+// asynchronous copies: "For transfers between device memory and pageable
+// host memory, the function might be synchronous with respect to host.",
+// "If pageable memory must first be staged to pinned memory, the driver may
+// synchronize with the stream and stage the copy into pinned memory." and
+// "For transfers from any host memory to any host memory, the function is
+// fully synchronous with respect to the host."  The emulator stages a
+// pageable source at the call (the caller may reuse it at once) and
+// returns from a copy to pageable memory once it completed.
+TEST_F(Emu, AnAsyncCopyFromPageableMemoryIsStagedAtTheCall) {
+  uint64_t seed = test_seed();
+  std::printf("[ seed ] Emu staged copy: ZPP_TEST_SEED=%llu\n", (unsigned long long)seed);
+  std::mt19937 rng((unsigned)seed);
+  const size_t n = 3000;
+  std::vector<int> src(n), want(n), got(n, -1);
+  for (size_t i = 0; i < n; i++) want[i] = src[i] = (int)(rng() % 100000);
+  int *d = nullptr;
+  CUDA_OK(cudaMalloc(&d, n * sizeof(int)));
+  Stream st(cudaStreamNonBlocking);
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(cudaMemcpyAsync(d, src.data(), n * sizeof(int), cudaMemcpyHostToDevice, st.s));
+  for (auto &v : src) v = -7;  // reused as soon as the call returned
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemcpy(got.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, want) << "the copy read the source after the call returned";
+  CUDA_OK(cudaFree(d));
+}
+
+TEST_F(Emu, AnAsyncCopyToPageableMemoryReturnsOnceItCompleted) {
+  Pinned pinned;
+  int *d = nullptr;
+  CUDA_OK(cudaMalloc(&d, sizeof(int)));
+  Stream st(cudaStreamNonBlocking);
+  unsigned old = zpp_emu_set_delay_us(3000);  // the device is slow: an early return shows
+  int pageable = 0;
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 42));
+  CUDA_OK(cudaMemcpyAsync(&pageable, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  EXPECT_EQ(*(volatile int *)&pageable, 42) << "returned before the copy to pageable memory";
+  // host to host: fully synchronous
+  int a = 5, b = 0;
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 43));
+  CUDA_OK(cudaMemcpyAsync(&b, &a, sizeof(int), cudaMemcpyHostToHost, st.s));
+  EXPECT_EQ(*(volatile int *)&b, 5) << "returned before the host-to-host copy";
+  // to pinned memory the copy stays asynchronous
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(cudaMemcpyAsync(pinned.p, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(*pinned.p, 43);
+  zpp_emu_set_delay_us(old);
+  CUDA_OK(cudaFree(d));
+}
+
 TEST_F(Emu, CopyKindsAndRangesAreChecked) {
   int *d = nullptr;
   std::vector<int> h(16);

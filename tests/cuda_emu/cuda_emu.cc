@@ -35,7 +35,9 @@
 //  - the synchronous copy and memset follow the runtime's "API
 //    synchronization behavior": cudaMemcpy returns after the copy except
 //    device to device (asynchronous), cudaMemset is asynchronous unless
-//    the target is pinned or managed memory;
+//    the target is pinned or managed memory; cudaMemcpyAsync stages a
+//    pageable source at the call, and returns after a copy to pageable
+//    memory from the device or from host to host;
 //  - device memory lives in one arena that is PROT_NONE except while a
 //    device operation runs, so host code touching it is caught:
 //    "zpp cuda emu: host code touched device memory at <p>", then abort.
@@ -281,6 +283,7 @@ struct Op {
   const void *src = nullptr;
   size_t bytes = 0;
   int value = 0;
+  std::shared_ptr<std::vector<char>> staged;  // a pageable source, copied at the call
   unsigned flags = 0;  // of a wait on a value
   // host function
   cudaHostFn_t fn = nullptr;
@@ -1236,14 +1239,29 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
   op.dst = dst;
   op.src = src;
   op.bytes = n;
+  bool dst_device = di.registered && di.a.kind == kDevice;
+  bool src_device = si.registered && si.a.kind == kDevice;
+  bool dst_pageable = !di.registered && !di.in_arena;
+  bool src_pageable = !si.registered && !si.in_arena;
+  bool captured = s->capture != nullptr;
+  bool dst_host = !di.registered || di.a.kind == kPinned;
+  bool src_host = !si.registered || si.a.kind == kPinned;
+  // cudaMemcpyAsync from pageable memory to the device: staged at the call,
+  // so the caller may reuse the source as soon as it returns
+  if (!sync && !captured && src_pageable && dst_device) {
+    op.staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+    op.src = op.staged->data();
+  }
   if ((err = enqueue(s, std::move(op))) != cudaSuccess) return err;
   {
     std::lock_guard<std::mutex> ll(e.log_mu);  // after mu, as elsewhere
     if (e.copy_log.size() < 100000) e.copy_log.push_back({dst, src, n});
   }
-  // cudaMemcpy: returns after the copy, except device to device
-  bool both_device = di.registered && di.a.kind == kDevice && si.registered && si.a.kind == kDevice;
-  if (sync && !both_device) {
+  // cudaMemcpy returns after the copy, except device to device;
+  // cudaMemcpyAsync too for device to pageable memory and host to host
+  bool wait = sync ? !(dst_device && src_device)
+                   : !captured && ((src_device && dst_pageable) || (src_host && dst_host));
+  if (wait) {
     if (!stream_wait_locked(lk, s)) return cudaErrorTimeout;
     return e.dev[s->device].sticky;
   }
