@@ -347,6 +347,49 @@ TEST_F(Emu, StreamWaitEventOrdersTwoStreams) {
   cudaEventDestroy(ev);
 }
 
+// cuda_runtime_api.h, cudaEventRecord: "::cudaEventRecord() can be called
+// multiple times on the same event and will overwrite the previously
+// captured state. Other APIs such as ::cudaStreamWaitEvent() use the most
+// recently captured state at the time of the API call, and are not affected
+// by later calls to ::cudaEventRecord(). Before the first call to
+// ::cudaEventRecord(), an event represents an empty set of work, so for
+// example ::cudaEventQuery() would return ::cudaSuccess."; cudaStreamWaitEvent
+// flags: "::cudaEventWaitDefault" and "::cudaEventWaitExternal: Event is
+// captured in the graph as an external event node when performing stream
+// capture."
+TEST_F(Emu, AWaitTakesTheEventsStateAtTheCallAndANeverRecordedEventIsEmpty) {
+  Pinned log(8);
+  Stream a(cudaStreamNonBlocking), b(cudaStreamNonBlocking), c(cudaStreamNonBlocking);
+  cudaEvent_t ev;
+  CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_OK(cudaEventQuery(ev));  // empty set of work
+  CUDA_OK(cudaEventSynchronize(ev));
+  CUDA_OK(cudaStreamWaitEvent(b.s, ev, 0));  // waits for nothing
+  CUDA_OK(launch(append_kernel, 1, 1, b.s, log.p, 1));
+  CUDA_OK(cudaStreamSynchronize(b.s));
+  ASSERT_EQ(log.p[0], 1);
+  // b waits for a's record; c's later record of the same event changes
+  // neither that wait nor anything but what the event examines
+  CUDA_OK(zpp_emu_stream_hold(a.s));
+  CUDA_OK(launch(append_kernel, 1, 1, a.s, log.p, 2));
+  CUDA_OK(cudaEventRecord(ev, a.s));
+  CUDA_OK(cudaStreamWaitEvent(b.s, ev, cudaEventWaitExternal));
+  CUDA_OK(launch(append_kernel, 1, 1, b.s, log.p, 3));
+  CUDA_OK(cudaEventRecord(ev, c.s));
+  CUDA_OK(cudaStreamSynchronize(c.s));
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess) << "the query looked at the earlier record";
+  EXPECT_EQ(cudaStreamQuery(b.s), cudaErrorNotReady) << "the wait took the later record";
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(a.s));
+  CUDA_OK(cudaStreamSynchronize(b.s));
+  ASSERT_EQ(log.p[0], 3);
+  EXPECT_EQ(log.p[2], 2);
+  EXPECT_EQ(log.p[3], 3);
+  EXPECT_EQ(cudaStreamWaitEvent(b.s, ev, 2), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  cudaEventDestroy(ev);
+}
+
 TEST_F(Emu, ElapsedTimeNeedsTimingEvents) {
   cudaEvent_t a, b, c;
   CUDA_OK(cudaEventCreate(&a));

@@ -1949,7 +1949,15 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, u
   if (s == nullptr) return ret(err);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
-  if (flags != 0) return ret(cudaErrorInvalidValue);
+  // cudaEventWaitExternal: "Event is captured in the graph as an external
+  // event node when performing stream capture" (outside a capture it is a
+  // plain wait; external nodes are not modelled)
+  if (flags != cudaEventWaitDefault && flags != cudaEventWaitExternal)
+    return ret(cudaErrorInvalidValue);
+  if (flags == cudaEventWaitExternal && s->capture != nullptr) {
+    std::fprintf(stderr, "zpp cuda emu: external event nodes of a capture are not modelled\n");
+    return ret(cudaErrorNotSupported);
+  }
   Stream *in = e->capture_id != 0 ? capture_of(e->capture_id) : nullptr;
   if (in != nullptr) {  // recorded in a running capture sequence
     if (s == in) return in->capture_broken ? ret(cudaErrorStreamCaptureInvalidated) : cudaSuccess;

@@ -163,6 +163,10 @@ struct cudaPointerAttributes {
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
 #define cudaEventInterprocess 0x04
+#define cudaEventRecordDefault 0x00
+#define cudaEventRecordExternal 0x01
+#define cudaEventWaitDefault 0x00
+#define cudaEventWaitExternal 0x01
 #define cudaHostAllocDefault 0x00
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
