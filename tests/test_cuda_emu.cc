@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -231,6 +232,62 @@ TEST_F(Emu, MemcpyWaitsForTheLegacyStreamExceptDeviceToDevice) {
   cudaFree(b);
 }
 
+// The CUDA Runtime API, "API synchronization behavior", for the
+// asynchronous copies: "For transfers between device memory and pageable
+// host memory, the function might be synchronous with respect to host.",
+// "If pageable memory must first be staged to pinned memory, the driver may
+// synchronize with the stream and stage the copy into pinned memory." and
+// "For transfers from any host memory to any host memory, the function is
+// fully synchronous with respect to the host."  The emulator stages a
+// pageable source at the call (the caller may reuse it at once) and
+// returns from a copy to pageable memory once it completed.
+TEST_F(Emu, AnAsyncCopyFromPageableMemoryIsStagedAtTheCall) {
+  uint64_t seed = test_seed();
+  std::printf("[ seed ] Emu staged copy: ZPP_TEST_SEED=%llu\n", (unsigned long long)seed);
+  std::mt19937 rng((unsigned)seed);
+  const size_t n = 3000;
+  std::vector<int> src(n), want(n), got(n, -1);
+  for (size_t i = 0; i < n; i++) want[i] = src[i] = (int)(rng() % 100000);
+  int *d = nullptr;
+  CUDA_OK(cudaMalloc(&d, n * sizeof(int)));
+  Stream st(cudaStreamNonBlocking);
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(cudaMemcpyAsync(d, src.data(), n * sizeof(int), cudaMemcpyHostToDevice, st.s));
+  for (auto &v : src) v = -7;  // reused as soon as the call returned
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemcpy(got.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, want) << "the copy read the source after the call returned";
+  CUDA_OK(cudaFree(d));
+}
+
+TEST_F(Emu, AnAsyncCopyToPageableMemoryReturnsOnceItCompleted) {
+  Pinned pinned;
+  int *d = nullptr;
+  CUDA_OK(cudaMalloc(&d, sizeof(int)));
+  Stream st(cudaStreamNonBlocking);
+  unsigned old = zpp_emu_set_delay_us(3000);  // the device is slow: an early return shows
+  int pageable = 0;
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 42));
+  CUDA_OK(cudaMemcpyAsync(&pageable, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  EXPECT_EQ(*(volatile int *)&pageable, 42) << "returned before the copy to pageable memory";
+  // host to host: fully synchronous
+  int a = 5, b = 0;
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 43));
+  CUDA_OK(cudaMemcpyAsync(&b, &a, sizeof(int), cudaMemcpyHostToHost, st.s));
+  EXPECT_EQ(*(volatile int *)&b, 5) << "returned before the host-to-host copy";
+  // to pinned memory the copy stays asynchronous
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(cudaMemcpyAsync(pinned.p, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(*pinned.p, 43);
+  zpp_emu_set_delay_us(old);
+  CUDA_OK(cudaFree(d));
+}
+
 TEST_F(Emu, CopyKindsAndRangesAreChecked) {
   int *d = nullptr;
   std::vector<int> h(16);
@@ -287,6 +344,49 @@ TEST_F(Emu, StreamWaitEventOrdersTwoStreams) {
   ASSERT_EQ(log.p[0], 2);
   EXPECT_EQ(log.p[1], 1);
   EXPECT_EQ(log.p[2], 2);
+  cudaEventDestroy(ev);
+}
+
+// cuda_runtime_api.h, cudaEventRecord: "::cudaEventRecord() can be called
+// multiple times on the same event and will overwrite the previously
+// captured state. Other APIs such as ::cudaStreamWaitEvent() use the most
+// recently captured state at the time of the API call, and are not affected
+// by later calls to ::cudaEventRecord(). Before the first call to
+// ::cudaEventRecord(), an event represents an empty set of work, so for
+// example ::cudaEventQuery() would return ::cudaSuccess."; cudaStreamWaitEvent
+// flags: "::cudaEventWaitDefault" and "::cudaEventWaitExternal: Event is
+// captured in the graph as an external event node when performing stream
+// capture."
+TEST_F(Emu, AWaitTakesTheEventsStateAtTheCallAndANeverRecordedEventIsEmpty) {
+  Pinned log(8);
+  Stream a(cudaStreamNonBlocking), b(cudaStreamNonBlocking), c(cudaStreamNonBlocking);
+  cudaEvent_t ev;
+  CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_OK(cudaEventQuery(ev));  // empty set of work
+  CUDA_OK(cudaEventSynchronize(ev));
+  CUDA_OK(cudaStreamWaitEvent(b.s, ev, 0));  // waits for nothing
+  CUDA_OK(launch(append_kernel, 1, 1, b.s, log.p, 1));
+  CUDA_OK(cudaStreamSynchronize(b.s));
+  ASSERT_EQ(log.p[0], 1);
+  // b waits for a's record; c's later record of the same event changes
+  // neither that wait nor anything but what the event examines
+  CUDA_OK(zpp_emu_stream_hold(a.s));
+  CUDA_OK(launch(append_kernel, 1, 1, a.s, log.p, 2));
+  CUDA_OK(cudaEventRecord(ev, a.s));
+  CUDA_OK(cudaStreamWaitEvent(b.s, ev, cudaEventWaitExternal));
+  CUDA_OK(launch(append_kernel, 1, 1, b.s, log.p, 3));
+  CUDA_OK(cudaEventRecord(ev, c.s));
+  CUDA_OK(cudaStreamSynchronize(c.s));
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess) << "the query looked at the earlier record";
+  EXPECT_EQ(cudaStreamQuery(b.s), cudaErrorNotReady) << "the wait took the later record";
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(a.s));
+  CUDA_OK(cudaStreamSynchronize(b.s));
+  ASSERT_EQ(log.p[0], 3);
+  EXPECT_EQ(log.p[2], 2);
+  EXPECT_EQ(log.p[3], 3);
+  EXPECT_EQ(cudaStreamWaitEvent(b.s, ev, 2), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
   cudaEventDestroy(ev);
 }
 
@@ -647,6 +747,127 @@ TEST_F(Emu, FreeOfStreamOrderedMemoryDoesNotSynchronise) {
   EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorIllegalAddress);
 }
 
+// ---- memory pools --------------------------------------------------------------------
+
+uint64_t pool_attr(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t v = ~0ull;
+  if (cudaMemPoolGetAttribute(pool, attr, &v) != cudaSuccess) return ~0ull;
+  return v;
+}
+
+// driver_types.h, cudaMemPoolAttrReleaseThreshold: "Amount of reserved
+// memory in bytes to hold onto before trying to release memory back to the
+// OS. When more than the release threshold bytes of memory are held by the
+// memory pool, the allocator will try to release memory back to the OS on
+// the next call to stream, event or context synchronize. (default 0)"
+TEST_F(Emu, TheDefaultPoolReturnsFreedMemoryAtTheNextSynchronize) {
+  CUDA_OK(cudaSetDevice(4));
+  Stream st(cudaStreamNonBlocking);
+  cudaMemPool_t pool = nullptr, current = nullptr;
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, 4));
+  CUDA_OK(cudaDeviceGetMemPool(&current, 4));
+  EXPECT_EQ(pool, current) << "the current pool is the default one";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReleaseThreshold), 0u);
+  CUDA_OK(cudaDeviceSynchronize());  // anything an earlier test left goes
+  ASSERT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  const size_t mb = 1 << 20;
+  unsigned long releases = zpp_emu_mempool_releases(4);
+  void *p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, mb, st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), mb);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb);
+  CUDA_OK(cudaFreeAsync(p, st.s));
+  while (cudaStreamQuery(st.s) == cudaErrorNotReady)  // the free ran; no synchronize
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (void)cudaGetLastError();
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 0u);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb)
+      << "freed memory stays reserved until a synchronize";
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases + 1);
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemHigh), mb);
+}
+
+// cudaMemPoolTrimTo: "Releases memory back to the OS until the pool
+// contains fewer than minBytesToKeep reserved bytes, or there is no more
+// memory that the allocator can safely release. The allocator cannot
+// release OS allocations that back outstanding asynchronous allocations."
+TEST_F(Emu, APoolKeepsFreedMemoryBelowItsThresholdAndReusesIt) {
+  CUDA_OK(cudaSetDevice(4));
+  Stream st(cudaStreamNonBlocking);
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 4;
+  cudaMemPool_t pool = nullptr;
+  CUDA_OK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep_all = UINT64_MAX;
+  CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  const size_t mb = 1 << 20;
+  unsigned long releases = zpp_emu_mempool_releases(4);
+  void *a = nullptr, *b = nullptr;
+  CUDA_OK(cudaMallocFromPoolAsync(&a, mb, pool, st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, (int *)a, 1));  // usable in stream order
+  CUDA_OK(cudaFreeAsync(a, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb) << "released below threshold";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 0u);
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases);
+  CUDA_OK(cudaMallocAsync(&b, mb / 2, pool, st.s));  // the C++ overload
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb) << "not reused";
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), mb / 2);
+  CUDA_OK(cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), mb / 2)
+      << "trimmed memory that backs a live allocation";
+  EXPECT_EQ(zpp_emu_mempool_releases(4), releases + 1);
+  CUDA_OK(cudaFreeAsync(b, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), 0u);
+  CUDA_OK(cudaMemPoolDestroy(pool));
+}
+
+// cuda_runtime_api.h: cudaDeviceSetMemPool "The memory pool must be local to
+// the specified device."; cudaMemPoolDestroy "Destroying the current mempool
+// of a device sets the default mempool of that device as the current mempool
+// for that device." and "A device's default memory pool cannot be
+// destroyed."; cudaMemPoolSetAttribute, cudaMemPoolAttrReservedMemHigh "It
+// is illegal to set this attribute to a non-zero value."
+TEST_F(Emu, TheCurrentPoolOfADeviceAndWhatPoolsRefuse) {
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 5;
+  cudaMemPool_t mine = nullptr, dflt = nullptr, cur = nullptr;
+  CUDA_OK(cudaMemPoolCreate(&mine, &props));
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&dflt, 5));
+  EXPECT_EQ(cudaDeviceSetMemPool(4, mine), cudaErrorInvalidValue) << "a pool of device 5";
+  CUDA_OK(cudaDeviceSetMemPool(5, mine));
+  CUDA_OK(cudaDeviceGetMemPool(&cur, 5));
+  EXPECT_EQ(cur, mine);
+  CUDA_OK(cudaSetDevice(5));
+  Stream st(cudaStreamNonBlocking);
+  void *p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, 4096, st.s));
+  EXPECT_EQ(pool_attr(mine, cudaMemPoolAttrUsedMemCurrent), 4096u) << "not from the current pool";
+  CUDA_OK(cudaFreeAsync(p, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(cudaMemPoolDestroy(mine));
+  CUDA_OK(cudaDeviceGetMemPool(&cur, 5));
+  EXPECT_EQ(cur, dflt);
+  EXPECT_EQ(cudaMemPoolDestroy(dflt), cudaErrorInvalidValue);
+  uint64_t one = 1;
+  EXPECT_EQ(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrReservedMemHigh, &one),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrUsedMemCurrent, &one),
+            cudaErrorInvalidValue);
+  props.reserved[0] = 1;
+  EXPECT_EQ(cudaMemPoolCreate(&mine, &props), cudaErrorInvalidValue) << "reserved must be 0";
+  (void)cudaGetLastError();
+}
+
 TEST_F(Emu, FreedDeviceMemoryIsNeverReused) {
   void *a = nullptr, *b = nullptr;
   CUDA_OK(cudaMalloc(&a, 4096));
@@ -709,9 +930,13 @@ TEST_F(Emu, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
   CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 1));
   CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 2));
-  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorStreamCaptureUnsupported);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
   cudaGraph_t g = nullptr;
   CUDA_OK(cudaStreamEndCapture(st.s, &g));
+  CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(log.p[0], 0);
   cudaGraphExec_t x = nullptr;
@@ -724,6 +949,192 @@ TEST_F(Emu, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   EXPECT_EQ(log.p[4], 2);
   cudaGraphExecDestroy(x);
   cudaGraphDestroy(g);
+}
+
+// Ends the capture on s and says how: cudaSuccess with a graph, or the
+// error with none (the graph, if any, is destroyed).
+cudaError_t end_capture(cudaStream_t s) {
+  cudaGraph_t g = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  if (e == cudaSuccess && g == nullptr) return cudaErrorUnknown;
+  if (e != cudaSuccess && g != nullptr) return cudaErrorUnknown;
+  if (g != nullptr) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  return e;
+}
+
+// cudaErrorStreamCaptureUnsupported: "The operation is not permitted when
+// the stream is capturing." (driver_types.h); cudaStreamEndCapture: "If
+// capture was invalidated, due to a violation of the rules of stream
+// capture, then a NULL graph will be returned."; cudaStreamIsCapturing,
+// cudaStreamCaptureStatusInvalidated: "The stream was capturing but an
+// error has invalidated the capture sequence."
+TEST_F(Emu, QueryingOrSynchronisingACapturingStreamInvalidatesTheCapture) {
+  Pinned log(4);
+  Stream st(cudaStreamNonBlocking);
+  for (int sync = 0; sync < 2; sync++) {
+    CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+    CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 1));
+    EXPECT_EQ(sync ? cudaStreamSynchronize(st.s) : cudaStreamQuery(st.s),
+              cudaErrorStreamCaptureUnsupported);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_OK(cudaStreamIsCapturing(st.s, &status));
+    EXPECT_EQ(status, cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(launch(append_kernel, 1, 1, st.s, log.p, 2), cudaErrorStreamCaptureInvalidated)
+        << "work into an invalidated capture";
+    EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  }
+  // the stream works again, and nothing captured ran
+  CUDA_OK(launch(append_kernel, 1, 1, st.s, log.p, 3));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  ASSERT_EQ(log.p[0], 1);
+  EXPECT_EQ(log.p[1], 3);
+}
+
+// driver_types.h: cudaErrorCapturedEvent "The operation is not permitted on
+// an event which was last recorded in a capturing stream."; cudaErrorStreamCaptureIsolation
+// "A dependency would have been created which crosses the capture sequence
+// boundary."
+TEST_F(Emu, EventsOfACaptureAreNotQueriedAndOutsideEventsAreNotWaitedOn) {
+  Stream st(cudaStreamNonBlocking), other(cudaStreamNonBlocking);
+  cudaEvent_t inside, outside;
+  CUDA_OK(cudaEventCreateWithFlags(&inside, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming));
+  for (int sync = 0; sync < 2; sync++) {
+    CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+    CUDA_OK(cudaEventRecord(inside, st.s));
+    CUDA_OK(cudaStreamWaitEvent(st.s, inside, 0));  // an event of the same capture
+    EXPECT_EQ(sync ? cudaEventSynchronize(inside) : cudaEventQuery(inside), cudaErrorCapturedEvent);
+    EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  }
+  CUDA_OK(cudaEventQuery(inside));  // after the capture: as if never recorded
+  CUDA_OK(zpp_emu_stream_hold(other.s));
+  CUDA_OK(cudaEventRecord(outside, other.s));
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(cudaStreamWaitEvent(st.s, outside, 0), cudaErrorStreamCaptureIsolation);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  CUDA_OK(zpp_emu_stream_release(other.s));
+  CUDA_OK(cudaStreamSynchronize(other.s));
+  cudaEventDestroy(inside);
+  cudaEventDestroy(outside);
+}
+
+// cuda_runtime_api.h, cudaThreadExchangeStreamCaptureMode:
+// "cudaStreamCaptureModeGlobal: This is the default mode. If the local
+// thread has an ongoing capture sequence that was not initiated with
+// cudaStreamCaptureModeRelaxed at cuStreamBeginCapture, or if any other
+// thread has a concurrent capture sequence initiated with
+// cudaStreamCaptureModeGlobal, this thread is prohibited from potentially
+// unsafe API calls."; "cudaStreamCaptureModeThreadLocal: If the local
+// thread has an ongoing capture sequence not initiated with
+// cudaStreamCaptureModeRelaxed, it is prohibited from potentially unsafe API
+// calls. Concurrent capture sequences in other threads are ignored.";
+// "cudaStreamCaptureModeRelaxed: The local thread is not prohibited from
+// potentially unsafe API calls."  cudaMalloc is the header's example;
+// cudaMallocHost, cudaFree and the synchronous copy are the others.
+TEST_F(Emu, PotentiallyUnsafeCallsDuringACaptureFollowTheThreadsMode) {
+  Stream st(cudaStreamNonBlocking);
+  auto malloc_free = [] {
+    void *p = nullptr;
+    cudaError_t e = cudaMalloc(&p, 64);
+    if (e == cudaSuccess) e = cudaFree(p);
+    (void)cudaGetLastError();
+    return e;
+  };
+  auto on_thread = [](cudaStreamCaptureMode mode, const std::function<cudaError_t()> &f) {
+    cudaError_t e = cudaErrorUnknown;
+    std::thread([&] {
+      cudaStreamCaptureMode m = mode;
+      if (cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess) e = f();
+    }).join();
+    return e;
+  };
+  // this thread's own Global capture
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(malloc_free(), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // another thread's Global capture prohibits this thread in Global mode,
+  // not in ThreadLocal or Relaxed mode
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeThreadLocal, malloc_free), cudaSuccess);
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeRelaxed, malloc_free), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeGlobal, malloc_free), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // a ThreadLocal capture prohibits only its own thread
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_EQ(on_thread(cudaStreamCaptureModeGlobal, malloc_free), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  int *h = nullptr;
+  EXPECT_EQ(cudaMallocHost(&h, 64), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  // a Relaxed capture prohibits nothing
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
+  EXPECT_EQ(malloc_free(), cudaSuccess);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  // the synchronous copy
+  int *d = nullptr, x = 5;
+  CUDA_OK(cudaMalloc(&d, sizeof x));
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(cudaMemcpy(d, &x, sizeof x, cudaMemcpyHostToDevice), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(end_capture(st.s), cudaErrorStreamCaptureInvalidated);
+  CUDA_OK(cudaFree(d));
+}
+
+// cuda_runtime_api.h, cudaStreamIsCapturing: "if this is called on
+// ::cudaStreamLegacy (the "null stream") while a blocking stream on the same
+// device is capturing, it will return ::cudaErrorStreamCaptureImplicit ...
+// The blocking stream capture is not invalidated. When a blocking stream is
+// capturing, the legacy stream is in an unusable state until the blocking
+// stream capture is terminated."; driver_types.h,
+// cudaErrorStreamCaptureImplicit: "The operation would have resulted in a
+// disallowed implicit dependency on a current capture sequence from
+// cudaStreamLegacy."
+TEST_F(Emu, TheLegacyStreamIsUnusableWhileABlockingStreamCaptures) {
+  Pinned out;
+  Stream blocking(cudaStreamDefault), nonblocking(cudaStreamNonBlocking);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamBeginCapture(blocking.s, cudaStreamCaptureModeRelaxed));
+  EXPECT_EQ(cudaStreamIsCapturing(0, &status), cudaErrorStreamCaptureImplicit);
+  CUDA_OK(cudaStreamIsCapturing(blocking.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive) << "invalidated by the query";
+  EXPECT_EQ(launch(store_kernel, 1, 1, 0, out.p, 1), cudaErrorStreamCaptureImplicit);
+  EXPECT_EQ(end_capture(blocking.s), cudaErrorStreamCaptureInvalidated);
+  // a non-blocking stream's capture leaves the legacy stream alone
+  CUDA_OK(cudaStreamBeginCapture(nonblocking.s, cudaStreamCaptureModeRelaxed));
+  CUDA_OK(launch(store_kernel, 1, 1, 0, out.p, 2));
+  CUDA_OK(cudaStreamSynchronize(0));
+  EXPECT_EQ(*out.p, 2);
+  EXPECT_EQ(end_capture(nonblocking.s), cudaSuccess);
+}
+
+// cuda_runtime_api.h, cudaStreamEndCapture: "If the \p mode argument to
+// ::cudaStreamBeginCapture was not ::cudaStreamCaptureModeRelaxed, this call
+// must be from the same thread as ::cudaStreamBeginCapture."; cudaStreamGetCaptureInfo:
+// "an id for the capture sequence, which is unique over the lifetime of the
+// process"
+TEST_F(Emu, ACaptureEndsOnItsThreadUnlessRelaxedAndHasAUniqueId) {
+  Stream st(cudaStreamNonBlocking);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id1 = 0, id2 = 0;
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status, &id1, &g));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  EXPECT_NE(g, nullptr);
+  cudaError_t other = cudaErrorUnknown;
+  std::thread([&] { other = end_capture(st.s); }).join();
+  EXPECT_EQ(other, cudaErrorStreamCaptureWrongThread);
+  EXPECT_EQ(end_capture(st.s), cudaSuccess);
+  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeRelaxed));
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status, &id2));
+  EXPECT_NE(id1, id2);
+  std::thread([&] { other = end_capture(st.s); }).join();
+  EXPECT_EQ(other, cudaSuccess);
+  CUDA_OK(cudaStreamGetCaptureInfo(st.s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
 }
 
 // ---- driver entry points ------------------------------------------------------------------

@@ -490,6 +490,67 @@ TEST(QuantCudaStream, AStaleNotReadyIsNoLaunchError) {
   cudaEventDestroy(ev);
 }
 
+// The kernels' scratch (zpp_ew_alloc_device, stream-ordered) comes from a
+// pool of zpp's own whose release threshold keeps it reserved: the
+// device's default pool, whose threshold is 0 ("the allocator will try to
+// release memory back to the OS on the next call to stream, event or
+// context synchronize. (default 0)", driver_types.h), would hand it back
+// at every synchronisation and map it again at the next call.  The
+// application's default pool is left as it was.
+TEST(QuantCudaStream, ScratchStaysReservedInZppsPoolAcrossASynchronize) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  print_seed("QuantCudaStream scratch");
+  int dev = -1;
+  CUDA_OK(cudaGetDevice(&dev));
+  cudaMemPool_t dflt = nullptr;
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&dflt, dev));
+  CUDA_OK(cudaDeviceSynchronize());
+  uint64_t zero = 0, threshold0 = 1, reserved0 = 1, used_high0 = 1;
+  CUDA_OK(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrUsedMemHigh, &zero));
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrReleaseThreshold, &threshold0));
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrReservedMemCurrent, &reserved0));
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrUsedMemHigh, &used_high0));
+#if ZPP_TEST_CUDA_EMU
+  unsigned long releases0 = zpp_emu_mempool_releases(dev);
+#endif
+  const size_t n = 100003;
+  std::vector<float> x(n);
+  Rng r(test_seed() + 7);
+  for (auto &v : x) v = (float)(r.uniform() * 8.0 - 4.0);
+  Stream st;
+  ASSERT_NE(st.s, nullptr);
+  DevBuf dx(n * 4), dz(n * 2);
+  ASSERT_NE(dx.p, nullptr);
+  ASSERT_NE(dz.p, nullptr);
+  CUDA_OK(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+  char err[256] = "";
+  void *scratch = nullptr;
+  ASSERT_EQ(zpp_ew_alloc_device(n * 4, &scratch, st.s, err, sizeof err), 0) << err;
+  EXPECT_EQ(zpp_ew_copy_device(scratch, dx.p, n * 4, st.s, err, sizeof err), 0) << err;
+  EXPECT_EQ(zpp_ew_finish_device((const float *)scratch, n, 3.0f, ZPP_QM_BF16, dz.p, st.s, err,
+                                 sizeof err),
+            0)
+      << err;
+  zpp_ew_free_device(scratch, st.s);
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  std::vector<uint16_t> z(n);
+  CUDA_OK(cudaMemcpy(z.data(), dz.p, n * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(z[i], zpp_qm_f32_to_bf16(x[i] / 3.0f)) << "element " << i;
+  uint64_t threshold1 = 1, reserved1 = 1, used_high1 = 1;
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrReleaseThreshold, &threshold1));
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrReservedMemCurrent, &reserved1));
+  CUDA_OK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrUsedMemHigh, &used_high1));
+  EXPECT_EQ(used_high1, used_high0) << "the scratch came from the device's default pool";
+  EXPECT_EQ(reserved1, reserved0);
+  EXPECT_EQ(threshold1, threshold0) << "zpp changed the default pool's threshold";
+#if ZPP_TEST_CUDA_EMU
+  EXPECT_EQ(zpp_emu_mempool_releases(dev), releases0)
+      << "a pool returned the scratch to the OS at the synchronize";
+  EXPECT_GE(zpp_emu_mempool_reserved(dev), n * 4) << "the scratch is no longer reserved";
+#endif
+}
+
 // Captured into a graph, nothing runs until the graph is launched: every
 // kernel of every path was issued to the captured stream.
 TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {

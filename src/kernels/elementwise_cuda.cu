@@ -113,12 +113,64 @@ extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
                 "moving-average residual kernel launch", err, errlen);
 }
 
+/* Stream-ordered scratch comes from a pool zpp makes per device (never
+ * destroyed) whose release threshold keeps freed memory reserved.  The
+ * device's default pool has threshold 0: it returns its free memory to
+ * the OS at every stream, event or device synchronisation, so scratch
+ * taken per call would be mapped again at every step.  The application's
+ * default and current pools are left alone. */
+namespace {
+
+constexpr int kScratchPoolDevices = 256;
+cudaMemPool_t g_scratch_pool[kScratchPoolDevices]; /* set once per device */
+
+cudaError_t scratch_pool(int dev, cudaMemPool_t *out) {
+  cudaMemPool_t pool = __atomic_load_n(&g_scratch_pool[dev], __ATOMIC_ACQUIRE);
+  if (pool != nullptr) {
+    *out = pool;
+    return cudaSuccess;
+  }
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  cudaError_t e = cudaMemPoolCreate(&pool, &props);
+  if (e != cudaSuccess) return e;
+  unsigned long long keep = ~0ull; /* bytes: all of it */
+  e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  cudaMemPool_t first = nullptr;
+  if (e != cudaSuccess ||
+      !__atomic_compare_exchange_n(&g_scratch_pool[dev], &first, pool, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    cudaMemPoolDestroy(pool); /* ours failed, or another thread's won */
+    if (e != cudaSuccess) return e;
+    pool = first;
+  }
+  *out = pool;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+/* Scratch on the current device (the engine sets the communicator's). */
 extern "C" int zpp_ew_alloc_device(size_t bytes, void **p, void *stream,
                                    char *err, size_t errlen) {
   *p = nullptr;
   if (bytes == 0) return 0;
-  return report(cudaMallocAsync(p, bytes, (cudaStream_t)stream),
-                "cudaMallocAsync", err, errlen);
+  int dev = -1;
+  if (report(cudaGetDevice(&dev), "cudaGetDevice", err, errlen) != 0) return 1;
+  if (dev < 0 || dev >= kScratchPoolDevices) {
+    snprintf(err, errlen, "device %d: scratch pools exist for devices 0..%d",
+             dev, kScratchPoolDevices - 1);
+    return 1;
+  }
+  cudaMemPool_t pool = nullptr;
+  if (report(scratch_pool(dev, &pool), "cudaMemPoolCreate (scratch pool)", err,
+             errlen) != 0)
+    return 1;
+  return report(cudaMallocFromPoolAsync(p, bytes, pool, (cudaStream_t)stream),
+                "cudaMallocFromPoolAsync", err, errlen);
 }
 
 extern "C" void zpp_ew_free_device(void *p, void *stream) {

@@ -35,7 +35,9 @@
 //  - the synchronous copy and memset follow the runtime's "API
 //    synchronization behavior": cudaMemcpy returns after the copy except
 //    device to device (asynchronous), cudaMemset is asynchronous unless
-//    the target is pinned or managed memory;
+//    the target is pinned or managed memory; cudaMemcpyAsync stages a
+//    pageable source at the call, and returns after a copy to pageable
+//    memory from the device or from host to host;
 //  - device memory lives in one arena that is PROT_NONE except while a
 //    device operation runs, so host code touching it is caught:
 //    "zpp cuda emu: host code touched device memory at <p>", then abort.
@@ -49,6 +51,12 @@
 //    unregistered host memory;
 //  - stream-ordered allocation: cudaMallocAsync's memory exists from its
 //    point in the stream, cudaFreeAsync's memory is gone from its point;
+//  - memory pools (cudaMallocAsync, cudaMallocFromPoolAsync, the default,
+//    current and created pools of a device), as an account of bytes:
+//    memory freed in stream order stays reserved in its pool and counts
+//    against the device's memory until a stream, event or device
+//    synchronisation releases what is above the pool's release threshold
+//    (default 0), or cudaMemPoolTrimTo;
 //  - cudaFree waits for the queued work of the allocation's device first
 //    (cudaFreeHost: of every device), except for memory of cudaMallocAsync,
 //    which it frees at once;
@@ -56,7 +64,13 @@
 //    stream's worker; CUDA calls from it fail with cudaErrorNotPermitted,
 //    and it cannot touch device memory;
 //  - stream capture into a graph (kernels, copies, memsets, host
-//    functions), instantiate and launch;
+//    functions, stream memory operations), instantiate and launch, with
+//    the rules of a capture: querying or synchronising the capturing stream
+//    or an event recorded in it, waiting on an event from outside, using
+//    the legacy stream while a blocking stream captures, and potentially
+//    unsafe calls (by the capture's and the thread's mode) fail and
+//    invalidate the capture; a capture not begun Relaxed ends on its
+//    thread;
 //  - per-thread last error, sticky errors per device;
 //  - primary contexts: cudaSetDevice(d) initialises device d's, and every
 //    runtime call that needs a context (memory, streams, events, launches,
@@ -85,8 +99,12 @@
 //    last 256, are not caught (allocations end at a guard page, rounded up
 //    to 256 bytes);
 //  - concurrency between device operations, 2-D/3-D grids, dynamic shared
-//    memory, launch attributes, memory pools, IPC,
+//    memory, launch attributes, IPC (and exportable, managed or host memory
+//    pools), reuse of freed addresses (a pool's reuse is bytes only),
 //    managed-memory migration, device properties, timing accuracy;
+//  - in a capture: allocation nodes (cudaMallocAsync fails and
+//    invalidates it), captures joining other streams through events, graph
+//    nodes, a device synchronisation while one of its streams captures;
 //  - contexts other than the primary ones (the driver's cuCtx* calls), a
 //    thread's current context apart from its device, cudaSetDeviceFlags;
 //  - the v1 stream memory operations (cudaVersion below 11070 gets
@@ -169,7 +187,11 @@ struct Settings {
   X(cudaGraphInstantiate) X(cudaGraphLaunch) X(cudaGraphExecDestroy)             \
   X(cudaGraphDestroy) X(cudaLaunchKernelEx) X(cudaHostGetDevicePointer)          \
   X(cudaGetDriverEntryPointByVersion) X(cuStreamWaitValue32)                     \
-  X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState)
+  X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState) X(cudaMallocFromPoolAsync) \
+  X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool)  \
+  X(cudaMemPoolCreate) X(cudaMemPoolDestroy) X(cudaMemPoolTrimTo)                 \
+  X(cudaMemPoolSetAttribute) X(cudaMemPoolGetAttribute) X(cudaStreamIsCapturing)  \
+  X(cudaStreamGetCaptureInfo) X(cudaThreadExchangeStreamCaptureMode)
 // clang-format on
 
 enum Api {
@@ -190,6 +212,19 @@ std::atomic<unsigned long> g_calls[kApiCount];
 enum Kind { kDevice, kPinned, kManaged };
 enum State { kPending, kLive, kFreed };
 
+// A memory pool of cudaMallocAsync: bytes only (freed addresses are never
+// reused, so reuse is the accounting of reserved bytes).  Guarded by
+// reg_mu, as the device's live bytes it charges.
+struct Pool {
+  int device = 0;
+  bool is_default = false;
+  bool live = true;        // not destroyed
+  uint64_t threshold = 0;  // cudaMemPoolAttrReleaseThreshold: "(default 0)"
+  uint64_t max_size = 0;   // 0: the device's memory
+  uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  int reuse[3] = {1, 1, 1};  // the three reuse policies: "(default enabled)"
+};
+
 struct Alloc {
   uintptr_t base = 0;  // what the caller got
   size_t size = 0;     // what the caller asked for
@@ -199,6 +234,7 @@ struct Alloc {
   int device = 0;
   State state = kLive;
   bool stream_ordered = false;  // from cudaMallocAsync
+  Pool *pool = nullptr;         // the pool it came from (stream-ordered)
 };
 
 // ---- streams, operations, events --------------------------------------------
@@ -247,6 +283,7 @@ struct Op {
   const void *src = nullptr;
   size_t bytes = 0;
   int value = 0;
+  std::shared_ptr<std::vector<char>> staged;  // a pageable source, copied at the call
   unsigned flags = 0;  // of a wait on a value
   // host function
   cudaHostFn_t fn = nullptr;
@@ -269,8 +306,11 @@ struct Stream {
   uint64_t next = 0, done = 0;  // seq of the last queued and last completed op
   bool held = false, running = false;
   bool worker = false;
-  Graph *capture = nullptr;
-  bool capture_broken = false;
+  Graph *capture = nullptr;     // while a capture sequence runs
+  bool capture_broken = false;  // invalidated: cudaStreamEndCapture fails
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  uint64_t capture_thread = 0;        // the thread that began it
+  unsigned long long capture_id = 0;  // unique over the process
   uint64_t rng = 0;
 };
 
@@ -279,6 +319,7 @@ struct Event {
   unsigned flags = 0;
   Stream *s = nullptr;
   uint64_t seq = 0;
+  unsigned long long capture_id = 0;  // last recorded in this capture sequence
   std::shared_ptr<double> time;
 };
 
@@ -286,7 +327,9 @@ struct Device {
   Stream *legacy = nullptr;
   cudaError_t sticky = cudaSuccess;
   bool peer[kMaxDevices] = {};
-  size_t live_bytes = 0;
+  size_t live_bytes = 0;  // allocations outside pools, and pools' reserved bytes
+  Pool *default_pool = nullptr, *current_pool = nullptr;  // made at first use
+  unsigned long pool_releases = 0;                        // releases of pool memory to the OS
 };
 
 struct Emu {
@@ -297,6 +340,9 @@ struct Emu {
   std::set<Stream *> live_streams;
   std::set<Event *> live_events;
   std::set<Graph *> live_graphs;
+  std::set<Pool *> live_pools;  // under reg_mu
+  std::set<Stream *> capturing;  // streams with a capture sequence
+  unsigned long long next_capture_id = 0;
   Device dev[kMaxDevices];
   // Whether device d's primary context is initialised (active).
   std::atomic<bool> ctx[kMaxDevices] = {};
@@ -323,6 +369,15 @@ pthread_once_t g_once = PTHREAD_ONCE_INIT;
 __thread int t_device __attribute__((tls_model("initial-exec"))) = 0;
 __thread cudaError_t t_last __attribute__((tls_model("initial-exec"))) = cudaSuccess;
 __thread int t_in_host_fn __attribute__((tls_model("initial-exec"))) = 0;
+// cudaThreadExchangeStreamCaptureMode: "This is the default mode."
+__thread cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
+__thread uint64_t t_thread_id = 0;  // 0 until first asked
+
+uint64_t thread_id() {
+  static std::atomic<uint64_t> next{0};
+  if (t_thread_id == 0) t_thread_id = ++next;
+  return t_thread_id;
+}
 
 // The device operation this worker thread runs now (fault handler state).
 struct Exec {
@@ -536,15 +591,27 @@ bool is_live_device(const PtrInfo &i) {
   return i.registered && i.a.kind == kDevice && i.a.state != kFreed;
 }
 
+// The bytes an allocation of size takes from its device or pool.
+size_t charged(size_t size) { return (size + 255) & ~(size_t)255; }
+
 // Device memory: [base, base + size) at the end of its pages, followed by
-// a PROT_NONE guard page, never reused.
-cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
+// a PROT_NONE guard page, never reused.  From a pool (stream-ordered,
+// pending): the pool's unused reserved bytes are taken first, and only the
+// rest is new memory of the device.
+cudaError_t arena_alloc(size_t size, int device, State st, Pool *pool, void **out) {
   Emu &e = E();
   install_handlers();
-  size_t sz = (size + 255) & ~(size_t)255;
+  size_t sz = charged(size);
   size_t len = (sz + e.page - 1) / e.page * e.page;
   std::lock_guard<std::mutex> lk(e.reg_mu);
-  if (e.dev[device].live_bytes + sz > e.cfg.device_bytes) return cudaErrorMemoryAllocation;
+  size_t grow = sz;
+  if (pool != nullptr) {
+    uint64_t idle = pool->reserved - pool->used;
+    grow = sz > idle ? sz - (size_t)idle : 0;
+    if (pool->max_size != 0 && pool->reserved + grow > pool->max_size)
+      return cudaErrorMemoryAllocation;
+  }
+  if (e.dev[device].live_bytes + grow > e.cfg.device_bytes) return cudaErrorMemoryAllocation;
   if (e.arena_next + len + e.page > e.arena_hi) return cudaErrorMemoryAllocation;
   Alloc al;
   al.region = e.arena_next;
@@ -555,11 +622,43 @@ cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
   al.device = device;
   al.state = st;
   al.stream_ordered = st == kPending;
+  al.pool = pool;
   e.arena_next += len + e.page;
   e.reg[al.base] = al;
-  e.dev[device].live_bytes += sz;
+  e.dev[device].live_bytes += grow;
+  if (pool != nullptr) {
+    pool->used += sz;
+    pool->reserved += grow;
+    pool->used_high = std::max(pool->used_high, pool->used);
+    pool->reserved_high = std::max(pool->reserved_high, pool->reserved);
+  }
   *out = (void *)al.base;
   return cudaSuccess;
+}
+
+// Returns unused reserved bytes of a pool to the OS until it holds at most
+// keep.  Caller holds reg_mu.
+void pool_release_locked(Pool *p, uint64_t keep) {
+  Emu &e = E();
+  uint64_t idle = p->reserved - p->used;
+  uint64_t over = p->reserved > keep ? p->reserved - keep : 0;
+  uint64_t rel = std::min(idle, over);
+  if (rel == 0) return;
+  p->reserved -= rel;
+  e.dev[p->device].live_bytes -= (size_t)rel;
+  e.dev[p->device].pool_releases++;
+}
+
+// After a synchronisation that involved device d: its pools release what
+// they hold above their threshold (cudaMemPoolAttrReleaseThreshold: "the
+// allocator will try to release memory back to the OS on the next call to
+// stream, event or context synchronize").  Caller holds neither mu nor
+// reg_mu.
+void pools_after_sync(int d) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.reg_mu);
+  for (Pool *p : e.live_pools)
+    if (p->device == d) pool_release_locked(p, p->threshold);
 }
 
 // Makes a device allocation inaccessible for good.  Caller holds exec_mu.
@@ -570,7 +669,13 @@ void arena_release(uintptr_t base) {
   if (it == e.reg.end() || it->second.state == kFreed) return;
   Alloc &al = it->second;
   al.state = kFreed;
-  e.dev[al.device].live_bytes -= (al.size + 255) & ~(size_t)255;
+  if (al.pool != nullptr) {  // back to its pool: still reserved
+    al.pool->used -= charged(al.size);
+    // a destroyed pool goes once its last allocation does
+    if (!al.pool->live && al.pool->used == 0) pool_release_locked(al.pool, 0);
+  } else {
+    e.dev[al.device].live_bytes -= charged(al.size);
+  }
   mprotect((void *)al.region, al.region_len, PROT_NONE);
   madvise((void *)al.region, al.region_len, MADV_DONTNEED);
 }
@@ -660,17 +765,99 @@ bool deps_done(const Op &op) {
   return true;
 }
 
+// ---- stream capture: what a capture sequence forbids ----------------------
+//
+// Each returns the error and invalidates the capture sequences concerned
+// (cudaStreamEndCapture then fails with cudaErrorStreamCaptureInvalidated).
+// Callers hold mu.
+
+// The legacy stream while a blocking stream of its device captures:
+// cudaErrorStreamCaptureImplicit, "The operation would have resulted in a
+// disallowed implicit dependency on a current capture sequence from
+// cudaStreamLegacy." (driver_types.h).
+cudaError_t legacy_use_locked(const Stream *s, bool invalidate) {
+  if (!s->legacy) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  for (Stream *c : E().capturing)
+    if (c->device == s->device && !c->nonblocking) {
+      if (invalidate) c->capture_broken = true;
+      err = cudaErrorStreamCaptureImplicit;
+    }
+  return err;
+}
+
+// Synchronising or querying a capturing stream: "The operation is not
+// permitted when the stream is capturing." (cudaErrorStreamCaptureUnsupported)
+cudaError_t sync_use_locked(Stream *s) {
+  if (s->capture != nullptr) {
+    s->capture_broken = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return legacy_use_locked(s, true);
+}
+
+// A potentially unsafe call (cudaMalloc, cudaMallocHost, cudaFree, a
+// synchronous copy or memset) on this thread, by the rules of
+// cudaThreadExchangeStreamCaptureMode: prohibited in Global mode while this
+// thread has a capture not begun Relaxed or another thread one begun
+// Global, in ThreadLocal mode only for this thread's own.
+cudaError_t unsafe_call_locked() {
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  uint64_t me = thread_id();
+  cudaError_t err = cudaSuccess;
+  for (Stream *c : E().capturing) {
+    bool mine = c->capture_thread == me && c->capture_mode != cudaStreamCaptureModeRelaxed;
+    bool others = t_capture_mode == cudaStreamCaptureModeGlobal && c->capture_thread != me &&
+                  c->capture_mode == cudaStreamCaptureModeGlobal;
+    if (mine || others) {
+      c->capture_broken = true;
+      err = cudaErrorStreamCaptureUnsupported;
+    }
+  }
+  return err;
+}
+
+cudaError_t unsafe_call() {
+  Emu &e = E();
+  std::lock_guard<std::mutex> lk(e.mu);
+  return unsafe_call_locked();
+}
+
+// The capturing stream whose sequence has this id; nullptr when it ended.
+Stream *capture_of(unsigned long long id) {
+  for (Stream *c : E().capturing)
+    if (c->capture_id == id) return c;
+  return nullptr;
+}
+
+// Querying or synchronising an event last recorded in a capture sequence
+// that still runs: cudaErrorCapturedEvent, "The operation is not permitted
+// on an event which was last recorded in a capturing stream."
+// (driver_types.h).  Once the sequence ended the event is as if never
+// recorded.
+cudaError_t captured_event_use_locked(const Event *e) {
+  Stream *c = e->capture_id != 0 ? capture_of(e->capture_id) : nullptr;
+  if (c == nullptr) return cudaSuccess;
+  c->capture_broken = true;
+  return cudaErrorCapturedEvent;
+}
+
 // Queues op on s (or appends it to the graph s captures).  Caller holds mu.
 cudaError_t enqueue(Stream *s, Op op) {
   Emu &e = E();
   if (s->capture != nullptr) {
-    if (op.kind == kOpAlloc || op.kind == kOpFree || op.kind == kOpMarker || op.kind == kOpWait) {
+    // "further use of any streams which are being captured ... is invalid"
+    if (s->capture_broken) return cudaErrorStreamCaptureInvalidated;
+    // not modelled: stream-ordered allocation nodes
+    if (op.kind == kOpAlloc || op.kind == kOpFree) {
       s->capture_broken = true;
       return cudaErrorStreamCaptureUnsupported;
     }
     s->capture->ops.push_back(std::move(op));
     return cudaSuccess;
   }
+  cudaError_t err = legacy_use_locked(s, true);
+  if (err != cudaSuccess) return err;
   // the legacy stream's implicit synchronisation
   if (s->legacy) {
     for (Stream *b : e.streams)
@@ -1052,14 +1239,29 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
   op.dst = dst;
   op.src = src;
   op.bytes = n;
+  bool dst_device = di.registered && di.a.kind == kDevice;
+  bool src_device = si.registered && si.a.kind == kDevice;
+  bool dst_pageable = !di.registered && !di.in_arena;
+  bool src_pageable = !si.registered && !si.in_arena;
+  bool captured = s->capture != nullptr;
+  bool dst_host = !di.registered || di.a.kind == kPinned;
+  bool src_host = !si.registered || si.a.kind == kPinned;
+  // cudaMemcpyAsync from pageable memory to the device: staged at the call,
+  // so the caller may reuse the source as soon as it returns
+  if (!sync && !captured && src_pageable && dst_device) {
+    op.staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+    op.src = op.staged->data();
+  }
   if ((err = enqueue(s, std::move(op))) != cudaSuccess) return err;
   {
     std::lock_guard<std::mutex> ll(e.log_mu);  // after mu, as elsewhere
     if (e.copy_log.size() < 100000) e.copy_log.push_back({dst, src, n});
   }
-  // cudaMemcpy: returns after the copy, except device to device
-  bool both_device = di.registered && di.a.kind == kDevice && si.registered && si.a.kind == kDevice;
-  if (sync && !both_device) {
+  // cudaMemcpy returns after the copy, except device to device;
+  // cudaMemcpyAsync too for device to pageable memory and host to host
+  bool wait = sync ? !(dst_device && src_device)
+                   : !captured && ((src_device && dst_pageable) || (src_host && dst_host));
+  if (wait) {
     if (!stream_wait_locked(lk, s)) return cudaErrorTimeout;
     return e.dev[s->device].sticky;
   }
@@ -1135,6 +1337,10 @@ ZPP_EMU_EXPORT const char *cudaGetErrorName(cudaError_t e) {
     ZPP_EMU_CASE(cudaErrorNotSupported)
     ZPP_EMU_CASE(cudaErrorStreamCaptureUnsupported)
     ZPP_EMU_CASE(cudaErrorStreamCaptureInvalidated)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureIsolation)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureImplicit)
+    ZPP_EMU_CASE(cudaErrorCapturedEvent)
+    ZPP_EMU_CASE(cudaErrorStreamCaptureWrongThread)
     ZPP_EMU_CASE(cudaErrorTimeout)
     ZPP_EMU_CASE(cudaErrorUnknown)
 #undef ZPP_EMU_CASE
@@ -1163,6 +1369,14 @@ ZPP_EMU_EXPORT const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorNotSupported: return "operation not supported";
   case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
   case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+  case cudaErrorStreamCaptureIsolation:
+    return "dependency created on uncaptured work in another stream";
+  case cudaErrorStreamCaptureImplicit:
+    return "operation would make the legacy stream depend on a capturing blocking stream";
+  case cudaErrorCapturedEvent:
+    return "operation not permitted on an event last recorded in a capturing stream";
+  case cudaErrorStreamCaptureWrongThread:
+    return "attempt to terminate a thread-local capture sequence from another thread";
   case cudaErrorTimeout: return "wait operation timed out";
   default: return "unknown error";
   }
@@ -1197,6 +1411,8 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   std::unique_lock<std::mutex> lk(emu.mu);
   cudaError_t err = device_wait_locked(lk, t_device);
   if (err == cudaSuccess) err = emu.dev[t_device].sticky;
+  lk.unlock();
+  if (err == cudaSuccess) pools_after_sync(t_device);
   return ret(err);
 }
 
@@ -1247,6 +1463,7 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) 
 
 ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
   API_CTX(cudaMalloc);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   cudaError_t s = sticky(t_device);
   if (s != cudaSuccess) return ret(s);
@@ -1254,42 +1471,105 @@ ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
     *p = nullptr;
     return cudaSuccess;
   }
-  return ret(arena_alloc(size, t_device, kLive, p));
+  return ret(arena_alloc(size, t_device, kLive, nullptr, p));
 }
 
-ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
-  API_CTX(cudaMallocAsync);
-  if (p == nullptr) return ret(cudaErrorInvalidValue);
+namespace {
+
+// Device d's default pool (made at first use).  Caller holds reg_mu.
+Pool *default_pool_locked(int d) {
+  Emu &e = E();
+  Device &dv = e.dev[d];
+  if (dv.default_pool == nullptr) {
+    dv.default_pool = new Pool;
+    dv.default_pool->device = d;
+    dv.default_pool->is_default = true;
+    e.live_pools.insert(dv.default_pool);
+  }
+  return dv.default_pool;
+}
+
+// "By default, a device's current memory pool is its default memory pool."
+// Caller holds reg_mu.
+Pool *current_pool_locked(int d) {
+  Device &dv = E().dev[d];
+  return dv.current_pool != nullptr ? dv.current_pool : default_pool_locked(d);
+}
+
+// The live pool a handle names; nullptr if none.  Caller holds reg_mu.
+Pool *pool_of(cudaMemPool_t h) {
+  Pool *p = reinterpret_cast<Pool *>(h);
+  return E().live_pools.count(p) ? p : nullptr;
+}
+
+// cudaMallocAsync (from pool h, or from the current pool of the stream's
+// device when h is null): the memory exists from the allocation's point
+// in the stream.
+cudaError_t malloc_async(void **p, size_t size, cudaMemPool_t h_pool, cudaStream_t h) {
+  Emu &emu = E();
+  if (p == nullptr) return cudaErrorInvalidValue;
   cudaError_t err;
   int device;
   {
     std::lock_guard<std::mutex> lk(emu.mu);
     Stream *s = resolve(h, &err);
-    if (s == nullptr) return ret(err);
-    if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
-    if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
-    device = s->device;  // the pool of the stream's device
+    if (s == nullptr) return err;
+    if (s->capture) {  // not modelled: allocation nodes
+      s->capture_broken = true;
+      return cudaErrorStreamCaptureUnsupported;
+    }
+    if ((err = emu.dev[s->device].sticky) != cudaSuccess) return err;
+    device = s->device;
   }
+  Pool *pool;
+  {
+    std::lock_guard<std::mutex> rl(emu.reg_mu);
+    pool = h_pool != nullptr ? pool_of(h_pool) : current_pool_locked(device);
+  }
+  if (pool == nullptr) return cudaErrorInvalidValue;
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
   }
   void *q = nullptr;
-  if ((err = arena_alloc(size, device, kPending, &q)) != cudaSuccess) return ret(err);
-  std::lock_guard<std::mutex> lk(emu.mu);
-  Stream *s = resolve(h, &err);
-  if (s == nullptr) return ret(err);
-  Op op;
-  op.kind = kOpAlloc;
-  op.alloc = (uintptr_t)q;
-  if ((err = enqueue(s, std::move(op))) != cudaSuccess) return ret(err);
+  if ((err = arena_alloc(size, pool->device, kPending, pool, &q)) != cudaSuccess) return err;
+  {
+    std::lock_guard<std::mutex> lk(emu.mu);
+    Stream *s = resolve(h, &err);
+    if (s != nullptr) {
+      Op op;
+      op.kind = kOpAlloc;
+      op.alloc = (uintptr_t)q;
+      err = enqueue(s, std::move(op));
+    }
+  }
+  if (err != cudaSuccess) {
+    std::lock_guard<std::mutex> xl(emu.exec_mu);
+    arena_release((uintptr_t)q);
+    return err;
+  }
   *p = q;
   return cudaSuccess;
+}
+
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
+  API_CTX(cudaMallocAsync);
+  return ret(malloc_async(p, size, nullptr, h));
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool,
+                                                   cudaStream_t h) {
+  API_CTX(cudaMallocFromPoolAsync);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  return ret(malloc_async(p, size, pool, h));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
   API_CTX(cudaFree);
   if (p == nullptr) return cudaSuccess;
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
     return ret(cudaErrorInvalidValue);
@@ -1331,20 +1611,178 @@ ZPP_EMU_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t h) {
   return ret(enqueue(s, std::move(op)));
 }
 
+// ---- memory pools ----
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
+  API(cudaDeviceGetDefaultMemPool);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  *pool = reinterpret_cast<cudaMemPool_t>(default_pool_locked(device));
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *pool, int device) {
+  API(cudaDeviceGetMemPool);
+  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  *pool = reinterpret_cast<cudaMemPool_t>(current_pool_locked(device));
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t h) {
+  API(cudaDeviceSetMemPool);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  // "The memory pool must be local to the specified device."
+  if (p == nullptr || p->device != device) return ret(cudaErrorInvalidValue);
+  emu.dev[device].current_pool = p;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
+                                             const struct cudaMemPoolProps *props) {
+  API(cudaMemPoolCreate);
+  if (pool == nullptr || props == nullptr) return ret(cudaErrorInvalidValue);
+  // "reserved for future use, must be 0"
+  for (unsigned char b : props->reserved)
+    if (b != 0) return ret(cudaErrorInvalidValue);
+  if (props->allocType != cudaMemAllocationTypePinned &&
+      props->allocType != cudaMemAllocationTypeManaged)
+    return ret(cudaErrorInvalidValue);
+  // Pools of device memory without IPC handles are modelled; managed and
+  // host pools and exportable ones are not.
+  if (props->allocType != cudaMemAllocationTypePinned ||
+      props->location.type != cudaMemLocationTypeDevice ||
+      props->handleTypes != cudaMemHandleTypeNone)
+    return ret(cudaErrorNotSupported);
+  if (!valid_device(props->location.id)) return ret(cudaErrorInvalidDevice);
+  Pool *p = new Pool;
+  p->device = props->location.id;
+  p->max_size = props->maxSize;
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  emu.live_pools.insert(p);
+  *pool = reinterpret_cast<cudaMemPool_t>(p);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t h) {
+  API(cudaMemPoolDestroy);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  // "A device's default memory pool cannot be destroyed."
+  if (p == nullptr || p->is_default) return ret(cudaErrorInvalidValue);
+  // "Destroying the current mempool of a device sets the default mempool of
+  // that device as the current mempool for that device."
+  if (emu.dev[p->device].current_pool == p) emu.dev[p->device].current_pool = nullptr;
+  emu.live_pools.erase(p);
+  p->live = false;
+  // "the resources associated with the pool will be released automatically
+  // once there are no more outstanding allocations" (arena_release); the
+  // Pool itself stays, as its allocations point to it
+  if (p->used == 0) pool_release_locked(p, 0);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t h, size_t keep) {
+  API(cudaMemPoolTrimTo);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  // "Releases memory back to the OS until the pool contains fewer than
+  // minBytesToKeep reserved bytes, or there is no more memory that the
+  // allocator can safely release."
+  pool_release_locked(p, keep);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t h, enum cudaMemPoolAttr attr,
+                                                   void *value) {
+  API(cudaMemPoolSetAttribute);
+  if (value == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  uint64_t v64 = 0;
+  std::memcpy(&v64, value, sizeof v64);
+  switch (attr) {
+  case cudaMemPoolReuseFollowEventDependencies:
+  case cudaMemPoolReuseAllowOpportunistic:
+  case cudaMemPoolReuseAllowInternalDependencies:
+    p->reuse[attr - 1] = *static_cast<int *>(value);
+    return cudaSuccess;
+  case cudaMemPoolAttrReleaseThreshold:
+    p->threshold = v64;
+    return cudaSuccess;
+  // "It is illegal to set this attribute to a non-zero value."
+  case cudaMemPoolAttrReservedMemHigh:
+    if (v64 != 0) return ret(cudaErrorInvalidValue);
+    p->reserved_high = p->reserved;  // a watermark starts again from now
+    return cudaSuccess;
+  case cudaMemPoolAttrUsedMemHigh:
+    if (v64 != 0) return ret(cudaErrorInvalidValue);
+    p->used_high = p->used;
+    return cudaSuccess;
+  default:  // the current amounts are read-only
+    return ret(cudaErrorInvalidValue);
+  }
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t h, enum cudaMemPoolAttr attr,
+                                                   void *value) {
+  API(cudaMemPoolGetAttribute);
+  if (value == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> rl(emu.reg_mu);
+  Pool *p = pool_of(h);
+  if (p == nullptr) return ret(cudaErrorInvalidValue);
+  uint64_t v;
+  switch (attr) {
+  case cudaMemPoolReuseFollowEventDependencies:
+  case cudaMemPoolReuseAllowOpportunistic:
+  case cudaMemPoolReuseAllowInternalDependencies:
+    *static_cast<int *>(value) = p->reuse[attr - 1];
+    return cudaSuccess;
+  case cudaMemPoolAttrReleaseThreshold:
+    v = p->threshold;
+    break;
+  case cudaMemPoolAttrReservedMemCurrent:
+    v = p->reserved;
+    break;
+  case cudaMemPoolAttrReservedMemHigh:
+    v = p->reserved_high;
+    break;
+  case cudaMemPoolAttrUsedMemCurrent:
+    v = p->used;
+    break;
+  case cudaMemPoolAttrUsedMemHigh:
+    v = p->used_high;
+    break;
+  default:
+    return ret(cudaErrorInvalidValue);
+  }
+  std::memcpy(value, &v, sizeof v);
+  return cudaSuccess;
+}
+
 ZPP_EMU_EXPORT cudaError_t cudaMallocHost(void **p, size_t size) {
   API_CTX(cudaMallocHost);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
   API_CTX(cudaHostAlloc);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr || (flags & ~0x7u) != 0) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
   API_CTX(cudaMallocManaged);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   if (p == nullptr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kManaged, p));
@@ -1353,6 +1791,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned fla
 ZPP_EMU_EXPORT cudaError_t cudaFreeHost(void *p) {
   API_CTX(cudaFreeHost);
   if (p == nullptr) return cudaSuccess;
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind != kPinned || i.a.base != (uintptr_t)p)
     return ret(cudaErrorInvalidValue);
@@ -1413,6 +1852,7 @@ ZPP_EMU_EXPORT cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsi
 ZPP_EMU_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                                       enum cudaMemcpyKind kind) {
   API_CTX(cudaMemcpy);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   return ret(copy(dst, src, n, kind, nullptr, true));
 }
 
@@ -1424,6 +1864,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 
 ZPP_EMU_EXPORT cudaError_t cudaMemset(void *p, int v, size_t n) {
   API_CTX(cudaMemset);
+  if (cudaError_t u = unsafe_call()) return ret(u);  // during a capture
   return ret(set(p, v, n, nullptr, true));
 }
 
@@ -1472,9 +1913,13 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
-  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = sync_use_locked(s)) != cudaSuccess) return ret(err);
   if ((err = wait_deps(lk, sync_targets(s))) != cudaSuccess) return ret(err);
-  return ret(emu.dev[s->device].sticky);
+  int device = s->device;
+  if ((err = emu.dev[device].sticky) != cudaSuccess) return ret(err);
+  lk.unlock();
+  pools_after_sync(device);
+  return cudaSuccess;
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
@@ -1483,7 +1928,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
-  if (s->capture) return ret(cudaErrorStreamCaptureUnsupported);
+  if ((err = sync_use_locked(s)) != cudaSuccess) return ret(err);
   if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
   for (const Dep &d : sync_targets(s))
     // cudaErrorNotReady is returned like any error, so it becomes the
@@ -1504,7 +1949,28 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, u
   if (s == nullptr) return ret(err);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
-  if (flags != 0) return ret(cudaErrorInvalidValue);
+  // cudaEventWaitExternal: "Event is captured in the graph as an external
+  // event node when performing stream capture" (outside a capture it is a
+  // plain wait; external nodes are not modelled)
+  if (flags != cudaEventWaitDefault && flags != cudaEventWaitExternal)
+    return ret(cudaErrorInvalidValue);
+  if (flags == cudaEventWaitExternal && s->capture != nullptr) {
+    std::fprintf(stderr, "zpp cuda emu: external event nodes of a capture are not modelled\n");
+    return ret(cudaErrorNotSupported);
+  }
+  Stream *in = e->capture_id != 0 ? capture_of(e->capture_id) : nullptr;
+  if (in != nullptr) {  // recorded in a running capture sequence
+    if (s == in) return in->capture_broken ? ret(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
+    std::fprintf(stderr, "zpp cuda emu: a wait on an event recorded in another stream's capture "
+                         "(a capture across streams) is not modelled\n");
+    return ret(cudaErrorNotSupported);
+  }
+  if (s->capture != nullptr && e->s != nullptr) {
+    // driver_types.h, cudaErrorStreamCaptureIsolation: "A dependency would
+    // have been created which crosses the capture sequence boundary."
+    s->capture_broken = true;
+    return ret(cudaErrorStreamCaptureIsolation);
+  }
   if (e->s == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   Op op;
   op.kind = kOpWait;
@@ -1559,6 +2025,16 @@ ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
   if (s == nullptr) return ret(err);
   if (s->device != e->device) return ret(cudaErrorInvalidResourceHandle);
   if ((err = emu.dev[s->device].sticky) != cudaSuccess) return ret(err);
+  if (s->capture != nullptr) {
+    // recorded inside a capture sequence: no node, and until the sequence
+    // ends the event may be waited on in it, never queried or synchronised
+    if (s->capture_broken) return ret(cudaErrorStreamCaptureInvalidated);
+    e->s = nullptr;
+    e->seq = 0;
+    e->time.reset();
+    e->capture_id = s->capture_id;
+    return cudaSuccess;
+  }
   Op op;
   op.kind = kOpMarker;
   auto t = std::make_shared<double>(-1.0);
@@ -1567,6 +2043,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
   e->s = s;
   e->seq = s->next;
   e->time = t;
+  e->capture_id = 0;
   return cudaSuccess;
 }
 
@@ -1575,6 +2052,8 @@ ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err = captured_event_use_locked(e);
+  if (err != cudaSuccess) return ret(err);
   if (emu.dev[e->device].sticky != cudaSuccess) return ret(emu.dev[e->device].sticky);
   if (e->s == nullptr || e->s->done >= e->seq) return cudaSuccess;
   return ret(cudaErrorNotReady);  // the thread's last error (cudaStreamQuery)
@@ -1585,12 +2064,19 @@ ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   std::unique_lock<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t cerr = captured_event_use_locked(e);
+  if (cerr != cudaSuccess) return ret(cerr);
   if (e->s != nullptr) {
     Stream *s = e->s;
     uint64_t seq = e->seq;
     if (!wait_for(lk, [&] { return s->done >= seq; })) return ret(cudaErrorTimeout);
   }
-  return ret(emu.dev[e->device].sticky);
+  int device = e->device;
+  cudaError_t err = emu.dev[device].sticky;
+  if (err != cudaSuccess) return ret(err);
+  lk.unlock();
+  pools_after_sync(device);
+  return cudaSuccess;
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev) {
@@ -1619,15 +2105,23 @@ ZPP_EMU_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEv
 
 // ---- graphs ----
 
-ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode) {
+ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mode) {
   API_CTX(cudaStreamBeginCapture);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return ret(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
+  // "Capture may not be initiated if \p stream is ::cudaStreamLegacy."
   if (s->legacy || s->capture) return ret(cudaErrorStreamCaptureUnsupported);
   s->capture = new Graph;
   s->capture_broken = false;
+  s->capture_mode = mode;
+  s->capture_thread = thread_id();
+  s->capture_id = ++emu.next_capture_id;
+  emu.capturing.insert(s);
   return cudaSuccess;
 }
 
@@ -1638,8 +2132,13 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) 
   Stream *s = resolve(h, &err);
   if (s == nullptr) return ret(err);
   if (g == nullptr || s->capture == nullptr) return ret(cudaErrorInvalidValue);
+  // "If the \p mode argument to ::cudaStreamBeginCapture was not
+  // ::cudaStreamCaptureModeRelaxed, this call must be from the same thread"
+  if (s->capture_mode != cudaStreamCaptureModeRelaxed && s->capture_thread != thread_id())
+    return ret(cudaErrorStreamCaptureWrongThread);
   Graph *gr = s->capture;
   s->capture = nullptr;
+  emu.capturing.erase(s);
   if (s->capture_broken) {
     delete gr;
     *g = nullptr;
@@ -1647,6 +2146,64 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) 
   }
   emu.live_graphs.insert(gr);
   *g = reinterpret_cast<cudaGraph_t>(gr);
+  return cudaSuccess;
+}
+
+namespace {
+cudaStreamCaptureStatus capture_status(const Stream *s) {
+  if (s->capture == nullptr) return cudaStreamCaptureStatusNone;
+  return s->capture_broken ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+}
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t h,
+                                                 enum cudaStreamCaptureStatus *status) {
+  API_CTX(cudaStreamIsCapturing);
+  if (status == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  // "if this is called on ::cudaStreamLegacy ... while a blocking stream on
+  // the same device is capturing, it will return
+  // ::cudaErrorStreamCaptureImplicit ... The blocking stream capture is not
+  // invalidated."
+  if ((err = legacy_use_locked(s, false)) != cudaSuccess) return ret(err);
+  *status = capture_status(s);
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t h,
+                                                    enum cudaStreamCaptureStatus *status,
+                                                    unsigned long long *id, cudaGraph_t *graph,
+                                                    const cudaGraphNode_t **deps,
+                                                    const cudaGraphEdgeData **edges,
+                                                    size_t *ndeps) {
+  API_CTX(cudaStreamGetCaptureInfo);
+  // "If \p edgeData_out is non-NULL then \p dependencies_out must be as well."
+  if (status == nullptr || (edges != nullptr && deps == nullptr)) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return ret(err);
+  if ((err = legacy_use_locked(s, false)) != cudaSuccess) return ret(err);
+  *status = capture_status(s);
+  if (*status != cudaStreamCaptureStatusActive) return cudaSuccess;
+  if (id != nullptr) *id = s->capture_id;
+  if (graph != nullptr) *graph = reinterpret_cast<cudaGraph_t>(s->capture);
+  if (deps != nullptr) *deps = nullptr;
+  if (edges != nullptr) *edges = nullptr;
+  if (ndeps != nullptr) *ndeps = 0;
+  return cudaSuccess;
+}
+
+ZPP_EMU_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  API(cudaThreadExchangeStreamCaptureMode);
+  if (mode == nullptr ||
+      (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+       *mode != cudaStreamCaptureModeRelaxed))
+    return ret(cudaErrorInvalidValue);
+  std::swap(*mode, t_capture_mode);
   return cudaSuccess;
 }
 
@@ -1961,6 +2518,21 @@ ZPP_EMU_EXPORT void zpp_emu_clear_sticky_error(int device) {
 ZPP_EMU_EXPORT unsigned zpp_emu_set_delay_us(unsigned us) { return E().cfg.delay_us.exchange(us); }
 
 ZPP_EMU_EXPORT unsigned zpp_emu_set_timeout_s(unsigned s) { return E().cfg.timeout_s.exchange(s); }
+
+ZPP_EMU_EXPORT unsigned long zpp_emu_mempool_releases(int device) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> rl(e.reg_mu);
+  return valid_device(device) ? e.dev[device].pool_releases : 0;
+}
+
+ZPP_EMU_EXPORT unsigned long long zpp_emu_mempool_reserved(int device) {
+  Emu &e = E();
+  std::lock_guard<std::mutex> rl(e.reg_mu);
+  unsigned long long n = 0;
+  for (Pool *p : e.live_pools)
+    if (p->device == device) n += p->reserved;
+  return n;
+}
 
 ZPP_EMU_EXPORT int zpp_emu_context_active(int device) {
   return valid_device(device) && E().ctx[device].load() ? 1 : 0;

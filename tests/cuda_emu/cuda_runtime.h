@@ -56,6 +56,10 @@ typedef enum cudaError {
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
   cudaErrorTimeout = 909,
   cudaErrorUnknown = 999
 } cudaError_t;
@@ -81,6 +85,12 @@ enum cudaStreamCaptureMode {
   cudaStreamCaptureModeRelaxed = 2
 };
 
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
+
 /* cudaGetDriverEntryPointByVersion: flags and the optional status. */
 enum cudaGetDriverEntryPointFlags {
   cudaEnableDefault = 0x0,
@@ -91,6 +101,52 @@ enum cudaDriverEntryPointQueryResult {
   cudaDriverEntryPointSuccess = 0,
   cudaDriverEntryPointSymbolNotFound = 1,
   cudaDriverEntryPointVersionNotSufficent = 2
+};
+
+/* memory pools */
+enum cudaMemPoolAttr {
+  cudaMemPoolReuseFollowEventDependencies = 0x1,
+  cudaMemPoolReuseAllowOpportunistic = 0x2,
+  cudaMemPoolReuseAllowInternalDependencies = 0x3,
+  cudaMemPoolAttrReleaseThreshold = 0x4,
+  cudaMemPoolAttrReservedMemCurrent = 0x5,
+  cudaMemPoolAttrReservedMemHigh = 0x6,
+  cudaMemPoolAttrUsedMemCurrent = 0x7,
+  cudaMemPoolAttrUsedMemHigh = 0x8
+};
+enum cudaMemLocationType {
+  cudaMemLocationTypeInvalid = 0,
+  cudaMemLocationTypeNone = 0,
+  cudaMemLocationTypeDevice = 1,
+  cudaMemLocationTypeHost = 2,
+  cudaMemLocationTypeHostNuma = 3,
+  cudaMemLocationTypeHostNumaCurrent = 4
+};
+struct cudaMemLocation {
+  enum cudaMemLocationType type;
+  int id;
+};
+enum cudaMemAllocationType {
+  cudaMemAllocationTypeInvalid = 0x0,
+  cudaMemAllocationTypePinned = 0x1,
+  cudaMemAllocationTypeManaged = 0x2,
+  cudaMemAllocationTypeMax = 0x7FFFFFFF
+};
+enum cudaMemAllocationHandleType {
+  cudaMemHandleTypeNone = 0x0,
+  cudaMemHandleTypePosixFileDescriptor = 0x1,
+  cudaMemHandleTypeWin32 = 0x2,
+  cudaMemHandleTypeWin32Kmt = 0x4,
+  cudaMemHandleTypeFabric = 0x8
+};
+struct cudaMemPoolProps {
+  enum cudaMemAllocationType allocType;
+  enum cudaMemAllocationHandleType handleTypes;
+  struct cudaMemLocation location;
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
 };
 
 struct cudaPointerAttributes {
@@ -107,6 +163,10 @@ struct cudaPointerAttributes {
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
 #define cudaEventInterprocess 0x04
+#define cudaEventRecordDefault 0x00
+#define cudaEventRecordExternal 0x01
+#define cudaEventWaitDefault 0x00
+#define cudaEventWaitExternal 0x01
 #define cudaHostAllocDefault 0x00
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
@@ -120,6 +180,14 @@ typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
 typedef struct CUgraph_st *cudaGraph_t;
 typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
+typedef struct cudaGraphEdgeData_st {
+  unsigned char from_port;
+  unsigned char to_port;
+  unsigned char type;
+  unsigned char reserved[5];
+} cudaGraphEdgeData;
 typedef void (*cudaHostFn_t)(void *userData);
 
 /* The per-device legacy default stream, also reached as stream 0. */
@@ -175,6 +243,16 @@ cudaError_t cudaMalloc(void **devPtr, size_t size);
 cudaError_t cudaFree(void *devPtr);
 cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream);
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
+                                    cudaStream_t stream);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device);
+cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device);
+cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool);
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *poolProps);
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool);
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value);
 cudaError_t cudaMallocHost(void **ptr, size_t size);
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void *ptr);
@@ -217,6 +295,18 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                    enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus *pCaptureStatus);
+/* No graph nodes are modelled: *dependencies_out is NULL and
+ * *numDependencies_out 0. */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                     enum cudaStreamCaptureStatus *captureStatus_out,
+                                     unsigned long long *id_out ZPP_EMU_DEFAULT(0),
+                                     cudaGraph_t *graph_out ZPP_EMU_DEFAULT(0),
+                                     const cudaGraphNode_t **dependencies_out ZPP_EMU_DEFAULT(0),
+                                     const cudaGraphEdgeData **edgeData_out ZPP_EMU_DEFAULT(0),
+                                     size_t *numDependencies_out ZPP_EMU_DEFAULT(0));
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                  unsigned long long flags ZPP_EMU_DEFAULT(0));
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
@@ -275,6 +365,14 @@ inline cudaError_t cudaMallocManaged(T **p, size_t n,
 template <class T>
 inline cudaError_t cudaMallocAsync(T **p, size_t n, cudaStream_t s) {
   return cudaMallocAsync(reinterpret_cast<void **>(p), n, s);
+}
+template <class T>
+inline cudaError_t cudaMallocAsync(T **p, size_t n, cudaMemPool_t pool, cudaStream_t s) {
+  return cudaMallocFromPoolAsync(reinterpret_cast<void **>(p), n, pool, s);
+}
+template <class T>
+inline cudaError_t cudaMallocFromPoolAsync(T **p, size_t n, cudaMemPool_t pool, cudaStream_t s) {
+  return cudaMallocFromPoolAsync(reinterpret_cast<void **>(p), n, pool, s);
 }
 
 /* ---- C++: the device language ------------------------------------------- */

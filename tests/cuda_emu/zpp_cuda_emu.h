@@ -68,6 +68,13 @@ unsigned zpp_emu_set_delay_us(unsigned us);
  * start); returns the previous one. */
 unsigned zpp_emu_set_timeout_s(unsigned s);
 
+/* Memory pools of a device: how many times one returned memory to the OS
+ * (at a synchronisation above its release threshold, or cudaMemPoolTrimTo)
+ * since the process started, and the bytes its live pools (default,
+ * created) hold reserved now. */
+unsigned long zpp_emu_mempool_releases(int device);
+unsigned long long zpp_emu_mempool_reserved(int device);
+
 /* Whether the primary context of a device is initialised (1) or not (0):
  * cudaSetDevice initialises it, and so does every runtime call that needs
  * a context, on the calling thread's device (0 if it never set one).
