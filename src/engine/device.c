@@ -111,6 +111,8 @@ zpp_status_t zpp_engine_stage_out(zpp_engine_t *e, void *stream,
   rc = zpp_st_wait_counter(stream, e->counter, (uint32_t)ticket, err,
                            sizeof err);
   zpp_exec_device_leave(saved);
+  if (rc == 1)
+    return zpp_error(ZPP_ERR_CUDA, func, "stream %p: %s", stream, err);
   if (rc != 0) {
     ZPP_WARN(ZPP_SUBSYS_COLL,
              "%s: %s; the caller's thread waits for the collective instead "

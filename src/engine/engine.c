@@ -371,7 +371,7 @@ static zpp_status_t submit_staged(zpp_engine_t *e, zpp_plan_t *p,
   struct zpp_request *r = new_request(comm);
   uint64_t ticket;
   int host = 0;
-  zpp_status_t st;
+  zpp_status_t st, wst;
   if (r == NULL) {
     zpp_engine_plan_free(p);
     return zpp_comm_fail(comm, zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
@@ -398,15 +398,17 @@ static zpp_status_t submit_staged(zpp_engine_t *e, zpp_plan_t *p,
     detach(r);
     return ZPP_OK;
   }
-  /* no stream wait: this thread waits, as zpp_request_wait does */
-  if (st == ZPP_OK)
-    st = wait_ran(e, r, func);
-  if (st != ZPP_OK) {
+  /* no stream wait: this thread waits, as zpp_request_wait does, so that
+   * the buffers are not used after the call returned */
+  wst = wait_ran(e, r, func);
+  if (wst != ZPP_OK) {
     abandon(e, r, func);
-    return zpp_comm_fail(comm, st);
+    return zpp_comm_fail(comm, wst);
   }
-  st = request_result(r, func);
+  wst = request_result(r, func);
   free_request(r);
+  if (st == ZPP_OK)
+    st = wst;
   return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
 }
 
@@ -538,8 +540,10 @@ zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
   e = (zpp_engine_t *)comm->engine;
   if (req->staged) {
     st = zpp_engine_stage_out(e, stream, req->staged, __func__, &host);
-    if (st != ZPP_OK || host)
-      return st != ZPP_OK ? st : zpp_request_wait(req);
+    if (st != ZPP_OK || host) { /* the host waits instead; req is freed */
+      zpp_status_t wst = zpp_request_wait(req);
+      return st != ZPP_OK ? zpp_comm_fail(comm, st) : wst;
+    }
     detach(req); /* req is the engine's now */
     /* a failure known already (the communicator's): the stream goes on
      * with the output undefined */

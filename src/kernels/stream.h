@@ -29,7 +29,9 @@ int zpp_st_counter_alloc(uint32_t **counter, char *err, size_t errlen);
 void zpp_st_counter_free(uint32_t *counter);
 /* Later work on `stream` waits until (int32_t)(*counter - value) >= 0
  * (cuStreamWaitValue32, CU_STREAM_WAIT_VALUE_GEQ, through the runtime's
- * driver entry points).  Fails when the driver has no such entry point. */
+ * driver entry points).  Returns 2 when the driver or device offers no
+ * stream wait on memory (the caller then waits on the host), 1 on an
+ * error of the call (a bad stream). */
 int zpp_st_wait_counter(void *stream, uint32_t *counter, uint32_t value,
                         char *err, size_t errlen);
 

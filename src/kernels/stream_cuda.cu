@@ -22,6 +22,7 @@ typedef int (*primary_state_fn)(int dev, unsigned int *flags, int *active);
 typedef int (*device_get_fn)(int *dev, int ordinal);
 
 constexpr unsigned kWaitValueGeq = 0x0;  // CU_STREAM_WAIT_VALUE_GEQ
+constexpr int kNotSupported = 801;       // CUDA_ERROR_NOT_SUPPORTED
 
 struct Driver {
   wait_value32_fn wait_value32;
@@ -120,7 +121,7 @@ extern "C" int zpp_st_wait_counter(void *stream, uint32_t *counter,
     snprintf(err, errlen,
              "the CUDA driver offers no cuStreamWaitValue32 "
              "(cudaGetDriverEntryPointByVersion)");
-    return 1;
+    return 2;
   }
   // mapped pinned memory: the device address of the counter
   if (report(cudaHostGetDevicePointer(&dev, counter, 0),
@@ -128,6 +129,10 @@ extern "C" int zpp_st_wait_counter(void *stream, uint32_t *counter,
     return 1;
   int r = d.wait_value32((cudaStream_t)stream, (unsigned long long)(uintptr_t)dev,
                          value, kWaitValueGeq);
+  if (r == kNotSupported) {
+    snprintf(err, errlen, "cuStreamWaitValue32: not supported on this device");
+    return 2;
+  }
   if (r != 0) {
     snprintf(err, errlen, "cuStreamWaitValue32 failed (CUresult %d)", r);
     return 1;
