@@ -161,7 +161,10 @@ typedef struct {
   size_t acc_cap;
   /* wide, acc and pad serve every reduction of the transport, and two
    * reductions may be enqueued on different streams: each waits on its
-   * stream for this event, recorded after the previous one's last use. */
+   * stream for this event, recorded after the previous one's last use.
+   * They come from the stream-ordered allocator and grow on the stream of
+   * the reduction that needs more (freed and allocated in its order, after
+   * that wait), so growing never synchronises the device. */
   cudaEvent_t scratch_ev;
   int scratch_ev_made;
 } nccl_impl_t;
@@ -436,20 +439,26 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
   return st;
 }
 
-/* Grows a device buffer (not stream-ordered: kept for the communicator's
- * life; cudaFree waits for the work that may still use the old one). */
+/* Grows a reduction scratch buffer on stream s, which the caller has
+ * ordered after every earlier use of the buffer (scratch_acquire): the old
+ * one is freed and the new one allocated in s's order, so nothing waits
+ * (cudaFree of cudaMalloc'd memory would synchronise the device). */
 static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
-                             const char *what) {
-  cudaError_t e;
+                             cudaStream_t s, const char *what) {
+  cudaError_t e = cudaSuccess;
   if (bytes <= *cap)
     return ZPP_OK;
   if (*p != NULL)
-    cudaFree(*p);
+    e = cudaFreeAsync(*p, s);
   *p = NULL;
   *cap = 0;
-  e = cudaMalloc(p, bytes);
   if (e != cudaSuccess)
-    return cuda_err(e, what, "cudaMalloc of reduction scratch");
+    return cuda_err(e, what, "cudaFreeAsync of reduction scratch");
+  e = cudaMallocAsync(p, bytes, s);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    return cuda_err(e, what, "cudaMallocAsync of reduction scratch");
+  }
   *cap = bytes;
   return ZPP_OK;
 }
@@ -508,7 +517,7 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
   ncclComm_t c = NULL;
   if (dtype != ZPP_FLOAT32 || valid < total) {
     ZPP_CHECK(grow_dev((void **)&m->wide, &m->wide_cap, total * sizeof(float),
-                       what));
+                       s, what));
     if (valid < total) {
       e = cudaMemsetAsync(m->wide + valid, 0, (total - valid) * sizeof(float),
                           s);
@@ -526,7 +535,7 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
                                           c, s),
                      c, what, "ncclReduceScatter"));
   } else {
-    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float),
+    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float), s,
                        what));
     ZPP_CHECK(comm_lock(t, g, what, &c));
     ZPP_CHECK(called(t, api.ReduceScatter(in, m->acc, shard, ncclFloat32,
@@ -587,7 +596,7 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
     out = (char *)recv; /* reduce my shard into its place, gather in place */
     st = ZPP_OK;
   } else {
-    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, "allreduce");
+    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, s, "allreduce");
     out = (char *)m->pad;
   }
   if (st == ZPP_OK)
@@ -704,16 +713,22 @@ static void nccl_destroy(zpp_transport_t *t) {
     }
     m->comm[g] = NULL;
   }
-  if (m->bar_stream)
+  /* The reduction scratch (stream-ordered allocations: cudaFree would not
+   * wait for their last users) goes on the barrier's stream after the
+   * last reduction that used it. */
+  if (m->bar_stream != NULL) {
+    if (m->scratch_ev_made)
+      (void)cudaStreamWaitEvent(m->bar_stream, m->scratch_ev, 0);
+    if (m->pad)
+      (void)cudaFreeAsync(m->pad, m->bar_stream);
+    if (m->wide)
+      (void)cudaFreeAsync(m->wide, m->bar_stream);
+    if (m->acc)
+      (void)cudaFreeAsync(m->acc, m->bar_stream);
     cudaStreamDestroy(m->bar_stream);
+  }
   if (m->scratch)
     cudaFree(m->scratch);
-  if (m->pad)
-    cudaFree(m->pad);
-  if (m->wide)
-    cudaFree(m->wide);
-  if (m->acc)
-    cudaFree(m->acc);
   if (m->scratch_ev_made)
     cudaEventDestroy(m->scratch_ev);
   pthread_mutex_destroy(&m->mu);
