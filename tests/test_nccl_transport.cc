@@ -2,6 +2,10 @@
 // stand-in (tests/nccl_emu) and the emulated CUDA runtime, under mpirun
 // with the layouts of tests/zpp_nccl_emu.cmake (ZPP_TOPO).  What the
 // collectives' results alone do not show:
+//   - which NCCL communicators a zpp communicator makes: WORLD, and NODE
+//     and CROSS only where they are neither WORLD (same members, same
+//     order) nor of one member, split from WORLD sharing its resources
+//     (the stand-in's census, found with dlsym);
 //   - that a reduction whose scratch grows frees and allocates it in
 //     stream order, never with the device-synchronising cudaFree and
 //     cudaMalloc (the emulator's call counters).
@@ -9,6 +13,7 @@
 // every rank's inputs (integers: exact in any summation order).
 //
 // Seed: ZPP_TEST_SEED (default 20261129), printed by rank 0.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -17,6 +22,7 @@
 #include <zpp/zpp_comm.h>
 #include <zpp/zpp_mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +34,7 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "cuda_runtime.h"
+#include "nccl_emu/zpp_nccl_emu.h"
 #include "transport/transport.h"
 #include "xfer_blocking.h"
 #include "zpp_cuda_emu.h"
@@ -37,6 +44,96 @@ namespace {
 int g_rank = 0, g_size = 1;
 uint64_t g_seed = 20261129ull;
 
+// ---- the layout, from ZPP_TOPO, independently of src/topology/ ----------
+struct Layout {
+  std::vector<int> node_of;
+  int nnodes = 1;
+  int node_size(int n) const {
+    return (int)std::count(node_of.begin(), node_of.end(), n);
+  }
+  int local_rank(int r) const {
+    int l = 0;
+    for (int q = 0; q < r; q++)
+      l += node_of[q] == node_of[r];
+    return l;
+  }
+};
+Layout g_layout;
+
+Layout make_layout(int size) {
+  Layout L;
+  L.node_of.assign(size, 0);
+  const char *spec = std::getenv("ZPP_TOPO");
+  if (spec && *spec) {
+    std::string s(spec);
+    size_t x = s.find_first_of("xX");
+    if (x != std::string::npos) {
+      int per = std::atoi(s.c_str() + x + 1);
+      for (int r = 0; r < size; r++)
+        L.node_of[r] = r / per;
+    } else {
+      size_t pos = 0;
+      for (int r = 0; r < size; r++) {
+        L.node_of[r] = std::atoi(s.c_str() + pos);
+        pos = s.find(',', pos) + 1;
+      }
+    }
+  }
+  L.nnodes = *std::max_element(L.node_of.begin(), L.node_of.end()) + 1;
+  return L;
+}
+
+// Members of group g seen from rank me, in group order: NODE by world
+// rank, CROSS (my local rank on every node that has it) by node.
+std::vector<int> members(zpp_group_t g, int me) {
+  const Layout &L = g_layout;
+  std::vector<int> m;
+  if (g == ZPP_GROUP_WORLD) {
+    for (int r = 0; r < g_size; r++)
+      m.push_back(r);
+  } else if (g == ZPP_GROUP_NODE) {
+    for (int r = 0; r < g_size; r++)
+      if (L.node_of[r] == L.node_of[me])
+        m.push_back(r);
+  } else {
+    for (int n = 0; n < L.nnodes; n++)
+      for (int r = 0; r < g_size; r++)
+        if (L.node_of[r] == n && L.local_rank(r) == L.local_rank(me))
+          m.push_back(r);
+  }
+  return m;
+}
+
+const zpp_group_t kGroups[] = {ZPP_GROUP_WORLD, ZPP_GROUP_NODE,
+                               ZPP_GROUP_CROSS};
+
+// The NCCL communicators a zpp communicator needs on this rank: WORLD; a
+// group whose members are WORLD's in WORLD's order is served by WORLD; a
+// group of one member here by local copies; any other by a communicator
+// of its own.
+int needed_communicators() {
+  int n = 1;
+  for (zpp_group_t g : {ZPP_GROUP_NODE, ZPP_GROUP_CROSS}) {
+    std::vector<int> m = members(g, g_rank);
+    bool world = (int)m.size() == g_size;
+    for (int i = 0; world && i < g_size; i++)
+      world = m[i] == i;
+    n += !world && m.size() > 1;
+  }
+  return n;
+}
+
+// ---- the stand-in's hooks ------------------------------------------------
+void *stand_in() {
+  const char *lib = std::getenv("ZPP_NCCL_LIBRARY");
+  return lib && *lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : nullptr;
+}
+zpp_nccl_emu_census_fn census_hook() {
+  void *h = stand_in();
+  return h ? reinterpret_cast<zpp_nccl_emu_census_fn>(
+                 dlsym(h, "zpp_nccl_emu_census"))
+           : nullptr;
+}
 zpp_comm_t make_comm(double timeout_s = 120) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   cfg.memory = ZPP_MEMORY_DEVICE;
@@ -49,6 +146,13 @@ zpp_comm_t make_comm(double timeout_s = 120) {
 }
 
 // ---- data ----------------------------------------------------------------
+std::vector<uint8_t> bytes_of(uint64_t salt, int r, size_t n) {
+  std::mt19937_64 g(g_seed * 1000003ull + salt * 131ull + (uint64_t)r);
+  std::vector<uint8_t> v(n);
+  for (auto &b : v)
+    b = (uint8_t)g();
+  return v;
+}
 // Integers in [-16, 16]: sums of up to 8 ranks are exact in fp32 and bf16.
 std::vector<float> ints_of(uint64_t salt, int r, size_t n) {
   std::mt19937_64 g(g_seed * 1000003ull + salt * 131ull + (uint64_t)r);
@@ -93,7 +197,119 @@ template <class T> std::vector<T> get(const void *d, size_t n) {
   return h;
 }
 
+// Every transport operation on every group, each result against the
+// reference; salt makes each call's data its own.
+void exact_ops(zpp_comm_t c, cudaStream_t s, uint64_t salt) {
+  zpp_transport_t *t = zpp_comm_transport(c);
+  for (zpp_group_t g : kGroups) {
+    std::vector<int> m = members(g, g_rank);
+    const int n = (int)m.size(),
+              me = (int)(std::find(m.begin(), m.end(), g_rank) - m.begin());
+    const std::string what =
+        "group " + std::to_string((int)g) + " of " + std::to_string(n);
+    const size_t B = 3001, count = 1001;
+    Dev din(n * count * 4 + 64), dout(n * count * 4 + 64);
+    // all-gather
+    put(din.p, bytes_of(salt + g, g_rank, B).data(), B);
+    ASSERT_EQ(blocking_allgather(t, g, din.p, B, dout.p, ZPP_MEMORY_DEVICE, s),
+              ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    sync(t, s);
+    std::vector<uint8_t> got = get<uint8_t>(dout.p, n * B);
+    for (int i = 0; i < n; i++)
+      EXPECT_EQ(0, std::memcmp(got.data() + i * B,
+                               bytes_of(salt + g, m[i], B).data(), B))
+          << what << ": all-gather block of member " << i;
+    // all-to-all
+    put(din.p, bytes_of(salt + 10 + g, g_rank, n * B).data(), n * B);
+    ASSERT_EQ(blocking_alltoall(t, g, din.p, B, dout.p, ZPP_MEMORY_DEVICE, s),
+              ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    sync(t, s);
+    got = get<uint8_t>(dout.p, n * B);
+    for (int i = 0; i < n; i++)
+      EXPECT_EQ(0, std::memcmp(
+                       got.data() + i * B,
+                       bytes_of(salt + 10 + g, m[i], n * B).data() + me * B, B))
+          << what << ": all-to-all block from member " << i;
+    // reduce-scatter, fp32 and bf16
+    std::vector<float> x = ints_of(salt + 20 + g, g_rank, n * count);
+    put(din.p, x.data(), n * count * 4);
+    ASSERT_EQ(blocking_reduce_scatter(t, g, din.p, dout.p, count, ZPP_FLOAT32,
+                                      ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE, s),
+              ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    sync(t, s);
+    std::vector<float> want(count, 0.0f);
+    for (int r : m) {
+      std::vector<float> xr = ints_of(salt + 20 + g, r, n * count);
+      for (size_t e = 0; e < count; e++)
+        want[e] += xr[me * count + e];
+    }
+    EXPECT_EQ(get<float>(dout.p, count), want)
+        << what << ": fp32 reduce-scatter";
+    std::vector<uint16_t> xb(n * count);
+    for (size_t e = 0; e < xb.size(); e++)
+      xb[e] = to_bf16(x[e]);
+    put(din.p, xb.data(), n * count * 2);
+    ASSERT_EQ(blocking_reduce_scatter(t, g, din.p, dout.p, count, ZPP_BFLOAT16,
+                                      ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE, s),
+              ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    sync(t, s);
+    std::vector<uint16_t> gb = get<uint16_t>(dout.p, count);
+    int bad = 0;
+    for (size_t e = 0; e < count; e++)
+      bad += from_bf16(gb[e]) != want[e];
+    EXPECT_EQ(bad, 0) << what << ": bf16 reduce-scatter";
+    // all-reduce of count elements (padded when n does not divide it)
+    x = ints_of(salt + 30 + g, g_rank, count);
+    put(din.p, x.data(), count * 4);
+    ASSERT_EQ(blocking_allreduce(t, g, din.p, dout.p, count, ZPP_FLOAT32,
+                                 ZPP_REDUCE_SUM, ZPP_MEMORY_DEVICE, s),
+              ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+    sync(t, s);
+    std::fill(want.begin(), want.end(), 0.0f);
+    for (int r : m) {
+      std::vector<float> xr = ints_of(salt + 30 + g, r, count);
+      for (size_t e = 0; e < count; e++)
+        want[e] += xr[e];
+    }
+    EXPECT_EQ(get<float>(dout.p, count), want) << what << ": all-reduce";
+    ASSERT_EQ(blocking_barrier(t, g), ZPP_OK)
+        << what << ": " << zpp_comm_get_last_error(c);
+  }
+}
+
 } // namespace
+
+// One NCCL communicator owns resources per zpp communicator; NODE and
+// CROSS are splits of it with splitShare = 1, and only where needed: on
+// one node NODE is WORLD and CROSS has one member; with one rank per node
+// NODE has one member (the bug: every zpp communicator made three
+// communicators, each with resources of its own).
+TEST(NcclTransport, OneCommunicatorOwnsResourcesAndGroupsShareIt) {
+  zpp_nccl_emu_census_fn census = census_hook();
+  if (census == nullptr)
+    GTEST_SKIP() << "ZPP_NCCL_LIBRARY is not the stand-in";
+  int n0 = -1, o0 = -1, n1 = -1, o1 = -1;
+  census(&n0, &o0);
+  zpp_comm_t c = make_comm();
+  ASSERT_NE(c, nullptr);
+  census(&n1, &o1);
+  EXPECT_EQ(n1 - n0, needed_communicators())
+      << "communicators made by this rank";
+  EXPECT_EQ(o1 - o0, 1) << "communicators owning resources";
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  exact_ops(c, s, 100);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK) << zpp_get_last_error();
+  census(&n1, &o1);
+  EXPECT_EQ(n1, n0) << "left after destroy";
+  EXPECT_EQ(o1, o0);
+}
 
 // The reduction scratch (fp32 copies of 16-bit inputs, the accumulator,
 // the all-reduce padding) grows with the requests: growing must not
@@ -168,6 +384,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   if (const char *s = std::getenv("ZPP_TEST_SEED"))
     g_seed = std::strtoull(s, nullptr, 10);
+  g_layout = make_layout(g_size);
   ::testing::InitGoogleTest(&argc, argv);
   if (g_rank == 0)
     std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; ZPP_TOPO=%s\n",

@@ -43,8 +43,10 @@ if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
 endif()
 
 # The NCCL transport's own contract on the stand-in (tests/test_nccl_transport.cc):
-# stream-ordered scratch growth (the emulator's call counters).  One node,
-# one rank per node, 2 x 2, and uneven nodes.  Label "mpi;emu".
+# which NCCL communicators a zpp communicator makes (the stand-in's census)
+# and stream-ordered scratch growth (the emulator's call counters).  One
+# node, one rank per node, 2 x 2, and uneven nodes (a rank alone in its
+# cross group).  Label "mpi;emu".
 if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND ZPP_WITH_MPI_ENABLED)
   add_executable(test_nccl_transport test_nccl_transport.cc)
   target_link_libraries(test_nccl_transport PRIVATE zpp_static zpp_cudart_emu
