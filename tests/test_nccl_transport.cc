@@ -8,7 +8,12 @@
 //     (the stand-in's census, found with dlsym);
 //   - that a reduction whose scratch grows frees and allocates it in
 //     stream order, never with the device-synchronising cudaFree and
-//     cudaMalloc (the emulator's call counters).
+//     cudaMalloc (the emulator's call counters);
+//   - that a call the stand-in keeps in progress ends in ZPP_ERR_TIMEOUT
+//     after the communicator's timeout, not in a hang;
+//   - that no NCCL communicator is called from two threads at once while a
+//     caller enqueues and other threads wait and poll (the stand-in refuses
+//     such a call, and every call dwells ZPP_NCCL_EMU_CALL_US in it).
 // Every result is compared bit for bit with a reference computed here from
 // every rank's inputs (integers: exact in any summation order).
 //
@@ -23,18 +28,23 @@
 #include <zpp/zpp_mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
 #include "core/core.h"
 #include "cuda_runtime.h"
 #include "nccl_emu/zpp_nccl_emu.h"
+#include "scoped_env.h"
 #include "transport/transport.h"
 #include "xfer_blocking.h"
 #include "zpp_cuda_emu.h"
@@ -134,6 +144,13 @@ zpp_nccl_emu_census_fn census_hook() {
                  dlsym(h, "zpp_nccl_emu_census"))
            : nullptr;
 }
+using hold_fn = void (*)(int);
+hold_fn hold_hook() {
+  void *h = stand_in();
+  return h ? reinterpret_cast<hold_fn>(dlsym(h, "zpp_nccl_emu_hold_issue"))
+           : nullptr;
+}
+
 zpp_comm_t make_comm(double timeout_s = 120) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   cfg.memory = ZPP_MEMORY_DEVICE;
@@ -373,6 +390,127 @@ TEST(NcclTransport, GrowingReductionsNeitherFreeNorAllocateSynchronously) {
   EXPECT_EQ(zpp_emu_api_calls("cudaFree") - frees, 0u);
   // the scratch did grow (else the test proves nothing)
   EXPECT_GE(zpp_emu_api_calls("cudaMallocAsync") - async, 5u);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK) << zpp_get_last_error();
+}
+
+// A call that returns ncclInProgress and stays so (the stand-in's issuer
+// held on every rank) ends after the communicator's timeout with
+// ZPP_ERR_TIMEOUT and aborted communicators, not in a hang.
+TEST(NcclTransport, ACallKeptInProgressTimesOut) {
+  hold_fn hold = hold_hook();
+  if (hold == nullptr)
+    GTEST_SKIP() << "ZPP_NCCL_LIBRARY is not the stand-in";
+  ScopedEnv always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  zpp_comm_t c = make_comm(2.0);
+  ASSERT_NE(c, nullptr);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  Dev din(64), dout(64 * (size_t)g_size);
+  const zpp_group_t g = ZPP_GROUP_WORLD;
+  MPI_Barrier(MPI_COMM_WORLD);
+  hold(1);
+  auto t0 = std::chrono::steady_clock::now();
+  zpp_status_t st =
+      blocking_allgather(t, g, din.p, 64, dout.p, ZPP_MEMORY_DEVICE, s);
+  double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  hold(0);
+  if (g_size > 1) {
+    EXPECT_EQ(st, ZPP_ERR_TIMEOUT) << zpp_get_last_error();
+    EXPECT_GE(took, 1.5);
+    EXPECT_LT(took, 30.0);
+    EXPECT_NE(std::string(zpp_get_last_error()).find("ZPP_TIMEOUT_S"),
+              std::string::npos)
+        << zpp_get_last_error();
+  } else {
+    EXPECT_EQ(st, ZPP_OK) << "one rank: a local copy, no NCCL call";
+  }
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  MPI_Barrier(MPI_COMM_WORLD);
+  zpp_comm_destroy(c);
+}
+
+// The caller starts collectives on device memory while another thread
+// waits for the earlier ones (the wait polls the communicator's
+// asynchronous error) and a third polls zpp_comm_get_async_error: no NCCL
+// call overlaps another on one communicator (the stand-in would refuse it
+// with ncclInvalidUsage, failing the collective), and every result is
+// exact.
+TEST(NcclTransport, NoCommunicatorIsCalledFromTwoThreadsAtOnce) {
+  ScopedEnv dwell("ZPP_NCCL_EMU_CALL_US", "300");
+  zpp_comm_t c = make_comm();
+  ASSERT_NE(c, nullptr);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const int rounds = 24;
+  const size_t count = 777;
+  std::vector<std::unique_ptr<Dev>> in, out;
+  for (int k = 0; k < rounds; k++) {
+    in.emplace_back(new Dev(count * 4 * (size_t)g_size));
+    out.emplace_back(new Dev(count * 4 * (size_t)g_size));
+    std::vector<float> x = ints_of(500 + k, g_rank, count * g_size);
+    put(in.back()->p, x.data(), x.size() * 4);
+  }
+  std::vector<zpp_request_t> reqs(rounds, nullptr);
+  std::atomic<int> started{0}, stop{0}, wait_failures{0}, poll_failures{0};
+  std::thread waiter([&] {
+    for (int k = 0; k < rounds; k++) {
+      while (started.load() <= k)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (zpp_request_wait(reqs[k]) != ZPP_OK) {
+        std::fprintf(stderr, "[rank %d] wait %d: %s\n", g_rank, k,
+                     zpp_get_last_error());
+        wait_failures++;
+      }
+    }
+  });
+  std::thread poller([&] {
+    while (!stop.load()) {
+      zpp_status_t as = ZPP_OK;
+      if (zpp_comm_get_async_error(c, &as) != ZPP_OK || as != ZPP_OK)
+        poll_failures++;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  for (int k = 0; k < rounds; k++) {
+    zpp_status_t st =
+        k % 2 ? zpp_allgather(c, in[k]->p, out[k]->p, count, ZPP_FLOAT32, s,
+                              &reqs[k])
+              : zpp_reduce_scatter(c, in[k]->p, out[k]->p, count, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, s, &reqs[k]);
+    ASSERT_EQ(st, ZPP_OK) << "round " << k << ": " << zpp_get_last_error();
+    started++;
+  }
+  waiter.join();
+  stop = 1;
+  poller.join();
+  EXPECT_EQ(wait_failures.load(), 0);
+  EXPECT_EQ(poll_failures.load(), 0);
+  for (int k = 0; k < rounds; k++) {
+    if (k % 2) {
+      std::vector<float> got = get<float>(out[k]->p, count * g_size);
+      for (int r = 0; r < g_size; r++) {
+        std::vector<float> xr = ints_of(500 + k, r, count * g_size);
+        xr.resize(count);
+        EXPECT_EQ(std::vector<float>(got.begin() + r * count,
+                                     got.begin() + (r + 1) * count),
+                  xr)
+            << "round " << k << ", block of rank " << r;
+      }
+    } else {
+      std::vector<float> want(count, 0.0f);
+      for (int r = 0; r < g_size; r++) {
+        std::vector<float> xr = ints_of(500 + k, r, count * g_size);
+        for (size_t e = 0; e < count; e++)
+          want[e] += xr[g_rank * count + e];
+      }
+      EXPECT_EQ(get<float>(out[k]->p, count), want) << "round " << k;
+    }
+  }
   cudaStreamDestroy(s);
   EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK) << zpp_get_last_error();
 }

@@ -43,8 +43,9 @@ if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
 endif()
 
 # The NCCL transport's own contract on the stand-in (tests/test_nccl_transport.cc):
-# which NCCL communicators a zpp communicator makes (the stand-in's census)
-# and stream-ordered scratch growth (the emulator's call counters).  One
+# which NCCL communicators a zpp communicator makes (the stand-in's census),
+# stream-ordered scratch growth (the emulator's call counters), calls kept
+# in progress, and no communicator called from two threads at once.  One
 # node, one rank per node, 2 x 2, and uneven nodes (a rank alone in its
 # cross group).  Label "mpi;emu".
 if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND ZPP_WITH_MPI_ENABLED)
