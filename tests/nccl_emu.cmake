@@ -18,8 +18,9 @@ if(NOT ZPP_WITH_NCCL STREQUAL "OFF" AND ZPP_NCCL_EMU_NCCL_H AND TARGET zpp_cudar
   add_library(zpp_nccl_emu SHARED nccl_emu/nccl_emu.c nccl_emu/nccl_emu_net.c
     nccl_emu/nccl_emu_ops.c)
   target_include_directories(zpp_nccl_emu PRIVATE ${ZPP_NCCL_EMU_NCCL_H})
-  # Only the nccl* names are exported; the stand-in shares the process's
-  # CUDA runtime (the emulated one is loaded once, by libzpp's user).
+  # Only the nccl* names and the test hooks of nccl_emu/zpp_nccl_emu.h are
+  # exported; the stand-in shares the process's CUDA runtime (the emulated
+  # one is loaded once, by libzpp's user).
   set_target_properties(zpp_nccl_emu PROPERTIES C_VISIBILITY_PRESET hidden)
   target_link_libraries(zpp_nccl_emu PRIVATE ${_zpp_nccl_emu_rt} Threads::Threads m)
   target_link_options(zpp_nccl_emu PRIVATE -Wl,--no-undefined)

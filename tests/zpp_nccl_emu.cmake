@@ -38,6 +38,34 @@ if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND TARGET test_transport)
       COMMAND ${_run} --gtest_filter=${_filter})
     set_tests_properties(nccl_emu_transport_${_topo} PROPERTIES
       LABELS "mpi;emu" TIMEOUT 240 PROCESSORS 2
-      ENVIRONMENT "ZPP_TOPO=${_topo};${_zpp_nccl_emu_env}")
+      ENVIRONMENT "ZPP_TOPO=${_topo};ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>;ZPP_NCCL_EMU_TIMEOUT_S=60;OMPI_MCA_mpi_yield_when_idle=1")
+  endforeach()
+endif()
+
+# The NCCL transport's own contract on the stand-in (tests/test_nccl_transport.cc):
+# which NCCL communicators a zpp communicator makes (the stand-in's census),
+# stream-ordered scratch growth (the emulator's call counters), calls kept
+# in progress, and no communicator called from two threads at once.  One
+# node, one rank per node, 2 x 2, and uneven nodes (a rank alone in its
+# cross group).  Label "mpi;emu".
+if(ZPP_CUDA_EMU AND TARGET zpp_nccl_emu AND ZPP_WITH_MPI_ENABLED)
+  add_executable(test_nccl_transport test_nccl_transport.cc)
+  target_link_libraries(test_nccl_transport PRIVATE zpp_static zpp_cudart_emu
+    GTest::gtest MPI::MPI_C ${CMAKE_DL_LIBS})
+  target_include_directories(test_nccl_transport BEFORE PRIVATE
+    ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(test_nccl_transport PRIVATE OMPI_SKIP_MPICXX=1
+    MPICH_SKIP_MPICXX=1)
+  foreach(_l "1x4|4|1x4" "4x1|4|4x1" "2x2|4|2x2" "uneven_3_2|5|0,0,0,1,1")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _np)
+    list(GET _f 2 _topo)
+    add_test(NAME nccl_transport_${_name} COMMAND ${MPIEXEC_EXECUTABLE}
+      --allow-run-as-root --oversubscribe --bind-to none -np ${_np}
+      $<TARGET_FILE:test_nccl_transport>)
+    set_tests_properties(nccl_transport_${_name} PROPERTIES
+      LABELS "mpi;emu" TIMEOUT 240 PROCESSORS 2
+      ENVIRONMENT "ZPP_TOPO=${_topo};ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>;ZPP_NCCL_EMU_TIMEOUT_S=60;OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
 endif()

@@ -4,7 +4,10 @@
  * a table, so libzpp loads where NCCL is absent; the build needs nccl.h
  * only.  The communicators are non-blocking (ncclConfig_t.blocking = 0):
  * every wait polls ncclCommGetAsyncError and gives up after the timeout,
- * aborting the communicators instead of hanging.
+ * aborting the communicators instead of hanging.  One communicator (WORLD)
+ * owns resources; NODE and CROSS are splits sharing them, made only where
+ * WORLD cannot serve the group and a rank shares it with another
+ * (group_plan).
  *
  * Routing and counts (docs/design.md "Transports"):
  *   allgather       ncclAllGather: counts derived from a ring in ring order
@@ -144,10 +147,19 @@ typedef struct {
    * never across a wait).  abort_all may run on any thread
    * (zpp_comm_abort) while the engine or a caller is inside one of our
    * calls: ncclCommAbort frees the communicator, so no other thread may
-   * be in NCCL with it then, nor use it after. */
+   * be in NCCL with it then, nor use it after.  Holding mu for every call
+   * also keeps NCCL's rule that NODE and CROSS, which share WORLD's
+   * resources (splitShare), are never called in parallel with it. */
   pthread_mutex_t mu;
   int aborted; /* abort_all ran: comm[] are gone, every call fails */
+  /* The communicators this transport made: WORLD, and NODE and CROSS
+   * where they are neither WORLD's members in WORLD's order (then WORLD
+   * serves them) nor of one member on every rank (then nothing does).
+   * NULL: not made here. */
   ncclComm_t comm[ZPP_NGROUPS];
+  /* The communicator of group g is comm[use[g]]; -1: this rank is alone
+   * in g, and g's operations are local copies. */
+  int use[ZPP_NGROUPS];
   int device;
   char *scratch; /* one byte per world rank, for the barrier */
   /* The barrier's own non-blocking stream: the legacy stream would also
@@ -161,7 +173,10 @@ typedef struct {
   size_t acc_cap;
   /* wide, acc and pad serve every reduction of the transport, and two
    * reductions may be enqueued on different streams: each waits on its
-   * stream for this event, recorded after the previous one's last use. */
+   * stream for this event, recorded after the previous one's last use.
+   * They come from the stream-ordered allocator and grow on the stream of
+   * the reduction that needs more (freed and allocated in its order, after
+   * that wait), so growing never synchronises the device. */
   cudaEvent_t scratch_ev;
   int scratch_ev_made;
 } nccl_impl_t;
@@ -201,16 +216,21 @@ static zpp_status_t aborted_error(zpp_transport_t *t, const char *what) {
 }
 
 /* Takes mu for one NCCL call on group g's communicator (*c); after an
- * abort, fails without holding mu. */
+ * abort, fails without holding mu.  Not for a group this rank is alone in
+ * (its operations are local). */
 static zpp_status_t comm_lock(zpp_transport_t *t, zpp_group_t g,
                               const char *what, ncclComm_t *c) {
   nccl_impl_t *m = t->impl;
+  if (m->use[g] < 0)
+    return zpp_error(ZPP_ERR_INTERNAL, what,
+                     "group %s has one member here and no NCCL communicator",
+                     zpp_group_name(g));
   pthread_mutex_lock(&m->mu);
-  if (m->aborted || m->comm[g] == NULL) {
+  if (m->aborted || m->comm[m->use[g]] == NULL) {
     pthread_mutex_unlock(&m->mu);
     return aborted_error(t, what);
   }
-  *c = m->comm[g];
+  *c = m->comm[m->use[g]];
   return ZPP_OK;
 }
 
@@ -325,6 +345,14 @@ static zpp_status_t nccl_allgather(zpp_transport_t *t, zpp_group_t g,
   ZPP_CHECK(on_device(t, mem, "allgather"));
   if (bytes == 0)
     return ZPP_OK;
+  if (t->grp[g].size == 1) {
+    cudaError_t e = send == recv ? cudaSuccess
+                                 : cudaMemcpyAsync(recv, send, bytes,
+                                                   cudaMemcpyDeviceToDevice,
+                                                   (cudaStream_t)stream);
+    return e == cudaSuccess ? ZPP_OK
+                            : cuda_err(e, "allgather", "cudaMemcpyAsync");
+  }
   ZPP_CHECK(comm_lock(t, g, "allgather", &c));
   ZPP_CHECK(called(t, api.AllGather(send, recv, bytes, ncclUint8, c,
                                     (cudaStream_t)stream),
@@ -436,20 +464,26 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
   return st;
 }
 
-/* Grows a device buffer (not stream-ordered: kept for the communicator's
- * life; cudaFree waits for the work that may still use the old one). */
+/* Grows a reduction scratch buffer on stream s, which the caller has
+ * ordered after every earlier use of the buffer (scratch_acquire): the old
+ * one is freed and the new one allocated in s's order, so nothing waits
+ * (cudaFree of cudaMalloc'd memory would synchronise the device). */
 static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
-                             const char *what) {
-  cudaError_t e;
+                             cudaStream_t s, const char *what) {
+  cudaError_t e = cudaSuccess;
   if (bytes <= *cap)
     return ZPP_OK;
   if (*p != NULL)
-    cudaFree(*p);
+    e = cudaFreeAsync(*p, s);
   *p = NULL;
   *cap = 0;
-  e = cudaMalloc(p, bytes);
   if (e != cudaSuccess)
-    return cuda_err(e, what, "cudaMalloc of reduction scratch");
+    return cuda_err(e, what, "cudaFreeAsync of reduction scratch");
+  e = cudaMallocAsync(p, bytes, s);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    return cuda_err(e, what, "cudaMallocAsync of reduction scratch");
+  }
   *cap = bytes;
   return ZPP_OK;
 }
@@ -486,6 +520,24 @@ static zpp_status_t scratch_release(zpp_transport_t *t, cudaStream_t s,
   return cuda_err(e, what, "cudaEventRecord after the reduction scratch");
 }
 
+/* ncclReduceScatter of fp32 sums over group g into out (shard elements);
+ * alone in g, my input is the sum. */
+static zpp_status_t sum_fp32(zpp_transport_t *t, zpp_group_t g, const float *in,
+                             float *out, size_t shard, cudaStream_t s,
+                             const char *what) {
+  ncclComm_t c = NULL;
+  if (t->grp[g].size == 1) {
+    cudaError_t e = in == out ? cudaSuccess
+                              : cudaMemcpyAsync(out, in, shard * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, s);
+    return e == cudaSuccess ? ZPP_OK : cuda_err(e, what, "cudaMemcpyAsync");
+  }
+  ZPP_CHECK(comm_lock(t, g, what, &c));
+  return called(t,
+                api.ReduceScatter(in, out, shard, ncclFloat32, ncclSum, c, s),
+                c, what, "ncclReduceScatter");
+}
+
 /* The reduction zpp promises (transport.h): each member's shard j summed
  * in fp32 and rounded once to the dtype (after the division for MEAN).
  * NCCL's own fp16/bf16 reduce-scatter rounds at every step, so 16-bit
@@ -505,10 +557,9 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
   const float *in = (const float *)send;
   char err[256];
   cudaError_t e;
-  ncclComm_t c = NULL;
   if (dtype != ZPP_FLOAT32 || valid < total) {
     ZPP_CHECK(grow_dev((void **)&m->wide, &m->wide_cap, total * sizeof(float),
-                       what));
+                       s, what));
     if (valid < total) {
       e = cudaMemsetAsync(m->wide + valid, 0, (total - valid) * sizeof(float),
                           s);
@@ -521,17 +572,11 @@ static zpp_status_t reduce_fp32(zpp_transport_t *t, zpp_group_t g,
     in = m->wide;
   }
   if (dtype == ZPP_FLOAT32 && div == 1.0f) { /* fp32 sum: straight out */
-    ZPP_CHECK(comm_lock(t, g, what, &c));
-    ZPP_CHECK(called(t, api.ReduceScatter(in, out, shard, ncclFloat32, ncclSum,
-                                          c, s),
-                     c, what, "ncclReduceScatter"));
+    ZPP_CHECK(sum_fp32(t, g, in, (float *)out, shard, s, what));
   } else {
-    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float),
+    ZPP_CHECK(grow_dev((void **)&m->acc, &m->acc_cap, shard * sizeof(float), s,
                        what));
-    ZPP_CHECK(comm_lock(t, g, what, &c));
-    ZPP_CHECK(called(t, api.ReduceScatter(in, m->acc, shard, ncclFloat32,
-                                          ncclSum, c, s),
-                     c, what, "ncclReduceScatter"));
+    ZPP_CHECK(sum_fp32(t, g, in, m->acc, shard, s, what));
     if (zpp_ew_finish_device(m->acc, shard, div, (int)dtype, out, stream, err,
                              sizeof err) != 0)
       return zpp_error(ZPP_ERR_CUDA, what, "%s", err);
@@ -587,15 +632,16 @@ static zpp_status_t nccl_allreduce(zpp_transport_t *t, zpp_group_t g,
     out = (char *)recv; /* reduce my shard into its place, gather in place */
     st = ZPP_OK;
   } else {
-    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, "allreduce");
+    st = grow_dev(&m->pad, &m->pad_cap, shard * (size_t)n * es, s, "allreduce");
     out = (char *)m->pad;
   }
   if (st == ZPP_OK)
     st = reduce_fp32(t, g, send, count, out + (size_t)me * shard * es, shard,
                      dtype, op, stream, "allreduce");
-  if (st == ZPP_OK)
+  /* Alone in g: my shard is all of it, already in place. */
+  if (st == ZPP_OK && n > 1)
     st = comm_lock(t, g, "allreduce", &c);
-  if (st == ZPP_OK)
+  if (st == ZPP_OK && n > 1)
     st = called(t, api.AllGather(out + (size_t)me * shard * es, out,
                                  shard * es, ncclUint8, c, s),
                 c, "allreduce", "ncclAllGather");
@@ -674,6 +720,8 @@ static zpp_status_t nccl_barrier(zpp_transport_t *t, zpp_group_t g) {
   int me = t->grp[g].index;
   ncclComm_t c = NULL;
   ZPP_CHECK(on_device(t, ZPP_MEMORY_DEVICE, "barrier"));
+  if (t->grp[g].size == 1)
+    return ZPP_OK;
   ZPP_CHECK(comm_lock(t, g, "barrier", &c));
   ZPP_CHECK(called(t, api.AllGather(m->scratch + me, m->scratch, 1, ncclUint8,
                                     c, m->bar_stream),
@@ -704,16 +752,22 @@ static void nccl_destroy(zpp_transport_t *t) {
     }
     m->comm[g] = NULL;
   }
-  if (m->bar_stream)
+  /* The reduction scratch (stream-ordered allocations: cudaFree would not
+   * wait for their last users) goes on the barrier's stream after the
+   * last reduction that used it. */
+  if (m->bar_stream != NULL) {
+    if (m->scratch_ev_made)
+      (void)cudaStreamWaitEvent(m->bar_stream, m->scratch_ev, 0);
+    if (m->pad)
+      (void)cudaFreeAsync(m->pad, m->bar_stream);
+    if (m->wide)
+      (void)cudaFreeAsync(m->wide, m->bar_stream);
+    if (m->acc)
+      (void)cudaFreeAsync(m->acc, m->bar_stream);
     cudaStreamDestroy(m->bar_stream);
+  }
   if (m->scratch)
     cudaFree(m->scratch);
-  if (m->pad)
-    cudaFree(m->pad);
-  if (m->wide)
-    cudaFree(m->wide);
-  if (m->acc)
-    cudaFree(m->acc);
   if (m->scratch_ev_made)
     cudaEventDestroy(m->scratch_ev);
   pthread_mutex_destroy(&m->mu);
@@ -796,6 +850,41 @@ static const zpp_coll_ops_t nccl_coll = {
     .abort_device_work = abort_all};
 static const zpp_transport_ops_t nccl_ops = {
     .name = "nccl", .destroy = nccl_destroy, .coll = &nccl_coll};
+
+/* How group g (NODE or CROSS) is served, the same on every rank (the
+ * topology is every rank's): by WORLD's communicator when its members are
+ * WORLD's in WORLD's order (one node, for NODE); by none when no rank
+ * shares it with another (one rank per node for NODE, one node for
+ * CROSS); else by a split of WORLD, in which ranks alone in their
+ * instance of g take no part. */
+enum { GROUP_LOCAL, GROUP_WORLD, GROUP_SPLIT };
+
+static int group_plan(const zpp_transport_t *t, zpp_group_t g) {
+  const zpp_topo_t *topo = t->topo;
+  const zpp_tgroup_t *gr = &t->grp[g];
+  int i, largest = 0;
+  if (gr->size == t->size) {
+    for (i = 0; i < gr->size && gr->members[i] == i; i++)
+      ;
+    if (i == gr->size)
+      return GROUP_WORLD;
+  }
+  if (g == ZPP_GROUP_NODE) {
+    for (i = 0; i < topo->nnodes; i++)
+      if (topo->node_off[i + 1] - topo->node_off[i] > largest)
+        largest = topo->node_off[i + 1] - topo->node_off[i];
+  } else {
+    largest = topo->nnodes; /* local rank 0's: one member per node */
+  }
+  return largest > 1 ? GROUP_SPLIT : GROUP_LOCAL;
+}
+
+static const char *use_name(const nccl_impl_t *m, zpp_group_t g) {
+  if (m->use[g] < 0)
+    return "local copies (one member)";
+  return m->use[g] == ZPP_GROUP_WORLD ? "the world's communicator"
+                                      : "a split sharing the world's resources";
+}
 
 zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                                        const zpp_bootstrap_t *bs,
@@ -884,33 +973,48 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                    "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:
-   * the member order equals the topology's. */
-  pthread_mutex_lock(&m->mu);
-  ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
-                                    topo->node_of[t->rank],
-                                    topo->local_rank_of[t->rank],
-                                    &m->comm[ZPP_GROUP_NODE], &cfg),
-                   m->comm[ZPP_GROUP_WORLD], __func__, "ncclCommSplit(node)"));
-  ZPP_CHECK(ready(t, m->comm[ZPP_GROUP_NODE], __func__));
-  pthread_mutex_lock(&m->mu);
-  ZPP_CHECK(called(t, api.CommSplit(m->comm[ZPP_GROUP_WORLD],
-                                    topo->local_rank_of[t->rank],
-                                    topo->node_of[t->rank],
-                                    &m->comm[ZPP_GROUP_CROSS], &cfg),
-                   m->comm[ZPP_GROUP_WORLD], __func__, "ncclCommSplit(cross)"));
-  ZPP_CHECK(ready(t, m->comm[ZPP_GROUP_CROSS], __func__));
+   * the member order equals the topology's.  The splits share WORLD's
+   * resources (buffers, connections, proxy thread) instead of making their
+   * own. */
+  cfg.splitShare = 1;
+  for (g = ZPP_GROUP_NODE; g <= ZPP_GROUP_CROSS; g++) {
+    const zpp_tgroup_t *gr = &t->grp[g];
+    int plan = group_plan(t, (zpp_group_t)g);
+    if (plan == GROUP_SPLIT) {
+      int node = topo->node_of[t->rank], local = topo->local_rank_of[t->rank];
+      int color = gr->size == 1         ? NCCL_SPLIT_NOCOLOR
+                  : g == ZPP_GROUP_NODE ? node
+                                        : local;
+      pthread_mutex_lock(&m->mu);
+      ZPP_CHECK(called(t,
+                       api.CommSplit(m->comm[ZPP_GROUP_WORLD], color,
+                                     g == ZPP_GROUP_NODE ? local : node,
+                                     &m->comm[g], &cfg),
+                       m->comm[ZPP_GROUP_WORLD], __func__,
+                       g == ZPP_GROUP_NODE ? "ncclCommSplit(node)"
+                                           : "ncclCommSplit(cross)"));
+      if (m->comm[g] != NULL)
+        ZPP_CHECK(ready(t, m->comm[g], __func__));
+    }
+    m->use[g] = gr->size == 1 ? -1 : plan == GROUP_WORLD ? ZPP_GROUP_WORLD : g;
+  }
+  m->use[ZPP_GROUP_WORLD] = t->size == 1 ? -1 : ZPP_GROUP_WORLD;
   for (g = 0; g < ZPP_NGROUPS; g++) {
     int r = -1, n = -1;
-    api.CommUserRank(m->comm[g], &r);
-    api.CommCount(m->comm[g], &n);
+    if (m->use[g] < 0)
+      continue;
+    api.CommUserRank(m->comm[m->use[g]], &r);
+    api.CommCount(m->comm[m->use[g]], &n);
     if (r != t->grp[g].index || n != t->grp[g].size)
       return zpp_error(ZPP_ERR_INTERNAL, __func__,
                        "group %s: NCCL gives rank %d of %d, topology %d of %d",
                        zpp_group_name((zpp_group_t)g), r, n, t->grp[g].index,
                        t->grp[g].size);
   }
-  ZPP_INFO(ZPP_SUBSYS_NET, "NCCL %d backend on device %d", api.version,
-           cuda_device);
+  ZPP_INFO(ZPP_SUBSYS_NET,
+           "NCCL %d backend on device %d; node group: %s, cross group: %s",
+           api.version, cuda_device, use_name(m, ZPP_GROUP_NODE),
+           use_name(m, ZPP_GROUP_CROSS));
   return ZPP_OK;
 }
 

@@ -43,7 +43,29 @@
  *   - errors: every wait is bounded by ZPP_NCCL_EMU_TIMEOUT_S (default 60)
  *     and turns into an asynchronous error (ncclRemoteError) reported by
  *     ncclCommGetAsyncError; ncclCommAbort wakes every pending operation,
- *     which then finishes with an error, and never waits for peers.
+ *     which then finishes with an error, and never waits for peers;
+ *   - thread safety: a call on a communicator (collective, send, receive,
+ *     split, finalize, destroy) while another thread is inside a call on
+ *     it, or holds grouped operations on it until its ncclGroupEnd, fails
+ *     with ncclInvalidUsage; communicators split with config.splitShare
+ *     count as their parent for this; each call stays inside a random
+ *     0..2 x ZPP_NCCL_EMU_CALL_US (default 20) us, so that unsynchronised
+ *     callers overlap; ncclCommGetAsyncError, ncclCommAbort,
+ *     ncclGetLastError and the queries stay allowed from any thread;
+ *   - ncclInProgress of operations: on a non-blocking communicator a
+ *     collective, send or receive outside a group, or ncclGroupEnd,
+ *     returns ncclInProgress for a fraction ZPP_NCCL_EMU_INPROGRESS
+ *     (default 0.5) of calls and is enqueued on its streams only a random
+ *     0..2 x ZPP_NCCL_EMU_ISSUE_US (default 200) us later; until then the
+ *     communicator answers ncclInProgress and refuses other calls
+ *     (nccl_emu_ops.c, "issuing");
+ *   - config.splitShare (and NCCL_COMM_SPLIT_SHARE_RESOURCES, which
+ *     overrides it): the child shares its parent's resources; a split
+ *     without config inherits the parent's value; the test hook
+ *     zpp_nccl_emu_census counts live communicators and those owning
+ *     resources (zpp_nccl_emu.h);
+ *   - the random draws (dwell, in-progress, issue delay) come from
+ *     ZPP_NCCL_EMU_SEED (default: clock and pid), printed at first use.
  *
  * What it does not model: topology, routing, channels and protocols (the
  * ring is always rank order, one chunk, one channel; NCCL's tree, NVLS and
@@ -53,9 +75,13 @@
  * and the other calls zpp does not make, ncclAvg and ncclPreMulSum, fp8
  * types, communicators spanning machines (ranks meet over UNIX sockets of
  * one host), kernels that hang the device (a stream blocked in a
- * stand-in operation blocks only that stream), and the check that the
+ * stand-in operation blocks only that stream), the check that the
  * stream belongs to the communicator's device (the emulated runtime has no
- * cudaStreamGetDevice to ask).
+ * cudaStreamGetDevice to ask), what sharing resources saves (a shared
+ * child costs nothing here either way), and NCCL's rule against issuing
+ * operations in parallel on independent communicators of one device from
+ * several threads (only one communicator, or one family sharing
+ * resources, is guarded).
  *
  * Between ranks (threads or processes of one machine) bytes travel over
  * UNIX-domain sockets in the abstract namespace, named from the unique id
@@ -89,7 +115,7 @@ int64_t emu_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static double env_double(const char *name, double def) {
+double emu_setting(const char *name, double def) {
   const char *v = getenv(name);
   char *end;
   double d;
@@ -100,11 +126,37 @@ static double env_double(const char *name, double def) {
 }
 
 double emu_timeout_s(void) {
-  return env_double("ZPP_NCCL_EMU_TIMEOUT_S", 60.0);
+  return emu_setting("ZPP_NCCL_EMU_TIMEOUT_S", 60.0);
 }
 
 int64_t emu_deadline(void) {
   return emu_now_ns() + (int64_t)(emu_timeout_s() * 1e9);
+}
+
+static pthread_mutex_t rand_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t rand_state;
+static int rand_seeded;
+
+uint64_t emu_rand(void) {
+  uint64_t x;
+  pthread_mutex_lock(&rand_lock);
+  if (!rand_seeded) {
+    const char *v = getenv("ZPP_NCCL_EMU_SEED");
+    char *end = NULL;
+    rand_state = v && v[0] ? strtoull(v, &end, 10) : 0;
+    if (!(v && v[0] && end && *end == '\0'))
+      rand_state = (uint64_t)emu_now_ns() ^ ((uint64_t)getpid() << 32);
+    rand_seeded = 1;
+    fprintf(stderr, "[nccl-emu %d] ZPP_NCCL_EMU_SEED=%llu\n", (int)getpid(),
+            (unsigned long long)rand_state);
+  }
+  /* splitmix64 */
+  rand_state += 0x9e3779b97f4a7c15ull;
+  x = rand_state;
+  pthread_mutex_unlock(&rand_lock);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
 }
 
 /* ---- errors --------------------------------------------------------------- */
@@ -194,6 +246,73 @@ void emu_ref(emu_comm_t *c) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* ---- shared resources and the thread inside a call ----------------------- */
+
+static emu_res_t *res_new(void) {
+  emu_res_t *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return NULL;
+  pthread_mutex_init(&r->lock, NULL);
+  r->refs = 1;
+  return r;
+}
+
+static void res_put(emu_res_t *r) {
+  int last;
+  if (r == NULL)
+    return;
+  pthread_mutex_lock(&r->lock);
+  last = --r->refs == 0;
+  pthread_mutex_unlock(&r->lock);
+  if (last) {
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+  }
+}
+
+ncclResult_t emu_enter(emu_comm_t *c, const char *func) {
+  emu_res_t *r = c->res;
+  pthread_t self = pthread_self();
+  double us = emu_setting("ZPP_NCCL_EMU_CALL_US", 20.0);
+  char other[sizeof r->call];
+  int shared;
+  pthread_mutex_lock(&r->lock);
+  if (r->depth > 0 && !pthread_equal(r->owner, self)) {
+    memcpy(other, r->call, sizeof other);
+    shared = r->refs > 1;
+    pthread_mutex_unlock(&r->lock);
+    return emu_fail(ncclInvalidUsage,
+                    "%s: communicator %p (rank %d of %d) is in use by another "
+                    "thread (in %s): NCCL operations on one communicator%s "
+                    "must not be issued from several threads in parallel",
+                    func, (void *)c->handle, c->rank, c->nranks, other,
+                    shared ? ", or on communicators sharing its resources "
+                             "(splitShare),"
+                           : "");
+  }
+  if (r->depth++ == 0) {
+    r->owner = self;
+    snprintf(r->call, sizeof r->call, "%s", func);
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (us > 0) {
+    /* Stay inside the call a while, so that another thread's call at about
+     * the same time overlaps it. */
+    int64_t ns = (int64_t)(emu_rand() % (uint64_t)(2 * us * 1000 + 1));
+    struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+    nanosleep(&ts, NULL);
+  }
+  return ncclSuccess;
+}
+
+void emu_leave(emu_comm_t *c) {
+  emu_res_t *r = c->res;
+  pthread_mutex_lock(&r->lock);
+  if (r->depth > 0)
+    r->depth--;
+  pthread_mutex_unlock(&r->lock);
+}
+
 void emu_unref(emu_comm_t *c) {
   int last, i;
   pthread_mutex_lock(&c->lock);
@@ -205,6 +324,7 @@ void emu_unref(emu_comm_t *c) {
   for (i = 0; c->peers != NULL && i < c->nranks; i++)
     pthread_mutex_destroy(&c->peers[i].send_lock);
   free(c->peers);
+  res_put(c->res);
   pthread_cond_destroy(&c->cond);
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -237,7 +357,7 @@ ncclResult_t emu_state_locked(emu_comm_t *c) {
     return c->async;
   if (c->init != ncclSuccess)
     return c->init;
-  if (emu_now_ns() < c->ready_after_ns || c->busy > 0)
+  if (emu_now_ns() < c->ready_after_ns || c->busy > 0 || c->issuing > 0)
     return ncclInProgress;
   if (c->finalizing && c->pending > 0)
     return ncclInProgress;
@@ -259,8 +379,9 @@ emu_comm_t *emu_get_ready(ncclComm_t h, const char *func, ncclResult_t *r) {
   if (st == ncclInProgress) {
     *r = emu_fail(ncclInvalidArgument,
                   "%s: communicator used before its previous operation "
-                  "(init, split or finalize) completed: poll "
-                  "ncclCommGetAsyncError until it returns ncclSuccess",
+                  "(init, split, finalize, or a call that returned "
+                  "ncclInProgress) completed: poll ncclCommGetAsyncError "
+                  "until it returns ncclSuccess",
                   func);
   } else if (st != ncclSuccess) {
     *r = emu_fail(st, "%s: communicator has failed: %s", func, msg);
@@ -338,37 +459,61 @@ EMU_API ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 /* ---- creation ----------------------------------------------------------------- */
 
 static int64_t init_delay_ns(void) {
-  return (int64_t)(env_double("ZPP_NCCL_EMU_INIT_DELAY_MS", 20.0) * 1e6);
+  return (int64_t)(emu_setting("ZPP_NCCL_EMU_INIT_DELAY_MS", 20.0) * 1e6);
 }
 
-static int config_blocking(const ncclConfig_t *cfg, int inherit,
-                           ncclResult_t *r, const char *func) {
-  *r = ncclSuccess;
-  if (cfg == NULL)
-    return inherit;
-  if (cfg->magic != 0xcafebeef || cfg->size < offsetof(ncclConfig_t, blocking) +
-                                                  sizeof(int)) {
-    *r = emu_fail(ncclInvalidArgument,
-                  "%s: config was not initialised with NCCL_CONFIG_INITIALIZER "
-                  "(magic 0x%x, size %zu)",
-                  func, cfg->magic, cfg->size);
-    return inherit;
+/* The fields of a config the stand-in models: blocking and splitShare
+ * (each NCCL_CONFIG_UNDEF_INT: inherited, or the default).  The
+ * environment's NCCL_COMM_SPLIT_SHARE_RESOURCES overrides splitShare, as
+ * in NCCL. */
+static ncclResult_t config_read(const ncclConfig_t *cfg, int *blocking,
+                                int *split_share, const char *func) {
+  const char *env = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (cfg != NULL) {
+    if (cfg->magic != 0xcafebeef ||
+        cfg->size < offsetof(ncclConfig_t, blocking) + sizeof(int))
+      return emu_fail(ncclInvalidArgument,
+                      "%s: config was not initialised with "
+                      "NCCL_CONFIG_INITIALIZER (magic 0x%x, size %zu)",
+                      func, cfg->magic, cfg->size);
+    if (cfg->blocking != NCCL_CONFIG_UNDEF_INT && cfg->blocking != 0 &&
+        cfg->blocking != 1)
+      return emu_fail(ncclInvalidArgument,
+                      "%s: config->blocking %d: must be 0 or 1", func,
+                      cfg->blocking);
+    if (cfg->blocking != NCCL_CONFIG_UNDEF_INT)
+      *blocking = cfg->blocking;
+    if (cfg->size >= offsetof(ncclConfig_t, splitShare) + sizeof(int) &&
+        cfg->splitShare != NCCL_CONFIG_UNDEF_INT) {
+      if (cfg->splitShare != 0 && cfg->splitShare != 1)
+        return emu_fail(ncclInvalidArgument,
+                        "%s: config->splitShare %d: must be 0 or 1", func,
+                        cfg->splitShare);
+      *split_share = cfg->splitShare;
+    }
   }
-  if (cfg->blocking == NCCL_CONFIG_UNDEF_INT)
-    return inherit;
-  if (cfg->blocking != 0 && cfg->blocking != 1) {
-    *r = emu_fail(ncclInvalidArgument, "%s: config->blocking %d: must be 0 or 1",
-                  func, cfg->blocking);
-    return inherit;
-  }
-  return cfg->blocking;
+  if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0))
+    *split_share = env[0] == '1';
+  return ncclSuccess;
 }
 
-static emu_comm_t *comm_new(int nranks, int rank, int dev, int blocking) {
+/* A communicator with its own resources (share NULL) or share's. */
+static emu_comm_t *comm_new(int nranks, int rank, int dev, int blocking,
+                            emu_res_t *share) {
   emu_comm_t *c = calloc(1, sizeof *c);
   pthread_condattr_t ca;
   if (c == NULL)
     return NULL;
+  if (share != NULL) {
+    pthread_mutex_lock(&share->lock);
+    share->refs++;
+    pthread_mutex_unlock(&share->lock);
+    c->res = share;
+    c->shares = 1;
+  } else if ((c->res = res_new()) == NULL) {
+    free(c);
+    return NULL;
+  }
   pthread_mutex_init(&c->lock, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -499,7 +644,7 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
   emu_comm_t *c;
   struct ncclComm *h;
   ncclResult_t r;
-  int blocking, dev = -1;
+  int blocking = 1, split_share = 0, dev = -1;
   cudaError_t ce;
   if (comm == NULL)
     return emu_fail(ncclInvalidArgument, "ncclCommInitRankConfig: comm is NULL");
@@ -515,7 +660,7 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
     return emu_fail(ncclInvalidArgument,
                     "ncclCommInitRankConfig: commId was not made by "
                     "ncclGetUniqueId of this library");
-  blocking = config_blocking(config, 1, &r, "ncclCommInitRankConfig");
+  r = config_read(config, &blocking, &split_share, "ncclCommInitRankConfig");
   if (r != ncclSuccess)
     return r;
   /* As NCCL: the rank's device is the calling thread's current one. */
@@ -524,11 +669,13 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
     return emu_fail(ncclUnhandledCudaError,
                     "ncclCommInitRankConfig: cudaGetDevice: %s",
                     cudaGetErrorString(ce));
-  c = comm_new(nranks, rank, dev, blocking);
+  c = comm_new(nranks, rank, dev, blocking, NULL);
   if (c == NULL || peers_alloc(c) != 0) {
-    free(c);
+    if (c != NULL)
+      emu_unref(c);
     return emu_fail(ncclSystemError, "stand-in: out of host memory");
   }
+  c->split_share = split_share;
   ce = cudaDeviceGetPCIBusId(c->busid, sizeof c->busid, dev);
   if (ce != cudaSuccess) {
     emu_unref(c);
@@ -675,7 +822,7 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   emu_comm_t *p, *c = NULL;
   struct ncclComm *h = NULL;
   split_arg_t *s;
-  int blocking;
+  int blocking, split_share;
   if (newcomm == NULL)
     return emu_fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
@@ -686,21 +833,29 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   p = emu_get_ready(comm, "ncclCommSplit", &r);
   if (p == NULL)
     return r;
-  blocking = config_blocking(config, p->blocking, &r, "ncclCommSplit");
+  /* nccl.h: "If config is NULL, the new communicator will inherit the
+   * original communicator's configuration". */
+  blocking = p->blocking;
+  split_share = config == NULL ? p->split_share : 0;
+  r = config_read(config, &blocking, &split_share, "ncclCommSplit");
+  if (r == ncclSuccess)
+    r = emu_enter(p, "ncclCommSplit");
   if (r != ncclSuccess) {
     emu_unref(p);
     return r;
   }
   s = calloc(1, sizeof *s);
   if (s == NULL) {
+    emu_leave(p);
     emu_unref(p);
     return emu_fail(ncclSystemError, "stand-in: out of host memory");
   }
   if (color != NCCL_SPLIT_NOCOLOR) {
     /* Same device as the parent; rank and size are known after the
-     * exchange. */
-    c = comm_new(1, 0, p->dev, blocking);
+     * exchange.  splitShare: the child uses the parent's resources. */
+    c = comm_new(1, 0, p->dev, blocking, split_share ? p->res : NULL);
     if (c != NULL) {
+      c->split_share = split_share;
       memcpy(c->busid, p->busid, sizeof c->busid);
       memcpy(c->host, p->host, sizeof c->host);
       h = handle_new(c);
@@ -709,6 +864,7 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
       if (c)
         emu_unref(c);
       free(s);
+      emu_leave(p);
       emu_unref(p);
       return emu_fail(ncclSystemError, "stand-in: out of host memory");
     }
@@ -731,6 +887,9 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
     pthread_t t;
     pthread_attr_t at;
     int rc;
+    /* The call's part on the caller's thread ends here (the parent is
+     * busy, so refused to any call, until the exchange is over). */
+    emu_leave(p);
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
     rc = pthread_create(&t, &at, split_main, s);
@@ -799,6 +958,25 @@ EMU_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm,
   pthread_mutex_unlock(&c->lock);
   emu_unref(c);
   return ncclSuccess;
+}
+
+/* Test hook (found with dlsym): the communicators of this process that
+ * are neither destroyed nor aborted, and how many of them own their
+ * resources (the others are splitShare children sharing an ancestor's). */
+EMU_API void zpp_nccl_emu_census(int *comms, int *own_resources) {
+  size_t i;
+  int n = 0, own = 0;
+  pthread_mutex_lock(&reg_lock);
+  for (i = 0; i < reg_n; i++)
+    if (reg[i]->impl != NULL) {
+      n++;
+      own += !reg[i]->impl->shares;
+    }
+  pthread_mutex_unlock(&reg_lock);
+  if (comms != NULL)
+    *comms = n;
+  if (own_resources != NULL)
+    *own_resources = own;
 }
 
 /* Count, rank, device: only once the communicator is ready (its size is
@@ -914,14 +1092,15 @@ EMU_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
 static int drain(emu_comm_t *c, int64_t deadline) {
   int left;
   pthread_mutex_lock(&c->lock);
-  while ((c->pending > 0 || c->bg > 0) && emu_now_ns() < deadline) {
+  while ((c->pending > 0 || c->bg > 0 || c->issuing > 0) &&
+         emu_now_ns() < deadline) {
     struct timespec ts;
     int64_t wake = emu_now_ns() + 100000000;
     ts.tv_sec = (time_t)(wake / 1000000000);
     ts.tv_nsec = (long)(wake % 1000000000);
     pthread_cond_timedwait(&c->cond, &c->lock, &ts);
   }
-  left = c->pending + c->bg;
+  left = c->pending + c->bg + c->issuing;
   pthread_mutex_unlock(&c->lock);
   return left;
 }
@@ -932,9 +1111,14 @@ EMU_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   int pending;
   if (c == NULL)
     return r;
+  if ((r = emu_enter(c, "ncclCommFinalize")) != ncclSuccess) {
+    emu_unref(c);
+    return r;
+  }
+  emu_leave(c);
   pthread_mutex_lock(&c->lock);
   c->finalizing = 1;
-  pending = c->pending;
+  pending = c->pending + c->issuing;
   pthread_mutex_unlock(&c->lock);
   if (!c->blocking) {
     emu_unref(c);
@@ -960,6 +1144,15 @@ EMU_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   int left, ok;
   if (comm == NULL)
     return ncclSuccess;
+  /* Not while another thread is inside a call on it. */
+  if ((c = emu_get(comm, "ncclCommDestroy", &r)) == NULL)
+    return r;
+  r = emu_enter(c, "ncclCommDestroy");
+  if (r == ncclSuccess)
+    emu_leave(c);
+  emu_unref(c);
+  if (r != ncclSuccess)
+    return r;
   c = detach(comm, "ncclCommDestroy", &r);
   if (c == NULL)
     return r;

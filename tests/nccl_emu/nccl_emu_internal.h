@@ -53,6 +53,19 @@ typedef struct {
   uint64_t send_seq, recv_seq; /* p2p calls issued to / from this peer */
 } emu_peer_t;
 
+/* What the calls of a communicator share: its own resources, or with
+ * config.splitShare its parent's.  NCCL's "Thread Safety" forbids calls on
+ * one communicator, or on communicators sharing resources, from two
+ * threads at once: owner is the thread inside such a call (or holding
+ * grouped operations on one of them until its ncclGroupEnd). */
+typedef struct emu_res {
+  pthread_mutex_t lock;
+  int refs;  /* communicators using it */
+  int depth; /* calls and grouped operations `owner` has open on it */
+  pthread_t owner;
+  char call[32]; /* the owner's first open call, for the message */
+} emu_res_t;
+
 typedef struct emu_comm {
   pthread_mutex_t lock;
   pthread_cond_t cond; /* inbox, state and pending changes */
@@ -63,6 +76,9 @@ typedef struct emu_comm {
   char host[EMU_HOST_LEN];
   uint64_t token[2];
   int blocking;
+  int split_share; /* config.splitShare, inherited by a split without config */
+  int shares;      /* uses its parent's resources (a splitShare child) */
+  emu_res_t *res;
   /* Life cycle.  init: ncclInProgress until the mesh is built, then the
    * result.  busy: splits of this comm whose exchange is under way. */
   ncclResult_t init;
@@ -72,6 +88,8 @@ typedef struct emu_comm {
   char err[EMU_ERR_LEN];
   int aborted, finalizing, destroyed;
   int pending; /* operations enqueued and not finished */
+  int issuing; /* operations of a call that returned ncclInProgress, not yet
+                  enqueued on their stream */
   int bg;      /* background threads (init, split) still running */
   uint64_t coll_seq, split_seq;
   emu_peer_t *peers; /* [nranks] */
@@ -108,6 +126,16 @@ void emu_ref(emu_comm_t *c);
 void emu_unref(emu_comm_t *c);
 /* The comm's readiness as ncclCommGetAsyncError reports it (lock held). */
 ncclResult_t emu_state_locked(emu_comm_t *c);
+/* A thread's call on c begins (fails with ncclInvalidUsage while another
+ * thread is inside a call on c or on a communicator sharing c's
+ * resources), and ends.  A call that begins waits a random 0..2 x
+ * ZPP_NCCL_EMU_CALL_US (default 20) before it goes on, so that two
+ * threads that call at about the same time overlap. */
+ncclResult_t emu_enter(emu_comm_t *c, const char *func);
+void emu_leave(emu_comm_t *c);
+/* Uniform in [0, 2^64), from ZPP_NCCL_EMU_SEED (printed at first use). */
+uint64_t emu_rand(void);
+double emu_setting(const char *name, double def);
 
 /* ---- nccl_emu_net.c ---------------------------------------------------- */
 /* Connects rank c->rank with every other rank of c (names from c->token),

@@ -567,7 +567,7 @@ void emu_mesh_close(emu_comm_t *c) {
     close(c->wake[1]);
     c->wake[0] = c->wake[1] = -1;
   }
-  for (i = 0; i < c->nranks; i++) {
+  for (i = 0; c->peers != NULL && i < c->nranks; i++) {
     emu_msg_t *m = c->peers[i].head, *next;
     if (c->peers[i].fd >= 0)
       close(c->peers[i].fd);

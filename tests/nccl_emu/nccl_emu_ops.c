@@ -31,8 +31,10 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { OP_ALLGATHER, OP_REDUCE_SCATTER, OP_SEND, OP_RECV };
 
@@ -642,20 +644,192 @@ static ncclResult_t group_fail(ncclResult_t r) {
   return r;
 }
 
+/* ---- issuing: now, or later after returning ncclInProgress -----------------
+ * NCCL, on a non-blocking communicator: "If any NCCL function returns
+ * ncclInProgress, users must query the communicator state until it becomes
+ * ncclSuccess before calling another NCCL function", and "Before the state
+ * becomes ncclSuccess, do not issue CUDA kernels on streams used by NCCL".
+ * The stand-in hands such a call (a fraction ZPP_NCCL_EMU_INPROGRESS of
+ * them, default 0.5, drawn from ZPP_NCCL_EMU_SEED) to its issuer thread,
+ * which enqueues it on its streams after a random 0..2 x
+ * ZPP_NCCL_EMU_ISSUE_US (default 200) us; until then its communicators
+ * answer ncclInProgress and refuse other calls, and its streams do not hold
+ * it, so a caller that does not poll sees stale data. */
+
+typedef struct emu_later {
+  struct emu_later *next;
+  emu_op_t *ops;
+  int n;
+  int64_t not_before;
+} emu_later_t;
+
+static pthread_mutex_t later_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t later_cond = PTHREAD_COND_INITIALIZER;
+static emu_later_t *later_head, *later_tail;
+static int later_started, later_held;
+
+/* Test hook (zpp_nccl_emu.h): while held, nothing handed to the issuer
+ * thread is issued. */
+EMU_API void zpp_nccl_emu_hold_issue(int hold) {
+  pthread_mutex_lock(&later_lock);
+  later_held = hold != 0;
+  pthread_cond_broadcast(&later_cond);
+  pthread_mutex_unlock(&later_lock);
+}
+
+static void issued(emu_op_t *ops, int n, ncclResult_t r) {
+  int i;
+  for (i = 0; i < n; i++) {
+    emu_comm_t *c = ops[i].c;
+    pthread_mutex_lock(&c->lock);
+    if (r != ncclSuccess)
+      emu_set_async_locked(c, r,
+                           "%s returned ncclInProgress, then failed "
+                           "when the stand-in enqueued it",
+                           op_name(ops[i].kind));
+    c->issuing--;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+  }
+}
+
+static void *issuer_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    emu_later_t *l;
+    emu_comm_t **cs;
+    int64_t now;
+    int i;
+    pthread_mutex_lock(&later_lock);
+    while (later_head == NULL || later_held)
+      pthread_cond_wait(&later_cond, &later_lock);
+    l = later_head;
+    later_head = l->next;
+    if (later_head == NULL)
+      later_tail = NULL;
+    pthread_mutex_unlock(&later_lock);
+    now = emu_now_ns();
+    if (l->not_before > now) {
+      struct timespec ts = {(time_t)((l->not_before - now) / 1000000000),
+                            (long)((l->not_before - now) % 1000000000)};
+      nanosleep(&ts, NULL);
+    }
+    /* launch() gives the operations' references away: keep the
+     * communicators for the bookkeeping after it. */
+    cs = malloc((size_t)l->n * sizeof *cs);
+    for (i = 0; cs != NULL && i < l->n; i++) {
+      cs[i] = l->ops[i].c;
+      emu_ref(cs[i]);
+    }
+    if (cs == NULL) {
+      issued(l->ops, l->n, ncclSystemError);
+      release_ops(l->ops, l->n, 0);
+    } else {
+      ncclResult_t r = launch(l->ops, l->n);
+      issued(l->ops, l->n, r); /* reads only ops[i].c, kept alive by cs */
+      for (i = 0; i < l->n; i++)
+        emu_unref(cs[i]);
+    }
+    free(cs);
+    free(l->ops);
+    free(l);
+  }
+  return NULL;
+}
+
+/* Hands ops to the issuer thread; 0 when it cannot (then nothing changed). */
+static int issue_later(const emu_op_t *ops, int n) {
+  emu_later_t *l = calloc(1, sizeof *l);
+  double us = emu_setting("ZPP_NCCL_EMU_ISSUE_US", 200.0);
+  int i;
+  if (l == NULL || (l->ops = malloc((size_t)n * sizeof *ops)) == NULL) {
+    free(l);
+    return 0;
+  }
+  memcpy(l->ops, ops, (size_t)n * sizeof *ops);
+  l->n = n;
+  l->not_before =
+      emu_now_ns() +
+      (us > 0 ? (int64_t)(emu_rand() % (uint64_t)(2 * us * 1000 + 1)) : 0);
+  pthread_mutex_lock(&later_lock);
+  if (!later_started) {
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    later_started = pthread_create(&t, &at, issuer_main, NULL) == 0;
+    pthread_attr_destroy(&at);
+    if (!later_started) {
+      pthread_mutex_unlock(&later_lock);
+      free(l->ops);
+      free(l);
+      return 0;
+    }
+  }
+  for (i = 0; i < n; i++) {
+    pthread_mutex_lock(&ops[i].c->lock);
+    ops[i].c->issuing++;
+    pthread_mutex_unlock(&ops[i].c->lock);
+  }
+  if (later_tail != NULL)
+    later_tail->next = l;
+  else
+    later_head = l;
+  later_tail = l;
+  pthread_cond_signal(&later_cond);
+  pthread_mutex_unlock(&later_lock);
+  return 1;
+}
+
+/* Issues a call's operations (one, or a group's) and ends the call on
+ * their communicators.  The operations' references go with them. */
+static ncclResult_t issue(emu_op_t *ops, int n) {
+  emu_comm_t **cs = malloc((size_t)n * sizeof *cs);
+  double frac = emu_setting("ZPP_NCCL_EMU_INPROGRESS", 0.5);
+  int i, nonblocking = 1;
+  ncclResult_t r;
+  if (cs == NULL) {
+    for (i = 0; i < n; i++)
+      emu_leave(ops[i].c);
+    release_ops(ops, n, 0);
+    return emu_fail(ncclSystemError, "stand-in: out of host memory");
+  }
+  for (i = 0; i < n; i++) {
+    cs[i] = ops[i].c;
+    emu_ref(cs[i]);
+    nonblocking &= !cs[i]->blocking;
+  }
+  if (nonblocking && frac > 0 &&
+      (double)(emu_rand() >> 11) * 0x1.0p-53 < frac && issue_later(ops, n))
+    r = ncclInProgress;
+  else
+    r = launch(ops, n);
+  for (i = 0; i < n; i++) {
+    emu_leave(cs[i]);
+    emu_unref(cs[i]);
+  }
+  free(cs);
+  return r;
+}
+
 static ncclResult_t submit(const emu_op_t *o) {
   emu_op_t one = *o;
   if (g_depth == 0)
-    return launch(&one, 1);
+    return issue(&one, 1);
   if (g_n == g_cap) {
     int cap = g_cap ? 2 * g_cap : 16;
     emu_op_t *p = realloc(g_ops, (size_t)cap * sizeof *p);
     if (p == NULL) {
+      emu_leave(o->c);
       emu_unref(o->c);
       return group_fail(emu_fail(ncclSystemError, "stand-in: out of memory"));
     }
     g_ops = p;
     g_cap = cap;
   }
+  /* The call stays open on its communicator until ncclGroupEnd: "for any
+   * grouped NCCL operations, users need to ensure only one thread issues
+   * the all operations in the group". */
   g_ops[g_n++] = one;
   return ncclSuccess;
 }
@@ -667,6 +841,7 @@ EMU_API ncclResult_t ncclGroupStart(void) {
 
 EMU_API ncclResult_t ncclGroupEnd(void) {
   ncclResult_t r;
+  int i;
   if (g_depth == 0)
     return emu_fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_depth > 0)
@@ -675,9 +850,11 @@ EMU_API ncclResult_t ncclGroupEnd(void) {
   g_err = ncclSuccess;
   if (r != ncclSuccess) {
     /* A failed call in the group: nothing of the group runs. */
+    for (i = 0; i < g_n; i++)
+      emu_leave(g_ops[i].c);
     release_ops(g_ops, g_n, 0);
   } else if (g_n > 0) {
-    r = launch(g_ops, g_n);
+    r = issue(g_ops, g_n);
   }
   g_n = 0;
   return r;
@@ -732,17 +909,30 @@ static ncclResult_t check_type(ncclDataType_t dt, const char *func) {
   return ncclSuccess;
 }
 
-/* Takes a ready comm, or records the error (also for the group). */
+/* Takes a ready comm and begins the call on it, or records the error
+ * (also for the group). */
 static emu_comm_t *op_comm(ncclComm_t comm, const char *func, ncclResult_t *r) {
   emu_comm_t *c = emu_get_ready(comm, func, r);
+  if (c != NULL && (*r = emu_enter(c, func)) != ncclSuccess) {
+    emu_unref(c);
+    c = NULL;
+  }
   if (c == NULL)
     group_fail(*r);
   return c;
 }
 
 static ncclResult_t op_reject(emu_comm_t *c, ncclResult_t r) {
+  emu_leave(c);
   emu_unref(c);
   return group_fail(r);
+}
+
+/* A call with nothing to move (count 0) ends. */
+static ncclResult_t op_nothing(emu_comm_t *c) {
+  emu_leave(c);
+  emu_unref(c);
+  return ncclSuccess;
 }
 
 EMU_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff,
@@ -756,10 +946,8 @@ EMU_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff,
     return r;
   if ((r = check_type(datatype, f)) != ncclSuccess)
     return op_reject(c, r);
-  if (sendcount == 0) { /* nothing to move, as in NCCL */
-    emu_unref(c);
-    return ncclSuccess;
-  }
+  if (sendcount == 0) /* nothing to move, as in NCCL */
+    return op_nothing(c);
   if ((r = check_ptr(c, sendbuff, "sendbuff", f)) != ncclSuccess ||
       (r = check_ptr(c, recvbuff, "recvbuff", f)) != ncclSuccess)
     return op_reject(c, r);
@@ -791,10 +979,8 @@ EMU_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff,
                                  "%s: op %d: the stand-in models ncclSum, "
                                  "ncclProd, ncclMax and ncclMin",
                                  f, (int)op));
-  if (recvcount == 0) {
-    emu_unref(c);
-    return ncclSuccess;
-  }
+  if (recvcount == 0)
+    return op_nothing(c);
   if ((r = check_ptr(c, sendbuff, "sendbuff", f)) != ncclSuccess ||
       (r = check_ptr(c, recvbuff, "recvbuff", f)) != ncclSuccess)
     return op_reject(c, r);
@@ -825,10 +1011,8 @@ static ncclResult_t p2p(int kind, const void *sbuf, void *rbuf, size_t count,
     return op_reject(c, emu_fail(ncclInvalidArgument,
                                  "%s: peer %d: must be in [0, %d)", f, peer,
                                  c->nranks));
-  if (count == 0) {
-    emu_unref(c);
-    return ncclSuccess;
-  }
+  if (count == 0)
+    return op_nothing(c);
   r = kind == OP_SEND ? check_ptr(c, sbuf, "sendbuff", f)
                       : check_ptr(c, rbuf, "recvbuff", f);
   if (r != ncclSuccess)
