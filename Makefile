@@ -80,7 +80,7 @@ fuzz: deps
 # CPU emulator of the CUDA runtime (tests/cuda_emu): no GPU needed.  Only
 # the targets of the tests labelled "emu" are built.
 EMU_TARGETS = zpp zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_coll test_transport \
-  test_runtime test_device_path zpp-bench
+  test_runtime test_device_path test_nccl_transport zpp-bench
 
 emu: deps
 	cmake -S . -B $(EMU_BUILD) -DCMAKE_BUILD_TYPE=Release -DZPP_CUDA_EMU=ON \
