@@ -605,6 +605,357 @@ TEST_F(Emu, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   cudaGraphDestroy(g);
 }
 
+// ---- driver entry points ------------------------------------------------------------------
+
+// The driver functions as a caller without cuda.h types them: CUresult as
+// int, CUstream as cudaStream_t, CUdeviceptr as unsigned long long.
+using WaitValue32Fn = int (*)(cudaStream_t, unsigned long long, uint32_t, unsigned);
+using WriteValue32Fn = int (*)(cudaStream_t, unsigned long long, uint32_t, unsigned);
+using PrimaryCtxGetStateFn = int (*)(int, unsigned *, int *);
+
+// cuda.h, enum CUstreamWaitValue_flags_enum and CUstreamWriteValue_flags_enum
+constexpr unsigned kWaitGeq = 0x0, kWaitEq = 0x1, kWaitAnd = 0x2, kWaitNor = 0x3,
+                   kWaitFlush = 1u << 30, kWriteNoMemoryBarrier = 0x1;
+// cuda.h, enum cudaError_enum
+constexpr int kCuSuccess = 0, kCuInvalidValue = 1, kCuInvalidDevice = 101, kCuNotSupported = 801;
+
+template <typename Fn> Fn driver_fn(const char *symbol) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &r) != cudaSuccess ||
+      r != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<Fn>(p);
+}
+
+// cuda_runtime_api.h, cudaGetDriverEntryPointByVersion: "The API will
+// return ::cudaSuccess and set the returned \p funcPtr to NULL if the
+// requested driver function is not supported on the platform, no ABI
+// compatible driver function exists for the requested version or if the
+// driver symbol is invalid." and "If the specified CUDA version is greater
+// than the driver version, the API will return ::cudaErrorInvalidValue."
+TEST_F(Emu, DriverEntryPointsAreFoundByNameAndVersion) {
+  for (const char *sym :
+       {"cuStreamWaitValue32", "cuStreamWriteValue32", "cuDevicePrimaryCtxGetState"}) {
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+    CUDA_OK(cudaGetDriverEntryPointByVersion(sym, &p, 12000, cudaEnableDefault, &r));
+    EXPECT_EQ(r, cudaDriverEntryPointSuccess) << sym;
+    EXPECT_NE(p, nullptr) << sym;
+  }
+  void *p = &p;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSuccess;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &p, 12000, cudaEnableDefault, &r));
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(r, cudaDriverEntryPointSymbolNotFound);
+  p = &p;
+  CUDA_OK(
+      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 11000, cudaEnableDefault, &r));
+  EXPECT_EQ(p, nullptr) << "the _v2 function exists since CUDA 11.7";
+  EXPECT_EQ(r, cudaDriverEntryPointVersionNotSufficent);
+  EXPECT_EQ(
+      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 99000, cudaEnableDefault, &r),
+      cudaErrorInvalidValue)
+      << "a version above the driver's";
+  EXPECT_EQ(cudaGetDriverEntryPointByVersion(nullptr, &p, 12000, cudaEnableDefault, &r),
+            cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+// cuda.h, cuStreamWaitValue32: "Work ordered after the operation will block
+// until the given condition on the memory is satisfied. By default, the
+// condition is to wait for (int32_t)(*addr - value) >= 0, a cyclic
+// greater-or-equal."; cuStreamWriteValue32 writes in stream order, after
+// "a memory fence before the write" (CU_STREAM_WRITE_VALUE_DEFAULT).
+TEST_F(Emu, StreamWaitValueHoldsLaterWorkUntilTheHostWritesTheWord) {
+  auto wait = driver_fn<WaitValue32Fn>("cuStreamWaitValue32");
+  ASSERT_NE(wait, nullptr);
+  Pinned flag, out;
+  Stream st(cudaStreamNonBlocking);
+  CUDA_OK(zpp_emu_stream_hold(st.s));  // nothing runs before the checks below
+  ASSERT_EQ(wait(st.s, (unsigned long long)flag.p, 5, kWaitGeq), kCuSuccess);
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, out.p, 7));
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  unsigned old = zpp_emu_set_delay_us(0);
+  __atomic_store_n(flag.p, 4, __ATOMIC_RELEASE);
+  // time for the stream to run early if it would: it must not
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady);
+  EXPECT_EQ(__atomic_load_n(out.p, __ATOMIC_ACQUIRE), 0) << "ran before the word reached 5";
+  (void)cudaGetLastError();
+  __atomic_store_n(flag.p, 5, __ATOMIC_RELEASE);
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  zpp_emu_set_delay_us(old);
+  EXPECT_EQ(*out.p, 7);
+}
+
+// The four conditions of cuda.h (CUstreamWaitValue_flags): GEQ
+// "(int32_t)(*addr - value) >= 0 ... a cyclic comparison which ignores
+// wraparound", EQ "*addr == value", AND "(*addr & value) != 0", NOR
+// "~(*addr | value) != 0", each against a reference in 64-bit arithmetic
+// on random words.
+TEST_F(Emu, StreamWaitValueConditionsFollowCudaH) {
+  auto wait = driver_fn<WaitValue32Fn>("cuStreamWaitValue32");
+  ASSERT_NE(wait, nullptr);
+  uint64_t seed = test_seed();
+  std::printf("[ seed ] Emu wait value: ZPP_TEST_SEED=%llu\n", (unsigned long long)seed);
+  std::mt19937 rng((unsigned)seed);
+  auto reference = [](uint32_t w, uint32_t v, unsigned f) {
+    uint64_t diff = ((uint64_t)w + (1ull << 32) - v) % (1ull << 32);
+    switch (f) {
+    case kWaitGeq:
+      return diff < (1ull << 31);
+    case kWaitEq:
+      return w == v;
+    case kWaitAnd:
+      return ((uint64_t)w & v) != 0;
+    default:
+      return (~((uint64_t)w | v) & 0xffffffffull) != 0;
+    }
+  };
+  Pinned word;
+  Stream st(cudaStreamNonBlocking);
+  unsigned old = zpp_emu_set_delay_us(0);
+  unsigned old_timeout = zpp_emu_set_timeout_s(10);  // a wrong condition fails, not hangs
+  int held = 0, passed = 0;
+  for (int i = 0; i < 64; i++) {
+    unsigned f = (unsigned)i % 4;
+    uint32_t w = rng(), v = rng();
+    if (i % 8 < 4) v = w + (uint32_t)(rng() % 5) - 2;  // near w, wraparound included
+    if (i % 16 == 3) w = 0xffffffffu;                  // NOR holds for no value
+    *(volatile uint32_t *)word.p = w;
+    ASSERT_EQ(wait(st.s, (unsigned long long)word.p, v, f), kCuSuccess);
+    if (reference(w, v, f)) {
+      passed++;
+      ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess)
+          << "flags " << f << " w " << w << " v " << v;
+      continue;
+    }
+    held++;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady)
+        << "flags " << f << " word " << w << " value " << v << ": passed";
+    (void)cudaGetLastError();
+    // a word that satisfies it: v itself for GEQ and EQ, all ones for AND,
+    // zero for NOR
+    uint32_t ok = f == kWaitAnd ? 0xffffffffu : f == kWaitNor ? 0u : v;
+    ASSERT_TRUE(reference(ok, v, f));
+    __atomic_store_n((uint32_t *)word.p, ok, __ATOMIC_RELEASE);
+    ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+  }
+  zpp_emu_set_delay_us(old);
+  zpp_emu_set_timeout_s(old_timeout);
+  EXPECT_GT(held, 8);
+  EXPECT_GT(passed, 8);
+}
+
+TEST_F(Emu, StreamWriteValueOrdersAStreamWaitingOnDeviceMemory) {
+  auto wait = driver_fn<WaitValue32Fn>("cuStreamWaitValue32");
+  auto write = driver_fn<WriteValue32Fn>("cuStreamWriteValue32");
+  ASSERT_NE(wait, nullptr);
+  ASSERT_NE(write, nullptr);
+  Pinned log(8), done;
+  uint32_t *word = nullptr;
+  CUDA_OK(cudaMalloc(&word, sizeof *word));
+  CUDA_OK(cudaMemset(word, 0, sizeof *word));
+  CUDA_OK(cudaDeviceSynchronize());
+  Stream a(cudaStreamNonBlocking), b(cudaStreamNonBlocking);
+  // b: wait for the word, then append 2; a: append 1, then write the word
+  ASSERT_EQ(wait(b.s, (unsigned long long)word, 1, kWaitEq), kCuSuccess);
+  CUDA_OK(launch(append_kernel, 1, 1, b.s, log.p, 2));
+  CUDA_OK(zpp_emu_stream_hold(a.s));
+  CUDA_OK(launch(append_kernel, 1, 1, a.s, log.p, 1));
+  ASSERT_EQ(write(a.s, (unsigned long long)word, 1, 0), kCuSuccess);
+  // and a pinned word written in stream order, after the kernel
+  ASSERT_EQ(write(a.s, (unsigned long long)done.p, 9, 0), kCuSuccess);
+  EXPECT_EQ(cudaStreamQuery(b.s), cudaErrorNotReady);
+  EXPECT_EQ(*(volatile int *)done.p, 0);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(a.s));
+  CUDA_OK(cudaStreamSynchronize(b.s));
+  CUDA_OK(cudaStreamSynchronize(a.s));
+  ASSERT_EQ(log.p[0], 2);
+  EXPECT_EQ(log.p[1], 1);
+  EXPECT_EQ(log.p[2], 2);
+  EXPECT_EQ(*done.p, 9);
+  CUDA_OK(cudaFree(word));
+}
+
+// cuda.h: "None of the operations accepts pointers to managed memory
+// buffers"; "all memory pointers passed as parameters to these operations
+// are device pointers" (pageable memory is none); CU_STREAM_WAIT_VALUE_FLUSH
+// "is restricted to selected platforms" (not the emulated ones);
+// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: "This flag is not supported in
+// the v2 API".
+TEST_F(Emu, StreamMemoryOperationsRejectWhatCudaHRejects) {
+  auto wait = driver_fn<WaitValue32Fn>("cuStreamWaitValue32");
+  auto write = driver_fn<WriteValue32Fn>("cuStreamWriteValue32");
+  ASSERT_NE(wait, nullptr);
+  ASSERT_NE(write, nullptr);
+  uint32_t pageable = 0;
+  void *managed = nullptr;
+  CUDA_OK(cudaMallocManaged(&managed, 64));
+  Pinned ok;
+  EXPECT_EQ(wait(0, (unsigned long long)&pageable, 0, kWaitGeq), kCuInvalidValue);
+  EXPECT_EQ(write(0, (unsigned long long)&pageable, 0, 0), kCuInvalidValue);
+  EXPECT_EQ(wait(0, (unsigned long long)managed, 0, kWaitGeq), kCuInvalidValue);
+  EXPECT_EQ(write(0, (unsigned long long)managed, 0, 0), kCuInvalidValue);
+  EXPECT_EQ(wait(0, (unsigned long long)ok.p, 0, kWaitGeq | kWaitFlush), kCuNotSupported);
+  EXPECT_EQ(write(0, (unsigned long long)ok.p, 0, kWriteNoMemoryBarrier), kCuNotSupported);
+  EXPECT_EQ(wait(0, (unsigned long long)ok.p, 0, 0x7), kCuInvalidValue);
+  CUDA_OK(cudaFree(managed));
+}
+
+// A GPU waits forever for a word nobody writes; the emulator bounds the
+// wait by ZPP_EMU_TIMEOUT_S and then fails the device (sticky
+// cudaErrorTimeout), so a test that forgot the write fails instead of
+// hanging.
+TEST_F(Emu, AStreamWaitValueNeverSatisfiedFailsTheDeviceAfterTheTimeout) {
+  auto wait = driver_fn<WaitValue32Fn>("cuStreamWaitValue32");
+  ASSERT_NE(wait, nullptr);
+  CUDA_OK(cudaSetDevice(5));
+  Pinned word, out;
+  Stream st(cudaStreamNonBlocking);
+  unsigned old = zpp_emu_set_timeout_s(1);
+  ASSERT_EQ(wait(st.s, (unsigned long long)word.p, 1, kWaitEq), kCuSuccess);
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, out.p, 3));
+  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorTimeout);
+  zpp_emu_set_timeout_s(old);
+  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorTimeout) << "sticky";
+  EXPECT_NE(std::string(zpp_emu_last_fault()).find("cuStreamWaitValue32"), std::string::npos)
+      << zpp_emu_last_fault();
+  EXPECT_EQ(*out.p, 0) << "the work after the wait ran";
+}
+
+// cuda_runtime_api.h, cudaHostGetDevicePointer: "If all devices visible to
+// the application have a non-zero value for the device attribute, the
+// device pointer returned by ::cudaHostGetDevicePointer() will match the
+// original pointer \p pHost."; "\p flags provides for future releases.
+// For now, it must be set to 0."
+TEST_F(Emu, TheDevicePointerOfPinnedMemoryIsItsHostPointer) {
+  Pinned h(4);
+  void *d = nullptr;
+  CUDA_OK(cudaHostGetDevicePointer(&d, h.p + 1, 0));
+  EXPECT_EQ(d, (void *)(h.p + 1));
+  int pageable = 0;
+  EXPECT_EQ(cudaHostGetDevicePointer(&d, &pageable, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaHostGetDevicePointer(&d, h.p, 1), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+// ---- primary contexts ------------------------------------------------------------------
+
+bool driver_says_active(int device) {
+  auto get = driver_fn<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState");
+  unsigned flags = 99;
+  int active = -1;
+  if (get == nullptr || get(device, &flags, &active) != kCuSuccess) return false;
+  return active == 1;
+}
+
+// cuda_runtime_api.h, cudaSetDevice: "This function will also immediately
+// initialize the runtime state on the primary context, and the context will
+// be current on \p device immediately."; the CUDA Runtime API,
+// "Interactions with the CUDA Driver API": "If no CUcontext is current to
+// the calling thread when a CUDA Runtime API call which requires an active
+// context is made, then the primary context for a device will be selected,
+// made current to the calling thread, and initialized." (the thread's
+// device, 0 until it sets one: cudaGetDevice answers 0 on a new thread)
+TEST_F(Emu, AThreadThatWorksOnlyOnDevice3LeavesDevice0WithoutAContext) {
+  zpp_emu_reset_contexts();
+  std::thread t([] {
+    int d = -1;
+    cudaGetDevice(&d);  // needs no context
+    cudaSetDevice(3);
+    int *p = nullptr;
+    cudaStream_t s = nullptr;
+    cudaEvent_t ev = nullptr;
+    cudaPointerAttributes a;
+    cudaMalloc(&p, 64);
+    cudaStreamCreate(&s);
+    cudaEventCreate(&ev);
+    launch(store_kernel, 1, 1, s, p, 1);
+    cudaEventRecord(ev, s);
+    cudaEventSynchronize(ev);
+    cudaPointerGetAttributes(&a, p);
+    cudaStreamSynchronize(s);
+    cudaFree(p);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(s);
+  });
+  t.join();
+  EXPECT_EQ(zpp_emu_context_active(0), 0);
+  EXPECT_FALSE(driver_says_active(0));
+  EXPECT_EQ(zpp_emu_context_active(3), 1);
+  EXPECT_TRUE(driver_says_active(3));
+  unsigned flags = 0;
+  int active = 0;
+  auto get = driver_fn<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState");
+  ASSERT_NE(get, nullptr);
+  EXPECT_EQ(get(99, &flags, &active), kCuInvalidDevice);
+  EXPECT_EQ(get(0, nullptr, &active), kCuInvalidValue);
+}
+
+TEST_F(Emu, SetDeviceInitialisesTheContextGetDeviceDoesNot) {
+  zpp_emu_reset_contexts();
+  std::thread([] { cudaSetDevice(5); }).join();
+  EXPECT_EQ(zpp_emu_context_active(5), 1) << "cudaSetDevice initialises at once";
+  EXPECT_EQ(zpp_emu_context_active(0), 0);
+  // Calls on a thread that never set a device: device queries need no
+  // context, work does (on device 0).
+  std::thread([] {
+    int d = -1, n = 0;
+    char id[32];
+    void *p = nullptr;
+    cudaGetDevice(&d);
+    cudaGetDeviceCount(&n);
+    cudaDeviceGetPCIBusId(id, sizeof id, 2);
+    cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault);
+    (void)cudaGetLastError();
+  }).join();
+  EXPECT_EQ(zpp_emu_context_active(0), 0);
+  EXPECT_EQ(zpp_emu_context_active(2), 0);
+  using Call = void (*)();
+  const std::pair<const char *, Call> calls[] = {
+      {"cudaFree(0)", [] { cudaFree(nullptr); }},
+      {"cudaMalloc",
+       [] {
+         void *p = nullptr;
+         if (cudaMalloc(&p, 4) == cudaSuccess) cudaFree(p);
+       }},
+      {"cudaMallocHost",
+       [] {
+         void *p = nullptr;
+         if (cudaMallocHost(&p, 4) == cudaSuccess) cudaFreeHost(p);
+       }},
+      {"cudaStreamCreate",
+       [] {
+         cudaStream_t s = nullptr;
+         if (cudaStreamCreate(&s) == cudaSuccess) cudaStreamDestroy(s);
+       }},
+      {"cudaEventCreate",
+       [] {
+         cudaEvent_t e = nullptr;
+         if (cudaEventCreate(&e) == cudaSuccess) cudaEventDestroy(e);
+       }},
+      {"cudaLaunchKernelEx", [] { launch(axpb_kernel, 1, 1, 0, (int *)nullptr, (size_t)0, 0); }},
+      {"cudaPointerGetAttributes",
+       [] {
+         int x = 0;
+         cudaPointerAttributes a;
+         cudaPointerGetAttributes(&a, &x);
+       }},
+      {"cudaDeviceSynchronize", [] { cudaDeviceSynchronize(); }},
+  };
+  for (const auto &c : calls) {
+    zpp_emu_reset_contexts();
+    std::thread(c.second).join();
+    EXPECT_EQ(zpp_emu_context_active(0), 1) << c.first << " initialises device 0's context";
+    EXPECT_EQ(zpp_emu_context_active(1), 0) << c.first;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
 // ---- test hooks -------------------------------------------------------------------------
 
 TEST_F(Emu, ApiCallsAreCounted) {

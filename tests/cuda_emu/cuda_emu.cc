@@ -50,7 +50,19 @@
 //    and it cannot touch device memory;
 //  - stream capture into a graph (kernels, copies, memsets, host
 //    functions), instantiate and launch;
-//  - per-thread last error, sticky errors per device.
+//  - per-thread last error, sticky errors per device;
+//  - primary contexts: cudaSetDevice(d) initialises device d's, and every
+//    runtime call that needs a context (memory, streams, events, launches,
+//    synchronisation, pointer attributes, cudaFree(0)) initialises the
+//    calling thread's device's (device 0 on a thread that never set one);
+//    device queries (cudaGetDevice, cudaGetDeviceCount, PCI bus ids, peer
+//    capability) and cudaGetDriverEntryPointByVersion do not;
+//  - driver functions through cudaGetDriverEntryPointByVersion:
+//    cuStreamWaitValue32 and cuStreamWriteValue32 (the _v2 semantics; on
+//    pinned host or device memory; a wait is bounded by ZPP_EMU_TIMEOUT_S,
+//    then the device gets a sticky cudaErrorTimeout, where a GPU waits
+//    forever) and cuDevicePrimaryCtxGetState; unknown symbols give NULL and
+//    cudaDriverEntryPointSymbolNotFound.
 //
 // What it does NOT model:
 //  - host code touching device memory while any device operation runs
@@ -67,6 +79,11 @@
 //  - concurrency between device operations, 2-D/3-D grids, dynamic shared
 //    memory, launch attributes, cudaStreamPerThread, memory pools, IPC,
 //    managed-memory migration, device properties, timing accuracy;
+//  - contexts other than the primary ones (the driver's cuCtx* calls), a
+//    thread's current context apart from its device, cudaSetDeviceFlags;
+//  - the v1 stream memory operations (cudaVersion below 11070 gets
+//    cudaDriverEntryPointVersionNotSufficent, where a driver returns them),
+//    the per-thread (_ptsz) entry points, 64-bit waits and writes;
 //  - performance: a kernel runs on one CPU thread, one CUDA thread at a time.
 #include "cuda_runtime.h"
 
@@ -119,13 +136,14 @@ struct Settings {
   int devices = 8;
   std::atomic<unsigned> delay_us{300};
   uint64_t seed = 0;
-  unsigned timeout_s = 300;
+  std::atomic<unsigned> timeout_s{300};
   size_t arena_bytes = (size_t)64 << 30;
   size_t device_bytes = (size_t)16 << 30;
 };
 
 // ---- the API counters -------------------------------------------------------
 
+// clang-format off
 #define ZPP_EMU_APIS(X)                                                          \
   X(cudaGetLastError) X(cudaPeekAtLastError) X(cudaGetDeviceCount)               \
   X(cudaSetDevice) X(cudaGetDevice) X(cudaDeviceSynchronize)                     \
@@ -140,7 +158,10 @@ struct Settings {
   X(cudaEventQuery) X(cudaEventSynchronize) X(cudaEventDestroy)                  \
   X(cudaEventElapsedTime) X(cudaStreamBeginCapture) X(cudaStreamEndCapture)      \
   X(cudaGraphInstantiate) X(cudaGraphLaunch) X(cudaGraphExecDestroy)             \
-  X(cudaGraphDestroy) X(cudaLaunchKernelEx)
+  X(cudaGraphDestroy) X(cudaLaunchKernelEx) X(cudaHostGetDevicePointer)          \
+  X(cudaGetDriverEntryPointByVersion) X(cuStreamWaitValue32)                     \
+  X(cuStreamWriteValue32) X(cuDevicePrimaryCtxGetState)
+// clang-format on
 
 enum Api {
 #define ZPP_EMU_ENUM(n) k_##n,
@@ -189,7 +210,18 @@ struct Closure {
   }
 };
 
-enum OpKind { kOpKernel, kOpCopy, kOpSet, kOpHostFn, kOpMarker, kOpWait, kOpAlloc, kOpFree };
+enum OpKind {
+  kOpKernel,
+  kOpCopy,
+  kOpSet,
+  kOpHostFn,
+  kOpMarker,
+  kOpWait,
+  kOpAlloc,
+  kOpFree,
+  kOpWaitValue,  // cuStreamWaitValue32: dst, value, flags
+  kOpWriteValue  // cuStreamWriteValue32: dst, value
+};
 
 struct Op {
   OpKind kind = kOpMarker;
@@ -205,6 +237,7 @@ struct Op {
   const void *src = nullptr;
   size_t bytes = 0;
   int value = 0;
+  unsigned flags = 0;  // of a wait on a value
   // host function
   cudaHostFn_t fn = nullptr;
   void *user = nullptr;
@@ -254,6 +287,8 @@ struct Emu {
   std::set<Event *> live_events;
   std::set<Graph *> live_graphs;
   Device dev[kMaxDevices];
+  // Whether device d's primary context is initialised (active).
+  std::atomic<bool> ctx[kMaxDevices] = {};
   std::mutex reg_mu;  // the registry, taken by the fault handler too
   std::map<uintptr_t, Alloc> reg;
   uintptr_t arena_lo = 0, arena_hi = 0, arena_next = 0;
@@ -341,6 +376,13 @@ cudaError_t ret(cudaError_t e) {
   Emu &emu = E();                                     \
   (void)emu;                                          \
   if (t_in_host_fn) return ret(cudaErrorNotPermitted)
+
+// An API function that needs a context starts here: it initialises the
+// primary context of the calling thread's device (device 0 on a thread
+// that never set one).
+#define API_CTX(name)                                                                              \
+  API(name);                                                                                       \
+  emu.ctx[t_device].store(true)
 
 bool valid_device(int d) { return d >= 0 && d < E().cfg.devices; }
 
@@ -618,7 +660,7 @@ cudaError_t enqueue(Stream *s, Op op) {
 // Waits (bounded) until pred() holds.  Caller holds lk on mu.
 bool wait_for(std::unique_lock<std::mutex> &lk, const std::function<bool()> &pred) {
   Emu &e = E();
-  return e.cv.wait_for(lk, std::chrono::seconds(e.cfg.timeout_s), pred);
+  return e.cv.wait_for(lk, std::chrono::seconds(e.cfg.timeout_s.load()), pred);
 }
 
 uint64_t next_rand(uint64_t &x) {
@@ -685,6 +727,65 @@ uint64_t allowed_for(int device) {
 uint64_t device_bit(const void *p) {
   PtrInfo i = classify(p);
   return i.registered && i.a.kind == kDevice ? 1ull << i.a.device : 0;
+}
+
+// The condition of cuStreamWaitValue32 (the CUstreamWaitValue_flags of
+// cuda.h).
+bool wait_value_holds(uint32_t word, uint32_t value, unsigned flags) {
+  switch (flags & 0xf) {
+  case 0x0:  // GEQ: "(int32_t)(*addr - value) >= 0"
+    return (int32_t)(word - value) >= 0;
+  case 0x1:  // EQ: "*addr == value"
+    return word == value;
+  case 0x2:  // AND: "(*addr & value) != 0"
+    return (word & value) != 0;
+  default:  // NOR: "~(*addr | value) != 0"
+    return ~(word | value) != 0;
+  }
+}
+
+// Blocks the stream until the word at op.dst satisfies the condition, the
+// device fails, or ZPP_EMU_TIMEOUT_S passes (a GPU would wait forever):
+// then the device gets a sticky cudaErrorTimeout.  The word is read with
+// an acquire load, as the host (pinned memory) or another stream may write
+// it at any time; neither notifies, so the worker polls.
+void wait_value(Stream *s, const Op &op) {
+  Emu &e = E();
+  int d = s->device;
+  const uint32_t *w = static_cast<const uint32_t *>(op.dst);
+  bool on_device = device_bit(w) != 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(e.cfg.timeout_s.load());
+  unsigned pause_us = 10;
+  for (;;) {
+    uint32_t word = 0;
+    if (on_device) {
+      uint64_t allowed;
+      {
+        std::lock_guard<std::mutex> lk(e.mu);
+        allowed = allowed_for(d);
+      }
+      if (!run_device_op(d, allowed, [&](Exec *) {
+            word = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+            return true;
+          }))
+        return;  // a fault: sticky already
+    } else {
+      word = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+    }
+    if (wait_value_holds(word, (uint32_t)op.value, op.flags)) return;
+    if (sticky(d) != cudaSuccess) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      char what[160];
+      snprintf(what, sizeof what,
+               "cuStreamWaitValue32 on %p (value %u, flags 0x%x): not satisfied within "
+               "ZPP_EMU_TIMEOUT_S (%u s); the word is %u",
+               (const void *)w, (unsigned)op.value, op.flags, e.cfg.timeout_s.load(), word);
+      set_sticky(d, cudaErrorTimeout, what);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, 1000u);
+  }
 }
 
 void exec_op(Stream *s, Op &op) {
@@ -769,10 +870,33 @@ void exec_op(Stream *s, Op &op) {
     break;
   case kOpWait:
     break;
+  case kOpWaitValue:
+    wait_value(s, op);
+    break;
+  case kOpWriteValue: {
+    uint32_t *w = static_cast<uint32_t *>(op.dst);
+    uint32_t v = (uint32_t)op.value;
+    // CU_STREAM_WRITE_VALUE_DEFAULT: "a memory fence before the write,
+    // which has similar semantics to __threadfence_system()"
+    if (device_bit(w) == 0) {  // pinned host memory
+      __atomic_store_n(w, v, __ATOMIC_SEQ_CST);
+      break;
+    }
+    uint64_t allowed;
+    {
+      std::lock_guard<std::mutex> lk(e.mu);
+      allowed = allowed_for(d);
+    }
+    run_device_op(d, allowed, [&](Exec *) {
+      __atomic_store_n(w, v, __ATOMIC_SEQ_CST);
+      return true;
+    });
+    break;
+  }
   }
 }
 
-bool delayed(OpKind k) { return k != kOpMarker && k != kOpWait; }
+bool delayed(OpKind k) { return k != kOpMarker && k != kOpWait && k != kOpWaitValue; }
 
 void worker_main(Stream *s) {
   Emu &e = E();
@@ -1022,6 +1146,9 @@ ZPP_EMU_EXPORT cudaError_t cudaSetDevice(int device) {
   API(cudaSetDevice);
   if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
   t_device = device;
+  // "This function will also immediately initialize the runtime state on
+  // the primary context" (cuda_runtime_api.h, CUDA 12 and later)
+  emu.ctx[device].store(true);
   return cudaSuccess;
 }
 
@@ -1033,7 +1160,7 @@ ZPP_EMU_EXPORT cudaError_t cudaGetDevice(int *device) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaDeviceSynchronize(void) {
-  API(cudaDeviceSynchronize);
+  API_CTX(cudaDeviceSynchronize);
   std::unique_lock<std::mutex> lk(emu.mu);
   cudaError_t err = device_wait_locked(lk, t_device);
   if (err == cudaSuccess) err = emu.dev[t_device].sticky;
@@ -1073,7 +1200,7 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int pee
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
-  API(cudaDeviceEnablePeerAccess);
+  API_CTX(cudaDeviceEnablePeerAccess);
   if (flags != 0) return ret(cudaErrorInvalidValue);
   if (!valid_device(peer) || peer == t_device) return ret(cudaErrorInvalidDevice);
   std::lock_guard<std::mutex> lk(emu.mu);
@@ -1086,7 +1213,7 @@ ZPP_EMU_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) 
 // ---- memory ----
 
 ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
-  API(cudaMalloc);
+  API_CTX(cudaMalloc);
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   cudaError_t s = sticky(t_device);
   if (s != cudaSuccess) return ret(s);
@@ -1098,7 +1225,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMalloc(void **p, size_t size) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h) {
-  API(cudaMallocAsync);
+  API_CTX(cudaMallocAsync);
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   cudaError_t err;
   int device;
@@ -1128,7 +1255,7 @@ ZPP_EMU_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t h
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
-  API(cudaFree);
+  API_CTX(cudaFree);
   if (p == nullptr) return cudaSuccess;
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
@@ -1151,7 +1278,7 @@ ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t h) {
-  API(cudaFreeAsync);
+  API_CTX(cudaFreeAsync);
   if (p == nullptr) return cudaSuccess;
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind != kDevice || i.a.base != (uintptr_t)p || i.a.state == kFreed)
@@ -1168,26 +1295,26 @@ ZPP_EMU_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocHost(void **p, size_t size) {
-  API(cudaMallocHost);
+  API_CTX(cudaMallocHost);
   if (p == nullptr) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
-  API(cudaHostAlloc);
+  API_CTX(cudaHostAlloc);
   if (p == nullptr || (flags & ~0x7u) != 0) return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kPinned, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
-  API(cudaMallocManaged);
+  API_CTX(cudaMallocManaged);
   if (p == nullptr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return ret(cudaErrorInvalidValue);
   return ret(host_alloc(size, kManaged, p));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaFreeHost(void *p) {
-  API(cudaFreeHost);
+  API_CTX(cudaFreeHost);
   if (p == nullptr) return cudaSuccess;
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind != kPinned || i.a.base != (uintptr_t)p)
@@ -1208,7 +1335,7 @@ ZPP_EMU_EXPORT cudaError_t cudaFreeHost(void *p) {
 
 ZPP_EMU_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a,
                                                     const void *p) {
-  API(cudaPointerGetAttributes);
+  API_CTX(cudaPointerGetAttributes);
   if (a == nullptr) return ret(cudaErrorInvalidValue);
   std::memset(a, 0, sizeof *a);
   PtrInfo i = classify(p);
@@ -1236,32 +1363,42 @@ ZPP_EMU_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes
   return cudaSuccess;
 }
 
+ZPP_EMU_EXPORT cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags) {
+  API_CTX(cudaHostGetDevicePointer);
+  if (dev == nullptr || flags != 0) return ret(cudaErrorInvalidValue);
+  PtrInfo i = classify(host);
+  if (!i.registered || i.a.kind != kPinned) return ret(cudaErrorInvalidValue);
+  // every pinned allocation is mapped, at its host address (UVA)
+  *dev = host;
+  return cudaSuccess;
+}
+
 ZPP_EMU_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                                       enum cudaMemcpyKind kind) {
-  API(cudaMemcpy);
+  API_CTX(cudaMemcpy);
   return ret(copy(dst, src, n, kind, nullptr, true));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
                                            enum cudaMemcpyKind kind, cudaStream_t s) {
-  API(cudaMemcpyAsync);
+  API_CTX(cudaMemcpyAsync);
   return ret(copy(dst, src, n, kind, s, false));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMemset(void *p, int v, size_t n) {
-  API(cudaMemset);
+  API_CTX(cudaMemset);
   return ret(set(p, v, n, nullptr, true));
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
-  API(cudaMemsetAsync);
+  API_CTX(cudaMemsetAsync);
   return ret(set(p, v, n, s, false));
 }
 
 // ---- streams ----
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *p, unsigned flags) {
-  API(cudaStreamCreateWithFlags);
+  API_CTX(cudaStreamCreateWithFlags);
   if (p == nullptr || (flags & ~1u) != 0) return ret(cudaErrorInvalidValue);
   install_handlers();
   std::lock_guard<std::mutex> lk(emu.mu);
@@ -1271,13 +1408,13 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *p, unsigned f
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *p) {
-  API(cudaStreamCreate);
+  API_CTX(cudaStreamCreate);
   g_calls[k_cudaStreamCreateWithFlags]--;  // counted once, as cudaStreamCreate
   return cudaStreamCreateWithFlags(p, cudaStreamDefault);
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
-  API(cudaStreamDestroy);
+  API_CTX(cudaStreamDestroy);
   if (h == nullptr || h == cudaStreamLegacy || h == cudaStreamPerThread)
     return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lk(emu.mu);
@@ -1293,7 +1430,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
-  API(cudaStreamSynchronize);
+  API_CTX(cudaStreamSynchronize);
   std::unique_lock<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
@@ -1304,7 +1441,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
-  API(cudaStreamQuery);
+  API_CTX(cudaStreamQuery);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
@@ -1323,7 +1460,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, unsigned flags) {
-  API(cudaStreamWaitEvent);
+  API_CTX(cudaStreamWaitEvent);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
@@ -1339,7 +1476,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, u
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *user) {
-  API(cudaLaunchHostFunc);
+  API_CTX(cudaLaunchHostFunc);
   if (fn == nullptr) return ret(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
@@ -1356,7 +1493,7 @@ ZPP_EMU_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, v
 // ---- events ----
 
 ZPP_EMU_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *p, unsigned flags) {
-  API(cudaEventCreateWithFlags);
+  API_CTX(cudaEventCreateWithFlags);
   if (p == nullptr || (flags & ~7u) != 0) return ret(cudaErrorInvalidValue);
   if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
     return ret(cudaErrorInvalidValue);
@@ -1370,13 +1507,13 @@ ZPP_EMU_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *p, unsigned fla
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *p) {
-  API(cudaEventCreate);
+  API_CTX(cudaEventCreate);
   g_calls[k_cudaEventCreateWithFlags]--;
   return cudaEventCreateWithFlags(p, cudaEventDefault);
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
-  API(cudaEventRecord);
+  API_CTX(cudaEventRecord);
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
@@ -1397,7 +1534,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
-  API(cudaEventQuery);
+  API_CTX(cudaEventQuery);
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
@@ -1407,7 +1544,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  API(cudaEventSynchronize);
+  API_CTX(cudaEventSynchronize);
   std::unique_lock<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
@@ -1420,7 +1557,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev) {
-  API(cudaEventDestroy);
+  API_CTX(cudaEventDestroy);
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *e = reinterpret_cast<Event *>(ev);
   if (!emu.live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
@@ -1430,7 +1567,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-  API(cudaEventElapsedTime);
+  API_CTX(cudaEventElapsedTime);
   std::lock_guard<std::mutex> lk(emu.mu);
   Event *ea = reinterpret_cast<Event *>(a), *eb = reinterpret_cast<Event *>(b);
   if (ms == nullptr) return ret(cudaErrorInvalidValue);
@@ -1446,7 +1583,7 @@ ZPP_EMU_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEv
 // ---- graphs ----
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode) {
-  API(cudaStreamBeginCapture);
+  API_CTX(cudaStreamBeginCapture);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
@@ -1458,7 +1595,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStrea
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) {
-  API(cudaStreamEndCapture);
+  API_CTX(cudaStreamEndCapture);
   std::lock_guard<std::mutex> lk(emu.mu);
   cudaError_t err;
   Stream *s = resolve(h, &err);
@@ -1478,7 +1615,7 @@ ZPP_EMU_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) 
 
 ZPP_EMU_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g,
                                                 unsigned long long) {
-  API(cudaGraphInstantiate);
+  API_CTX(cudaGraphInstantiate);
   std::lock_guard<std::mutex> lk(emu.mu);
   Graph *gr = reinterpret_cast<Graph *>(g);
   if (x == nullptr || !emu.live_graphs.count(gr)) return ret(cudaErrorInvalidValue);
@@ -1489,7 +1626,7 @@ ZPP_EMU_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t 
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h) {
-  API(cudaGraphLaunch);
+  API_CTX(cudaGraphLaunch);
   std::lock_guard<std::mutex> lk(emu.mu);
   Graph *gr = reinterpret_cast<Graph *>(x);
   if (!emu.live_graphs.count(gr)) return ret(cudaErrorInvalidResourceHandle);
@@ -1503,7 +1640,7 @@ ZPP_EMU_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
-  API(cudaGraphExecDestroy);
+  API_CTX(cudaGraphExecDestroy);
   std::lock_guard<std::mutex> lk(emu.mu);
   Graph *gr = reinterpret_cast<Graph *>(x);
   if (!emu.live_graphs.erase(gr)) return ret(cudaErrorInvalidResourceHandle);
@@ -1512,7 +1649,7 @@ ZPP_EMU_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
 }
 
 ZPP_EMU_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t g) {
-  API(cudaGraphDestroy);
+  API_CTX(cudaGraphDestroy);
   std::lock_guard<std::mutex> lk(emu.mu);
   Graph *gr = reinterpret_cast<Graph *>(g);
   if (!emu.live_graphs.erase(gr)) return ret(cudaErrorInvalidResourceHandle);
@@ -1530,7 +1667,7 @@ ZPP_EMU_EXPORT cudaError_t zpp_emu_launch(const cudaLaunchConfig_t *cfg, const v
   c->run = run;
   c->destroy = destroy;
   c->p = closure;  // freed by c whatever happens below
-  API(cudaLaunchKernelEx);
+  API_CTX(cudaLaunchKernelEx);
   if (cfg == nullptr || kernel == nullptr) return ret(cudaErrorInvalidValue);
   const dim3 g = cfg->gridDim, b = cfg->blockDim;
   if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 ||
@@ -1558,6 +1695,136 @@ ZPP_EMU_EXPORT cudaError_t zpp_emu_launch(const cudaLaunchConfig_t *cfg, const v
   op.closure = std::move(c);
   op.ptrs.assign(ptrs, ptrs + nptrs);
   return ret(enqueue(s, std::move(op)));
+}
+
+// ==== the driver API, reached through cudaGetDriverEntryPointByVersion ===========
+//
+// Typed with plain C types as a caller without cuda.h declares them:
+// CUresult is int (its values are the cudaError_t values of the same
+// names), CUstream is cudaStream_t, CUdeviceptr is unsigned long long,
+// CUdevice is int.
+
+namespace {
+
+constexpr int kCuSuccess = 0, kCuInvalidValue = 1, kCuInvalidDevice = 101, kCuNotPermitted = 800,
+              kCuNotSupported = 801;
+constexpr unsigned kCuWaitValueFlush = 1u << 30;  // CU_STREAM_WAIT_VALUE_FLUSH
+constexpr unsigned kCuWriteValueNoMemoryBarrier = 0x1;
+
+// The 32-bit word at addr, for a stream memory operation: pinned host
+// memory or live device memory.  cuda.h: "None of the operations accepts
+// pointers to managed memory buffers".
+int check_mem_op_word(unsigned long long addr) {
+  if (addr == 0) return kCuInvalidValue;
+  PtrInfo i = classify((const void *)addr);
+  if (!i.registered || i.a.state == kFreed || i.a.kind == kManaged) return kCuInvalidValue;
+  if (addr + 4 > i.a.base + i.a.size) return kCuInvalidValue;
+  return kCuSuccess;
+}
+
+int enqueue_mem_op(cudaStream_t h, Op op) {
+  Emu &emu = E();
+  std::lock_guard<std::mutex> lk(emu.mu);
+  cudaError_t err;
+  Stream *s = resolve(h, &err);
+  if (s == nullptr) return (int)err;
+  if ((err = emu.dev[s->device].sticky) != cudaSuccess) return (int)err;
+  return (int)enqueue(s, std::move(op));
+}
+
+int emu_cuStreamWaitValue32(cudaStream_t stream, unsigned long long addr, uint32_t value,
+                            unsigned flags) {
+  g_calls[k_cuStreamWaitValue32]++;
+  if (t_in_host_fn) return kCuNotPermitted;
+  // CU_STREAM_WAIT_VALUE_FLUSH: "restricted to selected platforms"; the
+  // emulated devices do not have it (CAN_FLUSH_REMOTE_WRITES is 0)
+  if (flags & kCuWaitValueFlush) return kCuNotSupported;
+  if (flags > 0x3) return kCuInvalidValue;
+  int rc = check_mem_op_word(addr);
+  if (rc != kCuSuccess) return rc;
+  Op op;
+  op.kind = kOpWaitValue;
+  op.dst = (void *)addr;
+  op.value = (int)value;
+  op.flags = flags;
+  return enqueue_mem_op(stream, std::move(op));
+}
+
+int emu_cuStreamWriteValue32(cudaStream_t stream, unsigned long long addr, uint32_t value,
+                             unsigned flags) {
+  g_calls[k_cuStreamWriteValue32]++;
+  if (t_in_host_fn) return kCuNotPermitted;
+  // CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: "This flag is not supported
+  // in the v2 API"
+  if (flags == kCuWriteValueNoMemoryBarrier) return kCuNotSupported;
+  if (flags != 0) return kCuInvalidValue;
+  int rc = check_mem_op_word(addr);
+  if (rc != kCuSuccess) return rc;
+  Op op;
+  op.kind = kOpWriteValue;
+  op.dst = (void *)addr;
+  op.value = (int)value;
+  return enqueue_mem_op(stream, std::move(op));
+}
+
+int emu_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active) {
+  g_calls[k_cuDevicePrimaryCtxGetState]++;
+  if (t_in_host_fn) return kCuNotPermitted;
+  if (!valid_device(dev)) return kCuInvalidDevice;
+  if (flags == nullptr || active == nullptr) return kCuInvalidValue;
+  *flags = 0;  // cudaSetDeviceFlags is not modelled
+  *active = E().ctx[dev].load() ? 1 : 0;
+  return kCuSuccess;
+}
+
+// The driver version the emulated driver has (CUDA 13.0).
+constexpr unsigned kDriverVersion = 13000;
+
+struct DriverEntry {
+  const char *symbol;
+  unsigned since;  // the CUDA version of the function returned
+  void *fn;
+};
+
+const DriverEntry kDriverEntries[] = {
+    // the _v2 stream memory operations, since CUDA 11.7 (the v1 ones of
+    // CUDA 8.0 are not modelled)
+    {"cuStreamWaitValue32", 11070, (void *)&emu_cuStreamWaitValue32},
+    {"cuStreamWriteValue32", 11070, (void *)&emu_cuStreamWriteValue32},
+    {"cuDevicePrimaryCtxGetState", 7000, (void *)&emu_cuDevicePrimaryCtxGetState},
+};
+
+}  // namespace
+
+ZPP_EMU_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char *symbol, void **fn, unsigned cuda_version, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *status) {
+  API(cudaGetDriverEntryPointByVersion);
+  if (symbol == nullptr || fn == nullptr) return ret(cudaErrorInvalidValue);
+  *fn = nullptr;
+  // "If the specified CUDA version is greater than the driver version, the
+  // API will return ::cudaErrorInvalidValue."
+  if (cuda_version > kDriverVersion || flags > cudaEnablePerThreadDefaultStream)
+    return ret(cudaErrorInvalidValue);
+  // the per-thread variants (_ptsz) need cudaStreamPerThread
+  if (flags == cudaEnablePerThreadDefaultStream) return ret(cudaErrorNotSupported);
+  // "The API will return ::cudaSuccess and set the returned \p funcPtr to
+  // NULL if the requested driver function is not supported on the
+  // platform, no ABI compatible driver function exists for the requested
+  // version or if the driver symbol is invalid."
+  enum cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  for (const DriverEntry &d : kDriverEntries) {
+    if (std::strcmp(symbol, d.symbol) != 0) continue;
+    if (cuda_version < d.since) {
+      r = cudaDriverEntryPointVersionNotSufficent;
+    } else {
+      r = cudaDriverEntryPointSuccess;
+      *fn = d.fn;
+    }
+    break;
+  }
+  if (status != nullptr) *status = r;
+  return cudaSuccess;
 }
 
 // ==== test hooks (zpp_cuda_emu.h) ===================================================
@@ -1636,3 +1903,14 @@ ZPP_EMU_EXPORT void zpp_emu_clear_sticky_error(int device) {
 }
 
 ZPP_EMU_EXPORT unsigned zpp_emu_set_delay_us(unsigned us) { return E().cfg.delay_us.exchange(us); }
+
+ZPP_EMU_EXPORT unsigned zpp_emu_set_timeout_s(unsigned s) { return E().cfg.timeout_s.exchange(s); }
+
+ZPP_EMU_EXPORT int zpp_emu_context_active(int device) {
+  return valid_device(device) && E().ctx[device].load() ? 1 : 0;
+}
+
+ZPP_EMU_EXPORT void zpp_emu_reset_contexts(void) {
+  Emu &e = E();
+  for (auto &c : e.ctx) c.store(false);
+}

@@ -81,6 +81,18 @@ enum cudaStreamCaptureMode {
   cudaStreamCaptureModeRelaxed = 2
 };
 
+/* cudaGetDriverEntryPointByVersion: flags and the optional status. */
+enum cudaGetDriverEntryPointFlags {
+  cudaEnableDefault = 0x0,
+  cudaEnableLegacyStream = 0x1,
+  cudaEnablePerThreadDefaultStream = 0x2
+};
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2
+};
+
 struct cudaPointerAttributes {
   enum cudaMemoryType type;
   int device;
@@ -169,6 +181,7 @@ cudaError_t cudaMallocManaged(void **devPtr, size_t size,
                               unsigned int flags ZPP_EMU_DEFAULT(cudaMemAttachGlobal));
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
                                      const void *ptr);
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
                        enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
@@ -208,6 +221,12 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
+/* driver entry points: the emulated driver functions that
+ * cudaGetDriverEntryPointByVersion returns are listed in cuda_emu.cc */
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char *symbol, void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *driverStatus ZPP_EMU_DEFAULT(NULL));
 
 /* ---- the emulator's side of a kernel launch (not CUDA API) --------------- */
 

@@ -63,6 +63,18 @@ void zpp_emu_clear_sticky_error(int device);
  * start. */
 unsigned zpp_emu_set_delay_us(unsigned us);
 
+/* Sets the bound of every wait (seconds; ZPP_EMU_TIMEOUT_S sets it at
+ * start); returns the previous one. */
+unsigned zpp_emu_set_timeout_s(unsigned s);
+
+/* Whether the primary context of a device is initialised (1) or not (0):
+ * cudaSetDevice initialises it, and so does every runtime call that needs
+ * a context, on the calling thread's device (0 if it never set one).
+ * cuDevicePrimaryCtxGetState answers from the same state.  Reset marks
+ * every context not initialised (allocations and streams stay). */
+int zpp_emu_context_active(int device);
+void zpp_emu_reset_contexts(void);
+
 #ifdef __cplusplus
 }
 #endif
