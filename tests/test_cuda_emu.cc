@@ -8,6 +8,7 @@
 // random data; the emulator prints its own delay seed (ZPP_EMU_SEED).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 
 #include <cuda_runtime.h>
@@ -117,6 +118,7 @@ class Emu : public ::testing::Test {
   }
   void TearDown() override {
     zpp_emu_stream_release(0);
+    zpp_emu_stream_release(cudaStreamPerThread);
     cudaDeviceSynchronize();
     for (int d = 0; d < 8; d++) zpp_emu_clear_sticky_error(d);
     cudaSetDevice(0);
@@ -354,6 +356,67 @@ TEST_F(Emu, BlockingStreamsWaitForTheLegacyStream) {
   EXPECT_EQ(log.p[3], 2);
 }
 
+// ---- the per-thread default stream -----------------------------------------------------
+
+// driver_types.h, cudaStreamPerThread: "Stream handle that can be passed as
+// a cudaStream_t to use an implicit stream with per-thread synchronization
+// behavior."; the CUDA Runtime API, "Stream synchronization behavior": "The
+// per-thread default stream is an implicit stream local to both the thread
+// and the CUcontext, and which does not synchronize with other streams
+// (just like explicitly created streams). The per-thread default stream is
+// not a non-blocking stream and will synchronize with the legacy default
+// stream if both are used in a program."
+TEST_F(Emu, PerThreadStreamsOfTwoThreadsAreNotOrderedBothAreOrderedWithTheLegacyStream) {
+  Pinned log(8);
+  CUDA_OK(zpp_emu_stream_hold(cudaStreamPerThread));  // this thread's one
+  CUDA_OK(launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 1));
+  cudaError_t b_sync = cudaErrorUnknown;
+  std::thread b([&] {
+    if (launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 2) == cudaSuccess)
+      b_sync = cudaStreamSynchronize(cudaStreamPerThread);
+  });
+  b.join();
+  EXPECT_EQ(b_sync, cudaSuccess) << "another thread's stream waited for this thread's";
+  EXPECT_EQ(*(volatile int *)log.p, 1);
+  // the legacy stream waits for this thread's (blocking) per-thread stream
+  CUDA_OK(launch(append_kernel, 1, 1, 0, log.p, 3));
+  EXPECT_EQ(cudaStreamQuery(0), cudaErrorNotReady);
+  // and another thread's per-thread stream waits for the legacy stream
+  cudaError_t c_query = cudaErrorUnknown;
+  std::thread c([&] {
+    if (launch(append_kernel, 1, 1, cudaStreamPerThread, log.p, 4) == cudaSuccess)
+      c_query = cudaStreamQuery(cudaStreamPerThread);
+  });
+  c.join();
+  EXPECT_EQ(c_query, cudaErrorNotReady);
+  EXPECT_EQ(*(volatile int *)log.p, 1);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(cudaStreamPerThread));
+  CUDA_OK(cudaDeviceSynchronize());  // the exited thread's work ran too
+  ASSERT_EQ(log.p[0], 4);
+  EXPECT_EQ(log.p[1], 2);
+  EXPECT_EQ(log.p[2], 1);
+  EXPECT_EQ(log.p[3], 3);
+  EXPECT_EQ(log.p[4], 4);
+  EXPECT_EQ(cudaStreamDestroy(cudaStreamPerThread), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+}
+
+TEST_F(Emu, APerThreadStreamBelongsToTheCurrentDevice) {
+  Pinned out(2);
+  CUDA_OK(zpp_emu_stream_hold(cudaStreamPerThread));
+  CUDA_OK(launch(store_kernel, 1, 1, cudaStreamPerThread, out.p, 1));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(launch(store_kernel, 1, 1, cudaStreamPerThread, out.p + 1, 2));
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(out.p[1], 2);
+  EXPECT_EQ(*(volatile int *)out.p, 0) << "device 0's per-thread stream is held";
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(zpp_emu_stream_release(cudaStreamPerThread));
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(out.p[0], 1);
+}
+
 // ---- devices ------------------------------------------------------------------------
 
 TEST_F(Emu, TheCurrentDeviceIsPerThread) {
@@ -524,6 +587,64 @@ TEST_F(Emu, StreamOrderedMemoryDoesNotExistBeforeItsPointInTheStream) {
   CUDA_OK(launch(store_kernel, 1, 1, b.s, d, 1));  // b is not ordered after a
   EXPECT_EQ(cudaStreamSynchronize(b.s), cudaErrorIllegalAddress);
   CUDA_OK(zpp_emu_stream_release(a.s));
+}
+
+// Whether done became true within ms milliseconds.
+bool returns_within(std::atomic<bool> &done, int ms) {
+  for (int i = 0; i < ms && !done.load(); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done.load();
+}
+
+// cuda_runtime_api.h, cudaFree: "For all other pointers, this API may
+// perform implicit synchronization." (all but those of cudaMallocAsync);
+// the emulator synchronises the allocation's device, and cudaFreeHost every
+// device, so that work queued on the memory finishes before it goes.
+TEST_F(Emu, FreeWaitsForTheDevicesQueuedWork) {
+  CUDA_OK(cudaSetDevice(2));
+  Stream st(cudaStreamNonBlocking);
+  int *d = nullptr, *h = nullptr;
+  CUDA_OK(cudaMalloc(&d, 64));
+  CUDA_OK(cudaMallocHost(&h, 64));
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 1));
+  CUDA_OK(cudaMemcpyAsync(h, d, sizeof(int), cudaMemcpyDeviceToHost, st.s));
+  std::atomic<bool> freed{false};
+  cudaError_t rc = cudaErrorUnknown, rc_host = cudaErrorUnknown;
+  std::thread t([&] {
+    cudaSetDevice(2);
+    rc = cudaFree(d);
+    rc_host = cudaFreeHost(h);
+    freed = true;
+  });
+  EXPECT_FALSE(returns_within(freed, 30)) << "cudaFree returned before the device's work";
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  t.join();
+  EXPECT_EQ(rc, cudaSuccess);
+  EXPECT_EQ(rc_host, cudaSuccess);
+  CUDA_OK(cudaStreamSynchronize(st.s));  // the kernel did not touch freed memory
+}
+
+// cuda_runtime_api.h, cudaFree: "This API will not perform any implicit
+// synchronization when the pointer was allocated with ::cudaMallocAsync or
+// ::cudaMallocFromPoolAsync. Callers must ensure that all accesses to these
+// pointer have completed before invoking ::cudaFree."
+TEST_F(Emu, FreeOfStreamOrderedMemoryDoesNotSynchronise) {
+  CUDA_OK(cudaSetDevice(2));
+  Stream st(cudaStreamNonBlocking);
+  int *d = nullptr;
+  CUDA_OK(cudaMallocAsync(&d, 64, st.s));
+  CUDA_OK(cudaStreamSynchronize(st.s));
+  CUDA_OK(zpp_emu_stream_hold(st.s));
+  CUDA_OK(launch(store_kernel, 1, 1, st.s, d, 1));
+  unsigned old = zpp_emu_set_timeout_s(5);  // a synchronising cudaFree fails, not hangs
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  zpp_emu_set_timeout_s(old);
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady) << "cudaFree waited for the stream";
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(st.s));
+  // the kernel ran after the memory was gone: the caller's error
+  EXPECT_EQ(cudaStreamSynchronize(st.s), cudaErrorIllegalAddress);
 }
 
 TEST_F(Emu, FreedDeviceMemoryIsNeverReused) {
@@ -841,6 +962,39 @@ TEST_F(Emu, TheDevicePointerOfPinnedMemoryIsItsHostPointer) {
   EXPECT_EQ(cudaHostGetDevicePointer(&d, &pageable, 0), cudaErrorInvalidValue);
   EXPECT_EQ(cudaHostGetDevicePointer(&d, h.p, 1), cudaErrorInvalidValue);
   (void)cudaGetLastError();
+}
+
+// cuda_runtime_api.h, cudaGetDriverEntryPointByVersion,
+// cudaEnablePerThreadDefaultStream: "This will enable the search for all
+// driver symbols that match the requested driver symbol name including the
+// per-thread versions."  In a per-thread version, stream 0 is the calling
+// thread's per-thread default stream.
+TEST_F(Emu, PerThreadDriverEntryPointsTakeStream0AsThePerThreadStream) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000,
+                                           cudaEnablePerThreadDefaultStream, &r));
+  ASSERT_EQ(r, cudaDriverEntryPointSuccess);
+  auto write_ptsz = reinterpret_cast<WriteValue32Fn>(p);
+  auto write = driver_fn<WriteValue32Fn>("cuStreamWriteValue32");
+  ASSERT_NE(write, nullptr);
+  EXPECT_NE((void *)write, p);
+  Pinned w(2);
+  CUDA_OK(zpp_emu_stream_hold(0));  // the legacy stream (empty: nothing waits for it)
+  ASSERT_EQ(write_ptsz(0, (unsigned long long)w.p, 5, 0), kCuSuccess);
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT_EQ(w.p[0], 5) << "the _ptsz write went to the legacy stream";
+  ASSERT_EQ(write(0, (unsigned long long)(w.p + 1), 6, 0), kCuSuccess);
+  EXPECT_EQ(cudaStreamQuery(0), cudaErrorNotReady);
+  EXPECT_EQ(*(volatile int *)(w.p + 1), 0);
+  (void)cudaGetLastError();
+  CUDA_OK(zpp_emu_stream_release(0));
+  CUDA_OK(cudaStreamSynchronize(0));
+  EXPECT_EQ(w.p[1], 6);
+  // a function with no per-thread variant: the legacy one
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &p, 12000,
+                                           cudaEnablePerThreadDefaultStream, &r));
+  EXPECT_EQ(p, (void *)driver_fn<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState"));
 }
 
 // ---- primary contexts ------------------------------------------------------------------

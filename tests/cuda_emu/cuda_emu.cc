@@ -21,6 +21,10 @@
 //    the earlier work of the blocking streams of its device, and they wait
 //    for its earlier work; streams created with cudaStreamNonBlocking do
 //    not synchronise with it;
+//  - the per-thread default stream (cudaStreamPerThread): one per host
+//    thread and device, not ordered with other threads' ones, a blocking
+//    stream (it synchronises with the legacy stream); destroyed when its
+//    thread exits (its queued work still runs);
 //  - multi-device rules of the CUDA programming guide ("Stream and Event
 //    Behavior"): a kernel launched into a stream of another device than the
 //    current one fails with cudaErrorInvalidResourceHandle, and so does
@@ -45,6 +49,9 @@
 //    unregistered host memory;
 //  - stream-ordered allocation: cudaMallocAsync's memory exists from its
 //    point in the stream, cudaFreeAsync's memory is gone from its point;
+//  - cudaFree waits for the queued work of the allocation's device first
+//    (cudaFreeHost: of every device), except for memory of cudaMallocAsync,
+//    which it frees at once;
 //  - a host function (cudaLaunchHostFunc) runs in stream order on the
 //    stream's worker; CUDA calls from it fail with cudaErrorNotPermitted,
 //    and it cannot touch device memory;
@@ -62,7 +69,8 @@
 //    pinned host or device memory; a wait is bounded by ZPP_EMU_TIMEOUT_S,
 //    then the device gets a sticky cudaErrorTimeout, where a GPU waits
 //    forever) and cuDevicePrimaryCtxGetState; unknown symbols give NULL and
-//    cudaDriverEntryPointSymbolNotFound.
+//    cudaDriverEntryPointSymbolNotFound; cudaEnablePerThreadDefaultStream
+//    gives the _ptsz variants (stream 0 is cudaStreamPerThread).
 //
 // What it does NOT model:
 //  - host code touching device memory while any device operation runs
@@ -77,13 +85,14 @@
 //    last 256, are not caught (allocations end at a guard page, rounded up
 //    to 256 bytes);
 //  - concurrency between device operations, 2-D/3-D grids, dynamic shared
-//    memory, launch attributes, cudaStreamPerThread, memory pools, IPC,
+//    memory, launch attributes, memory pools, IPC,
 //    managed-memory migration, device properties, timing accuracy;
 //  - contexts other than the primary ones (the driver's cuCtx* calls), a
 //    thread's current context apart from its device, cudaSetDeviceFlags;
 //  - the v1 stream memory operations (cudaVersion below 11070 gets
 //    cudaDriverEntryPointVersionNotSufficent, where a driver returns them),
-//    the per-thread (_ptsz) entry points, 64-bit waits and writes;
+//    64-bit waits and writes, compiling with per-thread default streams
+//    (--default-stream per-thread: stream 0 is always the legacy stream);
 //  - performance: a kernel runs on one CPU thread, one CUDA thread at a time.
 #include "cuda_runtime.h"
 
@@ -189,6 +198,7 @@ struct Alloc {
   Kind kind = kDevice;
   int device = 0;
   State state = kLive;
+  bool stream_ordered = false;  // from cudaMallocAsync
 };
 
 // ---- streams, operations, events --------------------------------------------
@@ -254,6 +264,7 @@ struct Graph {
 struct Stream {
   int device = 0;
   bool nonblocking = false, legacy = false, destroyed = false;
+  bool per_thread = false;  // a thread's cudaStreamPerThread
   std::deque<Op> q;
   uint64_t next = 0, done = 0;  // seq of the last queued and last completed op
   bool held = false, running = false;
@@ -543,6 +554,7 @@ cudaError_t arena_alloc(size_t size, int device, State st, void **out) {
   al.kind = kDevice;
   al.device = device;
   al.state = st;
+  al.stream_ordered = st == kPending;
   e.arena_next += len + e.page;
   e.reg[al.base] = al;
   e.dev[device].live_bytes += sz;
@@ -599,6 +611,21 @@ Stream *new_stream(int device, bool nonblocking, bool legacy) {
   return s;
 }
 
+// The per-thread default streams of this host thread, one per device,
+// made at first use; when the thread exits they are destroyed as
+// cudaStreamDestroy does (their queued work still runs).
+struct PerThreadStreams {
+  Stream *s[kMaxDevices] = {};
+  ~PerThreadStreams() {
+    if (g_emu == nullptr) return;
+    std::lock_guard<std::mutex> lk(g_emu->mu);
+    for (Stream *p : s)
+      if (p != nullptr) p->destroyed = true;
+    g_emu->cv.notify_all();
+  }
+};
+thread_local PerThreadStreams t_per_thread;
+
 // The stream a handle names, for the calling thread; nullptr if invalid.
 // Caller holds mu.
 Stream *resolve(cudaStream_t h, cudaError_t *err) {
@@ -610,8 +637,14 @@ Stream *resolve(cudaStream_t h, cudaError_t *err) {
     return d.legacy;
   }
   if (h == cudaStreamPerThread) {
-    *err = cudaErrorNotSupported;
-    return nullptr;
+    // a blocking stream: it synchronises with the legacy stream
+    Stream *&p = t_per_thread.s[t_device];
+    if (p == nullptr) {
+      p = new_stream(t_device, false, false);
+      p->per_thread = true;
+      e.live_streams.erase(p);  // no handle names it but cudaStreamPerThread
+    }
+    return p;
   }
   Stream *s = reinterpret_cast<Stream *>(h);
   if (!e.live_streams.count(s)) {
@@ -1260,11 +1293,15 @@ ZPP_EMU_EXPORT cudaError_t cudaFree(void *p) {
   PtrInfo i = classify(p);
   if (!i.registered || i.a.kind == kPinned || i.a.base != (uintptr_t)p || i.a.state == kFreed)
     return ret(cudaErrorInvalidValue);
-  std::unique_lock<std::mutex> lk(emu.mu);
-  // cudaFree synchronises: the device finishes the work that may use p
-  cudaError_t err = device_wait_locked(lk, i.a.device);
-  if (err != cudaSuccess) return ret(err);
-  lk.unlock();
+  // "This API will not perform any implicit synchronization when the
+  // pointer was allocated with ::cudaMallocAsync ... For all other
+  // pointers, this API may perform implicit synchronization."
+  // (cuda_runtime_api.h): the device finishes the work that may use p.
+  if (!i.a.stream_ordered) {
+    std::unique_lock<std::mutex> lk(emu.mu);
+    cudaError_t err = device_wait_locked(lk, i.a.device);
+    if (err != cudaSuccess) return ret(err);
+  }
   if (i.a.kind == kManaged) {
     std::lock_guard<std::mutex> xl(emu.exec_mu);
     std::lock_guard<std::mutex> rl(emu.reg_mu);
@@ -1767,6 +1804,20 @@ int emu_cuStreamWriteValue32(cudaStream_t stream, unsigned long long addr, uint3
   return enqueue_mem_op(stream, std::move(op));
 }
 
+// The per-thread (_ptsz) variants: stream 0 is the per-thread default
+// stream.
+cudaStream_t per_thread_default(cudaStream_t h) { return h == nullptr ? cudaStreamPerThread : h; }
+
+int emu_cuStreamWaitValue32_ptsz(cudaStream_t stream, unsigned long long addr, uint32_t value,
+                                 unsigned flags) {
+  return emu_cuStreamWaitValue32(per_thread_default(stream), addr, value, flags);
+}
+
+int emu_cuStreamWriteValue32_ptsz(cudaStream_t stream, unsigned long long addr, uint32_t value,
+                                  unsigned flags) {
+  return emu_cuStreamWriteValue32(per_thread_default(stream), addr, value, flags);
+}
+
 int emu_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active) {
   g_calls[k_cuDevicePrimaryCtxGetState]++;
   if (t_in_host_fn) return kCuNotPermitted;
@@ -1784,14 +1835,17 @@ struct DriverEntry {
   const char *symbol;
   unsigned since;  // the CUDA version of the function returned
   void *fn;
+  void *fn_ptsz;  // its per-thread variant, if it has one
 };
 
 const DriverEntry kDriverEntries[] = {
     // the _v2 stream memory operations, since CUDA 11.7 (the v1 ones of
     // CUDA 8.0 are not modelled)
-    {"cuStreamWaitValue32", 11070, (void *)&emu_cuStreamWaitValue32},
-    {"cuStreamWriteValue32", 11070, (void *)&emu_cuStreamWriteValue32},
-    {"cuDevicePrimaryCtxGetState", 7000, (void *)&emu_cuDevicePrimaryCtxGetState},
+    {"cuStreamWaitValue32", 11070, (void *)&emu_cuStreamWaitValue32,
+     (void *)&emu_cuStreamWaitValue32_ptsz},
+    {"cuStreamWriteValue32", 11070, (void *)&emu_cuStreamWriteValue32,
+     (void *)&emu_cuStreamWriteValue32_ptsz},
+    {"cuDevicePrimaryCtxGetState", 7000, (void *)&emu_cuDevicePrimaryCtxGetState, nullptr},
 };
 
 }  // namespace
@@ -1806,8 +1860,6 @@ ZPP_EMU_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
   // API will return ::cudaErrorInvalidValue."
   if (cuda_version > kDriverVersion || flags > cudaEnablePerThreadDefaultStream)
     return ret(cudaErrorInvalidValue);
-  // the per-thread variants (_ptsz) need cudaStreamPerThread
-  if (flags == cudaEnablePerThreadDefaultStream) return ret(cudaErrorNotSupported);
   // "The API will return ::cudaSuccess and set the returned \p funcPtr to
   // NULL if the requested driver function is not supported on the
   // platform, no ABI compatible driver function exists for the requested
@@ -1819,7 +1871,11 @@ ZPP_EMU_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
       r = cudaDriverEntryPointVersionNotSufficent;
     } else {
       r = cudaDriverEntryPointSuccess;
-      *fn = d.fn;
+      // cudaEnablePerThreadDefaultStream: "If a per-thread version is not
+      // found, the API will return the legacy version of the driver
+      // function."  cudaEnableDefault is the legacy search here: the
+      // emulated header has no per-thread compilation mode.
+      *fn = flags == cudaEnablePerThreadDefaultStream && d.fn_ptsz ? d.fn_ptsz : d.fn;
     }
     break;
   }

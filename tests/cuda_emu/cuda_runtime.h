@@ -124,7 +124,8 @@ typedef void (*cudaHostFn_t)(void *userData);
 
 /* The per-device legacy default stream, also reached as stream 0. */
 #define cudaStreamLegacy ((cudaStream_t)0x1)
-/* Not modelled: calls that get it fail with cudaErrorNotSupported. */
+/* The calling host thread's default stream of the current device: a
+ * blocking stream, made at first use. */
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 
 typedef struct dim3 {

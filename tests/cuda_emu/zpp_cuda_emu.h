@@ -16,7 +16,8 @@ extern "C" {
 
 /* Work queued on a held stream waits (it does not start) until the stream
  * is released, so a test can see "not done" deterministically.  Stream 0
- * means the legacy stream of the current device.  A wait on a held stream
+ * means the legacy stream of the current device, cudaStreamPerThread the
+ * calling thread's per-thread stream of the current device.  A wait on a held stream
  * returns cudaErrorTimeout after ZPP_EMU_TIMEOUT_S. */
 cudaError_t zpp_emu_stream_hold(cudaStream_t stream);
 cudaError_t zpp_emu_stream_release(cudaStream_t stream);
