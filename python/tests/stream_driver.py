@@ -283,19 +283,26 @@ def main():
 
     # 6. arrays naming the per-thread default stream (2, interpreted on
     # the calling thread): the call and its wait on one thread, then a copy
-    # queued on that thread's per-thread stream reads the exact result
-    for form in ("blocking", "async"):
-        x = cu.array(data(r, n, 6), stream=2)
-        o = cu.empty(n * W, np.float32, stream=2)
-        host = cu.pinned(n * W, np.float32)
-        host[:] = np.nan
-        if form == "blocking":
-            dev.allgather(x, o)
-        else:
-            dev.allgather(x, o, async_op=True).wait()
-        cu.copy_out_async(host, o, 2)
-        cu.stream_sync(2)
-        assert np.array_equal(host, gathered(W, n, 6)), form
+    # queued on that thread's per-thread stream reads the exact result; on
+    # the main thread, then on another one (its own per-thread stream)
+    def per_thread(tag):
+        cu.set_device(lr)
+        for form in ("blocking", "async"):
+            x = cu.array(data(r, n, tag), stream=2)
+            o = cu.empty(n * W, np.float32, stream=2)
+            host = cu.pinned(n * W, np.float32)
+            host[:] = np.nan
+            if form == "blocking":
+                dev.allgather(x, o)
+            else:
+                dev.allgather(x, o, async_op=True).wait()
+            cu.copy_out_async(host, o, 2)
+            cu.stream_sync(2)
+            assert np.array_equal(host, gathered(W, n, tag)), (tag, form)
+
+    per_thread(6)
+    t, took, box = bounded(lambda: per_thread(12), 120)
+    finish(t, box)
 
     dev.close()
     if r == 0:
