@@ -24,8 +24,12 @@ class Cuda:
         # the same object libzpp loaded: one runtime, one set of devices
         self.lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         for name in ("cudaMalloc", "cudaFree", "cudaMemcpy", "cudaSetDevice", "cudaDeviceSynchronize",
-                     "cudaStreamCreate", "cudaStreamSynchronize", "cudaStreamDestroy", "cudaMemset"):
+                     "cudaStreamCreate", "cudaStreamSynchronize", "cudaStreamDestroy", "cudaMemset",
+                     "cudaMallocHost", "cudaMemcpyAsync"):
             getattr(self.lib, name).restype = ctypes.c_int
+        self.lib.cudaMallocHost.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        self.lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.c_int, ctypes.c_void_p]
         self.lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
         self.lib.cudaFree.argtypes = [ctypes.c_void_p]
         self.lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -55,6 +59,24 @@ class Cuda:
         s = ctypes.c_void_p()
         self.ok(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
         return s.value
+
+    def stream_sync(self, s: int) -> None:
+        self.ok(self.lib.cudaStreamSynchronize(ctypes.c_void_p(s)), "cudaStreamSynchronize")
+
+    def pinned(self, n: int, dtype) -> np.ndarray:
+        """n elements of pinned host memory (cudaMallocHost), as a numpy
+        array (never freed: for tests)."""
+        dtype = np.dtype(dtype)
+        p = ctypes.c_void_p()
+        self.ok(self.lib.cudaMallocHost(ctypes.byref(p), max(1, n * dtype.itemsize)),
+                "cudaMallocHost")
+        buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(p.value)
+        return np.frombuffer(buf, dtype=dtype, count=n)
+
+    def copy_out_async(self, host: np.ndarray, a: "DevArray", s: int) -> None:
+        """Queues a copy of a into host (pinned) on stream s."""
+        self.ok(self.lib.cudaMemcpyAsync(host.ctypes.data, a.ptr, host.nbytes, D2H,
+                                         ctypes.c_void_p(s)), "cudaMemcpyAsync D2H")
 
     def array(self, host: np.ndarray, readonly: bool = False, stream=None) -> "DevArray":
         a = self.empty(host.size, host.dtype, readonly=readonly, stream=stream)

@@ -42,3 +42,14 @@ def test_device_collectives_nccl_transport(have_mpirun):
                  ZPP_NCCL_LIBRARY=_nccl_emu(), ZPP_TIMEOUT_S=60)
     assert out and out[0]["world"] == 4 and out[0]["backend"] == "nccl" and out[0]["nnodes"] == 2
     print(out[0])
+
+
+@pytest.mark.parametrize("backend", ["mpi", "nccl"])
+def test_device_collectives_stream_ordered(have_mpirun, backend):
+    """Calls and Work.wait() return while their stream is held; results
+    exact after; the waiting stream is ordered; stream 2; lifetimes."""
+    extra = {"ZPP_NCCL_LIBRARY": _nccl_emu()} if backend == "nccl" else {}
+    out = mpirun(2, [TESTS / "stream_driver.py", backend], ZPP_TOPO="2x1", ZPP_BUILD_DIR=BUILD,
+                 ZPP_TIMEOUT_S=60, **extra)
+    assert out and out[0]["world"] == 2 and out[0]["backend"] == backend
+    print(out[0])

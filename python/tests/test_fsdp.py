@@ -187,3 +187,36 @@ def test_options_that_would_be_ignored_are_refused_by_name(capsys):
                           "--qgz-bits 4 --qgz-intra-bits 8 --hadamard 32 --ef 0".split())
     assert (a.qgz_intra_bits, a.hadamard, a.reduce_dtype) == (8, 32, "bf16")
     assert fsdp2_train.parse("--zeropp --hadamard 32".split()).hadamard == 32
+
+
+def test_fsdp_work_waits_as_c10d_work():
+    """zpp.fsdp.Work answers c10d's Work API: wait(), synchronize() and
+    block_current_stream() are the stream-ordered wait of zpp.Work (the
+    host never waits), wait(timeout) passes the timeout on (a host wait),
+    is_completed() polls."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import zpp.fsdp
+
+    calls = []
+
+    class Inner:
+        def wait(self, timeout=None, **kw):
+            calls.append(("wait", timeout, kw))
+            return True
+
+        def is_completed(self):
+            calls.append(("is_completed",))
+            return False
+
+    w = zpp.fsdp.Work(Inner())
+    assert isinstance(w, dist.Work)
+    assert w.wait() is True
+    w.synchronize()
+    w.block_current_stream()
+    w.wait(timedelta(seconds=3))
+    assert w.is_completed() is False
+    assert calls == [("wait", None, {})] * 3 + [("wait", timedelta(seconds=3), {}),
+                                                 ("is_completed",)], calls

@@ -9,6 +9,7 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import time
 from typing import Any, Optional, Sequence
 
 from . import _lib
@@ -57,20 +58,47 @@ def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional
 
 
 class Work:
-    """A started collective (``async_op=True``).  ``wait()`` finishes it,
-    raises zpp's error if it failed, and returns True; the arrays it uses
-    must not be touched before.  ``is_completed()`` polls.
+    """A started collective (``async_op=True``).
 
-    The communicator holds every started Work until it is waited for, so
-    the arrays stay alive while zpp's engine may still read or write them
-    even when the caller drops the Work; ``Comm.close()`` waits for the
-    ones left (the C library would drop their requests)."""
+    Host memory: ``wait()`` waits on the host until it finished, raises
+    zpp's error if it failed, and returns True; the arrays it uses must not
+    be touched before.
 
-    def __init__(self, comm: "Comm", req, keep: tuple, result: Any):
+    Device memory: ``wait()`` is stream-ordered, as ProcessGroupNCCL's: it
+    makes a stream wait for the collective (zpp_request_wait_stream) and
+    returns without the host waiting.  The stream is ``stream=`` (an int
+    handle, a torch.cuda.Stream, anything with ``cuda_stream`` or ``ptr``),
+    else torch's current stream of the tensors' device when the arrays
+    include CUDA tensors, else the stream the call used (handle 2, the
+    per-thread default stream, is then the waiting thread's).  Work queued
+    on that stream afterwards sees the results.  It raises the errors known
+    at that moment only (a bad stream, a communicator broken earlier);
+    later ones break the communicator and its next call raises them.
+    ``wait(host=True)``, or a ``timeout`` (seconds or a timedelta, as
+    c10d's ``wait(timeout)``), waits on the host instead until the device
+    ran it (zpp_request_wait; with ``timeout``, zpp.Error
+    ZPP_ERR_TIMEOUT past it, and the Work can be waited for again).
+
+    ``is_completed()`` polls on the host (device memory: whether the
+    device ran it) before the wait; after ``wait()`` it is True (a
+    stream-ordered wait hands the completion to the stream).
+
+    Lifetimes: the communicator holds every started Work until it is
+    waited for, so its arrays stay alive even when the caller drops the
+    Work; ``Comm.close()`` waits on the host for the ones left.  On device
+    memory the device may use the arrays after ``wait()`` returns: CUDA
+    torch tensors are marked used by the stream(s) that run or wait for
+    the collective (``Tensor.record_stream``, as ProcessGroupNCCL does), so
+    torch's allocator reuses their memory only after those streams passed
+    it; the communicator keeps other arrays (``__cuda_array_interface__``)
+    alive until a host wait of that Work or ``Comm.close()``."""
+
+    def __init__(self, comm: "Comm", req, keep: tuple, result: Any, stream=None):
         self._comm = comm
         self._req = req
         self._keep = keep  # the arrays stay alive until the wait
         self._error: Optional[Error] = None  # of a wait done by Comm.close
+        self._stream = stream  # _Stream of the call; None on host memory
         self.result = result
         comm._pending[id(self)] = self
 
@@ -82,29 +110,119 @@ class Work:
         L.check(L.lib.zpp_request_test(self._req[0], done), self._comm._c)
         return bool(done[0])
 
-    def wait(self, timeout=None) -> bool:
+    def wait(self, timeout=None, *, stream=None, host: bool = False) -> bool:
         if self._req is not None:
-            L = _lib.get()
-            req, self._req = self._req, None
-            self._comm._pending.pop(id(self), None)
-            st = L.lib.zpp_request_wait(req[0])
-            if st != 0:
-                # a wait that timed out leaves a running plan that stops at
-                # its next step: its arrays must outlive it
-                _abandoned.append(self._keep)
-            self._keep = ()
-            try:
-                L.check(st, self._comm._c)
-            except Error as e:
-                self._error = e
+            limit = _seconds(timeout)
+            if self._stream is None or host or limit:
+                if stream is not None:
+                    raise ValueError("stream: only for a stream-ordered wait (device memory, "
+                                     "without host=True or timeout)")
+                self._wait_host(limit)
+            else:
+                self._wait_stream(stream)
         if self._error is not None:
             e, self._error = self._error, None
             raise e
         return True
 
+    def _wait_host(self, limit: float) -> None:
+        L = _lib.get()
+        if limit:
+            deadline = time.monotonic() + limit
+            pause = 1e-6
+            while not self.is_completed():
+                if time.monotonic() >= deadline:
+                    raise Error(L.lib.ZPP_ERR_TIMEOUT, "ZPP_ERR_TIMEOUT",
+                                "Work.wait: not completed within timeout %.3g s (the "
+                                "collective goes on: wait for it again)" % limit)
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        req, self._req = self._req, None
+        self._comm._pending.pop(id(self), None)
+        st = L.lib.zpp_request_wait(req[0])
+        self._finish(st, None)
 
-# Arrays of requests whose wait failed (see Work.wait): never freed.
+    def _wait_stream(self, stream) -> None:
+        L = _lib.get()
+        target = self._comm._wait_target(self._stream, stream)
+        req, self._req = self._req, None
+        self._comm._pending.pop(id(self), None)
+        st = L.lib.zpp_request_wait_stream(req[0], L.ffi.cast("zpp_stream_t", target.handle))
+        self._finish(st, target)
+
+    def _finish(self, st: int, target) -> None:
+        """After the request is gone: where the arrays go, and the error."""
+        L = _lib.get()
+        keep, self._keep = self._keep, ()
+        if st != 0:
+            # a failed wait may leave work running on the device or the
+            # engine (a plan stops at its next step): its arrays outlive it
+            _abandoned.append(keep)
+        elif target is not None:
+            # the device may still use them: until target passed the
+            # collective (torch tensors), else until Comm.close
+            self._comm._hold(keep, target)
+        try:
+            L.check(st, self._comm._c)
+        except Error as e:
+            self._error = e
+
+
+def _seconds(timeout) -> float:
+    """A wait's ``timeout``: None, seconds, or a datetime.timedelta (c10d's
+    timedelta(0) default means none); 0 when none."""
+    if timeout is None:
+        return 0.0
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError("timeout %r: seconds >= 0 or a datetime.timedelta" % (timeout,))
+    return float(timeout)
+
+
+class _Stream:
+    """A stream of a device collective: the cudaStream_t handle zpp gets
+    (0 for the legacy default stream) and, when the arrays include CUDA
+    torch tensors, the torch stream for ``record_stream`` (None for the
+    per-thread default stream, which torch has no object for)."""
+
+    __slots__ = ("handle", "torch", "device")
+
+    def __init__(self, handle: int, torch_stream=None, device=None):
+        self.handle = handle
+        self.torch = torch_stream
+        self.device = device  # torch.device of the CUDA tensors, or None
+
+
+# Arrays of requests whose wait failed (see Work._finish): never freed.
 _abandoned: list = []
+
+
+def _is_cuda_tensor(a) -> bool:
+    return _lib.is_torch(a) and a.device.type == "cuda"
+
+
+def _stream_arg(stream, device) -> _Stream:
+    """A ``stream=`` argument as a _Stream; ``device``: the CUDA tensors'
+    torch.device (their torch stream is then needed), or None."""
+    obj = stream
+    for attr in ("cuda_stream", "ptr"):
+        if not isinstance(stream, int) and hasattr(stream, attr):
+            stream = getattr(stream, attr)
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise TypeError("stream %r: a cudaStream_t as an int, a torch.cuda.Stream, or "
+                        "an object with .cuda_stream or .ptr" % (obj,))
+    ts = None
+    if device is not None:
+        import torch
+
+        if isinstance(obj, torch.cuda.Stream):
+            ts = obj
+        elif stream in (0, 1):  # torch's default stream is the legacy one
+            ts = torch.cuda.default_stream(device)
+        elif stream != 2:  # (the per-thread default stream has no torch object)
+            ts = torch.cuda.ExternalStream(stream, device=device)
+    return _Stream(stream, ts, device)
 
 
 class Comm:
@@ -113,12 +231,21 @@ class Comm:
     :meth:`from_process_group` (a torch ProcessGroup: the unique id goes
     through the group's store) or :meth:`from_ranks` / :meth:`split` (a
     subset of this one).  ``close()`` is collective; open communicators are
-    closed at exit."""
+    closed at exit.
+
+    On device memory (``memory="device"``) the collectives are
+    stream-ordered: a call returns once the collective is queued on its
+    stream (``stream=``, else torch's current stream of CUDA tensors, else
+    the stream the arrays' ``__cuda_array_interface__`` names, else the
+    legacy default stream), without waiting for the device or for peers;
+    see :class:`Work` for waiting and for how long the arrays are kept
+    alive."""
 
     def __init__(self, handle, keep: Any = None):
         self._c = handle
         self._keep = keep
         self._pending: dict = {}  # id -> Work started and not waited for
+        self._held: list = []  # device arrays the device may still use (_hold)
         self._memory: Optional[str] = None  # fixed at creation; read once
         _live.append(self)
 
@@ -230,22 +357,31 @@ class Comm:
         return Comm(out[0]) if out[0] != L.ffi.NULL else None
 
     def close(self) -> None:
-        """Collective: waits for started collectives, frees the communicator."""
+        """Collective: waits on the host for the started collectives not
+        waited for, frees the communicator (which waits for the device to
+        finish its collectives) and lets go of the device arrays it held."""
         if self._c is None:
             return
         L = _lib.get()
         # zpp_comm_destroy drops the requests not waited for (their handles
         # are freed, a running plan stops at its next step): wait for them
-        # first; an error is kept for the Work's own wait()
+        # on the host first; an error is kept for the Work's own wait()
         for w in list(self._pending.values()):
             try:
-                w.wait()
+                w.wait(host=True)
             except Error as e:
                 w._error = e
         c, self._c = self._c, None
         if self in _live:
             _live.remove(self)
-        L.check(L.lib.zpp_comm_destroy(c))
+        held, self._held = self._held, []
+        st = L.lib.zpp_comm_destroy(c)
+        # destroy returns once the engine drained: every collective's device
+        # work finished (or was aborted and left its stream), so the arrays
+        # it held may go; not after a failure
+        if st != 0:
+            _abandoned.append(held)
+        L.check(st)
 
     def __enter__(self) -> "Comm":
         return self
@@ -329,49 +465,73 @@ class Comm:
 
     # ---- collectives ---------------------------------------------------------
 
-    def _stream(self, bufs, stream):
-        """The cudaStream_t a device collective goes to: ``stream`` (an int
-        handle, a torch.cuda.Stream, or anything with ``cuda_stream`` or
-        ``ptr``), else torch's current stream of a CUDA tensor's device,
-        else the stream a ``__cuda_array_interface__`` names (1: the legacy
-        default stream, 2: the per-thread default stream), else the legacy
-        default stream.  Without ``stream``, arrays that name different
-        streams (torch's current stream for a CUDA tensor, the interface's
-        "stream" for the others) are an error: the collective runs on one
-        stream and would not be ordered after the others.  With ``stream``
-        the caller orders the arrays' streams before it."""
-        L = _lib.get()
+    def _stream(self, bufs, stream) -> Optional[_Stream]:
+        """The stream a device collective goes to (None on host memory):
+        ``stream`` (an int handle, a torch.cuda.Stream, or anything with
+        ``cuda_stream`` or ``ptr``), else torch's current stream of a CUDA
+        tensor's device, else the stream a ``__cuda_array_interface__``
+        names (1: the legacy default stream, 2: the per-thread default
+        stream of the calling thread), else the legacy default stream.
+        Without ``stream``, arrays that name different streams (torch's
+        current stream for a CUDA tensor, the interface's "stream" for the
+        others) are an error: the collective runs on one stream and would
+        not be ordered after the others.  With ``stream`` the caller orders
+        the arrays' streams before it."""
         if self.memory != "device":
             if stream is not None:
                 raise ValueError("stream: only for a communicator on device memory "
                                  "(this one works on host memory)")
-            return L.ffi.NULL
-        if stream is None:
-            # every array's stream must be ordered before the collective:
-            # it runs on that stream, so they must all name the same one
-            named = []
-            for b in bufs:
-                if _lib.is_torch(b.array):
-                    import torch
+            return None
+        tdev = next((b.array.device for b in bufs if _is_cuda_tensor(b.array)), None)
+        if stream is not None:
+            return _stream_arg(stream, tdev)
+        # every array's stream must be ordered before the collective: it
+        # runs on that stream, so they must all name the same one
+        named = []
+        for b in bufs:
+            if _is_cuda_tensor(b.array):
+                import torch
 
-                    named.append((b, torch.cuda.current_stream(b.array.device).cuda_stream))
-                elif b.stream is not None:
-                    named.append((b, 0 if b.stream == 1 else b.stream))
-            if len({h for _, h in named}) > 1:
-                raise ValueError("stream: the arrays are on different streams (%s): pass "
-                                 "stream= (the caller then orders the others before it)"
-                                 % ", ".join("%s on %#x" % (b.what, h) for b, h in named))
-            if named:
-                stream = named[0][1]
-        if stream is None:
-            return L.ffi.NULL
-        for attr in ("cuda_stream", "ptr"):
-            if not isinstance(stream, int) and hasattr(stream, attr):
-                stream = getattr(stream, attr)
-        if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
-            raise TypeError("stream %r: a cudaStream_t as an int, a torch.cuda.Stream, or "
-                            "an object with .cuda_stream or .ptr" % (stream,))
-        return L.ffi.cast("zpp_stream_t", stream)
+                ts = torch.cuda.current_stream(b.array.device)
+                named.append((b, ts.cuda_stream, ts))
+            elif b.stream is not None:
+                named.append((b, 0 if b.stream == 1 else b.stream, None))
+        if len({h for _, h, _ in named}) > 1:
+            raise ValueError("stream: the arrays are on different streams (%s): pass "
+                             "stream= (the caller then orders the others before it)"
+                             % ", ".join("%s on %#x" % (b.what, h) for b, h, _ in named))
+        if not named:
+            return _Stream(0)
+        ts = next((t for _, _, t in named if t is not None), None)
+        return _Stream(named[0][1], ts, tdev)
+
+    def _wait_target(self, call: _Stream, stream) -> _Stream:
+        """The stream a stream-ordered Work.wait makes wait: ``stream``,
+        else torch's current stream when the arrays include CUDA tensors,
+        else the call's."""
+        if stream is not None:
+            return _stream_arg(stream, call.device)
+        if call.device is not None:
+            import torch
+
+            ts = torch.cuda.current_stream(call.device)
+            return _Stream(ts.cuda_stream, ts, call.device)
+        return call
+
+    def _hold(self, keep: tuple, target: _Stream, tensors_only: bool = False) -> None:
+        """Keeps ``keep``'s arrays alive while the device may use them, up to
+        where ``target`` runs or waits for the collective: a CUDA tensor by
+        ``record_stream(target)`` (torch's allocator reuses its memory only
+        after target passed this point, as with ProcessGroupNCCL); anything
+        else (``__cuda_array_interface__`` arrays) by this communicator
+        until close(), the first point where the host knows the device is
+        past it.  The configs in ``keep`` are not held: the call copied
+        them.  ``tensors_only``: a started Work keeps the others itself."""
+        for a in keep:
+            if target.torch is not None and _is_cuda_tensor(a):
+                a.record_stream(target.torch)
+            elif not tensors_only and hasattr(a, "__cuda_array_interface__"):
+                self._held.append(a)
 
     def _check_memory(self, bufs) -> None:
         mem = self.memory
@@ -390,9 +550,18 @@ class Comm:
         self._check_memory(bufs)
         st = self._stream(bufs, stream)
         req = L.ffi.new("zpp_request_t *") if async_op else L.ffi.NULL
-        L.check(fn(*args, st, req), self._c)
+        status = fn(*args, L.ffi.NULL if st is None else L.ffi.cast("zpp_stream_t", st.handle),
+                    req)
+        if st is not None:
+            # device memory: the call returned once the collective was
+            # queued (its stream runs it, or waits for the engine running it)
+            if status != 0:
+                _abandoned.append(keep)  # it may have queued work before failing
+            else:
+                self._hold(keep, st, tensors_only=async_op)
+        L.check(status, self._c)
         if async_op:
-            return Work(self, req, keep, result)
+            return Work(self, req, keep, result, st)
         return result
 
     def _open(self) -> None:

@@ -107,14 +107,29 @@ class Comms:
 
 class Work(dist.Work):
     """What an ``async_op`` gather returns: FSDP2 waits on instances of
-    ``dist.Work`` only, so this is one, wrapping zpp's request."""
+    ``dist.Work`` only, so this is one, wrapping a :class:`zpp.Work`.
+
+    As ProcessGroupNCCL's work: on CUDA tensors ``wait()`` (and
+    ``synchronize()``, ``block_current_stream()``) makes torch's current
+    stream wait for the gather and returns without the host waiting;
+    FSDP2 calls it on its compute stream before it copies the gathered
+    parameters out, so the compute queued after it runs behind the
+    gather.  ``wait(timeout)`` with a timeout (a timedelta above 0) waits
+    on the host, as c10d's does.  CPU tensors: the host waits.
+    ``is_completed()`` polls on the host."""
 
     def __init__(self, work):
         super().__init__()
         self._w = work
 
     def wait(self, timeout=None) -> bool:
-        return self._w.wait()
+        return self._w.wait(timeout)
+
+    def synchronize(self) -> None:
+        self._w.wait()
+
+    def block_current_stream(self) -> None:
+        self._w.wait()
 
     def is_completed(self) -> bool:
         return self._w.is_completed()
@@ -253,7 +268,9 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     parameters are on CUDA and neither ``comm`` nor ``memory=`` is given,
     the communicators work on device memory of the parameters' device
     (``memory="device", device=<index>``): the hooks then run on torch's
-    current stream (FSDP2's all-gather and reduce-scatter streams)."""
+    current stream (FSDP2's all-gather and reduce-scatter streams) and
+    return once the collective is queued there (stream-ordered, as with
+    ProcessGroupNCCL)."""
     opts = Options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
                    error_feedback, hadamard)
     for b, name in ((qwz_bits, "qwz_bits"), (qgz_bits, "qgz_bits")):
