@@ -165,6 +165,13 @@ typedef struct {
   /* The barrier's own non-blocking stream: the legacy stream would also
    * wait for (and hold up) every blocking stream of the process. */
   cudaStream_t bar_stream;
+  /* Operations on cudaStreamPerThread go through pt_stream: a
+   * non-blocking communicator may issue an operation later from a thread
+   * of NCCL's, where that handle names the other thread's stream.  pt_in
+   * orders pt_stream after the caller's per-thread stream, pt_out the
+   * other way round; made on first use. */
+  cudaStream_t pt_stream;
+  cudaEvent_t pt_in, pt_out;
   void *pad;     /* padded allreduce buffers */
   size_t pad_cap;
   float *wide;   /* fp32 copies of reduction inputs (reduce_fp32) */
@@ -766,6 +773,12 @@ static void nccl_destroy(zpp_transport_t *t) {
       (void)cudaFreeAsync(m->acc, m->bar_stream);
     cudaStreamDestroy(m->bar_stream);
   }
+  if (m->pt_stream != NULL)
+    cudaStreamDestroy(m->pt_stream);
+  if (m->pt_in != NULL)
+    cudaEventDestroy(m->pt_in);
+  if (m->pt_out != NULL)
+    cudaEventDestroy(m->pt_out);
   if (m->scratch)
     cudaFree(m->scratch);
   if (m->scratch_ev_made)
@@ -805,7 +818,7 @@ static zpp_status_t nccl_check_async(zpp_transport_t *t, const char *what) {
 /* The collective table's one entry: the descriptor's kind picks the
  * operation.  An all-to-all of `bytes` per member is the all-to-allv of
  * equal counts. */
-static zpp_status_t nccl_enqueue(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
+static zpp_status_t enqueue_on(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
   switch (d->kind) {
   case ZPP_XFER_ALLGATHER:
     return nccl_allgather(t, d->group, d->send, d->bytes, d->recv, d->mem,
@@ -841,6 +854,50 @@ static zpp_status_t nccl_enqueue(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
   }
   return zpp_error(ZPP_ERR_INTERNAL, zpp_xfer_name(d->kind),
                    "transfer kind %d", (int)d->kind);
+}
+
+/* An operation on the calling thread's per-thread stream, through
+ * pt_stream (see nccl_impl_t): the stream handle given to NCCL names the
+ * same stream whichever thread issues it.  Called on the caller's thread
+ * with the communicator's device current. */
+static zpp_status_t enqueue_per_thread(zpp_transport_t *t,
+                                       const zpp_xfer_desc_t *d) {
+  nccl_impl_t *m = t->impl;
+  zpp_xfer_desc_t x = *d;
+  zpp_status_t st;
+  cudaError_t e = cudaSuccess;
+  if (m->pt_stream == NULL) {
+    e = cudaStreamCreateWithFlags(&m->pt_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags(&m->pt_in, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags(&m->pt_out, cudaEventDisableTiming);
+    if (e != cudaSuccess)
+      return cuda_err(e, zpp_xfer_name(d->kind),
+                      "the stream for cudaStreamPerThread operations");
+  }
+  e = cudaEventRecord(m->pt_in, cudaStreamPerThread);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(m->pt_stream, m->pt_in, 0);
+  if (e != cudaSuccess)
+    return cuda_err(e, zpp_xfer_name(d->kind),
+                    "ordering after cudaStreamPerThread");
+  x.stream = m->pt_stream;
+  st = enqueue_on(t, &x);
+  /* also after a failure: whatever was queued comes before later work */
+  e = cudaEventRecord(m->pt_out, m->pt_stream);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(cudaStreamPerThread, m->pt_out, 0);
+  if (st == ZPP_OK && e != cudaSuccess)
+    st = cuda_err(e, zpp_xfer_name(d->kind),
+                  "ordering cudaStreamPerThread after the operation");
+  return st;
+}
+
+static zpp_status_t nccl_enqueue(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
+  if (d->stream == (void *)cudaStreamPerThread && d->kind != ZPP_XFER_BARRIER)
+    return enqueue_per_thread(t, d);
+  return enqueue_on(t, d);
 }
 
 static const zpp_coll_ops_t nccl_coll = {
