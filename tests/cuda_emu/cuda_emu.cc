@@ -31,7 +31,8 @@
 //    cudaEventRecord of an event and a stream of different devices; copies
 //    and memsets into another device's stream are allowed;
 //  - events complete when the work before them did; cudaStreamWaitEvent
-//    orders streams;
+//    orders streams, with the event's state at the call; an event never
+//    recorded is an empty set of work;
 //  - the synchronous copy and memset follow the runtime's "API
 //    synchronization behavior": cudaMemcpy returns after the copy except
 //    device to device (asynchronous), cudaMemset is asynchronous unless
