@@ -502,6 +502,20 @@ TEST_F(Emu, PerThreadStreamsOfTwoThreadsAreNotOrderedBothAreOrderedWithTheLegacy
   (void)cudaGetLastError();
 }
 
+// A thread's per-thread stream goes with the thread as cudaStreamDestroy
+// would take it: its queued work still runs, held or not.
+TEST_F(Emu, APerThreadStreamsWorkRunsAfterItsThreadExited) {
+  Pinned out;
+  std::thread([&] {
+    zpp_emu_stream_hold(cudaStreamPerThread);
+    launch(store_kernel, 1, 1, cudaStreamPerThread, out.p, 9);
+  }).join();
+  unsigned old = zpp_emu_set_timeout_s(10);  // a stream left held fails, not hangs
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  zpp_emu_set_timeout_s(old);
+  EXPECT_EQ(*out.p, 9);
+}
+
 TEST_F(Emu, APerThreadStreamBelongsToTheCurrentDevice) {
   Pinned out(2);
   CUDA_OK(zpp_emu_stream_hold(cudaStreamPerThread));

@@ -31,7 +31,8 @@
 //    cudaEventRecord of an event and a stream of different devices; copies
 //    and memsets into another device's stream are allowed;
 //  - events complete when the work before them did; cudaStreamWaitEvent
-//    orders streams;
+//    orders streams, with the event's state at the call; an event never
+//    recorded is an empty set of work;
 //  - the synchronous copy and memset follow the runtime's "API
 //    synchronization behavior": cudaMemcpy returns after the copy except
 //    device to device (asynchronous), cudaMemset is asynchronous unless
@@ -301,7 +302,6 @@ struct Graph {
 struct Stream {
   int device = 0;
   bool nonblocking = false, legacy = false, destroyed = false;
-  bool per_thread = false;  // a thread's cudaStreamPerThread
   std::deque<Op> q;
   uint64_t next = 0, done = 0;  // seq of the last queued and last completed op
   bool held = false, running = false;
@@ -725,7 +725,10 @@ struct PerThreadStreams {
     if (g_emu == nullptr) return;
     std::lock_guard<std::mutex> lk(g_emu->mu);
     for (Stream *p : s)
-      if (p != nullptr) p->destroyed = true;
+      if (p != nullptr) {
+        p->destroyed = true;
+        p->held = false;
+      }
     g_emu->cv.notify_all();
   }
 };
@@ -746,7 +749,6 @@ Stream *resolve(cudaStream_t h, cudaError_t *err) {
     Stream *&p = t_per_thread.s[t_device];
     if (p == nullptr) {
       p = new_stream(t_device, false, false);
-      p->per_thread = true;
       e.live_streams.erase(p);  // no handle names it but cudaStreamPerThread
     }
     return p;
