@@ -1161,6 +1161,20 @@ TEST(DevicePath, CaptureIsRefusedAndLeftValid) {
   cudaGraph_t g = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the capture was invalidated";
   if (g != nullptr) cudaGraphDestroy(g);
+  // a started collective waited for by a capturing stream: refused too
+  // (the wait would be captured into the graph with a stale order)
+  zpp_request_t req = nullptr;
+  ASSERT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, &req), ZPP_OK)
+      << zpp_get_last_error();
+  cudaStream_t c = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(c, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(zpp_request_wait_stream(req, c), ZPP_ERR_UNSUPPORTED) << zpp_get_last_error();
+  g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(c, &g), cudaSuccess) << "the capture was invalidated";
+  if (g != nullptr) cudaGraphDestroy(g);
+  cudaStreamDestroy(c);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   // the communicator is fine: a refused call queued nothing
   EXPECT_EQ(zpp_allgather(comm, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
       << zpp_get_last_error();
@@ -1253,6 +1267,90 @@ TEST(DevicePath, PerThreadStreamIsTheCallers) {
   cudaFreeHost(hx);
   cudaFreeHost(hy);
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
+// Review findings of the stream-ordered engine, each with the bug it
+// catches:
+//   destroy   hpz_destroy right after a queued staged gather returns, and
+//             the stream drains (the bug: the engine thread freed the
+//             secondary copy with cudaFree, a device synchronisation that
+//             waited for the caller's stream, which waited for the engine)
+//             and no second engine is made while the communicator goes
+//             (the bug: a stream and a counter made during destroy)
+//   queue     many queued staged calls, each slow on the device, do not
+//             time out together (the bug: the device wait was timed from
+//             the call, queue time included)
+TEST(DevicePath, HpzDestroyUnderAQueuedStagedGatherDoesNotDeadlock) {
+  if (!run_case("destroy")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_MPI;
+  cfg.cuda_device = -1;
+  cfg.timeout_s = 5;
+  zpp_comm_t comm = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  const size_t n = 4096;
+  zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
+  zpp_hpz_t h = nullptr;
+  ASSERT_EQ(zpp_hpz_create(comm, &hc, n, ZPP_FLOAT32, &h), ZPP_OK) << zpp_get_last_error();
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
+  ASSERT_EQ(cudaMemset(dx.p, 0, n * 4), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  unsigned old = zpp_emu_set_delay_us(20000);
+  EXPECT_EQ(zpp_hpz_forward_gather(h, dx.p, dy.p, s, nullptr), ZPP_OK) << zpp_get_last_error();
+  cudaError_t se = cudaErrorUnknown;
+  bool quick = returns_within(
+      20.0,
+      [&] {
+        EXPECT_EQ(zpp_hpz_destroy(h), ZPP_OK) << zpp_get_last_error();
+        se = cudaStreamSynchronize(s);
+      },
+      [] {});
+  zpp_emu_set_delay_us(old);
+  ASSERT_TRUE(quick) << "hpz_destroy under a queued gather deadlocked the stream";
+  EXPECT_EQ(se, cudaSuccess);
+  zpp_emu_reset_api_calls();
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(zpp_emu_api_calls("cudaStreamCreateWithFlags"), 0u)
+      << "a stream was made while the communicator was destroyed";
+  EXPECT_EQ(zpp_emu_api_calls("cudaHostAlloc"), 0u)
+      << "pinned memory was allocated while the communicator was destroyed";
+  cudaStreamDestroy(s);
+}
+
+TEST(DevicePath, QueuedStagedCallsAreTimedFromTheirTurn) {
+  if (!run_case("queue")) GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.memory = ZPP_MEMORY_DEVICE;
+  cfg.backend = ZPP_BACKEND_MPI;
+  cfg.cuda_device = -1;
+  cfg.timeout_s = 2;
+  zpp_comm_t comm = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  const size_t n = 2048;
+  std::vector<float> x = gen(g_rank, n, 41);
+  DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
+  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
+  unsigned old = zpp_emu_set_delay_us(20000);  // each device operation ~20 ms
+  auto t0 = std::chrono::steady_clock::now();
+  const int calls = 30;  // several timeouts' worth of device work in all
+  for (int i = 0; i < calls; i++)
+    ASSERT_EQ(zpp_qwz_allgather(comm, &q, dx.p, dy.p, n, ZPP_FLOAT32, s, nullptr), ZPP_OK)
+        << "call " << i << ": " << zpp_get_last_error();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  zpp_emu_set_delay_us(old);
+  zpp_status_t as = ZPP_OK;
+  EXPECT_EQ(zpp_comm_get_async_error(comm, &as), ZPP_OK);
+  EXPECT_EQ(as, ZPP_OK) << "queued calls timed out: " << zpp_get_last_error() << " (" << took
+                        << " s for " << calls << " calls)";
+  std::printf("rank %d: %d queued calls in %.2f s (timeout 2 s)\n", g_rank, calls, took);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK);
+  cudaStreamDestroy(s);
 }
 
 int main(int argc, char **argv) {

@@ -18,7 +18,8 @@ if(ZPP_CUDA_EMU AND ZPP_WITH_MPI_ENABLED AND TARGET zpp_nccl_emu)
     "OMPI_MCA_mpi_yield_when_idle=1")
   foreach(_case request device hpz auto queries barrier abort ncclkill ncclasync staging
       cancelled stallsync wrongdev vblocks stream stream-staged secorder secorder-staged
-      capture capture-staged context context-staged perthread perthread-staged)
+      capture capture-staged context context-staged perthread perthread-staged destroy
+      queue)
     set(_e ${_env} "ZPP_TEST_CASE=${_case}" "ZPP_TOPO=2x1")
     if(_case STREQUAL "abort")
       list(APPEND _e "ZPP_NCCL_EMU_TIMEOUT_S=300")

@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
+#include "engine/engine.h"
 #include "engine/plan.h"
 #include "quant/quant.h"
 
@@ -37,6 +38,7 @@ struct zpp_hpz {
    * gather's copy), read its last read (a backward gather's transfer):
    * readers wait for kept, writers for read. */
   void *kept, *read;
+  uint64_t last_ticket; /* the engine's ticket of the last gather queued */
   /* Gathers started and not yet released by the engine hold a reference:
    * zpp_hpz_destroy with gathers still queued on the engine thread frees
    * the handle and the secondary copy when the last one is done. */
@@ -47,12 +49,26 @@ struct zpp_hpz {
 /* Frees the secondary copy and the handle (no gather holds it). */
 static void hpz_free(zpp_hpz_t h) {
   zpp_exec_t ex;
-  /* cudaFree waits for the device: gathers still queued on any stream
-   * finish with the copy before it goes. */
-  if (zpp_exec_init("zpp_hpz_destroy", h->comm, NULL, &ex) == ZPP_OK) {
-    zpp_k_free_persistent(&ex, h->secondary);
-    zpp_k_order_free(&ex, h->kept);
-    zpp_k_order_free(&ex, h->read);
+  /* Not zpp_exec_init: it fails on a broken communicator (the copy would
+   * leak) and may make an engine while the communicator is destroyed. */
+  memset(&ex, 0, sizeof ex);
+  ex.comm = h->comm;
+  ex.t = zpp_comm_transport(h->comm);
+  if (zpp_comm_memory(h->comm, &ex.mem) == ZPP_OK) {
+    /* A device synchronisation (cudaFree) on the engine's thread would
+     * wait for streams that wait for the engine: only the caller's
+     * thread frees device memory (zpp_hpz_destroy waits for the queued
+     * gathers first); past that bound the copy is leaked, not freed. */
+    if (ex.mem == ZPP_MEMORY_DEVICE && zpp_engine_on_thread(h->comm)) {
+      ZPP_WARN(ZPP_SUBSYS_COLL,
+               "zpp_hpz_destroy: the secondary copy (%zu bytes) is leaked: "
+               "its last gather ended after destroy stopped waiting",
+               (size_t)h->nnodes * h->unit);
+    } else {
+      zpp_k_free_persistent(&ex, h->secondary);
+      zpp_k_order_free(&ex, h->kept);
+      zpp_k_order_free(&ex, h->read);
+    }
   }
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -142,8 +158,15 @@ zpp_status_t zpp_hpz_create(zpp_comm_t comm, const zpp_hpz_config_t *cfg,
 
 zpp_status_t zpp_hpz_destroy(zpp_hpz_t hpz) {
   int last;
+  zpp_memory_t mem = ZPP_MEMORY_HOST;
   if (hpz == NULL)
     return ZPP_OK;
+  /* Device memory: wait (bounded) for the gathers queued on the engine,
+   * so that the last reference drops here, on the caller's thread. */
+  if (zpp_comm_memory(hpz->comm, &mem) == ZPP_OK && mem == ZPP_MEMORY_DEVICE)
+    (void)zpp_engine_wait_ticket(hpz->comm, hpz->last_ticket,
+                                 "zpp_hpz_destroy",
+                                 "the secondary copy is leaked");
   pthread_mutex_lock(&hpz->mu);
   hpz->destroyed = 1;
   last = hpz->refs == 0;
@@ -232,8 +255,10 @@ static zpp_status_t hpz_keep(void *p, size_t arg) {
   (void)arg;
   if (!h->hierarchical)
     return ZPP_OK;
-  /* after the last backward gather's read, on whatever stream it ran */
+  /* after the last backward gathers' reads and the last write, on
+   * whatever streams they ran */
   ZPP_CHECK(zpp_k_order_wait(&c->ex, h->read));
+  ZPP_CHECK(zpp_k_order_wait(&c->ex, h->kept));
   for (i = 0; i < h->nnodes; i++) {
     int w = zpp_transport_group_member(c->ex.t, ZPP_GROUP_CROSS, i);
     ZPP_CHECK(zpp_k_copy(&c->ex, (uint8_t *)h->secondary + (size_t)i * h->unit,
@@ -269,7 +294,9 @@ static zpp_status_t hpz_unpack_node(void *p, size_t arg) {
   int m = h->nnodes, l, node;
   size_t ds = zpp_dtype_size(h->dtype), per = (size_t)m * h->unit;
   (void)arg;
-  /* the transfer read the secondary copy: the next forward may write it */
+  /* the transfer read the secondary copy: the next forward may write it
+   * once this read and the reads before it (on other streams) are done */
+  ZPP_CHECK(zpp_k_order_wait(&c->ex, h->read));
   ZPP_CHECK(zpp_k_order_record(&c->ex, &h->read));
   for (l = 0; l < s; l++) {
     for (node = 0; node < m; node++) {
@@ -457,6 +484,7 @@ static zpp_status_t hpz_start(const char *func, zpp_hpz_t hpz,
   st = hpz_plan(func, c, plan, req);
   if (st != ZPP_OK) /* the secondary copy was not refreshed */
     hpz->planned_generation = planned;
+  hpz->last_ticket = zpp_engine_last_ticket(hpz->comm);
   return st;
 }
 

@@ -47,6 +47,41 @@ int zpp_engine_staged(zpp_comm_t comm, zpp_memory_t mem) {
 
 #if ZPP_HAVE_CUDA_KERNELS
 
+/* Counters are never freed: a caller's stream may reach its wait on one
+ * after the communicator is gone (it then finds the last ticket stored,
+ * and goes on).  A freed engine's counter goes back to this pool, and the
+ * next engine starts its tickets at the value the counter holds. */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pooled {
+  uint32_t *counter;
+  struct pooled *next;
+} *pool;
+
+static int counter_get(uint32_t **counter, char *err, size_t errlen) {
+  struct pooled *p;
+  pthread_mutex_lock(&pool_mu);
+  p = pool;
+  if (p != NULL)
+    pool = p->next;
+  pthread_mutex_unlock(&pool_mu);
+  if (p == NULL)
+    return zpp_st_counter_alloc(counter, err, errlen);
+  *counter = p->counter;
+  free(p);
+  return 0;
+}
+
+static void counter_put(uint32_t *counter) {
+  struct pooled *p = (struct pooled *)malloc(sizeof *p);
+  if (p == NULL)
+    return; /* leaked, never freed under a waiting stream */
+  p->counter = counter;
+  pthread_mutex_lock(&pool_mu);
+  p->next = pool;
+  pool = p;
+  pthread_mutex_unlock(&pool_mu);
+}
+
 zpp_status_t zpp_engine_device_stream(const char *func, zpp_comm_t comm,
                                       void **stream) {
   zpp_engine_t *e = zpp_engine_of(comm);
@@ -61,9 +96,15 @@ zpp_status_t zpp_engine_device_stream(const char *func, zpp_comm_t comm,
     st = zpp_exec_device_enter(comm, &saved);
     if (st == ZPP_OK && zpp_st_stream_create(&e->dstream, err, sizeof err) != 0)
       st = zpp_error(ZPP_ERR_CUDA, func, "the engine's stream: %s", err);
-    if (st == ZPP_OK && e->counter == NULL &&
-        zpp_st_counter_alloc(&e->counter, err, sizeof err) != 0)
-      st = zpp_error(ZPP_ERR_CUDA, func, "the engine's counter: %s", err);
+    if (st == ZPP_OK && e->counter == NULL) {
+      if (counter_get(&e->counter, err, sizeof err) != 0) {
+        st = zpp_error(ZPP_ERR_CUDA, func, "the engine's counter: %s", err);
+      } else if (e->last_ticket == 0) {
+        /* tickets go on from what the counter holds (a pooled one) */
+        e->last_ticket = e->released =
+            __atomic_load_n(e->counter, __ATOMIC_ACQUIRE);
+      }
+    }
     zpp_exec_device_leave(saved);
     if (st != ZPP_OK && e->dstream != NULL) {
       zpp_st_stream_destroy(e->dstream);
@@ -86,6 +127,50 @@ zpp_status_t zpp_engine_thread_device(zpp_engine_t *e, const char *func) {
   return ZPP_OK;
 }
 
+void zpp_engine_thread_init(zpp_engine_t *e) {
+  char err[256];
+  zpp_memory_t mem = ZPP_MEMORY_HOST;
+  if (zpp_comm_memory(e->comm, &mem) != ZPP_OK || mem != ZPP_MEMORY_DEVICE)
+    return;
+  /* the device first: a CUDA call on a thread with none makes a context
+   * on device 0 */
+  if (zpp_engine_thread_device(e, "zpp engine") != ZPP_OK)
+    return;
+  if (zpp_st_relaxed_capture_mode(err, sizeof err) != 0)
+    ZPP_WARN(ZPP_SUBSYS_COLL, "engine thread: %s", err);
+}
+
+void zpp_engine_stage_drain(zpp_engine_t *e, const char *func,
+                            int64_t start_ns) {
+  char err[256];
+  void *ev = NULL;
+  if (e->dstream == NULL ||
+      zpp_ew_event_record(&ev, e->dstream, err, sizeof err) != 0)
+    return;
+  (void)zpp_engine_wait_event(zpp_comm_transport(e->comm), ev, start_ns,
+                              func);
+  zpp_ew_event_destroy(ev);
+}
+
+/* Once per process: a warning that the host waits instead of a stream. */
+static void warn_host_wait(const char *func, const char *why) {
+  static int said;
+  if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    return;
+  ZPP_WARN(ZPP_SUBSYS_COLL,
+           "%s: %s; device collectives over MPI or UCX make the caller's "
+           "thread wait instead of its stream (said once)",
+           func, why);
+}
+
+/* With one hardware queue per device (CUDA_DEVICE_MAX_CONNECTIONS=1) a
+ * stream blocked on the counter also blocks the engine's stream behind
+ * it: the wait would never end. */
+static int one_connection(void) {
+  const char *s = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return s != NULL && atoi(s) == 1;
+}
+
 zpp_status_t zpp_engine_stage_in(zpp_engine_t *e, zpp_plan_t *p,
                                  void *stream) {
   char err[256];
@@ -105,6 +190,12 @@ zpp_status_t zpp_engine_stage_out(zpp_engine_t *e, void *stream,
   int saved = -1, rc;
   zpp_status_t st;
   *host = 0;
+  if (one_connection()) {
+    warn_host_wait(func, "CUDA_DEVICE_MAX_CONNECTIONS is 1 (a stream waiting "
+                         "for the engine would hold the engine's stream)");
+    *host = 1;
+    return ZPP_OK;
+  }
   st = zpp_exec_device_enter(e->comm, &saved);
   if (st != ZPP_OK)
     return st;
@@ -114,10 +205,7 @@ zpp_status_t zpp_engine_stage_out(zpp_engine_t *e, void *stream,
   if (rc == 1)
     return zpp_error(ZPP_ERR_CUDA, func, "stream %p: %s", stream, err);
   if (rc != 0) {
-    ZPP_WARN(ZPP_SUBSYS_COLL,
-             "%s: %s; the caller's thread waits for the collective instead "
-             "of its stream",
-             func, err);
+    warn_host_wait(func, err);
     *host = 1;
   }
   return ZPP_OK;
@@ -150,9 +238,11 @@ zpp_status_t zpp_engine_watch(zpp_engine_t *e, void *event,
                               int64_t started_ns, const char *func) {
   zpp_watch_t *w = (zpp_watch_t *)calloc(1, sizeof *w);
   zpp_status_t st;
-  if (w == NULL) {
+  if (w == NULL) { /* no watch: the host waits, as the host wait does */
+    st = zpp_engine_wait_event(zpp_comm_transport(e->comm), event,
+                               started_ns, func);
     zpp_engine_event_destroy(event);
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "completion watch");
+    return st;
   }
   w->event = event;
   w->started_ns = started_ns;
@@ -218,8 +308,10 @@ int zpp_engine_watch_poll(zpp_engine_t *e) {
   pthread_mutex_unlock(&e->mu);
   if (list == NULL)
     return 0;
-  if (zpp_engine_thread_device(e, "zpp engine") != ZPP_OK)
+  if (zpp_engine_thread_device(e, "zpp engine") != ZPP_OK && !e->device_warned) {
+    e->device_warned = 1;
     ZPP_WARN(ZPP_SUBSYS_COLL, "%s", zpp_get_last_error());
+  }
   for (w = list; w != NULL; w = next) {
     next = w->next;
     if (watch_one(e, w, now)) {
@@ -266,10 +358,10 @@ void zpp_engine_device_free(zpp_engine_t *e) {
   int saved = -1;
   if (e->dstream == NULL && e->counter == NULL)
     return;
-  if (zpp_exec_device_enter(e->comm, &saved) == ZPP_OK) {
+  if (zpp_exec_device_enter(e->comm, &saved) == ZPP_OK)
     zpp_st_stream_destroy(e->dstream);
-    zpp_st_counter_free(e->counter);
-  }
+  if (e->counter != NULL)
+    counter_put(e->counter);
   (void)err;
   zpp_exec_device_leave(saved);
   e->dstream = NULL;
@@ -328,6 +420,13 @@ int zpp_engine_watch_poll(zpp_engine_t *e) {
   return 0;
 }
 void zpp_engine_watch_drain(zpp_engine_t *e) { (void)e; }
+void zpp_engine_thread_init(zpp_engine_t *e) { (void)e; }
+void zpp_engine_stage_drain(zpp_engine_t *e, const char *func,
+                            int64_t start_ns) {
+  (void)e;
+  (void)func;
+  (void)start_ns;
+}
 void zpp_engine_device_free(zpp_engine_t *e) { (void)e; }
 
 #endif

@@ -44,6 +44,12 @@
 #include <time.h>
 
 static pthread_mutex_t engines_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The engine whose thread this is (NULL: not an engine thread). */
+static _Thread_local zpp_engine_t *tl_engine;
+
+int zpp_engine_on_thread(zpp_comm_t comm) {
+  return tl_engine != NULL && tl_engine->comm == comm;
+}
 
 static void engine_abort(zpp_comm_t comm);
 static zpp_status_t engine_quiesce(zpp_comm_t comm, const char *func);
@@ -100,6 +106,8 @@ static void complete(struct zpp_request *r, zpp_status_t st, void *event,
   if (e != NULL) {
     pthread_mutex_lock(&e->mu);
     e->running_ticket = 0;
+    /* tickets dropped while the plan ran (abort, abandon) */
+    zpp_engine_drop_ticket_locked(e, 0);
     pthread_mutex_unlock(&e->mu);
   }
   if (r->abandoned) { /* nobody waits for it any more */
@@ -150,14 +158,22 @@ static void engine_idle(zpp_engine_t *e, long *pause_ns) {
 static zpp_status_t staged_done(zpp_engine_t *e, const char *func,
                                 struct zpp_request *r, zpp_status_t st,
                                 void **event, uint64_t ticket) {
+  zpp_transport_t *t = r->t;
+  /* the device part is timed from here: the plan may have waited in the
+   * queue, and its host part was bounded on its own */
+  int64_t now = zpp_time_ns();
   if (st == ZPP_OK && *event != NULL)
-    st = zpp_engine_wait_event(r->t, *event, r->started_ns, func);
+    st = zpp_engine_wait_event(t, *event, now, func);
+  else if (st != ZPP_OK)
+    /* what the plan queued before it failed may still write the caller's
+     * buffers: release the caller's stream only after it (bounded) */
+    zpp_engine_stage_drain(e, func, now);
   zpp_engine_event_destroy(*event);
   *event = NULL;
-  pthread_mutex_lock(&e->mu);
-  if (e->release_upto > ticket)
-    ticket = e->release_upto;
-  pthread_mutex_unlock(&e->mu);
+  if (st != ZPP_OK && !zpp_transport_is_broken(t))
+    /* a detached request keeps no error: the communicator does */
+    zpp_transport_break_st(t, st, "%s failed: %s", func,
+                           zpp_get_last_error());
   zpp_engine_release_ticket(e, ticket);
   return st;
 }
@@ -165,6 +181,8 @@ static zpp_status_t staged_done(zpp_engine_t *e, const char *func,
 static void *engine_main(void *arg) {
   zpp_engine_t *e = (zpp_engine_t *)arg;
   long pause_ns = 1000;
+  tl_engine = e;
+  zpp_engine_thread_init(e);
   pthread_mutex_lock(&e->mu);
   for (;;) {
     zpp_plan_t *p;
@@ -534,10 +552,22 @@ zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
   zpp_comm_t comm;
   zpp_status_t st;
   int host = 0;
+  void *event;
+  zpp_memory_t mem = ZPP_MEMORY_HOST;
   if (req == NULL)
     return ZPP_OK;
   comm = req->comm;
   e = (zpp_engine_t *)comm->engine;
+  /* a stream wait captured into a graph would replay a stale order */
+  st = req->staged || req->event != NULL || zpp_comm_memory(comm, &mem) != ZPP_OK ||
+               mem == ZPP_MEMORY_DEVICE
+           ? zpp_exec_check_capture(__func__, comm, stream)
+           : ZPP_OK;
+  if (st != ZPP_OK) {
+    zpp_status_t wst = zpp_request_wait(req); /* frees req */
+    (void)wst;
+    return zpp_comm_fail(comm, st);
+  }
   if (req->staged) {
     st = zpp_engine_stage_out(e, stream, req->staged, __func__, &host);
     if (st != ZPP_OK || host) { /* the host waits instead; req is freed */
@@ -550,7 +580,10 @@ zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
     st = zpp_transport_check_async(zpp_comm_transport(comm), __func__);
     return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
   }
-  if (req->event == NULL) /* host memory, or a failed call: the host waits */
+  pthread_mutex_lock(&req->mu);
+  event = req->ran ? req->event : NULL;
+  pthread_mutex_unlock(&req->mu);
+  if (event == NULL) /* host memory, or a failed call: the host waits */
     return zpp_request_wait(req);
   /* stream-ordered: it ran inline, its work is on its stream */
   st = req->status;
@@ -689,12 +722,12 @@ zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
  * answers at once (its counts are what they are). */
 static zpp_status_t engine_quiesce(zpp_comm_t comm, const char *func) {
   uint64_t t = zpp_engine_last_ticket(comm);
-  zpp_status_t st;
-  if (t == 0 || !zpp_engine_in_flight(comm, t) ||
-      zpp_transport_broken_error(zpp_comm_transport(comm), func) != ZPP_OK)
+  zpp_memory_t mem = ZPP_MEMORY_HOST;
+  if (t == 0 || zpp_comm_memory(comm, &mem) != ZPP_OK ||
+      !zpp_engine_staged(comm, mem) || !zpp_engine_in_flight(comm, t) ||
+      zpp_transport_is_broken(zpp_comm_transport(comm)))
     return ZPP_OK;
-  st = zpp_engine_wait_ticket(comm, t, func, NULL);
-  return st;
+  return zpp_engine_wait_ticket(comm, t, func, NULL);
 }
 
 /* zpp_comm_abort (any thread; the transport is broken already): the

@@ -40,6 +40,9 @@ uint64_t zpp_engine_last_ticket(zpp_comm_t comm);
 int zpp_engine_in_flight(zpp_comm_t comm, uint64_t ticket);
 zpp_status_t zpp_engine_wait_ticket(zpp_comm_t comm, uint64_t ticket,
                                     const char *func, const char *tail);
+/* 1 when the calling thread is comm's engine thread (running a plan's
+ * step or release). */
+int zpp_engine_on_thread(zpp_comm_t comm);
 
 
 #ifdef __cplusplus

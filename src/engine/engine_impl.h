@@ -92,6 +92,7 @@ typedef struct {
                                 running plan is done */
   struct zpp_watch *watch;   /* completion events the engine thread polls */
   int device_ready;          /* engine thread: the device is current */
+  int device_warned;         /* engine thread: said it could not be */
 } zpp_engine_t;
 
 /* A stream-ordered call's completion event, watched by the engine thread
@@ -156,6 +157,13 @@ int zpp_engine_watch_poll(zpp_engine_t *e);
 void zpp_engine_watch_drain(zpp_engine_t *e);
 /* Frees the device resources of the engine (after its thread ended). */
 void zpp_engine_device_free(zpp_engine_t *e);
+/* The engine thread, at its start: its stream captures are relaxed, so
+ * that its allocations do not invalidate a capture of another thread. */
+void zpp_engine_thread_init(zpp_engine_t *e);
+/* After a staged plan failed: waits (bounded from `start_ns`) for what it
+ * queued on the engine's stream. */
+void zpp_engine_stage_drain(zpp_engine_t *e, const char *func,
+                            int64_t start_ns);
 /* Starts the engine thread if it is not running (under e->mu). */
 zpp_status_t zpp_engine_start_thread_locked(zpp_engine_t *e,
                                             const char *func);

@@ -20,13 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if ZPP_HAVE_CUDA_KERNELS
 /* A collective polls events, allocates memory and waits for peers on the
  * host: none of it can be captured into a CUDA graph, and a capture that
  * met one of those calls is invalidated.  Refuse before anything is
  * enqueued, so the capture stays valid. */
-static zpp_status_t check_capture(const char *func, zpp_comm_t comm,
-                                  void *stream) {
+zpp_status_t zpp_exec_check_capture(const char *func, zpp_comm_t comm,
+                                    void *stream) {
+#if ZPP_HAVE_CUDA_KERNELS
   char err[256];
   int saved = -1, capturing = 0, rc;
   ZPP_CHECK(zpp_exec_device_enter(comm, &saved));
@@ -41,9 +41,13 @@ static zpp_status_t check_capture(const char *func, zpp_comm_t comm,
                      "another stream captures: zpp collectives cannot be "
                      "captured; call them outside the capture",
                      stream);
+#else
+  (void)func;
+  (void)comm;
+  (void)stream;
+#endif
   return ZPP_OK;
 }
-#endif
 
 zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
                            zpp_exec_t *ex) {
@@ -59,7 +63,7 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
   ex->caller_stream = stream;
 #if ZPP_HAVE_CUDA_KERNELS
   if (ex->mem == ZPP_MEMORY_DEVICE) {
-    ZPP_CHECK(check_capture(func, comm, stream));
+    ZPP_CHECK(zpp_exec_check_capture(func, comm, stream));
     /* staged plans run on the engine's stream, ordered after the caller's
      * work by an event, and the caller's stream waits for the engine */
     if (zpp_engine_staged(comm, ex->mem))

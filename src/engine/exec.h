@@ -37,6 +37,11 @@ zpp_status_t zpp_exec_init(const char *func, zpp_comm_t comm, void *stream,
  * device has a CUDA context already, so that a thread which never chose a
  * device (device 0 by default) does not get a context on GPU 0. */
 zpp_status_t zpp_exec_device_enter(zpp_comm_t comm, int *saved);
+/* ZPP_ERR_UNSUPPORTED when `stream` captures a CUDA graph (or is the
+ * legacy stream while another stream captures): nothing of zpp's can be
+ * captured.  Device memory only. */
+zpp_status_t zpp_exec_check_capture(const char *func, zpp_comm_t comm,
+                                    void *stream);
 void zpp_exec_device_leave(int saved);
 
 /* Scratch memory in the exec's space (device: stream-ordered). */

@@ -35,6 +35,11 @@ void zpp_st_counter_free(uint32_t *counter);
 int zpp_st_wait_counter(void *stream, uint32_t *counter, uint32_t value,
                         char *err, size_t errlen);
 
+/* The calling thread's capture mode becomes relaxed: its allocations and
+ * synchronisations do not invalidate another thread's global-mode stream
+ * capture (cudaThreadExchangeStreamCaptureMode).  For zpp's own threads. */
+int zpp_st_relaxed_capture_mode(char *err, size_t errlen);
+
 /* *active = 1 when device `dev` has its primary context already (setting
  * it current creates one otherwise: cudaSetDevice since CUDA 12).  When
  * the driver cannot say, *active = 1. */

@@ -140,6 +140,12 @@ extern "C" int zpp_st_wait_counter(void *stream, uint32_t *counter,
   return 0;
 }
 
+extern "C" int zpp_st_relaxed_capture_mode(char *err, size_t errlen) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  return report(cudaThreadExchangeStreamCaptureMode(&mode),
+                "cudaThreadExchangeStreamCaptureMode", err, errlen);
+}
+
 extern "C" int zpp_st_context_active(int dev, int *active, char *err,
                                      size_t errlen) {
   const Driver &d = driver();

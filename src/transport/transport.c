@@ -224,6 +224,10 @@ zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func) {
                    "communicator was aborted earlier (%s); destroy it", why));
 }
 
+int zpp_transport_is_broken(const zpp_transport_t *t) {
+  return t != NULL && atomic_load(&t->broken);
+}
+
 /* 'T' (stopped), 't' (traced) ... from /proc/<pid>/stat; 0 if unknown. */
 static char proc_state(int pid) {
   char path[64], line[256], *p;

@@ -293,6 +293,8 @@ void zpp_transport_reset_counts(zpp_transport_t *t);
  * ZPP_ERR_ABORTED), raised as this thread's error for `func` and recorded
  * on the communicator.  Safe from any thread. */
 zpp_status_t zpp_transport_broken_error(zpp_transport_t *t, const char *func);
+/* 1 when the transport is broken (no error is set). */
+int zpp_transport_is_broken(const zpp_transport_t *t);
 
 /* Marks the transport unusable with a reason; later calls fail with it.
  * The first break wins; its status is the first one known: st of

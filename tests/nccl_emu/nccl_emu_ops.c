@@ -498,6 +498,9 @@ static __thread int g_n, g_cap;
 
 /* Enqueues steps 1-4 of one stream's batch.  *kept: the batch owns the
  * operations (always on success); else the caller still does. */
+/* 1 on the stand-in's issuer thread (issuer_main). */
+static _Thread_local int t_issuer;
+
 static ncclResult_t launch_stream(emu_op_t *ops, int n, int *kept) {
   emu_batch_t *b = calloc(1, sizeof *b);
   int prev = -1, dev = ops[0].c->dev, i, step = 0;
@@ -516,6 +519,12 @@ static ncclResult_t launch_stream(emu_op_t *ops, int n, int *kept) {
     free(b);
     return emu_fail(ncclSystemError, "stand-in: out of host memory");
   }
+  /* The communicator's device first, as NCCL makes it current: a CUDA
+   * call (the staging allocations below) on a thread that never chose a
+   * device would make a context on device 0. */
+  cudaGetDevice(&prev);
+  if (prev != dev)
+    cudaSetDevice(dev);
   for (i = 0; i < n; i++) {
     size_t in, out;
     stage_sizes(&ops[i], &in, &out);
@@ -529,15 +538,14 @@ static ncclResult_t launch_stream(emu_op_t *ops, int n, int *kept) {
       }
       free(b->ops);
       free(b);
+      if (prev != dev && prev >= 0 && !t_issuer)
+        cudaSetDevice(prev);
       return emu_fail(ncclSystemError,
                       "stand-in: cudaHostAlloc of the staging buffers failed");
     }
   }
-  /* The NULL stream means the legacy stream of the communicator's device,
-   * as NCCL makes that device current around its launch. */
-  cudaGetDevice(&prev);
-  if (prev != dev)
-    cudaSetDevice(dev);
+  /* (The NULL stream means the legacy stream of the communicator's
+   * device, current since the top.) */
   for (i = 0; i < n && e == cudaSuccess; i++) {
     size_t in, out;
     stage_sizes(&ops[i], &in, &out);
@@ -579,7 +587,10 @@ static ncclResult_t launch_stream(emu_op_t *ops, int n, int *kept) {
     if (e == cudaSuccess)
       e = cudaLaunchHostFunc(st, end_batch, b);
   }
-  if (prev != dev && prev >= 0)
+  /* The issuer thread is the stand-in's own: it keeps the device (as
+   * NCCL's threads do); "restoring" the device 0 it never chose would
+   * make a context there. */
+  if (prev != dev && prev >= 0 && !t_issuer)
     cudaSetDevice(prev);
   if (step == -1)
     *kept = 1;
@@ -695,6 +706,7 @@ static void issued(emu_op_t *ops, int n, ncclResult_t r) {
 
 static void *issuer_main(void *arg) {
   (void)arg;
+  t_issuer = 1;
   for (;;) {
     emu_later_t *l;
     emu_comm_t **cs;
