@@ -22,3 +22,26 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_elementwise_cuda.cc)
       TIMEOUT 900 ENVIRONMENT "ZPP_EMU_DELAY_US=20")
   endif()
 endif()
+
+# test_coll_align: the collectives on buffers at any byte offset
+# (zpp_coll.h, "Alignment") under mpirun: coll_align_2x2 on host memory
+# (label mpi) and, where the device path is built, on device memory
+# through zpp_add_device_suite (coll_align_device_<backend>_2x2, label emu).
+if(ZPP_WITH_MPI_ENABLED AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_coll_align.cc)
+  add_executable(test_coll_align test_coll_align.cc)
+  target_link_libraries(test_coll_align PRIVATE zpp_static GTest::gtest MPI::MPI_C)
+  target_compile_definitions(test_coll_align PRIVATE OMPI_SKIP_MPICXX=1
+    MPICH_SKIP_MPICXX=1 ZPP_HAVE_CUDA=$<BOOL:${ZPP_HAVE_CUDA_RT}>)
+  target_include_directories(test_coll_align PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  if(ZPP_WITH_CUDA_ENABLED)
+    target_link_libraries(test_coll_align PRIVATE CUDA::cudart_static)
+  endif()
+  add_test(NAME coll_align_2x2 COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root
+    --oversubscribe --mca btl self,vader --bind-to none -np 4
+    $<TARGET_FILE:test_coll_align>)
+  set_tests_properties(coll_align_2x2 PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+  if(ZPP_CUDA_EMU)
+    zpp_add_device_suite(coll_align_device test_coll_align "2x2:4" "")
+  endif()
+endif()
