@@ -23,6 +23,32 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_elementwise_cuda.cc)
   endif()
 endif()
 
+# test_elementwise_cuda_arch: the same cases on the kernels compiled into
+# the test as C++ against the emulator with __CUDA_ARCH__ defined (the
+# device branches of quant_math.h) and UBSan's alignment check standing in
+# for the GPU's fault on a misaligned plain load or store.  Like
+# test_quant_cuda_emu it needs neither nvcc nor a GPU nor libzpp, so it is
+# built wherever the emulator is (label unit).
+if(TARGET zpp_cudart_emu AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_elementwise_cuda_arch.cc)
+  add_executable(test_elementwise_cuda_arch test_elementwise_cuda_arch.cc
+    test_elementwise_cuda_arch_tf.cc ${PROJECT_SOURCE_DIR}/src/kernels/transform.c)
+  target_include_directories(test_elementwise_cuda_arch PRIVATE
+    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
+    ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+  target_compile_definitions(test_elementwise_cuda_arch PRIVATE
+    ZPP_TEST_CUDA_EMU=1)
+  # #pragma unroll is nvcc's
+  target_compile_options(test_elementwise_cuda_arch PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas -fsanitize=alignment
+    -fno-sanitize-recover=alignment>)
+  target_link_options(test_elementwise_cuda_arch PRIVATE -fsanitize=alignment)
+  target_link_libraries(test_elementwise_cuda_arch PRIVATE zpp_cudart_emu
+    GTest::gtest GTest::gtest_main)
+  add_test(NAME elementwise_arch_emu COMMAND test_elementwise_cuda_arch)
+  set_tests_properties(elementwise_arch_emu PROPERTIES LABELS unit TIMEOUT 600
+    ENVIRONMENT "ZPP_EMU_DELAY_US=5")
+endif()
+
 # test_coll_align: the collectives on buffers at any byte offset
 # (zpp_coll.h, "Alignment") under mpirun: coll_align_2x2 on host memory
 # (label mpi) and, where the device path is built, on device memory

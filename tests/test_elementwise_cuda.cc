@@ -45,7 +45,9 @@
 #include "zpp_cuda_emu.h"
 #endif
 
-namespace {
+// A named namespace: test_elementwise_cuda_arch.cc includes this file after
+// elementwise_cuda.cu, whose helpers live in the unnamed one.
+namespace zpp_ew_test {
 
 uint64_t test_seed() {
   const char *s = std::getenv("ZPP_TEST_SEED");
@@ -79,10 +81,16 @@ std::string last_fault() {
         << #call << ": " << cudaGetErrorString(e_) << last_fault();            \
   } while (0)
 
+// Whether a device is there (test_elementwise_cuda_arch.cc, which does not
+// link libzpp, asks the runtime).
+#ifndef ZPP_TEST_DEVICE_AVAILABLE
+#define ZPP_TEST_DEVICE_AVAILABLE() zpp_cuda_available()
+#endif
+
 #define SKIP_WITHOUT_DEVICE()                                                  \
   do {                                                                         \
-    if (!zpp_cuda_available())                                                 \
-      GTEST_SKIP() << "no CUDA device: zpp_cuda_available() is 0";             \
+    if (!ZPP_TEST_DEVICE_AVAILABLE())                                          \
+      GTEST_SKIP() << "no CUDA device";                                        \
   } while (0)
 
 // ---- the reference: dtype values and rounding, in float64 ---------------
@@ -251,7 +259,11 @@ void expect_out(const DevBuf &b, const std::vector<uint32_t> &want) {
 
 // ---- cases -----------------------------------------------------------------
 
-const size_t kLengths[] = {0, 1, 7, 8, 9, 1000003};
+// The longest length (test_elementwise_cuda_arch.cc shortens it).
+#ifndef ZPP_TEST_ELEMENTWISE_LONG
+#define ZPP_TEST_ELEMENTWISE_LONG 1000003
+#endif
+const size_t kLengths[] = {0, 1, 7, 8, 9, ZPP_TEST_ELEMENTWISE_LONG};
 
 // Byte offsets for a buffer of dt: 1 only for the 16-bit dtypes.
 std::vector<size_t> offsets_for(int dt) {
@@ -574,4 +586,4 @@ TEST_F(ElementwiseCudaHadamard, TheScalingOfLargeGroupsEqualsTheScalarPath) {
   CUDA_OK(cudaStreamDestroy(st));
 }
 
-} // namespace
+} // namespace zpp_ew_test
