@@ -79,7 +79,8 @@ fuzz: deps
 # The device path (kernels, device memory, streams, NCCL) built against the
 # CPU emulator of the CUDA runtime (tests/cuda_emu): no GPU needed.  Only
 # the targets of the tests labelled "emu" are built.
-EMU_TARGETS = zpp zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_coll test_transport \
+EMU_TARGETS = zpp zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_elementwise_cuda \
+  test_coll test_coll_align test_transport \
   test_runtime test_device_path test_nccl_transport zpp-bench
 
 emu: deps

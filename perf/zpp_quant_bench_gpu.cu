@@ -1,8 +1,9 @@
 /*
  * zpp-quant-bench-gpu: throughput of the device block quantizer
  * (zpp_quant_encode_device, zpp_quant_decode_device,
- * zpp_quant_decode_accumulate_device) next to a device-to-device
- * cudaMemcpyAsync moving the same number of bytes, measured in the same run.
+ * zpp_quant_decode_accumulate_device) and of the element-wise kernels of
+ * the collectives next to a device-to-device cudaMemcpyAsync moving the
+ * same number of bytes, measured in the same run.
  *
  *   GB/s = (bytes read + bytes written) / median time, 1 GB = 1e9 bytes
  *     encode:      count * sizeof(dtype) read, encoded size written
@@ -11,6 +12,20 @@
  *     d2d:         a copy of half the op's bytes, counted read + written
  *                  (2 x its size), so both columns move the same traffic.
  *   ratio = gbps / d2d_gbps: the fraction of copy speed the kernel reaches.
+ *
+ * Then the element-wise kernels of the collectives (elementwise.h), bits
+ * and block "-", for fp32, fp16 and bf16 buffers from cudaMalloc (256-byte
+ * aligned), and for bf16 also at 2 and 1 bytes past that boundary (dtype
+ * "bf16+2", "bf16+1": the 16-bit buffer there, the fp32 ones aligned):
+ *     scale:        count * sizeof(dtype) read and written (in place,
+ *                   divisor 1: the data stays the same from run to run)
+ *     finish:       count * 4 read (fp32 accumulator), count *
+ *                   sizeof(dtype) written (divisor 4, a mean)
+ *     widen:        count * sizeof(dtype) read, count * 4 written
+ *     add_residual: count * sizeof(dtype) + count * 4 read, count * 4
+ *                   written
+ *   Goal on an H100: ratio >= 0.7.  Each is checked first on a prefix
+ *   against the host function; a difference exits with status 1.
  *
  * Times are cudaEvent pairs around each launch on one stream; the median
  * of -n iterations after -w warm-up launches.  A check compares the device
@@ -197,22 +212,31 @@ struct Row {
   double gbps, d2d_gbps;
 };
 
+/* bits and block of a row, "-" for an element-wise kernel (bits 0) */
+std::string bits_str(const Row &r) {
+  return r.bits ? std::to_string(r.bits) : "-";
+}
+std::string block_str(const Row &r) {
+  return r.bits ? std::to_string(r.block) : "-";
+}
+
 void print_rows(const std::vector<Row> &rows, const Options &o, const char *device) {
   if (o.csv) {
     printf("op,dtype,bits,block,gbps,d2d_gbps,ratio\n");
     for (const Row &r : rows)
-      printf("%s,%s,%d,%zu,%.1f,%.1f,%.3f\n", r.op, r.dtype, r.bits, r.block, r.gbps,
-             r.d2d_gbps, r.gbps / r.d2d_gbps);
+      printf("%s,%s,%s,%s,%.1f,%.1f,%.3f\n", r.op, r.dtype, bits_str(r).c_str(),
+             block_str(r).c_str(), r.gbps, r.d2d_gbps, r.gbps / r.d2d_gbps);
     return;
   }
   printf("# zpp-quant-bench-gpu: %s, %zu elements, %s, median of %d (warm-up %d)\n",
          device, o.count, o.asym ? "asymmetric" : "symmetric", o.iters, o.warmup);
   printf("# GB/s = (bytes read + written) / time; d2d: cudaMemcpyAsync of the same traffic\n");
-  printf("%-11s %-5s %4s %9s %9s %9s %6s\n", "op", "dtype", "bits", "block", "gbps",
-         "d2d_gbps", "ratio");
+  printf("%-12s %-6s %4s %9s %9s %9s %6s\n", "op", "dtype", "bits", "block",
+         "gbps", "d2d_gbps", "ratio");
   for (const Row &r : rows)
-    printf("%-11s %-5s %4d %9zu %9.1f %9.1f %6.3f\n", r.op, r.dtype, r.bits, r.block, r.gbps,
-           r.d2d_gbps, r.gbps / r.d2d_gbps);
+    printf("%-12s %-6s %4s %9s %9.1f %9.1f %6.3f\n", r.op, r.dtype,
+           bits_str(r).c_str(), block_str(r).c_str(), r.gbps, r.d2d_gbps,
+           r.gbps / r.d2d_gbps);
 }
 
 }  // namespace
@@ -326,7 +350,132 @@ int main(int argc, char **argv) {
                           d2d_gbps((size_t)b_acc)});
         }
       }
+
+  /* ---- element-wise kernels ---- */
+  struct Ew {
+    int dt;
+    size_t off; /* bytes past cudaMalloc's alignment of the dtype buffer */
+    const char *name;
+  };
+  const Ew ews[] = {{ZPP_QM_F32, 0, "fp32"},
+                    {ZPP_QM_F16, 0, "fp16"},
+                    {ZPP_QM_BF16, 0, "bf16"},
+                    {ZPP_QM_BF16, 2, "bf16+2"},
+                    {ZPP_QM_BF16, 1, "bf16+1"}};
+  /* d_dt + off: the dtype buffer (scale's, finish's output, widen's and
+   * add_residual's input); d_acc, d_res: fp32 inputs; d_out: fp32 output */
+  uint8_t *d_acc = nullptr, *d_dt = nullptr, *d_res = nullptr;
+  BENCH_CUDA(cudaMalloc(&d_acc, 4 * n));
+  BENCH_CUDA(cudaMalloc(&d_dt, 4 * n + 16));
+  BENCH_CUDA(cudaMalloc(&d_res, 4 * n));
+  fill_kernel<<<1024, 256, 0, st>>>(d_acc, n, ZPP_QM_F32, 777);
+  fill_kernel<<<1024, 256, 0, st>>>(d_res, n, ZPP_QM_F32, 999);
+  BENCH_CUDA(cudaGetLastError());
+  char err[256] = "";
+  auto ew_ok = [&](int rc, const char *what) {
+    if (rc != 0) {
+      fprintf(stderr, "zpp-quant-bench-gpu: %s: %s\n", what, err);
+      exit(1);
+    }
+  };
+  for (const Ew &w : ews) {
+    const zpp_dtype_t zdt = (zpp_dtype_t)w.dt;
+    const size_t es = zpp_dtype_size(zdt);
+    uint8_t *src = d_dt + w.off; /* the dtype buffer */
+    float *acc = (float *)d_acc, *res = (float *)d_res, *out = (float *)d_out;
+    /* filled aligned, then copied to its offset (fill_kernel's stores need
+     * natural alignment) */
+    auto fill_src = [&] {
+      fill_kernel<<<1024, 256, 0, st>>>(d_cp0, n, w.dt, 4242);
+      BENCH_CUDA(cudaGetLastError());
+      BENCH_CUDA(
+          cudaMemcpyAsync(src, d_cp0, n * es, cudaMemcpyDeviceToDevice, st));
+    };
+    fill_src();
+
+    /* check a prefix of each against the host function */
+    {
+      const size_t m = std::min(n, (size_t)1 << 20);
+      std::vector<uint8_t> h_got(4 * m), h_want(4 * m), h_tmp(4 * m);
+      std::vector<float> h_acc(m), h_res(m);
+      BENCH_CUDA(cudaMemcpyAsync(h_acc.data(), acc, 4 * m,
+                                 cudaMemcpyDeviceToHost, st));
+      BENCH_CUDA(cudaMemcpyAsync(h_res.data(), res, 4 * m,
+                                 cudaMemcpyDeviceToHost, st));
+      BENCH_CUDA(cudaStreamSynchronize(st));
+      auto compare = [&](const char *op, size_t bytes) {
+        BENCH_CUDA(cudaStreamSynchronize(st));
+        if (memcmp(h_got.data(), h_want.data(), bytes) != 0) {
+          fprintf(stderr,
+                  "zpp-quant-bench-gpu: %s %s: device result differs from the "
+                  "host\n",
+                  op, w.name);
+          wrong++;
+        }
+      };
+      /* finish into the dtype buffer's place, then scale it in place */
+      ew_ok(zpp_ew_finish_device(acc, m, 4.0f, w.dt, src, st, err, sizeof err),
+            "finish");
+      BENCH_CUDA(cudaMemcpyAsync(h_got.data(), src, m * es,
+                                 cudaMemcpyDeviceToHost, st));
+      zpp_ew_finish_host(0, h_acc.data(), m, 4.0f, w.dt, h_want.data());
+      compare("finish", m * es);
+      memcpy(h_tmp.data(), h_want.data(), m * es);
+      ew_ok(zpp_ew_scale_device(w.dt, src, m, 3.0f, st, err, sizeof err),
+            "scale");
+      BENCH_CUDA(cudaMemcpyAsync(h_got.data(), src, m * es,
+                                 cudaMemcpyDeviceToHost, st));
+      zpp_ew_scale_host(w.dt, h_want.data(), m, 3.0f);
+      compare("scale", m * es);
+      memcpy(h_tmp.data(), h_want.data(), m * es);
+      ew_ok(zpp_ew_widen_device(w.dt, src, m, out, st, err, sizeof err),
+            "widen");
+      BENCH_CUDA(cudaMemcpyAsync(h_got.data(), out, 4 * m,
+                                 cudaMemcpyDeviceToHost, st));
+      zpp_ew_to_f32_host(0, w.dt, h_tmp.data(), m, (float *)h_want.data());
+      compare("widen", 4 * m);
+      ew_ok(zpp_ew_add_residual_device(w.dt, src, res, m, out, st, err,
+                                       sizeof err),
+            "add_residual");
+      BENCH_CUDA(cudaMemcpyAsync(h_got.data(), out, 4 * m,
+                                 cudaMemcpyDeviceToHost, st));
+      zpp_ew_add_residual_host(w.dt, h_tmp.data(), h_res.data(), m,
+                               (float *)h_want.data());
+      compare("add_residual", 4 * m);
+      fill_src();
+    }
+
+    double t = timer.median(o.warmup, o.iters, [&] {
+      ew_ok(zpp_ew_scale_device(w.dt, src, n, 1.0f, st, err, sizeof err),
+            "scale");
+    });
+    double b = (double)(2 * n * es);
+    rows.push_back({"scale", w.name, 0, 0, b / t * 1e-9, d2d_gbps((size_t)b)});
+    t = timer.median(o.warmup, o.iters, [&] {
+      ew_ok(zpp_ew_finish_device(acc, n, 4.0f, w.dt, src, st, err, sizeof err),
+            "finish");
+    });
+    b = (double)(4 * n + n * es);
+    rows.push_back({"finish", w.name, 0, 0, b / t * 1e-9, d2d_gbps((size_t)b)});
+    t = timer.median(o.warmup, o.iters, [&] {
+      ew_ok(zpp_ew_widen_device(w.dt, src, n, out, st, err, sizeof err),
+            "widen");
+    });
+    b = (double)(n * es + 4 * n);
+    rows.push_back({"widen", w.name, 0, 0, b / t * 1e-9, d2d_gbps((size_t)b)});
+    t = timer.median(o.warmup, o.iters, [&] {
+      ew_ok(zpp_ew_add_residual_device(w.dt, src, res, n, out, st, err,
+                                       sizeof err),
+            "add_residual");
+    });
+    b = (double)(n * es + 8 * n);
+    rows.push_back(
+        {"add_residual", w.name, 0, 0, b / t * 1e-9, d2d_gbps((size_t)b)});
+  }
   BENCH_CUDA(cudaStreamSynchronize(st));
+  cudaFree(d_acc);
+  cudaFree(d_dt);
+  cudaFree(d_res);
   print_rows(rows, o, prop.name);
   cudaFree(d_in);
   cudaFree(d_enc);

@@ -647,6 +647,192 @@ TEST_F(Emu, ReadingPastAnAllocationIsAnIllegalAddress) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress);
 }
 
+// ---- misaligned access --------------------------------------------------------
+//
+// The CUDA Programming Guide, "Device Memory Accesses": "Global memory
+// instructions support reading or writing words of size equal to 1, 2, 4,
+// 8, or 16 bytes. Any access (via a variable or a pointer) to data residing
+// in global memory compiles to a single global memory instruction if and
+// only if the size of the data type is 1, 2, 4, 8, or 16 bytes and the data
+// is naturally aligned (i.e., its address is a multiple of that size)."
+// driver_types.h, cudaErrorMisalignedAddress: "The device encountered a
+// load or store instruction on a memory address which is not aligned. This
+// leaves the process in an inconsistent state and any further CUDA work
+// will return the same error."  The emulator checks the accesses of the
+// load and store intrinsics (__ldg, __stcs, ...); vector_types.h gives the
+// vector types their size as alignment.
+static_assert(alignof(float4) == 16 && alignof(uint4) == 16 &&
+                  alignof(int4) == 16 && alignof(double2) == 16 &&
+                  alignof(ulonglong2) == 16,
+              "16-byte vector types");
+static_assert(alignof(float2) == 8 && alignof(uint2) == 8 &&
+                  alignof(ushort4) == 8,
+              "8-byte vector types");
+static_assert(alignof(ushort2) == 4 && alignof(uchar4) == 4 &&
+                  alignof(uchar2) == 2,
+              "4- and 2-byte vector types");
+
+// *out = __ldg((const V *)(p + off)) by one thread
+template <typename V>
+__global__ void ldg_at_kernel(const unsigned char *p, size_t off, V *out) {
+  if (threadIdx.x == 0)
+    *out = __ldg(reinterpret_cast<const V *>(p + off));
+}
+
+// stores v at p + off with one of the cache-hint stores, then *after = 1
+template <typename V>
+__global__ void store_at_kernel(unsigned char *p, size_t off, V v, int which,
+                                int *after) {
+  if (threadIdx.x != 0)
+    return;
+  V *q = reinterpret_cast<V *>(p + off);
+  if (which == 0)
+    __stcs(q, v);
+  else if (which == 1)
+    __stcg(q, v);
+  else if (which == 2)
+    __stwt(q, v);
+  else
+    __stwb(q, v);
+  *after = 1;
+}
+
+class EmuMisaligned : public Emu {
+protected:
+  static constexpr int kDev = 6;
+  unsigned char *d = nullptr; // 256 bytes of device kDev, random
+  unsigned char *out = nullptr;
+  int *after = nullptr;
+  std::vector<unsigned char> host = std::vector<unsigned char>(256);
+  void SetUp() override {
+    Emu::SetUp();
+    uint64_t seed = test_seed();
+    std::printf("[ seed ] EmuMisaligned: ZPP_TEST_SEED=%llu\n",
+                (unsigned long long)seed);
+    std::mt19937_64 rng(seed);
+    for (auto &b : host)
+      b = (unsigned char)rng();
+    ASSERT_EQ(cudaSetDevice(kDev), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d, 256), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, 16), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&after, sizeof(int)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, host.data(), 256, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  void TearDown() override {
+    zpp_emu_clear_sticky_error(kDev);
+    cudaSetDevice(kDev);
+    cudaFree(d);
+    cudaFree(out);
+    cudaFree(after);
+    Emu::TearDown();
+  }
+  // A load of V at d + off: the bytes there when off is a multiple of
+  // sizeof(V), else a sticky cudaErrorMisalignedAddress.
+  template <typename V> void load_at(size_t off) {
+    SCOPED_TRACE("load of " + std::to_string(sizeof(V)) + " bytes at offset " +
+                 std::to_string(off));
+    CUDA_OK(cudaMemset(out, 0, 16));
+    CUDA_OK(launch(ldg_at_kernel<V>, 1, 32, 0, (const unsigned char *)d, off,
+                   (V *)out));
+    if (off % sizeof(V) == 0) {
+      CUDA_OK(cudaDeviceSynchronize());
+      unsigned char got[sizeof(V)];
+      CUDA_OK(cudaMemcpy(got, out, sizeof(V), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(got, host.data() + off, sizeof(V)), 0);
+      return;
+    }
+    expect_misaligned("__ldg");
+  }
+  // A store of V at d + off: written, and the thread goes on, when off is a
+  // multiple of sizeof(V); else a sticky cudaErrorMisalignedAddress, the
+  // memory unchanged and the thread stopped.
+  template <typename V> void store_at(size_t off, int which) {
+    static const char *const names[] = {"__stcs", "__stcg", "__stwt", "__stwb"};
+    SCOPED_TRACE(std::string(names[which]) + " of " +
+                 std::to_string(sizeof(V)) + " bytes at offset " +
+                 std::to_string(off));
+    V v;
+    std::memset(&v, 0xa5, sizeof v);
+    CUDA_OK(cudaMemcpy(d, host.data(), 256, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(after, 0, sizeof(int)));
+    CUDA_OK(launch(store_at_kernel<V>, 1, 32, 0, d, off, v, which, after));
+    std::vector<unsigned char> want = host;
+    bool aligned = off % sizeof(V) == 0;
+    if (aligned) {
+      std::memset(want.data() + off, 0xa5, sizeof(V));
+      CUDA_OK(cudaDeviceSynchronize());
+    } else {
+      expect_misaligned(names[which]);
+      zpp_emu_clear_sticky_error(kDev);
+      (void)cudaGetLastError();
+    }
+    std::vector<unsigned char> got(256);
+    int went_on = -1;
+    CUDA_OK(cudaMemcpy(got.data(), d, 256, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&went_on, after, sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(went_on, aligned ? 1 : 0);
+  }
+  void expect_misaligned(const char *op) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorMisalignedAddress);
+    std::string f = zpp_emu_last_fault();
+    EXPECT_NE(f.find("misaligned address"), std::string::npos) << f;
+    EXPECT_NE(f.find(op), std::string::npos) << f;
+    // sticky: every later call on the device fails, reading it does not clear
+    // it
+    EXPECT_EQ(cudaGetLastError(), cudaErrorMisalignedAddress);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorMisalignedAddress);
+    void *x = nullptr;
+    EXPECT_EQ(cudaMalloc(&x, 4), cudaErrorMisalignedAddress);
+    EXPECT_STREQ(cudaGetErrorName(cudaErrorMisalignedAddress),
+                 "cudaErrorMisalignedAddress");
+    zpp_emu_clear_sticky_error(kDev);
+    (void)cudaGetLastError();
+  }
+};
+
+TEST_F(EmuMisaligned, AVectorLoadMustBeNaturallyAligned) {
+  for (size_t off : {0, 2, 4, 6, 8, 14, 16, 32, 240}) {
+    load_at<float4>(off);
+    load_at<uint4>(off);
+    load_at<float2>(off);
+    load_at<uint2>(off);
+    load_at<ushort2>(off);
+  }
+}
+
+TEST_F(EmuMisaligned, AScalarLoadMustBeNaturallyAligned) {
+  for (size_t off : {0, 1, 2, 3, 4, 6, 8, 13}) {
+    load_at<unsigned char>(off);
+    load_at<unsigned short>(off);
+    load_at<float>(off);
+    load_at<unsigned int>(off);
+    load_at<double>(off);
+  }
+}
+
+TEST_F(EmuMisaligned, ACacheHintStoreMustBeNaturallyAligned) {
+  for (int which = 0; which < 4; which++)
+    for (size_t off : {0, 1, 2, 4, 8, 12, 16, 48}) {
+      store_at<uint4>(off, which);
+      store_at<float2>(off, which);
+      store_at<unsigned short>(off, which);
+    }
+}
+
+TEST_F(EmuMisaligned, OtherDevicesAreNotAffected) {
+  CUDA_OK(launch(ldg_at_kernel<float4>, 1, 1, 0, (const unsigned char *)d,
+                 (size_t)4, (float4 *)out));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorMisalignedAddress);
+  CUDA_OK(cudaSetDevice(kDev + 1));
+  int *x = nullptr;
+  CUDA_OK(cudaMalloc(&x, sizeof(int)));
+  CUDA_OK(launch(store_kernel, 1, 1, 0, x, 7));
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaFree(x);
+}
+
 // ---- memory: registry, use after free, host access --------------------------------------
 
 TEST_F(Emu, PointerAttributesComeFromTheRegistry) {

@@ -76,6 +76,14 @@
  * checks before any data moves, and fail together: this rank with
  * ZPP_ERR_INVALID_ARGUMENT, every other one with ZPP_ERR_MISMATCH naming
  * it (docs/collectives.md, "Buffers").
+ *
+ * Alignment: a buffer may start at any byte, in host and in device
+ * memory; an fp16 or bf16 buffer at an odd address (or an fp32 one at a
+ * 2-byte boundary) works, with the bitwise result of the same data at an
+ * aligned address.  On a GPU the kernels move 16 bytes per access where a
+ * buffer allows it and fall back to narrower accesses, down to single
+ * bytes, where it does not: buffers that start at a 16-byte boundary
+ * (cudaMalloc's start at 256) are the fast case.
  */
 #ifndef ZPP_ZPP_COLL_H
 #define ZPP_ZPP_COLL_H

@@ -83,7 +83,9 @@ void zpp_ew_reduce_blocks_host(int simd, void *dst, int out_dtype,
                                size_t count, float div);
 
 /* Device versions, enqueued on `stream` (a cudaStream_t).  Return 0, or
- * non-zero with the CUDA message in err. */
+ * non-zero with the CUDA message in err.  Buffers may start at any byte.
+ * In place as on the host, except that finish's out may be acc only for
+ * fp32 (a narrower out overlapping acc is a race between threads). */
 int zpp_ew_finish_device(const float *acc, size_t count, float div,
                          int dtype, void *out, void *stream, char *err,
                          size_t errlen);

@@ -10,50 +10,209 @@
 
 namespace {
 
+using zpp_kl::At;
+using zpp_kl::esize;
+using zpp_kl::for_chunks;
+using zpp_kl::kChunk;
+using zpp_kl::kRead;
+using zpp_kl::kUpdate;
 using zpp_kl::launch_over;
+using zpp_kl::load_chunk;
+using zpp_kl::load_one;
+using zpp_kl::pick_head;
 using zpp_kl::report;
+using zpp_kl::store_chunk;
+using zpp_kl::store_one;
+using zpp_kl::width_at;
+
+/* Each kernel takes the dtype at run time, as the host functions do, and
+ * runs the body of that dtype (a branch every thread takes alike).  The
+ * access pattern is launch.cuh's: chunks of kChunk elements through 16-byte
+ * accesses where the alignment allows, any alignment otherwise.  A buffer
+ * the kernel writes may be the one it reads (in place) only where the
+ * comment says so, and then exactly, element for element. */
+
+/* out may be acc when dtype is fp32 */
+template <int DT>
+__device__ __forceinline__ void finish_body(const float *acc, size_t count,
+                                            float div, void *out) {
+  constexpr auto K = DT == ZPP_QM_F32 ? kUpdate : kRead;
+  const unsigned head = pick_head(At{acc, 4}, At{out, esize<DT>});
+  const int wa = width_at(acc, head, 4), wo = width_at(out, head, esize<DT>);
+  auto f = [div](float v) { return div == 1.0f ? v : __fdiv_rn(v, div); };
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float x[kChunk];
+        load_chunk<ZPP_QM_F32, K>(acc, e, wa, x);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          x[j] = f(x[j]);
+        store_chunk<DT>(out, e, wo, x);
+      },
+      [&](size_t i) {
+        store_one<DT>(out, i, f(load_one<ZPP_QM_F32, K>(acc, i)));
+      });
+}
 
 __global__ void finish_kernel(const float *acc, size_t count, float div,
                               int dtype, void *out) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    zpp_qm_store(out, i, dtype, div == 1.0f ? acc[i] : __fdiv_rn(acc[i], div));
+  if (dtype == ZPP_QM_F32)
+    finish_body<ZPP_QM_F32>(acc, count, div, out);
+  else if (dtype == ZPP_QM_BF16)
+    finish_body<ZPP_QM_BF16>(acc, count, div, out);
+  else
+    finish_body<ZPP_QM_F16>(acc, count, div, out);
+}
+
+/* in place */
+template <int DT>
+__device__ __forceinline__ void scale_body(void *buf, size_t count, float div) {
+  const unsigned head = pick_head(At{buf, esize<DT>});
+  const int w = width_at(buf, head, esize<DT>);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float x[kChunk];
+        load_chunk<DT, kUpdate>(buf, e, w, x);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          x[j] = __fdiv_rn(x[j], div);
+        store_chunk<DT>(buf, e, w, x);
+      },
+      [&](size_t i) {
+        store_one<DT>(buf, i, __fdiv_rn(load_one<DT, kUpdate>(buf, i), div));
+      });
 }
 
 __global__ void scale_kernel(int dtype, void *buf, size_t count, float div) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    zpp_qm_store(buf, i, dtype, __fdiv_rn(zpp_qm_load(buf, i, dtype), div));
+  if (dtype == ZPP_QM_F32)
+    scale_body<ZPP_QM_F32>(buf, count, div);
+  else if (dtype == ZPP_QM_BF16)
+    scale_body<ZPP_QM_BF16>(buf, count, div);
+  else
+    scale_body<ZPP_QM_F16>(buf, count, div);
+}
+
+/* out may be res; g overlaps neither */
+template <int DT>
+__device__ __forceinline__ void
+add_residual_body(const void *g, const float *res, size_t count, float *out) {
+  const unsigned head = pick_head(At{g, esize<DT>}, At{res, 4}, At{out, 4});
+  const int wg = width_at(g, head, esize<DT>), wr = width_at(res, head, 4),
+            wo = width_at(out, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float x[kChunk], r[kChunk];
+        load_chunk<DT, kRead>(g, e, wg, x);
+        load_chunk<ZPP_QM_F32, kUpdate>(res, e, wr, r);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          x[j] = zpp_qm_add(x[j], r[j]);
+        store_chunk<ZPP_QM_F32>(out, e, wo, x);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(
+            out, i,
+            zpp_qm_add(load_one<DT, kRead>(g, i),
+                       load_one<ZPP_QM_F32, kUpdate>(res, i)));
+      });
 }
 
 __global__ void add_residual_kernel(int dtype, const void *g, const float *res,
                                     size_t count, float *out) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    out[i] = zpp_qm_add(zpp_qm_load(g, i, dtype), res[i]);
+  if (dtype == ZPP_QM_F32)
+    add_residual_body<ZPP_QM_F32>(g, res, count, out);
+  else if (dtype == ZPP_QM_BF16)
+    add_residual_body<ZPP_QM_BF16>(g, res, count, out);
+  else
+    add_residual_body<ZPP_QM_F16>(g, res, count, out);
 }
 
+/* The error to keep: e, or 0 when it is not finite. */
+__device__ __forceinline__ float finite_error(float e) {
+  return (zpp_qm_f32_bits(e) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : e;
+}
+
+/* res in place; x overlaps it not */
 __global__ void residual_kernel(const float *x, size_t count, float *res) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float e = __fsub_rn(x[i], res[i]);
-    res[i] = (zpp_qm_f32_bits(e) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : e;
-  }
+  const unsigned head = pick_head(At{x, 4}, At{res, 4});
+  const int wx = width_at(x, head, 4), wr = width_at(res, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float a[kChunk], r[kChunk];
+        load_chunk<ZPP_QM_F32, kRead>(x, e, wx, a);
+        load_chunk<ZPP_QM_F32, kUpdate>(res, e, wr, r);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          r[j] = finite_error(__fsub_rn(a[j], r[j]));
+        store_chunk<ZPP_QM_F32>(res, e, wr, r);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(
+            res, i,
+            finite_error(__fsub_rn(load_one<ZPP_QM_F32, kRead>(x, i),
+                                   load_one<ZPP_QM_F32, kUpdate>(res, i))));
+      });
 }
 
+/* res in place; x and dec overlap it not */
 __global__ void ema_residual_kernel(const float *x, const float *dec,
                                     size_t count, float beta, float omega,
                                     float *res) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    res[i] = zpp_qm_ema_residual(res[i], x[i], dec[i], beta, omega);
+  const unsigned head = pick_head(At{x, 4}, At{dec, 4}, At{res, 4});
+  const int wx = width_at(x, head, 4), wd = width_at(dec, head, 4),
+            wr = width_at(res, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float a[kChunk], d[kChunk], r[kChunk];
+        load_chunk<ZPP_QM_F32, kRead>(x, e, wx, a);
+        load_chunk<ZPP_QM_F32, kRead>(dec, e, wd, d);
+        load_chunk<ZPP_QM_F32, kUpdate>(res, e, wr, r);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          r[j] = zpp_qm_ema_residual(r[j], a[j], d[j], beta, omega);
+        store_chunk<ZPP_QM_F32>(res, e, wr, r);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(
+            res, i,
+            zpp_qm_ema_residual(load_one<ZPP_QM_F32, kUpdate>(res, i),
+                                load_one<ZPP_QM_F32, kRead>(x, i),
+                                load_one<ZPP_QM_F32, kRead>(dec, i), beta,
+                                omega));
+      });
+}
+
+/* out overlaps src not */
+template <int DT>
+__device__ __forceinline__ void widen_body(const void *src, size_t count,
+                                           float *out) {
+  const unsigned head = pick_head(At{src, esize<DT>}, At{out, 4});
+  const int ws = width_at(src, head, esize<DT>), wo = width_at(out, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float x[kChunk];
+        load_chunk<DT, kRead>(src, e, ws, x);
+        store_chunk<ZPP_QM_F32>(out, e, wo, x);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(out, i, load_one<DT, kRead>(src, i));
+      });
 }
 
 __global__ void widen_kernel(int dtype, const void *src, size_t count,
                              float *out) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    out[i] = zpp_qm_load(src, i, dtype);
+  if (dtype == ZPP_QM_F32)
+    widen_body<ZPP_QM_F32>(src, count, out);
+  else if (dtype == ZPP_QM_BF16)
+    widen_body<ZPP_QM_BF16>(src, count, out);
+  else
+    widen_body<ZPP_QM_F16>(src, count, out);
 }
 
 }  // namespace

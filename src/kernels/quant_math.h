@@ -147,7 +147,11 @@ static ZPP_QM_HD uint16_t zpp_qm_f32_to_f16(float f) {
 }
 
 /* Element i of a buffer of `dtype`.  Host code copies bytes, so buffers of
- * any alignment are accepted; device buffers are naturally aligned. */
+ * any alignment are accepted.  Device code makes one plain access of the
+ * element's size, which a GPU refuses (cudaErrorMisalignedAddress) unless
+ * the element is naturally aligned: a caller whose buffer may start at any
+ * byte (a bf16 buffer at an odd address) uses the element-wise accessors of
+ * launch.cuh, which take any alignment, or a byte path of its own. */
 static ZPP_QM_HD float zpp_qm_load(const void *p, size_t i, int dtype) {
 #if defined(__CUDA_ARCH__)
   if (dtype == ZPP_QM_F32)

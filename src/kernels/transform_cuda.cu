@@ -2,7 +2,8 @@
 // transform.c, through quant_math.h.  The Hadamard rotation performs, on
 // every element, the operations of zpp_qm_fwht in its stage order, so it is
 // bitwise equal to the host paths:
-//   - convert_kernel writes fp32(src) to dst (skipped in place);
+//   - convert_kernel writes fp32(src) to dst (skipped in place), in
+//     launch.cuh's chunks of 16-byte accesses;
 //   - groups of up to kSmemGroup elements: one thread per element, the
 //     group in shared memory, one __syncthreads() per stage; the lower
 //     element of a pair takes a + b, the upper a - b;
@@ -25,11 +26,36 @@ using zpp_kl::report;
 
 constexpr unsigned kSmemGroup = 1024; /* largest group done in one CTA */
 
+/* dst overlaps src not (in place, fp32, the launcher skips it) */
+template <int DT>
+__device__ __forceinline__ void convert_body(const void *src, size_t count,
+                                             float *dst) {
+  using namespace zpp_kl;
+  const unsigned head = pick_head(At{src, esize<DT>}, At{dst, 4});
+  const int ws = width_at(src, head, esize<DT>), wd = width_at(dst, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float x[kChunk];
+        load_chunk<DT, kRead>(src, e, ws, x);
+        store_chunk<ZPP_QM_F32>(dst, e, wd, x);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(dst, i, load_one<DT, kRead>(src, i));
+      });
+}
+
+/* The element-wise kernels (convert, scale, wdiff) access memory through
+ * launch.cuh's chunks: 16-byte accesses where the alignment allows, any
+ * alignment otherwise; any grid covers every element. */
 __global__ void convert_kernel(int dtype, const void *src, size_t count,
                                float *dst) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = zpp_qm_load(src, i, dtype);
+  if (dtype == ZPP_QM_F32)
+    convert_body<ZPP_QM_F32>(src, count, dst);
+  else if (dtype == ZPP_QM_BF16)
+    convert_body<ZPP_QM_BF16>(src, count, dst);
+  else
+    convert_body<ZPP_QM_F16>(src, count, dst);
 }
 
 /* Groups of g <= kSmemGroup elements: a CTA of max(g, kThreads) threads
@@ -69,17 +95,62 @@ __global__ void hadamard_stage_kernel(float *x, size_t n, size_t h) {
   }
 }
 
+/* x[i] * c, in place */
 __global__ void scale_kernel(float *x, size_t n, float c) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    x[i] = x[i] * c;
+  using namespace zpp_kl;
+  const unsigned head = pick_head(At{x, 4});
+  const int w = width_at(x, head, 4);
+  for_chunks(
+      n, head,
+      [&](size_t e) {
+        float v[kChunk];
+        load_chunk<ZPP_QM_F32, kUpdate>(x, e, w, v);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          v[j] = v[j] * c;
+        store_chunk<ZPP_QM_F32>(x, e, w, v);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(x, i, load_one<ZPP_QM_F32, kUpdate>(x, i) * c);
+      });
+}
+
+/* out may be target; recon overlaps neither */
+template <int DT>
+__device__ __forceinline__ void
+wdiff_body(const void *recon, const float *target, size_t count, float *out) {
+  using namespace zpp_kl;
+  const unsigned head =
+      pick_head(At{recon, esize<DT>}, At{target, 4}, At{out, 4});
+  const int wr = width_at(recon, head, esize<DT>),
+            wt = width_at(target, head, 4), wo = width_at(out, head, 4);
+  for_chunks(
+      count, head,
+      [&](size_t e) {
+        float r[kChunk], t[kChunk];
+        load_chunk<DT, kRead>(recon, e, wr, r);
+        load_chunk<ZPP_QM_F32, kUpdate>(target, e, wt, t);
+#pragma unroll
+        for (int j = 0; j < kChunk; j++)
+          t[j] = zpp_qm_add(t[j], -r[j]);
+        store_chunk<ZPP_QM_F32>(out, e, wo, t);
+      },
+      [&](size_t i) {
+        store_one<ZPP_QM_F32>(
+            out, i,
+            zpp_qm_add(load_one<ZPP_QM_F32, kUpdate>(target, i),
+                       -load_one<DT, kRead>(recon, i)));
+      });
 }
 
 __global__ void wdiff_kernel(int dtype, const void *recon, const float *target,
                              size_t count, float *out) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-       i += (size_t)gridDim.x * blockDim.x)
-    out[i] = zpp_qm_add(target[i], -zpp_qm_load(recon, i, dtype));
+  if (dtype == ZPP_QM_F32)
+    wdiff_body<ZPP_QM_F32>(recon, target, count, out);
+  else if (dtype == ZPP_QM_BF16)
+    wdiff_body<ZPP_QM_BF16>(recon, target, count, out);
+  else
+    wdiff_body<ZPP_QM_F16>(recon, target, count, out);
 }
 
 }  // namespace
@@ -124,7 +195,7 @@ extern "C" int zpp_tf_wdiff_device(int dtype, const void *recon,
                                    float *out, void *stream, char *err,
                                    size_t errlen) {
   if (count == 0) return 0;
-  return report(launch(wdiff_kernel, (unsigned)grid_for(count), kThreads,
-                       (cudaStream_t)stream, dtype, recon, target, count, out),
+  return report(zpp_kl::launch_over(wdiff_kernel, count, stream, dtype, recon,
+                                    target, count, out),
                 "weight-difference kernel launch", err, errlen);
 }

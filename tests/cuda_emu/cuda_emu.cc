@@ -50,6 +50,10 @@
 //    an allocation) is a sticky cudaErrorIllegalAddress of that device,
 //    as are kernel pointer arguments to another device's memory or to
 //    unregistered host memory;
+//  - a load or store intrinsic of device code (__ldg, __stcs, ...: the
+//    device-language part of cuda_runtime.h) at an address that is not a
+//    multiple of its access size is a sticky cudaErrorMisalignedAddress of
+//    the device (cuda_emu_grid.cc stops the CUDA thread there);
 //  - stream-ordered allocation: cudaMallocAsync's memory exists from its
 //    point in the stream, cudaFreeAsync's memory is gone from its point;
 //  - memory pools (cudaMallocAsync, cudaMallocFromPoolAsync, the default,
@@ -99,6 +103,8 @@
 //    an allocation whose size is not a multiple of 256 bytes within its
 //    last 256, are not caught (allocations end at a guard page, rounded up
 //    to 256 bytes);
+//  - misaligned plain C++ loads and stores in a kernel (only the
+//    intrinsics are checked);
 //  - concurrency between device operations, 2-D/3-D grids, dynamic shared
 //    memory, launch attributes, IPC (and exportable, managed or host memory
 //    pools), reuse of freed addresses (a pool's reuse is bytes only),
@@ -1047,7 +1053,7 @@ void exec_op(Stream *s, Op &op) {
       while (op.block.x > m && !e.max_threads.compare_exchange_weak(m, op.block.x)) {
       }
       if (!ok) {
-        x->err = cudaErrorLaunchFailure;
+        x->err = zpp_emu::grid_error();
         fault_text(x, "%s", why.c_str());
       }
       return ok;
@@ -1332,6 +1338,7 @@ ZPP_EMU_EXPORT const char *cudaGetErrorName(cudaError_t e) {
     ZPP_EMU_CASE(cudaErrorInvalidResourceHandle)
     ZPP_EMU_CASE(cudaErrorNotReady)
     ZPP_EMU_CASE(cudaErrorIllegalAddress)
+    ZPP_EMU_CASE(cudaErrorMisalignedAddress)
     ZPP_EMU_CASE(cudaErrorPeerAccessAlreadyEnabled)
     ZPP_EMU_CASE(cudaErrorPeerAccessNotEnabled)
     ZPP_EMU_CASE(cudaErrorLaunchFailure)
@@ -1364,6 +1371,7 @@ ZPP_EMU_EXPORT const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   case cudaErrorNotReady: return "device not ready";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorMisalignedAddress: return "misaligned address";
   case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
   case cudaErrorPeerAccessNotEnabled: return "peer access has not been enabled";
   case cudaErrorLaunchFailure: return "unspecified launch failure";

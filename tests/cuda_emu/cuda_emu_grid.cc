@@ -4,7 +4,9 @@
 // warp shuffle is two barriers of the lanes of the warp and __syncthreads
 // a barrier of the whole CTA; both need every thread to arrive, as the real
 // ones do (a full mask, no exited lanes).  A round in which no fiber
-// reaches a barrier or finishes is a deadlock: the launch fails.
+// reaches a barrier or finishes is a deadlock: the launch fails.  A
+// misaligned access of a load or store intrinsic (zpp_emu_misaligned)
+// stops the CTA at once: the faulting fiber is never resumed.
 //
 // Fibers switch with a few instructions on x86-64 (callee-saved registers
 // and the stack pointer; no signal mask, unlike swapcontext, which makes a
@@ -99,6 +101,11 @@ struct Sched {
   std::vector<uint64_t> warp_slot;
   unsigned long progress = 0, launches = 0;
   std::string error;
+  // A thread made a misaligned access: the CTA stops at once (the
+  // faulting fiber is never resumed) and the launch fails with
+  // cudaErrorMisalignedAddress.
+  bool misaligned = false;
+  bool running = false; // a grid runs on this scheduler now
 };
 
 Sched &S() {
@@ -228,6 +235,8 @@ bool run_cta() {
           s.cur = i;
           zpp_emu_builtin.threadIdx.x = i;
           switch_to(s.sched, s.fibers[i].ctx);
+          if (s.misaligned)
+            return false;
           live = live || !s.fibers[i].done;
         }
         if (s.progress != before) moved = true;
@@ -259,6 +268,7 @@ bool run_grid(dim3 grid, dim3 block, void (*run)(void *), void *closure,
   ensure_fibers(block.x);
   s.launches++;
   s.error.clear();
+  s.misaligned = false;
   s.run = run;
   s.closure = closure;
   s.n = block.x;
@@ -266,12 +276,18 @@ bool run_grid(dim3 grid, dim3 block, void (*run)(void *), void *closure,
   zpp_emu_builtin.blockDim = block;
   zpp_emu_builtin.threadIdx = dim3(0, 0, 0);
   bool ok = true;
+  s.running = true;
   for (unsigned b = 0; b < grid.x && ok; b++) {
     zpp_emu_builtin.blockIdx = dim3(b, 0, 0);
     ok = run_cta() && s.error.empty();
   }
+  s.running = false;
   if (!ok) *why = s.error.empty() ? "launch failed" : s.error;
   return ok;
+}
+
+cudaError_t grid_error() {
+  return S().misaligned ? cudaErrorMisalignedAddress : cudaErrorLaunchFailure;
 }
 
 void prepare_thread() {
@@ -309,4 +325,25 @@ extern "C" __attribute__((visibility("default"))) uint64_t zpp_emu_shfl_xor(uint
   uint64_t r = s.warp_slot[warp * 32 + src];
   zpp_emu::barrier(s.warp_count[warp], s.warp_gen[warp], lanes);
   return r;
+}
+
+// A load or store intrinsic (cuda_runtime.h) got a pointer that is not a
+// multiple of its access size: the CUDA thread stops here for good.
+extern "C" __attribute__((visibility("default"))) void
+zpp_emu_misaligned(const void *p, size_t bytes, const char *op) {
+  zpp_emu::Sched &s = zpp_emu::S();
+  char what[160];
+  std::snprintf(
+      what, sizeof what,
+      "misaligned address: %s of %zu bytes at %p (block %u, thread %u)", op,
+      bytes, p, zpp_emu_builtin.blockIdx.x, zpp_emu_builtin.threadIdx.x);
+  if (!s.running) { // host code: no CUDA thread to stop
+    std::fprintf(stderr, "zpp cuda emu: %s outside a kernel\n", what);
+    std::abort();
+  }
+  s.error = what;
+  s.misaligned = true;
+  s.progress++;
+  zpp_emu::switch_to(s.fibers[s.cur].ctx, s.sched); // never resumed
+  std::abort();
 }

@@ -16,6 +16,11 @@ namespace zpp_emu {
 bool run_grid(dim3 grid, dim3 block, void (*run)(void *), void *closure,
               std::string *why);
 
+// The error of the last grid run_grid failed: cudaErrorMisalignedAddress
+// when a thread made a misaligned access (zpp_emu_misaligned), else
+// cudaErrorLaunchFailure.
+cudaError_t grid_error();
+
 // Called once by every thread that may run device code: fiber stacks
 // belong to the caller, and a fault inside a fiber needs an alternate
 // signal stack.

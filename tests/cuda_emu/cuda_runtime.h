@@ -9,7 +9,8 @@
  *    written at the top of that file);
  *  - the device language, C++ only (`#ifdef __cplusplus`): __global__ and
  *    friends, the built-in variables, __syncthreads, warp shuffles, the
- *    rounding intrinsics the kernels use, and cudaLaunchKernelEx, which
+ *    rounding intrinsics the kernels use, the loads and stores with a cache
+ *    operator (__ldg, __stcs, ...), and cudaLaunchKernelEx, which
  *    packs a launch into a closure and queues it on the stream through
  *    zpp_emu_launch().  `<<<>>>` cannot be written in C++: kernels are
  *    launched with cudaLaunchKernelEx, which real CUDA has too.
@@ -51,6 +52,7 @@ typedef enum cudaError {
   cudaErrorIllegalAddress = 700,
   cudaErrorPeerAccessAlreadyEnabled = 704,
   cudaErrorPeerAccessNotEnabled = 705,
+  cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotPermitted = 800,
   cudaErrorNotSupported = 801,
@@ -204,9 +206,36 @@ typedef struct dim3 {
 #endif
 } dim3;
 
-typedef struct __attribute__((aligned(16))) float4 { float x, y, z, w; } float4;
-typedef struct __attribute__((aligned(8))) uint2 { unsigned int x, y; } uint2;
-typedef struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; } uint4;
+/* The vector types of the load and store intrinsics (__ldg, __stcs, ...),
+ * with the alignment of vector_types.h: a vector is one access of its size,
+ * which must be naturally aligned. */
+#define ZPP_EMU_VEC2(name, t, a)                                               \
+  typedef struct __attribute__((aligned(a))) name {                            \
+    t x, y;                                                                    \
+  } name
+#define ZPP_EMU_VEC4(name, t, a)                                               \
+  typedef struct __attribute__((aligned(a))) name {                            \
+    t x, y, z, w;                                                              \
+  } name
+ZPP_EMU_VEC2(char2, signed char, 2);
+ZPP_EMU_VEC2(uchar2, unsigned char, 2);
+ZPP_EMU_VEC4(char4, signed char, 4);
+ZPP_EMU_VEC4(uchar4, unsigned char, 4);
+ZPP_EMU_VEC2(short2, short, 4);
+ZPP_EMU_VEC2(ushort2, unsigned short, 4);
+ZPP_EMU_VEC4(short4, short, 8);
+ZPP_EMU_VEC4(ushort4, unsigned short, 8);
+ZPP_EMU_VEC2(int2, int, 8);
+ZPP_EMU_VEC2(uint2, unsigned int, 8);
+ZPP_EMU_VEC4(int4, int, 16);
+ZPP_EMU_VEC4(uint4, unsigned int, 16);
+ZPP_EMU_VEC2(longlong2, long long, 16);
+ZPP_EMU_VEC2(ulonglong2, unsigned long long, 16);
+ZPP_EMU_VEC2(float2, float, 8);
+ZPP_EMU_VEC4(float4, float, 16);
+ZPP_EMU_VEC2(double2, double, 16);
+#undef ZPP_EMU_VEC2
+#undef ZPP_EMU_VEC4
 
 /* Launch attributes are not modelled: numAttrs must be 0. */
 typedef struct cudaLaunchAttribute_st cudaLaunchAttribute;
@@ -412,12 +441,6 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return r;
 }
 
-/* Store with an explicit cache operator: a plain store here. */
-template <typename T>
-inline void __stwb(T *p, T v) {
-  *p = v;
-}
-
 /* Device atomics.  Fibers switch only at barriers and one CTA runs at a
  * time, so a read-modify-write is atomic. */
 inline unsigned atomicMax(unsigned *p, unsigned v) {
@@ -451,6 +474,80 @@ inline float __uint_as_float(unsigned u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+/* ---- C++: global memory loads and stores with a cache operator ----------
+ *
+ * __ldg (sm_32_intrinsics.h), the loads __ldcg and __ldcs and the stores
+ * __stwb, __stcg, __stcs and __stwt, for the scalar and vector types those
+ * intrinsics take.  Each is one access of sizeof(T) bytes, which the CUDA
+ * Programming Guide ("Device Memory Accesses") requires to be naturally
+ * aligned; a misaligned one is a sticky cudaErrorMisalignedAddress of the
+ * device, and the launch ends there (zpp_emu_last_fault says "misaligned
+ * address").  Plain C++ accesses cannot be checked: kernels whose
+ * alignment matters use these.  The cache operators themselves are not
+ * modelled.  The access itself is a memcpy: no strict-aliasing
+ * assumption about the buffer's element type. */
+extern "C" void zpp_emu_misaligned(const void *p, size_t bytes, const char *op);
+
+namespace zpp_emu_detail {
+
+/* T in a parameter that does not take part in deduction, so that the
+ * value converts to the pointer's type as with the real overloads. */
+template <typename T> struct same { using type = T; };
+template <typename T> using same_t = typename same<T>::type;
+
+template <typename T, typename... U>
+constexpr bool one_of = (std::is_same<T, U>::value || ...);
+
+/* The types of the overloads of __ldg in sm_32_intrinsics.h (the other
+ * loads and stores take the same ones). */
+template <typename T>
+constexpr bool ldst_type =
+    one_of<T, char, signed char, short, int, long, long long, unsigned char,
+           unsigned short, unsigned int, unsigned long, unsigned long long,
+           float, double, char2, char4, short2, short4, int2, int4, longlong2,
+           uchar2, uchar4, ushort2, ushort4, uint2, uint4, ulonglong2, float2,
+           float4, double2>;
+
+template <typename T> inline T load(const T *p, const char *op) {
+  static_assert(ldst_type<T>, "no such overload in sm_32_intrinsics.h");
+  if ((uintptr_t)p % alignof(T) != 0)
+    zpp_emu_misaligned(p, sizeof(T), op);
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T> inline void store(T *p, const T &v, const char *op) {
+  static_assert(ldst_type<T>, "no such overload in sm_32_intrinsics.h");
+  if ((uintptr_t)p % alignof(T) != 0)
+    zpp_emu_misaligned(p, sizeof(T), op);
+  std::memcpy(p, &v, sizeof v);
+}
+
+} // namespace zpp_emu_detail
+
+template <typename T> inline T __ldg(const T *p) {
+  return zpp_emu_detail::load(p, "__ldg");
+}
+template <typename T> inline T __ldcg(const T *p) {
+  return zpp_emu_detail::load(p, "__ldcg");
+}
+template <typename T> inline T __ldcs(const T *p) {
+  return zpp_emu_detail::load(p, "__ldcs");
+}
+template <typename T> inline void __stwb(T *p, zpp_emu_detail::same_t<T> v) {
+  zpp_emu_detail::store(p, v, "__stwb");
+}
+template <typename T> inline void __stcg(T *p, zpp_emu_detail::same_t<T> v) {
+  zpp_emu_detail::store(p, v, "__stcg");
+}
+template <typename T> inline void __stcs(T *p, zpp_emu_detail::same_t<T> v) {
+  zpp_emu_detail::store(p, v, "__stcs");
+}
+template <typename T> inline void __stwt(T *p, zpp_emu_detail::same_t<T> v) {
+  zpp_emu_detail::store(p, v, "__stwt");
 }
 
 namespace zpp_emu_detail {
