@@ -5,7 +5,10 @@
 // payload).  Also: the bytes past every output stay untouched, host
 // pointers are refused, managed memory and unaligned device pointers work,
 // and all work goes to the caller's stream (a stream synchronised alone,
-// and a stream captured into a CUDA graph).
+// and a stream captured into a CUDA graph).  The transforms: stochastic
+// rounding, and the Hadamard rotation against the host's bits and a
+// float64 bound.  The batched launchers (quant_batch_cuda.cu: tables of
+// runs) against the CPU's steps run one by one.
 //
 // Every test skips with "no CUDA device: ..." when zpp_cuda_available() is
 // 0, and runs for real on a machine with a GPU (perf/gpu_check.sh), or on
