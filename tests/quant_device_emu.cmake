@@ -20,6 +20,10 @@ if(ZPP_CUDA_EMU AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_quant_cuda.cc)
   set(_filter "QuantCudaPointers.*:QuantCudaStream.*")
   # stochastic rounding at nonzero index bases, on every launcher path
   string(APPEND _filter ":QuantCudaTransforms.StochasticRoundingAtANonzeroIndexBase")
+  # the Hadamard rotation, every group size 2..65536, against float64
+  string(APPEND _filter ":QuantCudaTransforms.HadamardMatchesFloat64WithinTheStageBound")
+  # the batched encode and decode-sum (tables of runs) against the CPU
+  string(APPEND _filter ":QuantCudaBatch.*")
   foreach(_s ${_shapes})
     string(APPEND _filter ":All/QuantCuda.*/${_s}")
   endforeach()

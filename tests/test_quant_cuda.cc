@@ -5,7 +5,10 @@
 // payload).  Also: the bytes past every output stay untouched, host
 // pointers are refused, managed memory and unaligned device pointers work,
 // and all work goes to the caller's stream (a stream synchronised alone,
-// and a stream captured into a CUDA graph).
+// and a stream captured into a CUDA graph).  The transforms: stochastic
+// rounding, and the Hadamard rotation against the host's bits and a
+// float64 bound.  The batched launchers (quant_batch_cuda.cu: tables of
+// runs) against the CPU's steps run one by one.
 //
 // Every test skips with "no CUDA device: ..." when zpp_cuda_available() is
 // 0, and runs for real on a machine with a GPU (perf/gpu_check.sh), or on
@@ -18,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -26,12 +30,13 @@
 #include <vector>
 
 #include "core/core.h"
-#include "quant/quant.h"
+#include "kernels/elementwise.h"
 #include "kernels/quant_cpu.h"
-#include "quant_cuda_testdata.h"
+#include "kernels/quant_cuda.h"
 #include "kernels/quant_math.h"
 #include "kernels/transform.h"
-#include "kernels/elementwise.h"
+#include "quant/quant.h"
+#include "quant_cuda_testdata.h"
 #if ZPP_TEST_CUDA_EMU
 #include "zpp_cuda_emu.h"
 #endif
@@ -302,7 +307,7 @@ TEST_P(QuantCuda, EncodeAndDecodeAreBitwiseEqualToCpu) {
 
 INSTANTIATE_TEST_SUITE_P(All, QuantCuda, ::testing::ValuesIn(AllCases()), CaseName);
 
-// ---- the paths for long blocks ------------------------------------------------
+// ---- the paths for long blocks ----------------------------------------------
 
 // Blocks over one segment (8192 elements): many of them (one looping CTA per
 // block), few of them (split over CTAs), odd lengths (no vector access).
@@ -339,7 +344,7 @@ TEST(QuantCudaPaths, UnalignedDevicePointersGiveTheSameBytes) {
   }
 }
 
-// ---- pointers -------------------------------------------------------------------
+// ---- pointers ---------------------------------------------------------------
 
 TEST(QuantCudaPointers, HostPointersAreRefusedAndNamed) {
   ZPP_SKIP_WITHOUT_DEVICE();
@@ -402,7 +407,7 @@ TEST(QuantCudaPointers, ManagedMemoryIsAccepted) {
   cudaFree(m_enc);
 }
 
-// ---- streams ---------------------------------------------------------------------
+// ---- streams ----------------------------------------------------------------
 
 // A non-blocking stream, synchronised alone, for the three encode paths
 // (check_case does all its work on the stream it is given).
@@ -608,8 +613,8 @@ TEST(QuantCudaStream, LaunchesCanBeCapturedIntoAGraph) {
   }
 }
 
-
-// ---- transforms: stochastic rounding and the Hadamard rotation on the device ------
+// ---- transforms: stochastic rounding and the Hadamard rotation on the device
+// ---
 
 // The encode kernel draws the same bits as the CPU (zpp_qm_rand24 of the
 // element index plus the base): every path of the launcher (one segment,
@@ -741,8 +746,464 @@ TEST(QuantCudaTransforms, HadamardIsBitwiseEqualToCpu) {
       zpp_tf_hadamard_scalar(g, ZPP_QM_F32, ref.data(), n, ref.data());
       CUDA_OK(cudaMemcpyAsync(got.data(), d_out.p, n * 4, cudaMemcpyDeviceToHost, st.s));
       CUDA_OK(cudaStreamSynchronize(st.s));
-      EXPECT_EQ(0, std::memcmp(ref.data(), got.data(), n * 4)) << "in place, g " << g;
+      // NaN == NaN here too: the input holds NaNs, whose payload after an
+      // addition depends on the operand order the compiler picked (x86) or
+      // is canonical (a GPU)
+      bad = first_mismatch((const uint8_t *)ref.data(), (const uint8_t *)got.data(), n,
+                           ZPP_QM_F32);
+      EXPECT_EQ(bad, n) << "in place, g " << g << " first mismatch at " << bad;
     }
+}
+
+
+// The rotation against a float64 reference, for every power-of-two group
+// from 2 to 65536 (one pass of the shared-memory tiles up to 8192, two
+// above), odd group counts and a tail, fp32 and bf16 inputs, through the
+// single and the batched launcher.  The bound: a group's output y_i is a
+// sum of its g inputs with signs through k = log2(g) levels of fp32
+// additions, then one multiply by c (c = 2^-k/2, or that times fl(1/sqrt 2)
+// for odd k: one more rounding), so |y_i - H x_i| <= gamma_{k+2} * c *
+// sum_j |x_j| with gamma_n = n u / (1 - n u), u = 2^-24 (Higham, recursive
+// summation), plus the float64 reference's own error (2^-29 times that).
+// The device must also equal the scalar host rotation bit for bit, leave
+// the tail as fp32(x), write nothing past the run, and (emulated build,
+// where the kernel log counts them) take one launch per pass.
+TEST(QuantCudaTransforms, HadamardMatchesFloat64WithinTheStageBound) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = print_seed("QuantCudaTransforms Hadamard float64");
+  Stream st;
+  ASSERT_NE(st.s, nullptr);
+  for (int dt : {ZPP_QM_F32, ZPP_QM_BF16}) {
+    std::vector<zpp_tf_run_t> runs;
+    std::vector<std::vector<float>> refs;
+    std::vector<DevBuf *> bufs;
+    size_t nbad = 0;
+    for (unsigned k = 1; k <= 16; k++) {
+      const size_t g = (size_t)1 << k;
+      size_t ngroups = g >= 4096 ? 3 : ((size_t)16384 / g) | 1;  // odd
+      const size_t tail = (k * 7) % (g < 13 ? g : 13);           // < g
+      const size_t n = ngroups * g + tail;
+      SCOPED_TRACE("dtype " + std::to_string(dt) + " g " + std::to_string(g) + " groups " +
+                   std::to_string(ngroups) + " tail " + std::to_string(tail));
+      Rng r(seed + 1000 * (uint64_t)dt + k);
+      std::vector<uint8_t> in(n * dtype_size(dt));
+      std::vector<float> x(n);  // the input as the kernel reads it
+      for (size_t i = 0; i < n; i++) {
+        double mag = std::ldexp(1.0, (int)r.below(9) - 4);  // 2^-4 .. 2^4
+        put_value(in.data(), dt, i, (float)((r.uniform() * 2.0 - 1.0) * mag));
+        x[i] = zpp_qm_load(in.data(), i, dt);
+      }
+      // the float64 reference and its bound, group by group
+      const double u = std::ldexp(1.0, -24), c = 1.0 / std::sqrt((double)g);
+      const double gam = (k + 2) * u / (1.0 - (k + 2) * u);
+      std::vector<double> y(x.begin(), x.end()), bound(n, 0.0);
+      for (size_t b = 0; b + g <= n; b += g) {
+        double sum = 0.0;
+        for (size_t i = b; i < b + g; i++) sum += std::fabs(y[i]);
+        for (size_t h = 1; h < g; h *= 2)
+          for (size_t i = b; i < b + g; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+              double a0 = y[j], a1 = y[j + h];
+              y[j] = a0 + a1;
+              y[j + h] = a0 - a1;
+            }
+        for (size_t i = b; i < b + g; i++) {
+          y[i] *= c;
+          bound[i] = (gam + std::ldexp(2.0 * (k + 2), -53)) * c * sum;
+        }
+      }
+      std::vector<float> want(n);
+      zpp_tf_hadamard_scalar(g, dt, in.data(), n, want.data());
+      DevBuf d_in(in.size()), d_out((n + 64) * 4);
+      ASSERT_NE(d_in.p, nullptr);
+      ASSERT_NE(d_out.p, nullptr);
+      CUDA_OK(cudaMemcpy(d_in.p, in.data(), in.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(d_out.p, kPoison, (n + 64) * 4));
+      CUDA_OK(cudaDeviceSynchronize());  // st is not ordered with the legacy stream
+      char err[256] = "";
+#if ZPP_TEST_CUDA_EMU
+      zpp_emu_kernel_log_clear();
+#endif
+      ASSERT_EQ(zpp_tf_hadamard_device(g, dt, d_in.p, n, (float *)d_out.p, st.s, err, sizeof err),
+                0)
+          << err;
+      std::vector<uint8_t> got((n + 64) * 4);
+      CUDA_OK(cudaMemcpyAsync(got.data(), d_out.p, got.size(), cudaMemcpyDeviceToHost, st.s));
+      CUDA_OK(cudaStreamSynchronize(st.s));
+#if ZPP_TEST_CUDA_EMU
+      // one launch per pass of 13 stage bits, the tail included
+      EXPECT_EQ(zpp_emu_kernel_log(nullptr, 0), (size_t)(k + 12) / 13) << "kernel launches";
+#endif
+      EXPECT_TRUE(guard_intact(got, n * 4)) << "a write past the output";
+      const float *gf = (const float *)got.data();
+      for (size_t i = 0; i < n; i++) {
+        bool ok = i < ngroups * g ? std::fabs((double)gf[i] - y[i]) <= bound[i]
+                                  : f32_bits(gf[i]) == f32_bits(x[i]);
+        if (!ok && nbad++ < 5)
+          ADD_FAILURE() << "element " << i << ": got " << gf[i] << ", float64 " << y[i]
+                        << ", bound " << bound[i];
+      }
+      EXPECT_EQ(0, std::memcmp(gf, want.data(), n * 4)) << "not the host's bits";
+      // the same run in a batch of all group sizes' inputs, below
+      bufs.push_back(new DevBuf(in.size()));
+      bufs.push_back(new DevBuf(n * 4));
+      CUDA_OK(cudaMemcpy(bufs[bufs.size() - 2]->p, in.data(), in.size(), cudaMemcpyHostToDevice));
+      refs.push_back(want);
+      runs.push_back({bufs[bufs.size() - 2]->p, (float *)bufs.back()->p, n});
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    // batched: one group size for every run, so batch each run with the
+    // other runs' inputs rotated by the same g (the launch's table then
+    // holds runs of different lengths and tiles)
+    for (unsigned k = 1; k <= 16; k += 5) {
+      const size_t g = (size_t)1 << k;
+      SCOPED_TRACE("batch of " + std::to_string(runs.size()) + " runs, g " + std::to_string(g));
+      char err[256] = "";
+      ASSERT_EQ(zpp_tf_hadamard_batch_device(g, dt, runs.data(), runs.size(), st.s, err,
+                                             sizeof err),
+                0)
+          << err;
+      CUDA_OK(cudaStreamSynchronize(st.s));
+      for (size_t i = 0; i < runs.size(); i++) {
+        std::vector<float> want(runs[i].count), got(runs[i].count);
+        std::vector<uint8_t> in(runs[i].count * dtype_size(dt));
+        CUDA_OK(cudaMemcpy(in.data(), runs[i].src, in.size(), cudaMemcpyDeviceToHost));
+        zpp_tf_hadamard_scalar(g, dt, in.data(), runs[i].count, want.data());
+        CUDA_OK(cudaMemcpy(got.data(), runs[i].dst, got.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << "run " << i;
+      }
+    }
+    // in place on fp32: the batch rotates its outputs again
+    if (dt == ZPP_QM_F32) {
+      std::vector<zpp_tf_run_t> inplace = runs;
+      for (auto &r : inplace) r.src = r.dst;
+      const size_t g = 64;
+      std::vector<std::vector<float>> before;
+      for (auto &r : inplace) {
+        before.emplace_back(r.count);
+        CUDA_OK(cudaMemcpy(before.back().data(), r.dst, r.count * 4, cudaMemcpyDeviceToHost));
+      }
+      char err[256] = "";
+      ASSERT_EQ(zpp_tf_hadamard_batch_device(g, dt, inplace.data(), inplace.size(), st.s, err,
+                                             sizeof err),
+                0)
+          << err;
+      CUDA_OK(cudaStreamSynchronize(st.s));
+      for (size_t i = 0; i < inplace.size(); i++) {
+        std::vector<float> got(inplace[i].count);
+        zpp_tf_hadamard_scalar(g, ZPP_QM_F32, before[i].data(), got.size(), before[i].data());
+        CUDA_OK(cudaMemcpy(got.data(), inplace[i].dst, got.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(0, std::memcmp(got.data(), before[i].data(), got.size() * 4))
+            << "in place, run " << i;
+      }
+    }
+    for (DevBuf *b : bufs) delete b;
+  }
+}
+
+// ---- batched launches: a table of runs against the CPU steps one by one -----
+
+// The batched encode (zpp_quant_cuda_encode_batch) of 53 runs (two
+// launches: 48 a launch) of varied lengths, packed back to back in one
+// buffer as qgZ's messages are (so most encodes start unaligned), for
+// every kind of error feedback, with and without the rotation and
+// stochastic rounding, on blocks that fit one segment, blocks that are no
+// multiple of a chunk, and blocks longer than a segment (one CTA loops):
+// encodes and residuals must be bitwise those of the CPU's steps, run on
+// each run alone (zpp_tf_hadamard_scalar, zpp_ew_add_residual_host, the
+// scalar encode, decode, zpp_ew_residual_host / zpp_ew_ema_residual_host,
+// the scalar INT8 encode of the new error).
+TEST(QuantCudaBatch, EncodeBatchIsTheStepsOneByOne) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = print_seed("QuantCudaBatch encode");
+  Stream st;
+  ASSERT_NE(st.s, nullptr);
+  struct Shape {
+    int dt, bits;
+    bool asym, sr;
+    size_t block, hadamard;
+    int res, reset;
+    float beta;
+  };
+  const Shape shapes[] = {
+      {ZPP_QM_F32, 4, false, false, 64, 0, ZPP_QB_RES_NONE, 0, 0.0f},
+      {ZPP_QM_BF16, 8, true, true, 64, 16, ZPP_QB_RES_F32, 0, 0.0f},
+      {ZPP_QM_F32, 8, false, true, 96, 32, ZPP_QB_RES_I8, 0, 0.8f},
+      {ZPP_QM_F16, 4, true, false, 100, 4, ZPP_QB_RES_F32, 0, 0.5f},
+      {ZPP_QM_BF16, 4, false, false, 96, 0, ZPP_QB_RES_I8, 1, 0.0f},
+      {ZPP_QM_F32, 8, true, false, 12288, 4096, ZPP_QB_RES_I8, 0, 0.0f},
+      {ZPP_QM_BF16, 4, false, true, 12288, 0, ZPP_QB_RES_F32, 0, 0.8f},
+  };
+  for (const Shape &sh : shapes) {
+    SCOPED_TRACE(describe(sh.dt, sh.bits, sh.asym, sh.block, 0) + " hadamard " +
+                 std::to_string(sh.hadamard) + " residual " +
+                 std::to_string(sh.res) + (sh.reset ? " reset" : "") +
+                 " beta " + std::to_string(sh.beta) +
+                 (sh.sr ? " stochastic" : ""));
+    const size_t nruns = sh.block > 8192 ? 5 : 53; // long blocks: one launch
+    zpp_qcfg_t q = {sh.bits, sh.asym ? 1 : 0, sh.block, sh.sr ? 1 : 0, 0, 0, 0};
+    const zpp_qcfg_t q8 = {8, 0, sh.block, 0, 0, 0, 0}; // the INT8 residual
+    Rng r(seed + sh.block * 31 + (size_t)sh.res);
+    std::vector<size_t> count(nruns), src_off(nruns), dst_off(nruns),
+        res_off(nruns);
+    size_t src_n = 0, dst_n = 0, res_n = 0;
+    int ov = 0;
+    for (size_t i = 0; i < nruns; i++) {
+      count[i] = 1 + r.below((uint32_t)(3 * sh.block)); // a short last block
+      if (i % 7 == 3)
+        count[i] = 2 * sh.block; // whole blocks only
+      src_off[i] = src_n;
+      src_n += count[i] + (i % 2); // an odd gap: unaligned sources
+      dst_off[i] = dst_n;
+      dst_n += zpp_quant_bytes(&q, count[i], &ov);
+      res_off[i] = res_n;
+      res_n += sh.res == ZPP_QB_RES_I8 ? zpp_quant_bytes(&q8, count[i], &ov)
+                                       : count[i] * 4;
+    }
+    std::vector<uint8_t> src(src_n * dtype_size(sh.dt)), res(res_n + 4);
+    for (size_t i = 0; i < src_n; i++)
+      put_value(src.data(), sh.dt, i,
+                (float)((r.uniform() * 2.0 - 1.0) * (1 + r.below(8))));
+    // the old residual: fp32 values, or INT8 encodes of such values
+    for (size_t i = 0; i < nruns; i++) {
+      std::vector<float> old(count[i]);
+      for (auto &v : old)
+        v = (float)((r.uniform() - 0.5) * 0.25);
+      if (sh.res == ZPP_QB_RES_I8)
+        zpp_quant_encode_scalar(&q8, ZPP_QM_F32, old.data(), count[i],
+                                res.data() + res_off[i]);
+      else
+        std::memcpy(res.data() + res_off[i], old.data(), count[i] * 4);
+    }
+    // the CPU, run by run
+    std::vector<uint8_t> want_dst(dst_n), want_res = res;
+    std::vector<zpp_qb_enc_run_t> runs(nruns);
+    for (size_t i = 0; i < nruns; i++) {
+      const size_t n = count[i];
+      const uint8_t *g = src.data() + src_off[i] * dtype_size(sh.dt);
+      std::vector<float> x(n), rr(n, 0.0f), dec(n);
+      zpp_tf_hadamard_scalar(sh.hadamard, sh.dt, g, n, x.data());
+      uint8_t *rp = want_res.data() + res_off[i];
+      if (!sh.reset && sh.res == ZPP_QB_RES_F32)
+        std::memcpy(rr.data(), rp, n * 4);
+      if (!sh.reset && sh.res == ZPP_QB_RES_I8)
+        zpp_quant_decode_scalar(&q8, rp, n, ZPP_QM_F32, rr.data());
+      if (sh.res != ZPP_QB_RES_NONE)
+        zpp_ew_add_residual_host(ZPP_QM_F32, x.data(), rr.data(), n, x.data());
+      zpp_qcfg_t qi = q;
+      const uint64_t rs = seed * 7 + i;
+      if (sh.sr) {
+        zpp_qm_keys_t k = zpp_qm_rng_keys(rs);
+        qi.k0 = k.k0;
+        qi.k1 = k.k1;
+        qi.base = 1000 * i;
+      }
+      zpp_quant_encode_scalar(&qi, ZPP_QM_F32, x.data(), n,
+                              want_dst.data() + dst_off[i]);
+      if (sh.res != ZPP_QB_RES_NONE) {
+        zpp_quant_decode_scalar(&q, want_dst.data() + dst_off[i], n, ZPP_QM_F32,
+                                dec.data());
+        if (sh.beta == 0.0f) {
+          rr = dec;
+          zpp_ew_residual_host(x.data(), n, rr.data());
+        } else {
+          zpp_ew_ema_residual_host(x.data(), dec.data(), n, sh.beta, rr.data());
+        }
+        if (sh.res == ZPP_QB_RES_I8)
+          zpp_quant_encode_scalar(&q8, ZPP_QM_F32, rr.data(), n, rp);
+        else
+          std::memcpy(rp, rr.data(), n * 4);
+      }
+      runs[i].count = n;
+      runs[i].base = 1000 * i;
+      runs[i].seed = rs;
+    }
+    // the device, in one table
+    DevBuf d_src(src.size()), d_dst(dst_n + 64), d_res(res.size());
+    ASSERT_NE(d_src.p, nullptr);
+    CUDA_OK(
+        cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(
+        cudaMemcpy(d_res.p, res.data(), res.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_dst.p, kPoison, dst_n + 64));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (size_t i = 0; i < nruns; i++) {
+      const size_t nb = (count[i] + sh.block - 1) / sh.block;
+      runs[i].src = d_src.p + src_off[i] * dtype_size(sh.dt);
+      runs[i].dst = d_dst.p + dst_off[i];
+      runs[i].res = d_res.p + res_off[i];
+      runs[i].res_codes = d_res.p + res_off[i] + 4 * nb;
+    }
+    zpp_qb_enc_t b = {};
+    b.q = q;
+    b.dtype = sh.dt;
+    b.res = sh.res;
+    b.reset = sh.reset;
+    b.beta = sh.beta;
+    b.hadamard = sh.hadamard;
+    ASSERT_TRUE(zpp_quant_cuda_encode_batch_fits(sh.block, sh.hadamard));
+    char err[256] = "";
+#if ZPP_TEST_CUDA_EMU
+    zpp_emu_kernel_log_clear();
+#endif
+    ASSERT_EQ(zpp_quant_cuda_encode_batch(&b, runs.data(), nruns, st.s, err,
+                                          sizeof err),
+              0)
+        << err;
+    std::vector<uint8_t> got_dst(dst_n + 64), got_res(res.size());
+    CUDA_OK(cudaMemcpyAsync(got_dst.data(), d_dst.p, got_dst.size(),
+                            cudaMemcpyDeviceToHost, st.s));
+    CUDA_OK(cudaMemcpyAsync(got_res.data(), d_res.p, got_res.size(),
+                            cudaMemcpyDeviceToHost, st.s));
+    CUDA_OK(cudaStreamSynchronize(st.s));
+#if ZPP_TEST_CUDA_EMU
+    EXPECT_EQ(zpp_emu_kernel_log(nullptr, 0), (nruns + 47) / 48)
+        << "one launch per 48 runs";
+#endif
+    EXPECT_TRUE(guard_intact(got_dst, dst_n)) << "a write past the last encode";
+    for (size_t i = 0; i < nruns; i++) {
+      size_t nd = (i + 1 < nruns ? dst_off[i + 1] : dst_n) - dst_off[i];
+      ASSERT_EQ(0, std::memcmp(got_dst.data() + dst_off[i],
+                               want_dst.data() + dst_off[i], nd))
+          << "encode of run " << i << " (" << count[i] << " elements)";
+      size_t nr = (i + 1 < nruns ? res_off[i + 1] : res_n) - res_off[i];
+      if (sh.res != ZPP_QB_RES_NONE) {
+        ASSERT_EQ(0, std::memcmp(got_res.data() + res_off[i],
+                                 want_res.data() + res_off[i], nr))
+            << "residual of run " << i << " (" << count[i] << " elements)";
+      }
+    }
+  }
+}
+
+// The batched decode-sum (zpp_quant_cuda_sum_batch): outputs that start
+// from an fp32, bf16 or fp16 input or from their own values, each with its
+// list of sources (encodes, or raw elements), more outputs and sources than
+// one launch takes (one output's list is split between two launches):
+// bitwise the CPU's widen and decode-accumulates (add-residuals) in order.
+TEST(QuantCudaBatch, SumBatchIsTheDecodeAccumulatesInOrder) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = print_seed("QuantCudaBatch sum");
+  Stream st;
+  ASSERT_NE(st.s, nullptr);
+  struct Shape {
+    int bits; // 0: raw sources of src_dt
+    bool asym;
+    size_t block;
+    int init_dt, src_dt;
+    bool own; // outputs start from their own values
+  };
+  const Shape shapes[] = {{4, false, 64, ZPP_QM_BF16, 0, false},
+                          {8, true, 100, ZPP_QM_F32, 0, true},
+                          {4, true, 12288, ZPP_QM_F16, 0, false},
+                          {0, false, 0, ZPP_QM_BF16, ZPP_QM_BF16, false}};
+  for (const Shape &sh : shapes) {
+    SCOPED_TRACE("bits " + std::to_string(sh.bits) + " block " +
+                 std::to_string(sh.block) + (sh.own ? " own start" : ""));
+    const zpp_qcfg_t q = {sh.bits ? sh.bits : 8,
+                          sh.asym ? 1 : 0,
+                          sh.block ? sh.block : 1,
+                          0,
+                          0,
+                          0,
+                          0};
+    Rng r(seed + sh.block + (size_t)sh.bits);
+    // 50 outputs of 1..3 sources, then 2 of 120 (the second crosses the
+    // 192 sources of a launch)
+    std::vector<zpp_qb_sum_run_t> runs;
+    std::vector<size_t> nsrc;
+    for (int i = 0; i < 52; i++)
+      nsrc.push_back(i < 50 ? 1 + (size_t)(i % 3) : 120);
+    const size_t big = sh.block > 8192 ? 2 : 52; // long blocks: fewer outputs
+    nsrc.resize(big);
+    if (big == 2)
+      nsrc = {3, 200};
+    std::vector<std::vector<float>> want;
+    std::vector<std::vector<uint8_t>> srcs_host, init_host;
+    size_t total_src = 0;
+    int ov = 0;
+    for (size_t o = 0; o < nsrc.size(); o++) {
+      size_t n = 1 + r.below(sh.block > 8192 ? 20000 : 700);
+      std::vector<float> acc(n);
+      std::vector<uint8_t> init(n * dtype_size(sh.init_dt));
+      for (size_t i = 0; i < n; i++) {
+        put_value(init.data(), sh.init_dt, i, (float)(r.uniform() * 4.0 - 2.0));
+        acc[i] = sh.own ? (float)(r.uniform() - 0.5)
+                        : zpp_qm_load(init.data(), i, sh.init_dt);
+      }
+      init_host.push_back(
+          sh.own ? std::vector<uint8_t>((uint8_t *)acc.data(),
+                                        (uint8_t *)acc.data() + 4 * n)
+                 : init);
+      for (size_t k = 0; k < nsrc[o]; k++) {
+        std::vector<float> v(n);
+        for (auto &x : v)
+          x = (float)((r.uniform() * 2.0 - 1.0) * (1 + r.below(4)));
+        std::vector<uint8_t> e;
+        if (sh.bits) {
+          e.resize(zpp_quant_bytes(&q, n, &ov));
+          zpp_quant_encode_scalar(&q, ZPP_QM_F32, v.data(), n, e.data());
+          zpp_quant_decode_scalar(&q, e.data(), n, ZPP_QM_OUT_ACC, acc.data());
+        } else {
+          e.resize(n * dtype_size(sh.src_dt));
+          for (size_t i = 0; i < n; i++)
+            put_value(e.data(), sh.src_dt, i, v[i]);
+          zpp_ew_add_residual_host(sh.src_dt, e.data(), acc.data(), n,
+                                   acc.data());
+        }
+        srcs_host.push_back(e);
+      }
+      zpp_qb_sum_run_t run = {};
+      run.count = n;
+      run.first = total_src;
+      run.n = nsrc[o];
+      total_src += nsrc[o];
+      runs.push_back(run);
+      want.push_back(acc);
+    }
+    // device copies, packed back to back (encodes at unaligned offsets)
+    size_t bytes = 0;
+    for (auto &e : srcs_host)
+      bytes += e.size() + 1;
+    DevBuf d_src(bytes);
+    std::vector<DevBuf *> outs, inits;
+    std::vector<const void *> srcs;
+    size_t at = 0;
+    for (auto &e : srcs_host) {
+      CUDA_OK(
+          cudaMemcpy(d_src.p + at, e.data(), e.size(), cudaMemcpyHostToDevice));
+      srcs.push_back(d_src.p + at);
+      at += e.size() + 1;
+    }
+    for (size_t o = 0; o < runs.size(); o++) {
+      outs.push_back(new DevBuf(runs[o].count * 4));
+      inits.push_back(new DevBuf(init_host[o].size()));
+      CUDA_OK(cudaMemcpy(sh.own ? outs[o]->p : inits[o]->p, init_host[o].data(),
+                         init_host[o].size(), cudaMemcpyHostToDevice));
+      runs[o].out = (float *)outs[o]->p;
+      runs[o].init = sh.own ? nullptr : inits[o]->p;
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    char err[256] = "";
+    ASSERT_EQ(zpp_quant_cuda_sum_batch(sh.bits ? &q : nullptr, sh.src_dt,
+                                       sh.init_dt, runs.data(), runs.size(),
+                                       srcs.data(), st.s, err, sizeof err),
+              0)
+        << err;
+    CUDA_OK(cudaStreamSynchronize(st.s));
+    for (size_t o = 0; o < runs.size(); o++) {
+      std::vector<float> got(runs[o].count);
+      CUDA_OK(cudaMemcpy(got.data(), outs[o]->p, got.size() * 4,
+                         cudaMemcpyDeviceToHost));
+      EXPECT_EQ(0, std::memcmp(got.data(), want[o].data(), got.size() * 4))
+          << "output " << o << " (" << runs[o].count << " elements, "
+          << runs[o].n << " sources)";
+    }
+    for (auto *b : outs)
+      delete b;
+    for (auto *b : inits)
+      delete b;
+  }
 }
 
 }  // namespace

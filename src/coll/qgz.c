@@ -202,6 +202,15 @@ typedef struct {
   float *tmp3; /* moving average: the chunk's decoded value */
   uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
   const void **srcs; /* s1 - 1: the other members' messages of one part */
+  /* Device memory: each kernel step makes one batched launch per kind of
+   * work (encode, decode-sum, rotation) over a table of its slices or
+   * partial sums, however many ranks there are (zpp_k_*_batch); host
+   * memory runs them one by one.  The tables of one step: */
+  int batch;
+  zpp_qb_enc_run_t *eruns; /* (s1 - 1) m1 stage-1 encodes, or m1 - 1 */
+  zpp_qb_sum_run_t *sruns; /* m1 partial sums */
+  zpp_tf_run_t *hruns;     /* m1 rotations */
+  const void **bsrcs;      /* (s1 - 1) m1 + m1 messages to decode */
   /* The all-to-alls' layouts (the same for send and recv): bytes and
    * displacements per member, [0] for a whole chunk, [1] for the last
    * one; the block to itself is empty (it would only be copied, and it is
@@ -295,6 +304,42 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
   }
 }
 
+/* Batched steps: the residual of slice (or partial sum) `seg` for `len`
+ * elements at `off`, as encode_ef finds it: fp32, seg * count + off
+ * floats in; INT8, segment seg's blocks from off / block on, their scales
+ * and their codes. */
+static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,
+                           zpp_qb_enc_run_t *r) {
+  const qgz_arg_t *a = &p->a;
+  r->res = NULL;
+  r->res_codes = NULL;
+  if (a->residual == NULL)
+    return;
+  if (a->residual_bits == 32) {
+    r->res = (float *)a->residual + seg * a->count + off;
+  } else {
+    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
+    uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
+    r->res = segp + off / bs * 4;
+    r->res_codes = segp + nbt * 4 + off / bs * bs;
+  }
+}
+
+/* Batched steps: what the encodes of one step share. */
+static zpp_k_enc_batch_t batch_opts(const qgz_ctx_t *p,
+                                    const zpp_quant_config_t *q, zpp_dtype_t dt,
+                                    size_t hadamard) {
+  zpp_k_enc_batch_t b;
+  memset(&b, 0, sizeof b);
+  b.q = q;
+  b.dtype = dt;
+  b.residual_bits = p->a.residual != NULL ? p->a.residual_bits : 0;
+  b.reset = p->a.reset;
+  b.beta = p->a.beta;
+  b.hadamard = hadamard;
+  return b;
+}
+
 /* The two sets of stage 1's partial sums. */
 enum { HALF_X = 0, HALF_O = 1 };
 
@@ -318,6 +363,23 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(ex->t);
+  if (p->batch && !p->raw1) { /* every slice to every member: one table */
+    zpp_k_enc_batch_t b =
+        batch_opts(p, &a->q1, a->dtype, p->rot1 ? a->hadamard : 0);
+    size_t n = 0;
+    for (j = 0; j < p->s1; j++)
+      for (m = 0; m < p->m1 && j != p->me1; m++) {
+        int sl = slice_of(p, j, m);
+        zpp_qb_enc_run_t *r = &p->eruns[n++];
+        r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
+        r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+        batch_residual(p, (size_t)sl, off, r);
+        r->count = len;
+        r->base = off;
+        r->seed = stream_q(&a->q1, 1, me, sl).seed;
+      }
+    return zpp_k_encode_batch(ex, &b, p->eruns, n);
+  }
   for (j = 0; j < p->s1; j++) {
     if (j == p->me1) { /* not sent: summed from sendbuf by stage1_sum */
       out += (size_t)p->m1 * e1;
@@ -393,6 +455,31 @@ static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
   size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
   const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
   int i, j, np = half_parts(p, h);
+  if (p->batch) { /* every partial sum of the set: one table */
+    size_t ns = 0;
+    for (i = 0; i < np && p->rot1; i++) { /* own slices, rotated, first */
+      p->hruns[i].src = own_ptr(p, k, half_part(p, h, i));
+      p->hruns[i].dst = acc + (size_t)i * len;
+      p->hruns[i].count = len;
+    }
+    if (p->rot1)
+      ZPP_CHECK(zpp_k_hadamard_batch(ex, a->hadamard, a->dtype, p->hruns,
+                                     (size_t)np));
+    for (i = 0; i < np; i++) {
+      int m = half_part(p, h, i);
+      zpp_qb_sum_run_t *r = &p->sruns[i];
+      r->out = acc + (size_t)i * len;
+      r->init = p->rot1 ? NULL : own_ptr(p, k, m);
+      r->count = len;
+      r->first = ns;
+      for (j = 0; j < p->s1; j++)
+        if (j != p->me1)
+          p->bsrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      r->n = ns - r->first;
+    }
+    return zpp_k_sum_batch(ex, p->raw1 ? NULL : &a->q1, a->dtype, a->dtype,
+                           p->sruns, (size_t)np, p->bsrcs);
+  }
   for (i = 0; i < np; i++) {
     int m = half_part(p, h, i);
     float *part = acc + (size_t)i * len;
@@ -435,6 +522,26 @@ static zpp_status_t stage1_reduce_x(void *ctx, size_t k) {
   float *acc = p->slot[k % QGZ_DEPTH].accx;
   int i, me = zpp_transport_rank(ex->t);
   ZPP_CHECK(stage1_sum(p, k, HALF_X, acc));
+  if (p->batch) { /* every partial sum to send: one table */
+    zpp_k_enc_batch_t b = batch_opts(p, &a->q2, ZPP_FLOAT32, 0);
+    int np = half_parts(p, HALF_X);
+    for (i = 0; i < np; i++) {
+      int m = half_part(p, HALF_X, i);
+      zpp_qb_enc_run_t *r = &p->eruns[i];
+      p->hruns[i].src = p->hruns[i].dst = acc + (size_t)i * len;
+      p->hruns[i].count = len;
+      r->src = acc + (size_t)i * len;
+      r->dst = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
+      batch_residual(p, p->seg2 + (size_t)m, off, r);
+      r->count = len;
+      r->base = off;
+      r->seed = stream_q(&a->q2, 2, me, m).seed;
+    }
+    if (p->rot2) /* in place, before the encode */
+      ZPP_CHECK(zpp_k_hadamard_batch(ex, a->hadamard, ZPP_FLOAT32, p->hruns,
+                                     (size_t)np));
+    return zpp_k_encode_batch(ex, &b, p->eruns, (size_t)np);
+  }
   for (i = 0; i < half_parts(p, HALF_X); i++) { /* part mo: not sent */
     int m = half_part(p, HALF_X, i);
     float *part = acc + (size_t)i * len;
@@ -467,6 +574,20 @@ static zpp_status_t stage2_keep(void *ctx, size_t k) {
   if (p->rot2)
     ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, sum, len, sum));
   in = p->slot[k % QGZ_DEPTH].r2;
+  if (p->batch) { /* the other nodes' partial sums: one table */
+    size_t n = 0;
+    for (m = 0; m < p->m1; m++)
+      if (m != p->mo)
+        p->bsrcs[n++] = in + (size_t)m * e2;
+    p->sruns[0].out = sum;
+    p->sruns[0].init = NULL;
+    p->sruns[0].count = len;
+    p->sruns[0].first = 0;
+    p->sruns[0].n = n;
+    ZPP_CHECK(zpp_k_sum_batch(&a->ex, &a->q2, ZPP_FLOAT32, ZPP_FLOAT32,
+                              p->sruns, 1, p->bsrcs));
+    return finish(p, k, sum);
+  }
   for (m = 0; m < p->m1; m++, in += e2) {
     if (m == p->mo)
       continue; /* the start of the sum */
@@ -493,6 +614,10 @@ static void qgz_release(void *ctx) {
   zpp_k_free(ex, p->tmp3);
   zpp_k_free(ex, p->rs);
   free((void *)p->srcs);
+  free(p->eruns);
+  free(p->sruns);
+  free(p->hruns);
+  free((void *)p->bsrcs);
   free(p->lay_mem);
   free(p);
 }
@@ -565,6 +690,19 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
   }
+  if (st == ZPP_OK && p->batch) { /* the tables; no per-slice scratch */
+    size_t ne = (s1 - 1) * m1 > m1 ? (s1 - 1) * m1 : m1;
+    p->eruns = (zpp_qb_enc_run_t *)calloc(ne, sizeof *p->eruns);
+    p->sruns = (zpp_qb_sum_run_t *)calloc(m1, sizeof *p->sruns);
+    p->hruns = (zpp_tf_run_t *)calloc(m1, sizeof *p->hruns);
+    p->bsrcs = (const void **)calloc(s1 * m1, sizeof *p->bsrcs);
+    if (p->eruns == NULL || p->sruns == NULL || p->hruns == NULL ||
+        p->bsrcs == NULL)
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ batch tables");
+    if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8)
+      p->res_seg = zpp_coll_encoded_size(&a->qr, a->count);
+    return st;
+  }
   if (st == ZPP_OK && (a->residual != NULL || a->hadamard) && p->nchunks > 0)
     st = zpp_k_alloc(ex, p->chunk * sizeof(float), (void **)&p->tmp);
   if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8 &&
@@ -628,6 +766,9 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       a->count > 0)
     p->chunk = zpp_plan_chunk(a->count, a->q1.block_size, QGZ_PARTS);
   p->nchunks = n = a->count == 0 ? 0 : (a->count + p->chunk - 1) / p->chunk;
+  p->batch =
+      ex->mem != ZPP_MEMORY_HOST &&
+      zpp_k_encode_batch_ok(ex, a->q1.block_size, p->rot1 ? a->hadamard : 0);
   st = qgz_alloc(func, p);
   if (st != ZPP_OK) {
     qgz_release(p);

@@ -525,3 +525,126 @@ zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
   return no_device(__func__);
 #endif
 }
+
+/* ---- batched steps ------------------------------------------------------- */
+
+#if ZPP_HAVE_CUDA_KERNELS
+/* A config the collective checked, in the kernels' form (keys: per run). */
+static zpp_qcfg_t kernel_cfg(const zpp_quant_config_t *q) {
+  zpp_qcfg_t c;
+  memset(&c, 0, sizeof c);
+  c.bits = q->bits;
+  c.asym = q->mode == ZPP_QUANT_ASYMMETRIC;
+  c.block = q->block_size;
+  c.sr = q->rounding == ZPP_ROUND_STOCHASTIC;
+  return c;
+}
+#endif
+
+int zpp_k_encode_batch_ok(const zpp_exec_t *ex, size_t block, size_t hadamard) {
+#if ZPP_HAVE_CUDA_KERNELS
+  return ex->mem != ZPP_MEMORY_HOST &&
+         zpp_quant_cuda_encode_batch_fits(block, hadamard);
+#else
+  (void)ex;
+  (void)block;
+  (void)hadamard;
+  return 0;
+#endif
+}
+
+zpp_status_t zpp_k_encode_batch(const zpp_exec_t *ex,
+                                const zpp_k_enc_batch_t *b,
+                                const zpp_qb_enc_run_t *runs, size_t n) {
+  if (n == 0)
+    return ZPP_OK;
+  if (!zpp_k_encode_batch_ok(ex, b->q->block_size, b->hadamard))
+    return zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                     "a batched encode runs on device memory, with a "
+                     "Hadamard group (%zu) that divides the block (%zu)",
+                     b->hadamard, b->q->block_size);
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    zpp_qb_enc_t k;
+    memset(&k, 0, sizeof k);
+    k.q = kernel_cfg(b->q);
+    k.dtype = (int)b->dtype;
+    k.res = b->residual_bits == 32  ? ZPP_QB_RES_F32
+            : b->residual_bits == 8 ? ZPP_QB_RES_I8
+                                    : ZPP_QB_RES_NONE;
+    k.reset = b->reset;
+    k.beta = b->beta;
+    k.hadamard = b->hadamard;
+    DEVICE_CALL(__func__, zpp_quant_cuda_encode_batch(&k, runs, n, ex->stream,
+                                                      DEVICE_ERRBUF));
+  }
+  return ZPP_OK;
+#else
+  (void)runs;
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_sum_batch(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t src_dtype, zpp_dtype_t init_dtype,
+                             const zpp_qb_sum_run_t *runs, size_t n,
+                             const void *const *srcs) {
+  size_t i, j;
+  if (n == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    for (i = 0; i < n; i++) {
+      const zpp_qb_sum_run_t *r = &runs[i];
+      if (r->init != NULL)
+        ZPP_CHECK(zpp_k_to_f32(ex, init_dtype, r->init, r->count, r->out));
+      for (j = r->first; j < r->first + r->n; j++) {
+        zpp_plan_poll();
+        if (q == NULL)
+          ZPP_CHECK(zpp_k_add_residual(ex, src_dtype, srcs[j], r->out, r->count,
+                                       r->out));
+        else
+          ZPP_CHECK(zpp_k_decode_acc(ex, q, srcs[j], r->count, r->out));
+      }
+    }
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  {
+    zpp_qcfg_t c;
+    if (q != NULL)
+      c = kernel_cfg(q);
+    DEVICE_CALL(__func__,
+                zpp_quant_cuda_sum_batch(q != NULL ? &c : NULL, (int)src_dtype,
+                                         (int)init_dtype, runs, n, srcs,
+                                         ex->stream, DEVICE_ERRBUF));
+  }
+  return ZPP_OK;
+#else
+  (void)srcs;
+  (void)src_dtype;
+  return no_device(__func__);
+#endif
+}
+
+zpp_status_t zpp_k_hadamard_batch(const zpp_exec_t *ex, size_t group,
+                                  zpp_dtype_t dtype, const zpp_tf_run_t *runs,
+                                  size_t n) {
+  size_t i;
+  if (n == 0)
+    return ZPP_OK;
+  if (ex->mem == ZPP_MEMORY_HOST) {
+    for (i = 0; i < n; i++)
+      ZPP_CHECK(zpp_k_hadamard(ex, group, dtype, runs[i].src, runs[i].count,
+                               runs[i].dst));
+    return ZPP_OK;
+  }
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__,
+              zpp_tf_hadamard_batch_device(group, (int)dtype, runs, n,
+                                           ex->stream, DEVICE_ERRBUF));
+  return ZPP_OK;
+#else
+  (void)group;
+  return no_device(__func__);
+#endif
+}

@@ -13,6 +13,8 @@
 #include <zpp/zpp.h>
 #include <zpp/zpp_comm.h>
 
+#include "kernels/quant_cuda.h" /* zpp_qb_*_run_t */
+#include "kernels/transform.h"  /* zpp_tf_run_t */
 #include "transport/transport.h"
 
 #ifdef __cplusplus
@@ -142,6 +144,47 @@ zpp_status_t zpp_k_hadamard(const zpp_exec_t *ex, size_t group,
 zpp_status_t zpp_k_wdiff(const zpp_exec_t *ex, zpp_dtype_t dtype,
                          const void *recon, const float *target, size_t count,
                          float *out);
+
+/* ---- batched steps: a table of runs in one launch ------------------------ */
+
+/* What the runs of zpp_k_encode_batch share. */
+typedef struct {
+  const zpp_quant_config_t *q; /* bits, mode, block, rounding (its seed:
+                                  per run, zpp_qb_enc_run_t.seed) */
+  zpp_dtype_t dtype;           /* of every run's src */
+  int residual_bits;           /* 0: none; 32: fp32; 8: INT8 blocks */
+  int reset;                   /* the residual reads as zero */
+  float beta;                  /* LoCo's moving average; 0: plain */
+  size_t hadamard;             /* rotation group before the encode; 0 */
+} zpp_k_enc_batch_t;
+
+/* 1 when zpp_k_encode_batch runs this shape on the exec's memory: device
+ * memory, and a rotation the batched kernel does itself
+ * (zpp_quant_cuda_encode_batch_fits).  Otherwise the caller runs the
+ * runs one by one (zpp_k_hadamard, zpp_k_encode_ef, ...). */
+int zpp_k_encode_batch_ok(const zpp_exec_t *ex, size_t block, size_t hadamard);
+/* Every run of the table encoded with error feedback
+ * (zpp_quant_cuda_encode_batch: per element bitwise the separate steps);
+ * a run's res is count floats (32) or its blocks' scales with res_codes
+ * its codes (8: the format of docs/format.md split in its two parts). */
+zpp_status_t zpp_k_encode_batch(const zpp_exec_t *ex,
+                                const zpp_k_enc_batch_t *b,
+                                const zpp_qb_enc_run_t *runs, size_t n);
+/* runs[i].out = fp32(runs[i].init) (of init_dtype; NULL: out as it is),
+ * then the sources srcs[first .. first + n) added in order: encodes of
+ * count elements with q, or with q NULL elements of src_dtype (added as
+ * zpp_k_add_residual does).  Bitwise zpp_k_to_f32 and zpp_k_decode_acc
+ * (zpp_k_add_residual) one after the other; device memory in one launch
+ * per 48 outputs. */
+zpp_status_t zpp_k_sum_batch(const zpp_exec_t *ex, const zpp_quant_config_t *q,
+                             zpp_dtype_t src_dtype, zpp_dtype_t init_dtype,
+                             const zpp_qb_sum_run_t *runs, size_t n,
+                             const void *const *srcs);
+/* zpp_k_hadamard of every run (one group size, one dtype); device memory
+ * in one launch per pass for all of them. */
+zpp_status_t zpp_k_hadamard_batch(const zpp_exec_t *ex, size_t group,
+                                  zpp_dtype_t dtype, const zpp_tf_run_t *runs,
+                                  size_t n);
 
 #ifdef __cplusplus
 }

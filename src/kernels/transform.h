@@ -35,11 +35,25 @@ void zpp_tf_wdiff_host(int dtype, const void *recon, const float *target,
                        size_t count, float *out);
 
 /* Device versions on `stream` (a cudaStream_t): 0, or non-zero with the
- * CUDA message in err.  wdiff's buffers may start at any byte, and out may
- * be target. */
+ * CUDA message in err (or a group that is not a power of two).  wdiff's
+ * buffers may start at any byte, and out may be target. */
 int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
                            size_t count, float *dst, void *stream, char *err,
                            size_t errlen);
+/* One run of a batched rotation: dst[0, count) = the rotation of src
+ * (as zpp_tf_hadamard_device); dst may equal src for fp32. */
+typedef struct {
+  const void *src;
+  float *dst;
+  size_t count;
+} zpp_tf_run_t;
+/* The rotation of every run (one group size g, one dtype), in one launch
+ * per pass over all of them (one pass up to g = 8192, two up to 2^26;
+ * runs beyond 32 take further launches).  Runs must not overlap each
+ * other. */
+int zpp_tf_hadamard_batch_device(size_t g, int dtype, const zpp_tf_run_t *runs,
+                                 size_t nruns, void *stream, char *err,
+                                 size_t errlen);
 int zpp_tf_wdiff_device(int dtype, const void *recon, const float *target,
                         size_t count, float *out, void *stream, char *err,
                         size_t errlen);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# tools/check_ptxas.sh must refuse what it names: a kernel whose local
+# array is indexed at run time (a stack frame in local memory) and a
+# kernel that spills registers (96 live values under a bound of 32
+# registers per thread), each named with ptxas's numbers; it must pass a
+# clean kernel and give 2 for a file that does not compile.
+set -euo pipefail
+nvcc=${1:?usage: check_ptxas_test.sh NVCC SOURCE_ROOT}
+src=${2:?usage: check_ptxas_test.sh NVCC SOURCE_ROOT}
+chk=$src/tools/check_ptxas.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0 failn=0
+expect() { # name want-status pattern file
+  local out rc=0
+  out=$("$chk" --nvcc "$nvcc" --arch sm_90 "$4" 2>&1) || rc=$?
+  if [ "$rc" -ne "$2" ]; then
+    echo "FAIL: $1: exit $rc, want $2:"; echo "$out"; failn=$((failn + 1)); return
+  fi
+  if grep -q -- "$3" <<<"$out"; then
+    echo "ok: $1"; pass=$((pass + 1))
+  else
+    echo "FAIL: $1: the output does not name '$3':"; echo "$out"; failn=$((failn + 1))
+  fi
+}
+
+cat > "$work/clean.cu" <<'CU'
+__global__ void twice(float *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= 2.0f;
+}
+CU
+expect "a clean kernel passes" 0 'no spill, no local memory' "$work/clean.cu"
+
+cat > "$work/lmem.cu" <<'CU'
+__global__ void local_array(const int *idx, float *out) {
+  float a[32];
+  for (int i = 0; i < 32; i++) a[i] = 0.0f;
+  for (int i = 0; i < 32; i++) a[idx[i] & 31] += out[i];
+  out[threadIdx.x] = a[idx[threadIdx.x] & 31];
+}
+__global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }
+CU
+expect "a local array indexed at run time" 1 \
+  'local_array(int const\*, float\*): [1-9][0-9]* bytes stack frame' "$work/lmem.cu"
+
+cat > "$work/spill.cu" <<'CU'
+__global__ void __launch_bounds__(1024, 2) many_live(const float *in, float *out) {
+  float v[96];
+#pragma unroll
+  for (int i = 0; i < 96; i++) v[i] = in[i * 1024 + threadIdx.x];
+  float s = 0;
+#pragma unroll
+  for (int i = 0; i < 96; i++) s += v[i] * v[(i * 7) % 96];
+#pragma unroll
+  for (int i = 0; i < 96; i++) out[i * 1024 + threadIdx.x] = v[i] * s;
+}
+CU
+expect "a kernel that spills" 1 'many_live(float const\*, float\*): .* [1-9][0-9]* bytes spill stores' \
+  "$work/spill.cu"
+
+printf '__global__ void broken(float *x) { x[0] = undeclared; }\n' > "$work/broken.cu"
+expect "a file that does not compile" 2 'does not compile' "$work/broken.cu"
+
+echo "check_ptxas_test: $pass passed, $failn failed"
+[ "$failn" -eq 0 ]
