@@ -6,34 +6,45 @@
 # transport's Device.* tests on 2 ranks), and zpp-quant-bench-gpu against a
 # device-to-device copy in the same run (goals: INT8 encode and decode at
 # least 0.8 of the copy's bandwidth, INT4 at least 0.7), and write a
-# markdown summary plus the raw logs.  Budget: 8 minutes in all.
+# markdown summary plus the raw logs.
 #
 # How to run it through the device tool (one call, from the repository
-# root; the summary and logs come back from $OUT):
-#
-#   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
-#        timeout_s: 540
-#
-# That machine reaches no network, so GoogleTest and MPI cannot be
-# installed there if they are missing.  Before the call, here, run
+# root; the summary and logs come back from $OUT).  Here first:
 #
 #   bash perf/gpu_check_prep.sh
 #
 # which puts GoogleTest's source and Debian's Open MPI (unpacked) under
-# build-gpu-deps/, and add  carry: ["build-gpu-deps"]  to the call (build*/
-# is git-ignored).  GoogleTest is then built from build-gpu-deps/googletest
-# (or /usr/src/googletest); Open MPI is used from build-gpu-deps/mpi when
-# the machine has no mpicc of its own.  NCCL: libnccl.so.2 from the loader
-# path, else the one of the nvidia-nccl Python package (ZPP_NCCL_LIBRARY).
+# build-gpu-deps/ (build*/ is git-ignored).  Then the call:
+#
+#   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
+#        carry:     ["build-gpu-deps"]
+#        timeout_s: 540
+#
+# Time: the script cuts every step's time limit to what is left of its
+# budget, ZPP_GPU_CHECK_BUDGET_S (default 420 s), and skips a step that
+# would start with less than 10 s left; it then ends within about 20 s of
+# the budget (the benchmark's two runs keep 10 s each, a killed launch 10 s
+# more).  With the copy of the working tree and build-gpu-deps/ to the
+# machine that is 8 minutes, inside the call's 540 s; the machine's start
+# (a minute or two) comes on top.
+#
+# That machine reaches no network, so nothing can be installed there.
+# GoogleTest is built from build-gpu-deps/googletest (or /usr/src/googletest)
+# unless installed; Open MPI is used from build-gpu-deps/mpi when the
+# machine has no mpicc and mpirun of its own that start a rank.  NCCL:
+# libnccl.so.2 from the loader path, else the one of the nvidia-nccl Python
+# package (ZPP_NCCL_LIBRARY).
 #
 # Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
 # Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
-# keep the build short), ZPP_GPU_CHECK_BUDGET_S (default 450: every step's
-# time limit is cut to what is left of it), ZPP_GPU_CHECK_JOBS (default 16),
-# ZPP_GPU_CHECK_GTEST_SRC (build GoogleTest from this source tree even if
-# it is installed), ZPP_TEST_SEED (the tests' seed).
-# Logs go beside the summary: gpu_check_build.log, gpu_check_test_quant.log,
-# gpu_check_test_quant_cuda.log, gpu_check_bench.log.
+# keep the build short), ZPP_GPU_CHECK_BUDGET_S (default 420),
+# ZPP_GPU_CHECK_JOBS (default 16), ZPP_GPU_CHECK_GTEST_SRC (build GoogleTest
+# from this source tree even if it is installed), ZPP_TEST_SEED (the tests'
+# seed).
+# Logs: gpu_check_build.log, gpu_check_test_quant.log,
+# gpu_check_test_quant_cuda.log, gpu_check_<collective test>.log and
+# gpu_check_bench.log, packed at the end into gpu_check_logs.tar.gz beside
+# the summary (the device tool brings back at most 8 files).
 # Exit status: 0 when the build, every test and the benchmark's check
 # passed; 1 otherwise.
 set -u
@@ -46,7 +57,7 @@ SUMMARY=$(cd "$(dirname "$SUMMARY")" && pwd)/$(basename "$SUMMARY")
 LOGDIR=$(dirname "$SUMMARY")
 BUILD=$ROOT/build-gpu
 ARCH=${ZPP_CUDA_ARCH:-90-real}
-BUDGET=${ZPP_GPU_CHECK_BUDGET_S:-450}
+BUDGET=${ZPP_GPU_CHECK_BUDGET_S:-420}
 JOBS=${ZPP_GPU_CHECK_JOBS:-16}
 START=$SECONDS
 FAIL=0
@@ -62,6 +73,16 @@ limit() {
 }
 
 row() { ROWS+=("| $1 | $2 | $3 s |"); }
+
+# true (and a FAILED row for step $1) when less than 10 s of the budget are
+# left: the step is not started
+spent() {
+  ((BUDGET - (SECONDS - START) >= 10)) && return 1
+  say "FAIL: $1 not run: the budget of $BUDGET s is spent"
+  FAIL=1
+  row "$1" "**not run: budget of $BUDGET s spent**" 0
+  return 0
+}
 
 # ---- tools: cmake and nvcc may live off the PATH ---------------------------
 if ! command -v cmake >/dev/null; then
@@ -96,28 +117,36 @@ t0=$SECONDS
 if [ -n "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
   have_gtest() { return 1; }  # build GoogleTest from the given source
 fi
-if ! have_gtest && [ -z "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
+gtest_src() {
+  local d
+  for d in ${ZPP_GPU_CHECK_GTEST_SRC:-} "$ROOT/build-gpu-deps/googletest" /usr/src/googletest; do
+    [ -f "$d/CMakeLists.txt" ] && echo "$d" && return 0
+  done
+  return 1
+}
+# apt-get only when no source is at hand: without a network it can wait
+# for its mirror until the timeout
+if ! have_gtest && ! gtest_src >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "GoogleTest missing: trying apt-get install -y libgtest-dev cmake"
-    timeout 90 apt-get install -y libgtest-dev cmake >>"$LOGDIR/gpu_check_build.log" 2>&1 || true
+    say "GoogleTest missing: trying apt-get install -y libgtest-dev"
+    timeout 30 apt-get install -y libgtest-dev >>"$LOGDIR/gpu_check_build.log" 2>&1 || true
   fi
 fi
 if ! have_gtest; then
-  SRC=""
-  for d in ${ZPP_GPU_CHECK_GTEST_SRC:-} "$ROOT/build-gpu-deps/googletest" /usr/src/googletest; do
-    [ -f "$d/CMakeLists.txt" ] && SRC=$d && break
-  done
+  SRC=$(gtest_src)
   if [ -z "$SRC" ]; then
     say "FAIL: GoogleTest is not installed and no source found (see the header of $0)"
     echo "# zpp GPU check: FAILED, no GoogleTest (see perf/gpu_check.sh)" >"$SUMMARY"
     exit 1
   fi
   say "building GoogleTest from $SRC"
-  if ! { cmake -S "$SRC" -B "$BUILD/_gtest" -DCMAKE_BUILD_TYPE=Release \
-           -DCMAKE_INSTALL_PREFIX="$BUILD/_gtest_install" -DBUILD_GMOCK=OFF \
-           -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
-         cmake --build "$BUILD/_gtest" -j$JOBS &&
-         cmake --install "$BUILD/_gtest"; } >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+  # shellcheck disable=SC2016  # bash -c's script expands its own arguments
+  if ! timeout "$(limit 120)" bash -c '
+      cmake -S "$1" -B "$2/_gtest" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="$2/_gtest_install" -DBUILD_GMOCK=OFF \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+      cmake --build "$2/_gtest" -j"$3" &&
+      cmake --install "$2/_gtest"' _ "$SRC" "$BUILD" "$JOBS" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
     say "FAIL: GoogleTest build (gpu_check_build.log)"
     echo "# zpp GPU check: FAILED, GoogleTest build" >"$SUMMARY"
     exit 1
@@ -127,7 +156,12 @@ fi
 
 # ---- MPI and NCCL ---------------------------------------------------------------
 HAVE_MPI=0
-if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+# an MPI is used when its mpirun starts a rank (one that fails, or an image
+# whose mpirun is a stub, gives way to the carried one)
+mpi_runs() {
+  timeout 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
+}
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null && mpi_runs; then
   HAVE_MPI=1
 elif [ -x "$ROOT/build-gpu-deps/mpi/usr/bin/mpicc.openmpi" ]; then
   R=$ROOT/build-gpu-deps/mpi
@@ -136,8 +170,15 @@ elif [ -x "$ROOT/build-gpu-deps/mpi/usr/bin/mpicc.openmpi" ]; then
   ln -sf "$R/usr/bin/mpiexec.openmpi" "$BUILD/_mpibin/mpirun"
   export OPAL_PREFIX=$R/usr PATH=$BUILD/_mpibin:$R/usr/bin:$PATH
   export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  HAVE_MPI=1
-  say "MPI: Open MPI carried in build-gpu-deps/mpi"
+  # ctypes.util.find_library("mpi") (zpp.Comm.from_mpi) asks ldconfig,
+  # then gcc, which searches LIBRARY_PATH
+  export LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu/openmpi/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  if mpi_runs; then
+    HAVE_MPI=1
+    say "MPI: Open MPI carried in build-gpu-deps/mpi"
+  else
+    say "the carried Open MPI's mpirun -np 1 true failed (gpu_check_build.log): MPI off, the collective tests will not run"
+  fi
 else
   say "no MPI here (run perf/gpu_check_prep.sh and carry build-gpu-deps): the collective tests will not run"
 fi
@@ -156,6 +197,7 @@ say "NCCL: ${ZPP_NCCL_LIBRARY:-libnccl.so.2 from the loader path}"
 say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
 TARGETS=(test_quant test_quant_cuda zpp-quant-bench-gpu)
 [ $HAVE_MPI = 1 ] && TARGETS+=(test_coll test_transport)
+# shellcheck disable=SC2016  # bash -c's script expands its own arguments
 if timeout "$(limit 300)" bash -c '
     cmake -S "$1" -B "$2" -DZPP_WITH_CUDA=ON -DZPP_BUILD_TESTS=ON -DZPP_BUILD_TOOLS=ON \
       -DZPP_WITH_MPI=$5 -DZPP_WITH_NCCL=AUTO -DCMAKE_BUILD_TYPE=Release \
@@ -165,9 +207,12 @@ if timeout "$(limit 300)" bash -c '
     "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
   row build ok $((SECONDS - t0))
 else
-  say "FAIL: build (gpu_check_build.log):"
-  grep -E 'error|Error' "$LOGDIR/gpu_check_build.log" | head -20
-  row build "**FAILED** (see gpu_check_build.log)" $((SECONDS - t0))
+  rc=$?
+  why="see gpu_check_build.log"
+  [ $rc = 124 ] && why="timed out, $why"
+  say "FAIL: build ($why):"
+  grep -E 'error:|Error [0-9]|CMake Error|fatal' "$LOGDIR/gpu_check_build.log" | head -20
+  row build "**FAILED** ($why)" $((SECONDS - t0))
   printf '# zpp GPU check: build FAILED\n\n| step | result | time |\n| --- | --- | --- |\n%s\n' \
     "${ROWS[@]}" >"$SUMMARY"
   exit 1
@@ -189,6 +234,7 @@ gtest_result() {
 
 run_test() {
   local name=$1 cap=$2 log="$LOGDIR/gpu_check_$1.log" t=$SECONDS rc
+  spent "$name" && return
   say "running $name"
   timeout "$(limit "$cap")" "$BUILD/tests/$name" --gtest_color=no >"$log" 2>&1
   rc=$?
@@ -219,8 +265,9 @@ run_mpi() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=(-x "$1"); shift; done
   shift
+  spent "$name" && return
   say "running $name (mpirun -np $np)"
-  timeout "$(limit "$cap")" mpirun --allow-run-as-root --oversubscribe --bind-to none \
+  timeout -k 10 "$(limit "$cap")" mpirun --allow-run-as-root --oversubscribe --bind-to none \
     -np "$np" -x OMPI_MCA_mpi_yield_when_idle=1 -x ZPP_TIMEOUT_S=60 \
     ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} "${envs[@]}" "$@" --gtest_color=no >"$log" 2>&1
   rc=$?
@@ -305,6 +352,11 @@ fi
   fi
 } >"$SUMMARY"
 rm -f "$BLOG".*.csv
+# the logs in one file: the device tool brings back at most 8 files
+if (cd "$LOGDIR" && logs=(gpu_check_*.log) && [ -e "${logs[0]}" ] &&
+    tar -czf gpu_check_logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"); then
+  say "logs: $LOGDIR/gpu_check_logs.tar.gz"
+fi
 
 say "summary: $SUMMARY"
 cat "$SUMMARY"
