@@ -358,8 +358,11 @@ bad = []
 want = "device" if device == "cuda" else "host"
 for name, r, kinds in (("baseline", b, ("exact",)), ("ZeRO++", z, ("qwz", "qgz"))):
     ls = r["losses"]
-    if len(ls) != steps or not all(math.isfinite(x) for x in ls):
-        bad.append("%s: %d losses, not %d finite ones" % (name, len(ls), steps))
+    if len(ls) != steps:
+        bad.append("%s: %d losses, not %d" % (name, len(ls), steps))
+    elif not all(math.isfinite(x) for x in ls):
+        bad.append("%s: loss %r at step %d" % (name, *next((x, i) for i, x in enumerate(ls)
+                                                             if not math.isfinite(x))))
     if r.get("memory") != want:
         bad.append("%s on %s memory, not %s" % (name, r.get("memory"), want))
     for k in kinds:  # the hooks did run, quantizing in ZeRO++
@@ -453,7 +456,8 @@ fsdp_step() {
     FAIL=1
     grep -E 'Error|error:' "$log" | sort -u | head -10
   else
-    res=$(fsdp_verdict "$log.out" "$FSDP_STEPS" "$FSDP_DEVICE") || FAIL=1
+    res=$(fsdp_verdict "$log.out" "$FSDP_STEPS" "$FSDP_DEVICE" 2>>"$log") || FAIL=1
+    [ -n "$res" ] || res="**FAILED**: the runs' output could not be read (see the log)"
     res="$res ($launch)"
   fi
   rm -f "$log.out"
