@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A small transformer language model trained with PyTorch FSDP2 on CPU,
-with zpp as FSDP2's all-gather and reduce-scatter.
+"""A small transformer language model trained with PyTorch FSDP2 on CPU
+(or, with --device cuda, on CUDA), with zpp as FSDP2's all-gather and
+reduce-scatter.
 
 Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
 
@@ -16,6 +17,11 @@ Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
 --qgz-intra-bits, --hadamard   qgZ's intra-node bits and Hadamard group
 --dtype bf16 --reduce-dtype bf16   bf16 gathers and bf16 reduce-scatter
                   (bf16 ZeRO-3 on the wire; perf/convergence_study.sh)
+--device cuda     the model and the data on CUDA device (local rank) % (device
+                  count); zpp's communicators then work on device memory
+                  (ranks that share a GPU: MPI or UCX staging, not NCCL).
+                  Not with --comm gloo (gloo's collectives here take CPU
+                  tensors)
 
 The data: sequences of a fixed random Markov chain over --vocab tokens
 (the same chain on every rank, a different batch per rank and step), so
@@ -60,6 +66,8 @@ def parse(argv=None):
     p.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default=None,
                    help="gradient dtype of the reduce-scatter (default: fp32; "
                         "with --dtype fp32 it must be fp32)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model and the data live (cuda: device local rank %% count)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank")
     p.add_argument("--seq", type=int, default=32)
@@ -77,6 +85,9 @@ def parse(argv=None):
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     # options that would otherwise be dropped without a word
+    if a.device == "cuda" and a.comm == "gloo":
+        p.error("--device cuda: --comm gloo (FSDP2's own collectives over gloo) takes CPU "
+                "tensors only here; use --comm zpp, zppmpi or zppenv")
     if a.reduce_dtype == "bf16" and a.dtype != "bf16":
         p.error("--reduce-dtype bf16 needs --dtype bf16 (the gathers' dtype)")
     qgz = a.qgz_bits if a.qgz_bits is not None else (4 if a.zeropp else 0)
@@ -102,6 +113,14 @@ def run(argvs, before=None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if any(a.device == "cuda" for a in runs):
+        if not torch.cuda.is_available():
+            sys.exit("fsdp2_train: --device cuda: torch %s sees no CUDA device" % torch.__version__)
+        # one device per local rank while there are enough, else shared;
+        # CUDA initialised now, or DeviceMesh would set the device LOCAL_RANK
+        # names (past the last one when ranks share a GPU)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.init()
     dist.init_process_group("gloo")
     if before is not None:
         before()
@@ -159,14 +178,17 @@ def train(a) -> dict:
             h = self.ln(x.to(self.ln.weight.dtype))
             return self.head(h.to(self.head.weight.dtype))
 
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(a.seed)
-    model = LM()
+    model = LM()  # made on the CPU: the same initial weights on either device
     if a.mixed:
         # a frozen bf16 LayerNorm beside fp32 parameters in the root's group:
         # FSDP2 then gathers that group as uint8
         model.ln.to(torch.bfloat16).requires_grad_(False)
     nparams = sum(p.numel() for p in model.parameters())
-    mesh = init_device_mesh("cpu", (world,))
+    model.to(dev)
+    mesh = init_device_mesh(a.device, (world,))
     red = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.reduce_dtype or "fp32"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if a.dtype == "bf16" else None,
                               reduce_dtype=red if a.dtype == "bf16" else None)
@@ -187,7 +209,12 @@ def train(a) -> dict:
         import zpp
         import zpp.fsdp
 
-        comm = {"zppmpi": zpp.Comm.from_mpi, "zppenv": zpp.Comm.from_env}.get(a.comm, lambda: None)()
+        # --comm zpp: enable() makes the communicator, on device memory when
+        # the parameters are on CUDA; the others are made here, so they are
+        # told
+        mem = {"memory": "device", "device": dev.index} if cuda else {}
+        make = {"zppmpi": zpp.Comm.from_mpi, "zppenv": zpp.Comm.from_env}.get(a.comm)
+        comm = make(**mem) if make else None
         z = zpp.fsdp.enable(model, comm=comm, qwz_bits=qwz, qgz_bits=qgz,
                             qgz_intra_bits=a.qgz_intra_bits, error_feedback=ef,
                             hadamard=a.hadamard)
@@ -213,6 +240,7 @@ def train(a) -> dict:
     step_stats = []
     for step in range(a.steps):
         x, y = batch(step)
+        x, y = x.to(dev), y.to(dev)
         if z is not None:
             z.reset_stats()
         t0 = time.perf_counter()
@@ -222,9 +250,12 @@ def train(a) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         # the loss of the whole global batch (mean over ranks), for the record
-        t = tok.detach().double()
+        # (gloo: CPU tensors)
+        t = tok.detach().double().cpu()
         l = torch.stack([t.sum(), (t * t).sum(), torch.tensor(float(t.numel()), dtype=torch.float64)])
         dist.all_reduce(l)
         losses.append(float(l[0] / l[2]))
@@ -236,8 +267,8 @@ def train(a) -> dict:
             print("step %3d loss %.4f  %.3f s" % (step, losses[-1], times[-1]), flush=True)
 
     # bytes per step, all ranks together (each rank's sent bytes, summed)
-    out = {"comm": a.comm, "world": world, "zeropp": zeropp, "qwz_bits": qwz, "qgz_bits": qgz,
-           "error_feedback": ef, "hpz": hpz, "dtype": a.dtype,
+    out = {"comm": a.comm, "device": a.device, "world": world, "zeropp": zeropp,
+           "qwz_bits": qwz, "qgz_bits": qgz, "error_feedback": ef, "hpz": hpz, "dtype": a.dtype,
            "reduce_dtype": a.reduce_dtype or "fp32", "qgz_intra_bits": a.qgz_intra_bits,
            "hadamard": a.hadamard, "params": nparams,
            "entropy_floor": entropy, "losses": losses, "tokens_per_step": ntok,
@@ -251,12 +282,22 @@ def train(a) -> dict:
         out["intra_bytes_per_step"] = float(per[:, 1].mean())
         out["zpp_comms"] = len(z.comms.all())
         out["backend"] = z.comms.world.backend
+        out["memory"] = z.comms.world.memory
         out["hook_calls"] = z.hook_calls()
-    # a digest of the trained parameters (the full tensors, gathered)
+    # a digest of the trained parameters (the full tensors, gathered; on
+    # CUDA through CPU copies of the shards, which gloo takes: FSDP2 shards
+    # dim 0 as torch.chunk does, so the shards in rank order are the tensor)
+    def full_tensor(p):
+        if not cuda:
+            return p.full_tensor()
+        parts = [None] * world
+        dist.all_gather_object(parts, p.to_local().detach().cpu())
+        return torch.cat(parts, dim=0)
+
     h = 0.0
     with torch.no_grad():
         for p in model.parameters():
-            full = p.full_tensor().double()
+            full = full_tensor(p).double()
             h += float((full * torch.arange(1, full.numel() + 1, dtype=torch.float64).view_as(full).sin()).sum())
     out["param_digest"] = h
     if rank == 0 and a.json:

@@ -3,39 +3,84 @@
 # (CUDA, NCCL and MPI on), run the unit tests (test_quant, test_quant_cuda),
 # the device-memory collective tests (test_coll with ZPP_TEST_MEMORY=device:
 # 4 ranks sharing the GPU through MPI staging, and 1 rank on NCCL; the
-# transport's Device.* tests on 2 ranks), and zpp-quant-bench-gpu against a
-# device-to-device copy in the same run (goals: INT8 encode and decode at
-# least 0.8 of the copy's bandwidth, INT4 at least 0.7), and write a
-# markdown summary plus the raw logs.  Budget: 8 minutes in all.
+# transport's Device.* tests on 2 ranks), an FSDP2 training step with CUDA
+# tensors (examples/fsdp2_train.py --device cuda, 2 ranks sharing the GPU,
+# zpp's communicators on device memory: zpp's bf16 baseline and ZeRO++, the
+# loss finite and ZeRO++'s within a derived tolerance of the baseline's),
+# and zpp-quant-bench-gpu against a device-to-device copy in the same run
+# (goals: INT8 encode and decode at least 0.8 of the copy's bandwidth, INT4
+# at least 0.7), and write a markdown summary plus the raw logs.
 #
 # How to run it through the device tool (one call, from the repository
-# root; the summary and logs come back from $OUT):
-#
-#   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
-#        timeout_s: 540
-#
-# That machine reaches no network, so GoogleTest and MPI cannot be
-# installed there if they are missing.  Before the call, here, run
+# root; the summary and logs come back from $OUT).  Here first:
 #
 #   bash perf/gpu_check_prep.sh
 #
-# which puts GoogleTest's source and Debian's Open MPI (unpacked) under
-# build-gpu-deps/, and add  carry: ["build-gpu-deps"]  to the call (build*/
-# is git-ignored).  GoogleTest is then built from build-gpu-deps/googletest
-# (or /usr/src/googletest); Open MPI is used from build-gpu-deps/mpi when
-# the machine has no mpicc of its own.  NCCL: libnccl.so.2 from the loader
-# path, else the one of the nvidia-nccl Python package (ZPP_NCCL_LIBRARY).
+# which puts GoogleTest's source, Debian's Open MPI and UCX (unpacked) and
+# the wheels of the Python packages the bindings need that the GPU image
+# lacks (cffi, pycparser) under build-gpu-deps/ (build*/ is git-ignored;
+# 36 MiB, with the tracked files about 42: a call carries at most 64 MiB).
+# Then the call:
+#
+#   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
+#        carry:     ["build-gpu-deps"]
+#        timeout_s: 540
+#
+# Time: the script cuts every step's time limit to what is left of its
+# budget, ZPP_GPU_CHECK_BUDGET_S (default 420 s), and skips a step that
+# would start with less than 10 s left; it then ends within about 20 s of
+# the budget (the benchmark's two runs keep 10 s each, a killed launch 10 s
+# more).  With the copy of the working tree and build-gpu-deps/ to the
+# machine that is 8 minutes, inside the call's 540 s; the machine's start
+# (a minute or two) comes on top.  Expected on 16 cores: GoogleTest 15 s
+# of CPU (2 compiles), the build of the targets below 78 s of CPU in 53
+# compiles whose longest chain (quant_cuda.cu, then test_quant.cc, each
+# then linked) is about 31 s (measured on a 2-core machine), so with the
+# configure steps about a minute; the caps of the tests, the FSDP2 step
+# and the benchmark add up to more than the rest of the budget, which is
+# what bounds them.
+#
+# That machine reaches no network, so nothing can be installed there.
+# GoogleTest is built from build-gpu-deps/googletest (or /usr/src/googletest)
+# unless installed; Open MPI is used from build-gpu-deps/mpi when the
+# machine has no mpicc and mpirun of its own that start a rank, and UCX
+# from there when the FSDP2 step has to do without mpirun; the wheels are
+# installed under build-gpu/_pysite when python3 cannot import cffi.  NCCL:
+# libnccl.so.2 from the loader path, else the one of the nvidia-nccl Python
+# package (ZPP_NCCL_LIBRARY).
+#
+# The FSDP2 step: python/tests/fsdp_runs.py runs both trainings in one
+# launch, 2 ranks, ZPP_TOPO=2x1 (two emulated nodes, so qwZ and qgZ
+# quantize what crosses them), --dtype bf16, 50 steps of 2 x 8 sequences
+# of 32 tokens.  With mpirun: --comm zppmpi, and the backend zpp's AUTO
+# picks for ranks that share a GPU (MPI staging through pinned host
+# memory; NCCL takes one GPU per rank).  Without a working mpirun:
+# torchrun and --comm zpp (zpp's TCP bootstrap over torch's store), where
+# AUTO picks UCX staging.  Pass: 50 finite losses in each run, both on
+# device memory, and ZeRO++'s mean loss over the last 10 steps within
+# 3 s / sqrt(10 T) of the baseline's (s: the baseline's token-loss standard
+# deviation over those steps, T: tokens a step; the tolerance of
+# python/tests/test_fsdp.py, derived there) with at least 90% of the
+# baseline's drop in loss.
 #
 # Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
 # Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
-# keep the build short), ZPP_GPU_CHECK_BUDGET_S (default 450: every step's
-# time limit is cut to what is left of it), ZPP_GPU_CHECK_JOBS (default 16),
-# ZPP_GPU_CHECK_GTEST_SRC (build GoogleTest from this source tree even if
-# it is installed), ZPP_TEST_SEED (the tests' seed).
-# Logs go beside the summary: gpu_check_build.log, gpu_check_test_quant.log,
-# gpu_check_test_quant_cuda.log, gpu_check_bench.log.
-# Exit status: 0 when the build, every test and the benchmark's check
-# passed; 1 otherwise.
+# keep the build short), ZPP_GPU_CHECK_BUDGET_S (default 420),
+# ZPP_GPU_CHECK_JOBS (default 16), ZPP_GPU_CHECK_GTEST_SRC (build GoogleTest
+# from this source tree even if it is installed), ZPP_GPU_CHECK_PYTHON (the
+# python with torch; default the python3 on PATH, else
+# /opt/torch/.venv/bin/python3), ZPP_GPU_CHECK_FSDP_LAUNCH (mpirun or
+# torchrun: the FSDP2 step's launcher; default mpirun when MPI works),
+# ZPP_GPU_CHECK_FSDP_DEVICE (default cuda; cpu runs the same step on host
+# memory, to try the script on a machine without a GPU), ZPP_TEST_SEED
+# (the tests' seed).
+# Logs: gpu_check_build.log, gpu_check_test_quant.log,
+# gpu_check_test_quant_cuda.log, gpu_check_<collective test>.log,
+# gpu_check_fsdp2_cuda.log and gpu_check_bench.log, packed at the end into
+# gpu_check_logs.tar.gz beside the summary (the device tool brings back at
+# most 8 files).
+# Exit status: 0 when the build, every test, the FSDP2 step and the
+# benchmark's check passed; 1 otherwise.
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -46,7 +91,7 @@ SUMMARY=$(cd "$(dirname "$SUMMARY")" && pwd)/$(basename "$SUMMARY")
 LOGDIR=$(dirname "$SUMMARY")
 BUILD=$ROOT/build-gpu
 ARCH=${ZPP_CUDA_ARCH:-90-real}
-BUDGET=${ZPP_GPU_CHECK_BUDGET_S:-450}
+BUDGET=${ZPP_GPU_CHECK_BUDGET_S:-420}
 JOBS=${ZPP_GPU_CHECK_JOBS:-16}
 START=$SECONDS
 FAIL=0
@@ -62,6 +107,16 @@ limit() {
 }
 
 row() { ROWS+=("| $1 | $2 | $3 s |"); }
+
+# true (and a FAILED row for step $1) when less than 10 s of the budget are
+# left: the step is not started
+spent() {
+  ((BUDGET - (SECONDS - START) >= 10)) && return 1
+  say "FAIL: $1 not run: the budget of $BUDGET s is spent"
+  FAIL=1
+  row "$1" "**not run: budget of $BUDGET s spent**" 0
+  return 0
+}
 
 # ---- tools: cmake and nvcc may live off the PATH ---------------------------
 if ! command -v cmake >/dev/null; then
@@ -96,28 +151,36 @@ t0=$SECONDS
 if [ -n "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
   have_gtest() { return 1; }  # build GoogleTest from the given source
 fi
-if ! have_gtest && [ -z "${ZPP_GPU_CHECK_GTEST_SRC:-}" ]; then
+gtest_src() {
+  local d
+  for d in ${ZPP_GPU_CHECK_GTEST_SRC:-} "$ROOT/build-gpu-deps/googletest" /usr/src/googletest; do
+    [ -f "$d/CMakeLists.txt" ] && echo "$d" && return 0
+  done
+  return 1
+}
+# apt-get only when no source is at hand: without a network it can wait
+# for its mirror until the timeout
+if ! have_gtest && ! gtest_src >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "GoogleTest missing: trying apt-get install -y libgtest-dev cmake"
-    timeout 90 apt-get install -y libgtest-dev cmake >>"$LOGDIR/gpu_check_build.log" 2>&1 || true
+    say "GoogleTest missing: trying apt-get install -y libgtest-dev"
+    timeout 30 apt-get install -y libgtest-dev >>"$LOGDIR/gpu_check_build.log" 2>&1 || true
   fi
 fi
 if ! have_gtest; then
-  SRC=""
-  for d in ${ZPP_GPU_CHECK_GTEST_SRC:-} "$ROOT/build-gpu-deps/googletest" /usr/src/googletest; do
-    [ -f "$d/CMakeLists.txt" ] && SRC=$d && break
-  done
+  SRC=$(gtest_src)
   if [ -z "$SRC" ]; then
     say "FAIL: GoogleTest is not installed and no source found (see the header of $0)"
     echo "# zpp GPU check: FAILED, no GoogleTest (see perf/gpu_check.sh)" >"$SUMMARY"
     exit 1
   fi
   say "building GoogleTest from $SRC"
-  if ! { cmake -S "$SRC" -B "$BUILD/_gtest" -DCMAKE_BUILD_TYPE=Release \
-           -DCMAKE_INSTALL_PREFIX="$BUILD/_gtest_install" -DBUILD_GMOCK=OFF \
-           -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
-         cmake --build "$BUILD/_gtest" -j$JOBS &&
-         cmake --install "$BUILD/_gtest"; } >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+  # shellcheck disable=SC2016  # bash -c's script expands its own arguments
+  if ! timeout "$(limit 120)" bash -c '
+      cmake -S "$1" -B "$2/_gtest" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="$2/_gtest_install" -DBUILD_GMOCK=OFF \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+      cmake --build "$2/_gtest" -j"$3" &&
+      cmake --install "$2/_gtest"' _ "$SRC" "$BUILD" "$JOBS" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
     say "FAIL: GoogleTest build (gpu_check_build.log)"
     echo "# zpp GPU check: FAILED, GoogleTest build" >"$SUMMARY"
     exit 1
@@ -127,7 +190,12 @@ fi
 
 # ---- MPI and NCCL ---------------------------------------------------------------
 HAVE_MPI=0
-if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+# an MPI is used when its mpirun starts a rank (one that fails, or an image
+# whose mpirun is a stub, gives way to the carried one)
+mpi_runs() {
+  timeout 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
+}
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null && mpi_runs; then
   HAVE_MPI=1
 elif [ -x "$ROOT/build-gpu-deps/mpi/usr/bin/mpicc.openmpi" ]; then
   R=$ROOT/build-gpu-deps/mpi
@@ -136,8 +204,15 @@ elif [ -x "$ROOT/build-gpu-deps/mpi/usr/bin/mpicc.openmpi" ]; then
   ln -sf "$R/usr/bin/mpiexec.openmpi" "$BUILD/_mpibin/mpirun"
   export OPAL_PREFIX=$R/usr PATH=$BUILD/_mpibin:$R/usr/bin:$PATH
   export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  HAVE_MPI=1
-  say "MPI: Open MPI carried in build-gpu-deps/mpi"
+  # ctypes.util.find_library("mpi") (zpp.Comm.from_mpi) asks ldconfig,
+  # then gcc, which searches LIBRARY_PATH
+  export LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu/openmpi/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  if mpi_runs; then
+    HAVE_MPI=1
+    say "MPI: Open MPI carried in build-gpu-deps/mpi"
+  else
+    say "the carried Open MPI's mpirun -np 1 true failed (gpu_check_build.log): MPI off, the collective tests will not run"
+  fi
 else
   say "no MPI here (run perf/gpu_check_prep.sh and carry build-gpu-deps): the collective tests will not run"
 fi
@@ -154,8 +229,9 @@ say "NCCL: ${ZPP_NCCL_LIBRARY:-libnccl.so.2 from the loader path}"
 
 # ---- build ----------------------------------------------------------------------
 say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
-TARGETS=(test_quant test_quant_cuda zpp-quant-bench-gpu)
+TARGETS=(zpp test_quant test_quant_cuda zpp-quant-bench-gpu)
 [ $HAVE_MPI = 1 ] && TARGETS+=(test_coll test_transport)
+# shellcheck disable=SC2016  # bash -c's script expands its own arguments
 if timeout "$(limit 300)" bash -c '
     cmake -S "$1" -B "$2" -DZPP_WITH_CUDA=ON -DZPP_BUILD_TESTS=ON -DZPP_BUILD_TOOLS=ON \
       -DZPP_WITH_MPI=$5 -DZPP_WITH_NCCL=AUTO -DCMAKE_BUILD_TYPE=Release \
@@ -165,9 +241,12 @@ if timeout "$(limit 300)" bash -c '
     "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
   row build ok $((SECONDS - t0))
 else
-  say "FAIL: build (gpu_check_build.log):"
-  grep -E 'error|Error' "$LOGDIR/gpu_check_build.log" | head -20
-  row build "**FAILED** (see gpu_check_build.log)" $((SECONDS - t0))
+  rc=$?
+  why="see gpu_check_build.log"
+  [ $rc = 124 ] && why="timed out, $why"
+  say "FAIL: build ($why):"
+  grep -E 'error:|Error [0-9]|CMake Error|fatal' "$LOGDIR/gpu_check_build.log" | head -20
+  row build "**FAILED** ($why)" $((SECONDS - t0))
   printf '# zpp GPU check: build FAILED\n\n| step | result | time |\n| --- | --- | --- |\n%s\n' \
     "${ROWS[@]}" >"$SUMMARY"
   exit 1
@@ -189,6 +268,7 @@ gtest_result() {
 
 run_test() {
   local name=$1 cap=$2 log="$LOGDIR/gpu_check_$1.log" t=$SECONDS rc
+  spent "$name" && return
   say "running $name"
   timeout "$(limit "$cap")" "$BUILD/tests/$name" --gtest_color=no >"$log" 2>&1
   rc=$?
@@ -219,8 +299,9 @@ run_mpi() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=(-x "$1"); shift; done
   shift
+  spent "$name" && return
   say "running $name (mpirun -np $np)"
-  timeout "$(limit "$cap")" mpirun --allow-run-as-root --oversubscribe --bind-to none \
+  timeout -k 10 "$(limit "$cap")" mpirun --allow-run-as-root --oversubscribe --bind-to none \
     -np "$np" -x OMPI_MCA_mpi_yield_when_idle=1 -x ZPP_TIMEOUT_S=60 \
     ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} "${envs[@]}" "$@" --gtest_color=no >"$log" 2>&1
   rc=$?
@@ -244,6 +325,146 @@ else
   FAIL=1
   ROWS+=("| device collectives | **not run: no MPI (perf/gpu_check_prep.sh)** | |")
 fi
+
+# ---- FSDP2 step with CUDA tensors --------------------------------------------------
+# examples/fsdp2_train.py through python/tests/fsdp_runs.py: zpp's bf16
+# baseline and ZeRO++ in one launch of 2 ranks sharing the GPU (see the
+# header for the launch and the pass rule).
+FSDP_DEVICE=${ZPP_GPU_CHECK_FSDP_DEVICE:-cuda}
+FSDP_STEPS=50
+PY=${ZPP_GPU_CHECK_PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3 /opt/torch/.venv/bin/python3; do
+    if command -v "$c" >/dev/null && "$c" -c 'import torch' 2>/dev/null; then
+      PY=$(command -v "$c")
+      break
+    fi
+  done
+fi
+
+# the step's result line (stdout) from the JSON lines of the two runs;
+# exit 1 when the step failed
+fsdp_verdict() {
+  "$PY" - "$@" <<'EOF'
+import json, math, sys
+
+path, steps, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+runs = [json.loads(l) for l in open(path) if l.startswith("{")]
+if len(runs) != 2:
+    print("**FAILED**: %d of the 2 runs printed their result" % len(runs))
+    sys.exit(1)
+b, z = runs
+bad = []
+want = "device" if device == "cuda" else "host"
+for name, r, kinds in (("baseline", b, ("exact",)), ("ZeRO++", z, ("qwz", "qgz"))):
+    ls = r["losses"]
+    if len(ls) != steps:
+        bad.append("%s: %d losses, not %d" % (name, len(ls), steps))
+    elif not all(math.isfinite(x) for x in ls):
+        bad.append("%s: loss %r at step %d" % (name, *next((x, i) for i, x in enumerate(ls)
+                                                             if not math.isfinite(x))))
+    if r.get("memory") != want:
+        bad.append("%s on %s memory, not %s" % (name, r.get("memory"), want))
+    for k in kinds:  # the hooks did run, quantizing in ZeRO++
+        if not any(c.startswith(k) for c in r.get("hook_calls", {})):
+            bad.append("%s made no %s call (%s)" % (name, k, r.get("hook_calls")))
+if bad:
+    print("**FAILED**: " + "; ".join(bad))
+    sys.exit(1)
+# python/tests/test_fsdp.py's tolerance: 3 standard errors of the mean of
+# the last 10 steps' losses, and at least 90% of the baseline's drop
+mb, mz = sum(b["losses"][-10:]) / 10, sum(z["losses"][-10:]) / 10
+tol = 3 * b["token_loss_std_last10"] / math.sqrt(10 * b["tokens_per_step"])
+drop_b, drop_z = b["losses"][0] - mb, z["losses"][0] - mz
+ok = abs(mz - mb) <= tol and drop_z >= 0.9 * drop_b
+print("%s: loss %.3f at step 0; last 10 steps baseline %.4f, ZeRO++ %.4f (gap %.4f, "
+      "tolerance %.4f; drops %.3f / %.3f); backend %s, %s memory; %.3f / %.3f s a step"
+      % ("ok" if ok else "**FAILED**", b["losses"][0], mb, mz, mz - mb, tol, drop_b, drop_z,
+         b.get("backend"), b.get("memory"), b["step_time_s"], z["step_time_s"]))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# fsdp_fail NAME T0 WHY: a failed step that did not launch
+fsdp_fail() {
+  say "FAIL: $1: $3"
+  FAIL=1
+  row "$1" "**FAILED**: $3" $((SECONDS - $2))
+}
+
+fsdp_step() {
+  local name=fsdp2_$FSDP_DEVICE log="$LOGDIR/gpu_check_fsdp2_$FSDP_DEVICE.log" t=$SECONDS
+  local rc res launch site=$BUILD/_pysite port=$((20000 + RANDOM % 20000)) ucx
+  spent "$name" && return
+  : >"$log"
+  if [ -z "$PY" ]; then
+    fsdp_fail "$name" $t "no python3 that imports torch (ZPP_GPU_CHECK_PYTHON)"
+    return
+  fi
+  # the bindings need cffi (and pycparser), which the GPU image may lack
+  if ! "$PY" -c 'import cffi' 2>/dev/null; then
+    if ! compgen -G "$ROOT/build-gpu-deps/wheels/*.whl" >/dev/null ||
+       ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+           --upgrade --target "$site" "$ROOT"/build-gpu-deps/wheels/*.whl >>"$log" 2>&1 ||
+       ! PYTHONPATH=$site "$PY" -c 'import cffi' >>"$log" 2>&1; then
+      fsdp_fail "$name" $t "$PY cannot import cffi, and no wheel of it installs from build-gpu-deps/wheels (perf/gpu_check_prep.sh)"
+      return
+    fi
+    say "cffi: installed from build-gpu-deps/wheels into $site"
+  fi
+  # the runs' environment (env: the rest of the script keeps its own)
+  local envs=(PYTHONPATH="$ROOT/python:$site${PYTHONPATH:+:$PYTHONPATH}"
+              ZPP_LIBRARY="$BUILD/libzpp.so" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port"
+              ZPP_TOPO=2x1 ZPP_TIMEOUT_S=60)
+  local common="--device $FSDP_DEVICE --dtype bf16 --steps $FSDP_STEPS --batch 8 --json --quiet"
+  launch=${ZPP_GPU_CHECK_FSDP_LAUNCH:-$([ $HAVE_MPI = 1 ] && echo mpirun || echo torchrun)}
+  # zpp.Comm.from_mpi loads libmpi by ctypes.util.find_library("mpi")
+  if [ "$launch" = mpirun ] && [ -z "${ZPP_GPU_CHECK_FSDP_LAUNCH:-}" ] &&
+     ! "$PY" -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("mpi") is None)'; then
+    say "$name: python finds no libmpi (ctypes.util.find_library): torchrun instead of mpirun"
+    launch=torchrun
+  fi
+  say "running $name ($launch, 2 ranks, $FSDP_STEPS steps twice)"
+  if [ "$launch" = mpirun ]; then
+    env "${envs[@]}" timeout -k 10 "$(limit 120)" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+      -x PYTHONPATH -x ZPP_LIBRARY -x MASTER_ADDR -x MASTER_PORT -x ZPP_TOPO -x ZPP_TIMEOUT_S \
+      -x OMPI_MCA_mpi_yield_when_idle=1 ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} \
+      "$PY" "$ROOT/python/tests/fsdp_runs.py" "--comm zppmpi $common" \
+      "--comm zppmpi --zeropp $common" >"$log.out" 2>>"$log"
+  else
+    # zpp's TCP bootstrap has no MPI backend: AUTO takes UCX, loaded with
+    # dlopen; the carried one when the loader knows none (its own folder:
+    # the carried Open MPI's libraries stay out of the way)
+    ucx=$ROOT/build-gpu-deps/mpi/usr/lib/x86_64-linux-gnu
+    if ! ldconfig -p 2>/dev/null | grep -q 'libucp.so.0 ' && [ -e "$ucx/libucp.so.0" ]; then
+      mkdir -p "$BUILD/_ucx"
+      ln -sf "$ucx"/libuc[pstm].so.0* "$ucx/ucx" "$BUILD/_ucx/"
+      [ -e "$ucx/libnuma.so.1" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnuma.so.1 ' &&
+        ln -sf "$ucx"/libnuma.so.1* "$BUILD/_ucx/"
+      envs+=(LD_LIBRARY_PATH="$BUILD/_ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    fi
+    env "${envs[@]}" timeout -k 10 "$(limit 120)" "$PY" -m torch.distributed.run --nproc-per-node 2 \
+      --master-addr 127.0.0.1 --master-port "$port" \
+      "$ROOT/python/tests/fsdp_runs.py" "--comm zpp $common" "--comm zpp --zeropp $common" \
+      >"$log.out" 2>>"$log"
+  fi
+  rc=$?
+  cat "$log.out" >>"$log"
+  if [ $rc != 0 ]; then
+    [ $rc = 124 ] && res="**TIMED OUT**" || res="**FAILED**: exit $rc"
+    res="$res ($launch; see gpu_check_fsdp2_$FSDP_DEVICE.log)"
+    FAIL=1
+    grep -E 'Error|error:' "$log" | sort -u | head -10
+  else
+    res=$(fsdp_verdict "$log.out" "$FSDP_STEPS" "$FSDP_DEVICE" 2>>"$log") || FAIL=1
+    [ -n "$res" ] || res="**FAILED**: the runs' output could not be read (see the log)"
+    res="$res ($launch)"
+  fi
+  rm -f "$log.out"
+  say "$name: $res"
+  row "$name" "$res" $((SECONDS - t))
+}
+fsdp_step
 
 # ---- benchmark ----------------------------------------------------------------------
 BENCH="$BUILD/perf/zpp-quant-bench-gpu"
@@ -322,6 +543,11 @@ fi
   fi
 } >"$SUMMARY"
 rm -f "$BLOG".*.csv
+# the logs in one file: the device tool brings back at most 8 files
+if (cd "$LOGDIR" && logs=(gpu_check_*.log) && [ -e "${logs[0]}" ] &&
+    tar -czf gpu_check_logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"); then
+  say "logs: $LOGDIR/gpu_check_logs.tar.gz"
+fi
 
 say "summary: $SUMMARY"
 cat "$SUMMARY"
