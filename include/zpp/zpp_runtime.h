@@ -207,7 +207,8 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
  * elements) of its owner: qgZ when qgz_bits (with the group's residual
  * when error_feedback and zpp_pgroup_residual_count is non-zero), else
  * the baseline zpp_reduce_scatter (fp32 sum in its fixed order, rounded
- * once; see there).  req NULL: returns when done; otherwise
+ * once; see there).  req NULL: as the collectives' blocking form (device
+ * memory: returns once queued, zpp_coll.h "Asynchrony"); otherwise
  * zpp_request_wait(*req) finishes it.  grad_shard may be this rank's slot
  * of full_grad (full_grad + rank * shard_numel elements: in place); any
  * other byte shared by full_grad, grad_shard and the residual is
