@@ -1024,7 +1024,15 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
   std::fill(hy, hy + n * g_size, -1.0f);
   std::fill(hz, hz + n * g_size, -1.0f);
   ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
-  zpp_status_t st1 = ZPP_ERR_INTERNAL, st2 = ZPP_ERR_INTERNAL, st3 = ZPP_ERR_INTERNAL;
+  zpp_status_t st1 = ZPP_ERR_INTERNAL, st2 = ZPP_ERR_INTERNAL, st3 = ZPP_ERR_INTERNAL,
+               st4 = ZPP_ERR_INTERNAL;
+  zpp_request_t kept = nullptr;
+  DevBuf dw(n * 4 * (size_t)g_size);
+  cudaStream_t s3 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking), cudaSuccess);
+  float *hw = nullptr;
+  ASSERT_EQ(cudaMallocHost((void **)&hw, dw.bytes), cudaSuccess);
+  std::fill(hw, hw + n * g_size, -1.0f);
   bool released = false;
   auto release = [&] {
     if (!released) zpp_emu_stream_release(s);
@@ -1041,8 +1049,17 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
         st2 = zpp_allgather(comm, dx.p, dz.p, n, ZPP_FLOAT32, s, &req);
         st3 = st2 == ZPP_OK ? zpp_request_wait_stream(req, s2) : st2;
         cudaMemcpyAsync(hz, dz.p, dz.bytes, cudaMemcpyDeviceToHost, s2);
+        // started on s, ordered onto s3 and kept: not done while s is held
+        st4 = zpp_allgather(comm, dx.p, dw.p, n, ZPP_FLOAT32, s, &kept);
+        if (st4 == ZPP_OK) st4 = zpp_request_order_stream(kept, s3);
+        cudaMemcpyAsync(hw, dw.p, dw.bytes, cudaMemcpyDeviceToHost, s3);
       },
       release);
+  int kept_done = -1;
+  if (quick && kept != nullptr) {
+    EXPECT_EQ(zpp_request_test(kept, &kept_done), ZPP_OK);
+    EXPECT_EQ(kept_done, 0) << "an ordered request said done while s was held";
+  }
   EXPECT_TRUE(quick) << "a call or the stream wait blocked the host while the "
                         "caller's stream was held";
   EXPECT_EQ(st1, ZPP_OK) << zpp_get_last_error();
@@ -1057,8 +1074,17 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
   release();
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s3), cudaSuccess);
+  EXPECT_EQ(st4, ZPP_OK) << zpp_get_last_error();
+  if (kept != nullptr) {  // s3 ran after it: the request is done, then freed
+    EXPECT_EQ(zpp_request_test(kept, &kept_done), ZPP_OK);
+    EXPECT_EQ(kept_done, 1);
+    EXPECT_EQ(zpp_request_wait(kept), ZPP_OK) << zpp_get_last_error();
+  }
   for (int r = 0; r < g_size; r++) {
     std::vector<float> want = gen(r, n, 11);
+    EXPECT_EQ(std::memcmp(hw + (size_t)r * n, want.data(), n * 4), 0)
+        << "ordered request, block of rank " << r;
     EXPECT_EQ(std::memcmp(hy + (size_t)r * n, want.data(), n * 4), 0)
         << "blocking form, block of rank " << r;
     EXPECT_EQ(std::memcmp(hz + (size_t)r * n, want.data(), n * 4), 0)
@@ -1066,8 +1092,10 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
   }
   cudaFreeHost(hy);
   cudaFreeHost(hz);
+  cudaFreeHost(hw);
   cudaStreamDestroy(s);
   cudaStreamDestroy(s2);
+  cudaStreamDestroy(s3);
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
 }
 

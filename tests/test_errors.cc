@@ -519,6 +519,10 @@ TEST(ErrorText, Collectives) {
   const std::string dt7 = std::string("dtype 7: ") + kDtypeMust;
   check({
       {"zpp_request_wait", [] { return zpp_request_wait(nullptr); }, ZPP_OK, "", false},
+      {"zpp_request_wait_stream", [] { return zpp_request_wait_stream(nullptr, nullptr); },
+       ZPP_OK, "", false},
+      {"zpp_request_order_stream", [] { return zpp_request_order_stream(nullptr, nullptr); },
+       NUL, "zpp_request_order_stream: req is NULL", false},
       {"zpp_request_test", [] { return zpp_request_test(nullptr, &done); }, NUL,
        "zpp_request_test: req is NULL", false},
       // zpp_allgather

@@ -114,6 +114,14 @@ ZPP_API zpp_status_t zpp_request_wait(zpp_request_t req);
  * request is ZPP_OK. */
 ZPP_API zpp_status_t zpp_request_wait_stream(zpp_request_t req,
                                              zpp_stream_t stream);
+/* As zpp_request_wait_stream, but the request stays the caller's: it may
+ * be ordered onto several streams, polled with zpp_request_test (done once
+ * the device ran the collective) and must still be freed with
+ * zpp_request_wait or zpp_request_wait_stream.  Host memory: waits on the
+ * host for the collective, without freeing.  A NULL request is
+ * ZPP_ERR_NULL_POINTER. */
+ZPP_API zpp_status_t zpp_request_order_stream(zpp_request_t req,
+                                              zpp_stream_t stream);
 /* *done = 1 when the request completed (then call zpp_request_wait to get
  * its status and free it). */
 ZPP_API zpp_status_t zpp_request_test(zpp_request_t req, int *done);

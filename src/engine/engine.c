@@ -367,6 +367,27 @@ static zpp_status_t request_result(struct zpp_request *r, const char *func) {
   return st;
 }
 
+/* A started stream-ordered collective: the engine thread watches an event
+ * recorded on its stream right after it (the request keeps its own).  On
+ * a failure to record one, the request's waits stay the only bound. */
+static void watch_after(zpp_engine_t *e, void *stream, int64_t started,
+                        const char *func) {
+#if ZPP_HAVE_CUDA_KERNELS
+  char err[256];
+  void *w = NULL;
+  int saved = -1;
+  if (zpp_exec_device_enter(e->comm, &saved) == ZPP_OK &&
+      zpp_ew_event_record(&w, stream, err, sizeof err) == 0)
+    (void)zpp_engine_watch(e, w, started, func);
+  zpp_exec_device_leave(saved);
+#else
+  (void)e;
+  (void)stream;
+  (void)started;
+  (void)func;
+#endif
+}
+
 /* The waiter of r gives it up to the engine (a stream waits for it): the
  * engine frees it when it completes, or now if it did already. */
 static void detach(struct zpp_request *r) {
@@ -438,7 +459,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   int inline_ok = 0;
   zpp_engine_t *e = zpp_engine_of(comm);
   struct zpp_request *r = NULL;
-  void *event = NULL;
+  void *event = NULL, *stream = NULL;
   int64_t started;
   zpp_status_t st;
   if (e == NULL) {
@@ -471,6 +492,7 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
   }
   pthread_mutex_unlock(&e->mu);
   if (inline_ok) {
+    stream = p->ex.stream;
     started = zpp_time_ns();
     p->progress = &e->last_progress_ns;
     st = zpp_engine_run_plan(p, &event);
@@ -486,6 +508,10 @@ zpp_status_t zpp_plan_submit(zpp_plan_t *p, zpp_request_t *req) {
         return zpp_comm_fail(comm, st);
       }
       *req = r;
+      /* the engine thread watches every stream-ordered collective, waited
+       * for or not: a second event right after the request's */
+      if (stream_ordered && event != NULL)
+        watch_after(e, stream, started, func);
       return ZPP_OK;
     }
     if (st == ZPP_OK && event != NULL && stream_ordered)
@@ -547,64 +573,87 @@ zpp_status_t zpp_request_wait(zpp_request_t req) {
   return st;
 }
 
-zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
-  zpp_engine_t *e;
-  zpp_comm_t comm;
-  zpp_status_t st;
-  int host = 0;
-  void *event;
+/* Makes `stream` wait for req without the host waiting; req stays the
+ * caller's.  *host = 1 when the host waited for req's host part instead
+ * (host memory, a failed call, no stream waits in the driver). */
+static zpp_status_t order_stream(zpp_request_t req, zpp_stream_t stream,
+                                 const char *func, int *host) {
+  zpp_comm_t comm = req->comm;
+  zpp_engine_t *e = (zpp_engine_t *)comm->engine;
   zpp_memory_t mem = ZPP_MEMORY_HOST;
-  if (req == NULL)
-    return ZPP_OK;
-  comm = req->comm;
-  e = (zpp_engine_t *)comm->engine;
-  /* a stream wait captured into a graph would replay a stale order */
-  st = req->staged || req->event != NULL || zpp_comm_memory(comm, &mem) != ZPP_OK ||
-               mem == ZPP_MEMORY_DEVICE
-           ? zpp_exec_check_capture(__func__, comm, stream)
-           : ZPP_OK;
-  if (st != ZPP_OK) {
-    zpp_status_t wst = zpp_request_wait(req); /* frees req */
-    (void)wst;
-    return zpp_comm_fail(comm, st);
+  zpp_status_t st;
+  void *event;
+  *host = 0;
+  if (zpp_comm_memory(comm, &mem) != ZPP_OK || mem != ZPP_MEMORY_DEVICE) {
+    *host = 1;
+    return wait_ran(e, req, func);
   }
+  /* a stream wait captured into a graph would replay a stale order */
+  ZPP_CHECK(zpp_exec_check_capture(func, comm, stream));
   if (req->staged) {
-    st = zpp_engine_stage_out(e, stream, req->staged, __func__, &host);
-    if (st != ZPP_OK || host) { /* the host waits instead; req is freed */
-      zpp_status_t wst = zpp_request_wait(req);
-      return st != ZPP_OK ? zpp_comm_fail(comm, st) : wst;
-    }
-    detach(req); /* req is the engine's now */
-    /* a failure known already (the communicator's): the stream goes on
-     * with the output undefined */
-    st = zpp_transport_check_async(zpp_comm_transport(comm), __func__);
-    return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
+    ZPP_CHECK(zpp_engine_stage_out(e, stream, req->staged, func, host));
+    return *host ? wait_ran(e, req, func) : ZPP_OK;
   }
   pthread_mutex_lock(&req->mu);
-  event = req->ran ? req->event : NULL;
+  event = req->ran && req->status == ZPP_OK ? req->event : NULL;
   pthread_mutex_unlock(&req->mu);
-  if (event == NULL) /* host memory, or a failed call: the host waits */
-    return zpp_request_wait(req);
-  /* stream-ordered: it ran inline, its work is on its stream */
-  st = req->status;
-  if (st == ZPP_OK) {
+  if (event == NULL) { /* a failed call: nothing to order */
+    *host = 1;
+    return ZPP_OK;
+  }
 #if ZPP_HAVE_CUDA_KERNELS
+  {
+    /* stream-ordered: it ran inline, its work is on its stream */
     char err[256];
     int saved = -1;
     st = zpp_exec_device_enter(comm, &saved);
-    if (st == ZPP_OK && zpp_st_wait_event(stream, req->event, err, sizeof err) != 0)
-      st = zpp_error(ZPP_ERR_CUDA, __func__, "stream: %s", err);
+    if (st == ZPP_OK && zpp_st_wait_event(stream, event, err, sizeof err) != 0)
+      st = zpp_error(ZPP_ERR_CUDA, func, "stream: %s", err);
     zpp_exec_device_leave(saved);
+    return st;
+  }
+#else
+  (void)st;
+  return ZPP_OK;
 #endif
-  }
-  if (st != ZPP_OK) {
-    /* the stream was not ordered after it: the host waits instead */
+}
+
+zpp_status_t zpp_request_order_stream(zpp_request_t req, zpp_stream_t stream) {
+  int host = 0;
+  zpp_status_t st;
+  if (req == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "req is NULL");
+  st = order_stream(req, stream, __func__, &host);
+  if (st == ZPP_OK && host) /* the host part ran: its status */
+    st = req->ran ? req->status : ZPP_OK;
+  if (st == ZPP_OK) /* a failure known already (the communicator's) */
+    st = zpp_transport_check_async(req->t, __func__);
+  return st != ZPP_OK ? zpp_comm_fail(req->comm, st) : ZPP_OK;
+}
+
+zpp_status_t zpp_request_wait_stream(zpp_request_t req, zpp_stream_t stream) {
+  zpp_comm_t comm;
+  zpp_status_t st;
+  int host = 0;
+  if (req == NULL)
+    return ZPP_OK;
+  comm = req->comm;
+  st = order_stream(req, stream, __func__, &host);
+  if (st != ZPP_OK || host) {
+    /* not ordered (or nothing to order): the host waits; req is freed */
     zpp_status_t wst = zpp_request_wait(req);
-    return wst != ZPP_OK ? wst : zpp_comm_fail(comm, st);
+    return st != ZPP_OK ? zpp_comm_fail(comm, st) : wst;
   }
-  st = zpp_engine_watch(e, req->event, req->started_ns, __func__);
-  req->event = NULL;
-  free_request(req);
+  if (req->staged) {
+    detach(req); /* the engine frees it when its plan ends */
+  } else {
+    /* NCCL: the engine thread watches the collective already (a watch
+     * event of its own); the request's event may go */
+    free_request(req);
+  }
+  /* a failure known already (the communicator's): the stream goes on
+   * with the output undefined */
+  st = zpp_transport_check_async(zpp_comm_transport(comm), __func__);
   return st != ZPP_OK ? zpp_comm_fail(comm, st) : ZPP_OK;
 }
 
