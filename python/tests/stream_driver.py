@@ -203,8 +203,8 @@ def main():
     assert np.array_equal(o.get(), gathered(W, n, 5))
 
     # 4. lifetimes: arrays the caller dropped right after the call stay
-    # alive while the device may use them (here: until close, the first
-    # point where the host knows the device is past them), then go
+    # alive while the device may use them (until the device ran the
+    # collective; here the stream is held until after the checks), then go
     sub = dev.split(0, r)
     freed = []
     s = cu.stream()

@@ -53,3 +53,16 @@ def test_device_collectives_stream_ordered(have_mpirun, backend):
                  ZPP_TIMEOUT_S=60, **extra)
     assert out and out[0]["world"] == 2 and out[0]["backend"] == backend
     print(out[0])
+
+
+@pytest.mark.parametrize("backend", ["mpi", "nccl"])
+def test_device_requests_freed_once_run(have_mpirun, backend):
+    """Blocking calls and stream-ordered waits hold their requests and
+    arrays only while in flight; repeated stream-ordered waits; threads
+    waiting for one Work; tensors never asked for the interface; refused
+    calls abandon nothing; a stream past 2**64 - 1 keeps the request."""
+    extra = {"ZPP_NCCL_LIBRARY": _nccl_emu()} if backend == "nccl" else {}
+    out = mpirun(2, [TESTS / "lifetime_driver.py", backend], ZPP_TOPO="2x1", ZPP_BUILD_DIR=BUILD,
+                 ZPP_TIMEOUT_S=60, **extra)
+    assert out and out[0]["world"] == 2 and out[0]["backend"] == backend
+    print(out[0])

@@ -9,6 +9,7 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -65,107 +66,159 @@ class Work:
     be touched before.
 
     Device memory: ``wait()`` is stream-ordered, as ProcessGroupNCCL's: it
-    makes a stream wait for the collective (zpp_request_wait_stream) and
+    makes a stream wait for the collective (zpp_request_order_stream) and
     returns without the host waiting.  The stream is ``stream=`` (an int
     handle, a torch.cuda.Stream, anything with ``cuda_stream`` or ``ptr``),
     else torch's current stream of the tensors' device when the arrays
     include CUDA tensors, else the stream the call used (handle 2, the
     per-thread default stream, is then the waiting thread's).  Work queued
-    on that stream afterwards sees the results.  It raises the errors known
-    at that moment only (a bad stream, a communicator broken earlier);
-    later ones break the communicator and its next call raises them.
-    ``wait(host=True)``, or a ``timeout`` (seconds or a timedelta, as
-    c10d's ``wait(timeout)``), waits on the host instead until the device
-    ran it (zpp_request_wait; with ``timeout``, zpp.Error
+    on that stream afterwards sees the results.  Every such wait orders
+    the stream it names, also after a first one (as c10d's Work: FSDP2's
+    ``wait()``, ``synchronize()`` and ``block_current_stream()`` each
+    order torch's current stream then); once the device ran the
+    collective there is nothing left to order.  It raises the errors
+    known at that moment only (a bad stream, a communicator broken
+    earlier); later ones break the communicator and its next call raises
+    them.  ``wait(host=True)``, or a ``timeout`` (seconds or a timedelta,
+    as c10d's ``wait(timeout)``), waits on the host instead until the
+    device ran it (zpp_request_wait; with ``timeout``, zpp.Error
     ZPP_ERR_TIMEOUT past it, and the Work can be waited for again).
 
-    ``is_completed()`` polls on the host (device memory: whether the
-    device ran it) before the wait; after ``wait()`` it is True (a
-    stream-ordered wait hands the completion to the stream).
+    ``is_completed()`` polls on the host (zpp_request_test; device memory:
+    whether the device ran it), before and after a stream-ordered wait;
+    after a host wait it is True.
 
     Lifetimes: the communicator holds every started Work until it is
     waited for, so its arrays stay alive even when the caller drops the
     Work; ``Comm.close()`` waits on the host for the ones left.  On device
-    memory the device may use the arrays after ``wait()`` returns: CUDA
-    torch tensors are marked used by the stream(s) that run or wait for
-    the collective (``Tensor.record_stream``, as ProcessGroupNCCL does), so
-    torch's allocator reuses their memory only after those streams passed
-    it; the communicator keeps other arrays (``__cuda_array_interface__``)
-    alive until a host wait of that Work or ``Comm.close()``."""
+    memory the device may use the arrays after a stream-ordered ``wait()``
+    returns: CUDA torch tensors are marked used by the stream(s) that run
+    or wait for the collective (``Tensor.record_stream``, as
+    ProcessGroupNCCL does), so torch's allocator reuses their memory only
+    after those streams passed it; the communicator keeps the other arrays
+    (``__cuda_array_interface__``) alive until the device ran the
+    collective: each call, wait and ``is_completed()`` of the communicator
+    frees the requests the device ran (zpp_request_test) and lets their
+    arrays go.
+
+    Threads may wait for one Work together, and ``Comm.close()`` may run
+    while one waits: the request is freed once."""
 
     def __init__(self, comm: "Comm", req, keep: tuple, result: Any, stream=None):
         self._comm = comm
-        self._req = req
-        self._keep = keep  # the arrays stay alive until the wait
+        self._lock = threading.Lock()  # guards _req, _keep, _error, _ordered
+        self._req = req  # zpp_request_t * while the request lives, then None
+        self._keep = keep  # the arrays stay alive until the request is freed
         self._error: Optional[Error] = None  # of a wait done by Comm.close
         self._stream = stream  # _Stream of the call; None on host memory
+        # ordered onto a stream: nobody needs to wait for it on the host,
+        # so the communicator frees it once the device ran it (Comm._reap)
+        self._ordered = False
+        self._freed = threading.Event()  # set once the request was freed
         self.result = result
-        comm._pending[id(self)] = self
+        comm._add(self)
 
     def is_completed(self) -> bool:
-        if self._req is None:
-            return True
+        self._comm._reap()
+        with self._lock:
+            if self._req is None:
+                return self._freed.is_set()
+            return self._test()
+
+    def _test(self) -> bool:
+        """zpp_request_test of the live request; under self._lock."""
         L = _lib.get()
         done = L.ffi.new("int *")
         L.check(L.lib.zpp_request_test(self._req[0], done), self._comm._c)
         return bool(done[0])
 
     def wait(self, timeout=None, *, stream=None, host: bool = False) -> bool:
-        if self._req is not None:
-            limit = _seconds(timeout)
-            if self._stream is None or host or limit:
-                if stream is not None:
-                    raise ValueError("stream: only for a stream-ordered wait (device memory, "
-                                     "without host=True or timeout)")
-                self._wait_host(limit)
-            else:
-                self._wait_stream(stream)
-        if self._error is not None:
+        limit = _seconds(timeout)
+        if self._stream is None or host or limit:
+            if stream is not None:
+                raise ValueError("stream: only for a stream-ordered wait (device memory, "
+                                 "without host=True or timeout)")
+            self._wait_host(limit)
+        else:
+            self._wait_stream(stream)
+        self._comm._reap()
+        with self._lock:
             e, self._error = self._error, None
+        if e is not None:
             raise e
         return True
 
     def _wait_host(self, limit: float) -> None:
         L = _lib.get()
+        deadline = time.monotonic() + limit
         if limit:
-            deadline = time.monotonic() + limit
             pause = 1e-6
-            while not self.is_completed():
+            while True:
+                with self._lock:  # another thread may free it meanwhile
+                    if self._req is None or self._test():
+                        break
                 if time.monotonic() >= deadline:
-                    raise Error(L.lib.ZPP_ERR_TIMEOUT, "ZPP_ERR_TIMEOUT",
-                                "Work.wait: not completed within timeout %.3g s (the "
-                                "collective goes on: wait for it again)" % limit)
-                time.sleep(pause)
+                    self._timeout(limit)
+                self._freed.wait(pause)
                 pause = min(pause * 2, 1e-3)
-        req, self._req = self._req, None
-        self._comm._pending.pop(id(self), None)
-        st = L.lib.zpp_request_wait(req[0])
-        self._finish(st, None)
+        with self._lock:
+            req, self._req = self._req, None
+        if req is None:
+            # another thread freed it or is freeing it (a host wait, the
+            # communicator once the device ran it, close()): its wait is
+            # bounded by the communicator's timeout
+            if not self._freed.wait(max(deadline - time.monotonic(), 0) if limit else None):
+                self._timeout(limit)
+            return
+        self._comm._drop(self)
+        self._finish(L.lib.zpp_request_wait(req[0]))
+
+    @staticmethod
+    def _timeout(limit: float) -> None:
+        L = _lib.get()
+        raise Error(L.lib.ZPP_ERR_TIMEOUT, "ZPP_ERR_TIMEOUT",
+                    "Work.wait: not completed within timeout %.3g s (the "
+                    "collective goes on: wait for it again)" % limit)
 
     def _wait_stream(self, stream) -> None:
         L = _lib.get()
-        target = self._comm._wait_target(self._stream, stream)
-        req, self._req = self._req, None
-        self._comm._pending.pop(id(self), None)
-        st = L.lib.zpp_request_wait_stream(req[0], L.ffi.cast("zpp_stream_t", target.handle))
-        self._finish(st, target)
+        target = self._comm._wait_target(self._stream, stream)  # a valid handle
+        with self._lock:
+            if self._req is not None:
+                st = L.lib.zpp_request_order_stream(self._req[0],
+                                                    L.ffi.cast("zpp_stream_t", target.handle))
+                L.check(st, self._comm._c)  # not ordered: the request stays
+                self._ordered = True
+                self._keep = self._comm._hold(self._keep, target)
+                return
+        # freed: the device ran it (nothing to order), or a host wait of
+        # another thread is freeing it
+        self._freed.wait()
 
-    def _finish(self, st: int, target) -> None:
-        """After the request is gone: where the arrays go, and the error."""
+    def _free_if_done(self) -> None:
+        """Frees the request once the device ran it (Comm._reap)."""
         L = _lib.get()
-        keep, self._keep = self._keep, ()
-        if st != 0:
-            # a failed wait may leave work running on the device or the
-            # engine (a plan stops at its next step): its arrays outlive it
-            _abandoned.append(keep)
-        elif target is not None:
-            # the device may still use them: until target passed the
-            # collective (torch tensors), else until Comm.close
-            self._comm._hold(keep, target)
-        try:
-            L.check(st, self._comm._c)
-        except Error as e:
-            self._error = e
+        with self._lock:
+            if self._req is None or not self._test():
+                return
+            req, self._req = self._req, None
+        self._comm._drop(self)
+        self._finish(L.lib.zpp_request_wait(req[0]))
+
+    def _finish(self, st: int) -> None:
+        """After the request was freed: where the arrays go, and the error."""
+        L = _lib.get()
+        with self._lock:
+            keep, self._keep = self._keep, ()
+            if st != 0:
+                # a failed wait may leave work running on the device or the
+                # engine (a plan stops at its next step): its arrays outlive it
+                _abandoned.append(keep)
+                try:
+                    L.check(st, self._comm._c)
+                except Error as e:
+                    self._error = e
+        self._freed.set()
 
 
 def _seconds(timeout) -> float:
@@ -194,8 +247,16 @@ class _Stream:
         self.device = device  # torch.device of the CUDA tensors, or None
 
 
-# Arrays of requests whose wait failed (see Work._finish): never freed.
+# Arrays of requests whose wait failed (see Work._finish), and of calls
+# that failed after they may have queued work (Comm._run): never freed.
 _abandoned: list = []
+
+# Statuses a collective returns before it queued anything (argument
+# checks, include/zpp/zpp_coll.h: "a call on a capturing stream returns
+# ZPP_ERR_UNSUPPORTED before anything is queued", a communicator broken
+# earlier); after the others its arrays may still be in use.
+_NOTHING_QUEUED = ("ZPP_ERR_INVALID_ARGUMENT", "ZPP_ERR_NULL_POINTER", "ZPP_ERR_BUFFER_TOO_SMALL",
+                   "ZPP_ERR_OVERFLOW", "ZPP_ERR_UNSUPPORTED", "ZPP_ERR_MISMATCH")
 
 
 def _is_cuda_tensor(a) -> bool:
@@ -209,9 +270,9 @@ def _stream_arg(stream, device) -> _Stream:
     for attr in ("cuda_stream", "ptr"):
         if not isinstance(stream, int) and hasattr(stream, attr):
             stream = getattr(stream, attr)
-    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
-        raise TypeError("stream %r: a cudaStream_t as an int, a torch.cuda.Stream, or "
-                        "an object with .cuda_stream or .ptr" % (obj,))
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 1 << 64:
+        raise TypeError("stream %r: a cudaStream_t as an int (0 to 2**64 - 1), a "
+                        "torch.cuda.Stream, or an object with .cuda_stream or .ptr" % (obj,))
     ts = None
     if device is not None:
         import torch
@@ -244,8 +305,10 @@ class Comm:
     def __init__(self, handle, keep: Any = None):
         self._c = handle
         self._keep = keep
-        self._pending: dict = {}  # id -> Work started and not waited for
-        self._held: list = []  # device arrays the device may still use (_hold)
+        # id -> Work whose request lives: started and not waited for on
+        # the host; those ordered onto a stream are freed once done (_reap)
+        self._pending: dict = {}
+        self._lock = threading.Lock()  # guards _pending
         self._memory: Optional[str] = None  # fixed at creation; read once
         _live.append(self)
 
@@ -366,22 +429,38 @@ class Comm:
         # zpp_comm_destroy drops the requests not waited for (their handles
         # are freed, a running plan stops at its next step): wait for them
         # on the host first; an error is kept for the Work's own wait()
-        for w in list(self._pending.values()):
+        with self._lock:
+            pending = list(self._pending.values())
+        for w in pending:
             try:
                 w.wait(host=True)
             except Error as e:
-                w._error = e
+                with w._lock:
+                    w._error = e
         c, self._c = self._c, None
         if self in _live:
             _live.remove(self)
-        held, self._held = self._held, []
-        st = L.lib.zpp_comm_destroy(c)
-        # destroy returns once the engine drained: every collective's device
-        # work finished (or was aborted and left its stream), so the arrays
-        # it held may go; not after a failure
-        if st != 0:
-            _abandoned.append(held)
-        L.check(st)
+        L.check(L.lib.zpp_comm_destroy(c))
+
+    def _add(self, w: Work) -> None:
+        with self._lock:
+            self._pending[id(w)] = w
+
+    def _drop(self, w: Work) -> None:
+        with self._lock:
+            self._pending.pop(id(w), None)
+
+    def _reap(self) -> None:
+        """Frees the requests ordered onto a stream (blocking calls and
+        stream-ordered waits on device memory) that the device ran, and
+        lets their arrays go: the communicator holds only what is in
+        flight."""
+        if self._c is None:
+            return
+        with self._lock:
+            ordered = [w for w in self._pending.values() if w._ordered]
+        for w in ordered:
+            w._free_if_done()
 
     def __enter__(self) -> "Comm":
         return self
@@ -518,20 +597,26 @@ class Comm:
             return _Stream(ts.cuda_stream, ts, call.device)
         return call
 
-    def _hold(self, keep: tuple, target: _Stream, tensors_only: bool = False) -> None:
-        """Keeps ``keep``'s arrays alive while the device may use them, up to
-        where ``target`` runs or waits for the collective: a CUDA tensor by
-        ``record_stream(target)`` (torch's allocator reuses its memory only
-        after target passed this point, as with ProcessGroupNCCL); anything
-        else (``__cuda_array_interface__`` arrays) by this communicator
-        until close(), the first point where the host knows the device is
-        past it.  The configs in ``keep`` are not held: the call copied
-        them.  ``tensors_only``: a started Work keeps the others itself."""
+    def _hold(self, keep: tuple, target: _Stream) -> tuple:
+        """Marks the CUDA tensors of ``keep`` used by ``target``, which runs or
+        waits for the collective (``record_stream``: torch's allocator reuses
+        their memory only after target passed this point, as with
+        ProcessGroupNCCL), and returns the arrays the Work must keep alive
+        until the device ran it: the others (``__cuda_array_interface__``
+        arrays, tensors on the per-thread default stream, which torch has
+        no object for).  The configs in ``keep`` are not kept: the call
+        copied them.  A CUDA tensor is never asked for the interface
+        (torch raises for one that requires grad)."""
+        rest = []
         for a in keep:
-            if target.torch is not None and _is_cuda_tensor(a):
-                a.record_stream(target.torch)
-            elif not tensors_only and hasattr(a, "__cuda_array_interface__"):
-                self._held.append(a)
+            if _is_cuda_tensor(a):
+                if target.torch is not None:
+                    a.record_stream(target.torch)
+                else:
+                    rest.append(a)
+            elif hasattr(a, "__cuda_array_interface__"):
+                rest.append(a)
+        return tuple(rest)
 
     def _check_memory(self, bufs) -> None:
         mem = self.memory
@@ -549,19 +634,33 @@ class Comm:
         self._open()
         self._check_memory(bufs)
         st = self._stream(bufs, stream)
-        req = L.ffi.new("zpp_request_t *") if async_op else L.ffi.NULL
+        self._reap()
+        # device memory: the blocking form is a started call ordered onto
+        # its stream, freed once the device ran it (its arrays with it)
+        req = L.ffi.new("zpp_request_t *") if async_op or st is not None else L.ffi.NULL
         status = fn(*args, L.ffi.NULL if st is None else L.ffi.cast("zpp_stream_t", st.handle),
                     req)
-        if st is not None:
-            # device memory: the call returned once the collective was
-            # queued (its stream runs it, or waits for the engine running it)
-            if status != 0:
+        if status != 0:
+            if st is not None and status not in [getattr(L.lib, n) for n in _NOTHING_QUEUED]:
                 _abandoned.append(keep)  # it may have queued work before failing
-            else:
-                self._hold(keep, st, tensors_only=async_op)
-        L.check(status, self._c)
+            L.check(status, self._c)
+        if st is None:
+            return Work(self, req, keep, result) if async_op else result
+        w = Work(self, req, keep, result, st)  # registered before anything can raise
         if async_op:
-            return Work(self, req, keep, result, st)
+            # the stream running it (NCCL) uses the tensors; the Work keeps
+            # every array until its wait
+            self._hold(keep, st)
+            return w
+        # the call's stream waits for the collective (on MPI or UCX staging
+        # the engine's stream runs it)
+        with w._lock:
+            ordered = L.lib.zpp_request_order_stream(req[0],
+                                                     L.ffi.cast("zpp_stream_t", st.handle))
+            w._ordered = True
+            if ordered == 0:
+                w._keep = self._hold(keep, st)
+        L.check(ordered, self._c)
         return result
 
     def _open(self) -> None:
