@@ -295,12 +295,17 @@ class Comm:
     closed at exit.
 
     On device memory (``memory="device"``) the collectives are
-    stream-ordered: a call returns once the collective is queued on its
-    stream (``stream=``, else torch's current stream of CUDA tensors, else
-    the stream the arrays' ``__cuda_array_interface__`` names, else the
-    legacy default stream), without waiting for the device or for peers;
-    see :class:`Work` for waiting and for how long the arrays are kept
-    alive."""
+    stream-ordered and return without waiting for the device or for
+    peers.  A call's stream is ``stream=``, else torch's current stream of
+    CUDA tensors, else the stream the arrays' ``__cuda_array_interface__``
+    names, else the legacy default stream; the collective comes after the
+    work queued there before the call.  The blocking form makes that
+    stream wait for the collective: work queued there afterwards sees the
+    results.  With ``async_op`` only :meth:`Work.wait` orders a stream
+    after it: on NCCL the call's stream runs the collective, but on MPI
+    or UCX staging the engine's own stream does and the call's stream
+    does not wait for it.  See :class:`Work` for waiting and for how long
+    the arrays are kept alive."""
 
     def __init__(self, handle, keep: Any = None):
         self._c = handle
