@@ -108,6 +108,16 @@ limit() {
 
 row() { ROWS+=("| $1 | $2 | $3 s |"); }
 
+# the words for a step's exit status $1 that timeout gave: 124 when the
+# step ended on its TERM, 137 when timeout -k had to KILL it; else nothing
+timed_out() {
+  case $1 in
+    124) echo "**TIMED OUT**" ;;
+    137) echo "**TIMED OUT** (killed after the TERM)" ;;
+    *) return 1 ;;
+  esac
+}
+
 # true (and a FAILED row for step $1) when less than 10 s of the budget are
 # left: the step is not started
 spent() {
@@ -193,7 +203,7 @@ HAVE_MPI=0
 # an MPI is used when its mpirun starts a rank (one that fails, or an image
 # whose mpirun is a stub, gives way to the carried one)
 mpi_runs() {
-  timeout 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
+  timeout -k 5 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
 }
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null && mpi_runs; then
   HAVE_MPI=1
@@ -243,7 +253,7 @@ if timeout "$(limit 300)" bash -c '
 else
   rc=$?
   why="see gpu_check_build.log"
-  [ $rc = 124 ] && why="timed out, $why"
+  timed_out $rc >/dev/null && why="timed out, $why"
   say "FAIL: build ($why):"
   grep -E 'error:|Error [0-9]|CMake Error|fatal' "$LOGDIR/gpu_check_build.log" | head -20
   row build "**FAILED** ($why)" $((SECONDS - t0))
@@ -261,7 +271,7 @@ gtest_result() {
   s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
   local r="${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
   if [ "$rc" != 0 ]; then
-    [ "$rc" = 124 ] && r="$r, **TIMED OUT**" || r="$r, **exit $rc**"
+    r="$r, $(timed_out "$rc" || echo "**exit $rc**")"
   fi
   echo "$r"
 }
@@ -451,7 +461,7 @@ fsdp_step() {
   rc=$?
   cat "$log.out" >>"$log"
   if [ $rc != 0 ]; then
-    [ $rc = 124 ] && res="**TIMED OUT**" || res="**FAILED**: exit $rc"
+    res=$(timed_out $rc || echo "**FAILED**: exit $rc")
     res="$res ($launch; see gpu_check_fsdp2_$FSDP_DEVICE.log)"
     FAIL=1
     grep -E 'Error|error:' "$log" | sort -u | head -10
