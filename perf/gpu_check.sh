@@ -402,6 +402,23 @@ fsdp_fail() {
   row "$1" "**FAILED**: $3" $((SECONDS - $2))
 }
 
+# install_wheels SITE WHEEL...: with pip, else unpacked (a wheel is a zip
+# of what goes into site-packages; these two run no install code)
+install_wheels() {
+  local site=$1 w
+  shift
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$site" "$@"
+  else
+    echo "$PY has no pip: unzipping the wheels into $site"
+    mkdir -p "$site" || return 1
+    for w in "$@"; do
+      "$PY" -m zipfile -e "$w" "$site" || return 1
+    done
+  fi
+}
+
 fsdp_step() {
   local name=fsdp2_$FSDP_DEVICE log="$LOGDIR/gpu_check_fsdp2_$FSDP_DEVICE.log" t=$SECONDS
   local rc res launch site=$BUILD/_pysite port=$((20000 + RANDOM % 20000)) ucx
@@ -414,8 +431,7 @@ fsdp_step() {
   # the bindings need cffi (and pycparser), which the GPU image may lack
   if ! "$PY" -c 'import cffi' 2>/dev/null; then
     if ! compgen -G "$ROOT/build-gpu-deps/wheels/*.whl" >/dev/null ||
-       ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-           --upgrade --target "$site" "$ROOT"/build-gpu-deps/wheels/*.whl >>"$log" 2>&1 ||
+       ! install_wheels "$site" "$ROOT"/build-gpu-deps/wheels/*.whl >>"$log" 2>&1 ||
        ! PYTHONPATH=$site "$PY" -c 'import cffi' >>"$log" 2>&1; then
       fsdp_fail "$name" $t "$PY cannot import cffi, and no wheel of it installs from build-gpu-deps/wheels (perf/gpu_check_prep.sh)"
       return
