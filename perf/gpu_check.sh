@@ -16,10 +16,11 @@
 #
 #   bash perf/gpu_check_prep.sh
 #
-# which puts GoogleTest's source, Debian's Open MPI and UCX (unpacked) and
-# the wheels of the Python packages the bindings need that the GPU image
-# lacks (cffi, pycparser) under build-gpu-deps/ (build*/ is git-ignored;
-# 36 MiB, with the tracked files about 42: a call carries at most 64 MiB).
+# which puts GoogleTest's source, Debian's Open MPI and UCX with its
+# headers (unpacked) and the wheels of the Python packages the bindings
+# need that the GPU image lacks (cffi, pycparser) under build-gpu-deps/
+# (build*/ is git-ignored; 38 MiB, with the tracked files about 44: a call
+# carries at most 64 MiB).
 # Then the call:
 #
 #   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
@@ -30,9 +31,10 @@
 # budget, ZPP_GPU_CHECK_BUDGET_S (default 420 s), and skips a step (each
 # of the benchmark's two runs is one) that would start with less than 10 s
 # left; it then ends within about 10 s of the budget (a step that started
-# with 10 s left and is killed 10 s after its TERM: timeout -k 10).  With the copy of the working tree and build-gpu-deps/ to the
-# machine that is 8 minutes, inside the call's 540 s; the machine's start
-# (a minute or two) comes on top.  Expected on 16 cores: GoogleTest 15 s
+# with 10 s left and is killed 10 s after its TERM: timeout -k 10).  With
+# the copy of the working tree and build-gpu-deps/ to the machine that is
+# 8 minutes, inside the call's 540 s; the machine's start (a minute or two)
+# comes on top.  Expected on 16 cores: GoogleTest 15 s
 # of CPU (2 compiles), the build of the targets below 78 s of CPU in 53
 # compiles whose longest chain (quant_cuda.cu, then test_quant.cc, each
 # then linked) is about 31 s (measured on a 2-core machine), so with the
@@ -43,9 +45,11 @@
 # That machine reaches no network, so nothing can be installed there.
 # GoogleTest is built from build-gpu-deps/googletest (or /usr/src/googletest)
 # unless installed; Open MPI is used from build-gpu-deps/mpi when the
-# machine has no mpicc and mpirun of its own that start a rank, and UCX
-# from there when the FSDP2 step has to do without mpirun; the wheels are
-# installed under build-gpu/_pysite when python3 cannot import cffi.  NCCL:
+# machine has no mpicc and mpirun of its own that start a rank, UCX's
+# headers from there when the compiler finds none (libzpp's UCX backend is
+# compiled only with them) and its libraries when the FSDP2 step has to do
+# without mpirun; the wheels are installed (with pip, else unzipped) under
+# build-gpu/_pysite when python3 cannot import cffi.  NCCL:
 # libnccl.so.2 from the loader path, else the one of the nvidia-nccl Python
 # package (ZPP_NCCL_LIBRARY).
 #
@@ -56,12 +60,13 @@
 # picks for ranks that share a GPU (MPI staging through pinned host
 # memory; NCCL takes one GPU per rank).  Without a working mpirun:
 # torchrun and --comm zpp (zpp's TCP bootstrap over torch's store), where
-# AUTO picks UCX staging.  Pass: 50 finite losses in each run, both on
-# device memory, and ZeRO++'s mean loss over the last 10 steps within
-# 3 s / sqrt(10 T) of the baseline's (s: the baseline's token-loss standard
-# deviation over those steps, T: tokens a step; the tolerance of
-# python/tests/test_fsdp.py, derived there) with at least 90% of the
-# baseline's drop in loss.
+# AUTO picks UCX staging (a libzpp built without UCX's headers has no UCX
+# backend: the row then says "not run: no UCX headers").  Pass: 50 finite
+# losses in each run, both on device memory, and ZeRO++'s mean loss over
+# the last 10 steps within 3 s / sqrt(10 T) of the baseline's (s: the
+# baseline's token-loss standard deviation over those steps, T: tokens a
+# step; the tolerance of python/tests/test_fsdp.py, derived there) with at
+# least 90% of the baseline's drop in loss.
 #
 # Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
 # Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
@@ -237,6 +242,21 @@ if [ -z "${ZPP_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libncc
 fi
 say "NCCL: ${ZPP_NCCL_LIBRARY:-libnccl.so.2 from the loader path}"
 
+# ---- UCX headers ----------------------------------------------------------------
+# libzpp's UCX backend (the FSDP2 step's under torchrun) is compiled only
+# where <ucp/api/ucp.h> is found (src/transport/transport_ucx.c): the
+# carried libucx-dev's when the compiler finds none.  Its folders alone,
+# so that the rest of the carried include tree stays out of the way.
+UCX_ARGS=()
+UCX_INC=$ROOT/build-gpu-deps/mpi/usr/include
+if ! echo '#include <ucp/api/ucp.h>' | "${CC:-cc}" -E -x c - >/dev/null 2>&1 &&
+   [ -f "$UCX_INC/ucp/api/ucp.h" ]; then
+  rm -rf "$BUILD/_ucx_include" && mkdir -p "$BUILD/_ucx_include" &&
+    ln -s "$UCX_INC"/uc[mpst] "$BUILD/_ucx_include/"
+  UCX_ARGS=(-DCMAKE_C_FLAGS="-isystem $BUILD/_ucx_include")
+  say "UCX headers: libucx-dev carried in build-gpu-deps/mpi"
+fi
+
 # ---- build ----------------------------------------------------------------------
 say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
 TARGETS=(zpp test_quant test_quant_cuda zpp-quant-bench-gpu)
@@ -248,7 +268,8 @@ if timeout "$(limit 300)" bash -c '
       -DCMAKE_CUDA_ARCHITECTURES="$3" "${@:7}" &&
     cmake --build "$2" -j"$4" --target $6' \
     _ "$ROOT" "$BUILD" "$ARCH" "$JOBS" "$([ $HAVE_MPI = 1 ] && echo ON || echo OFF)" \
-    "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+    "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" "${UCX_ARGS[@]}" \
+    >>"$LOGDIR/gpu_check_build.log" 2>&1; then
   row build ok $((SECONDS - t0))
 else
   rc=$?
@@ -449,6 +470,15 @@ fsdp_step() {
      ! "$PY" -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("mpi") is None)'; then
     say "$name: python finds no libmpi (ctypes.util.find_library): torchrun instead of mpirun"
     launch=torchrun
+  fi
+  # torchrun's --comm zpp needs zpp's UCX backend, absent from a libzpp
+  # built without UCX's headers (the message it then gives names them)
+  if [ "$launch" = torchrun ] && grep -qa 'built without the UCX headers' "$BUILD/libzpp.so"; then
+    say "FAIL: $name not run: no UCX headers (libzpp has no UCX backend, which torchrun's --comm zpp needs)"
+    FAIL=1
+    row "$name" "**not run: no UCX headers** (libzpp has no UCX backend, which the launch without mpirun needs; perf/gpu_check_prep.sh carries libucx-dev)" \
+      $((SECONDS - t))
+    return
   fi
   say "running $name ($launch, 2 ranks, $FSDP_STEPS steps twice)"
   if [ "$launch" = mpirun ]; then
