@@ -56,17 +56,21 @@
 # The FSDP2 step: python/tests/fsdp_runs.py runs both trainings in one
 # launch, 2 ranks, ZPP_TOPO=2x1 (two emulated nodes, so qwZ and qgZ
 # quantize what crosses them), --dtype bf16, 50 steps of 2 x 8 sequences
-# of 32 tokens.  With mpirun: --comm zppmpi, and the backend zpp's AUTO
-# picks for ranks that share a GPU (MPI staging through pinned host
-# memory; NCCL takes one GPU per rank).  Without a working mpirun:
-# torchrun and --comm zpp (zpp's TCP bootstrap over torch's store), where
-# AUTO picks UCX staging (a libzpp built without UCX's headers has no UCX
-# backend: the row then says "not run: no UCX headers").  Pass: 50 finite
-# losses in each run, both on device memory, and ZeRO++'s mean loss over
-# the last 10 steps within 3 s / sqrt(10 T) of the baseline's (s: the
-# baseline's token-loss standard deviation over those steps, T: tokens a
-# step; the tolerance of python/tests/test_fsdp.py, derived there) with at
-# least 90% of the baseline's drop in loss.
+# of 32 tokens; ZeRO++ with --unshard-async (FSDP2's gathers with
+# async_op=True, so FSDP2 waits on zpp.fsdp's Work).  With mpirun:
+# --comm zppmpi, and the backend zpp's AUTO picks for ranks that share a
+# GPU (MPI staging through pinned host memory; NCCL takes one GPU per
+# rank).  Without a working mpirun: torchrun and --comm zpp (zpp's TCP
+# bootstrap over torch's store), where AUTO picks UCX staging (a libzpp
+# built without UCX's headers has no UCX backend: the row then says "not
+# run: no UCX headers").  Pass: 50 finite losses in each run, both on
+# device memory, ZeRO++'s gathers async (at least one; where torch has no
+# FSDPModule._set_unshard_async_op they stay synchronous and the row says
+# so), and ZeRO++'s mean loss over the last 10 steps within
+# 3 s / sqrt(10 T) of the baseline's (s: the baseline's token-loss standard
+# deviation over those steps, T: tokens a step; the tolerance of
+# python/tests/test_fsdp.py, derived there) with at least 90% of the
+# baseline's drop in loss.
 #
 # Usage: bash perf/gpu_check.sh [SUMMARY.md]   (default perf/results/gpu_check.md)
 # Environment: ZPP_CUDA_ARCH (default 90-real: the H100/H200 code only, to
@@ -399,6 +403,14 @@ for name, r, kinds in (("baseline", b, ("exact",)), ("ZeRO++", z, ("qwz", "qgz")
     for k in kinds:  # the hooks did run, quantizing in ZeRO++
         if not any(c.startswith(k) for c in r.get("hook_calls", {})):
             bad.append("%s made no %s call (%s)" % (name, k, r.get("hook_calls")))
+# ZeRO++ ran with --unshard-async: FSDP2's gathers with async_op=True, so
+# zpp.fsdp's Work is what FSDP2 waits on (where torch can do that)
+if z.get("unshard_async") is None:
+    bad.append("ZeRO++ did not report its async gathers")
+elif z["unshard_async"] and not z.get("async_gathers"):
+    bad.append("ZeRO++ made no gather with async_op=True")
+asyncs = ("%d gathers async" % z["async_gathers"] if z.get("unshard_async") else
+          "gathers synchronous: torch %s has no _set_unshard_async_op" % z.get("torch"))
 if bad:
     print("**FAILED**: " + "; ".join(bad))
     sys.exit(1)
@@ -409,9 +421,10 @@ tol = 3 * b["token_loss_std_last10"] / math.sqrt(10 * b["tokens_per_step"])
 drop_b, drop_z = b["losses"][0] - mb, z["losses"][0] - mz
 ok = abs(mz - mb) <= tol and drop_z >= 0.9 * drop_b
 print("%s: loss %.3f at step 0; last 10 steps baseline %.4f, ZeRO++ %.4f (gap %.4f, "
-      "tolerance %.4f; drops %.3f / %.3f); backend %s, %s memory; %.3f / %.3f s a step"
+      "tolerance %.4f; drops %.3f / %.3f); backend %s, %s memory; %.3f / %.3f s a step; "
+      "ZeRO++: %s"
       % ("ok" if ok else "**FAILED**", b["losses"][0], mb, mz, mz - mb, tol, drop_b, drop_z,
-         b.get("backend"), b.get("memory"), b["step_time_s"], z["step_time_s"]))
+         b.get("backend"), b.get("memory"), b["step_time_s"], z["step_time_s"], asyncs))
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -486,7 +499,7 @@ fsdp_step() {
       -x PYTHONPATH -x ZPP_LIBRARY -x MASTER_ADDR -x MASTER_PORT -x ZPP_TOPO -x ZPP_TIMEOUT_S \
       -x OMPI_MCA_mpi_yield_when_idle=1 ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} \
       "$PY" "$ROOT/python/tests/fsdp_runs.py" "--comm zppmpi $common" \
-      "--comm zppmpi --zeropp $common" >"$log.out" 2>>"$log"
+      "--comm zppmpi --zeropp --unshard-async $common" >"$log.out" 2>>"$log"
   else
     # zpp's TCP bootstrap has no MPI backend: AUTO takes UCX, loaded with
     # dlopen; the carried one when the loader knows none (its own folder:
@@ -501,7 +514,8 @@ fsdp_step() {
     fi
     env "${envs[@]}" timeout -k 10 "$(limit 120)" "$PY" -m torch.distributed.run --nproc-per-node 2 \
       --master-addr 127.0.0.1 --master-port "$port" \
-      "$ROOT/python/tests/fsdp_runs.py" "--comm zpp $common" "--comm zpp --zeropp $common" \
+      "$ROOT/python/tests/fsdp_runs.py" "--comm zpp $common" \
+      "--comm zpp --zeropp --unshard-async $common" \
       >"$log.out" 2>>"$log"
   fi
   rc=$?
