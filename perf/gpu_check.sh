@@ -19,7 +19,7 @@
 # which puts GoogleTest's source, Debian's Open MPI and UCX with its
 # headers (unpacked) and the wheels of the Python packages the bindings
 # need that the GPU image lacks (cffi, pycparser) under build-gpu-deps/
-# (build*/ is git-ignored; 38 MiB, with the tracked files about 44: a call
+# (build*/ is git-ignored; 38 MiB, with the tracked files about 43: a call
 # carries at most 64 MiB).
 # Then the call:
 #
