@@ -22,6 +22,11 @@ Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
                   (ranks that share a GPU: MPI or UCX staging, not NCCL).
                   Not with --comm gloo (gloo's collectives here take CPU
                   tensors)
+--unshard-async   FSDP2's pre-forward and pre-backward gathers with
+                  async_op=True (FSDPModule._set_unshard_async_op, where
+                  the installed torch has it; said when it has not), so
+                  zpp's hook returns its Work and FSDP2 waits on it; the
+                  JSON line counts those gathers ("async_gathers")
 
 The data: sequences of a fixed random Markov chain over --vocab tokens
 (the same chain on every rank, a different batch per rank and step), so
@@ -81,6 +86,9 @@ def parse(argv=None):
     p.add_argument("--force-sum", action="store_true", help="set_force_sum_reduction_for_comms(True)")
     p.add_argument("--mixed", action="store_true",
                    help="a frozen bf16 final LayerNorm: the root's gather is uint8")
+    p.add_argument("--unshard-async", action="store_true",
+                   help="FSDP2's gathers with async_op=True (zpp's Work; "
+                        "FSDPModule._set_unshard_async_op where torch has it)")
     p.add_argument("--json", action="store_true", help="print one JSON line (rank 0)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -88,6 +96,8 @@ def parse(argv=None):
     if a.device == "cuda" and a.comm == "gloo":
         p.error("--device cuda: --comm gloo (FSDP2's own collectives over gloo) takes CPU "
                 "tensors only here; use --comm zpp, zppmpi or zppenv")
+    if a.unshard_async and a.comm == "gloo":
+        p.error("--unshard-async counts zpp's gathers: not with --comm gloo")
     if a.reduce_dtype == "bf16" and a.dtype != "bf16":
         p.error("--reduce-dtype bf16 needs --dtype bf16 (the gathers' dtype)")
     qgz = a.qgz_bits if a.qgz_bits is not None else (4 if a.zeropp else 0)
@@ -97,6 +107,25 @@ def parse(argv=None):
         if v and a.comm == "gloo":
             p.error("%s %d: --comm gloo uses FSDP2's own reduce-scatter" % (flag, v))
     return a
+
+
+class _AsyncCount:
+    """An all-gather hook that forwards to ``hook`` and appends 1 to
+    ``seen`` for each call with async_op=True that returned a Work."""
+
+    def __init__(self, hook, seen: list):
+        self.hook, self.seen = hook, seen
+
+    def allocate(self, size, *, dtype, device):
+        return self.hook.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        import torch.distributed as dist
+
+        w = self.hook(output_tensor, input_tensor, group, async_op=async_op)
+        if async_op and isinstance(w, dist.Work):
+            self.seen.append(1)
+        return w
 
 
 def main(argv=None) -> int:
@@ -219,6 +248,24 @@ def train(a) -> dict:
                             qgz_intra_bits=a.qgz_intra_bits, error_feedback=ef,
                             hadamard=a.hadamard)
 
+    # FSDP2 passes async_op=True to the all-gather hook only for an
+    # unshard(async_op=True) or after _set_unshard_async_op(True) (a private
+    # method, absent from older torch); then it keeps the returned Work and
+    # waits on it before the gathered parameters are used
+    unshard_async, async_gathers = None, []
+    if a.unshard_async:
+        unshard_async = all(hasattr(m, "_set_unshard_async_op") for m in fsdp_modules)
+        if unshard_async:
+            for m in fsdp_modules:
+                m._set_unshard_async_op(True)
+            # FSDP2 calls the hook through its type: wrap each module's hook
+            for m, h in zip(fsdp_modules, z.gathers, strict=True):
+                m.set_custom_all_gather(_AsyncCount(h, async_gathers))
+        elif rank == 0:
+            print("fsdp2_train: --unshard-async: torch %s's FSDPModule has no "
+                  "_set_unshard_async_op; the gathers stay synchronous" % torch.__version__,
+                  file=sys.stderr, flush=True)
+
     # the data: a fixed random Markov chain (sharp rows, so there is something to learn)
     g = torch.Generator().manual_seed(1000 + a.seed)
     trans = torch.softmax(3.0 * torch.randn(a.vocab, a.vocab, generator=g), dim=-1)
@@ -284,6 +331,14 @@ def train(a) -> dict:
         out["backend"] = z.comms.world.backend
         out["memory"] = z.comms.world.memory
         out["hook_calls"] = z.hook_calls()
+    if a.unshard_async:
+        # gathers FSDP2 made with async_op=True that returned a Work, all
+        # ranks together (None: torch has no _set_unshard_async_op)
+        n = torch.tensor([len(async_gathers)], dtype=torch.float64)
+        dist.all_reduce(n)
+        out["unshard_async"] = unshard_async
+        out["async_gathers"] = int(n[0])
+        out["torch"] = torch.__version__
     # a digest of the trained parameters (the full tensors, gathered; on
     # CUDA through CPU copies of the shards, which gloo takes: FSDP2 shards
     # dim 0 as torch.chunk does, so the shards in rank order are the tensor)

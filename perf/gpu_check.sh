@@ -16,10 +16,11 @@
 #
 #   bash perf/gpu_check_prep.sh
 #
-# which puts GoogleTest's source, Debian's Open MPI and UCX (unpacked) and
-# the wheels of the Python packages the bindings need that the GPU image
-# lacks (cffi, pycparser) under build-gpu-deps/ (build*/ is git-ignored;
-# 36 MiB, with the tracked files about 42: a call carries at most 64 MiB).
+# which puts GoogleTest's source, Debian's Open MPI and UCX with its
+# headers (unpacked) and the wheels of the Python packages the bindings
+# need that the GPU image lacks (cffi, pycparser) under build-gpu-deps/
+# (build*/ is git-ignored; 38 MiB, with the tracked files about 43: a call
+# carries at most 64 MiB).
 # Then the call:
 #
 #   run  command:   bash perf/gpu_check.sh $OUT/gpu_check.md
@@ -27,12 +28,13 @@
 #        timeout_s: 540
 #
 # Time: the script cuts every step's time limit to what is left of its
-# budget, ZPP_GPU_CHECK_BUDGET_S (default 420 s), and skips a step that
-# would start with less than 10 s left; it then ends within about 20 s of
-# the budget (the benchmark's two runs keep 10 s each, a killed launch 10 s
-# more).  With the copy of the working tree and build-gpu-deps/ to the
-# machine that is 8 minutes, inside the call's 540 s; the machine's start
-# (a minute or two) comes on top.  Expected on 16 cores: GoogleTest 15 s
+# budget, ZPP_GPU_CHECK_BUDGET_S (default 420 s), and skips a step (each
+# of the benchmark's two runs is one) that would start with less than 10 s
+# left; it then ends within about 10 s of the budget (a step that started
+# with 10 s left and is killed 10 s after its TERM: timeout -k 10).  With
+# the copy of the working tree and build-gpu-deps/ to the machine that is
+# 8 minutes, inside the call's 540 s; the machine's start (a minute or two)
+# comes on top.  Expected on 16 cores: GoogleTest 15 s
 # of CPU (2 compiles), the build of the targets below 78 s of CPU in 53
 # compiles whose longest chain (quant_cuda.cu, then test_quant.cc, each
 # then linked) is about 31 s (measured on a 2-core machine), so with the
@@ -43,21 +45,28 @@
 # That machine reaches no network, so nothing can be installed there.
 # GoogleTest is built from build-gpu-deps/googletest (or /usr/src/googletest)
 # unless installed; Open MPI is used from build-gpu-deps/mpi when the
-# machine has no mpicc and mpirun of its own that start a rank, and UCX
-# from there when the FSDP2 step has to do without mpirun; the wheels are
-# installed under build-gpu/_pysite when python3 cannot import cffi.  NCCL:
+# machine has no mpicc and mpirun of its own that start a rank, UCX's
+# headers from there when the compiler finds none (libzpp's UCX backend is
+# compiled only with them) and its libraries when the FSDP2 step has to do
+# without mpirun; the wheels are installed (with pip, else unzipped) under
+# build-gpu/_pysite when python3 cannot import cffi.  NCCL:
 # libnccl.so.2 from the loader path, else the one of the nvidia-nccl Python
 # package (ZPP_NCCL_LIBRARY).
 #
 # The FSDP2 step: python/tests/fsdp_runs.py runs both trainings in one
 # launch, 2 ranks, ZPP_TOPO=2x1 (two emulated nodes, so qwZ and qgZ
 # quantize what crosses them), --dtype bf16, 50 steps of 2 x 8 sequences
-# of 32 tokens.  With mpirun: --comm zppmpi, and the backend zpp's AUTO
-# picks for ranks that share a GPU (MPI staging through pinned host
-# memory; NCCL takes one GPU per rank).  Without a working mpirun:
-# torchrun and --comm zpp (zpp's TCP bootstrap over torch's store), where
-# AUTO picks UCX staging.  Pass: 50 finite losses in each run, both on
-# device memory, and ZeRO++'s mean loss over the last 10 steps within
+# of 32 tokens; ZeRO++ with --unshard-async (FSDP2's gathers with
+# async_op=True, so FSDP2 waits on zpp.fsdp's Work).  With mpirun:
+# --comm zppmpi, and the backend zpp's AUTO picks for ranks that share a
+# GPU (MPI staging through pinned host memory; NCCL takes one GPU per
+# rank).  Without a working mpirun: torchrun and --comm zpp (zpp's TCP
+# bootstrap over torch's store), where AUTO picks UCX staging (a libzpp
+# built without UCX's headers has no UCX backend: the row then says "not
+# run: no UCX headers").  Pass: 50 finite losses in each run, both on
+# device memory, ZeRO++'s gathers async (at least one; where torch has no
+# FSDPModule._set_unshard_async_op they stay synchronous and the row says
+# so), and ZeRO++'s mean loss over the last 10 steps within
 # 3 s / sqrt(10 T) of the baseline's (s: the baseline's token-loss standard
 # deviation over those steps, T: tokens a step; the tolerance of
 # python/tests/test_fsdp.py, derived there) with at least 90% of the
@@ -107,6 +116,16 @@ limit() {
 }
 
 row() { ROWS+=("| $1 | $2 | $3 s |"); }
+
+# the words for a step's exit status $1 that timeout gave: 124 when the
+# step ended on its TERM, 137 when timeout -k had to KILL it; else nothing
+timed_out() {
+  case $1 in
+    124) echo "**TIMED OUT**" ;;
+    137) echo "**TIMED OUT** (killed after the TERM)" ;;
+    *) return 1 ;;
+  esac
+}
 
 # true (and a FAILED row for step $1) when less than 10 s of the budget are
 # left: the step is not started
@@ -193,7 +212,7 @@ HAVE_MPI=0
 # an MPI is used when its mpirun starts a rank (one that fails, or an image
 # whose mpirun is a stub, gives way to the carried one)
 mpi_runs() {
-  timeout 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
+  timeout -k 5 30 mpirun --allow-run-as-root --oversubscribe -np 1 true >>"$LOGDIR/gpu_check_build.log" 2>&1
 }
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null && mpi_runs; then
   HAVE_MPI=1
@@ -227,6 +246,21 @@ if [ -z "${ZPP_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libncc
 fi
 say "NCCL: ${ZPP_NCCL_LIBRARY:-libnccl.so.2 from the loader path}"
 
+# ---- UCX headers ----------------------------------------------------------------
+# libzpp's UCX backend (the FSDP2 step's under torchrun) is compiled only
+# where <ucp/api/ucp.h> is found (src/transport/transport_ucx.c): the
+# carried libucx-dev's when the compiler finds none.  Its folders alone,
+# so that the rest of the carried include tree stays out of the way.
+UCX_ARGS=()
+UCX_INC=$ROOT/build-gpu-deps/mpi/usr/include
+if ! echo '#include <ucp/api/ucp.h>' | "${CC:-cc}" -E -x c - >/dev/null 2>&1 &&
+   [ -f "$UCX_INC/ucp/api/ucp.h" ]; then
+  rm -rf "$BUILD/_ucx_include" && mkdir -p "$BUILD/_ucx_include" &&
+    ln -s "$UCX_INC"/uc[mpst] "$BUILD/_ucx_include/"
+  UCX_ARGS=(-DCMAKE_C_FLAGS="-isystem $BUILD/_ucx_include")
+  say "UCX headers: libucx-dev carried in build-gpu-deps/mpi"
+fi
+
 # ---- build ----------------------------------------------------------------------
 say "configure + build in build-gpu (CUDA arch $ARCH, -j$JOBS)"
 TARGETS=(zpp test_quant test_quant_cuda zpp-quant-bench-gpu)
@@ -238,12 +272,13 @@ if timeout "$(limit 300)" bash -c '
       -DCMAKE_CUDA_ARCHITECTURES="$3" "${@:7}" &&
     cmake --build "$2" -j"$4" --target $6' \
     _ "$ROOT" "$BUILD" "$ARCH" "$JOBS" "$([ $HAVE_MPI = 1 ] && echo ON || echo OFF)" \
-    "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" >>"$LOGDIR/gpu_check_build.log" 2>&1; then
+    "${TARGETS[*]}" "${GTEST_ARGS[@]}" "${NCCL_ARGS[@]}" "${UCX_ARGS[@]}" \
+    >>"$LOGDIR/gpu_check_build.log" 2>&1; then
   row build ok $((SECONDS - t0))
 else
   rc=$?
   why="see gpu_check_build.log"
-  [ $rc = 124 ] && why="timed out, $why"
+  timed_out $rc >/dev/null && why="timed out, $why"
   say "FAIL: build ($why):"
   grep -E 'error:|Error [0-9]|CMake Error|fatal' "$LOGDIR/gpu_check_build.log" | head -20
   row build "**FAILED** ($why)" $((SECONDS - t0))
@@ -261,7 +296,7 @@ gtest_result() {
   s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
   local r="${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
   if [ "$rc" != 0 ]; then
-    [ "$rc" = 124 ] && r="$r, **TIMED OUT**" || r="$r, **exit $rc**"
+    r="$r, $(timed_out "$rc" || echo "**exit $rc**")"
   fi
   echo "$r"
 }
@@ -368,6 +403,14 @@ for name, r, kinds in (("baseline", b, ("exact",)), ("ZeRO++", z, ("qwz", "qgz")
     for k in kinds:  # the hooks did run, quantizing in ZeRO++
         if not any(c.startswith(k) for c in r.get("hook_calls", {})):
             bad.append("%s made no %s call (%s)" % (name, k, r.get("hook_calls")))
+# ZeRO++ ran with --unshard-async: FSDP2's gathers with async_op=True, so
+# zpp.fsdp's Work is what FSDP2 waits on (where torch can do that)
+if z.get("unshard_async") is None:
+    bad.append("ZeRO++ did not report its async gathers")
+elif z["unshard_async"] and not z.get("async_gathers"):
+    bad.append("ZeRO++ made no gather with async_op=True")
+asyncs = ("%d gathers async" % z["async_gathers"] if z.get("unshard_async") else
+          "gathers synchronous: torch %s has no _set_unshard_async_op" % z.get("torch"))
 if bad:
     print("**FAILED**: " + "; ".join(bad))
     sys.exit(1)
@@ -378,9 +421,10 @@ tol = 3 * b["token_loss_std_last10"] / math.sqrt(10 * b["tokens_per_step"])
 drop_b, drop_z = b["losses"][0] - mb, z["losses"][0] - mz
 ok = abs(mz - mb) <= tol and drop_z >= 0.9 * drop_b
 print("%s: loss %.3f at step 0; last 10 steps baseline %.4f, ZeRO++ %.4f (gap %.4f, "
-      "tolerance %.4f; drops %.3f / %.3f); backend %s, %s memory; %.3f / %.3f s a step"
+      "tolerance %.4f; drops %.3f / %.3f); backend %s, %s memory; %.3f / %.3f s a step; "
+      "ZeRO++: %s"
       % ("ok" if ok else "**FAILED**", b["losses"][0], mb, mz, mz - mb, tol, drop_b, drop_z,
-         b.get("backend"), b.get("memory"), b["step_time_s"], z["step_time_s"]))
+         b.get("backend"), b.get("memory"), b["step_time_s"], z["step_time_s"], asyncs))
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -390,6 +434,23 @@ fsdp_fail() {
   say "FAIL: $1: $3"
   FAIL=1
   row "$1" "**FAILED**: $3" $((SECONDS - $2))
+}
+
+# install_wheels SITE WHEEL...: with pip, else unpacked (a wheel is a zip
+# of what goes into site-packages; these two run no install code)
+install_wheels() {
+  local site=$1 w
+  shift
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$site" "$@"
+  else
+    echo "$PY has no pip: unzipping the wheels into $site"
+    mkdir -p "$site" || return 1
+    for w in "$@"; do
+      "$PY" -m zipfile -e "$w" "$site" || return 1
+    done
+  fi
 }
 
 fsdp_step() {
@@ -404,8 +465,7 @@ fsdp_step() {
   # the bindings need cffi (and pycparser), which the GPU image may lack
   if ! "$PY" -c 'import cffi' 2>/dev/null; then
     if ! compgen -G "$ROOT/build-gpu-deps/wheels/*.whl" >/dev/null ||
-       ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-           --upgrade --target "$site" "$ROOT"/build-gpu-deps/wheels/*.whl >>"$log" 2>&1 ||
+       ! install_wheels "$site" "$ROOT"/build-gpu-deps/wheels/*.whl >>"$log" 2>&1 ||
        ! PYTHONPATH=$site "$PY" -c 'import cffi' >>"$log" 2>&1; then
       fsdp_fail "$name" $t "$PY cannot import cffi, and no wheel of it installs from build-gpu-deps/wheels (perf/gpu_check_prep.sh)"
       return
@@ -424,13 +484,22 @@ fsdp_step() {
     say "$name: python finds no libmpi (ctypes.util.find_library): torchrun instead of mpirun"
     launch=torchrun
   fi
+  # torchrun's --comm zpp needs zpp's UCX backend, absent from a libzpp
+  # built without UCX's headers (the message it then gives names them)
+  if [ "$launch" = torchrun ] && grep -qa 'built without the UCX headers' "$BUILD/libzpp.so"; then
+    say "FAIL: $name not run: no UCX headers (libzpp has no UCX backend, which torchrun's --comm zpp needs)"
+    FAIL=1
+    row "$name" "**not run: no UCX headers** (libzpp has no UCX backend, which the launch without mpirun needs; perf/gpu_check_prep.sh carries libucx-dev)" \
+      $((SECONDS - t))
+    return
+  fi
   say "running $name ($launch, 2 ranks, $FSDP_STEPS steps twice)"
   if [ "$launch" = mpirun ]; then
     env "${envs[@]}" timeout -k 10 "$(limit 120)" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
       -x PYTHONPATH -x ZPP_LIBRARY -x MASTER_ADDR -x MASTER_PORT -x ZPP_TOPO -x ZPP_TIMEOUT_S \
       -x OMPI_MCA_mpi_yield_when_idle=1 ${ZPP_NCCL_LIBRARY:+-x ZPP_NCCL_LIBRARY} \
       "$PY" "$ROOT/python/tests/fsdp_runs.py" "--comm zppmpi $common" \
-      "--comm zppmpi --zeropp $common" >"$log.out" 2>>"$log"
+      "--comm zppmpi --zeropp --unshard-async $common" >"$log.out" 2>>"$log"
   else
     # zpp's TCP bootstrap has no MPI backend: AUTO takes UCX, loaded with
     # dlopen; the carried one when the loader knows none (its own folder:
@@ -445,13 +514,14 @@ fsdp_step() {
     fi
     env "${envs[@]}" timeout -k 10 "$(limit 120)" "$PY" -m torch.distributed.run --nproc-per-node 2 \
       --master-addr 127.0.0.1 --master-port "$port" \
-      "$ROOT/python/tests/fsdp_runs.py" "--comm zpp $common" "--comm zpp --zeropp $common" \
+      "$ROOT/python/tests/fsdp_runs.py" "--comm zpp $common" \
+      "--comm zpp --zeropp --unshard-async $common" \
       >"$log.out" 2>>"$log"
   fi
   rc=$?
   cat "$log.out" >>"$log"
   if [ $rc != 0 ]; then
-    [ $rc = 124 ] && res="**TIMED OUT**" || res="**FAILED**: exit $rc"
+    res=$(timed_out $rc || echo "**FAILED**: exit $rc")
     res="$res ($launch; see gpu_check_fsdp2_$FSDP_DEVICE.log)"
     FAIL=1
     grep -E 'Error|error:' "$log" | sort -u | head -10
@@ -472,7 +542,10 @@ BLOG="$LOGDIR/gpu_check_bench.log"
 : >"$BLOG"
 t=$SECONDS
 brc=0
+modes=()
 for mode in sym asym; do
+  spent "zpp-quant-bench-gpu --mode $mode" && continue
+  modes+=("$mode")
   say "zpp-quant-bench-gpu --mode $mode"
   echo "## mode $mode" >>"$BLOG"
   timeout "$(limit 90)" "$BENCH" --mode "$mode" --count 134217728 \
@@ -483,9 +556,10 @@ for mode in sym asym; do
 done
 if [ $brc != 0 ]; then
   FAIL=1
-  row zpp-quant-bench-gpu "**FAILED** (exit $brc, see gpu_check_bench.log)" $((SECONDS - t))
-else
-  row zpp-quant-bench-gpu ok $((SECONDS - t))
+  row zpp-quant-bench-gpu "**FAILED** ($(timed_out $brc || echo "exit $brc"), see gpu_check_bench.log)" \
+    $((SECONDS - t))
+elif [ ${#modes[@]} != 0 ]; then
+  row "zpp-quant-bench-gpu (${modes[*]})" ok $((SECONDS - t))
 fi
 
 # ---- summary --------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 # that reaches no network, under build-gpu-deps/ (git ignores build*/):
 #   googletest/  GoogleTest's source (from /usr/src/googletest)
 #   mpi/         Debian's Open MPI and UCX, unpacked: binaries, headers,
-#                libraries (not installed: gpu_check.sh points the paths there)
+#                libraries (not installed: gpu_check.sh points the paths there;
+#                UCX's headers, libucx-dev, let libzpp build its UCX backend
+#                on a machine that has none)
 #   wheels/      the Python packages zpp's bindings need that the GPU image
 #                lacks (cffi, pycparser; pinned as in python/requirements.txt),
 #                for its python3 (CPython 3.12, x86-64)
@@ -25,11 +27,12 @@ fi
 # Open MPI and the libraries its library and launcher load (the set that
 # `ldd` shows for libmpi.so.40 and orterun, plus the MCA plugins' common
 # needs); plugins whose libraries are missing are skipped by Open MPI.
-# libucx0 also serves zpp's UCX backend (the FSDP2 step without mpirun).
+# libucx0 also serves zpp's UCX backend (the FSDP2 step without mpirun),
+# which is compiled only where <ucp/api/ucp.h> is found: libucx-dev.
 pkgs=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libhwloc15
       libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libudev1
       libnl-3-200 libnl-route-3-200 libibverbs1 libfabric1 libpsm2-2
-      libucx0 libnuma1 libxnvctrl0 libmunge2)
+      libucx0 libucx-dev libnuma1 libxnvctrl0 libmunge2)
 ( cd "$dest/debs" && apt-get download "${pkgs[@]}" 2>&1 | tail -2 ) || true
 rm -rf "$dest/mpi"
 mkdir -p "$dest/mpi"
