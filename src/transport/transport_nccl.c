@@ -1019,6 +1019,14 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   if (st != ZPP_OK)
     return st;
   cfg.blocking = 0;
+  /* NCCL decides sharing by the PARENT's splitShare (init.cc of NCCL
+   * 2.28, ncclCommInitChildComm: the parent's shareResources comes from
+   * its own config): WORLD's config says it, so that NODE and CROSS use
+   * WORLD's resources (buffers, connections, proxy thread) instead of
+   * making their own.  Shared resources put the three communicators'
+   * kernels on one stream, in the order they are issued; that is safe
+   * because every rank issues them in the same order. */
+  cfg.splitShare = 1;
   /* The handle is written by the call: read it only after the call
    * returned (as an argument of the same call its value is unspecified). */
   /* called() releases mu, taken for each call (nobody else can see the
@@ -1030,10 +1038,8 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                    "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:
-   * the member order equals the topology's.  The splits share WORLD's
-   * resources (buffers, connections, proxy thread) instead of making their
-   * own. */
-  cfg.splitShare = 1;
+   * the member order equals the topology's.  They share WORLD's resources
+   * (WORLD's splitShare, above). */
   for (g = ZPP_GROUP_NODE; g <= ZPP_GROUP_CROSS; g++) {
     const zpp_tgroup_t *gr = &t->grp[g];
     int plan = group_plan(t, (zpp_group_t)g);
