@@ -144,6 +144,26 @@ zpp_nccl_emu_census_fn census_hook() {
                  dlsym(h, "zpp_nccl_emu_census"))
            : nullptr;
 }
+// A setting of the stand-in for one scope, through its hook (it reads the
+// environment once); nothing where the library is not the stand-in.
+struct EmuSetting {
+  zpp_nccl_emu_set_fn set = nullptr;
+  std::string name;
+  EmuSetting(const char *n, const char *v) : name(n) {
+    void *h = stand_in();
+    set = h ? reinterpret_cast<zpp_nccl_emu_set_fn>(dlsym(h, "zpp_nccl_emu_set"))
+            : nullptr;
+    if (set != nullptr) {
+      EXPECT_EQ(set(n, v), 0) << n;
+    }
+  }
+  ~EmuSetting() {
+    if (set != nullptr)
+      set(name.c_str(), std::getenv(name.c_str()));
+  }
+  EmuSetting(const EmuSetting &) = delete;
+  EmuSetting &operator=(const EmuSetting &) = delete;
+};
 using hold_fn = void (*)(int);
 hold_fn hold_hook() {
   void *h = stand_in();
@@ -302,7 +322,8 @@ void exact_ops(zpp_comm_t c, cudaStream_t s, uint64_t salt) {
 } // namespace
 
 // One NCCL communicator owns resources per zpp communicator; NODE and
-// CROSS are splits of it with splitShare = 1, and only where needed: on
+// CROSS are splits of it sharing them (WORLD's splitShare = 1 decides, as
+// in NCCL), and only where needed: on
 // one node NODE is WORLD and CROSS has one member; with one rank per node
 // NODE has one member (the bug: every zpp communicator made three
 // communicators, each with resources of its own).
@@ -401,7 +422,7 @@ TEST(NcclTransport, ACallKeptInProgressTimesOut) {
   hold_fn hold = hold_hook();
   if (hold == nullptr)
     GTEST_SKIP() << "ZPP_NCCL_LIBRARY is not the stand-in";
-  ScopedEnv always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  EmuSetting always("ZPP_NCCL_EMU_INPROGRESS", "1");
   zpp_comm_t c = make_comm(2.0);
   ASSERT_NE(c, nullptr);
   zpp_transport_t *t = zpp_comm_transport(c);
@@ -441,7 +462,7 @@ TEST(NcclTransport, ACallKeptInProgressTimesOut) {
 // with ncclInvalidUsage, failing the collective), and every result is
 // exact.
 TEST(NcclTransport, NoCommunicatorIsCalledFromTwoThreadsAtOnce) {
-  ScopedEnv dwell("ZPP_NCCL_EMU_CALL_US", "300");
+  EmuSetting dwell("ZPP_NCCL_EMU_CALL_US", "300");
   zpp_comm_t c = make_comm();
   ASSERT_NE(c, nullptr);
   cudaStream_t s;
