@@ -866,6 +866,17 @@ static zpp_status_t enqueue_per_thread(zpp_transport_t *t,
   zpp_xfer_desc_t x = *d;
   zpp_status_t st;
   cudaError_t e = cudaSuccess;
+  int dev = -1;
+  /* cudaStreamPerThread names the current device's stream: on another
+   * device it is not the stream the communicator can be ordered with. */
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess)
+    return cuda_err(e, zpp_xfer_name(d->kind), "cudaGetDevice");
+  if (dev != m->device)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, zpp_xfer_name(d->kind),
+                     "stream cudaStreamPerThread on current device %d: the "
+                     "communicator's device is %d (cudaSetDevice(%d) first)",
+                     dev, m->device, m->device);
   if (m->pt_stream == NULL) {
     e = cudaStreamCreateWithFlags(&m->pt_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
