@@ -181,7 +181,8 @@ typedef struct {
   /* wide, acc and pad serve every reduction of the transport, and two
    * reductions may be enqueued on different streams: each waits on its
    * stream for this event, recorded after the previous one's last use.
-   * They come from the stream-ordered allocator and grow on the stream of
+   * They come from zpp's stream-ordered scratch pool (zpp_ew_alloc_device),
+   * not the application's current pool, and grow on the stream of
    * the reduction that needs more (freed and allocated in its order, after
    * that wait), so growing never synchronises the device. */
   cudaEvent_t scratch_ev;
@@ -474,10 +475,13 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
 /* Grows a reduction scratch buffer on stream s, which the caller has
  * ordered after every earlier use of the buffer (scratch_acquire): the old
  * one is freed and the new one allocated in s's order, so nothing waits
- * (cudaFree of cudaMalloc'd memory would synchronise the device). */
+ * (cudaFree of cudaMalloc'd memory would synchronise the device).  It
+ * comes from zpp's scratch pool of the current device (the communicator's:
+ * on_device), not from the application's current pool. */
 static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
                              cudaStream_t s, const char *what) {
   cudaError_t e = cudaSuccess;
+  char err[256];
   if (bytes <= *cap)
     return ZPP_OK;
   if (*p != NULL)
@@ -486,10 +490,10 @@ static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
   *cap = 0;
   if (e != cudaSuccess)
     return cuda_err(e, what, "cudaFreeAsync of reduction scratch");
-  e = cudaMallocAsync(p, bytes, s);
-  if (e != cudaSuccess) {
+  if (zpp_ew_alloc_device(bytes, p, s, err, sizeof err) != 0) {
     *p = NULL;
-    return cuda_err(e, what, "cudaMallocAsync of reduction scratch");
+    return zpp_error(ZPP_ERR_CUDA, what, "reduction scratch of %zu bytes: %s",
+                     bytes, err);
   }
   *cap = bytes;
   return ZPP_OK;
