@@ -125,10 +125,10 @@ int64_t emu_now_ns(void) {
  * call setenv, which is not safe against getenv; tests change them with
  * zpp_nccl_emu_set. */
 static const char *const setting_names[] = {
-    "ZPP_NCCL_EMU_TIMEOUT_S", "ZPP_NCCL_EMU_INIT_DELAY_MS",
+    "ZPP_NCCL_EMU_TIMEOUT_S",  "ZPP_NCCL_EMU_INIT_DELAY_MS",
     "ZPP_NCCL_EMU_INPROGRESS", "ZPP_NCCL_EMU_ISSUE_US",
-    "ZPP_NCCL_EMU_CALL_US", "ZPP_NCCL_EMU_SEED", "ZPP_NCCL_EMU_DEBUG",
-    "NCCL_COMM_SPLIT_SHARE_RESOURCES"};
+    "ZPP_NCCL_EMU_CALL_US",    "ZPP_NCCL_EMU_SEED",
+    "ZPP_NCCL_EMU_DEBUG",      "NCCL_COMM_SPLIT_SHARE_RESOURCES"};
 #define EMU_NSETTINGS (sizeof setting_names / sizeof setting_names[0])
 #define EMU_SETTING_LEN 64
 static pthread_mutex_t setting_lock = PTHREAD_MUTEX_INITIALIZER;
