@@ -12,6 +12,8 @@
 #include <chrono>
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -1758,6 +1760,74 @@ TEST_F(Emu, CopiesAreLoggedInOrderEmptyOnesNot) {
   zpp_emu_copy_log_clear();
   EXPECT_EQ(zpp_emu_copy_log(log, 4), 0u);
   CUDA_OK(cudaFree(d));
+}
+
+// ---- cudaMemPoolSetAttribute: the size of the value -------------------------
+//
+// driver_types.h, cudaMemPoolAttr: each reuse attribute is documented
+// "(value type = int)", the threshold and the watermarks "(value type =
+// cuuint64_t)".  The int sits at the end of
+// a page whose successor is unmapped: reading 8 bytes there faults.
+TEST_F(Emu, APoolReuseAttributeReadsAnIntOnly) {
+  const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  void *m = mmap(nullptr, 2 * pg, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  ASSERT_EQ(mprotect((char *)m + pg, pg, PROT_NONE), 0);
+  int *v = reinterpret_cast<int *>((char *)m + pg - sizeof(int));
+  cudaMemPool_t pool = nullptr;
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  for (cudaMemPoolAttr a : {cudaMemPoolReuseFollowEventDependencies,
+                            cudaMemPoolReuseAllowOpportunistic,
+                            cudaMemPoolReuseAllowInternalDependencies}) {
+    int old = -1, back = -1;
+    CUDA_OK(cudaMemPoolGetAttribute(pool, a, &old));
+    *v = !old;
+    CUDA_OK(cudaMemPoolSetAttribute(pool, a, v));
+    CUDA_OK(cudaMemPoolGetAttribute(pool, a, &back));
+    EXPECT_EQ(back, !old) << "attribute " << (int)a;
+    *v = old;
+    CUDA_OK(cudaMemPoolSetAttribute(pool, a, v));
+  }
+  munmap(m, 2 * pg);
+}
+
+// ---- a misaligned access in host code while a grid runs elsewhere
+// -------------
+//
+// zpp_emu_misaligned stops the CUDA thread that made the access; host code
+// has none, so it dies with "outside a kernel", also while another thread
+// of the process runs a grid (whose fibers are not the host thread's).
+
+__global__ void spin_until_kernel(int *flag) {
+  __atomic_store_n(&flag[1], 1, __ATOMIC_RELEASE); // started
+  while (__atomic_load_n(&flag[0], __ATOMIC_ACQUIRE) == 0) {
+  }
+}
+
+TEST_F(Emu, HostMisalignedAccessWhileAGridRunsElsewhereDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        int *flag = nullptr;
+        if (cudaMallocManaged(&flag, 2 * sizeof(int)) != cudaSuccess)
+          std::abort();
+        flag[0] = flag[1] = 0;
+        std::thread t([flag] {
+          cudaSetDevice(0);
+          launch(spin_until_kernel, 1, 1, nullptr, flag);
+          cudaDeviceSynchronize();
+        });
+        for (int i = 0;
+             i < 10000 && !__atomic_load_n(&flag[1], __ATOMIC_ACQUIRE); i++)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        alignas(8) unsigned char buf[16] = {};
+        zpp_emu_misaligned(buf + 1, 4, "host load");
+        __atomic_store_n(&flag[0], 1, __ATOMIC_RELEASE);
+        t.join();
+        std::exit(0);
+      },
+      "outside a kernel");
 }
 
 }  // namespace

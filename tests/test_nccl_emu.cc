@@ -78,10 +78,26 @@ ncclConfig_t nonblocking() {
   return cfg;
 }
 
-// A ready non-blocking communicator for rank r of n on device dev.
-ncclComm_t make_comm(int n, const ncclUniqueId &id, int r, int dev) {
+// A setting of the stand-in for one scope, through its hook (it reads the
+// environment once; setenv while its threads run would race with them),
+// then back to the process environment's value.
+struct EmuSetting {
+  std::string name;
+  EmuSetting(const char *n, const char *v) : name(n) {
+    EXPECT_EQ(zpp_nccl_emu_set(n, v), 0) << n;
+  }
+  ~EmuSetting() { zpp_nccl_emu_set(name.c_str(), std::getenv(name.c_str())); }
+  EmuSetting(const EmuSetting &) = delete;
+  EmuSetting &operator=(const EmuSetting &) = delete;
+};
+
+// A ready non-blocking communicator for rank r of n on device dev
+// (config.splitShare = share unless NCCL_CONFIG_UNDEF_INT).
+ncclComm_t make_comm(int n, const ncclUniqueId &id, int r, int dev,
+                     int share = NCCL_CONFIG_UNDEF_INT) {
   EXPECT_EQ(cudaSetDevice(dev), cudaSuccess);
   ncclConfig_t cfg = nonblocking();
+  cfg.splitShare = share;
   ncclComm_t c = nullptr;
   EXPECT_EQ(ncclCommInitRankConfig(&c, n, id, r, &cfg), ncclInProgress);
   EXPECT_NE(c, nullptr);
@@ -135,7 +151,7 @@ struct Gate {
 TEST(Init, NonBlockingIsInProgressUntilReadyAndRejectsEarlyUse) {
   // Long enough that a loaded machine cannot run the checks below after
   // the communicator became ready (300 ms was, at load average 20).
-  ScopedEnv delay("ZPP_NCCL_EMU_INIT_DELAY_MS", "3000");
+  EmuSetting delay("ZPP_NCCL_EMU_INIT_DELAY_MS", "3000");
   ncclUniqueId id = new_id();
   on_ranks(2, [&](int r) {
     ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
@@ -507,7 +523,7 @@ TEST(Group, AFailedCallDiscardsTheWholeGroup) {
 // Without a group, two ranks that both send first wait for each other's
 // receive, as on a GPU: here that ends in an asynchronous error.
 TEST(P2p, UngroupedSendSendCycleTimesOutWithAnAsyncError) {
-  ScopedEnv t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
+  EmuSetting t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
   ncclUniqueId id = new_id();
   on_ranks(2, [&](int r) {
     ncclComm_t c = make_comm(2, id, r, r);
@@ -697,8 +713,8 @@ TEST(ThreadSafety, ACallWhileAnotherThreadHoldsTheCommunicatorIsInvalidUsage) {
 // stand-in catches the overlap (each call stays inside for a random
 // 0..2 x ZPP_NCCL_EMU_CALL_US).
 TEST(ThreadSafety, UnsynchronisedCallsFromTwoThreadsAreCaught) {
-  ScopedEnv dwell("ZPP_NCCL_EMU_CALL_US", "3000");
-  ScopedEnv now("ZPP_NCCL_EMU_INPROGRESS", "0"); // no in-progress refusals
+  EmuSetting dwell("ZPP_NCCL_EMU_CALL_US", "3000");
+  EmuSetting now("ZPP_NCCL_EMU_INPROGRESS", "0"); // no in-progress refusals
   ncclComm_t c = make_comm(1, new_id(), 0, 0);
   void *in = dev_alloc(8), *out = dev_alloc(16);
   std::atomic<int> refused{0}, other{0}, go{0};
@@ -779,8 +795,9 @@ void census(int *comms, int *own) { zpp_nccl_emu_census(comms, own); }
 
 TEST(SplitShare, ASharingChildAndItsParentAreOneForTheThreadRule) {
   const size_t B = 32;
-  ncclComm_t c = make_comm(1, new_id(), 0, 0);
-  ncclComm_t shared = split_one(c, 1), own = split_one(c, 0);
+  ncclComm_t c = make_comm(1, new_id(), 0, 0, 1);
+  // c's splitShare 1 shares with shared; shared's 0 gives own its own
+  ncclComm_t shared = split_one(c, 0), own = split_one(shared, 0);
   void *in = dev_alloc(B), *out = dev_alloc(B);
   GroupHolder holder(c, in, out, B);
   ASSERT_EQ(holder.opened.load(), 1);
@@ -805,42 +822,73 @@ TEST(SplitShare, ASharingChildAndItsParentAreOneForTheThreadRule) {
   cudaFree(out);
 }
 
-TEST(SplitShare, TheCensusCountsCommunicatorsAndTheirOwnResources) {
+// NCCL v2.28.9 init.cc:2582 sets the PARENT's shareResources from the
+// parent's config.splitShare, and init.cc:408 makes new resources "if
+// (parent == NULL || !parent->shareResources)": the child's own value only
+// decides for its children.  NCCL_COMM_SPLIT_SHARE_RESOURCES overrides
+// the value at each communicator's creation (envConfigOverride).
+TEST(SplitShare, TheParentsSplitShareDecidesAndTheCensusCountsIt) {
   int n0 = -1, o0 = -1, n = -1, o = -1;
   census(&n0, &o0);
   ncclUniqueId id = new_id();
-  ncclComm_t c[2], sh[2], mine[2], inh[2], env[2];
-  on_ranks(2, [&](int r) { c[r] = make_comm(2, id, r, r); });
+  ncclComm_t c[2], a[2], b[2], d[2], e[2], f[2], g[2];
+  on_ranks(2, [&](int r) { c[r] = make_comm(2, id, r, r, 1); });
   census(&n, &o);
   EXPECT_EQ(n - n0, 2);
   EXPECT_EQ(o - o0, 2);
   on_ranks(2, [&](int r) {
     ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-    sh[r] = split_one(c[r], 1);
-    mine[r] = split_one(c[r], 0);
-    inh[r] = split_one(sh[r], 0, true); // NULL config: sh's splitShare 1
+    a[r] = split_one(c[r], 0);       // shares: c's splitShare is 1
+    b[r] = split_one(a[r], 1);       // owns: a's splitShare is 0
+    d[r] = split_one(c[r], 0, true); // shares, and inherits c's 1 ...
+    e[r] = split_one(d[r], 0);       // ... so its child shares too
   });
   census(&n, &o);
-  EXPECT_EQ(n - n0, 8);
-  EXPECT_EQ(o - o0, 4) << "the parents and the splitShare 0 children";
+  EXPECT_EQ(n - n0, 10);
+  EXPECT_EQ(o - o0, 4) << "c and b own resources; a, d and e share c's";
   {
-    ScopedEnv e("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1");
+    EmuSetting env("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1");
     on_ranks(2, [&](int r) {
       ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-      env[r] = split_one(c[r], 0);
+      f[r] = split_one(a[r], 0); // owns: a was made with splitShare 0
+      g[r] = split_one(f[r], 0); // shares: f's 0 was overridden to 1
     });
   }
   census(&n, &o);
-  EXPECT_EQ(n - n0, 10);
-  EXPECT_EQ(o - o0, 4)
-      << "NCCL_COMM_SPLIT_SHARE_RESOURCES=1 overrides splitShare 0";
+  EXPECT_EQ(n - n0, 14);
+  EXPECT_EQ(o - o0, 6) << "NCCL_COMM_SPLIT_SHARE_RESOURCES=1 applies to "
+                          "the new communicator's own value";
   on_ranks(2, [&](int r) {
-    for (ncclComm_t x : {env[r], inh[r], mine[r], sh[r], c[r]})
+    for (ncclComm_t x : {g[r], f[r], e[r], d[r], b[r], a[r], c[r]})
       EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
   });
   census(&n, &o);
   EXPECT_EQ(n, n0);
   EXPECT_EQ(o, o0);
+}
+
+// The stand-in reads its settings (and NCCL_COMM_SPLIT_SHARE_RESOURCES,
+// which NCCL reads once: src/include/param.h, NCCL_PARAM caches it) from
+// the environment once; a later setenv is not seen, the hook is.
+TEST(Settings, AreReadOnceAndChangedThroughTheHook) {
+  ncclComm_t c = make_comm(1, new_id(), 0, 0); // the settings are read
+  int n0 = -1, o0 = -1, n = -1, o = -1;
+  ScopedEnv late("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1");
+  ncclComm_t p = make_comm(1, new_id(), 0, 0, 0);
+  census(&n0, &o0);
+  ncclComm_t child = split_one(p, 0);
+  census(&n, &o);
+  EXPECT_EQ(o - o0, 1) << "a setenv after the first use changed a setting";
+  ncclComm_t q;
+  {
+    EmuSetting env("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1");
+    q = make_comm(1, new_id(), 0, 0, 0);
+  }
+  ncclComm_t qchild = split_one(q, 0);
+  census(&n, &o);
+  EXPECT_EQ(o - o0, 2) << "the hook's value was not used";
+  for (ncclComm_t x : {qchild, q, child, p, c})
+    EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
 }
 
 TEST(SplitShare, ValuesOtherThanZeroAndOneAreRejected) {
@@ -853,6 +901,27 @@ TEST(SplitShare, ValuesOtherThanZeroAndOneAreRejected) {
             std::string::npos)
       << ncclGetLastError(c);
   EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+// nccl.h, ncclCommSplit: "If config is NULL, the new communicator will
+// inherit the original communicator's configuration"; a config given with
+// blocking left NCCL_CONFIG_UNDEF_INT takes NCCL's default, blocking
+// (v2.28.9 init.cc:1919, parseCommConfig: NCCL_CONFIG_DEFAULT(...,
+// blocking, NCCL_CONFIG_UNDEF_INT, 1, ...)).
+TEST(Split, AConfigThatLeavesBlockingUndefinedIsBlocking) {
+  ncclComm_t c = make_comm(1, new_id(), 0, 0); // non-blocking
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;  // blocking undefined
+  ncclComm_t child = nullptr, inh = nullptr;
+  EXPECT_EQ(ncclCommSplit(c, 0, 0, &child, &cfg), ncclSuccess)
+      << "a blocking split returns once the child is ready";
+  ASSERT_NE(child, nullptr);
+  ASSERT_EQ(wait_ready(c), ncclSuccess);
+  EXPECT_EQ(ncclCommSplit(c, 0, 0, &inh, nullptr), ncclInProgress)
+      << "without config the split inherits non-blocking";
+  EXPECT_EQ(wait_ready(inh), ncclSuccess);
+  EXPECT_EQ(wait_ready(c), ncclSuccess);
+  for (ncclComm_t x : {inh, child, c})
+    EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
 }
 
 // ---- ncclInProgress of operations
@@ -873,7 +942,7 @@ struct IssueHold {
 } // namespace
 
 TEST(InProgress, ACollectiveIsOnItsStreamOnlyOnceTheStateIsSuccess) {
-  ScopedEnv always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  EmuSetting always("ZPP_NCCL_EMU_INPROGRESS", "1");
   const size_t B = 256;
   const uint64_t s = seed("InProgress.ACollective");
   ncclComm_t c = make_comm(1, new_id(), 0, 0);
@@ -913,7 +982,7 @@ TEST(InProgress, ACollectiveIsOnItsStreamOnlyOnceTheStateIsSuccess) {
 }
 
 TEST(InProgress, AGroupEndsInProgressAndABlockingCommunicatorNever) {
-  ScopedEnv always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  EmuSetting always("ZPP_NCCL_EMU_INPROGRESS", "1");
   const size_t B = 40;
   const uint64_t s = seed("InProgress.AGroup");
   ncclComm_t c = make_comm(1, new_id(), 0, 0);
@@ -946,6 +1015,48 @@ TEST(InProgress, AGroupEndsInProgressAndABlockingCommunicatorNever) {
   cudaFree(bb);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   cudaFree(buf);
+}
+
+// NCCL v2.28.9 group.cc:51-59 (ncclAsyncLaunch): "Blocking and
+// nonblocking communicators are not allowed in the same group." and the
+// call fails with ncclInvalidArgument; the group then runs nothing.
+TEST(Group, BlockingAndNonBlockingCommunicatorsInOneGroupAreRejected) {
+  const size_t B = 16;
+  const uint64_t s = seed("Group.BlockingAndNonBlocking");
+  ncclComm_t nb = make_comm(1, new_id(), 0, 0);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ncclComm_t b = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&b, 1, new_id(), 0), ncclSuccess);
+  void *bb = dev_alloc(2 * B);
+  to_dev(bb, bytes_of(s, 1, B).data(), B);
+  std::vector<uint8_t> mark(B, 0x5a);
+  to_dev((char *)bb + B, mark.data(), B);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  void *nbb = dev_alloc(2 * B);
+  to_dev(nbb, bytes_of(s, 0, B).data(), B);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllGather(nbb, (char *)nbb + B, B, ncclUint8, nb, nullptr),
+            ncclSuccess);
+  EXPECT_EQ(ncclAllGather(bb, (char *)bb + B, B, ncclUint8, b, nullptr),
+            ncclInvalidArgument);
+  std::string msg = ncclGetLastError(b);
+  EXPECT_NE(msg.find("not allowed in the same group"), std::string::npos)
+      << msg;
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(from_dev((char *)bb + B, B), mark) << "the group ran";
+  // both communicators stay usable
+  EXPECT_EQ(ncclAllGather(bb, (char *)bb + B, B, ncclUint8, b, nullptr),
+            ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(from_dev((char *)bb + B, B), bytes_of(s, 1, B));
+  EXPECT_EQ(wait_ready(nb), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(b), ncclSuccess);
+  cudaFree(bb);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(nb), ncclSuccess);
+  cudaFree(nbb);
 }
 
 // ---- abort and failures ----------------------------------------------------------------------
@@ -989,6 +1100,40 @@ TEST(Abort, PendingOperationEndsWithAnErrorAndNothingHangs) {
   });
 }
 
+// nccl.h, ncclCommAbort: "Frees resources associated with communicator
+// object and aborts any operations that might still be running on the
+// device."  A call that returned ncclInProgress and was not issued yet is
+// dropped: NCCL's abort raises the abort flag and then aborts and joins
+// the communicator's group job (v2.28.9 init.cc:2515 setCommAbortFlags,
+// :2519 ncclCommEnsureReady, which on an aborted communicator calls
+// ncclGroupJobAbort(comm->groupJob), init.cc:377), so nothing of the
+// communicator reaches a stream after the abort returned, and the caller
+// owns the buffers again.
+TEST(Abort, ACallStillInProgressIsNeverIssuedAfterTheAbort) {
+  EmuSetting always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  const size_t B = 64;
+  const uint64_t s = seed("Abort.ACallStillInProgress");
+  ncclComm_t c = make_comm(1, new_id(), 0, 0);
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  void *in = dev_alloc(B), *out = dev_alloc(B);
+  to_dev(in, bytes_of(s, 0, B).data(), B);
+  std::vector<uint8_t> mine = bytes_of(s + 1, 0, B);
+  {
+    IssueHold hold;
+    ASSERT_EQ(ncclAllGather(in, out, B, ncclUint8, c, st), ncclInProgress);
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+    to_dev(out, mine.data(), B); // the caller's buffer again
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  EXPECT_EQ(from_dev(out, B), mine)
+      << "the aborted call was issued and wrote recvbuff";
+  cudaStreamDestroy(st);
+  cudaFree(in);
+  cudaFree(out);
+}
+
 TEST(Abort, CreationWaitingForAMissingRankStopsAtOnce) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   ncclConfig_t cfg = nonblocking();
@@ -1004,7 +1149,7 @@ TEST(Abort, CreationWaitingForAMissingRankStopsAtOnce) {
 }
 
 TEST(Timeout, CreationWithAMissingRankFailsAfterTheTimeout) {
-  ScopedEnv t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
+  EmuSetting t("ZPP_NCCL_EMU_TIMEOUT_S", "1");
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   ncclConfig_t cfg = nonblocking();
   ncclComm_t c = nullptr;

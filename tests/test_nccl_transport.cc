@@ -144,6 +144,27 @@ zpp_nccl_emu_census_fn census_hook() {
                  dlsym(h, "zpp_nccl_emu_census"))
            : nullptr;
 }
+// A setting of the stand-in for one scope, through its hook (it reads the
+// environment once); nothing where the library is not the stand-in.
+struct EmuSetting {
+  zpp_nccl_emu_set_fn set = nullptr;
+  std::string name;
+  EmuSetting(const char *n, const char *v) : name(n) {
+    void *h = stand_in();
+    set =
+        h ? reinterpret_cast<zpp_nccl_emu_set_fn>(dlsym(h, "zpp_nccl_emu_set"))
+          : nullptr;
+    if (set != nullptr) {
+      EXPECT_EQ(set(n, v), 0) << n;
+    }
+  }
+  ~EmuSetting() {
+    if (set != nullptr)
+      set(name.c_str(), std::getenv(name.c_str()));
+  }
+  EmuSetting(const EmuSetting &) = delete;
+  EmuSetting &operator=(const EmuSetting &) = delete;
+};
 using hold_fn = void (*)(int);
 hold_fn hold_hook() {
   void *h = stand_in();
@@ -302,7 +323,8 @@ void exact_ops(zpp_comm_t c, cudaStream_t s, uint64_t salt) {
 } // namespace
 
 // One NCCL communicator owns resources per zpp communicator; NODE and
-// CROSS are splits of it with splitShare = 1, and only where needed: on
+// CROSS are splits of it sharing them (WORLD's splitShare = 1 decides, as
+// in NCCL), and only where needed: on
 // one node NODE is WORLD and CROSS has one member; with one rank per node
 // NODE has one member (the bug: every zpp communicator made three
 // communicators, each with resources of its own).
@@ -331,7 +353,8 @@ TEST(NcclTransport, OneCommunicatorOwnsResourcesAndGroupsShareIt) {
 // The reduction scratch (fp32 copies of 16-bit inputs, the accumulator,
 // the all-reduce padding) grows with the requests: growing must not
 // synchronise the device, so no cudaFree or cudaMalloc while the
-// collectives run (the bug: both at every growth).
+// collectives run (the bug: both at every growth); it comes from zpp's
+// scratch pool, leaving the application's current pool alone.
 TEST(NcclTransport, GrowingReductionsNeitherFreeNorAllocateSynchronously) {
   zpp_comm_t c = make_comm();
   ASSERT_NE(c, nullptr);
@@ -345,7 +368,8 @@ TEST(NcclTransport, GrowingReductionsNeitherFreeNorAllocateSynchronously) {
   Dev din((n * most + 1) * 4), dout((n * most + 1) * 4);
   unsigned long mallocs = zpp_emu_api_calls("cudaMalloc"),
                 frees = zpp_emu_api_calls("cudaFree"),
-                async = zpp_emu_api_calls("cudaMallocAsync");
+                async = zpp_emu_api_calls("cudaMallocAsync"),
+                pooled = zpp_emu_api_calls("cudaMallocFromPoolAsync");
   for (size_t count : counts) {
     // bf16 reduce-scatter: widened input (n * count floats), accumulator
     std::vector<float> x = ints_of(count, me, n * count);
@@ -388,8 +412,10 @@ TEST(NcclTransport, GrowingReductionsNeitherFreeNorAllocateSynchronously) {
   }
   EXPECT_EQ(zpp_emu_api_calls("cudaMalloc") - mallocs, 0u);
   EXPECT_EQ(zpp_emu_api_calls("cudaFree") - frees, 0u);
-  // the scratch did grow (else the test proves nothing)
-  EXPECT_GE(zpp_emu_api_calls("cudaMallocAsync") - async, 5u);
+  // the scratch did grow (else the test proves nothing), from zpp's
+  // scratch pool, not from the application's current pool
+  EXPECT_GE(zpp_emu_api_calls("cudaMallocFromPoolAsync") - pooled, 5u);
+  EXPECT_EQ(zpp_emu_api_calls("cudaMallocAsync") - async, 0u);
   cudaStreamDestroy(s);
   EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK) << zpp_get_last_error();
 }
@@ -401,7 +427,7 @@ TEST(NcclTransport, ACallKeptInProgressTimesOut) {
   hold_fn hold = hold_hook();
   if (hold == nullptr)
     GTEST_SKIP() << "ZPP_NCCL_LIBRARY is not the stand-in";
-  ScopedEnv always("ZPP_NCCL_EMU_INPROGRESS", "1");
+  EmuSetting always("ZPP_NCCL_EMU_INPROGRESS", "1");
   zpp_comm_t c = make_comm(2.0);
   ASSERT_NE(c, nullptr);
   zpp_transport_t *t = zpp_comm_transport(c);
@@ -434,6 +460,42 @@ TEST(NcclTransport, ACallKeptInProgressTimesOut) {
   zpp_comm_destroy(c);
 }
 
+// cudaStreamPerThread names the stream of the calling thread's current
+// device: an operation on it while another device than the
+// communicator's is current is refused, naming both devices, before
+// anything is recorded on that stream.
+TEST(NcclTransport, APerThreadStreamOperationOnAnotherDeviceIsRefused) {
+  int ndev = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
+  if (ndev < 2)
+    GTEST_SKIP() << "needs two devices";
+  zpp_comm_t c = make_comm();
+  ASSERT_NE(c, nullptr);
+  zpp_transport_t *t = zpp_comm_transport(c);
+  int dev = -1;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  Dev din(64), dout(64 * (size_t)g_size);
+  const int other = (dev + 1) % ndev;
+  ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+  zpp_status_t st =
+      blocking_allgather(t, ZPP_GROUP_WORLD, din.p, 64, dout.p,
+                         ZPP_MEMORY_DEVICE, (void *)cudaStreamPerThread);
+  std::string msg = zpp_get_last_error();
+  ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+  EXPECT_EQ(st, ZPP_ERR_INVALID_ARGUMENT) << msg;
+  EXPECT_NE(msg.find("communicator's device is " + std::to_string(dev)),
+            std::string::npos)
+      << msg;
+  // on the communicator's device the same call runs
+  EXPECT_EQ(blocking_allgather(t, ZPP_GROUP_WORLD, din.p, 64, dout.p,
+                               ZPP_MEMORY_DEVICE, (void *)cudaStreamPerThread),
+            ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK) << zpp_get_last_error();
+}
+
 // The caller starts collectives on device memory while another thread
 // waits for the earlier ones (the wait polls the communicator's
 // asynchronous error) and a third polls zpp_comm_get_async_error: no NCCL
@@ -441,7 +503,7 @@ TEST(NcclTransport, ACallKeptInProgressTimesOut) {
 // with ncclInvalidUsage, failing the collective), and every result is
 // exact.
 TEST(NcclTransport, NoCommunicatorIsCalledFromTwoThreadsAtOnce) {
-  ScopedEnv dwell("ZPP_NCCL_EMU_CALL_US", "300");
+  EmuSetting dwell("ZPP_NCCL_EMU_CALL_US", "300");
   zpp_comm_t c = make_comm();
   ASSERT_NE(c, nullptr);
   cudaStream_t s;

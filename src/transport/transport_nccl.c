@@ -181,7 +181,8 @@ typedef struct {
   /* wide, acc and pad serve every reduction of the transport, and two
    * reductions may be enqueued on different streams: each waits on its
    * stream for this event, recorded after the previous one's last use.
-   * They come from the stream-ordered allocator and grow on the stream of
+   * They come from zpp's stream-ordered scratch pool (zpp_ew_alloc_device),
+   * not the application's current pool, and grow on the stream of
    * the reduction that needs more (freed and allocated in its order, after
    * that wait), so growing never synchronises the device. */
   cudaEvent_t scratch_ev;
@@ -474,10 +475,13 @@ static zpp_status_t nccl_alltoallv(zpp_transport_t *t, zpp_group_t g,
 /* Grows a reduction scratch buffer on stream s, which the caller has
  * ordered after every earlier use of the buffer (scratch_acquire): the old
  * one is freed and the new one allocated in s's order, so nothing waits
- * (cudaFree of cudaMalloc'd memory would synchronise the device). */
+ * (cudaFree of cudaMalloc'd memory would synchronise the device).  It
+ * comes from zpp's scratch pool of the current device (the communicator's:
+ * on_device), not from the application's current pool. */
 static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
                              cudaStream_t s, const char *what) {
   cudaError_t e = cudaSuccess;
+  char err[256];
   if (bytes <= *cap)
     return ZPP_OK;
   if (*p != NULL)
@@ -486,10 +490,10 @@ static zpp_status_t grow_dev(void **p, size_t *cap, size_t bytes,
   *cap = 0;
   if (e != cudaSuccess)
     return cuda_err(e, what, "cudaFreeAsync of reduction scratch");
-  e = cudaMallocAsync(p, bytes, s);
-  if (e != cudaSuccess) {
+  if (zpp_ew_alloc_device(bytes, p, s, err, sizeof err) != 0) {
     *p = NULL;
-    return cuda_err(e, what, "cudaMallocAsync of reduction scratch");
+    return zpp_error(ZPP_ERR_CUDA, what, "reduction scratch of %zu bytes: %s",
+                     bytes, err);
   }
   *cap = bytes;
   return ZPP_OK;
@@ -866,6 +870,17 @@ static zpp_status_t enqueue_per_thread(zpp_transport_t *t,
   zpp_xfer_desc_t x = *d;
   zpp_status_t st;
   cudaError_t e = cudaSuccess;
+  int dev = -1;
+  /* cudaStreamPerThread names the current device's stream: on another
+   * device it is not the stream the communicator can be ordered with. */
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess)
+    return cuda_err(e, zpp_xfer_name(d->kind), "cudaGetDevice");
+  if (dev != m->device)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, zpp_xfer_name(d->kind),
+                     "stream cudaStreamPerThread on current device %d: the "
+                     "communicator's device is %d (cudaSetDevice(%d) first)",
+                     dev, m->device, m->device);
   if (m->pt_stream == NULL) {
     e = cudaStreamCreateWithFlags(&m->pt_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
@@ -1019,6 +1034,14 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
   if (st != ZPP_OK)
     return st;
   cfg.blocking = 0;
+  /* NCCL decides sharing by the PARENT's splitShare (init.cc of NCCL
+   * 2.28, ncclCommInitChildComm: the parent's shareResources comes from
+   * its own config): WORLD's config says it, so that NODE and CROSS use
+   * WORLD's resources (buffers, connections, proxy thread) instead of
+   * making their own.  Shared resources put the three communicators'
+   * kernels on one stream, in the order they are issued; that is safe
+   * because every rank issues them in the same order. */
+  cfg.splitShare = 1;
   /* The handle is written by the call: read it only after the call
    * returned (as an argument of the same call its value is unspecified). */
   /* called() releases mu, taken for each call (nobody else can see the
@@ -1030,10 +1053,8 @@ zpp_status_t zpp_transport_nccl_create(zpp_transport_t *t,
                    "ncclCommInitRankConfig (NCCL needs one GPU per rank; use "
                    "the MPI backend for several ranks on one GPU)"));
   /* NODE: colour node, key local rank; CROSS: colour local rank, key node:
-   * the member order equals the topology's.  The splits share WORLD's
-   * resources (buffers, connections, proxy thread) instead of making their
-   * own. */
-  cfg.splitShare = 1;
+   * the member order equals the topology's.  They share WORLD's resources
+   * (WORLD's splitShare, above). */
   for (g = ZPP_GROUP_NODE; g <= ZPP_GROUP_CROSS; g++) {
     const zpp_tgroup_t *gr = &t->grp[g];
     int plan = group_plan(t, (zpp_group_t)g);

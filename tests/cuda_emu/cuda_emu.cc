@@ -1715,8 +1715,18 @@ ZPP_EMU_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t h, enum cudaMem
   std::lock_guard<std::mutex> rl(emu.reg_mu);
   Pool *p = pool_of(h);
   if (p == nullptr) return ret(cudaErrorInvalidValue);
+  // The reuse attributes point to an int, the others to a cuuint64_t
+  // (driver_types.h, cudaMemPoolAttr): read 8 bytes only for those.
   uint64_t v64 = 0;
-  std::memcpy(&v64, value, sizeof v64);
+  switch (attr) {
+  case cudaMemPoolAttrReleaseThreshold:
+  case cudaMemPoolAttrReservedMemHigh:
+  case cudaMemPoolAttrUsedMemHigh:
+    std::memcpy(&v64, value, sizeof v64);
+    break;
+  default:
+    break;
+  }
   switch (attr) {
   case cudaMemPoolReuseFollowEventDependencies:
   case cudaMemPoolReuseAllowOpportunistic:

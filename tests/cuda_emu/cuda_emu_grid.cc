@@ -105,8 +105,12 @@ struct Sched {
   // faulting fiber is never resumed) and the launch fails with
   // cudaErrorMisalignedAddress.
   bool misaligned = false;
-  bool running = false; // a grid runs on this scheduler now
 };
+
+// This thread is running a grid (its CUDA threads are fibers of it): a
+// misaligned access on any other thread is host code, even while a grid
+// runs elsewhere.
+thread_local bool t_in_grid = false;
 
 Sched &S() {
   static Sched *s = new Sched;  // never destroyed: a worker may outlive exit
@@ -276,12 +280,12 @@ bool run_grid(dim3 grid, dim3 block, void (*run)(void *), void *closure,
   zpp_emu_builtin.blockDim = block;
   zpp_emu_builtin.threadIdx = dim3(0, 0, 0);
   bool ok = true;
-  s.running = true;
+  t_in_grid = true;
   for (unsigned b = 0; b < grid.x && ok; b++) {
     zpp_emu_builtin.blockIdx = dim3(b, 0, 0);
     ok = run_cta() && s.error.empty();
   }
-  s.running = false;
+  t_in_grid = false;
   if (!ok) *why = s.error.empty() ? "launch failed" : s.error;
   return ok;
 }
@@ -337,7 +341,7 @@ zpp_emu_misaligned(const void *p, size_t bytes, const char *op) {
       what, sizeof what,
       "misaligned address: %s of %zu bytes at %p (block %u, thread %u)", op,
       bytes, p, zpp_emu_builtin.blockIdx.x, zpp_emu_builtin.threadIdx.x);
-  if (!s.running) { // host code: no CUDA thread to stop
+  if (!zpp_emu::t_in_grid) { // host code: no CUDA thread to stop
     std::fprintf(stderr, "zpp cuda emu: %s outside a kernel\n", what);
     std::abort();
   }

@@ -60,8 +60,12 @@
  *     communicator answers ncclInProgress and refuses other calls
  *     (nccl_emu_ops.c, "issuing");
  *   - config.splitShare (and NCCL_COMM_SPLIT_SHARE_RESOURCES, which
- *     overrides it): the child shares its parent's resources; a split
- *     without config inherits the parent's value; the test hook
+ *     overrides it at each communicator's creation): a parent with
+ *     splitShare 1 shares its resources with its splits, whatever their
+ *     own value, which is for their children; a split without config
+ *     inherits the parent's value, one with a config takes NCCL's
+ *     defaults (blocking 1, splitShare 0) for fields it leaves
+ *     NCCL_CONFIG_UNDEF_INT; the test hook
  *     zpp_nccl_emu_census counts live communicators and those owning
  *     resources (zpp_nccl_emu.h);
  *   - the random draws (dwell, in-progress, issue delay) come from
@@ -115,14 +119,81 @@ int64_t emu_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The settings, read from the environment once, at first use (NCCL reads
+ * each NCCL_* parameter once too: src/include/param.h, NCCL_PARAM, caches
+ * it).  Other threads of the stand-in read them while the application may
+ * call setenv, which is not safe against getenv; tests change them with
+ * zpp_nccl_emu_set. */
+static const char *const setting_names[] = {
+    "ZPP_NCCL_EMU_TIMEOUT_S",  "ZPP_NCCL_EMU_INIT_DELAY_MS",
+    "ZPP_NCCL_EMU_INPROGRESS", "ZPP_NCCL_EMU_ISSUE_US",
+    "ZPP_NCCL_EMU_CALL_US",    "ZPP_NCCL_EMU_SEED",
+    "ZPP_NCCL_EMU_DEBUG",      "NCCL_COMM_SPLIT_SHARE_RESOURCES"};
+#define EMU_NSETTINGS (sizeof setting_names / sizeof setting_names[0])
+#define EMU_SETTING_LEN 64
+static pthread_mutex_t setting_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t setting_once = PTHREAD_ONCE_INIT;
+static char setting_val[EMU_NSETTINGS][EMU_SETTING_LEN];
+static int setting_set[EMU_NSETTINGS];
+
+static void settings_load(void) {
+  size_t i;
+  for (i = 0; i < EMU_NSETTINGS; i++) {
+    const char *v = getenv(setting_names[i]);
+    setting_set[i] = v != NULL;
+    if (v != NULL)
+      snprintf(setting_val[i], EMU_SETTING_LEN, "%s", v);
+  }
+}
+
+static int setting_index(const char *name) {
+  size_t i;
+  for (i = 0; i < EMU_NSETTINGS; i++)
+    if (strcmp(setting_names[i], name) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* The value of setting `name` into buf; 0 when it is not set. */
+static int setting_str(const char *name, char *buf, size_t len) {
+  int i = setting_index(name), set;
+  pthread_once(&setting_once, settings_load);
+  if (i < 0)
+    return 0;
+  pthread_mutex_lock(&setting_lock);
+  set = setting_set[i];
+  if (set)
+    snprintf(buf, len, "%s", setting_val[i]);
+  pthread_mutex_unlock(&setting_lock);
+  return set;
+}
+
+/* Test hook (zpp_nccl_emu.h). */
+EMU_API int zpp_nccl_emu_set(const char *name, const char *value) {
+  int i = name ? setting_index(name) : -1;
+  pthread_once(&setting_once, settings_load);
+  if (i < 0 || (value != NULL && strlen(value) >= EMU_SETTING_LEN))
+    return -1;
+  pthread_mutex_lock(&setting_lock);
+  setting_set[i] = value != NULL;
+  if (value != NULL)
+    snprintf(setting_val[i], EMU_SETTING_LEN, "%s", value);
+  pthread_mutex_unlock(&setting_lock);
+  return 0;
+}
+
 double emu_setting(const char *name, double def) {
-  const char *v = getenv(name);
-  char *end;
+  char v[EMU_SETTING_LEN], *end;
   double d;
-  if (v == NULL || v[0] == '\0')
+  if (!setting_str(name, v, sizeof v) || v[0] == '\0')
     return def;
   d = strtod(v, &end);
   return (*end == '\0' && d >= 0) ? d : def;
+}
+
+static int emu_debug(void) {
+  char v[EMU_SETTING_LEN];
+  return setting_str("ZPP_NCCL_EMU_DEBUG", v, sizeof v);
 }
 
 double emu_timeout_s(void) {
@@ -141,10 +212,10 @@ uint64_t emu_rand(void) {
   uint64_t x;
   pthread_mutex_lock(&rand_lock);
   if (!rand_seeded) {
-    const char *v = getenv("ZPP_NCCL_EMU_SEED");
-    char *end = NULL;
-    rand_state = v && v[0] ? strtoull(v, &end, 10) : 0;
-    if (!(v && v[0] && end && *end == '\0'))
+    char v[EMU_SETTING_LEN], *end = NULL;
+    int set = setting_str("ZPP_NCCL_EMU_SEED", v, sizeof v) && v[0];
+    rand_state = set ? strtoull(v, &end, 10) : 0;
+    if (!(set && end && *end == '\0'))
       rand_state = (uint64_t)emu_now_ns() ^ ((uint64_t)getpid() << 32);
     rand_seeded = 1;
     fprintf(stderr, "[nccl-emu %d] ZPP_NCCL_EMU_SEED=%llu\n", (int)getpid(),
@@ -168,7 +239,7 @@ ncclResult_t emu_fail(ncclResult_t r, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tl_err, sizeof tl_err, fmt, ap);
   va_end(ap);
-  if (getenv("ZPP_NCCL_EMU_DEBUG"))
+  if (emu_debug())
     fprintf(stderr, "[nccl-emu %d] %s: %s\n", (int)getpid(),
             ncclGetErrorString(r), tl_err);
   return r;
@@ -183,7 +254,7 @@ void emu_set_async_locked(emu_comm_t *c, ncclResult_t r, const char *fmt,
   va_start(ap, fmt);
   vsnprintf(c->err, sizeof c->err, fmt, ap);
   va_end(ap);
-  if (getenv("ZPP_NCCL_EMU_DEBUG"))
+  if (emu_debug())
     fprintf(stderr, "[nccl-emu %d] asynchronous %s: %s\n", (int)getpid(),
             ncclGetErrorString(r), c->err);
   pthread_cond_broadcast(&c->cond);
@@ -463,12 +534,15 @@ static int64_t init_delay_ns(void) {
 }
 
 /* The fields of a config the stand-in models: blocking and splitShare
- * (each NCCL_CONFIG_UNDEF_INT: inherited, or the default).  The
- * environment's NCCL_COMM_SPLIT_SHARE_RESOURCES overrides splitShare, as
- * in NCCL. */
+ * (each NCCL_CONFIG_UNDEF_INT: the value the caller put in, NCCL's default
+ * or, for a split without config, the parent's).  The environment's
+ * NCCL_COMM_SPLIT_SHARE_RESOURCES overrides splitShare at each
+ * communicator's creation, as in NCCL (init.cc envConfigOverride, called
+ * for a config and for a parent's copied one alike). */
 static ncclResult_t config_read(const ncclConfig_t *cfg, int *blocking,
                                 int *split_share, const char *func) {
-  const char *env = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  char env[EMU_SETTING_LEN];
+  int env_set = setting_str("NCCL_COMM_SPLIT_SHARE_RESOURCES", env, sizeof env);
   if (cfg != NULL) {
     if (cfg->magic != 0xcafebeef ||
         cfg->size < offsetof(ncclConfig_t, blocking) + sizeof(int))
@@ -492,7 +566,7 @@ static ncclResult_t config_read(const ncclConfig_t *cfg, int *blocking,
       *split_share = cfg->splitShare;
     }
   }
-  if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0))
+  if (env_set && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0))
     *split_share = env[0] == '1';
   return ncclSuccess;
 }
@@ -834,8 +908,10 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   if (p == NULL)
     return r;
   /* nccl.h: "If config is NULL, the new communicator will inherit the
-   * original communicator's configuration". */
-  blocking = p->blocking;
+   * original communicator's configuration"; a config's fields left
+   * NCCL_CONFIG_UNDEF_INT take NCCL's defaults (init.cc parseCommConfig,
+   * NCCL_CONFIG_DEFAULT: blocking 1, splitShare 0), not the parent's. */
+  blocking = config == NULL ? p->blocking : 1;
   split_share = config == NULL ? p->split_share : 0;
   r = config_read(config, &blocking, &split_share, "ncclCommSplit");
   if (r == ncclSuccess)
@@ -852,8 +928,13 @@ EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
   }
   if (color != NCCL_SPLIT_NOCOLOR) {
     /* Same device as the parent; rank and size are known after the
-     * exchange.  splitShare: the child uses the parent's resources. */
-    c = comm_new(1, 0, p->dev, blocking, split_share ? p->res : NULL);
+     * exchange.  The PARENT's splitShare decides whether the child uses
+     * the parent's resources (NCCL v2.28.9 init.cc:2582,
+     * "comm->shareResources = ... comm->config.splitShare" with comm the
+     * parent, and init.cc:408, new resources "if (parent == NULL ||
+     * !parent->shareResources)"); the child's own value is for its
+     * children. */
+    c = comm_new(1, 0, p->dev, blocking, p->split_share ? p->res : NULL);
     if (c != NULL) {
       c->split_share = split_share;
       memcpy(c->busid, p->busid, sizeof c->busid);
@@ -1069,6 +1150,7 @@ static void abort_comm(emu_comm_t *c) {
   connected = c->init != ncclInProgress;
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
+  emu_forget_later(c);
   /* Break the connections so that peers stop waiting for us too; while
    * creation runs its thread owns them and stops on the flag. */
   if (connected)

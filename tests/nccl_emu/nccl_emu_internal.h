@@ -76,8 +76,9 @@ typedef struct emu_comm {
   char host[EMU_HOST_LEN];
   uint64_t token[2];
   int blocking;
-  int split_share; /* config.splitShare, inherited by a split without config */
-  int shares;      /* uses its parent's resources (a splitShare child) */
+  int split_share; /* config.splitShare: its splits share its resources;
+                      inherited by a split without config */
+  int shares;      /* uses its parent's resources (the parent's splitShare) */
   emu_res_t *res;
   /* Life cycle.  init: ncclInProgress until the mesh is built, then the
    * result.  busy: splits of this comm whose exchange is under way. */
@@ -160,5 +161,9 @@ void emu_mesh_close(emu_comm_t *c);
 
 /* ---- nccl_emu_ops.c ---------------------------------------------------- */
 size_t emu_dtype_size(ncclDataType_t dt); /* 0: not a type the stand-in knows */
+/* For ncclCommAbort (c->aborted set): drops c's calls that returned
+ * ncclInProgress and were not issued, and waits (bounded by the timeout)
+ * while the issuer thread is enqueueing one of them. */
+void emu_forget_later(emu_comm_t *c);
 
 #endif /* ZPP_TESTS_NCCL_EMU_INTERNAL_H */

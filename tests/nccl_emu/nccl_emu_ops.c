@@ -678,6 +678,9 @@ static pthread_mutex_t later_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t later_cond = PTHREAD_COND_INITIALIZER;
 static emu_later_t *later_head, *later_tail;
 static int later_started, later_held;
+/* The item the issuer has taken off the queue and is launching (NULL:
+ * none); an abort of one of its communicators waits until it is done. */
+static emu_later_t *later_busy;
 
 /* Test hook (zpp_nccl_emu.h): while held, nothing handed to the issuer
  * thread is issued. */
@@ -704,28 +707,81 @@ static void issued(emu_op_t *ops, int n, ncclResult_t r) {
   }
 }
 
+/* Takes the operations of c out of item l (later_lock held); they are
+ * no longer counted as issuing.  Returns how many it took. */
+static int later_drop_locked(emu_later_t *l, const emu_comm_t *c,
+                             emu_op_t *dropped) {
+  int i, k = 0, d = 0;
+  for (i = 0; i < l->n; i++) {
+    emu_op_t *o = &l->ops[i];
+    int aborted;
+    pthread_mutex_lock(&o->c->lock);
+    aborted = o->c == c || o->c->aborted;
+    if (aborted) {
+      o->c->issuing--;
+      pthread_cond_broadcast(&o->c->cond);
+    }
+    pthread_mutex_unlock(&o->c->lock);
+    if (aborted)
+      dropped[d++] = *o;
+    else
+      l->ops[k++] = *o;
+  }
+  l->n = k;
+  return d;
+}
+
+/* The issuer's next item, once its time has come (later_lock held); NULL
+ * when the queue is empty or held.  Items are taken off the queue only
+ * here, so an abort finds every item not yet launching in the queue. */
+static emu_later_t *later_next_locked(int64_t *wait_ns) {
+  emu_later_t *l = later_head;
+  int64_t now = emu_now_ns();
+  *wait_ns = -1;
+  if (l == NULL || later_held)
+    return NULL;
+  if (l->not_before > now) {
+    *wait_ns = l->not_before - now;
+    return NULL;
+  }
+  later_head = l->next;
+  if (later_head == NULL)
+    later_tail = NULL;
+  return l;
+}
+
 static void *issuer_main(void *arg) {
   (void)arg;
   t_issuer = 1;
   for (;;) {
     emu_later_t *l;
     emu_comm_t **cs;
-    int64_t now;
-    int i;
+    emu_op_t *gone;
+    int64_t wait_ns;
+    int i, ngone;
     pthread_mutex_lock(&later_lock);
-    while (later_head == NULL || later_held)
-      pthread_cond_wait(&later_cond, &later_lock);
-    l = later_head;
-    later_head = l->next;
-    if (later_head == NULL)
-      later_tail = NULL;
-    pthread_mutex_unlock(&later_lock);
-    now = emu_now_ns();
-    if (l->not_before > now) {
-      struct timespec ts = {(time_t)((l->not_before - now) / 1000000000),
-                            (long)((l->not_before - now) % 1000000000)};
-      nanosleep(&ts, NULL);
+    while ((l = later_next_locked(&wait_ns)) == NULL) {
+      if (wait_ns < 0) {
+        pthread_cond_wait(&later_cond, &later_lock);
+      } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(wait_ns / 1000000000);
+        ts.tv_nsec += (long)(wait_ns % 1000000000);
+        if (ts.tv_nsec >= 1000000000) {
+          ts.tv_sec++;
+          ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&later_cond, &later_lock, &ts);
+      }
     }
+    /* Operations of communicators aborted meanwhile are not issued. */
+    gone = malloc((size_t)l->n * sizeof *gone);
+    ngone = gone != NULL ? later_drop_locked(l, NULL, gone) : 0;
+    later_busy = l;
+    pthread_mutex_unlock(&later_lock);
+    release_ops(gone, ngone, 0);
+    free(gone);
     /* launch() gives the operations' references away: keep the
      * communicators for the bookkeeping after it. */
     cs = malloc((size_t)l->n * sizeof *cs);
@@ -733,7 +789,9 @@ static void *issuer_main(void *arg) {
       cs[i] = l->ops[i].c;
       emu_ref(cs[i]);
     }
-    if (cs == NULL) {
+    if (l->n == 0) {
+      /* every operation was of an aborted communicator */
+    } else if (cs == NULL) {
       issued(l->ops, l->n, ncclSystemError);
       release_ops(l->ops, l->n, 0);
     } else {
@@ -743,10 +801,80 @@ static void *issuer_main(void *arg) {
         emu_unref(cs[i]);
     }
     free(cs);
+    pthread_mutex_lock(&later_lock);
+    later_busy = NULL;
+    pthread_cond_broadcast(&later_cond);
+    pthread_mutex_unlock(&later_lock);
     free(l->ops);
     free(l);
   }
   return NULL;
+}
+
+/* NCCL's abort raises the abort flag, then aborts and joins the
+ * communicator's group job (v2.28.9 init.cc:2515-2519 and :377,
+ * ncclGroupJobAbort) before it frees it: after ncclCommAbort nothing of c
+ * is enqueued any more.
+ * Unlinks c's calls that returned ncclInProgress and were not issued, and
+ * waits (bounded) while the issuer is enqueueing one of c's. */
+void emu_forget_later(emu_comm_t *c) {
+  emu_later_t **pp, *gone_items = NULL;
+  emu_op_t *gone = NULL;
+  int ngone = 0, cap = 0, i;
+  int64_t deadline = emu_deadline();
+  pthread_mutex_lock(&later_lock);
+  later_tail = NULL;
+  for (pp = &later_head; *pp != NULL;) {
+    emu_later_t *l = *pp;
+    int mine = 0;
+    for (i = 0; i < l->n; i++)
+      mine |= l->ops[i].c == c;
+    if (mine) {
+      if (ngone + l->n > cap) {
+        emu_op_t *g = realloc(gone, (size_t)(ngone + l->n) * sizeof *g);
+        if (g == NULL)
+          mine = 0; /* out of memory: the issuer drops them instead */
+        else {
+          gone = g;
+          cap = ngone + l->n;
+        }
+      }
+    }
+    if (mine)
+      ngone += later_drop_locked(l, c, gone + ngone);
+    if (l->n == 0) {
+      *pp = l->next;
+      l->next = gone_items;
+      gone_items = l;
+    } else {
+      later_tail = l;
+      pp = &l->next;
+    }
+  }
+  for (;;) {
+    int busy = 0;
+    struct timespec ts;
+    for (i = 0; later_busy != NULL && i < later_busy->n; i++)
+      busy |= later_busy->ops[i].c == c;
+    if (!busy || emu_now_ns() >= deadline)
+      break;
+    clock_gettime(CLOCK_REALTIME, &ts); /* later_cond's clock */
+    ts.tv_nsec += 10000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&later_cond, &later_lock, &ts);
+  }
+  pthread_mutex_unlock(&later_lock);
+  release_ops(gone, ngone, 0);
+  free(gone);
+  while (gone_items != NULL) {
+    emu_later_t *l = gone_items;
+    gone_items = l->next;
+    free(l->ops);
+    free(l);
+  }
 }
 
 /* Hands ops to the issuer thread; 0 when it cannot (then nothing changed). */
@@ -828,6 +956,23 @@ static ncclResult_t submit(const emu_op_t *o) {
   emu_op_t one = *o;
   if (g_depth == 0)
     return issue(&one, 1);
+  /* NCCL v2.28.9 group.cc:51-59, ncclAsyncLaunch: "Blocking and
+   * nonblocking communicators are not allowed in the same group", the call
+   * fails with ncclInvalidArgument (NCCL checks it for the calls that run
+   * as group jobs, init and split; for operations it lets the last
+   * communicator decide the group's mode, group.h ncclGroupCommJoin, which
+   * the stand-in refuses as well). */
+  if (g_n > 0 && g_ops[0].c->blocking != o->c->blocking) {
+    emu_leave(o->c);
+    emu_unref(o->c);
+    return group_fail(emu_fail(
+        ncclInvalidArgument,
+        "%s: blocking and non-blocking communicators are not allowed in the "
+        "same group (communicator %p is %sblocking, the group's first %p "
+        "is %sblocking)",
+        op_name(o->kind), (void *)o->c->handle, o->c->blocking ? "" : "non-",
+        (void *)g_ops[0].c->handle, g_ops[0].c->blocking ? "" : "non-"));
+  }
   if (g_n == g_cap) {
     int cap = g_cap ? 2 * g_cap : 16;
     emu_op_t *p = realloc(g_ops, (size_t)cap * sizeof *p);
