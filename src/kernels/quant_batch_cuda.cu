@@ -35,6 +35,9 @@
  * output chunk in registers, in table order: init, then the sources one
  * after the other, as the decode-accumulates it replaces.
  */
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include "quant_cuda.cuh"
 
 namespace {

@@ -41,6 +41,9 @@
  * (no allocation, no memset, no synchronisation), so the launchers can be
  * captured into a CUDA graph.
  */
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include "quant_cuda.h"
 #include "quant_math.h"
 

@@ -21,6 +21,9 @@
 //     (element k * 512 + t of the tile by thread t), coalesced.
 //   - wdiff_kernel moves its buffers in launch.cuh's chunks of 16-byte
 //     accesses where the alignment allows, any alignment otherwise.
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include <cuda_runtime.h>
 
 #include <stdio.h>
