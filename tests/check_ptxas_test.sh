@@ -3,7 +3,8 @@
 # array is indexed at run time (a stack frame in local memory) and a
 # kernel that spills registers (96 live values under a bound of 32
 # registers per thread), each named with ptxas's numbers; it must pass a
-# clean kernel and give 2 for a file that does not compile.
+# clean kernel and a file without kernels (checking the files after it),
+# and give 2 for a file that does not compile.
 set -euo pipefail
 nvcc=${1:?usage: check_ptxas_test.sh NVCC SOURCE_ROOT}
 src=${2:?usage: check_ptxas_test.sh NVCC SOURCE_ROOT}
@@ -13,7 +14,9 @@ trap 'rm -rf "$work"' EXIT
 pass=0 failn=0
 expect() { # name want-status pattern file
   local out rc=0
-  out=$("$chk" --nvcc "$nvcc" --arch sm_90 "$4" 2>&1) || rc=$?
+  # $4: one file, or several separated by spaces (no spaces in $work)
+  # shellcheck disable=SC2086
+  out=$("$chk" --nvcc "$nvcc" --arch sm_90 $4 2>&1) || rc=$?
   if [ "$rc" -ne "$2" ]; then
     echo "FAIL: $1: exit $rc, want $2:"; echo "$out"; failn=$((failn + 1)); return
   fi
@@ -58,6 +61,14 @@ __global__ void __launch_bounds__(1024, 2) many_live(const float *in, float *out
 CU
 expect "a kernel that spills" 1 'many_live(float const\*, float\*): .* [1-9][0-9]* bytes spill stores' \
   "$work/spill.cu"
+
+# host code only: ptxas reports no function; the next file is still checked
+cat > "$work/host.cu" <<'CU'
+int twice_on_host(int x) { return 2 * x; }
+CU
+expect "a file without kernels passes" 0 'host.cu: no kernels for sm_90' "$work/host.cu"
+expect "the file after one without kernels is checked" 1 \
+  'local_array(int const\*, float\*): [1-9][0-9]* bytes stack frame' "$work/host.cu $work/lmem.cu"
 
 printf '__global__ void broken(float *x) { x[0] = undeclared; }\n' > "$work/broken.cu"
 expect "a file that does not compile" 2 'does not compile' "$work/broken.cu"

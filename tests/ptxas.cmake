@@ -1,6 +1,9 @@
 # The register check of the kernels (tools/check_ptxas.sh): every
-# src/kernels/*.cu compiled for sm_90 with ptxas's report, failing on a
-# spill or on local memory in any function; and the check's own test,
+# src/kernels/*.cu compiled with ptxas's report for each architecture the
+# library's machine code is built for (CMAKE_CUDA_ARCHITECTURES' real
+# ones; without a CUDA build, the default of CMakeLists.txt: sm_80 and
+# sm_90), failing on a spill or on local memory in any function; and the
+# check's own test,
 # which plants both and expects them refused.  Registered wherever nvcc is
 # found, whether or not this build compiles CUDA (ZPP_WITH_CUDA=OFF
 # included), but not in the emulated build, whose suites are label emu.
@@ -14,9 +17,22 @@ if(NOT ZPP_CUDA_EMU)
   endif()
   if(_zpp_nvcc)
     file(GLOB _zpp_kernel_cu CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/*.cu)
+    set(_zpp_ptxas_archs)
+    if(ZPP_WITH_CUDA_ENABLED AND CMAKE_CUDA_ARCHITECTURES)
+      foreach(_a ${CMAKE_CUDA_ARCHITECTURES})
+        # 80, 80-real: sm_80 machine code; 90-virtual is PTX only
+        if(_a MATCHES "^([0-9]+[a-z]?)(-real)?$")
+          list(APPEND _zpp_ptxas_archs sm_${CMAKE_MATCH_1})
+        endif()
+      endforeach()
+    endif()
+    if(NOT _zpp_ptxas_archs)
+      set(_zpp_ptxas_archs sm_80 sm_90)
+    endif()
+    list(JOIN _zpp_ptxas_archs "," _zpp_ptxas_archs)
     add_test(NAME ptxas_check
       COMMAND ${PROJECT_SOURCE_DIR}/tools/check_ptxas.sh --nvcc ${_zpp_nvcc}
-        --arch sm_90 ${_zpp_kernel_cu}
+        --arch ${_zpp_ptxas_archs} ${_zpp_kernel_cu}
         -- -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/include)
     add_test(NAME ptxas_check_refuses
       COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/check_ptxas_test.sh ${_zpp_nvcc}

@@ -273,6 +273,53 @@ TEST(Alignment, QgzAtAnyByteEqualsTheAlignedCall) {
   expect_alignment_free(qgz, false);
 }
 
+// qgZ with error feedback (the fp32 residual) and hadamard 0 or 32: send
+// and receive buffers at the shape's offsets and the residual at an odd
+// byte or a 2-byte boundary give the aligned call's bits, in the output
+// and in the residual, over two steps (the second reads the residual the
+// first wrote).
+void expect_qgz_residual_alignment_free(size_t hadamard) {
+  zpp_qgz_config_t c = ZPP_QGZ_CONFIG_INIT;
+  c.hadamard = hadamard;
+  for (size_t count : {(size_t)7, (size_t)1000})
+    for (const Shape &s : shapes()) {
+      const size_t eoff = s.soff + 1; // 2, 3, 7 or 15
+      SCOPED_TRACE(describe(s, count) + ", residual at +" +
+                   std::to_string(eoff) + ", hadamard " +
+                   std::to_string(hadamard));
+      size_t rn = 0;
+      ASSERT_EQ(zpp_qgz_residual_count(g_comm, count, &rn), ZPP_OK);
+      const size_t es = zpp_dtype_size(s.dt);
+      auto go = [&](size_t soff, size_t roff, size_t roff_res) {
+        BufAt snd(soff, g_size * count * es), rcv(roff, count * es),
+            res(roff_res, rn * 4);
+        EXPECT_TRUE(snd.base && rcv.base && res.base);
+        snd.put(pack(g_rank, g_size * count, s.dt));
+        res.put(std::vector<uint8_t>(rn * 4, 0));
+        for (int step = 0; step < 2; step++) {
+          zpp_status_t st =
+              zpp_qgz_reduce_scatter(g_comm, &c, snd.p(), rcv.p(), count, s.dt,
+                                     ZPP_OP_MEAN, res.p(), nullptr, nullptr);
+          EXPECT_EQ(st, ZPP_OK) << zpp_comm_get_last_error(g_comm);
+        }
+        std::vector<uint8_t> out = rcv.get(), r = res.get();
+        out.insert(out.end(), r.begin(), r.end());
+        return out;
+      };
+      auto want = go(0, 0, 0);
+      auto got = go(s.soff, s.roff, eoff);
+      EXPECT_EQ(got, want);
+    }
+}
+
+TEST(Alignment, QgzWithResidualAtAnyByteEqualsTheAlignedCall) {
+  expect_qgz_residual_alignment_free(0);
+}
+
+TEST(Alignment, QgzHadamardWithResidualAtAnyByteEqualsTheAlignedCall) {
+  expect_qgz_residual_alignment_free(32);
+}
+
 void setup() {
   zpp_test::OpenComm((unsigned long long)seed(), &g_comm, &g_rank, &g_size,
                      &g_nnodes, &g_uniform);

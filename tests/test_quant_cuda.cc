@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -553,6 +554,52 @@ TEST(QuantCudaStream, ScratchStaysReservedInZppsPoolAcrossASynchronize) {
   EXPECT_EQ(zpp_emu_mempool_releases(dev), releases0)
       << "a pool returned the scratch to the OS at the synchronize";
   EXPECT_GE(zpp_emu_mempool_reserved(dev), n * 4) << "the scratch is no longer reserved";
+#endif
+}
+
+// Scratch above the pool's release threshold (ZPP_SCRATCH_POOL_MB, default
+// 256 MiB) goes back at the next synchronisation ("When more than the
+// release threshold bytes of memory are held by the memory pool, the
+// allocator will try to release memory back to the OS on the next call to
+// stream, event or context synchronize.", driver_types.h,
+// cudaMemPoolAttrReleaseThreshold): one large call does not keep its
+// scratch from the application's allocator for the life of the process.
+TEST(QuantCudaStream, ScratchAboveThePoolThresholdIsReleasedAtASynchronize) {
+  ZPP_SKIP_WITHOUT_DEVICE();
+  print_seed("QuantCudaStream scratch release");
+  const char *env = std::getenv("ZPP_SCRATCH_POOL_MB");
+  const size_t threshold = (env ? std::strtoull(env, nullptr, 10) : 256) << 20;
+  const size_t big = threshold + ((size_t)512 << 20); // bytes
+  int dev = -1;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceSynchronize());
+#if ZPP_TEST_CUDA_EMU
+  unsigned long releases0 = zpp_emu_mempool_releases(dev);
+#else
+  size_t free0 = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free0, &total));
+  if (free0 < big + ((size_t)256 << 20))
+    GTEST_SKIP() << "needs " << (big >> 20) << " MiB of free device memory";
+#endif
+  Stream st;
+  ASSERT_NE(st.s, nullptr);
+  char err[256] = "";
+  void *scratch = nullptr;
+  ASSERT_EQ(zpp_ew_alloc_device(big, &scratch, st.s, err, sizeof err), 0)
+      << err;
+  EXPECT_EQ(zpp_ew_zero_device(scratch, big, st.s, err, sizeof err), 0) << err;
+  zpp_ew_free_device(scratch, st.s);
+  CUDA_OK(cudaStreamSynchronize(st.s));
+#if ZPP_TEST_CUDA_EMU
+  EXPECT_GT(zpp_emu_mempool_releases(dev), releases0)
+      << "no pool released memory at the synchronize";
+  EXPECT_LT(zpp_emu_mempool_reserved(dev), (unsigned long long)big)
+      << "the scratch above the threshold is still reserved";
+#else
+  size_t free1 = 0;
+  CUDA_OK(cudaMemGetInfo(&free1, &total));
+  EXPECT_GE(free1 + threshold, free0)
+      << "the scratch above the threshold is still reserved";
 #endif
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The register check of the CUDA kernels: compiles each CUDA file for one
-# GPU architecture with ptxas's resource report (-Xptxas -v) and fails when
-# any function spills registers or uses local memory, printing the
-# function and ptxas's numbers.  A spill or a stack frame puts a kernel's
+# The register check of the CUDA kernels: compiles each CUDA file for each
+# GPU architecture the library is built for, with ptxas's resource report
+# (-Xptxas -v), and fails when any function spills registers or uses local
+# memory, printing the function, the architecture and ptxas's numbers.  A spill or a stack frame puts a kernel's
 # working set in local memory (device memory behind L1): the kernels of
 # src/kernels are written to keep theirs in registers and shared memory.
 # Run by `make test` (ctest: ptxas_check) wherever nvcc is found.
@@ -11,7 +11,10 @@
 #                               [-- NVCC_ARGS...]
 #     --nvcc PATH  the compiler (default: $NVCC, else nvcc on PATH, else
 #                  /usr/local/cuda/bin/nvcc)
-#     --arch ARCH  the architecture ptxas compiles for (default sm_90)
+#     --arch ARCH  an architecture ptxas compiles for (sm_80); repeat it or
+#                  give a comma-separated list for several (default
+#                  sm_80,sm_90: the machine code of CMakeLists.txt's
+#                  default CUDA architectures)
 #     NVCC_ARGS    given to nvcc after the defaults (-std=c++17 and the
 #                  IEEE flags of the library's CUDA build): include
 #                  directories, definitions
@@ -21,11 +24,14 @@
 #   - "N bytes spill stores" or "N bytes spill loads" with N > 0;
 #   - "N bytes stack frame" with N > 0 (a local array indexed at run time,
 #     a call that is not inlined) and "N bytes lmem" with N > 0.
-# Exit status: 0 clean, 1 a function refused, 2 a usage or compile error.
+# A file without kernels or device functions (host code only: ptxas
+# reports no function) passes as "no kernels".
+# Exit status: 0 clean, 1 a function refused, 2 a usage or compile error
+# (every file and architecture is checked before a status 1).
 set -euo pipefail
 
 nvcc=${NVCC:-}
-arch=sm_90
+archs=()
 files=()
 extra=()
 while [ $# -gt 0 ]; do
@@ -35,7 +41,8 @@ while [ $# -gt 0 ]; do
       nvcc=$2; shift 2 ;;
     --arch)
       [ $# -ge 2 ] || { echo "check_ptxas.sh: --arch needs an architecture (sm_90)" >&2; exit 2; }
-      arch=$2; shift 2 ;;
+      IFS=, read -r -a more <<<"$2"
+      archs+=("${more[@]}"); shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "check_ptxas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -48,64 +55,72 @@ if [ -z "$nvcc" ]; then
 fi
 [ -x "$nvcc" ] || { echo "check_ptxas.sh: no nvcc at '$nvcc'" >&2; exit 2; }
 [ ${#files[@]} -gt 0 ] || { echo "check_ptxas.sh: no CUDA file given (see --help)" >&2; exit 2; }
+[ ${#archs[@]} -gt 0 ] || archs=(sm_80 sm_90)
 demangle() { if command -v c++filt > /dev/null; then c++filt; else cat; fi; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bad=0
-for f in "${files[@]}"; do
-  [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
-  if ! "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
-      -Xptxas -v -c "$f" -o "$work/out.o" "${extra[@]}" > "$work/log" 2>&1; then
-    echo "check_ptxas.sh: $f does not compile:" >&2
-    cat "$work/log" >&2
-    exit 2
-  fi
-  # One line per function: name, stack frame, spill stores, spill loads,
-  # lmem, registers (ptxas prints the properties line after the name and
-  # the register line after that).
-  awk '
-    /Function properties for / { flush(); name = $NF; have = 1; next }
-    /bytes stack frame/ {
-      for (i = 1; i <= NF; i++) {
-        if ($(i + 1) == "bytes" && $(i + 2) == "stack") frame = $i
-        if ($(i + 1) == "bytes" && $(i + 2) == "spill" && $(i + 3) ~ /^stores/) st = $i
-        if ($(i + 1) == "bytes" && $(i + 2) == "spill" && $(i + 3) ~ /^loads/) ld = $i
-      }
-      next
-    }
-    /Used [0-9]+ registers/ {
-      for (i = 1; i <= NF; i++) {
-        if ($i == "Used") regs = $(i + 1)
-        if ($(i + 1) == "bytes" && $(i + 2) ~ /^lmem/) lmem = $i
-      }
-      next
-    }
-    function flush() {
-      if (have) print name, frame + 0, st + 0, ld + 0, lmem + 0, regs + 0
-      have = 0; frame = st = ld = lmem = regs = 0
-    }
-    END { flush() }
-  ' "$work/log" > "$work/funcs"
-  n=$(wc -l < "$work/funcs")
-  if [ "$n" -eq 0 ]; then
-    echo "check_ptxas.sh: $f: ptxas reported no function (is -Xptxas -v honoured?)" >&2
-    exit 2
-  fi
-  fbad=0
-  while read -r name frame st ld lmem regs; do
-    if [ "$frame" -gt 0 ] || [ "$st" -gt 0 ] || [ "$ld" -gt 0 ] || [ "$lmem" -gt 0 ]; then
-      echo "$f: $(demangle <<<"$name"): $frame bytes stack frame, $st bytes spill stores," \
-        "$ld bytes spill loads, $lmem bytes lmem ($regs registers, $arch)"
-      fbad=$((fbad + 1))
+for arch in "${archs[@]}"; do
+  for f in "${files[@]}"; do
+    [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
+    if ! "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
+        -Xptxas -v -c "$f" -o "$work/out.o" "${extra[@]}" > "$work/log" 2>&1; then
+      echo "check_ptxas.sh: $f does not compile for $arch:" >&2
+      cat "$work/log" >&2
+      exit 2
     fi
-  done < "$work/funcs"
-  maxr=$(awk 'BEGIN { m = 0 } $6 > m { m = $6 } END { print m }' "$work/funcs")
-  if [ "$fbad" -eq 0 ]; then
-    echo "$f: $n functions for $arch, no spill, no local memory (at most $maxr registers)"
-  else
-    echo "$f: $fbad of $n functions spill or use local memory"
-    bad=1
-  fi
+    # One line per function: name, stack frame, spill stores, spill loads,
+    # lmem, registers (ptxas prints the properties line after the name and
+    # the register line after that).
+    awk '
+      /Function properties for / { flush(); name = $NF; have = 1; next }
+      /bytes stack frame/ {
+        for (i = 1; i <= NF; i++) {
+          if ($(i + 1) == "bytes" && $(i + 2) == "stack") frame = $i
+          if ($(i + 1) == "bytes" && $(i + 2) == "spill" && $(i + 3) ~ /^stores/) st = $i
+          if ($(i + 1) == "bytes" && $(i + 2) == "spill" && $(i + 3) ~ /^loads/) ld = $i
+        }
+        next
+      }
+      /Used [0-9]+ registers/ {
+        for (i = 1; i <= NF; i++) {
+          if ($i == "Used") regs = $(i + 1)
+          if ($(i + 1) == "bytes" && $(i + 2) ~ /^lmem/) lmem = $i
+        }
+        next
+      }
+      function flush() {
+        if (have) print name, frame + 0, st + 0, ld + 0, lmem + 0, regs + 0
+        have = 0; frame = st = ld = lmem = regs = 0
+      }
+      END { flush() }
+    ' "$work/log" > "$work/funcs"
+    n=$(wc -l < "$work/funcs")
+    if [ "$n" -eq 0 ]; then
+      # ptxas -v speaks ("ptxas info") even for a file of host code only
+      if ! grep -q 'ptxas info' "$work/log"; then
+        echo "check_ptxas.sh: $f: no report from ptxas (is -Xptxas -v honoured?)" >&2
+        exit 2
+      fi
+      echo "$f: no kernels for $arch"
+      continue
+    fi
+    fbad=0
+    while read -r name frame st ld lmem regs; do
+      if [ "$frame" -gt 0 ] || [ "$st" -gt 0 ] || [ "$ld" -gt 0 ] || [ "$lmem" -gt 0 ]; then
+        echo "$f: $(demangle <<<"$name"): $frame bytes stack frame, $st bytes spill stores," \
+          "$ld bytes spill loads, $lmem bytes lmem ($regs registers, $arch)"
+        fbad=$((fbad + 1))
+      fi
+    done < "$work/funcs"
+    maxr=$(awk 'BEGIN { m = 0 } $6 > m { m = $6 } END { print m }' "$work/funcs")
+    if [ "$fbad" -eq 0 ]; then
+      echo "$f: $n functions for $arch, no spill, no local memory (at most $maxr registers)"
+    else
+      echo "$f: $fbad of $n functions spill or use local memory ($arch)"
+      bad=1
+    fi
+  done
 done
 exit $bad

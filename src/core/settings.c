@@ -40,6 +40,7 @@ static const struct {
     {"ZPP_NET_RINGS", 1, 64},
     /* MiB: << 20 must fit size_t */
     {"ZPP_SCRATCH_CACHE_MB", 0, 1 << 24},
+    {"ZPP_SCRATCH_POOL_MB", 0, 1 << 24},
 };
 
 static zpp_setting_t settings[] = {
@@ -110,6 +111,11 @@ static zpp_setting_t settings[] = {
      "host scratch memory each communicator keeps between collectives "
      "(the plans' and the host reductions' alike), in MiB (reused instead "
      "of malloc/free per call; 0 keeps none)",
+     NULL, 0},
+    {"ZPP_SCRATCH_POOL_MB", "256",
+     "device scratch memory (zpp's stream-ordered pool, one per device) "
+     "kept reserved between collectives, in MiB; what is above it goes "
+     "back to the device at the next synchronisation (0 keeps none)",
      NULL, 0},
     {"ZPP_NCCL_LIBRARY", "libnccl.so.2",
      "NCCL library the NCCL backend opens with dlopen: a file name the "

@@ -1,9 +1,13 @@
 // Device element-wise helpers of the collectives (elementwise.h): the same
 // per-element rules as elementwise.c, through quant_math.h.
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include <cuda_runtime.h>
 
 #include <stdio.h>
 
+#include "core/core.h" /* zpp_setting_long */
 #include "elementwise.h"
 #include "launch.cuh"
 #include "quant_math.h"
@@ -273,12 +277,21 @@ extern "C" int zpp_ew_ema_residual_device(const float *x, const float *dec,
 }
 
 /* Stream-ordered scratch comes from a pool zpp makes per device (never
- * destroyed) whose release threshold keeps freed memory reserved.  The
- * device's default pool has threshold 0: it returns its free memory to
- * the OS at every stream, event or device synchronisation, so scratch
- * taken per call would be mapped again at every step.  The application's
- * default and current pools are left alone. */
+ * destroyed) whose release threshold, ZPP_SCRATCH_POOL_MB (read once),
+ * keeps that much freed memory reserved: the device's default pool has
+ * threshold 0 and returns its free memory to the OS at every stream,
+ * event or device synchronisation, so scratch taken per call would be
+ * mapped again at every step; above the threshold the memory goes back at
+ * the next synchronisation, so one large call does not keep its scratch
+ * from PyTorch's allocator for the life of the process.  The
+ * application's default and current pools are left alone. */
 namespace {
+
+unsigned long long scratch_pool_threshold() { /* bytes */
+  static const unsigned long long bytes =
+      (unsigned long long)zpp_setting_long("ZPP_SCRATCH_POOL_MB", 256) << 20;
+  return bytes;
+}
 
 constexpr int kScratchPoolDevices = 256;
 cudaMemPool_t g_scratch_pool[kScratchPoolDevices]; /* set once per device */
@@ -296,7 +309,7 @@ cudaError_t scratch_pool(int dev, cudaMemPool_t *out) {
   props.location.id = dev;
   cudaError_t e = cudaMemPoolCreate(&pool, &props);
   if (e != cudaSuccess) return e;
-  unsigned long long keep = ~0ull; /* bytes: all of it */
+  unsigned long long keep = scratch_pool_threshold();
   e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   cudaMemPool_t first = nullptr;
   if (e != cudaSuccess ||

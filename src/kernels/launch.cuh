@@ -318,6 +318,36 @@ __device__ __forceinline__ void store_one(void *p, size_t i, float x) {
   }
 }
 
+// Whether every element of a buffer of run-time `dtype` is naturally
+// aligned (the buffer starts at a multiple of the element size).
+__device__ __forceinline__ bool elems_aligned(const void *p, int dtype) {
+  return (uintptr_t)p % zpp_qm_dtype_bytes(dtype) == 0;
+}
+
+// Element i of a buffer of run-time dtype at any alignment: one plain
+// access (zpp_qm_load) when `aligned` (elems_aligned, decided once per
+// buffer), else load_one's narrower accesses; the same value either way.
+template <LoadKind K>
+__device__ __forceinline__ float load_any(const void *p, size_t i, int dtype,
+                                          bool aligned) {
+  if (aligned)
+    return zpp_qm_load(p, i, dtype);
+  if (dtype == ZPP_QM_F32)
+    return load_one<ZPP_QM_F32, K>(p, i);
+  if (dtype == ZPP_QM_BF16)
+    return load_one<ZPP_QM_BF16, K>(p, i);
+  return load_one<ZPP_QM_F16, K>(p, i);
+}
+
+// x into fp32 element i of p at any alignment (`aligned`: elems_aligned).
+__device__ __forceinline__ void store_f32_any(float *p, size_t i, float x,
+                                              bool aligned) {
+  if (aligned)
+    zpp_qm_store(p, i, ZPP_QM_F32, x);
+  else
+    store_one<ZPP_QM_F32>(p, i, x);
+}
+
 // Runs chunk(e) for the chunk at every element e = head + kChunk * c
 // (grid-stride over c), and one(i) for every element i of the head and of
 // the tail; every element of [0, count) is visited once, by one thread.

@@ -35,6 +35,9 @@
  * output chunk in registers, in table order: init, then the sources one
  * after the other, as the decode-accumulates it replaces.
  */
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include "quant_cuda.cuh"
 
 namespace {
@@ -94,7 +97,8 @@ static_assert(sizeof(EncTable) + sizeof(EncOpts) <= 4000,
 
 /* One block's residual. */
 struct ResView {
-  float *f;       /* F32: the run's residual */
+  float *f;       /* F32: the run's residual, at any byte */
+  bool f_al;      /* F32: f is 4-byte aligned */
   uint8_t *meta;  /* I8: the run's block scales */
   uint8_t *codes; /* I8: the run's codes */
   float scale;    /* I8: this block's old scale */
@@ -106,7 +110,7 @@ __device__ __forceinline__ float old_res(const EncOpts &o, const ResView &rv,
   if (o.reset)
     return 0.0f;
   if (o.res == ZPP_QB_RES_F32)
-    return rv.f[idx];
+    return load_elem_dt(rv.f, idx, ZPP_QM_F32, rv.f_al);
   return zpp_qm_dequantize(zpp_qm_code_value(rv.codes[idx], 8, 0), rv.scale,
                            0.0f);
 }
@@ -232,7 +236,7 @@ quantize_ef(const EncArgs &a, const EncOpts &o, const ResView &rv, uint8_t *pay,
       }
       if (o.res == ZPP_QB_RES_F32) {
         if (write)
-          rv.f[idx] = e;
+          store_f32_elem(rv.f, idx, e, rv.f_al);
       } else {
         x[k][i] = e;
         red_add<false>(re, e);
@@ -327,6 +331,7 @@ __global__ void __launch_bounds__(kMaxGroup)
       len = min_sz(o.block, a.count - b * o.block);
       nseg = ceil_div(ceil_div(len, C), seg_chunks);
       rv.f = (float *)tab.r[e].res;
+      rv.f_al = (uintptr_t)tab.r[e].res % 4 == 0;
       rv.meta = (uint8_t *)tab.r[e].res;
       rv.codes = tab.r[e].res_codes;
       if (o.res == ZPP_QB_RES_I8 && !o.reset)
@@ -404,6 +409,32 @@ struct SumOpts {
 static_assert(sizeof(SumTable) + sizeof(SumOpts) <= 4000,
               "the kernel parameters stay within 4 KiB");
 
+/* Elements [e, e + n) of a buffer of run-time dtype dt that may start at
+ * any byte (init: the caller's send buffer, qgZ's own slice; a raw
+ * source), into x[0, n): plain accesses (zpp_qm_load) when the buffer is
+ * aligned to its element, else byte by byte.  The path is chosen once for
+ * the chunk, outside the unrolled loops (one per path: an access chosen per
+ * element makes ptxas spill for sm_80). */
+template <int C>
+__device__ __forceinline__ void load_raw(const void *p, size_t e, int n, int dt,
+                                         float (&x)[C]) {
+  const int es = elem_size(dt);
+  if ((uintptr_t)p % es == 0) {
+#pragma unroll
+    for (int i = 0; i < C; i++)
+      if (i < n)
+        x[i] = zpp_qm_load(p, e + i, dt);
+    return;
+  }
+  const uint8_t *q = (const uint8_t *)p + e * es;
+#pragma unroll
+  for (int i = 0; i < C; i++)
+    if (i < n) {
+      uint32_t h = ld_bytes(q + i * es, es);
+      x[i] = dt == ZPP_QM_F32 ? zpp_qm_bits_f32(h) : half_bits_to_f32(dt, h);
+    }
+}
+
 /* BITS 0: the sources are raw elements of o.src_dtype. */
 template <int BITS, bool ASYM>
 __global__ void __launch_bounds__(kMaxGroup)
@@ -443,10 +474,7 @@ __global__ void __launch_bounds__(kMaxGroup)
       const size_t e0 = off + j * C;
       float v[C];
       if (init != nullptr) {
-#pragma unroll
-        for (int i = 0; i < C; i++)
-          if (i < n)
-            v[i] = zpp_qm_load(init, e0 + i, o.init_dtype);
+        load_raw<C>(init, e0, n, o.init_dtype, v);
       } else if (n == C && out_vec) {
         load_chunk<ZPP_QM_F32, C>(out, e0, v);
       } else {
@@ -458,10 +486,12 @@ __global__ void __launch_bounds__(kMaxGroup)
       for (unsigned sj = s0; sj < s1; sj++) {
         const uint8_t *src = (const uint8_t *)tab.src[sj];
         if constexpr (BITS == 0) { /* fp32(src) + sum: the add-residual */
+          float x[C];
+          load_raw<C>(src, e0, n, o.src_dtype, x);
 #pragma unroll
           for (int i = 0; i < C; i++)
             if (i < n)
-              v[i] = zpp_qm_add(zpp_qm_load(src, e0 + i, o.src_dtype), v[i]);
+              v[i] = zpp_qm_add(x[i], v[i]);
           continue;
         }
         const uint8_t *meta = src + b * mb;

@@ -41,6 +41,9 @@
  * (no allocation, no memset, no synchronisation), so the launchers can be
  * captured into a CUDA graph.
  */
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include "quant_cuda.h"
 #include "quant_math.h"
 
@@ -75,7 +78,10 @@ __global__ void __launch_bounds__(kMaxGroup) encode_kernel(EncArgs a) {
       size_t seg = 0;
       b = w;
       if (MODE != kFull) {
-        b = div_sz(w, a.spb);
+        /* in 32 bits: the launcher splits blocks only while nwork fits
+         * (a 64-bit division, a subroutine call, gives the fp16 reduce
+         * kernels a stack frame and spills on sm_80) */
+        b = (uint32_t)w / (uint32_t)a.spb;
         seg = w - b * a.spb;
       }
       len = min_sz(a.block, a.count - b * a.block);
@@ -282,7 +288,9 @@ int encode_run(const zpp_qcfg_t *cfg, const void *src, size_t count,
                   a);
   }
   a.G = kMaxGroup;
-  if (!a.meta_aligned || a.nb >= kLoopMinBlocks) { /* one CTA per block */
+  const size_t spb = ceil_div(nc, (size_t)kMaxGroup * R);
+  if (!a.meta_aligned || a.nb >= kLoopMinBlocks ||
+      a.nb * spb > UINT32_MAX) { /* one CTA per block */
     a.nwork = a.nb;
     a.spb = 1;
     return launch("encode kernel (looping)",
@@ -290,7 +298,7 @@ int encode_run(const zpp_qcfg_t *cfg, const void *src, size_t count,
                   err, errlen, a);
   }
   /* split blocks: reset, reduce, quantise, finish (stream ordered) */
-  a.spb = ceil_div(nc, (size_t)kMaxGroup * R);
+  a.spb = spb; /* nwork < 2^32: the kernels divide in 32 bits */
   a.nwork = a.nb * a.spb;
   size_t meta_ctas = ceil_div(a.nb, kCta);
   if (launch("encode reset kernel", reset_meta_kernel<ASYM>, meta_ctas, kCta,

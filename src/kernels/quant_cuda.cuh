@@ -115,6 +115,29 @@ __device__ __forceinline__ float half_bits_to_f32(int dt, uint32_t h) {
                            : zpp_qm_f16_to_f32((uint16_t)h);
 }
 
+/* Element i of a buffer of run-time dtype dt: one plain access
+ * (zpp_qm_load) when `aligned` (the buffer starts at a multiple of the
+ * element size: decided once per buffer), else byte by byte; the same
+ * value either way. */
+__device__ __forceinline__ float load_elem_dt(const void *p, size_t i, int dt,
+                                              bool aligned) {
+  if (aligned)
+    return zpp_qm_load(p, i, dt);
+  const uint8_t *q = (const uint8_t *)p + i * elem_size(dt);
+  if (dt == ZPP_QM_F32)
+    return zpp_qm_bits_f32(ld_bytes(q, 4));
+  return half_bits_to_f32(dt, ld_bytes(q, 2));
+}
+
+/* v into fp32 element i of p, as load_elem_dt reads it. */
+__device__ __forceinline__ void store_f32_elem(void *p, size_t i, float v,
+                                               bool aligned) {
+  if (aligned)
+    zpp_qm_store(p, i, ZPP_QM_F32, v);
+  else
+    st_bytes((uint8_t *)p + 4 * i, zpp_qm_f32_bits(v), 4);
+}
+
 /* Element i of a DT buffer, through the shared conversions. */
 template <int DT>
 __device__ __forceinline__ float load_elem(const void *p, size_t i,

@@ -48,8 +48,9 @@ enum {
 typedef struct {
   const void *src;    /* count elements of the batch's dtype */
   uint8_t *dst;       /* zpp_quant_bytes(q, count) bytes */
-  void *res;          /* F32: count floats; I8: 4 bytes (the fp32 scale) a
-                         block, block after block; NONE: unused */
+  void *res;          /* F32: count floats at any byte; I8: 4 bytes (the
+                         fp32 scale) a block, block after block; NONE:
+                         unused */
   uint8_t *res_codes; /* I8: the blocks' codes, block after block (count
                          bytes); otherwise unused */
   size_t count;
@@ -101,7 +102,8 @@ int zpp_quant_cuda_encode_batch(const zpp_qb_enc_t *b,
  * that order. */
 typedef struct {
   float *out;
-  const void *init; /* count elements of the init dtype, or NULL */
+  const void *init; /* count elements of the init dtype at any byte, or
+                       NULL */
   size_t count;
   size_t first, n;
 } zpp_qb_sum_run_t;

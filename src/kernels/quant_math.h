@@ -20,6 +20,10 @@
 #include <string.h>
 #endif
 
+#if defined(ZPP_QM_DEVICE_CODE) && defined(__cplusplus)
+#include <cuda_runtime.h> /* the emulator's: ZPP_CUDA_EMU, zpp_emu_misaligned */
+#endif
+
 #if defined(__CUDACC__)
 #define ZPP_QM_HD __host__ __device__ __forceinline__
 #else
@@ -146,6 +150,24 @@ static ZPP_QM_HD uint16_t zpp_qm_f32_to_f16(float f) {
   }
 }
 
+/* Device code compiled as C++ for the CPU emulator (tests/cuda_emu: its
+ * cuda_runtime.h defines ZPP_CUDA_EMU; the kernel sources define
+ * ZPP_QM_DEVICE_CODE before their includes) checks that each element
+ * zpp_qm_load and zpp_qm_store access is naturally aligned, as the one
+ * plain access of the GPU requires, and faults there as the GPU does
+ * (zpp_emu_misaligned: a sticky cudaErrorMisalignedAddress).  Host code
+ * copies bytes and checks nothing. */
+#if !defined(__CUDA_ARCH__) && defined(ZPP_CUDA_EMU) &&                        \
+    defined(ZPP_QM_DEVICE_CODE)
+#define ZPP_QM_EMU_CHECK_ALIGNED(q, n, op)                                     \
+  do {                                                                         \
+    if ((uintptr_t)(q) % (n) != 0)                                             \
+      zpp_emu_misaligned((q), (n), (op));                                      \
+  } while (0)
+#else
+#define ZPP_QM_EMU_CHECK_ALIGNED(q, n, op) ((void)0)
+#endif
+
 /* Element i of a buffer of `dtype`.  Host code copies bytes, so buffers of
  * any alignment are accepted.  Device code makes one plain access of the
  * element's size, which a GPU refuses (cudaErrorMisalignedAddress) unless
@@ -162,10 +184,12 @@ static ZPP_QM_HD float zpp_qm_load(const void *p, size_t i, int dtype) {
 #else
   if (dtype == ZPP_QM_F32) {
     float f;
+    ZPP_QM_EMU_CHECK_ALIGNED((const char *)p + 4 * i, 4, "zpp_qm_load");
     memcpy(&f, (const char *)p + 4 * i, 4);
     return f;
   } else {
     uint16_t h;
+    ZPP_QM_EMU_CHECK_ALIGNED((const char *)p + 2 * i, 2, "zpp_qm_load");
     memcpy(&h, (const char *)p + 2 * i, 2);
     return dtype == ZPP_QM_BF16 ? zpp_qm_bf16_to_f32(h) : zpp_qm_f16_to_f32(h);
   }
@@ -182,10 +206,12 @@ static ZPP_QM_HD void zpp_qm_store(void *p, size_t i, int dtype, float v) {
     ((uint16_t *)p)[i] = zpp_qm_f32_to_f16(v);
 #else
   if (dtype == ZPP_QM_F32) {
+    ZPP_QM_EMU_CHECK_ALIGNED((char *)p + 4 * i, 4, "zpp_qm_store");
     memcpy((char *)p + 4 * i, &v, 4);
   } else {
     uint16_t h =
         dtype == ZPP_QM_BF16 ? zpp_qm_f32_to_bf16(v) : zpp_qm_f32_to_f16(v);
+    ZPP_QM_EMU_CHECK_ALIGNED((char *)p + 2 * i, 2, "zpp_qm_store");
     memcpy((char *)p + 2 * i, &h, 2);
   }
 #endif

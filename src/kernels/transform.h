@@ -35,8 +35,8 @@ void zpp_tf_wdiff_host(int dtype, const void *recon, const float *target,
                        size_t count, float *out);
 
 /* Device versions on `stream` (a cudaStream_t): 0, or non-zero with the
- * CUDA message in err (or a group that is not a power of two).  wdiff's
- * buffers may start at any byte, and out may be target. */
+ * CUDA message in err (or a group that is not a power of two).  Their
+ * buffers may start at any byte; wdiff's out may be target. */
 int zpp_tf_hadamard_device(size_t g, int dtype, const void *src,
                            size_t count, float *dst, void *stream, char *err,
                            size_t errlen);

@@ -21,6 +21,9 @@
 //     (element k * 512 + t of the tile by thread t), coalesced.
 //   - wdiff_kernel moves its buffers in launch.cuh's chunks of 16-byte
 //     accesses where the alignment allows, any alignment otherwise.
+/* Device code: quant_math.h checks its accesses under the emulator. */
+#define ZPP_QM_DEVICE_CODE 1
+
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -77,6 +80,9 @@ struct HadPass {
   float c;      /* zpp_qm_hadamard_scale(g) */
 };
 
+static_assert(sizeof(HadTable) + sizeof(HadPass) <= 4096,
+              "the kernel parameters fit 4 KiB");
+
 __device__ __forceinline__ unsigned find_entry(const HadTable &t, size_t w) {
   unsigned lo = 0, hi = t.n; /* first[lo] <= w < first[hi] */
   while (hi - lo > 1) {
@@ -132,13 +138,18 @@ __global__ void __launch_bounds__(kHThreads, 2)
     const void *src = t.e[e].src;
     float *dst = t.e[e].dst;
     const size_t n = t.e[e].n;
+    /* the caller's buffers may start at any byte */
+    const bool src_al = zpp_kl::elems_aligned(src, p.dtype);
+    const bool dst_al = zpp_kl::elems_aligned(dst, ZPP_QM_F32);
 #pragma unroll
     for (unsigned k = 0; k < kPer; k++) {
       unsigned u = k * kHThreads + tid;
       size_t j = had_index(tile, u, kc, p);
       float v = 0.0f; /* past the last whole group: never stored */
       if (j < n)
-        v = p.first ? zpp_qm_load(src, j, p.dtype) : dst[j];
+        v = p.first
+                ? zpp_kl::load_any<zpp_kl::kRead>(src, j, p.dtype, src_al)
+                : zpp_kl::load_any<zpp_kl::kUpdate>(dst, j, ZPP_QM_F32, dst_al);
       s[pad(u)] = v;
     }
     __syncthreads();
@@ -173,7 +184,8 @@ __global__ void __launch_bounds__(kHThreads, 2)
       unsigned u = k * kHThreads + tid;
       size_t j = had_index(tile, u, kc, p);
       if (j < n)
-        dst[j] = p.last ? s[pad(u)] * p.c : s[pad(u)];
+        zpp_kl::store_f32_any(dst, j, p.last ? s[pad(u)] * p.c : s[pad(u)],
+                              dst_al);
     }
     __syncthreads(); /* s is refilled by the next tile */
   }
@@ -186,9 +198,13 @@ __global__ void __launch_bounds__(kHThreads, 2)
     float *dst = t.e[e].dst;
     if (p.dtype == ZPP_QM_F32 && src == (const void *)dst)
       continue;
+    const bool src_al = zpp_kl::elems_aligned(src, p.dtype);
+    const bool dst_al = zpp_kl::elems_aligned(dst, ZPP_QM_F32);
     for (size_t i = t.e[e].n + (size_t)blockIdx.x * kHThreads + tid;
          i < t.e[e].count; i += (size_t)gridDim.x * kHThreads)
-      dst[i] = zpp_qm_load(src, i, p.dtype);
+      zpp_kl::store_f32_any(
+          dst, i, zpp_kl::load_any<zpp_kl::kRead>(src, i, p.dtype, src_al),
+          dst_al);
   }
 }
 
