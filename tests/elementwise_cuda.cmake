@@ -14,8 +14,10 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_elementwise_cuda.cc)
       GTest::gtest_main)
     target_include_directories(test_elementwise_cuda PRIVATE
       ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/cuda_emu)
+    # the longest case shortened (the CPU runs every CUDA thread): 300007
+    # elements still take several CTAs of grid-stride work
     target_compile_definitions(test_elementwise_cuda PRIVATE ZPP_HAVE_CUDA=1
-      ZPP_TEST_CUDA_EMU=1)
+      ZPP_TEST_CUDA_EMU=1 ZPP_TEST_ELEMENTWISE_LONG=300007)
     add_test(NAME elementwise_device_emu COMMAND test_elementwise_cuda)
     # every case synchronises: a short delay per operation keeps it quick
     set_tests_properties(elementwise_device_emu PROPERTIES LABELS emu

@@ -259,7 +259,8 @@ void expect_out(const DevBuf &b, const std::vector<uint32_t> &want) {
 
 // ---- cases -----------------------------------------------------------------
 
-// The longest length (test_elementwise_cuda_arch.cc shortens it).
+// The longest length (test_elementwise_cuda_arch.cc and the emulated
+// build shorten it).
 #ifndef ZPP_TEST_ELEMENTWISE_LONG
 #define ZPP_TEST_ELEMENTWISE_LONG 1000003
 #endif

@@ -15,6 +15,7 @@
 #                  give a comma-separated list for several (default
 #                  sm_80,sm_90: the machine code of CMakeLists.txt's
 #                  default CUDA architectures)
+#     ZPP_PTXAS_JOBS  compilations at a time (default: the processors)
 #     NVCC_ARGS    given to nvcc after the defaults (-std=c++17 and the
 #                  IEEE flags of the library's CUDA build): include
 #                  directories, definitions
@@ -61,11 +62,29 @@ demangle() { if command -v c++filt > /dev/null; then c++filt; else cat; fi; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bad=0
+for f in "${files[@]}"; do
+  [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
+done
+# Every (architecture, file) compiled first, ZPP_PTXAS_JOBS at a time
+# (default: the processors), each into a log of its own; then read.
+jobs=${ZPP_PTXAS_JOBS:-$(nproc 2> /dev/null || echo 2)}
+k=0
 for arch in "${archs[@]}"; do
   for f in "${files[@]}"; do
-    [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
-    if ! "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
-        -Xptxas -v -c "$f" -o "$work/out.o" "${extra[@]}" > "$work/log" 2>&1; then
+    k=$((k + 1))
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    ( "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
+        -Xptxas -v -c "$f" -o "$work/out$k.o" "${extra[@]}" > "$work/log$k" 2>&1
+      echo $? > "$work/rc$k" ) &
+  done
+done
+wait
+k=0
+for arch in "${archs[@]}"; do
+  for f in "${files[@]}"; do
+    k=$((k + 1))
+    cp "$work/log$k" "$work/log"
+    if [ "$(cat "$work/rc$k" 2> /dev/null || echo 1)" != 0 ]; then
       echo "check_ptxas.sh: $f does not compile for $arch:" >&2
       cat "$work/log" >&2
       exit 2
