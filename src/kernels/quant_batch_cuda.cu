@@ -497,16 +497,8 @@ __global__ void __launch_bounds__(kMaxGroup)
         const uint8_t *meta = src + b * mb;
         const uint8_t *q = src + nb * mb + b * pb + 4 * W * j;
         const bool meta_aligned = (uintptr_t)src % 4 == 0;
-        float scale, zero = 0.0f;
-        if (meta_aligned) {
-          scale = reinterpret_cast<const float *>(meta)[0];
-          if (ASYM)
-            zero = reinterpret_cast<const float *>(meta)[1];
-        } else {
-          scale = zpp_qm_bits_f32(ld_bytes(meta, 4));
-          if (ASYM)
-            zero = zpp_qm_bits_f32(ld_bytes(meta + 4, 4));
-        }
+        float scale, zero;
+        load_meta<ASYM>(meta, meta_aligned, scale, zero);
         uint32_t word[W];
         if (n == C && chunk_aligned && meta_aligned) {
 #pragma unroll

@@ -209,16 +209,8 @@ __global__ void __launch_bounds__(kMaxGroup) decode_kernel(DecArgs a) {
     const size_t len = min_sz(a.block, a.count - off);
     const uint8_t *meta = a.src + b * mb;
     const uint8_t *pay = a.src + a.nb * mb + b * pb;
-    float scale, zero = 0.0f;
-    if (a.meta_aligned) {
-      scale = reinterpret_cast<const float *>(meta)[0];
-      if (ASYM)
-        zero = reinterpret_cast<const float *>(meta)[1];
-    } else {
-      scale = zpp_qm_bits_f32(ld_bytes(meta, 4));
-      if (ASYM)
-        zero = zpp_qm_bits_f32(ld_bytes(meta + 4, 4));
-    }
+    float scale, zero;
+    load_meta<ASYM>(meta, a.meta_aligned, scale, zero);
 #pragma unroll
     for (int k = 0; k < R; k++) {
       size_t j = (seg * R + k) * G + t;

@@ -83,6 +83,23 @@ __device__ __forceinline__ uint32_t ld_bytes(const uint8_t *p, int n) {
     v |= (uint32_t)p[i] << (8 * i);
   return v;
 }
+
+/* A block's metadata: the fp32 scale, then (ASYM) the fp32 zero point;
+ * `aligned`: meta is 4-byte aligned (else read byte by byte). */
+template <bool ASYM>
+__device__ __forceinline__ void load_meta(const uint8_t *meta, bool aligned,
+                                          float &scale, float &zero) {
+  zero = 0.0f;
+  if (aligned) {
+    scale = reinterpret_cast<const float *>(meta)[0];
+    if (ASYM)
+      zero = reinterpret_cast<const float *>(meta)[1];
+  } else {
+    scale = zpp_qm_bits_f32(ld_bytes(meta, 4));
+    if (ASYM)
+      zero = zpp_qm_bits_f32(ld_bytes(meta + 4, 4));
+  }
+}
 __device__ __forceinline__ void st_bytes(uint8_t *p, uint32_t v, int n) {
   for (int i = 0; i < n; i++)
     p[i] = (uint8_t)(v >> (8 * i));
