@@ -19,11 +19,10 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import numpy as np
 
-from stream_driver import FakeTorch, bounded, data, finish, gathered
+from stream_driver import bounded, data, finish, gathered, setup
 
 SEED = int(os.environ.get("ZPP_TEST_SEED", "20261207"))
 LOOPS = 200
@@ -43,16 +42,9 @@ def settle(w):
 
 def main():
     backend = sys.argv[1]
-    lr = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-    fake = FakeTorch(lr)
-    sys.modules["torch"] = fake.module  # before zpp imports it
+    fake, cu, dev, lr = setup(backend)
     import zpp
     import zpp.comm
-    from emu_cuda import Cuda, find
-
-    cu = Cuda(find(Path(os.environ["ZPP_BUILD_DIR"])))
-    cu.set_device(lr)
-    dev = zpp.Comm.from_mpi(memory="device", device=lr, backend=backend)
     r, W = dev.rank, dev.size
     done = {"seed": SEED, "world": W, "backend": dev.backend}
     n = 37

@@ -117,8 +117,10 @@ class FakeTorch:
         return t
 
 
-def main():
-    backend = sys.argv[1]
+def setup(backend):
+    """The stand-in of torch (installed before zpp imports torch), the
+    emulated runtime on this rank's device and a device communicator:
+    (fake, cu, dev, local rank)."""
     lr = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
     fake = FakeTorch(lr)
     sys.modules["torch"] = fake.module  # before zpp imports it
@@ -128,6 +130,13 @@ def main():
     cu = Cuda(find(Path(os.environ["ZPP_BUILD_DIR"])))
     cu.set_device(lr)
     dev = zpp.Comm.from_mpi(memory="device", device=lr, backend=backend)
+    return fake, cu, dev, lr
+
+
+def main():
+    backend = sys.argv[1]
+    fake, cu, dev, lr = setup(backend)
+    import zpp
     r, W = dev.rank, dev.size
     done = {"seed": SEED, "world": W, "backend": dev.backend}
     n = 1001
