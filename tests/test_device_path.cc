@@ -74,11 +74,14 @@ struct DevBuf {
   float *f() { return (float *)p; }
 };
 
-zpp_comm_t make_comm(zpp_backend_t be, int device) {
+// timeout_s > 0: the communicator's own timeout (zpp reads ZPP_TIMEOUT_S,
+// 60 in these tests, only once per process)
+zpp_comm_t make_comm(zpp_backend_t be, int device, double timeout_s = 0) {
   zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
   cfg.memory = ZPP_MEMORY_DEVICE;
   cfg.backend = be;
   cfg.cuda_device = device;
+  cfg.timeout_s = timeout_s;
   zpp_comm_t c = nullptr;
   zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
   EXPECT_EQ(st, ZPP_OK) << zpp_get_last_error();
@@ -546,13 +549,8 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
   if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
   const size_t n = 4096;
   // the timeout in the config: zpp reads ZPP_TIMEOUT_S (60 here) only once
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  cfg.memory = ZPP_MEMORY_DEVICE;
-  cfg.backend = ZPP_BACKEND_MPI;
-  cfg.cuda_device = -1;
-  cfg.timeout_s = 1;
-  zpp_comm_t comm = nullptr;  // makes its device current
-  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1, 1);  // makes its device current
+  ASSERT_NE(comm, nullptr);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
@@ -606,13 +604,8 @@ TEST(DevicePath, StagingWaitsAreBoundedByTheTimeout) {
 TEST(DevicePath, AbortEndsAStagingWait) {
   if (!run_case("stallsync")) GTEST_SKIP() << "ZPP_TEST_CASE";
   const size_t n = 1024;
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;  // (zpp reads ZPP_TIMEOUT_S once)
-  cfg.memory = ZPP_MEMORY_DEVICE;
-  cfg.backend = ZPP_BACKEND_MPI;
-  cfg.cuda_device = -1;
-  cfg.timeout_s = 10;
-  zpp_comm_t comm = nullptr;
-  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1, 10);  // makes its device current
+  ASSERT_NE(comm, nullptr);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
@@ -1310,13 +1303,8 @@ TEST(DevicePath, PerThreadStreamIsTheCallers) {
 //             the call, queue time included)
 TEST(DevicePath, HpzDestroyUnderAQueuedStagedGatherDoesNotDeadlock) {
   if (!run_case("destroy")) GTEST_SKIP() << "ZPP_TEST_CASE";
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  cfg.memory = ZPP_MEMORY_DEVICE;
-  cfg.backend = ZPP_BACKEND_MPI;
-  cfg.cuda_device = -1;
-  cfg.timeout_s = 5;
-  zpp_comm_t comm = nullptr;
-  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1, 5);  // makes its device current
+  ASSERT_NE(comm, nullptr);
   const size_t n = 4096;
   zpp_hpz_config_t hc = ZPP_HPZ_CONFIG_INIT;
   zpp_hpz_t h = nullptr;
@@ -1349,13 +1337,8 @@ TEST(DevicePath, HpzDestroyUnderAQueuedStagedGatherDoesNotDeadlock) {
 
 TEST(DevicePath, QueuedStagedCallsAreTimedFromTheirTurn) {
   if (!run_case("queue")) GTEST_SKIP() << "ZPP_TEST_CASE";
-  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
-  cfg.memory = ZPP_MEMORY_DEVICE;
-  cfg.backend = ZPP_BACKEND_MPI;
-  cfg.cuda_device = -1;
-  cfg.timeout_s = 2;
-  zpp_comm_t comm = nullptr;
-  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm), ZPP_OK) << zpp_get_last_error();
+  zpp_comm_t comm = make_comm(ZPP_BACKEND_MPI, -1, 2);  // makes its device current
+  ASSERT_NE(comm, nullptr);
   const size_t n = 2048;
   std::vector<float> x = gen(g_rank, n, 41);
   DevBuf dx(n * 4), dy(n * 4 * (size_t)g_size);
