@@ -73,5 +73,43 @@ expect "the file after one without kernels is checked" 1 \
 printf '__global__ void broken(float *x) { x[0] = undeclared; }\n' > "$work/broken.cu"
 expect "a file that does not compile" 2 'does not compile' "$work/broken.cu"
 
+# --logs: the reports the library's build saves through tools/ptxas_log.sh
+# (one compile for both architectures, as CMake compiles), read without
+# compiling: the same verdicts, and a file without its log, or a log
+# without an architecture asked for, is an error.
+logs=$work/logs
+for f in clean lmem spill host; do
+  "$src/tools/ptxas_log.sh" "$logs" "$nvcc" -gencode arch=compute_80,code=sm_80 \
+    -gencode arch=compute_90,code=sm_90 -std=c++17 -Xptxas=-v -c "$work/$f.cu" \
+    -o "$work/$f.o" 2> "$work/launcher.err"
+done
+if grep -q 'ptxas info' "$work/launcher.err"; then
+  echo "FAIL: tools/ptxas_log.sh passed ptxas's report on to the build's output"
+  failn=$((failn + 1))
+fi
+expect_logs() { # name want-status pattern arch files...
+  local out rc=0 name=$1 want=$2 pat=$3 arch=$4
+  shift 4
+  out=$("$chk" --logs "$logs" --arch "$arch" "$@" 2>&1) || rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL: --logs: $name: exit $rc, want $want:"; echo "$out"; failn=$((failn + 1)); return
+  fi
+  if grep -q -- "$pat" <<<"$out"; then
+    echo "ok: --logs: $name"; pass=$((pass + 1))
+  else
+    echo "FAIL: --logs: $name: the output does not name '$pat':"; echo "$out"; failn=$((failn + 1))
+  fi
+}
+expect_logs "a clean kernel passes on both architectures" 0 'clean.cu: 1 functions for sm_90' \
+  sm_80,sm_90 "$work/clean.cu"
+expect_logs "a local array on sm_80" 1 'local_array(int const\*, float\*): .*sm_80' \
+  sm_80 "$work/clean.cu" "$work/lmem.cu"
+expect_logs "a spill on sm_90" 1 'many_live(float const\*, float\*): .* [1-9][0-9]* bytes spill stores.*sm_90' \
+  sm_90 "$work/spill.cu"
+expect_logs "a file without kernels passes" 0 'host.cu: no kernels for sm_80' sm_80 "$work/host.cu"
+expect_logs "a file the build did not compile" 2 'no ptxas report' sm_90 "$work/broken.cu"
+expect_logs "an architecture the build did not compile for" 2 'no ptxas report for sm_100' \
+  sm_100 "$work/clean.cu"
+
 echo "check_ptxas_test: $pass passed, $failn failed"
 [ "$failn" -eq 0 ]

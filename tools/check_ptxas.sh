@@ -9,12 +9,18 @@
 #
 #   usage: tools/check_ptxas.sh [--nvcc PATH] [--arch ARCH] FILE.cu...
 #                               [-- NVCC_ARGS...]
+#          tools/check_ptxas.sh --logs DIR [--arch ARCH] FILE.cu...
 #     --nvcc PATH  the compiler (default: $NVCC, else nvcc on PATH, else
 #                  /usr/local/cuda/bin/nvcc)
 #     --arch ARCH  an architecture ptxas compiles for (sm_80); repeat it or
 #                  give a comma-separated list for several (default
 #                  sm_80,sm_90: the machine code of CMakeLists.txt's
 #                  default CUDA architectures)
+#     --logs DIR   compile nothing: read the reports the library's own CUDA
+#                  build saved (tools/ptxas_log.sh writes DIR/FILE.cu.log for
+#                  each FILE.cu it compiles with -Xptxas -v); a FILE.cu
+#                  without its log, or a log without an ARCH that the file
+#                  has kernels for, is an error (2)
 #     ZPP_PTXAS_JOBS  compilations at a time (default: the processors)
 #     NVCC_ARGS    given to nvcc after the defaults (-std=c++17 and the
 #                  IEEE flags of the library's CUDA build): include
@@ -32,6 +38,7 @@
 set -euo pipefail
 
 nvcc=${NVCC:-}
+logs=
 archs=()
 files=()
 extra=()
@@ -40,6 +47,9 @@ while [ $# -gt 0 ]; do
     --nvcc)
       [ $# -ge 2 ] || { echo "check_ptxas.sh: --nvcc needs a path" >&2; exit 2; }
       nvcc=$2; shift 2 ;;
+    --logs)
+      [ $# -ge 2 ] || { echo "check_ptxas.sh: --logs needs a directory" >&2; exit 2; }
+      logs=$2; shift 2 ;;
     --arch)
       [ $# -ge 2 ] || { echo "check_ptxas.sh: --arch needs an architecture (sm_90)" >&2; exit 2; }
       IFS=, read -r -a more <<<"$2"
@@ -50,11 +60,13 @@ while [ $# -gt 0 ]; do
     *) files+=("$1"); shift ;;
   esac
 done
-if [ -z "$nvcc" ]; then
-  nvcc=$(command -v nvcc || true)
-  [ -n "$nvcc" ] || nvcc=/usr/local/cuda/bin/nvcc
+if [ -z "$logs" ]; then
+  if [ -z "$nvcc" ]; then
+    nvcc=$(command -v nvcc || true)
+    [ -n "$nvcc" ] || nvcc=/usr/local/cuda/bin/nvcc
+  fi
+  [ -x "$nvcc" ] || { echo "check_ptxas.sh: no nvcc at '$nvcc'" >&2; exit 2; }
 fi
-[ -x "$nvcc" ] || { echo "check_ptxas.sh: no nvcc at '$nvcc'" >&2; exit 2; }
 [ ${#files[@]} -gt 0 ] || { echo "check_ptxas.sh: no CUDA file given (see --help)" >&2; exit 2; }
 [ ${#archs[@]} -gt 0 ] || archs=(sm_80 sm_90)
 demangle() { if command -v c++filt > /dev/null; then c++filt; else cat; fi; }
@@ -65,20 +77,66 @@ bad=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
 done
-# Every (architecture, file) compiled first, ZPP_PTXAS_JOBS at a time
-# (default: the processors), each into a log of its own; then read.
-jobs=${ZPP_PTXAS_JOBS:-$(nproc 2> /dev/null || echo 2)}
-k=0
-for arch in "${archs[@]}"; do
+if [ -n "$logs" ]; then
+  # The build's reports: one log per file with every architecture's ptxas
+  # run in turn, each opening with its "bytes gmem" line and naming its
+  # architecture in "Compiling entry function '...' for 'sm_NN'".  Split
+  # into one log per (architecture, file), numbered as the compile mode
+  # numbers them; an architecture the file has no section for gets an
+  # empty log (no report: an error below, unless the file has no kernels).
+  [ -d "$logs" ] || { echo "check_ptxas.sh: no log directory '$logs'" >&2; exit 2; }
+  fi_=0
   for f in "${files[@]}"; do
-    k=$((k + 1))
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-    ( "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
-        -Xptxas -v -c "$f" -o "$work/out$k.o" "${extra[@]}" > "$work/log$k" 2>&1
-      echo $? > "$work/rc$k" ) &
+    fi_=$((fi_ + 1))
+    log=$logs/$(basename "$f").log
+    if [ ! -f "$log" ]; then
+      echo "check_ptxas.sh: no ptxas report '$log' for $f (is it one of the" \
+        "library's CUDA sources, built with tools/ptxas_log.sh?)" >&2
+      exit 2
+    fi
+    awk -v out="$work/sec$fi_" '
+      /bytes gmem/ { n++ }
+      { sec[n] = sec[n] $0 "\n" }
+      /Compiling entry function .* for / && !(n in arch) {
+        a = $NF; gsub(/\047/, "", a); arch[n] = a
+      }
+      END { for (i in arch) printf "%s", sec[i] > (out "." arch[i]) }
+    ' "$log"
+    kernels=$(grep -c "Compiling entry function" "$log" || true)
+    k=0
+    for arch in "${archs[@]}"; do
+      for g in "${files[@]}"; do
+        k=$((k + 1))
+        [ "$g" = "$f" ] || continue
+        echo 0 > "$work/rc$k"
+        if [ -f "$work/sec$fi_.$arch" ]; then
+          cp "$work/sec$fi_.$arch" "$work/log$k"
+        elif [ "$kernels" -eq 0 ] && grep -q 'ptxas info' "$log"; then
+          echo "ptxas info    : no kernels" > "$work/log$k"
+        else
+          echo "check_ptxas.sh: $log has no ptxas report for $arch (the build's" \
+            "CUDA architectures and --arch differ)" >&2
+          exit 2
+        fi
+      done
+    done
   done
-done
-wait
+else
+  # Every (architecture, file) compiled first, ZPP_PTXAS_JOBS at a time
+  # (default: the processors), each into a log of its own; then read.
+  jobs=${ZPP_PTXAS_JOBS:-$(nproc 2> /dev/null || echo 2)}
+  k=0
+  for arch in "${archs[@]}"; do
+    for f in "${files[@]}"; do
+      k=$((k + 1))
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+      ( "$nvcc" -arch="$arch" -std=c++17 --fmad=false -prec-div=true -ftz=false \
+          -Xptxas -v -c "$f" -o "$work/out$k.o" "${extra[@]}" > "$work/log$k" 2>&1
+        echo $? > "$work/rc$k" ) &
+    done
+  done
+  wait
+fi
 k=0
 for arch in "${archs[@]}"; do
   for f in "${files[@]}"; do
