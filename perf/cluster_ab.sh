@@ -24,7 +24,11 @@
 # flag, which are refused otherwise).
 # Each launch
 # is bounded by 300 s; a failed or timed-out launch ends the run with its
-# output.  Needs root (exits 1 saying why if a cluster cannot be made).
+# output.  Each launch runs under scripts/softirq_wait.sh: one during which
+# ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5) s on a run queue is
+# discarded and run again, at most ZPP_SOFTIRQ_TRIES (3) tries; a launch
+# discarded every time ends the run; the table's note gives the count.
+# Needs root (exits 1 saying why if a cluster cannot be made).
 set -euo pipefail
 prog=cluster_ab.sh
 if [ $# -lt 3 ] || [ $# -gt 4 ]; then
@@ -35,6 +39,7 @@ a=$1 b=$2 out=$3 rounds=${4:-5}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../scripts/netns_cluster.sh
 table=$here/cluster_ab_table.py
+. "$here/../scripts/softirq_wait.sh"
 [[ "$rounds" =~ ^[1-9][0-9]?$ ]] || { echo "$prog: ROUNDS '$rounds': must be an integer 1..99" >&2; exit 2; }
 for x in "$a" "$b"; do
   [ -x "$x" ] || { echo "$prog: '$x' is not an executable zpp-bench" >&2; exit 2; }
@@ -87,7 +92,9 @@ mkdir -p "$(dirname "$out")"
 exec 9> /run/zpp-cluster.lock
 flock -w 900 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
 one=$(mktemp) err=$(mktemp)
-trap '"$cluster" down > /dev/null 2>&1; rm -f "$one" "$err"' EXIT
+trap 'softirq_stop; "$cluster" down > /dev/null 2>&1; rm -f "$one" "$err"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 shape=$rate; [ "$rate" = none ] && shape=0
 "$cluster" up -n 2 -p 4 -r "$shape" > /dev/null
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -99,8 +106,9 @@ for r in $(seq "$rounds"); do
   for side in A B; do
     bin=$a envs=("${envs_a[@]}")
     [ $side = B ] && bin=$b envs=("${envs_b[@]}")
-    if ! timeout -k 10 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${envs[@]}" "$bin" "${args[@]}" \
-        > "$one" 2> "$err" 9>&-; then
+    if ! softirq_launch "round $r, $side" "$one" "$err" \
+        timeout -k 10 300 "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 "${envs[@]}" "$bin" "${args[@]}"; then
+      [ "$softirq_gave_up" = 1 ] && exit 1
       echo "$prog: zpp-bench failed or timed out ($side = $bin, round $r):" >&2
       tail -n 20 "$one" "$err" >&2
       exit 1
@@ -119,5 +127,5 @@ done
 python3 "$table" "$out.csv" "$out.md" \
   --label-a "$label_a" --label-b "$label_b" \
   --command "${ZPP_AB_ENV_A:+ZPP_AB_ENV_A='$ZPP_AB_ENV_A' }${ZPP_AB_ENV_B:+ZPP_AB_ENV_B='$ZPP_AB_ENV_B' }ZPP_AB_RATE=$rate ZPP_AB_COLL=$coll ZPP_AB_VARIANTS=$variants ZPP_AB_MINBYTES=$minb ZPP_AB_MAXBYTES=$maxb ZPP_AB_ITERS=$iters ZPP_AB_WARMUP=$warmup ${il_env}perf/cluster_ab.sh A B $(basename "$out") $rounds" \
-  --note "$(date -u +%Y-%m-%d), $(nproc) cores, load average $load0 before and $(cut -d' ' -f1-3 /proc/loadavg) after; zpp-bench ${args[*]} on scripts/netns_cluster.sh up -n 2 -p 4 -r $shape (8 ranks, 2 nodes)"
-echo "$prog: wrote $out.csv and $out.md"
+  --note "$(date -u +%Y-%m-%d), $(nproc) cores, load average $load0 before and $(cut -d' ' -f1-3 /proc/loadavg) after; zpp-bench ${args[*]} on scripts/netns_cluster.sh up -n 2 -p 4 -r $shape (8 ranks, 2 nodes). $(softirq_summary | sed 's/\.$//')"
+echo "$prog: wrote $out.csv and $out.md ($softirq_discards launches discarded for ksoftirqd's run-queue wait)"

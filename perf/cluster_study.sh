@@ -31,6 +31,11 @@
 # cluster cannot be made).  Run time: about 8 minutes on 2 cores.
 # Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
 # ZPP_CLUSTER_STUDY_EMU=0.
+# Every launch on the cluster runs under scripts/softirq_wait.sh: one during
+# which ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5) s on a run
+# queue is discarded and run again (at most ZPP_SOFTIRQ_TRIES, 3, tries; a
+# launch discarded every time is a failed one, its rows left out); the
+# table's notes give the count and the waits of the launches kept.
 set -euo pipefail
 prog=cluster_study.sh
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -41,6 +46,7 @@ out=$1
 build=${2:-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../scripts/netns_cluster.sh
+. "$here/../scripts/softirq_wait.sh"
 bench=$(cd "$build" && pwd)/perf/zpp-bench
 [ -x "$bench" ] || { echo "$prog: no $bench: build first" >&2; exit 1; }
 python3 -c 'import matplotlib' 2> /dev/null || {
@@ -54,7 +60,9 @@ fi
 mkdir -p "$out"
 exec 9> /run/zpp-cluster.lock
 flock -w 900 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
-trap '"$cluster" down; rm -f "$out/.bench.out" "$out/.bench.err"' EXIT
+trap 'softirq_stop; "$cluster" down; rm -f "$out/.bench.out" "$out/.bench.err"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 read -r -a rates <<< "${ZPP_CLUSTER_STUDY_RATES:-1600mbit 400mbit none}"
 maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
@@ -115,18 +123,30 @@ echo "mode,link,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,in
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 } > "$meta"
 status=0
+nlaunch=0
 
 # run MODE LINK KEY: one zpp-bench run (arguments after the key), its rows
 # appended to the CSV, the command (key: its text) to the command list.
 # row_prefix (empty but for the UCX runs) is put before each row's variant
 # name.  Only zpp-bench's rows (first field a collective) go to the CSV:
-# anything else on stdout (a library's log line) is left out.
+# anything else on stdout (a library's log line) is left out.  A run on the
+# cluster (mode real) goes through softirq_launch: a discarded try's rows
+# never reach the CSV, nor do those of a launch given up.
 run() {
   local mode=$1 link=$2 text=$3 rc=0 prefix=$row_prefix
   shift 3
   echo "$mode|$link|$text" >> "$cmds"
   echo "\$ $text" >&2
-  "$@" > "$out/.bench.out" 2> "$out/.bench.err" 9>&- || rc=$?  # 9>&-: no lock for the ranks
+  if [ "$mode" = real ]; then
+    nlaunch=$((nlaunch + 1))
+    softirq_launch "launch $nlaunch ($link)" "$out/.bench.out" "$out/.bench.err" "$@" || rc=$?
+    if [ "$softirq_gave_up" = 1 ]; then
+      status=1
+      return
+    fi
+  else
+    "$@" > "$out/.bench.out" 2> "$out/.bench.err" 9>&- || rc=$?  # 9>&-: no lock for the ranks
+  fi
   if [ "$rc" -ne 0 ]; then
     echo "$prog: exit $rc: $text" >&2
     tail -5 "$out/.bench.err" >&2
@@ -185,7 +205,8 @@ echo "seconds_real $((t1 - t0))" >> "$meta"
 echo "seconds_emu $((t2 - t1))" >> "$meta"
 
 python3 "$here/plot_cluster_study.py" --markdown "$csv" "$cmds" "$meta" > "$out/cluster_study.md"
+softirq_md_note "$out/cluster_study.md"
 python3 "$here/plot_cluster_study.py" --plot "$csv" "$out"
 rm -f "$cmds" "$meta"
-echo "wrote $out/cluster_study.{csv,md} and PNGs ($((t1 - t0)) s real links, $((t2 - t1)) s emulation)" >&2
+echo "wrote $out/cluster_study.{csv,md} and PNGs ($((t1 - t0)) s real links, $((t2 - t1)) s emulation); $softirq_discards launches discarded for ksoftirqd's run-queue wait, $softirq_given_up given up" >&2
 exit "$status"

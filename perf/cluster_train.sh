@@ -30,10 +30,17 @@
 #                              load average is below this (3; 0: no wait)
 #   ZPP_CLUSTER_TRAIN_LOAD_WAIT_S  ... but at most this long (1200), then
 #                              run anyway (the table shows the load)
+#   ZPP_SOFTIRQ_MAX_WAIT_S, ZPP_SOFTIRQ_TRIES  every launch runs under
+#                              scripts/softirq_wait.sh: one during which
+#                              ksoftirqd waited more than 5 s on a run queue
+#                              is discarded and run again, at most 3 tries
+#                              (a launch discarded every time is a failed
+#                              run); the table's notes give the count
 # For the stand-in test only (tests/cluster_train_test.sh):
 #   ZPP_CLUSTER_TRAIN_CLUSTER (another scripts/netns_cluster.sh),
 #   ZPP_CLUSTER_TRAIN_LOCK (another lock file), ZPP_CLUSTER_TRAIN_LOADAVG
-#   (a file read instead of /proc/loadavg).
+#   (a file read instead of /proc/loadavg); ZPP_SOFTIRQ_PROC (a fake proc
+#   root for scripts/softirq_wait.sh).
 # Run time with the defaults on 2 cores: about 10 minutes of runs (6 blocks
 # of 1-2 minutes, launches of 5-16 s) plus the load waits: 1-2 minutes
 # before each block on an otherwise quiet machine (the load of the block
@@ -54,6 +61,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=${ZPP_CLUSTER_TRAIN_CLUSTER:-$here/../scripts/netns_cluster.sh}
 lock=${ZPP_CLUSTER_TRAIN_LOCK:-/run/zpp-cluster.lock}
 loadavg=${ZPP_CLUSTER_TRAIN_LOADAVG:-/proc/loadavg}
+. "$here/../scripts/softirq_wait.sh"
 
 bad() { echo "$prog: $1" >&2; exit 2; }
 read -r -a rates <<< "${ZPP_CLUSTER_TRAIN_RATES-400mbit 1600mbit none}"
@@ -124,10 +132,11 @@ python3 "$here/cluster_train.py" --header > "$csv"
 up=0
 child=
 cleanup() {
-  if [ -n "$child" ]; then  # timeout passes the TERM on to the launch
+  if [ -n "$child" ]; then  # a load or lock wait
     kill -TERM "$child" 2> /dev/null || true
     wait "$child" 2> /dev/null || true
   fi
+  softirq_stop  # a launch: timeout passes the TERM on to it
   if [ "$up" = 1 ]; then "$cluster" down || true; fi
   rm -f "$tmp.out" "$tmp.err"
 }
@@ -189,19 +198,19 @@ for rate in "${rates[@]}"; do
       for mode in zero3 zeropp; do
         targs=(--mode "$mode" --large --batch "$batch" --steps "$steps" --json)
         echo "\$ [$rate, rep $rep/$reps] scripts/netns_cluster.sh run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 zpp-train ${targs[*]}" >&2
-        ts=$(date +%s.%N)
         rc=0
-        # In the background and waited for, so that a TERM or INT to this
-        # script is handled at once (the trap ends the launch and tears
-        # down), not after the launch; 9>&-: the ranks do not hold the lock.
-        timeout -k 10 "$tmo" "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 \
-          "$train" "${targs[@]}" > "$tmp.out" 2> "$tmp.err" 9>&- &
-        child=$!
-        wait "$child" || rc=$?
-        child=
-        te=$(date +%s.%N)
+        # softirq_launch runs it in the background and waits, so that a
+        # TERM or INT to this script is handled at once (the trap ends the
+        # launch and tears down), not after the launch; the ranks do not
+        # get the lock's fd 9.  The wall time is the kept try's.
+        softirq_launch "$rate, batch $batch, rep $rep, $mode" "$tmp.out" "$tmp.err" \
+          timeout -k 10 "$tmo" "$cluster" run -np 8 -x OMPI_MCA_mpi_yield_when_idle=1 \
+          "$train" "${targs[@]}" || rc=$?
+        ts=$softirq_t0 te=$softirq_t1
         st=ok
-        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        if [ "$softirq_gave_up" = 1 ]; then
+          st="ksoftirqd waited more than $softirq_max s on a run queue in each of $softirq_tries tries"
+        elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
           st="timeout after $tmo s"
         elif [ "$rc" != 0 ]; then
           st="exit $rc"
@@ -225,8 +234,9 @@ for rate in "${rates[@]}"; do
 done
 
 python3 "$here/cluster_train.py" --markdown "$csv" "$meta" > "$out/.cluster_train.md"
+softirq_md_note "$out/.cluster_train.md"
 mv "$csv" "$out/cluster_train.csv"
 mv "$out/.cluster_train.md" "$out/cluster_train.md"
 rm -f "$meta"
-echo "wrote $out/cluster_train.{csv,md}" >&2
+echo "wrote $out/cluster_train.{csv,md} ($softirq_discards launches discarded for ksoftirqd's run-queue wait, $softirq_given_up given up)" >&2
 exit "$status"

@@ -22,7 +22,10 @@
 #          "unset" alone compares the variants with the default cut)
 # Needs root and iproute2 (exits 1 saying why otherwise); one cluster at a
 # time (/run/zpp-cluster.lock); torn down on exit.  About 45 s per run at
-# 400mbit.
+# 400mbit.  Each launch runs under scripts/softirq_wait.sh: one during
+# which ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5) s on a run
+# queue is run again (at most ZPP_SOFTIRQ_TRIES, 3, tries; discarded every
+# time: a failed launch); the last line gives the count.
 set -uo pipefail
 prog=net_segment_check.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +33,7 @@ build=$(cd "${1:-build}" && pwd) || { echo "$prog: no build dir ${1:-build}" >&2
 bench=$build/perf/zpp-bench
 cluster=$root/scripts/netns_cluster.sh
 [ -x "$bench" ] || { echo "$prog: no $bench: build first" >&2; exit 1; }
+. "$root/scripts/softirq_wait.sh"
 rate=${RATE:-400mbit}
 read -r lo hi <<< "${SIZES:-4M 16M}"
 hi=${hi:-$lo}
@@ -61,7 +65,7 @@ why=$("$cluster" check) || { echo "$prog: no cluster: ${why#*: }" >&2; exit 1; }
 exec 9> /run/zpp-cluster.lock
 flock -w 600 9 || { echo "$prog: another cluster run holds /run/zpp-cluster.lock" >&2; exit 1; }
 out=$(mktemp /tmp/zpp-net-seg.XXXXXX)
-trap '"$cluster" down > /dev/null 2>&1; rm -f "$out"' EXIT
+trap 'softirq_stop; "$cluster" down > /dev/null 2>&1; rm -f "$out"' EXIT
 trap 'exit 130' INT TERM
 "$cluster" up -n 2 -p "$ppn" -r "$rate" > /dev/null || exit 1
 echo "# $prog: 2x$ppn namespace cluster, $rate per node link, all-gather ${variants[allgather]}, reduce-scatter ${variants[reducescatter]}, $lo..$hi per rank, $iters timed iterations; load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -72,9 +76,10 @@ for run in $(seq "$runs"); do
     env_seg=()
     [ "$seg" = unset ] || env_seg=(-x ZPP_NET_SEGMENT="$seg")
     for coll in allgather reducescatter; do
-      if ! timeout -k 10 600 "$cluster" run -np $((2 * ppn)) -x OMPI_MCA_mpi_yield_when_idle=1 "${env_seg[@]}" \
+      if ! softirq_launch "run $run, ZPP_NET_SEGMENT=$seg, $coll" "$out" '&1' \
+          timeout -k 10 600 "$cluster" run -np $((2 * ppn)) -x OMPI_MCA_mpi_yield_when_idle=1 "${env_seg[@]}" \
           "$bench" --coll "$coll" --variant "${variants[$coll]}" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 1 \
-          --format csv > "$out" 2>&1 9>&-; then
+          --format csv; then
         echo "$prog: run $run, ZPP_NET_SEGMENT=$seg, $coll failed:" >&2
         tail -5 "$out" >&2
         status=1
@@ -96,4 +101,5 @@ for run in $(seq "$runs"); do
   done
 done
 echo "# load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(softirq_summary)"
 exit $status

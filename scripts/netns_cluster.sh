@@ -9,13 +9,16 @@
 #                                 slots each (default 4: mpirun -np N*RANKS
 #                                 puts ranks 0..RANKS-1 on zpp-n0, ...);
 #                                 RATE: tc rate per node link and direction,
-#                                 e.g. 400mbit; 0 or none = unshaped (default)
+#                                 e.g. 400mbit; 0 or none = unshaped (default);
+#                                 ZPP_CLUSTER_BURST=BYTES: the tbf burst
+#                                 (default 73728; up prints the one it set)
 #   scripts/netns_cluster.sh down              remove everything it made, by name
 #   scripts/netns_cluster.sh run [MPIRUN ARGS...]
 #                                 mpirun from the head namespace onto the
 #                                 nodes (the cluster flags are prepended; give
 #                                 -np, -x VAR, --map-by, the program ...)
-#   scripts/netns_cluster.sh shape RATE        reshape every node link
+#   scripts/netns_cluster.sh shape RATE        reshape every node link (the
+#                                 burst of up, or ZPP_CLUSTER_BURST)
 #   scripts/netns_cluster.sh link NODE down|up|loss|unloss
 #                                 cut node NODE's link (down: the bridge port
 #                                 goes down; loss: 100% loss both ways) and
@@ -37,7 +40,7 @@
 #                        (ip netns exec bind-mounts them over /etc/): every
 #                        cluster name resolves from files, no DNS is asked
 #   /run/zpp-cluster/    the state: hostfile, rsh agent, settings (nodes,
-#                        rate, subnet)
+#                        rate, burst, subnet)
 # up and down take /run/zpp-cluster.lock (not waiting: they refuse while
 # another run holds it), unless their caller holds it as fd 9.
 # The subnet (ZPP_CLUSTER_SUBNET, default 10.213.0) exists only inside these
@@ -46,13 +49,21 @@
 #
 # Shaping (docs/bench/real_links.md): a tbf on each node's link in
 # both directions, its egress in the node (what the node sends) and the
-# egress of its bridge port (what it receives).  Queue and burst are sized
-# so that TCP does not see drops: latency 400 ms of queue (at 400 Mbit/s
-# 20 MB, more than the 4 ranks' TCP windows together), so the queue, not
-# loss, paces the senders; burst 256 KiB or 2 ms at the rate, whichever is
-# larger (at least rate/HZ at any kernel HZ), so the bucket never limits
-# below the rate.  With a 32 KiB queue TCP over tbf dropped, backed off
-# and one run in ten took 10x longer.
+# egress of its bridge port (what it receives).  The queue is sized so that
+# TCP does not see drops: latency 400 ms of queue (at 400 Mbit/s 20 MB, more
+# than the 4 ranks' TCP windows together), so the queue, not loss, paces the
+# senders (with a 32 KiB queue TCP over tbf dropped, backed off and one run
+# in ten took 10x longer).  The burst is 72 KiB (ZPP_CLUSTER_BURST, bytes,
+# 1514..16777216), the smallest round size that holds one whole GSO packet
+# as tbf counts it: TCP hands the veth (gso_max_size 65536) up to about
+# 65 KB of data, and tbf adds the headers of every segment, about 68 KB in
+# all.  tbf cuts a packet longer than its bucket into segments, and at
+# 1600mbit that halved what one TCP flow got of the link (0.7-0.9 Gbit/s
+# with 65536, 1.4 with 73728, 1.4-1.5 with 262144 on the 2 loaded cores;
+# 0.36-0.38 Gbit/s of 400mbit with either).  A larger bucket fills while
+# a sender is idle and then lets it send above the rate until it drains:
+# bursty traffic (a compressed collective's short transfers between idle
+# gaps) would beat the rate and flatter the compressed rows.
 #
 # Open MPI: ob1 with the btls self, vader (shared memory, ranks of one
 # node) and tcp (between nodes, on the cluster subnet only:
@@ -99,7 +110,7 @@ why_not() {
     echo "cannot create a bridge (no bridge module?)"; return
   fi
   if ! ip netns exec "$probe" tc qdisc add dev zpp-t0 root tbf rate 100mbit \
-       burst 256kb latency 400ms 2> /dev/null; then
+       burst 73728 latency 400ms 2> /dev/null; then
     ip netns del "$probe" 2> /dev/null || true
     echo "tc cannot add a tbf qdisc (no sch_tbf?)"; return
   fi
@@ -163,19 +174,33 @@ else:
 
 nnodes() { cat "$state/nodes" 2> /dev/null || die "no cluster: run '$prog up' first"; }
 
-# The tbf of one direction of a link: rate in tc units, "none" removes it.
-# Anything that was there (a netem of a cut) is replaced.
-tbf() { # ns dev rate
-  local ns=$1 dev=$2 rate=$3 bits burst
+# The tbf of one direction of a link: rate in tc units, "none" removes it;
+# burst in bytes (cluster_burst).  Anything that was there (a netem of a
+# cut) is replaced.
+tbf() { # ns dev rate burst
+  local ns=$1 dev=$2 rate=$3 burst=$4
   if [ "$rate" = none ] || [ "$rate" = 0 ]; then
     ip netns exec "$ns" tc qdisc del dev "$dev" root 2> /dev/null || true
     return
   fi
-  bits=$(rate_bits "$rate")
-  burst=$(( bits / 8 / 500 ))                  # 2 ms at the rate, in bytes
-  [ "$burst" -lt 262144 ] && burst=262144
   ip netns exec "$ns" tc qdisc replace dev "$dev" root handle 1: tbf rate "$rate" \
     burst "$burst" latency 400ms
+}
+
+# The tbf burst in bytes: ZPP_CLUSTER_BURST where set, else the one the
+# cluster was made with, else 73728 (see "Shaping" above).  At least one
+# Ethernet frame (1514 bytes; tbf drops a frame longer than its bucket that
+# it cannot cut).  A bad value dies naming it, before anything is made or
+# reshaped.
+cluster_burst() {
+  local b=${ZPP_CLUSTER_BURST:-}
+  if [ -z "$b" ]; then
+    if [ "${1:-}" != up ] && [ -f "$state/burst" ]; then cat "$state/burst"; else echo 73728; fi
+    return
+  fi
+  [[ "$b" =~ ^[0-9]{1,9}$ ]] && [ "$((10#$b))" -ge 1514 ] && [ "$((10#$b))" -le 16777216 ] ||
+    die "ZPP_CLUSTER_BURST '$b': must be a number of bytes, 1514 (one Ethernet frame) to 16777216"
+  echo $((10#$b))
 }
 
 # tc rate -> bit/s (accepts bit, kbit, mbit, gbit; a plain number is bit/s).
@@ -210,18 +235,28 @@ take_lock() {
   flock -n 9 || die "another cluster run holds $lock (tests/cluster_tests.sh or perf/cluster_study.sh); leaving its namespaces alone"
 }
 
-shape_all() { # rate
+shape_all() { # rate burst
   local n i
   n=$(nnodes)
   for ((i = 0; i < n; i++)); do
-    tbf "zpp-n$i" zpp-veth "$1"
-    tbf "$sw_ns" "zpp-p$i" "$1"
+    tbf "zpp-n$i" zpp-veth "$1" "$2"
+    tbf "$sw_ns" "zpp-p$i" "$1" "$2"
   done
   echo "$1" > "$state/rate"
+  echo "$2" > "$state/burst"
+}
+
+# What a link setting is, for the messages of up and shape.
+link_words() { # rate burst
+  if [ "$1" = none ] || [ "$1" = 0 ]; then
+    echo "link rate $1 per node and direction (unshaped: no tbf)"
+  else
+    echo "link rate $1 per node and direction, tbf burst $2 bytes"
+  fi
 }
 
 cmd_up() {
-  local n=2 ppn=4 rate=none i why
+  local n=2 ppn=4 rate=none i why burst
   while [ $# -gt 0 ]; do
     case "$1" in
       -n) n=$2; shift 2 ;;
@@ -233,6 +268,7 @@ cmd_up() {
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 64 ] || die "-n $n: must be 1..64"
   [[ "$ppn" =~ ^[0-9]+$ ]] && [ "$ppn" -ge 1 ] && [ "$ppn" -le 256 ] || die "-p $ppn: must be 1..256"
   check_rate "$rate"
+  burst=$(cluster_burst up) || exit 1
   [[ "$net" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] &&
     [ "${BASH_REMATCH[1]}" -le 255 ] && [ "${BASH_REMATCH[2]}" -le 255 ] &&
     [ "${BASH_REMATCH[3]}" -le 255 ] ||
@@ -280,7 +316,7 @@ cmd_up() {
     add_port "zpp-n$i" "zpp-p$i" "$net.$((11 + i))"
     echo "zpp-n$i slots=$ppn" >> "$state/hostfile"
   done
-  shape_all "$rate"
+  shape_all "$rate" "$burst"
 
   # Open MPI's rsh agent: "rsh HOST CMD..." runs CMD in node HOST with its
   # own hostname and a clean environment, as ssh would.
@@ -301,7 +337,7 @@ EOF
     die "a node cannot reach the head at $net.1 (see above)"
   fi
   trap - EXIT INT TERM
-  echo "$prog: $n nodes up (zpp-n0..zpp-n$((n - 1)), $net.11..), link rate ${rate} per node and direction" >&2
+  echo "$prog: $n nodes up (zpp-n0..zpp-n$((n - 1)), $net.11..), $(link_words "$rate" "$burst")" >&2
 }
 
 # mpirun from the head namespace; the cluster flags come first.
@@ -325,10 +361,11 @@ drop_all() { # ns dev
 }
 
 cmd_link() {
-  local i=${1:-} what=${2:-} n rate
+  local i=${1:-} what=${2:-} n rate burst
   n=$(nnodes)
   [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -lt "$n" ] || die "link: node '$i': must be 0..$((n - 1))"
   rate=$(cat "$state/rate")
+  burst=$(cat "$state/burst" 2> /dev/null || echo 73728)
   case "$what" in
     down) ip -n "$sw_ns" link set "zpp-p$i" down ;;
     up) ip -n "$sw_ns" link set "zpp-p$i" up ;;
@@ -336,8 +373,8 @@ cmd_link() {
     unloss)
       ip netns exec "zpp-n$i" tc qdisc del dev zpp-veth root 2> /dev/null || true
       ip netns exec "$sw_ns" tc qdisc del dev "zpp-p$i" root 2> /dev/null || true
-      tbf "zpp-n$i" zpp-veth "$rate"
-      tbf "$sw_ns" "zpp-p$i" "$rate" ;;
+      tbf "zpp-n$i" zpp-veth "$rate" "$burst"
+      tbf "$sw_ns" "zpp-p$i" "$rate" "$burst" ;;
     *) die "link: '$what': must be down, up, loss or unloss" ;;
   esac
 }
@@ -353,7 +390,7 @@ cmd_exec() {
 cmd_status() {
   local ns
   echo "namespaces: $(our_namespaces | tr '\n' ' ')"
-  [ -f "$state/nodes" ] && echo "nodes: $(cat "$state/nodes"), rate: $(cat "$state/rate")"
+  [ -f "$state/nodes" ] && echo "nodes: $(cat "$state/nodes"), rate: $(cat "$state/rate"), tbf burst: $(cat "$state/burst" 2> /dev/null || echo ?) bytes"
   for ns in $(our_namespaces); do
     ip netns exec "$ns" tc qdisc show | grep -v 'noqueue\|qdisc noop' | sed "s/^/$ns: /" || true
   done
@@ -363,12 +400,17 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) take_lock; teardown ;;
   run) shift; cmd_run "$@" ;;
-  shape) [ $# -eq 2 ] || die "usage: $prog shape RATE"; nnodes > /dev/null; check_rate "$2"; shape_all "$2" ;;
+  shape)
+    [ $# -eq 2 ] || die "usage: $prog shape RATE"
+    nnodes > /dev/null; check_rate "$2"
+    burst=$(cluster_burst) || exit 1
+    shape_all "$2" "$burst"
+    echo "$prog: $(link_words "$2" "$burst")" >&2 ;;
   link) shift; cmd_link "$@" ;;
   exec) shift; cmd_exec "$@" ;;
   status) cmd_status ;;
   check)
     why=$(why_not)
     if [ -n "$why" ]; then echo "$prog: cannot make a cluster here: $why"; exit 77; fi ;;
-  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -26,7 +26,12 @@
 #      is free the block's "load before" is the one after the lock wait;
 #   5. a cluster that cannot be made: exit 77 with the reason, nothing run;
 #   6. bad settings are refused by name, before anything runs; a missing
-#      BUILD_DIR is named (exit 1).
+#      BUILD_DIR is named (exit 1);
+#   7. ksoftirqd's run-queue wait (a fake proc root, ZPP_SOFTIRQ_PROC,
+#      whose ksoftirqd/0 the stand-in zpp-train makes wait 6 s on the calls
+#      in FAKE_SOFTIRQ_AT): a launch over the limit is run again and the
+#      kept try's row is the one in the CSV, the table's notes count the
+#      discard; a launch over it in every try is a failed run, named.
 # usage: cluster_train_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -81,6 +86,10 @@ echo \$k > "$work/count"
 if [ -e /proc/\$\$/fd/9 ]; then echo "call \$k" >> "$work/fd9"; fi
 if [ "\${FAKE_HANG_AT:-}" = \$k ]; then echo \$\$ > "$work/hang.pid"; exec sleep 1000; fi
 if [ "\${FAKE_FAIL_AT:-}" = \$k ]; then echo "stand-in: failing call \$k" >&2; exit 1; fi
+if [[ " \${FAKE_SOFTIRQ_AT:-} " == *" \$k "* ]]; then
+  read -r a w b < "$work/proc/14/schedstat"
+  echo "\$a \$((w + 6000000000)) \$b" > "$work/proc/14/schedstat"
+fi
 case \$FAKE_RATE in 400mbit) r=3 ;; 1600mbit) r=2 ;; *) r=1 ;; esac
 t=\$(awk -v m=\$mode -v b=\$batch -v r=\$r -v k=\$k 'BEGIN {
   base = (m == "zero3" ? 0.2 * r : 0.11 + 0.02 * r) + b / 1000
@@ -97,11 +106,15 @@ echo "{\"mode\": \"\$mode\", \"world_size\": 8, \"nodes\": \${FAKE_NODES:-2}, \"
 EOF
 chmod +x "$work/build/tools/zpp-train"
 echo "0.50 0.40 0.30 1/100 4242" > "$work/loadavg"
+# a proc root with one ksoftirqd whose wait only the stand-in moves
+mkdir -p "$work/proc/14"
+echo ksoftirqd/0 > "$work/proc/14/comm"
+echo "100 2000000000 7" > "$work/proc/14/schedstat"
 
 study_run() { # extra environment as arguments
   rm -f "$work/calls" "$work/truth" "$work/count"
   rm -rf "$work/out"
-  env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
+  env ZPP_SOFTIRQ_PROC="$work/proc" ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock" \
     ZPP_CLUSTER_TRAIN_LOADAVG="$work/loadavg" ZPP_CLUSTER_TRAIN_RATES=400mbit \
     ZPP_CLUSTER_TRAIN_BATCHES=64 ZPP_CLUSTER_TRAIN_REPS=3 ZPP_CLUSTER_TRAIN_STEPS=4 "$@" \
     timeout 60 bash "$study" "$work/out" "$work/build" 2> "$work/err"
@@ -401,4 +414,26 @@ env ZPP_CLUSTER_TRAIN_CLUSTER="$work/cluster" ZPP_CLUSTER_TRAIN_LOCK="$work/lock
 [ "$rc" = 1 ] || fail "no build dir: exit $rc, want 1"
 grep -q "no $work/nobuild/tools/zpp-train: build first" "$work/err" || fail "no build dir: not said: $(cat "$work/err")"
 [ "$(count calls)" = 0 ] || fail "no build dir: something ran"
+
+# ---- 7. ksoftirqd's run-queue wait ------------------------------------------
+# call 2 (rep 1's zeropp) waits 6 s: discarded, call 3 is its row
+study_run ZPP_CLUSTER_TRAIN_REPS=2 FAKE_SOFTIRQ_AT=2 || fail "a discarded launch: $(tail -3 "$work/err")"
+[ "$(count calls '^run ')" = 5 ] || fail "a discarded launch: $(count calls '^run ') runs, want 5 (one again)"
+[ "$(count out/cluster_train.csv ',ok,')" = 4 ] || fail "a discarded launch: $(count out/cluster_train.csv ',ok,') ok rows, want 4"
+t3=$(sed -n 3p "$work/truth" | cut -d' ' -f4)
+grep -q "^400mbit,64,1,zeropp,4,ok,$t3," "$work/out/cluster_train.csv" ||
+  fail "a discarded launch: rep 1's zeropp row is not the kept try's (step $t3): $(grep ',1,zeropp,' "$work/out/cluster_train.csv")"
+grep -q "launch discarded, running it again (try 2 of 3)" "$work/err" || fail "a discarded launch: not said: $(cat "$work/err")"
+grep -q "^Run-queue wait of ksoftirqd .*: 1 launch discarded and run again for more than 5 s .*over 4 launches kept\.$" "$work/out/cluster_train.md" ||
+  fail "a discarded launch: the table's note: $(grep -i ksoftirqd "$work/out/cluster_train.md")"
+# calls 1-3 (rep 1's zero3, every try) wait 6 s: a failed run
+if study_run ZPP_CLUSTER_TRAIN_REPS=1 FAKE_SOFTIRQ_AT="1 2 3"; then fail "a launch discarded 3 times did not fail the study"; fi
+[ "$(count calls '^run ')" = 4 ] || fail "given up: $(count calls '^run ') runs, want 4 (3 tries, then zeropp)"
+grep -q "in each of 3 tries .*: giving up on this launch" "$work/err" || fail "given up: not said: $(cat "$work/err")"
+grep -q "^- 400mbit, batch 64, rep 1, zero3: ksoftirqd waited more than 5 s on a run queue in each of 3 tries$" "$work/out/cluster_train.md" ||
+  fail "given up: the table does not list the run: $(grep '^- ' "$work/out/cluster_train.md")"
+grep -q ": 3 launches discarded and run again for more than 5 s .*, 1 launch given up after 3 tries" "$work/out/cluster_train.md" ||
+  fail "given up: the table's note: $(grep -i ksoftirqd "$work/out/cluster_train.md")"
+bad ZPP_SOFTIRQ_MAX_WAIT_S 0
+bad ZPP_SOFTIRQ_TRIES 20
 echo "PASS: cluster_train_test.sh" >&2

@@ -1,7 +1,8 @@
 # perf/ scripts run with stand-ins for the programs they drive (seconds;
 # no build needed): tests/convergence_study_test.sh,
 # tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh,
-# tests/bandwidth_study_timeout_test.sh, tests/cluster_ab_test.sh.  Label
+# tests/bandwidth_study_timeout_test.sh, tests/cluster_ab_test.sh,
+# tests/softirq_wait_test.sh.  Label
 # "scripts" (run by `make test`'s ctest of the build tree, not again under
 # ASan).
 add_test(NAME convergence_study_script
@@ -10,7 +11,8 @@ set_tests_properties(convergence_study_script PROPERTIES LABELS scripts TIMEOUT 
 
 # perf/cluster_train.sh with a stand-in cluster script and zpp-train
 # (about 20 s: two 2 s waits it must make, a timeout, TERMs during a
-# launch, a load wait and a lock wait, a HUP)
+# launch, a load wait and a lock wait, a HUP, launches discarded for
+# ksoftirqd's run-queue wait)
 add_test(NAME cluster_train_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_train_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(cluster_train_script PROPERTIES LABELS scripts TIMEOUT 180)
@@ -33,3 +35,10 @@ set_tests_properties(bandwidth_study_timeout PROPERTIES LABELS scripts TIMEOUT 1
 add_test(NAME cluster_ab_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_ab_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(cluster_ab_script PROPERTIES LABELS scripts TIMEOUT 60)
+
+# scripts/softirq_wait.sh on a fake proc root: a launch during which
+# ksoftirqd waited more than the limit is run again, at most
+# ZPP_SOFTIRQ_TRIES times, then a clear error (about 3 s)
+add_test(NAME softirq_wait_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/softirq_wait_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(softirq_wait_script PROPERTIES LABELS scripts TIMEOUT 60)
