@@ -23,7 +23,7 @@
 # a size round-robin; 0: one after the other, for binaries built before the
 # flag, which are refused otherwise).
 # Each launch
-# is bounded by 300 s; a failed or timed-out launch ends the run with its
+# is bounded by 300 s a try; a failed or timed-out launch ends the run with its
 # output.  Each launch runs under scripts/softirq_wait.sh: one during which
 # ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5) s on a run queue is
 # discarded and run again, at most ZPP_SOFTIRQ_TRIES (3) tries; a launch

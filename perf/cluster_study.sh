@@ -28,7 +28,8 @@
 # setting, zpp-bench's columns), OUT_DIR/cluster_study.md (tables, the
 # command above each) and OUT_DIR/cluster_study_time.png,
 # OUT_DIR/cluster_study_emu.png.  Needs root (exits 1 saying why if a
-# cluster cannot be made).  Run time: about 8 minutes on 2 cores.
+# cluster cannot be made).  Run time: about 8 minutes on 2 cores, more when launches are
+# discarded and run again.
 # Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
 # ZPP_CLUSTER_STUDY_EMU=0.
 # Every launch on the cluster runs under scripts/softirq_wait.sh: one during

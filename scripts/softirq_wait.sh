@@ -65,19 +65,23 @@ softirq_unchecked=0
 softirq_wait_s=
 softirq_t0=
 softirq_t1=
-declare -A softirq_before=() softirq_after=()
+softirq_rc=0
+declare -gA softirq_before=() softirq_after=()
 
 # ARRAY <- pid -> run-queue wait (ns) of every ksoftirqd/N under the proc
-# root.  A process that ends while it is read is left out.
+# root.  A process that ends while it is read is left out, and so is one
+# whose schedstat reads "0 0 0" with no run count (a kernel without
+# schedstats: its wait is not measured, not zero).
 softirq_read() {
   local -n softirq_into=$1
-  local d c w
+  local d c w r n
   softirq_into=()
   for d in "$softirq_proc"/[0-9]*; do
     { read -r c < "$d/comm"; } 2> /dev/null || continue
     [[ "$c" =~ ^ksoftirqd/[0-9]+$ ]] || continue
-    { read -r _ w _ < "$d/schedstat"; } 2> /dev/null || continue
+    { read -r r w n < "$d/schedstat"; } 2> /dev/null || continue
     [[ "$w" =~ ^[0-9]{1,19}$ ]] || continue
+    [ "$r" != 0 ] || [ "${n:-0}" != 0 ] || continue
     softirq_into[${d##*/}]=$((10#$w))
   done
 }
@@ -118,6 +122,7 @@ softirq_launch() {
     softirq_child=$!
     wait "$softirq_child" || rc=$?
     softirq_child=
+    softirq_rc=$rc
     softirq_t1=$(date +%s.%N)
     softirq_read softirq_after
     grew=$(softirq_growth)
@@ -134,7 +139,7 @@ softirq_launch() {
   done
   softirq_given_up=$((softirq_given_up + 1))
   softirq_gave_up=1
-  echo "$softirq_prog: $label: ksoftirqd waited more than $softirq_max s on a run queue in each of $softirq_tries tries (the last: $softirq_wait_s s): giving up on this launch; the machine is too busy (ZPP_SOFTIRQ_MAX_WAIT_S, ZPP_SOFTIRQ_TRIES)" >&2
+  echo "$softirq_prog: $label: ksoftirqd waited more than $softirq_max s on a run queue in each of $softirq_tries tries (the last: $softirq_wait_s s): giving up on this launch (its last try exited $rc); the machine is too busy (ZPP_SOFTIRQ_MAX_WAIT_S, ZPP_SOFTIRQ_TRIES)" >&2
   return 75
 }
 

@@ -75,16 +75,30 @@ expect "a file that does not compile" 2 'does not compile' "$work/broken.cu"
 
 # --logs: the reports the library's build saves through tools/ptxas_log.sh
 # (one compile for both architectures, as CMake compiles), read without
-# compiling: the same verdicts, and a file without its log, or a log
-# without an architecture asked for, is an error.
+# compiling: the same verdicts; refused: a file without its report (never
+# built, or its compile failed), a report older than its file, an
+# architecture the build did not compile for, a file with kernels and a
+# report without them.
 logs=$work/logs
-for f in clean lmem spill host; do
+launch() { # file: compile it for sm_80 and sm_90 through the launcher
   "$src/tools/ptxas_log.sh" "$logs" "$nvcc" -gencode arch=compute_80,code=sm_80 \
-    -gencode arch=compute_90,code=sm_90 -std=c++17 -Xptxas=-v -c "$work/$f.cu" \
-    -o "$work/$f.o" 2> "$work/launcher.err"
-done
-if grep -q 'ptxas info' "$work/launcher.err"; then
-  echo "FAIL: tools/ptxas_log.sh passed ptxas's report on to the build's output"
+    --generate-code=arch=compute_90,code=[sm_90] -std=c++17 -Xptxas=-v -c "$work/$1.cu" \
+    -o "$work/$1.o" 2>> "$work/launcher.err"
+}
+: > "$work/launcher.err"
+for f in clean lmem spill host; do launch $f; done
+if grep -q -E 'ptxas info|bytes stack frame' "$work/launcher.err"; then
+  echo "FAIL: tools/ptxas_log.sh passed ptxas's report on to the build's output:"
+  cat "$work/launcher.err"; failn=$((failn + 1))
+else
+  echo "ok: the launcher keeps ptxas's report out of the build's output"; pass=$((pass + 1))
+fi
+rc=0; launch broken || rc=$?
+if [ "$rc" -ne 0 ] && grep -q 'undeclared' "$work/launcher.err" && \
+   ! ls "$logs" | grep -q broken; then
+  echo "ok: a failed compile: its status and error pass through, no report"; pass=$((pass + 1))
+else
+  echo "FAIL: a failed compile through the launcher: exit $rc, reports: $(ls "$logs")"
   failn=$((failn + 1))
 fi
 expect_logs() { # name want-status pattern arch files...
@@ -107,9 +121,17 @@ expect_logs "a local array on sm_80" 1 'local_array(int const\*, float\*): .*sm_
 expect_logs "a spill on sm_90" 1 'many_live(float const\*, float\*): .* [1-9][0-9]* bytes spill stores.*sm_90' \
   sm_90 "$work/spill.cu"
 expect_logs "a file without kernels passes" 0 'host.cu: no kernels for sm_80' sm_80 "$work/host.cu"
-expect_logs "a file the build did not compile" 2 'no ptxas report' sm_90 "$work/broken.cu"
-expect_logs "an architecture the build did not compile for" 2 'no ptxas report for sm_100' \
+expect_logs "a file whose compile failed" 2 'no ptxas report' sm_90 "$work/broken.cu"
+expect_logs "an architecture the build did not compile for" 2 'not sm_100' \
   sm_100 "$work/clean.cu"
+expect_logs "a file without kernels, an architecture not built" 2 'not sm_100' \
+  sm_100 "$work/host.cu"
+printf '\n// changed after the build\n' >> "$work/spill.cu"
+expect_logs "a report older than its file" 2 'older than' sm_90 "$work/spill.cu"
+lg=$logs/$(realpath "$work/clean.cu" | tr / _).log
+{ head -1 "$lg"; echo "ptxas info    : 0 bytes gmem"; } > "$lg.cut" && mv "$lg.cut" "$lg"
+expect_logs "a report cut short of a file's kernels" 2 "no ptxas report on .*clean.cu's kernels" \
+  sm_80 "$work/clean.cu"
 
 echo "check_ptxas_test: $pass passed, $failn failed"
 [ "$failn" -eq 0 ]

@@ -33,11 +33,24 @@ if(NOT ZPP_CUDA_EMU)
     list(JOIN _zpp_ptxas_archs "," _zpp_ptxas_archs)
     if(ZPP_WITH_CUDA_ENABLED AND ZPP_CUDA_SOURCES)
       # The library's own compile saved ptxas's report (CMakeLists.txt,
-      # tools/ptxas_log.sh): read it; a kernel file it did not compile is
-      # an error.
+      # tools/ptxas_log.sh): read it for the library's CUDA sources; a
+      # kernel file the library does not compile is compiled by the check.
+      set(_zpp_lib_cu)
+      foreach(_f ${ZPP_CUDA_SOURCES})
+        list(APPEND _zpp_lib_cu ${PROJECT_SOURCE_DIR}/${_f})
+      endforeach()
+      set(_zpp_other_cu ${_zpp_kernel_cu})
+      list(REMOVE_ITEM _zpp_other_cu ${_zpp_lib_cu})
       add_test(NAME ptxas_check
         COMMAND ${PROJECT_SOURCE_DIR}/tools/check_ptxas.sh
-          --logs ${PROJECT_BINARY_DIR}/ptxas --arch ${_zpp_ptxas_archs} ${_zpp_kernel_cu})
+          --logs ${PROJECT_BINARY_DIR}/ptxas --arch ${_zpp_ptxas_archs} ${_zpp_lib_cu})
+      if(_zpp_other_cu)
+        add_test(NAME ptxas_check_other
+          COMMAND ${PROJECT_SOURCE_DIR}/tools/check_ptxas.sh --nvcc ${_zpp_nvcc}
+            --arch ${_zpp_ptxas_archs} ${_zpp_other_cu}
+            -- -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/include)
+        set_tests_properties(ptxas_check_other PROPERTIES LABELS ptxas TIMEOUT 600)
+      endif()
     else()
       add_test(NAME ptxas_check
         COMMAND ${PROJECT_SOURCE_DIR}/tools/check_ptxas.sh --nvcc ${_zpp_nvcc}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The register check of the CUDA kernels: compiles each CUDA file for each
-# GPU architecture the library is built for, with ptxas's resource report
-# (-Xptxas -v), and fails when any function spills registers or uses local
-# memory, printing the function, the architecture and ptxas's numbers.  A spill or a stack frame puts a kernel's
-# working set in local memory (device memory behind L1): the kernels of
+# The register check of the CUDA kernels: reads ptxas's resource report
+# (-Xptxas -v) of each CUDA file for each GPU architecture the library is
+# built for, from a compile of its own or from the library's build
+# (--logs), and fails when any function spills registers or uses local
+# memory, printing the function, the architecture and ptxas's numbers.  A
+# spill or a stack frame puts a kernel's working set in local memory (device memory behind L1): the kernels of
 # src/kernels are written to keep theirs in registers and shared memory.
 # Run by `make test` (ctest: ptxas_check) wherever nvcc is found.
 #
@@ -17,10 +18,14 @@
 #                  sm_80,sm_90: the machine code of CMakeLists.txt's
 #                  default CUDA architectures)
 #     --logs DIR   compile nothing: read the reports the library's own CUDA
-#                  build saved (tools/ptxas_log.sh writes DIR/FILE.cu.log for
-#                  each FILE.cu it compiles with -Xptxas -v); a FILE.cu
-#                  without its log, or a log without an ARCH that the file
-#                  has kernels for, is an error (2)
+#                  build saved (tools/ptxas_log.sh, one per source it
+#                  compiled successfully, with the source's hash and the
+#                  architectures); a FILE.cu without its report, a report
+#                  older than the file (its hash differs: rebuild), an ARCH
+#                  the build did not compile for, or a file with __global__
+#                  functions and no kernel in the report is an error (2).
+#                  The hash covers the file, not the headers it includes:
+#                  run it after the build (make test does)
 #     ZPP_PTXAS_JOBS  compilations at a time (default: the processors)
 #     NVCC_ARGS    given to nvcc after the defaults (-std=c++17 and the
 #                  IEEE flags of the library's CUDA build): include
@@ -78,23 +83,43 @@ for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "check_ptxas.sh: no file '$f'" >&2; exit 2; }
 done
 if [ -n "$logs" ]; then
-  # The build's reports: one log per file with every architecture's ptxas
-  # run in turn, each opening with its "bytes gmem" line and naming its
-  # architecture in "Compiling entry function '...' for 'sm_NN'".  Split
-  # into one log per (architecture, file), numbered as the compile mode
-  # numbers them; an architecture the file has no section for gets an
-  # empty log (no report: an error below, unless the file has no kernels).
+  # The build's reports (tools/ptxas_log.sh): a header line with the
+  # source's hash and the architectures compiled, then every
+  # architecture's ptxas run in turn, each opening with its "bytes gmem"
+  # line and naming its architecture in "Compiling entry function '...'
+  # for 'sm_NN'".  Refused: a missing report, one whose hash is not the
+  # source's (not rebuilt since the source changed), an --arch the build
+  # did not compile for.  Split into one log per (architecture, file),
+  # numbered as the compile mode numbers them.
   [ -d "$logs" ] || { echo "check_ptxas.sh: no log directory '$logs'" >&2; exit 2; }
+  if [ -n "$nvcc" ] || [ ${#extra[@]} -gt 0 ]; then
+    echo "check_ptxas.sh: --logs compiles nothing: --nvcc and NVCC_ARGS do not apply" >&2
+    exit 2
+  fi
   fi_=0
   for f in "${files[@]}"; do
     fi_=$((fi_ + 1))
-    log=$logs/$(basename "$f").log
+    abs=$(realpath "$f")
+    log=$logs/$(tr / _ <<<"$abs").log
     if [ ! -f "$log" ]; then
       echo "check_ptxas.sh: no ptxas report '$log' for $f (is it one of the" \
-        "library's CUDA sources, built with tools/ptxas_log.sh?)" >&2
+        "library's CUDA sources, built with tools/ptxas_log.sh? A report removed" \
+        "after the build comes back when the file is compiled again)" >&2
+      exit 2
+    fi
+    read -r head < "$log"
+    sum=$(sed -n 's/.* sha256=\([0-9a-f]*\).*/\1/p' <<<"$head")
+    built=$(sed -n 's/.* archs=\([^ ]*\).*/\1/p' <<<"$head")
+    if [[ "$head" != "# ptxas_log source=$abs "* ]] || [ -z "$sum" ]; then
+      echo "check_ptxas.sh: $log has no header of tools/ptxas_log.sh for $abs" >&2
+      exit 2
+    fi
+    if [ "$sum" != "$(sha256sum < "$abs" | cut -d' ' -f1)" ]; then
+      echo "check_ptxas.sh: $log is older than $f (rebuild the library)" >&2
       exit 2
     fi
     awk -v out="$work/sec$fi_" '
+      NR == 1 { next }
       /bytes gmem/ { n++ }
       { sec[n] = sec[n] $0 "\n" }
       /Compiling entry function .* for / && !(n in arch) {
@@ -109,13 +134,18 @@ if [ -n "$logs" ]; then
         k=$((k + 1))
         [ "$g" = "$f" ] || continue
         echo 0 > "$work/rc$k"
+        case ",$built," in
+          *",$arch,"*) ;;
+          *) echo "check_ptxas.sh: $f was built for '${built:-no architecture}', not $arch" \
+               "(the build's CUDA architectures and --arch differ)" >&2
+             exit 2 ;;
+        esac
         if [ -f "$work/sec$fi_.$arch" ]; then
           cp "$work/sec$fi_.$arch" "$work/log$k"
-        elif [ "$kernels" -eq 0 ] && grep -q 'ptxas info' "$log"; then
+        elif [ "$kernels" -eq 0 ] && ! grep -q '__global__' "$abs"; then
           echo "ptxas info    : no kernels" > "$work/log$k"
         else
-          echo "check_ptxas.sh: $log has no ptxas report for $arch (the build's" \
-            "CUDA architectures and --arch differ)" >&2
+          echo "check_ptxas.sh: $log has no ptxas report on $f's kernels for $arch" >&2
           exit 2
         fi
       done
