@@ -15,7 +15,8 @@
 #      (the threads' waits add up); a random limit against random waits
 #      (seed printed): discarded exactly when the wait exceeds the limit;
 #   4. the launch's own status comes back; fd 9 does not reach it;
-#   5. a proc root without ksoftirqd: said once, every launch kept;
+#   5. a proc root without ksoftirqd, or whose ksoftirqd read "0 0 0" (no
+#      schedstats): said once, every launch kept;
 #   6. bad settings end the sourcing script (exit 2), naming them.
 # usage: softirq_wait_test.sh SOURCE_DIR
 set -euo pipefail
@@ -151,6 +152,14 @@ res=$(launch "9 9") || fail "no ksoftirqd: the shell failed"
 [ "$(head -1 <<< "$res")" = "0 0 0 0 0.00" ] && [ "$(calls)" = 1 ] || fail "no ksoftirqd: '$(head -1 <<< "$res")', $(calls) launches"
 grep -q "no ksoftirqd/N with a schedstat under $proc: launches are not checked" "$work/log" || fail "no ksoftirqd: not said: $(cat "$work/log")"
 [[ "$(tail -n +2 <<< "$res")" == "Launches not checked"* ]] || fail "no ksoftirqd: summary: $(tail -n +2 <<< "$res")"
+# a kernel without schedstats reads "0 0 0": not measured, not zero wait
+mkproc
+for p in 14 24 40; do echo "0 0 0" > "$proc/$p/schedstat"; done
+echo bash > "$proc/self/comm"
+res=$(launch "9 9") || fail "schedstat 0 0 0: the shell failed"
+[ "$(calls)" = 1 ] || fail "schedstat 0 0 0: $(calls) launches"
+grep -q "launches are not checked" "$work/log" || fail "schedstat 0 0 0: not said: $(cat "$work/log")"
+[[ "$(tail -n +2 <<< "$res")" == "Launches not checked"* ]] || fail "schedstat 0 0 0: summary: $(tail -n +2 <<< "$res")"
 mkproc
 
 # ---- 6. bad settings ----------------------------------------------------------
