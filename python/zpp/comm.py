@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ctypes.util
+import numbers
 import os
 import threading
 import time
@@ -27,6 +28,56 @@ def _close_all() -> None:
 
 
 atexit.register(_close_all)
+
+_SIZE_MAX = (1 << 64) - 1
+
+
+def _integer(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_bits(name: str, v, allowed: Sequence[int], meaning: str) -> int:
+    """``v`` as an int when it is one of ``allowed``; else ValueError naming
+    ``name`` and ``meaning`` (the accepted values in words)."""
+    if _integer(v) and int(v) in allowed:
+        return int(v)
+    raise ValueError("%s %r: must be %s" % (name, v, meaning))
+
+
+def check_block(name: str, v) -> int:
+    """A block size (elements per scale): an integer from 1 to 2**64 - 1 (the
+    C library's size_t, zpp_quant_config_t.block_size >= 1)."""
+    if _integer(v) and 1 <= int(v) <= _SIZE_MAX:
+        return int(v)
+    raise ValueError("%s %r: must be an integer from 1 to 2**64 - 1 (elements per scale)"
+                     % (name, v))
+
+
+def check_hadamard(name: str, v, block: int, block_name: str) -> int:
+    """A Hadamard group (zpp_qgz_config_t.hadamard): 0 (off) or a power of
+    two >= 2 that divides the block."""
+    if _integer(v):
+        h = int(v)
+        if h == 0 or (h >= 2 and not h & (h - 1) and block % h == 0):
+            return h
+    raise ValueError("%s %r: must be 0 (off) or a power of two >= 2 that divides %s %d"
+                     % (name, v, block_name, block))
+
+
+def _positive_bits(name: str, v, meaning: str) -> int:
+    """Bits of a collective: an integer >= 1 that fits a C int, else
+    ValueError naming ``name``; which ones are valid the C library's check
+    says, naming the config field."""
+    if _integer(v) and 1 <= int(v) < 1 << 31:
+        return int(v)
+    raise ValueError("%s %r: must be %s" % (name, v, meaning))
+
+
+def _c_value(name: str, v, lo: int, hi: int, meaning: str) -> None:
+    # a value the C field cannot hold (cffi would raise OverflowError or
+    # TypeError without the argument's name); the C check judges the rest
+    if not (_integer(v) and lo <= int(v) <= hi):
+        raise ValueError("%s %r: must be %s" % (name, v, meaning))
 
 
 def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional[float],
@@ -512,6 +563,20 @@ class Comm:
         return L.string(L.lib.zpp_backend_name(b[0]))
 
     @property
+    def algorithm(self) -> str:
+        """"hier" or "flat": how all-gathers and reduce-scatters over several
+        nodes move their bytes (zpp_comm_algorithm; ZPP_ALGO)."""
+        L = _lib.get()
+        a = L.ffi.new("zpp_algorithm_t *")
+        L.check(L.lib.zpp_comm_algorithm(self._c, a), self._c)
+        return "flat" if a[0] == L.lib.ZPP_ALGORITHM_FLAT else "hier"
+
+    @property
+    def topology_emulated(self) -> bool:
+        """True when the node map comes from ZPP_TOPO or ``topology=``."""
+        return bool(self._int(_lib.get().lib.zpp_comm_topo_emulated))
+
+    @property
     def bootstrap(self) -> str:
         L = _lib.get()
         return L.string(L.lib.zpp_comm_bootstrap_name(self._c))
@@ -717,6 +782,8 @@ class Comm:
                       asymmetric: bool = False, async_op: bool = False, stream=None):
         """qwZ: the all-gather with every shard block-quantized to ``bits``
         (8 or 4) on the wire; every rank gets bitwise the same output."""
+        bits = _positive_bits("bits", bits, "4 or 8")
+        block = check_block("block", block)
         s, o, out = self._gather_bufs(send, out, True)
         L = _lib.get()
         q = quant_config(bits, block, asymmetric)
@@ -743,6 +810,7 @@ class Comm:
         W count; with 16, the intra-node stage unquantized, only the
         quantized stages': M count on equal nodes, W count on uneven ones
         (their flat stage quantizes in inter_bits), 0 on one node)."""
+        intra_bits = _check_intra_bits(intra_bits)
         L = _lib.get()
         n = L.ffi.new("size_t *")
         if intra_bits in (4, 8):
@@ -786,6 +854,11 @@ class Comm:
         zpp_qgz_residual_bytes; the binding refuses the others, since a
         residual kept for intra 4 or 8 holds stage-1 errors where intra 16
         keeps its stage-2 ones)."""
+        intra_bits = _check_intra_bits(intra_bits)
+        inter_bits = _positive_bits("inter_bits", inter_bits, "4 or 8")
+        block = check_block("block", block)
+        _c_value("hadamard", hadamard, 0, _SIZE_MAX,
+                 "0 (off) or a power of two >= 2 that divides block %d" % block)
         s, o, out = self._scatter_bufs(send, out)
         L = _lib.get()
         cfg = qgz_config(intra_bits=intra_bits, inter_bits=inter_bits, block=block,
@@ -814,6 +887,10 @@ class Comm:
 _pg_counter: dict = {}
 
 
+def _check_intra_bits(v) -> int:
+    return _positive_bits("intra_bits", v, "4, 8 or 16 (not quantized inside the node)")
+
+
 def _op(op: str) -> int:
     L = _lib.get()
     if op in ("sum", "SUM"):
@@ -825,6 +902,10 @@ def _op(op: str) -> int:
 
 def quant_config(bits: int = 8, block: int = 256, asymmetric: bool = False,
                  stochastic: bool = False, seed: int = 0):
+    _c_value("bits", bits, -(1 << 31), (1 << 31) - 1, "4 or 8")
+    _c_value("block", block, 0, _SIZE_MAX,
+             "an integer from 1 to 2**64 - 1 (elements per scale)")
+    _c_value("seed", seed, 0, _SIZE_MAX, "an integer from 0 to 2**64 - 1")
     L = _lib.get()
     q = L.new("zpp_quant_config_t")
     q.bits = bits
@@ -838,6 +919,13 @@ def quant_config(bits: int = 8, block: int = 256, asymmetric: bool = False,
 
 def qgz_config(*, intra_bits: int = 4, inter_bits: int = 4, block: int = 256,
                hadamard: int = 0):
+    _c_value("intra_bits", intra_bits, -(1 << 31), (1 << 31) - 1,
+             "4, 8 or 16 (not quantized inside the node)")
+    _c_value("inter_bits", inter_bits, -(1 << 31), (1 << 31) - 1, "4 or 8")
+    _c_value("block", block, 0, _SIZE_MAX,
+             "an integer from 1 to 2**64 - 1 (elements per scale)")
+    _c_value("hadamard", hadamard, 0, _SIZE_MAX,
+             "0 (off) or a power of two >= 2 that divides block")
     L = _lib.get()
     c = L.new("zpp_qgz_config_t")
     c.intra_bits = intra_bits

@@ -21,11 +21,22 @@ all-gather runs on that node's group, which zpp maps to a communicator of
 the node (zero inter-node bytes when the zpp node map agrees, e.g.
 ZPP_TOPO=2x4 with reshard_after_forward=4).  qwZ quantizes the gathers
 that cross nodes; gathers inside a node stay exact.
+
+:func:`enable` checks its options, the model's FSDP modules, their
+mixed-precision policies and every parameter's dtype and device before it
+opens a communicator or sets a hook, and refuses a model that already has
+zpp's hooks from an open :class:`Zpp`.  It then says once, on rank 0,
+what it chose and why: one INFO line of the ``"zpp"`` logger (see
+:func:`enable` for where it goes when logging is not configured).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
+import sys
+import weakref
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
@@ -35,7 +46,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllG
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
 
 from . import _lib
-from .comm import Comm
+from .comm import Comm, check_bits, check_block, check_hadamard
 
 __all__ = ["Options", "Comms", "AllGather", "ReduceScatter", "Work", "enable", "Zpp"]
 
@@ -71,6 +82,9 @@ class Comms:
             )
         self.world = world
         self._by_ranks = {tuple(range(world.size)): world}
+        # the log level of a line per communicator made (enable() sets it
+        # from ZPP_DEBUG and the "zpp" logger); None: no lines
+        self.detail: Optional[int] = None
 
     def get(self, group) -> Comm:
         ranks = tuple(dist.get_process_group_ranks(group))
@@ -79,6 +93,10 @@ class Comms:
             me = self.world.rank
             c = self.world.split(min(ranks), ranks.index(me))
             self._by_ranks[ranks] = c
+            if self.detail is not None:
+                _emit(self.detail, "zpp.fsdp: rank %d: communicator of torch ranks %s (a split "
+                      "of the world, for FSDP2's group of them): %s"
+                      % (self.world.rank, list(ranks), _describe(c)))
         return c
 
     def all(self) -> list:
@@ -228,13 +246,30 @@ class ReduceScatter(_FsdpReduceScatter):
 
 
 class Zpp:
-    """What :func:`enable` returns: the communicators and the hooks."""
+    """What :func:`enable` returns: the communicators and the hooks.
 
-    def __init__(self, comms: Comms, options: Options, gathers: list, scatters: list):
+    ``close()`` (collective) puts back the hooks the FSDP modules had
+    before :func:`enable` (FSDP2's own collectives over its process
+    group, unless others were set) and frees zpp's communicators; the
+    model can then train on those, or be given to :func:`enable` again."""
+
+    def __init__(self, comms: Comms, options: Options, gathers: list, scatters: list,
+                 modules: Optional[list] = None):
         self.comms = comms
         self.options = options
         self.gathers = gathers
         self.scatters = scatters
+        # (module, its param groups, their hooks before enable())
+        self._modules = modules or []
+        self.closed = False
+
+    def __repr__(self) -> str:
+        o = self.options
+        opts = ", ".join("%s=%r" % (f.name, getattr(o, f.name)) for f in fields(o)
+                         if getattr(o, f.name) != f.default)
+        return "<zpp.fsdp.Zpp id=%#x, %d FSDP modules, %s, %s>" % (
+            id(self), len(self._modules), opts or "exact (no qwZ, no qgZ)",
+            "closed" if self.closed else "open")
 
     def stats(self) -> dict:
         return self.comms.stats()
@@ -252,9 +287,318 @@ class Zpp:
         self.comms.reset_stats()
 
     def close(self) -> None:
-        """Collective: frees zpp's communicators (the model must not run
-        again with these hooks)."""
+        """Collective: puts back the FSDP modules' hooks from before
+        :func:`enable`, then frees zpp's communicators.  A second close()
+        does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        for m, groups, before in self._modules:
+            for g, (ag, rs) in zip(groups, before):
+                g._all_gather_comm = ag
+                g._reduce_scatter_comm = rs
+            if _installed.get(m) is self:
+                del _installed[m]
+        for h in self.scatters:
+            h.residuals.clear()
         self.comms.close()
+
+
+# FSDP module -> the open Zpp whose hooks it has (a second enable() is refused)
+_installed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+_log = logging.getLogger("zpp")
+
+# dtypes the hooks take: a gather of one dtype in these (or a group of
+# mixed dtypes, which FSDP2 gathers as uint8), a reduce-scatter in these
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_FLOAT_NAMES = "torch.float32, torch.float16 or torch.bfloat16"
+_COMM_KW = ("topology", "backend", "timeout_s", "memory", "device")
+
+
+def _emit(level: int, msg: str) -> None:
+    """``msg`` through the "zpp" logger when the application configured
+    logging (a handler on "zpp" or above it): its levels and handlers
+    decide.  Otherwise to stderr, as logging.lastResort would write it but
+    at any level, unless the "zpp" logger's own level is set above
+    ``level``; no handler is added, so a logging configuration made later
+    is not doubled."""
+    if _log.hasHandlers():
+        _log.log(level, msg)
+        return
+    if _log.level != logging.NOTSET and level < _log.level:
+        return
+    h = logging.StreamHandler(sys.stderr)
+    h.handle(_log.makeRecord(_log.name, level, __file__, 0, msg, (), None))
+
+
+def _zpp_debug() -> bool:
+    """ZPP_DEBUG asks the C library for INFO or TRACE: the per-communicator
+    lines of zpp.fsdp are then written at INFO."""
+    L = _lib.get()
+    v = L.ffi.new("const char **")
+    if L.lib.zpp_settings_get(b"ZPP_DEBUG", v) != 0:
+        return False
+    return L.string(v[0]).strip().upper() in ("INFO", "TRACE")
+
+
+def _detail_level() -> Optional[int]:
+    """The level of the per-communicator lines, or None when they are off."""
+    if _zpp_debug():
+        return logging.INFO
+    if _log.isEnabledFor(logging.DEBUG):
+        return logging.DEBUG
+    return None
+
+
+def _describe(c: Comm) -> str:
+    return ("%d ranks on %d nodes (%s), local rank %d of %d, bootstrap %s, backend %s, "
+            "memory %s, algorithm %s" % (
+                c.size, c.nnodes, "emulated" if c.topology_emulated else "discovered",
+                c.local_rank, c.local_size, c.bootstrap, c.backend, c.memory, c.algorithm))
+
+
+def _name(qual: str) -> str:
+    return "'%s'" % qual if qual else "(the root)"
+
+
+def _error(msg: str, cls=ValueError):
+    return cls("zpp.fsdp.enable: " + msg)
+
+
+def _device_error(msg: str):
+    L = _lib.get()
+    return _lib.DeviceError(L.lib.ZPP_ERR_INVALID_ARGUMENT, "ZPP_ERR_INVALID_ARGUMENT",
+                            "zpp.fsdp.enable: " + msg)
+
+
+def _options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block, error_feedback,
+             hadamard) -> Options:
+    qwz_bits = check_bits("qwz_bits", qwz_bits, (0, 4, 8), "0 (off), 4 or 8")
+    qgz_bits = check_bits("qgz_bits", qgz_bits, (0, 4, 8), "0 (off), 4 or 8")
+    qgz_intra_bits = check_bits("qgz_intra_bits", qgz_intra_bits, (0, 4, 8, 16),
+                                "0 (qgz_bits), 4, 8 or 16 (not quantized inside the node)")
+    qwz_block = check_block("qwz_block", qwz_block)
+    qgz_block = check_block("qgz_block", qgz_block)
+    if not isinstance(error_feedback, bool):
+        raise ValueError("error_feedback %r: must be True or False" % (error_feedback,))
+    # qwZ's and qgZ's options without qwz_bits / qgz_bits: the exact
+    # collective runs and would drop them silently (a run would claim a
+    # setting it did not use)
+    d = Options()
+    if qwz_block != d.qwz_block and not qwz_bits:
+        raise ValueError("qwz_block %d needs qwz_bits (4 or 8)" % qwz_block)
+    if error_feedback and not qgz_bits:
+        raise ValueError("error_feedback needs qgz_bits (4 or 8)")
+    if qgz_intra_bits and not qgz_bits:
+        raise ValueError("qgz_intra_bits %d needs qgz_bits (4 or 8)" % qgz_intra_bits)
+    if qgz_block != d.qgz_block and not qgz_bits:
+        raise ValueError("qgz_block %d needs qgz_bits (4 or 8)" % qgz_block)
+    if hadamard and not qgz_bits:
+        raise ValueError("hadamard %r needs qgz_bits (4 or 8)" % (hadamard,))
+    hadamard = check_hadamard("hadamard", hadamard, qgz_block, "qgz_block")
+    return Options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
+                   error_feedback, hadamard)
+
+
+def _fsdp_modules(model) -> list:
+    """[(qualified name, module, its FSDP param groups)] of every FSDPModule;
+    refuses what set_custom_all_gather would refuse half-way through."""
+    out = []
+    for qual, m in model.named_modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        groups = list(m._get_fsdp_state()._fsdp_param_groups)
+        if len(groups) > 1:
+            raise _error("FSDP module %s has %d parameter groups (shard_placement_fn with "
+                         "per-parameter meshes): FSDP2 takes one custom all-gather and "
+                         "reduce-scatter per module only with one group"
+                         % (_name(qual), len(groups)))
+        out.append((qual, m, groups))
+    if not out:
+        raise _error("no FSDPModule in the model (call fully_shard first)")
+    return out
+
+
+def _check_model(model, mods) -> torch.device:
+    """The policies, dtypes and devices of every parameter the hooks will
+    move; returns the device of the collectives (FSDP2's mesh device).
+    Parameters are judged in model.named_parameters() order, so the first
+    one named is the first bad one of the model."""
+    for qual, m, _ in mods:
+        pol = m._get_fsdp_state()._mp_policy
+        for field in ("param_dtype", "reduce_dtype"):
+            v = getattr(pol, field)
+            if v is not None and v not in _FLOATS:
+                raise _error("FSDP module %s: MixedPrecisionPolicy.%s %s: zpp's %s takes %s "
+                             "(or None)" % (_name(qual), field, v,
+                                            "all-gather" if field == "param_dtype"
+                                            else "reduce-scatter", _FLOAT_NAMES))
+    order = {id(p): (i, n) for i, (n, p) in
+             enumerate(model.named_parameters(remove_duplicate=False))}
+    params = []  # (position, name, FSDPParam, its group)
+    for qual, _, groups in mods:
+        for g in groups:
+            gather = set()
+            for fp in g.fsdp_params:
+                p = fp.sharded_param
+                pos, pn = order.get(id(p), (len(order), "%s.<unnamed>" % qual))
+                params.append((pos, pn, fp, g))
+                pd = fp.mp_policy.param_dtype
+                gather.add(pd if pd is not None and p.dtype.is_floating_point else p.dtype)
+            # one dtype: the gather's; several: FSDP2 gathers them as uint8
+            g_bad = next(iter(gather)) if len(gather) == 1 else None
+            if g_bad in _FLOATS:
+                g_bad = None
+            for i in range(len(params) - len(g.fsdp_params), len(params)):
+                params[i] = params[i] + (g_bad,)
+    params.sort(key=lambda t: t[0])
+    for _, pn, fp, g, g_bad in params:
+        p = fp.sharded_param
+        if g_bad is not None:
+            raise _error("parameter '%s' has dtype %s: zpp's all-gather takes %s (or a group "
+                         "of mixed dtypes, which FSDP2 gathers as torch.uint8): cast the "
+                         "model (model.float(), .bfloat16()) or set "
+                         "MixedPrecisionPolicy(param_dtype=torch.bfloat16) in fully_shard"
+                         % (pn, g_bad, _FLOAT_NAMES))
+        if p.requires_grad:
+            rd = fp.mp_policy.reduce_dtype
+            if rd is None:
+                rd = fp.sharded_grad_dtype if fp._has_sharded_grad_dtype_override else p.dtype
+            if rd is not None and rd not in _FLOATS:
+                raise _error("parameter '%s' has dtype %s: its gradient would be "
+                             "reduce-scattered in %s, and zpp's reduce-scatter takes %s: cast "
+                             "the model (model.float(), .bfloat16()) or set "
+                             "MixedPrecisionPolicy(reduce_dtype=torch.float32) in fully_shard"
+                             % (pn, p.dtype, rd, _FLOAT_NAMES))
+    device, first = None, None
+    for _, pn, _, g, _ in params:
+        gd = torch.device(g.device)
+        if gd.type not in ("cpu", "cuda"):
+            raise _device_error("parameter '%s' is on device %s: zpp's communicators take "
+                                "CPU tensors (host memory) or CUDA tensors (device memory)"
+                                % (pn, gd))
+        if device is None:
+            device, first = gd, pn
+        elif gd != device:
+            raise _device_error("parameter '%s' is on %s but '%s' is on %s: zpp's "
+                                "communicators work on one device (fully_shard every "
+                                "module on the same device mesh)" % (pn, gd, first, device))
+    if device is None:
+        raise _error("the FSDP modules hold no parameters: nothing for zpp to move")
+    return device
+
+
+def _memory_of(device: torch.device) -> str:
+    return "device" if device.type == "cuda" else "host"
+
+
+def _hpz(mods, world: Comm) -> str:
+    """What FSDP2's reshard_after_forward makes of hpZ, in words."""
+    sizes = []
+    for _, _, groups in mods:
+        for g in groups:
+            pf = g.post_forward_mesh_info
+            if pf is None:
+                sizes.append(False)
+            elif pf is g.mesh_info or pf.shard_mesh_size == g.mesh_info.shard_mesh_size:
+                sizes.append(True)
+            else:
+                sizes.append(pf.shard_mesh_size)
+    ints = sorted({s for s in sizes if not isinstance(s, bool)})
+    if not ints:
+        raf = "reshard_after_forward=%s" % "/".join(
+            str(v) for v in sorted({s for s in sizes}, reverse=True))
+        return "hpZ: off (%s)" % raf
+    n = sum(1 for s in sizes if not isinstance(s, bool))
+    where = ", ".join(str(s) for s in ints)
+    if len(ints) == 1 and ints[0] == world.local_size and world.nnodes * world.local_size == world.size:
+        agree = "zpp's nodes have %d ranks: the backward gathers stay inside the node" % ints[0]
+    else:
+        agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
+                 "nodes" % (world.local_size, where))
+    return "hpZ: on for %d of %d modules (reshard_after_forward=%s; %s)" % (
+        n, len(sizes), where, agree)
+
+
+def _summary(comms: Comms, opts: Options, mods, device, made: Optional[dict]) -> str:
+    """The INFO line of enable(): what was chosen and why."""
+    w = comms.world
+    L = _lib.get()
+
+    def setting(name: str) -> str:
+        # the value libzpp read from the environment; "" when it is unset
+        # there (zpp_settings_get answers the default then)
+        if name not in os.environ:
+            return ""
+        v = L.ffi.new("const char **")
+        return L.string(v[0]) if L.lib.zpp_settings_get(name.encode(), v) == 0 else ""
+
+    if made is None:
+        boot = "world communicator passed to enable() (%s bootstrap)" % w.bootstrap
+    else:
+        boot = ("world communicator over torch's store (%s bootstrap)"
+                % ("TCP" if w.bootstrap == "tcp" else w.bootstrap))
+    # the rule of backend auto (include/zpp/zpp_comm.h, zpp_backend_t)
+    env_b = setting("ZPP_BACKEND")
+    if env_b and env_b != "auto":
+        auto = "ZPP_BACKEND=%s" % env_b
+    elif w.memory == "device":
+        auto = ("ZPP_BACKEND unset: NCCL loads and every rank has a GPU of its own"
+                if w.backend == "nccl" else
+                "ZPP_BACKEND unset: NCCL not usable on every rank, device memory staged "
+                "through host buffers")
+    elif w.backend == "mpi":
+        auto = "ZPP_BACKEND unset: MPI under an MPI bootstrap"
+    else:
+        auto = "ZPP_BACKEND unset: UCX for host memory without an MPI bootstrap"
+    if made is None:
+        why_b = "as that communicator was made: its backend=, else %s" % auto
+    elif made.get("backend"):
+        why_b = "backend=%r" % made["backend"]
+    else:
+        why_b = auto
+    if made is None:
+        why_m = "the communicator passed; parameters on %s" % device
+    elif "memory" in made:
+        why_m = "memory=%r; parameters on %s" % (made["memory"], device)
+    else:
+        why_m = "parameters on %s" % device
+    env_a = setting("ZPP_ALGO")
+    why_a = "ZPP_ALGO=%s" % env_a if env_a else "ZPP_ALGO unset"
+    if w.nnodes > 1:
+        algo = "algorithm %s across nodes (%s)" % (w.algorithm, why_a)
+    else:
+        algo = "algorithm: one node, no inter-node stage"
+    if opts.qwz_bits:
+        qwz = "qwZ %d bits block %d on inter-node gathers" % (opts.qwz_bits, opts.qwz_block)
+        if w.nnodes == 1:
+            qwz += " (one node here: every gather exact)"
+    else:
+        qwz = "qwZ: off (exact gathers)"
+    if opts.qgz_bits:
+        intra = opts.qgz_intra_bits or opts.qgz_bits
+        qgz = "qgZ %d bits across nodes, %s inside, block %d%s%s" % (
+            opts.qgz_bits, "unquantized" if intra == 16 else "%d bits" % intra,
+            opts.qgz_block, ", error feedback" if opts.error_feedback else "",
+            ", Hadamard %d" % opts.hadamard if opts.hadamard else "")
+    else:
+        qgz = "qgZ: off (exact reduce-scatter, fp32 sums)"
+    if not w.topology_emulated:
+        nodes = "discovered nodes"
+    elif made is not None and made.get("topology"):
+        nodes = "emulated nodes (topology=%r)" % made["topology"]
+    elif setting("ZPP_TOPO"):
+        nodes = "emulated nodes (ZPP_TOPO=%s)" % setting("ZPP_TOPO")
+    else:
+        nodes = "emulated nodes"
+    if w.nnodes == 1:
+        nodes = nodes.replace("nodes", "node", 1)
+    return ("zpp.fsdp: %d FSDP module%s, %d rank%s on %d %s; %s; backend %s (%s); "
+            "memory %s (%s); %s; %s; %s; %s" % (
+                len(mods), "s"[:len(mods) != 1], w.size, "s"[:w.size != 1], w.nnodes,
+                nodes,
+                boot, w.backend, why_b, w.memory, why_m, algo, qwz, qgz, _hpz(mods, w)))
 
 
 def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
@@ -263,50 +607,108 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
            error_feedback: bool = False, hadamard: int = 0, **comm_kw) -> Zpp:
     """Installs zpp's all-gather and reduce-scatter on every FSDPModule of
     ``model`` (after ``fully_shard``).  ``comm``: the world communicator
-    (default: one made over torch's default group and store); the defaults
-    of the other arguments are zpp's exact baselines.  When the model's
-    parameters are on CUDA and neither ``comm`` nor ``memory=`` is given,
-    the communicators work on device memory of the parameters' device
-    (``memory="device", device=<index>``): the hooks then run on torch's
-    current stream (FSDP2's all-gather and reduce-scatter streams) and
-    return once the collective is queued there (stream-ordered, as with
-    ProcessGroupNCCL)."""
-    opts = Options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
-                   error_feedback, hadamard)
-    for b, name in ((qwz_bits, "qwz_bits"), (qgz_bits, "qgz_bits")):
-        if b not in (0, 4, 8):
-            raise ValueError("%s %d: must be 0 (off), 4 or 8" % (name, b))
-    if qgz_intra_bits not in (0, 4, 8, 16):
-        raise ValueError("qgz_intra_bits %d: must be 0 (qgz_bits), 4, 8 or 16 (not "
-                         "quantized inside the node)" % qgz_intra_bits)
-    if error_feedback and not qgz_bits:
-        raise ValueError("error_feedback needs qgz_bits (4 or 8)")
-    # qgZ's options: without qgz_bits the reduce-scatter is the exact one and
-    # would drop them silently (a run would claim a setting it did not use)
-    if qgz_intra_bits and not qgz_bits:
-        raise ValueError("qgz_intra_bits %d needs qgz_bits (4 or 8)" % qgz_intra_bits)
-    if hadamard:
-        if not qgz_bits:
-            raise ValueError("hadamard %d needs qgz_bits (4 or 8)" % hadamard)
-        if hadamard < 2 or hadamard & (hadamard - 1) or qgz_block % hadamard:
-            raise ValueError("hadamard %d: must be 0 (off) or a power of two >= 2 that "
-                             "divides qgz_block %d" % (hadamard, qgz_block))
+    (default: one made over torch's default group and store, with
+    ``comm_kw``: topology, backend, timeout_s, memory, device); the
+    defaults of the other arguments are zpp's exact baselines.  When the
+    model's parameters are on CUDA and neither ``comm`` nor ``memory=`` is
+    given, the communicators work on device memory of the parameters'
+    device (``memory="device", device=<index>``): the hooks then run on
+    torch's current stream (FSDP2's all-gather and reduce-scatter
+    streams) and return once the collective is queued there
+    (stream-ordered, as with ProcessGroupNCCL).
+
+    Before it opens a communicator or sets a hook it checks, and raises
+    ValueError (TypeError for an unknown keyword) naming the argument,
+    module or parameter: every option; each FSDP module's
+    MixedPrecisionPolicy (param_dtype, reduce_dtype: float32, float16,
+    bfloat16 or None); every parameter's gather and gradient dtype (by its
+    qualified name); that all parameters are on one device, CPU or CUDA,
+    the one of the communicators' memory; that the model has an
+    FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
+    still open (close it first).
+
+    Logging: one INFO line on rank 0 of the ``"zpp"`` logger says which
+    bootstrap, backend, memory space, algorithm, qwZ, qgZ and hpZ setting
+    it chose and why.  When the application configured logging (a handler
+    on ``"zpp"`` or the root logger), that configuration decides whether
+    it shows (``logging.getLogger("zpp").setLevel(logging.INFO)``);
+    otherwise it is written to stderr, without any handler being added,
+    unless the ``"zpp"`` logger's level is set above INFO.  With
+    ``ZPP_DEBUG=INFO`` (or TRACE), or the ``"zpp"`` logger at DEBUG, every
+    rank adds a line per communicator (world, and each node communicator
+    of hpZ when it is made)."""
+    try:
+        opts = _options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
+                        error_feedback, hadamard)
+    except ValueError as e:
+        raise _error(str(e)) from None
+    unknown = sorted(set(comm_kw) - set(_COMM_KW))
+    if unknown:
+        raise TypeError("zpp.fsdp.enable: unknown keyword %s (the communicator's are %s)"
+                        % (", ".join(unknown), ", ".join(_COMM_KW)))
+    if comm_kw and (comm is not None or comms is not None):
+        raise _error("%s: only for the communicator enable() makes, not with %s= (make it "
+                     "with them)" % (", ".join("%s=" % k for k in sorted(comm_kw)),
+                                     "comm" if comm is not None else "comms"))
+    if comm is not None and comms is not None:
+        raise _error("comm= and comms=: pass one")
+    mem = comm_kw.get("memory")
+    if mem not in (None, "host", "device"):
+        raise _error("memory %r: must be 'host' (CPU tensors) or 'device' (CUDA tensors)"
+                     % (mem,))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("zpp.fsdp.enable: model is a %s, not a torch.nn.Module"
+                        % type(model).__name__)
+    mods = _fsdp_modules(model)
+    for qual, m, _ in mods:
+        z = _installed.get(m)
+        if z is not None and not z.closed:
+            raise _error("FSDP module %s already has zpp's hooks from %r: call its close() "
+                         "first (or keep using it)" % (_name(qual), z))
+    device = _check_model(model, mods)
+    want = _memory_of(device)
+    if comms is not None and isinstance(comms, Comms):
+        comm = comms.world
+    if comm is not None and comm.memory != want:
+        raise _device_error("the communicator works on %s memory but the parameters are on "
+                            "%s (%s memory)" % (comm.memory, device, want))
+    if mem is not None and mem != want:
+        raise _device_error("memory=%r but the parameters are on %s (%s memory)"
+                            % (mem, device, want))
+    dev = comm_kw.get("device")
+    if dev is not None and (device.type != "cuda" or dev != device.index):
+        raise _device_error("device=%r but the parameters are on %s" % (dev, device))
+    if not dist.is_initialized():
+        raise _error("torch.distributed is not initialised (init_process_group first)",
+                     RuntimeError)
+
+    # checked: from here on communicators are opened and hooks set
+    made = None
     if comms is None:
-        if comm is None and "memory" not in comm_kw:
-            p = next(model.parameters(), None)
-            if p is not None and p.device.type == "cuda":
+        if comm is None:
+            made = dict(comm_kw)
+            if want == "device":
                 comm_kw["memory"] = "device"
-                comm_kw.setdefault("device", p.device.index if p.device.index is not None
+                comm_kw.setdefault("device", device.index if device.index is not None
                                    else torch.cuda.current_device())
         comms = Comms(comm, **comm_kw)
-    gathers, scatters = [], []
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            g, s = AllGather(comms, opts), ReduceScatter(comms, opts)
-            m.set_custom_all_gather(g)
-            m.set_custom_reduce_scatter(s)
-            gathers.append(g)
-            scatters.append(s)
-    if not gathers:
-        raise ValueError("zpp.fsdp.enable: no FSDPModule in the model (call fully_shard first)")
-    return Zpp(comms, opts, gathers, scatters)
+    gathers, scatters, installed = [], [], []
+    for _, m, groups in mods:
+        g, s = AllGather(comms, opts), ReduceScatter(comms, opts)
+        before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
+        m.set_custom_all_gather(g)
+        m.set_custom_reduce_scatter(s)
+        gathers.append(g)
+        scatters.append(s)
+        installed.append((m, groups, before))
+    z = Zpp(comms, opts, gathers, scatters, installed)
+    for _, m, _ in mods:
+        _installed[m] = z
+    if isinstance(comms, Comms):
+        comms.detail = _detail_level()
+        if dist.get_rank() == 0:
+            _emit(logging.INFO, _summary(comms, opts, mods, device, made))
+        if comms.detail is not None:
+            _emit(comms.detail, "zpp.fsdp: rank %d: world communicator: %s"
+                  % (dist.get_rank(), _describe(comms.world)))
+    return z
