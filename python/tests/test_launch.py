@@ -82,6 +82,22 @@ def test_master_port_alone_is_the_mpirun_stores_port(have_mpirun):
     assert out["master_port"] == port and out["port_listening"], out
 
 
+def test_rank_0s_failure_reaches_every_rank(have_mpirun):
+    """MASTER_PORT alone names a port in use: rank 0 cannot open the
+    store, and every rank fails saying so (none waits for a store that
+    will not come)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        p = mpirun(2, clean_env(MASTER_PORT=port, ZPP_TEST_EXPECT_FAIL=1),
+                   xs=("MASTER_PORT", "ZPP_TEST_EXPECT_FAIL"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    for r in (0, 1):
+        assert ("rank %d failed: zpp.init_process_group: rank 0 could not open the rendezvous "
+                "store" % r) in p.stdout, p.stdout[-4000:]
+
+
 def slurm_job_with_free_port() -> int:
     """A SLURM_JOB_ID whose port (step 0) and the next one are free now."""
     rng = random.Random(SEED)

@@ -174,9 +174,10 @@ def _mpi_store(env, timeout):
                                   wait_for_workers=False)
             msg = {"addr": host, "port": store.port}
         except Exception as e:  # every rank must hear of it
-            msg = {"error": "%s: %s" % (type(e).__name__, e)}
+            # (cut to fit the message with its JSON escapes)
+            msg = {"error": ("%s: %s" % (type(e).__name__, e))[:_MSG_BYTES // 8]}
     buf = np.zeros(_MSG_BYTES, np.uint8)
-    raw = json.dumps(msg).encode()[:_MSG_BYTES]
+    raw = json.dumps(msg).encode()  # ASCII: at most 6 bytes a character
     buf[:len(raw)] = np.frombuffer(raw, np.uint8)
     # one emulated node on the MPI transport: the exchange is the same
     # whatever ZPP_TOPO, ZPP_BACKEND or the link emulation say
