@@ -25,6 +25,9 @@ help:
 	@echo "               (scripts/netns_cluster.sh; needs root, else skipped)"
 	@echo "make test-asan / test-asan-mpi / test-tsan / test-fuzz - one sanitizer suite"
 	@echo "make test-python - only the Python bindings and FSDP2 tests (pytest, venv $(PY_VENV)/)"
+	@echo "make test-slurm - zpp-bench and FSDP2 under srun on a one-node Slurm started here"
+	@echo "               (tests/slurm_test.sh; needs root and slurm-wlm, else skipped)"
+	@echo "make test-launch - every launch line README.md, docs/ and the examples print, as printed"
 	@echo "make test-python-emu - the bindings on device memory (emulated CUDA runtime)"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
@@ -151,6 +154,23 @@ test-python: build deps-python
 	ZPP_LIBRARY=$(abspath $(BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(BUILD)) \
 	  $(PY_VENV)/bin/python -m pytest -q python/tests
 
+# zpp under a real Slurm: munged, slurmctld and slurmd of its own on this
+# machine (one node), then srun -n 4 zpp-bench (the TCP bootstrap from
+# srun's variables), the FSDP2 example and the srun lines the docs print;
+# every daemon stopped on exit (tests/slurm_test.sh, about 40-70 s).
+# Skipped, saying why, when not root or slurm-wlm / munge are missing.
+.PHONY: test-slurm test-launch
+test-slurm: build deps-python
+	@bash tests/slurm_test.sh $(BUILD) $(PY_VENV)
+
+# Every launch line (mpirun, torchrun, srun, ...) of README.md, docs/*.md and
+# the examples' docstrings, run as printed from the root with only
+# environment added (tests/launch_lines_test.py; srun's by test-slurm, the
+# namespace cluster's listed, not run; about 1-2 min).  The lines name
+# build/, so BUILD must be build.
+test-launch: build deps-python
+	$(PY_VENV)/bin/python tests/launch_lines_test.py --venv $(PY_VENV)
+
 # The bindings on device memory (python/tests/test_device_emu.py): zpp.Comm
 # with memory="device" on __cuda_array_interface__ arrays, against the
 # library of $(EMU_BUILD)/ (emulated CUDA runtime, NCCL stand-in); about
@@ -160,8 +180,8 @@ test-python-emu: emu deps-python
 	  $(PY_VENV)/bin/python -m pytest -q python/tests/test_device_emu.py
 
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
-  test-python-emu
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2)"
+  test-python-emu test-slurm test-launch
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2, Slurm, launch lines)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench

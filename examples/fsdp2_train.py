@@ -3,15 +3,20 @@
 (or, with --device cuda, on CUDA), with zpp as FSDP2's all-gather and
 reduce-scatter.
 
-Launch under mpirun (Open MPI) or torchrun; gloo bootstraps torch:
+Launch under mpirun (Open MPI), torchrun or srun (Slurm), from the
+repository's root with zpp importable (PYTHONPATH=python
+ZPP_LIBRARY=build/libzpp.so, or pip install ./python); gloo bootstraps
+torch through zpp.init_process_group, which finds the rendezvous from the
+launcher's variables (no MASTER_ADDR or MASTER_PORT to set):
 
-    ZPP_TOPO=2x2 mpirun -np 4 python examples/fsdp2_train.py --comm zppmpi --zeropp
-    torchrun --nproc-per-node 2 examples/fsdp2_train.py --comm zpp
+    ZPP_TOPO=2x2 mpirun -np 4 python examples/fsdp2_train.py --comm zppmpi --zeropp --steps 5
+    torchrun --standalone --nproc-per-node 2 examples/fsdp2_train.py --comm zpp --steps 5
+    srun -n 2 python examples/fsdp2_train.py --comm zppenv --steps 5
 
 --comm gloo       FSDP2's own collectives over gloo (the reference)
 --comm zpp        zpp, communicator over torch's store (zpp's TCP bootstrap)
 --comm zppmpi     zpp, communicator over MPI (mpirun only)
---comm zppenv     zpp, communicator from torchrun's variables (no MPI)
+--comm zppenv     zpp, communicator from torchrun's or srun's variables (no MPI)
 --zeropp          qwZ INT8 gathers, qgZ INT4 gradients with error feedback,
                   hpZ through reshard_after_forward=<ranks per node>
 --qgz-intra-bits, --hadamard   qgZ's intra-node bits and Hadamard group
@@ -42,15 +47,6 @@ import math
 import os
 import sys
 import time
-
-
-def _launch_env() -> None:
-    # mpirun: torch's env:// init wants RANK/WORLD_SIZE (MASTER_* come from -x)
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
-        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
-        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
-        os.environ.setdefault("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 
 def parse(argv=None):
@@ -137,20 +133,24 @@ def run(argvs, before=None) -> int:
     """Several training runs in one process group (tests compare them);
     ``before()``, when given, runs first in that group."""
     runs = [parse(argv) for argv in argvs]  # bad flags fail before any rendezvous
-    _launch_env()
     import torch
     import torch.distributed as dist
 
+    import zpp
+
     torch.set_num_threads(1)
-    if any(a.device == "cuda" for a in runs):
-        if not torch.cuda.is_available():
-            sys.exit("fsdp2_train: --device cuda: torch %s sees no CUDA device" % torch.__version__)
+    cuda = any(a.device == "cuda" for a in runs)
+    if cuda and not torch.cuda.is_available():
+        sys.exit("fsdp2_train: --device cuda: torch %s sees no CUDA device" % torch.__version__)
+    # torchrun's, mpirun's or srun's variables (LOCAL_RANK among them): no
+    # MASTER_ADDR / MASTER_PORT to set by hand
+    zpp.init_process_group("gloo")
+    if cuda:
         # one device per local rank while there are enough, else shared;
         # CUDA initialised now, or DeviceMesh would set the device LOCAL_RANK
         # names (past the last one when ranks share a GPU)
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         torch.cuda.init()
-    dist.init_process_group("gloo")
     if before is not None:
         before()
     for a in runs:

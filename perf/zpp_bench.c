@@ -6,9 +6,11 @@
  *   mpirun -np 8 zpp-bench --coll allgather -b 1M -e 64M -f 4
  *   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. zpp-bench ...
  *       (started like torchrun starts workers: zpp's TCP bootstrap, no MPI)
+ *   srun -n 4 zpp-bench ...   (srun's variables: the same TCP bootstrap)
  *
  * --bootstrap mpi|env picks the bootstrap (default: env when RANK and
- * WORLD_SIZE are set and no MPI launcher is seen), --backend the
+ * WORLD_SIZE, or srun's SLURM_PROCID and SLURM_STEP_ID, are set and no MPI
+ * launcher or PMI is seen), --backend the
  * transport; the header names both.  Per size (from -b to -e, times -f)
  * and per variant, every rank runs -w untimed warm-up calls, then -n timed
  * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
@@ -70,8 +72,12 @@ static int g_env = 0;            /* started from torchrun's environment */
 static int g_trace = 0; /* --trace: rank 0 prints each timed call */
 static zpp_comm_t g_comm = NULL; /* set once created */
 
+/* torchrun's variables, or srun's without an MPI plugin (srun --mpi=none:
+ * no PMI), and no MPI launcher */
 static int env_launch(void) {
-  return getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL &&
+  return ((getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL) ||
+          (getenv("SLURM_PROCID") != NULL &&
+           getenv("SLURM_STEP_ID") != NULL)) &&
          getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL &&
          getenv("PMIX_RANK") == NULL;
 }
@@ -570,9 +576,11 @@ static void usage(FILE *f) {
       "  --print-settings     print every ZPP_* setting and exit\n"
       "  --bootstrap mpi|env  mpi: under mpirun; env: started like torchrun "
       "(RANK, WORLD_SIZE,\n"
-      "                       MASTER_ADDR, MASTER_PORT; no MPI); default: env "
-      "when RANK is set\n"
-      "                       and no MPI launcher is seen\n"
+      "                       MASTER_ADDR, MASTER_PORT; no MPI) or by srun "
+      "(SLURM_*);\n"
+      "                       default: env when RANK or SLURM_PROCID is set "
+      "and no MPI\n"
+      "                       launcher is seen\n"
       "variants:\n");
   for (i = 0; i < NCOLLS; i++)
     fprintf(f, "  %-14s %s\n", g_colls[i]->name, g_colls[i]->variant_help);
@@ -1577,7 +1585,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--bootstrap") == 0)
       g_env = strcmp(argv[i + 1], "env") == 0;
   if (g_env) {
-    g_rank = getenv("RANK") != NULL ? atoi(getenv("RANK")) : 0;
+    const char *r =
+        getenv("RANK") != NULL ? getenv("RANK") : getenv("SLURM_PROCID");
+    g_rank = r != NULL ? atoi(r) : 0;
   } else {
     /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
      * thread while this thread computes (it never calls MPI meanwhile). */

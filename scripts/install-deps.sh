@@ -50,6 +50,31 @@ install_matplotlib() {
   python3 -c 'import matplotlib' # fails loudly if still missing
 }
 
+# slurm-wlm (slurmctld, slurmd, srun, sinfo) and munge: tests/slurm_test.sh
+# (make test-slurm) starts a one-node Slurm of its own on this machine (its
+# own slurm.conf, ports and munge socket; the packages' services are not
+# used).  As root only: without them that test says why and is skipped.
+install_slurm() {
+  local p missing=()
+  for p in slurm-wlm munge; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+      || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "zpp: ${missing[*]} not installed (not root): make test-slurm will be skipped"
+    return 0
+  fi
+  echo "zpp: installing ${missing[*]} (make test-slurm)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${missing[@]}" || {
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      "${missing[@]}"
+  }
+}
+install_slurm
+
 # iproute2 (ip, tc) and util-linux (unshare, flock): the namespace cluster
 # of scripts/netns_cluster.sh (make test-cluster).  clang and its runtime
 # libraries (libFuzzer, the sanitizers) build the fuzz targets of

@@ -3,7 +3,8 @@
 // and collects each one's status and message through a pipe.  The
 // launcher-based tests (tests/bootstrap.cmake) cover the torchrun path;
 // this suite covers unique ids (malformed, stale), a user bootstrap and
-// subsets over TCP.
+// subsets over TCP, and srun's environment (the hostlist parser, the
+// port, a communicator from SLURM_* variables).
 //
 // Seed: ZPP_TEST_SEED (default 20261129), printed.
 #include <gtest/gtest.h>
@@ -19,6 +20,9 @@
 #include <zpp/zpp_coll.h>
 #include <zpp/zpp_comm.h>
 
+#include "comm/slurm.h"
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -540,6 +544,285 @@ TEST(Bootstrap, BadArgumentsAreNamed) {
   EXPECT_EQ(zpp_get_unique_id(nullptr), ZPP_ERR_NULL_POINTER);
   EXPECT_EQ(zpp_comm_split(nullptr, 0, 0, &c), ZPP_ERR_NULL_POINTER);
   EXPECT_EQ(c, nullptr);
+}
+
+// ---- srun's environment --------------------------------------------------
+
+// The first host of a hostlist, built independently of the parser: each
+// host expression is prefix [range list] middle [range list] suffix; the
+// first host takes the first number of each bracket as written.
+struct Hostlist {
+  std::string text, first;
+};
+
+Hostlist random_hostlist(std::mt19937 &g) {
+  auto pick = [&](int n) { return (int)(g() % (uint32_t)n); };
+  auto name = [&](int len) {
+    static const char cs[] = "abcdefghijklmnopqrstuvwxyz0123456789-._";
+    std::string s;
+    for (int i = 0; i < len; i++) s += cs[pick(i == 0 ? 26 : (int)sizeof cs - 1)];
+    return s;
+  };
+  auto number = [&](int width, unsigned v) {
+    std::string d = std::to_string(v);
+    while ((int)d.size() < width) d = "0" + d;
+    return d;
+  };
+  Hostlist h;
+  int hosts = 1 + pick(3);
+  for (int k = 0; k < hosts; k++) {
+    std::string text, first;
+    int parts = 1 + pick(3);
+    for (int p = 0; p < parts; p++) {
+      std::string pre = name(pick(p == 0 ? 6 : 3) + (p == 0 ? 1 : 0));
+      text += pre;
+      first += pre;
+      if (pick(4) == 0) continue;  // no bracket in this part
+      int width = 1 + pick(3), items = 1 + pick(3);
+      text += "[";
+      for (int it = 0; it < items; it++) {
+        unsigned a = (unsigned)pick(90), b = a + (unsigned)pick(20);
+        std::string da = number(width, a);
+        if (it == 0) first += da;
+        text += (it ? "," : "") + da;
+        if (pick(2)) text += "-" + number(width, b);
+      }
+      text += "]";
+    }
+    h.text += (k ? "," : "") + text;
+    if (k == 0) h.first = first;
+  }
+  return h;
+}
+
+TEST(SlurmHostlist, FirstHostOfWrittenForms) {
+  const char *cases[][2] = {
+      {"node[01-04,07],gpu3", "node01"},
+      {"a-[1-2]-b", "a-1-b"},
+      {"gpu3", "gpu3"},
+      {"node007", "node007"},
+      {"node[007]", "node007"},
+      {"node[0010-0020]", "node0010"},
+      {"rack[2-3]-node[08-12,1]", "rack2-node08"},
+      {"[5-6]x", "5x"},
+      {"c1.cluster.example,c2", "c1.cluster.example"},
+      {"n[9-10],m[1-2]", "n9"},
+      {"host_a[3]", "host_a3"},
+  };
+  for (auto &c : cases) {
+    char out[256] = "unset";
+    ASSERT_EQ(zpp_slurm_first_host("SLURM_STEP_NODELIST", c[0], out, sizeof out, "test"),
+              ZPP_OK)
+        << c[0] << ": " << zpp_get_last_error();
+    EXPECT_STREQ(out, c[1]) << c[0];
+  }
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  std::mt19937 g((uint32_t)seed());
+  for (int i = 0; i < 2000; i++) {
+    Hostlist h = random_hostlist(g);
+    char out[256] = "unset";
+    ASSERT_EQ(zpp_slurm_first_host("SLURM_JOB_NODELIST", h.text.c_str(), out, sizeof out, "t"),
+              ZPP_OK)
+        << h.text << ": " << zpp_get_last_error();
+    ASSERT_EQ(std::string(out), h.first) << h.text;
+  }
+}
+
+TEST(SlurmHostlist, MalformedListsAreNamedWithTheirValue) {
+  const char *bad[] = {"",          ",node1",      "node1,",       "a,,b",
+                       "node[",     "node[1-3",    "node]1",       "node[]",
+                       "node[a-b]", "node[3-1]",   "node[1-]",     "node[-1]",
+                       "node[1,]",  "node[[1]]",   "node 1",       "node[1:2]",
+                       "nöde",      "n[1]x[2-1]",  "ok,bad[2-1]",  "n[1234567890123456789]"};
+  for (const char *b : bad) {
+    char out[256] = "unset";
+    EXPECT_EQ(zpp_slurm_first_host("SLURM_STEP_NODELIST", b, out, sizeof out, "test"),
+              ZPP_ERR_INVALID_ARGUMENT)
+        << "accepted \"" << b << "\" as " << out;
+    std::string m = zpp_get_last_error();
+    EXPECT_NE(m.find("SLURM_STEP_NODELIST"), std::string::npos) << m;
+    if (b[0] != '\0') {
+      EXPECT_NE(m.find(std::string("\"") + b + "\""), std::string::npos) << m;
+    }
+    EXPECT_STREQ(out, "") << b;  // no partial host left behind
+  }
+  // a first host longer than the output buffer
+  char small[8];
+  EXPECT_EQ(zpp_slurm_first_host("SLURM_STEP_NODELIST", "node[0000001]", small, sizeof small,
+                                 "test"),
+            ZPP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("too long"), std::string::npos);
+  EXPECT_EQ(zpp_slurm_first_host("SLURM_STEP_NODELIST", "node[001-9]", small, sizeof small,
+                                 "test"),
+            ZPP_OK);
+  EXPECT_STREQ(small, "node001");
+}
+
+// Sets (value != nullptr) or unsets each variable, in this process.
+void set_env(std::initializer_list<std::pair<const char *, const char *>> vars) {
+  for (auto &v : vars) {
+    if (v.second != nullptr)
+      setenv(v.first, v.second, 1);
+    else
+      unsetenv(v.first);
+  }
+}
+
+TEST(SlurmEnv, PortIsTheDocumentedFunctionOfJobAndStep) {
+  auto res = run(1, 20, [](int, const std::vector<int> &, int) {
+    Result r;
+    r.status = ZPP_OK;
+    std::vector<long> seen;
+    for (unsigned long long job : {0ull, 1ull, 7ull, 123456ull, 4294967295ull}) {
+      for (unsigned long long step = 0; step < 40; step++) {
+        set_env({{"SLURM_JOB_ID", std::to_string(job).c_str()},
+                 {"SLURM_STEP_ID", std::to_string(step).c_str()}});
+        long port = -1;
+        if (zpp_slurm_port("t", &port) != ZPP_OK) {
+          r.status = -100;
+          r.msg = zpp_get_last_error();
+          return r;
+        }
+        long want = 10000 + 2 * (long)((job * 61 + step) % 11000);
+        if (port != want || port < 10000 || port + 1 > 32767) {
+          r.status = -101;
+          r.msg = "job " + std::to_string(job) + " step " + std::to_string(step) + ": port " +
+                  std::to_string(port) + ", want " + std::to_string(want);
+          return r;
+        }
+        if (job == 123456ull) seen.push_back(port);
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+      r.status = -102;
+      r.msg = "two steps of one job share a port";
+    }
+    for (const char *bad : {"", "x", "-1", "4294967296", "12 "}) {
+      set_env({{"SLURM_JOB_ID", bad}});
+      long port = 0;
+      std::string m;
+      if (zpp_slurm_port("t", &port) != ZPP_ERR_INVALID_ARGUMENT ||
+          (m = zpp_get_last_error()).find("SLURM_JOB_ID") == std::string::npos) {
+        r.status = -103;
+        r.msg = std::string("SLURM_JOB_ID=\"") + bad + "\": " + m;
+      }
+    }
+    return r;
+  });
+  EXPECT_EQ(res[0].status, ZPP_OK) << res[0].msg;
+}
+
+// A port P whose P + 1 (the bootstrap's) is free on 127.0.0.1 now, as the
+// port of some SLURM_JOB_ID: the test then leaves MASTER_PORT unset.
+unsigned long long job_with_free_port() {
+  for (unsigned long long job = 1000 + seed() % 100000; job < 2000000; job++) {
+    long port = 10000 + 2 * (long)((job * 61) % 11000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)(port + 1));
+    bool ok = bind(fd, (sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return job;
+  }
+  return 0;
+}
+
+// srun starts every task with SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+// SLURM_STEP_NODELIST, SLURM_JOB_ID and SLURM_STEP_ID; no RANK, no MASTER_*.
+TEST(SlurmEnv, CommunicatorFromSrunsVariables) {
+  unsigned long long job = job_with_free_port();
+  ASSERT_NE(job, 0u);
+  auto res = run(3, 60, [job](int i, const std::vector<int> &, int) {
+    std::string js = std::to_string(job), rank = std::to_string(i);
+    set_env({{"RANK", nullptr},
+             {"WORLD_SIZE", nullptr},
+             {"LOCAL_RANK", nullptr},
+             {"MASTER_ADDR", nullptr},
+             {"MASTER_PORT", nullptr},
+             {"OMPI_COMM_WORLD_SIZE", nullptr},
+             {"ZPP_BOOTSTRAP_PORT", nullptr},
+             {"SLURM_PROCID", rank.c_str()},
+             {"SLURM_LOCALID", rank.c_str()},
+             {"SLURM_NTASKS", "3"},
+             {"SLURM_JOB_ID", js.c_str()},
+             {"SLURM_STEP_ID", "0"},
+             {"SLURM_STEP_NODELIST", "localhost,node[2-3]"},
+             {"SLURM_JOB_NODELIST", "unused[1-9]"}});
+    zpp_comm_config_t cfg = quick(30);
+    zpp_comm_t c = nullptr;
+    Result r;
+    r.status = zpp_comm_create_from_env(&cfg, &c);
+    if (r.status != ZPP_OK) {
+      r.msg = zpp_get_last_error();
+      return r;
+    }
+    int rk = -1, n = -1;
+    zpp_comm_rank(c, &rk);
+    zpp_comm_size(c, &n);
+    r = check_allgather(c, 9);
+    if (r.status == ZPP_OK && (rk != i || n != 3)) {
+      r.status = -101;
+      r.msg = "rank " + std::to_string(rk) + " of " + std::to_string(n);
+    }
+    zpp_comm_destroy(c);
+    return r;
+  });
+  for (int i = 0; i < 3; i++) EXPECT_EQ(res[i].status, ZPP_OK) << i << ": " << res[i].msg;
+}
+
+TEST(SlurmEnv, BadOrMissingVariablesAreNamed) {
+  struct Case {
+    std::vector<std::pair<const char *, const char *>> env;
+    const char *want;
+  };
+  // Every case starts from a complete srun environment of rank 1 of 2
+  // (rank 1: nothing listens) and changes it.
+  std::vector<Case> cases = {
+      {{{"SLURM_STEP_ID", nullptr}}, "SLURM_STEP_ID is not"},
+      {{{"SLURM_NTASKS", nullptr}}, "SLURM_NTASKS is not set (srun"},
+      {{{"SLURM_NTASKS", "two"}}, "SLURM_NTASKS \"two\""},
+      {{{"SLURM_PROCID", "-1"}}, "SLURM_PROCID \"-1\""},
+      {{{"SLURM_LOCALID", "x"}}, "SLURM_LOCALID \"x\""},
+      {{{"SLURM_STEP_NODELIST", "node[1-"}}, "SLURM_STEP_NODELIST \"node[1-\""},
+      {{{"SLURM_STEP_NODELIST", nullptr}, {"SLURM_JOB_NODELIST", "n[2-1]"}},
+       "SLURM_JOB_NODELIST \"n[2-1]\""},
+      {{{"SLURM_STEP_NODELIST", nullptr}, {"SLURM_JOB_NODELIST", nullptr}},
+       "SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"},
+      {{{"SLURM_JOB_ID", nullptr}}, "SLURM_JOB_ID is not set"},
+      // mpirun inside an allocation: the SLURM_* are the allocation's
+      {{{"OMPI_COMM_WORLD_SIZE", "2"}}, "RANK is not set"},
+  };
+  auto res = run((int)cases.size(), 30, [&](int i, const std::vector<int> &, int) {
+    set_env({{"RANK", nullptr},
+             {"WORLD_SIZE", nullptr},
+             {"LOCAL_RANK", nullptr},
+             {"MASTER_ADDR", nullptr},
+             {"MASTER_PORT", nullptr},
+             {"OMPI_COMM_WORLD_SIZE", nullptr},
+             {"SLURM_PROCID", "1"},
+             {"SLURM_LOCALID", "1"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_JOB_ID", "77"},
+             {"SLURM_STEP_ID", "3"},
+             {"SLURM_STEP_NODELIST", "localhost"},
+             {"SLURM_JOB_NODELIST", "localhost"}});
+    for (auto &v : cases[i].env) set_env({v});
+    zpp_comm_config_t cfg = quick(1.0);
+    zpp_comm_t c = nullptr;
+    Result r;
+    zpp_status_t s = zpp_comm_create_from_env(&cfg, &c);
+    r.msg = zpp_get_last_error();
+    r.status = s == ZPP_ERR_INVALID_ARGUMENT && r.msg.find(cases[i].want) != std::string::npos
+                   ? ZPP_OK
+                   : (s == ZPP_OK ? -100 : s);
+    zpp_comm_destroy(c);
+    return r;
+  });
+  for (size_t i = 0; i < cases.size(); i++)
+    EXPECT_EQ(res[i].status, ZPP_OK) << "want \"" << cases[i].want << "\": " << res[i].msg;
 }
 
 }  // namespace

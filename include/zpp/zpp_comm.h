@@ -7,7 +7,8 @@
  * exchange (allgather, bcast, barrier) used at creation and for metadata.
  * Three ways in:
  *   - zpp_comm_create_from_id / zpp_comm_create_from_env: zpp's own TCP
- *     bootstrap, from a unique id or torchrun's environment (no MPI);
+ *     bootstrap, from a unique id or torchrun's or srun's environment (no
+ *     MPI);
  *   - zpp_comm_create_mpi (<zpp/zpp_mpi.h>): MPI is the bootstrap (zpp never
  *     calls MPI_Init or MPI_Finalize);
  *   - zpp_comm_create: any bootstrap the caller provides (a table below).
@@ -197,7 +198,17 @@ ZPP_API zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id,
  * MASTER_ADDR, MASTER_PORT (LOCAL_RANK, when set, is recorded and checked
  * against the discovered local rank: a mismatch is logged).  Rank 0 listens
  * on MASTER_ADDR at port ZPP_BOOTSTRAP_PORT, else MASTER_PORT + 1 (torchrun's
- * own store holds MASTER_PORT).  Missing or malformed variables give
+ * own store holds MASTER_PORT).
+ * Without RANK, srun's variables (not under mpirun): SLURM_PROCID,
+ * SLURM_NTASKS, SLURM_LOCALID (checked as LOCAL_RANK is), SLURM_STEP_ID
+ * (required: without it the process is a batch script's, not srun's); the
+ * root's address is MASTER_ADDR, else the first host of
+ * SLURM_STEP_NODELIST, else of SLURM_JOB_NODELIST ("node[01-04],gpu3":
+ * node01; where srun's block distribution puts task 0); its port
+ * ZPP_BOOTSTRAP_PORT, else MASTER_PORT + 1, else P + 1 with
+ * P = 10000 + 2 * ((SLURM_JOB_ID * 61 + SLURM_STEP_ID) mod 11000), which
+ * differs between the steps of a job (zpp.init_process_group puts torch's
+ * store on P).  Missing or malformed variables give
  * ZPP_ERR_INVALID_ARGUMENT naming them. */
 ZPP_API zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
                                               zpp_comm_t *out);

@@ -7,7 +7,10 @@ from Python, on numpy arrays and CPU torch tensors.
     grad = comm.qgz_reduce_scatter(g, op="mean", residual=comm.qgz_residual(n))
     zpp.quant.error(x, bits=4, block=256)      # the quantizer alone
 
-``zpp.fsdp`` plugs the collectives into PyTorch FSDP2.  The library is
+``zpp.fsdp`` plugs the collectives into PyTorch FSDP2;
+``zpp.init_process_group("gloo")`` starts torch.distributed under torchrun,
+mpirun or srun with no MASTER_ADDR / MASTER_PORT to set (``zpp.launch``).
+The library is
 ``ZPP_LIBRARY`` or the libzpp.so installed beside the package; errors are
 :class:`zpp.Error` with zpp's message and status code.
 """
@@ -15,9 +18,10 @@ from Python, on numpy arrays and CPU torch tensors.
 from . import quant
 from ._lib import DeviceError, DtypeError, Error
 from .comm import Comm, Work, qgz_config, quant_config
+from .launch import init_process_group
 
 __all__ = ["Comm", "Work", "Error", "DtypeError", "DeviceError", "quant", "version",
-           "cuda_available", "quant_config", "qgz_config"]
+           "cuda_available", "quant_config", "qgz_config", "init_process_group"]
 
 
 def version() -> tuple[int, int, int]:

@@ -69,10 +69,14 @@ uint64_t zpp_tcp_random_session(void);
 void zpp_tcp_unlisten(const zpp_unique_id_t *id);
 /* ZPP_BOOTSTRAP_ADDR, else MASTER_ADDR, else 127.0.0.1. */
 zpp_status_t zpp_tcp_listen_addr(const char *func, uint32_t *ip);
-/* The id of torchrun's environment (rank 0 also starts listening). */
+/* The id of torchrun's or srun's environment (rank 0 also starts
+ * listening): MASTER_ADDR, else under srun the first host of
+ * SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST); port ZPP_BOOTSTRAP_PORT,
+ * else MASTER_PORT + 1, else under srun zpp_slurm_port + 1. */
 zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id);
-/* RANK, WORLD_SIZE or LOCAL_RANK as zpp_comm_create_from_env reads it: an
- * integer in [0, 2^24] (src/comm/comm_create.c; tests/fuzz calls it). */
+/* RANK, WORLD_SIZE or LOCAL_RANK (or srun's SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID) as zpp_comm_create_from_env reads it: an integer in
+ * [0, 2^24] (src/comm/comm_tcp.c; tests/fuzz calls it). */
 zpp_status_t zpp_env_int(const char *name, int *v);
 /* Joins the star of `id` as `rank` of `nranks` (the process holding the
  * id's listener is the root).  rank_error != NULL: this rank's own

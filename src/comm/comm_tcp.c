@@ -1,6 +1,6 @@
 /*
  * zpp's own ways in: a communicator over zpp's TCP bootstrap from a unique
- * id (zpp_comm_create_from_id) or from torchrun's environment
+ * id (zpp_comm_create_from_id) or from torchrun's or srun's environment
  * (zpp_comm_create_from_env).  docs/design.md, "Bootstrap".
  */
 #include "comm/comm.h"
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "comm/bootstrap.h"
+#include "comm/slurm.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
 
@@ -70,10 +71,14 @@ static zpp_status_t env_int(const char *name, int *v, const char *func) {
   char *end = NULL;
   long x;
   if (s == NULL || s[0] == '\0')
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "%s is not set (torchrun sets MASTER_ADDR, MASTER_PORT, "
-                     "RANK and WORLD_SIZE)",
-                     name);
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "%s is not set (%s)", name,
+                     strncmp(name, "SLURM_", 6) == 0
+                         ? "srun sets SLURM_PROCID, SLURM_NTASKS, "
+                           "SLURM_LOCALID, SLURM_STEP_ID and "
+                           "SLURM_STEP_NODELIST"
+                         : "torchrun sets MASTER_ADDR, MASTER_PORT, RANK and "
+                           "WORLD_SIZE; srun sets SLURM_PROCID and "
+                           "SLURM_NTASKS");
   errno = 0;
   x = strtol(s, &end, 10);
   if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24)
@@ -89,19 +94,30 @@ zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
   int rank = 0, size = 0, local = -1;
   zpp_status_t st;
   char bad[200];
-  const char *bad_rank = NULL;
+  const char *bad_rank = NULL, *step = getenv("SLURM_STEP_ID");
+  /* torchrun's variables, else srun's (docs/api.md) */
+  const int slurm = zpp_env_slurm();
+  const char *rank_var = slurm ? "SLURM_PROCID" : "RANK";
+  const char *size_var = slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
+  const char *local_var = slurm ? "SLURM_LOCALID" : "LOCAL_RANK";
   if (out == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "out is NULL");
-  ZPP_CHECK(env_int("RANK", &rank, __func__));
-  ZPP_CHECK(env_int("WORLD_SIZE", &size, __func__));
-  if (size < 1)
+  if (slurm && (step == NULL || step[0] == '\0'))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
-                     "WORLD_SIZE %d: must be >= 1", size);
-  if (getenv("LOCAL_RANK") != NULL)
-    ZPP_CHECK(env_int("LOCAL_RANK", &local, __func__));
+                     "SLURM_PROCID is set but SLURM_STEP_ID is not: this "
+                     "process is a batch script's (sbatch, salloc), not a "
+                     "task of srun; start the ranks with srun, or set "
+                     "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  ZPP_CHECK(env_int(rank_var, &rank, __func__));
+  ZPP_CHECK(env_int(size_var, &size, __func__));
+  if (size < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__, "%s %d: must be >= 1",
+                     size_var, size);
+  if (getenv(local_var) != NULL)
+    ZPP_CHECK(env_int(local_var, &local, __func__));
   if (rank >= size) {
-    snprintf(bad, sizeof bad, "RANK %d: must be in [0, WORLD_SIZE = %d)", rank,
-             size);
+    snprintf(bad, sizeof bad, "%s %d: must be in [0, %s = %d)", rank_var, rank,
+             size_var, size);
     bad_rank = bad;
   }
   ZPP_CHECK(zpp_tcp_id_env(__func__, rank, &id));
@@ -111,14 +127,15 @@ zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
     int mine = c->tr->topo->emulated ? -1 : c->tr->topo->local_rank_of[rank];
     if (mine >= 0 && mine != local)
       ZPP_WARN(ZPP_SUBSYS_TOPO,
-               "LOCAL_RANK %d differs from the local rank %d discovered from "
+               "%s %d differs from the local rank %d discovered from "
                "host identities (zpp uses its own)",
-               local, mine);
+               local_var, local, mine);
   }
   return st;
 }
 
-/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK. */
+/* tests/fuzz: the parser of RANK, WORLD_SIZE and LOCAL_RANK (and of
+ * SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID). */
 zpp_status_t zpp_env_int(const char *name, int *v) {
   return env_int(name, v, __func__);
 }

@@ -2,14 +2,17 @@
  * The TCP bootstrap's unique id (its 128 bytes: comm/tcp.h) and the
  * listeners zpp_get_unique_id leaves open in this process, found again by
  * session when zpp_tcp_boot_create joins as the root; the id from
- * torchrun's environment.
+ * torchrun's or srun's environment (with the first host of a Slurm
+ * hostlist).
  */
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
+#include "comm/slurm.h"
 #include "comm/tcp.h"
 #include "core/core.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -229,26 +232,206 @@ zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
   return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id, __func__);
 }
 
+/* ---- srun's environment -------------------------------------------------- */
+
+int zpp_env_slurm(void) {
+  const char *r = getenv("RANK"), *p = getenv("SLURM_PROCID");
+  /* mpirun inside an allocation inherits the allocation's SLURM_* */
+  return (r == NULL || r[0] == '\0') && p != NULL && p[0] != '\0' &&
+         getenv("OMPI_COMM_WORLD_SIZE") == NULL;
+}
+
+static int host_char(int c) {
+  return isalnum(c) || c == '-' || c == '.' || c == '_';
+}
+
+/* Digits at s[*i..]: at most 18 (so that they compare as numbers). */
+static int hostlist_number(const char *s, size_t *i, unsigned long long *v) {
+  size_t n = 0;
+  *v = 0;
+  while (isdigit((unsigned char)s[*i]) && n < 19) {
+    *v = *v * 10 + (unsigned long long)(s[*i] - '0');
+    (*i)++;
+    n++;
+  }
+  return n >= 1 && n <= 18;
+}
+
+zpp_status_t zpp_slurm_first_host(const char *name, const char *list, char *out,
+                                  size_t len, const char *func) {
+  size_t i = 0, o = 0, host_start = 0;
+  int first = 1; /* still in the first host expression */
+  const char *why = NULL;
+  if (out == NULL || len == 0)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "out is NULL or empty");
+  out[0] = '\0';
+  if (list == NULL || list[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s is empty: no host to take as the bootstrap root",
+                     name);
+  /* The whole list is checked, though only its first host is used: a
+   * malformed value is named at once. */
+  for (;;) {
+    unsigned char c = (unsigned char)list[i];
+    if (c == '\0' || c == ',') {
+      if (i == host_start) {
+        why = "an empty host name";
+        break;
+      }
+      if (c == '\0')
+        break;
+      first = 0;
+      host_start = ++i;
+    } else if (c == '[') {
+      unsigned long long a, b;
+      size_t digits = ++i;
+      int item = 0;
+      for (;;) {
+        if (!hostlist_number(list, &i, &a)) {
+          why = "a range must be NUMBER or NUMBER-NUMBER (up to 18 digits)";
+          break;
+        }
+        if (first && item == 0) { /* the first number as written: padding */
+          size_t n = i - digits;
+          if (o + n >= len) {
+            why = "the first host name is too long";
+            break;
+          }
+          memcpy(out + o, list + digits, n);
+          o += n;
+        }
+        if (list[i] == '-') {
+          i++;
+          if (!hostlist_number(list, &i, &b)) {
+            why = "a range must be NUMBER or NUMBER-NUMBER (up to 18 digits)";
+            break;
+          }
+          if (b < a) {
+            why = "a range whose end is below its start";
+            break;
+          }
+        }
+        item++;
+        if (list[i] == ']') {
+          i++;
+          break;
+        }
+        if (list[i] != ',') {
+          why = list[i] == '\0' ? "'[' without ']'"
+                                : "a range must be NUMBER or NUMBER-NUMBER "
+                                  "(up to 18 digits)";
+          break;
+        }
+        digits = ++i;
+      }
+      if (why != NULL)
+        break;
+    } else if (c == ']') {
+      why = "']' without '['";
+      break;
+    } else if (host_char(c)) {
+      if (first) {
+        if (o + 1 >= len) {
+          why = "the first host name is too long";
+          break;
+        }
+        out[o++] = (char)c;
+      }
+      i++;
+    } else {
+      why = "a character that is not in a host name";
+      break;
+    }
+  }
+  if (why != NULL) {
+    out[0] = '\0';
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s \"%.200s\": %s at character %zu (a Slurm hostlist "
+                     "such as node[01-04,07],gpu3 was expected)",
+                     name, list, why, i + 1);
+  }
+  out[o] = '\0';
+  return ZPP_OK;
+}
+
+/* A job or step id of srun's environment: an integer in [0, 2^32). */
+static zpp_status_t slurm_id(const char *name, unsigned long long *v,
+                             const char *func) {
+  const char *s = getenv(name);
+  char *end = NULL;
+  if (s == NULL || s[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s is not set (srun sets it; or set MASTER_PORT)", name);
+  errno = 0;
+  *v = strtoull(s, &end, 10);
+  if (errno != 0 || *end != '\0' || !isdigit((unsigned char)s[0]) ||
+      *v > 0xffffffffull)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "%s \"%s\": must be an integer in [0, 2^32)", name, s);
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_slurm_port(const char *func, long *port) {
+  unsigned long long job = 0, step = 0;
+  ZPP_CHECK(slurm_id("SLURM_JOB_ID", &job, func));
+  ZPP_CHECK(slurm_id("SLURM_STEP_ID", &step, func));
+  *port = 10000 + 2 * (long)((job * 61 + step) % 11000);
+  return ZPP_OK;
+}
+
+/* MASTER_ADDR, else (srun) the first host of SLURM_STEP_NODELIST, else of
+ * SLURM_JOB_NODELIST; `what` names where it came from. */
+static zpp_status_t env_addr(const char *func, int slurm, char *buf, size_t len,
+                             const char **what) {
+  const char *a = getenv("MASTER_ADDR"), *name = "SLURM_STEP_NODELIST";
+  if (a != NULL && a[0] != '\0') {
+    snprintf(buf, len, "%s", a);
+    *what = "MASTER_ADDR";
+    return ZPP_OK;
+  }
+  if (!slurm)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "MASTER_ADDR is not set (torchrun sets MASTER_ADDR, "
+                     "MASTER_PORT, RANK and WORLD_SIZE)");
+  a = getenv(name);
+  if (a == NULL || a[0] == '\0') {
+    name = "SLURM_JOB_NODELIST";
+    a = getenv(name);
+  }
+  if (a == NULL || a[0] == '\0')
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "neither MASTER_ADDR nor SLURM_STEP_NODELIST nor "
+                     "SLURM_JOB_NODELIST is set: no address for the "
+                     "bootstrap root");
+  *what = name;
+  return zpp_slurm_first_host(name, a, buf, len, func);
+}
+
 zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {
-  const char *addr = getenv("MASTER_ADDR"), *ps = getenv("MASTER_PORT");
-  const char *run = getenv("TORCHELASTIC_RUN_ID"), *ws = getenv("WORLD_SIZE");
+  const int slurm = zpp_env_slurm();
+  const char *ps = getenv("MASTER_PORT"), *what = "MASTER_ADDR";
+  const char *ws = getenv(slurm ? "SLURM_NTASKS" : "WORLD_SIZE");
+  const char *run = getenv("TORCHELASTIC_RUN_ID");
+  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
   char *end = NULL;
   long mport, port;
   uint32_t ip = 0;
   uint64_t session;
-  char key[256];
-  if (addr == NULL || addr[0] == '\0')
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "MASTER_ADDR is not set (torchrun sets MASTER_ADDR, "
-                     "MASTER_PORT, RANK and WORLD_SIZE)");
-  if (ps == NULL || ps[0] == '\0')
+  char key[512], addr[256], resolved_what[64];
+  ZPP_CHECK(env_addr(func, slurm, addr, sizeof addr, &what));
+  if (ps != NULL && ps[0] != '\0') {
+    errno = 0;
+    mport = strtol(ps, &end, 10);
+    if (errno != 0 || *end != '\0' || mport <= 0 || mport > 65535)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                       "MASTER_PORT \"%s\": must be a port number in [1, "
+                       "65535]",
+                       ps);
+  } else if (slurm) {
+    ZPP_CHECK(zpp_slurm_port(func, &mport));
+  } else {
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func, "MASTER_PORT is not set");
-  errno = 0;
-  mport = strtol(ps, &end, 10);
-  if (errno != 0 || *end != '\0' || mport <= 0 || mport > 65535)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "MASTER_PORT \"%s\": must be a port number in [1, 65535]",
-                     ps);
+  }
   port = zpp_setting_long("ZPP_BOOTSTRAP_PORT", 0);
   /* Checked on every rank: only rank 0 listens, and a non-root rank would
    * otherwise connect to the port's 16 low bits. */
@@ -264,10 +447,16 @@ zpp_status_t zpp_tcp_id_env(const char *func, int rank, zpp_unique_id_t *id) {
                      "bootstrap port %ld (MASTER_PORT + 1) is out of range; "
                      "set ZPP_BOOTSTRAP_PORT",
                      port);
-  ZPP_CHECK(zpp_tcp_resolve(addr, &ip, func, "MASTER_ADDR"));
+  snprintf(resolved_what, sizeof resolved_what, "%s%s", what,
+           strcmp(what, "MASTER_ADDR") == 0 ? "" : "'s first host");
+  ZPP_CHECK(zpp_tcp_resolve(addr, &ip, func, resolved_what));
   /* Every rank derives the same session from the job's description. */
-  snprintf(key, sizeof key, "%s|%ld|%s|%s", addr, port, ws ? ws : "",
-           run ? run : "");
+  if (slurm)
+    snprintf(key, sizeof key, "%s|%ld|%s|slurm %s.%s", addr, port, ws ? ws : "",
+             job ? job : "", step ? step : "");
+  else
+    snprintf(key, sizeof key, "%s|%ld|%s|%s", addr, port, ws ? ws : "",
+             run ? run : "");
   session = zpp_tcp_fnv(key, strlen(key));
   if (rank == 0)
     return zpp_tcp_listen(ip, (int)port, session, id, func);

@@ -70,7 +70,9 @@ static zpp_setting_t settings[] = {
      NULL, 0},
     {"ZPP_BOOTSTRAP_PORT", "0",
      "TCP bootstrap: port the root listens on (0: any free port for "
-     "zpp_get_unique_id, MASTER_PORT + 1 from the environment)",
+     "zpp_get_unique_id; from the environment MASTER_PORT + 1, under srun "
+     "without MASTER_PORT 10001 + 2 * ((SLURM_JOB_ID * 61 + SLURM_STEP_ID) "
+     "mod 11000))",
      NULL, 0},
     {"ZPP_EMU_INTER_GBIT", "0",
      "emulated inter-node bandwidth in Gbit/s per rank (0: not emulated)",

@@ -93,8 +93,10 @@ for k, (world, spec) in enumerate(((0, "2x4"), (9, "2x4"), (0, "0,0,0,1,1"),
 # ---- fuzz_settings: records "<selector><value>\n" ------------------------
 # selectors below 0xF0 are indices into the settings table (src/core/settings.c
 # order, modulo its size: entries appended later keep these meanings);
-# from 0xF0: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT, TORCHELASTIC_RUN_ID,
-# then the host name of ZPP_DEBUG_FILE's %h.  Any byte is valid.
+# 0xF0..0xF5: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT, TORCHELASTIC_RUN_ID,
+# then the host name of ZPP_DEBUG_FILE's %h; from 0xF6 (modulo 7):
+# SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
+# SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID.  Any byte is valid.
 NSET = 0xF0
 def rec(sel, value):
     return bytes([sel]) + value + b"\n"
@@ -108,6 +110,12 @@ put("fuzz_settings", "topo_isa", rec(4, b"0,0,1,1") + rec(3, b"avx512") + rec(6,
 put("fuzz_settings", "torchrun", rec(NSET, b"3") + rec(NSET + 1, b"8") + rec(NSET + 2, b"-1") +
     rec(NSET + 3, b"29500") + rec(NSET + 4, b"job|x") + rec(8, b"70000"))
 put("fuzz_settings", "ports", rec(NSET + 3, b"65535") + rec(8, b"0") + rec(5, b"inf"))
+SLURM = 0xF6
+put("fuzz_settings", "slurm", rec(SLURM, b"1") + rec(SLURM + 1, b"4") + rec(SLURM + 2, b"1") +
+    rec(SLURM + 3, b"node[01-04,07],gpu3") + rec(SLURM + 4, b"a-[1-2]-b") +
+    rec(SLURM + 5, b"4294967295") + rec(SLURM + 6, b"3"))
+put("fuzz_settings", "slurm_bad", rec(SLURM, b"7") + rec(SLURM + 1, b"x") +
+    rec(SLURM + 3, b"node[3-1") + rec(SLURM + 4, b"n[01-02]x[9],,") + rec(SLURM + 5, b"-1"))
 
 # ---- fuzz_quant_error: selector byte, then the raw file or the arguments --
 # (selector: bit 0 command line; bits 1..2 the raw dtype; bits 3..6
