@@ -12,7 +12,8 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
 .PHONY: all deps deps-python configure build asan emu tsan fuzz test test-unit test-asan \
-  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python test-python-emu demo clean help
+  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python test-python-emu test-wheel \
+  demo clean help
 
 all: build
 
@@ -26,6 +27,8 @@ help:
 	@echo "make test-asan / test-asan-mpi / test-tsan / test-fuzz - one sanitizer suite"
 	@echo "make test-python - only the Python bindings and FSDP2 tests (pytest, venv $(PY_VENV)/)"
 	@echo "make test-python-emu - the bindings on device memory (emulated CUDA runtime)"
+	@echo "make test-wheel - pip's wheel of the tree in a fresh venv ($(BUILD)/wheel-venv/):"
+	@echo "               python -m zpp, all-gather and FSDP2 under mpirun and torchrun"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -159,8 +162,18 @@ test-python-emu: emu deps-python
 	ZPP_LIBRARY=$(abspath $(EMU_BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(EMU_BUILD)) \
 	  $(PY_VENV)/bin/python -m pytest -q python/tests/test_device_emu.py
 
+# The wheel as a user installs it (`pip install .`, pyproject.toml): built
+# from this tree (CMake build directory $(BUILD)/wheel-build, kept, so a
+# rebuild is incremental), installed into a fresh venv $(BUILD)/wheel-venv
+# with the pinned requirements (wheels kept in $(BUILD)/wheelhouse), then
+# run with no ZPP_LIBRARY or PYTHONPATH, outside the tree: python -m zpp, a
+# 2-rank all-gather and 2 FSDP2 steps under mpirun and torchrun
+# (tests/wheel/run.sh; about 1.5 min plus the first build of the wheel).
+test-wheel: deps deps-python
+	@bash tests/wheel/run.sh $(PY_VENV)/bin/python $(BUILD) $(JOBS)
+
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
-  test-python-emu
+  test-python-emu test-wheel
 	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
