@@ -168,7 +168,8 @@ test-python-emu: emu deps-python
 # with the pinned requirements (wheels kept in $(BUILD)/wheelhouse), then
 # run with no ZPP_LIBRARY or PYTHONPATH, outside the tree: python -m zpp, a
 # 2-rank all-gather and 2 FSDP2 steps under mpirun and torchrun
-# (tests/wheel/run.sh; about 1.5 min plus the first build of the wheel).
+# (tests/wheel/run.sh; about 2 min, plus the first build of the wheel, 4
+# to 6 min with CUDA, and one download of the pinned wheels, 1.1 GB).
 test-wheel: deps deps-python
 	@bash tests/wheel/run.sh $(PY_VENV)/bin/python $(BUILD) $(JOBS)
 
