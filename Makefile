@@ -12,7 +12,8 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
 .PHONY: all deps deps-python configure build asan emu tsan fuzz test test-unit test-asan \
-  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python test-python-emu demo clean help
+  test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python test-python-emu test-wheel \
+  demo clean help
 
 all: build
 
@@ -29,6 +30,8 @@ help:
 	@echo "               (tests/slurm_test.sh; needs root and slurm-wlm, else skipped)"
 	@echo "make test-launch - every launch line README.md, docs/ and the examples print, as printed"
 	@echo "make test-python-emu - the bindings on device memory (emulated CUDA runtime)"
+	@echo "make test-wheel - pip's wheel of the tree in a fresh venv ($(BUILD)/wheel-venv/):"
+	@echo "               python -m zpp, all-gather and FSDP2 under mpirun and torchrun"
 	@echo "make build   - configure and build into $(BUILD)/"
 	@echo "make clean   - remove build directories"
 
@@ -179,9 +182,20 @@ test-python-emu: emu deps-python
 	ZPP_LIBRARY=$(abspath $(EMU_BUILD))/libzpp.so ZPP_BUILD_DIR=$(abspath $(EMU_BUILD)) \
 	  $(PY_VENV)/bin/python -m pytest -q python/tests/test_device_emu.py
 
+# The wheel as a user installs it (`pip install .`, pyproject.toml): built
+# from this tree (CMake build directory $(BUILD)/wheel-build, kept, so a
+# rebuild is incremental), installed into a fresh venv $(BUILD)/wheel-venv
+# with the pinned requirements (wheels kept in $(BUILD)/wheelhouse), then
+# run with no ZPP_LIBRARY or PYTHONPATH, outside the tree: python -m zpp, a
+# 2-rank all-gather and 2 FSDP2 steps under mpirun and torchrun
+# (tests/wheel/run.sh; about 2 min, plus the first build of the wheel, 4
+# to 6 min with CUDA, and one download of the pinned wheels, 1.1 GB).
+test-wheel: deps deps-python
+	@bash tests/wheel/run.sh $(PY_VENV)/bin/python $(BUILD) $(JOBS)
+
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
-  test-python-emu test-slurm test-launch
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2, Slurm, launch lines)"
+  test-python-emu test-wheel test-slurm test-launch
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2, wheel, Slurm, launch lines)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench

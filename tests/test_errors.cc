@@ -95,6 +95,8 @@ TEST(ErrorText, Core) {
   check({
       {"zpp_get_version", [] { return zpp_get_version(nullptr); }, NUL,
        "zpp_get_version: version is NULL", false},
+      {"zpp_get_build_features", [] { return zpp_get_build_features(nullptr); }, NUL,
+       "zpp_get_build_features: features is NULL", false},
       {"zpp_dtype_parse", [&] { return zpp_dtype_parse(nullptr, &dt); }, NUL,
        "zpp_dtype_parse: name is NULL", false},
       {"zpp_dtype_parse", [] { return zpp_dtype_parse("fp32", nullptr); }, NUL,

@@ -68,6 +68,22 @@ ZPP_API const char *zpp_get_last_error(void);
 /* Run-time version, encoded like ZPP_VERSION_CODE. */
 ZPP_API zpp_status_t zpp_get_version(int *version);
 
+/* Optional parts a libzpp can be built with (CMake's ZPP_WITH_* options
+ * and what the build found).  Built in is not usable: NCCL and UCX are
+ * opened at run time (libnccl.so.2, libucp.so.0) and CUDA needs a device
+ * (zpp_cuda_available). */
+typedef enum {
+  ZPP_FEATURE_CUDA = 1,     /* CUDA kernels and device memory (nvcc)       */
+  ZPP_FEATURE_CUDA_EMU = 2, /* the same on the CPU emulator of the CUDA
+                               runtime (test builds, ZPP_CUDA_EMU)         */
+  ZPP_FEATURE_NCCL = 4,     /* the NCCL backend                            */
+  ZPP_FEATURE_MPI = 8,      /* the MPI backend, <zpp/zpp_mpi.h>            */
+  ZPP_FEATURE_UCX = 16      /* the UCX backend                             */
+} zpp_feature_t;
+
+/* The zpp_feature_t this library was built with, ORed together. */
+ZPP_API zpp_status_t zpp_get_build_features(unsigned *features);
+
 typedef enum {
   ZPP_FLOAT32 = 0,
   ZPP_FLOAT16 = 1, /* IEEE binary16 */

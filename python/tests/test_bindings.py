@@ -1,8 +1,10 @@
 """One process: the bindings against the headers, zpp.quant against an
 independent float64 reference with the bound of docs/format.md, errors
-with zpp's messages, and `pip install ./python`."""
+with zpp's messages, and the installed package's layout (`python -m zpp`)."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -189,20 +191,41 @@ def test_library_not_found_is_a_clear_error(tmp_path):
     assert p.returncode != 0 and "ZPP_LIBRARY=%s: no such file" % (tmp_path / "nope.so") in p.stderr
 
 
-def test_pip_install_puts_library_and_headers_beside_the_package(tmp_path):
-    target = tmp_path / "site"
-    e = dict(os.environ, ZPP_LIBRARY=str(LIB))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(ROOT / "python")],
-                   env=e, check=True, capture_output=True, timeout=120, cwd=tmp_path)
-    assert (target / "zpp" / "libzpp.so").is_file()
-    assert (target / "zpp" / "include" / "zpp" / "zpp.h").is_file()
+def test_installed_layout_finds_library_and_headers_beside_the_package(tmp_path):
+    # the layout `pip install .` makes (pyproject.toml; CMakeLists.txt's
+    # install component "python"): zpp/libzpp.so, zpp/include/zpp/*.h
+    # (make test-wheel builds and installs the real wheel)
+    site = (tmp_path / "site").resolve()
+    pkg = site / "zpp"
+    shutil.copytree(ROOT / "python" / "zpp", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(LIB, pkg / "libzpp.so")
+    shutil.copytree(ROOT / "include" / "zpp", pkg / "include" / "zpp")
     # no ZPP_LIBRARY, no source tree on the path: the installed copy alone
-    e = {k: v for k, v in os.environ.items() if k not in ("ZPP_LIBRARY", "PYTHONPATH")}
-    e["PYTHONPATH"] = str(target)
-    code = ("import zpp, numpy as np; from zpp import _lib; print(_lib.get().path);"
-            "print(zpp.quant.error(np.arange(300, dtype=np.float32))['bits'])")
-    p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
-                       cwd=tmp_path, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert str(target / "zpp" / "libzpp.so") in p.stdout and p.stdout.strip().endswith("8")
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("ZPP_LIBRARY", "PYTHONPATH", "ZPP_INCLUDE_DIR")}
+    e["PYTHONPATH"] = str(site)
+
+    def zpp_main(*args, **env):
+        p = subprocess.run([sys.executable, "-m", "zpp", *args], env=dict(e, **env),
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    d = json.loads(zpp_main("--json"))
+    assert (d["library"], d["library_from"]) == (str(pkg / "libzpp.so"), "package")
+    assert d["headers"] == str(pkg / "include")
+    assert d["version"] == "%d.%d.%d" % zpp.version()
+    # the features are the library's own (zpp_get_build_features, read here
+    # through the bindings of the test process)
+    L = _lib.get()
+    f = L.ffi.new("unsigned *")
+    L.check(L.lib.zpp_get_build_features(f))
+    assert d["built"]["mpi"] == bool(f[0] & L.lib.ZPP_FEATURE_MPI)
+    assert d["built"]["cuda"] == bool(f[0] & L.lib.ZPP_FEATURE_CUDA)
+    assert d["runtime"]["cuda_available"] == zpp.cuda_available()
+    text = zpp_main()
+    assert text.startswith("zpp %s\n" % d["version"])
+    assert "library:  %s (installed with the package)" % (pkg / "libzpp.so") in text
+    # ZPP_LIBRARY wins over the library beside the package
+    d = json.loads(zpp_main("--json", ZPP_LIBRARY=str(LIB)))
+    assert (d["library"], d["library_from"]) == (str(LIB), "ZPP_LIBRARY")

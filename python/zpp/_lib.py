@@ -1,7 +1,8 @@
 """Loading libzpp, its declarations, errors and array plumbing.
 
 The library is the one named by ``ZPP_LIBRARY`` (a path), else the
-``libzpp.so`` installed beside this package.  Declarations come from the
+``libzpp.so`` installed beside this package (``pip install .`` puts it
+there).  Declarations come from the
 headers installed with the package (``zpp/include``), else
 ``ZPP_INCLUDE_DIR``, else the ``include/`` of the source tree above the
 package or the library; the run-time version must equal the headers'.
@@ -52,9 +53,9 @@ def _library_path() -> Path:
     if beside:
         return beside[0]
     raise FileNotFoundError(
-        "libzpp not found: set ZPP_LIBRARY to the path of libzpp.so (e.g. "
-        "build/libzpp.so), or install the package with the library beside it "
-        "(ZPP_LIBRARY=... pip install ./python)"
+        "libzpp not found beside the package in %s: install the package with "
+        "`pip install .` from the zpp source tree (it builds libzpp into it), "
+        "or set ZPP_LIBRARY to the path of a libzpp.so (e.g. build/libzpp.so)" % _HERE
     )
 
 

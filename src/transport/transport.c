@@ -383,6 +383,27 @@ zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer) {
   return zpp_topo_link(t->topo, t->rank, peer);
 }
 
+/* ---- the build's features (public: zpp.h) -------------------------------- */
+
+zpp_status_t zpp_get_build_features(unsigned *features) {
+  unsigned f = 0;
+  if (features == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "features is NULL");
+#if ZPP_HAVE_CUDA_KERNELS
+  f |= ZPP_HAVE_CUDA_EMU ? ZPP_FEATURE_CUDA_EMU : ZPP_FEATURE_CUDA;
+#endif
+#if ZPP_HAVE_NCCL
+  f |= ZPP_FEATURE_NCCL;
+#endif
+#if ZPP_HAVE_MPI
+  f |= ZPP_FEATURE_MPI;
+#endif
+  if (zpp_transport_ucx_built())
+    f |= ZPP_FEATURE_UCX;
+  *features = f;
+  return ZPP_OK;
+}
+
 /* ---- testing switches, stream sync, asynchronous errors ------------------- */
 
 void zpp_transport_set_p2p_barrier(zpp_transport_t *t, int on) {

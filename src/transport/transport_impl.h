@@ -208,6 +208,8 @@ zpp_status_t zpp_transport_ucx_create(zpp_transport_t *t,
                                       int cuda_device);
 /* 1 when libucp.so.0 can be opened with every symbol zpp uses. */
 int zpp_transport_ucx_available(char *why, size_t len);
+/* 1 when zpp was built with the UCX headers (the backend is compiled in). */
+int zpp_transport_ucx_built(void);
 
 #ifdef __cplusplus
 }

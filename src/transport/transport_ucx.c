@@ -121,6 +121,8 @@ static void api_load(void) {
   api.ok = 1;
 }
 
+int zpp_transport_ucx_built(void) { return 1; }
+
 int zpp_transport_ucx_available(char *why, size_t len) {
   pthread_once(&api_once, api_load);
   if (!api.ok && why != NULL)
@@ -618,6 +620,8 @@ zpp_status_t zpp_transport_ucx_create(zpp_transport_t *t,
 }
 
 #else /* no UCX headers at build time */
+
+int zpp_transport_ucx_built(void) { return 0; }
 
 int zpp_transport_ucx_available(char *why, size_t len) {
   if (why != NULL)
