@@ -44,8 +44,17 @@ PY_VENV ?= .venv-torch
 deps-python:
 	@bash scripts/install-deps.sh --python
 
+# ccache, where installed (scripts/install-deps.sh installs it): the
+# wheel of test-wheel compiles the library's sources with the flags
+# $(BUILD)/ compiles them with, and takes them from the cache.
+CCACHE := $(shell command -v ccache 2> /dev/null)
+ifneq ($(CCACHE),)
+LAUNCHER_ARGS = -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)
+endif
+
 $(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(LAUNCHER_ARGS) $(CMAKE_ARGS)
 
 configure: $(BUILD)/CMakeCache.txt
 

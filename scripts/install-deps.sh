@@ -75,14 +75,16 @@ install_slurm() {
 }
 install_slurm
 
-# cmake and ninja-build: also the build tools of the Python wheel
+# ccache: the wheel's build (make test-wheel) takes the library's objects
+# that build/ compiled from it.  cmake and ninja-build: also the build
+# tools of the Python wheel
 # (pyproject.toml; its Python half, scikit-build-core, is pinned in
 # python/requirements.txt).  iproute2 (ip, tc) and util-linux (unshare,
 # flock): the namespace cluster
 # of scripts/netns_cluster.sh (make test-cluster).  clang and its runtime
 # libraries (libFuzzer, the sanitizers) build the fuzz targets of
 # tests/fuzz (make test-fuzz).
-pkgs=(cmake ninja-build make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
+pkgs=(cmake ninja-build ccache make gcc g++ pkg-config libopenmpi-dev openmpi-bin libucx-dev
       libgtest-dev googletest python3 python3-venv iproute2 util-linux clang
       libclang-rt-dev)
 missing=()

@@ -34,8 +34,14 @@ took() { step "$1: $(($SECONDS - $2)) s"; }
 # ---- 1. the wheel -------------------------------------------------------------
 t=$SECONDS
 rm -rf "$dist"
+# ccache where installed: the sources compiled as BUILD/ compiled them
+# come from the cache (Makefile, LAUNCHER_ARGS)
+launcher=()
+if cc=$(command -v ccache); then
+  for l in C CXX CUDA; do launcher+=(-C "cmake.define.CMAKE_${l}_COMPILER_LAUNCHER=$cc"); done
+fi
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$py_build" -m pip wheel "$root" -q --no-build-isolation \
-  --no-deps -w "$dist" -C build-dir="$build/wheel-build"
+  --no-deps -w "$dist" -C build-dir="$build/wheel-build" "${launcher[@]}"
 whl=$(ls "$dist"/zpp-*.whl)
 took "wheel $(basename "$whl") built" $t
 
