@@ -954,7 +954,8 @@ static void decode_avx2(const zpp_qcfg_t *cfg, const uint8_t *src,
   decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
 }
 
-static const zpp_quant_cpu_ops_t avx2_ops = {"avx2", encode_avx2, decode_avx2};
+static const zpp_quant_cpu_ops_t avx2_ops = {"avx2", encode_avx2, decode_avx2,
+                                                 ZPP_ISUM_OPS_SCALAR};
 
 /* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
  * every compiler.  Its YMM state is covered by the AVX2 check. */

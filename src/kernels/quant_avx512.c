@@ -894,8 +894,8 @@ static void decode_avx512(const zpp_qcfg_t *cfg, const uint8_t *src,
   decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
 }
 
-static const zpp_quant_cpu_ops_t avx512_ops = {"avx512", encode_avx512,
-                                               decode_avx512};
+static const zpp_quant_cpu_ops_t avx512_ops = {
+    "avx512", encode_avx512, decode_avx512, ZPP_ISUM_OPS_SCALAR};
 
 /* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
  * every compiler.  Its YMM state is covered by the AVX2 check. */

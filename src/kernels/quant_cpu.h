@@ -41,11 +41,89 @@ typedef void (*zpp_quant_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
 typedef void (*zpp_quant_decode_fn)(const zpp_qcfg_t *cfg, const uint8_t *src,
                                     size_t count, int out_kind, void *dst);
 
+/* ---- compressed-domain sums (qgZ sum INT; docs/format.md, "Integer
+ * sums").  cfg: symmetric, `bits` the width of the codes, `block` the
+ * block; a call covers `count` elements from the start of a block, and
+ * amax holds the agreed absmax bits (|x| as fp32 bits) of each of its
+ * blocks, from which every rank derives the same zpp_qm_sym_params. */
+
+/* amax[b] = the largest |fl(x + res)| of block b as fp32 bits (an integer
+ * max: NaN and Inf above every finite value); res NULL: |x|. */
+typedef void (*zpp_isum_absmax_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                   const void *src, const float *res,
+                                   size_t count, uint32_t *amax);
+/* Codes of fl(x + res) with the agreed parameters, nearest or stochastic
+ * (cfg->sr: element i draws at cfg->base + i), packed per block (INT8: a
+ * byte; INT4: two per byte, the even element in the low nibble; every
+ * block from a byte boundary), no metadata.  res non-NULL: error
+ * feedback, res = fl(x + res) - decoded (beta 0: zpp_qm_ef_residual;
+ * else zpp_qm_ema_residual).  Bytes: zpp_isum_code_bytes. */
+typedef void (*zpp_isum_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                   const void *src, float *res, float beta,
+                                   const uint32_t *amax, size_t count,
+                                   uint8_t *dst);
+/* out = zpp_qm_fix(own) + 2^8 * (sum of the n messages' codes), int32
+ * (own NULL: 0). */
+typedef void (*zpp_isum_sum_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                const void *own, const uint32_t *amax,
+                                const uint8_t *const *srcs, int n,
+                                size_t count, int32_t *out);
+/* Re-quantization of integer sums `in` (units: the stage-1 scale of
+ * amax1 at width bits1, times 2^-8) to cfg2's width, in the format of
+ * docs/format.md (scale per block, then the codes): with error feedback
+ * (res non-NULL) j = in + rint(clamp(res / unit)), else j = in; per block
+ * d = zpp_qm_idivisor(max |j|), code = zpp_qm_irequant(j, d), scale
+ * zpp_qm_irequant_scale; res = fl(fl(in * unit) + res) - decoded. */
+typedef void (*zpp_isum_requant_fn)(const zpp_qcfg_t *cfg2, const int32_t *in,
+                                    const uint32_t *amax1, int bits1,
+                                    float *res, float beta, size_t count,
+                                    uint8_t *dst);
+/* The finish: acc = fl((float)own * unit), plus each of the n messages
+ * (cfg2's format) decoded, in order, then fl(acc / div), stored as
+ * dtype. */
+typedef void (*zpp_isum_finish_fn)(const zpp_qcfg_t *cfg2, const int32_t *own,
+                                   const uint32_t *amax1, int bits1,
+                                   const uint8_t *const *srcs, int n,
+                                   size_t count, float div, int dtype,
+                                   void *dst);
+
+typedef struct {
+  zpp_isum_absmax_fn absmax;
+  zpp_isum_encode_fn encode;
+  zpp_isum_sum_fn sum;
+  zpp_isum_requant_fn requant;
+  zpp_isum_finish_fn finish;
+} zpp_isum_ops_t;
+
 typedef struct {
   const char *name; /* "scalar", "avx2", "avx512" */
   zpp_quant_encode_fn encode;
   zpp_quant_decode_fn decode;
+  zpp_isum_ops_t isum;
 } zpp_quant_cpu_ops_t;
+
+/* Bytes of the codes of `count` elements (zpp_isum_encode_fn). */
+size_t zpp_isum_code_bytes(const zpp_qcfg_t *cfg, size_t count);
+
+/* The scalar reference of the integer-sum kernels. */
+void zpp_isum_absmax_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            const float *res, size_t count, uint32_t *amax);
+void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            float *res, float beta, const uint32_t *amax,
+                            size_t count, uint8_t *dst);
+void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
+                         const uint32_t *amax, const uint8_t *const *srcs,
+                         int n, size_t count, int32_t *out);
+void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
+                             const uint32_t *amax1, int bits1, float *res,
+                             float beta, size_t count, uint8_t *dst);
+void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
+                            const uint32_t *amax1, int bits1,
+                            const uint8_t *const *srcs, int n, size_t count,
+                            float div, int dtype, void *dst);
+#define ZPP_ISUM_OPS_SCALAR                                                    \
+  {zpp_isum_absmax_scalar, zpp_isum_encode_scalar, zpp_isum_sum_scalar,        \
+   zpp_isum_requant_scalar, zpp_isum_finish_scalar}
 
 /* Block count and byte offsets of the encoded layout (docs/format.md). */
 size_t zpp_quant_nblocks(const zpp_qcfg_t *cfg, size_t count);

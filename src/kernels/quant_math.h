@@ -453,6 +453,78 @@ static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
   return (int)f + (u < v - f ? 1 : 0);
 }
 
+/* ---- compressed-domain sums (qgZ sum INT; docs/format.md, "Integer
+ * sums") ---------------------------------------------------------------- */
+
+/* Fractional bits of a rank's own contribution to an integer sum: it is
+ * not sent, so it is kept as a fixed-point multiple of scale / 2^8 (the
+ * codes of the other ranks enter the sum times 2^8). */
+#define ZPP_QM_FIX_BITS 8
+#define ZPP_QM_FIX_ONE 256
+
+/* The fixed-point value of x on the agreed block parameters p (symmetric):
+ * rint(clamp(x / scale) * 2^8), the clamped scaled value computed exactly
+ * as zpp_qm_quantize does; |result| <= qmax * 2^8. */
+static ZPP_QM_HD int32_t zpp_qm_fix(float x, const zpp_qm_params_t *p) {
+  float v;
+  if (p->kind >= ZPP_QM_KIND_CONST)
+    return 0;
+  v = p->kind == ZPP_QM_KIND_MUL ? x * p->inv : x / p->scale;
+  v = v < p->lo ? p->lo : (v > p->hi ? p->hi : v);
+  return (int32_t)zpp_qm_rint_small(v * (float)ZPP_QM_FIX_ONE);
+}
+
+/* Value of the fixed-point unit of a block whose agreed scale is `scale`:
+ * scale * 2^-8 (exact unless it is subnormal). */
+static ZPP_QM_HD float zpp_qm_fix_unit(float scale) {
+  return scale * (1.0f / (float)ZPP_QM_FIX_ONE);
+}
+
+/* The integer divisor of a block whose integer sums have largest
+ * magnitude m, for codes of at most qmax: ceil(m / qmax), 1 for m = 0;
+ * then |round(j / d)| <= qmax for every |j| <= m. */
+static ZPP_QM_HD uint32_t zpp_qm_idivisor(uint32_t m, int qmax) {
+  return m == 0 ? 1u : (m + (uint32_t)qmax - 1u) / (uint32_t)qmax;
+}
+
+/* floor(j / d) and the remainder in [0, d), d >= 1. */
+static ZPP_QM_HD int64_t zpp_qm_ifloor(int64_t j, uint32_t d, uint32_t *rem) {
+  int64_t q = j / (int64_t)d, r = j - q * (int64_t)d;
+  if (r < 0) {
+    q -= 1;
+    r += d;
+  }
+  *rem = (uint32_t)r;
+  return q;
+}
+
+/* Re-quantized code of the integer j with divisor d: nearest (ties to
+ * even), or stochastic with 24 random bits r24: floor(j / d) + 1 with
+ * probability ceil(rem 2^24 / d) / 2^24 (unbiased to within 2^-24 of a
+ * step), integer arithmetic only. */
+static ZPP_QM_HD int zpp_qm_irequant(int64_t j, uint32_t d, int sr,
+                                     uint32_t r24) {
+  uint32_t rem;
+  int64_t q = zpp_qm_ifloor(j, d, &rem);
+  if (sr)
+    return (int)q + ((uint64_t)r24 * d < ((uint64_t)rem << 24) ? 1 : 0);
+  if (2ull * rem > d || (2ull * rem == d && (q & 1)))
+    q += 1;
+  return (int)q;
+}
+
+/* The scale a re-quantized block carries (the format's fp32 scale, so the
+ * format's decoder applies): fl(fl(scale * d) * 2^-8). */
+static ZPP_QM_HD float zpp_qm_irequant_scale(float scale, uint32_t d) {
+  return (scale * (float)d) * (1.0f / (float)ZPP_QM_FIX_ONE);
+}
+
+/* Plain error feedback's new residual: fl(x - dec), 0 when not finite. */
+static ZPP_QM_HD float zpp_qm_ef_residual(float x, float dec) {
+  float r = x - dec;
+  return (zpp_qm_f32_bits(r) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : r;
+}
+
 /* ---- Hadamard rotation (docs/format.md, "Hadamard rotation") ----------- */
 
 /* fl(1 / sqrt(g)) for g = 2^k: 2^(-k/2) exactly for even k; for odd k the
