@@ -1,25 +1,26 @@
 #!/usr/bin/env python3
 """Relative error and wire bytes of qgZ's two reductions (a float64 model).
 
-Prints a markdown table: for M nodes of S ranks (default 2x4), block 256,
-INT4/INT4 and INT8/INT4, normal and Laplace data, the relative error
-||y - sum||_2 / ||sum||_2 of one rank's slice of the reduce-scatter, for
+Prints two markdown tables: for M nodes of S ranks (default 2x4), block
+256, INT4/INT4 and INT8/INT4, normal, Laplace and outlier data (1% of the
+elements 100 times larger), the relative error ||y - sum||_2 / ||sum||_2
+of one rank's slice of the reduce-scatter, for
   - float: today's two-stage qgZ (zpp_qgz_config_t.sum FLOAT): every
     contribution encoded with its own block scale, decoded and summed in
     fp32 inside the node, the node's sum re-encoded with its own scale;
-  - int (b): ZPP_QGZ_SUM_INT as built: the node's ranks agree on each
-    block's scale (the max), codes summed as integers (the rank's own slice
-    in fixed point, 8 fractional bits), the integer sum re-quantized with an
-    integer divisor d = ceil(max|I| / qmax2) for the network;
-  - int (a): the alternative stage 2 (not built): the node's integer sum
-    sent exactly, in the bits it needs, with the block scale;
+  - int: ZPP_QGZ_SUM_INT: per block a power-of-two unit agreed by the
+    node, a per-rank 8-bit multiplier of it, integer sums, the integer sum
+    re-quantized with an integer divisor for the network;
+  - int, 4-bit m: the same with multipliers in [1, 15];
+  - int, exact stage 2: the node's integer sum sent as it is;
+  - one agreed scale: one scale per block for the whole node (the node's
+    max), integer sums (the design the unit replaced);
   - one stage: a single quantization of each contribution with its own
     scale (the error of a flat qgZ, for reference);
-and the bytes per element each crosses the network (stage 2) and moves
-inside the node (stage 1).  Rounding to nearest; fp32 data.  The model
-follows docs/format.md ("Integer sums") and docs/collectives.md; the
-library's own results are checked against the same model's bound by
-tests/test_qgz_int.cc.
+then the bytes per element each crosses the network (stage 2) and moves
+inside the node (stage 1).  Rounding to nearest; fp64 arithmetic.  The
+model follows docs/format.md ("Integer sums"); the library's own results
+are checked against that section's bound by tests/test_qgz_int.cc.
 
 usage: perf/qgz_error_table.py [--nodes M] [--ranks S] [--count N]
                                [--block B] [--seed X]
@@ -46,7 +47,11 @@ def float_mode(xs, S, M, b1, b2, block):
     return parts[0] + sum(q_own(p, b2, block) for p in parts[1:])
 
 
-def int_mode(xs, S, M, b1, b2, block, exact_stage2=False):
+def one_scale_mode(xs, S, M, b1, b2, block):
+    """The node's ranks agree on each block's scale (the max absmax), codes
+    summed as integers (the own slice in fixed point, 8 fractional bits),
+    the sum re-quantized with an integer divisor (not built: it loses to
+    the unit below)."""
     q1 = 2 ** (b1 - 1) - 1
     q2 = 2 ** (b2 - 1) - 1
     out = 0.0
@@ -55,17 +60,47 @@ def int_mode(xs, S, M, b1, b2, block, exact_stage2=False):
         amax = np.max([np.abs(x).max(axis=1, keepdims=True) for x in xb], axis=0)
         s = amax / q1
         s[s == 0] = 1.0
-        # own (r = 0) in fixed point, the others as codes
         i_sum = np.rint(np.clip(xb[0] / s, -q1, q1) * 256)
         for x in xb[1:]:
             i_sum = i_sum + 256 * np.clip(np.rint(x / s), -q1, q1)
-        if n == 0 or exact_stage2:
+        if n == 0:
             out = out + i_sum * s / 256
         else:
             m = np.abs(i_sum).max(axis=1, keepdims=True)
             d = np.maximum(np.ceil(m / q2), 1)
-            code = np.rint(i_sum / d)
-            out = out + code * d * s / 256
+            out = out + np.rint(i_sum / d) * d * s / 256
+    return out.reshape(-1)
+
+
+def unit_mode(xs, S, M, b1, b2, block, mmax=255, exact_stage2=False):
+    """ZPP_QGZ_SUM_INT: per block a power-of-two unit u = 2^E, E the max
+    over the node of the smallest e with s_r <= mmax 2^e (s_r = the rank's
+    own absmax / qmax1); rank r's multiplier m_r = clamp(rint(s_r / u), 1,
+    mmax) and codes clamp(rint(x / (m_r u)), +-qmax1); the node's sum
+    I = own rint(x / u) + sum m_r q_r, an integer in units of u; stage 2
+    re-quantizes I with the divisor d = ceil(max|I| / qmax2) (or, with
+    exact_stage2, sends I as it is)."""
+    q1 = 2 ** (b1 - 1) - 1
+    q2 = 2 ** (b2 - 1) - 1
+    out = 0.0
+    for n, node in enumerate(xs):
+        xb = [x.reshape(-1, block) for x in node]
+        s = [np.abs(x).max(axis=1, keepdims=True) / q1 for x in xb]
+        with np.errstate(divide="ignore"):
+            e = [np.ceil(np.log2(si / mmax)) for si in s]
+        E = np.max(e, axis=0)
+        E[~np.isfinite(E)] = 0
+        u = np.exp2(E)
+        i_sum = np.rint(xb[0] / u)
+        for x, si in zip(xb[1:], s[1:]):
+            m = np.clip(np.rint(si / u), 1, mmax)
+            i_sum = i_sum + m * np.clip(np.rint(x / (m * u)), -q1, q1)
+        if n == 0 or exact_stage2:
+            out = out + i_sum * u
+        else:
+            d = np.maximum(np.ceil(np.abs(i_sum).max(axis=1, keepdims=True)
+                                   / q2), 1)
+            out = out + np.rint(i_sum / d) * d * u
     return out.reshape(-1)
 
 
@@ -77,7 +112,10 @@ def one_stage(xs, b1, block):
 def gen(rng, dist, n):
     if dist == "normal":
         return rng.standard_normal(n)
-    return rng.laplace(0.0, 1.0 / math.sqrt(2.0), n)
+    if dist == "laplace":
+        return rng.laplace(0.0, 1.0 / math.sqrt(2.0), n)
+    # outliers: 1% of the elements 100 times larger
+    return rng.standard_normal(n) * np.where(rng.random(n) < 0.01, 100.0, 1.0)
 
 
 def main():
@@ -92,36 +130,47 @@ def main():
     rng = np.random.default_rng(a.seed)
     print(f"qgZ relative error, {M}x{S}, block {B}, {N} elements per slice, "
           f"seed {a.seed} (perf/qgz_error_table.py)\n")
-    print("| data | bits | float | int (b) | int (a) | one stage | "
-          "inter B/elem float, int (b) | int (a) | intra B/elem float | int |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for dist in ("normal", "laplace"):
+    print("| data | bits | float | int | int, 4-bit m | int, exact stage 2 | "
+          "one agreed scale | one stage |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dist in ("normal", "laplace", "outlier"):
         for b1, b2 in ((4, 4), (8, 4)):
             xs = [[gen(rng, dist, N) for _ in range(S)] for _ in range(M)]
             exact = sum(x for node in xs for x in node)
             nrm = np.linalg.norm(exact)
             err = lambda y: np.linalg.norm(y - exact) / nrm
-            ef = err(float_mode(xs, S, M, b1, b2, B))
-            eib = err(int_mode(xs, S, M, b1, b2, B))
-            eia = err(int_mode(xs, S, M, b1, b2, B, exact_stage2=True))
-            e1 = err(one_stage(xs, b1, B))
-            q1 = 2 ** (b1 - 1) - 1
-            # option (a): the integer sum of S codes (the own share rounded
-            # to a code for the wire), signed, plus the block's scale
-            abits = math.ceil(math.log2(2 * S * q1 + 1))
-            inter_f = b2 / 8 + 4 / B
-            inter_a = abits / 8 + 4 / B
-            intra_f = b1 / 8 + 4 / B
-            # codes, plus the all-gather of the absmax: one fp32 per block
-            # of each of the M*S slices, to each of the S - 1 others,
-            # per element of one rank's M slices sent: M*S/(M*B)
-            intra_i = b1 / 8 + 4 * S / B
-            print(f"| {dist} | INT{b1}/INT{b2} | {ef:.4f} | {eib:.4f} | "
-                  f"{eia:.4f} | {e1:.4f} | {inter_f:.4f} | {inter_a:.4f} "
-                  f"({abits} bits) | {intra_f:.4f} | {intra_i:.4f} |")
-    print("\ninter B/elem: bytes crossing the network per element of the "
-          "partial sum sent (stage 2); intra B/elem: bytes inside the node per "
-          "element of a slice sent (stage 1).")
+            r = (err(float_mode(xs, S, M, b1, b2, B)),
+                 err(unit_mode(xs, S, M, b1, b2, B)),
+                 err(unit_mode(xs, S, M, b1, b2, B, mmax=15)),
+                 err(unit_mode(xs, S, M, b1, b2, B, exact_stage2=True)),
+                 err(one_scale_mode(xs, S, M, b1, b2, B)),
+                 err(one_stage(xs, b1, B)))
+            print(f"| {dist} | INT{b1}/INT{b2} | " +
+                  " | ".join(f"{v:.4f}" for v in r) + " |")
+    print("\nBytes per element (block B, S ranks per node):\n")
+    print("| bits | inter float | inter int | inter int, exact stage 2 | "
+          "intra float | intra int | intra int, 4-bit m |")
+    print("|---|---|---|---|---|---|---|")
+    for b1, b2 in ((4, 4), (8, 4)):
+        q1 = 2 ** (b1 - 1) - 1
+        # exact stage 2: the sum of S terms of |m q| <= 255 qmax1, signed,
+        # plus the unit's exponent (1 byte per block)
+        abits = math.ceil(math.log2(2 * S * 255 * q1 + 1))
+        inter = b2 / 8 + 4 / B
+        inter_a = abits / 8 + 1 / B
+        intra_f = b1 / 8 + 4 / B
+        # codes and one multiplier byte per block, plus the all-gather of
+        # the exponents: one byte per block of each of the M*S slices, to
+        # each of the S - 1 others, per element of one rank's M slices
+        # sent: M*S/(M*B)
+        intra_i = b1 / 8 + 1 / B + S / B
+        intra_i4 = b1 / 8 + 0.5 / B + S / B
+        print(f"| INT{b1}/INT{b2} | {inter:.4f} | {inter:.4f} | "
+              f"{inter_a:.4f} ({abits} bits) | {intra_f:.4f} | "
+              f"{intra_i:.4f} | {intra_i4:.4f} |")
+    print("\ninter: bytes crossing the network per element of the partial "
+          "sum sent (stage 2); intra: bytes inside the node per element of "
+          "a slice sent (stage 1).")
 
 
 if __name__ == "__main__":
