@@ -373,7 +373,8 @@ typedef struct {
   uint8_t *msg[QC_W], *msg2; /* stage 1: (S - 1) M messages; stage 2 */
   float *acc[QC_M];
   int32_t *iacc[QC_M];
-  uint32_t *amax, *amax_all; /* W nb; S W nb */
+  uint32_t *amax;            /* W nb: this rank's absmax */
+  int8_t *uexp, *uexp_all;   /* W nb; S W nb: the unit exponents */
   void *out;
 } qc_t;
 
@@ -414,29 +415,33 @@ static void qc_int(const qc_t *c) {
   int j, m, k = 0, sl;
   for (sl = 0; sl < QC_W; sl++) /* absmax of every slice */
     c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl), NULL, c->count,
-                        c->amax_all + (size_t)sl * nb);
-  for (i = 0; i < n; i++) { /* the agreement (the others' arrays: copies) */
-    uint32_t v = 0;
+                        c->amax + (size_t)sl * nb);
+  for (i = 0; i < n; i++) /* exponents; the others': copies */
     for (j = 0; j < QC_S; j++)
-      v = c->amax_all[i] > v ? c->amax_all[i] : v;
-    c->amax[i] = v;
+      c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
+  for (i = 0; i < n; i++) { /* the agreement */
+    int8_t v = ZPP_QM_UEXP_ZERO;
+    for (j = 0; j < QC_S; j++)
+      v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
+    c->uexp[i] = v;
   }
-  for (j = 1; j < QC_S; j++) /* stage 1 encode, codes only */
+  for (j = 1; j < QC_S; j++) /* stage 1 encode: codes, multipliers */
     for (m = 0; m < QC_M; m++)
       c->ops->isum.encode(&q, c->dtype, qc_slice(c, m * QC_S + j), NULL, 0.0f,
-                          c->amax + (size_t)(m * QC_S + j) * nb, c->count,
+                          c->amax + (size_t)(m * QC_S + j) * nb,
+                          c->uexp + (size_t)(m * QC_S + j) * nb, c->count,
                           c->msg[k++]);
   for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
     for (j = 0; j < QC_S - 1; j++)
       srcs[j] = c->msg[j * QC_M + m];
     c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S),
-                     c->amax + (size_t)(m * QC_S) * nb, srcs, QC_S - 1,
+                     c->uexp + (size_t)(m * QC_S) * nb, srcs, QC_S - 1,
                      c->count, c->iacc[m]);
   }
-  c->ops->isum.requant(&q, c->iacc[1], c->amax + (size_t)QC_S * nb, 4, NULL,
+  c->ops->isum.requant(&q, c->iacc[1], c->uexp + (size_t)QC_S * nb, NULL,
                        0.0f, c->count, c->msg2);
   srcs[0] = c->msg2;
-  c->ops->isum.finish(&q, c->iacc[0], c->amax, 4, srcs, 1, c->count,
+  c->ops->isum.finish(&q, c->iacc[0], c->uexp, srcs, 1, c->count,
                       (float)QC_W, c->dtype, c->out);
 }
 
@@ -476,16 +481,17 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     c.block = o->block;
     c.in = in;
     for (i = 0; i < (QC_S - 1) * QC_M; i++)
-      c.msg[i] = xalloc(e);
+      c.msg[i] = xalloc(e + nb); /* INT: codes and multipliers */
     c.msg2 = xalloc(e);
     for (i = 0; i < QC_M; i++) {
       c.acc[i] = xalloc(4 * count);
       c.iacc[i] = xalloc(4 * count);
     }
     c.amax = xalloc(4 * QC_W * nb);
-    c.amax_all = xalloc(4 * QC_S * QC_W * nb);
+    c.uexp = xalloc(QC_W * nb);
+    c.uexp_all = xalloc(QC_S * QC_W * nb);
     c.out = xalloc(4 * count);
-    if (in == NULL || mc == NULL || c.msg2 == NULL || c.amax_all == NULL ||
+    if (in == NULL || mc == NULL || c.msg2 == NULL || c.uexp_all == NULL ||
         c.out == NULL) {
       fprintf(stderr, "zpp-quant-bench: out of memory\n");
       return 1;

@@ -331,14 +331,16 @@ typedef struct {
 } zpp_qgz_config_t;
 
 /* zpp_qgz_config_t.sum.  FLOAT: every hop decodes to fp32, adds and
- * re-encodes with scales of its own.  INT: the ranks of a stage agree on
- * each block's scale first, send codes without scales, sum them as
- * integers, re-quantize the node's integer sum for the network without a
- * float, and decode once.  INT needs host memory, a symmetric mode, no
- * Hadamard rotation and a quantized stage 1 (intra_bits 4 or 8): asked
- * for explicitly otherwise, the call fails (ZPP_ERR_UNSUPPORTED for device
- * memory and the rotation, ZPP_ERR_INVALID_ARGUMENT for the others);
- * DEFAULT then means FLOAT. */
+ * re-encodes with scales of its own.  INT: the ranks of a stage agree on a
+ * power-of-two unit per block first, each sends codes on its own integer
+ * multiple of the unit (one multiplier byte per block), the sums are exact
+ * integers, the node's integer sum is re-quantized for the network from
+ * integers, and each rank decodes once; its error equals FLOAT's.  INT
+ * needs host memory, a symmetric mode, no Hadamard rotation, a quantized
+ * stage 1 (intra_bits 4 or 8) and at most 2056 (INT4) or 128 (INT8) ranks
+ * per stage: asked for explicitly otherwise, the call fails
+ * (ZPP_ERR_UNSUPPORTED for device memory, the rotation and the stage size,
+ * ZPP_ERR_INVALID_ARGUMENT for the others); DEFAULT then means FLOAT. */
 #define ZPP_QGZ_SUM_DEFAULT 0
 #define ZPP_QGZ_SUM_FLOAT 1
 #define ZPP_QGZ_SUM_INT 2

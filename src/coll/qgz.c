@@ -229,13 +229,15 @@ typedef struct {
   size_t *lay_mem;
   size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
   /* Compressed-domain sums (a.isum): the integer-sum kernels, the blocks
-   * of one slice, and the absmax bits of every block of every slice (W
-   * nb): this rank's (amax_mine), every g1 member's (amax_all, s1 W nb,
-   * all-gathered) and their max, the agreed ones (amax).  The partial sums
-   * (accx, acco) hold int32 then. */
+   * of one slice, this rank's absmax bits of every block of every slice
+   * (W nb: amax_mine) and the unit exponents: this rank's (uexp_mine),
+   * every g1 member's (uexp_all, s1 W nb bytes, all-gathered) and their
+   * max, the agreed ones (uexp).  The partial sums (accx, acco) hold int32
+   * then. */
   const zpp_isum_ops_t *iops;
   size_t nb;
-  uint32_t *amax_mine, *amax_all, *amax;
+  uint32_t *amax_mine;
+  int8_t *uexp_mine, *uexp_all, *uexp;
   const uint8_t **fsrcs; /* m1 - 1: the other nodes' stage-2 messages */
   /* Per slot: stage 1's messages (to each member j the m1 parts of slices
    * slice(j, 0..m1-1), in node order), and its partial sums in two sets:
@@ -263,12 +265,12 @@ static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
 /* Bytes of one stage-1 message part: `len` elements encoded, or in the
  * dtype when stage 1 is raw. */
 static size_t s1_bytes(const qgz_ctx_t *p, size_t len) {
-  if (p->a.isum) { /* codes only: the receiver knows the agreed scales */
+  if (p->a.isum) { /* codes and multipliers: the unit is agreed */
     zpp_qcfg_t c;
     memset(&c, 0, sizeof c);
     c.bits = p->a.q1.bits;
     c.block = p->a.q1.block_size;
-    return zpp_isum_code_bytes(&c, len);
+    return zpp_isum_msg_bytes(&c, len);
   }
   return p->raw1 ? len * zpp_dtype_size(p->a.dtype)
                  : zpp_coll_encoded_size(&p->a.q1, len);
@@ -382,11 +384,12 @@ static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m);
 
 /* ---- compressed-domain sums (ZPP_QGZ_SUM_INT, host memory) ---------------
  * Before the chunks: every rank takes the absmax of each block of every
- * slice (data + stage-1 residual), the g1 members all-gather them and each
- * takes the max, so all members of a stage quantize a slice's block with
- * the same scale.  Stage 1 then sends codes without scales and sums them
- * as integers (the rank's own slice in fixed point, 8 fractional bits);
- * stage 2 re-quantizes the integer sums in integer arithmetic into the
+ * slice (data + stage-1 residual) and its unit exponent, the g1 members
+ * all-gather the exponents and each takes the max, so all members of a
+ * stage quantize a slice's block with steps that are integer multiples of
+ * the same power-of-two unit.  Stage 1 then sends codes and one multiplier
+ * per block and sums them as integers in units (the rank's own slice
+ * rounded to a unit); stage 2 re-quantizes the integer sums into the
  * format of docs/format.md; the finish decodes once.  docs/collectives.md,
  * "Compressed-domain sums". */
 
@@ -470,42 +473,50 @@ static zpp_status_t isum_absmax(void *ctx, size_t unused) {
         float *r = NULL;
         if (j != p->me1 && !a->reset)
           ZPP_CHECK(isum_res_load(p, sl, off, len, 0, &r));
+        size_t b0 = sl * p->nb + off / c.block, b;
+        size_t nb = (len + c.block - 1) / c.block;
         p->iops->absmax(&c, (int)a->dtype,
                         (const uint8_t *)a->send + (sl * a->count + off) * ds,
-                        r, len, p->amax_mine + sl * p->nb + off / c.block);
+                        r, len, p->amax_mine + b0);
+        for (b = b0; b < b0 + nb; b++)
+          p->uexp_mine[b] =
+              (int8_t)zpp_qm_unit_exp(p->amax_mine[b], a->q1.bits);
         zpp_plan_poll();
       }
     }
   return ZPP_OK;
 }
 
-/* The agreed absmax: the max over the g1 members (integer max of the fp32
- * bits, so order-free and the same on every member). */
+/* The agreed exponents: the max over the g1 members. */
 static zpp_status_t isum_agree(void *ctx, size_t unused) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   size_t n = (size_t)zpp_transport_size(p->a.ex.t) * p->nb, i;
   int j;
   (void)unused;
   if (p->s1 == 1) {
-    memcpy(p->amax, p->amax_mine, n * sizeof *p->amax);
+    memcpy(p->uexp, p->uexp_mine, n);
     return ZPP_OK;
   }
   for (i = 0; i < n; i++) {
-    uint32_t v = 0;
+    int8_t v = ZPP_QM_UEXP_ZERO;
     for (j = 0; j < p->s1; j++)
-      v = p->amax_all[(size_t)j * n + i] > v ? p->amax_all[(size_t)j * n + i]
+      v = p->uexp_all[(size_t)j * n + i] > v ? p->uexp_all[(size_t)j * n + i]
                                              : v;
-    p->amax[i] = v;
+    p->uexp[i] = v;
   }
   return ZPP_OK;
 }
 
-/* The agreed absmax bits of chunk k of slice sl. */
-static const uint32_t *isum_amax(const qgz_ctx_t *p, int sl, size_t k) {
-  return p->amax + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
+/* The agreed exponents of chunk k of slice sl, and this rank's absmax. */
+static const int8_t *isum_uexp(const qgz_ctx_t *p, int sl, size_t k) {
+  return p->uexp + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
 }
 
-/* Stage 1 encode of chunk k with the agreed scales (codes only). */
+static const uint32_t *isum_amax(const qgz_ctx_t *p, int sl, size_t k) {
+  return p->amax_mine + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
+}
+
+/* Stage 1 encode of chunk k on the agreed units (codes, multipliers). */
 static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = chunk_len(p, k);
@@ -526,14 +537,15 @@ static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
       p->iops->encode(&c, (int)a->dtype,
                       (const uint8_t *)a->send +
                           ((size_t)sl * a->count + off) * ds,
-                      r, a->beta, isum_amax(p, sl, k), len, o);
+                      r, a->beta, isum_amax(p, sl, k), isum_uexp(p, sl, k), len,
+                      o);
       ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len));
     }
   return ZPP_OK;
 }
 
 /* Stage 1's integer partial sums of set h of chunk k into acc (int32):
- * the own slice in fixed point plus the other members' codes. */
+ * the own slice in units plus the other members' multiplied codes. */
 static void isum_stage1(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
   const qgz_arg_t *a = &p->a;
   size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
@@ -547,7 +559,7 @@ static void isum_stage1(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
         p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
     zpp_plan_poll();
     p->iops->sum(&c, (int)a->dtype, own_ptr(p, k, m),
-                 isum_amax(p, slice_of(p, p->me1, m), k),
+                 isum_uexp(p, slice_of(p, p->me1, m), k),
                  (const uint8_t *const *)p->srcs, n, len,
                  acc + (size_t)i * len);
   }
@@ -569,8 +581,7 @@ static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
     zpp_plan_poll();
     ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, &r));
     p->iops->requant(&c, acc + (size_t)i * len,
-                     isum_amax(p, slice_of(p, p->me1, m), k), a->q1.bits, r,
-                     a->beta, len, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
+                     isum_uexp(p, slice_of(p, p->me1, m), k), r, a->beta, len, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
     ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len));
   }
   return ZPP_OK;
@@ -591,8 +602,8 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
     if (m != p->mo)
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   zpp_plan_poll();
-  p->iops->finish(&c, acc, isum_amax(p, slice_of(p, p->me1, p->mo), k),
-                  a->q1.bits, p->fsrcs, n, len, div, (int)a->dtype,
+  p->iops->finish(&c, acc, isum_uexp(p, slice_of(p, p->me1, p->mo), k),
+                  p->fsrcs, n, len, div, (int)a->dtype,
                   (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
   return ZPP_OK;
 }
@@ -865,8 +876,9 @@ static void qgz_release(void *ctx) {
   free((void *)p->srcs);
   free((void *)p->fsrcs);
   zpp_k_free(ex, p->amax_mine);
-  zpp_k_free(ex, p->amax_all);
-  zpp_k_free(ex, p->amax);
+  zpp_k_free(ex, p->uexp_mine);
+  zpp_k_free(ex, p->uexp_all);
+  zpp_k_free(ex, p->uexp);
   free(p->eruns);
   free(p->sruns);
   free(p->hruns);
@@ -949,9 +961,11 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
     p->iops = &zpp_quant_cpu_ops()->isum;
     st = zpp_k_alloc(ex, w * p->nb * 4, (void **)&p->amax_mine);
     if (st == ZPP_OK)
-      st = zpp_k_alloc(ex, w * p->nb * 4, (void **)&p->amax);
+      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp_mine);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp);
     if (st == ZPP_OK && s1 > 1)
-      st = zpp_k_alloc(ex, s1 * w * p->nb * 4, (void **)&p->amax_all);
+      st = zpp_k_alloc(ex, s1 * w * p->nb, (void **)&p->uexp_all);
     if (st == ZPP_OK) {
       p->fsrcs = (const uint8_t **)calloc(m1, sizeof *p->fsrcs);
       if (p->fsrcs == NULL)
@@ -1055,9 +1069,9 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       memset(&x, 0, sizeof x);
       x.kind = ZPP_XFER_ALLGATHER;
       x.group = p->g1;
-      x.send = p->amax_mine;
-      x.recv = p->amax_all;
-      x.bytes = (size_t)zpp_transport_size(ex->t) * p->nb * 4;
+      x.send = p->uexp_mine;
+      x.recv = p->uexp_all;
+      x.bytes = (size_t)zpp_transport_size(ex->t) * p->nb;
       s = zpp_plan_xfer(plan, &x, s, ZPP_NO_STEP);
     }
     s = zpp_plan_kernel(plan, isum_agree, 0, s, ZPP_NO_STEP);
@@ -1169,18 +1183,30 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
   return ZPP_OK;
 }
 
-/* Whether a call of config c (checked) on memory `mem` with `size` ranks
- * sums in the compressed domain: ZPP_QGZ_SUM_INT, or DEFAULT with the
- * setting ZPP_QGZ_SUM=int and a config that allows it.  One rank
- * quantizes nothing either way. */
-static int qgz_isum(const zpp_qgz_config_t *c, zpp_memory_t mem, int size) {
+/* Whether the integer sums of stage 1 fit the kernels' range: s1 ranks
+ * of codes up to qmax1 times multipliers up to 255 (plus a unit of
+ * rounding of the own share): s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX
+ * (INT8: 128 ranks per stage; INT4: 2056). */
+static int isum_fits(const zpp_transport_t *t, int intra_bits) {
+  int s1 = zpp_transport_group_size(
+      t, qgz_two_level(t) ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD);
+  return (long)s1 * ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1) <=
+         ZPP_QM_ISUM_MAX;
+}
+
+/* Whether a call of config c (checked) on memory `mem` sums in the
+ * compressed domain: ZPP_QGZ_SUM_INT, or DEFAULT with the setting
+ * ZPP_QGZ_SUM=int and a config that allows it.  One rank quantizes
+ * nothing either way. */
+static int qgz_isum(const zpp_qgz_config_t *c, zpp_memory_t mem,
+                    const zpp_transport_t *t) {
   int want = c->sum == ZPP_QGZ_SUM_INT;
   if (c->sum == ZPP_QGZ_SUM_DEFAULT)
     want = strcmp(zpp_setting("ZPP_QGZ_SUM"), "int") == 0 &&
            c->mode == ZPP_QUANT_SYMMETRIC &&
            c->intra_bits != ZPP_QGZ_INTRA_RAW && c->hadamard == 0 &&
-           mem == ZPP_MEMORY_HOST;
-  return want && size > 1;
+           mem == ZPP_MEMORY_HOST && isum_fits(t, c->intra_bits);
+  return want && zpp_transport_size(t) > 1;
 }
 
 /* The residual is read and written between the encodes that read
@@ -1242,12 +1268,20 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
     return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
                      "cfg->sum ZPP_QGZ_SUM_INT: device memory has no "
                      "integer-sum kernels yet (use ZPP_QGZ_SUM_FLOAT)");
+  if (cf.sum == ZPP_QGZ_SUM_INT && !isum_fits(ex->t, cf.intra_bits))
+    return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
+                     "cfg->sum ZPP_QGZ_SUM_INT with cfg->intra_bits %d: "
+                     "more ranks per stage than the integer sums hold (%d "
+                     "at most)",
+                     cf.intra_bits,
+                     ZPP_QM_ISUM_MAX /
+                         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(cf.intra_bits) + 1)));
   /* packed so that every field is compared within the 5 words; the sum
    * as resolved (the setting may differ between ranks) */
   a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
                 (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
                 (uint64_t)cf.residual_bits << 32 |
-                (uint64_t)qgz_isum(&cf, ex->mem, zpp_transport_size(ex->t))
+                (uint64_t)qgz_isum(&cf, ex->mem, ex->t)
                     << 40;
   a->words[1] = (uint64_t)cf.block_size;
   /* two fields per word where needed: a mismatch of either changes it */
@@ -1310,6 +1344,6 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   c->a.dtype = dtype;
   c->a.op = op;
   c->a.residual = residual;
-  c->a.isum = qgz_isum(&cf, ex.mem, zpp_transport_size(ex.t));
+  c->a.isum = qgz_isum(&cf, ex.mem, ex.t);
   return qgz_plan(__func__, c, req);
 }

@@ -175,6 +175,10 @@ size_t zpp_isum_code_bytes(const zpp_qcfg_t *cfg, size_t count) {
          zpp_qm_payload_bytes(count - full * cfg->block, cfg->bits);
 }
 
+size_t zpp_isum_msg_bytes(const zpp_qcfg_t *cfg, size_t count) {
+  return zpp_isum_code_bytes(cfg, count) + zpp_quant_nblocks(cfg, count);
+}
+
 static size_t blk_len(const zpp_qcfg_t *cfg, size_t count, size_t b) {
   size_t off = b * cfg->block;
   return count - off < cfg->block ? count - off : cfg->block;
@@ -216,14 +220,17 @@ static void isum_put(uint8_t *pl, size_t i, int bits, int q) {
 
 void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
                             float *res, float beta, const uint32_t *amax,
-                            size_t count, uint8_t *dst) {
+                            const int8_t *uexp, size_t count, uint8_t *dst) {
   size_t b, i, nb = zpp_quant_nblocks(cfg, count);
+  uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
   zpp_qm_keys_t k = {cfg->k0, cfg->k1};
   float omega = 1.0f - beta;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block, len = blk_len(cfg, count, b);
-    zpp_qm_params_t p = zpp_qm_sym_params(amax[b], cfg->bits);
+    uint32_t m = zpp_qm_unit_mult(amax[b], cfg->bits, uexp[b]);
+    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, cfg->bits);
     uint8_t *pl = dst + b * zpp_qm_payload_bytes(cfg->block, cfg->bits);
+    mult[b] = (uint8_t)m;
     for (i = 0; i < len; i++) {
       float x = zpp_qm_load(src, off + i, dtype);
       int q;
@@ -245,45 +252,30 @@ void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
 }
 
 void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
-                         const uint32_t *amax, const uint8_t *const *srcs,
-                         int n, size_t count, int32_t *out) {
+                         const int8_t *uexp, const uint8_t *const *srcs, int n,
+                         size_t count, int32_t *out) {
   size_t b, i, nb = zpp_quant_nblocks(cfg, count);
   size_t pb = zpp_qm_payload_bytes(cfg->block, cfg->bits);
+  size_t cb = zpp_isum_code_bytes(cfg, count);
   int j;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block, len = blk_len(cfg, count, b);
-    zpp_qm_params_t p = zpp_qm_sym_params(amax[b], cfg->bits);
     for (i = 0; i < len; i++) {
-      int32_t c = 0;
+      int32_t c = own != NULL
+                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype),
+                                        uexp[b])
+                      : 0;
       for (j = 0; j < n; j++)
-        c += isum_code(srcs[j] + b * pb, i, cfg->bits);
-      out[off + i] =
-          c * ZPP_QM_FIX_ONE +
-          (own != NULL ? zpp_qm_fix(zpp_qm_load(own, off + i, dtype), &p) : 0);
+        c += (int32_t)srcs[j][cb + b] *
+             isum_code(srcs[j] + b * pb, i, cfg->bits);
+      out[off + i] = c;
     }
   }
 }
 
-/* The residual in fixed-point units, clamped to +-2^30 so that the sum
- * with an integer sum (|in| < 2^30) fits int64 and its magnitude uint32. */
-static int64_t isum_res_fix(float r, const zpp_qm_params_t *p1) {
-  float v;
-  if (p1->kind >= ZPP_QM_KIND_CONST)
-    return 0;
-  v = p1->kind == ZPP_QM_KIND_MUL ? r * p1->inv : r / p1->scale;
-  v = v * (float)ZPP_QM_FIX_ONE;
-  if (!(v > -1073741824.0f)) /* NaN too */
-    v = v != v ? 0.0f : -1073741824.0f;
-  if (v > 1073741824.0f)
-    v = 1073741824.0f;
-  /* |v| < 2^22: rint_small's magic rounds; above, v is an integer */
-  return (int64_t)(v < 4194304.0f && v > -4194304.0f ? zpp_qm_rint_small(v)
-                                                     : v);
-}
-
 void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
-                             const uint32_t *amax1, int bits1, float *res,
-                             float beta, size_t count, uint8_t *dst) {
+                             const int8_t *uexp, float *res, float beta,
+                             size_t count, uint8_t *dst) {
   size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
   size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
   int qmax2 = zpp_qm_sym_qmax(cfg2->bits);
@@ -291,36 +283,33 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
   float omega = 1.0f - beta;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
-    zpp_qm_params_t p1 = zpp_qm_sym_params(amax1[b], bits1);
-    float unit = zpp_qm_fix_unit(p1.scale), sc2;
+    int e = uexp[b];
+    float unit = zpp_qm_unit_value(e);
     uint8_t *pl = dst + nb * 4 + b * pb;
-    uint32_t m = 0, d;
+    uint32_t m = 0;
+    zpp_qm_params_t p;
     for (i = 0; i < len; i++) {
-      int64_t j = in[off + i];
-      uint64_t a;
+      int32_t j = in[off + i];
+      uint32_t a;
       if (res != NULL)
-        j += isum_res_fix(res[off + i], &p1);
-      a = (uint64_t)(j < 0 ? -j : j);
-      m = a > m ? (uint32_t)a : m;
+        j += zpp_qm_unit_res(res[off + i], e);
+      a = (uint32_t)(j < 0 ? -j : j);
+      m = a > m ? a : m;
     }
-    d = zpp_qm_idivisor(m, qmax2);
-    sc2 = p1.kind == ZPP_QM_KIND_NONFINITE ? p1.scale
-                                           : zpp_qm_irequant_scale(p1.scale, d);
-    memcpy(dst + b * 4, &sc2, 4);
+    p = zpp_qm_irequant_params(zpp_qm_idivisor(m, qmax2), e, cfg2->bits);
+    memcpy(dst + b * 4, &p.scale, 4);
     for (i = 0; i < len; i++) {
-      int64_t j = in[off + i];
+      int32_t j = in[off + i];
       int q;
       if (res != NULL)
-        j += isum_res_fix(res[off + i], &p1);
-      q = p1.kind >= ZPP_QM_KIND_CONST
-              ? 0
-              : zpp_qm_irequant(j, d, cfg2->sr,
-                                cfg2->sr ? zpp_qm_rand24(k, cfg2->base + off + i)
-                                         : 0u);
+        j += zpp_qm_unit_res(res[off + i], e);
+      q = cfg2->sr ? zpp_qm_quantize_sr((float)j, &p,
+                                        zpp_qm_rand24(k, cfg2->base + off + i))
+                   : zpp_qm_quantize((float)j, &p);
       isum_put(pl, i, cfg2->bits, q);
       if (res != NULL) {
         float x = (float)in[off + i] * unit + res[off + i];
-        float dec = zpp_qm_dequantize(q, sc2, 0.0f);
+        float dec = zpp_qm_dequantize(q, p.scale, 0.0f);
         res[off + i] = beta == 0.0f
                            ? zpp_qm_ef_residual(x, dec)
                            : zpp_qm_ema_residual(res[off + i], x, dec, beta,
@@ -331,16 +320,15 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
 }
 
 void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
-                            const uint32_t *amax1, int bits1,
-                            const uint8_t *const *srcs, int n, size_t count,
-                            float div, int dtype, void *dst) {
+                            const int8_t *uexp, const uint8_t *const *srcs,
+                            int n, size_t count, float div, int dtype,
+                            void *dst) {
   size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
   size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
   int j;
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
-    zpp_qm_params_t p1 = zpp_qm_sym_params(amax1[b], bits1);
-    float unit = zpp_qm_fix_unit(p1.scale);
+    float unit = zpp_qm_unit_value(uexp[b]);
     for (i = 0; i < len; i++) {
       float acc = (float)own[off + i] * unit;
       for (j = 0; j < n; j++) {
