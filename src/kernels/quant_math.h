@@ -605,6 +605,17 @@ static ZPP_QM_HD float zpp_qm_ef_residual(float x, float dec) {
   return (zpp_qm_f32_bits(r) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : r;
 }
 
+/* Error feedback's new residual of an element whose compensated value x
+ * (old residual e) was coded q with step `scale`: the decoded value
+ * dec = zpp_qm_dequantize(q, scale, 0), then zpp_qm_ef_residual (beta 0)
+ * or zpp_qm_ema_residual (omega = fl(1 - beta)). */
+static ZPP_QM_HD float zpp_qm_feedback(float e, float x, int q, float scale,
+                                       float beta, float omega) {
+  float dec = zpp_qm_dequantize(q, scale, 0.0f);
+  return beta == 0.0f ? zpp_qm_ef_residual(x, dec)
+                      : zpp_qm_ema_residual(e, x, dec, beta, omega);
+}
+
 /* ---- Hadamard rotation (docs/format.md, "Hadamard rotation") ----------- */
 
 /* fl(1 / sqrt(g)) for g = 2^k: 2^(-k/2) exactly for even k; for odd k the
