@@ -1064,7 +1064,29 @@ ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
                       count * es);
     mult[b] = (uint8_t)m;
     set_qvec(&v, &p);
-    for (i = 0; i + 16 <= len; i += 16) {
+    i = 0;
+    if (bits == 4 && !sr && live) /* 64 codes at a time: nibbles64 */
+      for (; i + 64 <= len; i += 64) {
+        __m512 x0 = isum_load16(src, res, off + i, dtype);
+        __m512 x1 = isum_load16(src, res, off + i + 16, dtype);
+        __m512 x2 = isum_load16(src, res, off + i + 32, dtype);
+        __m512 x3 = isum_load16(src, res, off + i + 48, dtype);
+        __m512i q0 = iquant16(x0, &v), q1 = iquant16(x1, &v);
+        __m512i q2 = iquant16(x2, &v), q3 = iquant16(x3, &v);
+        _mm256_storeu_si256((__m256i *)(pl + i / 2), nibbles64(q0, q1, q2, q3));
+        if (res != NULL) {
+          float *r = res + off + i;
+          _mm512_storeu_ps(
+              r, feedback16(_mm512_loadu_ps(r), x0, q0, v.scale, beta, omega));
+          _mm512_storeu_ps(r + 16, feedback16(_mm512_loadu_ps(r + 16), x1, q1,
+                                              v.scale, beta, omega));
+          _mm512_storeu_ps(r + 32, feedback16(_mm512_loadu_ps(r + 32), x2, q2,
+                                              v.scale, beta, omega));
+          _mm512_storeu_ps(r + 48, feedback16(_mm512_loadu_ps(r + 48), x3, q3,
+                                              v.scale, beta, omega));
+        }
+      }
+    for (; i + 16 <= len; i += 16) {
       uint64_t idx = cfg->base + off + i;
       __m512 x;
       __m512i q = _mm512_setzero_si512();
@@ -1109,7 +1131,31 @@ ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
     int unit =
         own != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
     __m512 su = _mm512_set1_ps(unit ? zpp_qm_pow2(-e) : 0.0f);
-    for (i = 0; i + 32 <= len; i += 32) {
+    i = 0;
+    /* INT4: the products of up to 16 messages sum exactly in int16
+     * (16 * 255 * 8 < 2^15), widened once */
+    if (bits == 4 && n <= 16)
+      for (; i + 32 <= len; i += 32) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0, w = s0;
+        for (j = 0; j < n; j++)
+          w = _mm512_add_epi16(
+              w, _mm512_mullo_epi16(
+                     _mm512_cvtepi8_epi16(get32(srcs[j] + b * pb, i, 4)),
+                     _mm512_set1_epi16((short)srcs[j][cb + b])));
+        if (unit) {
+          s0 = _mm512_cvtps_epi32(
+              _mm512_mul_ps(load16(own, off + i, dtype), su));
+          s1 = _mm512_cvtps_epi32(
+              _mm512_mul_ps(load16(own, off + i + 16, dtype), su));
+        }
+        s0 = _mm512_add_epi32(s0,
+                              _mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
+        s1 = _mm512_add_epi32(
+            s1, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
+        _mm512_storeu_si512(out + off + i, s0);
+        _mm512_storeu_si512(out + off + i + 16, s1);
+      }
+    for (; i + 32 <= len; i += 32) {
       __m512i s0 = _mm512_setzero_si512(), s1 = s0;
       if (unit) {
         s0 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(own, off + i, dtype), su));
