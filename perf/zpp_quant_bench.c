@@ -15,6 +15,13 @@
  * output against the scalar reference (`wrong` = differing bytes); the
  * exit status is 1 when any row is wrong, 2 on a bad flag.
  *
+ * --qgz-chain: instead, the CPU work one rank of a 2x4 qgZ reduce-scatter
+ * does on its own input of --n elements (8 slices of n / 8), both
+ * reductions (zpp_qgz_config_t.sum FLOAT and INT, INT4/INT4, block
+ * --block), bf16 and fp32, each beside one memcpy of that input in the
+ * same run: `ratio` = chain time / memcpy time (docs/collectives.md,
+ * "Compressed-domain sums").
+ *
  * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
  */
 #include "zpp_internal/kernels.h"
@@ -38,6 +45,7 @@ typedef struct {
   fmt_t fmt;
   int asym;
   int cold; /* write COLD_BYTES elsewhere before every run */
+  int qgz_chain; /* --qgz-chain */
 } opts_t;
 
 /* --cold: bytes written before each run (codec and memcpy alike), several
@@ -91,7 +99,9 @@ static void usage(FILE *f) {
           "  --format F   table (default), csv or json\n"
           "  --sym/--asym quantization mode (default symmetric)\n"
           "  --cold       write 256 MiB elsewhere before every run (codec and\n"
-          "               memcpy alike): inputs come from memory, not cache\n");
+          "               memcpy alike): inputs come from memory, not cache\n"
+          "  --qgz-chain  qgZ's kernels of one rank of a 2x4 call (FLOAT and\n"
+          "               INT sums) against a memcpy of its input\n");
 }
 
 static int parse_size(const char *flag, const char *s, size_t min, size_t *out) {
@@ -127,6 +137,8 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       o->asym = 1;
     } else if (strcmp(a, "--cold") == 0) {
       o->cold = 1;
+    } else if (strcmp(a, "--qgz-chain") == 0) {
+      o->qgz_chain = 1;
     } else if (strcmp(a, "--n") == 0) {
       if (parse_size(a, v, 1, &o->n) != 0)
         return -1;
@@ -344,10 +356,188 @@ static void print_row(const opts_t *o, const char *isa, const row_t *r,
   fflush(stdout);
 }
 
+/* ---- --qgz-chain ----------------------------------------------------------
+ * One rank of a 2x4 qgZ (node 0, local rank 0: it keeps partial sum 0 and
+ * sends partial sum 1), with the messages it would receive stood in for by
+ * the ones it encodes (the same sizes and work).  Kernels as qgz.c's host
+ * path calls them. */
+#define QC_S 4
+#define QC_M 2
+#define QC_W (QC_S * QC_M)
+
+typedef struct {
+  const zpp_quant_cpu_ops_t *ops;
+  int dtype, simd;
+  size_t count, block;
+  const uint8_t *in; /* W slices of count */
+  uint8_t *msg[QC_W], *msg2; /* stage 1: (S - 1) M messages; stage 2 */
+  float *acc[QC_M];
+  int32_t *iacc[QC_M];
+  uint32_t *amax;            /* W nb: this rank's absmax */
+  int8_t *uexp, *uexp_all;   /* W nb; S W nb: the unit exponents */
+  void *out;
+} qc_t;
+
+static const void *qc_slice(const qc_t *c, int sl) {
+  return c->in + (size_t)sl * c->count * zpp_qm_dtype_bytes(c->dtype);
+}
+
+static void qc_float(const qc_t *c) {
+  zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
+  const uint8_t *srcs[QC_S - 1];
+  int j, m, k = 0;
+  for (j = 1; j < QC_S; j++) /* stage 1 encode */
+    for (m = 0; m < QC_M; m++)
+      c->ops->encode(&q, c->dtype, qc_slice(c, m * QC_S + j), c->count,
+                     c->msg[k++]);
+  for (m = 0; m < QC_M; m++) { /* stage 1 sums */
+    for (j = 0; j < QC_S - 1; j++)
+      srcs[j] = c->msg[j * QC_M + m];
+    if (zpp_ew_sum_decoded_host(c->ops, &q, c->simd, c->dtype,
+                                qc_slice(c, m * QC_S), srcs, QC_S - 1,
+                                c->count, c->acc[m]) != 0) {
+      zpp_ew_to_f32_host(c->simd, c->dtype, qc_slice(c, m * QC_S), c->count,
+                         c->acc[m]);
+      for (j = 0; j < QC_S - 1; j++)
+        c->ops->decode(&q, srcs[j], c->count, ZPP_QM_OUT_ACC, c->acc[m]);
+    }
+  }
+  c->ops->encode(&q, ZPP_QM_F32, c->acc[1], c->count, c->msg2); /* stage 2 */
+  c->ops->decode(&q, c->msg2, c->count, ZPP_QM_OUT_ACC, c->acc[0]);
+  zpp_ew_finish_host(c->simd, c->acc[0], c->count, (float)QC_W, c->dtype,
+                     c->out);
+}
+
+static void qc_int(const qc_t *c) {
+  zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
+  size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, i;
+  const uint8_t *srcs[QC_S - 1];
+  int j, m, k = 0, sl;
+  for (sl = 0; sl < QC_W; sl++) /* absmax of every slice */
+    c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl), NULL, c->count,
+                        c->amax + (size_t)sl * nb);
+  for (i = 0; i < n; i++) /* exponents; the others': copies */
+    for (j = 0; j < QC_S; j++)
+      c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
+  for (i = 0; i < n; i++) { /* the agreement */
+    int8_t v = ZPP_QM_UEXP_ZERO;
+    for (j = 0; j < QC_S; j++)
+      v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
+    c->uexp[i] = v;
+  }
+  for (j = 1; j < QC_S; j++) /* stage 1 encode: codes, multipliers */
+    for (m = 0; m < QC_M; m++)
+      c->ops->isum.encode(&q, c->dtype, qc_slice(c, m * QC_S + j), NULL, 0.0f,
+                          c->amax + (size_t)(m * QC_S + j) * nb,
+                          c->uexp + (size_t)(m * QC_S + j) * nb, c->count,
+                          c->msg[k++]);
+  for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
+    for (j = 0; j < QC_S - 1; j++)
+      srcs[j] = c->msg[j * QC_M + m];
+    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S),
+                     c->uexp + (size_t)(m * QC_S) * nb, srcs, QC_S - 1,
+                     c->count, c->iacc[m]);
+  }
+  c->ops->isum.requant(&q, c->iacc[1], c->uexp + (size_t)QC_S * nb, NULL,
+                       0.0f, c->count, c->msg2);
+  srcs[0] = c->msg2;
+  c->ops->isum.finish(&q, c->iacc[0], c->uexp, srcs, 1, c->count,
+                      (float)QC_W, c->dtype, c->out);
+}
+
+static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
+                     const char *cpu) {
+  static const int dts[2] = {ZPP_QM_BF16, ZPP_QM_F32};
+  static const char *dn[2] = {"bf16", "fp32"};
+  size_t count = o->n / QC_W, nb, e;
+  int d, k, i;
+  zpp_qcfg_t q4 = {4, 0, o->block, 0, 0, 0, 0};
+  float *f32;
+  int ovf = 0;
+  if (count == 0) {
+    fprintf(stderr, "zpp-quant-bench: --qgz-chain needs --n >= %d\n", QC_W);
+    return 2;
+  }
+  nb = (count + o->block - 1) / o->block;
+  e = zpp_quant_bytes(&q4, count, &ovf);
+  printf("# zpp-quant-bench --qgz-chain: one rank of 2x4 qgZ INT4/INT4, block "
+         "%zu, %zu elements of input (8 slices of %zu), path %s, %s\n",
+         o->block, QC_W * count, count, ops->name, cpu);
+  printf("%-6s %-6s %10s %10s %7s\n", "dtype", "sum", "ms", "memcpy_ms",
+         "ratio");
+  f32 = xalloc(4 * QC_W * count);
+  if (f32 == NULL)
+    return 1;
+  fill_input(f32, QC_W * count);
+  for (d = 0; d < 2; d++) {
+    qc_t c;
+    size_t ds = zpp_qm_dtype_bytes(dts[d]), bytes = QC_W * count * ds;
+    uint8_t *in = xalloc(bytes), *mc = xalloc(bytes);
+    memset(&c, 0, sizeof c);
+    c.ops = ops;
+    c.dtype = dts[d];
+    c.simd = strcmp(ops->name, "scalar") != 0;
+    c.count = count;
+    c.block = o->block;
+    c.in = in;
+    for (i = 0; i < (QC_S - 1) * QC_M; i++)
+      c.msg[i] = xalloc(e + nb); /* INT: codes and multipliers */
+    c.msg2 = xalloc(e);
+    for (i = 0; i < QC_M; i++) {
+      c.acc[i] = xalloc(4 * count);
+      c.iacc[i] = xalloc(4 * count);
+    }
+    c.amax = xalloc(4 * QC_W * nb);
+    c.uexp = xalloc(QC_W * nb);
+    c.uexp_all = xalloc(QC_S * QC_W * nb);
+    c.out = xalloc(4 * count);
+    if (in == NULL || mc == NULL || c.msg2 == NULL || c.uexp_all == NULL ||
+        c.out == NULL) {
+      fprintf(stderr, "zpp-quant-bench: out of memory\n");
+      return 1;
+    }
+    for (i = 0; i < (int)(QC_W * count); i++)
+      zpp_qm_store(in, (size_t)i, dts[d], f32[i]);
+    for (k = 0; k < 2; k++) {
+      double *t = malloc(sizeof(double) * (size_t)o->iters);
+      double *m = malloc(sizeof(double) * (size_t)o->iters);
+      int it;
+      if (t == NULL || m == NULL)
+        return 1;
+      for (it = 0; it < o->warmup + o->iters; it++) {
+        double t0;
+        make_cold(o);
+        t0 = now_s();
+        if (k == 0)
+          qc_float(&c);
+        else
+          qc_int(&c);
+        t0 = now_s() - t0;
+        if (it >= o->warmup)
+          t[it - o->warmup] = t0;
+        make_cold(o);
+        t0 = now_s();
+        memcpy(mc, in, bytes);
+        t0 = now_s() - t0;
+        if (it >= o->warmup)
+          m[it - o->warmup] = t0;
+      }
+      {
+        double tm = median(t, o->iters), mm = median(m, o->iters);
+        printf("%-6s %-6s %10.3f %10.3f %7.2f\n", dn[d], k ? "int" : "float",
+               1e3 * tm, 1e3 * mm, tm / mm);
+      }
+      free(t);
+      free(m);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const int dtypes[3] = {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16};
   static const char *dtype_names[3] = {"fp32", "fp16", "bf16"};
-  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0, 0};
+  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0, 0, 0};
   const zpp_quant_cpu_ops_t *ops, *ref;
   char cpu[256];
   size_t enc_max, mc_max;
@@ -370,6 +560,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   cpu_model(cpu, sizeof cpu);
+  if (o.qgz_chain)
+    return qgz_chain(&o, ops, cpu);
 
   {
     zpp_qcfg_t q4 = {4, o.asym, o.block, 0, 0, 0, 0},

@@ -321,11 +321,33 @@ typedef struct {
                               of it start from a zero residual (LoCo: every
                               1024 steps); 0 (default): never */
   uint64_t step;          /* the caller's step counter, for residual_reset */
+  /* Field below was added in 0.4; a struct_size from 0.3 (the size up to
+   * step) is accepted and it takes its default. */
+  int sum;                /* how the stages reduce: ZPP_QGZ_SUM_DEFAULT
+                             (the ZPP_QGZ_SUM setting, for the configs
+                             that allow it), ZPP_QGZ_SUM_FLOAT or
+                             ZPP_QGZ_SUM_INT (docs/collectives.md,
+                             "Compressed-domain sums") */
 } zpp_qgz_config_t;
+
+/* zpp_qgz_config_t.sum.  FLOAT: every hop decodes to fp32, adds and
+ * re-encodes with scales of its own.  INT: the ranks of a stage agree on a
+ * power-of-two unit per block first, each sends codes on its own integer
+ * multiple of the unit (one multiplier byte per block), the sums are exact
+ * integers, the node's integer sum is re-quantized for the network from
+ * integers, and each rank decodes once; its error equals FLOAT's.  INT
+ * needs host memory, a symmetric mode, no Hadamard rotation, a quantized
+ * stage 1 (intra_bits 4 or 8) and at most 2056 (INT4) or 128 (INT8) ranks
+ * per stage: asked for explicitly otherwise, the call fails
+ * (ZPP_ERR_UNSUPPORTED for device memory, the rotation and the stage size,
+ * ZPP_ERR_INVALID_ARGUMENT for the others); DEFAULT then means FLOAT. */
+#define ZPP_QGZ_SUM_DEFAULT 0
+#define ZPP_QGZ_SUM_FLOAT 1
+#define ZPP_QGZ_SUM_INT 2
 
 #define ZPP_QGZ_CONFIG_INIT                                                    \
   { sizeof(zpp_qgz_config_t), 4, 4, 256, ZPP_QUANT_SYMMETRIC, 0,             \
-    ZPP_ROUND_NEAREST, 0, 32, 0.0f, 0, 0 }
+    ZPP_ROUND_NEAREST, 0, 32, 0.0f, 0, 0, ZPP_QGZ_SUM_DEFAULT }
 
 /* LoCo's setting (Xie et al. 2024): beta 0.8, a reset every 1024 steps. */
 #define ZPP_QGZ_LOCO_BETA 0.8f

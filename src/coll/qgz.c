@@ -33,6 +33,7 @@
 #include "core/core.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
+#include "kernels/quant_cpu.h"
 #include "kernels/quant_math.h"
 #include "quant/quant.h"
 #include "topology/topo.h"
@@ -55,6 +56,7 @@ typedef struct {
   int residual_bits; /* 32 or 8 */
   float beta;        /* moving average of the errors (LoCo), 0: plain EF */
   int reset;         /* this call starts from a zero residual */
+  int isum;          /* compressed-domain sums (ZPP_QGZ_SUM_INT) */
 } qgz_arg_t;
 
 static int qgz_two_level(const zpp_transport_t *t) {
@@ -111,13 +113,19 @@ static zpp_quant_config_t residual_q8(size_t block) {
   ((offsetof(zpp_qgz_config_t, residual_bits) + sizeof(int) +                \
     sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t))
 
+/* sizeof(zpp_qgz_config_t) of zpp 0.3: the fields up to step. */
+#define QGZ_CONFIG_V3_SIZE (offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t))
+
 /* Reads a config of any accepted size (0.1: fields up to `mode`; 0.2: up
- * to residual_bits), field by field: an older struct's padding is not
- * read as a newer field. */
+ * to residual_bits; 0.3: up to step), field by field: an older struct's
+ * padding is not read as a newer field. */
 static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
   zpp_qgz_config_t d = ZPP_QGZ_CONFIG_INIT;
   if (in->struct_size >= sizeof(zpp_qgz_config_t)) {
     d = *in;
+  } else if (in->struct_size >= QGZ_CONFIG_V3_SIZE) {
+    memcpy(&d, in, QGZ_CONFIG_V3_SIZE);
+    d.sum = ZPP_QGZ_SUM_DEFAULT;
   } else {
     d.intra_bits = in->intra_bits;
     d.inter_bits = in->inter_bits;
@@ -220,6 +228,17 @@ typedef struct {
   } lay1[2], lay2[2];
   size_t *lay_mem;
   size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
+  /* Compressed-domain sums (a.isum): the integer-sum kernels, the blocks
+   * of one slice, this rank's absmax bits of every block of every slice
+   * (W nb: amax_mine) and the unit exponents: this rank's (uexp_mine),
+   * every g1 member's (uexp_all, s1 W nb bytes, all-gathered) and their
+   * max, the agreed ones (uexp).  The partial sums (accx, acco) hold int32
+   * then. */
+  const zpp_isum_ops_t *iops;
+  size_t nb;
+  uint32_t *amax_mine;
+  int8_t *uexp_mine, *uexp_all, *uexp;
+  const uint8_t **fsrcs; /* m1 - 1: the other nodes' stage-2 messages */
   /* Per slot: stage 1's messages (to each member j the m1 parts of slices
    * slice(j, 0..m1-1), in node order), and its partial sums in two sets:
    * X, the m1 - 1 that other nodes keep, and O, the one this node keeps
@@ -246,6 +265,13 @@ static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
 /* Bytes of one stage-1 message part: `len` elements encoded, or in the
  * dtype when stage 1 is raw. */
 static size_t s1_bytes(const qgz_ctx_t *p, size_t len) {
+  if (p->a.isum) { /* codes and multipliers: the unit is agreed */
+    zpp_qcfg_t c;
+    memset(&c, 0, sizeof c);
+    c.bits = p->a.q1.bits;
+    c.block = p->a.q1.block_size;
+    return zpp_isum_msg_bytes(&c, len);
+  }
   return p->raw1 ? len * zpp_dtype_size(p->a.dtype)
                  : zpp_coll_encoded_size(&p->a.q1, len);
 }
@@ -354,6 +380,234 @@ static int half_part(const qgz_ctx_t *p, int h, int i) {
   return i < p->mo ? i : i + 1;
 }
 
+static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m);
+
+/* ---- compressed-domain sums (ZPP_QGZ_SUM_INT, host memory) ---------------
+ * Before the chunks: every rank takes the absmax of each block of every
+ * slice (data + stage-1 residual) and its unit exponent, the g1 members
+ * all-gather the exponents and each takes the max, so all members of a
+ * stage quantize a slice's block with steps that are integer multiples of
+ * the same power-of-two unit.  Stage 1 then sends codes and one multiplier
+ * per block and sums them as integers in units (the rank's own slice
+ * rounded to a unit); stage 2 re-quantizes the integer sums into the
+ * format of docs/format.md; the finish decodes once.  docs/collectives.md,
+ * "Compressed-domain sums". */
+
+/* The kernels' config: width, block, stochastic rounding of stream q
+ * (stream_q) from element `base`. */
+static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
+  zpp_qcfg_t c;
+  memset(&c, 0, sizeof c);
+  c.bits = q->bits;
+  c.block = q->block_size;
+  if (q->rounding == ZPP_ROUND_STOCHASTIC) {
+    zpp_qm_keys_t k = zpp_qm_rng_keys(q->seed);
+    c.sr = 1;
+    c.k0 = k.k0;
+    c.k1 = k.k1;
+    c.base = base;
+  }
+  return c;
+}
+
+/* The fp32 residual of segment seg for `len` elements at `off`, for the
+ * integer-sum kernels: fp32, in place (zeroed first when the call resets,
+ * if `zero`); INT8, decoded into p->tmp2 (zero when the call resets).
+ * *r NULL: no error feedback. */
+static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
+                                  size_t len, int zero, float **r) {
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  *r = NULL;
+  if (a->residual == NULL)
+    return ZPP_OK;
+  if (a->residual_bits == 32) {
+    *r = (float *)a->residual + seg * a->count + off;
+    if (a->reset && zero)
+      memset(*r, 0, len * sizeof(float));
+    return ZPP_OK;
+  }
+  *r = p->tmp2;
+  if (a->reset)
+    return zpp_k_zero(ex, p->tmp2, len * sizeof(float));
+  {
+    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
+    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
+    const uint8_t *segp = (const uint8_t *)a->residual + seg * p->res_seg;
+    ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
+    ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
+    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2);
+  }
+}
+
+/* INT8 residual: p->tmp2 (the new errors) encoded back into segment seg. */
+static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
+                                   size_t len) {
+  const qgz_arg_t *a = &p->a;
+  const zpp_exec_t *ex = &a->ex;
+  size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
+  size_t b0 = off / bs, nb = (len + bs - 1) / bs;
+  uint8_t *segp;
+  if (a->residual == NULL || a->residual_bits == 32)
+    return ZPP_OK;
+  segp = (uint8_t *)a->residual + seg * p->res_seg;
+  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
+  ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
+  return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
+}
+
+/* The absmax of every block of every slice: its data plus its stage-1
+ * residual (the rank's own slices: none), chunk by chunk. */
+static zpp_status_t isum_absmax(void *ctx, size_t unused) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  const qgz_arg_t *a = &p->a;
+  size_t ds = zpp_dtype_size(a->dtype), k;
+  zpp_qcfg_t c = isum_qcfg(&a->q1, 0);
+  int j, m;
+  (void)unused;
+  for (j = 0; j < p->s1; j++)
+    for (m = 0; m < p->m1; m++) {
+      size_t sl = (size_t)slice_of(p, j, m);
+      for (k = 0; k < p->nchunks; k++) {
+        size_t off = k * p->chunk, len = chunk_len(p, k);
+        float *r = NULL;
+        if (j != p->me1 && !a->reset)
+          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, &r));
+        size_t b0 = sl * p->nb + off / c.block, b;
+        size_t nb = (len + c.block - 1) / c.block;
+        p->iops->absmax(&c, (int)a->dtype,
+                        (const uint8_t *)a->send + (sl * a->count + off) * ds,
+                        r, len, p->amax_mine + b0);
+        for (b = b0; b < b0 + nb; b++)
+          p->uexp_mine[b] =
+              (int8_t)zpp_qm_unit_exp(p->amax_mine[b], a->q1.bits);
+        zpp_plan_poll();
+      }
+    }
+  return ZPP_OK;
+}
+
+/* The agreed exponents: the max over the g1 members. */
+static zpp_status_t isum_agree(void *ctx, size_t unused) {
+  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
+  size_t n = (size_t)zpp_transport_size(p->a.ex.t) * p->nb, i;
+  int j;
+  (void)unused;
+  if (p->s1 == 1) {
+    memcpy(p->uexp, p->uexp_mine, n);
+    return ZPP_OK;
+  }
+  for (i = 0; i < n; i++) {
+    int8_t v = ZPP_QM_UEXP_ZERO;
+    for (j = 0; j < p->s1; j++)
+      v = p->uexp_all[(size_t)j * n + i] > v ? p->uexp_all[(size_t)j * n + i]
+                                             : v;
+    p->uexp[i] = v;
+  }
+  return ZPP_OK;
+}
+
+/* The agreed exponents of chunk k of slice sl, and this rank's absmax. */
+static const int8_t *isum_uexp(const qgz_ctx_t *p, int sl, size_t k) {
+  return p->uexp + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
+}
+
+static const uint32_t *isum_amax(const qgz_ctx_t *p, int sl, size_t k) {
+  return p->amax_mine + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
+}
+
+/* Stage 1 encode of chunk k on the agreed units (codes, multipliers). */
+static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
+  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
+  int j, m, me = zpp_transport_rank(a->ex.t);
+  for (j = 0; j < p->s1; j++)
+    for (m = 0; m < p->m1; m++) {
+      int sl = slice_of(p, j, m);
+      zpp_quant_config_t q = stream_q(&a->q1, 1, me, sl);
+      zpp_qcfg_t c = isum_qcfg(&q, off);
+      float *r;
+      uint8_t *o = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      if (j == p->me1)
+        continue;
+      zpp_plan_poll();
+      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, &r));
+      p->iops->encode(&c, (int)a->dtype,
+                      (const uint8_t *)a->send +
+                          ((size_t)sl * a->count + off) * ds,
+                      r, a->beta, isum_amax(p, sl, k), isum_uexp(p, sl, k), len,
+                      o);
+      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len));
+    }
+  return ZPP_OK;
+}
+
+/* Stage 1's integer partial sums of set h of chunk k into acc (int32):
+ * the own slice in units plus the other members' multiplied codes. */
+static void isum_stage1(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
+  const qgz_arg_t *a = &p->a;
+  size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
+  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
+  zpp_qcfg_t c = isum_qcfg(&a->q1, 0);
+  int i, j, np = half_parts(p, h);
+  for (i = 0; i < np; i++) {
+    int m = half_part(p, h, i), n = 0;
+    for (j = 0; j < p->s1; j++)
+      if (j != p->me1)
+        p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+    zpp_plan_poll();
+    p->iops->sum(&c, (int)a->dtype, own_ptr(p, k, m),
+                 isum_uexp(p, slice_of(p, p->me1, m), k),
+                 (const uint8_t *const *)p->srcs, n, len,
+                 acc + (size_t)i * len);
+  }
+}
+
+/* Set X of chunk k, integer sums: summed, then re-quantized for stage 2. */
+static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
+  int i, me = zpp_transport_rank(a->ex.t);
+  isum_stage1(p, k, HALF_X, acc);
+  for (i = 0; i < half_parts(p, HALF_X); i++) {
+    int m = half_part(p, HALF_X, i);
+    zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
+    zpp_qcfg_t c = isum_qcfg(&q, off);
+    float *r;
+    zpp_plan_poll();
+    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, &r));
+    p->iops->requant(&c, acc + (size_t)i * len,
+                     isum_uexp(p, slice_of(p, p->me1, m), k), r, a->beta, len, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
+    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len));
+  }
+  return ZPP_OK;
+}
+
+/* Set O of chunk k, integer sums: the kept integer sum and the other
+ * nodes' messages, decoded once into recvbuf. */
+static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
+  zpp_qcfg_t c = isum_qcfg(&a->q2, 0);
+  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
+  int m, n = 0;
+  isum_stage1(p, k, HALF_O, acc);
+  for (m = 0; m < p->m1 && p->two; m++)
+    if (m != p->mo)
+      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
+  zpp_plan_poll();
+  p->iops->finish(&c, acc, isum_uexp(p, slice_of(p, p->me1, p->mo), k),
+                  p->fsrcs, n, len, div, (int)a->dtype,
+                  (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+  return ZPP_OK;
+}
+
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
 static zpp_status_t stage1_encode(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
@@ -363,6 +617,8 @@ static zpp_status_t stage1_encode(void *ctx, size_t k) {
   size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(ex->t);
+  if (a->isum)
+    return isum_encode(p, k);
   if (p->batch && !p->raw1) { /* every slice to every member: one table */
     zpp_k_enc_batch_t b =
         batch_opts(p, &a->q1, a->dtype, p->rot1 ? a->hadamard : 0);
@@ -521,6 +777,8 @@ static zpp_status_t stage1_reduce_x(void *ctx, size_t k) {
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
   float *acc = p->slot[k % QGZ_DEPTH].accx;
   int i, me = zpp_transport_rank(ex->t);
+  if (a->isum)
+    return isum_reduce_x(p, k);
   ZPP_CHECK(stage1_sum(p, k, HALF_X, acc));
   if (p->batch) { /* every partial sum to send: one table */
     zpp_k_enc_batch_t b = batch_opts(p, &a->q2, ZPP_FLOAT32, 0);
@@ -568,6 +826,8 @@ static zpp_status_t stage2_keep(void *ctx, size_t k) {
   float *sum = p->slot[k % QGZ_DEPTH].acco;
   const uint8_t *in;
   int m;
+  if (a->isum)
+    return isum_keep(p, k);
   ZPP_CHECK(stage1_sum(p, k, HALF_O, sum));
   if (!p->two)
     return finish(p, k, sum);
@@ -614,6 +874,11 @@ static void qgz_release(void *ctx) {
   zpp_k_free(ex, p->tmp3);
   zpp_k_free(ex, p->rs);
   free((void *)p->srcs);
+  free((void *)p->fsrcs);
+  zpp_k_free(ex, p->amax_mine);
+  zpp_k_free(ex, p->uexp_mine);
+  zpp_k_free(ex, p->uexp_all);
+  zpp_k_free(ex, p->uexp);
   free(p->eruns);
   free(p->sruns);
   free(p->hruns);
@@ -689,6 +954,23 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
     p->srcs = (const void **)calloc(s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
+  }
+  if (st == ZPP_OK && a->isum && p->nchunks > 0) { /* the absmax tables */
+    size_t w = (size_t)zpp_transport_size(ex->t);
+    p->nb = (a->count + a->q1.block_size - 1) / a->q1.block_size;
+    p->iops = &zpp_quant_cpu_ops()->isum;
+    st = zpp_k_alloc(ex, w * p->nb * 4, (void **)&p->amax_mine);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp_mine);
+    if (st == ZPP_OK)
+      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp);
+    if (st == ZPP_OK && s1 > 1)
+      st = zpp_k_alloc(ex, s1 * w * p->nb, (void **)&p->uexp_all);
+    if (st == ZPP_OK) {
+      p->fsrcs = (const uint8_t **)calloc(m1, sizeof *p->fsrcs);
+      if (p->fsrcs == NULL)
+        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
+    }
   }
   if (st == ZPP_OK && p->batch) { /* the tables; no per-slice scratch */
     size_t ne = (s1 - 1) * m1 > m1 ? (s1 - 1) * m1 : m1;
@@ -780,6 +1062,22 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
             p->two ? "two levels" : "one level", n, p->chunk);
   for (i = 0; i < QGZ_DEPTH; i++)
     kfree[i] = cprev[i] = nstep[i] = ZPP_NO_STEP;
+  if (a->isum && n > 0) { /* the scale agreement, before every encode */
+    int s = zpp_plan_kernel(plan, isum_absmax, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+    if (p->s1 > 1) {
+      zpp_xfer_desc_t x;
+      memset(&x, 0, sizeof x);
+      x.kind = ZPP_XFER_ALLGATHER;
+      x.group = p->g1;
+      x.send = p->uexp_mine;
+      x.recv = p->uexp_all;
+      x.bytes = (size_t)zpp_transport_size(ex->t) * p->nb;
+      s = zpp_plan_xfer(plan, &x, s, ZPP_NO_STEP);
+    }
+    s = zpp_plan_kernel(plan, isum_agree, 0, s, ZPP_NO_STEP);
+    for (i = 0; i < QGZ_DEPTH; i++)
+      kfree[i] = s;
+  }
   for (k = 0; n > 0 && k <= n; k++) {
     size_t j = k - 1; /* the previous chunk (unused at k = 0) */
     int c = ZPP_NO_STEP;
@@ -857,12 +1155,58 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->residual_bits %d: must be 32 (fp32) or 8 (INT8)",
                      c->residual_bits);
+  if (c->sum != ZPP_QGZ_SUM_DEFAULT && c->sum != ZPP_QGZ_SUM_FLOAT &&
+      c->sum != ZPP_QGZ_SUM_INT)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->sum %d: must be ZPP_QGZ_SUM_DEFAULT, "
+                     "ZPP_QGZ_SUM_FLOAT or ZPP_QGZ_SUM_INT",
+                     c->sum);
+  if (c->sum == ZPP_QGZ_SUM_INT && c->mode != ZPP_QUANT_SYMMETRIC)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->sum ZPP_QGZ_SUM_INT: needs cfg->mode "
+                     "ZPP_QUANT_SYMMETRIC (integer sums share a scale, "
+                     "not a zero point)");
+  if (c->sum == ZPP_QGZ_SUM_INT && c->intra_bits == ZPP_QGZ_INTRA_RAW)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "cfg->sum ZPP_QGZ_SUM_INT: needs cfg->intra_bits 4 or "
+                     "8 (ZPP_QGZ_INTRA_RAW has no codes to sum)");
+  if (c->sum == ZPP_QGZ_SUM_INT && c->hadamard != 0)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "cfg->sum ZPP_QGZ_SUM_INT with cfg->hadamard %zu: the "
+                     "rotation is not implemented for integer sums",
+                     c->hadamard);
   if (!(c->residual_beta >= 0.0f && c->residual_beta < 1.0f))
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->residual_beta %g: must be in [0, 1) (0: plain "
                      "error feedback; LoCo: 0.8)",
                      (double)c->residual_beta);
   return ZPP_OK;
+}
+
+/* Whether the integer sums of stage 1 fit the kernels' range: s1 ranks
+ * of codes up to qmax1 times multipliers up to 255 (plus a unit of
+ * rounding of the own share): s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX
+ * (INT8: 128 ranks per stage; INT4: 2056). */
+static int isum_fits(const zpp_transport_t *t, int intra_bits) {
+  int s1 = zpp_transport_group_size(
+      t, qgz_two_level(t) ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD);
+  return (long)s1 * ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1) <=
+         ZPP_QM_ISUM_MAX;
+}
+
+/* Whether a call of config c (checked) on memory `mem` sums in the
+ * compressed domain: ZPP_QGZ_SUM_INT, or DEFAULT with the setting
+ * ZPP_QGZ_SUM=int and a config that allows it.  One rank quantizes
+ * nothing either way. */
+static int qgz_isum(const zpp_qgz_config_t *c, zpp_memory_t mem,
+                    const zpp_transport_t *t) {
+  int want = c->sum == ZPP_QGZ_SUM_INT;
+  if (c->sum == ZPP_QGZ_SUM_DEFAULT)
+    want = strcmp(zpp_setting("ZPP_QGZ_SUM"), "int") == 0 &&
+           c->mode == ZPP_QUANT_SYMMETRIC &&
+           c->intra_bits != ZPP_QGZ_INTRA_RAW && c->hadamard == 0 &&
+           mem == ZPP_MEMORY_HOST && isum_fits(t, c->intra_bits);
+  return want && zpp_transport_size(t) > 1;
 }
 
 /* The residual is read and written between the encodes that read
@@ -920,10 +1264,25 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
     ZPP_CHECK(check_residual_overlap(a->func, ex, cfg, a->send, a->recv,
                                      a->count, a->dtype, residual));
   qgz_config_get(cfg, &cf);
-  /* packed so that every field is compared within the 5 words */
+  if (cf.sum == ZPP_QGZ_SUM_INT && ex->mem != ZPP_MEMORY_HOST)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
+                     "cfg->sum ZPP_QGZ_SUM_INT: device memory has no "
+                     "integer-sum kernels yet (use ZPP_QGZ_SUM_FLOAT)");
+  if (cf.sum == ZPP_QGZ_SUM_INT && !isum_fits(ex->t, cf.intra_bits))
+    return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
+                     "cfg->sum ZPP_QGZ_SUM_INT with cfg->intra_bits %d: "
+                     "more ranks per stage than the integer sums hold (%d "
+                     "at most)",
+                     cf.intra_bits,
+                     ZPP_QM_ISUM_MAX /
+                         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(cf.intra_bits) + 1)));
+  /* packed so that every field is compared within the 5 words; the sum
+   * as resolved (the setting may differ between ranks) */
   a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
                 (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
-                (uint64_t)cf.residual_bits << 32;
+                (uint64_t)cf.residual_bits << 32 |
+                (uint64_t)qgz_isum(&cf, ex->mem, ex->t)
+                    << 40;
   a->words[1] = (uint64_t)cf.block_size;
   /* two fields per word where needed: a mismatch of either changes it */
   a->words[2] = (uint64_t)cf.hadamard ^ (uint64_t)cf.residual_reset << 32;
@@ -985,5 +1344,6 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   c->a.dtype = dtype;
   c->a.op = op;
   c->a.residual = residual;
+  c->a.isum = qgz_isum(&cf, ex.mem, ex.t);
   return qgz_plan(__func__, c, req);
 }

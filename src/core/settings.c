@@ -53,6 +53,11 @@ static zpp_setting_t settings[] = {
      NULL, 0},
     {"ZPP_CPU_ISA", "auto",
      "CPU quantizer path: auto, scalar, avx2 or avx512", NULL, 0},
+    {"ZPP_QGZ_SUM", "float",
+     "qgZ's default reduction (zpp_qgz_config_t.sum DEFAULT): float "
+     "(decode, add, re-encode per hop) or int (agreed scales, integer "
+     "sums, one decode)",
+     NULL, 0},
     {"ZPP_TOPO", "",
      "emulated topology: NxM (N nodes of M ranks) or a rank-to-node list "
      "such as 0,0,0,1,1; empty: discover",

@@ -954,7 +954,465 @@ static void decode_avx2(const zpp_qcfg_t *cfg, const uint8_t *src,
   decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
 }
 
-static const zpp_quant_cpu_ops_t avx2_ops = {"avx2", encode_avx2, decode_avx2};
+/* ---- compressed-domain sums (quant_cpu.h; docs/format.md, "Integer
+ * sums") ------------------------------------------------------------------
+ * As in quant_avx512.c, on 8 lanes: the scalar kernels' IEEE operations in
+ * the same order (fl(x + res), fl(x * inv) clamped with max/min,
+ * vcvtps2dq's nearest even; units fl(x * 2^-E); int16 products m q summed
+ * as exact int32; decoded values 0 + q * scale).  The last (< 8)
+ * elements of a block, and 8 whose stochastic indices cross a 2^32
+ * boundary, take the scalar formulas of quant_math.h. */
+
+ZPP_AVX2_INLINE __m256 isum_load8(const void *src, const float *res, size_t i,
+                                  int dtype) {
+  __m256 x = load8(src, i, dtype);
+  return res != NULL ? _mm256_add_ps(x, _mm256_loadu_ps(res + i)) : x;
+}
+
+/* 0 in the lanes whose value is Inf or NaN (zpp_qm_ef_residual). */
+ZPP_AVX2_INLINE __m256 finite_or_zero(__m256 r) {
+  __m256i bad = _mm256_cmpgt_epi32(
+      _mm256_and_si256(_mm256_castps_si256(r),
+                       _mm256_set1_epi32((int)ZPP_QM_ABS_MASK)),
+      _mm256_set1_epi32((int)ZPP_QM_EXP_MASK - 1));
+  return _mm256_andnot_ps(_mm256_castsi256_ps(bad), r);
+}
+
+/* zpp_qm_feedback of 8 lanes: e old residual, x compensated value. */
+ZPP_AVX2_INLINE __m256 feedback8(__m256 e, __m256 x, __m256i q, __m256 scale,
+                                 float beta, float omega) {
+  __m256 dec = _mm256_add_ps(_mm256_setzero_ps(),
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
+  __m256 d = _mm256_sub_ps(x, dec);
+  if (beta == 0.0f)
+    return finite_or_zero(d);
+  return finite_or_zero(_mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(beta), e),
+                                      _mm256_mul_ps(_mm256_set1_ps(omega), d)));
+}
+
+/* zpp_qm_quantize of a MUL-kind block, clamp included. */
+ZPP_AVX2_INLINE __m256i iquant8(__m256 x, const qvec_t *p) {
+  x = _mm256_mul_ps(x, p->inv);
+  x = _mm256_min_ps(_mm256_max_ps(x, p->lo), p->hi);
+  return _mm256_cvtps_epi32(x);
+}
+
+/* Stores 8 codes (element i, a multiple of 8, of the block). */
+ZPP_AVX2_INLINE void put8(uint8_t *pl, size_t i, int bits, __m256i q) {
+  __m128i c = pack8(q, 0); /* exact: the codes fit in int8 */
+  if (bits == 8) {
+    _mm_storel_epi64((__m128i *)(pl + i), c);
+  } else {
+    int32_t w =
+        _mm_cvtsi128_si32(_mm_packus_epi16(nibbles128(c), nibbles128(c)));
+    memcpy(pl + i / 2, &w, 4);
+  }
+}
+
+ZPP_AVX2_INLINE void put1(uint8_t *pl, size_t i, int bits, int q) {
+  uint8_t c = zpp_qm_code_bits(q);
+  if (bits == 8)
+    pl[i] = c;
+  else if (i % 2 == 0)
+    pl[i / 2] = (uint8_t)(c & 0xfu);
+  else
+    pl[i / 2] = (uint8_t)(pl[i / 2] | (uint8_t)(c << 4));
+}
+
+ZPP_AVX2_INLINE int get1(const uint8_t *pl, size_t i, int bits) {
+  uint32_t st = bits == 8 ? pl[i] : (pl[i / 2] >> (4 * (i & 1))) & 0xfu;
+  return zpp_qm_code_value(st, bits, 0);
+}
+
+/* Codes [i, i+8) (i a multiple of 8) as 8 int8 in element order (low
+ * half). */
+ZPP_AVX2_INLINE __m128i get8(const uint8_t *pl, size_t i, int bits) {
+  int32_t w;
+  if (bits == 8)
+    return _mm_loadl_epi64((const __m128i *)(pl + i));
+  memcpy(&w, pl + i / 2, 4);
+  return unpack_nibbles(_mm_cvtsi32_si128(w), 0, 0);
+}
+
+/* Codes [i, i+16) (i a multiple of 16) as 16 int8 in element order. */
+ZPP_AVX2_INLINE __m128i get16(const uint8_t *pl, size_t i, int bits) {
+  if (bits == 8)
+    return _mm_loadu_si128((const __m128i *)(pl + i));
+  return unpack_nibbles(_mm_loadl_epi64((const __m128i *)(pl + i / 2)), 0, 0);
+}
+
+ZPP_AVX2_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
+                                     const void *src, const float *res,
+                                     size_t count, uint32_t *amax) {
+  const __m256i mask = _mm256_set1_epi32((int)ZPP_QM_ABS_MASK);
+  size_t nb = zpp_quant_nblocks(cfg, count), es = zpp_qm_dtype_bytes(dtype);
+  size_t pf = 0, b, i;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+    uint32_t r;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
+                      count * es);
+    if (res == NULL) { /* the encoder's statistics, exact for every dtype */
+      amax[b] = block_absmax(src, off, len, dtype);
+      continue;
+    }
+    for (i = 0; i + 16 <= len; i += 16) {
+      __m256 x0 = isum_load8(src, res, off + i, dtype);
+      __m256 x1 = isum_load8(src, res, off + i + 8, dtype);
+      a0 =
+          _mm256_max_epu32(a0, _mm256_and_si256(_mm256_castps_si256(x0), mask));
+      a1 =
+          _mm256_max_epu32(a1, _mm256_and_si256(_mm256_castps_si256(x1), mask));
+    }
+    for (; i + 8 <= len; i += 8)
+      a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_castps_si256(isum_load8(
+                                                     src, res, off + i, dtype)),
+                                                 mask));
+    r = hmax_epu32(_mm256_max_epu32(a0, a1));
+    for (; i < len; i++) {
+      uint32_t a =
+          zpp_qm_f32_bits(zpp_qm_load(src, off + i, dtype) + res[off + i]) &
+          ZPP_QM_ABS_MASK;
+      r = a > r ? a : r;
+    }
+    amax[b] = r;
+  }
+}
+
+ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
+                                     int sr, const void *src, float *res,
+                                     float beta, const uint32_t *amax,
+                                     const int8_t *uexp, size_t count,
+                                     uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), es = zpp_qm_dtype_bytes(dtype);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits), pf = 0, b, i;
+  uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
+  zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
+    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, bits);
+    uint8_t *pl = dst + b * pb;
+    int live = p.kind == ZPP_QM_KIND_MUL;
+    qvec_t v;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
+                      count * es);
+    mult[b] = (uint8_t)m;
+    set_qvec(&v, &p);
+    for (i = 0; i + 8 <= len; i += 8) {
+      uint64_t idx = cfg->base + off + i;
+      __m256 x;
+      __m256i q = _mm256_setzero_si256();
+      if (sr && (uint32_t)idx > 0xfffffff8u)
+        break; /* the high word changes inside these 8: scalar below */
+      x = isum_load8(src, res, off + i, dtype);
+      if (live)
+        q = sr ? quant8_sr(x, &v, 0, 0, rand24x8(cfg, idx)) : iquant8(x, &v);
+      put8(pl, i, bits, q);
+      if (res != NULL)
+        _mm256_storeu_ps(res + off + i,
+                         feedback8(_mm256_loadu_ps(res + off + i), x, q,
+                                   v.scale, beta, omega));
+    }
+    for (; i < len; i++) {
+      float x = zpp_qm_load(src, off + i, dtype);
+      int q;
+      if (res != NULL)
+        x = x + res[off + i];
+      q = sr ? zpp_qm_quantize_sr(x, &p, zpp_qm_rand24(k, cfg->base + off + i))
+             : zpp_qm_quantize(x, &p);
+      put1(pl, i, bits, q);
+      if (res != NULL)
+        res[off + i] =
+            zpp_qm_feedback(res[off + i], x, q, p.scale, beta, omega);
+    }
+  }
+}
+
+ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
+                                  const void *own, const int8_t *uexp,
+                                  const uint8_t *const *srcs, int n,
+                                  size_t count, int32_t *out) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  size_t cb = zpp_isum_code_bytes(cfg, count), b, i;
+  int j;
+  /* INT4: the products of up to 16 messages sum exactly in int16 */
+  int narrow = bits == 4 && n <= 16;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    int e = uexp[b];
+    int unit =
+        own != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    __m256 su = _mm256_set1_ps(unit ? zpp_qm_pow2(-e) : 0.0f);
+    for (i = 0; i + 16 <= len; i += 16) {
+      __m256i s0 = _mm256_setzero_si256(), s1 = s0, w = s0;
+      if (unit) {
+        s0 = _mm256_cvtps_epi32(_mm256_mul_ps(load8(own, off + i, dtype), su));
+        s1 = _mm256_cvtps_epi32(
+            _mm256_mul_ps(load8(own, off + i + 8, dtype), su));
+      }
+      for (j = 0; j < n; j++) {
+        __m256i p = _mm256_mullo_epi16(
+            _mm256_cvtepi8_epi16(get16(srcs[j] + b * pb, i, bits)),
+            _mm256_set1_epi16((short)srcs[j][cb + b]));
+        if (narrow) {
+          w = _mm256_add_epi16(w, p);
+        } else {
+          s0 = _mm256_add_epi32(
+              s0, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(p)));
+          s1 = _mm256_add_epi32(
+              s1, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(p, 1)));
+        }
+      }
+      if (narrow) {
+        s0 = _mm256_add_epi32(s0,
+                              _mm256_cvtepi16_epi32(_mm256_castsi256_si128(w)));
+        s1 = _mm256_add_epi32(
+            s1, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
+      }
+      _mm256_storeu_si256((__m256i *)(out + off + i), s0);
+      _mm256_storeu_si256((__m256i *)(out + off + i + 8), s1);
+    }
+    for (; i < len; i++) {
+      int32_t c = own != NULL
+                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype), e)
+                      : 0;
+      for (j = 0; j < n; j++)
+        c += (int32_t)srcs[j][cb + b] * get1(srcs[j] + b * pb, i, bits);
+      out[off + i] = c;
+    }
+  }
+}
+
+/* zpp_qm_unit_res of 8 lanes (su = 2^-E). */
+ZPP_AVX2_INLINE __m256i unit_res8(__m256 r, __m256 su) {
+  const __m256 lim = _mm256_set1_ps((float)ZPP_QM_ISUM_MAX);
+  __m256 v = _mm256_mul_ps(r, su);
+  __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  v = _mm256_max_ps(_mm256_min_ps(v, lim),
+                    _mm256_sub_ps(_mm256_setzero_ps(), lim));
+  return _mm256_cvtps_epi32(_mm256_andnot_ps(nan, v));
+}
+
+ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
+                                      const int32_t *in, const int8_t *uexp,
+                                      float *res, float beta, size_t count,
+                                      uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
+  int qmax2 = zpp_qm_sym_qmax(bits2);
+  zpp_qm_keys_t k = {cfg2->k0, cfg2->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block;
+    size_t len = count - off < cfg2->block ? count - off : cfg2->block;
+    int e = uexp[b];
+    int ures =
+        res != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    float unit = zpp_qm_unit_value(e);
+    __m256 su = _mm256_set1_ps(ures ? zpp_qm_pow2(-e) : 0.0f);
+    __m256 vu = _mm256_set1_ps(unit);
+    uint8_t *pl = dst + nb * 4 + b * pb;
+    __m256i a0 = _mm256_setzero_si256();
+    uint32_t m;
+    zpp_qm_params_t p;
+    qvec_t v;
+    int live;
+    for (i = 0; i + 8 <= len; i += 8) {
+      __m256i jv = _mm256_loadu_si256((const __m256i *)(in + off + i));
+      if (ures)
+        jv =
+            _mm256_add_epi32(jv, unit_res8(_mm256_loadu_ps(res + off + i), su));
+      a0 = _mm256_max_epu32(a0, _mm256_abs_epi32(jv));
+    }
+    m = hmax_epu32(a0);
+    for (; i < len; i++) {
+      int32_t jj = in[off + i];
+      uint32_t a;
+      if (res != NULL)
+        jj += zpp_qm_unit_res(res[off + i], e);
+      a = (uint32_t)(jj < 0 ? -jj : jj);
+      m = a > m ? a : m;
+    }
+    p = zpp_qm_irequant_params(zpp_qm_idivisor(m, qmax2), e, bits2);
+    memcpy(dst + b * 4, &p.scale, 4);
+    live = p.kind == ZPP_QM_KIND_MUL;
+    set_qvec(&v, &p);
+    for (i = 0; i + 8 <= len; i += 8) {
+      uint64_t idx = cfg2->base + off + i;
+      __m256i iv, jv, q = _mm256_setzero_si256();
+      __m256 x;
+      if (sr && (uint32_t)idx > 0xfffffff8u)
+        break;
+      iv = _mm256_loadu_si256((const __m256i *)(in + off + i));
+      jv = iv;
+      if (ures)
+        jv =
+            _mm256_add_epi32(jv, unit_res8(_mm256_loadu_ps(res + off + i), su));
+      x = _mm256_cvtepi32_ps(jv);
+      if (live)
+        q = sr ? quant8_sr(x, &v, 0, 0, rand24x8(cfg2, idx)) : iquant8(x, &v);
+      put8(pl, i, bits2, q);
+      if (res != NULL) {
+        __m256 e0 = _mm256_loadu_ps(res + off + i);
+        __m256 xr =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(iv), vu), e0);
+        _mm256_storeu_ps(res + off + i,
+                         feedback8(e0, xr, q, v.scale, beta, omega));
+      }
+    }
+    for (; i < len; i++) {
+      int32_t jj = in[off + i];
+      int q;
+      if (res != NULL)
+        jj += zpp_qm_unit_res(res[off + i], e);
+      q = sr ? zpp_qm_quantize_sr((float)jj, &p,
+                                  zpp_qm_rand24(k, cfg2->base + off + i))
+             : zpp_qm_quantize((float)jj, &p);
+      put1(pl, i, bits2, q);
+      if (res != NULL) {
+        float x = (float)in[off + i] * unit + res[off + i];
+        res[off + i] =
+            zpp_qm_feedback(res[off + i], x, q, p.scale, beta, omega);
+      }
+    }
+  }
+}
+
+ZPP_AVX2_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
+                                     const int32_t *own, const int8_t *uexp,
+                                     const uint8_t *const *srcs, int n,
+                                     size_t count, float div, int dtype,
+                                     void *dst) {
+  size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
+  __m256 vd = _mm256_set1_ps(div);
+  int j;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block;
+    size_t len = count - off < cfg2->block ? count - off : cfg2->block;
+    float unit = zpp_qm_unit_value(uexp[b]);
+    __m256 vu = _mm256_set1_ps(unit);
+    for (i = 0; i + 8 <= len; i += 8) {
+      __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(
+                                     (const __m256i *)(own + off + i))),
+                                 vu);
+      for (j = 0; j < n; j++) {
+        float sc;
+        memcpy(&sc, srcs[j] + b * 4, 4);
+        acc = _mm256_add_ps(
+            acc, _mm256_add_ps(
+                     _mm256_setzero_ps(),
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(get8(
+                                       srcs[j] + nb * 4 + b * pb, i, bits2))),
+                                   _mm256_set1_ps(sc))));
+      }
+      store8(dst, off + i, dtype, 1, _mm256_div_ps(acc, vd));
+    }
+    for (; i < len; i++) {
+      float acc = (float)own[off + i] * unit;
+      for (j = 0; j < n; j++) {
+        float sc;
+        memcpy(&sc, srcs[j] + b * 4, 4);
+        acc = zpp_qm_add(
+            acc, zpp_qm_dequantize(get1(srcs[j] + nb * 4 + b * pb, i, bits2),
+                                   sc, 0.0f));
+      }
+      zpp_qm_store(dst, off + i, dtype, acc / div);
+    }
+  }
+}
+
+/* Entry points: the dtype and width as constants of the inlined bodies. */
+#define ZPP_ISUM_BY_DTYPE(dtype, call)                                         \
+  do {                                                                         \
+    if ((dtype) == ZPP_QM_F32) {                                               \
+      const int dt_ = ZPP_QM_F32;                                              \
+      call;                                                                    \
+    } else if ((dtype) == ZPP_QM_F16) {                                        \
+      const int dt_ = ZPP_QM_F16;                                              \
+      call;                                                                    \
+    } else {                                                                   \
+      const int dt_ = ZPP_QM_BF16;                                             \
+      call;                                                                    \
+    }                                                                          \
+  } while (0)
+#define ZPP_ISUM_BY_BITS(bits, call)                                           \
+  do {                                                                         \
+    if ((bits) == 8) {                                                         \
+      const int bt_ = 8;                                                       \
+      call;                                                                    \
+    } else {                                                                   \
+      const int bt_ = 4;                                                       \
+      call;                                                                    \
+    }                                                                          \
+  } while (0)
+
+static ZPP_AVX2_TARGET void isum_absmax_avx2(const zpp_qcfg_t *cfg, int dtype,
+                                             const void *src, const float *res,
+                                             size_t count, uint32_t *amax) {
+  ZPP_ISUM_BY_DTYPE(dtype, isum_absmax_all(cfg, dt_, src, res, count, amax));
+}
+
+static ZPP_AVX2_TARGET void isum_encode_avx2(const zpp_qcfg_t *cfg, int dtype,
+                                             const void *src, float *res,
+                                             float beta, const uint32_t *amax,
+                                             const int8_t *uexp, size_t count,
+                                             uint8_t *dst) {
+  if (cfg->sr)
+    ZPP_ISUM_BY_DTYPE(
+        dtype, ZPP_ISUM_BY_BITS(cfg->bits,
+                                isum_encode_all(cfg, dt_, bt_, 1, src, res,
+                                                beta, amax, uexp, count, dst)));
+  else
+    ZPP_ISUM_BY_DTYPE(
+        dtype, ZPP_ISUM_BY_BITS(cfg->bits,
+                                isum_encode_all(cfg, dt_, bt_, 0, src, res,
+                                                beta, amax, uexp, count, dst)));
+}
+
+static ZPP_AVX2_TARGET void isum_sum_avx2(const zpp_qcfg_t *cfg, int dtype,
+                                          const void *own, const int8_t *uexp,
+                                          const uint8_t *const *srcs, int n,
+                                          size_t count, int32_t *out) {
+  ZPP_ISUM_BY_DTYPE(
+      dtype, ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp,
+                                                      srcs, n, count, out)));
+}
+
+static ZPP_AVX2_TARGET void
+isum_requant_avx2(const zpp_qcfg_t *cfg2, const int32_t *in, const int8_t *uexp,
+                  float *res, float beta, size_t count, uint8_t *dst) {
+  if (cfg2->sr)
+    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 1, in, uexp, res,
+                                                  beta, count, dst));
+  else
+    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 0, in, uexp, res,
+                                                  beta, count, dst));
+}
+
+static ZPP_AVX2_TARGET void
+isum_finish_avx2(const zpp_qcfg_t *cfg2, const int32_t *own, const int8_t *uexp,
+                 const uint8_t *const *srcs, int n, size_t count, float div,
+                 int dtype, void *dst) {
+  ZPP_ISUM_BY_DTYPE(
+      dtype,
+      ZPP_ISUM_BY_BITS(cfg2->bits, isum_finish_all(cfg2, bt_, own, uexp, srcs,
+                                                   n, count, div, dt_, dst)));
+}
+
+static const zpp_quant_cpu_ops_t avx2_ops = {
+    "avx2",
+    encode_avx2,
+    decode_avx2,
+    {isum_absmax_avx2, isum_encode_avx2, isum_sum_avx2, isum_requant_avx2,
+     isum_finish_avx2}};
 
 /* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
  * every compiler.  Its YMM state is covered by the AVX2 check. */

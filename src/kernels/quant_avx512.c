@@ -894,8 +894,525 @@ static void decode_avx512(const zpp_qcfg_t *cfg, const uint8_t *src,
   decode_cases[cfg->bits == 4][cfg->asym != 0][out_kind](cfg, src, count, dst);
 }
 
-static const zpp_quant_cpu_ops_t avx512_ops = {"avx512", encode_avx512,
-                                               decode_avx512};
+/* ---- compressed-domain sums (quant_cpu.h; docs/format.md, "Integer
+ * sums") ------------------------------------------------------------------
+ * The scalar kernels' arithmetic on 16 lanes, lane by lane the same IEEE
+ * operations in the same order (default MXCSR rounding, no FMA):
+ *   - fl(x + res) is one vaddps; absmax an integer max of the abs bits;
+ *   - codes: fl(x * inv), clamped with max/min (the scalar clamp's value
+ *     for every non-NaN lane, and a block with a NaN or Inf has E = 127:
+ *     no codes), vcvtps2dq (nearest even = zpp_qm_rint_small, |v| <= 255);
+ *     stochastic rounding as quant16_sr;
+ *   - units: fl(x * 2^-E) and vcvtps2dq (|v| <= 2^22, where the scalar
+ *     magic-number rint is exact too); the residual's clamp to +-2^22
+ *     takes NaN to 0 before min/max see it;
+ *   - the products m q of the sum fit int16 (255 * 128), their sums are
+ *     exact int32 adds in any order;
+ *   - decoded values are 0 + q * scale (two roundings, the +0 kept: it
+ *     turns -0 into +0 as the scalar zpp_qm_dequantize does).
+ * The last (< 16) elements of a block, and 16 whose stochastic indices
+ * cross a 2^32 boundary, take the scalar formulas of quant_math.h. */
+
+ZPP_AVX512_INLINE __m512 isum_load16(const void *src, const float *res,
+                                     size_t i, int dtype) {
+  __m512 x = load16(src, i, dtype);
+  return res != NULL ? _mm512_add_ps(x, _mm512_loadu_ps(res + i)) : x;
+}
+
+/* 0 in the lanes whose value is Inf or NaN (zpp_qm_ef_residual). */
+ZPP_AVX512_INLINE __m512 finite_or_zero(__m512 r) {
+  __mmask16 bad = _mm512_cmpge_epu32_mask(
+      _mm512_and_si512(_mm512_castps_si512(r),
+                       _mm512_set1_epi32((int)ZPP_QM_ABS_MASK)),
+      _mm512_set1_epi32((int)ZPP_QM_EXP_MASK));
+  return _mm512_maskz_mov_ps((__mmask16)~bad, r);
+}
+
+/* zpp_qm_feedback of 16 lanes: e old residual, x compensated value. */
+ZPP_AVX512_INLINE __m512 feedback16(__m512 e, __m512 x, __m512i q, __m512 scale,
+                                    float beta, float omega) {
+  __m512 dec = _mm512_add_ps(_mm512_setzero_ps(),
+                             _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+  __m512 d = _mm512_sub_ps(x, dec);
+  if (beta == 0.0f)
+    return finite_or_zero(d);
+  return finite_or_zero(_mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(beta), e),
+                                      _mm512_mul_ps(_mm512_set1_ps(omega), d)));
+}
+
+/* zpp_qm_quantize of a MUL-kind block, clamp included (a step m 2^E may
+ * lie below the rank's own scale). */
+ZPP_AVX512_INLINE __m512i iquant16(__m512 x, const qvec_t *p) {
+  x = _mm512_mul_ps(x, p->inv);
+  x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
+  return _mm512_cvtps_epi32(x);
+}
+
+/* Stores 16 codes (element i, a multiple of 16, of the block). */
+ZPP_AVX512_INLINE void put16(uint8_t *pl, size_t i, int bits, __m512i q) {
+  if (bits == 8)
+    _mm_storeu_si128((__m128i *)(pl + i), bytes16(q));
+  else
+    _mm_storel_epi64((__m128i *)(pl + i / 2), nibbles16(q));
+}
+
+/* One code into a packed payload, as the scalar kernels store it. */
+ZPP_AVX512_INLINE void put1(uint8_t *pl, size_t i, int bits, int q) {
+  uint8_t c = zpp_qm_code_bits(q);
+  if (bits == 8)
+    pl[i] = c;
+  else if (i % 2 == 0)
+    pl[i / 2] = (uint8_t)(c & 0xfu);
+  else
+    pl[i / 2] = (uint8_t)(pl[i / 2] | (uint8_t)(c << 4));
+}
+
+/* Code i of a packed payload (sign-extended). */
+ZPP_AVX512_INLINE int get1(const uint8_t *pl, size_t i, int bits) {
+  uint32_t st = bits == 8 ? pl[i] : (pl[i / 2] >> (4 * (i & 1))) & 0xfu;
+  return zpp_qm_code_value(st, bits, 0);
+}
+
+/* Codes [i, i+16) (i a multiple of 16) as 16 int8 in element order. */
+ZPP_AVX512_INLINE __m128i get16(const uint8_t *pl, size_t i, int bits) {
+  __m128i b, lo, hi;
+  if (bits == 8)
+    return _mm_loadu_si128((const __m128i *)(pl + i));
+  b = _mm_loadl_epi64((const __m128i *)(pl + i / 2));
+  lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+  hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+  return _mm_sub_epi8(
+      _mm_xor_si128(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8)),
+      _mm_set1_epi8(8));
+}
+
+/* Codes [i, i+32) (i a multiple of 32) as 32 int8 in element order. */
+ZPP_AVX512_INLINE __m256i get32(const uint8_t *pl, size_t i, int bits) {
+  __m128i b, lo, hi;
+  __m256i c;
+  if (bits == 8)
+    return _mm256_loadu_si256((const __m256i *)(pl + i));
+  b = _mm_loadu_si128((const __m128i *)(pl + i / 2));
+  lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+  hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+  c = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                              _mm_unpackhi_epi8(lo, hi), 1);
+  return _mm256_sub_epi8(_mm256_xor_si256(c, _mm256_set1_epi8(8)),
+                         _mm256_set1_epi8(8));
+}
+
+ZPP_AVX512_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
+                                       const void *src, const float *res,
+                                       size_t count, uint32_t *amax) {
+  const __m512i mask = _mm512_set1_epi32((int)ZPP_QM_ABS_MASK);
+  size_t nb = zpp_quant_nblocks(cfg, count), es = zpp_qm_dtype_bytes(dtype);
+  size_t pf = 0, b, i;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+    uint32_t r;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
+                      count * es);
+    if (res == NULL) { /* the encoder's statistics, exact for every dtype */
+      amax[b] = block_absmax(src, off, len, dtype);
+      continue;
+    }
+    for (i = 0; i + 32 <= len; i += 32) {
+      __m512 x0 = isum_load16(src, res, off + i, dtype);
+      __m512 x1 = isum_load16(src, res, off + i + 16, dtype);
+      a0 =
+          _mm512_max_epu32(a0, _mm512_and_si512(_mm512_castps_si512(x0), mask));
+      a1 =
+          _mm512_max_epu32(a1, _mm512_and_si512(_mm512_castps_si512(x1), mask));
+    }
+    for (; i + 16 <= len; i += 16)
+      a0 = _mm512_max_epu32(
+          a0, _mm512_and_si512(
+                  _mm512_castps_si512(isum_load16(src, res, off + i, dtype)),
+                  mask));
+    r = hmax_epu32(_mm512_max_epu32(a0, a1));
+    for (; i < len; i++) {
+      uint32_t a =
+          zpp_qm_f32_bits(zpp_qm_load(src, off + i, dtype) + res[off + i]) &
+          ZPP_QM_ABS_MASK;
+      r = a > r ? a : r;
+    }
+    amax[b] = r;
+  }
+}
+
+ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
+                                       int bits, int sr, const void *src,
+                                       float *res, float beta,
+                                       const uint32_t *amax, const int8_t *uexp,
+                                       size_t count, uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), es = zpp_qm_dtype_bytes(dtype);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits), pf = 0, b, i;
+  uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
+  zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
+    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, bits);
+    uint8_t *pl = dst + b * pb;
+    int live = p.kind == ZPP_QM_KIND_MUL;
+    qvec_t v;
+    zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
+                      count * es);
+    mult[b] = (uint8_t)m;
+    set_qvec(&v, &p);
+    i = 0;
+    if (bits == 4 && !sr && live) /* 64 codes at a time: nibbles64 */
+      for (; i + 64 <= len; i += 64) {
+        __m512 x0 = isum_load16(src, res, off + i, dtype);
+        __m512 x1 = isum_load16(src, res, off + i + 16, dtype);
+        __m512 x2 = isum_load16(src, res, off + i + 32, dtype);
+        __m512 x3 = isum_load16(src, res, off + i + 48, dtype);
+        __m512i q0 = iquant16(x0, &v), q1 = iquant16(x1, &v);
+        __m512i q2 = iquant16(x2, &v), q3 = iquant16(x3, &v);
+        _mm256_storeu_si256((__m256i *)(pl + i / 2), nibbles64(q0, q1, q2, q3));
+        if (res != NULL) {
+          float *r = res + off + i;
+          _mm512_storeu_ps(
+              r, feedback16(_mm512_loadu_ps(r), x0, q0, v.scale, beta, omega));
+          _mm512_storeu_ps(r + 16, feedback16(_mm512_loadu_ps(r + 16), x1, q1,
+                                              v.scale, beta, omega));
+          _mm512_storeu_ps(r + 32, feedback16(_mm512_loadu_ps(r + 32), x2, q2,
+                                              v.scale, beta, omega));
+          _mm512_storeu_ps(r + 48, feedback16(_mm512_loadu_ps(r + 48), x3, q3,
+                                              v.scale, beta, omega));
+        }
+      }
+    for (; i + 16 <= len; i += 16) {
+      uint64_t idx = cfg->base + off + i;
+      __m512 x;
+      __m512i q = _mm512_setzero_si512();
+      if (sr && (uint32_t)idx > 0xfffffff0u)
+        break; /* the high word changes inside these 16: scalar below */
+      x = isum_load16(src, res, off + i, dtype);
+      if (live)
+        q = sr ? quant16_sr(x, &v, 0, 0, rand24x16(cfg, idx)) : iquant16(x, &v);
+      put16(pl, i, bits, q);
+      if (res != NULL)
+        _mm512_storeu_ps(res + off + i,
+                         feedback16(_mm512_loadu_ps(res + off + i), x, q,
+                                    v.scale, beta, omega));
+    }
+    for (; i < len; i++) {
+      float x = zpp_qm_load(src, off + i, dtype);
+      int q;
+      if (res != NULL)
+        x = x + res[off + i];
+      q = sr ? zpp_qm_quantize_sr(x, &p, zpp_qm_rand24(k, cfg->base + off + i))
+             : zpp_qm_quantize(x, &p);
+      put1(pl, i, bits, q);
+      if (res != NULL)
+        res[off + i] =
+            zpp_qm_feedback(res[off + i], x, q, p.scale, beta, omega);
+    }
+  }
+}
+
+ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
+                                    const void *own, const int8_t *uexp,
+                                    const uint8_t *const *srcs, int n,
+                                    size_t count, int32_t *out) {
+  size_t nb = zpp_quant_nblocks(cfg, count);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
+  size_t cb = zpp_isum_code_bytes(cfg, count), b, i;
+  int j;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block;
+    size_t len = count - off < cfg->block ? count - off : cfg->block;
+    int e = uexp[b];
+    int unit =
+        own != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    __m512 su = _mm512_set1_ps(unit ? zpp_qm_pow2(-e) : 0.0f);
+    i = 0;
+    /* INT4: the products of up to 16 messages sum exactly in int16
+     * (16 * 255 * 8 < 2^15), widened once */
+    if (bits == 4 && n <= 16)
+      for (; i + 32 <= len; i += 32) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0, w = s0;
+        for (j = 0; j < n; j++)
+          w = _mm512_add_epi16(
+              w, _mm512_mullo_epi16(
+                     _mm512_cvtepi8_epi16(get32(srcs[j] + b * pb, i, 4)),
+                     _mm512_set1_epi16((short)srcs[j][cb + b])));
+        if (unit) {
+          s0 = _mm512_cvtps_epi32(
+              _mm512_mul_ps(load16(own, off + i, dtype), su));
+          s1 = _mm512_cvtps_epi32(
+              _mm512_mul_ps(load16(own, off + i + 16, dtype), su));
+        }
+        s0 = _mm512_add_epi32(s0,
+                              _mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
+        s1 = _mm512_add_epi32(
+            s1, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
+        _mm512_storeu_si512(out + off + i, s0);
+        _mm512_storeu_si512(out + off + i + 16, s1);
+      }
+    for (; i + 32 <= len; i += 32) {
+      __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+      if (unit) {
+        s0 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(own, off + i, dtype), su));
+        s1 = _mm512_cvtps_epi32(
+            _mm512_mul_ps(load16(own, off + i + 16, dtype), su));
+      }
+      for (j = 0; j < n; j++) {
+        __m512i w = _mm512_mullo_epi16(
+            _mm512_cvtepi8_epi16(get32(srcs[j] + b * pb, i, bits)),
+            _mm512_set1_epi16((short)srcs[j][cb + b]));
+        s0 = _mm512_add_epi32(s0,
+                              _mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
+        s1 = _mm512_add_epi32(
+            s1, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
+      }
+      _mm512_storeu_si512(out + off + i, s0);
+      _mm512_storeu_si512(out + off + i + 16, s1);
+    }
+    for (; i < len; i++) {
+      int32_t c = own != NULL
+                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype), e)
+                      : 0;
+      for (j = 0; j < n; j++)
+        c += (int32_t)srcs[j][cb + b] * get1(srcs[j] + b * pb, i, bits);
+      out[off + i] = c;
+    }
+  }
+}
+
+/* zpp_qm_unit_res of 16 lanes (su = 2^-E). */
+ZPP_AVX512_INLINE __m512i unit_res16(__m512 r, __m512 su) {
+  const __m512 lim = _mm512_set1_ps((float)ZPP_QM_ISUM_MAX);
+  __m512 v = _mm512_mul_ps(r, su);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  v = _mm512_max_ps(_mm512_min_ps(v, lim),
+                    _mm512_sub_ps(_mm512_setzero_ps(), lim));
+  return _mm512_cvtps_epi32(_mm512_maskz_mov_ps((__mmask16)~nan, v));
+}
+
+ZPP_AVX512_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2,
+                                        int sr, const int32_t *in,
+                                        const int8_t *uexp, float *res,
+                                        float beta, size_t count,
+                                        uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
+  int qmax2 = zpp_qm_sym_qmax(bits2);
+  zpp_qm_keys_t k = {cfg2->k0, cfg2->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block;
+    size_t len = count - off < cfg2->block ? count - off : cfg2->block;
+    int e = uexp[b];
+    int ures =
+        res != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    float unit = zpp_qm_unit_value(e);
+    __m512 su = _mm512_set1_ps(ures ? zpp_qm_pow2(-e) : 0.0f);
+    __m512 vu = _mm512_set1_ps(unit);
+    uint8_t *pl = dst + nb * 4 + b * pb;
+    __m512i a0 = _mm512_setzero_si512();
+    uint32_t m;
+    zpp_qm_params_t p;
+    qvec_t v;
+    int live;
+    for (i = 0; i + 16 <= len; i += 16) {
+      __m512i jv = _mm512_loadu_si512(in + off + i);
+      if (ures)
+        jv = _mm512_add_epi32(jv,
+                              unit_res16(_mm512_loadu_ps(res + off + i), su));
+      a0 = _mm512_max_epu32(a0, _mm512_abs_epi32(jv));
+    }
+    m = hmax_epu32(a0);
+    for (; i < len; i++) {
+      int32_t jj = in[off + i];
+      uint32_t a;
+      if (res != NULL)
+        jj += zpp_qm_unit_res(res[off + i], e);
+      a = (uint32_t)(jj < 0 ? -jj : jj);
+      m = a > m ? a : m;
+    }
+    p = zpp_qm_irequant_params(zpp_qm_idivisor(m, qmax2), e, bits2);
+    memcpy(dst + b * 4, &p.scale, 4);
+    live = p.kind == ZPP_QM_KIND_MUL;
+    set_qvec(&v, &p);
+    for (i = 0; i + 16 <= len; i += 16) {
+      uint64_t idx = cfg2->base + off + i;
+      __m512i iv, jv, q = _mm512_setzero_si512();
+      __m512 x;
+      if (sr && (uint32_t)idx > 0xfffffff0u)
+        break;
+      iv = _mm512_loadu_si512(in + off + i);
+      jv = iv;
+      if (ures)
+        jv = _mm512_add_epi32(jv,
+                              unit_res16(_mm512_loadu_ps(res + off + i), su));
+      x = _mm512_cvtepi32_ps(jv);
+      if (live)
+        q = sr ? quant16_sr(x, &v, 0, 0, rand24x16(cfg2, idx))
+               : iquant16(x, &v);
+      put16(pl, i, bits2, q);
+      if (res != NULL) {
+        __m512 e0 = _mm512_loadu_ps(res + off + i);
+        __m512 xr =
+            _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(iv), vu), e0);
+        _mm512_storeu_ps(res + off + i,
+                         feedback16(e0, xr, q, v.scale, beta, omega));
+      }
+    }
+    for (; i < len; i++) {
+      int32_t jj = in[off + i];
+      int q;
+      if (res != NULL)
+        jj += zpp_qm_unit_res(res[off + i], e);
+      q = sr ? zpp_qm_quantize_sr((float)jj, &p,
+                                  zpp_qm_rand24(k, cfg2->base + off + i))
+             : zpp_qm_quantize((float)jj, &p);
+      put1(pl, i, bits2, q);
+      if (res != NULL) {
+        float x = (float)in[off + i] * unit + res[off + i];
+        res[off + i] =
+            zpp_qm_feedback(res[off + i], x, q, p.scale, beta, omega);
+      }
+    }
+  }
+}
+
+ZPP_AVX512_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
+                                       const int32_t *own, const int8_t *uexp,
+                                       const uint8_t *const *srcs, int n,
+                                       size_t count, float div, int dtype,
+                                       void *dst) {
+  size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
+  __m512 vd = _mm512_set1_ps(div);
+  int j;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block;
+    size_t len = count - off < cfg2->block ? count - off : cfg2->block;
+    float unit = zpp_qm_unit_value(uexp[b]);
+    __m512 vu = _mm512_set1_ps(unit);
+    for (i = 0; i + 16 <= len; i += 16) {
+      __m512 acc = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_loadu_si512(own + off + i)), vu);
+      for (j = 0; j < n; j++) {
+        float sc;
+        memcpy(&sc, srcs[j] + b * 4, 4);
+        acc = _mm512_add_ps(
+            acc,
+            _mm512_add_ps(
+                _mm512_setzero_ps(),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                  get16(srcs[j] + nb * 4 + b * pb, i, bits2))),
+                              _mm512_set1_ps(sc))));
+      }
+      store16(dst, off + i, dtype, 1, _mm512_div_ps(acc, vd));
+    }
+    for (; i < len; i++) {
+      float acc = (float)own[off + i] * unit;
+      for (j = 0; j < n; j++) {
+        float sc;
+        memcpy(&sc, srcs[j] + b * 4, 4);
+        acc = zpp_qm_add(
+            acc, zpp_qm_dequantize(get1(srcs[j] + nb * 4 + b * pb, i, bits2),
+                                   sc, 0.0f));
+      }
+      zpp_qm_store(dst, off + i, dtype, acc / div);
+    }
+  }
+}
+
+/* Entry points: the dtype and width as constants of the inlined bodies. */
+#define ZPP_ISUM_BY_DTYPE(dtype, call)                                         \
+  do {                                                                         \
+    if ((dtype) == ZPP_QM_F32) {                                               \
+      const int dt_ = ZPP_QM_F32;                                              \
+      call;                                                                    \
+    } else if ((dtype) == ZPP_QM_F16) {                                        \
+      const int dt_ = ZPP_QM_F16;                                              \
+      call;                                                                    \
+    } else {                                                                   \
+      const int dt_ = ZPP_QM_BF16;                                             \
+      call;                                                                    \
+    }                                                                          \
+  } while (0)
+#define ZPP_ISUM_BY_BITS(bits, call)                                           \
+  do {                                                                         \
+    if ((bits) == 8) {                                                         \
+      const int bt_ = 8;                                                       \
+      call;                                                                    \
+    } else {                                                                   \
+      const int bt_ = 4;                                                       \
+      call;                                                                    \
+    }                                                                          \
+  } while (0)
+
+static ZPP_AVX512_TARGET void isum_absmax_avx512(const zpp_qcfg_t *cfg,
+                                                 int dtype, const void *src,
+                                                 const float *res, size_t count,
+                                                 uint32_t *amax) {
+  ZPP_ISUM_BY_DTYPE(dtype, isum_absmax_all(cfg, dt_, src, res, count, amax));
+}
+
+static ZPP_AVX512_TARGET void
+isum_encode_avx512(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                   float *res, float beta, const uint32_t *amax,
+                   const int8_t *uexp, size_t count, uint8_t *dst) {
+  if (cfg->sr)
+    ZPP_ISUM_BY_DTYPE(
+        dtype, ZPP_ISUM_BY_BITS(cfg->bits,
+                                isum_encode_all(cfg, dt_, bt_, 1, src, res,
+                                                beta, amax, uexp, count, dst)));
+  else
+    ZPP_ISUM_BY_DTYPE(
+        dtype, ZPP_ISUM_BY_BITS(cfg->bits,
+                                isum_encode_all(cfg, dt_, bt_, 0, src, res,
+                                                beta, amax, uexp, count, dst)));
+}
+
+static ZPP_AVX512_TARGET void isum_sum_avx512(const zpp_qcfg_t *cfg, int dtype,
+                                              const void *own,
+                                              const int8_t *uexp,
+                                              const uint8_t *const *srcs, int n,
+                                              size_t count, int32_t *out) {
+  ZPP_ISUM_BY_DTYPE(
+      dtype, ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp,
+                                                      srcs, n, count, out)));
+}
+
+static ZPP_AVX512_TARGET void isum_requant_avx512(const zpp_qcfg_t *cfg2,
+                                                  const int32_t *in,
+                                                  const int8_t *uexp,
+                                                  float *res, float beta,
+                                                  size_t count, uint8_t *dst) {
+  if (cfg2->sr)
+    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 1, in, uexp, res,
+                                                  beta, count, dst));
+  else
+    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 0, in, uexp, res,
+                                                  beta, count, dst));
+}
+
+static ZPP_AVX512_TARGET void
+isum_finish_avx512(const zpp_qcfg_t *cfg2, const int32_t *own,
+                   const int8_t *uexp, const uint8_t *const *srcs, int n,
+                   size_t count, float div, int dtype, void *dst) {
+  ZPP_ISUM_BY_DTYPE(
+      dtype,
+      ZPP_ISUM_BY_BITS(cfg2->bits, isum_finish_all(cfg2, bt_, own, uexp, srcs,
+                                                   n, count, div, dt_, dst)));
+}
+
+static const zpp_quant_cpu_ops_t avx512_ops = {
+    "avx512",
+    encode_avx512,
+    decode_avx512,
+    {isum_absmax_avx512, isum_encode_avx512, isum_sum_avx512,
+     isum_requant_avx512, isum_finish_avx512}};
 
 /* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
  * every compiler.  Its YMM state is covered by the AVX2 check. */

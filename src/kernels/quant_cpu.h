@@ -41,11 +41,94 @@ typedef void (*zpp_quant_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
 typedef void (*zpp_quant_decode_fn)(const zpp_qcfg_t *cfg, const uint8_t *src,
                                     size_t count, int out_kind, void *dst);
 
+/* ---- compressed-domain sums (qgZ sum INT; docs/format.md, "Integer
+ * sums").  cfg: symmetric, `bits` the width of the codes, `block` the
+ * block; a call covers `count` elements from the start of a block; uexp
+ * holds the agreed exponent byte of each of its blocks (zpp_qm_unit_exp,
+ * the max over the stage's ranks). */
+
+/* amax[b] = the largest |fl(x + res)| of block b as fp32 bits (an integer
+ * max: NaN and Inf above every finite value); res NULL: |x|. */
+typedef void (*zpp_isum_absmax_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                   const void *src, const float *res,
+                                   size_t count, uint32_t *amax);
+/* The stage-1 message of fl(x + res): per block the multiplier
+ * m = zpp_qm_unit_mult(amax[b], bits, uexp[b]) and the codes
+ * zpp_qm_quantize (or _sr: element i draws at cfg->base + i) with
+ * zpp_qm_unit_params(uexp[b], m); packed codes first (INT8: a byte; INT4:
+ * two per byte, the even element in the low nibble; every block from a
+ * byte boundary), then one multiplier byte per block.  res non-NULL: error
+ * feedback, res = fl(x + res) - q m 2^E (beta 0: zpp_qm_ef_residual; else
+ * zpp_qm_ema_residual).  amax: this rank's own absmax bits (the same
+ * absmax kernel's output).  Bytes: zpp_isum_msg_bytes. */
+typedef void (*zpp_isum_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                   const void *src, float *res, float beta,
+                                   const uint32_t *amax, const int8_t *uexp,
+                                   size_t count, uint8_t *dst);
+/* out = zpp_qm_unit_own(own, E) + the sum over the n messages of m q, in
+ * int32 units of 2^E (own NULL: 0). */
+typedef void (*zpp_isum_sum_fn)(const zpp_qcfg_t *cfg, int dtype,
+                                const void *own, const int8_t *uexp,
+                                const uint8_t *const *srcs, int n,
+                                size_t count, int32_t *out);
+/* Re-quantization of integer sums `in` (units 2^E, |in| <=
+ * ZPP_QM_ISUM_MAX) to cfg2's width, in the format of docs/format.md (fp32
+ * scale per block, then the codes): with error feedback (res non-NULL)
+ * j = in + zpp_qm_unit_res(res, E), else j = in; per block
+ * d = zpp_qm_idivisor(max |j|, qmax2), codes zpp_qm_quantize((float)j)
+ * (or _sr) with p = zpp_qm_irequant_params(d, E), scale p.scale;
+ * res = fl(fl(in 2^E) + res) - decoded.  uexp: the stage-1 exponents. */
+typedef void (*zpp_isum_requant_fn)(const zpp_qcfg_t *cfg2, const int32_t *in,
+                                    const int8_t *uexp, float *res, float beta,
+                                    size_t count, uint8_t *dst);
+/* The finish: acc = fl((float)own * zpp_qm_unit_value(E)), plus each of
+ * the n messages (cfg2's format) decoded, in order, then fl(acc / div),
+ * stored as dtype. */
+typedef void (*zpp_isum_finish_fn)(const zpp_qcfg_t *cfg2, const int32_t *own,
+                                   const int8_t *uexp,
+                                   const uint8_t *const *srcs, int n,
+                                   size_t count, float div, int dtype,
+                                   void *dst);
+
+typedef struct {
+  zpp_isum_absmax_fn absmax;
+  zpp_isum_encode_fn encode;
+  zpp_isum_sum_fn sum;
+  zpp_isum_requant_fn requant;
+  zpp_isum_finish_fn finish;
+} zpp_isum_ops_t;
+
 typedef struct {
   const char *name; /* "scalar", "avx2", "avx512" */
   zpp_quant_encode_fn encode;
   zpp_quant_decode_fn decode;
+  zpp_isum_ops_t isum;
 } zpp_quant_cpu_ops_t;
+
+/* Bytes of the packed codes of `count` elements, and of a stage-1
+ * message (the codes, then a multiplier byte per block). */
+size_t zpp_isum_code_bytes(const zpp_qcfg_t *cfg, size_t count);
+size_t zpp_isum_msg_bytes(const zpp_qcfg_t *cfg, size_t count);
+
+/* The scalar reference of the integer-sum kernels. */
+void zpp_isum_absmax_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            const float *res, size_t count, uint32_t *amax);
+void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            float *res, float beta, const uint32_t *amax,
+                            const int8_t *uexp, size_t count, uint8_t *dst);
+void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
+                         const int8_t *uexp, const uint8_t *const *srcs, int n,
+                         size_t count, int32_t *out);
+void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
+                             const int8_t *uexp, float *res, float beta,
+                             size_t count, uint8_t *dst);
+void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
+                            const int8_t *uexp, const uint8_t *const *srcs,
+                            int n, size_t count, float div, int dtype,
+                            void *dst);
+#define ZPP_ISUM_OPS_SCALAR                                                    \
+  {zpp_isum_absmax_scalar, zpp_isum_encode_scalar, zpp_isum_sum_scalar,        \
+   zpp_isum_requant_scalar, zpp_isum_finish_scalar}
 
 /* Block count and byte offsets of the encoded layout (docs/format.md). */
 size_t zpp_quant_nblocks(const zpp_qcfg_t *cfg, size_t count);

@@ -453,6 +453,169 @@ static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
   return (int)f + (u < v - f ? 1 : 0);
 }
 
+/* ---- compressed-domain sums (qgZ sum INT; docs/format.md, "Integer
+ * sums") ----------------------------------------------------------------
+ * Per block, the ranks of a stage agree on a power-of-two unit 2^E (E the
+ * max of their exponents); rank r quantizes with the step m_r 2^E, m_r an
+ * integer multiplier in [1, 255] close to its own absmax / qmax, so that
+ * m_r q is an exact integer number of units and the stage's sums are
+ * integers. */
+
+/* Exponent byte of a block: all zero (no unit), non-finite (the block
+ * decodes to NaN), or E in [ZPP_QM_UEXP_MIN, 119]. */
+#define ZPP_QM_UEXP_ZERO (-128)
+#define ZPP_QM_UEXP_NONFINITE 127
+#define ZPP_QM_UEXP_MIN (-126)
+#define ZPP_QM_UMULT_MAX 255
+
+/* 2^e as fp32, e in [-126, 127] (a normal number, built from its bits). */
+static ZPP_QM_HD float zpp_qm_pow2(int e) {
+  return zpp_qm_bits_f32((uint32_t)(e + 127) << 23);
+}
+
+/* A rank's exponent of a block from its own absmax bits: the smallest
+ * e >= ZPP_QM_UEXP_MIN with s <= 255 2^e, s = fl(absmax / qmax) (the
+ * scale of zpp_qm_sym_params; 2^-149 when that underflows).  With
+ * s = f 2^k, f in [0.5, 1) (frexp): e = k - 8, or k - 7 when f > 255/256. */
+static ZPP_QM_HD int zpp_qm_unit_exp(uint32_t absmax_bits, int bits) {
+  zpp_qm_params_t p;
+  uint32_t sb;
+  int k, e;
+  if (absmax_bits >= ZPP_QM_EXP_MASK)
+    return ZPP_QM_UEXP_NONFINITE;
+  if (absmax_bits == 0)
+    return ZPP_QM_UEXP_ZERO;
+  p = zpp_qm_sym_params(absmax_bits, bits);
+  sb = zpp_qm_f32_bits(p.scale);
+  if (sb < 0x00800000u) /* subnormal s <= 2^-126 <= 255 2^-126 */
+    return ZPP_QM_UEXP_MIN;
+  /* s = 1.m 2^(x - 127) = f 2^k with f = 1.m / 2, k = x - 126; f > 255/256
+   * iff 1.m > 255/128, the top 7 mantissa bits all set and some below */
+  k = (int)(sb >> 23) - 126;
+  e = k - 8 + ((sb & 0x7fffffu) > 0x7f0000u ? 1 : 0);
+  return e < ZPP_QM_UEXP_MIN ? ZPP_QM_UEXP_MIN : e;
+}
+
+/* Rank's multiplier of a block with agreed exponent E (its own exponent
+ * <= E): clamp(rint(s 2^-E), 1, 255), s as above; 0 for an all-zero or
+ * non-finite block.  s 2^-E <= 255 is exact, or rounds below 1/2. */
+static ZPP_QM_HD uint32_t zpp_qm_unit_mult(uint32_t absmax_bits, int bits,
+                                           int e) {
+  float v;
+  if (absmax_bits == 0 || absmax_bits >= ZPP_QM_EXP_MASK ||
+      e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
+    return 0;
+  v = zpp_qm_rint_small(zpp_qm_sym_params(absmax_bits, bits).scale *
+                        zpp_qm_pow2(-e));
+  return v < 1.0f ? 1u : (v > 255.0f ? 255u : (uint32_t)v);
+}
+
+/* The value of the unit of exponent byte e: 2^e; 0 for an all-zero
+ * block; NaN for a non-finite one. */
+static ZPP_QM_HD float zpp_qm_unit_value(int e) {
+  if (e == ZPP_QM_UEXP_NONFINITE)
+    return zpp_qm_bits_f32(ZPP_QM_QNAN_BITS);
+  return e == ZPP_QM_UEXP_ZERO ? 0.0f : zpp_qm_pow2(e);
+}
+
+/* Quantizer parameters of a step m 2^e (zpp_qm_quantize and _sr apply):
+ * scale m 2^e (exact), inv fl(fl(1 / m) 2^-e), codes in [-qmax, qmax];
+ * m = 0: every code 0 (CONST; NONFINITE for e non-finite). */
+static ZPP_QM_HD zpp_qm_params_t zpp_qm_unit_params(int e, uint32_t m,
+                                                    int bits) {
+  zpp_qm_params_t p;
+  float qmax = (float)zpp_qm_sym_qmax(bits);
+  p.zero = 0.0f;
+  p.lo = -qmax;
+  p.hi = qmax;
+  p.inv = 0.0f;
+  p.scale = 0.0f;
+  if (e == ZPP_QM_UEXP_NONFINITE) {
+    p.kind = ZPP_QM_KIND_NONFINITE;
+    p.scale = zpp_qm_bits_f32(ZPP_QM_QNAN_BITS);
+    return p;
+  }
+  if (m == 0 || e == ZPP_QM_UEXP_ZERO) {
+    p.kind = ZPP_QM_KIND_CONST;
+    return p;
+  }
+  p.kind = ZPP_QM_KIND_MUL;
+  p.scale = (float)m * zpp_qm_pow2(e);
+  p.inv = (1.0f / (float)m) * zpp_qm_pow2(-e); /* e in [-126, 119] */
+  return p;
+}
+
+/* A rank's own (unsent) value in units of 2^e: rint(fl(x 2^-e)), exact
+ * scaling; |x| <= its absmax bounds it by 255 qmax + 1.  0 for an
+ * all-zero or non-finite block. */
+static ZPP_QM_HD int32_t zpp_qm_unit_own(float x, int e) {
+  if (e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
+    return 0;
+  return (int32_t)zpp_qm_rint_small(x * zpp_qm_pow2(-e));
+}
+
+/* Largest integer sum magnitude the kernels take: every conversion of a
+ * sum (plus a compensated residual, clamped to the same) to fp32 is exact
+ * below 2^24.  A stage of S ranks at qmax needs S 255 (qmax + 1) <= it. */
+#define ZPP_QM_ISUM_MAX 4194304 /* 2^22 */
+
+/* The integer divisor of a block whose integer sums have largest
+ * magnitude m, for codes of at most qmax: ceil(m / qmax), 1 for m = 0. */
+static ZPP_QM_HD uint32_t zpp_qm_idivisor(uint32_t m, int qmax) {
+  return m == 0 ? 1u : (m + (uint32_t)qmax - 1u) / (uint32_t)qmax;
+}
+
+/* Re-quantization parameters of integer sums with divisor d and unit
+ * 2^e: codes zpp_qm_quantize((float)j, p) (v = fl(j fl(1 / d)), clamped
+ * to +-qmax2), decoded with the carried scale fl(d 2^e) (exact). */
+static ZPP_QM_HD zpp_qm_params_t zpp_qm_irequant_params(uint32_t d, int e,
+                                                        int bits2) {
+  zpp_qm_params_t p;
+  float qmax = (float)zpp_qm_sym_qmax(bits2);
+  p.zero = 0.0f;
+  p.lo = -qmax;
+  p.hi = qmax;
+  p.kind = ZPP_QM_KIND_MUL;
+  p.inv = 1.0f / (float)d;
+  p.scale = (float)d * zpp_qm_unit_value(e);
+  if (e == ZPP_QM_UEXP_NONFINITE)
+    p.kind = ZPP_QM_KIND_NONFINITE;
+  else if (e == ZPP_QM_UEXP_ZERO)
+    p.kind = ZPP_QM_KIND_CONST;
+  return p;
+}
+
+/* A residual r in units of 2^e, for the compensated sum j = I + it:
+ * rint(clamp(r 2^-e, +-2^22)), NaN 0; 0 for an all-zero or non-finite
+ * block. */
+static ZPP_QM_HD int32_t zpp_qm_unit_res(float r, int e) {
+  float v;
+  if (e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
+    return 0;
+  v = r * zpp_qm_pow2(-e);
+  v = v > (float)ZPP_QM_ISUM_MAX ? (float)ZPP_QM_ISUM_MAX : v;
+  v = v < -(float)ZPP_QM_ISUM_MAX ? -(float)ZPP_QM_ISUM_MAX : v;
+  v = v != v ? 0.0f : v;
+  return (int32_t)zpp_qm_rint_small(v);
+}
+
+/* Plain error feedback's new residual: fl(x - dec), 0 when not finite. */
+static ZPP_QM_HD float zpp_qm_ef_residual(float x, float dec) {
+  float r = x - dec;
+  return (zpp_qm_f32_bits(r) & ZPP_QM_ABS_MASK) >= ZPP_QM_EXP_MASK ? 0.0f : r;
+}
+
+/* Error feedback's new residual of an element whose compensated value x
+ * (old residual e) was coded q with step `scale`: the decoded value
+ * dec = zpp_qm_dequantize(q, scale, 0), then zpp_qm_ef_residual (beta 0)
+ * or zpp_qm_ema_residual (omega = fl(1 - beta)). */
+static ZPP_QM_HD float zpp_qm_feedback(float e, float x, int q, float scale,
+                                       float beta, float omega) {
+  float dec = zpp_qm_dequantize(q, scale, 0.0f);
+  return beta == 0.0f ? zpp_qm_ef_residual(x, dec)
+                      : zpp_qm_ema_residual(e, x, dec, beta, omega);
+}
+
 /* ---- Hadamard rotation (docs/format.md, "Hadamard rotation") ----------- */
 
 /* fl(1 / sqrt(g)) for g = 2^k: 2^(-k/2) exactly for even k; for odd k the

@@ -166,3 +166,180 @@ void zpp_quant_decode_scalar(const zpp_qcfg_t *cfg, const uint8_t *src,
   zpp_quant_decode_blocks_scalar(cfg, src, count, 0,
                                  zpp_quant_nblocks(cfg, count), out_kind, dst);
 }
+
+/* ---- compressed-domain sums (quant_cpu.h, docs/format.md) --------------- */
+
+size_t zpp_isum_code_bytes(const zpp_qcfg_t *cfg, size_t count) {
+  size_t full = count / cfg->block;
+  return full * zpp_qm_payload_bytes(cfg->block, cfg->bits) +
+         zpp_qm_payload_bytes(count - full * cfg->block, cfg->bits);
+}
+
+size_t zpp_isum_msg_bytes(const zpp_qcfg_t *cfg, size_t count) {
+  return zpp_isum_code_bytes(cfg, count) + zpp_quant_nblocks(cfg, count);
+}
+
+static size_t blk_len(const zpp_qcfg_t *cfg, size_t count, size_t b) {
+  size_t off = b * cfg->block;
+  return count - off < cfg->block ? count - off : cfg->block;
+}
+
+void zpp_isum_absmax_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            const float *res, size_t count, uint32_t *amax) {
+  size_t b, i, nb = zpp_quant_nblocks(cfg, count);
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block, len = blk_len(cfg, count, b);
+    uint32_t m = 0;
+    for (i = off; i < off + len; i++) {
+      float x = zpp_qm_load(src, i, dtype);
+      uint32_t a;
+      if (res != NULL)
+        x = x + res[i];
+      a = zpp_qm_f32_bits(x) & ZPP_QM_ABS_MASK;
+      m = a > m ? a : m;
+    }
+    amax[b] = m;
+  }
+}
+
+/* Stored code i of a packed payload. */
+static int isum_code(const uint8_t *pl, size_t i, int bits) {
+  uint32_t st = bits == 8 ? pl[i] : (pl[i / 2] >> (4 * (i & 1))) & 0xfu;
+  return zpp_qm_code_value(st, bits, 0);
+}
+
+static void isum_put(uint8_t *pl, size_t i, int bits, int q) {
+  uint8_t c = zpp_qm_code_bits(q);
+  if (bits == 8)
+    pl[i] = c;
+  else if (i % 2 == 0)
+    pl[i / 2] = (uint8_t)(c & 0xfu);
+  else
+    pl[i / 2] = (uint8_t)(pl[i / 2] | (uint8_t)(c << 4));
+}
+
+void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
+                            float *res, float beta, const uint32_t *amax,
+                            const int8_t *uexp, size_t count, uint8_t *dst) {
+  size_t b, i, nb = zpp_quant_nblocks(cfg, count);
+  uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
+  zpp_qm_keys_t k = {cfg->k0, cfg->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block, len = blk_len(cfg, count, b);
+    uint32_t m = zpp_qm_unit_mult(amax[b], cfg->bits, uexp[b]);
+    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, cfg->bits);
+    uint8_t *pl = dst + b * zpp_qm_payload_bytes(cfg->block, cfg->bits);
+    mult[b] = (uint8_t)m;
+    for (i = 0; i < len; i++) {
+      float x = zpp_qm_load(src, off + i, dtype);
+      int q;
+      if (res != NULL)
+        x = x + res[off + i];
+      q = cfg->sr ? zpp_qm_quantize_sr(x, &p,
+                                       zpp_qm_rand24(k, cfg->base + off + i))
+                  : zpp_qm_quantize(x, &p);
+      isum_put(pl, i, cfg->bits, q);
+      if (res != NULL) {
+        float dec = zpp_qm_dequantize(q, p.scale, 0.0f);
+        res[off + i] = beta == 0.0f
+                           ? zpp_qm_ef_residual(x, dec)
+                           : zpp_qm_ema_residual(res[off + i], x, dec, beta,
+                                                 omega);
+      }
+    }
+  }
+}
+
+void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
+                         const int8_t *uexp, const uint8_t *const *srcs, int n,
+                         size_t count, int32_t *out) {
+  size_t b, i, nb = zpp_quant_nblocks(cfg, count);
+  size_t pb = zpp_qm_payload_bytes(cfg->block, cfg->bits);
+  size_t cb = zpp_isum_code_bytes(cfg, count);
+  int j;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg->block, len = blk_len(cfg, count, b);
+    for (i = 0; i < len; i++) {
+      int32_t c = own != NULL
+                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype),
+                                        uexp[b])
+                      : 0;
+      for (j = 0; j < n; j++)
+        c += (int32_t)srcs[j][cb + b] *
+             isum_code(srcs[j] + b * pb, i, cfg->bits);
+      out[off + i] = c;
+    }
+  }
+}
+
+void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
+                             const int8_t *uexp, float *res, float beta,
+                             size_t count, uint8_t *dst) {
+  size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
+  int qmax2 = zpp_qm_sym_qmax(cfg2->bits);
+  zpp_qm_keys_t k = {cfg2->k0, cfg2->k1};
+  float omega = 1.0f - beta;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
+    int e = uexp[b];
+    float unit = zpp_qm_unit_value(e);
+    uint8_t *pl = dst + nb * 4 + b * pb;
+    uint32_t m = 0;
+    zpp_qm_params_t p;
+    for (i = 0; i < len; i++) {
+      int32_t j = in[off + i];
+      uint32_t a;
+      if (res != NULL)
+        j += zpp_qm_unit_res(res[off + i], e);
+      a = (uint32_t)(j < 0 ? -j : j);
+      m = a > m ? a : m;
+    }
+    p = zpp_qm_irequant_params(zpp_qm_idivisor(m, qmax2), e, cfg2->bits);
+    memcpy(dst + b * 4, &p.scale, 4);
+    for (i = 0; i < len; i++) {
+      int32_t j = in[off + i];
+      int q;
+      if (res != NULL)
+        j += zpp_qm_unit_res(res[off + i], e);
+      q = cfg2->sr ? zpp_qm_quantize_sr((float)j, &p,
+                                        zpp_qm_rand24(k, cfg2->base + off + i))
+                   : zpp_qm_quantize((float)j, &p);
+      isum_put(pl, i, cfg2->bits, q);
+      if (res != NULL) {
+        float x = (float)in[off + i] * unit + res[off + i];
+        float dec = zpp_qm_dequantize(q, p.scale, 0.0f);
+        res[off + i] = beta == 0.0f
+                           ? zpp_qm_ef_residual(x, dec)
+                           : zpp_qm_ema_residual(res[off + i], x, dec, beta,
+                                                 omega);
+      }
+    }
+  }
+}
+
+void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
+                            const int8_t *uexp, const uint8_t *const *srcs,
+                            int n, size_t count, float div, int dtype,
+                            void *dst) {
+  size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
+  size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
+  int j;
+  for (b = 0; b < nb; b++) {
+    size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
+    float unit = zpp_qm_unit_value(uexp[b]);
+    for (i = 0; i < len; i++) {
+      float acc = (float)own[off + i] * unit;
+      for (j = 0; j < n; j++) {
+        float sc;
+        memcpy(&sc, srcs[j] + b * 4, 4);
+        acc = zpp_qm_add(
+            acc, zpp_qm_dequantize(
+                     isum_code(srcs[j] + nb * 4 + b * pb, i, cfg2->bits), sc,
+                     0.0f));
+      }
+      zpp_qm_store(dst, off + i, dtype, acc / div);
+    }
+  }
+}

@@ -183,7 +183,8 @@ static zpp_status_t decode_args(const char *func, const zpp_quant_config_t *cfg,
 /* ---- CPU path selection ------------------------------------------------- */
 
 static const zpp_quant_cpu_ops_t scalar_ops = {
-    "scalar", zpp_quant_encode_scalar, zpp_quant_decode_scalar};
+    "scalar", zpp_quant_encode_scalar, zpp_quant_decode_scalar,
+    ZPP_ISUM_OPS_SCALAR};
 
 const zpp_quant_cpu_ops_t *zpp_quant_cpu_ops_named(const char *name) {
   if (strcasecmp(name, "scalar") == 0)

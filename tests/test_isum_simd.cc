@@ -1,0 +1,304 @@
+// The SIMD kernels of qgZ's compressed-domain sums (quant_cpu.h,
+// zpp_isum_ops_t of the "avx2" and "avx512" tables) against the scalar
+// reference, bit for bit: random data with a printed seed, every dtype,
+// INT4 and INT8, odd counts and blocks (tails, blocks shorter than a
+// vector), without and with error feedback (plain and moving average),
+// nearest and stochastic rounding (indices crossing 2^32 too), all-zero
+// and non-finite blocks, residuals beyond the unit clamp and NaN.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "kernels/quant_cpu.h"
+#include "kernels/quant_math.h"
+}
+
+namespace {
+
+uint64_t test_seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261207ull;
+}
+
+std::mt19937_64 seeded_rng(const char *what, uint64_t salt) {
+  uint64_t seed = test_seed();
+  std::printf("[ seed ] %s: ZPP_TEST_SEED=%llu (salt %llu)\n", what,
+              (unsigned long long)seed, (unsigned long long)salt);
+  return std::mt19937_64(seed * 1000003ull + salt);
+}
+
+uint32_t to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+const char *const kIsas[] = {"avx2", "avx512"};
+const int kDtypes[] = {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16};
+const char *const kDtypeNames[] = {"fp32", "fp16", "bf16"};
+
+struct Shape {
+  size_t count, block;
+};
+// Tails of every length class, blocks below one vector of either ISA,
+// blocks that are not a multiple of a vector, one element.
+const Shape kShapes[] = {{1, 256},  {15, 16},   {37, 7},     {250, 33},
+                         {517, 32}, {1000, 64}, {2063, 256}, {4099, 100}};
+
+// Input elements stored as `dtype`: per block a random magnitude 2^k, some
+// blocks all zero, some holding +-Inf or NaN, some element at +-absmax.
+std::vector<uint8_t> make_input(std::mt19937_64 &rng, int dtype, size_t count,
+                                size_t block) {
+  std::vector<uint8_t> v(count * zpp_qm_dtype_bytes(dtype));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-12, 12), pick(0, 15);
+  for (size_t off = 0; off < count; off += block) {
+    size_t len = std::min(block, count - off);
+    int kind = pick(rng);
+    float mag = std::ldexp(1.0f, ex(rng));
+    for (size_t i = 0; i < len; i++) {
+      float x = kind == 0 ? 0.0f : u(rng) * mag;
+      if (kind == 1 && i == len / 2)
+        x = (rng() & 1) ? INFINITY : -INFINITY;
+      if (kind == 2 && i == len / 3)
+        x = NAN;
+      if (kind == 3 && i == 0)
+        x = -mag;
+      zpp_qm_store(v.data(), off + i, dtype, x);
+    }
+  }
+  return v;
+}
+
+// Residuals: none (empty), or of the input's order, with a few NaN.
+std::vector<float> make_res(std::mt19937_64 &rng, size_t count, float mag) {
+  std::vector<float> r(count);
+  std::uniform_real_distribution<float> u(-mag, mag);
+  for (size_t i = 0; i < count; i++)
+    r[i] = (rng() % 97 == 0) ? NAN : u(rng);
+  return r;
+}
+
+// Agreed exponents: this rank's own, or a larger one of another rank.
+std::vector<int8_t> make_uexp(std::mt19937_64 &rng, const uint32_t *amax,
+                              size_t nb, int bits) {
+  std::vector<int8_t> e(nb);
+  for (size_t b = 0; b < nb; b++) {
+    int own = zpp_qm_unit_exp(amax[b], bits);
+    int other = (int)(rng() % 30) - 20;
+    if (own == ZPP_QM_UEXP_NONFINITE)
+      e[b] = (int8_t)own;
+    else if (rng() % 3 == 0)
+      e[b] = (int8_t)std::max(own, other);
+    else
+      e[b] = (int8_t)own;
+  }
+  return e;
+}
+
+template <class T>
+void expect_same(const std::vector<T> &ref, const std::vector<T> &got,
+                 const std::string &what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  size_t bytes = ref.size() * sizeof(T);
+  if (std::memcmp(ref.data(), got.data(), bytes) == 0)
+    return;
+  const uint8_t *a = (const uint8_t *)ref.data(),
+                *b = (const uint8_t *)got.data();
+  size_t k = 0;
+  while (a[k] == b[k])
+    k++;
+  ADD_FAILURE() << what << ": first differing byte " << k << " of " << bytes
+                << " (element " << k / sizeof(T) << "): " << (int)a[k]
+                << " (scalar) vs " << (int)b[k];
+}
+
+std::vector<uint32_t> f32_bits(const std::vector<float> &v) {
+  std::vector<uint32_t> u(v.size());
+  for (size_t i = 0; i < v.size(); i++)
+    u[i] = to_bits(v[i]);
+  return u;
+}
+
+struct Case {
+  const zpp_quant_cpu_ops_t *ops;
+  int di, bits, feedback, sr; // feedback 0 none, 1 plain, 2 beta 0.5
+  Shape s;
+  std::string name() const {
+    return std::string(ops->name) + " " + kDtypeNames[di] + " INT" +
+           std::to_string(bits) + " fb" + std::to_string(feedback) +
+           (sr ? " sr" : " rne") + " count " + std::to_string(s.count) +
+           " block " + std::to_string(s.block);
+  }
+};
+
+template <class F> void for_each_case(const char *test, F f) {
+  int ran = 0;
+  for (const char *isa : kIsas) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr) {
+      std::printf("[ skip ] %s: not built or not supported here\n", isa);
+      continue;
+    }
+    for (int di = 0; di < 3; di++)
+      for (int bits : {4, 8})
+        for (int fb = 0; fb < 3; fb++)
+          for (int sr = 0; sr < 2; sr++)
+            for (const Shape &s : kShapes) {
+              Case c{ops, di, bits, fb, sr, s};
+              uint64_t salt =
+                  ((((uint64_t)di * 16 + bits) * 4 + fb) * 2 + sr) * 100000 +
+                  s.count * 10 + (s.block & 7);
+              auto rng = seeded_rng(test, salt);
+              SCOPED_TRACE(c.name());
+              f(c, rng);
+              ran++;
+            }
+  }
+  std::printf("[ info ] %s: %d cases\n", test, ran);
+}
+
+zpp_qcfg_t make_cfg(const Case &c, std::mt19937_64 &rng) {
+  zpp_qcfg_t q{};
+  q.bits = c.bits;
+  q.asym = 0;
+  q.block = c.s.block;
+  q.sr = c.sr;
+  q.k0 = (uint32_t)rng();
+  q.k1 = (uint32_t)rng();
+  // Sometimes just below 2^32, so that a vector's indices cross it.
+  q.base = (rng() & 1) ? 0xffffffffull - c.s.count / 2 : rng() % 1000;
+  return q;
+}
+
+float beta_of(const Case &c) { return c.feedback == 2 ? 0.5f : 0.0f; }
+
+TEST(IsumSimd, AbsmaxEncodeAndSumAreBitwiseEqualToScalar) {
+  for_each_case("IsumSimd.AbsmaxEncodeAndSum", [](const Case &c,
+                                                  std::mt19937_64 &rng) {
+    const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+    int dt = kDtypes[c.di];
+    zpp_qcfg_t q = make_cfg(c, rng);
+    size_t n = c.s.count, nb = zpp_quant_nblocks(&q, n);
+    std::vector<uint8_t> x = make_input(rng, dt, n, c.s.block);
+    std::vector<float> res = c.feedback ? make_res(rng, n, std::ldexp(1.0f, -8))
+                                        : std::vector<float>();
+    const float *rp = c.feedback ? res.data() : nullptr;
+
+    std::vector<uint32_t> am_ref(nb), am(nb);
+    ref->isum.absmax(&q, dt, x.data(), rp, n, am_ref.data());
+    c.ops->isum.absmax(&q, dt, x.data(), rp, n, am.data());
+    expect_same(am_ref, am, "absmax");
+
+    std::vector<int8_t> ue = make_uexp(rng, am_ref.data(), nb, c.bits);
+    size_t mb = zpp_isum_msg_bytes(&q, n);
+    std::vector<uint8_t> m_ref(mb, 0xa5), m(mb, 0xa5);
+    std::vector<float> r_ref = res, r = res;
+    ref->isum.encode(&q, dt, x.data(), c.feedback ? r_ref.data() : nullptr,
+                     beta_of(c), am_ref.data(), ue.data(), n, m_ref.data());
+    c.ops->isum.encode(&q, dt, x.data(), c.feedback ? r.data() : nullptr,
+                       beta_of(c), am_ref.data(), ue.data(), n, m.data());
+    expect_same(m_ref, m, "encode message");
+    expect_same(f32_bits(r_ref), f32_bits(r), "encode residual");
+
+    // The sum: the own slice and three messages of random bytes (every
+    // code and multiplier pattern, INT4 -8 included) plus the real one.
+    // The own slice must be finite where E is: its own block exponents.
+    std::vector<const uint8_t *> srcs;
+    std::vector<std::vector<uint8_t>> msgs(3, std::vector<uint8_t>(mb));
+    for (auto &mm : msgs) {
+      for (auto &byte : mm)
+        byte = (uint8_t)rng();
+      srcs.push_back(mm.data());
+    }
+    srcs.push_back(m_ref.data());
+    for (int with_own = 0; with_own < 2; with_own++) {
+      std::vector<int32_t> s_ref(n, 7), s(n, 7);
+      const void *own = with_own ? x.data() : nullptr;
+      ref->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
+                    s_ref.data());
+      c.ops->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
+                      s.data());
+      expect_same(s_ref, s, with_own ? "sum with own" : "sum");
+    }
+  });
+}
+
+TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
+  for_each_case("IsumSimd.RequantAndFinish", [](const Case &c,
+                                                std::mt19937_64 &rng) {
+    const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+    int dt = kDtypes[c.di];
+    zpp_qcfg_t q = make_cfg(c, rng); // stage 2's width: c.bits
+    size_t n = c.s.count, nb = zpp_quant_nblocks(&q, n);
+    // Integer sums up to the kernels' limit, per block a random range.
+    std::vector<int32_t> in(n);
+    std::vector<int8_t> ue(nb);
+    for (size_t b = 0; b < nb; b++) {
+      int kind = (int)(rng() % 8);
+      int32_t range =
+          kind == 0 ? 0 : (int32_t)(rng() % ZPP_QM_ISUM_MAX) >> (rng() % 20);
+      ue[b] = kind == 1   ? (int8_t)ZPP_QM_UEXP_NONFINITE
+              : kind == 2 ? (int8_t)ZPP_QM_UEXP_ZERO
+                          : (int8_t)((int)(rng() % 60) - 40);
+      for (size_t i = b * q.block; i < std::min(n, (b + 1) * q.block); i++)
+        in[i] = range == 0
+                    ? 0
+                    : (int32_t)(rng() % (2 * (uint32_t)range + 1)) - range;
+    }
+    // Residuals: around a unit, some far beyond the +-2^22 clamp, NaN.
+    std::vector<float> res(n);
+    for (size_t i = 0; i < n; i++) {
+      int e = ue[i / q.block];
+      float unit = (e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
+                       ? 1.0f
+                       : zpp_qm_pow2(e);
+      int k = (int)(rng() % 50);
+      float f = std::uniform_real_distribution<float>(-4.0f, 4.0f)(rng);
+      res[i] = k == 0 ? NAN : k == 1 ? f * unit * 8388608.0f : f * unit;
+    }
+    size_t eb = 4 * nb + zpp_isum_code_bytes(&q, n);
+    std::vector<uint8_t> m_ref(eb, 0x5a), m(eb, 0x5a);
+    std::vector<float> r_ref = res, r = res;
+    ref->isum.requant(&q, in.data(), ue.data(),
+                      c.feedback ? r_ref.data() : nullptr, beta_of(c), n,
+                      m_ref.data());
+    c.ops->isum.requant(&q, in.data(), ue.data(),
+                        c.feedback ? r.data() : nullptr, beta_of(c), n,
+                        m.data());
+    expect_same(m_ref, m, "requant message");
+    expect_same(f32_bits(r_ref), f32_bits(r), "requant residual");
+
+    // The finish: the requantized message and one of random codes with
+    // random finite scales (and a NaN and a zero scale).
+    std::vector<uint8_t> other(eb);
+    for (auto &byte : other)
+      byte = (uint8_t)rng();
+    for (size_t b = 0; b < nb; b++) {
+      float sc = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng),
+                            (int)(rng() % 40) - 20);
+      sc = b % 11 == 3 ? NAN : b % 11 == 5 ? 0.0f : sc;
+      std::memcpy(other.data() + 4 * b, &sc, 4);
+    }
+    const uint8_t *srcs[2] = {m_ref.data(), other.data()};
+    for (int k = 1; k <= 2; k++) {
+      size_t ob = n * zpp_qm_dtype_bytes(dt);
+      std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
+      ref->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
+                       o_ref.data());
+      c.ops->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
+                         o.data());
+      expect_same(o_ref, o, "finish");
+    }
+  });
+}
+
+} // namespace

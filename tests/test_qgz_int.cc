@@ -1,0 +1,415 @@
+// qgZ with compressed-domain sums (zpp_qgz_config_t.sum ZPP_QGZ_SUM_INT)
+// under mpirun on emulated layouts (tests/qgz_int.cmake): agreed block
+// scales, integer sums, one decode.  Each rank regenerates every rank's
+// input from (seed, rank) and checks its slice against a float64 model of
+// the algorithm's error: the bound of docs/format.md ("Integer sums").
+// Seed: ZPP_TEST_SEED (default 20261129), printed by rank 0.
+//
+// Rules for multi-rank tests: never return early before a collective, so
+// checks use EXPECT_*.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpi_gtest_main.h"
+
+extern "C" {
+#include "kernels/quant_math.h"
+}
+
+namespace {
+
+zpp_comm_t g_comm = nullptr;
+int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
+std::vector<int> g_node;  // node of each rank
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+float to_dtype(float v, zpp_dtype_t dt) {
+  if (dt == ZPP_FLOAT32) return v;
+  if (dt == ZPP_BFLOAT16) return zpp_qm_bf16_to_f32(zpp_qm_f32_to_bf16(v));
+  return zpp_qm_f16_to_f32(zpp_qm_f32_to_f16(v));
+}
+
+enum Dist { NORMAL, LAPLACE, OUTLIER };
+const char *dist_name(Dist d) {
+  return d == NORMAL ? "normal" : d == LAPLACE ? "laplace" : "outlier";
+}
+
+// n values of rank r for test `tag`, representable in dt.
+std::vector<float> gen(int r, size_t n, zpp_dtype_t dt, uint64_t tag, Dist d) {
+  std::mt19937_64 rng(seed() * 7919ull + tag * 104729ull + (uint64_t)r);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::exponential_distribution<float> ed(1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto &v : x) {
+    if (d == NORMAL) v = nd(rng);
+    else if (d == LAPLACE) v = (ud(rng) < 0.5f ? -1.0f : 1.0f) * ed(rng);
+    else v = nd(rng) * (ud(rng) < 0.01f ? 100.0f : 1.0f);
+    v = to_dtype(v, dt);
+  }
+  return x;
+}
+
+std::vector<uint8_t> pack(const std::vector<float> &x, zpp_dtype_t dt) {
+  std::vector<uint8_t> b(std::max<size_t>(1, x.size() * zpp_dtype_size(dt)));
+  for (size_t i = 0; i < x.size(); i++) zpp_qm_store(b.data(), i, (int)dt, x[i]);
+  return b;
+}
+
+float at(const std::vector<uint8_t> &b, zpp_dtype_t dt, size_t i) {
+  return zpp_qm_load(b.data(), i, (int)dt);
+}
+
+bool two_level() { return g_uniform && g_nnodes > 1; }
+
+// The groups whose members agree on a scale and sum together: the ranks
+// of each node (two levels), else the world.
+std::vector<std::vector<int>> groups() {
+  std::vector<std::vector<int>> g;
+  if (!two_level()) {
+    g.emplace_back();
+    for (int r = 0; r < g_size; r++) g[0].push_back(r);
+    return g;
+  }
+  g.resize(g_nnodes);
+  for (int r = 0; r < g_size; r++) g[g_node[r]].push_back(r);
+  return g;
+}
+
+// The float64 model of the error of ZPP_QGZ_SUM_INT without error feedback
+// (docs/format.md, "Integer sums"), per element of this rank's slice:
+// exact[i] (the sum, or the mean) and bound[i].
+struct Model {
+  std::vector<double> exact, bound;
+};
+
+Model model(const std::vector<std::vector<float>> &all, size_t count, size_t block,
+            int bits1, int bits2, bool sr, zpp_redop_t op, zpp_dtype_t dt) {
+  Model m;
+  m.exact.assign(count, 0.0);
+  m.bound.assign(count, 0.0);
+  double q1 = (1 << (bits1 - 1)) - 1, q2 = (1 << (bits2 - 1)) - 1;
+  double h = sr ? 1.0 : 0.5;  // a code's error, in steps
+  auto gs = groups();
+  int mynode = two_level() ? g_node[g_rank] : 0;
+  std::vector<double> mag(count, 0.0);  // sum of |x| and decoded magnitudes
+  for (size_t g = 0; g < gs.size(); g++) {
+    for (size_t b0 = 0; b0 < count; b0 += block) {
+      size_t b1 = std::min(count, b0 + block);
+      // rank r's scale s_r = its absmax / qmax1; the unit u = 2^E < 2
+      // max s_r / 255 (or 2^-126); rank r's step m_r u within u / 2 of
+      // s_r, its codes clamped to qmax1: error <= h s_r + (h + qmax1) u / 2
+      double smax = 0, pmax = 0, e1 = 0;
+      for (int r : gs[g]) {
+        double amax = 0;
+        for (size_t i = b0; i < b1; i++)
+          amax = std::max(amax, std::fabs((double)all[r][g_rank * count + i]));
+        smax = std::max(smax, amax / q1);
+        e1 += h * amax / q1;
+      }
+      double u = 2.0 * smax / 255.0 + std::ldexp(1.0, -126);
+      e1 += gs[g].size() * (h + q1) * u / 2 + u / 2;
+      for (size_t i = b0; i < b1; i++) {
+        double p = 0;
+        for (int r : gs[g]) {
+          p += all[r][g_rank * count + i];
+          mag[i] += std::fabs((double)all[r][g_rank * count + i]);
+        }
+        pmax = std::max(pmax, std::fabs(p));
+        m.exact[i] += p;
+        m.bound[i] += e1;
+      }
+      if ((int)g != mynode) {  // crossed the network: re-quantized
+        double scale2 = (pmax + e1) / q2 + u;
+        for (size_t i = b0; i < b1; i++) {
+          m.bound[i] += h * scale2;
+          mag[i] += q2 * scale2;
+        }
+      }
+    }
+  }
+  double div = op == ZPP_OP_MEAN ? g_size : 1.0;
+  for (size_t i = 0; i < count; i++) {
+    m.exact[i] /= div;
+    // fp32 arithmetic on the way (each sum, the division): a few units of
+    // 2^-24 of the magnitudes involved
+    m.bound[i] = (m.bound[i] + mag[i] * std::ldexp(1.0, -20)) / div + 1e-30;
+    double y = std::fabs(m.exact[i]) + m.bound[i];
+    if (dt == ZPP_BFLOAT16) m.bound[i] += y * std::ldexp(1.0, -8);
+    if (dt == ZPP_FLOAT16) m.bound[i] += y * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+  }
+  return m;
+}
+
+zpp_qgz_config_t int_cfg(int intra, int inter, size_t block) {
+  zpp_qgz_config_t c = ZPP_QGZ_CONFIG_INIT;
+  c.intra_bits = intra;
+  c.inter_bits = inter;
+  c.block_size = block;
+  c.sum = ZPP_QGZ_SUM_INT;
+  return c;
+}
+
+TEST(QgzInt, MatchesFloat64ModelWithinTheIntegerSumBound) {
+  const size_t count = 1000, block = 128;  // a tail block of 104
+  const zpp_dtype_t dts[] = {ZPP_FLOAT32, ZPP_FLOAT16, ZPP_BFLOAT16};
+  const int widths[][2] = {{4, 4}, {8, 4}, {8, 8}};
+  uint64_t tag = 100;
+  // every distribution, dtype and width pair; the rounding and the
+  // operation alternate (18 calls, each also in place)
+  for (Dist d : {NORMAL, LAPLACE, OUTLIER})
+    for (zpp_dtype_t dt : dts)
+      for (auto w : widths) {
+        {
+          zpp_redop_t op = (tag & 1) ? ZPP_OP_SUM : ZPP_OP_MEAN;
+          int sr = (int)((tag >> 1) & 1);
+          tag++;
+          std::vector<std::vector<float>> all(g_size);
+          for (int r = 0; r < g_size; r++) all[r] = gen(r, g_size * count, dt, tag, d);
+          zpp_qgz_config_t c = int_cfg(w[0], w[1], block);
+          if (sr) {
+            c.rounding = ZPP_ROUND_STOCHASTIC;
+            c.seed = tag;
+          }
+          auto in = pack(all[g_rank], dt);
+          std::vector<uint8_t> out(count * zpp_dtype_size(dt));
+          ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, dt, op,
+                                           nullptr, nullptr, nullptr),
+                    ZPP_OK)
+              << zpp_comm_get_last_error(g_comm);
+          Model m = model(all, count, block, w[0], w[1], sr, op, dt);
+          int bad = 0;
+          for (size_t i = 0; i < count && bad < 3; i++) {
+            double y = at(out, dt, i);
+            if (!(std::fabs(y - m.exact[i]) <= m.bound[i])) {
+              bad++;
+              ADD_FAILURE() << dist_name(d) << " dtype " << dt << " INT" << w[0] << "/INT"
+                            << w[1] << " sr " << sr << " op " << op << " element " << i
+                            << ": " << y << " vs " << m.exact[i] << " bound " << m.bound[i];
+            }
+          }
+          // in place: the same bits
+          std::vector<uint8_t> inp = in;
+          size_t ds = zpp_dtype_size(dt);
+          ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, inp.data(), inp.data() + g_rank * count * ds,
+                                           count, dt, op, nullptr, nullptr, nullptr),
+                    ZPP_OK);
+          EXPECT_EQ(0, std::memcmp(inp.data() + g_rank * count * ds, out.data(), count * ds));
+        }
+      }
+}
+
+// The error against the FLOAT mode's on normal data: every rank quantizes
+// with a step within 1/255 of its own scale and the own share is exact to
+// a unit, so the INT mode's error is the FLOAT mode's (perf/
+// qgz_error_table.py: 0.1408 vs 0.1409 relative, INT4/INT4 2x4); 1.1
+// leaves room for the sampling of 4096 elements.
+TEST(QgzInt, ErrorIsNearTheFloatSumsOnNormalData) {
+  const size_t count = 4096;
+  std::vector<std::vector<float>> all(g_size);
+  for (int r = 0; r < g_size; r++) all[r] = gen(r, g_size * count, ZPP_FLOAT32, 7, NORMAL);
+  std::vector<float> yi(count), yf(count);
+  zpp_qgz_config_t c = int_cfg(4, 4, 256);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), yi.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  c.sum = ZPP_QGZ_SUM_FLOAT;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), yf.data(), count,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  double ei = 0, ef = 0;
+  for (size_t i = 0; i < count; i++) {
+    double x = 0;
+    for (int r = 0; r < g_size; r++) x += all[r][g_rank * count + i];
+    ei += (yi[i] - x) * (yi[i] - x);
+    ef += (yf[i] - x) * (yf[i] - x);
+  }
+  EXPECT_GT(ei, 0.0);
+  EXPECT_LT(ei, 1.1 * ef) << "INT " << ei << " FLOAT " << ef;
+}
+
+// Error feedback (fp32 and INT8 residuals, plain and LoCo's moving
+// average): repeated steps on the same gradient, the mean of the outputs
+// approaches the exact sum far closer than without a residual.
+TEST(QgzInt, ErrorFeedbackDrivesTheAverageErrorDown) {
+  const size_t count = 777, steps = 16;
+  std::vector<std::vector<float>> all(g_size);
+  for (int r = 0; r < g_size; r++) all[r] = gen(r, g_size * count, ZPP_BFLOAT16, 9, LAPLACE);
+  auto in = pack(all[g_rank], ZPP_BFLOAT16);
+  std::vector<double> exact(count, 0.0);
+  for (int r = 0; r < g_size; r++)
+    for (size_t i = 0; i < count; i++) exact[i] += all[r][g_rank * count + i] / g_size;
+  struct V {
+    int bits;
+    float beta;
+  } vs[] = {{0, 0.0f}, {32, 0.0f}, {8, 0.0f}, {32, 0.5f}};
+  double e_plain = 0;
+  for (auto v : vs) {
+    zpp_qgz_config_t c = int_cfg(4, 4, 64);
+    c.rounding = ZPP_ROUND_NEAREST;
+    c.residual_bits = v.bits ? v.bits : 32;
+    c.residual_beta = v.beta;
+    size_t rb = 0;
+    EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, count, &rb), ZPP_OK);
+    std::vector<uint8_t> res(std::max<size_t>(rb, 1), 0);
+    std::vector<double> mean(count, 0.0);
+    std::vector<uint8_t> out(count * 2);
+    for (size_t s = 0; s < steps; s++) {
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_BFLOAT16,
+                                       ZPP_OP_MEAN, v.bits ? res.data() : nullptr, nullptr,
+                                       nullptr),
+                ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      for (size_t i = 0; i < count; i++) mean[i] += at(out, ZPP_BFLOAT16, i) / steps;
+    }
+    double e = 0;
+    for (size_t i = 0; i < count; i++) e += (mean[i] - exact[i]) * (mean[i] - exact[i]);
+    if (v.bits == 0) {
+      e_plain = e;
+      EXPECT_GT(e_plain, 0.0);
+    } else {
+      EXPECT_LT(e, 0.25 * e_plain) << "residual bits " << v.bits << " beta " << v.beta;
+    }
+  }
+}
+
+// Bytes: stage 1 sends codes and one multiplier byte per block, plus the
+// all-gather of the unit exponents (1 byte per block of every slice)
+// inside the stage's group;
+// stage 2 is the format of docs/format.md, as in the FLOAT mode.
+TEST(QgzInt, CountsEqualTheFormulas) {
+  const size_t count = 4096 + 100, block = 256;
+  size_t nb = (count + block - 1) / block;
+  zpp_qgz_config_t c = int_cfg(4, 4, block);
+  auto x = gen(g_rank, g_size * count, ZPP_BFLOAT16, 11, NORMAL);
+  auto in = pack(x, ZPP_BFLOAT16);
+  std::vector<uint8_t> out(count * 2);
+  zpp_comm_reset_stats(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_BFLOAT16,
+                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  zpp_comm_get_stats(g_comm, &s);
+  size_t codes = count / 2 + nb;                               // INT4, even block
+  size_t e2 = nb * 4 + (count / block) * (block / 2) + (count % block + 1) / 2;
+  size_t agree = (size_t)g_size * nb;                          // one member's exponents
+  int S = 1;
+  zpp_comm_local_size(g_comm, &S);
+  if (two_level()) {
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(S - 1) * (g_nnodes * codes + agree));
+    EXPECT_EQ(s.inter_bytes_sent, (uint64_t)(g_nnodes - 1) * e2);
+    EXPECT_EQ(s.inter_bytes_recv, (uint64_t)(g_nnodes - 1) * e2);
+  } else if (g_uniform) {
+    EXPECT_EQ(s.intra_bytes_sent, (uint64_t)(g_size - 1) * (codes + agree));
+    EXPECT_EQ(s.inter_bytes_sent, 0u);
+  } else {
+    // the flat stage: codes to every other rank, and the world all-gather
+    // of the exponents, whose bytes per rank depend on the all-gather's
+    // algorithm on uneven nodes: those of zpp_allgather of the same size
+    uint64_t codes_sent = s.intra_bytes_sent + s.inter_bytes_sent;
+    std::vector<uint8_t> a(agree), all_a(g_size * agree);
+    zpp_comm_reset_stats(g_comm);
+    EXPECT_EQ(zpp_allgather(g_comm, a.data(), all_a.data(), a.size(), ZPP_UINT8, nullptr,
+                            nullptr),
+              ZPP_OK);
+    zpp_comm_get_stats(g_comm, &s);
+    EXPECT_EQ(codes_sent, (uint64_t)(g_size - 1) * codes + s.intra_bytes_sent +
+                              s.inter_bytes_sent);
+  }
+}
+
+TEST(QgzInt, EdgeCasesAndErrors) {
+  // count 0: nothing moves
+  zpp_qgz_config_t c = int_cfg(4, 4, 256);
+  std::vector<float> in(g_size * 8 + 1, 1.0f), out(9, 0.0f);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 0, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  // a constant input: every rank's step m 2^E is within 2^(E-1) <=
+  // s / 255 of its scale s = 1 / qmax, so a code qmax decodes within
+  // 1 / 255 of 1; stage 2's divisor adds at most a unit
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  for (int i = 0; i < 8; i++) EXPECT_NEAR(out[i], (float)g_size, g_size / 128.0) << i;
+  // a NaN in one rank's gradient: the owning shard's block is NaN
+  std::vector<float> nan_in(g_size * 8, 0.5f);
+  if (g_rank == g_size - 1) nan_in[3] = NAN;  // slice 0, element 3
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, nan_in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  if (g_rank == 0) {
+    EXPECT_TRUE(std::isnan(out[3]));
+  }
+  // the combinations INT does not have
+  c.mode = ZPP_QUANT_ASYMMETRIC;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  c = int_cfg(ZPP_QGZ_INTRA_RAW, 4, 256);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+  c = int_cfg(4, 4, 256);
+  c.hadamard = 32;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->sum"), std::string::npos);
+  c = int_cfg(4, 4, 256);
+  c.sum = 7;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+            ZPP_ERR_INVALID_ARGUMENT);
+}
+
+// A 0.3 struct (up to `step`) takes the default sum (the setting; FLOAT
+// unless ZPP_QGZ_SUM=int): the bits of the current struct with
+// ZPP_QGZ_SUM_DEFAULT.
+TEST(QgzInt, OlderConfigStructTakesTheDefault) {
+  const size_t count = 500;
+  auto x = gen(g_rank, g_size * count, ZPP_FLOAT32, 13, NORMAL);
+  std::vector<float> a(count), b(count);
+  zpp_qgz_config_t v3 = ZPP_QGZ_CONFIG_INIT, cur = ZPP_QGZ_CONFIG_INIT;
+  v3.struct_size = offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t);
+  v3.sum = 12345;  // beyond a 0.3 struct: never read
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &v3, x.data(), a.data(), count, ZPP_FLOAT32,
+                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK)
+      << zpp_comm_get_last_error(g_comm);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cur, x.data(), b.data(), count, ZPP_FLOAT32,
+                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+            ZPP_OK);
+  EXPECT_EQ(a, b);
+}
+
+void setup() {
+  zpp_test::OpenComm((unsigned long long)seed(), &g_comm, &g_rank, &g_size, &g_nnodes,
+                     &g_uniform);
+  g_node.assign(g_size, 0);
+  for (int r = 0; r < g_size; r++) zpp_comm_node_of(g_comm, r, &g_node[r]);
+}
+
+void teardown() { zpp_comm_destroy(g_comm); }
+
+}  // namespace
+
+int main(int argc, char **argv) { return zpp_test::RunAllRanks(argc, argv, setup, teardown); }
