@@ -2,8 +2,9 @@
 // (quant_cuda.cu: one encode or decode a call) and the batched ones
 // (quant_batch_cuda.cu: tables of runs): the work decomposition, the
 // access paths, the block reduction and the launch helpers, all described
-// at the top of quant_cuda.cu.  CUDA C++, for those two files only (an
-// anonymous namespace: each includes its own copy).
+// at the top of quant_cuda.cu; isum_cuda.cu (qgZ's integer sums) uses
+// them too.  CUDA C++, for those files only (an anonymous namespace: each
+// includes its own copy).
 #ifndef ZPP_SRC_KERNELS_QUANT_CUDA_CUH
 #define ZPP_SRC_KERNELS_QUANT_CUDA_CUH
 
