@@ -33,6 +33,14 @@ constexpr unsigned kBatch = ZPP_ISUM_CUDA_BATCH;
 constexpr unsigned kSrcs = ZPP_ISUM_CUDA_SRCS;
 constexpr int kC = 8;                    /* elements per chunk */
 enum { kVec = 0, kElem = 1, kByte = 2 }; /* access paths of a buffer */
+/* The kernels' bounds: kCta threads, and at least one CTA per SM stated
+ * explicitly.  Without the second argument ptxas chooses a register count
+ * at an occupancy step of 256-thread CTAs (48, 64) and spills the few
+ * values that do not fit (the group index, a loop-entry predicate: 4 to
+ * 12 bytes of stack in sum, finish and encode on sm_80/sm_90), which
+ * tools/check_ptxas.sh refuses; with it each kernel gets the registers it
+ * needs and keeps its working set out of local memory. */
+constexpr int kMinCtas = 1;
 
 /* ---- tables -------------------------------------------------------------- */
 
@@ -346,7 +354,7 @@ __device__ __forceinline__ Item item_of(const T &tab, const Opts &o, size_t w,
        base_ += (size_t)gridDim.x * gpc)
 
 template <int DT>
-__global__ void __launch_bounds__(kCta)
+__global__ void __launch_bounds__(kCta, kMinCtas)
     absmax_kernel(const Table<AbsRun> tab, const Opts o) {
   __shared__ uint32_t s_red[2][kMaxGroup / 32];
   ISUM_FOR_ITEMS(tab) {
@@ -422,7 +430,7 @@ enc_chunk(const Opts &o, const EncRun &run, const Res &rv, int sp, size_t e,
 }
 
 template <int DT, int BITS>
-__global__ void __launch_bounds__(kCta)
+__global__ void __launch_bounds__(kCta, kMinCtas)
     encode_kernel(const Table<EncRun> tab, const Opts o) {
   constexpr int W = kC * BITS / 32;
   __shared__ uint32_t s_red[2][kMaxGroup / 32];
@@ -478,7 +486,7 @@ __global__ void __launch_bounds__(kCta)
 }
 
 template <int DT, int BITS>
-__global__ void __launch_bounds__(kCta)
+__global__ void __launch_bounds__(kCta, kMinCtas)
     sum_kernel(const SrcTable<SumRun> tab, const Opts o) {
   constexpr int W = kC * BITS / 32;
   const size_t pb = zpp_qm_payload_bytes(o.block, BITS);
@@ -539,7 +547,7 @@ __device__ __forceinline__ void req_load(const Opts &o, const ReqRun &run,
 }
 
 template <int BITS>
-__global__ void __launch_bounds__(kCta)
+__global__ void __launch_bounds__(kCta, kMinCtas)
     requant_kernel(const Table<ReqRun> tab, const Opts o) {
   constexpr int W = kC * BITS / 32;
   __shared__ uint32_t s_red[2][kMaxGroup / 32];
@@ -629,7 +637,7 @@ __global__ void __launch_bounds__(kCta)
 }
 
 template <int DT, int BITS>
-__global__ void __launch_bounds__(kCta)
+__global__ void __launch_bounds__(kCta, kMinCtas)
     finish_kernel(const SrcTable<FinRun> tab, const Opts o) {
   constexpr int W = kC * BITS / 32;
   const size_t pb = zpp_qm_payload_bytes(o.block, BITS);
