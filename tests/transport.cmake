@@ -106,6 +106,24 @@ if(ZPP_WITH_MPI_ENABLED)
       ENVIRONMENT "ZPP_TOPO=2x1;ZPP_TEST_NETSEG_CASE=${_case};ZPP_TEST_NETSEG_EXPECT=${_want};OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
 
+  # ZPP_QGZ_SUM (qgZ's default reduction) is read at creation and must
+  # agree (the ranks would otherwise exchange different messages) and be
+  # float or int: the same cases through the same check.
+  foreach(_l "mismatch|mismatch|int|float|ZPP_QGZ_SUM: rank"
+             "invalid|invalid|float|bogus|ZPP_QGZ_SUM \"bogus\": must be float or int")
+    string(REPLACE "|" ";" _f "${_l}")
+    list(GET _f 0 _name)
+    list(GET _f 1 _case)
+    list(GET _f 2 _v0)
+    list(GET _f 3 _v1)
+    list(GET _f 4 _want)
+    add_test(NAME transport_qgzsum_${_name} COMMAND ${_mpmd}
+      -np 1 -x ZPP_QGZ_SUM=${_v0} $<TARGET_FILE:test_transport> :
+      -np 1 -x ZPP_QGZ_SUM=${_v1} $<TARGET_FILE:test_transport>)
+    set_tests_properties(transport_qgzsum_${_name} PROPERTIES LABELS mpi TIMEOUT 60
+      ENVIRONMENT "ZPP_TOPO=2x1;ZPP_TEST_NETSEG_CASE=${_case};ZPP_TEST_NETSEG_EXPECT=${_want};OMPI_MCA_mpi_yield_when_idle=1")
+  endforeach()
+
   # Several rotated rings (ZPP_NET_RINGS): same data, counts per ring.
   foreach(_l "2x4_rings4|8|2x4|4" "uneven_3_2_rings3|5|0,0,0,1,1|3"
              "roundrobin_2x2_rings2|4|0,1,0,1|2")

@@ -1202,7 +1202,7 @@ static int qgz_isum(const zpp_qgz_config_t *c, zpp_memory_t mem,
                     const zpp_transport_t *t) {
   int want = c->sum == ZPP_QGZ_SUM_INT;
   if (c->sum == ZPP_QGZ_SUM_DEFAULT)
-    want = strcmp(zpp_setting("ZPP_QGZ_SUM"), "int") == 0 &&
+    want = zpp_transport_qgz_sum_int(t) &&
            c->mode == ZPP_QUANT_SYMMETRIC &&
            c->intra_bits != ZPP_QGZ_INTRA_RAW && c->hadamard == 0 &&
            mem == ZPP_MEMORY_HOST && isum_fits(t, c->intra_bits);

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stddef.h>
@@ -41,6 +42,7 @@ typedef struct {
   int32_t spec_len;
   int32_t algo;       /* zpp_algorithm_t resolved (cfg, else ZPP_ALGO) */
   int32_t hier_chunk; /* ZPP_HIER_CHUNK: chunks must match everywhere */
+  int32_t qgz_sum;    /* ZPP_QGZ_SUM resolved: 1 int, 0 float */
   uint64_t spec_hash;
   uint64_t host_id; /* hash of host name, boot id, network namespace */
   uint64_t pid_space; /* hash of boot id and pid namespace: equal ones see
@@ -324,6 +326,20 @@ static zpp_status_t requested_backend(const zpp_comm_config_t *cfg,
   return ZPP_OK;
 }
 
+/* The setting ZPP_QGZ_SUM (qgZ's default reduction): float (0) or int
+ * (1), either case. */
+static zpp_status_t requested_qgz_sum(int *out, const char *func) {
+  const char *env = zpp_setting("ZPP_QGZ_SUM");
+  if (env[0] == '\0' || strcasecmp(env, "float") == 0)
+    *out = 0;
+  else if (strcasecmp(env, "int") == 0)
+    *out = 1;
+  else
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_QGZ_SUM \"%s\": must be float or int", env);
+  return ZPP_OK;
+}
+
 /* cfg->algorithm, else the setting ZPP_ALGO (hier when unset). */
 static zpp_status_t requested_algorithm(const zpp_comm_config_t *cfg,
                                         zpp_algorithm_t *out,
@@ -435,6 +451,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
   zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
   long hier_chunk = 0, net_seg = -1;
+  int qgz_sum = 0;
   double timeout;
   zpp_status_t st = cr->pre_status, xs;
   int rank = bs->rank, size = bs->size, r;
@@ -459,6 +476,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = requested_backend(cfg, &want, func);
   if (st == ZPP_OK)
     st = requested_algorithm(cfg, &algo, func);
+  if (st == ZPP_OK)
+    st = requested_qgz_sum(&qgz_sum, func);
   hier_chunk = zpp_setting_long("ZPP_HIER_CHUNK", 262144);
   if (st == ZPP_OK && (hier_chunk < 0 || hier_chunk > (1L << 30)))
     st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
@@ -516,6 +535,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.memory = (int32_t)cfg->memory;
   mine.algo = (int32_t)algo;
   mine.hier_chunk = (int32_t)hier_chunk;
+  mine.qgz_sum = (int32_t)qgz_sum;
   mine.net_seg = (int32_t)net_seg;
   if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
       (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
@@ -603,6 +623,12 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "ZPP_HIER_CHUNK: rank %d uses %d but rank %d %d; set it "
                      "alike on every rank",
                      rank, (int)mine.hier_chunk, r, (int)rec[r].hier_chunk);
+    else if (rec[r].qgz_sum != mine.qgz_sum)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_QGZ_SUM: rank %d uses %s but rank %d %s; set it "
+                     "alike on every rank",
+                     rank, mine.qgz_sum ? "int" : "float", r,
+                     rec[r].qgz_sum ? "int" : "float");
     else if (rec[r].net_seg != mine.net_seg)
       st = zpp_error(ZPP_ERR_MISMATCH, func,
                      "ZPP_NET_SEGMENT: rank %d uses %d but rank %d %d (-1: "
@@ -641,6 +667,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
     c->tr->flat = algo == ZPP_ALGORITHM_FLAT;
     c->tr->hier_chunk = (size_t)hier_chunk;
+    c->tr->qgz_sum_int = qgz_sum;
     /* unset: cut only real inter-node transfers (an emulated topology's
      * "network" is shared memory, where the cut only costs messages) */
     c->tr->net_seg = net_seg >= 0 ? (size_t)net_seg

@@ -56,7 +56,8 @@ static zpp_setting_t settings[] = {
     {"ZPP_QGZ_SUM", "float",
      "qgZ's default reduction (zpp_qgz_config_t.sum DEFAULT): float "
      "(decode, add, re-encode per hop) or int (agreed scales, integer "
-     "sums, one decode)",
+     "sums, one decode), either case; read at communicator creation and "
+     "the same on every rank",
      NULL, 0},
     {"ZPP_TOPO", "",
      "emulated topology: NxM (N nodes of M ranks) or a rank-to-node list "

@@ -348,6 +348,10 @@ zpp_status_t zpp_transport_fail(zpp_transport_t *t, zpp_status_t st) {
 
 int zpp_transport_rank(const zpp_transport_t *t) { return t->rank; }
 int zpp_transport_size(const zpp_transport_t *t) { return t->size; }
+int zpp_transport_qgz_sum_int(const zpp_transport_t *t) {
+  return t->qgz_sum_int;
+}
+
 const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t) {
   return t->topo;
 }

@@ -259,6 +259,8 @@ int zpp_transport_group_member(const zpp_transport_t *t, zpp_group_t g,
 /* Link class from me to world rank `peer`. */
 zpp_link_t zpp_transport_link(const zpp_transport_t *t, int peer);
 const zpp_topo_t *zpp_transport_topo(const zpp_transport_t *t);
+/* ZPP_QGZ_SUM as every rank of the communicator set it (1: int). */
+int zpp_transport_qgz_sum_int(const zpp_transport_t *t);
 zpp_backend_t zpp_transport_backend(const zpp_transport_t *t);
 /* Seconds a blocking wait may last before ZPP_ERR_TIMEOUT (<= 0: no
  * limit; never above ZPP_TIMEOUT_MAX_S). */

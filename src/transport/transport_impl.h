@@ -89,6 +89,7 @@ struct zpp_transport {
   int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
   int flat;           /* ZPP_ALGORITHM_FLAT: ring / pairwise on every group */
   size_t hier_chunk;  /* ZPP_HIER_CHUNK: bytes per hierarchical chunk */
+  int qgz_sum_int;    /* ZPP_QGZ_SUM=int, agreed at creation */
   size_t net_seg;     /* ZPP_NET_SEGMENT: the MPI transport's largest message
                          to an inter-node peer (0: whole transfers) */
   atomic_uint_fast64_t progress; /* bumped when a transfer completes */
