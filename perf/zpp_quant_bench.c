@@ -18,9 +18,11 @@
  * --qgz-chain: instead, the CPU work one rank of a 2x4 qgZ reduce-scatter
  * does on its own input of --n elements (8 slices of n / 8), both
  * reductions (zpp_qgz_config_t.sum FLOAT and INT, INT4/INT4, block
- * --block), bf16 and fp32, each beside one memcpy of that input in the
+ * --block; INT also unfused and without the agreement's pass, see
+ * qc_int), bf16 and fp32, each beside one memcpy of that input in the
  * same run: `ratio` = chain time / memcpy time (docs/collectives.md,
- * "Compressed-domain sums").
+ * "Compressed-domain sums").  Exit status 1 when the fused INT chain's
+ * output differs from the unfused one's.
  *
  * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
  */
@@ -408,22 +410,35 @@ static void qc_float(const qc_t *c) {
                      c->out);
 }
 
-static void qc_int(const qc_t *c) {
+/* INT variants: QC_INT the chain of qgz.c (the agreement's absmax pass,
+ * the encode, the fused stage-1 sum + re-quantization of the partial sum
+ * sent and the fused stage-1 sum + finish of the one kept); QC_INT_UNFUSED
+ * the unfused steps (the int32 sums through memory); QC_INT_NOAGREE
+ * QC_INT without the absmax pass (as if the units were known already: a
+ * bound on reusing the last call's exponents, which also needs the encode
+ * to take each block's absmax itself, in the cache). */
+enum { QC_FLOAT, QC_INT, QC_INT_UNFUSED, QC_INT_NOAGREE, QC_KINDS };
+static const char *const qc_kind_name[QC_KINDS] = {"float", "int", "int_unf",
+                                                   "int_noag"};
+
+static void qc_int(const qc_t *c, int kind) {
   zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
   size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, i;
   const uint8_t *srcs[QC_S - 1];
   int j, m, k = 0, sl;
-  for (sl = 0; sl < QC_W; sl++) /* absmax of every slice */
-    c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl), NULL, c->count,
-                        c->amax + (size_t)sl * nb);
-  for (i = 0; i < n; i++) /* exponents; the others': copies */
-    for (j = 0; j < QC_S; j++)
-      c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
-  for (i = 0; i < n; i++) { /* the agreement */
-    int8_t v = ZPP_QM_UEXP_ZERO;
-    for (j = 0; j < QC_S; j++)
-      v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
-    c->uexp[i] = v;
+  if (kind != QC_INT_NOAGREE) {
+    for (sl = 0; sl < QC_W; sl++) /* absmax of every slice */
+      c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl), NULL, c->count,
+                          c->amax + (size_t)sl * nb);
+    for (i = 0; i < n; i++) /* exponents; the others': copies */
+      for (j = 0; j < QC_S; j++)
+        c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
+    for (i = 0; i < n; i++) { /* the agreement */
+      int8_t v = ZPP_QM_UEXP_ZERO;
+      for (j = 0; j < QC_S; j++)
+        v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
+      c->uexp[i] = v;
+    }
   }
   for (j = 1; j < QC_S; j++) /* stage 1 encode: codes, multipliers */
     for (m = 0; m < QC_M; m++)
@@ -431,6 +446,20 @@ static void qc_int(const qc_t *c) {
                           c->amax + (size_t)(m * QC_S + j) * nb,
                           c->uexp + (size_t)(m * QC_S + j) * nb, c->count,
                           c->msg[k++]);
+  if (kind != QC_INT_UNFUSED) {
+    const uint8_t *s2 = c->msg2;
+    for (j = 0; j < QC_S - 1; j++) /* partial sum 1: summed, re-quantized */
+      srcs[j] = c->msg[j * QC_M + 1];
+    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S),
+                             c->uexp + (size_t)QC_S * nb, srcs, QC_S - 1, NULL,
+                             0.0f, c->count, c->iacc[1], c->msg2);
+    for (j = 0; j < QC_S - 1; j++) /* partial sum 0: summed, finished */
+      srcs[j] = c->msg[j * QC_M];
+    c->ops->isum.sum_finish(&q, &q, c->dtype, qc_slice(c, 0), c->uexp, srcs,
+                            QC_S - 1, &s2, 1, c->count, (float)QC_W, c->iacc[0],
+                            c->out);
+    return;
+  }
   for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
     for (j = 0; j < QC_S - 1; j++)
       srcs[j] = c->msg[j * QC_M + m];
@@ -450,7 +479,7 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
   static const int dts[2] = {ZPP_QM_BF16, ZPP_QM_F32};
   static const char *dn[2] = {"bf16", "fp32"};
   size_t count = o->n / QC_W, nb, e;
-  int d, k, i;
+  int d, k, i, wrong = 0;
   zpp_qcfg_t q4 = {4, 0, o->block, 0, 0, 0, 0};
   float *f32;
   int ovf = 0;
@@ -463,7 +492,7 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
   printf("# zpp-quant-bench --qgz-chain: one rank of 2x4 qgZ INT4/INT4, block "
          "%zu, %zu elements of input (8 slices of %zu), path %s, %s\n",
          o->block, QC_W * count, count, ops->name, cpu);
-  printf("%-6s %-6s %10s %10s %7s\n", "dtype", "sum", "ms", "memcpy_ms",
+  printf("%-6s %-8s %10s %10s %7s\n", "dtype", "sum", "ms", "memcpy_ms",
          "ratio");
   f32 = xalloc(4 * QC_W * count);
   if (f32 == NULL)
@@ -498,7 +527,25 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     }
     for (i = 0; i < (int)(QC_W * count); i++)
       zpp_qm_store(in, (size_t)i, dts[d], f32[i]);
-    for (k = 0; k < 2; k++) {
+    { /* the fused chain's output against the unfused one's */
+      size_t ob = count * ds;
+      uint8_t *o0 = xalloc(ob + e);
+      if (o0 == NULL)
+        return 1;
+      qc_int(&c, QC_INT_UNFUSED);
+      memcpy(o0, c.out, ob);
+      memcpy(o0 + ob, c.msg2, e);
+      qc_int(&c, QC_INT);
+      if (memcmp(o0, c.out, ob) != 0 || memcmp(o0 + ob, c.msg2, e) != 0) {
+        fprintf(stderr,
+                "zpp-quant-bench: %s: fused INT chain differs from "
+                "the unfused one\n",
+                dn[d]);
+        wrong = 1;
+      }
+      free(o0);
+    }
+    for (k = 0; k < QC_KINDS; k++) {
       double *t = malloc(sizeof(double) * (size_t)o->iters);
       double *m = malloc(sizeof(double) * (size_t)o->iters);
       int it;
@@ -508,10 +555,10 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
         double t0;
         make_cold(o);
         t0 = now_s();
-        if (k == 0)
+        if (k == QC_FLOAT)
           qc_float(&c);
         else
-          qc_int(&c);
+          qc_int(&c, k);
         t0 = now_s() - t0;
         if (it >= o->warmup)
           t[it - o->warmup] = t0;
@@ -524,14 +571,14 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
       }
       {
         double tm = median(t, o->iters), mm = median(m, o->iters);
-        printf("%-6s %-6s %10.3f %10.3f %7.2f\n", dn[d], k ? "int" : "float",
+        printf("%-6s %-8s %10.3f %10.3f %7.2f\n", dn[d], qc_kind_name[k],
                1e3 * tm, 1e3 * mm, tm / mm);
       }
       free(t);
       free(m);
     }
   }
-  return 0;
+  return wrong;
 }
 
 int main(int argc, char **argv) {
