@@ -291,15 +291,17 @@ TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
       std::memcpy(other.data() + 4 * b, &sc, 4);
     }
     const uint8_t *srcs[2] = {m_ref.data(), other.data()};
-    for (int k = 1; k <= 2; k++) {
-      size_t ob = n * zpp_qm_dtype_bytes(dt);
-      std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
-      ref->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
-                       o_ref.data());
-      c.ops->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
-                         o.data());
-      expect_same(o_ref, o, "finish");
-    }
+    // div: MEAN over 8 ranks (a power of two), 6, SUM (1) and 2^-3.
+    for (float div : {8.0f, 6.0f, 1.0f, 0.125f})
+      for (int k = 1; k <= 2; k++) {
+        size_t ob = n * zpp_qm_dtype_bytes(dt);
+        std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
+        ref->isum.finish(&q, in.data(), ue.data(), srcs, k, n, div, dt,
+                         o_ref.data());
+        c.ops->isum.finish(&q, in.data(), ue.data(), srcs, k, n, div, dt,
+                           o.data());
+        expect_same(o_ref, o, "finish, div " + std::to_string(div));
+      }
   });
 }
 
@@ -364,10 +366,11 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           for (int k = 0; k <= 2; k++) {
             size_t ob = n * zpp_qm_dtype_bytes(dt);
             std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
-            ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, 8.0f,
-                             dt, o_ref.data());
+            float div = k == 1 ? 6.0f : 8.0f;
+            ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, div, dt,
+                             o_ref.data());
             c.ops->isum.sum_finish(&q1, &q2, dt, own, ue.data(), srcs, 3, srcs2,
-                                   k, n, 8.0f, tmp.data(), o.data());
+                                   k, n, div, tmp.data(), o.data());
             expect_same(o_ref, o, "sum_finish");
           }
         }

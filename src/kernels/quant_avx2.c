@@ -1294,7 +1294,11 @@ ZPP_AVX2_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
                                      void *dst) {
   size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
   size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
-  __m256 vd = _mm256_set1_ps(div);
+  /* div a power of two (MEAN over 2^k ranks): fl(x / div) equals
+   * fl(x * (1 / div)), both the exact quotient rounded once */
+  uint32_t db = zpp_qm_f32_bits(div), de = (db >> 23) & 0xffu;
+  int p2 = (db & 0x7fffffu) == 0 && de >= 1 && de <= 253;
+  __m256 vd = _mm256_set1_ps(div), vr = _mm256_set1_ps(1.0f / div);
   int j;
   for (b = b0; b < b1; b++) {
     size_t off = b * cfg2->block;
@@ -1315,7 +1319,8 @@ ZPP_AVX2_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
                                        srcs[j] + nb * 4 + b * pb, i, bits2))),
                                    _mm256_set1_ps(sc))));
       }
-      store8(dst, off + i, dtype, 1, _mm256_div_ps(acc, vd));
+      store8(dst, off + i, dtype, 1,
+             p2 ? _mm256_mul_ps(acc, vr) : _mm256_div_ps(acc, vd));
     }
     for (; i < len; i++) {
       float acc = (float)own[off - ob + i] * unit;
