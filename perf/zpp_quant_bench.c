@@ -20,7 +20,9 @@
  * reductions (zpp_qgz_config_t.sum FLOAT and INT, INT4/INT4, block
  * --block; INT also unfused and without the agreement's pass, see
  * qc_int), bf16 and fp32, each beside one memcpy of that input in the
- * same run: `ratio` = chain time / memcpy time (docs/collectives.md,
+ * same run: `ratio` = chain time / memcpy time, medians, and
+ * `min_ratio` the same of the fastest runs (on a shared machine the runs
+ * that no other process slowed down) (docs/collectives.md,
  * "Compressed-domain sums").  Exit status 1 when the fused INT chain's
  * output differs from the unfused one's.
  *
@@ -457,29 +459,32 @@ enum {
 static const char *const qc_kind_name[QC_KINDS] = {"float", "int", "int_unf",
                                                    "int_cagr", "int_noag"};
 
-/* The agreement of elements [off, off + len) of every slice. */
+/* The agreement of elements [off, off + len) of every slice, as qgz.c's
+ * isum_absmax and isum_agree (the other members' exponents: copies of
+ * this rank's, standing in for the all-gather). */
 static void qc_agree(const qc_t *c, size_t off, size_t len) {
   zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
-  size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, i, b;
+  size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, b;
   size_t b0 = off / c->block, nbk = (len + c->block - 1) / c->block;
   int j, sl;
-  for (sl = 0; sl < QC_W; sl++) { /* absmax; the others' exponents: copies */
+  for (sl = 0; sl < QC_W; sl++) { /* absmax and exponents */
+    size_t x = (size_t)sl * nb + b0;
     c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl, off), NULL, len,
-                        c->amax + (size_t)sl * nb + b0);
-    for (b = 0; b < nbk; b++) {
-      i = (size_t)sl * nb + b0 + b;
-      for (j = 0; j < QC_S; j++)
-        c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
+                        c->amax + x);
+    for (b = x; b < x + nbk; b++)
+      c->uexp_all[b] = (int8_t)zpp_qm_unit_exp(c->amax[b], 4);
+    for (j = 1; j < QC_S; j++)
+      memcpy(c->uexp_all + j * n + x, c->uexp_all + x, nbk);
+  }
+  for (sl = 0; sl < QC_W; sl++) { /* the max */
+    size_t x = (size_t)sl * nb + b0;
+    memcpy(c->uexp + x, c->uexp_all + x, nbk);
+    for (j = 1; j < QC_S; j++) {
+      const int8_t *u = c->uexp_all + j * n;
+      for (b = x; b < x + nbk; b++)
+        c->uexp[b] = u[b] > c->uexp[b] ? u[b] : c->uexp[b];
     }
   }
-  for (sl = 0; sl < QC_W; sl++) /* the max */
-    for (b = 0; b < nbk; b++) {
-      int8_t v = ZPP_QM_UEXP_ZERO;
-      i = (size_t)sl * nb + b0 + b;
-      for (j = 0; j < QC_S; j++)
-        v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
-      c->uexp[i] = v;
-    }
 }
 
 static void qc_int(const qc_t *c, size_t k, int kind) {
@@ -564,8 +569,8 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
          "path %s, %s\n",
          o->block, QC_W * count, count, (count + chunk - 1) / chunk, chunk,
          ops->name, cpu);
-  printf("%-6s %-8s %10s %10s %7s\n", "dtype", "sum", "ms", "memcpy_ms",
-         "ratio");
+  printf("%-6s %-8s %10s %10s %7s %10s %10s %9s\n", "dtype", "sum", "ms",
+         "memcpy_ms", "ratio", "min_ms", "min_memcpy", "min_ratio");
   f32 = xalloc(4 * QC_W * count);
   if (f32 == NULL)
     return 1;
@@ -645,8 +650,14 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
       }
       {
         double tm = median(t, o->iters), mm = median(m, o->iters);
-        printf("%-6s %-8s %10.3f %10.3f %7.2f\n", dn[d], qc_kind_name[k],
-               1e3 * tm, 1e3 * mm, tm / mm);
+        double t1 = t[0], m1 = m[0];
+        for (it = 1; it < o->iters; it++) {
+          t1 = t[it] < t1 ? t[it] : t1;
+          m1 = m[it] < m1 ? m[it] : m1;
+        }
+        printf("%-6s %-8s %10.3f %10.3f %7.2f %10.3f %10.3f %9.2f\n", dn[d],
+               qc_kind_name[k], 1e3 * tm, 1e3 * mm, tm / mm, 1e3 * t1, 1e3 * m1,
+               t1 / m1);
       }
       free(t);
       free(m);
