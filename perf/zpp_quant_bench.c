@@ -18,8 +18,9 @@
  * --qgz-chain: instead, the CPU work one rank of a 2x4 qgZ reduce-scatter
  * does on its own input of --n elements (8 slices of n / 8), both
  * reductions (zpp_qgz_config_t.sum FLOAT and INT, INT4/INT4, block
- * --block; INT also unfused and without the agreement's pass, see
- * qc_int), bf16 and fp32, each beside one memcpy of that input in the
+ * --block; INT also unfused, with an agreement per chunk and without the
+ * agreement's pass, see qc_int), in --chunks chunks as qgZ's host plan,
+ * bf16 and fp32, each beside one memcpy of that input in the
  * same run: `ratio` = chain time / memcpy time, medians, and
  * `min_ratio` the same of the fastest runs (on a shared machine the runs
  * that no other process slowed down) (docs/collectives.md,
