@@ -18,9 +18,14 @@
  * --qgz-chain: instead, the CPU work one rank of a 2x4 qgZ reduce-scatter
  * does on its own input of --n elements (8 slices of n / 8), both
  * reductions (zpp_qgz_config_t.sum FLOAT and INT, INT4/INT4, block
- * --block), bf16 and fp32, each beside one memcpy of that input in the
- * same run: `ratio` = chain time / memcpy time (docs/collectives.md,
- * "Compressed-domain sums").
+ * --block; INT also unfused, with an agreement per chunk and without the
+ * agreement's pass, see qc_int), in --chunks chunks as qgZ's host plan,
+ * bf16 and fp32, each beside one memcpy of that input in the
+ * same run: `ratio` = chain time / memcpy time, medians, and
+ * `min_ratio` the same of the fastest runs (on a shared machine the runs
+ * that no other process slowed down) (docs/collectives.md,
+ * "Compressed-domain sums").  Exit status 1 when the fused INT chain's
+ * output differs from the unfused one's.
  *
  * Pin it for stable numbers: taskset -c 1 zpp-quant-bench --isa avx2
  */
@@ -46,6 +51,7 @@ typedef struct {
   int asym;
   int cold; /* write COLD_BYTES elsewhere before every run */
   int qgz_chain; /* --qgz-chain */
+  size_t chunks; /* --chunks */
 } opts_t;
 
 /* --cold: bytes written before each run (codec and memcpy alike), several
@@ -87,21 +93,26 @@ static double median(double *v, int k) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: zpp-quant-bench [--n N] [--block B] [--iters I] [--warmup W]\n"
-          "                       [--isa auto|scalar|avx2|avx512]\n"
-          "                       [--format table|csv|json] [--sym|--asym] [--cold]\n"
-          "  --n N        elements per buffer (default 16777216: out of cache)\n"
-          "  --block B    elements per quantization block (default 256)\n"
-          "  --iters I    timed runs per row; the median is reported (default 10)\n"
-          "  --warmup W   untimed runs per row first (default 2)\n"
-          "  --isa P      CPU path; auto = the library's choice (ZPP_CPU_ISA)\n"
-          "  --format F   table (default), csv or json\n"
-          "  --sym/--asym quantization mode (default symmetric)\n"
-          "  --cold       write 256 MiB elsewhere before every run (codec and\n"
-          "               memcpy alike): inputs come from memory, not cache\n"
-          "  --qgz-chain  qgZ's kernels of one rank of a 2x4 call (FLOAT and\n"
-          "               INT sums) against a memcpy of its input\n");
+  fprintf(
+      f,
+      "usage: zpp-quant-bench [--n N] [--block B] [--iters I] [--warmup W]\n"
+      "                       [--isa auto|scalar|avx2|avx512]\n"
+      "                       [--format table|csv|json] [--sym|--asym] "
+      "[--cold]\n"
+      "                       [--qgz-chain [--chunks C]]\n"
+      "  --n N        elements per buffer (default 16777216: out of cache)\n"
+      "  --block B    elements per quantization block (default 256)\n"
+      "  --iters I    timed runs per row; the median is reported (default 10)\n"
+      "  --warmup W   untimed runs per row first (default 2)\n"
+      "  --isa P      CPU path; auto = the library's choice (ZPP_CPU_ISA)\n"
+      "  --format F   table (default), csv or json\n"
+      "  --sym/--asym quantization mode (default symmetric)\n"
+      "  --cold       write 256 MiB elsewhere before every run (codec and\n"
+      "               memcpy alike): inputs come from memory, not cache\n"
+      "  --qgz-chain  qgZ's kernels of one rank of a 2x4 call (FLOAT and\n"
+      "               INT sums) against a memcpy of its input\n"
+      "  --chunks C   --qgz-chain: chunks of the call (default 8, as qgZ's\n"
+      "               host plan; 1: every step over the whole input)\n");
 }
 
 static int parse_size(const char *flag, const char *s, size_t min, size_t *out) {
@@ -141,6 +152,10 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       o->qgz_chain = 1;
     } else if (strcmp(a, "--n") == 0) {
       if (parse_size(a, v, 1, &o->n) != 0)
+        return -1;
+      i++;
+    } else if (strcmp(a, "--chunks") == 0) {
+      if (parse_size(a, v, 1, &o->chunks) != 0)
         return -1;
       i++;
     } else if (strcmp(a, "--block") == 0) {
@@ -365,92 +380,178 @@ static void print_row(const opts_t *o, const char *isa, const row_t *r,
 #define QC_M 2
 #define QC_W (QC_S * QC_M)
 
+#define QC_DEPTH 3 /* chunk slots, as qgz.c's QGZ_DEPTH */
+
 typedef struct {
   const zpp_quant_cpu_ops_t *ops;
   int dtype, simd;
   size_t count, block;
-  const uint8_t *in; /* W slices of count */
-  uint8_t *msg[QC_W], *msg2; /* stage 1: (S - 1) M messages; stage 2 */
-  float *acc[QC_M];
-  int32_t *iacc[QC_M];
-  uint32_t *amax;            /* W nb: this rank's absmax */
-  int8_t *uexp, *uexp_all;   /* W nb; S W nb: the unit exponents */
+  size_t chunk, nchunks; /* elements per chunk (whole blocks) */
+  size_t ms, ms2;        /* bytes of a chunk's message slot: stage 1, 2 */
+  const uint8_t *in;     /* W slices of count */
+  /* QC_DEPTH slots of a chunk's messages: stage 1, (S - 1) M; stage 2 */
+  uint8_t *msg[QC_W], *msg2;
+  float *acc[QC_M];        /* QC_DEPTH slots of a chunk */
+  int32_t *iacc[QC_M];     /* QC_DEPTH slots of a chunk (fused: a tile) */
+  uint32_t *amax;          /* W nb: this rank's absmax */
+  int8_t *uexp, *uexp_all; /* W nb; S W nb: the unit exponents */
   void *out;
 } qc_t;
 
-static const void *qc_slice(const qc_t *c, int sl) {
-  return c->in + (size_t)sl * c->count * zpp_qm_dtype_bytes(c->dtype);
+/* Element `off` of slice sl. */
+static const void *qc_slice(const qc_t *c, int sl, size_t off) {
+  return c->in + ((size_t)sl * c->count + off) * zpp_qm_dtype_bytes(c->dtype);
 }
 
-static void qc_float(const qc_t *c) {
+static size_t qc_len(const qc_t *c, size_t k) {
+  size_t off = k * c->chunk;
+  return c->count - off < c->chunk ? c->count - off : c->chunk;
+}
+
+static void qc_float(const qc_t *c, size_t k) {
   zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
   const uint8_t *srcs[QC_S - 1];
-  int j, m, k = 0;
+  size_t off = k * c->chunk, len = qc_len(c, k), sl = k % QC_DEPTH;
+  uint8_t *m2 = c->msg2 + sl * c->ms2;
+  float *acc[QC_M];
+  int j, m, n = 0;
+  for (m = 0; m < QC_M; m++)
+    acc[m] = c->acc[m] + sl * c->chunk;
   for (j = 1; j < QC_S; j++) /* stage 1 encode */
     for (m = 0; m < QC_M; m++)
-      c->ops->encode(&q, c->dtype, qc_slice(c, m * QC_S + j), c->count,
-                     c->msg[k++]);
+      c->ops->encode(&q, c->dtype, qc_slice(c, m * QC_S + j, off), len,
+                     c->msg[n++] + sl * c->ms);
   for (m = 0; m < QC_M; m++) { /* stage 1 sums */
     for (j = 0; j < QC_S - 1; j++)
-      srcs[j] = c->msg[j * QC_M + m];
+      srcs[j] = c->msg[j * QC_M + m] + sl * c->ms;
     if (zpp_ew_sum_decoded_host(c->ops, &q, c->simd, c->dtype,
-                                qc_slice(c, m * QC_S), srcs, QC_S - 1,
-                                c->count, c->acc[m]) != 0) {
-      zpp_ew_to_f32_host(c->simd, c->dtype, qc_slice(c, m * QC_S), c->count,
-                         c->acc[m]);
+                                qc_slice(c, m * QC_S, off), srcs, QC_S - 1, len,
+                                acc[m]) != 0) {
+      zpp_ew_to_f32_host(c->simd, c->dtype, qc_slice(c, m * QC_S, off), len,
+                         acc[m]);
       for (j = 0; j < QC_S - 1; j++)
-        c->ops->decode(&q, srcs[j], c->count, ZPP_QM_OUT_ACC, c->acc[m]);
+        c->ops->decode(&q, srcs[j], len, ZPP_QM_OUT_ACC, acc[m]);
     }
   }
-  c->ops->encode(&q, ZPP_QM_F32, c->acc[1], c->count, c->msg2); /* stage 2 */
-  c->ops->decode(&q, c->msg2, c->count, ZPP_QM_OUT_ACC, c->acc[0]);
-  zpp_ew_finish_host(c->simd, c->acc[0], c->count, (float)QC_W, c->dtype,
-                     c->out);
+  c->ops->encode(&q, ZPP_QM_F32, acc[1], len, m2); /* stage 2 */
+  c->ops->decode(&q, m2, len, ZPP_QM_OUT_ACC, acc[0]);
+  zpp_ew_finish_host(c->simd, acc[0], len, (float)QC_W, c->dtype,
+                     (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
 }
 
-static void qc_int(const qc_t *c) {
+/* INT variants: QC_INT the chain of qgz.c (the agreement: the absmax of
+ * the whole input, before the chunks; per chunk the encode, the fused
+ * stage-1 sum + re-quantization of the partial sum sent and the fused
+ * stage-1 sum + finish of the one kept); QC_INT_UNFUSED the unfused steps
+ * (the int32 sums through memory); QC_INT_CHUNK_AGREE the agreement chunk
+ * by chunk, just before the chunk's encode (its input read again from the
+ * cache; qgz.c would need an exponent exchange per chunk); QC_INT_NOAGREE
+ * no agreement pass (as if the units were known: a bound on reusing the
+ * last call's exponents, which also needs the encode to take each block's
+ * absmax itself, from the cache). */
+enum {
+  QC_FLOAT,
+  QC_INT,
+  QC_INT_UNFUSED,
+  QC_INT_CHUNK_AGREE,
+  QC_INT_NOAGREE,
+  QC_KINDS
+};
+static const char *const qc_kind_name[QC_KINDS] = {"float", "int", "int_unf",
+                                                   "int_cagr", "int_noag"};
+
+/* The agreement of elements [off, off + len) of every slice, as qgz.c's
+ * isum_absmax and isum_agree (the other members' exponents: copies of
+ * this rank's, standing in for the all-gather). */
+static void qc_agree(const qc_t *c, size_t off, size_t len) {
   zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
-  size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, i;
-  const uint8_t *srcs[QC_S - 1];
-  int j, m, k = 0, sl;
-  for (sl = 0; sl < QC_W; sl++) /* absmax of every slice */
-    c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl), NULL, c->count,
-                        c->amax + (size_t)sl * nb);
-  for (i = 0; i < n; i++) /* exponents; the others': copies */
-    for (j = 0; j < QC_S; j++)
-      c->uexp_all[j * n + i] = (int8_t)zpp_qm_unit_exp(c->amax[i], 4);
-  for (i = 0; i < n; i++) { /* the agreement */
-    int8_t v = ZPP_QM_UEXP_ZERO;
-    for (j = 0; j < QC_S; j++)
-      v = c->uexp_all[j * n + i] > v ? c->uexp_all[j * n + i] : v;
-    c->uexp[i] = v;
+  size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, b;
+  size_t b0 = off / c->block, nbk = (len + c->block - 1) / c->block;
+  int j, sl;
+  for (sl = 0; sl < QC_W; sl++) { /* absmax and exponents */
+    size_t x = (size_t)sl * nb + b0;
+    c->ops->isum.absmax(&q, c->dtype, qc_slice(c, sl, off), NULL, len,
+                        c->amax + x);
+    for (b = x; b < x + nbk; b++)
+      c->uexp_all[b] = (int8_t)zpp_qm_unit_exp(c->amax[b], 4);
+    for (j = 1; j < QC_S; j++)
+      memcpy(c->uexp_all + j * n + x, c->uexp_all + x, nbk);
   }
+  for (sl = 0; sl < QC_W; sl++) { /* the max */
+    size_t x = (size_t)sl * nb + b0;
+    memcpy(c->uexp + x, c->uexp_all + x, nbk);
+    for (j = 1; j < QC_S; j++) {
+      const int8_t *u = c->uexp_all + j * n;
+      for (b = x; b < x + nbk; b++)
+        c->uexp[b] = u[b] > c->uexp[b] ? u[b] : c->uexp[b];
+    }
+  }
+}
+
+static void qc_int(const qc_t *c, size_t k, int kind) {
+  zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
+  size_t nb = (c->count + c->block - 1) / c->block;
+  size_t off = k * c->chunk, len = qc_len(c, k), sl = k % QC_DEPTH;
+  size_t b0 = off / c->block;
+  uint8_t *m2 = c->msg2 + sl * c->ms2;
+  const uint8_t *srcs[QC_S - 1];
+  int j, m, n = 0;
+  if (kind == QC_INT_CHUNK_AGREE)
+    qc_agree(c, off, len);
   for (j = 1; j < QC_S; j++) /* stage 1 encode: codes, multipliers */
-    for (m = 0; m < QC_M; m++)
-      c->ops->isum.encode(&q, c->dtype, qc_slice(c, m * QC_S + j), NULL, 0.0f,
-                          c->amax + (size_t)(m * QC_S + j) * nb,
-                          c->uexp + (size_t)(m * QC_S + j) * nb, c->count,
-                          c->msg[k++]);
+    for (m = 0; m < QC_M; m++) {
+      size_t x = (size_t)(m * QC_S + j) * nb + b0;
+      c->ops->isum.encode(&q, c->dtype, qc_slice(c, m * QC_S + j, off), NULL,
+                          0.0f, c->amax + x, c->uexp + x, len,
+                          c->msg[n++] + sl * c->ms);
+    }
+  if (kind != QC_INT_UNFUSED) {
+    const uint8_t *s2 = m2;
+    for (j = 0; j < QC_S - 1; j++) /* partial sum 1: summed, re-quantized */
+      srcs[j] = c->msg[j * QC_M + 1] + sl * c->ms;
+    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S, off),
+                             c->uexp + (size_t)QC_S * nb + b0, srcs, QC_S - 1,
+                             NULL, 0.0f, len, c->iacc[1], m2);
+    for (j = 0; j < QC_S - 1; j++) /* partial sum 0: summed, finished */
+      srcs[j] = c->msg[j * QC_M] + sl * c->ms;
+    c->ops->isum.sum_finish(
+        &q, &q, c->dtype, qc_slice(c, 0, off), c->uexp + b0, srcs, QC_S - 1,
+        &s2, 1, len, (float)QC_W, c->iacc[0],
+        (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
+    return;
+  }
   for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
     for (j = 0; j < QC_S - 1; j++)
-      srcs[j] = c->msg[j * QC_M + m];
-    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S),
-                     c->uexp + (size_t)(m * QC_S) * nb, srcs, QC_S - 1,
-                     c->count, c->iacc[m]);
+      srcs[j] = c->msg[j * QC_M + m] + sl * c->ms;
+    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S, off),
+                     c->uexp + (size_t)(m * QC_S) * nb + b0, srcs, QC_S - 1,
+                     len, c->iacc[m] + sl * c->chunk);
   }
-  c->ops->isum.requant(&q, c->iacc[1], c->uexp + (size_t)QC_S * nb, NULL,
-                       0.0f, c->count, c->msg2);
-  srcs[0] = c->msg2;
-  c->ops->isum.finish(&q, c->iacc[0], c->uexp, srcs, 1, c->count,
-                      (float)QC_W, c->dtype, c->out);
+  c->ops->isum.requant(&q, c->iacc[1] + sl * c->chunk,
+                       c->uexp + (size_t)QC_S * nb + b0, NULL, 0.0f, len, m2);
+  srcs[0] = m2;
+  c->ops->isum.finish(&q, c->iacc[0] + sl * c->chunk, c->uexp + b0, srcs, 1,
+                      len, (float)QC_W, c->dtype,
+                      (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
+}
+
+static void qc_run(const qc_t *c, int kind) {
+  size_t k;
+  if (kind == QC_INT || kind == QC_INT_UNFUSED)
+    qc_agree(c, 0, c->count);
+  for (k = 0; k < c->nchunks; k++)
+    if (kind == QC_FLOAT)
+      qc_float(c, k);
+    else
+      qc_int(c, k, kind);
 }
 
 static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
                      const char *cpu) {
   static const int dts[2] = {ZPP_QM_BF16, ZPP_QM_F32};
   static const char *dn[2] = {"bf16", "fp32"};
-  size_t count = o->n / QC_W, nb, e;
-  int d, k, i;
+  size_t count = o->n / QC_W, nb, e, chunk;
+  int d, k, i, wrong = 0;
   zpp_qcfg_t q4 = {4, 0, o->block, 0, 0, 0, 0};
   float *f32;
   int ovf = 0;
@@ -460,11 +561,17 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
   }
   nb = (count + o->block - 1) / o->block;
   e = zpp_quant_bytes(&q4, count, &ovf);
+  /* chunks of whole blocks, about count / --chunks (qgz.c: 8) */
+  chunk = (count / o->chunks + o->block - 1) / o->block * o->block;
+  chunk = chunk == 0 ? o->block : chunk;
+  chunk = chunk > count ? count : chunk;
   printf("# zpp-quant-bench --qgz-chain: one rank of 2x4 qgZ INT4/INT4, block "
-         "%zu, %zu elements of input (8 slices of %zu), path %s, %s\n",
-         o->block, QC_W * count, count, ops->name, cpu);
-  printf("%-6s %-6s %10s %10s %7s\n", "dtype", "sum", "ms", "memcpy_ms",
-         "ratio");
+         "%zu, %zu elements of input (8 slices of %zu, %zu chunks of %zu), "
+         "path %s, %s\n",
+         o->block, QC_W * count, count, (count + chunk - 1) / chunk, chunk,
+         ops->name, cpu);
+  printf("%-6s %-8s %10s %10s %7s %10s %10s %9s\n", "dtype", "sum", "ms",
+         "memcpy_ms", "ratio", "min_ms", "min_memcpy", "min_ratio");
   f32 = xalloc(4 * QC_W * count);
   if (f32 == NULL)
     return 1;
@@ -480,12 +587,17 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     c.count = count;
     c.block = o->block;
     c.in = in;
+    c.chunk = chunk;
+    c.nchunks = (count + chunk - 1) / chunk;
+    c.ms =
+        zpp_quant_bytes(&q4, chunk, &ovf) + (chunk + o->block - 1) / o->block;
+    c.ms2 = zpp_quant_bytes(&q4, chunk, &ovf);
     for (i = 0; i < (QC_S - 1) * QC_M; i++)
-      c.msg[i] = xalloc(e + nb); /* INT: codes and multipliers */
-    c.msg2 = xalloc(e);
+      c.msg[i] = xalloc(QC_DEPTH * c.ms); /* INT: codes and multipliers */
+    c.msg2 = xalloc(QC_DEPTH * c.ms2);
     for (i = 0; i < QC_M; i++) {
-      c.acc[i] = xalloc(4 * count);
-      c.iacc[i] = xalloc(4 * count);
+      c.acc[i] = xalloc(4 * QC_DEPTH * chunk);
+      c.iacc[i] = xalloc(4 * QC_DEPTH * chunk);
     }
     c.amax = xalloc(4 * QC_W * nb);
     c.uexp = xalloc(QC_W * nb);
@@ -498,7 +610,25 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     }
     for (i = 0; i < (int)(QC_W * count); i++)
       zpp_qm_store(in, (size_t)i, dts[d], f32[i]);
-    for (k = 0; k < 2; k++) {
+    { /* the fused chain's output against the unfused one's */
+      size_t ob = count * ds;
+      uint8_t *o0 = xalloc(ob + e);
+      if (o0 == NULL)
+        return 1;
+      qc_run(&c, QC_INT_UNFUSED);
+      memcpy(o0, c.out, ob);
+      memcpy(o0 + ob, c.msg2, c.ms2);
+      qc_run(&c, QC_INT);
+      if (memcmp(o0, c.out, ob) != 0 || memcmp(o0 + ob, c.msg2, c.ms2) != 0) {
+        fprintf(stderr,
+                "zpp-quant-bench: %s: fused INT chain differs from "
+                "the unfused one\n",
+                dn[d]);
+        wrong = 1;
+      }
+      free(o0);
+    }
+    for (k = 0; k < QC_KINDS; k++) {
       double *t = malloc(sizeof(double) * (size_t)o->iters);
       double *m = malloc(sizeof(double) * (size_t)o->iters);
       int it;
@@ -508,10 +638,7 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
         double t0;
         make_cold(o);
         t0 = now_s();
-        if (k == 0)
-          qc_float(&c);
-        else
-          qc_int(&c);
+        qc_run(&c, k);
         t0 = now_s() - t0;
         if (it >= o->warmup)
           t[it - o->warmup] = t0;
@@ -524,20 +651,26 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
       }
       {
         double tm = median(t, o->iters), mm = median(m, o->iters);
-        printf("%-6s %-6s %10.3f %10.3f %7.2f\n", dn[d], k ? "int" : "float",
-               1e3 * tm, 1e3 * mm, tm / mm);
+        double t1 = t[0], m1 = m[0];
+        for (it = 1; it < o->iters; it++) {
+          t1 = t[it] < t1 ? t[it] : t1;
+          m1 = m[it] < m1 ? m[it] : m1;
+        }
+        printf("%-6s %-8s %10.3f %10.3f %7.2f %10.3f %10.3f %9.2f\n", dn[d],
+               qc_kind_name[k], 1e3 * tm, 1e3 * mm, tm / mm, 1e3 * t1, 1e3 * m1,
+               t1 / m1);
       }
       free(t);
       free(m);
     }
   }
-  return 0;
+  return wrong;
 }
 
 int main(int argc, char **argv) {
   static const int dtypes[3] = {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16};
   static const char *dtype_names[3] = {"fp32", "fp16", "bf16"};
-  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0, 0, 0};
+  opts_t o = {(size_t)1 << 24, 256, 10, 2, "auto", FMT_TABLE, 0, 0, 0, 8};
   const zpp_quant_cpu_ops_t *ops, *ref;
   char cpu[256];
   size_t enc_max, mc_max;

@@ -140,9 +140,11 @@ struct Case {
   }
 };
 
-template <class F> void for_each_case(const char *test, F f) {
+template <class F>
+void for_each_case(const char *test, F f,
+                   std::vector<const char *> isas = {kIsas[0], kIsas[1]}) {
   int ran = 0;
-  for (const char *isa : kIsas) {
+  for (const char *isa : isas) {
     const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
     if (ops == nullptr) {
       std::printf("[ skip ] %s: not built or not supported here\n", isa);
@@ -289,16 +291,91 @@ TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
       std::memcpy(other.data() + 4 * b, &sc, 4);
     }
     const uint8_t *srcs[2] = {m_ref.data(), other.data()};
-    for (int k = 1; k <= 2; k++) {
-      size_t ob = n * zpp_qm_dtype_bytes(dt);
-      std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
-      ref->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
-                       o_ref.data());
-      c.ops->isum.finish(&q, in.data(), ue.data(), srcs, k, n, 8.0f, dt,
-                         o.data());
-      expect_same(o_ref, o, "finish");
-    }
+    // div: MEAN over 8 ranks (a power of two), 6, SUM (1) and 2^-3.
+    for (float div : {8.0f, 6.0f, 1.0f, 0.125f})
+      for (int k = 1; k <= 2; k++) {
+        size_t ob = n * zpp_qm_dtype_bytes(dt);
+        std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
+        ref->isum.finish(&q, in.data(), ue.data(), srcs, k, n, div, dt,
+                         o_ref.data());
+        c.ops->isum.finish(&q, in.data(), ue.data(), srcs, k, n, div, dt,
+                           o.data());
+        expect_same(o_ref, o, "finish, div " + std::to_string(div));
+      }
   });
+}
+
+// The fused steps of every path (the scalar one included) against the
+// scalar steps they fuse: sum then requant (message and residual), sum
+// then finish; counts of several tiles, tiles that end inside the call.
+TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
+  for_each_case(
+      "IsumSimd.FusedSteps",
+      [](const Case &c, std::mt19937_64 &rng) {
+        const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+        int dt = kDtypes[c.di];
+        zpp_qcfg_t q1 = make_cfg(c, rng), q2 = make_cfg(c, rng);
+        size_t n = c.s.count, nb = zpp_quant_nblocks(&q1, n);
+        std::vector<uint8_t> x = make_input(rng, dt, n, c.s.block);
+        std::vector<uint32_t> am(nb);
+        ref->isum.absmax(&q1, dt, x.data(), nullptr, n, am.data());
+        std::vector<int8_t> ue = make_uexp(rng, am.data(), nb, c.bits);
+        // Stage 1: the real encode of x and two messages of random bytes.
+        size_t mb = zpp_isum_msg_bytes(&q1, n);
+        std::vector<std::vector<uint8_t>> msgs(3, std::vector<uint8_t>(mb));
+        ref->isum.encode(&q1, dt, x.data(), nullptr, 0.0f, am.data(), ue.data(),
+                         n, msgs[0].data());
+        for (int k = 1; k < 3; k++)
+          for (auto &byte : msgs[k])
+            byte = (uint8_t)rng();
+        const uint8_t *srcs[3] = {msgs[0].data(), msgs[1].data(),
+                                  msgs[2].data()};
+        std::vector<float> res =
+            make_res(rng, n, std::ldexp(1.0f, (int)(rng() % 20) - 10));
+        std::vector<int32_t> tmp(zpp_isum_tile(&q1, n), -1);
+        size_t eb = 4 * nb + zpp_isum_code_bytes(&q2, n);
+        for (int with_own = 0; with_own < 2; with_own++) {
+          SCOPED_TRACE(with_own ? "with own" : "without own");
+          const void *own = with_own ? x.data() : nullptr;
+          std::vector<int32_t> s_ref(n);
+          ref->isum.sum(&q1, dt, own, ue.data(), srcs, 3, n, s_ref.data());
+
+          std::vector<uint8_t> m_ref(eb, 0x5a), m(eb, 0x5a);
+          std::vector<float> r_ref = res, r = res;
+          float *rr = c.feedback ? r_ref.data() : nullptr;
+          float *rg = c.feedback ? r.data() : nullptr;
+          ref->isum.requant(&q2, s_ref.data(), ue.data(), rr, beta_of(c), n,
+                            m_ref.data());
+          c.ops->isum.sum_requant(&q1, &q2, dt, own, ue.data(), srcs, 3, rg,
+                                  beta_of(c), n, tmp.data(), m.data());
+          expect_same(m_ref, m, "sum_requant message");
+          expect_same(f32_bits(r_ref), f32_bits(r), "sum_requant residual");
+
+          // The finish: the re-quantized message and one of random codes
+          // and random finite scales.
+          std::vector<uint8_t> other(eb);
+          for (auto &byte : other)
+            byte = (uint8_t)rng();
+          for (size_t b = 0; b < nb; b++) {
+            float sc =
+                std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng),
+                           (int)(rng() % 40) - 20);
+            std::memcpy(other.data() + 4 * b, &sc, 4);
+          }
+          const uint8_t *srcs2[2] = {m_ref.data(), other.data()};
+          for (int k = 0; k <= 2; k++) {
+            size_t ob = n * zpp_qm_dtype_bytes(dt);
+            std::vector<uint8_t> o_ref(ob, 0x33), o(ob, 0x33);
+            float div = k == 1 ? 6.0f : 8.0f;
+            ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, div, dt,
+                             o_ref.data());
+            c.ops->isum.sum_finish(&q1, &q2, dt, own, ue.data(), srcs, 3, srcs2,
+                                   k, n, div, tmp.data(), o.data());
+            expect_same(o_ref, o, "sum_finish");
+          }
+        }
+      },
+      {"scalar", kIsas[0], kIsas[1]});
 }
 
 } // namespace

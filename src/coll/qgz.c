@@ -497,12 +497,12 @@ static zpp_status_t isum_agree(void *ctx, size_t unused) {
     memcpy(p->uexp, p->uexp_mine, n);
     return ZPP_OK;
   }
-  for (i = 0; i < n; i++) {
-    int8_t v = ZPP_QM_UEXP_ZERO;
-    for (j = 0; j < p->s1; j++)
-      v = p->uexp_all[(size_t)j * n + i] > v ? p->uexp_all[(size_t)j * n + i]
-                                             : v;
-    p->uexp[i] = v;
+  /* member by member over contiguous bytes (the compiler vectorizes it) */
+  memcpy(p->uexp, p->uexp_all, n);
+  for (j = 1; j < p->s1; j++) {
+    const int8_t *u = p->uexp_all + (size_t)j * n;
+    for (i = 0; i < n; i++)
+      p->uexp[i] = u[i] > p->uexp[i] ? u[i] : p->uexp[i];
   }
   return ZPP_OK;
 }
@@ -544,67 +544,64 @@ static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
   return ZPP_OK;
 }
 
-/* Stage 1's integer partial sums of set h of chunk k into acc (int32):
- * the own slice in units plus the other members' multiplied codes. */
-static void isum_stage1(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
-  const qgz_arg_t *a = &p->a;
-  size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
+/* The stage-1 messages of partial sum m of chunk k from the other members
+ * into p->srcs; their number. */
+static int isum_srcs(qgz_ctx_t *p, size_t k, int m) {
+  size_t e1 = s1_bytes(p, chunk_len(p, k));
   const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  zpp_qcfg_t c = isum_qcfg(&a->q1, 0);
-  int i, j, np = half_parts(p, h);
-  for (i = 0; i < np; i++) {
-    int m = half_part(p, h, i), n = 0;
-    for (j = 0; j < p->s1; j++)
-      if (j != p->me1)
-        p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-    zpp_plan_poll();
-    p->iops->sum(&c, (int)a->dtype, own_ptr(p, k, m),
-                 isum_uexp(p, slice_of(p, p->me1, m), k),
-                 (const uint8_t *const *)p->srcs, n, len,
-                 acc + (size_t)i * len);
-  }
+  int j, n = 0;
+  for (j = 0; j < p->s1; j++)
+    if (j != p->me1)
+      p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+  return n;
 }
 
-/* Set X of chunk k, integer sums: summed, then re-quantized for stage 2. */
+/* Set X of chunk k, integer sums: each partial sum (the own slice in
+ * units plus the other members' multiplied codes) re-quantized for stage
+ * 2 in the same pass, its int32 sums in a cache-sized tile of accx. */
 static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
+  int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
+  zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0);
   int i, me = zpp_transport_rank(a->ex.t);
-  isum_stage1(p, k, HALF_X, acc);
   for (i = 0; i < half_parts(p, HALF_X); i++) {
-    int m = half_part(p, HALF_X, i);
+    int m = half_part(p, HALF_X, i), n = isum_srcs(p, k, m);
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
     zpp_qcfg_t c = isum_qcfg(&q, off);
     float *r;
     zpp_plan_poll();
     ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, &r));
-    p->iops->requant(&c, acc + (size_t)i * len,
-                     isum_uexp(p, slice_of(p, p->me1, m), k), r, a->beta, len, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
+    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m),
+                         isum_uexp(p, slice_of(p, p->me1, m), k),
+                         (const uint8_t *const *)p->srcs, n, r, a->beta, len,
+                         tmp, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
     ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len));
   }
   return ZPP_OK;
 }
 
-/* Set O of chunk k, integer sums: the kept integer sum and the other
- * nodes' messages, decoded once into recvbuf. */
+/* Set O of chunk k, integer sums: the kept partial sum and the other
+ * nodes' messages, decoded once into recvbuf in the same pass (its int32
+ * sums in a cache-sized tile of acco). */
 static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = chunk_len(p, k);
   size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
-  zpp_qcfg_t c = isum_qcfg(&a->q2, 0);
+  int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
+  zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0), c = isum_qcfg(&a->q2, 0);
   float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  int m, n = 0;
-  isum_stage1(p, k, HALF_O, acc);
+  int m, n = 0, n1 = isum_srcs(p, k, p->mo);
   for (m = 0; m < p->m1 && p->two; m++)
     if (m != p->mo)
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   zpp_plan_poll();
-  p->iops->finish(&c, acc, isum_uexp(p, slice_of(p, p->me1, p->mo), k),
-                  p->fsrcs, n, len, div, (int)a->dtype,
-                  (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+  p->iops->sum_finish(&c1, &c, (int)a->dtype, own_ptr(p, k, p->mo),
+                      isum_uexp(p, slice_of(p, p->me1, p->mo), k),
+                      (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
+                      div, tmp,
+                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
   return ZPP_OK;
 }
 

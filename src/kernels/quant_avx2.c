@@ -1136,14 +1136,14 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
 ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
                                   const void *own, const int8_t *uexp,
                                   const uint8_t *const *srcs, int n,
-                                  size_t count, int32_t *out) {
-  size_t nb = zpp_quant_nblocks(cfg, count);
+                                  size_t count, size_t b0, size_t b1, size_t ob,
+                                  int32_t *out) {
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
   size_t cb = zpp_isum_code_bytes(cfg, count), b, i;
   int j;
   /* INT4: the products of up to 16 messages sum exactly in int16 */
   int narrow = bits == 4 && n <= 16;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
     int e = uexp[b];
@@ -1176,8 +1176,8 @@ ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
         s1 = _mm256_add_epi32(
             s1, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
       }
-      _mm256_storeu_si256((__m256i *)(out + off + i), s0);
-      _mm256_storeu_si256((__m256i *)(out + off + i + 8), s1);
+      _mm256_storeu_si256((__m256i *)(out + off - ob + i), s0);
+      _mm256_storeu_si256((__m256i *)(out + off - ob + i + 8), s1);
     }
     for (; i < len; i++) {
       int32_t c = own != NULL
@@ -1185,7 +1185,7 @@ ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
                       : 0;
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] * get1(srcs[j] + b * pb, i, bits);
-      out[off + i] = c;
+      out[off - ob + i] = c;
     }
   }
 }
@@ -1203,13 +1203,14 @@ ZPP_AVX2_INLINE __m256i unit_res8(__m256 r, __m256 su) {
 ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
                                       const int32_t *in, const int8_t *uexp,
                                       float *res, float beta, size_t count,
+                                      size_t b0, size_t b1, size_t ob,
                                       uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
   size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
   int qmax2 = zpp_qm_sym_qmax(bits2);
   zpp_qm_keys_t k = {cfg2->k0, cfg2->k1};
   float omega = 1.0f - beta;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg2->block;
     size_t len = count - off < cfg2->block ? count - off : cfg2->block;
     int e = uexp[b];
@@ -1225,7 +1226,7 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
     qvec_t v;
     int live;
     for (i = 0; i + 8 <= len; i += 8) {
-      __m256i jv = _mm256_loadu_si256((const __m256i *)(in + off + i));
+      __m256i jv = _mm256_loadu_si256((const __m256i *)(in + off - ob + i));
       if (ures)
         jv =
             _mm256_add_epi32(jv, unit_res8(_mm256_loadu_ps(res + off + i), su));
@@ -1233,7 +1234,7 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
     }
     m = hmax_epu32(a0);
     for (; i < len; i++) {
-      int32_t jj = in[off + i];
+      int32_t jj = in[off - ob + i];
       uint32_t a;
       if (res != NULL)
         jj += zpp_qm_unit_res(res[off + i], e);
@@ -1250,7 +1251,7 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
       __m256 x;
       if (sr && (uint32_t)idx > 0xfffffff8u)
         break;
-      iv = _mm256_loadu_si256((const __m256i *)(in + off + i));
+      iv = _mm256_loadu_si256((const __m256i *)(in + off - ob + i));
       jv = iv;
       if (ures)
         jv =
@@ -1268,7 +1269,7 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
       }
     }
     for (; i < len; i++) {
-      int32_t jj = in[off + i];
+      int32_t jj = in[off - ob + i];
       int q;
       if (res != NULL)
         jj += zpp_qm_unit_res(res[off + i], e);
@@ -1277,7 +1278,7 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
              : zpp_qm_quantize((float)jj, &p);
       put1(pl, i, bits2, q);
       if (res != NULL) {
-        float x = (float)in[off + i] * unit + res[off + i];
+        float x = (float)in[off - ob + i] * unit + res[off + i];
         res[off + i] =
             zpp_qm_feedback(res[off + i], x, q, p.scale, beta, omega);
       }
@@ -1288,20 +1289,25 @@ ZPP_AVX2_INLINE void isum_requant_all(const zpp_qcfg_t *cfg2, int bits2, int sr,
 ZPP_AVX2_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
                                      const int32_t *own, const int8_t *uexp,
                                      const uint8_t *const *srcs, int n,
-                                     size_t count, float div, int dtype,
+                                     size_t count, size_t b0, size_t b1,
+                                     size_t ob, float div, int dtype,
                                      void *dst) {
   size_t nb = zpp_quant_nblocks(cfg2, count), b, i;
   size_t pb = zpp_qm_payload_bytes(cfg2->block, bits2);
-  __m256 vd = _mm256_set1_ps(div);
+  /* div a power of two (MEAN over 2^k ranks): fl(x / div) equals
+   * fl(x * (1 / div)), both the exact quotient rounded once */
+  uint32_t db = zpp_qm_f32_bits(div), de = (db >> 23) & 0xffu;
+  int p2 = (db & 0x7fffffu) == 0 && de >= 1 && de <= 253;
+  __m256 vd = _mm256_set1_ps(div), vr = _mm256_set1_ps(1.0f / div);
   int j;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg2->block;
     size_t len = count - off < cfg2->block ? count - off : cfg2->block;
     float unit = zpp_qm_unit_value(uexp[b]);
     __m256 vu = _mm256_set1_ps(unit);
     for (i = 0; i + 8 <= len; i += 8) {
       __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(
-                                     (const __m256i *)(own + off + i))),
+                                     (const __m256i *)(own + off - ob + i))),
                                  vu);
       for (j = 0; j < n; j++) {
         float sc;
@@ -1313,10 +1319,11 @@ ZPP_AVX2_INLINE void isum_finish_all(const zpp_qcfg_t *cfg2, int bits2,
                                        srcs[j] + nb * 4 + b * pb, i, bits2))),
                                    _mm256_set1_ps(sc))));
       }
-      store8(dst, off + i, dtype, 1, _mm256_div_ps(acc, vd));
+      store8(dst, off + i, dtype, 1,
+             p2 ? _mm256_mul_ps(acc, vr) : _mm256_div_ps(acc, vd));
     }
     for (; i < len; i++) {
-      float acc = (float)own[off + i] * unit;
+      float acc = (float)own[off - ob + i] * unit;
       for (j = 0; j < n; j++) {
         float sc;
         memcpy(&sc, srcs[j] + b * 4, 4);
@@ -1382,19 +1389,25 @@ static ZPP_AVX2_TARGET void isum_sum_avx2(const zpp_qcfg_t *cfg, int dtype,
                                           const uint8_t *const *srcs, int n,
                                           size_t count, int32_t *out) {
   ZPP_ISUM_BY_DTYPE(
-      dtype, ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp,
-                                                      srcs, n, count, out)));
+      dtype,
+      ZPP_ISUM_BY_BITS(cfg->bits,
+                       isum_sum_all(cfg, dt_, bt_, own, uexp, srcs, n, count, 0,
+                                    zpp_quant_nblocks(cfg, count), 0, out)));
 }
 
 static ZPP_AVX2_TARGET void
 isum_requant_avx2(const zpp_qcfg_t *cfg2, const int32_t *in, const int8_t *uexp,
                   float *res, float beta, size_t count, uint8_t *dst) {
   if (cfg2->sr)
-    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 1, in, uexp, res,
-                                                  beta, count, dst));
+    ZPP_ISUM_BY_BITS(cfg2->bits,
+                     isum_requant_all(cfg2, bt_, 1, in, uexp, res, beta, count,
+                                      0, zpp_quant_nblocks(cfg2, count), 0,
+                                      dst));
   else
-    ZPP_ISUM_BY_BITS(cfg2->bits, isum_requant_all(cfg2, bt_, 0, in, uexp, res,
-                                                  beta, count, dst));
+    ZPP_ISUM_BY_BITS(cfg2->bits,
+                     isum_requant_all(cfg2, bt_, 0, in, uexp, res, beta, count,
+                                      0, zpp_quant_nblocks(cfg2, count), 0,
+                                      dst));
 }
 
 static ZPP_AVX2_TARGET void
@@ -1403,8 +1416,59 @@ isum_finish_avx2(const zpp_qcfg_t *cfg2, const int32_t *own, const int8_t *uexp,
                  int dtype, void *dst) {
   ZPP_ISUM_BY_DTYPE(
       dtype,
-      ZPP_ISUM_BY_BITS(cfg2->bits, isum_finish_all(cfg2, bt_, own, uexp, srcs,
-                                                   n, count, div, dt_, dst)));
+      ZPP_ISUM_BY_BITS(cfg2->bits,
+                       isum_finish_all(cfg2, bt_, own, uexp, srcs, n, count, 0,
+                                       zpp_quant_nblocks(cfg2, count), 0, div,
+                                       dt_, dst)));
+}
+
+/* The fused steps: the bodies above over one tile of blocks at a time. */
+static ZPP_AVX2_TARGET void
+isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
+                      const void *own, const int8_t *uexp,
+                      const uint8_t *const *srcs, int n, float *res, float beta,
+                      size_t count, int32_t *tmp, uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
+  size_t b0, b1, ob;
+  for (b0 = 0; b0 < nb; b0 = b1) {
+    b1 = nb - b0 < tb ? nb : b0 + tb;
+    ob = b0 * cfg->block;
+    ZPP_ISUM_BY_DTYPE(
+        dtype,
+        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
+                                                 n, count, b0, b1, ob, tmp)));
+    if (cfg2->sr)
+      ZPP_ISUM_BY_BITS(cfg2->bits,
+                       isum_requant_all(cfg2, bt_, 1, tmp, uexp, res, beta,
+                                        count, b0, b1, ob, dst));
+    else
+      ZPP_ISUM_BY_BITS(cfg2->bits,
+                       isum_requant_all(cfg2, bt_, 0, tmp, uexp, res, beta,
+                                        count, b0, b1, ob, dst));
+  }
+}
+
+static ZPP_AVX2_TARGET void
+isum_sum_finish_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
+                     const void *own, const int8_t *uexp,
+                     const uint8_t *const *srcs, int n,
+                     const uint8_t *const *srcs2, int n2, size_t count,
+                     float div, int32_t *tmp, void *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
+  size_t b0, b1, ob;
+  for (b0 = 0; b0 < nb; b0 = b1) {
+    b1 = nb - b0 < tb ? nb : b0 + tb;
+    ob = b0 * cfg->block;
+    ZPP_ISUM_BY_DTYPE(
+        dtype,
+        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
+                                                 n, count, b0, b1, ob, tmp)));
+    ZPP_ISUM_BY_DTYPE(
+        dtype,
+        ZPP_ISUM_BY_BITS(cfg2->bits,
+                         isum_finish_all(cfg2, bt_, tmp, uexp, srcs2, n2, count,
+                                         b0, b1, ob, div, dt_, dst)));
+  }
 }
 
 static const zpp_quant_cpu_ops_t avx2_ops = {
@@ -1412,7 +1476,7 @@ static const zpp_quant_cpu_ops_t avx2_ops = {
     encode_avx2,
     decode_avx2,
     {isum_absmax_avx2, isum_encode_avx2, isum_sum_avx2, isum_requant_avx2,
-     isum_finish_avx2}};
+     isum_finish_avx2, isum_sum_requant_avx2, isum_sum_finish_avx2}};
 
 /* F16C is CPUID.1:ECX bit 29; __builtin_cpu_supports does not know it in
  * every compiler.  Its YMM state is covered by the AVX2 check. */

@@ -90,13 +90,44 @@ typedef void (*zpp_isum_finish_fn)(const zpp_qcfg_t *cfg2, const int32_t *own,
                                    size_t count, float div, int dtype,
                                    void *dst);
 
+/* The fused host steps: `sum` then `requant` (a partial sum another node
+ * keeps), or `sum` then `finish` (the one this node keeps), tile by tile,
+ * so that the int32 sums stay in the cache instead of going through
+ * memory (cfg: stage 1, cfg2: stage 2, the same block).  Output,
+ * residuals included, bitwise equal to the two calls.  tmp: scratch of
+ * zpp_isum_tile(cfg, count) int32. */
+typedef void (*zpp_isum_sum_requant_fn)(const zpp_qcfg_t *cfg,
+                                        const zpp_qcfg_t *cfg2, int dtype,
+                                        const void *own, const int8_t *uexp,
+                                        const uint8_t *const *srcs, int n,
+                                        float *res, float beta, size_t count,
+                                        int32_t *tmp, uint8_t *dst);
+/* srcs: the n stage-1 messages; srcs2: the n2 stage-2 messages. */
+typedef void (*zpp_isum_sum_finish_fn)(const zpp_qcfg_t *cfg,
+                                       const zpp_qcfg_t *cfg2, int dtype,
+                                       const void *own, const int8_t *uexp,
+                                       const uint8_t *const *srcs, int n,
+                                       const uint8_t *const *srcs2, int n2,
+                                       size_t count, float div, int32_t *tmp,
+                                       void *dst);
+
 typedef struct {
   zpp_isum_absmax_fn absmax;
   zpp_isum_encode_fn encode;
   zpp_isum_sum_fn sum;
   zpp_isum_requant_fn requant;
   zpp_isum_finish_fn finish;
+  zpp_isum_sum_requant_fn sum_requant;
+  zpp_isum_sum_finish_fn sum_finish;
 } zpp_isum_ops_t;
+
+/* Elements of a fused step's tile: whole blocks, about ZPP_ISUM_TILE
+ * (8 KiB of int32: the tile's sums are written and read back in L1),
+ * at least one block. */
+#define ZPP_ISUM_TILE 2048u
+size_t zpp_isum_tile_blocks(const zpp_qcfg_t *cfg);
+/* int32 elements of a fused step's scratch: min(count, a tile). */
+size_t zpp_isum_tile(const zpp_qcfg_t *cfg, size_t count);
 
 typedef struct {
   const char *name; /* "scalar", "avx2", "avx512" */
@@ -126,9 +157,21 @@ void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
                             const int8_t *uexp, const uint8_t *const *srcs,
                             int n, size_t count, float div, int dtype,
                             void *dst);
+void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
+                                 int dtype, const void *own, const int8_t *uexp,
+                                 const uint8_t *const *srcs, int n, float *res,
+                                 float beta, size_t count, int32_t *tmp,
+                                 uint8_t *dst);
+void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
+                                int dtype, const void *own, const int8_t *uexp,
+                                const uint8_t *const *srcs, int n,
+                                const uint8_t *const *srcs2, int n2,
+                                size_t count, float div, int32_t *tmp,
+                                void *dst);
 #define ZPP_ISUM_OPS_SCALAR                                                    \
   {zpp_isum_absmax_scalar, zpp_isum_encode_scalar, zpp_isum_sum_scalar,        \
-   zpp_isum_requant_scalar, zpp_isum_finish_scalar}
+   zpp_isum_requant_scalar, zpp_isum_finish_scalar,                            \
+   zpp_isum_sum_requant_scalar, zpp_isum_sum_finish_scalar}
 
 /* Block count and byte offsets of the encoded layout (docs/format.md). */
 size_t zpp_quant_nblocks(const zpp_qcfg_t *cfg, size_t count);

@@ -251,14 +251,19 @@ void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
   }
 }
 
-void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
+/* The kernels' bodies over blocks [b0, b1) of a call of `count` elements:
+ * the messages keep the layout of the whole call, the int32 sums (out,
+ * in, own) hold the elements from ob = b0 * block on (a tile), or from 0
+ * (ob 0, the whole call). */
+static void isum_sum_rng(const zpp_qcfg_t *cfg, int dtype, const void *own,
                          const int8_t *uexp, const uint8_t *const *srcs, int n,
-                         size_t count, int32_t *out) {
-  size_t b, i, nb = zpp_quant_nblocks(cfg, count);
+                         size_t count, size_t b0, size_t b1, size_t ob,
+                         int32_t *out) {
+  size_t b, i;
   size_t pb = zpp_qm_payload_bytes(cfg->block, cfg->bits);
   size_t cb = zpp_isum_code_bytes(cfg, count);
   int j;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg->block, len = blk_len(cfg, count, b);
     for (i = 0; i < len; i++) {
       int32_t c = own != NULL
@@ -268,20 +273,28 @@ void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] *
              isum_code(srcs[j] + b * pb, i, cfg->bits);
-      out[off + i] = c;
+      out[off - ob + i] = c;
     }
   }
 }
 
-void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
+void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
+                         const int8_t *uexp, const uint8_t *const *srcs, int n,
+                         size_t count, int32_t *out) {
+  isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, 0,
+               zpp_quant_nblocks(cfg, count), 0, out);
+}
+
+static void isum_requant_rng(const zpp_qcfg_t *cfg2, const int32_t *in,
                              const int8_t *uexp, float *res, float beta,
-                             size_t count, uint8_t *dst) {
+                             size_t count, size_t b0, size_t b1, size_t ob,
+                             uint8_t *dst) {
   size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
   size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
   int qmax2 = zpp_qm_sym_qmax(cfg2->bits);
   zpp_qm_keys_t k = {cfg2->k0, cfg2->k1};
   float omega = 1.0f - beta;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
     int e = uexp[b];
     float unit = zpp_qm_unit_value(e);
@@ -289,7 +302,7 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
     uint32_t m = 0;
     zpp_qm_params_t p;
     for (i = 0; i < len; i++) {
-      int32_t j = in[off + i];
+      int32_t j = in[off - ob + i];
       uint32_t a;
       if (res != NULL)
         j += zpp_qm_unit_res(res[off + i], e);
@@ -299,7 +312,7 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
     p = zpp_qm_irequant_params(zpp_qm_idivisor(m, qmax2), e, cfg2->bits);
     memcpy(dst + b * 4, &p.scale, 4);
     for (i = 0; i < len; i++) {
-      int32_t j = in[off + i];
+      int32_t j = in[off - ob + i];
       int q;
       if (res != NULL)
         j += zpp_qm_unit_res(res[off + i], e);
@@ -308,7 +321,7 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
                    : zpp_qm_quantize((float)j, &p);
       isum_put(pl, i, cfg2->bits, q);
       if (res != NULL) {
-        float x = (float)in[off + i] * unit + res[off + i];
+        float x = (float)in[off - ob + i] * unit + res[off + i];
         float dec = zpp_qm_dequantize(q, p.scale, 0.0f);
         res[off + i] = beta == 0.0f
                            ? zpp_qm_ef_residual(x, dec)
@@ -319,18 +332,25 @@ void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
   }
 }
 
-void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
+void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
+                             const int8_t *uexp, float *res, float beta,
+                             size_t count, uint8_t *dst) {
+  isum_requant_rng(cfg2, in, uexp, res, beta, count, 0,
+                   zpp_quant_nblocks(cfg2, count), 0, dst);
+}
+
+static void isum_finish_rng(const zpp_qcfg_t *cfg2, const int32_t *own,
                             const int8_t *uexp, const uint8_t *const *srcs,
-                            int n, size_t count, float div, int dtype,
-                            void *dst) {
+                            int n, size_t count, size_t b0, size_t b1,
+                            size_t ob, float div, int dtype, void *dst) {
   size_t b, i, nb = zpp_quant_nblocks(cfg2, count);
   size_t pb = zpp_qm_payload_bytes(cfg2->block, cfg2->bits);
   int j;
-  for (b = 0; b < nb; b++) {
+  for (b = b0; b < b1; b++) {
     size_t off = b * cfg2->block, len = blk_len(cfg2, count, b);
     float unit = zpp_qm_unit_value(uexp[b]);
     for (i = 0; i < len; i++) {
-      float acc = (float)own[off + i] * unit;
+      float acc = (float)own[off - ob + i] * unit;
       for (j = 0; j < n; j++) {
         float sc;
         memcpy(&sc, srcs[j] + b * 4, 4);
@@ -341,5 +361,56 @@ void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
       }
       zpp_qm_store(dst, off + i, dtype, acc / div);
     }
+  }
+}
+
+void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
+                            const int8_t *uexp, const uint8_t *const *srcs,
+                            int n, size_t count, float div, int dtype,
+                            void *dst) {
+  isum_finish_rng(cfg2, own, uexp, srcs, n, count, 0,
+                  zpp_quant_nblocks(cfg2, count), 0, div, dtype, dst);
+}
+
+size_t zpp_isum_tile_blocks(const zpp_qcfg_t *cfg) {
+  size_t tb = ZPP_ISUM_TILE / cfg->block;
+  return tb == 0 ? 1 : tb;
+}
+
+size_t zpp_isum_tile(const zpp_qcfg_t *cfg, size_t count) {
+  size_t t = zpp_isum_tile_blocks(cfg) * cfg->block;
+  return count < t ? count : t;
+}
+
+void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
+                                 int dtype, const void *own, const int8_t *uexp,
+                                 const uint8_t *const *srcs, int n, float *res,
+                                 float beta, size_t count, int32_t *tmp,
+                                 uint8_t *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
+  size_t b0, b1;
+  for (b0 = 0; b0 < nb; b0 = b1) {
+    b1 = nb - b0 < tb ? nb : b0 + tb;
+    isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, b0, b1, b0 * cfg->block,
+                 tmp);
+    isum_requant_rng(cfg2, tmp, uexp, res, beta, count, b0, b1, b0 * cfg->block,
+                     dst);
+  }
+}
+
+void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
+                                int dtype, const void *own, const int8_t *uexp,
+                                const uint8_t *const *srcs, int n,
+                                const uint8_t *const *srcs2, int n2,
+                                size_t count, float div, int32_t *tmp,
+                                void *dst) {
+  size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
+  size_t b0, b1;
+  for (b0 = 0; b0 < nb; b0 = b1) {
+    b1 = nb - b0 < tb ? nb : b0 + tb;
+    isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, b0, b1, b0 * cfg->block,
+                 tmp);
+    isum_finish_rng(cfg2, tmp, uexp, srcs2, n2, count, b0, b1, b0 * cfg->block,
+                    div, dtype, dst);
   }
 }
