@@ -44,13 +44,19 @@ PY_VENV ?= .venv-torch
 deps-python:
 	@bash scripts/install-deps.sh --python
 
-# ccache, where installed (scripts/install-deps.sh installs it): the
-# wheel of test-wheel compiles the library's sources with the flags
-# $(BUILD)/ compiles them with, and takes them from the cache.
-CCACHE := $(shell command -v ccache 2> /dev/null)
-ifneq ($(CCACHE),)
-LAUNCHER_ARGS = -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
-  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)
+# Every compile of $(BUILD)/ and of the wheel (make test-wheel) goes
+# through tools/ccache_launcher.sh: ccache where it is installed and works,
+# else the compiler itself; the build remembers only the script's path.
+# The wheel then compiles the library's sources with the flags $(BUILD)/
+# compiles them with, and takes them from the cache.  A $(BUILD)/
+# configured with another launcher is configured again.
+LAUNCHER := $(CURDIR)/tools/ccache_launcher.sh
+LAUNCHER_ARGS = -DCMAKE_C_COMPILER_LAUNCHER=$(LAUNCHER) -DCMAKE_CXX_COMPILER_LAUNCHER=$(LAUNCHER) \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(LAUNCHER)
+ifneq ($(wildcard $(BUILD)/CMakeCache.txt),)
+ifeq ($(shell grep -sx 'CMAKE_C_COMPILER_LAUNCHER:[A-Z]*=$(LAUNCHER)' $(BUILD)/CMakeCache.txt),)
+.PHONY: $(BUILD)/CMakeCache.txt
+endif
 endif
 
 $(BUILD)/CMakeCache.txt: | deps
