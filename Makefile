@@ -200,12 +200,15 @@ test-python-emu: emu deps-python
 # The wheel as a user installs it (`pip install .`, pyproject.toml): built
 # from this tree (CMake build directory $(BUILD)/wheel-build, kept, so a
 # rebuild is incremental), installed into a fresh venv $(BUILD)/wheel-venv
-# with the pinned requirements (wheels kept in $(BUILD)/wheelhouse), then
-# run with no ZPP_LIBRARY or PYTHONPATH, outside the tree: python -m zpp, a
-# 2-rank all-gather and 2 FSDP2 steps under mpirun and torchrun
-# (tests/wheel/run.sh; about 2 min, plus the first build of the wheel, 4
-# to 6 min with CUDA, and one download of the pinned wheels, 1.1 GB).
-test-wheel: deps deps-python
+# with the pinned requirements (from .wheelhouse/, which deps-python
+# downloads once), then run with no ZPP_LIBRARY or PYTHONPATH, outside the
+# tree: python -m zpp, a 2-rank all-gather and 2 FSDP2 steps under mpirun
+# and torchrun (tests/wheel/run.sh).  After `build`, so that with ccache
+# the wheel's first build takes $(BUILD)/'s objects from the cache instead
+# of compiling them again (nvcc's kernels are most of a CUDA build's
+# time); without ccache that first build compiles everything once more.
+# run.sh prints the time of each step and the cache's hits.
+test-wheel: build deps-python
 	@bash tests/wheel/run.sh $(PY_VENV)/bin/python $(BUILD) $(JOBS)
 
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
