@@ -8,8 +8,9 @@
 #    python/requirements.txt) into BUILD/wheel-dist; the CMake build
 #    directory BUILD/wheel-build persists, so a rebuild is incremental.
 #    Every compile goes through tools/ccache_launcher.sh, as BUILD/'s do
-#    (Makefile): the sources BUILD/ compiled come from ccache, and the
-#    cache's hits and misses of this build are printed.
+#    (Makefile), with BUILD/'s C and C++ compilers: the sources BUILD/
+#    compiled come from ccache, and the cache's hits and misses of this
+#    build are printed.
 # 2. Checks the wheel's contents (zpp/*.py, zpp/libzpp.so,
 #    zpp/include/zpp/*.h, the dist-info; nothing else), and makes a fresh
 #    venv BUILD/wheel-venv (removed first) with the pinned
@@ -68,11 +69,18 @@ defs=()
 for l in C CXX CUDA; do
   defs+=("--config-settings=cmake.define.CMAKE_${l}_COMPILER_LAUNCHER=$launcher")
 done
+# the compilers of BUILD/ (a compiler's other name is a ccache miss):
+# scikit-build-core sets CC to Python's own (sysconfig) where CC is unset
+cc_env=()
+for v in C:CC CXX:CXX; do
+  c=$(sed -n "s/^CMAKE_${v%%:*}_COMPILER:[A-Z]*=//p" "$build/CMakeCache.txt" 2>/dev/null || true)
+  if [ -n "$c" ]; then cc_env+=("${v#*:}=$c"); fi
+done
 # this build's ccache results alone (the cache is shared with BUILD/'s)
 stats=$build/wheel-ccache-stats.log
 rm -f "$stats"
-CCACHE_STATSLOG=$stats CMAKE_BUILD_PARALLEL_LEVEL=$jobs pip_isolated "$py_build" -m pip wheel \
-  "$root" -q --disable-pip-version-check --no-build-isolation --no-deps -w "$dist" \
+pip_isolated "${cc_env[@]}" CCACHE_STATSLOG="$stats" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+  "$py_build" -m pip wheel "$root" -q --disable-pip-version-check --no-build-isolation --no-deps -w "$dist" \
   "--config-settings=build-dir=$build/wheel-build" "${defs[@]}"
 whl=$(ls "$dist"/zpp-*.whl)
 took "wheel $(basename "$whl") built" $t
