@@ -39,7 +39,9 @@ deps:
 	@bash scripts/install-deps.sh
 
 # The Python environment (torch, numpy, cffi, pytest; pinned in
-# python/requirements.txt) of the bindings' tests and the FSDP2 demo.
+# python/requirements.txt) of the bindings' tests and the FSDP2 demo,
+# installed from .wheelhouse/, where the pinned wheels are downloaded once
+# (test-wheel's fresh venvs install from there too).
 PY_VENV ?= .venv-torch
 deps-python:
 	@bash scripts/install-deps.sh --python
