@@ -39,18 +39,26 @@ deps:
 	@bash scripts/install-deps.sh
 
 # The Python environment (torch, numpy, cffi, pytest; pinned in
-# python/requirements.txt) of the bindings' tests and the FSDP2 demo.
+# python/requirements.txt) of the bindings' tests and the FSDP2 demo,
+# installed from .wheelhouse/, where the pinned wheels are downloaded once
+# (test-wheel's fresh venvs install from there too).
 PY_VENV ?= .venv-torch
 deps-python:
 	@bash scripts/install-deps.sh --python
 
-# ccache, where installed (scripts/install-deps.sh installs it): the
-# wheel of test-wheel compiles the library's sources with the flags
-# $(BUILD)/ compiles them with, and takes them from the cache.
-CCACHE := $(shell command -v ccache 2> /dev/null)
-ifneq ($(CCACHE),)
-LAUNCHER_ARGS = -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
-  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)
+# Every compile of $(BUILD)/ and of the wheel (make test-wheel) goes
+# through tools/ccache_launcher.sh: ccache where it is installed and works,
+# else the compiler itself; the build remembers only the script's path.
+# The wheel then compiles the library's sources with the flags $(BUILD)/
+# compiles them with, and takes them from the cache.  A $(BUILD)/
+# configured with another launcher is configured again.
+LAUNCHER := $(CURDIR)/tools/ccache_launcher.sh
+LAUNCHER_ARGS = -DCMAKE_C_COMPILER_LAUNCHER=$(LAUNCHER) -DCMAKE_CXX_COMPILER_LAUNCHER=$(LAUNCHER) \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(LAUNCHER)
+ifneq ($(wildcard $(BUILD)/CMakeCache.txt),)
+ifeq ($(shell grep -sx 'CMAKE_C_COMPILER_LAUNCHER:[A-Z]*=$(LAUNCHER)' $(BUILD)/CMakeCache.txt),)
+.PHONY: $(BUILD)/CMakeCache.txt
+endif
 endif
 
 $(BUILD)/CMakeCache.txt: | deps
@@ -96,7 +104,7 @@ fuzz: deps
 # the targets of the tests labelled "emu" are built.
 EMU_TARGETS = zpp zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_elementwise_cuda \
   test_coll test_coll_align test_transport \
-  test_runtime test_device_path test_nccl_transport test_qgz_device zpp-bench \
+  test_runtime test_device_path test_nccl_transport test_qgz_device test_build_features zpp-bench \
   test_isum_cuda
 
 emu: deps
@@ -195,12 +203,15 @@ test-python-emu: emu deps-python
 # The wheel as a user installs it (`pip install .`, pyproject.toml): built
 # from this tree (CMake build directory $(BUILD)/wheel-build, kept, so a
 # rebuild is incremental), installed into a fresh venv $(BUILD)/wheel-venv
-# with the pinned requirements (wheels kept in $(BUILD)/wheelhouse), then
-# run with no ZPP_LIBRARY or PYTHONPATH, outside the tree: python -m zpp, a
-# 2-rank all-gather and 2 FSDP2 steps under mpirun and torchrun
-# (tests/wheel/run.sh; about 2 min, plus the first build of the wheel, 4
-# to 6 min with CUDA, and one download of the pinned wheels, 1.1 GB).
-test-wheel: deps deps-python
+# with the pinned requirements (from .wheelhouse/, which deps-python
+# downloads once), then run with no ZPP_LIBRARY or PYTHONPATH, outside the
+# tree: python -m zpp, a 2-rank all-gather and 2 FSDP2 steps under mpirun
+# and torchrun (tests/wheel/run.sh).  After `build`, so that with ccache
+# the wheel's first build takes $(BUILD)/'s objects from the cache instead
+# of compiling them again (nvcc's kernels are most of a CUDA build's
+# time); without ccache that first build compiles everything once more.
+# run.sh prints the time of each step and the cache's hits.
+test-wheel: build deps-python
 	@bash tests/wheel/run.sh $(PY_VENV)/bin/python $(BUILD) $(JOBS)
 
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \

@@ -6,7 +6,9 @@ what is available at run time: a usable CUDA device (zpp_cuda_available,
 and the driver's device count), whether libnccl and libucp load (the NCCL
 and UCX backends open them at run time), the launcher in the environment
 (mpirun, torchrun) and the CPU code path.  ``--json``: the same as one
-JSON object.  Exit status 0 once the library loads.
+JSON object.  Exit status 0 once the library loads; 1, with one line
+saying why, when it does not (no library, headers that do not match it,
+a library that does not load); 2 on an unknown argument.
 """
 
 from __future__ import annotations
@@ -49,12 +51,28 @@ def _cuda_driver_devices() -> tuple[int | None, str]:
 
 
 def _launcher() -> dict:
+    """The launcher in the environment; rank and size are None where its
+    variable is not an integer (``bad`` then names it)."""
     e = os.environ
+
+    def read(name: str, rank_var: str, size_var: str) -> dict:
+        d = {"name": name}
+        bad = []
+        for key, var, default in (("rank", rank_var, "0"), ("size", size_var, None)):
+            raw = e.get(var, default)
+            try:
+                d[key] = int(raw)
+            except (TypeError, ValueError):
+                d[key] = None
+                bad.append("%s=%r" % (var, raw))
+        if bad:
+            d["bad"] = ", ".join(bad) + " (not an integer)"
+        return d
+
     if "OMPI_COMM_WORLD_SIZE" in e:
-        return {"name": "mpirun", "rank": int(e.get("OMPI_COMM_WORLD_RANK", "0")),
-                "size": int(e["OMPI_COMM_WORLD_SIZE"])}
+        return read("mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
     if all(k in e for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return {"name": "torchrun", "rank": int(e["RANK"]), "size": int(e["WORLD_SIZE"])}
+        return read("torchrun", "RANK", "WORLD_SIZE")
     return {"name": None}
 
 
@@ -99,13 +117,22 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    d = info()
-    if argv and argv[0] == "--json":
+    as_json = argv[:1] == ["--json"]
+    unknown = argv[1:] if as_json else argv
+    if unknown:
+        print("python -m zpp: unknown argument %r (--json, --help)" % unknown[0], file=sys.stderr)
+        return 2
+    try:
+        d = info()
+    except (OSError, ImportError, _lib.Error) as e:
+        # FileNotFoundError (no library, no headers) is an OSError, as is a
+        # library that does not load; ImportError: headers and library of
+        # different versions
+        print("python -m zpp: %s" % e, file=sys.stderr)
+        return 1
+    if as_json:
         print(json.dumps(d))
         return 0
-    if argv:
-        print("python -m zpp: unknown argument %r (--json, --help)" % argv[0], file=sys.stderr)
-        return 2
     b, r = d["built"], d["runtime"]
     cuda = "yes" if b["cuda"] else ("emulated (CPU; tests)" if b["cuda_emu"] else "no")
     print("zpp %s" % d["version"])
@@ -129,7 +156,9 @@ def main(argv: list[str]) -> int:
     print("  MPI:      %s" % ("built in (zpp.Comm.from_mpi under mpirun)" if b["mpi"]
                               else "not built in"))
     la = r["launcher"]
-    print("  launcher: %s" % ("%s, rank %d of %d" % (la["name"], la["rank"], la["size"])
+    q = lambda v: "?" if v is None else v  # noqa: E731
+    print("  launcher: %s" % ("%s, rank %s of %s%s" % (la["name"], q(la["rank"]), q(la["size"]),
+                                                       "; " + la["bad"] if "bad" in la else "")
                               if la["name"] else "none (not under mpirun or torchrun)"))
     print("  CPU path: %s" % r["cpu_isa"])
     return 0

@@ -2,10 +2,14 @@
 
 The library is the one named by ``ZPP_LIBRARY`` (a path), else the
 ``libzpp.so`` installed beside this package (``pip install .`` puts it
-there).  Declarations come from the
-headers installed with the package (``zpp/include``), else
-``ZPP_INCLUDE_DIR``, else the ``include/`` of the source tree above the
-package or the library; the run-time version must equal the headers'.
+there).  Declarations come from the first of these holding ``zpp/zpp.h``
+(_include_candidates): ``ZPP_INCLUDE_DIR``; with ``ZPP_LIBRARY`` set, the
+headers of the library's own source tree (the ``include/`` of the source
+directory of ``ZPP_BUILD_DIR``'s CMakeCache.txt, then of up to three
+directories above the library: build/libzpp.so of a checkout); the
+headers installed with the package (``zpp/include``); the ``include/`` of
+the source tree above the package (python/zpp of a checkout).  The
+run-time version must equal the headers'.
 """
 
 from __future__ import annotations
@@ -59,13 +63,31 @@ def _library_path() -> Path:
     )
 
 
+def _build_source_dir(build: Path) -> Path | None:
+    """The source directory a CMake build directory was configured from."""
+    try:
+        text = (build / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            return Path(line.split("=", 1)[1])
+    return None
+
+
 def _include_candidates(libpath: Path) -> list[Path]:
-    c = [_HERE / "include"]
+    """The include directories looked in, in order (the module's docstring)."""
+    c = []
     if os.environ.get("ZPP_INCLUDE_DIR"):
-        c.insert(0, Path(os.environ["ZPP_INCLUDE_DIR"]))
-    for base in (_HERE, libpath.resolve().parent):
-        for up in list(base.parents)[:3]:
-            c.append(up / "include")
+        c.append(Path(os.environ["ZPP_INCLUDE_DIR"]))
+    if os.environ.get("ZPP_LIBRARY"):
+        if os.environ.get("ZPP_BUILD_DIR"):
+            src = _build_source_dir(Path(os.environ["ZPP_BUILD_DIR"]))
+            if src is not None:
+                c.append(src / "include")
+        c += [up / "include" for up in list(libpath.resolve().parents)[:3]]
+    c.append(_HERE / "include")
+    c += [up / "include" for up in list(_HERE.parents)[:3]]
     return c
 
 
