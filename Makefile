@@ -29,6 +29,7 @@ help:
 	@echo "make test-slurm - zpp-bench and FSDP2 under srun on a one-node Slurm started here"
 	@echo "               (tests/slurm_test.sh; needs root and slurm-wlm, else skipped)"
 	@echo "make test-launch - every launch line README.md, docs/ and the examples print, as printed"
+	@echo "               (each other code line naming a launcher listed with why it is not run)"
 	@echo "make test-python-emu - the bindings on device memory (emulated CUDA runtime)"
 	@echo "make test-wheel - pip's wheel of the tree in a fresh venv ($(BUILD)/wheel-venv/):"
 	@echo "               python -m zpp, all-gather and FSDP2 under mpirun and torchrun"
@@ -184,11 +185,14 @@ test-python: build deps-python
 test-slurm: build deps-python
 	@bash tests/slurm_test.sh $(BUILD) $(PY_VENV)
 
-# Every launch line (mpirun, torchrun, srun, ...) of README.md, docs/*.md and
-# the examples' docstrings, run as printed from the root with only
-# environment added (tests/launch_lines_test.py; srun's by test-slurm, the
-# namespace cluster's listed, not run; about 1-2 min).  The lines name
-# build/, so BUILD must be build.
+# Every launch line (mpirun, torchrun, srun, ...) of README.md's and
+# docs/*.md's code blocks and inline code and of the examples' docstrings,
+# run as printed from the root with only environment added
+# (tests/launch_lines_test.py; srun's by test-slurm, the namespace
+# cluster's listed, not run; about 1-2 min).  Every code line or span that
+# names a launcher must be one of them, a mention by rule, or on the test's
+# list of lines not run with the reason; it fails otherwise.  The lines
+# name build/, so BUILD must be build.
 test-launch: build deps-python
 	$(PY_VENV)/bin/python tests/launch_lines_test.py --venv $(PY_VENV)
 
@@ -216,7 +220,7 @@ test-wheel: build deps-python
 
 test: test-unit test-asan test-asan-mpi test-tsan test-fuzz test-emu test-cluster test-python \
   test-python-emu test-wheel test-slurm test-launch
-	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2, wheel, Slurm, launch lines)"
+	@echo "make test: all suites passed (build: $(BUILD), sanitizers: $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD), emulated GPU: $(EMU_BUILD), namespace cluster, Python/FSDP2, wheel, Slurm unless test-slurm said SKIPPED above, launch lines)"
 
 # The demo needs only the tools and benchmarks, not the test suites.
 DEMO_TARGETS = zpp-topo zpp-bench zpp-train zpp-quant-error zpp-quant-bench

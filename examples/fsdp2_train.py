@@ -5,7 +5,7 @@ reduce-scatter.
 
 Launch under mpirun (Open MPI), torchrun or srun (Slurm), from the
 repository's root with zpp importable (PYTHONPATH=python
-ZPP_LIBRARY=build/libzpp.so, or pip install ./python); gloo bootstraps
+ZPP_LIBRARY=build/libzpp.so, or `pip install .` from the root); gloo bootstraps
 torch through zpp.init_process_group, which finds the rendezvous from the
 launcher's variables (no MASTER_ADDR or MASTER_PORT to set):
 
@@ -233,7 +233,7 @@ def train(a) -> dict:
         for m in fsdp_modules:
             m.set_force_sum_reduction_for_comms(True)
 
-    z = None
+    z, comm = None, None
     if a.comm != "gloo":
         import zpp
         import zpp.fsdp
@@ -360,7 +360,9 @@ def train(a) -> dict:
     if rank == 0 and not a.json and not a.quiet:
         print("final loss %.4f (floor %.4f), step %.3f s" % (losses[-1], entropy, out["step_time_s"]))
     if z is not None:
-        z.close()
+        z.close()  # the communicators enable() made; not the one given as comm=
+    if comm is not None:
+        comm.close()
     return out
 
 

@@ -9,8 +9,9 @@
  *   srun -n 4 zpp-bench ...   (srun's variables: the same TCP bootstrap)
  *
  * --bootstrap mpi|env picks the bootstrap (default: env when RANK and
- * WORLD_SIZE, or srun's SLURM_PROCID and SLURM_STEP_ID, are set and no MPI
- * launcher or PMI is seen), --backend the
+ * WORLD_SIZE are set and no MPI launcher is seen, or when srun started the
+ * process: SLURM_PROCID and SLURM_STEP_ID set, and no MPI launcher's
+ * variables unlike them, as the library decides), --backend the
  * transport; the header names both.  Per size (from -b to -e, times -f)
  * and per variant, every rank runs -w untimed warm-up calls, then -n timed
  * calls, each after a barrier (MPI_Barrier on MPI_COMM_WORLD, or the
@@ -72,14 +73,40 @@ static int g_env = 0;            /* started from torchrun's environment */
 static int g_trace = 0; /* --trace: rank 0 prints each timed call */
 static zpp_comm_t g_comm = NULL; /* set once created */
 
-/* torchrun's variables, or srun's without an MPI plugin (srun --mpi=none:
- * no PMI), and no MPI launcher */
+/* A variable set to something: empty is unset, as the library reads it. */
+static const char *env_set(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+/* srun's task, as zpp_comm_create_from_env decides it (src/comm/tcp_id.c,
+ * zpp_env_slurm): SLURM_PROCID set, and no launcher started inside the
+ * allocation (Open MPI's mpirun; MPICH's or Intel MPI's hydra, whose
+ * MPI_LOCALRANKID, PMI_RANK or PMI_SIZE are set and unlike SLURM_PROCID /
+ * SLURM_NTASKS; a PMIx launcher whose PMIX_RANK is not SLURM_PROCID).
+ * srun --mpi=pmi2 or pmix sets them as SLURM_*. */
+static int env_srun(void) {
+  const char *p = env_set("SLURM_PROCID"), *n = getenv("SLURM_NTASKS");
+  const char *pr = getenv("PMI_RANK"), *ps = getenv("PMI_SIZE");
+  const char *xr = getenv("PMIX_RANK");
+  if (p == NULL || env_set("SLURM_STEP_ID") == NULL ||
+      getenv("OMPI_COMM_WORLD_SIZE") != NULL ||
+      getenv("MPI_LOCALRANKID") != NULL)
+    return 0;
+  if ((pr != NULL || ps != NULL) &&
+      (pr == NULL || strcmp(pr, p) != 0 ||
+       (ps != NULL && (n == NULL || strcmp(ps, n) != 0))))
+    return 0;
+  return xr == NULL || strcmp(xr, p) == 0;
+}
+
+/* torchrun's variables (RANK and WORLD_SIZE, no MPI launcher), or srun's */
 static int env_launch(void) {
-  return ((getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL) ||
-          (getenv("SLURM_PROCID") != NULL &&
-           getenv("SLURM_STEP_ID") != NULL)) &&
-         getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL &&
-         getenv("PMIX_RANK") == NULL;
+  if (env_set("RANK") != NULL)
+    return env_set("WORLD_SIZE") != NULL &&
+           getenv("OMPI_COMM_WORLD_SIZE") == NULL &&
+           getenv("PMI_SIZE") == NULL && getenv("PMIX_RANK") == NULL;
+  return env_srun();
 }
 
 static void h_barrier(void) {
@@ -578,8 +605,10 @@ static void usage(FILE *f) {
       "(RANK, WORLD_SIZE,\n"
       "                       MASTER_ADDR, MASTER_PORT; no MPI) or by srun "
       "(SLURM_*);\n"
-      "                       default: env when RANK or SLURM_PROCID is set "
-      "and no MPI\n"
+      "                       default: env when RANK and WORLD_SIZE, or "
+      "SLURM_PROCID\n"
+      "                       and SLURM_STEP_ID (srun's task), are set and no "
+      "MPI\n"
       "                       launcher is seen\n"
       "variants:\n");
   for (i = 0; i < NCOLLS; i++)
@@ -1585,8 +1614,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--bootstrap") == 0)
       g_env = strcmp(argv[i + 1], "env") == 0;
   if (g_env) {
+    /* until the communicator says (RANK first, as the library reads them) */
     const char *r =
-        getenv("RANK") != NULL ? getenv("RANK") : getenv("SLURM_PROCID");
+        env_set("RANK") != NULL ? env_set("RANK") : env_set("SLURM_PROCID");
     g_rank = r != NULL ? atoi(r) : 0;
   } else {
     /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
@@ -1651,6 +1681,7 @@ int main(int argc, char **argv) {
     return EXIT_ZPP;
   }
   g_comm = comm;
+  zpp_comm_rank(comm, &g_rank);
   rc = bench(coll, &o, comm, &cfg);
   if (!g_env)
     mpi_teardown();

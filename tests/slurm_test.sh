@@ -4,7 +4,7 @@
 # from a slurm.conf written to a temporary directory (Debian 12's slurm-wlm
 # 22.05 and munge; scripts/install-deps.sh installs them as root).
 #   usage: tests/slurm_test.sh [BUILD_DIR] [VENV]     (defaults: build .venv-torch)
-# Steps, each bounded by `timeout`:
+# Steps, each bounded (`timeout -k`, srun -t, loops by wall time):
 #   the daemons up, the node idle (sinfo, at most 30 s)
 #   srun -n 4 zpp-bench       all-gather over zpp's TCP bootstrap from
 #                             srun's variables (header: bootstrap tcp)
@@ -12,9 +12,13 @@
 #                             line's world, losses, zpp's hooks and bytes
 #   the srun lines README.md and the examples print (tests/launch_lines_test.py
 #                             --list srun), each as printed, from the root
-# Every daemon it started is stopped by its pid file and the directory
-# removed on exit, also on failure.  Not root, or no slurm or munge
-# installed: prints why and exits 0 (skipped).  About 40-70 s here.
+# Each daemon runs in the foreground (-D, munged -F) as a child of this
+# script, its pid recorded at once; on exit, also on failure, every job
+# left is cancelled (scancel, then up to 20 s for the queue to empty), each
+# daemon is stopped by its recorded pid after checking the process is still
+# that daemon (TERM, up to 10 s, then KILL), and the directory removed.
+# Not root, or no slurm or munge installed: prints SKIPPED and why, and
+# exits 0.  About 40-70 s here.
 set -uo pipefail
 prog=slurm_test.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,11 +27,11 @@ venv=${2:-.venv-torch}
 cd "$root" || exit 1
 
 skip() {
-  echo "$prog: SKIPPED: $*"
+  echo "$prog: ======== SKIPPED: $* ========"
   exit 0
 }
 [ "$(id -u)" -eq 0 ] || skip "not root (the test starts munged, slurmctld and slurmd)"
-for t in munged mungekey slurmctld slurmd srun sinfo; do
+for t in munged mungekey slurmctld slurmd srun sinfo squeue scancel; do
   command -v "$t" > /dev/null ||
     skip "$t is not installed (as root, scripts/install-deps.sh installs slurm-wlm and munge)"
 done
@@ -39,21 +43,52 @@ venv=$(cd "$venv" && pwd)
 
 tmp=$(mktemp -d /tmp/zpp-slurm.XXXXXX) || exit 1
 chmod 700 "$tmp"
-# Stops what this script started, by pid file: TERM, up to 10 s, then KILL.
+# The daemons this script started: name and pid, in start order.
+daemons=()
+# Starts "$@" (a daemon in the foreground) in the background; records it.
+start_daemon() {
+  local name=$1
+  shift
+  "$@" > "$tmp/$name.out" 2>&1 &
+  daemons+=("$name:$!")
+}
+# Cancels every job left, waits (at most 20 s) for the queue to empty.
+# (Only this script's cluster: $conf is set once its slurm.conf is written.)
+conf=""
+cancel_jobs() {
+  local ids t
+  [ -n "$conf" ] || return 0
+  ids=$(SLURM_CONF=$conf timeout -k 2 5 squeue -h -o %i 2> /dev/null) || return 0
+  [ -n "$ids" ] || return 0
+  # shellcheck disable=SC2086
+  SLURM_CONF=$conf timeout -k 2 10 scancel $ids 2> /dev/null
+  t=$((SECONDS + 20))
+  while [ $SECONDS -lt $t ]; do
+    ids=$(SLURM_CONF=$conf timeout -k 2 5 squeue -h -o %i 2> /dev/null) || break
+    [ -z "$ids" ] && return 0
+    sleep 0.5
+  done
+  echo "$prog: jobs still queued after scancel: ${ids:-?}" >&2
+}
+# Stops the daemons, last started first, by recorded pid, each only while
+# the pid is still that daemon (/proc/PID/comm): TERM, up to 10 s, KILL.
 stop() {
-  local f pid i
-  for f in "$tmp/slurmd.pid" "$tmp/slurmctld.pid" "$tmp/munged.pid"; do
-    [ -s "$f" ] || continue
-    pid=$(cat "$f")
+  local i name pid t
+  for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
+    name=${daemons[i]%%:*}
+    pid=${daemons[i]#*:}
+    [ "$(cat "/proc/$pid/comm" 2> /dev/null)" = "$name" ] || continue
     kill -TERM "$pid" 2> /dev/null || continue
-    for i in $(seq 100); do
-      kill -0 "$pid" 2> /dev/null || break
+    t=$((SECONDS + 10))
+    while [ $SECONDS -lt $t ] && kill -0 "$pid" 2> /dev/null; do
       sleep 0.1
     done
-    kill -KILL "$pid" 2> /dev/null
+    [ "$(cat "/proc/$pid/comm" 2> /dev/null)" = "$name" ] && kill -KILL "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
   done
 }
 cleanup() {
+  cancel_jobs
   stop
   rm -rf "$tmp"
 }
@@ -72,9 +107,15 @@ fail() {
 mungekey --create --keyfile="$tmp/munge.key" > /dev/null 2>&1 || fail "mungekey --create"
 chmod 600 "$tmp/munge.key"
 # --force: the temporary directory lies under /tmp (world-writable)
-munged --force --socket="$tmp/munge.socket" --key-file="$tmp/munge.key" \
-  --pid-file="$tmp/munged.pid" --log-file="$tmp/munged.log" \
-  --seed-file="$tmp/munged.seed" > "$tmp/munged.out" 2>&1 || fail "munged did not start"
+start_daemon munged munged --foreground --force --socket="$tmp/munge.socket" \
+  --key-file="$tmp/munge.key" --pid-file="$tmp/munged.pid" \
+  --log-file="$tmp/munged.log" --seed-file="$tmp/munged.seed"
+t=$((SECONDS + 10))
+until [ -S "$tmp/munge.socket" ]; do
+  [ $SECONDS -lt $t ] || fail "munged's socket did not appear within 10 s"
+  kill -0 "${daemons[0]#*:}" 2> /dev/null || fail "munged exited"
+  sleep 0.1
+done
 
 # ---- slurm.conf: one node, this host ---------------------------------------
 node=$(hostname -s)
@@ -120,13 +161,19 @@ KillWait=5
 NodeName=$node CPUs=$cpus State=UNKNOWN
 PartitionName=zpp Nodes=$node Default=YES MaxTime=10 State=UP OverSubscribe=FORCE:4
 EOF
-export SLURM_CONF=$tmp/slurm.conf
+conf=$tmp/slurm.conf
+export SLURM_CONF=$conf
 
-slurmctld -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 || fail "slurmctld did not start"
-slurmd -f "$SLURM_CONF" > "$tmp/slurmd.out" 2>&1 || fail "slurmd did not start"
+start_daemon slurmctld slurmctld -D -f "$SLURM_CONF"
+start_daemon slurmd slurmd -D -f "$SLURM_CONF"
+# at most 30 s of wall time, whatever sinfo takes
 state=""
-for i in $(seq 60); do
-  state=$(timeout 5 sinfo -h -n "$node" -o %t 2> /dev/null)
+t=$((SECONDS + 30))
+while [ $SECONDS -lt $t ]; do
+  for d in "${daemons[@]}"; do
+    kill -0 "${d#*:}" 2> /dev/null || fail "${d%%:*} exited"
+  done
+  state=$(timeout -k 1 3 sinfo -h -n "$node" -o %t 2> /dev/null)
   [ "$state" = idle ] && break
   sleep 0.5
 done
@@ -142,7 +189,8 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 failed=()
 
 echo "== srun -n 4 zpp-bench: the TCP bootstrap from srun's variables"
-out=$(timeout 60 srun -n 4 "$build/perf/zpp-bench" --coll allgather -b 64K -e 256K -n 2 -w 1 2>&1)
+out=$(timeout -k 10 60 srun -t 2 -n 4 "$build/perf/zpp-bench" --coll allgather -b 64K -e 256K \
+  -n 2 -w 1 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && grep -q "bootstrap tcp" <<< "$out" && grep -q PASSED <<< "$out"; then
   echo "   passed"
@@ -153,8 +201,8 @@ else
 fi
 
 echo "== srun -n 2 examples/fsdp2_train.py --comm zppenv --steps 2 --json"
-out=$(timeout 90 srun -n 2 "$venv/bin/python" examples/fsdp2_train.py --comm zppenv --steps 2 \
-  --json --quiet 2>&1)
+out=$(timeout -k 10 90 srun -t 2 -n 2 "$venv/bin/python" examples/fsdp2_train.py --comm zppenv \
+  --steps 2 --json --quiet 2>&1)
 rc=$?
 check='
 import json, math, sys
@@ -179,7 +227,8 @@ mapfile -t lines < <(python3 tests/launch_lines_test.py --list srun | sort -u)
 [ ${#lines[@]} -ge 1 ] || failed+=("no printed srun line found")
 for line in "${lines[@]}"; do
   echo "== as printed: $line"
-  out=$(timeout 90 bash -c "$line" 2>&1)
+  # SLURM_TIMELIMIT: srun's -t for the line as printed (2 minutes)
+  out=$(SLURM_TIMELIMIT=2 timeout -k 10 90 bash -c "$line" 2>&1)
   rc=$?
   if [ $rc -eq 0 ]; then
     echo "   passed"

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -23,8 +24,10 @@
 #include "comm/slurm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -532,6 +535,50 @@ TEST(Bootstrap, FailedSplitClosesTheOtherColoursListener) {
   for (int i = 0; i < 2; i++) EXPECT_EQ(res[i].status, ZPP_OK) << i << ": " << res[i].msg;
 }
 
+// Sockets of this process (the fds of /proc/self/fd that are sockets).
+int open_sockets() {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent *e = readdir(d)) {
+    char path[300], link[64];
+    std::snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    if (k > 0 && std::strncmp(link, "socket:", 7) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+// An id that will not be used: zpp_release_unique_id closes its listener
+// (and an id of another process, or one released already, is left alone).
+TEST(Bootstrap, ReleasedIdClosesItsListener) {
+  auto res = run(1, 20, [](int, const std::vector<int> &, int) {
+    Result r;
+    int before = open_sockets();
+    zpp_unique_id_t id;
+    if ((r.status = zpp_get_unique_id(&id)) != ZPP_OK) {
+      r.msg = zpp_get_last_error();
+      return r;
+    }
+    int listening = open_sockets();
+    r.status = zpp_release_unique_id(&id);
+    int after = open_sockets();
+    zpp_status_t again = zpp_release_unique_id(&id);
+    zpp_status_t null = zpp_release_unique_id(nullptr);
+    if (r.status == ZPP_OK &&
+        (listening != before + 1 || after != before || again != ZPP_OK ||
+         null != ZPP_ERR_NULL_POINTER)) {
+      r.status = -100;
+      r.msg = "sockets " + std::to_string(before) + " -> " + std::to_string(listening) +
+              " -> " + std::to_string(after) + "; again " + std::to_string(again) +
+              ", NULL " + std::to_string(null);
+    }
+    return r;
+  });
+  EXPECT_EQ(res[0].status, ZPP_OK) << res[0].msg;
+}
+
 TEST(Bootstrap, BadArgumentsAreNamed) {
   zpp_comm_t c = nullptr;
   zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
@@ -658,6 +705,41 @@ TEST(SlurmHostlist, MalformedListsAreNamedWithTheirValue) {
   EXPECT_STREQ(small, "node001");
 }
 
+// Host names are ASCII: a locale whose isalnum() takes more (Latin-1's
+// 0xE9, 'e' acute) must not widen what the parser accepts.  The locale is
+// made with localedef into a temporary LOCPATH; without localedef or its
+// sources the test is skipped.
+TEST(SlurmHostlist, NonAsciiBytesAreRefusedWhateverTheLocale) {
+  char dir[] = "/tmp/zpp-locale.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string cmd = std::string("localedef -i en_US -f ISO-8859-1 ") + dir +
+                    "/lat1 > /dev/null 2>&1";
+  int made = std::system(cmd.c_str());
+  auto res = run(1, 20, [&](int, const std::vector<int> &, int) {
+    Result r;
+    setenv("LOCPATH", dir, 1);
+    if (made != 0 || setlocale(LC_CTYPE, "lat1") == nullptr || !isalnum(0xE9)) {
+      r.status = 1;  // no such locale here
+      return r;
+    }
+    r.status = ZPP_OK;
+    for (int c = 0x80; c <= 0xFF; c++) {
+      char list[8] = {'n', (char)c, '1', '\0'}, out[64];
+      if (zpp_slurm_first_host("SLURM_STEP_NODELIST", list, out, sizeof out, "t") !=
+          ZPP_ERR_INVALID_ARGUMENT) {
+        r.status = -100;
+        r.msg = "byte " + std::to_string(c) + " accepted in a host name (locale " +
+                setlocale(LC_CTYPE, nullptr) + ")";
+        return r;
+      }
+    }
+    return r;
+  });
+  std::system((std::string("rm -rf ") + dir).c_str());
+  if (res[0].status == 1) GTEST_SKIP() << "no Latin-1 locale could be made (localedef)";
+  EXPECT_EQ(res[0].status, ZPP_OK) << res[0].msg;
+}
+
 // Sets (value != nullptr) or unsets each variable, in this process.
 void set_env(std::initializer_list<std::pair<const char *, const char *>> vars) {
   for (auto &v : vars) {
@@ -773,6 +855,52 @@ TEST(SlurmEnv, CommunicatorFromSrunsVariables) {
   for (int i = 0; i < 3; i++) EXPECT_EQ(res[i].status, ZPP_OK) << i << ": " << res[i].msg;
 }
 
+// Which processes read srun's variables: srun's tasks (also with srun's
+// PMI plugins, --mpi=pmi2 or pmix, whose rank is SLURM_PROCID), not the
+// ranks of a launcher started inside an allocation, which inherit its
+// SLURM_*: Open MPI's mpirun, MPICH's or Intel MPI's hydra (whose proxies
+// srun starts, one per node: SLURM_PROCID is the node's index there).
+TEST(SlurmEnv, OtherLaunchersInsideAnAllocationAreNotSrun) {
+  struct Case {
+    std::vector<std::pair<const char *, const char *>> env;
+    int want;
+    const char *what;
+  };
+  std::vector<Case> cases = {
+      {{}, 1, "srun's task"},
+      {{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}, 1, "srun --mpi=pmi2"},
+      {{{"PMIX_RANK", "1"}}, 1, "srun --mpi=pmix"},
+      {{{"RANK", "1"}}, 0, "torchrun's RANK"},
+      {{{"OMPI_COMM_WORLD_SIZE", "2"}}, 0, "Open MPI's mpirun"},
+      {{{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "1"}}, 0, "hydra"},
+      {{{"PMI_RANK", "1"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "1"}}, 0,
+       "hydra, PMI_RANK equal to the node's index"},
+      {{{"PMI_RANK", "1"}, {"PMI_SIZE", "8"}}, 0, "PMI_SIZE unlike SLURM_NTASKS"},
+      {{{"PMI_SIZE", "2"}}, 0, "PMI_SIZE without PMI_RANK"},
+      {{{"PMI_RANK", "3"}}, 0, "PMI_RANK unlike SLURM_PROCID"},
+      {{{"MPI_LOCALRANKID", "0"}}, 0, "MPI_LOCALRANKID"},
+      {{{"PMIX_RANK", "3"}}, 0, "PMIX_RANK unlike SLURM_PROCID"},
+  };
+  auto res = run((int)cases.size(), 20, [&](int i, const std::vector<int> &, int) {
+    set_env({{"RANK", nullptr},
+             {"OMPI_COMM_WORLD_SIZE", nullptr},
+             {"PMI_RANK", nullptr},
+             {"PMI_SIZE", nullptr},
+             {"PMIX_RANK", nullptr},
+             {"MPI_LOCALRANKID", nullptr},
+             {"SLURM_PROCID", "1"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_STEP_ID", "0"}});
+    for (auto &v : cases[i].env) set_env({v});
+    Result r;
+    int got = zpp_env_slurm();
+    r.status = got == cases[i].want ? ZPP_OK : -100;
+    r.msg = std::string(cases[i].what) + ": zpp_env_slurm() " + std::to_string(got);
+    return r;
+  });
+  for (size_t i = 0; i < cases.size(); i++) EXPECT_EQ(res[i].status, ZPP_OK) << res[i].msg;
+}
+
 TEST(SlurmEnv, BadOrMissingVariablesAreNamed) {
   struct Case {
     std::vector<std::pair<const char *, const char *>> env;
@@ -780,6 +908,7 @@ TEST(SlurmEnv, BadOrMissingVariablesAreNamed) {
   };
   // Every case starts from a complete srun environment of rank 1 of 2
   // (rank 1: nothing listens) and changes it.
+  const std::string long_addr(300, 'a');
   std::vector<Case> cases = {
       {{{"SLURM_STEP_ID", nullptr}}, "SLURM_STEP_ID is not"},
       {{{"SLURM_NTASKS", nullptr}}, "SLURM_NTASKS is not set (srun"},
@@ -794,6 +923,11 @@ TEST(SlurmEnv, BadOrMissingVariablesAreNamed) {
       {{{"SLURM_JOB_ID", nullptr}}, "SLURM_JOB_ID is not set"},
       // mpirun inside an allocation: the SLURM_* are the allocation's
       {{{"OMPI_COMM_WORLD_SIZE", "2"}}, "RANK is not set"},
+      // MPICH's or Intel MPI's hydra inside an allocation
+      {{{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "1"}}, "RANK is not set"},
+      // a longer MASTER_ADDR is named, not cut to the buffer and resolved
+      {{{"MASTER_ADDR", long_addr.c_str()}}, "MASTER_ADDR \"aaaa"},
+      {{{"MASTER_ADDR", long_addr.c_str()}}, "300 characters, longer than the 255"},
   };
   auto res = run((int)cases.size(), 30, [&](int i, const std::vector<int> &, int) {
     set_env({{"RANK", nullptr},
@@ -802,6 +936,10 @@ TEST(SlurmEnv, BadOrMissingVariablesAreNamed) {
              {"MASTER_ADDR", nullptr},
              {"MASTER_PORT", nullptr},
              {"OMPI_COMM_WORLD_SIZE", nullptr},
+             {"PMI_RANK", nullptr},
+             {"PMI_SIZE", nullptr},
+             {"PMIX_RANK", nullptr},
+             {"MPI_LOCALRANKID", nullptr},
              {"SLURM_PROCID", "1"},
              {"SLURM_LOCALID", "1"},
              {"SLURM_NTASKS", "2"},

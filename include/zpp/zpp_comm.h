@@ -188,6 +188,11 @@ typedef struct {
 } zpp_unique_id_t;
 
 ZPP_API zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id);
+/* Stops listening for an id of zpp_get_unique_id that no communicator will
+ * be made from (a failure before zpp_comm_create_from_id, e.g. the id could
+ * not be passed on).  An id this process does not listen for (another's,
+ * or already used) is left alone: ZPP_OK. */
+ZPP_API zpp_status_t zpp_release_unique_id(const zpp_unique_id_t *id);
 
 ZPP_API zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id,
                                              int nranks, int rank,
@@ -199,16 +204,21 @@ ZPP_API zpp_status_t zpp_comm_create_from_id(const zpp_unique_id_t *id,
  * against the discovered local rank: a mismatch is logged).  Rank 0 listens
  * on MASTER_ADDR at port ZPP_BOOTSTRAP_PORT, else MASTER_PORT + 1 (torchrun's
  * own store holds MASTER_PORT).
- * Without RANK, srun's variables (not under mpirun): SLURM_PROCID,
+ * Without RANK, srun's variables (unless another launcher started the
+ * process inside an allocation: Open MPI's OMPI_COMM_WORLD_SIZE set, or
+ * MPICH's or Intel MPI's hydra, whose MPI_LOCALRANKID, PMI_RANK or PMI_SIZE
+ * are set and disagree with SLURM_PROCID / SLURM_NTASKS): SLURM_PROCID,
  * SLURM_NTASKS, SLURM_LOCALID (checked as LOCAL_RANK is), SLURM_STEP_ID
  * (required: without it the process is a batch script's, not srun's); the
  * root's address is MASTER_ADDR, else the first host of
  * SLURM_STEP_NODELIST, else of SLURM_JOB_NODELIST ("node[01-04],gpu3":
  * node01; where srun's block distribution puts task 0); its port
  * ZPP_BOOTSTRAP_PORT, else MASTER_PORT + 1, else P + 1 with
- * P = 10000 + 2 * ((SLURM_JOB_ID * 61 + SLURM_STEP_ID) mod 11000), which
- * differs between the steps of a job (zpp.init_process_group puts torch's
- * store on P).  Missing or malformed variables give
+ * P = 10000 + 2 * ((SLURM_JOB_ID * 61 + SLURM_STEP_ID) mod 11000): steps
+ * 0 to 10999 of a job get different ports, as do the steps 0 of jobs whose
+ * ids differ by less than 11000, but steps of two jobs can meet (job J step
+ * 61 is job J + 1 step 0; set MASTER_PORT then).  zpp.init_process_group
+ * puts torch's store on P.  Missing or malformed variables give
  * ZPP_ERR_INVALID_ARGUMENT naming them. */
 ZPP_API zpp_status_t zpp_comm_create_from_env(const zpp_comm_config_t *cfg,
                                               zpp_comm_t *out);

@@ -5,9 +5,11 @@ lines rank 0 printed."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +70,51 @@ def torchrun(np_: int, args, timeout=240, **extra):
     return _run(cmd + [str(a) for a in args], e, timeout)
 
 
+def _group_gone(p: subprocess.Popen, wait: float) -> bool:
+    t0 = time.monotonic()
+    while True:
+        p.poll()  # reaps p itself (a zombie still counts as a member)
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() - t0 > wait:
+            return False
+        time.sleep(0.05)
+
+
+def kill_group(p: subprocess.Popen, grace: float = 10.0) -> None:
+    """Ends the process group of ``p`` (started with start_new_session):
+    SIGTERM, up to ``grace`` seconds, then SIGKILL (up to 5 s more)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        if _group_gone(p, wait):
+            return
+
+
+def run_bounded(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, timeout=...) in a session of its own: past the
+    timeout every process of it is ended (kill_group), not only ``cmd``,
+    and subprocess.TimeoutExpired is raised with the output so far."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    with subprocess.Popen(cmd, start_new_session=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(p)
+            out, err = p.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        # what the command left behind in its session goes too
+        kill_group(p, grace=1.0)
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def _run(cmd, e, timeout):
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+    p = run_bounded(cmd, timeout, env=e, text=True)
     if p.returncode != 0:
         raise AssertionError("%s\nexit %d\n--- stdout\n%s\n--- stderr\n%s"
                              % (" ".join(cmd), p.returncode, p.stdout[-6000:], p.stderr[-6000:]))

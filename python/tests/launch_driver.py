@@ -3,7 +3,8 @@ then an all_reduce checked against its closed form.  Rank 0 prints one
 JSON line: the rendezvous it ended up with (MASTER_ADDR, MASTER_PORT),
 whether that port is listening (the store's), the variables it filled
 and the sum.  Exits non-zero on a failed check.  With ZPP_TEST_EXPECT_FAIL
-every rank prints the error init_process_group raised instead."""
+every rank (under mpirun) prints the error init_process_group raised
+instead."""
 import json
 import os
 import socket
@@ -27,12 +28,15 @@ def main():
     if os.environ.get("ZPP_TEST_EXPECT_FAIL"):
         # each rank says what it got, so that the test sees every rank
         # (mpirun ends the others once one exits non-zero)
+        me = os.environ["OMPI_COMM_WORLD_RANK"]
         try:
             zpp.init_process_group("gloo")
         except RuntimeError as e:
-            print("rank %s failed: %s" % (os.environ["RANK"], e), flush=True)
+            # a failed call writes no RANK (a retry would take it for torchrun's)
+            print("rank %s failed: %s%s" % (me, e, "; RANK was written" * ("RANK" in os.environ)),
+                  flush=True)
             return
-        raise SystemExit("rank %s: init_process_group succeeded" % os.environ["RANK"])
+        raise SystemExit("rank %s: init_process_group succeeded" % me)
     zpp.init_process_group("gloo")
     r, w = dist.get_rank(), dist.get_world_size()
     assert (r, w) == (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])), (r, w)

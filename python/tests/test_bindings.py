@@ -5,7 +5,6 @@ with zpp's messages, and the installed package's layout (`python -m zpp`)."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch
 import zpp
 from zpp import _lib
 
-from conftest import LIB, ROOT
+from conftest import LIB, ROOT, run_bounded
 
 SEED = int(os.environ.get("ZPP_TEST_SEED", "20261130"))
 
@@ -159,8 +158,7 @@ def test_async_arrays_outlive_a_dropped_work_and_close_waits():
     # the arrays the engine was writing ("free(): corrupted unsorted
     # chunks"), and a wait after close() used a freed request.
     e = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    p = subprocess.run([sys.executable, "-c", _DROPPED_WORK], env=e, capture_output=True,
-                       text=True, timeout=120)
+    p = run_bounded([sys.executable, "-c", _DROPPED_WORK], 120, env=e, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.split("\n")[:2] == ["alive True", "after close True True True"], p.stdout
 
@@ -187,7 +185,7 @@ def test_library_not_found_is_a_clear_error(tmp_path):
     code = "import zpp; zpp.version()"
     e = dict(os.environ, ZPP_LIBRARY=str(tmp_path / "nope.so"),
              PYTHONPATH=str(ROOT / "python"))
-    p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    p = run_bounded([sys.executable, "-c", code], 60, env=e, text=True)
     assert p.returncode != 0 and "ZPP_LIBRARY=%s: no such file" % (tmp_path / "nope.so") in p.stderr
 
 
@@ -206,8 +204,8 @@ def test_installed_layout_finds_library_and_headers_beside_the_package(tmp_path)
     e["PYTHONPATH"] = str(site)
 
     def zpp_main(*args, **env):
-        p = subprocess.run([sys.executable, "-m", "zpp", *args], env=dict(e, **env),
-                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        p = run_bounded([sys.executable, "-m", "zpp", *args], 60, env=dict(e, **env), text=True,
+                        cwd=tmp_path)
         assert p.returncode == 0, p.stderr
         return p.stdout
 

@@ -31,12 +31,11 @@ of the baseline's.
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import EXAMPLE, TESTS, env, mpirun, torchrun
+from conftest import EXAMPLE, TESTS, env, mpirun, run_bounded, torchrun
 
 RUNS = TESTS / "fsdp_runs.py"
 Q = "--json --quiet"
@@ -120,8 +119,7 @@ def test_torchrun_launch_without_mpi_bitwise_equal_to_gloo():
 
 def _single(args, timeout=120):
     e = env(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0)
-    p = subprocess.run([sys.executable] + [str(a) for a in args], env=e, capture_output=True,
-                       text=True, timeout=timeout)
+    p = run_bounded([sys.executable] + [str(a) for a in args], timeout, env=e, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     import json
     return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
@@ -179,8 +177,7 @@ def test_options_that_would_be_ignored_are_refused_by_name(capsys):
     # the command line fails before any rendezvous (no launcher here: a
     # parse after init_process_group would fail on torch's missing RANK)
     e = {k: v for k, v in env().items() if k not in ("RANK", "WORLD_SIZE")}
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--hadamard", "32"], env=e,
-                       capture_output=True, text=True, timeout=120)
+    r = run_bounded([sys.executable, str(EXAMPLE), "--hadamard", "32"], 120, env=e, text=True)
     assert r.returncode == 2 and "--hadamard 32 needs qgZ" in r.stderr, (r.returncode, r.stderr)
     # what the convergence study runs is accepted
     a = fsdp2_train.parse("--comm zppmpi --dtype bf16 --reduce-dtype bf16 --qwz-bits 8 --hpz 4 "

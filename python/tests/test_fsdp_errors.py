@@ -16,12 +16,12 @@ with logging left unconfigured (pytest configures it here).
 import logging
 import os
 import re
-import subprocess
+import socket
 import sys
 
 import pytest
 
-from conftest import TESTS, env, free_port
+from conftest import TESTS, env, free_port, run_bounded
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -207,6 +207,182 @@ def test_host_communicator_for_cuda_parameters_is_refused(monkeypatch):
                     r"\(device memory\)", zpp.DeviceError, comm=c)
 
 
+# ---- the communicator's keywords, before anything listens ----------------
+
+def _listening() -> int:
+    """TCP sockets of this process in the LISTEN state (/proc/self/net/tcp
+    and tcp6 joined with this process's socket fds by inode)."""
+    listen = set()
+    for f in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(f) as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for r in rows:
+            cols = r.split()
+            if len(cols) > 9 and cols[3] == "0A":
+                listen.add(cols[9])
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            t = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            mine.add(t[len("socket:["):-1])
+    return len(listen & mine)
+
+
+def test_listening_count_sees_a_listener():
+    # the counter the tests below rely on
+    n = _listening()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        assert _listening() == n + 1
+    assert _listening() == n
+
+
+COMM_KW = [
+    (dict(backend="bogus"), r"backend 'bogus': must be 'auto', 'mpi', 'nccl' or 'ucx'"),
+    (dict(backend=3), r"backend 3: must be 'auto'"),
+    (dict(topology=5), r"topology 5: must be a string such as '2x4'"),
+    (dict(topology="0," * 100), r"zpp_comm_config_check: cfg->topology: longer than 127"),
+    (dict(timeout_s=0), r"timeout_s 0: must be a number of seconds > 0"),
+    (dict(timeout_s=-1.5), r"timeout_s -1.5: must be a number of seconds > 0"),
+    (dict(timeout_s="10"), r"timeout_s '10': must be a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize("kw,pat", COMM_KW, ids=[repr(k) for k, _ in COMM_KW])
+def test_bad_communicator_keyword_is_refused_before_anything_listens(kw, pat):
+    n = _listening()
+    _refused(_model(), r"zpp.fsdp.enable: " + pat, **kw)
+    assert _listening() == n, "a listener was left open"
+
+
+@pytest.mark.parametrize("kw,pat", COMM_KW, ids=[repr(k) for k, _ in COMM_KW])
+def test_from_process_group_checks_its_keywords_before_it_listens(kw, pat):
+    n, live = _listening(), list(zpp.comm._live)
+    with pytest.raises(ValueError, match=pat):
+        zpp.Comm.from_process_group(**kw)
+    assert _listening() == n, "a listener was left open"
+    assert zpp.comm._live == live
+
+
+def test_from_process_group_stops_listening_when_the_id_cannot_be_shared(monkeypatch):
+    class Broken:
+        def set(self, key, value):
+            raise RuntimeError("store gone")
+
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: Broken())
+    n = _listening()
+    with pytest.raises(RuntimeError, match="store gone"):
+        zpp.Comm.from_process_group()
+    assert _listening() == n, "the unique id's listener was left open"
+
+
+# ---- a failure half-way through enable() leaves nothing -------------------
+
+def test_failed_install_puts_everything_back(monkeypatch):
+    m = _model()
+    calls = []
+
+    def fail(self, hook):
+        calls.append(self)
+        if len(calls) == 2:  # the second module: the first has zpp's hooks by now
+            raise RuntimeError("set_custom_reduce_scatter failed")
+        return orig(self, hook)
+
+    orig = zpp.fsdp.FSDPModule.set_custom_reduce_scatter
+    monkeypatch.setattr(zpp.fsdp.FSDPModule, "set_custom_reduce_scatter", fail)
+    n = _listening()
+    _refused(m, r"set_custom_reduce_scatter failed", RuntimeError)
+    assert len(calls) == 2
+    assert _listening() == n, "a listener was left open"
+    assert not any(x in zpp.fsdp._installed for x in m.modules()), "a module still has a handle"
+    monkeypatch.undo()
+    z = zpp.fsdp.enable(m)  # not refused as "already has zpp's hooks"
+    try:
+        assert len(_zpp_hooks(m)) == 2
+    finally:
+        z.close()
+
+
+def test_failed_summary_on_rank_0_does_not_fail_enable(monkeypatch, caplog):
+    """The log line is best-effort: only rank 0 writes it, so a failure
+    there must not leave rank 0 out of what every rank does."""
+    def fail(*a, **kw):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(zpp.fsdp, "_summary", fail)
+    m = _model()
+    with caplog.at_level(logging.INFO, logger="zpp"):
+        z = zpp.fsdp.enable(m)
+    try:
+        assert len(_zpp_hooks(m)) == 2 and not z.closed
+        lines = [r.getMessage() for r in caplog.records if r.name == "zpp"]
+        assert any("the summary of the choices failed: KeyError: 'boom'" in l
+                   for l in lines), lines
+    finally:
+        z.close()
+    assert _zpp_hooks(m) == []
+
+
+def test_failed_log_handler_does_not_fail_enable(caplog):
+    class Broken(logging.Handler):
+        def emit(self, record):
+            raise RuntimeError("handler broken")
+
+        def handleError(self, record):
+            raise RuntimeError("handler broken")
+
+    log = logging.getLogger("zpp")
+    h = Broken()
+    log.addHandler(h)
+    try:
+        with caplog.at_level(logging.INFO, logger="zpp"):
+            z = zpp.fsdp.enable(_model())
+    finally:
+        log.removeHandler(h)
+    assert not z.closed
+    z.close()
+
+
+# ---- close() frees what enable() made, not the caller's ------------------
+
+def test_close_leaves_a_communicator_passed_as_comm_open():
+    with zpp.Comm.from_process_group() as c:
+        m1, m2 = _model(), _model()
+        z1 = zpp.fsdp.enable(m1, comm=c)
+        z1.close()
+        assert c in zpp.comm._live, "close() closed the caller's communicator"
+        assert c.size == 1
+        z2 = zpp.fsdp.enable(m2, comm=c)  # a second model on it
+        assert len(_zpp_hooks(m2)) == 2
+        assert z2.stats()["intra_bytes_sent"] == 0  # the communicator answers
+        z2.close()
+        assert c in zpp.comm._live
+
+
+def test_close_leaves_comms_shared_by_two_models_open():
+    comms = zpp.fsdp.Comms()
+    try:
+        m1, m2 = _model(), _model()
+        z1 = zpp.fsdp.enable(m1, comms=comms)
+        z2 = zpp.fsdp.enable(m2, comms=comms)
+        z1.close()
+        assert comms.world in zpp.comm._live, "close() closed the shared communicators"
+        assert len(_zpp_hooks(m2)) == 2
+        assert z2.stats()["intra_bytes_sent"] == 0  # the communicators answer
+        z2.close()
+        assert comms.world in zpp.comm._live
+    finally:
+        comms.close()
+    assert comms.world not in zpp.comm._live
+
+
 # ---- zpp.Comm's own checks ------------------------------------------------
 
 COMM_CASES = [
@@ -320,7 +496,7 @@ def _launch(extra_env):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", e["MASTER_PORT"],
            str(TESTS / "enable_driver.py")]
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=240)
+    p = run_bounded(cmd, 240, env=e, text=True)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     # from "zpp.fsdp:" on: both ranks and the C library (ZPP_DEBUG) write to
     # the same stderr, so a line may follow another's unfinished prefix

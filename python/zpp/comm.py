@@ -96,17 +96,38 @@ def _config(topology: Optional[str], backend: Optional[str], timeout_s: Optional
             raise ValueError("device %r: a CUDA device index >= 0" % (device,))
         cfg.cuda_device = device
     keep = None
-    if topology:
-        keep = L.ffi.new("char[]", topology.encode())
-        cfg.topology = keep
-    if backend:
-        name = "ZPP_BACKEND_" + backend.upper()
-        if not hasattr(L.lib, name):
-            raise ValueError("backend %r: must be auto, mpi, nccl or ucx" % backend)
+    if topology is not None:
+        if not isinstance(topology, str):
+            raise ValueError("topology %r: must be a string such as '2x4' (2 nodes of 4 ranks) "
+                             "or '0,0,1,1' (the node of each rank)" % (topology,))
+        if topology:
+            keep = L.ffi.new("char[]", topology.encode())
+            cfg.topology = keep
+    if backend is not None:
+        name = "ZPP_BACKEND_" + backend.upper() if isinstance(backend, str) else ""
+        if not backend or not hasattr(L.lib, name):
+            raise ValueError("backend %r: must be 'auto', 'mpi', 'nccl' or 'ucx'" % (backend,))
         cfg.backend = getattr(L.lib, name)
-    if timeout_s:
+    if timeout_s is not None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or \
+                not timeout_s > 0:
+            raise ValueError("timeout_s %r: must be a number of seconds > 0 (None: "
+                             "ZPP_TIMEOUT_S)" % (timeout_s,))
         cfg.timeout_s = float(timeout_s)
     return cfg, keep
+
+
+def check_config(topology: Optional[str] = None, backend: Optional[str] = None,
+                 timeout_s: Optional[float] = None, memory: Optional[str] = None,
+                 device: Optional[int] = None) -> None:
+    """Raises ValueError naming the argument when a communicator could not
+    be made with these keywords (the checks of :func:`_config` and of
+    zpp_comm_config_check); opens nothing."""
+    L = _lib.get()
+    cfg, keep = _config(topology, backend, timeout_s, memory, device)
+    if L.lib.zpp_comm_config_check(cfg) != 0:
+        raise ValueError(L.string(L.lib.zpp_get_last_error()))
+    del keep
 
 
 class Work:
@@ -443,6 +464,9 @@ class Comm:
         else 127.0.0.1) and the others read it from the default store."""
         import torch.distributed as dist
 
+        L = _lib.get()
+        # the keywords are checked before the first rank listens
+        check_config(topology, backend, timeout_s, memory, device)
         group = group or dist.group.WORLD
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         ranks = dist.get_process_group_ranks(group)
@@ -452,7 +476,14 @@ class Comm:
         key = "zpp/uid/%s/%d" % ("-".join(map(str, ranks)), n)
         if rank == 0:
             uid = cls.unique_id()
-            store.set(key, uid)
+            try:
+                store.set(key, uid)
+            except BaseException:
+                # nobody will join: stop listening
+                cid = L.ffi.new("zpp_unique_id_t *")
+                L.ffi.memmove(cid, uid, len(uid))
+                L.lib.zpp_release_unique_id(cid)
+                raise
         else:
             uid = bytes(store.get(key))
         return cls.from_unique_id(uid, size, rank, topology=topology, backend=backend,

@@ -46,7 +46,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllG
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
 
 from . import _lib
-from .comm import Comm, check_bits, check_block, check_hadamard
+from .comm import Comm, check_bits, check_block, check_config, check_hadamard
 
 __all__ = ["Options", "Comms", "AllGather", "ReduceScatter", "Work", "enable", "Zpp"]
 
@@ -73,9 +73,12 @@ class Comms:
     together)."""
 
     def __init__(self, world: Optional[Comm] = None, **comm_kw):
+        made_here = world is None
         if world is None:
             world = Comm.from_process_group(**comm_kw)
         if world.rank != dist.get_rank() or world.size != dist.get_world_size():
+            if made_here:
+                world.close()
             raise ValueError(
                 "zpp world communicator is rank %d of %d, torch rank %d of %d: they must agree"
                 % (world.rank, world.size, dist.get_rank(), dist.get_world_size())
@@ -116,10 +119,12 @@ class Comms:
         for c in self._by_ranks.values():
             c.reset_stats()
 
-    def close(self) -> None:
-        """Collective: the node communicators, then the world."""
+    def close(self, world: bool = True) -> None:
+        """Collective: the node communicators, then the world (``world=False``:
+        not the world, which its owner closes)."""
         for c in reversed(list(self._by_ranks.values())):
-            c.close()
+            if world or c is not self.world:
+                c.close()
         self._by_ranks.clear()
 
 
@@ -250,17 +255,23 @@ class Zpp:
 
     ``close()`` (collective) puts back the hooks the FSDP modules had
     before :func:`enable` (FSDP2's own collectives over its process
-    group, unless others were set) and frees zpp's communicators; the
-    model can then train on those, or be given to :func:`enable` again."""
+    group, unless others were set) and frees the communicators
+    :func:`enable` made; the model can then train on those, or be given
+    to :func:`enable` again.  Communicators the caller passed stay open
+    (``comms=``: all of them; ``comm=``: that world, while the node
+    communicators made from it for hpZ are closed)."""
 
     def __init__(self, comms: Comms, options: Options, gathers: list, scatters: list,
-                 modules: Optional[list] = None):
+                 modules: Optional[list] = None, owns: str = "all"):
         self.comms = comms
         self.options = options
         self.gathers = gathers
         self.scatters = scatters
         # (module, its param groups, their hooks before enable())
-        self._modules = modules or []
+        self._modules = modules if modules is not None else []
+        # what close() frees: "all" (enable made the world), "splits" (the
+        # world was passed as comm=), "none" (comms= passed)
+        self._owns = owns
         self.closed = False
 
     def __repr__(self) -> str:
@@ -288,20 +299,27 @@ class Zpp:
 
     def close(self) -> None:
         """Collective: puts back the FSDP modules' hooks from before
-        :func:`enable`, then frees zpp's communicators.  A second close()
-        does nothing."""
+        :func:`enable`, then frees the communicators it made (not those
+        passed as ``comm=`` or ``comms=``).  A second close() does
+        nothing."""
         if self.closed:
             return
         self.closed = True
-        for m, groups, before in self._modules:
-            for g, (ag, rs) in zip(groups, before):
-                g._all_gather_comm = ag
-                g._reduce_scatter_comm = rs
-            if _installed.get(m) is self:
-                del _installed[m]
+        _restore(self._modules, self)
         for h in self.scatters:
             h.residuals.clear()
-        self.comms.close()
+        if self._owns != "none":
+            self.comms.close(world=self._owns == "all")
+
+
+def _restore(modules: list, z) -> None:
+    """Puts back the hooks the param groups had before enable()."""
+    for m, groups, before in modules:
+        for g, (ag, rs) in zip(groups, before):
+            g._all_gather_comm = ag
+            g._reduce_scatter_comm = rs
+        if _installed.get(m) is z:
+            del _installed[m]
 
 
 # FSDP module -> the open Zpp whose hooks it has (a second enable() is refused)
@@ -619,17 +637,21 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
 
     Before it opens a communicator or sets a hook it checks, and raises
     ValueError (TypeError for an unknown keyword) naming the argument,
-    module or parameter: every option; each FSDP module's
+    module or parameter: every option; the communicator's keywords
+    (topology a string, backend auto/mpi/nccl/ucx, timeout_s > 0, and the
+    rest of zpp_comm_config_check); each FSDP module's
     MixedPrecisionPolicy (param_dtype, reduce_dtype: float32, float16,
     bfloat16 or None); every parameter's gather and gradient dtype (by its
     qualified name); that all parameters are on one device, CPU or CUDA,
     the one of the communicators' memory; that the model has an
     FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
-    still open (close it first).
+    still open (close it first).  A failure while the hooks are set puts
+    back every hook it set, closes the communicators it made and raises.
 
     Logging: one INFO line on rank 0 of the ``"zpp"`` logger says which
     bootstrap, backend, memory space, algorithm, qwZ, qgZ and hpZ setting
-    it chose and why.  When the application configured logging (a handler
+    it chose and why (best-effort: a failure to make or write it does
+    not fail enable()).  When the application configured logging (a handler
     on ``"zpp"`` or the root logger), that configuration decides whether
     it shows (``logging.getLogger("zpp").setLevel(logging.INFO)``);
     otherwise it is written to stderr, without any handler being added,
@@ -682,33 +704,72 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
         raise _error("torch.distributed is not initialised (init_process_group first)",
                      RuntimeError)
 
-    # checked: from here on communicators are opened and hooks set
+    # the communicator enable() makes: its keywords checked as zpp_comm_create
+    # checks its config, before anything listens
     made = None
+    if comms is None and comm is None:
+        made = dict(comm_kw)
+        if want == "device":
+            comm_kw["memory"] = "device"
+            comm_kw.setdefault("device", device.index if device.index is not None
+                               else torch.cuda.current_device())
+        try:
+            check_config(**comm_kw)
+        except ValueError as e:
+            raise _error(str(e)) from None
+
+    # checked: from here on communicators are opened and hooks set
+    owns = "none" if comms is not None else "all" if comm is None else "splits"
     if comms is None:
-        if comm is None:
-            made = dict(comm_kw)
-            if want == "device":
-                comm_kw["memory"] = "device"
-                comm_kw.setdefault("device", device.index if device.index is not None
-                                   else torch.cuda.current_device())
         comms = Comms(comm, **comm_kw)
     gathers, scatters, installed = [], [], []
-    for _, m, groups in mods:
-        g, s = AllGather(comms, opts), ReduceScatter(comms, opts)
-        before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
-        m.set_custom_all_gather(g)
-        m.set_custom_reduce_scatter(s)
-        gathers.append(g)
-        scatters.append(s)
-        installed.append((m, groups, before))
-    z = Zpp(comms, opts, gathers, scatters, installed)
-    for _, m, _ in mods:
-        _installed[m] = z
+    z = Zpp(comms, opts, gathers, scatters, installed, owns)
+    line = detail = None
+    try:
+        if isinstance(comms, Comms):
+            detail = _detail_level()
+            if dist.get_rank() == 0:
+                # the line is best-effort: a failure here is rank 0's alone,
+                # and must not leave it out of what the other ranks do
+                try:
+                    line = _summary(comms, opts, mods, device, made)
+                except Exception as e:  # noqa: BLE001
+                    line = ("zpp.fsdp: %d FSDP modules; the summary of the choices failed: "
+                            "%s: %s" % (len(mods), type(e).__name__, e))
+        for _, m, groups in mods:
+            g, s = AllGather(comms, opts), ReduceScatter(comms, opts)
+            before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
+            installed.append((m, groups, before))
+            m.set_custom_all_gather(g)
+            m.set_custom_reduce_scatter(s)
+            gathers.append(g)
+            scatters.append(s)
+        for _, m, _ in mods:
+            _installed[m] = z
+    except BaseException:
+        # nothing of this call stays: the hooks from before, no handle, and
+        # the communicators it made closed
+        z.closed = True
+        _restore(installed, z)
+        if owns != "none":
+            try:
+                comms.close(world=owns == "all")
+            except Exception:  # noqa: BLE001 (the first error is the one to see)
+                pass
+        raise
     if isinstance(comms, Comms):
-        comms.detail = _detail_level()
-        if dist.get_rank() == 0:
-            _emit(logging.INFO, _summary(comms, opts, mods, device, made))
-        if comms.detail is not None:
-            _emit(comms.detail, "zpp.fsdp: rank %d: world communicator: %s"
-                  % (dist.get_rank(), _describe(comms.world)))
+        comms.detail = detail
+        # the lines are best-effort: a failing handler must not undo enable()
+        try:
+            if line is not None:
+                _emit(logging.INFO, line)
+            if detail is not None:
+                _emit(detail, "zpp.fsdp: rank %d: world communicator: %s"
+                      % (dist.get_rank(), _describe(comms.world)))
+        except Exception as e:  # noqa: BLE001
+            try:
+                sys.stderr.write("zpp.fsdp.enable: the log line failed: %s: %s\n"
+                                 % (type(e).__name__, e))
+            except Exception:  # noqa: BLE001
+                pass
     return z

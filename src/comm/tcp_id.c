@@ -232,17 +232,45 @@ zpp_status_t zpp_get_unique_id(zpp_unique_id_t *id) {
   return zpp_tcp_listen(ip, (int)port, zpp_tcp_random_session(), id, __func__);
 }
 
+zpp_status_t zpp_release_unique_id(const zpp_unique_id_t *id) {
+  if (id == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "id is NULL");
+  zpp_tcp_unlisten(id);
+  return ZPP_OK;
+}
+
 /* ---- srun's environment -------------------------------------------------- */
 
 int zpp_env_slurm(void) {
   const char *r = getenv("RANK"), *p = getenv("SLURM_PROCID");
-  /* mpirun inside an allocation inherits the allocation's SLURM_* */
-  return (r == NULL || r[0] == '\0') && p != NULL && p[0] != '\0' &&
-         getenv("OMPI_COMM_WORLD_SIZE") == NULL;
+  const char *pr = getenv("PMI_RANK"), *ps = getenv("PMI_SIZE");
+  const char *n = getenv("SLURM_NTASKS"), *xr = getenv("PMIX_RANK");
+  if ((r != NULL && r[0] != '\0') || p == NULL || p[0] == '\0')
+    return 0;
+  /* Open MPI's mpirun inside an allocation: the allocation's SLURM_* are
+   * inherited. */
+  if (getenv("OMPI_COMM_WORLD_SIZE") != NULL)
+    return 0;
+  /* MPICH's or Intel MPI's hydra inside an allocation starts its proxies
+   * with srun, and their ranks inherit the proxy's SLURM_PROCID (the
+   * node's index) beside hydra's PMI_RANK, PMI_SIZE and MPI_LOCALRANKID.
+   * srun's own PMI plugins (--mpi=pmi2, pmix) set no MPI_LOCALRANKID and
+   * the rank and size srun's variables say. */
+  if (getenv("MPI_LOCALRANKID") != NULL)
+    return 0;
+  if ((pr != NULL || ps != NULL) &&
+      (pr == NULL || strcmp(pr, p) != 0 ||
+       (ps != NULL && (n == NULL || strcmp(ps, n) != 0))))
+    return 0;
+  if (xr != NULL && strcmp(xr, p) != 0)
+    return 0;
+  return 1;
 }
 
+/* ASCII letters, digits, '-', '.', '_' (not the locale's isalnum). */
 static int host_char(int c) {
-  return isalnum(c) || c == '-' || c == '.' || c == '_';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
 }
 
 /* Digits at s[*i..]: at most 18 (so that they compare as numbers). */
@@ -385,6 +413,12 @@ static zpp_status_t env_addr(const char *func, int slurm, char *buf, size_t len,
                              const char **what) {
   const char *a = getenv("MASTER_ADDR"), *name = "SLURM_STEP_NODELIST";
   if (a != NULL && a[0] != '\0') {
+    /* a host name is at most 253 characters: a longer value is not cut */
+    if (strlen(a) >= len)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                       "MASTER_ADDR \"%.40s...\": %zu characters, longer than "
+                       "the %zu of a host name or address",
+                       a, strlen(a), len - 1);
     snprintf(buf, len, "%s", a);
     *what = "MASTER_ADDR";
     return ZPP_OK;
