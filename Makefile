@@ -179,11 +179,12 @@ test-python: build deps-python
 # zpp under a real Slurm: munged, slurmctld and slurmd of its own on this
 # machine (one node), then srun -n 4 zpp-bench (the TCP bootstrap from
 # srun's variables), the FSDP2 example and the srun lines the docs print;
-# every daemon stopped on exit (tests/slurm_test.sh, about 40-70 s).
+# every daemon stopped on exit (tests/slurm_test.sh, about 40-70 s); the
+# Python runs use zpp as test-wheel's venv has it from `pip install .`.
 # Skipped, saying why, when not root or slurm-wlm / munge are missing.
 .PHONY: test-slurm test-launch
-test-slurm: build deps-python
-	@bash tests/slurm_test.sh $(BUILD) $(PY_VENV)
+test-slurm: build test-wheel
+	@bash tests/slurm_test.sh $(BUILD) $(BUILD)/wheel-venv
 
 # Every launch line (mpirun, torchrun, srun, ...) of README.md's and
 # docs/*.md's code blocks and inline code and of the examples' docstrings,
@@ -192,9 +193,10 @@ test-slurm: build deps-python
 # cluster's listed, not run; about 1-2 min).  Every code line or span that
 # names a launcher must be one of them, a mention by rule, or on the test's
 # list of lines not run with the reason; it fails otherwise.  The lines
-# name build/, so BUILD must be build.
-test-launch: build deps-python
-	$(PY_VENV)/bin/python tests/launch_lines_test.py --venv $(PY_VENV)
+# name build/, so BUILD must be build.  Python is test-wheel's venv: zpp
+# as `pip install .` installs it, no PYTHONPATH or ZPP_LIBRARY.
+test-launch: build test-wheel
+	$(PY_VENV)/bin/python tests/launch_lines_test.py --venv $(BUILD)/wheel-venv
 
 # The bindings on device memory (python/tests/test_device_emu.py): zpp.Comm
 # with memory="device" on __cuda_array_interface__ arrays, against the

@@ -35,9 +35,11 @@ from the repository's root, through bash, with only environment added:
     ranks than this machine may have cores);
   - PATH starts with the venv's bin/, so `python` and `torchrun` are the
     venv's;
-  - PYTHONPATH=python and ZPP_LIBRARY=build/libzpp.so, which the README's
-    "run from the tree" tells the reader to export (not needed once zpp
-    is pip-installed into the venv).
+  - where zpp is not installed in the venv (make test gives the venv of
+    make test-wheel, where `pip install .` put it, and sets nothing else),
+    PYTHONPATH=python and ZPP_LIBRARY=build/libzpp.so, as the README's
+    "run from the tree" says; where it is installed, neither is set (and
+    inherited ones are dropped), so the lines use the install.
 The lines name build/: the build directory must be build/.  A line that
 runs past --timeout is ended with its whole process group (SIGTERM, then
 SIGKILL).
@@ -210,6 +212,24 @@ def check_inventory(lines):
     return bad
 
 
+def installed(venv):
+    """Whether the venv's python imports zpp from its own site-packages
+    (with a clean environment, away from the tree), with its library
+    beside it."""
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHONPATH", "ZPP_LIBRARY", "ZPP_INCLUDE_DIR", "ZPP_BUILD_DIR")}
+    code = ("import os, sys, zpp; d = os.path.dirname(zpp.__file__); "
+            "sys.exit(0 if d.startswith(sys.prefix) and "
+            "os.path.isfile(os.path.join(d, 'libzpp.so')) else 1)")
+    try:
+        r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", code], env=e,
+                           cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
+
+
 def test_env(venv):
     e = dict(os.environ)
     if os.geteuid() == 0:
@@ -217,11 +237,16 @@ def test_env(venv):
     # the lines start up to 8 ranks, whatever the machine's cores
     e["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
     e["PATH"] = os.path.join(venv, "bin") + os.pathsep + e.get("PATH", "")
-    # Until zpp is pip-installed into the venv, the README's way of
-    # running from the tree: the package and the library of build/.
-    e["PYTHONPATH"] = os.path.join(ROOT, "python") + (
-        os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e["ZPP_LIBRARY"] = os.path.join(ROOT, "build", "libzpp.so")
+    if installed(venv):
+        # `pip install .` put zpp in the venv: the lines run on the install
+        for k in ("PYTHONPATH", "ZPP_LIBRARY", "ZPP_INCLUDE_DIR", "ZPP_BUILD_DIR"):
+            e.pop(k, None)
+    else:
+        # the README's way of running from the tree: the package and the
+        # library of build/
+        e["PYTHONPATH"] = os.path.join(ROOT, "python") + (
+            os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+        e["ZPP_LIBRARY"] = os.path.join(ROOT, "build", "libzpp.so")
     e["OMPI_MCA_mpi_yield_when_idle"] = "1"  # 2 cores, up to 8 ranks
     return e
 

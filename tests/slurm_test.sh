@@ -182,9 +182,19 @@ echo "$prog: Slurm up (node $node, $cpus CPUs, slurmctld port $ctld_port)"
 
 # ---- the runs -----------------------------------------------------------------
 export PATH=$venv/bin:$PATH
-# Until zpp is pip-installed into the venv: the package and the library of
-# the tree (README.md, "run from the tree").
-export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH} ZPP_LIBRARY=$build/libzpp.so
+# zpp installed in the venv (make test gives the venv of make test-wheel,
+# where `pip install .` put it): the runs use the install and nothing else;
+# otherwise the package and the library of the tree (README.md, "run from
+# the tree").
+unset ZPP_INCLUDE_DIR ZPP_BUILD_DIR
+if (cd / && env -u PYTHONPATH -u ZPP_LIBRARY "$venv/bin/python" -c \
+      'import os, sys, zpp; d = os.path.dirname(zpp.__file__); sys.exit(0 if d.startswith(sys.prefix) and os.path.isfile(os.path.join(d, "libzpp.so")) else 1)') \
+      > /dev/null 2>&1; then
+  unset PYTHONPATH ZPP_LIBRARY
+  echo "$prog: zpp as installed in $venv (no PYTHONPATH, no ZPP_LIBRARY)"
+else
+  export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH} ZPP_LIBRARY=$build/libzpp.so
+fi
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 failed=()
 
