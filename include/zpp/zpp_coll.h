@@ -335,7 +335,11 @@ typedef struct {
  * power-of-two unit per block first, each sends codes on its own integer
  * multiple of the unit (one multiplier byte per block), the sums are exact
  * integers, the node's integer sum is re-quantized for the network from
- * integers, and each rank decodes once; its error equals FLOAT's.  INT
+ * integers, and each rank decodes once.  Each rank's step lies less than
+ * one unit (under 2/255 of the group's largest scale) above its own scale,
+ * so its error bound is FLOAT's plus half a unit; the own share, rounded
+ * to a unit, is fed back with error feedback (docs/format.md, "Integer
+ * sums").  INT
  * needs host memory, a symmetric mode, no Hadamard rotation, a quantized
  * stage 1 (intra_bits 4 or 8) and at most 2056 (INT4) or 128 (INT8) ranks
  * per stage: asked for explicitly otherwise, the call fails

@@ -940,8 +940,8 @@ ZPP_AVX512_INLINE __m512 feedback16(__m512 e, __m512 x, __m512i q, __m512 scale,
                                       _mm512_mul_ps(_mm512_set1_ps(omega), d)));
 }
 
-/* zpp_qm_quantize of a MUL-kind block, clamp included (a step m 2^E may
- * lie below the rank's own scale). */
+/* zpp_qm_quantize of a MUL-kind block, clamp included (fl(x inv) may
+ * pass qmax by the roundings of the scale and of inv). */
 ZPP_AVX512_INLINE __m512i iquant16(__m512 x, const qvec_t *p) {
   x = _mm512_mul_ps(x, p->inv);
   x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
