@@ -509,13 +509,14 @@ static void qc_int(const qc_t *c, size_t k, int kind) {
     const uint8_t *s2 = m2;
     for (j = 0; j < QC_S - 1; j++) /* partial sum 1: summed, re-quantized */
       srcs[j] = c->msg[j * QC_M + 1] + sl * c->ms;
-    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S, off),
+    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S, off), NULL,
                              c->uexp + (size_t)QC_S * nb + b0, srcs, QC_S - 1,
                              NULL, 0.0f, len, c->iacc[1], m2);
     for (j = 0; j < QC_S - 1; j++) /* partial sum 0: summed, finished */
       srcs[j] = c->msg[j * QC_M] + sl * c->ms;
     c->ops->isum.sum_finish(
-        &q, &q, c->dtype, qc_slice(c, 0, off), c->uexp + b0, srcs, QC_S - 1,
+        &q, &q, c->dtype, qc_slice(c, 0, off), NULL, 0.0f, c->uexp + b0, srcs,
+        QC_S - 1,
         &s2, 1, len, (float)QC_W, c->iacc[0],
         (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
     return;
@@ -523,7 +524,7 @@ static void qc_int(const qc_t *c, size_t k, int kind) {
   for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
     for (j = 0; j < QC_S - 1; j++)
       srcs[j] = c->msg[j * QC_M + m] + sl * c->ms;
-    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S, off),
+    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S, off), NULL, 0.0f,
                      c->uexp + (size_t)(m * QC_S) * nb + b0, srcs, QC_S - 1,
                      len, c->iacc[m] + sl * c->chunk);
   }

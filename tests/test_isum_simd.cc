@@ -225,11 +225,27 @@ TEST(IsumSimd, AbsmaxEncodeAndSumAreBitwiseEqualToScalar) {
     for (int with_own = 0; with_own < 2; with_own++) {
       std::vector<int32_t> s_ref(n, 7), s(n, 7);
       const void *own = with_own ? x.data() : nullptr;
-      ref->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
-                    s_ref.data());
-      c.ops->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
-                      s.data());
+      ref->isum.sum(&q, dt, own, nullptr, 0.0f, ue.data(), srcs.data(),
+                    (int)srcs.size(), n, s_ref.data());
+      c.ops->isum.sum(&q, dt, own, nullptr, 0.0f, ue.data(), srcs.data(),
+                      (int)srcs.size(), n, s.data());
       expect_same(s_ref, s, with_own ? "sum with own" : "sum");
+    }
+    // The own slice with its residual (error feedback of its rounding to
+    // a unit), on exponents whose absmax takes the residual in.
+    if (c.feedback) {
+      std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+      std::vector<uint32_t> am2(nb);
+      ref->isum.absmax(&q, dt, x.data(), ores.data(), n, am2.data());
+      std::vector<int8_t> ue2 = make_uexp(rng, am2.data(), nb, c.bits);
+      std::vector<int32_t> s_ref(n, 7), s(n, 7);
+      std::vector<float> o_ref = ores, o = ores;
+      ref->isum.sum(&q, dt, x.data(), o_ref.data(), beta_of(c), ue2.data(),
+                    srcs.data(), (int)srcs.size(), n, s_ref.data());
+      c.ops->isum.sum(&q, dt, x.data(), o.data(), beta_of(c), ue2.data(),
+                      srcs.data(), (int)srcs.size(), n, s.data());
+      expect_same(s_ref, s, "sum with own and residual");
+      expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
     }
   });
 }
@@ -317,8 +333,11 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
         zpp_qcfg_t q1 = make_cfg(c, rng), q2 = make_cfg(c, rng);
         size_t n = c.s.count, nb = zpp_quant_nblocks(&q1, n);
         std::vector<uint8_t> x = make_input(rng, dt, n, c.s.block);
+        // the own slice's residual: taken into the absmax, as qgz.c does
+        std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+        const float *orp = c.feedback ? ores.data() : nullptr;
         std::vector<uint32_t> am(nb);
-        ref->isum.absmax(&q1, dt, x.data(), nullptr, n, am.data());
+        ref->isum.absmax(&q1, dt, x.data(), orp, n, am.data());
         std::vector<int8_t> ue = make_uexp(rng, am.data(), nb, c.bits);
         // Stage 1: the real encode of x and two messages of random bytes.
         size_t mb = zpp_isum_msg_bytes(&q1, n);
@@ -338,7 +357,10 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           SCOPED_TRACE(with_own ? "with own" : "without own");
           const void *own = with_own ? x.data() : nullptr;
           std::vector<int32_t> s_ref(n);
-          ref->isum.sum(&q1, dt, own, ue.data(), srcs, 3, n, s_ref.data());
+          std::vector<float> o1 = ores, o_g = ores;
+          float *or1 = c.feedback ? o1.data() : nullptr;
+          ref->isum.sum(&q1, dt, own, or1, beta_of(c), ue.data(), srcs, 3, n,
+                        s_ref.data());
 
           std::vector<uint8_t> m_ref(eb, 0x5a), m(eb, 0x5a);
           std::vector<float> r_ref = res, r = res;
@@ -346,10 +368,13 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           float *rg = c.feedback ? r.data() : nullptr;
           ref->isum.requant(&q2, s_ref.data(), ue.data(), rr, beta_of(c), n,
                             m_ref.data());
-          c.ops->isum.sum_requant(&q1, &q2, dt, own, ue.data(), srcs, 3, rg,
-                                  beta_of(c), n, tmp.data(), m.data());
+          c.ops->isum.sum_requant(&q1, &q2, dt, own,
+                                  c.feedback ? o_g.data() : nullptr, ue.data(),
+                                  srcs, 3, rg, beta_of(c), n, tmp.data(),
+                                  m.data());
           expect_same(m_ref, m, "sum_requant message");
           expect_same(f32_bits(r_ref), f32_bits(r), "sum_requant residual");
+          expect_same(f32_bits(o1), f32_bits(o_g), "sum_requant own residual");
 
           // The finish: the re-quantized message and one of random codes
           // and random finite scales.
@@ -369,9 +394,13 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
             float div = k == 1 ? 6.0f : 8.0f;
             ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, div, dt,
                              o_ref.data());
-            c.ops->isum.sum_finish(&q1, &q2, dt, own, ue.data(), srcs, 3, srcs2,
-                                   k, n, div, tmp.data(), o.data());
+            std::vector<float> og = ores;
+            c.ops->isum.sum_finish(&q1, &q2, dt, own,
+                                   c.feedback ? og.data() : nullptr, beta_of(c),
+                                   ue.data(), srcs, 3, srcs2, k, n, div,
+                                   tmp.data(), o.data());
             expect_same(o_ref, o, "sum_finish");
+            expect_same(f32_bits(o1), f32_bits(og), "sum_finish own residual");
           }
         }
       },

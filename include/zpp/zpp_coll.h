@@ -360,7 +360,8 @@ typedef struct {
 /* Floats of the fp32 error-feedback residual for a call with `count`
  * elements per rank (it holds the compression error of both stages, one
  * segment per slice and per partial sum; the segments of the rank's own
- * share, which is not quantized, are neither read nor written): enough
+ * share, which is not quantized, are neither read nor written, but for
+ * its slices' rounding to a unit with ZPP_QGZ_SUM_INT): enough
  * for every fp32-residual config (with intra_bits ZPP_QGZ_INTRA_RAW fewer
  * are used); the INT8 residual's size is zpp_qgz_residual_bytes, which
  * can exceed 4 times this count (E8(count) > 4 count with blocks of one
@@ -392,7 +393,8 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  *      fp32), divide by the world size for MEAN, round once to dtype.
  * What a rank would send to itself is never quantized: its residual
  * segments (its own slices, its own node's partial sum) are neither read
- * nor written.
+ * nor written (ZPP_QGZ_SUM_INT: its own slices' hold the error of their
+ * rounding to a unit).
  * One node: step 1 only.  Uneven nodes: one flat quantized all-to-all over
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before

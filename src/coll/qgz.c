@@ -20,7 +20,8 @@
  * partial sum) skips the quantizer: less work, one error term less per
  * stage; its block of each all-to-all is empty (its part of the message
  * buffers is never written, sent or read), and its residual segments are
- * neither read nor written.
+ * neither read nor written (integer sums: its own slices' hold the error
+ * of their rounding to a unit).
  * Uneven nodes: one flat all-to-all over the world (stage 1 only, over
  * all ranks).  intra_bits ZPP_QGZ_INTRA_RAW: stage 1 sends the slices in
  * the dtype and sums them in fp32 (no codes, no error, no stage-1
@@ -93,7 +94,8 @@ static int qgz_raw1(const zpp_transport_t *t, int intra_bits) {
 
 /* Residual segments: one per stage-1 slice (W, none when stage 1 is raw),
  * then one per stage-2 partial sum (M, two levels); those of the rank's
- * own share (not quantized) stay unused. */
+ * own share (not quantized) stay unused, but for the own slices' with
+ * integer sums (their rounding to a unit). */
 static size_t qgz_levels(const zpp_transport_t *t, int intra_bits) {
   return (qgz_raw1(t, intra_bits) ? 0 : (size_t)zpp_transport_size(t)) +
          (qgz_two_level(t) ? (size_t)zpp_transport_topo(t)->nnodes : 0);
@@ -195,7 +197,8 @@ typedef struct {
    * the partial sum its node keeps; 0 on one level).  That share skips the quantizer and the message:
    * it is summed from sendbuf, or kept in the partial sums, in fp32 (no
    * encode, no decode, no error), and its residual segments are neither
-   * read nor written (docs/collectives.md, "qgZ"). */
+   * read nor written (docs/collectives.md, "qgZ"; integer sums round the
+   * own slices to a unit and feed that error back). */
   int me1, mo;
   int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
                      on the partial sums before the stage-2 encode */
@@ -412,10 +415,11 @@ static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
 
 /* The fp32 residual of segment seg for `len` elements at `off`, for the
  * integer-sum kernels: fp32, in place (zeroed first when the call resets,
- * if `zero`); INT8, decoded into p->tmp2 (zero when the call resets).
- * *r NULL: no error feedback. */
+ * if `zero`); INT8, decoded into buf (p->tmp2, or p->tmp for the own
+ * slice's beside stage 2's; zero when the call resets).  *r NULL: no error
+ * feedback. */
 static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
-                                  size_t len, int zero, float **r) {
+                                  size_t len, int zero, float *buf, float **r) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   *r = NULL;
@@ -427,22 +431,22 @@ static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
       memset(*r, 0, len * sizeof(float));
     return ZPP_OK;
   }
-  *r = p->tmp2;
+  *r = buf;
   if (a->reset)
-    return zpp_k_zero(ex, p->tmp2, len * sizeof(float));
+    return zpp_k_zero(ex, buf, len * sizeof(float));
   {
     size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
     size_t b0 = off / bs, nb = (len + bs - 1) / bs;
     const uint8_t *segp = (const uint8_t *)a->residual + seg * p->res_seg;
     ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
     ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2);
+    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, buf);
   }
 }
 
-/* INT8 residual: p->tmp2 (the new errors) encoded back into segment seg. */
+/* INT8 residual: buf (the new errors) encoded back into segment seg. */
 static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
-                                   size_t len) {
+                                   size_t len, const float *buf) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
@@ -451,13 +455,14 @@ static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
   if (a->residual == NULL || a->residual_bits == 32)
     return ZPP_OK;
   segp = (uint8_t *)a->residual + seg * p->res_seg;
-  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
+  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, buf, len, p->rs));
   ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
   return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
 }
 
 /* The absmax of every block of every slice: its data plus its stage-1
- * residual (the rank's own slices: none), chunk by chunk. */
+ * residual (the own slices' too: their rounding to a unit is fed back),
+ * chunk by chunk. */
 static zpp_status_t isum_absmax(void *ctx, size_t unused) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
@@ -471,8 +476,8 @@ static zpp_status_t isum_absmax(void *ctx, size_t unused) {
       for (k = 0; k < p->nchunks; k++) {
         size_t off = k * p->chunk, len = chunk_len(p, k);
         float *r = NULL;
-        if (j != p->me1 && !a->reset)
-          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, &r));
+        if (!a->reset)
+          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, p->tmp2, &r));
         size_t b0 = sl * p->nb + off / c.block, b;
         size_t nb = (len + c.block - 1) / c.block;
         p->iops->absmax(&c, (int)a->dtype,
@@ -533,13 +538,13 @@ static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
       if (j == p->me1)
         continue;
       zpp_plan_poll();
-      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, &r));
+      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, p->tmp2, &r));
       p->iops->encode(&c, (int)a->dtype,
                       (const uint8_t *)a->send +
                           ((size_t)sl * a->count + off) * ds,
                       r, a->beta, isum_amax(p, sl, k), isum_uexp(p, sl, k), len,
                       o);
-      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len));
+      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len, p->tmp2));
     }
   return ZPP_OK;
 }
@@ -556,9 +561,10 @@ static int isum_srcs(qgz_ctx_t *p, size_t k, int m) {
   return n;
 }
 
-/* Set X of chunk k, integer sums: each partial sum (the own slice in
- * units plus the other members' multiplied codes) re-quantized for stage
- * 2 in the same pass, its int32 sums in a cache-sized tile of accx. */
+/* Set X of chunk k, integer sums: each partial sum (the own slice, plus
+ * its stage-1 residual, in units plus the other members' multiplied codes)
+ * re-quantized for stage 2 in the same pass, its int32 sums in a
+ * cache-sized tile of accx. */
 static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = chunk_len(p, k);
@@ -568,16 +574,19 @@ static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   int i, me = zpp_transport_rank(a->ex.t);
   for (i = 0; i < half_parts(p, HALF_X); i++) {
     int m = half_part(p, HALF_X, i), n = isum_srcs(p, k, m);
+    size_t own = (size_t)slice_of(p, p->me1, m);
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
     zpp_qcfg_t c = isum_qcfg(&q, off);
-    float *r;
+    float *r, *r1;
     zpp_plan_poll();
-    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, &r));
-    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m),
-                         isum_uexp(p, slice_of(p, p->me1, m), k),
+    ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
+    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, p->tmp2, &r));
+    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m), r1,
+                         isum_uexp(p, (int)own, k),
                          (const uint8_t *const *)p->srcs, n, r, a->beta, len,
                          tmp, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
-    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len));
+    ZPP_CHECK(isum_res_store(p, own, off, len, p->tmp));
+    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len, p->tmp2));
   }
   return ZPP_OK;
 }
@@ -593,16 +602,19 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
   zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0), c = isum_qcfg(&a->q2, 0);
   float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
   int m, n = 0, n1 = isum_srcs(p, k, p->mo);
+  size_t own = (size_t)slice_of(p, p->me1, p->mo);
+  float *r1;
   for (m = 0; m < p->m1 && p->two; m++)
     if (m != p->mo)
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   zpp_plan_poll();
-  p->iops->sum_finish(&c1, &c, (int)a->dtype, own_ptr(p, k, p->mo),
-                      isum_uexp(p, slice_of(p, p->me1, p->mo), k),
+  ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
+  p->iops->sum_finish(&c1, &c, (int)a->dtype, own_ptr(p, k, p->mo), r1,
+                      a->beta, isum_uexp(p, (int)own, k),
                       (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
                       div, tmp,
                       (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
-  return ZPP_OK;
+  return isum_res_store(p, own, off, len, p->tmp);
 }
 
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
