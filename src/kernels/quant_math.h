@@ -462,7 +462,8 @@ static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
  * integers. */
 
 /* Exponent byte of a block: all zero (no unit), non-finite (the block
- * decodes to NaN), or E in [ZPP_QM_UEXP_MIN, 119]. */
+ * decodes to NaN), or E in [ZPP_QM_UEXP_MIN, 118] (the largest finite
+ * absmax, just below 2^128, gives s < 2^128 / 7 <= 255 2^118). */
 #define ZPP_QM_UEXP_ZERO (-128)
 #define ZPP_QM_UEXP_NONFINITE 127
 #define ZPP_QM_UEXP_MIN (-126)
@@ -542,7 +543,7 @@ static ZPP_QM_HD zpp_qm_params_t zpp_qm_unit_params(int e, uint32_t m,
   }
   p.kind = ZPP_QM_KIND_MUL;
   p.scale = (float)m * zpp_qm_pow2(e);
-  p.inv = (1.0f / (float)m) * zpp_qm_pow2(-e); /* e in [-126, 119] */
+  p.inv = (1.0f / (float)m) * zpp_qm_pow2(-e); /* e in [-126, 118] */
   return p;
 }
 
