@@ -250,6 +250,174 @@ TEST(IsumSimd, AbsmaxEncodeAndSumAreBitwiseEqualToScalar) {
   });
 }
 
+// The sum with more messages than INT4's int16 accumulation takes (16)
+// and far more: every path's int32 sums equal the scalar ones.  Messages
+// of random bytes (every code, -8 included, and every multiplier).
+TEST(IsumSimd, SumOfManyMessagesIsBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  for (const char *isa : kIsas) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr) {
+      std::printf("[ skip ] %s: not built or not supported here\n", isa);
+      continue;
+    }
+    for (int bits : {4, 8})
+      for (int nmsg : {16, 17, 41, 301}) {
+        SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits) + " " +
+                     std::to_string(nmsg) + " messages");
+        auto rng = seeded_rng("IsumSimd.SumOfManyMessages",
+                              (uint64_t)bits * 1000 + (uint64_t)nmsg);
+        zpp_qcfg_t q{};
+        q.bits = bits;
+        q.block = 64;
+        size_t n = 517, nb = zpp_quant_nblocks(&q, n);
+        std::vector<uint8_t> x = make_input(rng, ZPP_QM_BF16, n, q.block);
+        std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+        std::vector<uint32_t> am(nb);
+        ref->isum.absmax(&q, ZPP_QM_BF16, x.data(), ores.data(), n, am.data());
+        std::vector<int8_t> ue = make_uexp(rng, am.data(), nb, bits);
+        size_t mb = zpp_isum_msg_bytes(&q, n);
+        std::vector<std::vector<uint8_t>> msgs(nmsg, std::vector<uint8_t>(mb));
+        std::vector<const uint8_t *> srcs;
+        for (auto &mm : msgs) {
+          for (auto &byte : mm)
+            byte = (uint8_t)rng();
+          srcs.push_back(mm.data());
+        }
+        std::vector<int32_t> s_ref(n, 7), s(n, 7);
+        std::vector<float> o_ref = ores, o = ores;
+        ref->isum.sum(&q, ZPP_QM_BF16, x.data(), o_ref.data(), 0.0f, ue.data(),
+                      srcs.data(), nmsg, n, s_ref.data());
+        ops->isum.sum(&q, ZPP_QM_BF16, x.data(), o.data(), 0.0f, ue.data(),
+                      srcs.data(), nmsg, n, s.data());
+        expect_same(s_ref, s, "sum");
+        expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
+        // an independent check of one element: the products' sum
+        size_t i = 100, b = i / q.block, cb = zpp_isum_code_bytes(&q, n);
+        int64_t want = 0;
+        int e = ue[b];
+        float xv = zpp_qm_load(x.data(), i, ZPP_QM_BF16) + ores[i];
+        if (e != ZPP_QM_UEXP_ZERO && e != ZPP_QM_UEXP_NONFINITE)
+          want = (int64_t)std::nearbyint(std::ldexp((double)xv, -e));
+        for (int j = 0; j < nmsg; j++) {
+          const uint8_t *pl = srcs[j] + b * zpp_qm_payload_bytes(q.block, bits);
+          size_t k = i - b * q.block;
+          int code = bits == 8 ? (int8_t)pl[k]
+                               : (int)(((pl[k / 2] >> (4 * (k & 1))) & 0xf) ^
+                                       0x8) - 8;
+          want += (int64_t)srcs[j][cb + b] * code;
+        }
+        EXPECT_EQ(want, (int64_t)s_ref[i]) << "element " << i;
+      }
+  }
+}
+
+// Extreme magnitudes: inputs from 2^-140 (subnormal) to just below 2^128,
+// whose exponents span the whole range [-126, 118], agreed exponents up
+// to 118, integer sums at and near +-2^22: every step of every path equals
+// the scalar one.
+TEST(IsumSimd, ExtremeMagnitudesAreBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  // the ends of the exponent range
+  EXPECT_EQ(zpp_qm_unit_exp(0x7f7fffffu, 4), 118);
+  EXPECT_EQ(zpp_qm_unit_exp(0x7f7fffffu, 8), 114);
+  EXPECT_EQ(zpp_qm_unit_exp(1u, 4), ZPP_QM_UEXP_MIN);
+  EXPECT_EQ(zpp_qm_unit_exp(1u, 8), ZPP_QM_UEXP_MIN);
+  // s = fl(FLT_MAX / 7) = 146.29 * 2^118: the multiplier rounds up
+  EXPECT_EQ(zpp_qm_unit_mult(0x7f7fffffu, 4, 118), 147u);
+  for (const char *isa : kIsas) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr)
+      continue;
+    for (int bits : {4, 8})
+      for (int sr = 0; sr < 2; sr++) {
+        SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits) +
+                     (sr ? " sr" : " rne"));
+        auto rng = seeded_rng("IsumSimd.ExtremeMagnitudes",
+                              (uint64_t)bits * 10 + (uint64_t)sr);
+        zpp_qcfg_t q{};
+        q.bits = bits;
+        q.block = 48;
+        q.sr = sr;
+        q.k0 = (uint32_t)rng();
+        q.k1 = (uint32_t)rng();
+        const int kLo = -140, kHi = 127;
+        size_t nb = (size_t)(kHi - kLo + 1), n = nb * q.block;
+        std::vector<uint8_t> x(n * 4);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (size_t b = 0; b < nb; b++)
+          for (size_t i = 0; i < q.block; i++) {
+            int k = kLo + (int)b;
+            // block b: magnitudes up to 2^k (the largest finite at 127)
+            float v = k == 127 ? u(rng) * 3.4028235e38f
+                               : std::ldexp(u(rng), k + 1);
+            if (i == 0)
+              v = k == 127 ? 3.4028235e38f : std::ldexp(1.0f, k);
+            zpp_qm_store(x.data(), b * q.block + i, ZPP_QM_F32, v);
+          }
+        std::vector<float> ores(n, 0.0f);
+        std::vector<uint32_t> am(nb), am2(nb);
+        ref->isum.absmax(&q, ZPP_QM_F32, x.data(), ores.data(), n, am.data());
+        ops->isum.absmax(&q, ZPP_QM_F32, x.data(), ores.data(), n, am2.data());
+        expect_same(am, am2, "absmax");
+        std::vector<int8_t> ue(nb);
+        int lo = 127, hi = -128;
+        for (size_t b = 0; b < nb; b++) {
+          int own = zpp_qm_unit_exp(am[b], bits);
+          lo = std::min(lo, own);
+          hi = std::max(hi, own);
+          // sometimes a larger agreed exponent, up to 118
+          ue[b] = (int8_t)(rng() % 3 == 0 ? std::min(118, own + (int)(rng() % 20))
+                                          : own);
+        }
+        EXPECT_EQ(lo, ZPP_QM_UEXP_MIN);
+        EXPECT_EQ(hi, bits == 4 ? 118 : 114);
+        size_t mb = zpp_isum_msg_bytes(&q, n);
+        std::vector<uint8_t> m_ref(mb), m(mb);
+        std::vector<float> r_ref(n, 0.0f), r(n, 0.0f);
+        ref->isum.encode(&q, ZPP_QM_F32, x.data(), r_ref.data(), 0.0f, am.data(),
+                         ue.data(), n, m_ref.data());
+        ops->isum.encode(&q, ZPP_QM_F32, x.data(), r.data(), 0.0f, am.data(),
+                         ue.data(), n, m.data());
+        expect_same(m_ref, m, "encode");
+        expect_same(f32_bits(r_ref), f32_bits(r), "encode residual");
+        const uint8_t *srcs[1] = {m_ref.data()};
+        std::vector<int32_t> s_ref(n), s(n);
+        std::vector<float> o_ref(n, 0.0f), o(n, 0.0f);
+        ref->isum.sum(&q, ZPP_QM_F32, x.data(), o_ref.data(), 0.0f, ue.data(),
+                      srcs, 1, n, s_ref.data());
+        ops->isum.sum(&q, ZPP_QM_F32, x.data(), o.data(), 0.0f, ue.data(), srcs,
+                      1, n, s.data());
+        expect_same(s_ref, s, "sum");
+        expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
+        // integer sums at and near the limit
+        for (size_t i = 0; i < n; i += 7)
+          s_ref[i] = (i / 7) % 4 == 0   ? ZPP_QM_ISUM_MAX
+                     : (i / 7) % 4 == 1 ? -ZPP_QM_ISUM_MAX
+                     : (i / 7) % 4 == 2 ? ZPP_QM_ISUM_MAX - 1
+                                        : -(ZPP_QM_ISUM_MAX - 1);
+        size_t eb = 4 * nb + zpp_isum_code_bytes(&q, n);
+        std::vector<uint8_t> q_ref(eb), qv(eb);
+        std::vector<float> e_ref(n), e(n);
+        for (size_t i = 0; i < n; i++)
+          e_ref[i] = e[i] = std::ldexp(u(rng), ue[i / q.block]);
+        ref->isum.requant(&q, s_ref.data(), ue.data(), e_ref.data(), 0.0f, n,
+                          q_ref.data());
+        ops->isum.requant(&q, s_ref.data(), ue.data(), e.data(), 0.0f, n,
+                          qv.data());
+        expect_same(q_ref, qv, "requant");
+        expect_same(f32_bits(e_ref), f32_bits(e), "requant residual");
+        std::vector<uint8_t> f_ref(n * 4), f(n * 4);
+        const uint8_t *s2[1] = {q_ref.data()};
+        ref->isum.finish(&q, s_ref.data(), ue.data(), s2, 1, n, 8.0f,
+                         ZPP_QM_F32, f_ref.data());
+        ops->isum.finish(&q, s_ref.data(), ue.data(), s2, 1, n, 8.0f,
+                         ZPP_QM_F32, f.data());
+        expect_same(f_ref, f, "finish");
+      }
+  }
+}
+
 TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
   for_each_case("IsumSimd.RequantAndFinish", [](const Case &c,
                                                 std::mt19937_64 &rng) {
