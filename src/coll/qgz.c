@@ -1192,14 +1192,25 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
   return ZPP_OK;
 }
 
-/* Whether the integer sums of stage 1 fit the kernels' range: s1 ranks
- * of codes up to qmax1 times multipliers up to 255 (plus a unit of
- * rounding of the own share): s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX
- * (INT8: 128 ranks per stage; INT4: 2056). */
-static int isum_fits(const zpp_transport_t *t, int intra_bits) {
-  int s1 = zpp_transport_group_size(
+/* The ranks of stage 1, which sum together: the node on two levels, else
+ * the world (one node, or the flat stage of uneven nodes). */
+static int isum_stage_size(const zpp_transport_t *t) {
+  return zpp_transport_group_size(
       t, qgz_two_level(t) ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD);
-  return (long)s1 * ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1) <=
+}
+
+/* The most ranks per stage whose integer sums fit the kernels' range:
+ * codes up to qmax1 times multipliers up to 255 (plus a unit of rounding
+ * of the own share), s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX (INT8: 128
+ * ranks per stage; INT4: 2056). */
+static int isum_max_ranks(int intra_bits) {
+  return ZPP_QM_ISUM_MAX /
+         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1));
+}
+
+static int isum_fits(const zpp_transport_t *t, int intra_bits) {
+  return (uint64_t)isum_stage_size(t) * ZPP_QM_UMULT_MAX *
+             (uint64_t)(zpp_qm_sym_qmax(intra_bits) + 1) <=
          ZPP_QM_ISUM_MAX;
 }
 
@@ -1280,11 +1291,11 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   if (cf.sum == ZPP_QGZ_SUM_INT && !isum_fits(ex->t, cf.intra_bits))
     return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
                      "cfg->sum ZPP_QGZ_SUM_INT with cfg->intra_bits %d: "
-                     "more ranks per stage than the integer sums hold (%d "
-                     "at most)",
-                     cf.intra_bits,
-                     ZPP_QM_ISUM_MAX /
-                         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(cf.intra_bits) + 1)));
+                     "%d ranks sum in stage 1 (%s), more than the integer "
+                     "sums hold (%d at most)",
+                     cf.intra_bits, isum_stage_size(ex->t),
+                     qgz_two_level(ex->t) ? "the node" : "the world",
+                     isum_max_ranks(cf.intra_bits));
   /* packed so that every field is compared within the 5 words; the sum
    * as resolved (the setting may differ between ranks) */
   a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
