@@ -624,16 +624,16 @@ TEST(QgzInt, EdgeCasesAndErrors) {
             ZPP_ERR_INVALID_ARGUMENT);
 }
 
-// A 0.3 struct (up to `step`) takes the default sum (the setting; FLOAT
-// unless ZPP_QGZ_SUM=int): the bits of the current struct with
-// ZPP_QGZ_SUM_DEFAULT.
+// A revision-3 struct (up to `step`, include/zpp/zpp_coll.h) takes the
+// default sum (the setting; FLOAT unless ZPP_QGZ_SUM=int): the bits of the
+// current struct with ZPP_QGZ_SUM_DEFAULT.
 TEST(QgzInt, OlderConfigStructTakesTheDefault) {
   const size_t count = 500;
   auto x = gen(g_rank, g_size * count, ZPP_FLOAT32, 13, NORMAL);
   std::vector<float> a(count), b(count);
   zpp_qgz_config_t v3 = ZPP_QGZ_CONFIG_INIT, cur = ZPP_QGZ_CONFIG_INIT;
   v3.struct_size = offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t);
-  v3.sum = 12345;  // beyond a 0.3 struct: never read
+  v3.sum = 12345;  // beyond a revision-3 struct: never read
   EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &v3, x.data(), a.data(), count, ZPP_FLOAT32,
                                    ZPP_OP_MEAN, nullptr, nullptr, nullptr),
             ZPP_OK)

@@ -290,8 +290,10 @@ typedef struct {
   int inter_bits;         /* codes across nodes: 4 (default) or 8 */
   size_t block_size;      /* elements per scale, default 256 */
   zpp_quant_mode_t mode;  /* default symmetric */
-  /* Fields below were added in 0.2; a struct_size from before (the size
-   * up to `mode`) is accepted and they take their defaults. */
+  /* Fields below were added in revision 2 of this struct (revision 1: the
+   * fields up to `mode`); a struct_size of revision 1 is accepted and they
+   * take their defaults.  The struct's revisions are its own, not library
+   * versions. */
   size_t hadamard;        /* 0 (default): off; else every rank's slice is
                              rotated in groups of this many elements (a
                              power of two >= 2 that divides block_size;
@@ -310,9 +312,9 @@ typedef struct {
   int residual_bits;      /* error-feedback residual storage: 32 (default,
                              fp32) or 8 (INT8, LoCo style: the format of
                              docs/format.md, symmetric, block_size) */
-  /* Fields below were added in 0.3 (LoCo's compensation); a struct_size
-   * from 0.2 (the size up to residual_bits) is accepted and they take
-   * their defaults. */
+  /* Fields below were added in revision 3 (LoCo's compensation); a
+   * struct_size of revision 2 (the size up to residual_bits) is accepted
+   * and they take their defaults. */
   float residual_beta;    /* in [0, 1): the residual is a moving average of
                              the compression errors, e <- beta e + (1 -
                              beta) err; 0 (default): plain error feedback
@@ -321,8 +323,8 @@ typedef struct {
                               of it start from a zero residual (LoCo: every
                               1024 steps); 0 (default): never */
   uint64_t step;          /* the caller's step counter, for residual_reset */
-  /* Field below was added in 0.4; a struct_size from 0.3 (the size up to
-   * step) is accepted and it takes its default. */
+  /* Field below was added in revision 4; a struct_size of revision 3 (the
+   * size up to step) is accepted and it takes its default. */
   int sum;                /* how the stages reduce: ZPP_QGZ_SUM_DEFAULT
                              (the ZPP_QGZ_SUM setting, for the configs
                              that allow it), ZPP_QGZ_SUM_FLOAT or

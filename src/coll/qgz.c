@@ -109,17 +109,18 @@ static zpp_quant_config_t residual_q8(size_t block) {
   return q;
 }
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.2: the fields up to residual_bits
+/* sizeof(zpp_qgz_config_t) of revision 2: the fields up to residual_bits
  * (residual_beta now sits in what was its tail padding). */
 #define QGZ_CONFIG_V2_SIZE                                                     \
   ((offsetof(zpp_qgz_config_t, residual_bits) + sizeof(int) +                \
     sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t))
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.3: the fields up to step. */
+/* sizeof(zpp_qgz_config_t) of revision 3: the fields up to step. */
 #define QGZ_CONFIG_V3_SIZE (offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t))
 
-/* Reads a config of any accepted size (0.1: fields up to `mode`; 0.2: up
- * to residual_bits; 0.3: up to step), field by field: an older struct's
+/* Reads a config of any accepted size (revision 1: fields up to `mode`;
+ * 2: up to residual_bits; 3: up to step; 4: up to sum, include/zpp/
+ * zpp_coll.h), field by field: an older struct's
  * padding is not read as a newer field. */
 static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
   zpp_qgz_config_t d = ZPP_QGZ_CONFIG_INIT;
@@ -1115,7 +1116,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   return zpp_plan_submit(plan, req);
 }
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.1: the fields up to `mode`. */
+/* sizeof(zpp_qgz_config_t) of revision 1: the fields up to `mode`. */
 #define QGZ_CONFIG_V1_SIZE                                                     \
   ((offsetof(zpp_qgz_config_t, mode) + sizeof(zpp_quant_mode_t) +            \
     sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
