@@ -624,6 +624,79 @@ TEST(QgzInt, EdgeCasesAndErrors) {
             ZPP_ERR_INVALID_ARGUMENT);
 }
 
+// residual_reset in INT mode: a call whose step is a multiple of it
+// starts from a zero residual, every segment it uses (the own slices'
+// included): the same output bits and the same new residual as a call on
+// a zeroed residual; a call that does not reset differs.
+TEST(QgzInt, ResidualResetStartsFromAZeroResidual) {
+  const size_t count = 700;
+  auto x = gen(g_rank, g_size * count, ZPP_BFLOAT16, 17, LAPLACE);
+  auto in = pack(x, ZPP_BFLOAT16);
+  for (int bits : {32, 8}) {
+    zpp_qgz_config_t c = int_cfg(4, 4, 128);
+    c.residual_bits = bits;
+    c.residual_reset = 2;
+    size_t rb = 0;
+    EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, count, &rb), ZPP_OK);
+    std::vector<uint8_t> r(rb, 0), zero(rb, 0), out0(count * 2), outa(count * 2),
+        outb(count * 2), outc(count * 2);
+    c.step = 1;  // a first step: r holds its errors
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out0.data(), count, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, r.data(), nullptr, nullptr),
+              ZPP_OK)
+        << zpp_comm_get_last_error(g_comm);
+    std::vector<uint8_t> ra = r, rc = r, rz = zero;
+    c.step = 4;  // resets
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outa.data(), count, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, ra.data(), nullptr, nullptr),
+              ZPP_OK);
+    c.step = 3;  // does not
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outb.data(), count, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, rz.data(), nullptr, nullptr),
+              ZPP_OK);
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outc.data(), count, ZPP_BFLOAT16,
+                                     ZPP_OP_MEAN, rc.data(), nullptr, nullptr),
+              ZPP_OK);
+    EXPECT_EQ(outa, outb) << "residual bits " << bits << ": a reset call vs a zero residual";
+    EXPECT_EQ(ra, rz) << "residual bits " << bits << ": the new residuals";
+    EXPECT_EQ(outb, out0) << "residual bits " << bits << ": the first step's output again";
+    int differs = outc != outa;
+    int all = 0;
+    MPI_Allreduce(&differs, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(all, 1) << "residual bits " << bits << ": a call that carries r changes a result";
+  }
+}
+
+// A NaN or Inf anywhere in a block, the owner's own (unquantized) slice
+// included, makes the block's agreed unit non-finite: the whole block of
+// the result is NaN (FLOAT mode: the element only), the other blocks stay
+// finite.
+TEST(QgzInt, NonFiniteValueMakesItsWholeBlockNaN) {
+  const size_t count = 600, block = 256;  // blocks 0, 1, 2 (88)
+  for (float bad : {INFINITY, NAN}) {
+    std::vector<float> in = gen(g_rank, g_size * count, ZPP_FLOAT32, 19, NORMAL);
+    // slice 0 (rank 0's): rank 0's own share in block 0, the last rank's
+    // in block 2
+    if (g_rank == 0) in[3] = bad;
+    if (g_rank == g_size - 1) in[2 * block + 5] = -bad;
+    zpp_qgz_config_t c = int_cfg(4, 4, block);
+    std::vector<float> out(count);
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_FLOAT32,
+                                     ZPP_OP_SUM, nullptr, nullptr, nullptr),
+              ZPP_OK);
+    if (g_rank != 0) continue;
+    int nan0 = 0, fin1 = 0, nan2 = 0;
+    for (size_t i = 0; i < count; i++) {
+      if (i < block) nan0 += std::isnan(out[i]);
+      else if (i < 2 * block) fin1 += std::isfinite(out[i]);
+      else nan2 += std::isnan(out[i]);
+    }
+    EXPECT_EQ(nan0, (int)block) << bad << " in the own slice";
+    EXPECT_EQ(fin1, (int)block);
+    EXPECT_EQ(nan2, g_size > 1 ? (int)(count - 2 * block) : 0) << bad << " in another rank's";
+  }
+}
+
 // A revision-3 struct (up to `step`, include/zpp/zpp_coll.h) takes the
 // default sum (the setting; FLOAT unless ZPP_QGZ_SUM=int): the bits of the
 // current struct with ZPP_QGZ_SUM_DEFAULT.
