@@ -1074,6 +1074,10 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     kfree[i] = cprev[i] = nstep[i] = ZPP_NO_STEP;
   if (a->isum && n > 0) { /* the scale agreement, before every encode */
     int s = zpp_plan_kernel(plan, isum_absmax, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+    /* an all-gather of the exponent bytes, (s1 - 1) W nb sent per rank;
+     * a max all-reduce would send about 2 (s1 - 1) / s1 W nb, but the
+     * transports reduce only SUM/MEAN of floating-point dtypes
+     * (docs/collectives.md, "Compressed-domain sums") */
     if (p->s1 > 1) {
       zpp_xfer_desc_t x;
       memset(&x, 0, sizeof x);
