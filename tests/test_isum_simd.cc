@@ -489,6 +489,64 @@ TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
   });
 }
 
+// Stage 2's residual reaches the wire late, never lost (docs/format.md,
+// "Integer sums", re-quantization): (a) in a block whose unit is the
+// all-zero marker (every stage-1 contribution of the group zero) the
+// message is zero (scale 0, codes 0) and the residual stays as it was;
+// (b) at most 2^22 units of a residual enter a step's sum, the excess
+// stays in the residual: new residual = fl(e - dec), dec the message's
+// decoded value, within 2^22 (1 + 1 / qmax2) units of it.  Every path.
+TEST(IsumSimd, RequantDefersAZeroUnitBlocksAndAClampedResidual) {
+  for (const char *isa : {"scalar", kIsas[0], kIsas[1]}) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr)
+      continue;
+    for (int bits : {4, 8}) {
+      SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits));
+      auto rng = seeded_rng("IsumSimd.RequantDefers", (uint64_t)bits);
+      zpp_qcfg_t q{};
+      q.bits = bits;
+      q.block = 64;
+      const size_t n = 128, nb = 2;
+      const int e = -10; // block 1's unit 2^-10
+      std::vector<int8_t> ue = {(int8_t)ZPP_QM_UEXP_ZERO, (int8_t)e};
+      std::vector<int32_t> in(n, 0);
+      std::vector<float> res(n);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (size_t i = 0; i < n; i++) {
+        in[i] = i < 64 ? 0 : (int32_t)(rng() % 201) - 100;
+        // block 0: a residual of any size; block 1: 2^30 units and more
+        res[i] = i < 64 ? std::ldexp(u(rng), -3)
+                        : std::ldexp((i & 1 ? 1.0f : -1.0f) * (1.0f + u(rng) * 0.5f),
+                                     30 + e);
+      }
+      std::vector<float> r = res;
+      std::vector<uint8_t> m(4 * nb + zpp_isum_code_bytes(&q, n));
+      ops->isum.requant(&q, in.data(), ue.data(), r.data(), 0.0f, n, m.data());
+      std::vector<float> dec(n);
+      zpp_quant_decode_scalar(&q, m.data(), n, ZPP_QM_F32, dec.data());
+      float sc0;
+      std::memcpy(&sc0, m.data(), 4);
+      EXPECT_EQ(sc0, 0.0f) << "a zero unit's block: scale 0";
+      double qmax = (1 << (bits - 1)) - 1, unit = std::ldexp(1.0, e);
+      for (size_t i = 0; i < n; i++) {
+        if (i < 64) {
+          EXPECT_EQ(dec[i], 0.0f) << i;
+          EXPECT_EQ(to_bits(r[i]), to_bits(res[i])) << "kept whole, element " << i;
+          continue;
+        }
+        // what went out is at most 2^22 + |I| units (and a step more)
+        double sent = dec[i], lim = (4194304.0 + 100.0) * (1 + 1 / qmax) * unit;
+        EXPECT_LE(std::fabs(sent), lim) << i;
+        // and what did not stays: fl(fl(I u) + e) - dec, one rounding
+        double want = ((double)in[i] * unit + res[i]) - sent;
+        EXPECT_NEAR(r[i], want, std::fabs(want) * std::ldexp(1.0, -23)) << i;
+        EXPECT_GT(std::fabs(r[i]), std::fabs(res[i]) / 2) << "most of it stays, " << i;
+      }
+    }
+  }
+}
+
 // The fused steps of every path (the scalar one included) against the
 // scalar steps they fuse: sum then requant (message and residual), sum
 // then finish; counts of several tiles, tiles that end inside the call.
