@@ -586,9 +586,10 @@ TEST(QgzInt, EdgeCasesAndErrors) {
   EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 0, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
-  // a constant input: every rank's step m 2^E is within 2^(E-1) <=
-  // s / 255 of its scale s = 1 / qmax, so a code qmax decodes within
-  // 1 / 255 of 1; stage 2's divisor adds at most a unit
+  // a constant input: every rank's step m 2^E lies in [s, s + 2^E),
+  // 2^E <= 2 s / 255, s = 1 / qmax, so the code qmax decodes within
+  // 2 qmax / 255 s = 2 / 255 of 1 (no clamp); stage 2's divisor adds at
+  // most a unit
   EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
