@@ -516,8 +516,7 @@ static void qc_int(const qc_t *c, size_t k, int kind) {
       srcs[j] = c->msg[j * QC_M] + sl * c->ms;
     c->ops->isum.sum_finish(
         &q, &q, c->dtype, qc_slice(c, 0, off), NULL, 0.0f, c->uexp + b0, srcs,
-        QC_S - 1,
-        &s2, 1, len, (float)QC_W, c->iacc[0],
+        QC_S - 1, &s2, 1, len, (float)QC_W, c->iacc[0],
         (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
     return;
   }

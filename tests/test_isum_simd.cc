@@ -302,9 +302,9 @@ TEST(IsumSimd, SumOfManyMessagesIsBitwiseEqualToScalar) {
         for (int j = 0; j < nmsg; j++) {
           const uint8_t *pl = srcs[j] + b * zpp_qm_payload_bytes(q.block, bits);
           size_t k = i - b * q.block;
-          int code = bits == 8 ? (int8_t)pl[k]
-                               : (int)(((pl[k / 2] >> (4 * (k & 1))) & 0xf) ^
-                                       0x8) - 8;
+          int code =
+              bits == 8 ? (int8_t)pl[k]
+                        : (int)(((pl[k / 2] >> (4 * (k & 1))) & 0xf) ^ 0x8) - 8;
           want += (int64_t)srcs[j][cb + b] * code;
         }
         EXPECT_EQ(want, (int64_t)s_ref[i]) << "element " << i;
@@ -349,8 +349,8 @@ TEST(IsumSimd, ExtremeMagnitudesAreBitwiseEqualToScalar) {
           for (size_t i = 0; i < q.block; i++) {
             int k = kLo + (int)b;
             // block b: magnitudes up to 2^k (the largest finite at 127)
-            float v = k == 127 ? u(rng) * 3.4028235e38f
-                               : std::ldexp(u(rng), k + 1);
+            float v =
+                k == 127 ? u(rng) * 3.4028235e38f : std::ldexp(u(rng), k + 1);
             if (i == 0)
               v = k == 127 ? 3.4028235e38f : std::ldexp(1.0f, k);
             zpp_qm_store(x.data(), b * q.block + i, ZPP_QM_F32, v);
@@ -367,16 +367,17 @@ TEST(IsumSimd, ExtremeMagnitudesAreBitwiseEqualToScalar) {
           lo = std::min(lo, own);
           hi = std::max(hi, own);
           // sometimes a larger agreed exponent, up to 118
-          ue[b] = (int8_t)(rng() % 3 == 0 ? std::min(118, own + (int)(rng() % 20))
-                                          : own);
+          ue[b] =
+              (int8_t)(rng() % 3 == 0 ? std::min(118, own + (int)(rng() % 20))
+                                      : own);
         }
         EXPECT_EQ(lo, ZPP_QM_UEXP_MIN);
         EXPECT_EQ(hi, bits == 4 ? 118 : 114);
         size_t mb = zpp_isum_msg_bytes(&q, n);
         std::vector<uint8_t> m_ref(mb), m(mb);
         std::vector<float> r_ref(n, 0.0f), r(n, 0.0f);
-        ref->isum.encode(&q, ZPP_QM_F32, x.data(), r_ref.data(), 0.0f, am.data(),
-                         ue.data(), n, m_ref.data());
+        ref->isum.encode(&q, ZPP_QM_F32, x.data(), r_ref.data(), 0.0f,
+                         am.data(), ue.data(), n, m_ref.data());
         ops->isum.encode(&q, ZPP_QM_F32, x.data(), r.data(), 0.0f, am.data(),
                          ue.data(), n, m.data());
         expect_same(m_ref, m, "encode");
@@ -516,9 +517,10 @@ TEST(IsumSimd, RequantDefersAZeroUnitBlocksAndAClampedResidual) {
       for (size_t i = 0; i < n; i++) {
         in[i] = i < 64 ? 0 : (int32_t)(rng() % 201) - 100;
         // block 0: a residual of any size; block 1: 2^30 units and more
-        res[i] = i < 64 ? std::ldexp(u(rng), -3)
-                        : std::ldexp((i & 1 ? 1.0f : -1.0f) * (1.0f + u(rng) * 0.5f),
-                                     30 + e);
+        res[i] =
+            i < 64 ? std::ldexp(u(rng), -3)
+                   : std::ldexp((i & 1 ? 1.0f : -1.0f) * (1.0f + u(rng) * 0.5f),
+                                30 + e);
       }
       std::vector<float> r = res;
       std::vector<uint8_t> m(4 * nb + zpp_isum_code_bytes(&q, n));
@@ -532,7 +534,8 @@ TEST(IsumSimd, RequantDefersAZeroUnitBlocksAndAClampedResidual) {
       for (size_t i = 0; i < n; i++) {
         if (i < 64) {
           EXPECT_EQ(dec[i], 0.0f) << i;
-          EXPECT_EQ(to_bits(r[i]), to_bits(res[i])) << "kept whole, element " << i;
+          EXPECT_EQ(to_bits(r[i]), to_bits(res[i]))
+              << "kept whole, element " << i;
           continue;
         }
         // what went out is at most 2^22 + |I| units (and a step more)
@@ -541,7 +544,8 @@ TEST(IsumSimd, RequantDefersAZeroUnitBlocksAndAClampedResidual) {
         // and what did not stays: fl(fl(I u) + e) - dec, one rounding
         double want = ((double)in[i] * unit + res[i]) - sent;
         EXPECT_NEAR(r[i], want, std::fabs(want) * std::ldexp(1.0, -23)) << i;
-        EXPECT_GT(std::fabs(r[i]), std::fabs(res[i]) / 2) << "most of it stays, " << i;
+        EXPECT_GT(std::fabs(r[i]), std::fabs(res[i]) / 2)
+            << "most of it stays, " << i;
       }
     }
   }
@@ -594,10 +598,9 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           float *rg = c.feedback ? r.data() : nullptr;
           ref->isum.requant(&q2, s_ref.data(), ue.data(), rr, beta_of(c), n,
                             m_ref.data());
-          c.ops->isum.sum_requant(&q1, &q2, dt, own,
-                                  c.feedback ? o_g.data() : nullptr, ue.data(),
-                                  srcs, 3, rg, beta_of(c), n, tmp.data(),
-                                  m.data());
+          c.ops->isum.sum_requant(
+              &q1, &q2, dt, own, c.feedback ? o_g.data() : nullptr, ue.data(),
+              srcs, 3, rg, beta_of(c), n, tmp.data(), m.data());
           expect_same(m_ref, m, "sum_requant message");
           expect_same(f32_bits(r_ref), f32_bits(r), "sum_requant residual");
           expect_same(f32_bits(o1), f32_bits(o_g), "sum_requant own residual");
@@ -621,10 +624,9 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
             ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, div, dt,
                              o_ref.data());
             std::vector<float> og = ores;
-            c.ops->isum.sum_finish(&q1, &q2, dt, own,
-                                   c.feedback ? og.data() : nullptr, beta_of(c),
-                                   ue.data(), srcs, 3, srcs2, k, n, div,
-                                   tmp.data(), o.data());
+            c.ops->isum.sum_finish(
+                &q1, &q2, dt, own, c.feedback ? og.data() : nullptr, beta_of(c),
+                ue.data(), srcs, 3, srcs2, k, n, div, tmp.data(), o.data());
             expect_same(o_ref, o, "sum_finish");
             expect_same(f32_bits(o1), f32_bits(og), "sum_finish own residual");
           }

@@ -222,7 +222,8 @@ TEST(QgzInt, MatchesFloat64ModelWithinTheIntegerSumBound) {
 std::vector<int> group_of(int o) {
   for (auto &g : groups())
     for (int r : g)
-      if (r == o) return g;
+      if (r == o)
+        return g;
   return {};
 }
 
@@ -233,16 +234,20 @@ std::vector<int> group_of(int o) {
 // for it (exact codes, zero partial sums on the other nodes, which stage 2
 // sends exactly).  So the owner's error is its own rounding plus the
 // partner's quantization error alone.
-std::vector<std::vector<float>> owner_partner_inputs(size_t count, double f, uint64_t tag) {
-  std::vector<std::vector<float>> all(g_size, std::vector<float>(g_size * count, 0.0f));
+std::vector<std::vector<float>> owner_partner_inputs(size_t count, double f,
+                                                     uint64_t tag) {
+  std::vector<std::vector<float>> all(g_size,
+                                      std::vector<float>(g_size * count, 0.0f));
   for (int o = 0; o < g_size; o++) {
     auto g = group_of(o);
-    int partner = g[(std::find(g.begin(), g.end(), o) - g.begin() + 1) % g.size()];
+    int partner =
+        g[(std::find(g.begin(), g.end(), o) - g.begin() + 1) % g.size()];
     auto a = gen(o, count, ZPP_FLOAT32, tag * 1000 + o, NORMAL);
     auto b = gen(partner, count, ZPP_FLOAT32, tag * 1000 + g_size + o, NORMAL);
     for (size_t i = 0; i < count; i++) {
       all[o][o * count + i] = a[i];
-      if (partner != o) all[partner][o * count + i] = (float)(b[i] * f);
+      if (partner != o)
+        all[partner][o * count + i] = (float)(b[i] * f);
     }
   }
   return all;
@@ -254,19 +259,24 @@ std::vector<std::vector<float>> owner_partner_inputs(size_t count, double f, uin
 struct UnitScale {
   double u, s;
 };
-std::vector<UnitScale> unit_and_scale(const std::vector<std::vector<float>> &all,
-                                      size_t count, size_t block, int bits) {
+std::vector<UnitScale>
+unit_and_scale(const std::vector<std::vector<float>> &all, size_t count,
+               size_t block, int bits) {
   auto g = group_of(g_rank);
-  int partner = g[(std::find(g.begin(), g.end(), g_rank) - g.begin() + 1) % g.size()];
+  int partner =
+      g[(std::find(g.begin(), g.end(), g_rank) - g.begin() + 1) % g.size()];
   std::vector<UnitScale> v;
   for (size_t b0 = 0; b0 < count; b0 += block) {
     uint32_t ao = 0, ap = 0;
     for (size_t i = b0; i < std::min(count, b0 + block); i++) {
-      ao = std::max(ao, zpp_qm_f32_bits(all[g_rank][g_rank * count + i]) & ZPP_QM_ABS_MASK);
-      ap = std::max(ap, zpp_qm_f32_bits(all[partner][g_rank * count + i]) & ZPP_QM_ABS_MASK);
+      ao = std::max(ao, zpp_qm_f32_bits(all[g_rank][g_rank * count + i]) &
+                            ZPP_QM_ABS_MASK);
+      ap = std::max(ap, zpp_qm_f32_bits(all[partner][g_rank * count + i]) &
+                            ZPP_QM_ABS_MASK);
     }
     int e = std::max(zpp_qm_unit_exp(ao, bits), zpp_qm_unit_exp(ap, bits));
-    v.push_back({std::ldexp(1.0, e), ap ? (double)zpp_qm_sym_params(ap, bits).scale : 0.0});
+    v.push_back({std::ldexp(1.0, e),
+                 ap ? (double)zpp_qm_sym_params(ap, bits).scale : 0.0});
   }
   return v;
 }
@@ -291,8 +301,9 @@ TEST(QgzInt, SmallScaleContributorStaysWithinItsOwnStepBound) {
           c.seed = tag;
         }
         std::vector<float> out(count);
-        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), out.data(), count,
-                                         ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(),
+                                         out.data(), count, ZPP_FLOAT32,
+                                         ZPP_OP_SUM, nullptr, nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
         auto us = unit_and_scale(all, count, block, bits);
@@ -309,9 +320,10 @@ TEST(QgzInt, SmallScaleContributorStaysWithinItsOwnStepBound) {
           double bound = v.u / 2 + h * (v.s + v.u) + mag * std::ldexp(1.0, -20);
           if (!(std::fabs(out[i] - x) <= bound)) {
             bad++;
-            ADD_FAILURE() << "f " << f << " INT" << bits << " sr " << sr << " element " << i
-                          << ": error " << out[i] - x << " bound " << bound << " (unit "
-                          << v.u << ", partner's scale " << v.s << ")";
+            ADD_FAILURE() << "f " << f << " INT" << bits << " sr " << sr
+                          << " element " << i << ": error " << out[i] - x
+                          << " bound " << bound << " (unit " << v.u
+                          << ", partner's scale " << v.s << ")";
           }
         }
       }
@@ -339,25 +351,30 @@ TEST(QgzInt, StochasticRoundingOfASmallScaleContributorIsUnbiased) {
       c.rounding = ZPP_ROUND_STOCHASTIC;
       c.seed = 1000 + k;
       std::vector<float> out(count);
-      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), out.data(), count,
-                                       ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(),
+                                       out.data(), count, ZPP_FLOAT32,
+                                       ZPP_OP_SUM, nullptr, nullptr, nullptr),
                 ZPP_OK);
       for (size_t i = 0; i < count && !alone; i++) {
         const UnitScale &v = us[i / block];
         double xo = all[g_rank][g_rank * count + i], xp = 0;
         for (int r = 0; r < g_size; r++)
-          if (r != g_rank) xp += all[r][g_rank * count + i];
-        if (xp == 0) continue;
+          if (r != g_rank)
+            xp += all[r][g_rank * count + i];
+        if (xp == 0)
+          continue;
         double d = out[i] - std::nearbyint(xo / v.u) * v.u - xp;
         t += (xp > 0 ? d : -d) / (v.s + v.u);
         nt++;
       }
     }
-    if (alone) continue;
+    if (alone)
+      continue;
     t /= (double)nt;
     double lim = 6.0 * 0.5 / std::sqrt((double)nt) + std::ldexp(1.0, -20);
-    EXPECT_LE(std::fabs(t), lim) << "INT" << bits << ": mean signed error " << t
-                                 << " of the partner's step bound over " << nt << " draws";
+    EXPECT_LE(std::fabs(t), lim)
+        << "INT" << bits << ": mean signed error " << t
+        << " of the partner's step bound over " << nt << " draws";
   }
 }
 
@@ -475,7 +492,8 @@ TEST(QgzInt, ErrorFeedbackDrivesTheAverageErrorDown) {
 TEST(QgzInt, ErrorFeedbackMeanErrorTelescopesLikeFloat) {
   const size_t count = 512, block = 128, steps = 512;
   std::vector<std::vector<float>> all(g_size);
-  for (int r = 0; r < g_size; r++) all[r] = gen(r, g_size * count, ZPP_FLOAT32, 21, NORMAL);
+  for (int r = 0; r < g_size; r++)
+    all[r] = gen(r, g_size * count, ZPP_FLOAT32, 21, NORMAL);
   std::vector<double> exact(count, 0.0), mag(count, 0.0);
   for (int r = 0; r < g_size; r++)
     for (size_t i = 0; i < count; i++) {
@@ -486,7 +504,8 @@ TEST(QgzInt, ErrorFeedbackMeanErrorTelescopesLikeFloat) {
   zpp_comm_local_size(g_comm, &S);
   auto local_of = [&](int r) {
     int l = 0;
-    for (int q = 0; q < r; q++) l += g_node[q] == g_node[r];
+    for (int q = 0; q < r; q++)
+      l += g_node[q] == g_node[r];
     return l;
   };
   me_local = local_of(g_rank);
@@ -501,36 +520,43 @@ TEST(QgzInt, ErrorFeedbackMeanErrorTelescopesLikeFloat) {
       std::vector<double> mean(count, 0.0);
       std::vector<float> out(count);
       for (size_t t = 0; t < steps; t++) {
-        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), out.data(), count,
-                                         ZPP_FLOAT32, ZPP_OP_SUM, res.data(), nullptr, nullptr),
+        EXPECT_EQ(zpp_qgz_reduce_scatter(
+                      g_comm, &c, all[g_rank].data(), out.data(), count,
+                      ZPP_FLOAT32, ZPP_OP_SUM, res.data(), nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
-        for (size_t i = 0; i < count; i++) mean[i] += out[i];
+        for (size_t i = 0; i < count; i++)
+          mean[i] += out[i];
       }
       // R per element of every slice, summed over the ranks
       std::vector<double> r(g_size * count, 0.0), rsum(g_size * count, 0.0);
-      for (size_t k = 0; k < (size_t)g_size * count; k++) r[k] = std::fabs(res[k]);
+      for (size_t k = 0; k < (size_t)g_size * count; k++)
+        r[k] = std::fabs(res[k]);
       if (two_level())
         for (int o = 0; o < g_size; o++)
           if (g_node[o] != g_node[g_rank] && local_of(o) == me_local)
             for (size_t i = 0; i < count; i++)
               r[o * count + i] +=
                   std::fabs(res[((size_t)g_size + g_node[o]) * count + i]);
-      MPI_Allreduce(r.data(), rsum.data(), (int)r.size(), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(r.data(), rsum.data(), (int)r.size(), MPI_DOUBLE, MPI_SUM,
+                    MPI_COMM_WORLD);
       int bad = 0;
       for (size_t i = 0; i < count; i++) {
         double e = mean[i] / steps - exact[i];
-        double bound = rsum[g_rank * count + i] / steps + mag[i] * std::ldexp(1.0, -20);
+        double bound =
+            rsum[g_rank * count + i] / steps + mag[i] * std::ldexp(1.0, -20);
         err[sum == ZPP_QGZ_SUM_INT] += e * e;
         if (!(std::fabs(e) <= bound) && bad++ < 3)
-          ADD_FAILURE() << (sum == ZPP_QGZ_SUM_INT ? "INT" : "FLOAT") << bits << " element "
-                        << i << ": error of the mean " << e << " bound " << bound;
+          ADD_FAILURE() << (sum == ZPP_QGZ_SUM_INT ? "INT" : "FLOAT") << bits
+                        << " element " << i << ": error of the mean " << e
+                        << " bound " << bound;
       }
     }
     EXPECT_GT(err[0], 0.0);
     EXPECT_LE(std::sqrt(err[1]), 1.5 * std::sqrt(err[0]))
-        << "INT" << bits << ": rms error of the mean over " << steps << " steps, INT "
-        << std::sqrt(err[1] / count) << " FLOAT " << std::sqrt(err[0] / count);
+        << "INT" << bits << ": rms error of the mean over " << steps
+        << " steps, INT " << std::sqrt(err[1] / count) << " FLOAT "
+        << std::sqrt(err[0] / count);
   }
 }
 
@@ -639,32 +665,39 @@ TEST(QgzInt, ResidualResetStartsFromAZeroResidual) {
     c.residual_reset = 2;
     size_t rb = 0;
     EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, count, &rb), ZPP_OK);
-    std::vector<uint8_t> r(rb, 0), zero(rb, 0), out0(count * 2), outa(count * 2),
-        outb(count * 2), outc(count * 2);
-    c.step = 1;  // a first step: r holds its errors
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out0.data(), count, ZPP_BFLOAT16,
-                                     ZPP_OP_MEAN, r.data(), nullptr, nullptr),
+    std::vector<uint8_t> r(rb, 0), zero(rb, 0), out0(count * 2),
+        outa(count * 2), outb(count * 2), outc(count * 2);
+    c.step = 1; // a first step: r holds its errors
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out0.data(), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, r.data(),
+                                     nullptr, nullptr),
               ZPP_OK)
         << zpp_comm_get_last_error(g_comm);
     std::vector<uint8_t> ra = r, rc = r, rz = zero;
-    c.step = 4;  // resets
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outa.data(), count, ZPP_BFLOAT16,
-                                     ZPP_OP_MEAN, ra.data(), nullptr, nullptr),
+    c.step = 4; // resets
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outa.data(), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, ra.data(),
+                                     nullptr, nullptr),
               ZPP_OK);
-    c.step = 3;  // does not
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outb.data(), count, ZPP_BFLOAT16,
-                                     ZPP_OP_MEAN, rz.data(), nullptr, nullptr),
+    c.step = 3; // does not
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outb.data(), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, rz.data(),
+                                     nullptr, nullptr),
               ZPP_OK);
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outc.data(), count, ZPP_BFLOAT16,
-                                     ZPP_OP_MEAN, rc.data(), nullptr, nullptr),
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outc.data(), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, rc.data(),
+                                     nullptr, nullptr),
               ZPP_OK);
-    EXPECT_EQ(outa, outb) << "residual bits " << bits << ": a reset call vs a zero residual";
+    EXPECT_EQ(outa, outb) << "residual bits " << bits
+                          << ": a reset call vs a zero residual";
     EXPECT_EQ(ra, rz) << "residual bits " << bits << ": the new residuals";
-    EXPECT_EQ(outb, out0) << "residual bits " << bits << ": the first step's output again";
+    EXPECT_EQ(outb, out0) << "residual bits " << bits
+                          << ": the first step's output again";
     int differs = outc != outa;
     int all = 0;
     MPI_Allreduce(&differs, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    EXPECT_EQ(all, 1) << "residual bits " << bits << ": a call that carries r changes a result";
+    EXPECT_EQ(all, 1) << "residual bits " << bits
+                      << ": a call that carries r changes a result";
   }
 }
 
@@ -673,28 +706,37 @@ TEST(QgzInt, ResidualResetStartsFromAZeroResidual) {
 // the result is NaN (FLOAT mode: the element only), the other blocks stay
 // finite.
 TEST(QgzInt, NonFiniteValueMakesItsWholeBlockNaN) {
-  const size_t count = 600, block = 256;  // blocks 0, 1, 2 (88)
+  const size_t count = 600, block = 256; // blocks 0, 1, 2 (88)
   for (float bad : {INFINITY, NAN}) {
-    std::vector<float> in = gen(g_rank, g_size * count, ZPP_FLOAT32, 19, NORMAL);
+    std::vector<float> in =
+        gen(g_rank, g_size * count, ZPP_FLOAT32, 19, NORMAL);
     // slice 0 (rank 0's): rank 0's own share in block 0, the last rank's
     // in block 2
-    if (g_rank == 0) in[3] = bad;
-    if (g_rank == g_size - 1) in[2 * block + 5] = -bad;
+    if (g_rank == 0)
+      in[3] = bad;
+    if (g_rank == g_size - 1)
+      in[2 * block + 5] = -bad;
     zpp_qgz_config_t c = int_cfg(4, 4, block);
     std::vector<float> out(count);
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_FLOAT32,
-                                     ZPP_OP_SUM, nullptr, nullptr, nullptr),
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count,
+                                     ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr,
+                                     nullptr),
               ZPP_OK);
-    if (g_rank != 0) continue;
+    if (g_rank != 0)
+      continue;
     int nan0 = 0, fin1 = 0, nan2 = 0;
     for (size_t i = 0; i < count; i++) {
-      if (i < block) nan0 += std::isnan(out[i]);
-      else if (i < 2 * block) fin1 += std::isfinite(out[i]);
-      else nan2 += std::isnan(out[i]);
+      if (i < block)
+        nan0 += std::isnan(out[i]);
+      else if (i < 2 * block)
+        fin1 += std::isfinite(out[i]);
+      else
+        nan2 += std::isnan(out[i]);
     }
     EXPECT_EQ(nan0, (int)block) << bad << " in the own slice";
     EXPECT_EQ(fin1, (int)block);
-    EXPECT_EQ(nan2, g_size > 1 ? (int)(count - 2 * block) : 0) << bad << " in another rank's";
+    EXPECT_EQ(nan2, g_size > 1 ? (int)(count - 2 * block) : 0)
+        << bad << " in another rank's";
   }
 }
 
@@ -707,7 +749,7 @@ TEST(QgzInt, OlderConfigStructTakesTheDefault) {
   std::vector<float> a(count), b(count);
   zpp_qgz_config_t v3 = ZPP_QGZ_CONFIG_INIT, cur = ZPP_QGZ_CONFIG_INIT;
   v3.struct_size = offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t);
-  v3.sum = 12345;  // beyond a revision-3 struct: never read
+  v3.sum = 12345; // beyond a revision-3 struct: never read
   EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &v3, x.data(), a.data(), count, ZPP_FLOAT32,
                                    ZPP_OP_MEAN, nullptr, nullptr, nullptr),
             ZPP_OK)

@@ -195,11 +195,11 @@ typedef struct {
   int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
   /* A rank's own share of each stage, which it would send to itself: its
    * index in g1 (me1, stage 1: its own slices) and in CROSS (mo, stage 2:
-   * the partial sum its node keeps; 0 on one level).  That share skips the quantizer and the message:
-   * it is summed from sendbuf, or kept in the partial sums, in fp32 (no
-   * encode, no decode, no error), and its residual segments are neither
-   * read nor written (docs/collectives.md, "qgZ"; integer sums round the
-   * own slices to a unit and feed that error back). */
+   * the partial sum its node keeps; 0 on one level).  That share skips the
+   * quantizer and the message: it is summed from sendbuf, or kept in the
+   * partial sums, in fp32 (no encode, no decode, no error), and its residual
+   * segments are neither read nor written (docs/collectives.md, "qgZ"; integer
+   * sums round the own slices to a unit and feed that error back). */
   int me1, mo;
   int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
                      on the partial sums before the stage-2 encode */
@@ -610,11 +610,10 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   zpp_plan_poll();
   ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
-  p->iops->sum_finish(&c1, &c, (int)a->dtype, own_ptr(p, k, p->mo), r1,
-                      a->beta, isum_uexp(p, (int)own, k),
-                      (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
-                      div, tmp,
-                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+  p->iops->sum_finish(
+      &c1, &c, (int)a->dtype, own_ptr(p, k, p->mo), r1, a->beta,
+      isum_uexp(p, (int)own, k), (const uint8_t *const *)p->srcs, n1, p->fsrcs,
+      n, len, div, tmp, (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
   return isum_res_store(p, own, off, len, p->tmp);
 }
 
@@ -1200,8 +1199,8 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
 /* The ranks of stage 1, which sum together: the node on two levels, else
  * the world (one node, or the flat stage of uneven nodes). */
 static int isum_stage_size(const zpp_transport_t *t) {
-  return zpp_transport_group_size(
-      t, qgz_two_level(t) ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD);
+  return zpp_transport_group_size(t, qgz_two_level(t) ? ZPP_GROUP_NODE
+                                                      : ZPP_GROUP_WORLD);
 }
 
 /* The most ranks per stage whose integer sums fit the kernels' range:

@@ -16,10 +16,10 @@
  * recomputing its own elements from the same inputs (the second read comes
  * from L1/L2): absmax (one reduction); encode, and the sum's own share,
  * with an INT8 residual (the new errors' absmax, then their codes);
- * requant (max |j|, then the codes; with an INT8 residual a third pass).  An INT8 residual's old codes are
- * overwritten only in the last pass, by the thread that read them; its old
- * block scale is read by every thread before the reduction that precedes
- * the new one's store.
+ * requant (max |j|, then the codes; with an INT8 residual a third pass).  An
+ * INT8 residual's old codes are overwritten only in the last pass, by the
+ * thread that read them; its old block scale is read by every thread before the
+ * reduction that precedes the new one's store.
  */
 /* Device code: quant_math.h checks its accesses under the emulator. */
 #define ZPP_QM_DEVICE_CODE 1
@@ -489,10 +489,9 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
 /* Chunk j of a sum's own share (a run's first launch): x = fl(own + old
  * residual), its units into c, the new errors into x (rv.p non-NULL). */
 template <int DT>
-__device__ __forceinline__ void own_chunk(const Opts &o, const SumRun &run,
-                                          const Res &rv, int wp, int ue,
-                                          float unit, size_t e, int n,
-                                          uint32_t (&c)[kC], float (&x)[kC]) {
+__device__ __forceinline__ void
+own_chunk(const Opts &o, const SumRun &run, const Res &rv, int wp, int ue,
+          float unit, size_t e, int n, uint32_t (&c)[kC], float (&x)[kC]) {
   ld_src<DT>(run.own, e, n, wp, x);
   float rr[kC];
   if (rv.p != nullptr) {

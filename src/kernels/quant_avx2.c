@@ -1416,11 +1416,11 @@ static ZPP_AVX2_TARGET void isum_sum_avx2(const zpp_qcfg_t *cfg, int dtype,
                                           const uint8_t *const *srcs, int n,
                                           size_t count, int32_t *out) {
   ZPP_ISUM_BY_DTYPE(
-      dtype, ZPP_ISUM_BY_BITS(cfg->bits,
-                              isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp,
-                                           srcs, n, count, 0,
-                                           zpp_quant_nblocks(cfg, count), 0,
-                                           out)));
+      dtype,
+      ZPP_ISUM_BY_BITS(cfg->bits,
+                       isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp, srcs,
+                                    n, count, 0, zpp_quant_nblocks(cfg, count),
+                                    0, out)));
 }
 
 static ZPP_AVX2_TARGET void
@@ -1462,10 +1462,9 @@ isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits,
-                         isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
-                                      srcs, n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     if (cfg2->sr)
       ZPP_ISUM_BY_BITS(cfg2->bits,
                        isum_requant_all(cfg2, bt_, 1, tmp, uexp, res, beta,
@@ -1480,8 +1479,7 @@ isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
 static ZPP_AVX2_TARGET void
 isum_sum_finish_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
                      const void *own, float *res1, float beta,
-                     const int8_t *uexp,
-                     const uint8_t *const *srcs, int n,
+                     const int8_t *uexp, const uint8_t *const *srcs, int n,
                      const uint8_t *const *srcs2, int n2, size_t count,
                      float div, int32_t *tmp, void *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
@@ -1490,10 +1488,9 @@ isum_sum_finish_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits,
-                         isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
-                                      srcs, n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     ZPP_ISUM_BY_DTYPE(
         dtype,
         ZPP_ISUM_BY_BITS(cfg2->bits,

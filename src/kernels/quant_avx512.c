@@ -1406,16 +1406,17 @@ isum_encode_avx512(const zpp_qcfg_t *cfg, int dtype, const void *src,
                                                 beta, amax, uexp, count, dst)));
 }
 
-static ZPP_AVX512_TARGET void
-isum_sum_avx512(const zpp_qcfg_t *cfg, int dtype, const void *own, float *res,
-                float beta, const int8_t *uexp, const uint8_t *const *srcs,
-                int n, size_t count, int32_t *out) {
+static ZPP_AVX512_TARGET void isum_sum_avx512(const zpp_qcfg_t *cfg, int dtype,
+                                              const void *own, float *res,
+                                              float beta, const int8_t *uexp,
+                                              const uint8_t *const *srcs, int n,
+                                              size_t count, int32_t *out) {
   ZPP_ISUM_BY_DTYPE(
-      dtype, ZPP_ISUM_BY_BITS(cfg->bits,
-                              isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp,
-                                           srcs, n, count, 0,
-                                           zpp_quant_nblocks(cfg, count), 0,
-                                           out)));
+      dtype,
+      ZPP_ISUM_BY_BITS(cfg->bits,
+                       isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp, srcs,
+                                    n, count, 0, zpp_quant_nblocks(cfg, count),
+                                    0, out)));
 }
 
 static ZPP_AVX512_TARGET void isum_requant_avx512(const zpp_qcfg_t *cfg2,
@@ -1448,22 +1449,19 @@ isum_finish_avx512(const zpp_qcfg_t *cfg2, const int32_t *own,
 }
 
 /* The fused steps: the bodies above over one tile of blocks at a time. */
-static ZPP_AVX512_TARGET void
-isum_sum_requant_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                        int dtype, const void *own, float *res1,
-                        const int8_t *uexp, const uint8_t *const *srcs, int n,
-                        float *res,
-                        float beta, size_t count, int32_t *tmp, uint8_t *dst) {
+static ZPP_AVX512_TARGET void isum_sum_requant_avx512(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, const int8_t *uexp, const uint8_t *const *srcs, int n,
+    float *res, float beta, size_t count, int32_t *tmp, uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
   size_t b0, b1, ob;
   for (b0 = 0; b0 < nb; b0 = b1) {
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits,
-                         isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
-                                      srcs, n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     if (cfg2->sr)
       ZPP_ISUM_BY_BITS(cfg2->bits,
                        isum_requant_all(cfg2, bt_, 1, tmp, uexp, res, beta,
@@ -1478,8 +1476,7 @@ isum_sum_requant_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
 static ZPP_AVX512_TARGET void
 isum_sum_finish_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
                        const void *own, float *res1, float beta,
-                       const int8_t *uexp,
-                       const uint8_t *const *srcs, int n,
+                       const int8_t *uexp, const uint8_t *const *srcs, int n,
                        const uint8_t *const *srcs2, int n2, size_t count,
                        float div, int32_t *tmp, void *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
@@ -1488,10 +1485,9 @@ isum_sum_finish_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits,
-                         isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
-                                      srcs, n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     ZPP_ISUM_BY_DTYPE(
         dtype,
         ZPP_ISUM_BY_BITS(cfg2->bits,

@@ -72,9 +72,8 @@ typedef void (*zpp_isum_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
  * zpp_qm_unit_value(E), beta, fl(1 - beta)). */
 typedef void (*zpp_isum_sum_fn)(const zpp_qcfg_t *cfg, int dtype,
                                 const void *own, float *res, float beta,
-                                const int8_t *uexp,
-                                const uint8_t *const *srcs, int n,
-                                size_t count, int32_t *out);
+                                const int8_t *uexp, const uint8_t *const *srcs,
+                                int n, size_t count, int32_t *out);
 /* Re-quantization of integer sums `in` (units 2^E, |in| <=
  * ZPP_QM_ISUM_MAX) to cfg2's width, in the format of docs/format.md (fp32
  * scale per block, then the codes): with error feedback (res non-NULL)
@@ -101,22 +100,16 @@ typedef void (*zpp_isum_finish_fn)(const zpp_qcfg_t *cfg2, const int32_t *own,
  * residuals included, bitwise equal to the two calls.  res1: the own
  * slice's stage-1 residual (the sum's res), res: stage 2's (the
  * requant's); tmp: scratch of zpp_isum_tile(cfg, count) int32. */
-typedef void (*zpp_isum_sum_requant_fn)(const zpp_qcfg_t *cfg,
-                                        const zpp_qcfg_t *cfg2, int dtype,
-                                        const void *own, float *res1,
-                                        const int8_t *uexp,
-                                        const uint8_t *const *srcs, int n,
-                                        float *res, float beta, size_t count,
-                                        int32_t *tmp, uint8_t *dst);
+typedef void (*zpp_isum_sum_requant_fn)(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, const int8_t *uexp, const uint8_t *const *srcs, int n,
+    float *res, float beta, size_t count, int32_t *tmp, uint8_t *dst);
 /* srcs: the n stage-1 messages; srcs2: the n2 stage-2 messages. */
-typedef void (*zpp_isum_sum_finish_fn)(const zpp_qcfg_t *cfg,
-                                       const zpp_qcfg_t *cfg2, int dtype,
-                                       const void *own, float *res1,
-                                       float beta, const int8_t *uexp,
-                                       const uint8_t *const *srcs, int n,
-                                       const uint8_t *const *srcs2, int n2,
-                                       size_t count, float div, int32_t *tmp,
-                                       void *dst);
+typedef void (*zpp_isum_sum_finish_fn)(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, float beta, const int8_t *uexp, const uint8_t *const *srcs,
+    int n, const uint8_t *const *srcs2, int n2, size_t count, float div,
+    int32_t *tmp, void *dst);
 
 typedef struct {
   zpp_isum_absmax_fn absmax;
@@ -167,10 +160,9 @@ void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
                             void *dst);
 void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
                                  int dtype, const void *own, float *res1,
-                                 const int8_t *uexp,
-                                 const uint8_t *const *srcs, int n, float *res,
-                                 float beta, size_t count, int32_t *tmp,
-                                 uint8_t *dst);
+                                 const int8_t *uexp, const uint8_t *const *srcs,
+                                 int n, float *res, float beta, size_t count,
+                                 int32_t *tmp, uint8_t *dst);
 void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
                                 int dtype, const void *own, float *res1,
                                 float beta, const int8_t *uexp,

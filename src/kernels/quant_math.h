@@ -507,8 +507,8 @@ static ZPP_QM_HD uint32_t zpp_qm_unit_mult(uint32_t absmax_bits, int bits,
   if (absmax_bits == 0 || absmax_bits >= ZPP_QM_EXP_MASK ||
       e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
     return 0;
-  v = -zpp_qm_floor_small(-(zpp_qm_sym_params(absmax_bits, bits).scale *
-                            zpp_qm_pow2(-e)));
+  v = -zpp_qm_floor_small(
+      -(zpp_qm_sym_params(absmax_bits, bits).scale * zpp_qm_pow2(-e)));
   return v < 1.0f ? 1u : (v > 255.0f ? 255u : (uint32_t)v);
 }
 

@@ -275,8 +275,7 @@ static void isum_sum_rng(const zpp_qcfg_t *cfg, int dtype, const void *own,
           x = x + res[off + i];
         c = zpp_qm_unit_own(x, uexp[b]);
         if (res != NULL)
-          res[off + i] =
-              zpp_qm_feedback(res[off + i], x, c, unit, beta, omega);
+          res[off + i] = zpp_qm_feedback(res[off + i], x, c, unit, beta, omega);
       }
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] *
@@ -393,10 +392,9 @@ size_t zpp_isum_tile(const zpp_qcfg_t *cfg, size_t count) {
 
 void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
                                  int dtype, const void *own, float *res1,
-                                 const int8_t *uexp,
-                                 const uint8_t *const *srcs, int n, float *res,
-                                 float beta, size_t count, int32_t *tmp,
-                                 uint8_t *dst) {
+                                 const int8_t *uexp, const uint8_t *const *srcs,
+                                 int n, float *res, float beta, size_t count,
+                                 int32_t *tmp, uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
   size_t b0, b1;
   for (b0 = 0; b0 < nb; b0 = b1) {
