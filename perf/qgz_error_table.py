@@ -9,16 +9,19 @@ of one rank's slice of the reduce-scatter, for
     contribution encoded with its own block scale, decoded and summed in
     fp32 inside the node, the node's sum re-encoded with its own scale;
   - int: ZPP_QGZ_SUM_INT: per block a power-of-two unit agreed by the
-    node, a per-rank 8-bit multiplier of it, integer sums, the integer sum
-    re-quantized with an integer divisor for the network;
+    node, a per-rank 8-bit multiplier of it (rounded up: the step is at
+    least the rank's own scale), integer sums, the integer sum re-quantized
+    with an integer divisor for the network;
   - int, 4-bit m: the same with multipliers in [1, 15];
   - int, exact stage 2: the node's integer sum sent as it is;
   - one agreed scale: one scale per block for the whole node (the node's
     max), integer sums (the design the unit replaced);
   - one stage: a single quantization of each contribution with its own
     scale (the error of a flat qgZ, for reference);
-then the bytes per element each crosses the network (stage 2) and moves
-inside the node (stage 1).  Rounding to nearest; fp64 arithmetic.  The
+then INT with the multiplier rounded to nearest (a step may lie below the
+rank's scale and clamp its largest codes) and with the own share in 8 more
+fractional bits, and the bytes per element each crosses the network
+(stage 2) and moves inside the node (stage 1).  Rounding to nearest; fp64 arithmetic.  The
 model follows docs/format.md ("Integer sums"); the library's own results
 are checked against that section's bound by tests/test_qgz_int.cc.
 
@@ -72,12 +75,15 @@ def one_scale_mode(xs, S, M, b1, b2, block):
     return out.reshape(-1)
 
 
-def unit_mode(xs, S, M, b1, b2, block, mmax=255, exact_stage2=False):
+def unit_mode(xs, S, M, b1, b2, block, mmax=255, exact_stage2=False,
+              mult=np.ceil, own_frac=0):
     """ZPP_QGZ_SUM_INT: per block a power-of-two unit u = 2^E, E the max
     over the node of the smallest e with s_r <= mmax 2^e (s_r = the rank's
-    own absmax / qmax1); rank r's multiplier m_r = clamp(rint(s_r / u), 1,
-    mmax) and codes clamp(rint(x / (m_r u)), +-qmax1); the node's sum
-    I = own rint(x / u) + sum m_r q_r, an integer in units of u; stage 2
+    own absmax / qmax1); rank r's multiplier m_r = clamp(ceil(s_r / u), 1,
+    mmax) (mult: ceil, or rint for the alternative whose step may lie
+    below s_r) and codes clamp(rint(x / (m_r u)), +-qmax1); the node's sum
+    I = own rint(x / u) + sum m_r q_r, an integer in units of u (own_frac
+    > 0: the own share in units of u / 2^own_frac instead); stage 2
     re-quantizes I with the divisor d = ceil(max|I| / qmax2) (or, with
     exact_stage2, sends I as it is)."""
     q1 = 2 ** (b1 - 1) - 1
@@ -91,9 +97,10 @@ def unit_mode(xs, S, M, b1, b2, block, mmax=255, exact_stage2=False):
         E = np.max(e, axis=0)
         E[~np.isfinite(E)] = 0
         u = np.exp2(E)
-        i_sum = np.rint(xb[0] / u)
+        f = 2.0 ** own_frac
+        i_sum = np.rint(xb[0] / u * f) / f
         for x, si in zip(xb[1:], s[1:]):
-            m = np.clip(np.rint(si / u), 1, mmax)
+            m = np.clip(mult(si / u), 1, mmax)
             i_sum = i_sum + m * np.clip(np.rint(x / (m * u)), -q1, q1)
         if n == 0 or exact_stage2:
             out = out + i_sum * u
@@ -133,6 +140,7 @@ def main():
     print("| data | bits | float | int | int, 4-bit m | int, exact stage 2 | "
           "one agreed scale | one stage |")
     print("|---|---|---|---|---|---|---|---|")
+    alt = []
     for dist in ("normal", "laplace", "outlier"):
         for b1, b2 in ((4, 4), (8, 4)):
             xs = [[gen(rng, dist, N) for _ in range(S)] for _ in range(M)]
@@ -147,6 +155,15 @@ def main():
                  err(one_stage(xs, b1, B)))
             print(f"| {dist} | INT{b1}/INT{b2} | " +
                   " | ".join(f"{v:.4f}" for v in r) + " |")
+            alt.append((dist, b1, b2, r[1],
+                        err(unit_mode(xs, S, M, b1, b2, B, mult=np.rint)),
+                        err(unit_mode(xs, S, M, b1, b2, B, own_frac=8))))
+    print("\nINT's alternatives (the same data):\n")
+    print("| data | bits | int (m = ceil) | m = rint | own share, 8 more "
+          "fractional bits |")
+    print("|---|---|---|---|---|")
+    for dist, b1, b2, a, b, c in alt:
+        print(f"| {dist} | INT{b1}/INT{b2} | {a:.4f} | {b:.4f} | {c:.4f} |")
     print("\nBytes per element (block B, S ranks per node):\n")
     print("| bits | inter float | inter int | inter int, exact stage 2 | "
           "intra float | intra int | intra int, 4-bit m |")

@@ -509,21 +509,21 @@ static void qc_int(const qc_t *c, size_t k, int kind) {
     const uint8_t *s2 = m2;
     for (j = 0; j < QC_S - 1; j++) /* partial sum 1: summed, re-quantized */
       srcs[j] = c->msg[j * QC_M + 1] + sl * c->ms;
-    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S, off),
+    c->ops->isum.sum_requant(&q, &q, c->dtype, qc_slice(c, QC_S, off), NULL,
                              c->uexp + (size_t)QC_S * nb + b0, srcs, QC_S - 1,
                              NULL, 0.0f, len, c->iacc[1], m2);
     for (j = 0; j < QC_S - 1; j++) /* partial sum 0: summed, finished */
       srcs[j] = c->msg[j * QC_M] + sl * c->ms;
     c->ops->isum.sum_finish(
-        &q, &q, c->dtype, qc_slice(c, 0, off), c->uexp + b0, srcs, QC_S - 1,
-        &s2, 1, len, (float)QC_W, c->iacc[0],
+        &q, &q, c->dtype, qc_slice(c, 0, off), NULL, 0.0f, c->uexp + b0, srcs,
+        QC_S - 1, &s2, 1, len, (float)QC_W, c->iacc[0],
         (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
     return;
   }
   for (m = 0; m < QC_M; m++) { /* stage 1 integer sums */
     for (j = 0; j < QC_S - 1; j++)
       srcs[j] = c->msg[j * QC_M + m] + sl * c->ms;
-    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S, off),
+    c->ops->isum.sum(&q, c->dtype, qc_slice(c, m * QC_S, off), NULL, 0.0f,
                      c->uexp + (size_t)(m * QC_S) * nb + b0, srcs, QC_S - 1,
                      len, c->iacc[m] + sl * c->chunk);
   }
@@ -546,12 +546,29 @@ static void qc_run(const qc_t *c, int kind) {
       qc_int(c, k, kind);
 }
 
+/* Frees what qgz_chain allocated for one dtype (free(NULL) is a no-op). */
+static void qc_free(qc_t *c) {
+  int i;
+  for (i = 0; i < QC_W; i++)
+    free(c->msg[i]);
+  free(c->msg2);
+  for (i = 0; i < QC_M; i++) {
+    free(c->acc[i]);
+    free(c->iacc[i]);
+  }
+  free(c->amax);
+  free(c->uexp);
+  free(c->uexp_all);
+  free(c->out);
+  free((void *)c->in);
+}
+
 static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
                      const char *cpu) {
   static const int dts[2] = {ZPP_QM_BF16, ZPP_QM_F32};
   static const char *dn[2] = {"bf16", "fp32"};
   size_t count = o->n / QC_W, nb, e, chunk;
-  int d, k, i, wrong = 0;
+  int d, k, i, ok, wrong = 0;
   zpp_qcfg_t q4 = {4, 0, o->block, 0, 0, 0, 0};
   float *f32;
   int ovf = 0;
@@ -586,7 +603,7 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     c.simd = strcmp(ops->name, "scalar") != 0;
     c.count = count;
     c.block = o->block;
-    c.in = in;
+    c.in = in; /* freed by qc_free */
     c.chunk = chunk;
     c.nchunks = (count + chunk - 1) / chunk;
     c.ms =
@@ -603,9 +620,17 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     c.uexp = xalloc(QC_W * nb);
     c.uexp_all = xalloc(QC_S * QC_W * nb);
     c.out = xalloc(4 * count);
-    if (in == NULL || mc == NULL || c.msg2 == NULL || c.uexp_all == NULL ||
-        c.out == NULL) {
+    ok = in != NULL && mc != NULL && c.msg2 != NULL && c.amax != NULL &&
+         c.uexp != NULL && c.uexp_all != NULL && c.out != NULL;
+    for (i = 0; i < (QC_S - 1) * QC_M; i++)
+      ok = ok && c.msg[i] != NULL;
+    for (i = 0; i < QC_M; i++)
+      ok = ok && c.acc[i] != NULL && c.iacc[i] != NULL;
+    if (!ok) {
       fprintf(stderr, "zpp-quant-bench: out of memory\n");
+      qc_free(&c);
+      free(mc);
+      free(f32);
       return 1;
     }
     for (i = 0; i < (int)(QC_W * count); i++)
@@ -613,8 +638,12 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
     { /* the fused chain's output against the unfused one's */
       size_t ob = count * ds;
       uint8_t *o0 = xalloc(ob + e);
-      if (o0 == NULL)
+      if (o0 == NULL) {
+        qc_free(&c);
+        free(mc);
+        free(f32);
         return 1;
+      }
       qc_run(&c, QC_INT_UNFUSED);
       memcpy(o0, c.out, ob);
       memcpy(o0 + ob, c.msg2, c.ms2);
@@ -632,8 +661,14 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
       double *t = malloc(sizeof(double) * (size_t)o->iters);
       double *m = malloc(sizeof(double) * (size_t)o->iters);
       int it;
-      if (t == NULL || m == NULL)
+      if (t == NULL || m == NULL) {
+        free(t);
+        free(m);
+        qc_free(&c);
+        free(mc);
+        free(f32);
         return 1;
+      }
       for (it = 0; it < o->warmup + o->iters; it++) {
         double t0;
         make_cold(o);
@@ -663,7 +698,10 @@ static int qgz_chain(const opts_t *o, const zpp_quant_cpu_ops_t *ops,
       free(t);
       free(m);
     }
+    qc_free(&c);
+    free(mc);
   }
+  free(f32);
   return wrong;
 }
 

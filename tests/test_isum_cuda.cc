@@ -6,7 +6,8 @@
 // or INT8 one (plain and moving average, reset), nearest and stochastic
 // rounding, all-zero and non-finite blocks, residuals beyond the unit clamp
 // and NaN, several runs per launch packed at 16-byte, element and odd byte
-// offsets, a sum with more messages than one launch takes.  An INT8
+// offsets, a sum with more messages than one launch takes (its own slice's
+// residual updated once).  An INT8
 // residual's reference is the host path's: decode, scalar kernel, encode.
 //
 // Seed: ZPP_TEST_SEED (default 20261129).  Label emu
@@ -382,7 +383,33 @@ TEST(IsumCuda, AbsmaxEncodeAndSumAreTheScalarKernels) {
       for (size_t k = 0; k < n150; k++)
         upload(dmany, pmany, k, many[k]);
       // run 0: the 150 messages, own src[0]; runs 1..4: the own message
-      // of the run and of run 2 when counts agree, own NULL for run 4
+      // of the run and of run 2 when counts agree, own NULL for run 4.
+      // The own slices' residuals (runs 0, 2, 3: run 0's in the first of
+      // its two launches only), on exponents whose absmax takes them in
+      // (as qgz.c's agreement does).
+      std::vector<Resid> ores;
+      std::vector<int> has_ores(kRuns);
+      std::vector<std::vector<int8_t>> uexp_s(kRuns);
+      Packed pores, puexp_s;
+      for (size_t i = 0; i < kRuns; i++) {
+        size_t nb = zpp_quant_nblocks(&q, count[i]);
+        has_ores[i] = c.res != ZPP_QB_RES_NONE && (i == 0 || i == 2 || i == 3);
+        ores.emplace_back(has_ores[i] ? c.res : ZPP_QB_RES_NONE,
+                          make_res(rng, count[i]), c.block);
+        std::vector<float> rv = ores[i].values(c.reset);
+        std::vector<uint32_t> am(nb);
+        zpp_isum_absmax_scalar(&q, c.dt, src[i].data(),
+                               has_ores[i] ? rv.data() : nullptr, count[i],
+                               am.data());
+        uexp_s[i] = agree(rng, am.data(), nb, c.bits);
+        pores.add(ores[i].stored.size(), 4, i);
+        puexp_s.add(nb, 1, i);
+      }
+      Dev dores(pores.bytes), duexp_s(puexp_s.bytes);
+      for (size_t i = 0; i < kRuns; i++) {
+        upload(dores, pores, i, ores[i].stored);
+        upload(duexp_s, puexp_s, i, uexp_s[i]);
+      }
       for (size_t i = 0; i < kRuns; i++) {
         zpp_isum_cuda_sum_run_t r = {};
         std::vector<const uint8_t *> hs;
@@ -399,11 +426,19 @@ TEST(IsumCuda, AbsmaxEncodeAndSumAreTheScalarKernels) {
         r.n = hs.size();
         r.count = count[i];
         r.own = i == 4 ? nullptr : dsrc.p + psrc.off[i];
-        r.uexp = (const int8_t *)(duexp.p + puexp.off[i]);
+        r.res = has_ores[i] ? dores.p + pores.off[i] : nullptr;
+        r.res_codes = has_ores[i] ? dores.p + pores.off[i] +
+                                        4 * zpp_quant_nblocks(&q, count[i])
+                                  : nullptr;
+        r.uexp = (const int8_t *)(duexp_s.p + puexp_s.off[i]);
         std::vector<int32_t> w(count[i]);
+        std::vector<float> rv = ores[i].values(c.reset);
         zpp_isum_sum_scalar(&q, c.dt, i == 4 ? nullptr : src[i].data(),
-                            uexp[i].data(), hs.data(), (int)hs.size(), count[i],
-                            w.data());
+                            has_ores[i] ? rv.data() : nullptr, c.beta,
+                            uexp_s[i].data(), hs.data(), (int)hs.size(),
+                            count[i], w.data());
+        if (has_ores[i])
+          ores[i].store(rv);
         wsum.push_back(w);
         pout.add(count[i] * 4, 4, i);
         sr.push_back(r);
@@ -419,10 +454,17 @@ TEST(IsumCuda, AbsmaxEncodeAndSumAreTheScalarKernels) {
       CUDA_OK(cudaStreamSynchronize(st));
       EXPECT_EQ(launches() - l0, 2u)
           << "154 messages: two launches of at most " << ZPP_ISUM_CUDA_SRCS;
-      for (size_t i = 0; i < kRuns; i++)
+      for (size_t i = 0; i < kRuns; i++) {
         ASSERT_TRUE(same(wsum[i], download(dout, pout, i, count[i] * 4)))
             << "sum of run " << i << " (" << count[i] << " elements, "
             << sr[i].n << " messages)";
+        if (has_ores[i]) {
+          ASSERT_TRUE(same(ores[i].stored,
+                           download(dores, pores, i, ores[i].stored.size())))
+              << "own residual of run " << i << " (" << count[i]
+              << " elements)";
+        }
+      }
     }
   }
   cudaStreamDestroy(st);

@@ -225,13 +225,198 @@ TEST(IsumSimd, AbsmaxEncodeAndSumAreBitwiseEqualToScalar) {
     for (int with_own = 0; with_own < 2; with_own++) {
       std::vector<int32_t> s_ref(n, 7), s(n, 7);
       const void *own = with_own ? x.data() : nullptr;
-      ref->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
-                    s_ref.data());
-      c.ops->isum.sum(&q, dt, own, ue.data(), srcs.data(), (int)srcs.size(), n,
-                      s.data());
+      ref->isum.sum(&q, dt, own, nullptr, 0.0f, ue.data(), srcs.data(),
+                    (int)srcs.size(), n, s_ref.data());
+      c.ops->isum.sum(&q, dt, own, nullptr, 0.0f, ue.data(), srcs.data(),
+                      (int)srcs.size(), n, s.data());
       expect_same(s_ref, s, with_own ? "sum with own" : "sum");
     }
+    // The own slice with its residual (error feedback of its rounding to
+    // a unit), on exponents whose absmax takes the residual in.
+    if (c.feedback) {
+      std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+      std::vector<uint32_t> am2(nb);
+      ref->isum.absmax(&q, dt, x.data(), ores.data(), n, am2.data());
+      std::vector<int8_t> ue2 = make_uexp(rng, am2.data(), nb, c.bits);
+      std::vector<int32_t> s_ref(n, 7), s(n, 7);
+      std::vector<float> o_ref = ores, o = ores;
+      ref->isum.sum(&q, dt, x.data(), o_ref.data(), beta_of(c), ue2.data(),
+                    srcs.data(), (int)srcs.size(), n, s_ref.data());
+      c.ops->isum.sum(&q, dt, x.data(), o.data(), beta_of(c), ue2.data(),
+                      srcs.data(), (int)srcs.size(), n, s.data());
+      expect_same(s_ref, s, "sum with own and residual");
+      expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
+    }
   });
+}
+
+// The sum with more messages than INT4's int16 accumulation takes (16)
+// and far more: every path's int32 sums equal the scalar ones.  Messages
+// of random bytes (every code, -8 included, and every multiplier).
+TEST(IsumSimd, SumOfManyMessagesIsBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  for (const char *isa : kIsas) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr) {
+      std::printf("[ skip ] %s: not built or not supported here\n", isa);
+      continue;
+    }
+    for (int bits : {4, 8})
+      for (int nmsg : {16, 17, 41, 301}) {
+        SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits) + " " +
+                     std::to_string(nmsg) + " messages");
+        auto rng = seeded_rng("IsumSimd.SumOfManyMessages",
+                              (uint64_t)bits * 1000 + (uint64_t)nmsg);
+        zpp_qcfg_t q{};
+        q.bits = bits;
+        q.block = 64;
+        size_t n = 517, nb = zpp_quant_nblocks(&q, n);
+        std::vector<uint8_t> x = make_input(rng, ZPP_QM_BF16, n, q.block);
+        std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+        std::vector<uint32_t> am(nb);
+        ref->isum.absmax(&q, ZPP_QM_BF16, x.data(), ores.data(), n, am.data());
+        std::vector<int8_t> ue = make_uexp(rng, am.data(), nb, bits);
+        size_t mb = zpp_isum_msg_bytes(&q, n);
+        std::vector<std::vector<uint8_t>> msgs(nmsg, std::vector<uint8_t>(mb));
+        std::vector<const uint8_t *> srcs;
+        for (auto &mm : msgs) {
+          for (auto &byte : mm)
+            byte = (uint8_t)rng();
+          srcs.push_back(mm.data());
+        }
+        std::vector<int32_t> s_ref(n, 7), s(n, 7);
+        std::vector<float> o_ref = ores, o = ores;
+        ref->isum.sum(&q, ZPP_QM_BF16, x.data(), o_ref.data(), 0.0f, ue.data(),
+                      srcs.data(), nmsg, n, s_ref.data());
+        ops->isum.sum(&q, ZPP_QM_BF16, x.data(), o.data(), 0.0f, ue.data(),
+                      srcs.data(), nmsg, n, s.data());
+        expect_same(s_ref, s, "sum");
+        expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
+        // an independent check of one element: the products' sum
+        size_t i = 100, b = i / q.block, cb = zpp_isum_code_bytes(&q, n);
+        int64_t want = 0;
+        int e = ue[b];
+        float xv = zpp_qm_load(x.data(), i, ZPP_QM_BF16) + ores[i];
+        if (e != ZPP_QM_UEXP_ZERO && e != ZPP_QM_UEXP_NONFINITE)
+          want = (int64_t)std::nearbyint(std::ldexp((double)xv, -e));
+        for (int j = 0; j < nmsg; j++) {
+          const uint8_t *pl = srcs[j] + b * zpp_qm_payload_bytes(q.block, bits);
+          size_t k = i - b * q.block;
+          int code =
+              bits == 8 ? (int8_t)pl[k]
+                        : (int)(((pl[k / 2] >> (4 * (k & 1))) & 0xf) ^ 0x8) - 8;
+          want += (int64_t)srcs[j][cb + b] * code;
+        }
+        EXPECT_EQ(want, (int64_t)s_ref[i]) << "element " << i;
+      }
+  }
+}
+
+// Extreme magnitudes: inputs from 2^-140 (subnormal) to just below 2^128,
+// whose exponents span the whole range [-126, 118], agreed exponents up
+// to 118, integer sums at and near +-2^22: every step of every path equals
+// the scalar one.
+TEST(IsumSimd, ExtremeMagnitudesAreBitwiseEqualToScalar) {
+  const zpp_quant_cpu_ops_t *ref = zpp_quant_cpu_ops_named("scalar");
+  // the ends of the exponent range
+  EXPECT_EQ(zpp_qm_unit_exp(0x7f7fffffu, 4), 118);
+  EXPECT_EQ(zpp_qm_unit_exp(0x7f7fffffu, 8), 114);
+  EXPECT_EQ(zpp_qm_unit_exp(1u, 4), ZPP_QM_UEXP_MIN);
+  EXPECT_EQ(zpp_qm_unit_exp(1u, 8), ZPP_QM_UEXP_MIN);
+  // s = fl(FLT_MAX / 7) = 146.29 * 2^118: the multiplier rounds up
+  EXPECT_EQ(zpp_qm_unit_mult(0x7f7fffffu, 4, 118), 147u);
+  for (const char *isa : kIsas) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr)
+      continue;
+    for (int bits : {4, 8})
+      for (int sr = 0; sr < 2; sr++) {
+        SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits) +
+                     (sr ? " sr" : " rne"));
+        auto rng = seeded_rng("IsumSimd.ExtremeMagnitudes",
+                              (uint64_t)bits * 10 + (uint64_t)sr);
+        zpp_qcfg_t q{};
+        q.bits = bits;
+        q.block = 48;
+        q.sr = sr;
+        q.k0 = (uint32_t)rng();
+        q.k1 = (uint32_t)rng();
+        const int kLo = -140, kHi = 127;
+        size_t nb = (size_t)(kHi - kLo + 1), n = nb * q.block;
+        std::vector<uint8_t> x(n * 4);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (size_t b = 0; b < nb; b++)
+          for (size_t i = 0; i < q.block; i++) {
+            int k = kLo + (int)b;
+            // block b: magnitudes up to 2^k (the largest finite at 127)
+            float v =
+                k == 127 ? u(rng) * 3.4028235e38f : std::ldexp(u(rng), k + 1);
+            if (i == 0)
+              v = k == 127 ? 3.4028235e38f : std::ldexp(1.0f, k);
+            zpp_qm_store(x.data(), b * q.block + i, ZPP_QM_F32, v);
+          }
+        std::vector<float> ores(n, 0.0f);
+        std::vector<uint32_t> am(nb), am2(nb);
+        ref->isum.absmax(&q, ZPP_QM_F32, x.data(), ores.data(), n, am.data());
+        ops->isum.absmax(&q, ZPP_QM_F32, x.data(), ores.data(), n, am2.data());
+        expect_same(am, am2, "absmax");
+        std::vector<int8_t> ue(nb);
+        int lo = 127, hi = -128;
+        for (size_t b = 0; b < nb; b++) {
+          int own = zpp_qm_unit_exp(am[b], bits);
+          lo = std::min(lo, own);
+          hi = std::max(hi, own);
+          // sometimes a larger agreed exponent, up to 118
+          ue[b] =
+              (int8_t)(rng() % 3 == 0 ? std::min(118, own + (int)(rng() % 20))
+                                      : own);
+        }
+        EXPECT_EQ(lo, ZPP_QM_UEXP_MIN);
+        EXPECT_EQ(hi, bits == 4 ? 118 : 114);
+        size_t mb = zpp_isum_msg_bytes(&q, n);
+        std::vector<uint8_t> m_ref(mb), m(mb);
+        std::vector<float> r_ref(n, 0.0f), r(n, 0.0f);
+        ref->isum.encode(&q, ZPP_QM_F32, x.data(), r_ref.data(), 0.0f,
+                         am.data(), ue.data(), n, m_ref.data());
+        ops->isum.encode(&q, ZPP_QM_F32, x.data(), r.data(), 0.0f, am.data(),
+                         ue.data(), n, m.data());
+        expect_same(m_ref, m, "encode");
+        expect_same(f32_bits(r_ref), f32_bits(r), "encode residual");
+        const uint8_t *srcs[1] = {m_ref.data()};
+        std::vector<int32_t> s_ref(n), s(n);
+        std::vector<float> o_ref(n, 0.0f), o(n, 0.0f);
+        ref->isum.sum(&q, ZPP_QM_F32, x.data(), o_ref.data(), 0.0f, ue.data(),
+                      srcs, 1, n, s_ref.data());
+        ops->isum.sum(&q, ZPP_QM_F32, x.data(), o.data(), 0.0f, ue.data(), srcs,
+                      1, n, s.data());
+        expect_same(s_ref, s, "sum");
+        expect_same(f32_bits(o_ref), f32_bits(o), "own residual");
+        // integer sums at and near the limit
+        for (size_t i = 0; i < n; i += 7)
+          s_ref[i] = (i / 7) % 4 == 0   ? ZPP_QM_ISUM_MAX
+                     : (i / 7) % 4 == 1 ? -ZPP_QM_ISUM_MAX
+                     : (i / 7) % 4 == 2 ? ZPP_QM_ISUM_MAX - 1
+                                        : -(ZPP_QM_ISUM_MAX - 1);
+        size_t eb = 4 * nb + zpp_isum_code_bytes(&q, n);
+        std::vector<uint8_t> q_ref(eb), qv(eb);
+        std::vector<float> e_ref(n), e(n);
+        for (size_t i = 0; i < n; i++)
+          e_ref[i] = e[i] = std::ldexp(u(rng), ue[i / q.block]);
+        ref->isum.requant(&q, s_ref.data(), ue.data(), e_ref.data(), 0.0f, n,
+                          q_ref.data());
+        ops->isum.requant(&q, s_ref.data(), ue.data(), e.data(), 0.0f, n,
+                          qv.data());
+        expect_same(q_ref, qv, "requant");
+        expect_same(f32_bits(e_ref), f32_bits(e), "requant residual");
+        std::vector<uint8_t> f_ref(n * 4), f(n * 4);
+        const uint8_t *s2[1] = {q_ref.data()};
+        ref->isum.finish(&q, s_ref.data(), ue.data(), s2, 1, n, 8.0f,
+                         ZPP_QM_F32, f_ref.data());
+        ops->isum.finish(&q, s_ref.data(), ue.data(), s2, 1, n, 8.0f,
+                         ZPP_QM_F32, f.data());
+        expect_same(f_ref, f, "finish");
+      }
+  }
 }
 
 TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
@@ -305,6 +490,67 @@ TEST(IsumSimd, RequantAndFinishAreBitwiseEqualToScalar) {
   });
 }
 
+// Stage 2's residual reaches the wire late, never lost (docs/format.md,
+// "Integer sums", re-quantization): (a) in a block whose unit is the
+// all-zero marker (every stage-1 contribution of the group zero) the
+// message is zero (scale 0, codes 0) and the residual stays as it was;
+// (b) at most 2^22 units of a residual enter a step's sum, the excess
+// stays in the residual: new residual = fl(e - dec), dec the message's
+// decoded value, within 2^22 (1 + 1 / qmax2) units of it.  Every path.
+TEST(IsumSimd, RequantDefersAZeroUnitBlocksAndAClampedResidual) {
+  for (const char *isa : {"scalar", kIsas[0], kIsas[1]}) {
+    const zpp_quant_cpu_ops_t *ops = zpp_quant_cpu_ops_named(isa);
+    if (ops == nullptr)
+      continue;
+    for (int bits : {4, 8}) {
+      SCOPED_TRACE(std::string(isa) + " INT" + std::to_string(bits));
+      auto rng = seeded_rng("IsumSimd.RequantDefers", (uint64_t)bits);
+      zpp_qcfg_t q{};
+      q.bits = bits;
+      q.block = 64;
+      const size_t n = 128, nb = 2;
+      const int e = -10; // block 1's unit 2^-10
+      std::vector<int8_t> ue = {(int8_t)ZPP_QM_UEXP_ZERO, (int8_t)e};
+      std::vector<int32_t> in(n, 0);
+      std::vector<float> res(n);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (size_t i = 0; i < n; i++) {
+        in[i] = i < 64 ? 0 : (int32_t)(rng() % 201) - 100;
+        // block 0: a residual of any size; block 1: 2^30 units and more
+        res[i] =
+            i < 64 ? std::ldexp(u(rng), -3)
+                   : std::ldexp((i & 1 ? 1.0f : -1.0f) * (1.0f + u(rng) * 0.5f),
+                                30 + e);
+      }
+      std::vector<float> r = res;
+      std::vector<uint8_t> m(4 * nb + zpp_isum_code_bytes(&q, n));
+      ops->isum.requant(&q, in.data(), ue.data(), r.data(), 0.0f, n, m.data());
+      std::vector<float> dec(n);
+      zpp_quant_decode_scalar(&q, m.data(), n, ZPP_QM_F32, dec.data());
+      float sc0;
+      std::memcpy(&sc0, m.data(), 4);
+      EXPECT_EQ(sc0, 0.0f) << "a zero unit's block: scale 0";
+      double qmax = (1 << (bits - 1)) - 1, unit = std::ldexp(1.0, e);
+      for (size_t i = 0; i < n; i++) {
+        if (i < 64) {
+          EXPECT_EQ(dec[i], 0.0f) << i;
+          EXPECT_EQ(to_bits(r[i]), to_bits(res[i]))
+              << "kept whole, element " << i;
+          continue;
+        }
+        // what went out is at most 2^22 + |I| units (and a step more)
+        double sent = dec[i], lim = (4194304.0 + 100.0) * (1 + 1 / qmax) * unit;
+        EXPECT_LE(std::fabs(sent), lim) << i;
+        // and what did not stays: fl(fl(I u) + e) - dec, one rounding
+        double want = ((double)in[i] * unit + res[i]) - sent;
+        EXPECT_NEAR(r[i], want, std::fabs(want) * std::ldexp(1.0, -23)) << i;
+        EXPECT_GT(std::fabs(r[i]), std::fabs(res[i]) / 2)
+            << "most of it stays, " << i;
+      }
+    }
+  }
+}
+
 // The fused steps of every path (the scalar one included) against the
 // scalar steps they fuse: sum then requant (message and residual), sum
 // then finish; counts of several tiles, tiles that end inside the call.
@@ -317,8 +563,11 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
         zpp_qcfg_t q1 = make_cfg(c, rng), q2 = make_cfg(c, rng);
         size_t n = c.s.count, nb = zpp_quant_nblocks(&q1, n);
         std::vector<uint8_t> x = make_input(rng, dt, n, c.s.block);
+        // the own slice's residual: taken into the absmax, as qgz.c does
+        std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
+        const float *orp = c.feedback ? ores.data() : nullptr;
         std::vector<uint32_t> am(nb);
-        ref->isum.absmax(&q1, dt, x.data(), nullptr, n, am.data());
+        ref->isum.absmax(&q1, dt, x.data(), orp, n, am.data());
         std::vector<int8_t> ue = make_uexp(rng, am.data(), nb, c.bits);
         // Stage 1: the real encode of x and two messages of random bytes.
         size_t mb = zpp_isum_msg_bytes(&q1, n);
@@ -338,7 +587,10 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           SCOPED_TRACE(with_own ? "with own" : "without own");
           const void *own = with_own ? x.data() : nullptr;
           std::vector<int32_t> s_ref(n);
-          ref->isum.sum(&q1, dt, own, ue.data(), srcs, 3, n, s_ref.data());
+          std::vector<float> o1 = ores, o_g = ores;
+          float *or1 = c.feedback ? o1.data() : nullptr;
+          ref->isum.sum(&q1, dt, own, or1, beta_of(c), ue.data(), srcs, 3, n,
+                        s_ref.data());
 
           std::vector<uint8_t> m_ref(eb, 0x5a), m(eb, 0x5a);
           std::vector<float> r_ref = res, r = res;
@@ -346,10 +598,12 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
           float *rg = c.feedback ? r.data() : nullptr;
           ref->isum.requant(&q2, s_ref.data(), ue.data(), rr, beta_of(c), n,
                             m_ref.data());
-          c.ops->isum.sum_requant(&q1, &q2, dt, own, ue.data(), srcs, 3, rg,
-                                  beta_of(c), n, tmp.data(), m.data());
+          c.ops->isum.sum_requant(
+              &q1, &q2, dt, own, c.feedback ? o_g.data() : nullptr, ue.data(),
+              srcs, 3, rg, beta_of(c), n, tmp.data(), m.data());
           expect_same(m_ref, m, "sum_requant message");
           expect_same(f32_bits(r_ref), f32_bits(r), "sum_requant residual");
+          expect_same(f32_bits(o1), f32_bits(o_g), "sum_requant own residual");
 
           // The finish: the re-quantized message and one of random codes
           // and random finite scales.
@@ -369,9 +623,12 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
             float div = k == 1 ? 6.0f : 8.0f;
             ref->isum.finish(&q2, s_ref.data(), ue.data(), srcs2, k, n, div, dt,
                              o_ref.data());
-            c.ops->isum.sum_finish(&q1, &q2, dt, own, ue.data(), srcs, 3, srcs2,
-                                   k, n, div, tmp.data(), o.data());
+            std::vector<float> og = ores;
+            c.ops->isum.sum_finish(
+                &q1, &q2, dt, own, c.feedback ? og.data() : nullptr, beta_of(c),
+                ue.data(), srcs, 3, srcs2, k, n, div, tmp.data(), o.data());
             expect_same(o_ref, o, "sum_finish");
+            expect_same(f32_bits(o1), f32_bits(og), "sum_finish own residual");
           }
         }
       },

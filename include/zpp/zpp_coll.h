@@ -290,8 +290,10 @@ typedef struct {
   int inter_bits;         /* codes across nodes: 4 (default) or 8 */
   size_t block_size;      /* elements per scale, default 256 */
   zpp_quant_mode_t mode;  /* default symmetric */
-  /* Fields below were added in 0.2; a struct_size from before (the size
-   * up to `mode`) is accepted and they take their defaults. */
+  /* Fields below were added in revision 2 of this struct (revision 1: the
+   * fields up to `mode`); a struct_size of revision 1 is accepted and they
+   * take their defaults.  The struct's revisions are its own, not library
+   * versions. */
   size_t hadamard;        /* 0 (default): off; else every rank's slice is
                              rotated in groups of this many elements (a
                              power of two >= 2 that divides block_size;
@@ -310,9 +312,9 @@ typedef struct {
   int residual_bits;      /* error-feedback residual storage: 32 (default,
                              fp32) or 8 (INT8, LoCo style: the format of
                              docs/format.md, symmetric, block_size) */
-  /* Fields below were added in 0.3 (LoCo's compensation); a struct_size
-   * from 0.2 (the size up to residual_bits) is accepted and they take
-   * their defaults. */
+  /* Fields below were added in revision 3 (LoCo's compensation); a
+   * struct_size of revision 2 (the size up to residual_bits) is accepted
+   * and they take their defaults. */
   float residual_beta;    /* in [0, 1): the residual is a moving average of
                              the compression errors, e <- beta e + (1 -
                              beta) err; 0 (default): plain error feedback
@@ -321,8 +323,8 @@ typedef struct {
                               of it start from a zero residual (LoCo: every
                               1024 steps); 0 (default): never */
   uint64_t step;          /* the caller's step counter, for residual_reset */
-  /* Field below was added in 0.4; a struct_size from 0.3 (the size up to
-   * step) is accepted and it takes its default. */
+  /* Field below was added in revision 4; a struct_size of revision 3 (the
+   * size up to step) is accepted and it takes its default. */
   int sum;                /* how the stages reduce: ZPP_QGZ_SUM_DEFAULT
                              (the ZPP_QGZ_SUM setting, for the configs
                              that allow it), ZPP_QGZ_SUM_FLOAT or
@@ -335,7 +337,11 @@ typedef struct {
  * power-of-two unit per block first, each sends codes on its own integer
  * multiple of the unit (one multiplier byte per block), the sums are exact
  * integers, the node's integer sum is re-quantized for the network from
- * integers, and each rank decodes once; its error equals FLOAT's.  INT
+ * integers, and each rank decodes once.  Each rank's step lies less than
+ * one unit (under 2/255 of the group's largest scale) above its own scale,
+ * so its error bound is FLOAT's plus half a unit; the own share, rounded
+ * to a unit, is fed back with error feedback (docs/format.md, "Integer
+ * sums").  INT
  * needs host memory, a symmetric mode, no Hadamard rotation, a quantized
  * stage 1 (intra_bits 4 or 8) and at most 2056 (INT4) or 128 (INT8) ranks
  * per stage: asked for explicitly otherwise, the call fails
@@ -356,7 +362,8 @@ typedef struct {
 /* Floats of the fp32 error-feedback residual for a call with `count`
  * elements per rank (it holds the compression error of both stages, one
  * segment per slice and per partial sum; the segments of the rank's own
- * share, which is not quantized, are neither read nor written): enough
+ * share, which is not quantized, are neither read nor written, but for
+ * its slices' rounding to a unit with ZPP_QGZ_SUM_INT): enough
  * for every fp32-residual config (with intra_bits ZPP_QGZ_INTRA_RAW fewer
  * are used); the INT8 residual's size is zpp_qgz_residual_bytes, which
  * can exceed 4 times this count (E8(count) > 4 count with blocks of one
@@ -388,7 +395,8 @@ ZPP_API zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
  *      fp32), divide by the world size for MEAN, round once to dtype.
  * What a rank would send to itself is never quantized: its residual
  * segments (its own slices, its own node's partial sum) are neither read
- * nor written.
+ * nor written (ZPP_QGZ_SUM_INT: its own slices' hold the error of their
+ * rounding to a unit).
  * One node: step 1 only.  Uneven nodes: one flat quantized all-to-all over
  * the world (docs/design.md).  residual (NULL: no error feedback) is a
  * caller-owned fp32 buffer of zpp_qgz_residual_count elements, zero before

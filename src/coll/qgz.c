@@ -20,7 +20,8 @@
  * partial sum) skips the quantizer: less work, one error term less per
  * stage; its block of each all-to-all is empty (its part of the message
  * buffers is never written, sent or read), and its residual segments are
- * neither read nor written.
+ * neither read nor written (integer sums: its own slices' hold the error
+ * of their rounding to a unit).
  * Uneven nodes: one flat all-to-all over the world (stage 1 only, over
  * all ranks).  intra_bits ZPP_QGZ_INTRA_RAW: stage 1 sends the slices in
  * the dtype and sums them in fp32 (no codes, no error, no stage-1
@@ -93,7 +94,8 @@ static int qgz_raw1(const zpp_transport_t *t, int intra_bits) {
 
 /* Residual segments: one per stage-1 slice (W, none when stage 1 is raw),
  * then one per stage-2 partial sum (M, two levels); those of the rank's
- * own share (not quantized) stay unused. */
+ * own share (not quantized) stay unused, but for the own slices' with
+ * integer sums (their rounding to a unit). */
 static size_t qgz_levels(const zpp_transport_t *t, int intra_bits) {
   return (qgz_raw1(t, intra_bits) ? 0 : (size_t)zpp_transport_size(t)) +
          (qgz_two_level(t) ? (size_t)zpp_transport_topo(t)->nnodes : 0);
@@ -107,17 +109,18 @@ static zpp_quant_config_t residual_q8(size_t block) {
   return q;
 }
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.2: the fields up to residual_bits
+/* sizeof(zpp_qgz_config_t) of revision 2: the fields up to residual_bits
  * (residual_beta now sits in what was its tail padding). */
 #define QGZ_CONFIG_V2_SIZE                                                     \
   ((offsetof(zpp_qgz_config_t, residual_bits) + sizeof(int) +                \
     sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t))
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.3: the fields up to step. */
+/* sizeof(zpp_qgz_config_t) of revision 3: the fields up to step. */
 #define QGZ_CONFIG_V3_SIZE (offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t))
 
-/* Reads a config of any accepted size (0.1: fields up to `mode`; 0.2: up
- * to residual_bits; 0.3: up to step), field by field: an older struct's
+/* Reads a config of any accepted size (revision 1: fields up to `mode`;
+ * 2: up to residual_bits; 3: up to step; 4: up to sum, include/zpp/
+ * zpp_coll.h), field by field: an older struct's
  * padding is not read as a newer field. */
 static void qgz_config_get(const zpp_qgz_config_t *in, zpp_qgz_config_t *out) {
   zpp_qgz_config_t d = ZPP_QGZ_CONFIG_INIT;
@@ -192,10 +195,11 @@ typedef struct {
   int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
   /* A rank's own share of each stage, which it would send to itself: its
    * index in g1 (me1, stage 1: its own slices) and in CROSS (mo, stage 2:
-   * the partial sum its node keeps; 0 on one level).  That share skips the quantizer and the message:
-   * it is summed from sendbuf, or kept in the partial sums, in fp32 (no
-   * encode, no decode, no error), and its residual segments are neither
-   * read nor written (docs/collectives.md, "qgZ"). */
+   * the partial sum its node keeps; 0 on one level).  That share skips the
+   * quantizer and the message: it is summed from sendbuf, or kept in the
+   * partial sums, in fp32 (no encode, no decode, no error), and its residual
+   * segments are neither read nor written (docs/collectives.md, "qgZ"; integer
+   * sums round the own slices to a unit and feed that error back). */
   int me1, mo;
   int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
                      on the partial sums before the stage-2 encode */
@@ -412,10 +416,11 @@ static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
 
 /* The fp32 residual of segment seg for `len` elements at `off`, for the
  * integer-sum kernels: fp32, in place (zeroed first when the call resets,
- * if `zero`); INT8, decoded into p->tmp2 (zero when the call resets).
- * *r NULL: no error feedback. */
+ * if `zero`); INT8, decoded into buf (p->tmp2, or p->tmp for the own
+ * slice's beside stage 2's; zero when the call resets).  *r NULL: no error
+ * feedback. */
 static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
-                                  size_t len, int zero, float **r) {
+                                  size_t len, int zero, float *buf, float **r) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   *r = NULL;
@@ -427,22 +432,22 @@ static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
       memset(*r, 0, len * sizeof(float));
     return ZPP_OK;
   }
-  *r = p->tmp2;
+  *r = buf;
   if (a->reset)
-    return zpp_k_zero(ex, p->tmp2, len * sizeof(float));
+    return zpp_k_zero(ex, buf, len * sizeof(float));
   {
     size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
     size_t b0 = off / bs, nb = (len + bs - 1) / bs;
     const uint8_t *segp = (const uint8_t *)a->residual + seg * p->res_seg;
     ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
     ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2);
+    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, buf);
   }
 }
 
-/* INT8 residual: p->tmp2 (the new errors) encoded back into segment seg. */
+/* INT8 residual: buf (the new errors) encoded back into segment seg. */
 static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
-                                   size_t len) {
+                                   size_t len, const float *buf) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
   size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
@@ -451,13 +456,14 @@ static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
   if (a->residual == NULL || a->residual_bits == 32)
     return ZPP_OK;
   segp = (uint8_t *)a->residual + seg * p->res_seg;
-  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
+  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, buf, len, p->rs));
   ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
   return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
 }
 
 /* The absmax of every block of every slice: its data plus its stage-1
- * residual (the rank's own slices: none), chunk by chunk. */
+ * residual (the own slices' too: their rounding to a unit is fed back),
+ * chunk by chunk. */
 static zpp_status_t isum_absmax(void *ctx, size_t unused) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   const qgz_arg_t *a = &p->a;
@@ -471,8 +477,8 @@ static zpp_status_t isum_absmax(void *ctx, size_t unused) {
       for (k = 0; k < p->nchunks; k++) {
         size_t off = k * p->chunk, len = chunk_len(p, k);
         float *r = NULL;
-        if (j != p->me1 && !a->reset)
-          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, &r));
+        if (!a->reset)
+          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, p->tmp2, &r));
         size_t b0 = sl * p->nb + off / c.block, b;
         size_t nb = (len + c.block - 1) / c.block;
         p->iops->absmax(&c, (int)a->dtype,
@@ -533,13 +539,13 @@ static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
       if (j == p->me1)
         continue;
       zpp_plan_poll();
-      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, &r));
+      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, p->tmp2, &r));
       p->iops->encode(&c, (int)a->dtype,
                       (const uint8_t *)a->send +
                           ((size_t)sl * a->count + off) * ds,
                       r, a->beta, isum_amax(p, sl, k), isum_uexp(p, sl, k), len,
                       o);
-      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len));
+      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len, p->tmp2));
     }
   return ZPP_OK;
 }
@@ -556,9 +562,10 @@ static int isum_srcs(qgz_ctx_t *p, size_t k, int m) {
   return n;
 }
 
-/* Set X of chunk k, integer sums: each partial sum (the own slice in
- * units plus the other members' multiplied codes) re-quantized for stage
- * 2 in the same pass, its int32 sums in a cache-sized tile of accx. */
+/* Set X of chunk k, integer sums: each partial sum (the own slice, plus
+ * its stage-1 residual, in units plus the other members' multiplied codes)
+ * re-quantized for stage 2 in the same pass, its int32 sums in a
+ * cache-sized tile of accx. */
 static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = chunk_len(p, k);
@@ -568,16 +575,19 @@ static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   int i, me = zpp_transport_rank(a->ex.t);
   for (i = 0; i < half_parts(p, HALF_X); i++) {
     int m = half_part(p, HALF_X, i), n = isum_srcs(p, k, m);
+    size_t own = (size_t)slice_of(p, p->me1, m);
     zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
     zpp_qcfg_t c = isum_qcfg(&q, off);
-    float *r;
+    float *r, *r1;
     zpp_plan_poll();
-    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, &r));
-    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m),
-                         isum_uexp(p, slice_of(p, p->me1, m), k),
+    ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
+    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, p->tmp2, &r));
+    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m), r1,
+                         isum_uexp(p, (int)own, k),
                          (const uint8_t *const *)p->srcs, n, r, a->beta, len,
                          tmp, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
-    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len));
+    ZPP_CHECK(isum_res_store(p, own, off, len, p->tmp));
+    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len, p->tmp2));
   }
   return ZPP_OK;
 }
@@ -593,16 +603,18 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
   zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0), c = isum_qcfg(&a->q2, 0);
   float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
   int m, n = 0, n1 = isum_srcs(p, k, p->mo);
+  size_t own = (size_t)slice_of(p, p->me1, p->mo);
+  float *r1;
   for (m = 0; m < p->m1 && p->two; m++)
     if (m != p->mo)
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   zpp_plan_poll();
-  p->iops->sum_finish(&c1, &c, (int)a->dtype, own_ptr(p, k, p->mo),
-                      isum_uexp(p, slice_of(p, p->me1, p->mo), k),
-                      (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
-                      div, tmp,
-                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
-  return ZPP_OK;
+  ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
+  p->iops->sum_finish(
+      &c1, &c, (int)a->dtype, own_ptr(p, k, p->mo), r1, a->beta,
+      isum_uexp(p, (int)own, k), (const uint8_t *const *)p->srcs, n1, p->fsrcs,
+      n, len, div, tmp, (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+  return isum_res_store(p, own, off, len, p->tmp);
 }
 
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
@@ -1061,6 +1073,10 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
     kfree[i] = cprev[i] = nstep[i] = ZPP_NO_STEP;
   if (a->isum && n > 0) { /* the scale agreement, before every encode */
     int s = zpp_plan_kernel(plan, isum_absmax, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+    /* an all-gather of the exponent bytes, (s1 - 1) W nb sent per rank;
+     * a max all-reduce would send about 2 (s1 - 1) / s1 W nb, but the
+     * transports reduce only SUM/MEAN of floating-point dtypes
+     * (docs/collectives.md, "Compressed-domain sums") */
     if (p->s1 > 1) {
       zpp_xfer_desc_t x;
       memset(&x, 0, sizeof x);
@@ -1103,7 +1119,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   return zpp_plan_submit(plan, req);
 }
 
-/* sizeof(zpp_qgz_config_t) of zpp 0.1: the fields up to `mode`. */
+/* sizeof(zpp_qgz_config_t) of revision 1: the fields up to `mode`. */
 #define QGZ_CONFIG_V1_SIZE                                                     \
   ((offsetof(zpp_qgz_config_t, mode) + sizeof(zpp_quant_mode_t) +            \
     sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t))
@@ -1180,14 +1196,25 @@ static zpp_status_t check_cfg(const char *func, const zpp_qgz_config_t *in) {
   return ZPP_OK;
 }
 
-/* Whether the integer sums of stage 1 fit the kernels' range: s1 ranks
- * of codes up to qmax1 times multipliers up to 255 (plus a unit of
- * rounding of the own share): s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX
- * (INT8: 128 ranks per stage; INT4: 2056). */
+/* The ranks of stage 1, which sum together: the node on two levels, else
+ * the world (one node, or the flat stage of uneven nodes). */
+static int isum_stage_size(const zpp_transport_t *t) {
+  return zpp_transport_group_size(t, qgz_two_level(t) ? ZPP_GROUP_NODE
+                                                      : ZPP_GROUP_WORLD);
+}
+
+/* The most ranks per stage whose integer sums fit the kernels' range:
+ * codes up to qmax1 times multipliers up to 255 (plus a unit of rounding
+ * of the own share), s1 255 (qmax1 + 1) <= ZPP_QM_ISUM_MAX (INT8: 128
+ * ranks per stage; INT4: 2056). */
+static int isum_max_ranks(int intra_bits) {
+  return ZPP_QM_ISUM_MAX /
+         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1));
+}
+
 static int isum_fits(const zpp_transport_t *t, int intra_bits) {
-  int s1 = zpp_transport_group_size(
-      t, qgz_two_level(t) ? ZPP_GROUP_NODE : ZPP_GROUP_WORLD);
-  return (long)s1 * ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(intra_bits) + 1) <=
+  return (uint64_t)isum_stage_size(t) * ZPP_QM_UMULT_MAX *
+             (uint64_t)(zpp_qm_sym_qmax(intra_bits) + 1) <=
          ZPP_QM_ISUM_MAX;
 }
 
@@ -1268,11 +1295,11 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   if (cf.sum == ZPP_QGZ_SUM_INT && !isum_fits(ex->t, cf.intra_bits))
     return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
                      "cfg->sum ZPP_QGZ_SUM_INT with cfg->intra_bits %d: "
-                     "more ranks per stage than the integer sums hold (%d "
-                     "at most)",
-                     cf.intra_bits,
-                     ZPP_QM_ISUM_MAX /
-                         (ZPP_QM_UMULT_MAX * (zpp_qm_sym_qmax(cf.intra_bits) + 1)));
+                     "%d ranks sum in stage 1 (%s), more than the integer "
+                     "sums hold (%d at most)",
+                     cf.intra_bits, isum_stage_size(ex->t),
+                     qgz_two_level(ex->t) ? "the node" : "the world",
+                     isum_max_ranks(cf.intra_bits));
   /* packed so that every field is compared within the 5 words; the sum
    * as resolved (the setting may differ between ranks) */
   a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |

@@ -14,12 +14,12 @@
  *
  * The steps that need a block's statistic make passes over it, each thread
  * recomputing its own elements from the same inputs (the second read comes
- * from L1/L2): absmax (one reduction); encode with an INT8 residual (the
- * new errors' absmax, then their codes); requant (max |j|, then the codes;
- * with an INT8 residual a third pass).  An INT8 residual's old codes are
- * overwritten only in the last pass, by the thread that read them; its old
- * block scale is read by every thread before the reduction that precedes
- * the new one's store.
+ * from L1/L2): absmax (one reduction); encode, and the sum's own share,
+ * with an INT8 residual (the new errors' absmax, then their codes);
+ * requant (max |j|, then the codes; with an INT8 residual a third pass).  An
+ * INT8 residual's old codes are overwritten only in the last pass, by the
+ * thread that read them; its old block scale is read by every thread before the
+ * reduction that precedes the new one's store.
  */
 /* Device code: quant_math.h checks its accesses under the emulator. */
 #define ZPP_QM_DEVICE_CODE 1
@@ -65,6 +65,7 @@ struct EncRun {
 
 struct SumRun {
   const void *own;
+  uint8_t *res, *res_codes; /* the own slice's residual */
   const int8_t *uexp;
   int32_t *out;
   size_t count, nb, cb;
@@ -485,19 +486,50 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
   }
 }
 
+/* Chunk j of a sum's own share (a run's first launch): x = fl(own + old
+ * residual), its units into c, the new errors into x (rv.p non-NULL). */
+template <int DT>
+__device__ __forceinline__ void
+own_chunk(const Opts &o, const SumRun &run, const Res &rv, int wp, int ue,
+          float unit, size_t e, int n, uint32_t (&c)[kC], float (&x)[kC]) {
+  ld_src<DT>(run.own, e, n, wp, x);
+  float rr[kC];
+  if (rv.p != nullptr) {
+    old_res(o, rv, e, n, rr);
+#pragma unroll
+    for (int i = 0; i < kC; i++)
+      x[i] = zpp_qm_add(x[i], rr[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kC; i++) {
+    const int32_t u = zpp_qm_unit_own(x[i], ue);
+    c[i] = (uint32_t)u;
+    if (rv.p != nullptr)
+      x[i] = zpp_qm_feedback(rr[i], x[i], u, unit, o.beta, o.omega);
+  }
+}
+
 template <int DT, int BITS>
 __global__ void __launch_bounds__(kCta, kMinCtas)
     sum_kernel(const SrcTable<SumRun> tab, const Opts o) {
   constexpr int W = kC * BITS / 32;
+  __shared__ uint32_t s_red[2][kMaxGroup / 32];
   const size_t pb = zpp_qm_payload_bytes(o.block, BITS);
   ISUM_FOR_ITEMS(tab) {
     const Item it = item_of(tab, o, base_ + gic, total);
-    if (it.len == 0)
-      continue;
     const SumRun &run = tab.r[it.e];
-    const int ue = run.uexp[it.b];
+    const bool live = it.len > 0;
+    const int ue = live ? run.uexp[it.b] : ZPP_QM_UEXP_ZERO;
+    const float unit = zpp_qm_unit_value(ue);
     const int op = path_of(run.out, 4, it.chunked);
     const int wp = run.own ? path_of(run.own, elem_size(DT), it.chunked) : 0;
+    /* the own slice's residual: in the run's first launch only */
+    const bool own = live && !run.cont && run.own != nullptr;
+    const Res rv = own && run.res != nullptr
+                       ? res_view(o, run.res, run.res_codes, it.b, it.chunked)
+                       : Res{};
+    const zpp_qm_params_t none = {};
+    Red re = red_init<false>();
     for (size_t j = t; j * kC < it.len; j += G) {
       const int n = chunk_elems<kC>(it.len, j);
       const size_t e = it.off + j * kC;
@@ -506,10 +538,9 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
         ld32(run.out, e, n, op, c);
       } else if (run.own != nullptr) {
         float x[kC];
-        ld_src<DT>(run.own, e, n, wp, x);
-#pragma unroll
-        for (int i = 0; i < kC; i++)
-          c[i] = (uint32_t)zpp_qm_unit_own(x[i], ue);
+        own_chunk<DT>(o, run, rv, wp, ue, unit, e, n, c, x);
+        if (rv.p != nullptr)
+          new_res(o, rv, e, n, x, re, false, none);
       } else {
 #pragma unroll
         for (int i = 0; i < kC; i++)
@@ -527,6 +558,23 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
       }
       st32(run.out, e, n, op, c);
     }
+    /* an INT8 residual: the new errors' scale, then their codes */
+    if (o.res != ZPP_QB_RES_I8)
+      continue;
+    re = group_reduce<false>(re, G, s_red);
+    const zpp_qm_params_t pe = red_params<8, false>(re);
+    if (rv.p == nullptr)
+      continue;
+    for (size_t j = t; j * kC < it.len; j += G) {
+      const int n = chunk_elems<kC>(it.len, j);
+      const size_t e = it.off + j * kC;
+      uint32_t c[kC];
+      float x[kC];
+      own_chunk<DT>(o, run, rv, wp, ue, unit, e, n, c, x);
+      new_res(o, rv, e, n, x, re, true, pe);
+    }
+    if (t == 0) /* every thread of the group read the old one */
+      st_u32(rv.p + 4 * it.b, zpp_qm_f32_bits(pe.scale));
   }
 }
 
@@ -897,6 +945,8 @@ int sum_dt(const zpp_isum_cuda_t *c, const zpp_isum_cuda_sum_run_t *runs,
       true,
       [&](size_t i, SumRun &r, bool cont) {
         r.own = runs[i].own;
+        r.res = (uint8_t *)runs[i].res;
+        r.res_codes = runs[i].res_codes;
         r.uexp = runs[i].uexp;
         r.out = runs[i].out;
         r.cb = code_bytes(runs[i].count, c->block, BITS);

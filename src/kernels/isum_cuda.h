@@ -48,9 +48,10 @@ typedef struct {
                    own slice (sum), the output (finish) */
   int sr;       /* stochastic rounding (encode, requant): element i of a
                    run draws zpp_qm_rand24(zpp_qm_rng_keys(seed), base + i) */
-  int res;      /* ZPP_QB_RES_* (absmax, encode, requant) */
+  int res;      /* ZPP_QB_RES_* (absmax, encode, sum, requant) */
   int reset;    /* the residual reads as zero: absmax leaves it out,
-                   encode and requant add 0 (and store the new errors) */
+                   encode, sum and requant add 0 (and store the new
+                   errors) */
   float beta;   /* LoCo's moving average of the residual; 0: plain */
 } zpp_isum_cuda_t;
 
@@ -80,10 +81,14 @@ typedef struct {
   uint64_t base, seed;
 } zpp_isum_cuda_encode_run_t;
 
-/* sum: out = zpp_qm_unit_own(own, E) (own NULL: 0) plus m q of the
- * messages srcs[first .. first + n), as zpp_isum_sum_scalar. */
+/* sum: out = zpp_qm_unit_own(fl(own + r), E) (own NULL: 0) plus m q of
+ * the messages srcs[first .. first + n), the own slice's residual r
+ * updated, as zpp_isum_sum_scalar with this config's beta (res NULL, or
+ * own NULL: no residual). */
 typedef struct {
   const void *own;
+  void *res; /* the own slice's stage-1 residual */
+  uint8_t *res_codes;
   const int8_t *uexp;
   int32_t *out;
   size_t count;

@@ -1133,13 +1133,33 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
   }
 }
 
+/* The own share of 8 lanes in units, zpp_qm_unit_own(fl(own + res), E)
+ * (unit: E finite; su = 2^-E), and with res non-NULL its new residual
+ * (vu = zpp_qm_unit_value(E)). */
+ZPP_AVX2_INLINE __m256i isum_own8(const void *own, float *res, size_t i,
+                                  int dtype, int unit, __m256 su, __m256 vu,
+                                  float beta, float omega) {
+  __m256 e0, x;
+  __m256i s;
+  if (res == NULL)
+    return unit ? _mm256_cvtps_epi32(_mm256_mul_ps(load8(own, i, dtype), su))
+                : _mm256_setzero_si256();
+  e0 = _mm256_loadu_ps(res + i);
+  x = _mm256_add_ps(load8(own, i, dtype), e0);
+  s = unit ? _mm256_cvtps_epi32(_mm256_mul_ps(x, su)) : _mm256_setzero_si256();
+  _mm256_storeu_ps(res + i, feedback8(e0, x, s, vu, beta, omega));
+  return s;
+}
+
 ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
-                                  const void *own, const int8_t *uexp,
+                                  const void *own, float *res, float beta,
+                                  const int8_t *uexp,
                                   const uint8_t *const *srcs, int n,
                                   size_t count, size_t b0, size_t b1, size_t ob,
                                   int32_t *out) {
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
   size_t cb = zpp_isum_code_bytes(cfg, count), b, i;
+  float omega = 1.0f - beta;
   int j;
   /* INT4: the products of up to 16 messages sum exactly in int16 */
   int narrow = bits == 4 && n <= 16;
@@ -1147,15 +1167,15 @@ ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
     int e = uexp[b];
-    int unit =
-        own != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    int unit = e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    float uv = zpp_qm_unit_value(e);
     __m256 su = _mm256_set1_ps(unit ? zpp_qm_pow2(-e) : 0.0f);
+    __m256 vu = _mm256_set1_ps(uv);
     for (i = 0; i + 16 <= len; i += 16) {
       __m256i s0 = _mm256_setzero_si256(), s1 = s0, w = s0;
-      if (unit) {
-        s0 = _mm256_cvtps_epi32(_mm256_mul_ps(load8(own, off + i, dtype), su));
-        s1 = _mm256_cvtps_epi32(
-            _mm256_mul_ps(load8(own, off + i + 8, dtype), su));
+      if (own != NULL) {
+        s0 = isum_own8(own, res, off + i, dtype, unit, su, vu, beta, omega);
+        s1 = isum_own8(own, res, off + i + 8, dtype, unit, su, vu, beta, omega);
       }
       for (j = 0; j < n; j++) {
         __m256i p = _mm256_mullo_epi16(
@@ -1180,9 +1200,15 @@ ZPP_AVX2_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
       _mm256_storeu_si256((__m256i *)(out + off - ob + i + 8), s1);
     }
     for (; i < len; i++) {
-      int32_t c = own != NULL
-                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype), e)
-                      : 0;
+      int32_t c = 0;
+      if (own != NULL) {
+        float x = zpp_qm_load(own, off + i, dtype);
+        if (res != NULL)
+          x = x + res[off + i];
+        c = zpp_qm_unit_own(x, e);
+        if (res != NULL)
+          res[off + i] = zpp_qm_feedback(res[off + i], x, c, uv, beta, omega);
+      }
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] * get1(srcs[j] + b * pb, i, bits);
       out[off - ob + i] = c;
@@ -1385,14 +1411,16 @@ static ZPP_AVX2_TARGET void isum_encode_avx2(const zpp_qcfg_t *cfg, int dtype,
 }
 
 static ZPP_AVX2_TARGET void isum_sum_avx2(const zpp_qcfg_t *cfg, int dtype,
-                                          const void *own, const int8_t *uexp,
+                                          const void *own, float *res,
+                                          float beta, const int8_t *uexp,
                                           const uint8_t *const *srcs, int n,
                                           size_t count, int32_t *out) {
   ZPP_ISUM_BY_DTYPE(
       dtype,
       ZPP_ISUM_BY_BITS(cfg->bits,
-                       isum_sum_all(cfg, dt_, bt_, own, uexp, srcs, n, count, 0,
-                                    zpp_quant_nblocks(cfg, count), 0, out)));
+                       isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp, srcs,
+                                    n, count, 0, zpp_quant_nblocks(cfg, count),
+                                    0, out)));
 }
 
 static ZPP_AVX2_TARGET void
@@ -1425,7 +1453,7 @@ isum_finish_avx2(const zpp_qcfg_t *cfg2, const int32_t *own, const int8_t *uexp,
 /* The fused steps: the bodies above over one tile of blocks at a time. */
 static ZPP_AVX2_TARGET void
 isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
-                      const void *own, const int8_t *uexp,
+                      const void *own, float *res1, const int8_t *uexp,
                       const uint8_t *const *srcs, int n, float *res, float beta,
                       size_t count, int32_t *tmp, uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
@@ -1434,9 +1462,9 @@ isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
-                                                 n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     if (cfg2->sr)
       ZPP_ISUM_BY_BITS(cfg2->bits,
                        isum_requant_all(cfg2, bt_, 1, tmp, uexp, res, beta,
@@ -1450,8 +1478,8 @@ isum_sum_requant_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
 
 static ZPP_AVX2_TARGET void
 isum_sum_finish_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
-                     const void *own, const int8_t *uexp,
-                     const uint8_t *const *srcs, int n,
+                     const void *own, float *res1, float beta,
+                     const int8_t *uexp, const uint8_t *const *srcs, int n,
                      const uint8_t *const *srcs2, int n2, size_t count,
                      float div, int32_t *tmp, void *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
@@ -1460,9 +1488,9 @@ isum_sum_finish_avx2(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
-                                                 n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     ZPP_ISUM_BY_DTYPE(
         dtype,
         ZPP_ISUM_BY_BITS(cfg2->bits,

@@ -940,8 +940,8 @@ ZPP_AVX512_INLINE __m512 feedback16(__m512 e, __m512 x, __m512i q, __m512 scale,
                                       _mm512_mul_ps(_mm512_set1_ps(omega), d)));
 }
 
-/* zpp_qm_quantize of a MUL-kind block, clamp included (a step m 2^E may
- * lie below the rank's own scale). */
+/* zpp_qm_quantize of a MUL-kind block, clamp included (fl(x inv) may
+ * pass qmax by the roundings of the scale and of inv). */
 ZPP_AVX512_INLINE __m512i iquant16(__m512 x, const qvec_t *p) {
   x = _mm512_mul_ps(x, p->inv);
   x = _mm512_min_ps(_mm512_max_ps(x, p->lo), p->hi);
@@ -1116,21 +1116,42 @@ ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* The own share of 16 lanes in units, zpp_qm_unit_own(fl(own + res), E)
+ * (unit: E finite; su = 2^-E), and with res non-NULL its new residual
+ * (vu = zpp_qm_unit_value(E)). */
+ZPP_AVX512_INLINE __m512i isum_own16(const void *own, float *res, size_t i,
+                                     int dtype, int unit, __m512 su, __m512 vu,
+                                     float beta, float omega) {
+  __m512 e0, x;
+  __m512i s;
+  if (res == NULL)
+    return unit ? _mm512_cvtps_epi32(_mm512_mul_ps(load16(own, i, dtype), su))
+                : _mm512_setzero_si512();
+  e0 = _mm512_loadu_ps(res + i);
+  x = _mm512_add_ps(load16(own, i, dtype), e0);
+  s = unit ? _mm512_cvtps_epi32(_mm512_mul_ps(x, su)) : _mm512_setzero_si512();
+  _mm512_storeu_ps(res + i, feedback16(e0, x, s, vu, beta, omega));
+  return s;
+}
+
 ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
-                                    const void *own, const int8_t *uexp,
+                                    const void *own, float *res, float beta,
+                                    const int8_t *uexp,
                                     const uint8_t *const *srcs, int n,
                                     size_t count, size_t b0, size_t b1,
                                     size_t ob, int32_t *out) {
   size_t pb = zpp_qm_payload_bytes(cfg->block, bits);
   size_t cb = zpp_isum_code_bytes(cfg, count), b, i;
+  float omega = 1.0f - beta;
   int j;
   for (b = b0; b < b1; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
     int e = uexp[b];
-    int unit =
-        own != NULL && e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    int unit = e != ZPP_QM_UEXP_NONFINITE && e != ZPP_QM_UEXP_ZERO;
+    float uv = zpp_qm_unit_value(e);
     __m512 su = _mm512_set1_ps(unit ? zpp_qm_pow2(-e) : 0.0f);
+    __m512 vu = _mm512_set1_ps(uv);
     i = 0;
     /* INT4: the products of up to 16 messages sum exactly in int16
      * (16 * 255 * 8 < 2^15), widened once */
@@ -1142,11 +1163,10 @@ ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
               w, _mm512_mullo_epi16(
                      _mm512_cvtepi8_epi16(get32(srcs[j] + b * pb, i, 4)),
                      _mm512_set1_epi16((short)srcs[j][cb + b])));
-        if (unit) {
-          s0 = _mm512_cvtps_epi32(
-              _mm512_mul_ps(load16(own, off + i, dtype), su));
-          s1 = _mm512_cvtps_epi32(
-              _mm512_mul_ps(load16(own, off + i + 16, dtype), su));
+        if (own != NULL) {
+          s0 = isum_own16(own, res, off + i, dtype, unit, su, vu, beta, omega);
+          s1 = isum_own16(own, res, off + i + 16, dtype, unit, su, vu, beta,
+                          omega);
         }
         s0 = _mm512_add_epi32(s0,
                               _mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
@@ -1157,10 +1177,10 @@ ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
       }
     for (; i + 32 <= len; i += 32) {
       __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-      if (unit) {
-        s0 = _mm512_cvtps_epi32(_mm512_mul_ps(load16(own, off + i, dtype), su));
-        s1 = _mm512_cvtps_epi32(
-            _mm512_mul_ps(load16(own, off + i + 16, dtype), su));
+      if (own != NULL) {
+        s0 = isum_own16(own, res, off + i, dtype, unit, su, vu, beta, omega);
+        s1 = isum_own16(own, res, off + i + 16, dtype, unit, su, vu, beta,
+                        omega);
       }
       for (j = 0; j < n; j++) {
         __m512i w = _mm512_mullo_epi16(
@@ -1175,9 +1195,15 @@ ZPP_AVX512_INLINE void isum_sum_all(const zpp_qcfg_t *cfg, int dtype, int bits,
       _mm512_storeu_si512(out + off - ob + i + 16, s1);
     }
     for (; i < len; i++) {
-      int32_t c = own != NULL
-                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype), e)
-                      : 0;
+      int32_t c = 0;
+      if (own != NULL) {
+        float x = zpp_qm_load(own, off + i, dtype);
+        if (res != NULL)
+          x = x + res[off + i];
+        c = zpp_qm_unit_own(x, e);
+        if (res != NULL)
+          res[off + i] = zpp_qm_feedback(res[off + i], x, c, uv, beta, omega);
+      }
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] * get1(srcs[j] + b * pb, i, bits);
       out[off - ob + i] = c;
@@ -1381,15 +1407,16 @@ isum_encode_avx512(const zpp_qcfg_t *cfg, int dtype, const void *src,
 }
 
 static ZPP_AVX512_TARGET void isum_sum_avx512(const zpp_qcfg_t *cfg, int dtype,
-                                              const void *own,
-                                              const int8_t *uexp,
+                                              const void *own, float *res,
+                                              float beta, const int8_t *uexp,
                                               const uint8_t *const *srcs, int n,
                                               size_t count, int32_t *out) {
   ZPP_ISUM_BY_DTYPE(
       dtype,
       ZPP_ISUM_BY_BITS(cfg->bits,
-                       isum_sum_all(cfg, dt_, bt_, own, uexp, srcs, n, count, 0,
-                                    zpp_quant_nblocks(cfg, count), 0, out)));
+                       isum_sum_all(cfg, dt_, bt_, own, res, beta, uexp, srcs,
+                                    n, count, 0, zpp_quant_nblocks(cfg, count),
+                                    0, out)));
 }
 
 static ZPP_AVX512_TARGET void isum_requant_avx512(const zpp_qcfg_t *cfg2,
@@ -1422,20 +1449,19 @@ isum_finish_avx512(const zpp_qcfg_t *cfg2, const int32_t *own,
 }
 
 /* The fused steps: the bodies above over one tile of blocks at a time. */
-static ZPP_AVX512_TARGET void
-isum_sum_requant_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                        int dtype, const void *own, const int8_t *uexp,
-                        const uint8_t *const *srcs, int n, float *res,
-                        float beta, size_t count, int32_t *tmp, uint8_t *dst) {
+static ZPP_AVX512_TARGET void isum_sum_requant_avx512(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, const int8_t *uexp, const uint8_t *const *srcs, int n,
+    float *res, float beta, size_t count, int32_t *tmp, uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
   size_t b0, b1, ob;
   for (b0 = 0; b0 < nb; b0 = b1) {
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
-                                                 n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     if (cfg2->sr)
       ZPP_ISUM_BY_BITS(cfg2->bits,
                        isum_requant_all(cfg2, bt_, 1, tmp, uexp, res, beta,
@@ -1449,8 +1475,8 @@ isum_sum_requant_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
 
 static ZPP_AVX512_TARGET void
 isum_sum_finish_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
-                       const void *own, const int8_t *uexp,
-                       const uint8_t *const *srcs, int n,
+                       const void *own, float *res1, float beta,
+                       const int8_t *uexp, const uint8_t *const *srcs, int n,
                        const uint8_t *const *srcs2, int n2, size_t count,
                        float div, int32_t *tmp, void *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
@@ -1459,9 +1485,9 @@ isum_sum_finish_avx512(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype,
     b1 = nb - b0 < tb ? nb : b0 + tb;
     ob = b0 * cfg->block;
     ZPP_ISUM_BY_DTYPE(
-        dtype,
-        ZPP_ISUM_BY_BITS(cfg->bits, isum_sum_all(cfg, dt_, bt_, own, uexp, srcs,
-                                                 n, count, b0, b1, ob, tmp)));
+        dtype, ZPP_ISUM_BY_BITS(
+                   cfg->bits, isum_sum_all(cfg, dt_, bt_, own, res1, beta, uexp,
+                                           srcs, n, count, b0, b1, ob, tmp)));
     ZPP_ISUM_BY_DTYPE(
         dtype,
         ZPP_ISUM_BY_BITS(cfg2->bits,

@@ -65,12 +65,15 @@ typedef void (*zpp_isum_encode_fn)(const zpp_qcfg_t *cfg, int dtype,
                                    const void *src, float *res, float beta,
                                    const uint32_t *amax, const int8_t *uexp,
                                    size_t count, uint8_t *dst);
-/* out = zpp_qm_unit_own(own, E) + the sum over the n messages of m q, in
- * int32 units of 2^E (own NULL: 0). */
+/* out = zpp_qm_unit_own(x, E) + the sum over the n messages of m q, in
+ * int32 units of 2^E, with x = fl(own + res) (own NULL: no own share).
+ * res non-NULL: the own slice's error feedback, as the encode's with
+ * q the share and step 2^E: res = zpp_qm_feedback(res, x, share,
+ * zpp_qm_unit_value(E), beta, fl(1 - beta)). */
 typedef void (*zpp_isum_sum_fn)(const zpp_qcfg_t *cfg, int dtype,
-                                const void *own, const int8_t *uexp,
-                                const uint8_t *const *srcs, int n,
-                                size_t count, int32_t *out);
+                                const void *own, float *res, float beta,
+                                const int8_t *uexp, const uint8_t *const *srcs,
+                                int n, size_t count, int32_t *out);
 /* Re-quantization of integer sums `in` (units 2^E, |in| <=
  * ZPP_QM_ISUM_MAX) to cfg2's width, in the format of docs/format.md (fp32
  * scale per block, then the codes): with error feedback (res non-NULL)
@@ -94,22 +97,19 @@ typedef void (*zpp_isum_finish_fn)(const zpp_qcfg_t *cfg2, const int32_t *own,
  * keeps), or `sum` then `finish` (the one this node keeps), tile by tile,
  * so that the int32 sums stay in the cache instead of going through
  * memory (cfg: stage 1, cfg2: stage 2, the same block).  Output,
- * residuals included, bitwise equal to the two calls.  tmp: scratch of
- * zpp_isum_tile(cfg, count) int32. */
-typedef void (*zpp_isum_sum_requant_fn)(const zpp_qcfg_t *cfg,
-                                        const zpp_qcfg_t *cfg2, int dtype,
-                                        const void *own, const int8_t *uexp,
-                                        const uint8_t *const *srcs, int n,
-                                        float *res, float beta, size_t count,
-                                        int32_t *tmp, uint8_t *dst);
+ * residuals included, bitwise equal to the two calls.  res1: the own
+ * slice's stage-1 residual (the sum's res), res: stage 2's (the
+ * requant's); tmp: scratch of zpp_isum_tile(cfg, count) int32. */
+typedef void (*zpp_isum_sum_requant_fn)(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, const int8_t *uexp, const uint8_t *const *srcs, int n,
+    float *res, float beta, size_t count, int32_t *tmp, uint8_t *dst);
 /* srcs: the n stage-1 messages; srcs2: the n2 stage-2 messages. */
-typedef void (*zpp_isum_sum_finish_fn)(const zpp_qcfg_t *cfg,
-                                       const zpp_qcfg_t *cfg2, int dtype,
-                                       const void *own, const int8_t *uexp,
-                                       const uint8_t *const *srcs, int n,
-                                       const uint8_t *const *srcs2, int n2,
-                                       size_t count, float div, int32_t *tmp,
-                                       void *dst);
+typedef void (*zpp_isum_sum_finish_fn)(
+    const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2, int dtype, const void *own,
+    float *res1, float beta, const int8_t *uexp, const uint8_t *const *srcs,
+    int n, const uint8_t *const *srcs2, int n2, size_t count, float div,
+    int32_t *tmp, void *dst);
 
 typedef struct {
   zpp_isum_absmax_fn absmax;
@@ -148,8 +148,9 @@ void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
                             float *res, float beta, const uint32_t *amax,
                             const int8_t *uexp, size_t count, uint8_t *dst);
 void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
-                         const int8_t *uexp, const uint8_t *const *srcs, int n,
-                         size_t count, int32_t *out);
+                         float *res, float beta, const int8_t *uexp,
+                         const uint8_t *const *srcs, int n, size_t count,
+                         int32_t *out);
 void zpp_isum_requant_scalar(const zpp_qcfg_t *cfg2, const int32_t *in,
                              const int8_t *uexp, float *res, float beta,
                              size_t count, uint8_t *dst);
@@ -158,12 +159,13 @@ void zpp_isum_finish_scalar(const zpp_qcfg_t *cfg2, const int32_t *own,
                             int n, size_t count, float div, int dtype,
                             void *dst);
 void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                                 int dtype, const void *own, const int8_t *uexp,
-                                 const uint8_t *const *srcs, int n, float *res,
-                                 float beta, size_t count, int32_t *tmp,
-                                 uint8_t *dst);
+                                 int dtype, const void *own, float *res1,
+                                 const int8_t *uexp, const uint8_t *const *srcs,
+                                 int n, float *res, float beta, size_t count,
+                                 int32_t *tmp, uint8_t *dst);
 void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                                int dtype, const void *own, const int8_t *uexp,
+                                int dtype, const void *own, float *res1,
+                                float beta, const int8_t *uexp,
                                 const uint8_t *const *srcs, int n,
                                 const uint8_t *const *srcs2, int n2,
                                 size_t count, float div, int32_t *tmp,

@@ -462,7 +462,8 @@ static ZPP_QM_HD int zpp_qm_quantize_sr(float x, const zpp_qm_params_t *p,
  * integers. */
 
 /* Exponent byte of a block: all zero (no unit), non-finite (the block
- * decodes to NaN), or E in [ZPP_QM_UEXP_MIN, 119]. */
+ * decodes to NaN), or E in [ZPP_QM_UEXP_MIN, 118] (the largest finite
+ * absmax, just below 2^128, gives s < 2^128 / 7 <= 255 2^118). */
 #define ZPP_QM_UEXP_ZERO (-128)
 #define ZPP_QM_UEXP_NONFINITE 127
 #define ZPP_QM_UEXP_MIN (-126)
@@ -497,16 +498,17 @@ static ZPP_QM_HD int zpp_qm_unit_exp(uint32_t absmax_bits, int bits) {
 }
 
 /* Rank's multiplier of a block with agreed exponent E (its own exponent
- * <= E): clamp(rint(s 2^-E), 1, 255), s as above; 0 for an all-zero or
- * non-finite block.  s 2^-E <= 255 is exact, or rounds below 1/2. */
+ * <= E): max(ceil(s 2^-E), 1), s as above, so that the step m 2^E is at
+ * least s and no code clamps; 0 for an all-zero or non-finite block.
+ * s 2^-E <= 255 (s <= 255 2^E) is exact, or below 2^-126 (then m = 1). */
 static ZPP_QM_HD uint32_t zpp_qm_unit_mult(uint32_t absmax_bits, int bits,
                                            int e) {
   float v;
   if (absmax_bits == 0 || absmax_bits >= ZPP_QM_EXP_MASK ||
       e == ZPP_QM_UEXP_NONFINITE || e == ZPP_QM_UEXP_ZERO)
     return 0;
-  v = zpp_qm_rint_small(zpp_qm_sym_params(absmax_bits, bits).scale *
-                        zpp_qm_pow2(-e));
+  v = -zpp_qm_floor_small(
+      -(zpp_qm_sym_params(absmax_bits, bits).scale * zpp_qm_pow2(-e)));
   return v < 1.0f ? 1u : (v > 255.0f ? 255u : (uint32_t)v);
 }
 
@@ -541,7 +543,7 @@ static ZPP_QM_HD zpp_qm_params_t zpp_qm_unit_params(int e, uint32_t m,
   }
   p.kind = ZPP_QM_KIND_MUL;
   p.scale = (float)m * zpp_qm_pow2(e);
-  p.inv = (1.0f / (float)m) * zpp_qm_pow2(-e); /* e in [-126, 119] */
+  p.inv = (1.0f / (float)m) * zpp_qm_pow2(-e); /* e in [-126, 118] */
   return p;
 }
 

@@ -256,20 +256,27 @@ void zpp_isum_encode_scalar(const zpp_qcfg_t *cfg, int dtype, const void *src,
  * in, own) hold the elements from ob = b0 * block on (a tile), or from 0
  * (ob 0, the whole call). */
 static void isum_sum_rng(const zpp_qcfg_t *cfg, int dtype, const void *own,
-                         const int8_t *uexp, const uint8_t *const *srcs, int n,
-                         size_t count, size_t b0, size_t b1, size_t ob,
-                         int32_t *out) {
+                         float *res, float beta, const int8_t *uexp,
+                         const uint8_t *const *srcs, int n, size_t count,
+                         size_t b0, size_t b1, size_t ob, int32_t *out) {
   size_t b, i;
   size_t pb = zpp_qm_payload_bytes(cfg->block, cfg->bits);
   size_t cb = zpp_isum_code_bytes(cfg, count);
+  float omega = 1.0f - beta;
   int j;
   for (b = b0; b < b1; b++) {
     size_t off = b * cfg->block, len = blk_len(cfg, count, b);
+    float unit = zpp_qm_unit_value(uexp[b]);
     for (i = 0; i < len; i++) {
-      int32_t c = own != NULL
-                      ? zpp_qm_unit_own(zpp_qm_load(own, off + i, dtype),
-                                        uexp[b])
-                      : 0;
+      int32_t c = 0;
+      if (own != NULL) {
+        float x = zpp_qm_load(own, off + i, dtype);
+        if (res != NULL)
+          x = x + res[off + i];
+        c = zpp_qm_unit_own(x, uexp[b]);
+        if (res != NULL)
+          res[off + i] = zpp_qm_feedback(res[off + i], x, c, unit, beta, omega);
+      }
       for (j = 0; j < n; j++)
         c += (int32_t)srcs[j][cb + b] *
              isum_code(srcs[j] + b * pb, i, cfg->bits);
@@ -279,9 +286,10 @@ static void isum_sum_rng(const zpp_qcfg_t *cfg, int dtype, const void *own,
 }
 
 void zpp_isum_sum_scalar(const zpp_qcfg_t *cfg, int dtype, const void *own,
-                         const int8_t *uexp, const uint8_t *const *srcs, int n,
-                         size_t count, int32_t *out) {
-  isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, 0,
+                         float *res, float beta, const int8_t *uexp,
+                         const uint8_t *const *srcs, int n, size_t count,
+                         int32_t *out) {
+  isum_sum_rng(cfg, dtype, own, res, beta, uexp, srcs, n, count, 0,
                zpp_quant_nblocks(cfg, count), 0, out);
 }
 
@@ -383,23 +391,24 @@ size_t zpp_isum_tile(const zpp_qcfg_t *cfg, size_t count) {
 }
 
 void zpp_isum_sum_requant_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                                 int dtype, const void *own, const int8_t *uexp,
-                                 const uint8_t *const *srcs, int n, float *res,
-                                 float beta, size_t count, int32_t *tmp,
-                                 uint8_t *dst) {
+                                 int dtype, const void *own, float *res1,
+                                 const int8_t *uexp, const uint8_t *const *srcs,
+                                 int n, float *res, float beta, size_t count,
+                                 int32_t *tmp, uint8_t *dst) {
   size_t nb = zpp_quant_nblocks(cfg, count), tb = zpp_isum_tile_blocks(cfg);
   size_t b0, b1;
   for (b0 = 0; b0 < nb; b0 = b1) {
     b1 = nb - b0 < tb ? nb : b0 + tb;
-    isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, b0, b1, b0 * cfg->block,
-                 tmp);
+    isum_sum_rng(cfg, dtype, own, res1, beta, uexp, srcs, n, count, b0, b1,
+                 b0 * cfg->block, tmp);
     isum_requant_rng(cfg2, tmp, uexp, res, beta, count, b0, b1, b0 * cfg->block,
                      dst);
   }
 }
 
 void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
-                                int dtype, const void *own, const int8_t *uexp,
+                                int dtype, const void *own, float *res1,
+                                float beta, const int8_t *uexp,
                                 const uint8_t *const *srcs, int n,
                                 const uint8_t *const *srcs2, int n2,
                                 size_t count, float div, int32_t *tmp,
@@ -408,8 +417,8 @@ void zpp_isum_sum_finish_scalar(const zpp_qcfg_t *cfg, const zpp_qcfg_t *cfg2,
   size_t b0, b1;
   for (b0 = 0; b0 < nb; b0 = b1) {
     b1 = nb - b0 < tb ? nb : b0 + tb;
-    isum_sum_rng(cfg, dtype, own, uexp, srcs, n, count, b0, b1, b0 * cfg->block,
-                 tmp);
+    isum_sum_rng(cfg, dtype, own, res1, beta, uexp, srcs, n, count, b0, b1,
+                 b0 * cfg->block, tmp);
     isum_finish_rng(cfg2, tmp, uexp, srcs2, n2, count, b0, b1, b0 * cfg->block,
                     div, dtype, dst);
   }
