@@ -341,6 +341,8 @@ TEST(ErrorText, CommConfigAndCreation) {
        "zpp_comm_create: bs->rank 2: must be in [0, bs->size = 2)", false},
       {"zpp_get_unique_id", [] { return zpp_get_unique_id(nullptr); }, NUL,
        "zpp_get_unique_id: id is NULL", false},
+      {"zpp_release_unique_id", [] { return zpp_release_unique_id(nullptr); }, NUL,
+       "zpp_release_unique_id: id is NULL", false},
       {"zpp_comm_create_from_id",
        [] { return zpp_comm_create_from_id(nullptr, 2, 0, nullptr, &out); }, NUL,
        "zpp_comm_create_from_id: id is NULL", false},
@@ -371,7 +373,7 @@ TEST(ErrorText, CommConfigAndCreation) {
   setenv("WORLD_SIZE", "2", 1);
   check({{"zpp_comm_create_from_env", [] { return zpp_comm_create_from_env(nullptr, &out); }, INV,
           "zpp_comm_create_from_env: RANK is not set (torchrun sets MASTER_ADDR, MASTER_PORT, "
-          "RANK and WORLD_SIZE)", false}});
+          "RANK and WORLD_SIZE; srun sets SLURM_PROCID and SLURM_NTASKS)", false}});
   setenv("RANK", "x1", 1);
   check({{"zpp_comm_create_from_env", [] { return zpp_comm_create_from_env(nullptr, &out); }, INV,
           "zpp_comm_create_from_env: RANK \"x1\": must be a non-negative integer", false}});
