@@ -225,7 +225,7 @@ def installed(venv):
         r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", code], env=e,
                            cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            timeout=60)
-    except subprocess.TimeoutExpired:
+    except (OSError, subprocess.TimeoutExpired):  # no such venv, or stuck
         return False
     return r.returncode == 0
 
