@@ -27,6 +27,7 @@
 #include "kernels/isum_cuda.h"
 #include "kernels/quant_cpu.h"
 #include "kernels/quant_math.h"
+#include "isum_testdata.h"
 #include "zpp_cuda_emu.h"
 
 namespace {
@@ -65,27 +66,10 @@ struct Dev {
   Dev &operator=(const Dev &) = delete;
 };
 
-// Elements stored as dtype: per block a random magnitude 2^k; some blocks
-// all zero, some with +-Inf or NaN, some with an element at -magnitude.
+// Elements stored as dtype (tests/isum_testdata.h).
 void fill_input(std::mt19937_64 &rng, int dt, size_t count, size_t block,
                 uint8_t *v) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-12, 12), pick(0, 15);
-  for (size_t off = 0; off < count; off += block) {
-    size_t len = std::min(block, count - off);
-    int kind = pick(rng);
-    float mag = std::ldexp(1.0f, ex(rng));
-    for (size_t i = 0; i < len; i++) {
-      float x = kind == 0 ? 0.0f : u(rng) * mag;
-      if (kind == 1 && i == len / 2)
-        x = (rng() & 1) ? INFINITY : -INFINITY;
-      if (kind == 2 && i == len / 3)
-        x = NAN;
-      if (kind == 3 && i == 0)
-        x = -mag;
-      zpp_qm_store(v, off + i, dt, x);
-    }
-  }
+  isum_fill_input(rng, dt, count, block, v);
 }
 
 // Residuals around a unit 2^-8 of the data's order, a few NaN and a few

@@ -21,6 +21,8 @@ extern "C" {
 #include "kernels/quant_math.h"
 }
 
+#include "isum_testdata.h"
+
 namespace {
 
 uint64_t test_seed() {
@@ -53,28 +55,11 @@ struct Shape {
 const Shape kShapes[] = {{1, 256},  {15, 16},   {37, 7},     {250, 33},
                          {517, 32}, {1000, 64}, {2063, 256}, {4099, 100}};
 
-// Input elements stored as `dtype`: per block a random magnitude 2^k, some
-// blocks all zero, some holding +-Inf or NaN, some element at +-absmax.
+// Input elements stored as `dtype` (tests/isum_testdata.h).
 std::vector<uint8_t> make_input(std::mt19937_64 &rng, int dtype, size_t count,
                                 size_t block) {
   std::vector<uint8_t> v(count * zpp_qm_dtype_bytes(dtype));
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-12, 12), pick(0, 15);
-  for (size_t off = 0; off < count; off += block) {
-    size_t len = std::min(block, count - off);
-    int kind = pick(rng);
-    float mag = std::ldexp(1.0f, ex(rng));
-    for (size_t i = 0; i < len; i++) {
-      float x = kind == 0 ? 0.0f : u(rng) * mag;
-      if (kind == 1 && i == len / 2)
-        x = (rng() & 1) ? INFINITY : -INFINITY;
-      if (kind == 2 && i == len / 3)
-        x = NAN;
-      if (kind == 3 && i == 0)
-        x = -mag;
-      zpp_qm_store(v.data(), off + i, dtype, x);
-    }
-  }
+  isum_fill_input(rng, dtype, count, block, v.data());
   return v;
 }
 
