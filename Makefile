@@ -116,8 +116,10 @@ emu: deps
 test-emu: emu
 	cd $(EMU_BUILD) && ctest --output-on-failure -L emu
 
+# Single-process tests two at a time; those with several ranks or a
+# bootstrap port run alone (RUN_SERIAL, set at the end of tests/CMakeLists.txt).
 test-unit: build
-	cd $(BUILD) && ctest --output-on-failure
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 # The sanitizers' settings of both ASan targets (see test-asan-mpi: some
 # unit tests also start programs under mpirun).  intercept_tls_get_addr=0:
