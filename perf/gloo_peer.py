@@ -5,7 +5,8 @@ interleaved.  Started by mpirun (one process per rank); rank 0 prints the
 CSV rows on stdout.
 
     mpirun -np W python perf/gloo_peer.py --sizes 64K,256K --reps 5
-        [--label LAYOUT,RATE] [--header] [--seed S]
+        [--label LAYOUT,RATE] [--header] [--seed S] [--colls allgather,reducescatter]
+    python perf/gloo_peer.py --print-header     the CSV header alone
 
 Per size (bytes of the FULL gathered / reduced tensor in bf16, N = size / 2
 elements; the fp32 rows carry the same N values, twice the bytes) and
@@ -87,6 +88,11 @@ def size_bytes(text: str) -> int:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="gloo_peer.py", description=__doc__.split("\n\n")[0])
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv == ["--print-header"]:  # (no MPI, no torch: for the study's CSV)
+        print(HEADER)
+        sys.exit(0)
     ap.add_argument("--sizes", required=True,
                     help="comma list of full-tensor sizes in bytes of bf16 (K, M, G)")
     ap.add_argument("--reps", type=int, default=5)
