@@ -15,7 +15,6 @@ cluster (perf/gloo_peer_study.sh runs them on one):
 Seed: ZPP_TEST_SEED (default 20261207), printed.
 """
 
-import csv
 import importlib.util
 import os
 import statistics
