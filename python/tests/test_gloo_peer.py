@@ -1,0 +1,239 @@
+"""perf/gloo_peer.py's checks and perf/gloo_peer_table.py, without a
+cluster (perf/gloo_peer_study.sh runs them on one):
+
+- every check of the worker passes the output it defines and fails one
+  made wrong: an exact all-gather with one bit flipped; qwZ INT8 outputs
+  from zpp.quant (pass) and with their error tripled (fail); the bf16
+  reduce-scatter in the documented order computed here with torch's fp32
+  and bf16 (pass), with one bit flipped or summed in another order (fail);
+  gloo's mean (pass) with one element moved by 1 (fail); qgZ's two
+  stages simulated with zpp.quant (pass), one element moved by 100 (fail);
+- the table from a CSV of random times: every median, paired ratio, link
+  bound and wrong count recomputed here; a CSV with other columns is
+  refused (exit 2).
+
+Seed: ZPP_TEST_SEED (default 20261207), printed.
+"""
+
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+
+import zpp
+
+SEED = int(os.environ.get("ZPP_TEST_SEED", "20261207"))
+TABLE = ROOT / "perf" / "gloo_peer_table.py"
+
+
+def _worker():
+    spec = importlib.util.spec_from_file_location("gloo_peer", ROOT / "perf" / "gloo_peer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gp = _worker()
+
+
+@pytest.fixture
+def rng():
+    print("seed %d" % SEED)
+    return np.random.default_rng(SEED)
+
+
+def bf16(a):
+    return torch.from_numpy(np.asarray(a, dtype=np.float32)).to(torch.bfloat16)
+
+
+def flip_low_bit(t, i):
+    t = t.clone()
+    v = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+    v[i] ^= 1
+    return t
+
+
+def test_allgather_exact_and_qwz8(rng):
+    w, m = 4, 1000  # m: not a multiple of the block, a short last block
+    shards = [bf16(rng.standard_normal(m) * 10.0 ** rng.integers(-3, 3)) for _ in range(w)]
+    out = torch.cat(shards)
+    for variant, o in (("gloo-bf16", out), ("gloo-fp32", out.float())):
+        chk = gp.Check()
+        gp.check_allgather(variant, o, shards, chk)
+        assert (chk.wrong, chk.checked) == (0, w * m)
+        chk = gp.Check()
+        gp.check_allgather(variant, flip_low_bit(o, 2 * m + 7), shards, chk)
+        assert chk.wrong == 1
+    q = torch.cat([zpp.quant.decode(zpp.quant.encode(s, bits=8, block=gp.BLOCK), m,
+                                    dtype=torch.bfloat16, bits=8, block=gp.BLOCK)
+                   for s in shards])
+    chk = gp.Check()
+    gp.check_allgather("zpp-qwz8", q, shards, chk)
+    assert chk.wrong == 0 and chk.max_err > 0
+    x = torch.cat(shards).double()
+    worse = (x + 3 * (q.double() - x)).to(torch.bfloat16)
+    chk = gp.Check()
+    gp.check_allgather("zpp-qwz8", worse, shards, chk)
+    assert chk.wrong > 0
+
+
+def documented_rs(parts, node_of, hier):
+    """zpp_reduce_scatter's MEAN in bf16 (docs/collectives.md), with torch."""
+    w = len(parts)
+    acc = None
+    for k in (sorted(set(node_of)) if hier else [None]):
+        part = None
+        for r in range(w):
+            if hier and node_of[r] != k:
+                continue
+            x = parts[r].float()
+            part = x.clone() if part is None else part + x
+        if hier:
+            part = part.to(torch.bfloat16).float()
+        acc = part if acc is None else acc + part
+    return (acc / torch.tensor(float(w))).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("hier", [True, False])
+def test_rs_bf16_documented_order(rng, hier):
+    node_of, m = [0, 0, 1, 1], 4096
+    parts = [bf16(rng.standard_normal(m)) for _ in node_of]
+    xs32 = [p.float().numpy() for p in parts]
+    out = documented_rs(parts, node_of, hier)
+    chk = gp.Check()
+    gp.check_rs_zpp_bf16(out, xs32, node_of, hier, chk)
+    assert (chk.wrong, chk.checked) == (0, m)
+    chk = gp.Check()
+    gp.check_rs_zpp_bf16(flip_low_bit(out, 99), xs32, node_of, hier, chk)
+    assert chk.wrong == 1
+    chk = gp.Check()  # the other order: differs somewhere in 4096 elements
+    gp.check_rs_zpp_bf16(documented_rs(parts, node_of, not hier), xs32, node_of, hier, chk)
+    assert chk.wrong > 0
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+def test_rs_gloo_bound(rng, fp32):
+    w, m = 4, 3000
+    parts = [bf16(rng.standard_normal(m)) for _ in range(w)]
+    xs = [p.double().numpy() for p in parts]
+    mean = torch.from_numpy(sum(xs) / w).to(torch.float32 if fp32 else torch.bfloat16)
+    chk = gp.Check()
+    gp.check_rs_gloo(mean, xs, 1, False, fp32, chk)
+    assert (chk.wrong, chk.checked) == (0, m)
+    bad = mean.clone()
+    bad[17] += 1.0
+    chk = gp.Check()
+    gp.check_rs_gloo(bad, xs, 1, False, fp32, chk)
+    assert chk.wrong == 1
+
+
+def test_rs_qgz_two_stage_bound(rng):
+    """qgZ's two stages simulated with zpp.quant on 2 nodes x 2: my
+    (rank 0's) slice; stage 1 quantizes the ranks of the other local rank,
+    stage 2 the other node's fp32 partial."""
+    node_of, me, m = [0, 0, 1, 1], 0, 2000
+    parts = [bf16(rng.standard_normal(m) * 10.0 ** rng.integers(-2, 2)) for _ in node_of]
+    xs = [p.double().numpy() for p in parts]
+
+    def q4(t):
+        return zpp.quant.decode(zpp.quant.encode(t, bits=4, block=gp.BLOCK), t.numel(),
+                                bits=4, block=gp.BLOCK)
+
+    local = [0, 1, 0, 1]
+    stage1 = [q4(p) if local[r] != local[me] else p.float() for r, p in enumerate(parts)]
+    p0 = stage1[0] + stage1[1]
+    p1 = q4(stage1[2] + stage1[3])
+    out = ((p0 + p1) / torch.tensor(4.0)).to(torch.bfloat16)
+    chk = gp.Check()
+    gp.check_rs_qgz(out, xs, node_of, me, 4, 4, chk)
+    assert chk.wrong == 0 and chk.max_err > 0
+    out[5] += 100.0  # (inputs up to 10x normal: INT4 bounds of several units)
+    chk = gp.Check()
+    gp.check_rs_qgz(out, xs, node_of, me, 4, 4, chk)
+    assert chk.wrong == 1
+
+
+def cells_of(md):
+    rows = {}
+    block = None
+    for line in md.splitlines():
+        if line.startswith("#### "):
+            block = line.split()[1]
+        if line.startswith("| ") and ("KiB" in line or "MiB" in line):
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            rows[(block, c[0], c[1], c[2])] = c[3:]
+    return rows
+
+
+def test_table_from_random_csv(rng, tmp_path):
+    blocks = [("2x2", "1600mbit", 2), ("2x4", "none", 2)]
+    sizes = [(65536, "64 KiB"), (4 << 20, "4 MiB")]
+    variants = {"allgather": ["gloo-bf16", "zpp-bf16", "gloo-fp32", "zpp-qwz8"],
+                "reducescatter": ["gloo-bf16", "zpp-bf16", "gloo-fp32", "zpp-qgz4"]}
+    reps = 5
+    t, link, wrong = {}, {}, {}
+    lines = [gp.HEADER]
+    for layout, rate, nodes in blocks:
+        w = 2 * int(layout[2:])
+        for size, _ in sizes:
+            for coll, vs in variants.items():
+                for v in vs:  # zpp's link bytes: one count per variant and size
+                    link[(layout, size, coll, v)] = ("" if v.startswith("gloo")
+                                                     else str(int(rng.integers(1, 1 << 24))))
+                for rep in range(1, reps + 1):
+                    for v in vs:
+                        us = float("%.1f" % rng.uniform(500, 90000))
+                        key = (layout, size, coll, v)
+                        t.setdefault(key, {})[rep] = us
+                        bad = int(rep == 3 and v == "zpp-qgz4" and size == 65536)
+                        wrong[key] = wrong.get(key, 0) + bad
+                        lines.append(",".join(map(str, (
+                            layout, rate, coll, v, "impl", "call x=1",
+                            "fp32" if v.endswith("fp32") else "bf16", size, size // 2, w,
+                            nodes, rep, us, bad, 10, 0.5, link[key]))))
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.md"
+    subprocess.run([sys.executable, str(TABLE), str(src), str(out)], check=True)
+    got = cells_of(out.read_text())
+    assert len(got) == len(blocks) * len(sizes) * 8
+    rates = {"1600mbit": 1.6e9, "none": None}
+    for layout, rate, nodes in blocks:
+        for size, name in sizes:
+            for coll, vs in variants.items():
+                for v in vs:
+                    key = (layout, size, coll, v)
+                    c = got[(layout, name, coll, v)]
+                    med = statistics.median(t[key].values()) / 1e3
+                    assert float(c[0]) == pytest.approx(med, rel=6e-3), (key, c)
+                    for i, ref in ((2, "gloo-bf16"), (3, "gloo-fp32")):
+                        if v == ref:
+                            assert c[i] == "-"
+                            continue
+                        base = t[(layout, size, coll, ref)]
+                        ratio = statistics.median(t[key][k] / base[k] for k in base)
+                        assert float(c[i]) == pytest.approx(ratio, abs=0.0051), (key, i, c)
+                    if rates[rate] is None:
+                        assert c[4:6] == ["-", "-"]
+                    else:
+                        nbytes = (size // 2) * (nodes - 1) / nodes * (4 if v.endswith("fp32")
+                                                                      else 2)
+                        b = nbytes * 8 / rates[rate] * 1e3
+                        assert float(c[4]) == pytest.approx(b, rel=6e-3), (key, c)
+                        assert float(c[5]) == pytest.approx(med / b, abs=0.0051, rel=3e-3)
+                    if v.startswith("gloo"):
+                        assert c[6] == "-"
+                    else:
+                        assert float(c[6]) == pytest.approx(int(link[key]) / 1e6, abs=0.0051)
+                    assert int(c[7]) == wrong[key]
+    src.write_text("layout,rate,coll\n2x2,none,allgather\n")
+    p = subprocess.run([sys.executable, str(TABLE), str(src), str(out)], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and "columns" in p.stderr
