@@ -9,6 +9,9 @@
  * input and output buffers, MPI_BYTE; not in the default list).
  * Size: the bytes of one rank's shard in the data dtype; count = size /
  * dtype size elements per rank; the output holds world * count elements.
+ * mpi-han, mpi-best: the same MPI_Allgather on a communicator served by
+ * HAN, or by each of tuned's algorithms in turn, the fastest named in the
+ * row (perf/bench_mpi_peers.c).
  */
 #include "zpp_bench_common.h"
 
@@ -44,12 +47,18 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->bits = tok[3] - '0';
     return 0;
   }
-  if (strcmp(tok, "mpi") == 0) {
+  if (strcmp(tok, "mpi") == 0 || strcmp(tok, "mpi-han") == 0 ||
+      strcmp(tok, "mpi-best") == 0) {
     v->kind = AG_MPI;
     v->foreign = 1;
+    v->peer = tok[3] == '\0'   ? ZPP_BENCH_PEER_DEFAULT
+              : tok[4] == 'h' ? ZPP_BENCH_PEER_HAN
+                              : ZPP_BENCH_PEER_BEST;
     return 0;
   }
-  snprintf(err, errlen, "must be %s (baseline), %s-flat, qwz8, qwz4 or mpi",
+  snprintf(err, errlen,
+           "must be %s (baseline), %s-flat, qwz8, qwz4, mpi, mpi-han or "
+           "mpi-best",
            zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
@@ -81,7 +90,7 @@ static double ag_busbw_factor(int world) { return (double)(world - 1) / world; }
 
 static zpp_status_t ag_setup(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   c->state = NULL;
-  return c->v->kind == AG_MPI ? zpp_bench_mpi_setup(ctx) : ZPP_OK;
+  return c->v->kind == AG_MPI ? zpp_bench_mpi_case_setup(ctx, c) : ZPP_OK;
 }
 
 static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
@@ -91,8 +100,7 @@ static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
     return zpp_allgather(c->v->flat ? ctx->comm_flat : ctx->comm, c->in->dev,
                          c->out->dev, c->count, o->dtype, NULL, NULL);
   if (c->v->kind == AG_MPI)
-    return zpp_bench_mpi_allgather(ctx, c->in->host, c->out->host,
-                                   c->count * zpp_dtype_size(o->dtype));
+    return zpp_bench_mpi_allgather(ctx, c, c->count * zpp_dtype_size(o->dtype));
   q.bits = c->v->bits;
   q.block_size = o->block;
   return zpp_qwz_allgather(ctx->comm, &q, c->in->dev, c->out->dev, c->count,
@@ -158,8 +166,9 @@ const zpp_bench_coll_t zpp_bench_allgather = {
     "<dtype> (zpp_allgather, the baseline), <dtype>-flat (zpp_allgather "
     "with the flat ring, ZPP_ALGORITHM_FLAT), qwz8, qwz4 (zpp_qwz_allgather, "
     "symmetric INT8/INT4, --block elements per scale), mpi (Open MPI's "
-    "MPI_Allgather on the same buffers)",
-    "baseline and mpi: bitwise equal to every rank's input; qwzN: |out - in| "
+    "MPI_Allgather on the same buffers), mpi-han (the same, HAN), "
+    "mpi-best (the same, the fastest algorithm of tuned)",
+    "baseline and mpi*: bitwise equal to every rank's input; qwzN: |out - in| "
     "within the per-element bound of docs/format.md for the input block",
     ag_default_variants,
     ag_parse_variant,

@@ -9,7 +9,10 @@
  * (INT8 both), qgzA-B (A bits inside the node, B across: qgz8-4 is the
  * ZeRO++ setting; A = 16: ZPP_QGZ_INTRA_RAW, the dtype inside the node,
  * not quantized), mpi (Open MPI's own MPI_Reduce_scatter_block on the same
- * buffers: zpp_bench_mpi_reduce_scatter; not in the default list).
+ * buffers: zpp_bench_mpi_reduce_scatter; not in the default list), mpi-han
+ * and mpi-best (the same on a communicator with HAN on top, which has no
+ * reduce_scatter_block in Open MPI 4.1, or with each algorithm of tuned in
+ * turn, the fastest named in the row: perf/bench_mpi_peers.c).
  * Size: the bytes of one rank's INPUT in the data dtype; count = size /
  * dtype size / world elements per rank in the output.
  */
@@ -38,9 +41,13 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->kind = RS_BASE;
     return 0;
   }
-  if (strcmp(tok, "mpi") == 0) {
+  if (strcmp(tok, "mpi") == 0 || strcmp(tok, "mpi-han") == 0 ||
+      strcmp(tok, "mpi-best") == 0) {
     v->kind = RS_MPI;
     v->foreign = 1;
+    v->peer = tok[3] == '\0'   ? ZPP_BENCH_PEER_DEFAULT
+              : tok[4] == 'h' ? ZPP_BENCH_PEER_HAN
+                              : ZPP_BENCH_PEER_BEST;
     return 0;
   }
   if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
@@ -65,7 +72,7 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
   snprintf(err, errlen,
            "must be %s (baseline), %s-flat, qgz4, qgz8, qgzA-B with A in "
            "{4, 8, 16} and B in {4, 8} (A bits inside the node, 16: not "
-           "quantized; B across nodes), or mpi",
+           "quantized; B across nodes), mpi, mpi-han or mpi-best",
            zpp_dtype_name(dtype), zpp_dtype_name(dtype));
   return -1;
 }
@@ -96,7 +103,7 @@ static double rs_busbw_factor(int world) { return (double)(world - 1) / world; }
 
 static zpp_status_t rs_setup(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   c->state = NULL;
-  return c->v->kind == RS_MPI ? zpp_bench_mpi_setup(ctx) : ZPP_OK;
+  return c->v->kind == RS_MPI ? zpp_bench_mpi_case_setup(ctx, c) : ZPP_OK;
 }
 
 static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
@@ -107,8 +114,7 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
                               c->in->dev, c->out->dev, c->count, o->dtype,
                               o->op, NULL, NULL);
   if (c->v->kind == RS_MPI)
-    return zpp_bench_mpi_reduce_scatter(ctx, c->in->host, c->out->host,
-                                        c->count, o->dtype, o->op);
+    return zpp_bench_mpi_reduce_scatter(ctx, c, o->dtype, o->op);
   q.intra_bits = c->v->bits;
   q.inter_bits = c->v->bits2;
   q.block_size = o->block;
@@ -312,14 +318,16 @@ const zpp_bench_coll_t zpp_bench_reducescatter = {
     "ZPP_QGZ_INTRA_RAW), B across nodes, "
     "symmetric, --block elements per scale, no error feedback), mpi (Open "
     "MPI's MPI_Reduce_scatter_block on the same buffers; 16-bit dtypes with "
-    "a user-defined sum that rounds each partial sum to the dtype)",
+    "a user-defined sum that rounds each partial sum to the dtype), mpi-han "
+    "(the same, HAN on top), mpi-best (the same, the fastest algorithm of "
+    "tuned)",
     "baseline: bitwise equal to the documented order (flat: the fp32 sum in "
     "rank order rounded once; hierarchical: each node's sum rounded to the "
     "dtype (fp16: fp32), then summed in node order and rounded once; MEAN: the fp32 sum / "
     "world, rounded once); qgz: |out - float64 "
     "sum| within the two-stage bound of docs/collectives.md (block scales "
     "of every rank's input but the collector's own, which is not "
-    "quantized) plus the output rounding; mpi: |out - float64 "
+    "quantized) plus the output rounding; mpi*: |out - float64 "
     "sum| <= gamma_{w-1} sum |x| for any summation order (u per addition: "
     "fp32 2^-24, fp16 2^-11, bf16 2^-8 + 2^-24)",
     rs_default_variants,

@@ -96,7 +96,9 @@ smallest() { [ "$maxb" -lt "$(bytes_of "$1")" ] && echo "$maxbytes" || echo "$1"
 size_runs+=("-b 64K -e $(smallest 256K) -n $small_iters -w 5")
 [ "$maxb" -ge $((1 << 20)) ] && size_runs+=("-b 1M -e $(smallest 4M) -n $mid_iters -w 2")
 [ "$maxb" -ge $((16 << 20)) ] && size_runs+=("-b 16M -e $maxbytes -n $iters -w 1")
-declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi)
+# mpi-han, mpi-best: Open MPI's HAN and the fastest of tuned's algorithms
+# per size (perf/bench_mpi_peers.c), beside its default selection (mpi).
+declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi,mpi-han,mpi-best [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi,mpi-han,mpi-best)
 declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 # zpp over its UCX backend on the same links (UCX's TCP between the nodes,
 # shared memory inside one): rows named ucx-<variant>.

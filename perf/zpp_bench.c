@@ -23,7 +23,9 @@
  * time_min_us and time_max_us are the median, min and max over the timed
  * iterations of each iteration's MAX over ranks (the spread a shared machine
  * or a shaped TCP link puts on single calls).  --variant mpi runs Open
- * MPI's own MPI_Allgather / MPI_Reduce_scatter_block on the same buffers.  The byte columns come
+ * MPI's own MPI_Allgather / MPI_Reduce_scatter_block on the same buffers;
+ * mpi-han and mpi-best the same with HAN, and with the fastest of tuned's
+ * algorithms, each selection verified (perf/bench_mpi_peers.c).  The byte columns come
  * from zpp_comm_get_stats around the first timed call; the check (-c 1)
  * looks at that call's output (the output buffer is poisoned with NaN
  * bytes before it).  Exit status: 0 all good, 1 a check found wrong
@@ -393,7 +395,7 @@ static zpp_status_t mpi_fail(const char *call, int err) {
   return ZPP_ERR_MPI;
 }
 
-zpp_status_t zpp_bench_mpi_setup(const zpp_bench_ctx_t *ctx) {
+static zpp_status_t mpi_setup(const zpp_bench_ctx_t *ctx) {
   int e;
   const char *why = zpp_bench_mpi_check(ctx);
   if (why != NULL) {
@@ -412,8 +414,39 @@ zpp_status_t zpp_bench_mpi_setup(const zpp_bench_ctx_t *ctx) {
   return e == MPI_SUCCESS ? ZPP_OK : mpi_fail("MPI_Op_create", e);
 }
 
+/* The MPI type and op of a reduce-scatter of dtype (zpp_bench_mpi_reduce_
+ * scatter). */
+static void mpi_rs_type(zpp_dtype_t dt, MPI_Datatype *type, MPI_Op *op) {
+  *type = dt == ZPP_FLOAT32 ? MPI_FLOAT : MPI_UINT16_T;
+  *op = dt == ZPP_FLOAT32    ? MPI_SUM
+        : dt == ZPP_BFLOAT16 ? g_mpi_sum16[0]
+                             : g_mpi_sum16[1];
+}
+
+zpp_status_t zpp_bench_mpi_case_setup(const zpp_bench_ctx_t *ctx,
+                                      zpp_bench_case_t *c) {
+  MPI_Datatype type = MPI_BYTE;
+  MPI_Op op = MPI_OP_NULL;
+  size_t n = c->count;
+  void *comm = NULL;
+  zpp_status_t st = mpi_setup(ctx);
+  if (st != ZPP_OK)
+    return st;
+  if (ctx->opt->coll != NULL && strcmp(ctx->opt->coll, "reducescatter") == 0)
+    mpi_rs_type(ctx->opt->dtype, &type, &op);
+  else
+    n = c->count * zpp_dtype_size(ctx->opt->dtype); /* MPI_BYTE, as run */
+  if (n > (size_t)INT_MAX)
+    return ZPP_ERR_OVERFLOW;
+  st = zpp_bench_mpi_peer_setup(ctx, c, &g_mpi_comm, &type, &op, (int)n,
+                                &comm);
+  c->state = comm;
+  return st;
+}
+
 static void mpi_teardown(void) {
   int i;
+  zpp_bench_mpi_peers_teardown();
   for (i = 0; i < 2; i++)
     if (g_mpi_sum16[i] != MPI_OP_NULL)
       MPI_Op_free(&g_mpi_sum16[i]);
@@ -422,7 +455,8 @@ static void mpi_teardown(void) {
 }
 
 zpp_status_t zpp_bench_mpi_allgather(const zpp_bench_ctx_t *ctx,
-                                     const void *in, void *out, size_t bytes) {
+                                     const zpp_bench_case_t *c, size_t bytes) {
+  MPI_Comm comm = c->state != NULL ? *(MPI_Comm *)c->state : g_mpi_comm;
   int e;
   (void)ctx;
   if (bytes > (size_t)INT_MAX) {
@@ -430,27 +464,28 @@ zpp_status_t zpp_bench_mpi_allgather(const zpp_bench_ctx_t *ctx,
                     "than INT_MAX\n", g_rank, bytes);
     return ZPP_ERR_OVERFLOW;
   }
-  e = MPI_Allgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE,
-                    g_mpi_comm);
+  e = MPI_Allgather(c->in->host, (int)bytes, MPI_BYTE, c->out->host,
+                    (int)bytes, MPI_BYTE, comm);
   return e == MPI_SUCCESS ? ZPP_OK : mpi_fail("MPI_Allgather", e);
 }
 
 zpp_status_t zpp_bench_mpi_reduce_scatter(const zpp_bench_ctx_t *ctx,
-                                          const void *in, void *out,
-                                          size_t count, zpp_dtype_t dt,
-                                          zpp_redop_t op) {
-  MPI_Datatype type = dt == ZPP_FLOAT32 ? MPI_FLOAT : MPI_UINT16_T;
-  MPI_Op mop = dt == ZPP_FLOAT32    ? MPI_SUM
-               : dt == ZPP_BFLOAT16 ? g_mpi_sum16[0]
-                                    : g_mpi_sum16[1];
-  size_t i;
+                                          const zpp_bench_case_t *c,
+                                          zpp_dtype_t dt, zpp_redop_t op) {
+  MPI_Comm comm = c->state != NULL ? *(MPI_Comm *)c->state : g_mpi_comm;
+  MPI_Datatype type;
+  MPI_Op mop;
+  size_t i, count = c->count;
+  void *out = c->out->host;
   int e;
+  mpi_rs_type(dt, &type, &mop);
   if (count > (size_t)INT_MAX) {
     fprintf(stderr, "zpp-bench: rank %d: MPI_Reduce_scatter_block of %zu "
                     "elements: more than INT_MAX\n", g_rank, count);
     return ZPP_ERR_OVERFLOW;
   }
-  e = MPI_Reduce_scatter_block(in, out, (int)count, type, mop, g_mpi_comm);
+  e = MPI_Reduce_scatter_block(c->in->host, out, (int)count, type, mop,
+                               comm);
   if (e != MPI_SUCCESS)
     return mpi_fail("MPI_Reduce_scatter_block", e);
   if (op == ZPP_OP_MEAN) {
@@ -876,7 +911,7 @@ static int parse_variants(const zpp_bench_coll_t *coll,
 /* ---- output -------------------------------------------------------------- */
 
 typedef struct {
-  const char *variant;
+  char variant[48];
   size_t size, count;
   double time_us, algbw, busbw;
   double intra_bytes, inter_bytes; /* sent per rank, mean over ranks */
@@ -925,6 +960,7 @@ typedef struct {
   const zpp_bench_ctx_t *ctx;
   const zpp_bench_variant_t *v;
   int nv, added_baseline, has_mpi;
+  const char *peers; /* how mpi-han / mpi-best were selected, or "" */
   const char *backend, *topo, *bootstrap;
   int any_flat; /* a "-flat" variant runs on a second communicator */
   int topo_emulated, link_emulated, bytes_derived;
@@ -1013,6 +1049,12 @@ static void header_texts(const header_t *h, char lines[][800],
                 "collective moves its bytes through this machine's transport, "
                 "which zpp's emulation does not slow, so their time and ratio "
                 "are not a comparison on the same link");
+  if (h->has_mpi)
+    LINE("peers",
+         "Open MPI peers (each row's serving function is named per size in "
+         "a '# served' or '# mpi-best' line): mpi: Open MPI's default "
+         "selection. %s",
+         h->peers);
   LINE("algorithm",
        "algorithm: %s%s",
        h->ctx->hier
@@ -1072,8 +1114,8 @@ static void header_texts(const header_t *h, char lines[][800],
 }
 
 static void print_header(header_t *h, FILE *f) {
-  char lines[20][800];
-  const char *keys[20];
+  char lines[24][800];
+  const char *keys[24];
   int n, i;
   header_texts(h, lines, keys, &n);
   if (h->o->format != ZPP_BENCH_JSON) {
@@ -1361,7 +1403,8 @@ static void tc_end(const zpp_bench_coll_t *coll, const zpp_bench_ctx_t *ctx,
   sum[1] = h_u64(sent[1], H_SUM);
   inter_max = h_u64(sent[1], H_MAX);
   row->inter_node_max = node_max(ctx, sent[1]);
-  row->variant = c->v->name;
+  snprintf(row->variant, sizeof row->variant, "%s",
+           c->label[0] ? c->label : c->v->name);
   row->size = c->bytes;
   row->count = c->count;
   row->time_us = tmax * 1e6;
@@ -1515,6 +1558,23 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   h.gbit = stats.emu_gbit;
   h.lat_us = stats.emu_lat_us;
   host_info(&h);
+  h.peers = "";
+  if (h.has_mpi) {
+    static char peers[1600];
+    zpp_status_t st = zpp_bench_mpi_peers_init(
+        &ctx, v, nv, coll == &zpp_bench_reducescatter, peers, sizeof peers);
+    if (agree(st) != ZPP_OK) {
+      if (ctx.rank == 0)
+        fprintf(stderr, "zpp-bench: the Open MPI peers cannot be selected "
+                        "as asked (each rank printed why)\n");
+      zpp_comm_destroy(ctx.comm_flat);
+      free(ctx.node_of);
+      free(ctx.local_of);
+      free(h.node_sizes);
+      return EXIT_ZPP;
+    }
+    h.peers = peers;
+  }
   if (ctx.rank == 0)
     print_header(&h, out);
 
@@ -1619,6 +1679,12 @@ int main(int argc, char **argv) {
         env_set("RANK") != NULL ? env_set("RANK") : env_set("SLURM_PROCID");
     g_rank = r != NULL ? atoi(r) : 0;
   } else {
+    /* mpi-best forces tuned's algorithms, which tuned reads only with
+     * dynamic rules on: a variable that cannot be written after MPI_Init
+     * (perf/bench_mpi_peers.c).  The environment's own setting wins. */
+    for (i = 1; i < argc; i++)
+      if (strstr(argv[i], "mpi-best") != NULL)
+        setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
     /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
      * thread while this thread computes (it never calls MPI meanwhile). */
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);

@@ -81,7 +81,17 @@ typedef struct {
   int foreign;  /* 1: not zpp's (Open MPI's own collective): zpp counts
                  * none of its bytes */
   int flat;     /* runs on ctx->comm_flat (the "-flat" baselines) */
+  int peer;     /* foreign: ZPP_BENCH_PEER_* (which Open MPI selection) */
 } zpp_bench_variant_t;
+
+/* The Open MPI peers (perf/bench_mpi_peers.c): mpi, Open MPI's default
+ * selection; mpi-han, the HAN component; mpi-best, the fastest algorithm
+ * of the tuned component at each size. */
+enum {
+  ZPP_BENCH_PEER_DEFAULT = 0,
+  ZPP_BENCH_PEER_HAN = 1,
+  ZPP_BENCH_PEER_BEST = 2
+};
 
 /* One (size, variant) run: the harness owns in/out, the collective owns
  * state (handles, extra buffers). */
@@ -91,6 +101,7 @@ typedef struct {
   size_t bytes; /* the size column: see coll->size_help */
   zpp_bench_buf_t *in, *out;
   void *state;
+  char label[48]; /* the row's variant name when not v->name (setup) */
 } zpp_bench_case_t;
 
 /* Result of a rank's check of its own output. */
@@ -188,25 +199,45 @@ void zpp_bench_check_gathered(const zpp_bench_ctx_t *ctx,
                               const void *equal, zpp_bench_check_t *chk);
 
 /* ---- Open MPI's own collectives, the "mpi" variants (perf/zpp_bench.c) ---
- * On MPI_COMM_WORLD's duplicate (errors return), so world rank r is zpp's
- * rank r and the outputs are laid out as zpp's.  Available under the MPI
- * bootstrap and host memory only: zpp_bench_mpi_check says why not (NULL:
- * available).  Setup (collective: every rank calls it at the same point)
- * duplicates the communicator on first use. */
+ * mpi on MPI_COMM_WORLD's duplicate, mpi-han and mpi-best on duplicates of
+ * their own (perf/bench_mpi_peers.c), errors return, so world rank r is
+ * zpp's rank r and the outputs are laid out as zpp's.  Available under the
+ * MPI bootstrap and host memory only: zpp_bench_mpi_check says why not
+ * (NULL: available).  zpp_bench_mpi_case_setup (collective: every rank
+ * calls it at the same point) duplicates the communicator on first use,
+ * probes one call on the case's buffers to name (mpi) or verify (mpi-han,
+ * mpi-best) what serves it, and points c->state at the communicator. */
 const char *zpp_bench_mpi_check(const zpp_bench_ctx_t *ctx);
-zpp_status_t zpp_bench_mpi_setup(const zpp_bench_ctx_t *ctx);
-/* MPI_Allgather of `bytes` per rank (MPI_BYTE). */
+zpp_status_t zpp_bench_mpi_case_setup(const zpp_bench_ctx_t *ctx,
+                                      zpp_bench_case_t *c);
+/* MPI_Allgather of `bytes` per rank (MPI_BYTE) on c's communicator. */
 zpp_status_t zpp_bench_mpi_allgather(const zpp_bench_ctx_t *ctx,
-                                     const void *in, void *out, size_t bytes);
-/* MPI_Reduce_scatter_block of `count` elements per rank: fp32 with
- * MPI_FLOAT and MPI_SUM; fp16 and bf16 (no MPI type) as MPI_UINT16_T with
- * a user-defined commutative sum that adds two elements and rounds the sum
- * to the dtype (nearest even), as a reduction on 16-bit data does in each
- * step.  MEAN: the SUM divided by the world size in fp32 and rounded. */
+                                     const zpp_bench_case_t *c, size_t bytes);
+/* MPI_Reduce_scatter_block of c->count elements per rank on c's
+ * communicator: fp32 with MPI_FLOAT and MPI_SUM; fp16 and bf16 (no MPI
+ * type) as MPI_UINT16_T with a user-defined commutative sum that adds two
+ * elements and rounds the sum to the dtype (nearest even), as a reduction
+ * on 16-bit data does in each step.  MEAN: the SUM divided by the world
+ * size in fp32 and rounded. */
 zpp_status_t zpp_bench_mpi_reduce_scatter(const zpp_bench_ctx_t *ctx,
-                                          const void *in, void *out,
-                                          size_t count, zpp_dtype_t dtype,
-                                          zpp_redop_t op);
+                                          const zpp_bench_case_t *c,
+                                          zpp_dtype_t dtype, zpp_redop_t op);
+
+/* perf/bench_mpi_peers.c.  Creates the mpi-han and mpi-best communicators
+ * the variants ask for (collective) and verifies HAN; text gets what was
+ * done, for the header.  ZPP_OK when no variant asks for them. */
+zpp_status_t zpp_bench_mpi_peers_init(const zpp_bench_ctx_t *ctx,
+                                      const zpp_bench_variant_t *v, int nv,
+                                      int reduce_scatter, char *text,
+                                      size_t len);
+/* One case's probe (and, mpi-best, the trial of every algorithm); type_p,
+ * op_p and default_comm point to an MPI_Datatype, MPI_Op and MPI_Comm;
+ * *comm_out to the MPI_Comm the case runs on. */
+zpp_status_t zpp_bench_mpi_peer_setup(const zpp_bench_ctx_t *ctx,
+                                      zpp_bench_case_t *c, void *default_comm,
+                                      void *type_p, void *op_p, int count,
+                                      void **comm_out);
+void zpp_bench_mpi_peers_teardown(void);
 
 /* Buffers in the communicator's memory space (device: cudaMalloc). */
 zpp_status_t zpp_bench_buf_alloc(const zpp_bench_ctx_t *ctx, size_t bytes,

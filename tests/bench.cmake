@@ -99,6 +99,52 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   set_tests_properties(bench_mpi_emulated_link_2x2 PROPERTIES ENVIRONMENT
     "ZPP_TOPO=2x2;ZPP_EMU_INTER_GBIT=100;OMPI_MCA_mpi_yield_when_idle=1")
 
+  # The strongest Open MPI peers (perf/bench_mpi_peers.c): HAN and the
+  # best of tuned's algorithms beside the default mpi, on the same buffers.
+  # HAN selects itself only for a communicator with ranks on more than one
+  # node, so this mpirun starts two made-up nodes of 2 ranks, each under a
+  # daemon of its own (tests/bench/fake_node_ssh.sh as the ssh; TCP between
+  # them: the shared-memory transport assumes one daemon per host).  Rows
+  # checked (all-gather bitwise), the '# served' lines must name HAN's
+  # allgather and a tuned algorithm, the mpi-best rows its winner.
+  set(_fake_hosts ${CMAKE_CURRENT_BINARY_DIR}/bench_fake_nodes.hosts)
+  file(WRITE ${_fake_hosts} "fakenode1 slots=2\nfakenode2 slots=2\n")
+  set(_fake_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+    --hostfile ${_fake_hosts}
+    --mca plm_rsh_agent ${CMAKE_CURRENT_SOURCE_DIR}/bench/fake_node_ssh.sh
+    --mca btl self,tcp --bind-to none)
+  string(REPLACE ";" "|" _fake_mpi "${_fake_mpirun}")
+  set(_peer_args -b 1K -e 4K -f 4 -n 2 -w 1 -c 1 --format csv)
+  foreach(_coll allgather reducescatter)
+    if(_coll STREQUAL "allgather")
+      set(_han "# served: mpi-han size 1024 by han:allgather_[a-z]+")
+    else()
+      set(_han "# served: mpi-han size 1024 by tuned:[a-z_]+ \\(HAN 4.1 has no reduce_scatter_block\\)")
+    endif()
+    string(REPLACE ";" "|" _args
+      "--coll;${_coll};--variant;bf16,mpi,mpi-han,mpi-best;${_peer_args}")
+    add_test(NAME bench_mpi_peers_${_coll}_2x2
+      COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_fake_mpi}" -DNP=4
+        -DBENCH=$<TARGET_FILE:zpp-bench> -DEXPECT_TOPO=2x2 "-DARGS=${_args}"
+        "-DEXPECT_OUT=${_han}.*# mpi-best size 4096:.* -> [a-z_]+ \\(each verified.*${_coll},mpi-best\\[[a-z_]+\\],4096,"
+        -P ${_zpp_bench_check})
+    set_tests_properties(bench_mpi_peers_${_coll}_2x2 PROPERTIES LABELS mpi
+      TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+  endforeach()
+  # Requests that cannot be honoured fail by name: HAN on one node (it
+  # refuses a communicator whose ranks all share a node), and mpi-best
+  # when tuned's dynamic rules are switched off (a forced algorithm would
+  # be ignored).
+  zpp_bench_test(bench_mpi_han_one_node_2x2 4 2x2
+    "--coll;allgather;--variant;mpi-han;${_peer_args}"
+    -DEXPECT_RC=3 "-DEXPECT_ERR=variant mpi-han: HAN was not selected")
+  zpp_bench_test(bench_mpi_best_no_dynamic_2x2 4 2x2
+    "--coll;reducescatter;--variant;mpi-best;${_peer_args}"
+    -DEXPECT_RC=3
+    "-DEXPECT_ERR=variant mpi-best: coll_tuned_use_dynamic_rules is false")
+  set_tests_properties(bench_mpi_best_no_dynamic_2x2 PROPERTIES ENVIRONMENT
+    "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_coll_tuned_use_dynamic_rules=0")
+
   # Emulated build (ZPP_CUDA_EMU): every collective on device memory, with
   # the MPI backend (staging) and, when the NCCL stand-in is in the tree,
   # the NCCL backend.  The same checks as on host memory.  Label "emu".
