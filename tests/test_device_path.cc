@@ -1092,6 +1092,83 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
   EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
 }
 
+// s: qgZ's integer sums (sum = ZPP_QGZ_SUM_INT, error feedback) on device
+// memory queue their steps (absmax, the exponent all-gather and its max,
+// encode, sums, re-quantization, finish) on the caller's stream and
+// return: the call returns while the stream is held, nothing has run
+// then, and after the release the result and the residual are those of a
+// host-memory communicator (bit for bit).
+TEST(DevicePath, QgzIntegerSumsDoNotBlockTheHost) {
+  if (!run_case("stream"))
+    GTEST_SKIP() << "ZPP_TEST_CASE";
+  zpp_comm_t comm = make_comm(case_backend(), -1), host = nullptr;
+  ASSERT_NE(comm, nullptr);
+  zpp_comm_config_t hc = ZPP_COMM_CONFIG_INIT;
+  hc.backend = ZPP_BACKEND_MPI;
+  hc.memory = ZPP_MEMORY_HOST;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &hc, &host), ZPP_OK)
+      << zpp_get_last_error();
+  const size_t n = 3001;
+  zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
+  q.sum = ZPP_QGZ_SUM_INT;
+  q.block_size = 128;
+  size_t rb = 0;
+  ASSERT_EQ(zpp_qgz_residual_bytes(comm, &q, n, &rb), ZPP_OK);
+  std::vector<float> x = gen(g_rank, n * (size_t)g_size, 23), want(n),
+                     res(rb / 4, 0.0f);
+  DevBuf dx(x.size() * 4), dy(n * 4), dr(rb);
+  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), dx.bytes, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(dr.p, 0, rb), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float *hy = nullptr, *hr = nullptr;
+  ASSERT_EQ(cudaMallocHost((void **)&hy, dy.bytes), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost((void **)&hr, rb), cudaSuccess);
+  std::fill(hy, hy + n, -1.0f);
+  ASSERT_EQ(zpp_emu_stream_hold(s), cudaSuccess);
+  zpp_status_t st = ZPP_ERR_INTERNAL;
+  bool released = false;
+  auto release = [&] {
+    if (!released)
+      zpp_emu_stream_release(s);
+    released = true;
+  };
+  bool quick = returns_within(
+      10.0,
+      [&] {
+        st = zpp_qgz_reduce_scatter(comm, &q, dx.p, dy.p, n, ZPP_FLOAT32,
+                                    ZPP_OP_MEAN, dr.p, s, nullptr);
+        cudaMemcpyAsync(hy, dy.p, dy.bytes, cudaMemcpyDeviceToHost, s);
+        cudaMemcpyAsync(hr, dr.p, rb, cudaMemcpyDeviceToHost, s);
+      },
+      release);
+  EXPECT_TRUE(quick)
+      << "qgZ INT blocked the host while the caller's stream was held";
+  EXPECT_EQ(st, ZPP_OK) << zpp_get_last_error();
+  if (quick) {
+    usleep(50000);
+    EXPECT_EQ(hy[0], -1.0f)
+        << "the result was written while the stream was held";
+  }
+  release();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(host, &q, x.data(), want.data(), n,
+                                   ZPP_FLOAT32, ZPP_OP_MEAN, res.data(),
+                                   nullptr, nullptr),
+            ZPP_OK)
+      << zpp_get_last_error();
+  EXPECT_EQ(std::memcmp(hy, want.data(), n * 4), 0)
+      << "result against host memory's";
+  EXPECT_EQ(std::memcmp(hr, res.data(), rb), 0)
+      << "residual against host memory's";
+  cudaFreeHost(hy);
+  cudaFreeHost(hr);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(zpp_comm_destroy(host), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(comm), ZPP_OK) << zpp_get_last_error();
+}
+
 // o: forward gather on a held stream a, backward on stream b: b must read
 // the secondary copy the forward wrote (generation 2), not the one before.
 TEST(DevicePath, HpzSecondaryCopyIsOrderedAcrossStreams) {

@@ -48,20 +48,28 @@ struct Cfg {
   float beta;
   zpp_quant_mode_t mode;
   zpp_rounding_t rounding;
+  int sum; // ZPP_QGZ_SUM_FLOAT or ZPP_QGZ_SUM_INT
 };
 
 // Every kind of stage the device path has: plain, error feedback in fp32
 // and INT8 (with LoCo's moving average), the rotation before the stage-1
 // encode, and a raw stage 1 (copies, then the rotation of the partial
-// sums before the stage-2 encode); stochastic rounding and both modes.
+// sums before the stage-2 encode); stochastic rounding and both modes; the
+// integer sums (the unit agreement, integer sums, re-quantization) with
+// fp32 and INT8 residuals.
 const Cfg kCfgs[] = {
-    {"plain", 4, 4, 256, 0, 0, 0.0f, ZPP_QUANT_SYMMETRIC, ZPP_ROUND_NEAREST},
+    {"plain", 4, 4, 256, 0, 0, 0.0f, ZPP_QUANT_SYMMETRIC, ZPP_ROUND_NEAREST,
+     ZPP_QGZ_SUM_FLOAT},
     {"fp32 residual", 8, 4, 64, 0, 32, 0.0f, ZPP_QUANT_ASYMMETRIC,
-     ZPP_ROUND_STOCHASTIC},
+     ZPP_ROUND_STOCHASTIC, ZPP_QGZ_SUM_FLOAT},
     {"int8 residual, LoCo, Hadamard", 4, 8, 128, 32, 8, 0.8f,
-     ZPP_QUANT_SYMMETRIC, ZPP_ROUND_NEAREST},
+     ZPP_QUANT_SYMMETRIC, ZPP_ROUND_NEAREST, ZPP_QGZ_SUM_FLOAT},
     {"raw intra, Hadamard, fp32 LoCo", ZPP_QGZ_INTRA_RAW, 4, 64, 64, 32, 0.5f,
-     ZPP_QUANT_SYMMETRIC, ZPP_ROUND_STOCHASTIC},
+     ZPP_QUANT_SYMMETRIC, ZPP_ROUND_STOCHASTIC, ZPP_QGZ_SUM_FLOAT},
+    {"int sums, fp32 residual", 4, 4, 256, 0, 32, 0.0f, ZPP_QUANT_SYMMETRIC,
+     ZPP_ROUND_STOCHASTIC, ZPP_QGZ_SUM_INT},
+    {"int sums, int8 LoCo", 8, 4, 128, 0, 8, 0.8f, ZPP_QUANT_SYMMETRIC,
+     ZPP_ROUND_NEAREST, ZPP_QGZ_SUM_INT},
 };
 
 zpp_qgz_config_t make(const Cfg &k, uint64_t step) {
@@ -74,6 +82,7 @@ zpp_qgz_config_t make(const Cfg &k, uint64_t step) {
   c.rounding = k.rounding;
   c.seed = 77;
   c.step = step;
+  c.sum = k.sum;
   if (k.residual_bits) {
     c.residual_bits = k.residual_bits;
     c.residual_beta = k.beta;
@@ -244,34 +253,6 @@ TEST(QgzDevice, ResultAndResidualAreTheHostPathBitForBit) {
               << what << ": result of step " << step;
         EXPECT_TRUE(res[1] == res[0]) << what << ": residual";
       }
-}
-
-// The compressed-domain sums have host kernels only: asked for explicitly
-// on device memory the call fails naming the field, and the default
-// (ZPP_QGZ_SUM_DEFAULT, even with ZPP_QGZ_SUM=int) runs the FLOAT sums.
-TEST(QgzDevice, IntegerSumsAreRefusedOnDeviceMemory) {
-  const size_t count = 300;
-  zpp_qgz_config_t cfg = ZPP_QGZ_CONFIG_INIT;
-  cfg.sum = ZPP_QGZ_SUM_INT;
-  ASSERT_EQ(cudaSetDevice(zpp_comm_device(g_comm)), cudaSuccess);
-  std::vector<uint8_t> in = gradient(seed(), g_rank, (size_t)g_size * count,
-                                     ZPP_FLOAT32),
-                       out(count * 4, 0);
-  zpp_test::Mem m;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(in), m.out(out), count,
-                                   ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr,
-                                   nullptr),
-            ZPP_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->sum"),
-            std::string::npos)
-      << zpp_get_last_error();
-  cfg.sum = ZPP_QGZ_SUM_DEFAULT;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(in), m.out(out), count,
-                                   ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr,
-                                   nullptr),
-            ZPP_OK)
-      << zpp_comm_get_last_error(g_comm);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 void setup() {

@@ -4,6 +4,10 @@
 // input from (seed, rank) and checks its slice against a float64 model of
 // the algorithm's error: the bound of docs/format.md ("Integer sums").
 // Seed: ZPP_TEST_SEED (default 20261129), printed by rank 0.
+// With ZPP_TEST_MEMORY=device (tests/test_memory.h) the same tests run on
+// device memory against the same model and bounds, and
+// QgzInt.DeviceEqualsTheHostPathBitForBit compares the device results
+// and residuals with a host-memory communicator's.
 //
 // Rules for multi-rank tests: never return early before a collective, so
 // checks use EXPECT_*.
@@ -33,6 +37,7 @@ extern "C" {
 namespace {
 
 zpp_comm_t g_comm = nullptr;
+zpp_comm_t g_host = nullptr; // device memory only: the job on host memory
 int g_rank = 0, g_size = 1, g_nnodes = 1, g_uniform = 1;
 std::vector<int> g_node;  // node of each rank
 
@@ -192,10 +197,15 @@ TEST(QgzInt, MatchesFloat64ModelWithinTheIntegerSumBound) {
           }
           auto in = pack(all[g_rank], dt);
           std::vector<uint8_t> out(count * zpp_dtype_size(dt));
-          ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, dt, op,
-                                           nullptr, nullptr, nullptr),
-                    ZPP_OK)
-              << zpp_comm_get_last_error(g_comm);
+          {
+            zpp_test::Mem mem;
+            ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(in),
+                                             mem.out(out), count, dt, op,
+                                             nullptr, nullptr, nullptr),
+                      ZPP_OK)
+                << zpp_comm_get_last_error(g_comm);
+            mem.back();
+          }
           Model m = model(all, count, block, w[0], w[1], sr, op, dt);
           int bad = 0;
           for (size_t i = 0; i < count && bad < 3; i++) {
@@ -210,9 +220,15 @@ TEST(QgzInt, MatchesFloat64ModelWithinTheIntegerSumBound) {
           // in place: the same bits
           std::vector<uint8_t> inp = in;
           size_t ds = zpp_dtype_size(dt);
-          ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, inp.data(), inp.data() + g_rank * count * ds,
-                                           count, dt, op, nullptr, nullptr, nullptr),
-                    ZPP_OK);
+          {
+            zpp_test::Mem mem;
+            uint8_t *d = mem.out(inp);
+            ASSERT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, d,
+                                             d + g_rank * count * ds, count, dt,
+                                             op, nullptr, nullptr, nullptr),
+                      ZPP_OK);
+            mem.back();
+          }
           EXPECT_EQ(0, std::memcmp(inp.data() + g_rank * count * ds, out.data(), count * ds));
         }
       }
@@ -301,11 +317,13 @@ TEST(QgzInt, SmallScaleContributorStaysWithinItsOwnStepBound) {
           c.seed = tag;
         }
         std::vector<float> out(count);
-        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(),
-                                         out.data(), count, ZPP_FLOAT32,
+        zpp_test::Mem mem;
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(all[g_rank]),
+                                         mem.out(out), count, ZPP_FLOAT32,
                                          ZPP_OP_SUM, nullptr, nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
+        mem.back();
         auto us = unit_and_scale(all, count, block, bits);
         double h = sr ? 1.0 : 0.5;
         int bad = 0;
@@ -351,10 +369,12 @@ TEST(QgzInt, StochasticRoundingOfASmallScaleContributorIsUnbiased) {
       c.rounding = ZPP_ROUND_STOCHASTIC;
       c.seed = 1000 + k;
       std::vector<float> out(count);
-      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(),
-                                       out.data(), count, ZPP_FLOAT32,
+      zpp_test::Mem mem;
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(all[g_rank]),
+                                       mem.out(out), count, ZPP_FLOAT32,
                                        ZPP_OP_SUM, nullptr, nullptr, nullptr),
                 ZPP_OK);
+      mem.back();
       for (size_t i = 0; i < count && !alone; i++) {
         const UnitScale &v = us[i / block];
         double xo = all[g_rank][g_rank * count + i], xp = 0;
@@ -395,13 +415,17 @@ TEST(QgzInt, ErrorIsNearTheFloatSumsOnNormalData) {
   for (int r = 0; r < g_size; r++) all[r] = gen(r, g_size * count, ZPP_FLOAT32, 7, NORMAL);
   std::vector<float> yi(count), yf(count);
   zpp_qgz_config_t c = int_cfg(4, 4, 256);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), yi.data(), count,
-                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+  zpp_test::Mem mem;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(all[g_rank]), mem.out(yi),
+                                   count, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr, nullptr),
             ZPP_OK);
   c.sum = ZPP_QGZ_SUM_FLOAT;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, all[g_rank].data(), yf.data(), count,
-                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(all[g_rank]), mem.out(yf),
+                                   count, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                   nullptr, nullptr),
             ZPP_OK);
+  mem.back();
   double ei = 0, ef = 0;
   for (size_t i = 0; i < count; i++) {
     double x = 0;
@@ -449,12 +473,15 @@ TEST(QgzInt, ErrorFeedbackDrivesTheAverageErrorDown) {
     std::vector<uint8_t> res(std::max<size_t>(rb, 1), 0);
     std::vector<double> mean(count, 0.0);
     std::vector<uint8_t> out(count * 2);
+    zpp_test::Mem mem; // the residual stays in the suite's memory
+    uint8_t *dres = v.bits ? mem.out(res) : nullptr;
     for (size_t s = 0; s < steps; s++) {
-      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_BFLOAT16,
-                                       ZPP_OP_MEAN, v.bits ? res.data() : nullptr, nullptr,
-                                       nullptr),
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(in), mem.out(out),
+                                       count, ZPP_BFLOAT16, ZPP_OP_MEAN, dres,
+                                       nullptr, nullptr),
                 ZPP_OK)
           << zpp_comm_get_last_error(g_comm);
+      mem.back();
       for (size_t i = 0; i < count; i++) mean[i] += at(out, ZPP_BFLOAT16, i) / steps;
     }
     double e = 0;
@@ -519,12 +546,15 @@ TEST(QgzInt, ErrorFeedbackMeanErrorTelescopesLikeFloat) {
       std::vector<float> res(rb / sizeof(float) + 1, 0.0f);
       std::vector<double> mean(count, 0.0);
       std::vector<float> out(count);
+      zpp_test::Mem mem;
+      float *dres = mem.out(res);
       for (size_t t = 0; t < steps; t++) {
-        EXPECT_EQ(zpp_qgz_reduce_scatter(
-                      g_comm, &c, all[g_rank].data(), out.data(), count,
-                      ZPP_FLOAT32, ZPP_OP_SUM, res.data(), nullptr, nullptr),
+        EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(all[g_rank]),
+                                         mem.out(out), count, ZPP_FLOAT32,
+                                         ZPP_OP_SUM, dres, nullptr, nullptr),
                   ZPP_OK)
             << zpp_comm_get_last_error(g_comm);
+        mem.back();
         for (size_t i = 0; i < count; i++)
           mean[i] += out[i];
       }
@@ -571,10 +601,13 @@ TEST(QgzInt, CountsEqualTheFormulas) {
   auto x = gen(g_rank, g_size * count, ZPP_BFLOAT16, 11, NORMAL);
   auto in = pack(x, ZPP_BFLOAT16);
   std::vector<uint8_t> out(count * 2);
+  zpp_test::Mem mem;
   zpp_comm_reset_stats(g_comm);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count, ZPP_BFLOAT16,
-                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(in), mem.out(out), count,
+                                   ZPP_BFLOAT16, ZPP_OP_MEAN, nullptr, nullptr,
+                                   nullptr),
             ZPP_OK);
+  mem.back();
   zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
   zpp_comm_get_stats(g_comm, &s);
   size_t codes = count / 2 + nb;                               // INT4, even block
@@ -596,9 +629,10 @@ TEST(QgzInt, CountsEqualTheFormulas) {
     uint64_t codes_sent = s.intra_bytes_sent + s.inter_bytes_sent;
     std::vector<uint8_t> a(agree), all_a(g_size * agree);
     zpp_comm_reset_stats(g_comm);
-    EXPECT_EQ(zpp_allgather(g_comm, a.data(), all_a.data(), a.size(), ZPP_UINT8, nullptr,
-                            nullptr),
+    EXPECT_EQ(zpp_allgather(g_comm, mem.in(a), mem.out(all_a), a.size(),
+                            ZPP_UINT8, nullptr, nullptr),
               ZPP_OK);
+    mem.back();
     zpp_comm_get_stats(g_comm, &s);
     EXPECT_EQ(codes_sent, (uint64_t)(g_size - 1) * codes + s.intra_bytes_sent +
                               s.inter_bytes_sent);
@@ -609,44 +643,50 @@ TEST(QgzInt, EdgeCasesAndErrors) {
   // count 0: nothing moves
   zpp_qgz_config_t c = int_cfg(4, 4, 256);
   std::vector<float> in(g_size * 8 + 1, 1.0f), out(9, 0.0f);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 0, ZPP_FLOAT32,
+  zpp_test::Mem mem;
+  const float *din = mem.in(in);
+  float *dout = mem.out(out);
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 0, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
   // a constant input: every rank's step m 2^E lies in [s, s + 2^E),
   // 2^E <= 2 s / 255, s = 1 / qmax, so the code qmax decodes within
   // 2 qmax / 255 s = 2 / 255 of 1 (no clamp); stage 2's divisor adds at
   // most a unit
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_OK);
+  mem.back();
   for (int i = 0; i < 8; i++) EXPECT_NEAR(out[i], (float)g_size, g_size / 128.0) << i;
   // a NaN in one rank's gradient: the owning shard's block is NaN
   std::vector<float> nan_in(g_size * 8, 0.5f);
   if (g_rank == g_size - 1) nan_in[3] = NAN;  // slice 0, element 3
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, nan_in.data(), out.data(), 8, ZPP_FLOAT32,
-                                   ZPP_OP_SUM, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(nan_in), dout, 8,
+                                   ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr,
+                                   nullptr),
             ZPP_OK);
+  mem.back();
   if (g_rank == 0) {
     EXPECT_TRUE(std::isnan(out[3]));
   }
   // the combinations INT does not have
   c.mode = ZPP_QUANT_ASYMMETRIC;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_ERR_INVALID_ARGUMENT);
   c = int_cfg(ZPP_QGZ_INTRA_RAW, 4, 256);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_ERR_INVALID_ARGUMENT);
   c = int_cfg(4, 4, 256);
   c.hadamard = 32;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(zpp_get_last_error()).find("cfg->sum"), std::string::npos);
   c = int_cfg(4, 4, 256);
   c.sum = 7;
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), 8, ZPP_FLOAT32,
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, dout, 8, ZPP_FLOAT32,
                                    ZPP_OP_SUM, nullptr, nullptr, nullptr),
             ZPP_ERR_INVALID_ARGUMENT);
 }
@@ -668,26 +708,33 @@ TEST(QgzInt, ResidualResetStartsFromAZeroResidual) {
     std::vector<uint8_t> r(rb, 0), zero(rb, 0), out0(count * 2),
         outa(count * 2), outb(count * 2), outc(count * 2);
     c.step = 1; // a first step: r holds its errors
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out0.data(), count,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, r.data(),
-                                     nullptr, nullptr),
-              ZPP_OK)
-        << zpp_comm_get_last_error(g_comm);
+    {
+      zpp_test::Mem m0;
+      EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, m0.in(in), m0.out(out0),
+                                       count, ZPP_BFLOAT16, ZPP_OP_MEAN,
+                                       m0.out(r), nullptr, nullptr),
+                ZPP_OK)
+          << zpp_comm_get_last_error(g_comm);
+      m0.back();
+    }
     std::vector<uint8_t> ra = r, rc = r, rz = zero;
+    zpp_test::Mem mem;
+    const uint8_t *din = mem.in(in);
     c.step = 4; // resets
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outa.data(), count,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, ra.data(),
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, mem.out(outa), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, mem.out(ra),
                                      nullptr, nullptr),
               ZPP_OK);
     c.step = 3; // does not
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outb.data(), count,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, rz.data(),
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, mem.out(outb), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, mem.out(rz),
                                      nullptr, nullptr),
               ZPP_OK);
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), outc.data(), count,
-                                     ZPP_BFLOAT16, ZPP_OP_MEAN, rc.data(),
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, din, mem.out(outc), count,
+                                     ZPP_BFLOAT16, ZPP_OP_MEAN, mem.out(rc),
                                      nullptr, nullptr),
               ZPP_OK);
+    mem.back();
     EXPECT_EQ(outa, outb) << "residual bits " << bits
                           << ": a reset call vs a zero residual";
     EXPECT_EQ(ra, rz) << "residual bits " << bits << ": the new residuals";
@@ -718,10 +765,12 @@ TEST(QgzInt, NonFiniteValueMakesItsWholeBlockNaN) {
       in[2 * block + 5] = -bad;
     zpp_qgz_config_t c = int_cfg(4, 4, block);
     std::vector<float> out(count);
-    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, in.data(), out.data(), count,
-                                     ZPP_FLOAT32, ZPP_OP_SUM, nullptr, nullptr,
-                                     nullptr),
+    zpp_test::Mem mem;
+    EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &c, mem.in(in), mem.out(out),
+                                     count, ZPP_FLOAT32, ZPP_OP_SUM, nullptr,
+                                     nullptr, nullptr),
               ZPP_OK);
+    mem.back();
     if (g_rank != 0)
       continue;
     int nan0 = 0, fin1 = 0, nan2 = 0;
@@ -750,14 +799,96 @@ TEST(QgzInt, OlderConfigStructTakesTheDefault) {
   zpp_qgz_config_t v3 = ZPP_QGZ_CONFIG_INIT, cur = ZPP_QGZ_CONFIG_INIT;
   v3.struct_size = offsetof(zpp_qgz_config_t, step) + sizeof(uint64_t);
   v3.sum = 12345; // beyond a revision-3 struct: never read
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &v3, x.data(), a.data(), count, ZPP_FLOAT32,
-                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+  zpp_test::Mem mem;
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &v3, mem.in(x), mem.out(a), count,
+                                   ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr,
+                                   nullptr),
             ZPP_OK)
       << zpp_comm_get_last_error(g_comm);
-  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cur, x.data(), b.data(), count, ZPP_FLOAT32,
-                                   ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cur, mem.in(x), mem.out(b), count,
+                                   ZPP_FLOAT32, ZPP_OP_MEAN, nullptr, nullptr,
+                                   nullptr),
             ZPP_OK);
+  mem.back();
   EXPECT_EQ(a, b);
+}
+
+// On device memory (ZPP_TEST_MEMORY=device) the integer sums run the CUDA
+// kernels of src/kernels/isum_cuda.cu over the whole input at once; a
+// host-memory communicator runs the CPU kernels chunk by chunk.  Both
+// follow docs/format.md ("Integer sums") to the bit, so the results and the
+// residuals after each of three steps (the third resets the residual) are
+// equal: every dtype, both widths at each stage, both roundings, no
+// residual, fp32 and INT8 residuals with and without LoCo's moving average,
+// blocks of a multiple of 8 elements and not, short last blocks.
+TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
+  if (!zpp_test::DeviceMemory())
+    GTEST_SKIP() << "compares device memory with host memory: run with "
+                    "ZPP_TEST_MEMORY=device";
+  struct V {
+    zpp_dtype_t dt;
+    int bits1, bits2;
+    size_t block;
+    int sr, residual_bits; // 0: no residual
+    float beta;
+    zpp_redop_t op;
+    size_t count;
+  };
+  const V vs[] = {
+      {ZPP_FLOAT32, 4, 4, 256, 0, 0, 0.0f, ZPP_OP_SUM, 1000},
+      {ZPP_BFLOAT16, 8, 4, 128, 1, 32, 0.0f, ZPP_OP_MEAN, 2051},
+      {ZPP_FLOAT16, 4, 8, 64, 0, 8, 0.0f, ZPP_OP_MEAN, 777},
+      {ZPP_BFLOAT16, 4, 4, 100, 1, 32, 0.5f, ZPP_OP_SUM, 1500},
+      {ZPP_FLOAT32, 8, 8, 256, 1, 8, 0.8f, ZPP_OP_SUM, 3001},
+  };
+  uint64_t tag = 600;
+  for (const V &v : vs) {
+    std::string what =
+        std::string(zpp_dtype_name(v.dt)) + " INT" + std::to_string(v.bits1) +
+        "/INT" + std::to_string(v.bits2) + " block " + std::to_string(v.block) +
+        " sr " + std::to_string(v.sr) + " residual " +
+        std::to_string(v.residual_bits) + " beta " + std::to_string(v.beta);
+    zpp_qgz_config_t c = int_cfg(v.bits1, v.bits2, v.block);
+    c.seed = 31 + tag;
+    if (v.sr)
+      c.rounding = ZPP_ROUND_STOCHASTIC;
+    size_t rb = 0, ds = zpp_dtype_size(v.dt);
+    if (v.residual_bits) {
+      c.residual_bits = v.residual_bits;
+      c.residual_beta = v.beta;
+      c.residual_reset = 3;
+      EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, v.count, &rb), ZPP_OK);
+    }
+    std::vector<std::vector<uint8_t>> in(3);
+    for (int step = 0; step < 3; step++)
+      in[step] =
+          pack(gen(g_rank, g_size * v.count, v.dt, ++tag, LAPLACE), v.dt);
+    std::vector<uint8_t> res[2], out[2][3];
+    for (int dev = 0; dev < 2; dev++) {
+      zpp_comm_t comm = dev ? g_comm : g_host;
+      zpp_test::Mem mem; // device copies (host pointers when !dev)
+      res[dev].assign(rb + 1, 0);
+      uint8_t *r = nullptr;
+      if (v.residual_bits)
+        r = dev ? mem.out(res[dev]) : res[dev].data();
+      for (int step = 0; step < 3; step++) {
+        out[dev][step].assign(v.count * ds, 0);
+        c.step = (uint64_t)step + 1;
+        const uint8_t *src = dev ? mem.in(in[step]) : in[step].data();
+        uint8_t *dst = dev ? mem.out(out[dev][step]) : out[dev][step].data();
+        EXPECT_EQ(zpp_qgz_reduce_scatter(comm, &c, src, dst, v.count, v.dt,
+                                         v.op, r, nullptr, nullptr),
+                  ZPP_OK)
+            << what << ": " << zpp_comm_get_last_error(comm);
+      }
+      if (dev)
+        mem.back();
+    }
+    for (int step = 0; step < 3; step++)
+      EXPECT_TRUE(out[1][step] == out[0][step])
+          << what << ": result of step " << step + 1;
+    EXPECT_TRUE(res[1] == res[0]) << what << ": residual after 3 steps";
+  }
 }
 
 void setup() {
@@ -765,9 +896,20 @@ void setup() {
                      &g_uniform);
   g_node.assign(g_size, 0);
   for (int r = 0; r < g_size; r++) zpp_comm_node_of(g_comm, r, &g_node[r]);
+  if (zpp_test::DeviceMemory()) {
+    zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+    cfg.backend = ZPP_BACKEND_MPI;
+    cfg.memory = ZPP_MEMORY_HOST;
+    if (zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &g_host) != ZPP_OK)
+      zpp_test::Die("zpp_comm_create_mpi (host memory)");
+  }
 }
 
-void teardown() { zpp_comm_destroy(g_comm); }
+void teardown() {
+  if (g_host != nullptr)
+    zpp_comm_destroy(g_host);
+  zpp_comm_destroy(g_comm);
+}
 
 }  // namespace
 

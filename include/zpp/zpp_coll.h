@@ -341,12 +341,12 @@ typedef struct {
  * one unit (under 2/255 of the group's largest scale) above its own scale,
  * so its error bound is FLOAT's plus half a unit; the own share, rounded
  * to a unit, is fed back with error feedback (docs/format.md, "Integer
- * sums").  INT
- * needs host memory, a symmetric mode, no Hadamard rotation, a quantized
- * stage 1 (intra_bits 4 or 8) and at most 2056 (INT4) or 128 (INT8) ranks
- * per stage: asked for explicitly otherwise, the call fails
- * (ZPP_ERR_UNSUPPORTED for device memory, the rotation and the stage size,
- * ZPP_ERR_INVALID_ARGUMENT for the others); DEFAULT then means FLOAT. */
+ * sums"); host and device memory give the same bits.  INT needs a
+ * symmetric mode, no Hadamard rotation, a quantized stage 1 (intra_bits 4
+ * or 8) and at most 2056 (INT4) or 128 (INT8) ranks per stage: asked for
+ * explicitly otherwise, the call fails (ZPP_ERR_UNSUPPORTED for the
+ * rotation and the stage size, ZPP_ERR_INVALID_ARGUMENT for the others);
+ * DEFAULT then means FLOAT. */
 #define ZPP_QGZ_SUM_DEFAULT 0
 #define ZPP_QGZ_SUM_FLOAT 1
 #define ZPP_QGZ_SUM_INT 2

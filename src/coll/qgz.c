@@ -243,6 +243,16 @@ typedef struct {
   uint32_t *amax_mine;
   int8_t *uexp_mine, *uexp_all, *uexp;
   const uint8_t **fsrcs; /* m1 - 1: the other nodes' stage-2 messages */
+  /* Integer sums on device memory (idev): one chunk, each step one
+   * launch per kind of work over a table of its slices or partial sums
+   * (the kernels of src/kernels/isum_cuda.h, bitwise the host's), on the
+   * plan's stream.  The tables of one step and its message pointers: */
+  int idev;
+  zpp_isum_cuda_absmax_run_t *iabs;  /* W slices */
+  zpp_isum_cuda_encode_run_t *ienc;  /* (s1 - 1) m1 stage-1 messages */
+  zpp_isum_cuda_sum_run_t *isr;      /* m1 partial sums */
+  zpp_isum_cuda_requant_run_t *ireq; /* m1 - 1 stage-2 messages */
+  const uint8_t **isrcs;             /* s1 m1 */
   /* Per slot: stage 1's messages (to each member j the m1 parts of slices
    * slice(j, 0..m1-1), in node order), and its partial sums in two sets:
    * X, the m1 - 1 that other nodes keep, and O, the one this node keeps
@@ -338,21 +348,26 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
  * elements at `off`, as encode_ef finds it: fp32, seg * count + off
  * floats in; INT8, segment seg's blocks from off / block on, their scales
  * and their codes. */
-static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,
-                           zpp_qb_enc_run_t *r) {
+static void residual_at(const qgz_ctx_t *p, size_t seg, size_t off, void **res,
+                        uint8_t **res_codes) {
   const qgz_arg_t *a = &p->a;
-  r->res = NULL;
-  r->res_codes = NULL;
+  *res = NULL;
+  *res_codes = NULL;
   if (a->residual == NULL)
     return;
   if (a->residual_bits == 32) {
-    r->res = (float *)a->residual + seg * a->count + off;
+    *res = (float *)a->residual + seg * a->count + off;
   } else {
     size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
     uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
-    r->res = segp + off / bs * 4;
-    r->res_codes = segp + nbt * 4 + off / bs * bs;
+    *res = segp + off / bs * 4;
+    *res_codes = segp + nbt * 4 + off / bs * bs;
   }
+}
+
+static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,
+                           zpp_qb_enc_run_t *r) {
+  residual_at(p, seg, off, &r->res, &r->res_codes);
 }
 
 /* Batched steps: what the encodes of one step share. */
@@ -461,6 +476,12 @@ static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
   return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
 }
 
+/* The steps on device memory (after the host ones). */
+static zpp_status_t isum_absmax_dev(qgz_ctx_t *p);
+static zpp_status_t isum_encode_dev(qgz_ctx_t *p, size_t k);
+static zpp_status_t isum_reduce_x_dev(qgz_ctx_t *p, size_t k);
+static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k);
+
 /* The absmax of every block of every slice: its data plus its stage-1
  * residual (the own slices' too: their rounding to a unit is fed back),
  * chunk by chunk. */
@@ -471,6 +492,8 @@ static zpp_status_t isum_absmax(void *ctx, size_t unused) {
   zpp_qcfg_t c = isum_qcfg(&a->q1, 0);
   int j, m;
   (void)unused;
+  if (p->idev)
+    return isum_absmax_dev(p);
   for (j = 0; j < p->s1; j++)
     for (m = 0; m < p->m1; m++) {
       size_t sl = (size_t)slice_of(p, j, m);
@@ -499,6 +522,10 @@ static zpp_status_t isum_agree(void *ctx, size_t unused) {
   size_t n = (size_t)zpp_transport_size(p->a.ex.t) * p->nb, i;
   int j;
   (void)unused;
+  if (p->idev) /* on the stream, from the all-gathered bytes */
+    return p->s1 == 1
+               ? zpp_k_copy(&p->a.ex, p->uexp, p->uexp_mine, n)
+               : zpp_k_isum_agree(&p->a.ex, p->uexp_all, n, p->s1, p->uexp);
   if (p->s1 == 1) {
     memcpy(p->uexp, p->uexp_mine, n);
     return ZPP_OK;
@@ -529,6 +556,8 @@ static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
   size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
   uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
   int j, m, me = zpp_transport_rank(a->ex.t);
+  if (p->idev)
+    return isum_encode_dev(p, k);
   for (j = 0; j < p->s1; j++)
     for (m = 0; m < p->m1; m++) {
       int sl = slice_of(p, j, m);
@@ -573,6 +602,8 @@ static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
   int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
   zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0);
   int i, me = zpp_transport_rank(a->ex.t);
+  if (p->idev)
+    return isum_reduce_x_dev(p, k);
   for (i = 0; i < half_parts(p, HALF_X); i++) {
     int m = half_part(p, HALF_X, i), n = isum_srcs(p, k, m);
     size_t own = (size_t)slice_of(p, p->me1, m);
@@ -605,6 +636,8 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
   int m, n = 0, n1 = isum_srcs(p, k, p->mo);
   size_t own = (size_t)slice_of(p, p->me1, p->mo);
   float *r1;
+  if (p->idev)
+    return isum_keep_dev(p, k);
   for (m = 0; m < p->m1 && p->two; m++)
     if (m != p->mo)
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
@@ -615,6 +648,150 @@ static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
       isum_uexp(p, (int)own, k), (const uint8_t *const *)p->srcs, n1, p->fsrcs,
       n, len, div, tmp, (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
   return isum_res_store(p, own, off, len, p->tmp);
+}
+
+/* ---- integer sums on device memory ------------------------------------------
+ * The same steps as above on the plan's stream, one chunk (the whole
+ * slices), each kind of work one batched launch over a table: bitwise the
+ * host path's (tests/test_qgz_int.cc, QgzInt.DeviceEqualsTheHostPathBitFor-
+ * Bit).  The residuals stay in their layout (fp32, or INT8 blocks the
+ * kernels decode and re-encode themselves); the partial sums are int32 in
+ * accx and acco, written by the sum kernel and read by the requant and the
+ * finish. */
+
+/* The kernels' config of stage q (width, block, rounding) on this call's
+ * dtype and residual. */
+static zpp_isum_cuda_t isum_dcfg(const qgz_ctx_t *p,
+                                 const zpp_quant_config_t *q) {
+  const qgz_arg_t *a = &p->a;
+  zpp_isum_cuda_t c;
+  memset(&c, 0, sizeof c);
+  c.bits = q->bits;
+  c.block = q->block_size;
+  c.dtype = (int)a->dtype;
+  c.sr = q->rounding == ZPP_ROUND_STOCHASTIC;
+  c.res = a->residual == NULL      ? ZPP_QB_RES_NONE
+          : a->residual_bits == 32 ? ZPP_QB_RES_F32
+                                   : ZPP_QB_RES_I8;
+  c.reset = a->reset;
+  c.beta = a->beta;
+  return c;
+}
+
+static zpp_status_t isum_absmax_dev(qgz_ctx_t *p) {
+  const qgz_arg_t *a = &p->a;
+  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
+  size_t w = (size_t)zpp_transport_size(a->ex.t), ds = zpp_dtype_size(a->dtype);
+  size_t sl;
+  for (sl = 0; sl < w; sl++) {
+    zpp_isum_cuda_absmax_run_t *r = &p->iabs[sl];
+    void *res;
+    uint8_t *codes;
+    residual_at(p, sl, 0, &res, &codes);
+    r->src = (const uint8_t *)a->send + sl * a->count * ds;
+    r->res = res;
+    r->res_codes = codes;
+    r->count = a->count;
+    r->amax = p->amax_mine + sl * p->nb;
+    r->uexp = p->uexp_mine + sl * p->nb;
+  }
+  return zpp_k_isum_absmax(&a->ex, &c, p->iabs, w);
+}
+
+static zpp_status_t isum_encode_dev(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k), n = 0;
+  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
+  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
+  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
+  int j, m, me = zpp_transport_rank(a->ex.t);
+  for (j = 0; j < p->s1; j++)
+    for (m = 0; m < p->m1 && j != p->me1; m++) {
+      int sl = slice_of(p, j, m);
+      zpp_isum_cuda_encode_run_t *r = &p->ienc[n++];
+      residual_at(p, (size_t)sl, off, &r->res, &r->res_codes);
+      r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
+      r->amax = isum_amax(p, sl, k);
+      r->uexp = isum_uexp(p, sl, k);
+      r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      r->count = len;
+      r->base = off;
+      r->seed = stream_q(&a->q1, 1, me, sl).seed;
+    }
+  return zpp_k_isum_encode(&a->ex, &c, p->ienc, n);
+}
+
+/* The integer sums of set h of chunk k, one after the other in acc: the
+ * own slices (their stage-1 residuals updated) and the other members'
+ * messages (p->isrcs). */
+static zpp_status_t isum_sum_dev(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k), ns = 0;
+  size_t e1 = s1_bytes(p, len);
+  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
+  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
+  int i, j, np = half_parts(p, h);
+  for (i = 0; i < np; i++) {
+    int m = half_part(p, h, i);
+    int own = slice_of(p, p->me1, m);
+    zpp_isum_cuda_sum_run_t *r = &p->isr[i];
+    residual_at(p, (size_t)own, off, &r->res, &r->res_codes);
+    r->own = own_ptr(p, k, m);
+    r->uexp = isum_uexp(p, own, k);
+    r->out = acc + (size_t)i * len;
+    r->count = len;
+    r->first = ns;
+    for (j = 0; j < p->s1; j++)
+      if (j != p->me1)
+        p->isrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+    r->n = ns - r->first;
+  }
+  return zpp_k_isum_sum(&a->ex, &c, p->isr, (size_t)np, p->isrcs);
+}
+
+static zpp_status_t isum_reduce_x_dev(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
+  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
+  zpp_isum_cuda_t c = isum_dcfg(p, &a->q2);
+  int i, np = half_parts(p, HALF_X), me = zpp_transport_rank(a->ex.t);
+  ZPP_CHECK(isum_sum_dev(p, k, HALF_X, acc));
+  for (i = 0; i < np; i++) {
+    int m = half_part(p, HALF_X, i);
+    zpp_isum_cuda_requant_run_t *r = &p->ireq[i];
+    residual_at(p, p->seg2 + (size_t)m, off, &r->res, &r->res_codes);
+    r->in = acc + (size_t)i * len;
+    r->uexp = isum_uexp(p, slice_of(p, p->me1, m), k);
+    r->dst = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
+    r->count = len;
+    r->base = off;
+    r->seed = stream_q(&a->q2, 2, me, m).seed;
+  }
+  return zpp_k_isum_requant(&a->ex, &c, p->ireq, (size_t)np);
+}
+
+static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
+  const qgz_arg_t *a = &p->a;
+  size_t off = k * p->chunk, len = chunk_len(p, k);
+  size_t e2 = zpp_coll_encoded_size(&a->q2, len), n = 0;
+  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
+  zpp_isum_cuda_t c = isum_dcfg(p, &a->q2);
+  zpp_isum_cuda_finish_run_t r;
+  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
+  int m;
+  ZPP_CHECK(isum_sum_dev(p, k, HALF_O, acc));
+  for (m = 0; m < p->m1 && p->two; m++)
+    if (m != p->mo)
+      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
+  memset(&r, 0, sizeof r);
+  r.own = acc;
+  r.uexp = isum_uexp(p, slice_of(p, p->me1, p->mo), k);
+  r.dst = (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype);
+  r.count = len;
+  r.first = 0;
+  r.n = n;
+  return zpp_k_isum_finish(&a->ex, &c, &r, 1, p->fsrcs, div);
 }
 
 /* Stage 1 encode of chunk k into its slot, residuals updated. */
@@ -888,6 +1065,11 @@ static void qgz_release(void *ctx) {
   zpp_k_free(ex, p->uexp_mine);
   zpp_k_free(ex, p->uexp_all);
   zpp_k_free(ex, p->uexp);
+  free(p->iabs);
+  free(p->ienc);
+  free(p->isr);
+  free(p->ireq);
+  free((void *)p->isrcs);
   free(p->eruns);
   free(p->sruns);
   free(p->hruns);
@@ -981,6 +1163,20 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
         st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
     }
   }
+  if (st == ZPP_OK && p->idev && p->nchunks > 0) { /* the tables, no scratch */
+    size_t w = (size_t)zpp_transport_size(ex->t);
+    p->iabs = (zpp_isum_cuda_absmax_run_t *)calloc(w, sizeof *p->iabs);
+    p->ienc = (zpp_isum_cuda_encode_run_t *)calloc(s1 * m1, sizeof *p->ienc);
+    p->isr = (zpp_isum_cuda_sum_run_t *)calloc(m1, sizeof *p->isr);
+    p->ireq = (zpp_isum_cuda_requant_run_t *)calloc(m1, sizeof *p->ireq);
+    p->isrcs = (const uint8_t **)calloc(s1 * m1, sizeof *p->isrcs);
+    if (p->iabs == NULL || p->ienc == NULL || p->isr == NULL ||
+        p->ireq == NULL || p->isrcs == NULL)
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ integer-sum tables");
+    if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8)
+      p->res_seg = zpp_coll_encoded_size(&a->qr, a->count);
+    return st;
+  }
   if (st == ZPP_OK && p->batch) { /* the tables; no per-slice scratch */
     size_t ne = (s1 - 1) * m1 > m1 ? (s1 - 1) * m1 : m1;
     p->eruns = (zpp_qb_enc_run_t *)calloc(ne, sizeof *p->eruns);
@@ -1060,6 +1256,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   p->batch =
       ex->mem != ZPP_MEMORY_HOST &&
       zpp_k_encode_batch_ok(ex, a->q1.block_size, p->rot1 ? a->hadamard : 0);
+  p->idev = a->isum && ex->mem != ZPP_MEMORY_HOST;
   st = qgz_alloc(func, p);
   if (st != ZPP_OK) {
     qgz_release(p);
@@ -1218,18 +1415,16 @@ static int isum_fits(const zpp_transport_t *t, int intra_bits) {
          ZPP_QM_ISUM_MAX;
 }
 
-/* Whether a call of config c (checked) on memory `mem` sums in the
- * compressed domain: ZPP_QGZ_SUM_INT, or DEFAULT with the setting
- * ZPP_QGZ_SUM=int and a config that allows it.  One rank quantizes
- * nothing either way. */
-static int qgz_isum(const zpp_qgz_config_t *c, zpp_memory_t mem,
-                    const zpp_transport_t *t) {
+/* Whether a call of config c (checked) sums in the compressed domain:
+ * ZPP_QGZ_SUM_INT, or DEFAULT with the setting ZPP_QGZ_SUM=int and a
+ * config that allows it (host or device memory alike).  One rank
+ * quantizes nothing either way. */
+static int qgz_isum(const zpp_qgz_config_t *c, const zpp_transport_t *t) {
   int want = c->sum == ZPP_QGZ_SUM_INT;
   if (c->sum == ZPP_QGZ_SUM_DEFAULT)
-    want = zpp_transport_qgz_sum_int(t) &&
-           c->mode == ZPP_QUANT_SYMMETRIC &&
+    want = zpp_transport_qgz_sum_int(t) && c->mode == ZPP_QUANT_SYMMETRIC &&
            c->intra_bits != ZPP_QGZ_INTRA_RAW && c->hadamard == 0 &&
-           mem == ZPP_MEMORY_HOST && isum_fits(t, c->intra_bits);
+           isum_fits(t, c->intra_bits);
   return want && zpp_transport_size(t) > 1;
 }
 
@@ -1288,10 +1483,6 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
     ZPP_CHECK(check_residual_overlap(a->func, ex, cfg, a->send, a->recv,
                                      a->count, a->dtype, residual));
   qgz_config_get(cfg, &cf);
-  if (cf.sum == ZPP_QGZ_SUM_INT && ex->mem != ZPP_MEMORY_HOST)
-    return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
-                     "cfg->sum ZPP_QGZ_SUM_INT: device memory has no "
-                     "integer-sum kernels yet (use ZPP_QGZ_SUM_FLOAT)");
   if (cf.sum == ZPP_QGZ_SUM_INT && !isum_fits(ex->t, cf.intra_bits))
     return zpp_error(ZPP_ERR_UNSUPPORTED, a->func,
                      "cfg->sum ZPP_QGZ_SUM_INT with cfg->intra_bits %d: "
@@ -1305,8 +1496,7 @@ static zpp_status_t qgz_post(zpp_coll_args_t *a, const zpp_exec_t *ex) {
   a->words[0] = (uint64_t)cf.intra_bits | (uint64_t)cf.inter_bits << 8 |
                 (uint64_t)cf.mode << 16 | (uint64_t)cf.rounding << 24 |
                 (uint64_t)cf.residual_bits << 32 |
-                (uint64_t)qgz_isum(&cf, ex->mem, ex->t)
-                    << 40;
+                (uint64_t)qgz_isum(&cf, ex->t) << 40;
   a->words[1] = (uint64_t)cf.block_size;
   /* two fields per word where needed: a mismatch of either changes it */
   a->words[2] = (uint64_t)cf.hadamard ^ (uint64_t)cf.residual_reset << 32;
@@ -1368,6 +1558,6 @@ zpp_status_t zpp_qgz_reduce_scatter(zpp_comm_t comm,
   c->a.dtype = dtype;
   c->a.op = op;
   c->a.residual = residual;
-  c->a.isum = qgz_isum(&cf, ex.mem, ex.t);
+  c->a.isum = qgz_isum(&cf, ex.t);
   return qgz_plan(__func__, c, req);
 }

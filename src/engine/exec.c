@@ -648,3 +648,95 @@ zpp_status_t zpp_k_hadamard_batch(const zpp_exec_t *ex, size_t group,
   return no_device(__func__);
 #endif
 }
+
+/* ---- integer sums on device memory ------------------------------------ */
+
+/* Host memory runs zpp_isum_ops_t in the collective's own steps. */
+static zpp_status_t isum_not_here(const char *func, const zpp_exec_t *ex) {
+  if (ex->mem == ZPP_MEMORY_HOST)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "device memory only (host plans call the CPU "
+                     "integer-sum kernels)");
+#if ZPP_HAVE_CUDA_KERNELS
+  return ZPP_OK;
+#else
+  return no_device(func);
+#endif
+}
+
+zpp_status_t zpp_k_isum_absmax(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_absmax_run_t *runs,
+                               size_t n) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__,
+              zpp_isum_cuda_absmax(c, runs, n, ex->stream, DEVICE_ERRBUF));
+#else
+  (void)c, (void)runs, (void)n;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_isum_agree(const zpp_exec_t *ex, const int8_t *all, size_t n,
+                              int rows, int8_t *out) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_isum_cuda_agree(all, n, rows, out, ex->stream,
+                                            DEVICE_ERRBUF));
+#else
+  (void)all, (void)n, (void)rows, (void)out;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_isum_encode(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_encode_run_t *runs,
+                               size_t n) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__,
+              zpp_isum_cuda_encode(c, runs, n, ex->stream, DEVICE_ERRBUF));
+#else
+  (void)c, (void)runs, (void)n;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_isum_sum(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                            const zpp_isum_cuda_sum_run_t *runs, size_t n,
+                            const uint8_t *const *srcs) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__,
+              zpp_isum_cuda_sum(c, runs, n, srcs, ex->stream, DEVICE_ERRBUF));
+#else
+  (void)c, (void)runs, (void)n, (void)srcs;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_isum_requant(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                                const zpp_isum_cuda_requant_run_t *runs,
+                                size_t n) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__,
+              zpp_isum_cuda_requant(c, runs, n, ex->stream, DEVICE_ERRBUF));
+#else
+  (void)c, (void)runs, (void)n;
+#endif
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_k_isum_finish(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_finish_run_t *runs, size_t n,
+                               const uint8_t *const *srcs, float div) {
+  ZPP_CHECK(isum_not_here(__func__, ex));
+#if ZPP_HAVE_CUDA_KERNELS
+  DEVICE_CALL(__func__, zpp_isum_cuda_finish(c, runs, n, srcs, div, ex->stream,
+                                             DEVICE_ERRBUF));
+#else
+  (void)c, (void)runs, (void)n, (void)srcs, (void)div;
+#endif
+  return ZPP_OK;
+}

@@ -13,6 +13,7 @@
 #include <zpp/zpp.h>
 #include <zpp/zpp_comm.h>
 
+#include "kernels/isum_cuda.h" /* zpp_isum_cuda_*_run_t */
 #include "kernels/quant_cuda.h" /* zpp_qb_*_run_t */
 #include "kernels/transform.h"  /* zpp_tf_run_t */
 #include "transport/transport.h"
@@ -185,6 +186,31 @@ zpp_status_t zpp_k_sum_batch(const zpp_exec_t *ex, const zpp_quant_config_t *q,
 zpp_status_t zpp_k_hadamard_batch(const zpp_exec_t *ex, size_t group,
                                   zpp_dtype_t dtype, const zpp_tf_run_t *runs,
                                   size_t n);
+
+/* ---- integer sums (qgZ sum INT) on device memory ------------------------- */
+
+/* The kernels of src/kernels/isum_cuda.h on the exec's stream: each a table
+ * of runs in one launch per ZPP_ISUM_CUDA_BATCH runs, bitwise the host's
+ * zpp_isum_ops_t (kernels/quant_cpu.h), which host plans call themselves.
+ * Device memory only (else ZPP_ERR_UNSUPPORTED). */
+zpp_status_t zpp_k_isum_absmax(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_absmax_run_t *runs,
+                               size_t n);
+/* out[i] = max over r < rows of all[r n + i] (int8). */
+zpp_status_t zpp_k_isum_agree(const zpp_exec_t *ex, const int8_t *all, size_t n,
+                              int rows, int8_t *out);
+zpp_status_t zpp_k_isum_encode(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_encode_run_t *runs,
+                               size_t n);
+zpp_status_t zpp_k_isum_sum(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                            const zpp_isum_cuda_sum_run_t *runs, size_t n,
+                            const uint8_t *const *srcs);
+zpp_status_t zpp_k_isum_requant(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                                const zpp_isum_cuda_requant_run_t *runs,
+                                size_t n);
+zpp_status_t zpp_k_isum_finish(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
+                               const zpp_isum_cuda_finish_run_t *runs, size_t n,
+                               const uint8_t *const *srcs, float div);
 
 #ifdef __cplusplus
 }

@@ -740,6 +740,22 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
   }
 }
 
+/* The agreement: out[i] = the max over rows r of all[r n + i] (signed: the
+ * all-zero marker -128 loses to every exponent, the non-finite 127 wins),
+ * one thread per byte, grid-stride. */
+__global__ void __launch_bounds__(kCta, kMinCtas)
+    agree_kernel(const int8_t *all, size_t n, unsigned rows, int8_t *out) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int8_t m = all[i];
+    for (unsigned r = 1; r < rows; r++) {
+      const int8_t v = all[(size_t)r * n + i];
+      m = v > m ? v : m;
+    }
+    out[i] = m;
+  }
+}
+
 /* ---- launchers ----------------------------------------------------------- */
 
 /* Threads per block: the smallest power of two >= the chunks of the
@@ -1050,4 +1066,18 @@ extern "C" int zpp_isum_cuda_finish(const zpp_isum_cuda_t *c,
     }
   return ISUM_DISPATCH(finish_dt, c, c, runs, nruns, srcs, div, st, err,
                        errlen);
+}
+
+extern "C" int zpp_isum_cuda_agree(const int8_t *all, size_t n, int rows,
+                                   int8_t *out, void *stream, char *err,
+                                   size_t errlen) {
+  if (rows < 1) {
+    snprintf(err, errlen, "integer-sum agreement: rows %d: must be >= 1", rows);
+    return -1;
+  }
+  if (n == 0)
+    return 0;
+  return launch("integer-sum agreement kernel", agree_kernel,
+                ceil_div(n, (size_t)kCta), kCta, (cudaStream_t)stream, err,
+                errlen, all, n, (unsigned)rows, out);
 }

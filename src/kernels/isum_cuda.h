@@ -2,7 +2,8 @@
  * CUDA kernels of qgZ's compressed-domain sums (sum = ZPP_QGZ_SUM_INT;
  * docs/format.md, "Integer sums"): the device versions of the five
  * zpp_isum_ops_t kernels of quant_cpu.h, bit for bit those of the scalar
- * reference (zpp_isum_*_scalar), each over a table of runs (one run: one
+ * reference (zpp_isum_*_scalar), and the agreement's max over the stage's
+ * exponents; the five over a table of runs (one run: one
  * slice or message, as one call of the host kernel) so that a step makes
  * one launch per 32 runs whatever the number of ranks, on the caller's
  * stream.
@@ -118,6 +119,11 @@ typedef struct {
   size_t first, n;
 } zpp_isum_cuda_finish_run_t;
 
+/* agree: out[i] = max over r < rows of all[r n + i], the stage's exponent
+ * of each block from its members' exponents (rows of n bytes, all-gathered;
+ * out must not overlap all). */
+int zpp_isum_cuda_agree(const int8_t *all, size_t n, int rows, int8_t *out,
+                        void *stream, char *err, size_t errlen);
 int zpp_isum_cuda_absmax(const zpp_isum_cuda_t *c,
                          const zpp_isum_cuda_absmax_run_t *runs, size_t nruns,
                          void *stream, char *err, size_t errlen);
