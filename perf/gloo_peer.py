@@ -202,7 +202,14 @@ def check_allgather(variant, out, shards, chk: Check) -> None:
             chk.add(got, xs, eq.numpy())
 
 
-def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Check) -> None:
+def rs_gloo_bound(got, xs: list, divisions: int, pre: bool, fp32: bool):
+    """(float64 mean, per-element bound) of gloo's mean of xs (float64
+    arrays of bf16 values) as got (float64 array of the output): the sum
+    in any order (gamma_{W-1}), each input divided first when pre, and
+    ``divisions`` roundings of divisions of the result.  The divisions
+    are FSDP2's: its factors multiply to W (pre * post = W, or AVG alone),
+    so the exact result of every plan is the mean; a plan whose factors
+    did not would be checked against the wrong value."""
     w = len(xs)
     u = 2.0 ** -24 if fp32 else 2.0 ** -8 + 2.0 ** -24
     tiny = 2.0 ** -150 if fp32 else 2.0 ** -134
@@ -212,12 +219,17 @@ def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Che
     for x in xs:
         ref += x
         abssum += np.abs(x)
-    got = f64(out)
     ref /= w
     bound = (gamma * abssum + (w - 1) * tiny) / w
     if pre:  # each input divided before the sum: one more rounding each
         bound += u * abssum / w + tiny
     bound += divisions * ((u + 2.0 ** -24) * np.abs(got) + tiny)
+    return ref, bound
+
+
+def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Check) -> None:
+    got = f64(out)
+    ref, bound = rs_gloo_bound(got, xs, divisions, pre, fp32)
     chk.add(got, ref, np.abs(got - ref) <= bound)
 
 
@@ -244,10 +256,11 @@ def check_rs_zpp_bf16(out, xs32: list, node_of: list, hier: bool, chk: Check) ->
     chk.add(got, ref, (out.view(torch.int16) == want_t.view(torch.int16)).numpy())
 
 
-def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
-                 chk: Check) -> None:
-    """The two-stage bound of docs/collectives.md (rs_check_qgz of zpp-bench),
-    MEAN, bf16 output; blocks of BLOCK elements from the slice's start."""
+def rs_qgz_bound(got, xs: list, node_of: list, me: int, bits1: int, bits2: int):
+    """(float64 mean, per-element bound): the two-stage bound of
+    docs/collectives.md (rs_check_qgz of zpp-bench), MEAN, bf16 output
+    (got: float64 array of it); blocks of BLOCK elements from the slice's
+    start."""
     w = len(xs)
     nodes = sorted(set(node_of))
     m = len(nodes)
@@ -281,11 +294,16 @@ def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
         rng2 = np.repeat(pad.reshape(nb, BLOCK).max(axis=1), BLOCK)[:n]
         scale2 = rng2 / levels2 * (1 + 2.0 ** -22)
         h2 += quant_bound(scale2, rng2, u[k], 0.0, False)
-    got = f64(out)
     acc = (w + m) * 2.0 ** -23 * (abssum + h1sum + h2)
     bound = (h1sum + h2 + acc) / w + 2.0 ** -24 * np.abs(got)
     bound += 2.0 ** -8 * np.abs(got) + 1e-30
-    ref = s / w
+    return s / w, bound
+
+
+def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
+                 chk: Check) -> None:
+    got = f64(out)
+    ref, bound = rs_qgz_bound(got, xs, node_of, me, bits1, bits2)
     chk.add(got, ref, np.abs(got - ref) <= bound)
 
 

@@ -8,6 +8,10 @@ cluster (perf/gloo_peer_study.sh runs them on one):
   and bf16 (pass), with one bit flipped or summed in another order (fail);
   gloo's mean (pass) with one element moved by 1 (fail); qgZ's two
   stages simulated with zpp.quant (pass), one element moved by 100 (fail);
+- the reduce-scatter bounds are tight from both sides: a legal but bad
+  order (sequential sums sorted by magnitude, gloo in bf16 and fp32, qgZ's
+  fp32 stages) passes and uses a fair part of its bound, and every
+  element moved to 1.5x and 2x the bound the check computes fails;
 - the table from a CSV of random times: every median, paired ratio, link
   bound and wrong count recomputed here; a CSV with other columns is
   refused (exit 2).
@@ -237,3 +241,85 @@ def test_table_from_random_csv(rng, tmp_path):
     p = subprocess.run([sys.executable, str(TABLE), str(src), str(out)], capture_output=True,
                        text=True)
     assert p.returncode == 2 and "columns" in p.stderr
+
+
+def bf16_seq_mean(parts, fp32):
+    """A legal but bad order of gloo's mean: per element the inputs summed
+    one after another from the largest magnitude down, each addition
+    rounded to the dtype (bf16: through fp32, one rounding of the exact
+    sum of two bf16 values), then one division by W rounded to the dtype."""
+    w = len(parts)
+    x = torch.stack([p.float() for p in parts])  # [W, m]
+    order = torch.argsort(x.abs(), dim=0, descending=True)
+    x = torch.gather(x, 0, order)
+    dt = torch.float32 if fp32 else torch.bfloat16
+    acc = x[0].to(dt)
+    for r in range(1, w):
+        acc = (acc.float() + x[r]).to(dt)  # exact in fp32 for bf16 operands
+    return (acc.float() / w).to(dt) if not fp32 else acc / torch.tensor(float(w))
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+def test_rs_gloo_bound_tight(rng, fp32):
+    """The bound admits a sequential sum sorted by magnitude (a legal
+    order of gloo's reduction) and refuses every element moved to 1.5x and
+    2x the bound the check computes."""
+    w, m = 12, 3000  # (not a power of 2: the division rounds)
+    parts = [bf16(rng.standard_normal(m) * 10.0 ** rng.integers(-2, 3)) for _ in range(w)]
+    xs = [p.double().numpy() for p in parts]
+    out = bf16_seq_mean(parts, fp32)
+    chk = gp.Check()
+    gp.check_rs_gloo(out, xs, 1, False, fp32, chk)
+    assert (chk.wrong, chk.checked) == (0, m)
+    ref, bound = gp.rs_gloo_bound(out.double().numpy(), xs, 1, False, fp32)
+    used = float(np.max(np.abs(out.double().numpy() - ref) / bound))
+    print("sequential sorted sum: largest error %.3f of the bound" % used)
+    assert used > 0.05  # (the bound is not loose by orders of magnitude)
+    sign = np.where(rng.integers(0, 2, m) == 1, 1.0, -1.0)
+    for k in (1.5, 2.0):
+        moved = torch.from_numpy(ref + sign * k * bound).to(out.dtype)
+        chk = gp.Check()
+        gp.check_rs_gloo(moved, xs, 1, False, fp32, chk)
+        assert chk.wrong == m, (k, chk.wrong)
+
+
+def test_rs_qgz_bound_tight(rng):
+    """qgZ's two stages simulated with zpp.quant, each fp32 accumulation
+    in a legal but bad order (per element from the largest magnitude
+    down), the result rounded to bf16: within the check's bound; every
+    element moved to 1.5x and 2x that bound is refused."""
+    node_of, me, m = [0, 0, 0, 0, 1, 1, 1, 1], 1, 2000
+    w = len(node_of)
+    parts = [bf16(rng.standard_normal(m) * 10.0 ** rng.integers(-2, 2)) for _ in node_of]
+    xs = [p.double().numpy() for p in parts]
+
+    def q4(t):
+        return zpp.quant.decode(zpp.quant.encode(t, bits=4, block=gp.BLOCK), t.numel(),
+                                bits=4, block=gp.BLOCK)
+
+    def sorted_sum(ts):
+        x = torch.stack(ts)
+        x = torch.gather(x, 0, torch.argsort(x.abs(), dim=0, descending=True))
+        acc = x[0].clone()
+        for t in x[1:]:
+            acc = acc + t  # fp32
+        return acc
+
+    local = [0, 1, 2, 3, 0, 1, 2, 3]
+    stage1 = [q4(p) if local[r] != local[me] else p.float() for r, p in enumerate(parts)]
+    p0 = sorted_sum(stage1[:4])
+    p1 = q4(sorted_sum(stage1[4:]))
+    out = (sorted_sum([p1, p0]) / torch.tensor(float(w))).to(torch.bfloat16)
+    chk = gp.Check()
+    gp.check_rs_qgz(out, xs, node_of, me, 4, 4, chk)
+    assert (chk.wrong, chk.checked) == (0, m)
+    ref, bound = gp.rs_qgz_bound(out.double().numpy(), xs, node_of, me, 4, 4)
+    used = float(np.max(np.abs(out.double().numpy() - ref) / bound))
+    print("qgZ, sorted fp32 sums: largest error %.3f of the bound" % used)
+    assert used > 0.05
+    sign = np.where(rng.integers(0, 2, m) == 1, 1.0, -1.0)
+    for k in (1.5, 2.0):
+        moved = torch.from_numpy(ref + sign * k * bound).to(torch.bfloat16)
+        chk = gp.Check()
+        gp.check_rs_qgz(moved, xs, node_of, me, 4, 4, chk)
+        assert chk.wrong == m, (k, chk.wrong)
