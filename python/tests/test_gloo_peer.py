@@ -14,7 +14,15 @@ cluster (perf/gloo_peer_study.sh runs them on one):
   element moved to 1.5x and 2x the bound the check computes fails;
 - the table from a CSV of random times: every median, paired ratio, link
   bound and wrong count recomputed here; a CSV with other columns is
-  refused (exit 2).
+  refused (exit 2);
+- the worker's arguments: odd, zero and repeated sizes and a repeated
+  collective are refused (exit 2); without FSDP2's divide factors it says
+  why, on stderr and in the row;
+- the worker itself under mpirun -np 4 (ZPP_TOPO=2x2, loopback, 64 KiB, 2
+  repetitions): every row, none wrong, every element checked, exit 0; and
+  under mpirun -np 2 with zpp's all-gather made wrong in one timed call
+  of one rank: that row alone is wrong, every row printed, exit 3; a size
+  that is no multiple of W elements is refused before any call (exit 2).
 
 Seed: ZPP_TEST_SEED (default 20261207), printed.
 """
@@ -29,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, env, run_bounded
 
 import zpp
 
@@ -323,3 +331,121 @@ def test_rs_qgz_bound_tight(rng):
         chk = gp.Check()
         gp.check_rs_qgz(moved, xs, node_of, me, 4, 4, chk)
         assert chk.wrong == m, (k, chk.wrong)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--sizes", "64K,64K"], "given twice"),
+    (["--sizes", "65537"], "even"),
+    (["--sizes", "0"], "even"),
+    (["--sizes", "64K", "--colls", "allgather,allgather"], "given twice"),
+])
+def test_worker_refuses(args, text, capsys):
+    with pytest.raises(SystemExit) as e:
+        gp.parse_args(args)
+    assert e.value.code == 2
+    assert text in capsys.readouterr().err
+
+
+def launch(np_, args, topo, tmp_path=None, driver=None):
+    e = env(ZPP_TOPO=topo)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
+           "--bind-to", "none", "-np", str(np_)]
+    for k in ("PYTHONPATH", "ZPP_LIBRARY", "MASTER_ADDR", "MASTER_PORT",
+              "OMPI_MCA_mpi_yield_when_idle", "ZPP_TOPO"):
+        cmd += ["-x", k]
+    prog = driver or ROOT / "perf" / "gloo_peer.py"
+    return run_bounded(cmd + [sys.executable, str(prog)] + args, 240, env=e, text=True)
+
+
+def rows_of(stdout):
+    lines = [l for l in stdout.splitlines() if l.count(",") == gp.HEADER.count(",")]
+    assert lines and lines[0] == gp.HEADER, stdout
+    keys = gp.HEADER.split(",")
+    return [dict(zip(keys, l.split(","))) for l in lines[1:]]
+
+
+def test_worker_under_mpirun(have_mpirun):
+    reps = 2
+    p = launch(4, ["--sizes", "64K", "--reps", str(reps), "--label", "2x2,none", "--header"],
+               "2x2")
+    assert p.returncode == 0, p.stderr[-4000:]
+    rows = rows_of(p.stdout)
+    w, n = 4, 65536 // 2
+    assert len(rows) == 2 * 4 * reps, p.stdout
+    seen = set()
+    for r in rows:
+        key = (r["coll"], r["variant"], int(r["rep"]))
+        assert key not in seen
+        seen.add(key)
+        assert (r["layout"], r["rate"], int(r["size"]), int(r["elems"]), int(r["world"]),
+                int(r["nodes"])) == ("2x2", "none", 65536, n, w, 2), r
+        assert int(r["wrong"]) == 0, r
+        # every rank checks its output: all-gather N each, reduce-scatter N / W
+        assert int(r["checked"]) == (w * n if r["coll"] == "allgather" else n), r
+        assert float(r["time_us"]) > 0
+        assert (r["link_bytes"] == "") == r["variant"].startswith("gloo"), r
+    assert {v for c, v, _ in seen if c == "allgather"} == set(gp.AG_VARIANTS)
+    assert {v for c, v, _ in seen if c == "reducescatter"} == set(gp.RS_VARIANTS)
+
+
+CORRUPT = """
+import importlib.util, os, sys
+import torch
+import zpp
+spec = importlib.util.spec_from_file_location("gloo_peer", sys.argv.pop(1))
+gp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gp)
+orig, calls = zpp.Comm.allgather, [0]
+def allgather(self, send, out, *a, **k):
+    r = orig(self, send, out, *a, **k)
+    calls[0] += 1  # the untimed calls, then repetition 1's timed one
+    if calls[0] == gp.UNTIMED + 1 and os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+        out.view(torch.int16)[5] ^= 1
+    return r
+zpp.Comm.allgather = allgather
+sys.exit(gp.main())
+"""
+
+
+def test_worker_wrong_exits_3(have_mpirun, tmp_path):
+    drv = tmp_path / "corrupt.py"
+    drv.write_text(CORRUPT)
+    p = launch(2, [ROOT / "perf" / "gloo_peer.py", "--sizes", "8K", "--reps", "2",
+                   "--colls", "allgather", "--header"], "2x1", driver=drv)
+    assert p.returncode == 3, (p.returncode, p.stdout, p.stderr[-4000:])
+    rows = rows_of(p.stdout)
+    assert len(rows) == 4 * 2
+    for r in rows:
+        bad = (r["variant"], r["rep"]) == ("zpp-bf16", "1")
+        assert int(r["wrong"]) == (1 if bad else 0), r
+    assert "1 wrong elements" in p.stderr
+    # a size of 3 elements: no multiple of 2 ranks, refused before any call
+    p = launch(2, ["--sizes", "6", "--reps", "1", "--header"], "2x1")
+    assert p.returncode == 2 and "not a positive multiple of the 2 ranks" in p.stderr, (
+        p.returncode, p.stdout, p.stderr[-4000:])
+    assert gp.HEADER not in p.stdout
+
+
+def test_fsdp2_fallback_says_why(capsys, monkeypatch):
+    """Where FSDP2's private _get_gradient_divide_factors cannot be had
+    (here: a module without it): SUM then / W, and the reason on stderr
+    (rank 0) and in the row's call field."""
+    import types
+
+    name = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+
+    class Group:
+        def size(self):
+            return 4
+
+        def rank(self):
+            return 0
+
+    pre, post, op, words = gp.fsdp2_rs_plan(Group(), torch.bfloat16)
+    assert (pre, post, str(op).split(".")[-1]) == (None, 4.0, "SUM")
+    err = capsys.readouterr().err
+    why = words.split("failed: ")[1][:-1]
+    assert why.startswith("ImportError") and "_get_gradient_divide_factors" in why, words
+    assert "," not in words and "\n" not in words, words
+    assert why in err, (words, err)
