@@ -243,6 +243,7 @@ def rs_gloo_bound(got, xs: list, divisions: int, pre: bool, fp32: bool):
 
 
 def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Check) -> None:
+    # against the mean: assumes FSDP2's pre * post = W (rs_gloo_bound)
     got = f64(out)
     ref, bound = rs_gloo_bound(got, xs, divisions, pre, fp32)
     chk.add(got, ref, np.abs(got - ref) <= bound)
