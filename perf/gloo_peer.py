@@ -9,10 +9,12 @@ CSV rows on stdout.
     python perf/gloo_peer.py --print-header     the CSV header alone
 
 Per size (bytes of the FULL gathered / reduced tensor in bf16, N = size / 2
-elements; the fp32 rows carry the same N values, twice the bytes) and
-collective, one untimed call of every variant (its output checked), then
-REPS rounds of one timed call of each variant, round k starting k variants
-later (a slow phase of the shared machine falls on every variant alike):
+elements, a positive multiple of W; the fp32 rows carry the same N values,
+twice the bytes) and collective, two untimed calls of every variant (the
+warm-up; their outputs checked), then REPS rounds of one timed call of
+each variant, round k starting k variants later (a slow phase of the
+shared machine falls on every variant alike).  REPS=2 is a smoke test
+only: a median of two is their mean.
 
   all-gather (each rank's shard N / W elements, output N):
     gloo-bf16, gloo-fp32   dist.all_gather_into_tensor (FSDP2's unshard on
@@ -24,8 +26,9 @@ later (a slow phase of the shared machine falls on every variant alike):
                            divisions FSDP2 itself picks for a gloo group and
                            that reduce dtype (its _get_gradient_divide_factors:
                            ReduceOp.AVG for bf16 and fp32 in torch 2.15; gloo
-                           takes SUM and AVG and refuses PREMUL_SUM), else SUM
-                           then / W
+                           takes SUM and AVG and refuses PREMUL_SUM); where
+                           that private function fails, SUM then / W, the
+                           reason on rank 0's stderr and in the rows' call
     zpp-bf16               zpp.Comm.reduce_scatter(op="mean")
     zpp-qgz4               zpp.Comm.qgz_reduce_scatter(op="mean", intra 4,
                            inter 4 bits, block 256, no error feedback)
@@ -34,8 +37,10 @@ Data: rank r's values are normal(0, 1) rounded to bf16, from a generator
 keyed by (seed, N, r, j) for the j-th of its W equal chunks, so every rank
 computes any rank's chunk for the checks.
 
-Checks (every call's output: the untimed one in full, each timed one
-bitwise against it, in full again where it differs):
+Checks (every call's output, written into a buffer filled with NaN: the
+first untimed one in full, every later one bitwise against it, in full
+again where it differs; the second untimed call's wrong elements count in
+the first repetition's row):
   all-gather, exact rows     bitwise equal to every rank's input
   zpp-qwz8                   |out - in| within the per-element bound of
                              docs/format.md for the input's block (the
@@ -57,8 +62,10 @@ time is the slowest rank's.  link_bytes (zpp rows): the bytes a node's
 ranks sent to other nodes in the untimed call (zpp's counters), the
 largest over nodes; gloo's are not counted.
 
-CSV columns: the HEADER below (label's two fields first).  Exit status 0
-also when a row is wrong (its wrong column says so); 1 on a failure.
+CSV columns: the HEADER below (label's two fields first).  Exit status: 0
+every output right; 3 some output wrong (every row printed, their wrong
+column says which); 2 a bad argument (a size that is not a positive
+multiple of W elements: before any call); 1 another failure.
 """
 
 import argparse
@@ -73,6 +80,7 @@ import numpy as np
 HEADER = ("layout,rate,coll,variant,impl,call,dtype,size,elems,world,nodes,rep,"
           "time_us,wrong,checked,max_err,link_bytes")
 BLOCK = 256
+UNTIMED = 2  # untimed calls of each variant before the repetitions (warm-up)
 AG_VARIANTS = ("gloo-bf16", "zpp-bf16", "gloo-fp32", "zpp-qwz8")
 RS_VARIANTS = ("gloo-bf16", "zpp-bf16", "gloo-fp32", "zpp-qgz4")
 
@@ -104,6 +112,11 @@ def parse_args(argv=None):
     o.sizes = [size_bytes(s) for s in o.sizes.split(",") if s]
     if not o.sizes:
         ap.error("--sizes: none given")
+    for s in o.sizes:
+        if s < 2 or s % 2:
+            ap.error("--sizes: %d bytes: must be a positive even number (bytes of bf16)" % s)
+    if len(set(o.sizes)) != len(o.sizes):
+        ap.error("--sizes: %s: a size given twice" % ",".join(map(str, o.sizes)))
     if not 1 <= o.reps <= 1000:
         ap.error("--reps %d: must be 1..1000" % o.reps)
     if len(o.label.split(",")) != 2:
@@ -112,6 +125,8 @@ def parse_args(argv=None):
     for c in o.colls:
         if c not in ("allgather", "reducescatter"):
             ap.error("--colls: %r is not allgather or reducescatter" % c)
+    if len(set(o.colls)) != len(o.colls):
+        ap.error("--colls: %s: a collective given twice" % ",".join(o.colls))
     return o
 
 
@@ -202,7 +217,14 @@ def check_allgather(variant, out, shards, chk: Check) -> None:
             chk.add(got, xs, eq.numpy())
 
 
-def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Check) -> None:
+def rs_gloo_bound(got, xs: list, divisions: int, pre: bool, fp32: bool):
+    """(float64 mean, per-element bound) of gloo's mean of xs (float64
+    arrays of bf16 values) as got (float64 array of the output): the sum
+    in any order (gamma_{W-1}), each input divided first when pre, and
+    ``divisions`` roundings of divisions of the result.  The divisions
+    are FSDP2's: its factors multiply to W (pre * post = W, or AVG alone),
+    so the exact result of every plan is the mean; a plan whose factors
+    did not would be checked against the wrong value."""
     w = len(xs)
     u = 2.0 ** -24 if fp32 else 2.0 ** -8 + 2.0 ** -24
     tiny = 2.0 ** -150 if fp32 else 2.0 ** -134
@@ -212,12 +234,18 @@ def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Che
     for x in xs:
         ref += x
         abssum += np.abs(x)
-    got = f64(out)
     ref /= w
     bound = (gamma * abssum + (w - 1) * tiny) / w
     if pre:  # each input divided before the sum: one more rounding each
         bound += u * abssum / w + tiny
     bound += divisions * ((u + 2.0 ** -24) * np.abs(got) + tiny)
+    return ref, bound
+
+
+def check_rs_gloo(out, xs: list, divisions: int, pre: bool, fp32: bool, chk: Check) -> None:
+    # against the mean: assumes FSDP2's pre * post = W (rs_gloo_bound)
+    got = f64(out)
+    ref, bound = rs_gloo_bound(got, xs, divisions, pre, fp32)
     chk.add(got, ref, np.abs(got - ref) <= bound)
 
 
@@ -244,10 +272,11 @@ def check_rs_zpp_bf16(out, xs32: list, node_of: list, hier: bool, chk: Check) ->
     chk.add(got, ref, (out.view(torch.int16) == want_t.view(torch.int16)).numpy())
 
 
-def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
-                 chk: Check) -> None:
-    """The two-stage bound of docs/collectives.md (rs_check_qgz of zpp-bench),
-    MEAN, bf16 output; blocks of BLOCK elements from the slice's start."""
+def rs_qgz_bound(got, xs: list, node_of: list, me: int, bits1: int, bits2: int):
+    """(float64 mean, per-element bound): the two-stage bound of
+    docs/collectives.md (rs_check_qgz of zpp-bench), MEAN, bf16 output
+    (got: float64 array of it); blocks of BLOCK elements from the slice's
+    start."""
     w = len(xs)
     nodes = sorted(set(node_of))
     m = len(nodes)
@@ -281,11 +310,16 @@ def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
         rng2 = np.repeat(pad.reshape(nb, BLOCK).max(axis=1), BLOCK)[:n]
         scale2 = rng2 / levels2 * (1 + 2.0 ** -22)
         h2 += quant_bound(scale2, rng2, u[k], 0.0, False)
-    got = f64(out)
     acc = (w + m) * 2.0 ** -23 * (abssum + h1sum + h2)
     bound = (h1sum + h2 + acc) / w + 2.0 ** -24 * np.abs(got)
     bound += 2.0 ** -8 * np.abs(got) + 1e-30
-    ref = s / w
+    return s / w, bound
+
+
+def check_rs_qgz(out, xs: list, node_of: list, me: int, bits1: int, bits2: int,
+                 chk: Check) -> None:
+    got = f64(out)
+    ref, bound = rs_qgz_bound(got, xs, node_of, me, bits1, bits2)
     chk.add(got, ref, np.abs(got - ref) <= bound)
 
 
@@ -305,14 +339,18 @@ def fsdp2_rs_plan(pg, dtype):
         how = "FSDP2's _get_gradient_divide_factors"
     except Exception as e:  # (private: another torch may lack it)
         pre, post, op = None, float(pg.size()), dist.ReduceOp.SUM
-        how = "SUM then / W (FSDP2's factors unavailable: %s)" % type(e).__name__
+        # (a row's call field: no commas, one line)
+        why = " ".join(("%s: %s" % (type(e).__name__, e)).replace(",", ";").split())
+        how = "SUM then / W: FSDP2's _get_gradient_divide_factors failed: %s" % why
+        if pg.rank() == 0:
+            print("gloo_peer.py: %s" % how, file=sys.stderr, flush=True)
     name = str(op).split(".")[-1].replace("RedOpType", "")
     words = "reduce_scatter_tensor op=%s" % name
     if pre:
         words += " pre/%g" % pre
     if post:
         words += " then /%g" % post
-    return pre, post, op, words + " (%s)" % how.split(" (")[0]
+    return pre, post, op, words + " (%s)" % how
 
 
 def main(argv=None) -> int:
@@ -326,6 +364,13 @@ def main(argv=None) -> int:
     tmo = float(os.environ.get("ZPP_TIMEOUT_S", "300") or 300)
     zpp.init_process_group("gloo", timeout=datetime.timedelta(seconds=tmo if tmo > 0 else 1800))
     rank, w = dist.get_rank(), dist.get_world_size()
+    for size in o.sizes:  # every size before any call (every rank alike)
+        if size // 2 % w or size < 2 * w:
+            if rank == 0:
+                print("gloo_peer.py: --sizes: %d bytes: %d bf16 elements, not a positive "
+                      "multiple of the %d ranks" % (size, size // 2, w), file=sys.stderr)
+            dist.destroy_process_group()
+            return 2
     comm = zpp.Comm.from_mpi()
     node_of = [comm.node_of(r) for r in range(w)]
     nnodes = comm.nnodes
@@ -339,16 +384,15 @@ def main(argv=None) -> int:
     layout, rate = o.label.split(",")
     if rank == 0 and o.header:
         print(HEADER, flush=True)
+    wrong = 0
     for size in o.sizes:
         n = size // 2
-        if n % w:
-            raise SystemExit("gloo_peer.py: size %d: %d bf16 elements, not a multiple of "
-                             "the %d ranks" % (size, n, w))
         m = n // w
         for coll in o.colls:
             rows = run_coll(o, coll, n, m, rank, w, comm, pg, plans, node_of, hier)
             gathered = [None] * w
             dist.all_gather_object(gathered, rows, group=pg)
+            wrong += sum(rec["wrong"] for g in gathered for rec in g.values())
             if rank != 0:
                 continue
             for key in rows:
@@ -369,6 +413,11 @@ def main(argv=None) -> int:
                     "%.3g" % max(r_["max_err"] for r_ in recs), link)), flush=True)
     comm.close()
     dist.destroy_process_group()
+    if wrong:  # (every rank: mpirun's status is the first non-zero one)
+        if rank == 0:
+            print("gloo_peer.py: %d wrong elements (the rows' wrong column)" % wrong,
+                  file=sys.stderr)
+        return 3
     return 0
 
 
@@ -439,15 +488,21 @@ def run_coll(o, coll, n, m, rank, w, comm, pg, plans, node_of, hier):
     rec = {}
     first = {}
     base = {}
-    for v in variants:  # the untimed call of each: checked in full
-        comm.reset_stats()
-        dist.barrier()
-        calls[v][0]()
-        inter = comm.stats()["inter_bytes_sent"] if v.startswith("zpp") else 0
-        chk = Check()
-        check(v, chk)
-        first[v] = outs[v].clone()
-        base[v] = (chk, inter)
+    warm = {v: Check() for v in variants}  # later untimed calls unlike the first
+    for v in variants:  # the untimed calls of each: the first checked in full
+        for k in range(UNTIMED):
+            outs[v].fill_(float("nan"))
+            comm.reset_stats()
+            dist.barrier()
+            calls[v][0]()
+            if k == 0:
+                inter = comm.stats()["inter_bytes_sent"] if v.startswith("zpp") else 0
+                chk = Check()
+                check(v, chk)
+                first[v] = outs[v].clone()
+                base[v] = (chk, inter)
+            elif not same_bits(outs[v], first[v]):
+                check(v, warm[v])
     for rep in range(1, o.reps + 1):
         k = (rep - 1) % len(variants)
         for v in variants[k:] + variants[:k]:
@@ -460,6 +515,11 @@ def run_coll(o, coll, n, m, rank, w, comm, pg, plans, node_of, hier):
             if not same_bits(outs[v], first[v]):
                 chk = Check()
                 check(v, chk)
+            if rep == 1:  # a warm-up call unlike the first counts in the first row
+                both = Check()
+                both.wrong, both.checked = chk.wrong + warm[v].wrong, chk.checked + warm[v].checked
+                both.max_err = max(chk.max_err, warm[v].max_err)
+                chk = both
             rec[(v, rep)] = {"time": t, "wrong": chk.wrong, "checked": chk.checked,
                              "max_err": chk.max_err, "inter": inter, "call": calls[v][1]}
     return rec

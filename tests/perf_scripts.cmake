@@ -2,7 +2,7 @@
 # no build needed): tests/convergence_study_test.sh,
 # tests/cluster_train_test.sh, tests/bandwidth_train_table_test.sh,
 # tests/bandwidth_study_timeout_test.sh, tests/cluster_ab_test.sh,
-# tests/softirq_wait_test.sh.  Label
+# tests/softirq_wait_test.sh, tests/gloo_peer_study_test.sh.  Label
 # "scripts" (run by `make test`'s ctest of the build tree, not again under
 # ASan).
 add_test(NAME convergence_study_script
@@ -42,3 +42,11 @@ set_tests_properties(cluster_ab_script PROPERTIES LABELS scripts TIMEOUT 60)
 add_test(NAME softirq_wait_script
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/softirq_wait_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(softirq_wait_script PROPERTIES LABELS scripts TIMEOUT 60)
+
+# perf/gloo_peer_study.sh on a copy with a stand-in cluster script: its
+# refusals of bad settings before any cluster, one launch per (layout,
+# rate, size), a wrong output's rows kept and a failure status, the
+# printed commands rerunning the same launches (about 3 s)
+add_test(NAME gloo_peer_study_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gloo_peer_study_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(gloo_peer_study_script PROPERTIES LABELS scripts TIMEOUT 60)
