@@ -340,9 +340,19 @@ struct Scenario {
   const char *topo; // emulated node map (nullptr: one real host)
   int victim;
   When when;
-  int idle = -1;             // a live rank that never calls shrink (-1: none)
-  double shrink_timeout = 0; // zpp_shrink_config_t.timeout_s (0: default)
+  int idle = -1;              // a live rank that never calls shrink (-1: none)
+  double shrink_timeout = 0;  // zpp_shrink_config_t.timeout_s (0: default)
+  int second = -1;            // a rank killed during the shrink (-1: none)
+  const char *second_at = ""; // ... at this point of zpp_comm_shrink
+  int want = ZPP_OK;          // what every other survivor's shrink returns
 };
+
+// The second victim: SIGKILLs itself at a named point of the shrink.
+const char *g_die_at = "";
+void die_at(int, const char *point) {
+  if (std::strcmp(point, g_die_at) == 0)
+    raise(SIGKILL);
+}
 
 // Collectives until one fails; then the shrink, a check of the new
 // communicator, and one exact round on it.
@@ -385,6 +395,10 @@ Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
   if (i == sc.idle) {
     // alive, but calls shrink only long after the others decided
     usleep((useconds_t)(kTimeout * 2.5e6));
+  }
+  if (i == sc.second) {
+    g_die_at = sc.second_at;
+    zpp_shrink_test_hook = die_at;
   }
   zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
   cfg.timeout_s = sc.shrink_timeout;
@@ -457,18 +471,36 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
   std::vector<int> out = {sc.victim};
   if (sc.idle >= 0)
     out.push_back(sc.idle);
+  if (sc.second >= 0)
+    out.push_back(sc.second);
   const std::string want = expected_map(sc.n, out);
+  const double bound = sc.shrink_timeout > 0 ? sc.shrink_timeout : 3 * kTimeout;
   double worst = 0;
   for (int i = 0; i < sc.n; i++) {
     if (i == sc.victim)
       continue;
     const Res &r = res[i];
     SCOPED_TRACE("rank " + std::to_string(i));
+    if (i == sc.second) {
+      EXPECT_EQ(r.status, 99) << "the second victim did not die: " << r.msg;
+      continue;
+    }
     EXPECT_NE(r.coll_status, 0)
         << "the collective with the dead rank did not fail";
+    // every wait bounded: the collective's timeout, the shrink's bound
+    EXPECT_LT(r.t_shrunk - r.t_fail, bound + 1.0);
     if (i == sc.idle) {
       EXPECT_EQ(r.status, ZPP_ERR_EXCLUDED) << r.msg;
       EXPECT_NE(r.msg.find("after the decision"), std::string::npos) << r.msg;
+      continue;
+    }
+    if (sc.want != ZPP_OK) {
+      EXPECT_EQ(r.status, sc.want) << r.msg;
+      EXPECT_NE(r.msg.find("rank " + std::to_string(sc.second)),
+                std::string::npos)
+          << "the error does not name the second victim: " << r.msg;
+      std::printf("rank %d: shrink failed %.3f s after its call: %s\n", i,
+                  r.t_shrunk - r.t_fail, r.msg.c_str());
       continue;
     }
     ASSERT_EQ(r.status, ZPP_OK) << r.msg;
@@ -476,9 +508,6 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     EXPECT_EQ(r.new_size, sc.n - (int)out.size());
     EXPECT_TRUE(r.exact) << r.msg;
     EXPECT_EQ(r.node_sizes, want_nodes);
-    // every wait bounded: the collective's timeout, the shrink's bound
-    double bound = sc.shrink_timeout > 0 ? sc.shrink_timeout : 3 * kTimeout;
-    EXPECT_LT(r.t_shrunk - r.t_fail, bound + 1.0);
     EXPECT_LT(r.t_destroyed - r.t_exact, 3.0)
         << "destroying the old communicator";
     worst = std::max(worst, r.t_exact - job.t_kill);
@@ -488,9 +517,17 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
         i, r.t_fail - job.t_kill, r.coll_status, r.t_shrunk - r.t_fail,
         r.t_exact - job.t_kill);
   }
+  if (sc.want != ZPP_OK)
+    return;
   std::printf("death to the first exact collective on every survivor: %.3f s "
               "(ZPP_TIMEOUT_S %.1f s)\n",
               worst, kTimeout);
+  // the target: the slowest survivor's collective times out (ZPP_TIMEOUT_S),
+  // then the shrink and the first collective take at most 2 s more; a rank
+  // that never joins costs the coordinator's join window on top
+  if (sc.idle < 0 && sc.second < 0) {
+    EXPECT_LT(worst, kTimeout + 2.0);
+  }
 }
 
 TEST(Shrink, KillBeforeAllGather1x4) {
@@ -524,6 +561,121 @@ TEST(Shrink, LiveRankThatDoesNotJoinIsExcluded) {
   Scenario sc{4, "2x2", 3, When::Before};
   sc.idle = 2;
   run_scenario(sc, "2");
+}
+
+// A second rank dies after the coordinator's decision reached it: the
+// creation of the new communicator, the commit, fails on every other
+// survivor with ZPP_ERR_PEER_FAILED naming it, within the bound.
+TEST(Shrink, SecondKillAfterTheDecisionFailsEverySurvivor) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.second = 2;
+  sc.second_at = "decided";
+  sc.want = ZPP_ERR_PEER_FAILED;
+  run_scenario(sc, "");
+}
+
+// The coordinator (rank 0) dies while it decides: the others saw its
+// connection close before any decision, and rank 1 takes over.
+TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
+  Scenario sc{4, "2x2", 3, When::Before};
+  sc.second = 0;
+  sc.second_at = "deciding";
+  run_scenario(sc, "1,1");
+}
+
+// Nobody died: every rank calls shrink, and the new communicator holds
+// them all, in order; the old one is aborted.
+TEST(Shrink, WithoutAFailureKeepsEveryRank) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Job job(3, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 3, c, "0,1,1");
+    c.ready();
+    std::vector<int> map(3, -7);
+    zpp_comm_t nc = nullptr;
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.msg = zpp_get_last_error();
+    if (res.status == ZPP_OK) {
+      for (int r = 0; r < 3; r++)
+        res.map += (r ? "," : "") + std::to_string(map[r]);
+      zpp_comm_size(nc, &res.new_size);
+      zpp_comm_nnodes(nc, &res.nnodes);
+      std::string why;
+      res.exact = exact_round(nc, {0, 1, 2}, 7, &why) == 0;
+      if (!res.exact)
+        res.msg = why;
+      std::vector<float> x(4), y(12);
+      res.coll_status = zpp_allgather(comm, x.data(), y.data(), 4, ZPP_FLOAT32,
+                                      nullptr, nullptr);
+      zpp_comm_destroy(nc);
+    }
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  ASSERT_TRUE(job.all_ready(20));
+  std::vector<Res> res = job.finish(25);
+  for (int i = 0; i < 3; i++) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    ASSERT_EQ(res[i].status, ZPP_OK) << res[i].msg;
+    EXPECT_EQ(res[i].map, "0,1,2");
+    EXPECT_EQ(res[i].new_size, 3);
+    EXPECT_EQ(res[i].nnodes, 2);
+    EXPECT_TRUE(res[i].exact) << res[i].msg;
+    EXPECT_EQ(res[i].coll_status, ZPP_ERR_ABORTED);
+  }
+}
+
+// Bad arguments: errors naming them, and the communicator untouched (this
+// rank does not take part).  A communicator of one rank, whose shrink is
+// itself; a second shrink of it is refused.
+TEST(Shrink, BadArguments) {
+  Job job(1, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 1, c, nullptr), nc = nullptr;
+    zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
+    std::string errs;
+    auto expect = [&](int got, int want, const char *text) {
+      std::string m = got == ZPP_OK ? "" : zpp_get_last_error();
+      if (got != want || m.find(text) == std::string::npos)
+        errs += "[" + std::to_string(got) + " \"" + m + "\", want " +
+                std::to_string(want) + " \"" + text + "\"] ";
+    };
+    expect(zpp_comm_shrink(nullptr, nullptr, nullptr, &nc),
+           ZPP_ERR_NULL_POINTER, "zpp_comm_shrink: comm is NULL");
+    expect(zpp_comm_shrink(comm, nullptr, nullptr, nullptr),
+           ZPP_ERR_NULL_POINTER, "zpp_comm_shrink: newcomm is NULL");
+    cfg.struct_size = 8;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->struct_size 8: must be sizeof(zpp_shrink_config_t)");
+    cfg = ZPP_SHRINK_CONFIG_INIT;
+    cfg.timeout_s = NAN;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->timeout_s is NaN");
+    cfg = ZPP_SHRINK_CONFIG_INIT;
+    cfg.timeout_s = 2;
+    cfg.join_s = 2;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->join_s 2: must be less than the bound of the call, 2 s");
+    // none of these touched the communicator
+    std::vector<float> x(8), y(8);
+    expect(zpp_allgather(comm, x.data(), y.data(), 8, ZPP_FLOAT32, nullptr,
+                         nullptr),
+           ZPP_OK, "");
+    int map = -7;
+    expect(zpp_comm_shrink(comm, nullptr, &map, &nc), ZPP_OK, "");
+    if (map != 0)
+      errs += "new_rank_of[0] " + std::to_string(map) + " ";
+    zpp_comm_t again = nullptr;
+    expect(zpp_comm_shrink(comm, nullptr, nullptr, &again),
+           ZPP_ERR_INVALID_ARGUMENT, "zpp_comm_shrink was called on it before");
+    zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    res.status = errs.empty() ? 0 : -1;
+    res.msg = errs;
+    return res;
+  });
+  std::vector<Res> res = job.finish(25);
+  EXPECT_EQ(res[0].status, 0) << res[0].msg;
 }
 
 } // namespace

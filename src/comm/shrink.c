@@ -697,11 +697,14 @@ static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
     st = zpp_comm_create_tcp(&s->id, s->nmem, me_new, &cfg, NULL, s->func, &nc);
   else if (me_new == 0)
     zpp_tcp_unlisten(&s->id);
-  if (st != ZPP_OK)
+  if (st != ZPP_OK) {
+    char why[ZPP_TCP_ERRLEN];
+    snprintf(why, sizeof why, "%s", zpp_get_last_error());
     return zpp_error(ZPP_ERR_PEER_FAILED, s->func,
                      "the communicator of the %d survivors could not be "
                      "created (a member failed after the decision): %s",
-                     s->nmem, zpp_get_last_error());
+                     s->nmem, why);
+  }
   /* the creation was bounded by the call; the communicator keeps comm's */
   nc->tr->timeout_s = comm->tr->timeout_s;
   nc->cfg.timeout_s = comm->cfg.timeout_s;
