@@ -35,8 +35,9 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <math.h>
-#include <netdb.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -80,30 +81,23 @@ typedef struct {
 } sh_who_t;
 
 /* The address other hosts reach this process by: the TCP bootstrap's,
- * else the first IPv4 address of the host name that is not loopback,
- * else loopback (then only ranks of this host can reach it). */
+ * else the first IPv4 address of an interface that is up and not
+ * loopback (no name lookup: creation must not wait for DNS), else
+ * loopback (then only ranks of this host can reach it). */
 static uint32_t host_ip(void *tcp) {
-  char name[256];
-  struct addrinfo hints, *res = NULL, *a;
+  struct ifaddrs *all = NULL, *a;
   uint32_t ip = htonl(INADDR_LOOPBACK);
   if (tcp != NULL)
     return zpp_tcp_boot_ip(tcp);
-  if (gethostname(name, sizeof name) != 0)
+  if (getifaddrs(&all) != 0)
     return ip;
-  name[sizeof name - 1] = '\0';
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(name, NULL, &hints, &res) != 0)
-    return ip;
-  for (a = res; a != NULL; a = a->ai_next) {
-    uint32_t x = ((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr;
-    if ((ntohl(x) >> 24) != 127) {
-      ip = x;
+  for (a = all; a != NULL; a = a->ifa_next)
+    if (a->ifa_addr != NULL && a->ifa_addr->sa_family == AF_INET &&
+        (a->ifa_flags & IFF_UP) && !(a->ifa_flags & IFF_LOOPBACK)) {
+      ip = ((struct sockaddr_in *)a->ifa_addr)->sin_addr.s_addr;
       break;
     }
-  }
-  freeaddrinfo(res);
+  freeifaddrs(all);
   return ip;
 }
 
