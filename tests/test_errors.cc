@@ -410,6 +410,12 @@ TEST(ErrorText, CommQueries) {
        "zpp_comm_reset_stats: comm is NULL", false},
       {"zpp_comm_abort", [] { return zpp_comm_abort(nullptr); }, NUL,
        "zpp_comm_abort: comm is NULL", false},
+      {"zpp_comm_shrink",
+       [] {
+         zpp_comm_t nc = nullptr;
+         return zpp_comm_shrink(nullptr, nullptr, nullptr, &nc);
+       },
+       NUL, "zpp_comm_shrink: comm is NULL", false},
       {"zpp_comm_get_async_error",
        [] {
          zpp_status_t as;

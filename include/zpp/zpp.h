@@ -54,7 +54,9 @@ typedef enum {
   ZPP_ERR_SYSTEM = -13,   /* an OS call failed; message keeps strerror       */
   ZPP_ERR_IO = -14,       /* a file could not be read or parsed             */
   ZPP_ERR_INTERNAL = -15, /* a bug in zpp: please report it                 */
-  ZPP_ERR_ABORTED = -16   /* the communicator was aborted (zpp_comm_abort)  */
+  ZPP_ERR_ABORTED = -16,  /* the communicator was aborted (zpp_comm_abort)  */
+  ZPP_ERR_EXCLUDED = -17, /* zpp_comm_shrink left this rank out (too late)  */
+  ZPP_ERR_PEER_FAILED = -18 /* another rank failed during zpp_comm_shrink   */
 } zpp_status_t;
 
 /* Static name and meaning of a status code ("ZPP_ERR_NULL_POINTER: ..."). */

@@ -296,6 +296,79 @@ ZPP_API zpp_status_t zpp_comm_destroy(zpp_comm_t comm);
  * afterwards. */
 ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
 
+/* ---- surviving a rank's death ----------------------------------------------
+ * zpp_comm_shrink: called by every surviving rank of `comm` (after a
+ * collective failed, or at any time), it aborts `comm` on this rank, lets
+ * the survivors agree on who is alive and builds a communicator of exactly
+ * those ranks, renumbered in the order of their ranks in `comm`.  It needs
+ * nothing of `comm`'s bootstrap, backend or MPI (which may be gone with
+ * the dead rank): every communicator keeps, from its creation, one
+ * listening TCP socket per rank whose addresses all ranks know, and the
+ * agreement runs over those (docs/api.md, "Shrinking after a failure").
+ *
+ * The agreement: the coordinator is the lowest rank whose socket accepts
+ * (a dead process's socket refuses, so every survivor picks the same
+ * one); each survivor joins it; the coordinator waits for the ranks it
+ * cannot prove dead up to `join_s`, then sends its decision (the members
+ * and a new TCP star it roots) to every member and ZPP_ERR_EXCLUDED to
+ * the live ranks that did not join.  A coordinator that dies before its
+ * decision is replaced by the next lowest rank.  The new communicator is
+ * created over that star; it is the commit: if a member fails from the
+ * decision on, every member fails.
+ *
+ * Every rank returns within `timeout_s` of its call (the creation of the
+ * new communicator included, unless a member stops in the middle of it:
+ * its exchanges then wait for the communicator's timeout), with:
+ *   ZPP_OK                 *newcomm holds the survivors; new_rank_of
+ *                          (NULL, or an array of comm's size) maps each
+ *                          rank of comm to its new rank, -1 if left out;
+ *   ZPP_ERR_EXCLUDED       this rank joined too late (after the decision);
+ *   ZPP_ERR_PEER_FAILED    a member failed after the decision (the message
+ *                          names it), or the coordinator died after
+ *                          sending part of it: start over from a new
+ *                          unique id, `comm` cannot be shrunk twice;
+ *   ZPP_ERR_TIMEOUT        the lowest live rank accepts but never took
+ *                          part (it is alive and did not call shrink), or
+ *                          nobody answered in time;
+ *   ZPP_ERR_UNSUPPORTED    comm has no listening socket (it could not open
+ *                          one at creation: the warning said why);
+ *   ZPP_ERR_INVALID_ARGUMENT, _NULL_POINTER  bad arguments (this rank then
+ *                          does not take part, and is left out).
+ * `comm` is unusable afterwards (aborted); destroy it (zpp_comm_destroy
+ * returns promptly: its transfers with the dead rank are dropped).
+ *
+ * The new communicator: bootstrap "tcp" (the coordinator's star), backend
+ * the old one's, except MPI, which becomes UCX (host memory and staged
+ * device memory); memory space, algorithm and timeout as `comm`'s; its
+ * topology is rediscovered (an emulated map is `comm`'s restricted to the
+ * members), so a node that lost a rank becomes an uneven node.
+ *
+ * Assumes fail-stop processes on hosts that stay up: a rank is proven dead
+ * by its socket refusing or closing.  A host that vanishes (no TCP reset)
+ * counts as dead after 2 s without a connection; under a network split
+ * the survivors may disagree (then the creation fails). */
+typedef struct {
+  size_t struct_size; /* sizeof(zpp_shrink_config_t): ZPP_SHRINK_CONFIG_INIT */
+  double timeout_s;   /* > 0: bound of the call on each rank; <= 0
+                         (default): 3 times comm's timeout T (ZPP_TIMEOUT_S):
+                         survivors see a death up to T apart (one times
+                         out in a collective, another saw the peer's
+                         connection reset), the coordinator then waits its
+                         join window, and the creation needs the rest */
+  double join_s;      /* > 0: how long the coordinator waits for live ranks
+                         that have not joined (< timeout_s); <= 0 (default):
+                         half of the bound (1.5 T).  A survivor that calls
+                         shrink later than this after the coordinator is
+                         left out (ZPP_ERR_EXCLUDED). */
+} zpp_shrink_config_t;
+
+#define ZPP_SHRINK_CONFIG_INIT                                                 \
+  { sizeof(zpp_shrink_config_t), 0.0, 0.0 }
+
+ZPP_API zpp_status_t zpp_comm_shrink(zpp_comm_t comm,
+                                     const zpp_shrink_config_t *cfg,
+                                     int *new_rank_of, zpp_comm_t *newcomm);
+
 /* The communicator's asynchronous error, without blocking: *status =
  * ZPP_OK while it works, else the first error that made it unusable
  * (e.g. a started collective that failed on the engine thread, a timeout,

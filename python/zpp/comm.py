@@ -506,6 +506,32 @@ class Comm:
         L.check(L.lib.zpp_comm_split(self._c, color, key, out), self._c)
         return Comm(out[0]) if out[0] != L.ffi.NULL else None
 
+    def shrink(self, *, timeout_s: float = None, join_s: float = None) -> "Comm":
+        """After a rank died (or at any time): called by every survivor, it
+        aborts this communicator and returns one of exactly the ranks that
+        are alive and took part, renumbered in the order of their ranks
+        here (zpp_comm_shrink).  ``old_ranks`` of the result lists, for
+        each new rank, its rank in this communicator.  ``timeout_s`` bounds
+        the call (default: 3 times the communicator's timeout), ``join_s``
+        is how long the coordinator waits for live ranks that have not
+        joined (default: half of the bound).  Raises :class:`Error` with
+        ZPP_ERR_EXCLUDED when this rank came too late, ZPP_ERR_PEER_FAILED
+        when another rank died during the shrink.  Close this communicator
+        afterwards; it is unusable."""
+        L = _lib.get()
+        cfg = L.new("zpp_shrink_config_t")
+        if timeout_s is not None:
+            cfg.timeout_s = float(timeout_s)
+        if join_s is not None:
+            cfg.join_s = float(join_s)
+        n = self.size
+        new_rank_of = L.ffi.new("int[]", n)
+        out = L.ffi.new("zpp_comm_t *")
+        L.check(L.lib.zpp_comm_shrink(self._c, cfg, new_rank_of, out), self._c)
+        c = Comm(out[0])
+        c.old_ranks = [r for r in range(n) if new_rank_of[r] >= 0]
+        return c
+
     def close(self) -> None:
         """Collective: waits on the host for the started collectives not
         waited for, frees the communicator (which waits for the device to

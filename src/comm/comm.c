@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm/comm_impl.h"
 #include "transport/transport_impl.h"
 
 const char *zpp_backend_name(zpp_backend_t backend) {
@@ -87,6 +88,7 @@ zpp_status_t zpp_comm_destroy(zpp_comm_t comm) {
   comm->tr = NULL;
   if (comm->release != NULL)
     comm->release(comm);
+  zpp_rescue_free(comm);
   free(comm);
   return ZPP_OK;
 }

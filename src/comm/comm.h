@@ -64,6 +64,9 @@ struct zpp_comm {
   int thread_caps; /* ZPP_THREADS_* the creator's MPI allows */
   void *engine;    /* the plan engine (src/engine), created on first use */
   uint64_t objects; /* objects created on it so far (zpp_comm_next_object_id) */
+  /* Every rank's listening socket for zpp_comm_shrink (shrink.c); NULL
+   * when it could not be opened. */
+  struct zpp_rescue *rescue;
 };
 
 /* zpp_comm_config_check reporting under `func` (the creating function). */

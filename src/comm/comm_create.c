@@ -50,6 +50,8 @@ typedef struct {
                          peer that is gone or stopped) */
   int32_t pid;
   int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
+  uint32_t rescue_ip;   /* zpp_comm_shrink's listener (shrink.c): the */
+  uint32_t rescue_port; /* address other hosts reach it by; port 0: none */
   char host[ZPP_TOPO_HOST_LEN];
   char msg[ZPP_COMM_MSGLEN];
 } boot_rec_t;
@@ -434,6 +436,44 @@ static zpp_status_t resolve_backend(zpp_backend_t want,
 
 /* ---- creation ------------------------------------------------------------- */
 
+/* zpp_comm_shrink's addresses: loopback for the ranks of my host (the
+ * listeners bind every address), else what each rank said; none unless
+ * every rank has a listener.  The epoch tells this communicator's
+ * messages from another's that reuses a port. */
+static zpp_status_t attach_rescue(zpp_comm_t c, const boot_rec_t *rec,
+                                  const boot_rec_t *mine, int rank, int size,
+                                  int fd, const char *func) {
+  uint32_t *ip = malloc((size_t)size * sizeof *ip);
+  uint16_t *port = malloc((size_t)size * sizeof *port);
+  uint64_t epoch = 1469598103934665603ull;
+  zpp_status_t st = ZPP_OK;
+  int r, all = 1;
+  for (r = 0; r < size; r++)
+    all &= rec[r].rescue_port != 0;
+  if (fd < 0 || !all || ip == NULL || port == NULL) {
+    free(ip);
+    free(port);
+    if (fd >= 0)
+      close(fd);
+    return ZPP_OK; /* zpp_comm_shrink then says it is unsupported */
+  }
+  for (r = 0; r < size; r++) {
+    int local = rec[r].host_id == mine->host_id &&
+                strncmp(rec[r].host, mine->host, ZPP_TOPO_HOST_LEN) == 0;
+    ip[r] = local ? htonl(INADDR_LOOPBACK) : rec[r].rescue_ip;
+    port[r] = (uint16_t)rec[r].rescue_port;
+    epoch = zpp_comm_fnv_mix(epoch, &rec[r].host_id, sizeof rec[r].host_id);
+    epoch = zpp_comm_fnv_mix(epoch, &rec[r].pid, sizeof rec[r].pid);
+    epoch =
+        zpp_comm_fnv_mix(epoch, &rec[r].rescue_port, sizeof rec[r].rescue_port);
+  }
+  st = zpp_rescue_attach(c, fd, rank, size, mine->rescue_ip, ip, port, epoch,
+                         func);
+  free(ip);
+  free(port);
+  return st;
+}
+
 void zpp_comm_release_tcp(zpp_comm_t c) {
   zpp_tcp_boot_free(c->tcp);
   c->tcp = NULL;
@@ -451,7 +491,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
   zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
   long hier_chunk = 0, net_seg = -1;
-  int qgz_sum = 0;
+  int qgz_sum = 0, rescue_fd = -1;
+  uint16_t rescue_port = 0;
   double timeout;
   zpp_status_t st = cr->pre_status, xs;
   int rank = bs->rank, size = bs->size, r;
@@ -537,6 +578,9 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.hier_chunk = (int32_t)hier_chunk;
   mine.qgz_sum = (int32_t)qgz_sum;
   mine.net_seg = (int32_t)net_seg;
+  if (st == ZPP_OK)
+    zpp_rescue_open(cr->tcp, &rescue_fd, &mine.rescue_ip, &rescue_port);
+  mine.rescue_port = rescue_port;
   if (st == ZPP_OK && cfg->memory == ZPP_MEMORY_DEVICE &&
       (want == ZPP_BACKEND_AUTO || want == ZPP_BACKEND_NCCL) &&
       zpp_transport_nccl_available(why, sizeof why))
@@ -568,6 +612,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   c->cfg = *cfg;
   c->cfg.topology = NULL;
   c->cuda_device = -1;
+  st = attach_rescue(c, rec, &mine, rank, size, rescue_fd, func);
+  rescue_fd = -1; /* the communicator's now (closed on failure) */
+  if (st != ZPP_OK)
+    goto err_comm;
   snprintf(c->topo_spec, sizeof c->topo_spec, "%s", spec);
   snprintf(c->boot_name, sizeof c->boot_name, "%s",
            cr->name != NULL ? cr->name
@@ -719,6 +767,8 @@ err_tr:
 err_topo:
   zpp_topo_free(topo);
 err_comm:
+  if (rescue_fd >= 0)
+    close(rescue_fd);
   free(rec);
   if (c != NULL) {
     /* The creator's state stays the caller's. */

@@ -35,8 +35,34 @@ zpp_status_t zpp_comm_create_tcp(const zpp_unique_id_t *id, int nranks,
                                  int rank, const zpp_comm_config_t *cfg,
                                  const char *rank_error, const char *func,
                                  zpp_comm_t *out);
+/* The node map t restricted to `members` (in new-rank order), as an
+ * emulation spec with labels dense by first appearance (comm_split.c). */
+struct zpp_topo;
+zpp_status_t zpp_comm_child_spec(const struct zpp_topo *t, const int *members,
+                                 int n, char *spec, size_t len,
+                                 const char *func);
 /* The communicator's release for a TCP star it owns. */
 void zpp_comm_release_tcp(zpp_comm_t c);
+
+/* ---- shrink.c: the listening socket each rank keeps for zpp_comm_shrink.
+ * At creation, before the first exchange: opens it (any address, a free
+ * port) and says the address other hosts reach it by (tcp: the TCP
+ * bootstrap's state, else NULL).  *port 0 when it could not (warned). */
+void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port);
+/* After the first exchange: the addresses of every rank (ip network
+ * order, loopback for the ranks of my host; self_ip: what other hosts
+ * reach me by) and a number every rank computed alike for this
+ * communicator.  Takes fd (also on failure: closed). */
+zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
+                               uint32_t self_ip, const uint32_t *ip,
+                               const uint16_t *port, uint64_t epoch,
+                               const char *func);
+/* Closes the socket and frees the state (zpp_comm_destroy). */
+void zpp_rescue_free(zpp_comm_t c);
+/* Testing: called at named points of zpp_comm_shrink on every rank
+ * ("joined": my join was sent; "decided": a member received the
+ * decision; "deciding": the coordinator is about to send it). */
+extern void (*zpp_shrink_test_hook)(int rank, const char *point);
 
 #ifdef __cplusplus
 }

@@ -27,10 +27,8 @@ typedef struct {
   char msg[ZPP_COMM_MSGLEN];
 } split_rec_t;
 
-/* The node map of `parent` restricted to `members` (in new-rank order), as
- * an emulation spec with labels dense by first appearance. */
-static zpp_status_t child_spec(const zpp_topo_t *t, const int *members, int n,
-                               char *spec, size_t len, const char *func) {
+zpp_status_t zpp_comm_child_spec(const zpp_topo_t *t, const int *members, int n,
+                                 char *spec, size_t len, const char *func) {
   int *label = malloc((size_t)t->nnodes * sizeof *label), next = 0, i;
   size_t used = 0;
   if (label == NULL)
@@ -139,7 +137,7 @@ subset:
   cfg.timeout_s = timeout;
   spec[0] = '\0';
   if (st == ZPP_OK && color != ZPP_SPLIT_NONE && topo->emulated) {
-    st = child_spec(topo, members, cnt, spec, sizeof spec, func);
+    st = zpp_comm_child_spec(topo, members, cnt, spec, sizeof spec, func);
     cfg.topology = spec;
   }
   if (comm->split != NULL) {

@@ -27,6 +27,8 @@ const char *zpp_status_string(zpp_status_t status) {
   case ZPP_ERR_IO: return "ZPP_ERR_IO: a file could not be read or parsed";
   case ZPP_ERR_INTERNAL: return "ZPP_ERR_INTERNAL: internal error in zpp";
   case ZPP_ERR_ABORTED: return "ZPP_ERR_ABORTED: the communicator was aborted (zpp_comm_abort)";
+  case ZPP_ERR_EXCLUDED: return "ZPP_ERR_EXCLUDED: zpp_comm_shrink left this rank out of the new communicator";
+  case ZPP_ERR_PEER_FAILED: return "ZPP_ERR_PEER_FAILED: another rank failed during zpp_comm_shrink";
   }
   return "unknown zpp status";
 }

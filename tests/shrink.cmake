@@ -1,0 +1,22 @@
+# zpp_comm_shrink (tests/test_shrink.cc): forked ranks over the TCP
+# bootstrap and UCX (no MPI), one SIGKILLed before or during all-gathers
+# and reduce-scatters on 1x4, 2x2 and 2x4; each case is bounded (30 s).
+add_executable(test_shrink test_shrink.cc)
+target_link_libraries(test_shrink PRIVATE zpp_static GTest::gtest GTest::gtest_main)
+target_include_directories(test_shrink PRIVATE ${PROJECT_SOURCE_DIR}/src)
+gtest_discover_tests(test_shrink DISCOVERY_TIMEOUT 60
+  PROPERTIES LABELS "unit;bootstrap" TIMEOUT 30 RUN_SERIAL TRUE)
+
+# The same over an MPI communicator: MPI need not survive the death.
+if(ZPP_WITH_MPI_ENABLED)
+  add_executable(shrink_mpi_worker shrink_mpi_worker.c)
+  target_link_libraries(shrink_mpi_worker PRIVATE zpp_static MPI::MPI_C)
+  add_test(NAME shrink_mpi_kill_2x2
+    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+      --enable-recovery --mca btl self,vader --bind-to none -np 4
+      -x ZPP_TOPO $<TARGET_FILE:shrink_mpi_worker>)
+  set_tests_properties(shrink_mpi_kill_2x2 PROPERTIES LABELS mpi TIMEOUT 30
+    ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1"
+    PASS_REGULAR_EXPRESSION "-> 2 of 3 backend ucx bootstrap tcp allgather 0 exact 1"
+    FAIL_REGULAR_EXPRESSION "exact 0;shrink -[0-9]")
+endif()

@@ -1,0 +1,681 @@
+// zpp_comm_shrink: surviving a rank's death (include/zpp/zpp_comm.h,
+// docs/api.md "Shrinking after a failure").  Each test forks plain
+// processes that build a communicator over zpp's TCP bootstrap (UCX
+// backend, loopback, no MPI), SIGKILLs one (before, or in the middle of,
+// all-gathers and reduce-scatters), and checks on every survivor that
+//   - the collective fails (bounded), zpp_comm_shrink succeeds, and every
+//     survivor reports the same map of old ranks to new ones: the dead rank
+//     (and a live rank that did not call shrink) out, the others renumbered
+//     in order;
+//   - the next all-gather and reduce-scatter on the new communicator are
+//     exact (against every rank's data regenerated from the seed);
+//   - the new node map is the old one without the dead rank (an emulated
+//     2x2 that lost a rank becomes uneven);
+// and that a second SIGKILL during the shrink ends in a named error on
+// every survivor within the bound.  The time from the kill to the first
+// exact collective is printed.
+//
+// Seed: ZPP_TEST_SEED (default 20261129), printed.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+
+#include "comm/comm_impl.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The communicator's timeout: the collective with the dead rank fails
+// within it (or sooner, when UCX sees the peer's connection reset).
+constexpr double kTimeout = 3.0;
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+double mono_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// What a child reports through its pipe: "key value" lines, the message
+// last.
+struct Res {
+  int status = 99; // zpp_status_t of the shrink; 99: the child died silently
+  int coll_status = 0; // of the collective that failed first
+  int new_rank = -1, new_size = 0, nnodes = 0, uniform = -1;
+  std::string map; // new_rank_of, "0,1,-1,2"
+  std::string node_sizes;
+  double t_fail = 0, t_shrunk = 0, t_exact = 0, t_destroyed = 0;
+  int exact = 0; // 1: the collectives on the new communicator were exact
+  std::string msg;
+};
+
+std::string encode(const Res &r) {
+  std::ostringstream o;
+  o.precision(17);
+  o << r.status << ' ' << r.coll_status << ' ' << r.new_rank << ' '
+    << r.new_size << ' ' << r.nnodes << ' ' << r.uniform << ' '
+    << (r.map.empty() ? "-" : r.map) << ' '
+    << (r.node_sizes.empty() ? "-" : r.node_sizes) << ' ' << r.t_fail << ' '
+    << r.t_shrunk << ' ' << r.t_exact << ' ' << r.t_destroyed << ' ' << r.exact
+    << '\n'
+    << r.msg;
+  return o.str();
+}
+
+Res decode(const std::string &text) {
+  Res r;
+  std::istringstream in(text);
+  in >> r.status >> r.coll_status >> r.new_rank >> r.new_size >> r.nnodes >>
+      r.uniform >> r.map >> r.node_sizes >> r.t_fail >> r.t_shrunk >>
+      r.t_exact >> r.t_destroyed >> r.exact;
+  if (!in)
+    return Res();
+  std::getline(in, r.msg);
+  std::string rest((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  r.msg = rest;
+  return r;
+}
+
+// Forked ranks.  body(i, ctl) runs in child i; ctl.ready() tells the
+// parent this rank's communicator works, ctl.wait_go() waits for the
+// parent's go (sent after the kill in the "before" cases).
+struct Ctl {
+  int ready_w = -1, go_r = -1;
+  std::vector<int> id_w;
+  int id_r = -1;
+  void ready() const {
+    char b = 1;
+    if (write(ready_w, &b, 1) != 1)
+      _exit(4);
+  }
+  void wait_go() const {
+    char b;
+    if (read(go_r, &b, 1) != 1)
+      _exit(4);
+  }
+};
+
+struct Job {
+  int n;
+  std::vector<pid_t> pid;
+  std::vector<int> res_r, ready_r, go_w;
+  std::vector<bool> reaped;
+  double t_kill = 0;
+
+  Job(int n_, const std::function<Res(int, const Ctl &)> &body)
+      : n(n_), pid(n_), res_r(n_), ready_r(n_), go_w(n_), reaped(n_, false) {
+    std::vector<int> res_w(n), ready_w(n), go_r(n), id_r(n), id_w(n);
+    for (int i = 0; i < n; i++) {
+      int p[2], q[2], g[2], d[2];
+      if (pipe(p) != 0 || pipe(q) != 0 || pipe(g) != 0 || pipe(d) != 0)
+        std::abort();
+      res_r[i] = p[0];
+      res_w[i] = p[1];
+      ready_r[i] = q[0];
+      ready_w[i] = q[1];
+      go_r[i] = g[0];
+      go_w[i] = g[1];
+      id_r[i] = d[0];
+      id_w[i] = d[1];
+    }
+    for (int i = 0; i < n; i++) {
+      pid[i] = fork();
+      if (pid[i] == 0) {
+        Ctl c;
+        c.ready_w = ready_w[i];
+        c.go_r = go_r[i];
+        c.id_w = id_w;
+        c.id_r = id_r[i];
+        Res r = body(i, c);
+        std::string out = encode(r);
+        ssize_t k = write(res_w[i], out.data(), out.size());
+        (void)k;
+        _exit(0);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      close(res_w[i]);
+      close(ready_w[i]);
+      close(go_r[i]);
+      close(id_r[i]);
+      close(id_w[i]);
+    }
+  }
+
+  // Waits until every rank but `skip` (-1: none) said ready; false after
+  // limit_s.
+  bool all_ready(double limit_s, int skip = -1) {
+    double t0 = mono_s();
+    for (int i = 0; i < n; i++) {
+      if (i == skip)
+        continue;
+      char b;
+      for (;;) {
+        struct pollfd p = {ready_r[i], POLLIN, 0};
+        if (poll(&p, 1, 50) > 0) {
+          if (read(ready_r[i], &b, 1) != 1)
+            return false;
+          break;
+        }
+        if (mono_s() - t0 > limit_s)
+          return false;
+      }
+    }
+    return true;
+  }
+
+  void kill_rank(int v) {
+    t_kill = mono_s();
+    kill(pid[v], SIGKILL);
+    int st;
+    waitpid(pid[v], &st, 0);
+    reaped[v] = true;
+  }
+
+  void go() {
+    for (int i = 0; i < n; i++) {
+      char b = 1;
+      if (!reaped[i] && write(go_w[i], &b, 1) != 1) {
+      }
+    }
+  }
+
+  // Results of every rank (a killed one: status 99); children still
+  // running after limit_s are killed (status 98).
+  std::vector<Res> finish(double limit_s) {
+    std::vector<Res> out(n);
+    double t0 = mono_s();
+    for (int i = 0; i < n; i++) {
+      int st = 0;
+      bool timed_out = false;
+      while (!reaped[i]) {
+        if (waitpid(pid[i], &st, WNOHANG) == pid[i])
+          break;
+        if (mono_s() - t0 > limit_s) {
+          kill(pid[i], SIGKILL);
+          waitpid(pid[i], &st, 0);
+          timed_out = true;
+          break;
+        }
+        usleep(10000);
+      }
+      reaped[i] = true;
+      std::string text;
+      char buf[4096];
+      ssize_t k;
+      while (!timed_out && (k = read(res_r[i], buf, sizeof buf)) > 0)
+        text.append(buf, (size_t)k);
+      if (timed_out)
+        out[i].status = 98;
+      else if (!text.empty())
+        out[i] = decode(text);
+      close(res_r[i]);
+      close(ready_r[i]);
+      close(go_w[i]);
+    }
+    return out;
+  }
+};
+
+zpp_unique_id_t share_id(int i, const Ctl &c) {
+  zpp_unique_id_t id;
+  std::memset(&id, 0, sizeof id);
+  if (i == 0) {
+    if (zpp_get_unique_id(&id) != ZPP_OK)
+      _exit(3);
+    for (size_t k = 1; k < c.id_w.size(); k++)
+      if (write(c.id_w[k], &id, sizeof id) != (ssize_t)sizeof id)
+        _exit(3);
+  } else if (read(c.id_r, &id, sizeof id) != (ssize_t)sizeof id) {
+    _exit(3);
+  }
+  return id;
+}
+
+zpp_comm_t make_comm(int i, int n, const Ctl &c, const char *topo) {
+  zpp_unique_id_t id = share_id(i, c);
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = kTimeout;
+  cfg.topology = topo;
+  cfg.backend = ZPP_BACKEND_UCX;
+  zpp_comm_t comm = nullptr;
+  if (zpp_comm_create_from_id(&id, n, i, &cfg, &comm) != ZPP_OK) {
+    std::fprintf(stderr, "rank %d: create: %s\n", i, zpp_get_last_error());
+    _exit(5);
+  }
+  return comm;
+}
+
+// Data of a rank identified by its OLD rank (so the reference does not
+// depend on the renumbering), per round.
+std::vector<float> data_of(int old_rank, int round, size_t n, bool integers) {
+  std::mt19937_64 g(seed() * 1000003ull + (uint64_t)old_rank * 7919ull +
+                    (uint64_t)round);
+  std::vector<float> v(n);
+  if (integers) {
+    std::uniform_int_distribution<int> d(-1000, 1000);
+    for (auto &x : v)
+      x = (float)d(g);
+  } else {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (auto &x : v)
+      x = d(g);
+  }
+  return v;
+}
+
+// One all-gather and one reduce-scatter SUM of small integers (exact in
+// fp32) on `comm`, whose rank r is old rank old_of[r]; 0 when both are
+// exact, the failing status otherwise, -100 when a result is wrong.
+int exact_round(zpp_comm_t comm, const std::vector<int> &old_of, int round,
+                std::string *why) {
+  int rank = 0, size = 0;
+  zpp_comm_rank(comm, &rank);
+  zpp_comm_size(comm, &size);
+  const size_t n = 4099, m = 1031;
+  std::vector<float> mine = data_of(old_of[rank], round, n, false),
+                     all(n * size);
+  int st = zpp_allgather(comm, mine.data(), all.data(), n, ZPP_FLOAT32, nullptr,
+                         nullptr);
+  if (st != ZPP_OK) {
+    *why = zpp_comm_get_last_error(comm);
+    return st;
+  }
+  for (int r = 0; r < size; r++)
+    if (std::memcmp(all.data() + r * n,
+                    data_of(old_of[r], round, n, false).data(),
+                    n * sizeof(float)) != 0) {
+      *why = "all-gather: block of rank " + std::to_string(r) + " differs";
+      return -100;
+    }
+  std::vector<float> send = data_of(old_of[rank], round + 5000, m * size, true),
+                     out(m);
+  st = zpp_reduce_scatter(comm, send.data(), out.data(), m, ZPP_FLOAT32,
+                          ZPP_OP_SUM, nullptr, nullptr);
+  if (st != ZPP_OK) {
+    *why = zpp_comm_get_last_error(comm);
+    return st;
+  }
+  std::vector<double> ref(m, 0.0);
+  for (int r = 0; r < size; r++) {
+    std::vector<float> x = data_of(old_of[r], round + 5000, m * size, true);
+    for (size_t k = 0; k < m; k++)
+      ref[k] += x[(size_t)rank * m + k];
+  }
+  for (size_t k = 0; k < m; k++)
+    if ((double)out[k] != ref[k]) {
+      *why = "reduce-scatter: element " + std::to_string(k) + " is " +
+             std::to_string(out[k]) + ", want " + std::to_string(ref[k]);
+      return -100;
+    }
+  return 0;
+}
+
+enum class When { Before, During };
+
+struct Scenario {
+  int n;
+  const char *topo; // emulated node map (nullptr: one real host)
+  int victim;
+  When when;
+  int idle = -1;              // a live rank that never calls shrink (-1: none)
+  double shrink_timeout = 0;  // zpp_shrink_config_t.timeout_s (0: default)
+  int second = -1;            // a rank killed during the shrink (-1: none)
+  const char *second_at = ""; // ... at this point of zpp_comm_shrink
+  int want = ZPP_OK;          // what every other survivor's shrink returns
+};
+
+// The second victim: SIGKILLs itself at a named point of the shrink.
+const char *g_die_at = "";
+void die_at(int, const char *point) {
+  if (std::strcmp(point, g_die_at) == 0)
+    raise(SIGKILL);
+}
+
+// Collectives until one fails; then the shrink, a check of the new
+// communicator, and one exact round on it.
+Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
+  Res res;
+  zpp_comm_t comm = make_comm(i, sc.n, ctl, sc.topo);
+  std::vector<int> ident(sc.n);
+  for (int r = 0; r < sc.n; r++)
+    ident[r] = r;
+  std::string why;
+  int round = 0;
+  if (exact_round(comm, ident, round++, &why) != 0) {
+    res.status = -200;
+    res.msg = "first round: " + why;
+    return res;
+  }
+  ctl.ready();
+  if (sc.when == When::Before)
+    ctl.wait_go();
+  // Collectives until one fails (the victim's are interrupted by the kill).
+  double t0 = mono_s();
+  for (;;) {
+    int st = exact_round(comm, ident, round++, &why);
+    if (st == -100) {
+      res.status = -200;
+      res.msg = "before the failure: " + why;
+      return res;
+    }
+    if (st != 0) {
+      res.coll_status = st;
+      break;
+    }
+    if (mono_s() - t0 > 20) {
+      res.status = -201;
+      res.msg = "no collective failed within 20 s";
+      return res;
+    }
+  }
+  res.t_fail = mono_s();
+  if (i == sc.idle) {
+    // alive, but calls shrink only long after the others decided
+    usleep((useconds_t)(kTimeout * 2.5e6));
+  }
+  if (i == sc.second) {
+    g_die_at = sc.second_at;
+    zpp_shrink_test_hook = die_at;
+  }
+  zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
+  cfg.timeout_s = sc.shrink_timeout;
+  std::vector<int> map(sc.n, -7);
+  zpp_comm_t nc = nullptr;
+  res.status = zpp_comm_shrink(comm, &cfg, map.data(), &nc);
+  res.t_shrunk = mono_s();
+  if (res.status != ZPP_OK) {
+    res.msg = zpp_get_last_error();
+  } else {
+    std::vector<int> old_of;
+    for (int r = 0; r < sc.n; r++) {
+      res.map += (r ? "," : "") + std::to_string(map[r]);
+      if (map[r] >= 0)
+        old_of.push_back(r);
+    }
+    zpp_comm_rank(nc, &res.new_rank);
+    zpp_comm_size(nc, &res.new_size);
+    zpp_comm_nnodes(nc, &res.nnodes);
+    zpp_comm_topo_uniform(nc, &res.uniform);
+    for (int k = 0; k < res.nnodes; k++) {
+      int s = 0;
+      zpp_comm_node_size(nc, k, &s);
+      res.node_sizes += (k ? "," : "") + std::to_string(s);
+    }
+    if ((int)old_of.size() != res.new_size) {
+      res.msg = "new_rank_of names " + std::to_string(old_of.size()) +
+                " members, the communicator has " +
+                std::to_string(res.new_size);
+    } else {
+      int st = exact_round(nc, old_of, 1000, &why);
+      res.t_exact = mono_s();
+      res.exact = st == 0;
+      if (st != 0)
+        res.msg = "after the shrink: " + why;
+    }
+    zpp_comm_destroy(nc);
+  }
+  zpp_comm_destroy(comm);
+  res.t_destroyed = mono_s();
+  return res;
+}
+
+// The map every survivor must report: the dead and the idle rank out,
+// the others renumbered in order.
+std::string expected_map(int n, const std::vector<int> &out) {
+  std::string s;
+  int next = 0;
+  for (int r = 0; r < n; r++) {
+    bool gone = false;
+    for (int o : out)
+      gone |= o == r;
+    s += (r ? "," : "") + std::to_string(gone ? -1 : next++);
+  }
+  return s;
+}
+
+void run_scenario(const Scenario &sc, const std::string &want_nodes) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Job job(sc.n, [&](int i, const Ctl &c) { return survivor(i, c, sc); });
+  ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
+  if (sc.when == When::Before) {
+    job.kill_rank(sc.victim);
+    job.go();
+  } else {
+    usleep(300000); // the ranks are in the middle of their collectives
+    job.kill_rank(sc.victim);
+  }
+  std::vector<Res> res = job.finish(25);
+  std::vector<int> out = {sc.victim};
+  if (sc.idle >= 0)
+    out.push_back(sc.idle);
+  if (sc.second >= 0)
+    out.push_back(sc.second);
+  const std::string want = expected_map(sc.n, out);
+  const double bound = sc.shrink_timeout > 0 ? sc.shrink_timeout : 3 * kTimeout;
+  double worst = 0;
+  for (int i = 0; i < sc.n; i++) {
+    if (i == sc.victim)
+      continue;
+    const Res &r = res[i];
+    SCOPED_TRACE("rank " + std::to_string(i));
+    if (i == sc.second) {
+      EXPECT_EQ(r.status, 99) << "the second victim did not die: " << r.msg;
+      continue;
+    }
+    EXPECT_NE(r.coll_status, 0)
+        << "the collective with the dead rank did not fail";
+    // every wait bounded: the collective's timeout, the shrink's bound
+    EXPECT_LT(r.t_shrunk - r.t_fail, bound + 1.0);
+    if (i == sc.idle) {
+      EXPECT_EQ(r.status, ZPP_ERR_EXCLUDED) << r.msg;
+      EXPECT_NE(r.msg.find("after the decision"), std::string::npos) << r.msg;
+      continue;
+    }
+    if (sc.want != ZPP_OK) {
+      EXPECT_EQ(r.status, sc.want) << r.msg;
+      EXPECT_NE(r.msg.find("rank " + std::to_string(sc.second)),
+                std::string::npos)
+          << "the error does not name the second victim: " << r.msg;
+      std::printf("rank %d: shrink failed %.3f s after its call: %s\n", i,
+                  r.t_shrunk - r.t_fail, r.msg.c_str());
+      continue;
+    }
+    ASSERT_EQ(r.status, ZPP_OK) << r.msg;
+    EXPECT_EQ(r.map, want);
+    EXPECT_EQ(r.new_size, sc.n - (int)out.size());
+    EXPECT_TRUE(r.exact) << r.msg;
+    EXPECT_EQ(r.node_sizes, want_nodes);
+    EXPECT_LT(r.t_destroyed - r.t_exact, 3.0)
+        << "destroying the old communicator";
+    worst = std::max(worst, r.t_exact - job.t_kill);
+    std::printf(
+        "rank %d: failed %.3f s after the kill (status %d), shrunk %.3f s "
+        "later, first exact collective %.3f s after the kill\n",
+        i, r.t_fail - job.t_kill, r.coll_status, r.t_shrunk - r.t_fail,
+        r.t_exact - job.t_kill);
+  }
+  if (sc.want != ZPP_OK)
+    return;
+  std::printf("death to the first exact collective on every survivor: %.3f s "
+              "(ZPP_TIMEOUT_S %.1f s)\n",
+              worst, kTimeout);
+  // the target: the slowest survivor's collective times out (ZPP_TIMEOUT_S),
+  // then the shrink and the first collective take at most 2 s more; a rank
+  // that never joins costs the coordinator's join window on top
+  if (sc.idle < 0 && sc.second < 0) {
+    EXPECT_LT(worst, kTimeout + 2.0);
+  }
+}
+
+TEST(Shrink, KillBeforeAllGather1x4) {
+  run_scenario({4, nullptr, 2, When::Before}, "3");
+}
+
+TEST(Shrink, KillDuringCollectives1x4) {
+  run_scenario({4, nullptr, 1, When::During}, "3");
+}
+
+TEST(Shrink, KillRank0BeforeAllGather2x2) {
+  // rank 0: the old bootstrap's root and the first coordinator candidate
+  run_scenario({4, "2x2", 0, When::Before}, "1,2");
+}
+
+TEST(Shrink, KillDuringCollectives2x2) {
+  run_scenario({4, "2x2", 3, When::During}, "2,1");
+}
+
+TEST(Shrink, KillDuringCollectives2x4) {
+  run_scenario({8, "2x4", 5, When::During}, "4,3");
+}
+
+TEST(Shrink, KillBeforeAllGather2x4) {
+  run_scenario({8, "2x4", 2, When::Before}, "3,4");
+}
+
+// Rank 2 stays alive but calls shrink only after the others decided: every
+// survivor leaves it out alike, and it gets ZPP_ERR_EXCLUDED.
+TEST(Shrink, LiveRankThatDoesNotJoinIsExcluded) {
+  Scenario sc{4, "2x2", 3, When::Before};
+  sc.idle = 2;
+  run_scenario(sc, "2");
+}
+
+// A second rank dies after the coordinator's decision reached it: the
+// creation of the new communicator, the commit, fails on every other
+// survivor with ZPP_ERR_PEER_FAILED naming it, within the bound.
+TEST(Shrink, SecondKillAfterTheDecisionFailsEverySurvivor) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.second = 2;
+  sc.second_at = "decided";
+  sc.want = ZPP_ERR_PEER_FAILED;
+  run_scenario(sc, "");
+}
+
+// The coordinator (rank 0) dies while it decides: the others saw its
+// connection close before any decision, and rank 1 takes over.
+TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
+  Scenario sc{4, "2x2", 3, When::Before};
+  sc.second = 0;
+  sc.second_at = "deciding";
+  run_scenario(sc, "1,1");
+}
+
+// Nobody died: every rank calls shrink, and the new communicator holds
+// them all, in order; the old one is aborted.
+TEST(Shrink, WithoutAFailureKeepsEveryRank) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Job job(3, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 3, c, "0,1,1");
+    c.ready();
+    std::vector<int> map(3, -7);
+    zpp_comm_t nc = nullptr;
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.msg = zpp_get_last_error();
+    if (res.status == ZPP_OK) {
+      for (int r = 0; r < 3; r++)
+        res.map += (r ? "," : "") + std::to_string(map[r]);
+      zpp_comm_size(nc, &res.new_size);
+      zpp_comm_nnodes(nc, &res.nnodes);
+      std::string why;
+      res.exact = exact_round(nc, {0, 1, 2}, 7, &why) == 0;
+      if (!res.exact)
+        res.msg = why;
+      std::vector<float> x(4), y(12);
+      res.coll_status = zpp_allgather(comm, x.data(), y.data(), 4, ZPP_FLOAT32,
+                                      nullptr, nullptr);
+      zpp_comm_destroy(nc);
+    }
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  ASSERT_TRUE(job.all_ready(20));
+  std::vector<Res> res = job.finish(25);
+  for (int i = 0; i < 3; i++) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    ASSERT_EQ(res[i].status, ZPP_OK) << res[i].msg;
+    EXPECT_EQ(res[i].map, "0,1,2");
+    EXPECT_EQ(res[i].new_size, 3);
+    EXPECT_EQ(res[i].nnodes, 2);
+    EXPECT_TRUE(res[i].exact) << res[i].msg;
+    EXPECT_EQ(res[i].coll_status, ZPP_ERR_ABORTED);
+  }
+}
+
+// Bad arguments: errors naming them, and the communicator untouched (this
+// rank does not take part).  A communicator of one rank, whose shrink is
+// itself; a second shrink of it is refused.
+TEST(Shrink, BadArguments) {
+  Job job(1, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 1, c, nullptr), nc = nullptr;
+    zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
+    std::string errs;
+    auto expect = [&](int got, int want, const char *text) {
+      std::string m = got == ZPP_OK ? "" : zpp_get_last_error();
+      if (got != want || m.find(text) == std::string::npos)
+        errs += "[" + std::to_string(got) + " \"" + m + "\", want " +
+                std::to_string(want) + " \"" + text + "\"] ";
+    };
+    expect(zpp_comm_shrink(nullptr, nullptr, nullptr, &nc),
+           ZPP_ERR_NULL_POINTER, "zpp_comm_shrink: comm is NULL");
+    expect(zpp_comm_shrink(comm, nullptr, nullptr, nullptr),
+           ZPP_ERR_NULL_POINTER, "zpp_comm_shrink: newcomm is NULL");
+    cfg.struct_size = 8;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->struct_size 8: must be sizeof(zpp_shrink_config_t)");
+    cfg = ZPP_SHRINK_CONFIG_INIT;
+    cfg.timeout_s = NAN;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->timeout_s is NaN");
+    cfg = ZPP_SHRINK_CONFIG_INIT;
+    cfg.timeout_s = 2;
+    cfg.join_s = 2;
+    expect(zpp_comm_shrink(comm, &cfg, nullptr, &nc), ZPP_ERR_INVALID_ARGUMENT,
+           "cfg->join_s 2: must be less than the bound of the call, 2 s");
+    // none of these touched the communicator
+    std::vector<float> x(8), y(8);
+    expect(zpp_allgather(comm, x.data(), y.data(), 8, ZPP_FLOAT32, nullptr,
+                         nullptr),
+           ZPP_OK, "");
+    int map = -7;
+    expect(zpp_comm_shrink(comm, nullptr, &map, &nc), ZPP_OK, "");
+    if (map != 0)
+      errs += "new_rank_of[0] " + std::to_string(map) + " ";
+    zpp_comm_t again = nullptr;
+    expect(zpp_comm_shrink(comm, nullptr, nullptr, &again),
+           ZPP_ERR_INVALID_ARGUMENT, "zpp_comm_shrink was called on it before");
+    zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    res.status = errs.empty() ? 0 : -1;
+    res.msg = errs;
+    return res;
+  });
+  std::vector<Res> res = job.finish(25);
+  EXPECT_EQ(res[0].status, 0) << res[0].msg;
+}
+
+} // namespace
