@@ -514,7 +514,7 @@ static void choose(zpp_transport_t *t, const zpp_tgroup_t *gr,
   default:
     return;
   }
-  zpp_algo_choose(t, gr, coll, bytes, a->dtype, hier, c_rs, c_ag);
+  zpp_algo_choose(t, a->group, coll, bytes, a->dtype, hier, c_rs, c_ag);
 }
 
 zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xfer_desc_t *a,

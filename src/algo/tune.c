@@ -8,6 +8,7 @@
 
 #include "algo/algo.h"
 #include "core/core.h"
+#include "transport/transport_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -380,8 +381,7 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
   out->hier = applies && out->hier_us < out->flat_us;
 }
 
-static const zpp_tune_shape_t *group_shape(const zpp_tgroup_t *gr) {
-  zpp_tgroup_t *g = (zpp_tgroup_t *)gr; /* a cache of fixed facts */
+static const zpp_tune_shape_t *group_shape(zpp_tgroup_t *g) {
   if (!g->shape_ok) {
     zpp_tune_shape_t s;
     int sizes[64] = {0}, *sz = g->nh <= 64 ? sizes : malloc((size_t)g->nh * sizeof *sz);
@@ -410,9 +410,9 @@ static const zpp_tune_shape_t *group_shape(const zpp_tgroup_t *gr) {
   return (const zpp_tune_shape_t *)(const void *)g->shape;
 }
 
-void zpp_algo_choose(const zpp_transport_t *t, const zpp_tgroup_t *gr, int coll,
-                     size_t bytes, zpp_dtype_t dtype, int *hier, int *c_rs,
-                     int *c_ag) {
+void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
+                     zpp_dtype_t dtype, int *hier, int *c_rs, int *c_ag) {
+  const zpp_tgroup_t *gr = &t->grp[g];
   zpp_tune_pick_t p;
   int es, ps, f;
   *hier = 0;
@@ -425,7 +425,7 @@ void zpp_algo_choose(const zpp_transport_t *t, const zpp_tgroup_t *gr, int coll,
   }
   es = coll == ZPP_TUNE_AG ? 1 : (int)zpp_dtype_size(dtype);
   ps = dtype == ZPP_FLOAT16 && coll != ZPP_TUNE_AG ? 4 : es;
-  zpp_tune_predict(&t->model, group_shape(gr), coll, (double)bytes, es, ps,
+  zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es, ps,
                    t->rings, &p);
   f = t->model.force[coll];
   *hier = f != 0 ? f == ZPP_ALGORITHM_HIER : p.hier;

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <zpp/zpp.h>
 
-#include "transport/transport_impl.h"
+#include "transport/transport.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,12 +63,11 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
                       int coll, double bytes, int esize, int psize, int rings,
                       zpp_tune_pick_t *out);
 
-/* The choice for a call on group gr of transport t (HIER, FLAT or AUTO
- * resolved): *hier, and the hierarchical chunks (0: from ZPP_HIER_CHUNK)
+/* The choice for a call on group g of transport t (HIER, FLAT or AUTO
+ * resolved; t->lock held: the group's shape is cached): *hier, and the hierarchical chunks (0: from ZPP_HIER_CHUNK)
  * of its reduce-scatter part (*c_rs) and all-gather part (*c_ag). */
-void zpp_algo_choose(const zpp_transport_t *t, const zpp_tgroup_t *gr, int coll,
-                     size_t bytes, zpp_dtype_t dtype, int *hier, int *c_rs,
-                     int *c_ag);
+void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
+                     zpp_dtype_t dtype, int *hier, int *c_rs, int *c_ag);
 
 /* Measures the links of t (a host backend) with a few small all-gathers
  * on the CROSS and NODE groups, every rank alike, and writes what it

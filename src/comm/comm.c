@@ -261,8 +261,8 @@ zpp_status_t zpp_comm_choose_algorithm(zpp_comm_t comm, zpp_algo_coll_t coll,
                      count, es);
   t = comm->tr;
   pthread_mutex_lock(&t->lock); /* the group's cached shape */
-  zpp_algo_choose(t, &t->grp[ZPP_GROUP_WORLD], (int)coll, count * es, dtype,
-                  &hier, &c_rs, &c_ag);
+  zpp_algo_choose(t, ZPP_GROUP_WORLD, (int)coll, count * es, dtype, &hier,
+                  &c_rs, &c_ag);
   pthread_mutex_unlock(&t->lock);
   *algorithm = hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT;
   if (chunks != NULL) {
