@@ -38,7 +38,8 @@ void zpp_tune_defaults(zpp_link_model_t *m, int shared_path) {
   }
 }
 
-/* ---- the tuner file -------------------------------------------------------- */
+/* ---- the tuner file --------------------------------------------------------
+ */
 
 static char *trim(char *s) {
   char *e;
@@ -203,8 +204,10 @@ zpp_status_t zpp_tune_read_file(const char *path, zpp_link_model_t *m,
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "ZPP_TUNER_FILE %s", path);
   }
   n = fread(text, 1, MAXLEN + 1, f);
-  st = ferror(f) ? zpp_error(ZPP_ERR_IO, func, "ZPP_TUNER_FILE %s: read "
-                                               "error", path)
+  st = ferror(f) ? zpp_error(ZPP_ERR_IO, func,
+                             "ZPP_TUNER_FILE %s: read "
+                             "error",
+                             path)
        : n > MAXLEN
            ? zpp_error(ZPP_ERR_IO, func,
                        "ZPP_TUNER_FILE %s: longer than %d bytes", path, MAXLEN)
@@ -226,7 +229,8 @@ zpp_status_t zpp_tune_read_file(const char *path, zpp_link_model_t *m,
   return st;
 }
 
-/* ---- the model --------------------------------------------------------------- */
+/* ---- the model
+ * --------------------------------------------------------------- */
 
 void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
   int k, j;
@@ -329,9 +333,8 @@ static double hier_rs(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
   double a = link_us(m, (s->smax - 1) * (double)s->own_max * cs, 0);
   double b = link_us(m, 0, xn * cp);
   double msgs = 2.0 * (s->smax - 1) * s->own_max + s->own_x + s->nodes - 1;
-  double compute =
-      ((double)s->smax * s->own_max * cs + (double)s->nodes * cp) /
-      m->reduce_bw;
+  double compute = ((double)s->smax * s->own_max * cs + (double)s->nodes * cp) /
+                   m->reduce_bw;
   return pipelined(m, c, a, b, msgs, compute);
 }
 
@@ -384,7 +387,8 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
 static const zpp_tune_shape_t *group_shape(zpp_tgroup_t *g) {
   if (!g->shape_ok) {
     zpp_tune_shape_t s;
-    int sizes[64] = {0}, *sz = g->nh <= 64 ? sizes : malloc((size_t)g->nh * sizeof *sz);
+    int sizes[64] = {0},
+        *sz = g->nh <= 64 ? sizes : malloc((size_t)g->nh * sizeof *sz);
     int k;
     if (sz == NULL) { /* the owners' estimate without the per-node sizes */
       s.n = g->size;
@@ -425,8 +429,8 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
   }
   es = coll == ZPP_TUNE_AG ? 1 : (int)zpp_dtype_size(dtype);
   ps = dtype == ZPP_FLOAT16 && coll != ZPP_TUNE_AG ? 4 : es;
-  zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es, ps,
-                   t->rings, &p);
+  zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es,
+                   ps, t->rings, &p);
   f = t->model.force[coll];
   *hier = f != 0 ? f == ZPP_ALGORITHM_HIER : p.hier;
   if (*hier && !t->hier_chunk_set) {
@@ -436,7 +440,8 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
   }
 }
 
-/* ---- the probe and the agreement ---------------------------------------------- */
+/* ---- the probe and the agreement
+ * ---------------------------------------------- */
 
 /* One in-place all-gather of `bytes` per member on group g, waited for;
  * *us its time. */
@@ -551,14 +556,13 @@ static double median_of(const zpp_link_model_t *all, int n, size_t off,
 
 void zpp_tune_agree(const zpp_link_model_t *all, int n,
                     const zpp_link_model_t *def, zpp_link_model_t *out) {
-  static const size_t offs[] = {
-      offsetof(zpp_link_model_t, intra_lat_us),
-      offsetof(zpp_link_model_t, intra_bw),
-      offsetof(zpp_link_model_t, inter_lat_us),
-      offsetof(zpp_link_model_t, inter_bw),
-      offsetof(zpp_link_model_t, round_us),
-      offsetof(zpp_link_model_t, msg_us),
-      offsetof(zpp_link_model_t, reduce_bw)};
+  static const size_t offs[] = {offsetof(zpp_link_model_t, intra_lat_us),
+                                offsetof(zpp_link_model_t, intra_bw),
+                                offsetof(zpp_link_model_t, inter_lat_us),
+                                offsetof(zpp_link_model_t, inter_bw),
+                                offsetof(zpp_link_model_t, round_us),
+                                offsetof(zpp_link_model_t, msg_us),
+                                offsetof(zpp_link_model_t, reduce_bw)};
   size_t i;
   *out = all[0];
   for (i = 0; i < sizeof offs / sizeof offs[0]; i++)

@@ -64,8 +64,9 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
                       zpp_tune_pick_t *out);
 
 /* The choice for a call on group g of transport t (HIER, FLAT or AUTO
- * resolved; t->lock held: the group's shape is cached): *hier, and the hierarchical chunks (0: from ZPP_HIER_CHUNK)
- * of its reduce-scatter part (*c_rs) and all-gather part (*c_ag). */
+ * resolved; t->lock held: the group's shape is cached): *hier, and the
+ * hierarchical chunks (0: from ZPP_HIER_CHUNK) of its reduce-scatter part
+ * (*c_rs) and all-gather part (*c_ag). */
 void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
                      zpp_dtype_t dtype, int *hier, int *c_rs, int *c_ag);
 
