@@ -28,7 +28,9 @@
  * algorithms, each selection verified (perf/bench_mpi_peers.c).  The byte columns come
  * from zpp_comm_get_stats around the first timed call; the check (-c 1)
  * looks at that call's output (the output buffer is poisoned with NaN
- * bytes before it).  Exit status: 0 all good, 1 a check found wrong
+ * bytes before it).  The algo column (table and JSON) names the family
+ * the row's calls ran: under ZPP_ALGO=auto zpp_comm_choose_algorithm's
+ * answer for that size.  Exit status: 0 all good, 1 a check found wrong
  * elements, 2 bad flags, 3 a zpp or CUDA call failed (or --memory device
  * without a device).
  *
@@ -912,6 +914,8 @@ static int parse_variants(const zpp_bench_coll_t *coll,
 
 typedef struct {
   char variant[48];
+  const char *algo; /* the family the call ran: hier, flat (zpp's baselines
+                       on a host backend), nccl, mpi, or - */
   size_t size, count;
   double time_us, algbw, busbw;
   double intra_bytes, inter_bytes; /* sent per rank, mean over ranks */
@@ -1057,7 +1061,10 @@ static void header_texts(const header_t *h, char lines[][800],
          h->peers);
   LINE("algorithm",
        "algorithm: %s%s",
-       h->ctx->hier
+       h->ctx->algo_auto
+           ? "auto (per call, the family the cost model predicts faster: "
+             "the algo column; docs/design.md, \"Choosing the algorithm\")"
+       : h->ctx->hier
            ? "hier (all-gather and reduce-scatter rail-aligned and "
              "hierarchical across nodes, docs/collectives.md)"
            : "flat (ring all-gather, pairwise reduce-scatter: one node, one "
@@ -1126,10 +1133,10 @@ static void print_header(header_t *h, FILE *f) {
     else
       fprintf(f,
               "#\n# %-10s %12s %11s %5s %11s %9s %9s %12s %12s %8s %10s "
-              "%7s %12s %11s %11s %11s\n",
+              "%7s %12s %11s %11s %11s %5s\n",
               "variant", "size", "count", "type", "time(us)", "algbw", "busbw",
               "intra_bytes", "inter_bytes", "ratio", "max_err", "#wrong",
-              "inter_max", "med(us)", "min(us)", "max(us)");
+              "inter_max", "med(us)", "min(us)", "max(us)", "algo");
     fflush(f);
     return;
   }
@@ -1192,6 +1199,8 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
     err[0] = wrong[0] = '\0';
   }
   if (o->format == ZPP_BENCH_CSV) {
+    /* the algo column is the table's and JSON's: the CSV keeps the
+     * columns the study scripts of perf/ write as their header */
     fprintf(f, "%s,%s,%zu,%zu,%s,%.2f,%.4f,%.4f,%s,%s,%s,%s,%s,%s,%.2f,%.2f,"
             "%.2f,%s\n",
             h->coll->name, r->variant, r->size, r->count, dt, r->time_us,
@@ -1200,12 +1209,12 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
   } else if (o->format == ZPP_BENCH_TABLE) {
     fprintf(f,
             "  %-10s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
-            "%10s %7s %12s %11.1f %11.1f %11.1f\n",
+            "%10s %7s %12s %11.1f %11.1f %11.1f %5s\n",
             r->variant, r->size, r->count, dt, r->time_us, r->algbw, r->busbw,
             intra[0] ? intra : "-", inter[0] ? inter : "-",
             ratio[0] ? ratio : "-", err[0] ? err : "-",
             wrong[0] ? wrong : "-", imax[0] ? imax : "-", r->med_us,
-            r->min_us, r->max_us);
+            r->min_us, r->max_us, r->algo);
   } else {
     fprintf(f,
             "%s\n  {\"coll\": \"%s\", \"variant\": \"%s\", \"size\": %zu, "
@@ -1214,13 +1223,13 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
             "\"inter_bytes\": %s, \"ratio\": %s, \"max_err\": %s, "
             "\"wrong\": %s, \"inter_bytes_max\": %s, \"time_med_us\": %.2f, "
             "\"time_min_us\": %.2f, \"time_max_us\": %.2f, "
-            "\"inter_bytes_node_max\": %s}",
+            "\"inter_bytes_node_max\": %s, \"algo\": \"%s\"}",
             h->nrows ? "," : "", h->coll->name, r->variant, r->size, r->count,
             dt, r->time_us, r->algbw, r->busbw, intra[0] ? intra : "null",
             inter[0] ? inter : "null", ratio[0] ? ratio : "null",
             err[0] ? err : "null", wrong[0] ? wrong : "null",
             imax[0] ? imax : "null", r->med_us, r->min_us, r->max_us,
-            nmax[0] ? nmax : "null");
+            nmax[0] ? nmax : "null", r->algo);
     h->nrows++;
   }
   fflush(f);
@@ -1378,6 +1387,33 @@ static zpp_status_t tc_iter(const zpp_bench_coll_t *coll,
   return agree(st);
 }
 
+/* The family a variant's calls of `count` elements run: zpp's own
+ * all-gather and reduce-scatter baselines ask the communicator (under
+ * ZPP_ALGO=auto it chooses per size); quantized plans and hpZ: "-". */
+static const char *row_algo(const zpp_bench_coll_t *coll,
+                            const zpp_bench_ctx_t *ctx,
+                            const zpp_bench_variant_t *v, size_t count) {
+  zpp_backend_t be = ZPP_BACKEND_MPI;
+  zpp_algorithm_t a = ZPP_ALGORITHM_FLAT;
+  if (v->foreign)
+    return "mpi";
+  zpp_comm_backend(ctx->comm, &be);
+  if (be == ZPP_BACKEND_NCCL)
+    return "nccl";
+  if (v->flat)
+    return "flat";
+  if (!v->baseline || (coll != &zpp_bench_allgather &&
+                       coll != &zpp_bench_reducescatter))
+    return "-";
+  if (zpp_comm_choose_algorithm(ctx->comm,
+                                coll == &zpp_bench_allgather
+                                    ? ZPP_ALGO_COLL_ALLGATHER
+                                    : ZPP_ALGO_COLL_REDUCE_SCATTER,
+                                count, ctx->opt->dtype, &a, NULL) != ZPP_OK)
+    return "?";
+  return a == ZPP_ALGORITHM_HIER ? "hier" : "flat";
+}
+
 /* Tears the row's case down and, when every iteration ran (all ==
  * ZPP_OK), fills its row (collective: every rank calls it). */
 static void tc_end(const zpp_bench_coll_t *coll, const zpp_bench_ctx_t *ctx,
@@ -1405,6 +1441,7 @@ static void tc_end(const zpp_bench_coll_t *coll, const zpp_bench_ctx_t *ctx,
   row->inter_node_max = node_max(ctx, sent[1]);
   snprintf(row->variant, sizeof row->variant, "%s",
            c->label[0] ? c->label : c->v->name);
+  row->algo = row_algo(coll, ctx, c->v, c->count);
   row->size = c->bytes;
   row->count = c->count;
   row->time_us = tmax * 1e6;
@@ -1540,6 +1577,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     zpp_comm_algorithm(comm, &al);
     ctx.hier = al == ZPP_ALGORITHM_HIER && backend != ZPP_BACKEND_NCCL &&
                ctx.nnodes > 1 && ctx.nnodes < ctx.world;
+    ctx.algo_auto = al == ZPP_ALGORITHM_AUTO && backend != ZPP_BACKEND_NCCL;
   }
   zpp_comm_topo_emulated(comm, &h.topo_emulated);
   if (zpp_settings_get("ZPP_TOPO", &h.topo) != ZPP_OK)
@@ -1603,6 +1641,14 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
       zpp_bench_buf_free(&ctx, &in);
       zpp_bench_buf_free(&ctx, &outb);
       break;
+    }
+    if (ctx.algo_auto) { /* the check's reference follows each size's choice */
+      zpp_algorithm_t a = ZPP_ALGORITHM_FLAT;
+      zpp_comm_choose_algorithm(comm, coll == &zpp_bench_allgather
+                                          ? ZPP_ALGO_COLL_ALLGATHER
+                                          : ZPP_ALGO_COLL_REDUCE_SCATTER,
+                                count, o->dtype, &a, NULL);
+      ctx.hier = a == ZPP_ALGORITHM_HIER;
     }
     {
       timed_t tc[BENCH_MAX_VARIANTS];

@@ -57,6 +57,9 @@ typedef struct {
    * (docs/collectives.md): algorithm hier, a host backend, several nodes
    * and more than one rank on some node. */
   int hier;
+  /* 1 under ZPP_ALGO=auto on a host backend: hier is then each size's
+   * choice for the reduce-scatter baseline (zpp_comm_choose_algorithm) */
+  int algo_auto;
   int rank, world, nnodes, uniform;
   int *node_of; /* world rank -> node index (world entries) */
   int *local_of; /* world rank -> local rank on its node (world entries) */

@@ -150,6 +150,10 @@ inline void OpenComm(unsigned long long seed, zpp_comm_t *comm, int *rank,
 inline int RunAllRanks(int argc, char **argv, void (*setup)(),
                        void (*teardown)()) {
   int provided = 0, rank = 0, size = 1;
+  // This suite's references follow one forced family (ZPP_ALGO=flat, else
+  // hier); the per-call choice of ZPP_ALGO=auto, the library's default, is
+  // tests/test_tuner.cc's.  Set before MPI or zpp start any thread.
+  setenv("ZPP_ALGO", "hier", 0);
   if (UsesMpi()) {
     // ZPP_TEST_MPI_THREAD=serialized runs a suite at the lower level, where
     // zpp must run started collectives inline instead of on a thread.

@@ -2222,6 +2222,10 @@ static int net_segment_case(const char *which) {
 
 int main(int argc, char **argv) {
   int provided = 0;
+  // This suite's references follow one forced family (ZPP_ALGO=flat, else
+  // hier); the per-call choice of ZPP_ALGO=auto, the library's default, is
+  // tests/test_tuner.cc's.  Set before MPI or zpp start any thread.
+  setenv("ZPP_ALGO", "hier", 0);
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);

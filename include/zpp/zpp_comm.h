@@ -86,15 +86,18 @@ ZPP_API const char *zpp_backend_name(zpp_backend_t backend);
 /* How all-gathers and reduce-scatters over several nodes move their bytes
  * (host backends MPI and UCX; NCCL chooses its own routing). */
 typedef enum {
-  ZPP_ALGORITHM_DEFAULT = 0, /* the setting ZPP_ALGO (hier when unset) */
+  ZPP_ALGORITHM_DEFAULT = 0, /* the setting ZPP_ALGO (auto when unset) */
   ZPP_ALGORITHM_HIER = 1,    /* rail-aligned and hierarchical across nodes:
                                 every inter-node link carries the minimum
                                 (docs/design.md, "Transports"); inside one
                                 node, and with one rank per node, the flat
                                 algorithms */
-  ZPP_ALGORITHM_FLAT = 2     /* ring all-gather and pairwise reduce-scatter
-                                over every group (what zpp ran before):
-                                kept for comparison */
+  ZPP_ALGORITHM_FLAT = 2,    /* ring all-gather and pairwise reduce-scatter
+                                over every group */
+  ZPP_ALGORITHM_AUTO = 3     /* per call, the one a cost model predicts to
+                                be faster for its size, the group's nodes
+                                and the links (docs/design.md, "Choosing
+                                the algorithm"; ZPP_TUNER_FILE) */
 } zpp_algorithm_t;
 
 typedef struct {
@@ -114,8 +117,8 @@ typedef struct {
   /* Fields below were added in 0.2; a struct_size from before (the
    * size up to timeout_s) is accepted and they take their defaults. */
   zpp_algorithm_t algorithm; /* default ZPP_ALGORITHM_DEFAULT: the setting
-                                ZPP_ALGO=hier|flat decides; every rank must
-                                use the same */
+                                ZPP_ALGO=auto|hier|flat decides; every rank
+                                must use the same */
 } zpp_comm_config_t;
 
 #define ZPP_COMM_CONFIG_INIT                                                   \
@@ -384,11 +387,31 @@ ZPP_API zpp_status_t zpp_comm_size(zpp_comm_t comm, int *size);
 /* Backend actually in use (never ZPP_BACKEND_AUTO) and its memory space. */
 ZPP_API zpp_status_t zpp_comm_backend(zpp_comm_t comm, zpp_backend_t *backend);
 ZPP_API zpp_status_t zpp_comm_memory(zpp_comm_t comm, zpp_memory_t *memory);
-/* Algorithm of multi-node all-gathers and reduce-scatters in use
- * (ZPP_ALGORITHM_HIER or _FLAT, never _DEFAULT; NCCL communicators report
- * the setting, though NCCL routes by itself). */
+/* Algorithm of multi-node all-gathers and reduce-scatters in use: the
+ * resolved setting, ZPP_ALGORITHM_HIER, _FLAT or _AUTO, never _DEFAULT
+ * (under _AUTO each call chooses: zpp_comm_choose_algorithm says what;
+ * NCCL communicators report the setting, though NCCL routes by itself). */
 ZPP_API zpp_status_t zpp_comm_algorithm(zpp_comm_t comm,
                                         zpp_algorithm_t *algorithm);
+
+/* The collectives whose algorithm zpp_comm_choose_algorithm predicts. */
+typedef enum {
+  ZPP_ALGO_COLL_ALLGATHER = 0,      /* count: elements of each rank's block */
+  ZPP_ALGO_COLL_REDUCE_SCATTER = 1, /* count: elements of each rank's shard */
+  ZPP_ALGO_COLL_ALLREDUCE = 2       /* count: elements of the whole buffer */
+} zpp_algo_coll_t;
+
+/* The algorithm a host backend runs for that collective of `count`
+ * elements of `dtype` on the world group: ZPP_ALGORITHM_HIER or _FLAT (the
+ * same answer on every rank, the one the call itself takes), and in
+ * *chunks (may be NULL) the hierarchical pipeline's chunk count (0 when
+ * flat).  A forced setting answers itself where the hierarchical
+ * algorithms apply (several nodes, some with more than one rank). */
+ZPP_API zpp_status_t zpp_comm_choose_algorithm(zpp_comm_t comm,
+                                               zpp_algo_coll_t coll,
+                                               size_t count, zpp_dtype_t dtype,
+                                               zpp_algorithm_t *algorithm,
+                                               int *chunks);
 
 /* ---- topology queries -------------------------------------------------- */
 ZPP_API zpp_status_t zpp_comm_nnodes(zpp_comm_t comm, int *nnodes);

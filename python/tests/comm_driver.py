@@ -22,7 +22,9 @@ def main():
     how = sys.argv[1]
     comm = {"mpi": zpp.Comm.from_mpi, "env": zpp.Comm.from_env}[how]()
     r, W = comm.rank, comm.size
-    done = {"world": W, "nnodes": comm.nnodes, "backend": comm.backend, "bootstrap": comm.bootstrap}
+    done = {"world": W, "nnodes": comm.nnodes, "backend": comm.backend, "bootstrap": comm.bootstrap,
+            "algorithm": comm.algorithm,
+            "choice": list(comm.choose_algorithm("reduce_scatter", 1001, "bfloat16"))}
     n = 1001
     # all-gather, numpy fp32 and torch bf16: exact
     out = comm.allgather(data(r, n, 1))

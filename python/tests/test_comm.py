@@ -6,12 +6,14 @@ from conftest import TESTS, mpirun, torchrun
 
 
 def test_collectives_under_mpirun_on_emulated_2x2(have_mpirun):
-    out = mpirun(4, [TESTS / "comm_driver.py", "mpi"], ZPP_TOPO="2x2")
+    # ZPP_ALGO=hier: the reduce-scatter's reference is the hierarchical order
+    out = mpirun(4, [TESTS / "comm_driver.py", "mpi"], ZPP_TOPO="2x2", ZPP_ALGO="hier")
     assert out and out[0]["world"] == 4 and out[0]["nnodes"] == 2
     assert out[0]["bootstrap"] == "mpi" and out[0]["inter_bytes_sent"] > 0
     # the reduce-scatter was checked bitwise against the hierarchical order,
     # on data where rank order gives other bits
     assert out[0]["rank_order_differs"]
+    assert out[0]["algorithm"] == "hier" and out[0]["choice"] == ["hier", 1]
     print(out[0])
 
 

@@ -510,7 +510,7 @@ def test_line_shows_once_on_rank_0_with_logging_unconfigured_and_debug_adds_deta
     for want in ("3 FSDP modules", "2 ranks on 2 emulated nodes (ZPP_TOPO=2x1)",
                  "world communicator over torch's store (TCP bootstrap)",
                  "backend ucx (ZPP_BACKEND unset", "memory host (parameters on cpu)",
-                 "algorithm hier across nodes (ZPP_ALGO unset)",
+                 "algorithm auto across nodes (ZPP_ALGO unset)",
                  "qwZ 8 bits block 128 on inter-node gathers",
                  "qgZ 4 bits across nodes, 4 bits inside, block 256, error feedback",
                  "hpZ: off (reshard_after_forward=True)"):

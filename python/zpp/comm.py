@@ -621,12 +621,31 @@ class Comm:
 
     @property
     def algorithm(self) -> str:
-        """"hier" or "flat": how all-gathers and reduce-scatters over several
-        nodes move their bytes (zpp_comm_algorithm; ZPP_ALGO)."""
+        """"auto", "hier" or "flat": how all-gathers and reduce-scatters over
+        several nodes move their bytes (zpp_comm_algorithm; ZPP_ALGO); under
+        "auto" each call chooses (choose_algorithm)."""
         L = _lib.get()
         a = L.ffi.new("zpp_algorithm_t *")
         L.check(L.lib.zpp_comm_algorithm(self._c, a), self._c)
-        return "flat" if a[0] == L.lib.ZPP_ALGORITHM_FLAT else "hier"
+        return {L.lib.ZPP_ALGORITHM_FLAT: "flat", L.lib.ZPP_ALGORITHM_HIER: "hier"}.get(a[0], "auto")
+
+    def choose_algorithm(self, coll: str, count: int, dtype: str = "float32") -> tuple:
+        """(family, chunks) that a world "allgather", "reduce_scatter" or
+        "allreduce" of `count` elements of `dtype` runs: ("hier", chunks)
+        or ("flat", 0), the same on every rank
+        (zpp_comm_choose_algorithm)."""
+        L = _lib.get()
+        colls = {"allgather": L.lib.ZPP_ALGO_COLL_ALLGATHER,
+                 "reduce_scatter": L.lib.ZPP_ALGO_COLL_REDUCE_SCATTER,
+                 "allreduce": L.lib.ZPP_ALGO_COLL_ALLREDUCE}
+        if coll not in colls:
+            raise ValueError("coll %r: must be allgather, reduce_scatter or allreduce" % (coll,))
+        dt = L.ffi.new("zpp_dtype_t *")
+        L.check(L.lib.zpp_dtype_parse(dtype.encode(), dt), self._c)
+        a = L.ffi.new("zpp_algorithm_t *")
+        c = L.ffi.new("int *")
+        L.check(L.lib.zpp_comm_choose_algorithm(self._c, colls[coll], count, dt[0], a, c), self._c)
+        return ("hier" if a[0] == L.lib.ZPP_ALGORITHM_HIER else "flat", c[0])
 
     @property
     def topology_emulated(self) -> bool:

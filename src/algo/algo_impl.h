@@ -9,6 +9,7 @@
  *   pairwise.c  the pairwise family (all-to-all, flat reduce-scatter) and
  *               the local sum of blocks
  *   hier.c      the hierarchical family (all-gather, reduce-scatter)
+ *   tune.c      the choice among them (ZPP_ALGO=auto: the cost model)
  *   stage.c     device staging through pinned host memory
  *   cache.c     the per-transport caches: host scratch, pinned buffers
  *   xfer.c      the one dispatch of a transfer descriptor
@@ -148,6 +149,8 @@ struct zpp_xop {
    * slice from the other nodes ((nh - 1) * len[me] of pdt).  pdt: the
    * partials' wire dtype (hier_partial_dtype). */
   int hc, hn, hs, hl, na;
+  int hier;         /* the op runs the hierarchical family (tune.c) */
+  int hc_rs, hc_ag; /* chunks its choice set (0: from ZPP_HIER_CHUNK) */
   zpp_dtype_t pdt;
   int *own, *ai, *alist; /* [n] */
   size_t *pre;           /* [n] */
@@ -209,11 +212,11 @@ zpp_status_t zpp_algo_setup_reduce(zpp_xop_t *op, const void *send, void *dst);
 zpp_status_t zpp_algo_pair_step(zpp_xop_t *op, int *end);
 zpp_status_t zpp_algo_reduce_step(zpp_xop_t *op, int *end);
 
-/* hier.c: whether ops on a group run hierarchically; my node, owners and
+/* hier.c: whether the hierarchical family applies to a group; my node, owners and
  * what I own; the transfers a hierarchical round can hold; the
  * hierarchical reduce-scatter's tables and scratch; the ZPP_PH_HAG and ZPP_PH_HRS
  * steps. */
-int zpp_algo_hier_on(const zpp_transport_t *t, const zpp_tgroup_t *gr);
+int zpp_algo_hier_applies(const zpp_tgroup_t *gr);
 void zpp_algo_hier_setup(zpp_xop_t *op);
 int zpp_algo_hier_slots(const zpp_transport_t *t, const zpp_tgroup_t *gr);
 zpp_status_t zpp_algo_setup_hrs(zpp_xop_t *op, const void *send, void *dst);

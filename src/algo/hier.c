@@ -1,5 +1,5 @@
 /*
- * The hierarchical family (ZPP_ALGO=hier, described at the top of op.c;
+ * The hierarchical family (described at the top of op.c;
  * docs/design.md, "Transports", gives the byte formulas): all-gather and
  * reduce-scatter in two stages, one across nodes and one within them,
  * over chunks, so that round r carries the first stage of chunk r with the
@@ -13,11 +13,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Whether ops on group g run hierarchically: the default algorithm, more
- * than one node, and some node with more than one member (with one member
- * per node there is nothing to aggregate: the flat algorithms are it). */
-int zpp_algo_hier_on(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
-  return !t->flat && gr->nh > 1 && gr->nh < gr->size;
+/* Whether the hierarchical family applies to group g: more than one node,
+ * and some node with more than one member (with one member per node there
+ * is nothing to aggregate: the flat algorithms are it).  Whether an op
+ * runs it is zpp_algo_choose's answer (tune.c). */
+int zpp_algo_hier_applies(const zpp_tgroup_t *gr) {
+  return gr->nh > 1 && gr->nh < gr->size;
 }
 
 /* The dtype a node's partial sum travels in: fp32 for fp16 (an fp16
@@ -31,10 +32,13 @@ static zpp_dtype_t hier_partial_dtype(zpp_dtype_t dtype) {
   return dtype == ZPP_FLOAT16 ? ZPP_FLOAT32 : dtype;
 }
 
-/* Chunks of a stage whose largest block is `maxbytes`: the same on every
+/* Chunks of a stage whose largest block is `maxbytes`: `want` when the
+ * op's choice set it (1..8), else from ZPP_HIER_CHUNK; the same on every
  * member, since every member knows every block size. */
-static int hier_chunks(const zpp_transport_t *t, size_t maxbytes) {
+static int hier_chunks(const zpp_transport_t *t, int want, size_t maxbytes) {
   size_t c;
+  if (want > 0)
+    return want;
   if (t->hier_chunk == 0 || maxbytes <= t->hier_chunk)
     return 1;
   c = (maxbytes + t->hier_chunk - 1) / t->hier_chunk;
@@ -73,8 +77,7 @@ void zpp_algo_hier_setup(zpp_xop_t *op) {
 int zpp_algo_hier_slots(const zpp_transport_t *t, const zpp_tgroup_t *gr) {
   int hs = gr->hoff[gr->hnode[gr->index] + 1] - gr->hoff[gr->hnode[gr->index]];
   int na = 0, w;
-  if (!zpp_algo_hier_on(t, gr))
-    return 0;
+  (void)t;
   for (w = 0; w < gr->size; w++)
     na += node_member(gr, gr->hnode[gr->index], gr->hlocal[w]) == gr->index;
   return 2 * gr->size + (hs - 1) * na;
@@ -245,7 +248,7 @@ zpp_status_t zpp_algo_setup_hrs(zpp_xop_t *op, const void *send, void *dst) {
   op->pp = op->tmp.p;
   op->rbuf = op->pp + op->la * pes;
   op->ra = op->pp + wire;
-  op->hc = hier_chunks(op->t, maxlen * es);
+  op->hc = hier_chunks(op->t, op->hc_rs, maxlen * es);
   op->p_send = send;
   op->dst = dst;
   return ZPP_OK;
@@ -260,7 +263,7 @@ zpp_status_t zpp_algo_hag_step(zpp_xop_t *op, int *end) {
     for (w = 0; w < op->n; w++)
       if (op->bytes[w] > maxb)
         maxb = op->bytes[w];
-    op->hc = hier_chunks(op->t, maxb);
+    op->hc = hier_chunks(op->t, op->hc_ag, maxb);
   }
   if (op->step > op->hc) {
     *end = 1;

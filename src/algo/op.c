@@ -26,8 +26,10 @@
  *                   ceil(log2 n) rounds of 1-byte messages to member
  *                   i + 2^k, not counted as payload.
  *
- * Hierarchical (ZPP_ALGO=hier, the default, on a group that spans several
- * nodes with more than one member on some node).  On node m every member
+ * Hierarchical (on a group that spans several nodes with more than one
+ * member on some node, when ZPP_ALGO=hier, or per call under ZPP_ALGO=auto,
+ * the default, where tune.c's cost model predicts it faster than the ring
+ * and pairwise ones).  On node m every member
  * w of the group has an *owner*: the member of node m at position
  * local(w) mod size(m) of its run (w itself on w's own node; with equal
  * nodes the rank with w's local rank: rail-aligned).
@@ -45,7 +47,8 @@
  *                   divided by n first);
  *   allreduce       that reduce-scatter over balanced shards, then that
  *                   all-gather.
- * The blocks are cut in up to 8 chunks (ZPP_HIER_CHUNK bytes) and round r
+ * The blocks are cut in up to 8 chunks (ZPP_HIER_CHUNK bytes; under auto
+ * with it unset, the model's count) and round r
  * carries the first stage of chunk r with the second stage of chunk r-1,
  * so the intra-node work hides behind the inter-node transfers.
  *
@@ -61,6 +64,7 @@
  * (src/engine).
  */
 #include "algo/algo_impl.h"
+#include "algo/tune.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
 
@@ -269,7 +273,7 @@ static zpp_xop_t *op_alloc(int n, int nc, int slots) {
 
 static zpp_status_t setup(zpp_xop_t *op, const zpp_xfer_desc_t *a) {
   int n = op->n, me = op->me, i, np = 0;
-  int hier = zpp_algo_hier_on(op->t, &op->t->grp[op->g]);
+  int hier = op->hier;
   const void *send = a->send;
   void *recv = a->recv;
   if (a->mem == ZPP_MEMORY_DEVICE && a->kind != ZPP_XFER_BARRIER)
@@ -482,26 +486,61 @@ static zpp_status_t advance(zpp_xop_t *op) {
   return ZPP_OK; /* more next time */
 }
 
+/* The family an op runs (tune.c): *hier, and the chunks its choice set. */
+static void choose(zpp_transport_t *t, const zpp_tgroup_t *gr,
+                   const zpp_xfer_desc_t *a, int *hier, int *c_rs, int *c_ag) {
+  size_t bytes = 0;
+  int coll, i;
+  *hier = *c_rs = *c_ag = 0;
+  switch (a->kind) {
+  case ZPP_XFER_ALLGATHER:
+    coll = ZPP_TUNE_AG;
+    bytes = a->bytes;
+    break;
+  case ZPP_XFER_ALLGATHERV: /* the largest block: every member knows it */
+    coll = ZPP_TUNE_AG;
+    for (i = 0; i < gr->size; i++)
+      if (a->recv_bytes[i] > bytes)
+        bytes = a->recv_bytes[i];
+    break;
+  case ZPP_XFER_REDUCE_SCATTER:
+    coll = ZPP_TUNE_RS;
+    bytes = a->count * zpp_dtype_size(a->dtype);
+    break;
+  case ZPP_XFER_ALLREDUCE:
+    coll = ZPP_TUNE_AR;
+    bytes = a->count * zpp_dtype_size(a->dtype);
+    break;
+  default:
+    return;
+  }
+  zpp_algo_choose(t, a->group, coll, bytes, a->dtype, hier, c_rs, c_ag);
+}
+
 zpp_status_t zpp_algo_start(zpp_transport_t *t, const zpp_xfer_desc_t *a,
                             int sync_out, zpp_xop_t **out) {
   const zpp_tgroup_t *gr = &t->grp[a->group];
   int n = gr->size, ring = a->kind == ZPP_XFER_ALLGATHER ||
                            a->kind == ZPP_XFER_ALLGATHERV ||
                            a->kind == ZPP_XFER_ALLREDUCE;
-  int hier = ring || a->kind == ZPP_XFER_REDUCE_SCATTER;
-  /* hierarchical ops run one rotated ring: nc = 1 */
-  int nc = ring && !zpp_algo_hier_on(t, gr) ? zpp_algo_ring_channels(t, gr) : 1;
+  int hier, c_rs, c_ag, nc;
   uint32_t span = t->tag_limit / ZPP_NSUB;
   zpp_xop_t *op;
   zpp_status_t st;
   /* The tag is taken before anything can fail, so every member's sequence
    * stays in step with the others'. */
   uint32_t seq = t->grp[a->group].seq++;
+  choose(t, gr, a, &hier, &c_rs, &c_ag);
+  /* hierarchical ops run one rotated ring: nc = 1 */
+  nc = ring && !hier ? zpp_algo_ring_channels(t, gr) : 1;
   op = op_alloc(n, nc, hier ? zpp_algo_hier_slots(t, gr) : 0);
   if (op == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, zpp_xfer_name(a->kind),
                      "operation of %d members",
                      n);
+  op->hier = hier;
+  op->hc_rs = c_rs;
+  op->hc_ag = c_ag;
   op->t = t;
   op->kind = a->kind;
   op->g = a->group;

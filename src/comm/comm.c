@@ -3,10 +3,13 @@
  * reports and errors.  Creation lives in comm_create.c (any bootstrap)
  * and comm_mpi.c (the MPI adapter).
  */
+#include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo/tune.h"
 #include "comm/comm.h"
 #include "comm/comm_impl.h"
 #include "transport/transport_impl.h"
@@ -232,7 +235,51 @@ zpp_status_t zpp_comm_memory(zpp_comm_t comm, zpp_memory_t *memory) {
 
 zpp_status_t zpp_comm_algorithm(zpp_comm_t comm, zpp_algorithm_t *algorithm) {
   COMM_CHECK(comm, algorithm);
-  *algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
+  *algorithm = comm->tr->algorithm;
+  return ZPP_OK;
+}
+
+zpp_status_t zpp_comm_choose_algorithm(zpp_comm_t comm, zpp_algo_coll_t coll,
+                                       size_t count, zpp_dtype_t dtype,
+                                       zpp_algorithm_t *algorithm,
+                                       int *chunks) {
+  zpp_transport_t *t;
+  int hier = 0, c_rs = 0, c_ag = 0, c;
+  size_t es;
+  COMM_CHECK(comm, algorithm);
+  if ((int)coll < ZPP_ALGO_COLL_ALLGATHER || (int)coll > ZPP_ALGO_COLL_ALLREDUCE)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "coll %d: must be ZPP_ALGO_COLL_ALLGATHER, "
+                     "_REDUCE_SCATTER or _ALLREDUCE",
+                     (int)coll);
+  es = zpp_dtype_size(dtype);
+  if (es == 0 || (coll != ZPP_ALGO_COLL_ALLGATHER && dtype != ZPP_FLOAT32 &&
+                  dtype != ZPP_FLOAT16 && dtype != ZPP_BFLOAT16))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "dtype %d: must be a dtype the collective takes",
+                     (int)dtype);
+  if (count > SIZE_MAX / es)
+    return zpp_error(ZPP_ERR_OVERFLOW, __func__, "count %zu of %zu bytes",
+                     count, es);
+  t = comm->tr;
+  pthread_mutex_lock(&t->lock); /* the group's cached shape */
+  zpp_algo_choose(t, ZPP_GROUP_WORLD, (int)coll, count * es, dtype, &hier,
+                  &c_rs, &c_ag);
+  pthread_mutex_unlock(&t->lock);
+  *algorithm = hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT;
+  if (chunks != NULL) {
+    c = coll == ZPP_ALGO_COLL_ALLGATHER ? c_ag : c_rs;
+    if (hier && c == 0) { /* ZPP_HIER_CHUNK's count, as hier.c takes it */
+      size_t b = coll == ZPP_ALGO_COLL_ALLREDUCE
+                     ? (count + (size_t)t->size - 1) / (size_t)t->size * es
+                     : count * es;
+      size_t k = t->hier_chunk == 0 || b <= t->hier_chunk
+                     ? 1
+                     : (b + t->hier_chunk - 1) / t->hier_chunk;
+      c = k > 8 ? 8 : (int)k;
+    }
+    *chunks = hier ? c : 0;
+  }
   return ZPP_OK;
 }
 

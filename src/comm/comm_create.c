@@ -24,6 +24,7 @@
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
 #include "comm/comm_impl.h"
+#include "algo/tune.h"
 #include "transport/transport_impl.h"
 
 #if ZPP_HAVE_CUDA
@@ -41,7 +42,9 @@ typedef struct {
   int32_t real_local_rank;
   int32_t spec_len;
   int32_t algo;       /* zpp_algorithm_t resolved (cfg, else ZPP_ALGO) */
-  int32_t hier_chunk; /* ZPP_HIER_CHUNK: chunks must match everywhere */
+  int32_t hier_chunk; /* ZPP_HIER_CHUNK (-1: unset): must match everywhere */
+  int32_t probe;      /* ZPP_TUNER_PROBE resolved: -1 auto, 0 off, 1 on */
+  uint64_t tuner_hash; /* of ZPP_TUNER_FILE's bytes (0: unset) */
   int32_t qgz_sum;    /* ZPP_QGZ_SUM resolved: 1 int, 0 float */
   uint64_t spec_hash;
   uint64_t host_id; /* hash of host name, boot id, network namespace */
@@ -342,7 +345,7 @@ static zpp_status_t requested_qgz_sum(int *out, const char *func) {
   return ZPP_OK;
 }
 
-/* cfg->algorithm, else the setting ZPP_ALGO (hier when unset). */
+/* cfg->algorithm, else the setting ZPP_ALGO (auto when unset). */
 static zpp_status_t requested_algorithm(const zpp_comm_config_t *cfg,
                                         zpp_algorithm_t *out,
                                         const char *func) {
@@ -351,14 +354,113 @@ static zpp_status_t requested_algorithm(const zpp_comm_config_t *cfg,
   if (cfg->algorithm != ZPP_ALGORITHM_DEFAULT)
     return ZPP_OK;
   env = zpp_setting("ZPP_ALGO");
-  if (env[0] == '\0' || strcmp(env, "hier") == 0)
+  if (env[0] == '\0' || strcmp(env, "auto") == 0)
+    *out = ZPP_ALGORITHM_AUTO;
+  else if (strcmp(env, "hier") == 0)
     *out = ZPP_ALGORITHM_HIER;
   else if (strcmp(env, "flat") == 0)
     *out = ZPP_ALGORITHM_FLAT;
   else
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "ZPP_ALGO \"%s\": must be hier or flat", env);
+                     "ZPP_ALGO \"%s\": must be auto, hier or flat", env);
   return ZPP_OK;
+}
+
+static const char *algo_name(int32_t a) {
+  return a == ZPP_ALGORITHM_FLAT   ? "flat"
+         : a == ZPP_ALGORITHM_HIER ? "hier"
+                                   : "auto";
+}
+
+/* ZPP_TUNER_PROBE: auto (-1: probe real multi-node links), 0, 1 (also an
+ * emulated topology: tests). */
+static zpp_status_t requested_probe(int32_t *out, const char *func) {
+  const char *env = zpp_setting("ZPP_TUNER_PROBE");
+  if (env[0] == '\0' || strcmp(env, "auto") == 0)
+    *out = -1;
+  else if (strcmp(env, "0") == 0 || strcmp(env, "1") == 0)
+    *out = env[0] - '0';
+  else
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "ZPP_TUNER_PROBE \"%s\": must be auto, 0 or 1", env);
+  return ZPP_OK;
+}
+
+/* What each rank tells the others of the cost model's constants. */
+typedef struct {
+  int32_t status;
+  char msg[ZPP_COMM_MSGLEN];
+  zpp_link_model_t m;
+} tune_rec_t;
+
+/* ZPP_ALGO=auto: the cost model's constants, the same on every rank.
+ * Defaults for the links (an emulated topology shares one machine's
+ * memory; ZPP_EMU_INTER_GBIT and _LAT_US say what the emulation adds),
+ * then the tuner file, or else (real nodes, or ZPP_TUNER_PROBE=1) what a
+ * probe measures; then every rank's values, all-gathered, and their
+ * median.  Every rank takes this path whatever its status (it decides on
+ * agreed facts only), so nobody waits for an exchange that will not
+ * happen. */
+static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
+                               zpp_transport_t *t, int32_t probe,
+                               zpp_status_t st, const char *func) {
+  zpp_link_model_t def;
+  tune_rec_t mine, *all;
+  const char *file = zpp_setting("ZPP_TUNER_FILE");
+  zpp_status_t xs;
+  uint64_t hash;
+  int64_t t0 = zpp_time_ns();
+  zpp_tune_defaults(&def, t->topo->emulated && t->emu_gbit <= 0);
+  if (t->emu_on) {
+    def.inter_lat_us = def.intra_lat_us + t->emu_lat_us;
+    if (t->emu_gbit > 0)
+      def.inter_bw = t->emu_gbit * 125.0;
+  }
+  memset(&mine, 0, sizeof mine);
+  mine.m = def;
+  if (st == ZPP_OK && file[0] != '\0')
+    st = zpp_tune_read_file(file, &mine.m, &hash, func);
+  else if (st == ZPP_OK && t->backend != ZPP_BACKEND_NCCL &&
+           t->topo->nnodes > 1 &&
+           (probe == 1 || (probe == -1 && !t->topo->emulated)))
+    st = zpp_tune_probe(t, &mine.m);
+  mine.status = st;
+  zpp_comm_fill_msg(mine.msg, st);
+  all = malloc((size_t)bs->size * sizeof *all);
+  if (all == NULL)
+    return st != ZPP_OK ? st
+                        : zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
+  xs = bs->allgather(bs->ctx, &mine, sizeof mine, all, timeout);
+  if (xs != ZPP_OK) {
+    free(all);
+    return st != ZPP_OK ? st : xs;
+  }
+  st = zpp_comm_first_failure(all, sizeof *all, offsetof(tune_rec_t, status),
+                              offsetof(tune_rec_t, msg), bs->size, st, func);
+  if (st == ZPP_OK) {
+    zpp_link_model_t *ms = malloc((size_t)bs->size * sizeof *ms);
+    int r;
+    if (ms == NULL) {
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
+    } else {
+      for (r = 0; r < bs->size; r++)
+        ms[r] = all[r].m;
+      zpp_tune_agree(ms, bs->size, &def, &t->model);
+      free(ms);
+    }
+  }
+  free(all);
+  if (st == ZPP_OK)
+    ZPP_INFO(ZPP_SUBSYS_NET, "algorithm auto (%s, %.2f ms): intra %.3g us "
+             "%.3g Gbit/s, inter %.3g us %.3g Gbit/s, round %.3g us, "
+             "message %.3g us, sum %.3g Gbit/s%s",
+             file[0] ? file : "defaults and probe",
+             (double)(zpp_time_ns() - t0) / 1e6, t->model.intra_lat_us,
+             t->model.intra_bw / 125.0, t->model.inter_lat_us,
+             t->model.inter_bw / 125.0, t->model.round_us, t->model.msg_us,
+             t->model.reduce_bw / 125.0,
+             t->model.shared_path ? ", one shared path" : "");
+  return st;
 }
 
 /* The same choice on every rank: it depends only on exchanged facts. */
@@ -489,8 +591,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   zpp_topo_t *topo = NULL;
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
-  zpp_algorithm_t algo = ZPP_ALGORITHM_HIER;
+  zpp_algorithm_t algo = ZPP_ALGORITHM_AUTO;
   long hier_chunk = 0, net_seg = -1;
+  int32_t probe = -1;
+  uint64_t tuner_hash = 0;
   int qgz_sum = 0, rescue_fd = -1;
   uint16_t rescue_port = 0;
   double timeout;
@@ -519,8 +623,20 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = requested_algorithm(cfg, &algo, func);
   if (st == ZPP_OK)
     st = requested_qgz_sum(&qgz_sum, func);
-  hier_chunk = zpp_setting_long("ZPP_HIER_CHUNK", 262144);
-  if (st == ZPP_OK && (hier_chunk < 0 || hier_chunk > (1L << 30)))
+  if (st == ZPP_OK)
+    st = requested_probe(&probe, func);
+  if (st == ZPP_OK && zpp_setting("ZPP_TUNER_FILE")[0] != '\0') {
+    /* read here too, so a bad file fails every rank at the first exchange
+     * and different files are a mismatch there */
+    zpp_link_model_t scratch;
+    zpp_tune_defaults(&scratch, 0);
+    st = zpp_tune_read_file(zpp_setting("ZPP_TUNER_FILE"), &scratch,
+                            &tuner_hash, func);
+  }
+  /* -1: unset (hier: 262144 bytes; auto: the model's chunks) */
+  hier_chunk = zpp_setting_long("ZPP_HIER_CHUNK", -1);
+  if (st == ZPP_OK && hier_chunk != -1 &&
+      (hier_chunk < 0 || hier_chunk > (1L << 30)))
     st = zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                    "ZPP_HIER_CHUNK %ld: must be in [0, 2^30] bytes",
                    hier_chunk);
@@ -576,6 +692,8 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.memory = (int32_t)cfg->memory;
   mine.algo = (int32_t)algo;
   mine.hier_chunk = (int32_t)hier_chunk;
+  mine.probe = probe;
+  mine.tuner_hash = tuner_hash;
   mine.qgz_sum = (int32_t)qgz_sum;
   mine.net_seg = (int32_t)net_seg;
   if (st == ZPP_OK)
@@ -662,10 +780,20 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      r, rec[r].memory == ZPP_MEMORY_DEVICE ? "device" : "host");
     else if (rec[r].algo != mine.algo)
       st = zpp_error(ZPP_ERR_MISMATCH, func,
-                     "algorithm: rank %d runs %s but rank %d %s; pass the "
+                     "ZPP_ALGO: rank %d runs %s but rank %d %s; pass the "
                      "same cfg->algorithm (or ZPP_ALGO) on every rank",
-                     rank, mine.algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier", r,
-                     rec[r].algo == ZPP_ALGORITHM_FLAT ? "flat" : "hier");
+                     rank, algo_name(mine.algo), r, algo_name(rec[r].algo));
+    else if (rec[r].tuner_hash != mine.tuner_hash)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_TUNER_FILE: rank %d reads %s\"%s\" but rank %d "
+                     "another file or none; give every rank the same file",
+                     rank, mine.tuner_hash ? "" : "none ",
+                     zpp_setting("ZPP_TUNER_FILE"), r);
+    else if (rec[r].probe != mine.probe)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_TUNER_PROBE: rank %d uses %d but rank %d %d (-1: "
+                     "auto); set it alike on every rank",
+                     rank, (int)mine.probe, r, (int)rec[r].probe);
     else if (rec[r].hier_chunk != mine.hier_chunk)
       st = zpp_error(ZPP_ERR_MISMATCH, func,
                      "ZPP_HIER_CHUNK: rank %d uses %d but rank %d %d; set it "
@@ -713,8 +841,9 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "transport");
   } else {
     st = zpp_transport_init(c->tr, topo, rank, cfg->memory, timeout);
-    c->tr->flat = algo == ZPP_ALGORITHM_FLAT;
-    c->tr->hier_chunk = (size_t)hier_chunk;
+    c->tr->algorithm = algo;
+    c->tr->hier_chunk_set = hier_chunk >= 0;
+    c->tr->hier_chunk = hier_chunk >= 0 ? (size_t)hier_chunk : 262144;
     c->tr->qgz_sum_int = qgz_sum;
     /* unset: cut only real inter-node transfers (an emulated topology's
      * "network" is shared memory, where the cut only costs messages) */
@@ -743,6 +872,9 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = cr->mpi_transport(c->tr, cr->state, c->cuda_device);
   }
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
+  if (algo == ZPP_ALGORITHM_AUTO)
+    ZPP_CHECK_GOTO(tune_model(bs, timeout, c->tr, probe, ZPP_OK, func), st,
+                   err_tr);
 
   c->creator = cr->state;
   c->release = cr->release;

@@ -132,7 +132,7 @@ static zpp_status_t split_impl(zpp_comm_t comm, zpp_status_t st, int color,
 subset:
   cfg = comm->cfg;
   cfg.backend = comm->tr->backend;
-  cfg.algorithm = comm->tr->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
+  cfg.algorithm = comm->tr->algorithm;
   cfg.topology = NULL;
   cfg.timeout_s = timeout;
   spec[0] = '\0';

@@ -97,17 +97,32 @@ static zpp_setting_t settings[] = {
      "host transports (MPI): rings a ring all-gather runs at once, each rotated so "
      "its node boundaries fall on other ranks (like NCCL's channels)",
      NULL, 0},
-    {"ZPP_ALGO", "hier",
+    {"ZPP_ALGO", "auto",
      "host transports (MPI, UCX): all-gather and reduce-scatter over several "
-     "nodes: hier (rail-aligned, hierarchical: each inter-node link carries "
-     "the minimum) or flat (ring all-gather, pairwise reduce-scatter); "
-     "cfg->algorithm takes precedence; the same on every rank",
+     "nodes: auto (per call, the family a cost model of the links predicts "
+     "faster), hier (rail-aligned, hierarchical: each inter-node link "
+     "carries the minimum) or flat (ring all-gather, pairwise "
+     "reduce-scatter); cfg->algorithm takes precedence; the same on every "
+     "rank",
      NULL, 0},
-    {"ZPP_HIER_CHUNK", "262144",
+    {"ZPP_TUNER_FILE", "",
+     "ZPP_ALGO=auto: a text file of the cost model's constants and forced "
+     "choices (docs/design.md, \"Choosing the algorithm\") instead of the "
+     "probe; the same file on every rank",
+     NULL, 0},
+    {"ZPP_TUNER_PROBE", "auto",
+     "ZPP_ALGO=auto without ZPP_TUNER_FILE: measure the links at creation "
+     "(a few small all-gathers): auto (on real nodes, not on an emulated "
+     "topology), 1 (also there) or 0 (never: defaults); the same on every "
+     "rank",
+     NULL, 0},
+    {"ZPP_HIER_CHUNK", "",
      "host transports: chunk size, in bytes, of a hierarchical all-gather "
      "or reduce-scatter (its inter- and intra-node stages overlap chunk by "
      "chunk): min(8, ceil(largest block / this)) chunks, so larger chunks "
-     "when 8 do not cover a block; 0: one; the same on every rank",
+     "when 8 do not cover a block; 0: one; unset: 262144 under "
+     "ZPP_ALGO=hier, the cost model's count under auto; the same on every "
+     "rank",
      NULL, 0},
     {"ZPP_NET_SEGMENT", "",
      "MPI transport: largest message, in bytes, to a rank on another node "

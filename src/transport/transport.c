@@ -96,7 +96,8 @@ zpp_status_t zpp_transport_init(zpp_transport_t *t, zpp_topo_t *topo,
     t->emu_lat_us = t->emu_lat_us < 0 ? 0 : t->emu_lat_us;
   }
   t->emu_on = t->emu_gbit > 0 || t->emu_lat_us > 0;
-  t->hier_chunk = 262144; /* comm_create sets the agreed ZPP_HIER_CHUNK */
+  t->algorithm = ZPP_ALGORITHM_HIER; /* comm_create sets the agreed one */
+  t->hier_chunk = 262144; /* and the agreed ZPP_HIER_CHUNK */
   t->net_seg = 0;         /* and the agreed ZPP_NET_SEGMENT */
   t->cuda_device = -1;
   t->spin_ns = zpp_setting_long("ZPP_NET_SPIN_US", 100000) * 1000;

@@ -73,6 +73,24 @@ typedef enum { ZPP_LINKCLASS_INTRA = 0, ZPP_LINKCLASS_INTER = 1 } zpp_linkclass_
 
 typedef struct zpp_transport zpp_transport_t;
 
+/* The cost model's constants (src/algo/tune.c, docs/design.md "Choosing
+ * the algorithm"): latencies in microseconds, bandwidths in bytes per
+ * microsecond (per rank, one direction).  Agreed at creation: every rank
+ * holds the same values, so every rank makes the same choice. */
+typedef struct {
+  double intra_lat_us, intra_bw; /* a transfer within a node */
+  double inter_lat_us, inter_bw; /* a transfer between nodes */
+  double round_us;               /* fixed cost of one round (post, test) */
+  double msg_us;                 /* cost of each transfer posted */
+  double reduce_bw;              /* host sum, bytes of input per us */
+  int shared_path; /* 1: inter- and intra-node bytes share one path (an
+                      emulated topology on one machine): their times add */
+  /* Forced choices (tuner file): 0 model, else ZPP_ALGORITHM_HIER/FLAT,
+   * per collective: all-gather, reduce-scatter, all-reduce. */
+  int force[3];
+  int chunks; /* hierarchical chunks (1..8); 0: the model's */
+} zpp_link_model_t;
+
 /* Byte counters of one rank (exact, see docs/design.md "Transports"). */
 typedef struct {
   uint64_t sent[ZPP_NLINKCLASSES];

@@ -45,6 +45,9 @@ typedef struct {
   int *hoff;          /* [nh + 1] */
   int *hnode, *hlocal; /* [size] */
   uint32_t seq; /* operations started on this group (their tags) */
+  int shape[6]; /* the cost model's view of the group (src/algo/tune.c),
+                   computed on first use; shape_ok once it is */
+  int shape_ok;
 } zpp_tgroup_t;
 
 /* The host scratch cache (scratch.c): best fit over ZPP_SCRATCH_SLOTS
@@ -60,6 +63,7 @@ typedef struct {
 } zpp_scratch_t;
 
 struct zpp_algo; /* src/algo's per-transport caches */
+
 
 struct zpp_transport {
   const zpp_transport_ops_t *ops;
@@ -87,8 +91,11 @@ struct zpp_transport {
   uint32_t tag_limit; /* tags the backend can carry: [0, tag_limit) */
   int cuda_device;    /* device of staged device buffers (-1: current) */
   int p2p_barrier;    /* testing: dissemination barrier (see transport.h) */
-  int flat;           /* ZPP_ALGORITHM_FLAT: ring / pairwise on every group */
-  size_t hier_chunk;  /* ZPP_HIER_CHUNK: bytes per hierarchical chunk */
+  zpp_algorithm_t algorithm; /* HIER, FLAT or AUTO (src/algo/tune.c), agreed */
+  zpp_link_model_t model; /* AUTO's constants, the same on every rank */
+  size_t hier_chunk;  /* ZPP_HIER_CHUNK: bytes per hierarchical chunk (0:
+                         one; under AUTO, unset: the model's count) */
+  int hier_chunk_set; /* ZPP_HIER_CHUNK was set */
   int qgz_sum_int;    /* ZPP_QGZ_SUM=int, agreed at creation */
   size_t net_seg;     /* ZPP_NET_SEGMENT: the MPI transport's largest message
                          to an inter-node peer (0: whole transfers) */

@@ -1,0 +1,89 @@
+/*
+ * Choosing the algorithm (ZPP_ALGO=auto): a cost model of the ring,
+ * pairwise and hierarchical families over alpha-beta links, its constants
+ * (defaults, a tuner file, a probe at creation), and the per-call choice
+ * (docs/design.md, "Choosing the algorithm").  The layer that builds
+ * transports (src/comm) sets the constants; src/algo asks for choices.
+ */
+#ifndef ZPP_SRC_ALGO_TUNE_H
+#define ZPP_SRC_ALGO_TUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zpp/zpp.h>
+
+#include "transport/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The collectives the model predicts (zpp_algo_coll_t's values). */
+enum { ZPP_TUNE_AG = 0, ZPP_TUNE_RS = 1, ZPP_TUNE_AR = 2 };
+
+/* What the model needs of a group: n members on `nodes` nodes, the
+ * largest and smallest node; own_max: the most members one owner holds on
+ * its node (hierarchical, the rule l mod size), own_x: the most of them
+ * on other nodes (what it receives across). */
+typedef struct {
+  int n, nodes, smax, smin, own_max, own_x;
+} zpp_tune_shape_t;
+
+/* The model's prediction for one call, in microseconds. */
+typedef struct {
+  double flat_us, hier_us; /* hier_us < 0: the hierarchical family does not
+                              apply (one node, or one member per node) */
+  int hier;                /* the choice: 1 hierarchical */
+  int chunks;    /* hierarchical chunks of the reduce-scatter (RS, AR) or
+                    the all-gather (AG) */
+  int chunks_ag; /* AR: the all-gather part's chunks */
+} zpp_tune_pick_t;
+
+/* Defaults: this machine's shared memory when shared_path (an emulated
+ * topology), else a 10 Gbit/s network between nodes. */
+void zpp_tune_defaults(zpp_link_model_t *m, int shared_path);
+
+/* Parses a tuner file's text (docs/design.md gives the format) over *m;
+ * errors (ZPP_ERR_IO) name `path`, the line and the key. */
+zpp_status_t zpp_tune_parse(const char *path, const char *text,
+                            zpp_link_model_t *m, const char *func);
+/* Reads and parses the file; *hash: of its bytes (the same file on every
+ * rank hashes alike). */
+zpp_status_t zpp_tune_read_file(const char *path, zpp_link_model_t *m,
+                                uint64_t *hash, const char *func);
+
+/* The shape of a group whose nodes hold sizes[0..nodes) members. */
+void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s);
+
+/* The prediction for collective `coll` (ZPP_TUNE_*): bytes = each block
+ * (AG, the largest), each shard (RS) or the whole buffer (AR), of elements
+ * of `esize` bytes whose hierarchical partial sums travel in `psize`-byte
+ * elements; `rings`: the ring all-gather's rings. */
+void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
+                      int coll, double bytes, int esize, int psize, int rings,
+                      zpp_tune_pick_t *out);
+
+/* The choice for a call on group g of transport t (HIER, FLAT or AUTO
+ * resolved; t->lock held: the group's shape is cached): *hier, and the
+ * hierarchical chunks (0: from ZPP_HIER_CHUNK) of its reduce-scatter part
+ * (*c_rs) and all-gather part (*c_ag). */
+void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
+                     zpp_dtype_t dtype, int *hier, int *c_rs, int *c_ag);
+
+/* Measures the links of t (a host backend) with a few small all-gathers
+ * on the CROSS and NODE groups, every rank alike, and writes what it
+ * measured into m (fields it could not measure: NaN).  Bounded by the
+ * timeout; the counters are left as they were. */
+zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
+
+/* The agreed model: the median over the n ranks' records of each measured
+ * constant (NaN: not measured, skipped; none measured: def's), the
+ * forced choices of rank 0's. */
+void zpp_tune_agree(const zpp_link_model_t *all, int n,
+                    const zpp_link_model_t *def, zpp_link_model_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPP_SRC_ALGO_TUNE_H */

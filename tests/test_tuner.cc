@@ -1,0 +1,572 @@
+// ZPP_ALGO=auto (src/algo/tune.c): the cost model itself (its formulas at
+// known constants, crossovers that move the right way, the tuner file's
+// strict parser), and under mpirun (tests/tuner.cmake gives the layouts)
+// that every rank makes the same choice, that each choice is what runs
+// (the inter-node bytes of its family, docs/design.md "Transports") and
+// gives the exact result, and that a tuner file's forced family is obeyed.
+//
+// ZPP_TEST_TUNER_EXPECT=hier|flat: every call where the hierarchical
+// family applies must choose that (a tuner file forces it).
+// ZPP_TEST_CREATE_CASE=<status>: creation must fail on every rank with
+// that status (MISMATCH, IO, INVALID) and a message containing
+// ZPP_TEST_CREATE_EXPECT (the launcher sets the settings per rank).
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <zpp/zpp_mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "algo/tune.h"
+#include "comm/comm.h"
+#include "xfer_blocking.h"
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+uint64_t g_seed = 20260104;
+zpp_comm_t g_comm = nullptr;
+
+// ---- the model --------------------------------------------------------------
+
+zpp_tune_shape_t Shape(std::vector<int> sizes) {
+  zpp_tune_shape_t s;
+  zpp_tune_shape_of(sizes.data(), (int)sizes.size(), &s);
+  return s;
+}
+
+TEST(Model, ShapeOfEvenAndUnevenNodes) {
+  zpp_tune_shape_t s = Shape({4, 4});
+  EXPECT_EQ(s.n, 8);
+  EXPECT_EQ(s.nodes, 2);
+  EXPECT_EQ(s.smax, 4);
+  EXPECT_EQ(s.smin, 4);
+  EXPECT_EQ(s.own_max, 2);  // local rank l of each node: the rail
+  // 3 + 1: the node of one owns every member (l mod 1 = 0): 2 of local
+  // rank 0, one each of 1 and 2
+  s = Shape({3, 1});
+  EXPECT_EQ(s.n, 4);
+  EXPECT_EQ(s.smin, 1);
+  EXPECT_EQ(s.own_max, 4);
+  EXPECT_EQ(s.own_x, 3);
+}
+
+// The formulas of docs/design.md ("Choosing the algorithm") written out
+// here once more, term by term, at constants where every term counts.
+TEST(Model, PredictionsFollowTheDocumentedFormulas) {
+  zpp_link_model_t m;
+  zpp_tune_defaults(&m, 0);
+  m.intra_lat_us = 2;
+  m.intra_bw = 1000;
+  m.inter_lat_us = 50;
+  m.inter_bw = 100;
+  m.round_us = 10;
+  m.msg_us = 1;
+  m.reduce_bw = 500;
+  const zpp_tune_shape_t s = Shape({4, 4});
+  const double n = 8, S = 4, M = 2, own = 2, b = 40000;
+  zpp_tune_pick_t p;
+  zpp_tune_predict(&m, &s, ZPP_TUNE_RS, b, 4, 4, 1, &p);
+  double flat = 10 + 2 * (n - 1) * 1 +
+                std::max(2 + (S - 1) * b / 1000, 50 + (n - S) * b / 100) +
+                n * b / 500;
+  EXPECT_NEAR(p.flat_us, flat, 1e-9 * flat);
+  double best = 0;
+  int bc = 0;
+  for (int c = 1; c <= 8; c++) {
+    double cs = b / c;
+    double a = 2 + (S - 1) * own * cs / 1000, x = 50 + (M - 1) * cs / 100;
+    double msgs = 2 * (S - 1) * own + (own - 1) + (M - 1);
+    double comp = (S * own * cs + M * cs) / 500;
+    double t = (c + 1) * 10 + c * msgs * 1 + a + x + (c - 1) * std::max(a, x) +
+               c * comp;
+    if (bc == 0 || t < best) best = t, bc = c;
+  }
+  EXPECT_NEAR(p.hier_us, best, 1e-9 * best);
+  EXPECT_EQ(p.chunks, bc);
+  EXPECT_EQ(p.hier, best < flat);
+  // The ring all-gather: n - 1 rounds, a boundary rank sends across.
+  zpp_tune_predict(&m, &s, ZPP_TUNE_AG, b, 1, 1, 1, &p);
+  double ring = (n - 1) * (10 + 2 + std::max(50 + b / 100, 2 + b / 1000));
+  EXPECT_NEAR(p.flat_us, ring, 1e-9 * ring);
+}
+
+TEST(Model, OneNodeOrOneRankPerNodeStaysFlat) {
+  zpp_link_model_t m;
+  zpp_tune_defaults(&m, 0);
+  m.inter_bw = 1;  // a link so slow that the hierarchy would pay
+  for (auto sizes : {std::vector<int>{4}, std::vector<int>{1, 1, 1, 1}}) {
+    zpp_tune_shape_t s = Shape(sizes);
+    zpp_tune_pick_t p;
+    zpp_tune_predict(&m, &s, ZPP_TUNE_RS, 1 << 24, 2, 2, 1, &p);
+    EXPECT_EQ(p.hier, 0);
+    EXPECT_LT(p.hier_us, 0);
+  }
+}
+
+// On one machine's shared memory (the emulated topology unshaped) the
+// pairwise reduce-scatter moves the same bytes in one round as the
+// hierarchical one in two with a second sum: flat at every size.  On a
+// slow inter-node link the hierarchical one sends a quarter of the bytes
+// across (2x4): hierarchical at large sizes, flat at small ones.
+TEST(Model, PicksAtKnownConstants) {
+  const zpp_tune_shape_t s = Shape({4, 4});
+  zpp_link_model_t shm, slow;
+  zpp_tune_defaults(&shm, 1);
+  zpp_tune_defaults(&slow, 0);
+  slow.inter_bw = 0.4 * 125;  // 0.4 Gbit/s per rank
+  slow.inter_lat_us = 200;
+  for (double b = 64; b <= 64.0 * (1 << 20); b *= 4) {
+    zpp_tune_pick_t p;
+    zpp_tune_predict(&shm, &s, ZPP_TUNE_RS, b, 2, 2, 1, &p);
+    EXPECT_EQ(p.hier, 0) << "shared memory, shard of " << b << " bytes";
+  }
+  zpp_tune_pick_t p;
+  zpp_tune_predict(&slow, &s, ZPP_TUNE_RS, 16 << 20, 2, 2, 1, &p);
+  EXPECT_EQ(p.hier, 1);
+  EXPECT_LT(p.hier_us * 2.5, p.flat_us);  // about 4x fewer bytes across
+  zpp_tune_predict(&slow, &s, ZPP_TUNE_RS, 64, 2, 2, 1, &p);
+  EXPECT_EQ(p.hier, 0);
+  // fp16's partials travel in fp32: twice stage B's bytes
+  zpp_tune_pick_t p16;
+  zpp_tune_predict(&slow, &s, ZPP_TUNE_RS, 16 << 20, 2, 4, 1, &p16);
+  zpp_tune_predict(&slow, &s, ZPP_TUNE_RS, 16 << 20, 2, 2, 1, &p);
+  EXPECT_GT(p16.hier_us, p.hier_us);
+}
+
+// Smallest size at which the model picks hier (0: never up to 1 GiB).
+double Crossover(const zpp_link_model_t &m, const zpp_tune_shape_t &s, int coll) {
+  bool seen = false;
+  double first = 0;
+  for (double b = 16; b <= double(1 << 30); b *= 2) {
+    zpp_tune_pick_t p;
+    zpp_tune_predict(&m, &s, coll, b, 2, 2, 1, &p);
+    if (p.hier && !seen) seen = true, first = b;
+    // one crossover: once hierarchical, hierarchical at every larger size
+    EXPECT_FALSE(seen && !p.hier) << "coll " << coll << " back to flat at " << b << " on "
+                                    << s.n << " ranks, " << m.inter_bw / 125 << " Gbit/s";
+  }
+  return first;
+}
+
+TEST(Model, CrossoversAreMonotone) {
+  // Equal nodes: the hierarchy sends fewer bytes across than the flat
+  // families.  (3 + 1 nodes: the rank alone on its node receives 3 blocks
+  // across either way, and the hierarchy only adds its intra-node stage.)
+  for (auto sizes : {std::vector<int>{4, 4}, std::vector<int>{2, 2},
+                     std::vector<int>{8, 8, 8, 8}}) {
+    const zpp_tune_shape_t s = Shape(sizes);
+    for (int coll : {ZPP_TUNE_AG, ZPP_TUNE_RS, ZPP_TUNE_AR}) {
+      double prev = 0;
+      bool any = false;
+      // a slower inter-node link never moves the crossover to larger sizes
+      // (links slower than the intra-node path: where the network is the
+      // faster path, the hierarchy's extra intra-node bytes may cost more
+      // than it saves at large sizes, and there is no single crossover)
+      for (double gbit : {10.0, 3.2, 1.6, 0.4, 0.1}) {
+        zpp_link_model_t m;
+        zpp_tune_defaults(&m, 0);
+        m.inter_bw = gbit * 125;
+        m.inter_lat_us = 30;
+        double x = Crossover(m, s, coll);
+        if (any && prev > 0) {
+          EXPECT_GT(x, 0) << "coll " << coll << " at " << gbit << " Gbit/s";
+          EXPECT_LE(x, prev) << "coll " << coll << " at " << gbit << " Gbit/s";
+        }
+        if (x > 0) prev = x, any = true;
+      }
+      EXPECT_TRUE(any) << "coll " << coll << ": hierarchical on no link";
+    }
+  }
+}
+
+TEST(Model, ForcedChunksAreKept) {
+  zpp_link_model_t m;
+  zpp_tune_defaults(&m, 0);
+  m.inter_bw = 50;
+  m.chunks = 3;
+  const zpp_tune_shape_t s = Shape({4, 4});
+  zpp_tune_pick_t p;
+  zpp_tune_predict(&m, &s, ZPP_TUNE_AR, 64 << 20, 2, 2, 1, &p);
+  EXPECT_EQ(p.chunks, 3);
+  EXPECT_EQ(p.chunks_ag, 3);
+}
+
+// The median of every rank's measurements, NaN (not measured) skipped.
+TEST(Model, AgreementIsTheMedian) {
+  zpp_link_model_t def, all[4], out;
+  zpp_tune_defaults(&def, 0);
+  for (int r = 0; r < 4; r++) {
+    all[r] = def;
+    all[r].inter_bw = 100.0 * (4 - r);  // 400, 300, 200, 100
+    all[r].intra_bw = r == 1 ? NAN : 1000.0 + r;
+  }
+  all[2].inter_lat_us = NAN;
+  all[3].inter_lat_us = NAN;
+  all[0].inter_lat_us = 7;
+  all[1].inter_lat_us = 9;
+  zpp_tune_agree(all, 4, &def, &out);
+  EXPECT_EQ(out.inter_bw, 200.0);  // the lower middle of 100..400
+  EXPECT_EQ(out.intra_bw, 1002.0);
+  EXPECT_EQ(out.inter_lat_us, 7.0);
+  for (auto &a : all) a.inter_lat_us = NAN;
+  zpp_tune_agree(all, 4, &def, &out);
+  EXPECT_EQ(out.inter_lat_us, def.inter_lat_us);
+}
+
+// ---- the tuner file ---------------------------------------------------------
+
+TEST(TunerFile, ParsesEveryKey) {
+  zpp_link_model_t m;
+  zpp_tune_defaults(&m, 1);
+  const char *text =
+      "# a cluster\n"
+      "version = 1\n"
+      "intra_lat_us = 1.5   # shared memory\n"
+      "intra_gbit = 80\n"
+      "\n"
+      "  inter_lat_us=25\n"
+      "inter_gbit = 1.6\n"
+      "round_us = 12\n"
+      "msg_us = 0.5\n"
+      "reduce_gbit = 40\n"
+      "shared_path = 0\n"
+      "allgather = flat\n"
+      "reduce_scatter = hier\n"
+      "allreduce = auto\n"
+      "hier_chunks = 4\n";
+  ASSERT_EQ(zpp_tune_parse("t.txt", text, &m, "test"), ZPP_OK) << zpp_get_last_error();
+  EXPECT_EQ(m.intra_lat_us, 1.5);
+  EXPECT_EQ(m.intra_bw, 80 * 125.0);
+  EXPECT_EQ(m.inter_lat_us, 25);
+  EXPECT_EQ(m.inter_bw, 1.6 * 125.0);
+  EXPECT_EQ(m.round_us, 12);
+  EXPECT_EQ(m.msg_us, 0.5);
+  EXPECT_EQ(m.reduce_bw, 40 * 125.0);
+  EXPECT_EQ(m.shared_path, 0);
+  EXPECT_EQ(m.force[ZPP_TUNE_AG], ZPP_ALGORITHM_FLAT);
+  EXPECT_EQ(m.force[ZPP_TUNE_RS], ZPP_ALGORITHM_HIER);
+  EXPECT_EQ(m.force[ZPP_TUNE_AR], 0);
+  EXPECT_EQ(m.chunks, 4);
+}
+
+TEST(TunerFile, ErrorsNameTheLineAndTheKey) {
+  const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"intra_gbit = 10\nbogus = 1\n", "t.txt line 2: unknown key \"bogus\""},
+      {"inter_gbit = x\n", "line 1: key inter_gbit: \"x\" is not a number"},
+      {"inter_gbit =\n", "line 1: key inter_gbit: \"\" is not a number"},
+      {"inter_gbit = 1e999\n", "line 1: key inter_gbit"},
+      {"inter_gbit = 0\n", "line 1: key inter_gbit: 0 must be > 0"},
+      {"\n\nround_us = -1\n", "line 3: key round_us: -1 must be >= 0"},
+      {"allgather = ring\n", "line 1: key allgather: \"ring\" must be auto, hier or flat"},
+      {"hier_chunks = 9\n", "line 1: key hier_chunks: 9 must be an integer in [0, 8]"},
+      {"hier_chunks = 2.5\n", "key hier_chunks"},
+      {"version = 2\n", "line 1: key version: 2"},
+      {"msg_us 3\n", "line 1: \"msg_us 3\": must be key = value"},
+      {"msg_us = 1\nmsg_us = 2\n", "line 2: key msg_us: given twice (first on line 1)"},
+      {"shared_path = yes\n", "line 1: key shared_path: \"yes\" must be 0 or 1"},
+  };
+  for (const auto &c : cases) {
+    zpp_link_model_t m;
+    zpp_tune_defaults(&m, 0);
+    EXPECT_EQ(zpp_tune_parse("t.txt", c.text, &m, "test"), ZPP_ERR_IO) << c.text;
+    std::string msg = zpp_get_last_error();
+    EXPECT_NE(msg.find(c.want), std::string::npos) << "got \"" << msg << "\", want \"" << c.want << "\"";
+    EXPECT_NE(msg.find("ZPP_TUNER_FILE"), std::string::npos) << msg;
+  }
+  zpp_link_model_t m;
+  uint64_t h = 0;
+  EXPECT_EQ(zpp_tune_read_file("/nonexistent/zpp_tuner.txt", &m, &h, "test"), ZPP_ERR_IO);
+  EXPECT_NE(std::string(zpp_get_last_error()).find("/nonexistent/zpp_tuner.txt"),
+            std::string::npos);
+}
+
+// ---- every rank alike, and what runs ----------------------------------------
+
+const char *Name(zpp_algorithm_t a) {
+  return a == ZPP_ALGORITHM_HIER ? "hier" : a == ZPP_ALGORITHM_FLAT ? "flat" : "?";
+}
+
+struct Layout {
+  int nodes = 1, smax = 1;
+  std::vector<int> sizes;
+  // the hierarchical family applies: several nodes, one of several ranks
+  bool applies() const { return nodes > 1 && smax > 1; }
+};
+
+Layout GetLayout() {
+  Layout l;
+  zpp_comm_nnodes(g_comm, &l.nodes);
+  for (int k = 0; k < l.nodes; k++) {
+    int s = 0;
+    zpp_comm_node_size(g_comm, k, &s);
+    l.sizes.push_back(s);
+    l.smax = std::max(l.smax, s);
+  }
+  return l;
+}
+
+const size_t kCounts[] = {1, 7, 1000, 4096, 65536};
+
+TEST(Auto, EveryRankChoosesAlike) {
+  zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
+  ASSERT_EQ(zpp_comm_algorithm(g_comm, &al), ZPP_OK);
+  const char *env = std::getenv("ZPP_ALGO");
+  if (!env || !*env || std::string(env) == "auto") {
+    EXPECT_EQ(al, ZPP_ALGORITHM_AUTO);
+  }
+  const char *expect = std::getenv("ZPP_TEST_TUNER_EXPECT");
+  Layout l = GetLayout();
+  std::vector<int> mine;
+  for (int coll = 0; coll < 3; coll++)
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16, ZPP_FLOAT16})
+      for (size_t c = 1; c <= (size_t(1) << 26); c *= 4) {
+        zpp_algorithm_t a = ZPP_ALGORITHM_DEFAULT;
+        int chunks = -1;
+        ASSERT_EQ(zpp_comm_choose_algorithm(g_comm, (zpp_algo_coll_t)coll, c, dt, &a, &chunks),
+                  ZPP_OK)
+            << zpp_get_last_error();
+        ASSERT_TRUE(a == ZPP_ALGORITHM_HIER || a == ZPP_ALGORITHM_FLAT);
+        if (!l.applies()) {
+          EXPECT_EQ(a, ZPP_ALGORITHM_FLAT) << "one node or one rank per node";
+        }
+        if (a == ZPP_ALGORITHM_FLAT) {
+          EXPECT_EQ(chunks, 0);
+        } else {
+          EXPECT_TRUE(chunks >= 1 && chunks <= 8) << chunks;
+        }
+        if (expect && *expect && l.applies()) {
+          EXPECT_STREQ(Name(a), expect) << "coll " << coll << ", count " << c;
+        }
+        mine.push_back((int)a * 16 + chunks);
+      }
+  std::vector<int> all(mine.size() * g_size);
+  MPI_Allgather(mine.data(), (int)mine.size(), MPI_INT, all.data(), (int)mine.size(), MPI_INT,
+                MPI_COMM_WORLD);
+  int differ = 0;
+  for (int r = 1; r < g_size; r++)
+    for (size_t i = 0; i < mine.size(); i++)
+      if (all[r * mine.size() + i] != all[i]) differ++;
+  EXPECT_EQ(differ, 0) << "choices that differ from rank 0's";
+  if (g_rank == 0) {
+    std::printf("[ choice ] ");
+    for (size_t i = 0; i < mine.size(); i += 7) std::printf("%s/%d ", Name((zpp_algorithm_t)(mine[i] / 16)), mine[i] % 16);
+    std::printf("\n");
+  }
+}
+
+uint64_t WorldSum(uint64_t v) {
+  uint64_t s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
+uint64_t InterSent() {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  zpp_comm_get_stats(g_comm, &s);
+  return s.inter_bytes_sent;
+}
+
+uint16_t ToBf16(float f) {  // exact for the small integers used here
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+float FromBf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Integer values in [-8, 8]: every partial and total sum is an integer of
+// at most 8 * 8 * 8 in magnitude, exact in fp32 and bf16 (8 bits of
+// mantissa: integers up to 256), so each algorithm's result equals the
+// int64 reference bit for bit, whatever the order of its additions.
+int Value(uint64_t seed, int rank, size_t i) {  // splitmix64 of the triple
+  uint64_t z = seed ^ (uint64_t(rank) * 0x9E3779B97F4A7C15ull) ^ (i * 0xD1B54A32D192ED03ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (int)((z ^ (z >> 31)) % 17) - 8;
+}
+
+TEST(Auto, EveryChoiceRunsAndIsExact) {
+  zpp_transport_t *t = zpp_comm_transport(g_comm);
+  Layout l = GetLayout();
+  const uint64_t n = (uint64_t)g_size, M = (uint64_t)l.nodes;
+  uint64_t sq = 0;
+  for (int s : l.sizes) sq += (uint64_t)s * (uint64_t)s;
+  for (size_t count : kCounts) {
+    for (zpp_dtype_t dt : {ZPP_FLOAT32, ZPP_BFLOAT16}) {
+      const size_t es = zpp_dtype_size(dt);
+      const uint64_t seed = g_seed + count * 31 + (uint64_t)dt;
+      auto store = [&](std::vector<char> &buf, size_t i, int v) {
+        if (dt == ZPP_FLOAT32) {
+          float f = (float)v;
+          std::memcpy(buf.data() + i * 4, &f, 4);
+        } else {
+          uint16_t h = ToBf16((float)v);
+          std::memcpy(buf.data() + i * 2, &h, 2);
+        }
+      };
+      auto load = [&](const std::vector<char> &buf, size_t i) {
+        if (dt == ZPP_FLOAT32) {
+          float f;
+          std::memcpy(&f, buf.data() + i * 4, 4);
+          return (double)f;
+        }
+        uint16_t h;
+        std::memcpy(&h, buf.data() + i * 2, 2);
+        return (double)FromBf16(h);
+      };
+      // reduce-scatter: shard of `count` elements of each rank
+      std::vector<char> in(n * count * es), out(count * es, 0x7f);
+      for (size_t i = 0; i < n * count; i++) store(in, i, Value(seed, g_rank, i));
+      zpp_algorithm_t a;
+      ASSERT_EQ(zpp_comm_choose_algorithm(g_comm, ZPP_ALGO_COLL_REDUCE_SCATTER, count, dt, &a,
+                                          nullptr),
+                ZPP_OK);
+      uint64_t before = InterSent();
+      ASSERT_EQ(blocking_reduce_scatter(t, ZPP_GROUP_WORLD, in.data(), out.data(), count, dt,
+                                        ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
+                ZPP_OK)
+          << zpp_get_last_error();
+      uint64_t inter = WorldSum(InterSent() - before);
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; i++) {
+        int64_t want = 0;
+        for (int r = 0; r < g_size; r++) want += Value(seed, r, (size_t)g_rank * count + i);
+        if (load(out, i) != (double)want) wrong++;
+      }
+      EXPECT_EQ(wrong, 0u) << "reduce-scatter " << Name(a) << ", count " << count << ", dtype "
+                           << zpp_dtype_name(dt) << ", ZPP_TEST_SEED=" << g_seed;
+      // the family that ran, by its bytes across (world totals)
+      uint64_t cd = count * es;
+      uint64_t want_inter = l.nodes == 1               ? 0
+                            : a == ZPP_ALGORITHM_HIER ? n * (M - 1) * cd
+                                                      : cd * (n * n - sq);
+      EXPECT_EQ(inter, want_inter) << "reduce-scatter chose " << Name(a) << ", count " << count;
+
+      // all-gather of `count` elements
+      std::vector<char> blk(count * es), all(n * count * es, 0x7f);
+      for (size_t i = 0; i < count; i++) store(blk, i, Value(seed + 1, g_rank, i));
+      ASSERT_EQ(zpp_comm_choose_algorithm(g_comm, ZPP_ALGO_COLL_ALLGATHER, count, dt, &a, nullptr),
+                ZPP_OK);
+      before = InterSent();
+      ASSERT_EQ(blocking_allgather(t, ZPP_GROUP_WORLD, blk.data(), count * es, all.data(),
+                                   ZPP_MEMORY_HOST, nullptr),
+                ZPP_OK)
+          << zpp_get_last_error();
+      inter = WorldSum(InterSent() - before);
+      wrong = 0;
+      for (int r = 0; r < g_size; r++)
+        for (size_t i = 0; i < count; i++)
+          if (load(all, (size_t)r * count + i) != (double)Value(seed + 1, r, i)) wrong++;
+      EXPECT_EQ(wrong, 0u) << "all-gather " << Name(a) << ", count " << count
+                           << ", ZPP_TEST_SEED=" << g_seed;
+      want_inter = l.nodes == 1 ? 0 : a == ZPP_ALGORITHM_HIER ? n * (M - 1) * cd : (n - 1) * cd * M;
+      EXPECT_EQ(inter, want_inter) << "all-gather chose " << Name(a) << ", count " << count;
+
+      // all-reduce of n * count elements (+ 1: uneven shards)
+      size_t total = n * count + 1;
+      std::vector<char> ain(total * es), aout(total * es, 0x7f);
+      for (size_t i = 0; i < total; i++) store(ain, i, Value(seed + 2, g_rank, i));
+      ASSERT_EQ(zpp_comm_choose_algorithm(g_comm, ZPP_ALGO_COLL_ALLREDUCE, total, dt, &a, nullptr),
+                ZPP_OK);
+      ASSERT_EQ(blocking_allreduce(t, ZPP_GROUP_WORLD, ain.data(), aout.data(), total, dt,
+                                   ZPP_REDUCE_SUM, ZPP_MEMORY_HOST, nullptr),
+                ZPP_OK)
+          << zpp_get_last_error();
+      wrong = 0;
+      for (size_t i = 0; i < total; i++) {
+        int64_t want = 0;
+        for (int r = 0; r < g_size; r++) want += Value(seed + 2, r, i);
+        if (load(aout, i) != (double)want) wrong++;
+      }
+      EXPECT_EQ(wrong, 0u) << "all-reduce " << Name(a) << ", count " << total
+                           << ", ZPP_TEST_SEED=" << g_seed;
+    }
+  }
+}
+
+// ---- creation that must fail on every rank ----------------------------------
+
+int CreateCase(const char *which) {
+  const char *want = std::getenv("ZPP_TEST_CREATE_EXPECT");
+  std::string w = which;
+  zpp_status_t code = w == "MISMATCH" ? ZPP_ERR_MISMATCH
+                      : w == "IO"     ? ZPP_ERR_IO
+                      : w == "INVALID" ? ZPP_ERR_INVALID_ARGUMENT
+                                       : ZPP_OK;
+  if (code == ZPP_OK || want == nullptr) {
+    std::fprintf(stderr, "[rank %d] ZPP_TEST_CREATE_CASE=%s: must be MISMATCH, IO or INVALID, "
+                 "with ZPP_TEST_CREATE_EXPECT set\n", g_rank, which);
+    return 1;
+  }
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = 10;
+  zpp_comm_t c = nullptr;
+  zpp_status_t st = zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+  std::string msg = zpp_get_last_error();
+  int bad = st != code || c != nullptr || msg.find(want) == std::string::npos;
+  if (bad)
+    std::fprintf(stderr, "[rank %d] %s: status %d (want %d), message \"%s\" (want \"%s\")\n",
+                 g_rank, which, (int)st, (int)code, msg.c_str(), want);
+  if (c != nullptr) zpp_comm_destroy(c);
+  return bad;
+}
+
+class RankPrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] FAILURE %s:%d\n%s\n", g_rank,
+                   r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+  }
+};
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (const char *s = std::getenv("ZPP_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
+  if (g_rank != 0) {
+    auto &l = ::testing::UnitTest::GetInstance()->listeners();
+    delete l.Release(l.default_result_printer());
+    l.Append(new RankPrinter);
+  }
+  if (const char *c = std::getenv("ZPP_TEST_CREATE_CASE"); c && *c) {
+    int bad = CreateCase(c), any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (g_rank == 0) std::printf("%s ZPP_TEST_CREATE_CASE=%s\n", any ? "FAILED" : "PASSED", c);
+    MPI_Finalize();
+    return any;
+  }
+  if (g_rank == 0) {
+    const char *t = std::getenv("ZPP_TOPO");
+    std::printf("[ seed ] ZPP_TEST_SEED=%llu; %d ranks; ZPP_TOPO=%s\n",
+                (unsigned long long)g_seed, g_size, t ? t : "");
+  }
+  int failed = 1;
+  if (zpp_comm_create_mpi(MPI_COMM_WORLD, nullptr, &g_comm) != ZPP_OK) {
+    std::fprintf(stderr, "[rank %d] zpp_comm_create_mpi: %s\n", g_rank, zpp_get_last_error());
+  } else {
+    failed = RUN_ALL_TESTS() != 0;
+    zpp_comm_destroy(g_comm);
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (g_rank == 0 && any) std::printf("FAILED on at least one rank\n");
+  MPI_Finalize();
+  return any;
+}
