@@ -626,7 +626,7 @@ static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
   double left = (double)(s->deadline - zpp_time_ns()) * 1e-9;
   *cfg = comm->cfg;
   cfg->backend = t->backend == ZPP_BACKEND_MPI ? ZPP_BACKEND_UCX : t->backend;
-  cfg->algorithm = t->flat ? ZPP_ALGORITHM_FLAT : ZPP_ALGORITHM_HIER;
+  cfg->algorithm = t->algorithm;
   cfg->timeout_s = left > 0.5 ? left : 0.5;
   cfg->topology = NULL;
   spec[0] = '\0';
