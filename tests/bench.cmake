@@ -235,3 +235,10 @@ if(TARGET zpp-quant-bench)
       $<TARGET_FILE:zpp-quant-bench>)
   set_tests_properties(quant_bench_cold PROPERTIES LABELS unit TIMEOUT 120)
 endif()
+
+# perf/plot_cluster_study.py's tables from a made-up study: mpi-best as one
+# series, the targets against the fastest of bf16 and Open MPI's peers
+# (about 1 s).
+add_test(NAME plot_cluster_study_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plot_cluster_study_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(plot_cluster_study_script PROPERTIES LABELS scripts TIMEOUT 60)
