@@ -14,7 +14,10 @@ STUDY.csv: mode (real: the namespace cluster; emu: zpp's link emulation
 under ZPP_TOPO=2x4), link (real: the tc rate of each node link and
 direction, "none" = unshaped; emu: ZPP_EMU_INTER_GBIT per rank), then
 zpp-bench's CSV columns (variant ucx-V: V on zpp's UCX backend; the
-targets and the emulation tables read only the MPI backend's rows).  CMDS: "mode|link|command" lines.  META: "key
+targets and the emulation tables read only the MPI backend's rows; the
+rows mpi-best[<algorithm>] are one series, mpi-best, whose algorithm, the
+fastest of tuned's at that size, is named in the tables and at each point
+of the plot).  CMDS: "mode|link|command" lines.  META: "key
 value" lines (start, load_start, load_end, cores, cpu, seconds_real,
 seconds_emu).
 
@@ -46,6 +49,9 @@ RATE_NOTE = {
     "none": "the 2 shared cores are the limit",
 }
 FRAMING = 1514.0 / 1448.0
+BEST = "mpi-best"
+# zpp's full-precision baseline and Open MPI's peers of it
+PEERS = ["mpi", "mpi-han", BEST]
 
 
 def fail(code, msg):
@@ -90,6 +96,10 @@ def read_study(path):
     if not rows or not need.issubset(rows[0].keys()):
         fail(2, f"{path}: not a cluster study CSV (needs {sorted(need)})")
     for r in rows:
+        r["alg"] = ""
+        if r["variant"].startswith(f"{BEST}[") and r["variant"].endswith("]"):
+            r["alg"] = r["variant"][len(BEST) + 1:-1]
+            r["variant"] = BEST
         r["size"] = int(r["size"])
         r["wrong"] = int(r["wrong"]) if r["wrong"] else 0
         for k in ("time_us", "time_med_us", "time_min_us", "time_max_us",
@@ -123,6 +133,11 @@ def variants_of(rows, coll):
         if r["coll"] == coll and r["variant"] not in seen:
             seen.append(r["variant"])
     return seen
+
+
+def shown(r):
+    """The variant as zpp-bench named the row (mpi-best with its algorithm)."""
+    return f"{r['variant']}[{r['alg']}]" if r["alg"] else r["variant"]
 
 
 def ms(x):
@@ -202,7 +217,7 @@ def markdown(rows, cmds_path, meta_path):
                         continue
                     med = r["time_med_us"] / 1e6
                     lim, bnd = limit_s(r, bits), bound_s(coll, s, bits)
-                    cells = [size_label(s), v, ms(med),
+                    cells = [size_label(s), shown(r), ms(med),
                              f"{ms(r['time_min_us'] / 1e6)}..{ms(r['time_max_us'] / 1e6)}",
                              "-" if r["inter_bytes_node_max"] is None
                              else f"{r['inter_bytes_node_max'] / 1e6:.2f}",
@@ -223,7 +238,8 @@ def targets(p, real, by, rates):
     p("#### The targets on these links")
     p("")
     p("From the tables above (medians), at the sizes the targets name. *best bf16* is the "
-      "faster of zpp's bf16 and Open MPI's at that size.")
+      "fastest of zpp's bf16 and Open MPI's peers (" + ", ".join(PEERS) + ") at that size, "
+      "named in the cell; *Open MPI* is the fastest of its peers.")
     p("")
     p("| target | link | size | measured | met |")
     p("|---|---|---|---:|---|")
@@ -234,6 +250,12 @@ def targets(p, real, by, rates):
         def med(coll, v, s):
             r = by.get(("real", link, coll, v, s))
             return r["time_med_us"] / 1e6 if r else None
+
+        def fastest(coll, vs, s):
+            """(median, row name) of the fastest of vs at s, or None."""
+            got = [(r["time_med_us"] / 1e6, shown(r)) for r in
+                   (by.get(("real", link, coll, v, s)) for v in vs) if r]
+            return min(got) if got else None
         for s in [s for s in sizes if (4 << 20) <= s <= (16 << 20)]:
             if bits is not None:
                 for coll, word in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter")):
@@ -244,22 +266,22 @@ def targets(p, real, by, rates):
             for coll, v, goal in (("allgather", "qwz8", 0.6), ("reducescatter", "qgz4", 0.4)):
                 m = med(coll, v, s)
                 # a run that failed or timed out has no rows: no target row
-                bf16s = [x for x in (med(coll, "bf16", s), med(coll, "mpi", s)) if x]
-                if m and bf16s:
-                    best = min(bf16s)
+                b = fastest(coll, ["bf16"] + PEERS, s)
+                if m and b:
+                    best, name = b
                     p(f"| {v} <= {goal} x best bf16 | {rate_label(link)} | {size_label(s)} "
-                      f"| {m / best:.2f} | {'yes' if m / best <= goal else 'no'} |")
+                      f"| {m / best:.2f} ({name}) | {'yes' if m / best <= goal else 'no'} |")
         for coll, word in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter")):
             ratios = []
             for s in sizes:
-                z, o = med(coll, "bf16", s), med(coll, "mpi", s)
+                z, o = med(coll, "bf16", s), fastest(coll, PEERS, s)
                 if z and o:
-                    ratios.append((z / o, s))
+                    ratios.append((z / o[0], s, o[1]))
             if ratios:
-                worst, ws = max(ratios)
+                worst, ws, wname = max(ratios)
                 p(f"| zpp bf16 / Open MPI {word} <= 1.05 at every size | {rate_label(link)} | "
-                  f"{size_label(min(s for _, s in ratios))}..{size_label(max(s for _, s in ratios))} "
-                  f"| worst {worst:.2f} ({size_label(ws)}) | "
+                  f"{size_label(min(s for _, s, _ in ratios))}..{size_label(max(s for _, s, _ in ratios))} "
+                  f"| worst {worst:.2f} ({size_label(ws)}, {wname}) | "
                   f"{'yes' if worst <= 1.05 else 'no'} |")
 
 
@@ -330,7 +352,12 @@ def plot(rows, out_dir):
                 lo = [m - r["time_min_us"] / 1e3 for m, (_, r) in zip(med, pts)]
                 hi = [r["time_max_us"] / 1e3 - m for m, (_, r) in zip(med, pts)]
                 line = ax.errorbar(xs, med, yerr=[lo, hi], marker=markers[k % len(markers)],
-                                   capsize=2, label=v)
+                                   capsize=2,
+                                   label=f"{v} (algorithm at each point)" if v == BEST else v)
+                for x, y, (_, r) in zip(xs, med, pts):
+                    if r["alg"]:
+                        ax.annotate(r["alg"], (x, y), fontsize=5, xytext=(2, 2),
+                                    textcoords="offset points")
                 lim = [limit_s(r, bits) for _, r in pts]
                 # a ucx-* row moves the bytes of its MPI-backend variant:
                 # the same limit line, drawn once

@@ -438,8 +438,13 @@ zpp_status_t zpp_bench_mpi_case_setup(const zpp_bench_ctx_t *ctx,
     mpi_rs_type(ctx->opt->dtype, &type, &op);
   else
     n = c->count * zpp_dtype_size(ctx->opt->dtype); /* MPI_BYTE, as run */
-  if (n > (size_t)INT_MAX)
+  if (n > (size_t)INT_MAX) {
+    fprintf(stderr,
+            "zpp-bench: rank %d: variant %s: %zu elements per rank: "
+            "more than an MPI count (INT_MAX)\n",
+            g_rank, c->v->name, n);
     return ZPP_ERR_OVERFLOW;
+  }
   st = zpp_bench_mpi_peer_setup(ctx, c, &g_mpi_comm, &type, &op, (int)n,
                                 &comm);
   c->state = comm;
@@ -989,8 +994,13 @@ static void host_info(header_t *h) {
   h->host[sizeof h->host - 1] = '\0';
 }
 
-/* The header as (key, text) lines; JSON gets the same texts as fields. */
-static void header_texts(const header_t *h, char lines[][800],
+/* The header as (key, text) lines; JSON gets the same texts as fields.
+ * HEADER_LINE holds the longest, the peers line (PEERS_TEXT of
+ * zpp_bench_mpi_peers_init and its frame). */
+#define HEADER_LINES 24
+#define PEERS_TEXT 1600
+#define HEADER_LINE (PEERS_TEXT + 400)
+static void header_texts(const header_t *h, char lines[][HEADER_LINE],
                          const char **keys, int *n) {
   const zpp_bench_opts_t *o = h->o;
   const char *dt = zpp_dtype_name(o->dtype);
@@ -1014,7 +1024,7 @@ static void header_texts(const header_t *h, char lines[][800],
 #define LINE(key, ...)                                                         \
   do {                                                                         \
     keys[k] = key;                                                             \
-    snprintf(lines[k++], 800, __VA_ARGS__);                                    \
+    snprintf(lines[k++], HEADER_LINE, __VA_ARGS__);                            \
   } while (0)
   LINE("run",
        "zpp-bench: coll %s, variants %s%s, dtype %s, block %zu%s%s, "
@@ -1054,10 +1064,13 @@ static void header_texts(const header_t *h, char lines[][800],
                 "which zpp's emulation does not slow, so their time and ratio "
                 "are not a comparison on the same link");
   if (h->has_mpi)
-    LINE("peers",
-         "Open MPI peers (each row's serving function is named per size in "
-         "a '# served' or '# mpi-best' line): mpi: Open MPI's default "
-         "selection. %s",
+    LINE("peers", "Open MPI peers (%s): mpi: Open MPI's default selection. %s",
+         o->format == ZPP_BENCH_JSON
+             ? "each row's serving function is verified per size; the "
+               "'# served' and '# mpi-best' lines that name it are not "
+               "printed under --format json"
+             : "each row's serving function is named per size in a "
+               "'# served' or '# mpi-best' line",
          h->peers);
   LINE("algorithm",
        "algorithm: %s%s",
@@ -1120,9 +1133,13 @@ static void header_texts(const header_t *h, char lines[][800],
   *n = k;
 }
 
+/* The table's variant column: the longest name, mpi-best[<algorithm>]
+ * with tuned's longest algorithm name (recursive_doubling). */
+#define VARIANT_W 28
+
 static void print_header(header_t *h, FILE *f) {
-  char lines[24][800];
-  const char *keys[24];
+  static char lines[HEADER_LINES][HEADER_LINE];
+  const char *keys[HEADER_LINES];
   int n, i;
   header_texts(h, lines, keys, &n);
   if (h->o->format != ZPP_BENCH_JSON) {
@@ -1132,11 +1149,12 @@ static void print_header(header_t *h, FILE *f) {
       fprintf(f, "%s\n", CSV_HEADER);
     else
       fprintf(f,
-              "#\n# %-10s %12s %11s %5s %11s %9s %9s %12s %12s %8s %10s "
+              "#\n# %-*s %12s %11s %5s %11s %9s %9s %12s %12s %8s %10s "
               "%7s %12s %11s %11s %11s %5s\n",
-              "variant", "size", "count", "type", "time(us)", "algbw", "busbw",
-              "intra_bytes", "inter_bytes", "ratio", "max_err", "#wrong",
-              "inter_max", "med(us)", "min(us)", "max(us)", "algo");
+              VARIANT_W, "variant", "size", "count", "type", "time(us)",
+              "algbw", "busbw", "intra_bytes", "inter_bytes", "ratio",
+              "max_err", "#wrong", "inter_max", "med(us)", "min(us)",
+              "max(us)", "algo");
     fflush(f);
     return;
   }
@@ -1208,13 +1226,12 @@ static void print_row(header_t *h, const row_t *r, FILE *f) {
             r->med_us, r->min_us, r->max_us, nmax);
   } else if (o->format == ZPP_BENCH_TABLE) {
     fprintf(f,
-            "  %-10s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
+            "  %-*s %12zu %11zu %5s %11.1f %9.3f %9.3f %12s %12s %8s "
             "%10s %7s %12s %11.1f %11.1f %11.1f %5s\n",
-            r->variant, r->size, r->count, dt, r->time_us, r->algbw, r->busbw,
-            intra[0] ? intra : "-", inter[0] ? inter : "-",
-            ratio[0] ? ratio : "-", err[0] ? err : "-",
-            wrong[0] ? wrong : "-", imax[0] ? imax : "-", r->med_us,
-            r->min_us, r->max_us, r->algo);
+            VARIANT_W, r->variant, r->size, r->count, dt, r->time_us, r->algbw,
+            r->busbw, intra[0] ? intra : "-", inter[0] ? inter : "-",
+            ratio[0] ? ratio : "-", err[0] ? err : "-", wrong[0] ? wrong : "-",
+            imax[0] ? imax : "-", r->med_us, r->min_us, r->max_us, r->algo);
   } else {
     fprintf(f,
             "%s\n  {\"coll\": \"%s\", \"variant\": \"%s\", \"size\": %zu, "
@@ -1267,13 +1284,17 @@ static zpp_status_t agree(zpp_status_t st) {
   return (zpp_status_t)(int)h_double((double)st, H_MIN);
 }
 
+/* An Open MPI variant's failure is not zpp's: its message is the line
+ * zpp-bench printed before, not the communicator's last error. */
 static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
                            const zpp_bench_case_t *c, zpp_status_t st) {
-  fprintf(stderr,
-          "zpp-bench: rank %d: %s of %s %s, size %zu (count %zu): %s: %s\n",
-          ctx->rank, what, ctx->opt->coll, c->v->name, c->bytes, c->count,
-          zpp_status_string(st),
-          zpp_comm_get_last_error(c->v->flat ? ctx->comm_flat : ctx->comm));
+  fprintf(
+      stderr, "zpp-bench: rank %d: %s of %s %s, size %zu (count %zu): %s: %s\n",
+      ctx->rank, what, ctx->opt->coll, c->v->name, c->bytes, c->count,
+      zpp_status_string(st),
+      c->v->foreign
+          ? "(the message above says why)"
+          : zpp_comm_get_last_error(c->v->flat ? ctx->comm_flat : ctx->comm));
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -1598,7 +1619,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   host_info(&h);
   h.peers = "";
   if (h.has_mpi) {
-    static char peers[1600];
+    static char peers[PEERS_TEXT];
     zpp_status_t st = zpp_bench_mpi_peers_init(
         &ctx, v, nv, coll == &zpp_bench_reducescatter, peers, sizeof peers);
     if (agree(st) != ZPP_OK) {
@@ -1701,6 +1722,28 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   return rc;
 }
 
+/* 1 when a --variant list names mpi-best (before getopt: MPI_Init comes
+ * first). */
+static int asks_mpi_best(int argc, char **argv) {
+  char list[512], *tok, *save = NULL;
+  const char *val;
+  int i;
+  for (i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--variant") == 0 && i + 1 < argc)
+      val = argv[++i];
+    else if (strncmp(argv[i], "--variant=", 10) == 0)
+      val = argv[i] + 10;
+    else
+      continue;
+    snprintf(list, sizeof list, "%s", val);
+    for (tok = strtok_r(list, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save))
+      if (strcmp(tok, "mpi-best") == 0)
+        return 1;
+  }
+  return 0;
+}
+
 #define FINALIZE()                                                             \
   do {                                                                         \
     if (!g_env)                                                                \
@@ -1728,9 +1771,8 @@ int main(int argc, char **argv) {
     /* mpi-best forces tuned's algorithms, which tuned reads only with
      * dynamic rules on: a variable that cannot be written after MPI_Init
      * (perf/bench_mpi_peers.c).  The environment's own setting wins. */
-    for (i = 1; i < argc; i++)
-      if (strstr(argv[i], "mpi-best") != NULL)
-        setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
+    if (asks_mpi_best(argc, argv))
+      setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
     /* SERIALIZED: zpp's pipelined collectives hand transfers to a helper
      * thread while this thread computes (it never calls MPI meanwhile). */
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);

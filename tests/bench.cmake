@@ -104,15 +104,17 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   # HAN selects itself only for a communicator with ranks on more than one
   # node, so this mpirun starts two made-up nodes of 2 ranks, each under a
   # daemon of its own (tests/bench/fake_node_ssh.sh as the ssh; TCP between
-  # them: the shared-memory transport assumes one daemon per host).  Rows
-  # checked (all-gather bitwise), the '# served' lines must name HAN's
-  # allgather and a tuned algorithm, the mpi-best rows its winner.
+  # them, on loopback only: the shared-memory transport assumes one daemon
+  # per host).  Rows checked (all-gather bitwise), the '# served' lines
+  # must name HAN's allgather and a tuned algorithm, the mpi-best rows its
+  # winner.
   set(_fake_hosts ${CMAKE_CURRENT_BINARY_DIR}/bench_fake_nodes.hosts)
   file(WRITE ${_fake_hosts} "fakenode1 slots=2\nfakenode2 slots=2\n")
   set(_fake_mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
     --hostfile ${_fake_hosts}
     --mca plm_rsh_agent ${CMAKE_CURRENT_SOURCE_DIR}/bench/fake_node_ssh.sh
-    --mca btl self,tcp --bind-to none)
+    --mca btl self,tcp --mca btl_tcp_if_include lo
+    --mca oob_tcp_if_include lo --bind-to none)
   string(REPLACE ";" "|" _fake_mpi "${_fake_mpirun}")
   set(_peer_args -b 1K -e 4K -f 4 -n 2 -w 1 -c 1 --format csv)
   foreach(_coll allgather reducescatter)
@@ -126,24 +128,74 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
     add_test(NAME bench_mpi_peers_${_coll}_2x2
       COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_fake_mpi}" -DNP=4
         -DBENCH=$<TARGET_FILE:zpp-bench> -DEXPECT_TOPO=2x2 "-DARGS=${_args}"
-        "-DEXPECT_OUT=${_han}.*# mpi-best size 4096:.* -> [a-z_]+ \\(each verified.*${_coll},mpi-best\\[[a-z_]+\\],4096,"
+        "-DEXPECT_OUT=${_han}.*# mpi-best size 4096 \\(1 \\+ 2 calls each\\):.* -> [a-z_]+ \\(each run verified.*${_coll},mpi-best\\[[a-z_]+\\],4096,"
         -P ${_zpp_bench_check})
     set_tests_properties(bench_mpi_peers_${_coll}_2x2 PROPERTIES LABELS mpi
       TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
+  # The checker catches a spoiled element of the mpi-han and mpi-best rows
+  # (the 13th column, wrong, of each).
+  set(_w "[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[1-9]")
+  string(REPLACE ";" "|" _args
+    "--coll;allgather;--variant;mpi-han,mpi-best;-b;4K;-e;4K;-n;1;-w;0;--corrupt;--format;csv")
+  add_test(NAME bench_mpi_peers_corrupt_2x2
+    COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_fake_mpi}" -DNP=4
+      -DBENCH=$<TARGET_FILE:zpp-bench> "-DARGS=${_args}" -DEXPECT_RC=1
+      "-DEXPECT_OUT=allgather,mpi-han,4096,${_w}.*allgather,mpi-best\\[[a-z_]+\\],4096,${_w}"
+      -P ${_zpp_bench_check})
+  set_tests_properties(bench_mpi_peers_corrupt_2x2 PROPERTIES LABELS mpi
+    TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+  # An algorithm that hands off to another is not run and says so: at 6
+  # ranks recursive doubling hands off to bruck, and no row is named after
+  # it.
+  zpp_bench_test(bench_mpi_best_handoff_3x2 6 3x2
+    "--coll;allgather;--variant;mpi-best;${_peer_args}"
+    "-DEXPECT_OUT=# mpi-best size 1024 [^\n]* recursive_doubling \\(hands off to bruck at 6 ranks\\)"
+    "-DEXPECT_NOT_OUT=mpi-best\\[recursive_doubling\\]")
   # Requests that cannot be honoured fail by name: HAN on one node (it
-  # refuses a communicator whose ranks all share a node), and mpi-best
-  # when tuned's dynamic rules are switched off (a forced algorithm would
-  # be ignored).
+  # refuses a communicator whose ranks all share a node: tuned serves the
+  # probe), mpi-best when tuned's dynamic rules are switched off (a forced
+  # algorithm would be ignored) or a rules file is set (its rules would
+  # win over the forced algorithm), and a forced algorithm that does not
+  # serve its communicator (tuned below basic: basic's linear allgather
+  # serves every one).
   zpp_bench_test(bench_mpi_han_one_node_2x2 4 2x2
     "--coll;allgather;--variant;mpi-han;${_peer_args}"
-    -DEXPECT_RC=3 "-DEXPECT_ERR=variant mpi-han: HAN was not selected")
+    -DEXPECT_RC=3
+    "-DEXPECT_ERR=variant mpi-han: HAN was not selected: [^\n]* was served by tuned:")
+  set(_rules ${CMAKE_CURRENT_BINARY_DIR}/bench_tuned_rules.conf)
+  file(WRITE ${_rules} "1\n0\n1\n4\n1\n0 4 0 0\n")
+  zpp_bench_test(bench_mpi_best_rules_file_2x2 4 2x2
+    "--coll;allgather;--variant;mpi-best;${_peer_args}"
+    -DEXPECT_RC=3
+    "-DEXPECT_ERR=variant mpi-best: coll_tuned_dynamic_rules_filename is set \\(${_rules}\\)")
+  set_tests_properties(bench_mpi_best_rules_file_2x2 PROPERTIES ENVIRONMENT
+    "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_coll_tuned_dynamic_rules_filename=${_rules}")
+  zpp_bench_test(bench_mpi_best_not_served_2x2 4 2x2
+    "--coll;allgather;--variant;mpi-best;${_peer_args}"
+    -DEXPECT_RC=3
+    "-DEXPECT_ERR=variant mpi-best: the communicator forced to tuned:bruck was served by tuned:linear.*setup of allgather mpi-best, size 1024 \\(count [0-9]+\\): [^\n]*: \\(the message above says why\\)")
+  set_tests_properties(bench_mpi_best_not_served_2x2 PROPERTIES ENVIRONMENT
+    "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_coll_tuned_priority=5")
   zpp_bench_test(bench_mpi_best_no_dynamic_2x2 4 2x2
     "--coll;reducescatter;--variant;mpi-best;${_peer_args}"
     -DEXPECT_RC=3
     "-DEXPECT_ERR=variant mpi-best: coll_tuned_use_dynamic_rules is false")
   set_tests_properties(bench_mpi_best_no_dynamic_2x2 PROPERTIES ENVIRONMENT
     "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_coll_tuned_use_dynamic_rules=0")
+  # Ranks that disagree (half of them with dynamic rules off) all end,
+  # each with the failing rank's message, instead of some waiting in a
+  # collective the others never enter.
+  string(REPLACE ";" "|" _args
+    "--coll;reducescatter;--variant;mpi-best;${_peer_args}")
+  add_test(NAME bench_mpi_best_disagree_2x2
+    COMMAND ${CMAKE_COMMAND} "-DMPIEXEC=${_mpi}" -DNP=4
+      -DBENCH=$<TARGET_FILE:zpp-bench> "-DARGS=${_args}"
+      -DENV=OMPI_MCA_coll_tuned_use_dynamic_rules=0 -DEXPECT_RC=3
+      "-DEXPECT_ERR=variant mpi-best: coll_tuned_use_dynamic_rules is false"
+      -DBOUND=12 -P ${CMAKE_CURRENT_SOURCE_DIR}/bench/check_agree.cmake)
+  set_tests_properties(bench_mpi_best_disagree_2x2 PROPERTIES LABELS mpi
+    TIMEOUT 40 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
 
   # Emulated build (ZPP_CUDA_EMU): every collective on device memory, with
   # the MPI backend (staging) and, when the NCCL stand-in is in the tree,
@@ -183,3 +235,10 @@ if(TARGET zpp-quant-bench)
       $<TARGET_FILE:zpp-quant-bench>)
   set_tests_properties(quant_bench_cold PROPERTIES LABELS unit TIMEOUT 120)
 endif()
+
+# perf/plot_cluster_study.py's tables from a made-up study: mpi-best as one
+# series, the targets against the fastest of bf16 and Open MPI's peers
+# (about 1 s).
+add_test(NAME plot_cluster_study_script
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plot_cluster_study_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(plot_cluster_study_script PROPERTIES LABELS scripts TIMEOUT 60)

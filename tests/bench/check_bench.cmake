@@ -9,6 +9,7 @@
 #   EXPECT_ERR  optional regular expression stderr must match
 #   EXPECT_TOPO optional ZPP_TOPO value the header must call emulated
 #   EXPECT_OUT  optional regular expression stdout must match
+#   EXPECT_NOT_OUT optional regular expression stdout must not match
 # With EXPECT_RC 0 it checks: the CSV header line is exactly right, every
 # row has all columns, every row has wrong = 0, each size has a baseline row
 # (variant = dtype) with ratio 1 and bytes counted (NP > 1), and the footer
@@ -37,6 +38,9 @@ if(DEFINED EXPECT_ERR AND NOT err MATCHES "${EXPECT_ERR}")
 endif()
 if(DEFINED EXPECT_OUT AND NOT out MATCHES "${EXPECT_OUT}")
   message(FATAL_ERROR "stdout does not match '${EXPECT_OUT}'")
+endif()
+if(DEFINED EXPECT_NOT_OUT AND out MATCHES "${EXPECT_NOT_OUT}")
+  message(FATAL_ERROR "stdout matches '${EXPECT_NOT_OUT}'")
 endif()
 if(EXPECT_RC GREATER 1)
   return() # an error exit: nothing to parse

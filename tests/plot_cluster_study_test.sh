@@ -1,0 +1,40 @@
+#!/bin/bash
+# perf/plot_cluster_study.py --markdown on a made-up study: the rows
+# mpi-best[<algorithm>] are one series, each table row names its
+# algorithm, and the targets are measured against the fastest of zpp's
+# bf16 and every Open MPI peer (mpi, mpi-han, mpi-best), named in the cell.
+# Usage: plot_cluster_study_test.sh SOURCE_DIR
+set -euo pipefail
+src=${1:?source dir}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+hdr="mode,link,coll,variant,size,count,dtype,time_us,algbw,busbw,intra_bytes,inter_bytes,ratio,max_err,wrong,inter_bytes_max,time_med_us,time_min_us,time_max_us,inter_bytes_node_max"
+row() { # variant size median_us
+  echo "real,400mbit,allgather,$1,$2,1,bf16,$3,1,1,,,1,0,0,,$3,$3,$3,"
+}
+m4=$((4 << 20)) m16=$((16 << 20))
+{
+  echo "$hdr"
+  row bf16 $m4 10000; row mpi $m4 12000; row mpi-han $m4 9000
+  row "mpi-best[ring]" $m4 8000; row qwz8 $m4 4000
+  row bf16 $m16 40000; row mpi $m16 30000; row mpi-han $m16 50000
+  row "mpi-best[bruck]" $m16 45000; row qwz8 $m16 15000
+} >"$dir/study.csv"
+echo "real|400mbit|zpp-bench --coll allgather" >"$dir/cmds"
+echo "start 2026-01-01" >"$dir/meta"
+python3 "$src/perf/plot_cluster_study.py" --markdown "$dir/study.csv" \
+  "$dir/cmds" "$dir/meta" >"$dir/out.md"
+fail() { echo "FAIL: $*"; cat "$dir/out.md"; exit 1; }
+grep -q '| 4 MiB | mpi-best\[ring\] | 8.00 |' "$dir/out.md" ||
+  fail "no table row mpi-best[ring] at 4 MiB"
+grep -q '| 16 MiB | mpi-best\[bruck\] | 45.0 |' "$dir/out.md" ||
+  fail "no table row mpi-best[bruck] at 16 MiB"
+# 4 MiB: the fastest bf16 is mpi-best's 8 ms: 4 / 8; 16 MiB: mpi's 30 ms
+grep -q '| qwz8 <= 0.6 x best bf16 | 0.4 Gbit/s | 4 MiB | 0.50 (mpi-best\[ring\]) | yes |' \
+  "$dir/out.md" || fail "qwz8 at 4 MiB not against mpi-best[ring]"
+grep -q '| qwz8 <= 0.6 x best bf16 | 0.4 Gbit/s | 16 MiB | 0.50 (mpi) | yes |' \
+  "$dir/out.md" || fail "qwz8 at 16 MiB not against mpi"
+# zpp bf16 / the fastest peer: 10 / 8 at 4 MiB, 40 / 30 at 16 MiB
+grep -q 'worst 1.33 (16 MiB, mpi) | no |' "$dir/out.md" ||
+  fail "bf16 not against the fastest Open MPI peer"
+echo "plot_cluster_study: ok"
