@@ -477,6 +477,12 @@ TEST(ErrorText, CommQueries) {
          zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
          return zpp_comm_algorithm(c, n ? nullptr : &al);
        }},
+      {"zpp_comm_choose_algorithm", "algorithm",
+       [](zpp_comm_t c, bool n) {
+         zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
+         return zpp_comm_choose_algorithm(c, ZPP_ALGO_COLL_ALLGATHER, 16, ZPP_FLOAT32,
+                                          n ? nullptr : &al, nullptr);
+       }},
       {"zpp_comm_nnodes", "nnodes", [](zpp_comm_t c, bool n) { return zpp_comm_nnodes(c, n ? nullptr : &i); }},
       {"zpp_comm_node_of", "node", [](zpp_comm_t c, bool n) { return zpp_comm_node_of(c, 0, n ? nullptr : &i); }},
       {"zpp_comm_local_rank_of", "local_rank",

@@ -1535,6 +1535,25 @@ TEST(Config, AlgorithmFromTheConfigIsUsed) {
       << zpp_get_last_error();
 }
 
+// ZPP_ALGORITHM_AUTO asked for in the config is taken as the setting
+// ZPP_ALGO=auto is, and a split of such a communicator keeps it (the child
+// is created with the parent's resolved setting).
+TEST(Config, AutoFromTheConfigIsAcceptedAndSplitKeepsIt) {
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.algorithm = ZPP_ALGORITHM_AUTO;
+  zpp_comm_t c = nullptr, half = nullptr;
+  ASSERT_EQ(zpp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c), ZPP_OK) << zpp_get_last_error();
+  zpp_algorithm_t got = ZPP_ALGORITHM_DEFAULT;
+  ASSERT_EQ(zpp_comm_algorithm(c, &got), ZPP_OK);
+  EXPECT_EQ(got, ZPP_ALGORITHM_AUTO);
+  ASSERT_EQ(zpp_comm_split(c, g_rank % 2, g_rank, &half), ZPP_OK) << zpp_get_last_error();
+  got = ZPP_ALGORITHM_DEFAULT;
+  ASSERT_EQ(zpp_comm_algorithm(half, &got), ZPP_OK);
+  EXPECT_EQ(got, ZPP_ALGORITHM_AUTO);
+  EXPECT_EQ(zpp_comm_destroy(half), ZPP_OK);
+  EXPECT_EQ(zpp_comm_destroy(c), ZPP_OK);
+}
+
 // A caller built against the header before `algorithm` was added passes
 // the smaller struct: it is accepted, its fields are used (timeout_s,
 // topology), and `algorithm` -- past its struct_size, here garbage --

@@ -44,7 +44,7 @@ LAYERS=(
   "topology|node map, ZPP_TOPO emulation, GPU links (NVML)"
   "transport|groups, counters, link emulation, errors; MPI, UCX, NCCL backends"
   "algo|ring, pairwise, hierarchical over rounds; the one transfer dispatch"
-  "comm|struct zpp_comm: creation over any bootstrap, subsets"
+  "comm|struct zpp_comm: creation over any bootstrap, subsets, shrinking"
   "engine|plans and the engine that runs them; kernels by memory space"
   "coll|baselines, qwZ, hpZ, qgZ, qWD over one argument check"
   "runtime|parameter groups for ZeRO runtimes (zpp_pgroup_*)"

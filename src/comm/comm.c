@@ -65,10 +65,10 @@ zpp_status_t zpp_comm_config_check_as(const char *func,
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
                      "cfg->backend NCCL needs cfg->memory ZPP_MEMORY_DEVICE");
   if ((int)cfg->algorithm < ZPP_ALGORITHM_DEFAULT ||
-      (int)cfg->algorithm > ZPP_ALGORITHM_FLAT)
+      (int)cfg->algorithm > ZPP_ALGORITHM_AUTO)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
-                     "cfg->algorithm %d: must be ZPP_ALGORITHM_DEFAULT, _HIER "
-                     "or _FLAT",
+                     "cfg->algorithm %d: must be ZPP_ALGORITHM_DEFAULT, _HIER, "
+                     "_FLAT or _AUTO",
                      (int)cfg->algorithm);
   if (cfg->topology != NULL && strlen(cfg->topology) >= 128)
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
