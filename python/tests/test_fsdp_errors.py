@@ -480,7 +480,7 @@ def test_enable_logs_one_info_line_with_its_choices(caplog):
     for want in ("2 FSDP modules", "1 rank on 1 discovered node;", "world communicator over torch's store "
                  "(TCP bootstrap)", "backend ucx (ZPP_BACKEND unset: UCX for host memory",
                  "memory host (parameters on cpu)", "qwZ 8 bits block 256 on inter-node gathers",
-                 "qgZ: off", "hpZ: off (reshard_after_forward=True)"):
+                 "qgZ: off", "hpZ: off (reshard_after_forward=True; one node)"):
         assert want in line, (want, line)
 
 
@@ -513,7 +513,7 @@ def test_line_shows_once_on_rank_0_with_logging_unconfigured_and_debug_adds_deta
                  "algorithm hier across nodes (ZPP_ALGO unset)",
                  "qwZ 8 bits block 128 on inter-node gathers",
                  "qgZ 4 bits across nodes, 4 bits inside, block 256, error feedback",
-                 "hpZ: off (reshard_after_forward=True)"):
+                 "hpZ: zpp's, on for 3 of 3 modules (reshard_after_forward=True)"):
         assert want in line, (want, line)
     # ZPP_DEBUG=INFO: the same line once, and each rank's world communicator
     lines = _launch({"ZPP_TOPO": "2x1", "ZPP_DEBUG": "INFO"})
