@@ -338,7 +338,8 @@ def train(a) -> dict:
            "steps": a.steps,
            "entropy_floor": entropy, "losses": losses, "tokens_per_step": ntok,
            "token_loss_std_last10": math.sqrt(sum(tok_var[-10:]) / len(tok_var[-10:])),
-           "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]}
+           "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0],
+           "step_times_s": times}
     if z is not None and step_stats:
         per = torch.tensor([[s["inter_bytes_sent"], s["intra_bytes_sent"]] for s in step_stats[1:] or step_stats],
                            dtype=torch.float64)
