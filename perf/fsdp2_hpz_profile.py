@@ -18,6 +18,10 @@ step --skip on; milliseconds per step, the mean over ranks:
                   gradient's division)
   rest            the step minus all of the above (compute, optimizer)
   step            the mean step (the example's timer)
+  CPU             the CPU time of the processes (all threads) per step,
+                  summed over the ranks: on C cores the step takes at
+                  least CPU / C (with ZPP_NET_SPIN_US=0 zpp's waits sleep
+                  and spend none)
 
 Prints one JSON line per run and repetition (rank 0); --table FILE turns
 a file of them into a table (medians over the repetitions).
@@ -93,12 +97,15 @@ def _install():
 
     def on_step(opt, args, kwargs):
         st["step"] += 1
+        # CPU time of this process (all its threads) from the end of step
+        # skip - 1 to the end of the last
+        st["cpu"].append(time.process_time())
 
     register_optimizer_step_post_hook(on_step)
     inner = fsdp2_train.train
 
     def train(a):
-        st.update(step=0, t={})
+        st.update(step=0, t={}, cpu=[])
         out = inner(a)
         steps = a.steps - st["skip"]
         every = [None] * dist.get_world_size()
@@ -111,7 +118,10 @@ def _install():
         dist.all_reduce(t)
         step_ms = float(t[0]) / dist.get_world_size()
         ms["rest"] = step_ms - sum(ms.values())
-        rec = {"run": name_of(a), "step_ms": step_ms, "ms": ms,
+        c = st["cpu"][st["skip"] - 1:]
+        cpu = torch.tensor([(c[-1] - c[0]) / max(1, len(c) - 1) * 1e3], dtype=torch.float64)
+        dist.all_reduce(cpu)
+        rec = {"run": name_of(a), "step_ms": step_ms, "ms": ms, "cpu_ms": float(cpu[0]),
                "inter_mb": out.get("inter_bytes_per_step", 0) / 1e6,
                "intra_mb": out.get("intra_bytes_per_step", 0) / 1e6, "loss": out["losses"][-1]}
         if dist.get_rank() == 0:
@@ -142,7 +152,8 @@ def table(lines):
     med = lambda xs: statistics.median(xs) if xs else 0.0
     print("%-*s" % (w, "ms per step (mean of ranks; median of %d reps)" % max(len(v) for v in by.values()))
           + "".join("%18s" % n for n in names))
-    rows = [("step", lambda d: d["step_ms"], "%18.1f")]
+    rows = [("step", lambda d: d["step_ms"], "%18.1f"),
+            ("CPU, all ranks together", lambda d: d.get("cpu_ms", 0.0), "%18.1f")]
     rows += [(k, (lambda k: lambda d: d["ms"].get(k, 0.0))(k), "%18.1f") for k in keys]
     rows += [("inter-node MB/step", lambda d: d["inter_mb"], "%18.2f"),
              ("intra-node MB/step", lambda d: d["intra_mb"], "%18.2f")]
