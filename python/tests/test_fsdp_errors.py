@@ -431,7 +431,7 @@ def test_second_enable_names_the_open_handle_and_close_makes_it_legal():
     z = zpp.fsdp.enable(m, qwz_bits=8, qgz_bits=4, error_feedback=True)
     assert len(_zpp_hooks(m)) == 2
     assert re.fullmatch(r"<zpp.fsdp.Zpp id=0x[0-9a-f]+, 2 FSDP modules, qwz_bits=8, qgz_bits=4, "
-                        r"error_feedback=True, open>", repr(z)), repr(z)
+                        r"error_feedback=True, hpz=True, open>", repr(z)), repr(z)
     live = list(zpp.comm._live)
     hooks = [(g._all_gather_comm, g._reduce_scatter_comm) for g in _groups(m)]
     with pytest.raises(ValueError, match=r"FSDP module \(the root\) already has zpp's hooks from "
