@@ -59,6 +59,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _Fsdp
 from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
 
 from . import _lib
+from ._lib import Buf
 from .comm import Comm, check_bits, check_block, check_config, check_hadamard, quant_config
 
 __all__ = ["Options", "Comms", "AllGather", "ReduceScatter", "Work", "enable", "Zpp"]
@@ -267,9 +268,8 @@ class AllGather(_FsdpAllGather):
             key = (id(comm), input_tensor.numel(), input_tensor.dtype)
             h = self._hpz.get(key)
             if h is None:
-                from ._lib import Buf
-                h = _Hpz(comm, input_tensor.numel(), Buf(input_tensor, "the all-gather input").dtype,
-                         o.qwz_bits, o.qwz_block)
+                dtype = Buf(input_tensor, "the all-gather input").dtype
+                h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
                 self._hpz[key] = h
             vers = _versions(pg)
             backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == vers
@@ -398,10 +398,12 @@ class Zpp:
         _restore(self._modules, self)
         for h in self.scatters:
             h.residuals.clear()
-        for g in self.gathers:
-            g.close()
-        if self._owns != "none":
-            self.comms.close(world=self._owns == "all")
+        try:
+            for g in self.gathers:
+                g.close()  # hpZ's secondary shards, before their communicators
+        finally:
+            if self._owns != "none":
+                self.comms.close(world=self._owns == "all")
 
 
 def _restore(modules: list, z) -> None:
@@ -620,8 +622,8 @@ def _hpz(mods, world: Comm, opts: Options) -> str:
     FSDP2's reshard_after_forward=<int>."""
     sizes = [_raf(g) for _, _, groups in mods for g in groups]
     ints = sorted({s for s in sizes if not isinstance(s, bool)})
-    if opts.hpz and world.nnodes > 1:
-        n = sum(1 for s in sizes if s is True)
+    n = sum(1 for s in sizes if s is True)
+    if opts.hpz and world.nnodes > 1 and n:
         even = world.nnodes * world.local_size == world.size
         return ("hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
                 "forward gather keeps this rank's share of the node's copy %s, the backward "
