@@ -24,7 +24,8 @@ step --skip on; milliseconds per step, the mean over ranks:
                   and spend none)
 
 Prints one JSON line per run and repetition (rank 0); --table FILE turns
-a file of them into a table (medians over the repetitions).
+a file of them into a table (medians over the repetitions, and each mode's
+step over the first mode's in the same repetition).
 
   ZPP_TOPO=2x2 ZPP_EMU_INTER_GBIT=0.4 mpirun -np 4 ... python perf/fsdp2_hpz_profile.py \
       --reps 3 "--comm zppmpi --zeropp --zpp-hpz 0 --dim 256 --layers 4 --steps 10" \
@@ -159,6 +160,17 @@ def table(lines):
              ("intra-node MB/step", lambda d: d["intra_mb"], "%18.2f")]
     for label, f, fmt in rows:
         print("%-*s" % (w, label) + "".join(fmt % med([f(d) for d in by[n]]) for n in names))
+    # the i-th run of each mode against the i-th of the first: the same
+    # repetition, minutes apart at most
+    first = by[names[0]]
+    cells = []
+    for n in names:
+        r = sorted(d["step_ms"] / b["step_ms"] for d, b in zip(by[n], first))
+        cells.append("%18s" % ("%.3f" % med(r) if r else "-"))
+    print("%-*s" % (w, "step / the first's, same repetition") + "".join(cells))
+    print("%-*s" % (w, "  its range") + "".join(
+        "%18s" % ("%.2f..%.2f" % (min(x), max(x)) if x else "-") for x in (
+            [d["step_ms"] / b["step_ms"] for d, b in zip(by[n], first)] for n in names)))
 
 
 if __name__ == "__main__":
