@@ -757,9 +757,9 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     shard) and a copy of it per forward gather.  So it pays where the
     inter-node link is slower than the node's own path, as on a real
     network; where the node's ranks share too few cores (8 ranks on 2
-    cores) its node-local gather waits on the scheduler and can cost more
-    than the link time it saves: pass hpz=False there
-    (perf/fsdp2_hpz_profile.py and perf/fsdp2_hpz_study.sh measure it).  On
+    cores) its node-local gathers can take longer than the link time it
+    saves: measure (perf/fsdp2_hpz_profile.py, perf/fsdp2_hpz_study.sh)
+    and pass hpz=False there if so.  On
     nodes of different sizes zpp keeps no secondary shard and the
     backward gathers cross nodes as before.  A backward gather whose
     parameters changed since the forward (their version counters moved)
