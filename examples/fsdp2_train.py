@@ -18,7 +18,14 @@ launcher's variables (no MASTER_ADDR or MASTER_PORT to set):
 --comm zppmpi     zpp, communicator over MPI (mpirun only)
 --comm zppenv     zpp, communicator from torchrun's or srun's variables (no MPI)
 --zeropp          qwZ INT8 gathers, qgZ INT4 gradients with error feedback,
-                  hpZ through reshard_after_forward=<ranks per node>
+                  and zpp's hpZ over several nodes (enable()'s default with
+                  qwZ: the forward gather keeps the node's copy of the
+                  parameters encoded, the backward gather stays inside the
+                  node)
+--zpp-hpz 0|1     zpp's hpZ off or on (default: enable()'s, on with qwZ)
+--hpz N           FSDP2's hpZ instead: reshard_after_forward=N (the
+                  backward gathers exact, on groups of N ranks; zpp's hpZ
+                  then off)
 --qgz-intra-bits, --hadamard   qgZ's intra-node bits and Hadamard group
 --dtype bf16 --reduce-dtype bf16   bf16 gathers and bf16 reduce-scatter
                   (bf16 ZeRO-3 on the wire; perf/convergence_study.sh)
@@ -52,7 +59,8 @@ import time
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--comm", choices=["gloo", "zpp", "zppmpi", "zppenv"], default="zpp")
-    p.add_argument("--zeropp", action="store_true", help="qwZ8 + qgZ4 + error feedback + hpZ")
+    p.add_argument("--zeropp", action="store_true",
+                   help="qwZ8 + qgZ4 + error feedback + zpp's hpZ (over several nodes)")
     p.add_argument("--qwz-bits", type=int, default=None)
     p.add_argument("--qgz-bits", type=int, default=None)
     p.add_argument("--qgz-intra-bits", type=int, default=0,
@@ -61,7 +69,10 @@ def parse(argv=None):
                    help="qgZ Hadamard rotation group (0: off)")
     p.add_argument("--ef", type=int, default=None, help="error feedback 0/1")
     p.add_argument("--hpz", type=int, default=None,
-                   help="reshard_after_forward=<this many ranks> (0: True)")
+                   help="FSDP2's hpZ: reshard_after_forward=<this many ranks> (0: True)")
+    p.add_argument("--zpp-hpz", type=int, choices=[0, 1], default=None,
+                   help="zpp's hpZ off (0) or on (1); default: on with qwZ "
+                        "(zpp.fsdp.enable's hpz=None)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="parameter dtype of the gathers (bf16: mixed precision, fp32 master)")
     p.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default=None,
@@ -94,6 +105,11 @@ def parse(argv=None):
                 "tensors only here; use --comm zpp, zppmpi or zppenv")
     if a.unshard_async and a.comm == "gloo":
         p.error("--unshard-async counts zpp's gathers: not with --comm gloo")
+    if a.zpp_hpz is not None and a.comm == "gloo":
+        p.error("--zpp-hpz: --comm gloo uses FSDP2's own all-gather")
+    if a.zpp_hpz == 1 and a.hpz:
+        p.error("--zpp-hpz 1 with --hpz %d: FSDP2's hpZ already gathers the backward "
+                "inside groups of %d; pick one" % (a.hpz, a.hpz))
     if a.reduce_dtype == "bf16" and a.dtype != "bf16":
         p.error("--reduce-dtype bf16 needs --dtype bf16 (the gathers' dtype)")
     qgz = a.qgz_bits if a.qgz_bits is not None else (4 if a.zeropp else 0)
@@ -246,7 +262,8 @@ def train(a) -> dict:
         comm = make(**mem) if make else None
         z = zpp.fsdp.enable(model, comm=comm, qwz_bits=qwz, qgz_bits=qgz,
                             qgz_intra_bits=a.qgz_intra_bits, error_feedback=ef,
-                            hadamard=a.hadamard)
+                            hadamard=a.hadamard,
+                            hpz=None if a.zpp_hpz is None else bool(a.zpp_hpz))
 
     # FSDP2 passes async_op=True to the all-gather hook only for an
     # unshard(async_op=True) or after _set_unshard_async_op(True) (a private
@@ -317,10 +334,12 @@ def train(a) -> dict:
     out = {"comm": a.comm, "device": a.device, "world": world, "zeropp": zeropp,
            "qwz_bits": qwz, "qgz_bits": qgz, "error_feedback": ef, "hpz": hpz, "dtype": a.dtype,
            "reduce_dtype": a.reduce_dtype or "fp32", "qgz_intra_bits": a.qgz_intra_bits,
-           "hadamard": a.hadamard, "params": nparams,
+           "hadamard": a.hadamard, "params": nparams, "fsdp_modules": len(fsdp_modules),
+           "steps": a.steps,
            "entropy_floor": entropy, "losses": losses, "tokens_per_step": ntok,
            "token_loss_std_last10": math.sqrt(sum(tok_var[-10:]) / len(tok_var[-10:])),
-           "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]}
+           "step_time_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0],
+           "step_times_s": times}
     if z is not None and step_stats:
         per = torch.tensor([[s["inter_bytes_sent"], s["intra_bytes_sent"]] for s in step_stats[1:] or step_stats],
                            dtype=torch.float64)
@@ -331,6 +350,8 @@ def train(a) -> dict:
         out["backend"] = z.comms.world.backend
         out["memory"] = z.comms.world.memory
         out["hook_calls"] = z.hook_calls()
+        # zpp's hpZ: on for this many modules (0: off)
+        out["zpp_hpz_modules"] = sum(1 for g in z.gathers if g.hpz)
     if a.unshard_async:
         # gathers FSDP2 made with async_op=True that returned a Work, all
         # ranks together (None: torch has no _set_unshard_async_op)

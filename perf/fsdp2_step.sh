@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # FSDP2 training step with zpp as its collectives, on an emulated cluster
 # with a slow emulated inter-node link: zpp's bf16 baseline against zpp
-# ZeRO++ (qwZ INT8 gathers, qgZ INT4 gradients with error feedback, hpZ via
-# reshard_after_forward=<ranks per node>), both in one launch, one table.
+# ZeRO++ (qwZ INT8 gathers, qgZ INT4 gradients with error feedback, zpp's
+# hpZ: examples/fsdp2_train.py --zeropp), both in one launch, one table.
 # Not a test: a benchmark (the speed claim is the ratio of the two rows,
 # measured in the same run).
 #
@@ -15,7 +15,6 @@ NP=${NP:-8} TOPO=${TOPO:-2x4} GBIT=${GBIT:-0.1} STEPS=${STEPS:-6}
 DIM=${DIM:-256} LAYERS=${LAYERS:-4} BATCH=${BATCH:-4} SEQ=${SEQ:-64}
 py=${ZPP_PYTHON:-$root/.venv-torch/bin/python}
 [ -x "$py" ] || { echo "fsdp2_step: $py missing (scripts/install-deps.sh --python)" >&2; exit 1; }
-rpn=${TOPO#*x}
 port=$((20000 + RANDOM % 20000))
 common="--steps $STEPS --dim $DIM --layers $LAYERS --batch $BATCH --seq $SEQ --dtype bf16 --vocab 256 --json --quiet"
 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --bind-to none -np "$NP" \
@@ -23,7 +22,7 @@ mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --bind-to none -
   -x PYTHONPATH="$root/python" -x ZPP_LIBRARY="$build/libzpp.so" \
   -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
   "$py" "$root/python/tests/fsdp_runs.py" \
-  "--comm zppmpi $common" "--comm zppmpi --zeropp --hpz $rpn $common" |
+  "--comm zppmpi $common" "--comm zppmpi --zeropp $common" |
 "$py" -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]

@@ -2,7 +2,8 @@
 launch (one process group), each given as one argument holding its flags
 separated by spaces; the argument "hook-ops" runs hook_ops.check() there
 instead (one JSON line {"hook_ops": {check: "ok" or what failed on which
-rank}})."""
+rank}}), and "enable-modes" enable_modes.check() (one JSON line
+{"enable_modes": ...}), before the runs."""
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,16 @@ def _hook_ops() -> None:
         print(json.dumps({"hook_ops": merged}), flush=True)
 
 
+def _before() -> None:
+    if "hook-ops" in args:
+        _hook_ops()
+    if "enable-modes" in args:
+        import enable_modes
+
+        enable_modes.check()
+
+
 args = sys.argv[1:]
-sys.exit(fsdp2_train.run([a.split() for a in args if a != "hook-ops"],
-                         before=_hook_ops if "hook-ops" in args else None))
+named = ("hook-ops", "enable-modes")
+sys.exit(fsdp2_train.run([a.split() for a in args if a not in named],
+                         before=_before if any(a in named for a in args) else None))

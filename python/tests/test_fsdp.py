@@ -10,7 +10,7 @@ LM on CPU, gloo bootstrapping torch):
 - the reduce-scatter hook called directly on the 2x2 layout (hook_ops.py):
   AVG the true mean, SUM, PREMUL_SUM scaled once, exact and qgZ, against
   float64; one error-feedback residual per module;
-- ZeRO++ (qwZ INT8, qgZ INT4 with error feedback, hpZ through
+- ZeRO++ (qwZ INT8, qgZ INT4 with error feedback, FSDP2's hpZ through
   reshard_after_forward=2) on ZPP_TOPO=2x2, 4 ranks, 50 steps: the loss
   within the tolerance below of zpp's baseline, and inter-node bytes per
   step at most 0.3 of the baseline's (zpp's counters);

@@ -431,7 +431,7 @@ def test_second_enable_names_the_open_handle_and_close_makes_it_legal():
     z = zpp.fsdp.enable(m, qwz_bits=8, qgz_bits=4, error_feedback=True)
     assert len(_zpp_hooks(m)) == 2
     assert re.fullmatch(r"<zpp.fsdp.Zpp id=0x[0-9a-f]+, 2 FSDP modules, qwz_bits=8, qgz_bits=4, "
-                        r"error_feedback=True, open>", repr(z)), repr(z)
+                        r"error_feedback=True, hpz=True, open>", repr(z)), repr(z)
     live = list(zpp.comm._live)
     hooks = [(g._all_gather_comm, g._reduce_scatter_comm) for g in _groups(m)]
     with pytest.raises(ValueError, match=r"FSDP module \(the root\) already has zpp's hooks from "
@@ -480,7 +480,7 @@ def test_enable_logs_one_info_line_with_its_choices(caplog):
     for want in ("2 FSDP modules", "1 rank on 1 discovered node;", "world communicator over torch's store "
                  "(TCP bootstrap)", "backend ucx (ZPP_BACKEND unset: UCX for host memory",
                  "memory host (parameters on cpu)", "qwZ 8 bits block 256 on inter-node gathers",
-                 "qgZ: off", "hpZ: off (reshard_after_forward=True)"):
+                 "qgZ: off", "hpZ: off (reshard_after_forward=True; one node)"):
         assert want in line, (want, line)
 
 
@@ -513,7 +513,7 @@ def test_line_shows_once_on_rank_0_with_logging_unconfigured_and_debug_adds_deta
                  "algorithm auto across nodes (ZPP_ALGO unset)",
                  "qwZ 8 bits block 128 on inter-node gathers",
                  "qgZ 4 bits across nodes, 4 bits inside, block 256, error feedback",
-                 "hpZ: off (reshard_after_forward=True)"):
+                 "hpZ: zpp's, on for 3 of 3 modules (reshard_after_forward=True)"):
         assert want in line, (want, line)
     # ZPP_DEBUG=INFO: the same line once, and each rank's world communicator
     lines = _launch({"ZPP_TOPO": "2x1", "ZPP_DEBUG": "INFO"})

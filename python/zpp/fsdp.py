@@ -2,9 +2,9 @@
 
     from torch.distributed.fsdp import fully_shard
     for block in model.blocks:
-        fully_shard(block, reshard_after_forward=ranks_per_node)   # hpZ
+        fully_shard(block)
     fully_shard(model)
-    z = zpp.fsdp.enable(model, qwz_bits=8, qgz_bits=4, error_feedback=True)
+    z = zpp.fsdp.enable(model, qwz_bits=8, qgz_bits=4, error_feedback=True)  # ZeRO++
     ...train...; z.stats()  # bytes per link class, all of zpp's communicators
 
 FSDP2 calls the all-gather hook as ``(output[W*n], input[n], group,
@@ -13,14 +13,26 @@ uint8 when a group mixes dtypes; and the reduce-scatter hook as
 ``(output[n], input[W*n], group, op)`` with op AVG, SUM or PREMUL_SUM
 (``op.factor``, from ``set_gradient_divide_factor``).  The setters act on
 one module only, so :func:`enable` installs the hooks on every FSDPModule,
-each with its own instance (its own error-feedback residual).
+each with its own instance (its own error-feedback residual, its own hpZ
+secondary shard).
 
-hpZ is FSDP2's ``reshard_after_forward=<ranks per node>``: after the
-forward the parameters stay sharded over the node, and the backward
-all-gather runs on that node's group, which zpp maps to a communicator of
-the node (zero inter-node bytes when the zpp node map agrees, e.g.
+hpZ comes in two kinds.  zpp's (``enable(hpz=...)``, on by default with
+``qwz_bits`` over several nodes): the modules keep FSDP2's default
+``reshard_after_forward=True``, and the all-gather hook of each module
+runs zpp_hpz_forward_gather in the forward, which keeps this rank's share
+of its node's copy of the parameters in qwZ's encoding (a quarter of fp32's
+bytes at 8 bits), and zpp_hpz_backward_gather in the backward, which
+rebuilds the parameters from the node's ranks alone: zero inter-node bytes,
+the same encoded bytes inside the node as the forward's intra-node stage,
+and the output bitwise equal to the forward's.  FSDP2's
+(``reshard_after_forward=<ranks per node>``): after the forward FSDP2
+keeps a copy of the node's share of the gathered parameters in their dtype
+(fp32: four times the bytes), and the backward gather runs on the node's
+group, which zpp maps to a communicator of the node and gathers exactly
+in that dtype (zero inter-node bytes when zpp's node map agrees, e.g.
 ZPP_TOPO=2x4 with reshard_after_forward=4).  qwZ quantizes the gathers
-that cross nodes; gathers inside a node stay exact.
+that cross nodes; gathers inside a node stay exact, or move zpp's hpZ
+encoded copy.
 
 :func:`enable` checks its options, the model's FSDP modules, their
 mixed-precision policies and every parameter's dtype and device before it
@@ -44,9 +56,11 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
 
 from . import _lib
-from .comm import Comm, check_bits, check_block, check_config, check_hadamard
+from ._lib import Buf
+from .comm import Comm, check_bits, check_block, check_config, check_hadamard, quant_config
 
 __all__ = ["Options", "Comms", "AllGather", "ReduceScatter", "Work", "enable", "Zpp"]
 
@@ -63,6 +77,7 @@ class Options:
     qgz_block: int = 256
     error_feedback: bool = False  # qgZ residual per module (fp32)
     hadamard: int = 0        # qgZ Hadamard group (0: off)
+    hpz: bool = False        # zpp's hpZ on the gathers of reshard_after_forward=True modules
 
 
 class Comms:
@@ -169,31 +184,106 @@ def _check_tensor(t: torch.Tensor, what: str, comm: Comm) -> None:
             "CUDA, or pass memory='host'/'device'" % (what, t.device, comm.memory, want))
 
 
+class _Hpz:
+    """zpp's hpZ (``zpp_hpz_*``) for the gathers of one FSDP module: the
+    forward gather is a world gather (qwZ when ``bits``) that keeps this
+    rank's secondary shard, *encoded* (INT8: a quarter of fp32's bytes);
+    the backward gather rebuilds the parameters from the node's secondary
+    shards, inside the node, bitwise equal to the forward's output."""
+
+    def __init__(self, comm: Comm, count: int, dtype: int, bits: int, block: int):
+        L = _lib.get()
+        cfg = L.new("zpp_hpz_config_t")
+        cfg.quantized = 1 if bits else 0
+        if bits:
+            cfg.quant = quant_config(bits, block)[0]
+        h = L.ffi.new("zpp_hpz_t *")
+        L.check(L.lib.zpp_hpz_create(comm._c, cfg, count, dtype, h), comm._c)
+        self.comm, self._h = comm, h[0]
+        self.fresh = None  # the parameters' versions its secondary shard was cut from
+
+    def gather(self, send, out, backward: bool, async_op: bool):
+        L = _lib.get()
+        s, o, out = self.comm._gather_bufs(send, out, True)
+        fn = L.lib.zpp_hpz_backward_gather if backward else L.lib.zpp_hpz_forward_gather
+        return self.comm._run(fn, (self._h, s.cptr, o.cptr), (send, out), out, async_op, (s, o))
+
+    def close(self) -> None:
+        if self._h is not None:
+            L = _lib.get()
+            h, self._h = self._h, None
+            L.check(L.lib.zpp_hpz_destroy(h), self.comm._c)
+
+
+def _versions(param_group) -> tuple:
+    """The version counters of the module's sharded parameters: an
+    optimizer step, a load or any in-place write bumps the DTensor's, a
+    write to its local tensor that one's."""
+    return tuple((fp.sharded_param._version, fp.sharded_param._local_tensor._version)
+                 for fp in param_group.fsdp_params)
+
+
 class AllGather(_FsdpAllGather):
     """FSDP2's all-gather hook over zpp (qwZ when ``qwz_bits`` and the group
-    spans nodes; the exact gather otherwise and for uint8)."""
+    spans nodes; the exact gather otherwise and for uint8).
 
-    def __init__(self, comms: Comms, options: Options):
+    With ``options.hpz`` and ``param_group`` (the module's FSDP parameter
+    group, which says whether FSDP2 gathers for the forward or the
+    backward), a float gather over several nodes is zpp's hpZ: the forward
+    gather keeps this rank's share of the node's copy of the parameters
+    in qwZ's encoding (or exact without qwZ), and the backward gather
+    rebuilds them from the node's ranks alone, bitwise equal to what the
+    forward gathered.  A backward gather whose parameters changed since
+    that forward (their version counters moved), or with no forward before
+    it, gathers over the world instead."""
+
+    def __init__(self, comms: Comms, options: Options, param_group=None):
         self.comms = comms
         self.options = options
-        self.calls: dict = {}  # "qwz fp32", "exact uint8", ... -> calls
+        self.param_group = param_group
+        # zpp's hpZ on this module: FSDP2 gathers it over its whole mesh in
+        # the backward (reshard_after_forward=True)
+        self.hpz = bool(options.hpz and param_group is not None and _raf(param_group) is True)
+        self.calls: dict = {}  # "qwz fp32", "exact uint8", "hpz-node float32" ... -> calls
+        self._hpz: dict = {}   # (comm, count, dtype) -> _Hpz
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
+
+    def close(self) -> None:
+        """Frees the hpZ secondary shards (before their communicators close)."""
+        hs, self._hpz = list(self._hpz.values()), {}
+        for h in hs:
+            h.close()
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         comm = self.comms.get(group)
         _check_tensor(output_tensor, "the all-gather output", comm)
         _check_tensor(input_tensor, "the all-gather input", comm)
         o = self.options
-        quantize = (o.qwz_bits and comm.nnodes > 1
-                    and input_tensor.dtype in (torch.float32, torch.bfloat16, torch.float16))
-        if quantize:
-            w = comm.qwz_allgather(input_tensor, output_tensor, bits=o.qwz_bits,
-                                   block=o.qwz_block, async_op=async_op)
+        floats = input_tensor.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        quantize = bool(o.qwz_bits) and comm.nnodes > 1 and floats
+        pg = self.param_group
+        if self.hpz and comm.nnodes > 1 and floats:
+            key = (id(comm), input_tensor.numel(), input_tensor.dtype)
+            h = self._hpz.get(key)
+            if h is None:
+                dtype = Buf(input_tensor, "the all-gather input").dtype
+                h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
+                self._hpz[key] = h
+            vers = _versions(pg)
+            backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == vers
+            w = h.gather(input_tensor, output_tensor, backward, async_op)
+            h.fresh = None if backward else vers  # a secondary shard serves one backward
+            k = "%s %s" % ("hpz-node" if backward else "qwz" if quantize else "exact",
+                           str(input_tensor.dtype)[6:])
         else:
-            w = comm.allgather(input_tensor, output_tensor, async_op=async_op)
-        k = "%s %s" % ("qwz" if quantize else "exact", str(input_tensor.dtype)[6:])
+            if quantize:
+                w = comm.qwz_allgather(input_tensor, output_tensor, bits=o.qwz_bits,
+                                       block=o.qwz_block, async_op=async_op)
+            else:
+                w = comm.allgather(input_tensor, output_tensor, async_op=async_op)
+            k = "%s %s" % ("qwz" if quantize else "exact", str(input_tensor.dtype)[6:])
         self.calls[k] = self.calls.get(k, 0) + 1
         return Work(w) if async_op else None
 
@@ -308,8 +398,12 @@ class Zpp:
         _restore(self._modules, self)
         for h in self.scatters:
             h.residuals.clear()
-        if self._owns != "none":
-            self.comms.close(world=self._owns == "all")
+        try:
+            for g in self.gathers:
+                g.close()  # hpZ's secondary shards, before their communicators
+        finally:
+            if self._owns != "none":
+                self.comms.close(world=self._owns == "all")
 
 
 def _restore(modules: list, z) -> None:
@@ -511,23 +605,38 @@ def _memory_of(device: torch.device) -> str:
     return "device" if device.type == "cuda" else "host"
 
 
-def _hpz(mods, world: Comm) -> str:
-    """What FSDP2's reshard_after_forward makes of hpZ, in words."""
-    sizes = []
-    for _, _, groups in mods:
-        for g in groups:
-            pf = g.post_forward_mesh_info
-            if pf is None:
-                sizes.append(False)
-            elif pf is g.mesh_info or pf.shard_mesh_size == g.mesh_info.shard_mesh_size:
-                sizes.append(True)
-            else:
-                sizes.append(pf.shard_mesh_size)
+def _raf(g):
+    """A param group's reshard_after_forward as FSDP2 keeps it: True (over
+    its mesh), False, or the int size of the groups its backward gathers
+    over (FSDP2's own hpZ)."""
+    pf = g.post_forward_mesh_info
+    if pf is None:
+        return False
+    if pf is g.mesh_info or pf.shard_mesh_size == g.mesh_info.shard_mesh_size:
+        return True
+    return pf.shard_mesh_size
+
+
+def _hpz(mods, world: Comm, opts: Options) -> str:
+    """What hpZ is for these modules, in words: zpp's (in the hooks) or
+    FSDP2's reshard_after_forward=<int>."""
+    sizes = [_raf(g) for _, _, groups in mods for g in groups]
     ints = sorted({s for s in sizes if not isinstance(s, bool)})
+    n = sum(1 for s in sizes if s is True)
+    if opts.hpz and world.nnodes > 1 and n:
+        even = world.nnodes * world.local_size == world.size
+        return ("hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
+                "forward gather keeps this rank's share of the node's copy %s, the backward "
+                "gather rebuilds the parameters inside the node%s" % (
+                    n, len(sizes), "in qwZ's encoding" if opts.qwz_bits else "exact",
+                    "" if even else " (nodes of different sizes here: it falls back to "
+                    "world gathers)"))
     if not ints:
         raf = "reshard_after_forward=%s" % "/".join(
             str(v) for v in sorted({s for s in sizes}, reverse=True))
-        return "hpZ: off (%s)" % raf
+        why = ("one node" if world.nnodes == 1 else "hpz=False" if opts.qwz_bits
+               else "exact gathers: hpz=True asks for it")
+        return "hpZ: off (%s; %s)" % (raf, why)
     n = sum(1 for s in sizes if not isinstance(s, bool))
     where = ", ".join(str(s) for s in ints)
     if len(ints) == 1 and ints[0] == world.local_size and world.nnodes * world.local_size == world.size:
@@ -535,8 +644,8 @@ def _hpz(mods, world: Comm) -> str:
     else:
         agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
                  "nodes" % (world.local_size, where))
-    return "hpZ: on for %d of %d modules (reshard_after_forward=%s; %s)" % (
-        n, len(sizes), where, agree)
+    return ("hpZ: FSDP2's, on for %d of %d modules (reshard_after_forward=%s; %s; exact "
+            "gathers of the parameters in their dtype)" % (n, len(sizes), where, agree))
 
 
 def _summary(comms: Comms, opts: Options, mods, device, made: Optional[dict]) -> str:
@@ -616,13 +725,14 @@ def _summary(comms: Comms, opts: Options, mods, device, made: Optional[dict]) ->
             "memory %s (%s); %s; %s; %s; %s" % (
                 len(mods), "s"[:len(mods) != 1], w.size, "s"[:w.size != 1], w.nnodes,
                 nodes,
-                boot, w.backend, why_b, w.memory, why_m, algo, qwz, qgz, _hpz(mods, w)))
+                boot, w.backend, why_b, w.memory, why_m, algo, qwz, qgz, _hpz(mods, w, opts)))
 
 
 def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
            comms: Optional[Comms] = None, qwz_bits: int = 0, qwz_block: int = 256,
            qgz_bits: int = 0, qgz_intra_bits: int = 0, qgz_block: int = 256,
-           error_feedback: bool = False, hadamard: int = 0, **comm_kw) -> Zpp:
+           error_feedback: bool = False, hadamard: int = 0, hpz: Optional[bool] = None,
+           **comm_kw) -> Zpp:
     """Installs zpp's all-gather and reduce-scatter on every FSDPModule of
     ``model`` (after ``fully_shard``).  ``comm``: the world communicator
     (default: one made over torch's default group and store, with
@@ -635,6 +745,29 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     streams) and return once the collective is queued there
     (stream-ordered, as with ProcessGroupNCCL).
 
+    ``hpz``: zpp's hpZ on the gathers of the modules FSDP2 gathers over
+    the world in the backward too (``reshard_after_forward=True``, its
+    default).  None (the default): on when ``qwz_bits`` is set (ZeRO++:
+    qwZ plus hpZ), off for the exact baseline; True or False decide.  It
+    acts only where the world spans several nodes: the backward gather,
+    a qwZ world gather without it, becomes a gather of the same encoded
+    bytes inside the node, so its inter-node bytes go and its intra-node
+    bytes stay; the cost is a secondary shard per module of (nodes x the
+    encoded shard) bytes (at 8 bits about nodes / 4 times the fp32 primary
+    shard) and a copy of it per forward gather.  So it pays where the
+    inter-node link is slower than the node's own path, as on a real
+    network; where the node's ranks share too few cores (8 ranks on 2
+    cores) its node-local gathers can take longer than the link time it
+    saves: measure (perf/fsdp2_hpz_profile.py, perf/fsdp2_hpz_study.sh)
+    and pass hpz=False there if so.  On
+    nodes of different sizes zpp keeps no secondary shard and the
+    backward gathers cross nodes as before.  A backward gather whose
+    parameters changed since the forward (their version counters moved)
+    gathers over the world.  hpz=True is refused for a module with
+    ``reshard_after_forward=<int>`` (FSDP2's own hpZ, which zpp serves with
+    exact gathers on the node's communicator; hpz unset leaves those
+    modules to it).
+
     Before it opens a communicator or sets a hook it checks, and raises
     ValueError (TypeError for an unknown keyword) naming the argument,
     module or parameter: every option; the communicator's keywords
@@ -643,7 +776,9 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     MixedPrecisionPolicy (param_dtype, reduce_dtype: float32, float16,
     bfloat16 or None); every parameter's gather and gradient dtype (by its
     qualified name); that all parameters are on one device, CPU or CUDA,
-    the one of the communicators' memory; that the model has an
+    the one of the communicators' memory; hpz (None, True or False, and
+    True only with reshard_after_forward True or False on every module);
+    that the model has an
     FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
     still open (close it first).  A failure while the hooks are set puts
     back every hook it set, closes the communicators it made and raises.
@@ -662,6 +797,9 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     try:
         opts = _options(qwz_bits, qwz_block, qgz_bits, qgz_intra_bits, qgz_block,
                         error_feedback, hadamard)
+        if hpz is not None and not isinstance(hpz, bool):
+            raise ValueError("hpz %r: must be None (on with qwz_bits), True or False" % (hpz,))
+        opts.hpz = bool(opts.qwz_bits) if hpz is None else hpz
     except ValueError as e:
         raise _error(str(e)) from None
     unknown = sorted(set(comm_kw) - set(_COMM_KW))
@@ -688,6 +826,14 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
             raise _error("FSDP module %s already has zpp's hooks from %r: call its close() "
                          "first (or keep using it)" % (_name(qual), z))
     device = _check_model(model, mods)
+    if hpz:
+        for qual, _, groups in mods:
+            raf = _raf(groups[0])
+            if not isinstance(raf, bool):
+                raise _error("hpz=True but FSDP module %s has reshard_after_forward=%d "
+                             "(FSDP2's own hpZ, whose backward gathers run inside groups of "
+                             "%d ranks): zpp's hpZ takes reshard_after_forward=True; or leave "
+                             "hpz unset" % (_name(qual), raf, raf))
     want = _memory_of(device)
     if comms is not None and isinstance(comms, Comms):
         comm = comms.world
@@ -737,7 +883,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
                     line = ("zpp.fsdp: %d FSDP modules; the summary of the choices failed: "
                             "%s: %s" % (len(mods), type(e).__name__, e))
         for _, m, groups in mods:
-            g, s = AllGather(comms, opts), ReduceScatter(comms, opts)
+            g, s = AllGather(comms, opts, groups[0]), ReduceScatter(comms, opts)
             before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
             installed.append((m, groups, before))
             m.set_custom_all_gather(g)

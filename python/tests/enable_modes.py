@@ -1,0 +1,97 @@
+"""Run by fsdp_runs.py ("enable-modes", under mpirun): zpp.fsdp.enable()
+in each mode its docstring documents, on a small model of Linear layers
+(U FSDP modules), S training steps each; one JSON line (rank 0)
+{"enable_modes": {mode: U, S, the hook counts, the losses, a digest of
+the last step's gradients}}.  Also the stale secondary shard: forward,
+the parameters changed in place, backward; and hpz=True refused with
+FSDP2's reshard_after_forward=<int>."""
+import json
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+import zpp
+import zpp.fsdp
+
+STEPS = 2
+
+
+def model(raf):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 1))
+    fully_shard(m[0], reshard_after_forward=raf)
+    fully_shard(m[1], reshard_after_forward=raf)
+    fully_shard(m, reshard_after_forward=raf)
+    return m
+
+
+def units(m):
+    return sum(1 for x in m.modules() if isinstance(x, zpp.fsdp.FSDPModule))
+
+
+def digest(m):
+    h = 0.0
+    for p in m.parameters():
+        g = p.grad.full_tensor().double().flatten()
+        h += float((g * torch.arange(1, g.numel() + 1, dtype=torch.float64).sin()).sum())
+    return h
+
+
+def train(world, raf, **kw):
+    m = model(raf)
+    z = zpp.fsdp.enable(m, comm=world, **kw)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        x = torch.randn(8, 64, generator=g)
+        loss = m(x).square().mean()
+        loss.backward()
+        d = digest(m)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    out = {"units": units(m), "steps": STEPS, "calls": z.hook_calls(), "losses": losses,
+           "grad_digest": d, "hpz_modules": sum(1 for h in z.gathers if h.hpz)}
+    z.close()
+    return out
+
+
+def stale(world, hpz):
+    """Forward, then every parameter changed in place, then backward: the
+    backward gathers must see the changed parameters, as FSDP2 does."""
+    m = model(True)
+    z = zpp.fsdp.enable(m, comm=world, qwz_bits=8, qgz_bits=4, hpz=hpz)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(7 + dist.get_rank()))
+    loss = m(x).square().mean()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(0.5)
+    loss.backward()
+    out = {"units": units(m), "calls": z.hook_calls(), "grad_digest": digest(m)}
+    z.close()
+    return out
+
+
+def check() -> None:
+    world = zpp.Comm.from_mpi()
+    zpp_ = dict(qwz_bits=8, qgz_bits=4, error_feedback=True)
+    res = {
+        "exact": train(world, True),
+        "zeropp": train(world, True, **zpp_),
+        "zeropp hpz=False": train(world, True, hpz=False, **zpp_),
+        "zeropp fsdp2 hpz": train(world, 2, **zpp_),
+        "exact hpz=True": train(world, True, hpz=True),
+        "stale hpz": stale(world, None),
+        "stale no hpz": stale(world, False),
+    }
+    try:
+        zpp.fsdp.enable(model(2), comm=world, qwz_bits=8, hpz=True)
+        res["refused"] = "accepted"
+    except ValueError as e:
+        res["refused"] = str(e)
+    world.close()
+    if dist.get_rank() == 0:
+        print(json.dumps({"enable_modes": res}), flush=True)
