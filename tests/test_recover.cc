@@ -104,8 +104,8 @@ std::string encode(const Res &r) {
   o.precision(17);
   o << r.status << ' ' << r.coll_status << ' ' << r.checked << ' ' << r.bad
     << ' ' << r.lost_ranks << ' ' << r.exact << ' ' << r.new_size << ' '
-    << r.rebuilt << ' ' << r.state_lost << ' ' << r.t_fail << ' '
-    << r.t_shrunk << ' ' << r.t_recovered << '\n'
+    << r.rebuilt << ' ' << r.state_lost << ' ' << r.t_fail << ' ' << r.t_shrunk
+    << ' ' << r.t_recovered << '\n'
     << r.msg;
   return o.str();
 }
@@ -146,8 +146,9 @@ struct Job {
   std::vector<int> res_r, ready_r, go_w;
   std::vector<bool> reaped;
 
-  Job(int n_, const std::function<Res(int, int, int, const std::vector<int> &,
-                                      int)> &body)
+  Job(int n_,
+      const std::function<Res(int, int, int, const std::vector<int> &, int)>
+          &body)
       : n(n_), pid(n_), res_r(n_), ready_r(n_), go_w(n_), reaped(n_, false) {
     std::vector<int> res_w(n), ready_w(n), go_r(n), id_r(n), id_w(n);
     for (int i = 0; i < n; i++) {
@@ -429,8 +430,8 @@ Res survivor(int i, int ready_w, int go_r, const std::vector<int> &id_w,
       size_t q = g / s_old, blk0 = q * s_old + (g - q * s_old) / 256 * 256;
       double amax = 0;
       for (size_t x = blk0; x < blk0 + 256 && x < (q + 1) * s_old; x++)
-        amax = std::max(amax, x < kNumel ? (double)std::fabs(bf2f(weight(x)))
-                                         : 0.0);
+        amax = std::max(amax,
+                        x < kNumel ? (double)std::fabs(bf2f(weight(x))) : 0.0);
       double w = bf2f(weight(g)), got = bf2f(ns[j]);
       if (!(std::fabs(got - w) <= qwz_bound(w, amax, sc.qwz_bits)))
         BAD("lost element %zu: %g, was %g, bound %g", g, got, w,
@@ -498,8 +499,9 @@ Res survivor(int i, int ready_w, int go_r, const std::vector<int> &id_w,
 
 void run(const Scenario &sc) {
   std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
-  Job job(sc.n, [&](int i, int rw, int gr, const std::vector<int> &iw,
-                    int ir) { return survivor(i, rw, gr, iw, ir, sc); });
+  Job job(sc.n, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
+    return survivor(i, rw, gr, iw, ir, sc);
+  });
   ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
   double t_kill = mono_s();
   for (int v : sc.victims)
@@ -509,14 +511,13 @@ void run(const Scenario &sc) {
   long state_lost = 0, rebuilt = -1;
   double worst = 0;
   for (int i = 0; i < sc.n; i++) {
-    if (std::find(sc.victims.begin(), sc.victims.end(), i) !=
-        sc.victims.end())
+    if (std::find(sc.victims.begin(), sc.victims.end(), i) != sc.victims.end())
       continue;
     const Res &r = res[i];
     SCOPED_TRACE("rank " + std::to_string(i));
     EXPECT_NE(r.coll_status, 0) << "the gather with a dead rank did not fail";
-    ASSERT_EQ(r.status, sc.want) << zpp_status_string((zpp_status_t)r.status)
-                                 << ": " << r.msg;
+    ASSERT_EQ(r.status, sc.want)
+        << zpp_status_string((zpp_status_t)r.status) << ": " << r.msg;
     for (const std::string &w : sc.want_msg)
       EXPECT_NE(r.msg.find(w), std::string::npos)
           << "the error does not say \"" << w << "\": " << r.msg;

@@ -189,7 +189,11 @@ size_t zpp_plan_chunk(size_t count, size_t block, size_t parts);
  * quantized copy) or copied into out: count elements of the dtype, host
  * memory only, a stale copy included.  Local: no communication, so it
  * works on an aborted communicator. */
-enum { ZPP_HPZ_COPY_NONE = 0, ZPP_HPZ_COPY_STALE = 1, ZPP_HPZ_COPY_CURRENT = 2 };
+enum {
+  ZPP_HPZ_COPY_NONE = 0,
+  ZPP_HPZ_COPY_STALE = 1,
+  ZPP_HPZ_COPY_CURRENT = 2
+};
 zpp_status_t zpp_hpz_copy_of(zpp_hpz_t hpz, int owner, void *out, int *held);
 
 #ifdef __cplusplus

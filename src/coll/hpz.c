@@ -500,8 +500,7 @@ zpp_status_t zpp_hpz_backward_gather(zpp_hpz_t hpz, const void *sendbuf,
   return hpz_start(__func__, hpz, sendbuf, recvbuf, stream, req, 1);
 }
 
-zpp_status_t zpp_hpz_copy_of(zpp_hpz_t hpz, int owner, void *out,
-                             int *held) {
+zpp_status_t zpp_hpz_copy_of(zpp_hpz_t hpz, int owner, void *out, int *held) {
   int me, l, lo, i;
   const zpp_topo_t *topo;
   const zpp_transport_t *t;

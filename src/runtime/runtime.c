@@ -32,10 +32,10 @@ struct zpp_pgroup {
   void *shard, *own_shard;
   void *full, *own_full;    /* full: attached or allocated at fetch */
   int full_attached;
-  int full_in_doubt;        /* a fetch into own_full failed: the backend may
-                               still write it until the communicator is
-                               destroyed (docs/api.md, faults), so it is
-                               leaked, never freed */
+  int full_in_doubt; /* a fetch into own_full failed: the backend may
+                        still write it until the communicator is
+                        destroyed (docs/api.md, faults), so it is
+                        leaked, never freed */
   void *residual, *own_residual;
   size_t residual_count; /* floats (INT8: the bytes rounded up to floats) */
   size_t residual_bytes;
@@ -49,18 +49,18 @@ struct zpp_pgroup {
                                ticket; 0: none or done inline) */
   int held;                 /* the full buffer holds gathered data */
   uint64_t generation;
-  struct pg_recovery *rec;  /* made by zpp_pgroup_recover: the old layout */
+  struct pg_recovery *rec; /* made by zpp_pgroup_recover: the old layout */
 };
 
 /* What zpp_pgroup_recover_state needs of the old layout (the old group
  * may be gone by then), and what zpp_pgroup_lost reports. */
 struct pg_recovery {
   int old_size, old_rank;
-  size_t old_shard;  /* the old group's shard_numel */
-  int *old_of;       /* [new size]: the old rank of each new rank */
+  size_t old_shard; /* the old group's shard_numel */
+  int *old_of;      /* [new size]: the old rank of each new rank */
   int nlost;
-  int *lost, *from;  /* [nlost]: old rank lost, old rank whose copy rebuilt
-                        it (-1: it owned only padding) */
+  int *lost, *from; /* [nlost]: old rank lost, old rank whose copy rebuilt
+                       it (-1: it owned only padding) */
 };
 
 static void recovery_free(struct pg_recovery *r) {
@@ -731,9 +731,8 @@ static void intersect(size_t b, size_t e, size_t lo, size_t hi, size_t *x,
  * numel are zero. */
 static zpp_status_t repartition(const char *func, zpp_comm_t comm,
                                 const struct pg_recovery *r, size_t numel,
-                                size_t new_shard, const void *mine,
-                                size_t esz, uint8_t *const *lost_data,
-                                void *dst) {
+                                size_t new_shard, const void *mine, size_t esz,
+                                uint8_t *const *lost_data, void *dst) {
   int n = 0, me = 0;
   ZPP_CHECK(zpp_comm_size(comm, &n));
   ZPP_CHECK(zpp_comm_rank(comm, &me));
@@ -757,9 +756,8 @@ static zpp_status_t repartition(const char *func, zpp_comm_t comm,
   }
   for (size_t off = 0; off < r->old_shard; off += chunk) {
     size_t c = r->old_shard - off < chunk ? r->old_shard - off : chunk;
-    zpp_status_t st =
-        zpp_allgather(comm, (const uint8_t *)mine + off * esz, buf, c * esz,
-                      ZPP_UINT8, NULL, NULL);
+    zpp_status_t st = zpp_allgather(comm, (const uint8_t *)mine + off * esz,
+                                    buf, c * esz, ZPP_UINT8, NULL, NULL);
     if (st != ZPP_OK) {
       free(buf);
       return st;
@@ -789,15 +787,21 @@ static zpp_status_t repartition(const char *func, zpp_comm_t comm,
  * must agree), then one byte per old rank: what its hpZ copy holds of
  * that rank's shard (ZPP_HPZ_COPY_*). */
 enum {
-  REC_OLD_RANK, REC_GENERATION, REC_NUMEL, REC_SHARD, REC_OLD_SIZE,
-  REC_NTENSORS, REC_ESIZE, REC_HPZ, REC_WORDS
+  REC_OLD_RANK,
+  REC_GENERATION,
+  REC_NUMEL,
+  REC_SHARD,
+  REC_OLD_SIZE,
+  REC_NTENSORS,
+  REC_ESIZE,
+  REC_HPZ,
+  REC_WORDS
 };
 
 /* Why no survivor holds a current copy of old rank q's shard. */
 static zpp_status_t data_lost(const char *func, zpp_pgroup_t old,
                               const int *new_rank_of, const uint64_t *recs,
-                              size_t words, int nn, int q, size_t b,
-                              size_t e) {
+                              size_t words, int nn, int q, size_t b, size_t e) {
   char why[512];
   int nnodes = 1, uniform = 1, lq = 0, nq = 0;
   (void)zpp_comm_nnodes(old->comm, &nnodes);
@@ -943,16 +947,15 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
   mine[REC_HPZ] = old->hpz != NULL;
   for (int i = 0; i < r->nlost && old->hpz; i++) {
     int held = ZPP_HPZ_COPY_NONE;
-    ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], NULL, &held), st,
-                   err);
+    ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], NULL, &held), st, err);
     ((uint8_t *)(mine + REC_WORDS))[r->lost[i]] = (uint8_t)held;
   }
   ZPP_CHECK_GOTO(zpp_allgather(newcomm, mine, recs, words * sizeof(uint64_t),
                                ZPP_UINT8, NULL, NULL),
                  st, err);
-  static const char *what[REC_WORDS] = {"old rank", "generation", "numel",
-                                        "shard_numel", "old world size",
-                                        "ntensors", "element size", "hpz"};
+  static const char *what[REC_WORDS] = {
+      "old rank",       "generation", "numel",        "shard_numel",
+      "old world size", "ntensors",   "element size", "hpz"};
   for (int k = 0; k < nn; k++) {
     const uint64_t *o = recs + (size_t)k * words;
     if (o[REC_OLD_RANK] != (uint64_t)r->old_of[k]) {
@@ -1012,8 +1015,7 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
       send = calloc(sb ? sb : 1, 1);
       gath = malloc((size_t)nn * sb + 1);
       if (send == NULL || gath == NULL) {
-        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes",
-                       sb);
+        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes", sb);
         goto err;
       }
     }
@@ -1034,18 +1036,17 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
         goto err;
       }
     }
-    ZPP_CHECK_GOTO(zpp_allgather(newcomm, send, gath, sb, ZPP_UINT8, NULL,
-                                 NULL),
-                   st, err);
+    ZPP_CHECK_GOTO(
+        zpp_allgather(newcomm, send, gath, sb, ZPP_UINT8, NULL, NULL), st, err);
     memcpy(lost_data[i], gath + (size_t)k * sb, sb);
   }
 
   /* the same tensors and configuration over the survivors */
   for (int t = 0; t < old->ntensors; t++)
     sizes[t] = old->offsets[t + 1] - old->offsets[t];
-  ZPP_CHECK_GOTO(zpp_pgroup_create(newcomm, &old->cfg, sizes, old->ntensors,
-                                   &ng),
-                 st, err);
+  ZPP_CHECK_GOTO(
+      zpp_pgroup_create(newcomm, &old->cfg, sizes, old->ntensors, &ng), st,
+      err);
   ng->generation = old->generation;
   ZPP_CHECK_GOTO(repartition(F, newcomm, r, old->numel, ng->shard_numel,
                              old->shard, old->esize, lost_data, ng->shard),
@@ -1067,8 +1068,7 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
                "elements [%zu, %zu), rebuilt from old rank %d's hpZ copy (%s)"
                "; their optimizer state is lost; %d -> %d ranks",
                (unsigned long long)old->id, r->lost[i], b, e, r->from[i],
-               quantized ? "qwZ-quantized: within its bound" : "exact",
-               W, nn);
+               quantized ? "qwZ-quantized: within its bound" : "exact", W, nn);
   }
   if (report != NULL) {
     zpp_pgroup_recovery_t rep = ZPP_PGROUP_RECOVERY_INIT;
@@ -1113,8 +1113,8 @@ ZPP_API zpp_status_t zpp_pgroup_lost(zpp_pgroup_t pg, int i, int *old_rank,
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "pg: not made by zpp_pgroup_recover");
   if (i < 0 || i >= pg->rec->nlost)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F, "i %d: must be in [0, %d)",
-                     i, pg->rec->nlost);
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F, "i %d: must be in [0, %d)", i,
+                     pg->rec->nlost);
   size_t b, e;
   owned_range(pg->numel, pg->rec->old_shard, pg->rec->lost[i], &b, &e);
   if (old_rank)
@@ -1139,8 +1139,7 @@ ZPP_API zpp_status_t zpp_pgroup_recover_state(zpp_pgroup_t pg,
     return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
                      "pg: not made by zpp_pgroup_recover");
   if (elem_bytes == 0)
-    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
-                     "elem_bytes 0: must be >= 1");
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F, "elem_bytes 0: must be >= 1");
   if (pg->rec->old_shard && old_state == NULL)
     return zpp_error(ZPP_ERR_NULL_POINTER, F,
                      "old_state is NULL (old shard_numel %zu)",
