@@ -73,7 +73,7 @@ run() {
   local name=$1 seed=$2 np=$3 topo=$4
   shift 4
   local base=$runs/${name}_seed$seed
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2206 # the launcher, model and flags are word lists
   local cmd=(env ZPP_TOPO="$topo" ZPP_TIMEOUT_S="$tmo" OMPI_MCA_mpi_yield_when_idle=1
              $launch -np "$np" -x ZPP_TOPO -x ZPP_TIMEOUT_S "$train" $model --steps "$steps"
              --batch "$batch" --seed "$seed" $flags --survive "$@" --json)
@@ -93,6 +93,7 @@ for s in $seeds; do
   run ranks7 "$s" 7 "$topo7" || status=1
 done
 
+# shellcheck disable=SC2086 # one argument per seed
 python3 - "$out" "$steps" "$kstep" "$krank" "$band_csv" "$band_cfg" "$topo7" "$batch" \
     "$model $flags" $seeds <<'EOF' || status=1
 import csv, json, pathlib, statistics, sys
