@@ -585,6 +585,15 @@ TEST(Recover, OneNodeIsDataLost1x4) {
   run(sc);
 }
 
+// Uneven nodes (as after a first recovery): hpZ keeps no secondary copy,
+// so a death there is not recoverable, and says so.
+TEST(Recover, UnevenNodesAreDataLost) {
+  Scenario sc{5, "0,0,1,1,1", {3}, 1, 0};
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 3 (node 1) died", "uneven nodes"};
+  run(sc);
+}
+
 // The parameters changed after the last forward gather: the copies are
 // stale, never used.
 TEST(Recover, StaleCopyIsDataLost2x2) {
