@@ -17,6 +17,8 @@
  *   params_changed
  *               after the optimizer step or a checkpoint load: cached
  *               copies (hpZ secondary partition) are stale
+ *   recover     after zpp_comm_shrink: the group over the survivors, a
+ *               dead rank's shard rebuilt from hpZ's secondary copy
  *
  * Every function is collective in the sense of the collectives: all ranks
  * call the same group functions in the same order.  Only this header's

@@ -801,7 +801,7 @@ enum {
 /* Why no survivor holds a current copy of old rank q's shard. */
 static zpp_status_t data_lost(const char *func, zpp_pgroup_t old,
                               const int *new_rank_of, const uint64_t *recs,
-                              size_t words, int nn, int q, size_t b, size_t e) {
+                              size_t words, int q, size_t b, size_t e) {
   char why[512];
   int nnodes = 1, uniform = 1, lq = 0, nq = 0;
   (void)zpp_comm_nnodes(old->comm, &nnodes);
@@ -843,7 +843,6 @@ static zpp_status_t data_lost(const char *func, zpp_pgroup_t old,
                               " old rank %d (node %d) %s;", w, nd, state);
     }
   }
-  (void)nn;
   return zpp_error(ZPP_ERR_DATA_LOST, func,
                    "old rank %d (node %d) died and its shard, elements [%zu, "
                    "%zu) of the group's %zu, has no current copy on a "
@@ -994,7 +993,7 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
           ZPP_HPZ_COPY_CURRENT)
         r->from[i] = r->old_of[k];
     if (r->from[i] < 0) {
-      st = data_lost(F, old, new_rank_of, recs, words, nn, q, b, e);
+      st = data_lost(F, old, new_rank_of, recs, words, q, b, e);
       goto err;
     }
     rebuilt += e - b;
