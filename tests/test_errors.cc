@@ -1432,6 +1432,31 @@ TEST(ErrorText, Runtime) {
             "and fetch instead", false},
       {"zpp_pgroup_params_changed", [] { return zpp_pgroup_params_changed(nullptr); }, NUL,
        "zpp_pgroup_params_changed: pg is NULL", false},
+      {"zpp_pgroup_recover",
+       [] {
+         zpp_pgroup_t np = nullptr;
+         int map[64] = {0};
+         return zpp_pgroup_recover(nullptr, g_comm, map, &np, nullptr);
+       },
+       NUL, "zpp_pgroup_recover: old is NULL", false},
+      {"zpp_pgroup_recover",
+       [] {
+         zpp_pgroup_t np = nullptr;
+         int map[64] = {0};
+         return zpp_pgroup_recover(pg, g_comm, map, &np, nullptr);
+       },
+       INV, "zpp_pgroup_recover: newcomm is the old group's communicator: pass the one "
+            "zpp_comm_shrink returned", false},
+      {"zpp_pgroup_lost", [] { return zpp_pgroup_lost(nullptr, 0, nullptr, nullptr, nullptr, nullptr); },
+       NUL, "zpp_pgroup_lost: pg is NULL", false},
+      {"zpp_pgroup_lost", [] { return zpp_pgroup_lost(pg, 0, nullptr, nullptr, nullptr, nullptr); },
+       INV, "zpp_pgroup_lost: pg: not made by zpp_pgroup_recover", false},
+      {"zpp_pgroup_recover_state",
+       [] { return zpp_pgroup_recover_state(nullptr, master.data(), master.data(), 4); }, NUL,
+       "zpp_pgroup_recover_state: pg is NULL", false},
+      {"zpp_pgroup_recover_state",
+       [] { return zpp_pgroup_recover_state(pg, master.data(), master.data(), 4); }, INV,
+       "zpp_pgroup_recover_state: pg: not made by zpp_pgroup_recover", false},
   });
   EXPECT_EQ(zpp_pgroup_destroy(pg), ZPP_OK);
   zpp_pgroup_config_t wc = ZPP_PGROUP_CONFIG_INIT;

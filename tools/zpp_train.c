@@ -43,10 +43,13 @@
 #include <zpp/zpp_runtime.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "zpp_internal/kernels.h"
 #include "train_math.h"
@@ -81,6 +84,10 @@ typedef struct {
    * layers ahead (1) */
   int bwd_prefetch;
   int fwd_prefetch;
+  /* --survive: a rank's death is survived (zpp_comm_shrink, then
+   * zpp_pgroup_recover); --kill-rank R --kill-step S: rank R SIGKILLs
+   * itself at the start of step S's backward (-1: nobody) */
+  int survive, kill_rank, kill_step;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -91,6 +98,20 @@ static int g_rank = 0, g_size = 1;
     fprintf(stderr, __VA_ARGS__);                                              \
     fprintf(stderr, "\n");                                                     \
     MPI_Abort(MPI_COMM_WORLD, 1);                                              \
+  } while (0)
+/* In the step loop: with --survive a failure goes to the recovery */
+#define SCALL(call)                                                            \
+  do {                                                                         \
+    zpp_status_t st_ = (call);                                                 \
+    if (st_ != ZPP_OK) {                                                       \
+      if (!o.survive)                                                          \
+        DIE("%s: %s: %s", #call, zpp_status_string(st_),                       \
+            zpp_get_last_error());                                             \
+      fail_st = st_;                                                           \
+      snprintf(fail_msg, sizeof fail_msg, "%s: %s", #call,                     \
+               zpp_get_last_error());                                          \
+      goto failed;                                                             \
+    }                                                                          \
   } while (0)
 #define ZCALL(call)                                                            \
   do {                                                                         \
@@ -148,6 +169,10 @@ typedef struct {
   uint16_t *gfull;       /* bf16 full gradient (dp, zero1: state; zero2/3:
                             points to the shared one-layer buffer) */
   uint16_t *gshard;      /* bf16 reduced gradient shard */
+  /* after a recovery: elements [rb, re) of the shard lost their optimizer
+   * state and restarted Adam (moments and bias correction) at step rstep */
+  size_t rb, re;
+  int rstep;
 } layer_t;
 
 static void usage(FILE *out) {
@@ -189,13 +214,19 @@ static void usage(FILE *out) {
           "  --bwd-prefetch D the same for the backward's parameters (1)\n"
           "  --json          end with one JSON object (rank 0); step_time_s = mean\n"
 "                  step time over steps 2.., max over ranks\n"
-          "  --quiet         no per-step lines\n");
+          "  --quiet         no per-step lines\n"
+          "  --survive       zero3/zeropp: survive a rank's death (shrink the\n"
+          "                  communicator, recover the groups from hpZ's\n"
+          "                  copies, redo the step); run under mpirun\n"
+          "                  --enable-recovery\n"
+          "  --kill-rank R --kill-step S  with --survive: rank R SIGKILLs\n"
+          "                  itself at the start of step S's backward\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
                 8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0,
-                0.0f, 1, 1};
+                0.0f, 1, 1, 0, -1, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -261,6 +292,9 @@ static int parse(int argc, char **argv, opts_t *o) {
         return 2;
       }
       *(a[2] == 'b' ? &o->bwd_prefetch : &o->fwd_prefetch) = (int)d;
+    } else if (!strcmp(a, "--survive")) { o->survive = 1;
+    } else if (!strcmp(a, "--kill-rank")) { NEEDV; o->kill_rank = atoi(v);
+    } else if (!strcmp(a, "--kill-step")) { NEEDV; o->kill_step = atoi(v);
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -289,6 +323,19 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->bwd_prefetch != 1 ? "bwd" : "fwd",
             o->bwd_prefetch != 1 ? o->bwd_prefetch : o->fwd_prefetch,
             mode_names[o->mode]);
+    return 2;
+  }
+  if (o->survive && o->mode != M_ZERO3 && o->mode != M_ZEROPP) {
+    fprintf(stderr, PROG ": --survive: only zero3 and zeropp (their groups "
+                    "hold the parameters zpp_pgroup_recover rebuilds)\n");
+    return 2;
+  }
+  if ((o->kill_rank >= 0 || o->kill_step) &&
+      (!o->survive || o->kill_rank < 0 || o->kill_step < 1 ||
+       o->kill_step > o->steps)) {
+    fprintf(stderr, PROG ": --kill-rank %d --kill-step %d: need --survive, a "
+                    "rank >= 0 and a step in [1, --steps]\n",
+            o->kill_rank, o->kill_step);
     return 2;
   }
   if (o->overlap != 0 && o->overlap != 1) {
@@ -327,6 +374,70 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
+/* ---- the trainer's own exchanges ---------------------------------------
+ * MPI need not survive a rank's death (docs/api.md, "Shrinking after a
+ * failure"), so with --survive every exchange of the trainer itself
+ * (barrier, losses, times, counters, checksums) is an all-gather of bytes
+ * on the zpp communicator in use, whose bytes are left out of the
+ * per-step counters (g_aux_*); otherwise MPI_Allgather.  Both hand every
+ * rank the same bits, so the reductions below are the same. */
+static zpp_comm_t g_comm;
+static int g_survive;
+static uint64_t g_aux_inter, g_aux_intra;
+
+static double wtime(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static zpp_status_t xallgather(const void *in, size_t bytes, void *out) {
+  if (!g_survive)
+    return MPI_Allgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE,
+                         MPI_COMM_WORLD) == MPI_SUCCESS
+               ? ZPP_OK
+               : ZPP_ERR_MPI;
+  zpp_comm_stats_t a = ZPP_COMM_STATS_INIT, b = ZPP_COMM_STATS_INIT;
+  (void)zpp_comm_get_stats(g_comm, &a);
+  zpp_status_t st =
+      zpp_allgather(g_comm, in, out, bytes, ZPP_UINT8, NULL, NULL);
+  if (zpp_comm_get_stats(g_comm, &b) == ZPP_OK) {
+    g_aux_inter += b.inter_bytes_sent - a.inter_bytes_sent;
+    g_aux_intra += b.intra_bytes_sent - a.intra_bytes_sent;
+  }
+  return st;
+}
+
+/* x[0..n) = the maximum over the ranks, element-wise */
+static zpp_status_t xmax(double *x, int n) {
+  double *all = calloc((size_t)g_size * (size_t)n, sizeof(double));
+  if (all == NULL)
+    return ZPP_ERR_OUT_OF_MEMORY;
+  zpp_status_t st = xallgather(x, (size_t)n * sizeof(double), all);
+  for (int r = 0; st == ZPP_OK && r < g_size; r++)
+    for (int k = 0; k < n; k++)
+      if (all[(size_t)r * n + k] > x[k])
+        x[k] = all[(size_t)r * n + k];
+  free(all);
+  return st;
+}
+
+static zpp_status_t xminmax_u64(uint64_t x, uint64_t *mn, uint64_t *mx) {
+  uint64_t *all = calloc((size_t)g_size, sizeof(uint64_t));
+  if (all == NULL)
+    return ZPP_ERR_OUT_OF_MEMORY;
+  zpp_status_t st = xallgather(&x, sizeof x, all);
+  *mn = *mx = x;
+  for (int r = 0; st == ZPP_OK && r < g_size; r++) {
+    if (all[r] < *mn)
+      *mn = all[r];
+    if (all[r] > *mx)
+      *mx = all[r];
+  }
+  free(all);
+  return st;
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -345,7 +456,11 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 2;
   }
-  const int W = g_size, L = o.depth, bl = o.batch / W;
+  /* W, bl (and the buffers sized by them) change when --survive
+   * recovers from a rank's death */
+  int W = g_size, bl = o.batch / W;
+  const int L = o.depth;
+  const int world_rank = g_rank; /* the rank --kill-rank names */
   const mode_t_ mode = o.mode;
   const int sharded_opt = mode != M_DP;
   const int sharded_grad = mode >= M_ZERO2;
@@ -354,6 +469,8 @@ int main(int argc, char **argv) {
   zpp_comm_t comm;
   zpp_comm_config_t cc = ZPP_COMM_CONFIG_INIT;
   ZCALL(zpp_comm_create_mpi(MPI_COMM_WORLD, &cc, &comm));
+  g_comm = comm;
+  g_survive = o.survive;
   int nnodes = 1;
   ZCALL(zpp_comm_nnodes(comm, &nnodes));
 
@@ -476,7 +593,7 @@ int main(int argc, char **argv) {
     act[l] = xcalloc((size_t)bl * maxd, 4);
   float *dcur = xcalloc((size_t)bl * maxd, 4), *dprev = xcalloc((size_t)bl * maxd, 4);
   /* the forward's input, transposed: [fan_in][ns] (tools/train_math.h) */
-  const size_t ns = train_lanes(bl);
+  size_t ns = train_lanes(bl);
   float *xt = xcalloc((size_t)maxd * ns, 4);
   /* the teacher's weights, out x in floats (256 bytes by default), drawn
    * once instead of per sample */
@@ -513,11 +630,28 @@ int main(int argc, char **argv) {
   enum { PH_FWD, PH_BWD, PH_DRAIN, PH_OPT, PH_WAIT_FWD, PH_WAIT_BWD,
          PH_WAIT_BWD_PARAMS, PH_N };
   double ph[PH_N] = {0};
+  /* --survive: the failure, the loss of every completed step */
+  double t_last_ok = wtime();
+  double *loss_curve = xcalloc((size_t)o.steps, sizeof(double));
+  zpp_status_t fail_st = ZPP_OK;
+  char fail_msg[512] = "";
+  int failure_step = -1, world_before = W;
+  double surv_t[4] = {0, 0, 0, 0}; /* detect, shrink, recover, cleanup (s) */
+  uint64_t surv_rebuilt = 0, surv_state_lost = 0;
+  int surv_exact = 1;
   for (int step = 1; step <= o.steps; step++) {
     double tp[PH_N] = {0}, tw;
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t_step = MPI_Wtime();
-    ZCALL(zpp_comm_get_stats(comm, &s0));
+    if (g_survive) { /* a barrier */
+      char b0 = 0, *bs = xcalloc((size_t)W, 1);
+      zpp_status_t bst = xallgather(&b0, 1, bs);
+      free(bs);
+      SCALL(bst);
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    double t_step = wtime();
+    SCALL(zpp_comm_get_stats(comm, &s0));
+    const uint64_t aux0_inter = g_aux_inter, aux0_intra = g_aux_intra;
     /* data: sample j of the global batch of this step; teacher targets */
     int sample0 = g_rank * bl;
     for (int b = 0; b < bl; b++)
@@ -531,7 +665,7 @@ int main(int argc, char **argv) {
     size_t full_live = 0;
     if (sharded_param)
       for (int k = 0; k < DF && k < L; k++) {
-        ZCALL(zpp_pgroup_fetch(ly[k].pg, ZPP_FETCH_FORWARD, NULL));
+        SCALL(zpp_pgroup_fetch(ly[k].pg, ZPP_FETCH_FORWARD, NULL));
         full_live += ly[k].padded * 2;
       }
     for (int l = 0; l < L; l++) {
@@ -540,14 +674,14 @@ int main(int argc, char **argv) {
       if (sharded_param) {
         void *full;
         if (l + DF < L) { /* prefetch DF layers ahead */
-          ZCALL(zpp_pgroup_fetch(ly[l + DF].pg, ZPP_FETCH_FORWARD, NULL));
+          SCALL(zpp_pgroup_fetch(ly[l + DF].pg, ZPP_FETCH_FORWARD, NULL));
           full_live += ly[l + DF].padded * 2;
         }
         if (full_live > peak_full)
           peak_full = full_live;
-        tw = MPI_Wtime();
-        ZCALL(zpp_pgroup_wait(y->pg, &full));
-        tp[PH_WAIT_FWD] += MPI_Wtime() - tw;
+        tw = wtime();
+        SCALL(zpp_pgroup_wait(y->pg, &full));
+        tp[PH_WAIT_FWD] += wtime() - tw;
         w = full;
       }
       const uint16_t *bias = w + (size_t)y->fan_out * y->fan_in;
@@ -561,7 +695,7 @@ int main(int argc, char **argv) {
             *z = tanhf(*z);
           }
       if (sharded_param) {
-        ZCALL(zpp_pgroup_release(y->pg));
+        SCALL(zpp_pgroup_release(y->pg));
         full_live -= y->padded * 2;
       }
     }
@@ -589,7 +723,7 @@ int main(int argc, char **argv) {
       }
     }
     double lloc[2] = {lsum / (bl * o.out_dim), fsum / (bl * o.out_dim)};
-    MPI_Allgather(lloc, 2, MPI_DOUBLE, losses, 2, MPI_DOUBLE, MPI_COMM_WORLD);
+    SCALL(xallgather(lloc, sizeof lloc, losses));
     double loss = 0;
     floor_loss = 0;
     for (int r = 0; r < W; r++) { /* rank order: the same on every rank */
@@ -598,14 +732,15 @@ int main(int argc, char **argv) {
     }
     loss /= W;
     floor_loss /= W;
-    final_loss = loss;
-    loss_hash = fnv(loss_hash, &loss, sizeof loss);
-    if (step == 1)
-      first_loss = loss;
-    if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
-      tail_sum += loss, floor_tail_sum += floor_loss, tail_n++;
-    double t_phase = MPI_Wtime();
+    double t_phase = wtime();
     tp[PH_FWD] = t_phase - t_step;
+    /* the last exchange the killed rank takes part in */
+    t_last_ok = t_phase;
+    if (world_rank == o.kill_rank && step == o.kill_step) {
+      fflush(stdout);
+      fflush(stderr);
+      raise(SIGKILL);
+    }
 
     /* ---- backward ---- */
     /* parameters fetched bwd_prefetch layers ahead of their use */
@@ -613,7 +748,7 @@ int main(int argc, char **argv) {
     full_live = 0;
     if (sharded_param)
       for (int k = 1; k <= D && L - k >= 0; k++) {
-        ZCALL(zpp_pgroup_fetch(ly[L - k].pg, ZPP_FETCH_BACKWARD, NULL));
+        SCALL(zpp_pgroup_fetch(ly[L - k].pg, ZPP_FETCH_BACKWARD, NULL));
         full_live += ly[L - k].padded * 2;
       }
     for (int l = L - 1; l >= 0; l--) {
@@ -622,14 +757,14 @@ int main(int argc, char **argv) {
       if (sharded_param) {
         void *full;
         if (l - D >= 0) {
-          ZCALL(zpp_pgroup_fetch(ly[l - D].pg, ZPP_FETCH_BACKWARD, NULL));
+          SCALL(zpp_pgroup_fetch(ly[l - D].pg, ZPP_FETCH_BACKWARD, NULL));
           full_live += ly[l - D].padded * 2;
         }
         if (full_live > peak_full)
           peak_full = full_live;
-        tw = MPI_Wtime();
-        ZCALL(zpp_pgroup_wait(y->pg, &full));
-        tw = MPI_Wtime() - tw;
+        tw = wtime();
+        SCALL(zpp_pgroup_wait(y->pg, &full));
+        tw = wtime() - tw;
         tp[PH_WAIT_BWD] += tw;
         tp[PH_WAIT_BWD_PARAMS] += tw;
         w = full;
@@ -647,15 +782,15 @@ int main(int argc, char **argv) {
         train_input_grad(w, y->fan_out, y->fan_in, dcur, (size_t)maxd, bl,
                          dprev, (size_t)maxd);
       if (sharded_param) {
-        ZCALL(zpp_pgroup_release(y->pg));
+        SCALL(zpp_pgroup_release(y->pg));
         full_live -= y->padded * 2;
       }
       /* Overlapped: the reduction two layers back read the buffer the
        * gradient goes to (zero2/3) */
       if (sharded_grad && o.overlap && l + 2 < L && rs_req[l + 2] != NULL) {
-        tw = MPI_Wtime();
-        ZCALL(zpp_request_wait(rs_req[l + 2]));
-        tp[PH_WAIT_BWD] += MPI_Wtime() - tw;
+        tw = wtime();
+        SCALL(zpp_request_wait(rs_req[l + 2]));
+        tp[PH_WAIT_BWD] += wtime() - tw;
         rs_req[l + 2] = NULL;
       }
       /* the bf16 gradient, padded tail zero (the buffer is shared by
@@ -669,30 +804,30 @@ int main(int argc, char **argv) {
       dprev = t;
       /* reduced into its owner's shard: the same call in every
        * non-quantized mode */
-      ZCALL(zpp_pgroup_reduce_gradients(y->pg, y->gfull, y->gshard,
+      SCALL(zpp_pgroup_reduce_gradients(y->pg, y->gfull, y->gshard,
                                         ZPP_OP_MEAN, NULL,
                                         o.overlap ? &rs_req[l] : NULL));
       if (mode == M_DP) /* all-reduce = reduce-scatter + all-gather */
-        ZCALL(zpp_allgather(comm, y->gshard, y->gfull, y->shard,
+        SCALL(zpp_allgather(comm, y->gshard, y->gfull, y->shard,
                             ZPP_BFLOAT16, NULL,
                             o.overlap ? &ag_req[l] : NULL));
     }
     /* one clock reading ends a phase and starts the next: the phases
      * partition the step, no time between them left out */
-    double t_now = MPI_Wtime();
+    double t_now = wtime();
     tp[PH_BWD] = t_now - t_phase;
     t_phase = t_now;
     /* every reduction done before the optimizer reads the gradients (in
      * start order: the engine completes them in that order anyway) */
     for (int l = L - 1; l >= 0; l--) {
       if (rs_req[l] != NULL)
-        ZCALL(zpp_request_wait(rs_req[l]));
+        SCALL(zpp_request_wait(rs_req[l]));
       if (ag_req[l] != NULL)
-        ZCALL(zpp_request_wait(ag_req[l]));
+        SCALL(zpp_request_wait(ag_req[l]));
       rs_req[l] = ag_req[l] = NULL;
     }
 
-    t_now = MPI_Wtime();
+    t_now = wtime();
     tp[PH_DRAIN] = t_now - t_phase;
     t_phase = t_now;
     /* ---- optimizer ---- */
@@ -709,49 +844,68 @@ int main(int argc, char **argv) {
         continue;
       }
       void *shard;
-      ZCALL(zpp_pgroup_shard(y->pg, &shard));
+      SCALL(zpp_pgroup_shard(y->pg, &shard));
       uint16_t *s = shard;
-      for (size_t i = 0; i < y->shard; i++) {
-        adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, bc1,
-             bc2);
-        /* qWD: my slice of the full copy is the reconstruction, the same
-         * on every rank; only the update below may write it */
-        if (!y->cfg.qwd_bits)
-          s[i] = tobf(y->master[i]);
+      /* elements whose state a recovery lost restarted Adam at rstep */
+      float rbc1 = 1.0f - powf(0.9f, (float)(step - y->rstep + 1));
+      float rbc2 = 1.0f - powf(0.999f, (float)(step - y->rstep + 1));
+      for (int part = 0; part < 3; part++) { /* before, in, after [rb, re) */
+        size_t i0 = part == 0 ? 0 : part == 1 ? y->rb : y->re;
+        size_t i1 = part == 0 ? y->rb : part == 1 ? y->re : y->shard;
+        float c1 = part == 1 ? rbc1 : bc1, c2 = part == 1 ? rbc2 : bc2;
+        for (size_t i = i0; i < i1; i++) {
+          adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, c1,
+               c2);
+          /* qWD: my slice of the full copy is the reconstruction, the same
+           * on every rank; only the update below may write it */
+          if (!y->cfg.qwd_bits)
+            s[i] = tobf(y->master[i]);
+        }
       }
-      ZCALL(zpp_pgroup_params_changed(y->pg));
+      SCALL(zpp_pgroup_params_changed(y->pg));
     }
     if (mode == M_ZERO1 || mode == M_ZERO2) /* refresh the full copies */
     {
       for (int l = 0; l < L; l++) /* all started, then all waited for */
         if (ly[l].cfg.qwd_bits)
-          ZCALL(zpp_pgroup_update_params(ly[l].pg, ly[l].master, NULL));
+          SCALL(zpp_pgroup_update_params(ly[l].pg, ly[l].master, NULL));
         else
-          ZCALL(zpp_pgroup_fetch(ly[l].pg, ZPP_FETCH_FORWARD, NULL));
+          SCALL(zpp_pgroup_fetch(ly[l].pg, ZPP_FETCH_FORWARD, NULL));
       for (int l = 0; l < L; l++)
-        ZCALL(zpp_pgroup_wait(ly[l].pg, NULL));
+        SCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
 
-    t_now = MPI_Wtime();
+    /* the step is done (a failure before here redoes it) */
+    final_loss = loss;
+    loss_hash = fnv(loss_hash, &loss, sizeof loss);
+    loss_curve[step - 1] = loss;
+    if (step == 1)
+      first_loss = loss;
+    if (step > o.steps - 10) /* the last 10 steps: less minibatch noise */
+      tail_sum += loss, floor_tail_sum += floor_loss, tail_n++;
+
+    t_now = wtime();
     tp[PH_OPT] = t_now - t_phase;
     t_step = t_now - t_step;
     if (step > 1 || o.steps == 1)
       for (int k = 0; k < PH_N; k++)
         ph[k] += tp[k];
-    double t_max = 0.0;
-    MPI_Allreduce(&t_step, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double t_max = t_step;
+    SCALL(xmax(&t_max, 1));
     if (step == 1)
       time_first = t_max;
     else
       time_sum += t_max;
 
-    ZCALL(zpp_comm_get_stats(comm, &s1));
-    uint64_t mine[2] = {s1.inter_bytes_sent - s0.inter_bytes_sent,
-                        s1.intra_bytes_sent - s0.intra_bytes_sent};
+    SCALL(zpp_comm_get_stats(comm, &s1));
+    /* less the trainer's own exchanges (--survive) */
+    uint64_t mine[2] = {s1.inter_bytes_sent - s0.inter_bytes_sent -
+                            (g_aux_inter - aux0_inter),
+                        s1.intra_bytes_sent - s0.intra_bytes_sent -
+                            (g_aux_intra - aux0_intra)};
     tot_inter += mine[0];
     tot_intra += mine[1];
-    MPI_Gather(mine, 2, MPI_UINT64_T, all_stats, 2, MPI_UINT64_T, 0,
-               MPI_COMM_WORLD);
+    SCALL(xallgather(mine, sizeof mine, all_stats));
     if (g_rank == 0 && !o.quiet) {
       printf("step %3d loss %.6f  time %.4f s  bytes sent intra/inter per "
              "rank:",
@@ -763,6 +917,139 @@ int main(int argc, char **argv) {
         printf("  floor %.6f", floor_loss);
       printf("\n");
       fflush(stdout);
+    }
+    continue;
+  failed:;
+    /* --survive: a rank died during this step.  Shrink to the survivors,
+     * rebuild every group from hpZ's copies (zpp_pgroup_recover), move the
+     * optimizer state, and redo the step (docs/runtime.md, "Recovery") */
+    {
+      double t_fail = wtime();
+      fprintf(stderr, PROG ": rank %d: step %d: %s: %s\n", g_rank, step,
+              zpp_status_string(fail_st), fail_msg);
+      int *map = xcalloc((size_t)W, sizeof(int));
+      zpp_comm_t nc = NULL;
+      ZCALL(zpp_comm_shrink(comm, NULL, map, &nc));
+      double t_shrunk = wtime();
+      for (int l = 0; l < L; l++) { /* the failed step's requests */
+        if (rs_req[l] != NULL)
+          (void)zpp_request_wait(rs_req[l]);
+        if (ag_req[l] != NULL)
+          (void)zpp_request_wait(ag_req[l]);
+        rs_req[l] = ag_req[l] = NULL;
+      }
+      int new_rank = 0, new_size = 0;
+      ZCALL(zpp_comm_rank(nc, &new_rank));
+      ZCALL(zpp_comm_size(nc, &new_size));
+      if (o.batch % new_size)
+        DIE("--batch %d: not a multiple of the %d survivors (choose a batch "
+            "both rank counts divide)",
+            o.batch, new_size);
+      psi = 0;
+      max_padded = 0;
+      for (int l = 0; l < L; l++) {
+        layer_t *y = &ly[l];
+        zpp_pgroup_t ng = NULL;
+        zpp_pgroup_recovery_t rep = ZPP_PGROUP_RECOVERY_INIT;
+        ZCALL(zpp_pgroup_recover(y->pg, nc, map, &ng, &rep));
+        zpp_pgroup_info_t pi = ZPP_PGROUP_INFO_INIT;
+        ZCALL(zpp_pgroup_get_info(ng, &pi));
+        float *nm = xcalloc(pi.shard_numel, 4), *nm1 = xcalloc(pi.shard_numel, 4),
+              *nv = xcalloc(pi.shard_numel, 4);
+        ZCALL(zpp_pgroup_recover_state(ng, y->master, nm, 4));
+        ZCALL(zpp_pgroup_recover_state(ng, y->m, nm1, 4));
+        ZCALL(zpp_pgroup_recover_state(ng, y->v, nv, 4));
+        /* the lost elements: master = the rebuilt bf16 weight, moments
+         * zero (recover_state), Adam's bias correction from this step */
+        uint16_t *ws;
+        ZCALL(zpp_pgroup_shard(ng, (void **)&ws));
+        y->rb = y->re = 0;
+        for (int k = 0; k < rep.lost_ranks; k++) {
+          size_t b, e, lo = pi.shard_offset, hi = lo + pi.shard_numel;
+          ZCALL(zpp_pgroup_lost(ng, k, NULL, NULL, &b, &e));
+          if (b < lo)
+            b = lo;
+          if (e > hi)
+            e = hi;
+          if (b >= e)
+            continue;
+          for (size_t i = b - lo; i < e - lo; i++)
+            nm[i] = bf(ws[i]);
+          y->rb = b - lo;
+          y->re = e - lo;
+          y->rstep = step;
+        }
+        free(y->master);
+        free(y->m);
+        free(y->v);
+        y->master = nm;
+        y->m = nm1;
+        y->v = nv;
+        ZCALL(zpp_pgroup_destroy(y->pg));
+        y->pg = ng;
+        state_bytes = state_bytes - 16 * y->shard + 16 * pi.shard_numel;
+        y->shard = pi.shard_numel;
+        y->padded = pi.padded_numel;
+        free(y->gshard);
+        y->gshard = xcalloc(y->shard, 2);
+        psi += y->padded;
+        if (y->padded > max_padded)
+          max_padded = y->padded;
+        surv_rebuilt += rep.rebuilt_numel;
+        surv_state_lost += rep.state_lost_numel;
+        surv_exact &= rep.exact;
+      }
+      double t_groups = wtime();
+      ZCALL(zpp_comm_destroy(comm));
+      comm = g_comm = nc;
+      world_before = W;
+      W = g_size = new_size;
+      g_rank = new_rank;
+      ZCALL(zpp_comm_nnodes(comm, &nnodes));
+      /* buffers sized by the ranks, the samples per rank or the layers */
+      bl = o.batch / W;
+      ns = train_lanes(bl);
+      for (int l = 0; l <= L; l++) {
+        free(act[l]);
+        act[l] = xcalloc((size_t)bl * maxd, 4);
+      }
+      free(dcur);
+      free(dprev);
+      free(xt);
+      dcur = xcalloc((size_t)bl * maxd, 4);
+      dprev = xcalloc((size_t)bl * maxd, 4);
+      xt = xcalloc((size_t)maxd * ns, 4);
+      for (int b = 0; b < ngbuf; b++) {
+        free(gbuf[b]);
+        gbuf[b] = xcalloc(max_padded, 2);
+      }
+      buf_bytes_grad = (size_t)ngbuf * max_padded * 2;
+      for (int l = 0; l < L; l++)
+        ly[l].gfull = gbuf[(L - 1 - l) % ngbuf];
+      free(all_stats);
+      free(losses);
+      all_stats = xcalloc(2 * (size_t)W, 8);
+      losses = xcalloc(2 * (size_t)W, sizeof(double));
+      double t_rec = wtime();
+      surv_t[0] = t_fail - t_last_ok;
+      surv_t[1] = t_shrunk - t_fail;
+      surv_t[2] = t_groups - t_shrunk;
+      surv_t[3] = t_rec - t_groups;
+      ZCALL(xmax(surv_t, 4));
+      failure_step = step;
+      if (g_rank == 0 && !o.quiet) {
+        printf("# step %d: a rank died; %d -> %d ranks; failure seen %.3f s, "
+               "shrunk in %.3f s, groups recovered in %.3f s, old "
+               "communicator destroyed in %.3f s (slowest survivor); %llu "
+               "elements rebuilt from hpZ copies (%s)\n",
+               step, world_before, W, surv_t[0], surv_t[1], surv_t[2],
+               surv_t[3],
+               (unsigned long long)surv_rebuilt,
+               surv_exact ? "exact" : "within qwZ's bound");
+        fflush(stdout);
+      }
+      free(map);
+      step--; /* redo it on the survivors */
     }
   }
   for (int l = 0; l < L; l++) {
@@ -803,28 +1090,35 @@ int main(int argc, char **argv) {
     float *tmp = NULL;
     if (sharded_opt) {
       tmp = xcalloc(y->padded, 4);
-      MPI_Allgather(y->master, (int)y->shard, MPI_FLOAT, tmp, (int)y->shard,
-                    MPI_FLOAT, MPI_COMM_WORLD);
+      ZCALL(xallgather(y->master, y->shard * 4, tmp));
       full = tmp;
     }
     h = fnv(h, full, y->n * 4);
     free(tmp);
   }
   uint64_t hmin, hmax;
-  MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  ZCALL(xminmax_u64(h, &hmin, &hmax));
   if (hmin != hmax)
     DIE("param_checksum differs between ranks");
 
+  /* every rebuilt element lost its state on exactly one survivor */
+  uint64_t surv_state_lost_all = 0;
+  {
+    uint64_t *all = xcalloc((size_t)W, 8);
+    ZCALL(xallgather(&surv_state_lost, 8, all));
+    for (int r = 0; r < W; r++)
+      surv_state_lost_all += all[r];
+    free(all);
+  }
   uint64_t pr_inter[2] = {tot_inter, tot_intra};
   uint64_t *tots = xcalloc(2 * (size_t)W, 8);
-  MPI_Gather(pr_inter, 2, MPI_UINT64_T, tots, 2, MPI_UINT64_T, 0,
-             MPI_COMM_WORLD);
+  ZCALL(xallgather(pr_inter, sizeof pr_inter, tots));
   double phmax[PH_N];
-  MPI_Reduce(ph, phmax, PH_N, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  unsigned long long sb = state_bytes, sbmin, sbmax;
-  MPI_Allreduce(&sb, &sbmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&sb, &sbmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  memcpy(phmax, ph, sizeof ph);
+  ZCALL(xmax(phmax, PH_N));
+  uint64_t sbmin64, sbmax64;
+  ZCALL(xminmax_u64(state_bytes, &sbmin64, &sbmax64));
+  unsigned long long sb = state_bytes, sbmin = sbmin64, sbmax = sbmax64;
 
   if (g_rank == 0) {
     int steps = o.steps > 0 ? o.steps : 1;
@@ -889,7 +1183,7 @@ int main(int argc, char **argv) {
              "\"qwz_block\": %zu, \"qwd_bits\": %d, \"qwd_block\": %zu, "
              "\"hadamard\": %zu, \"stochastic_rounding\": %d, "
              "\"ef_bits\": %d, \"ef_beta\": %g, \"ef_reset\": %u, "
-             "\"seed\": %llu}\n",
+             "\"seed\": %llu",
              c0->qwz_bits, c0->hpz, c0->qgz_bits,
              c0->qgz_bits ? c0->qgz_intra_bits : 0, c0->error_feedback,
              o.block, c0->qwz_bits ? c0->qwz_block : 0, c0->qwd_bits,
@@ -899,6 +1193,22 @@ int main(int argc, char **argv) {
              c0->error_feedback ? (double)c0->error_feedback_beta : 0.0,
              c0->error_feedback ? c0->error_feedback_reset : 0u,
              (unsigned long long)o.seed);
+      if (o.survive) {
+        printf(", \"survive\": {\"kill_rank\": %d, \"kill_step\": %d, "
+               "\"failure_step\": %d, \"world_size_before\": %d, "
+               "\"world_size_after\": %d, \"detect_s\": %.6f, "
+               "\"shrink_s\": %.6f, \"recover_s\": %.6f, \"cleanup_s\": %.6f, "
+               "\"rebuilt_elements\": %llu, \"state_lost_elements\": %llu, "
+               "\"rebuilt_exact\": %d}, \"loss_curve\": [",
+               o.kill_rank, o.kill_step, failure_step, world_before, W,
+               surv_t[0], surv_t[1], surv_t[2], surv_t[3],
+               (unsigned long long)surv_rebuilt,
+               (unsigned long long)surv_state_lost_all, surv_exact);
+        for (int k = 0; k < o.steps; k++)
+          printf("%s%.9g", k ? ", " : "", loss_curve[k]);
+        printf("]");
+      }
+      printf("}\n");
     }
     fflush(stdout);
   }
@@ -928,7 +1238,13 @@ int main(int argc, char **argv) {
   free(all_stats);
   free(tots);
   free(losses);
+  free(loss_curve);
   ZCALL(zpp_comm_destroy(comm));
+  if (failure_step >= 0) { /* MPI_COMM_WORLD lost a rank: no MPI call */
+    fflush(stdout);
+    fflush(stderr);
+    _exit(0);
+  }
   MPI_Finalize();
   return 0;
 }

@@ -56,7 +56,8 @@ typedef enum {
   ZPP_ERR_INTERNAL = -15, /* a bug in zpp: please report it                 */
   ZPP_ERR_ABORTED = -16,  /* the communicator was aborted (zpp_comm_abort)  */
   ZPP_ERR_EXCLUDED = -17, /* zpp_comm_shrink left this rank out (too late)  */
-  ZPP_ERR_PEER_FAILED = -18 /* another rank failed during zpp_comm_shrink   */
+  ZPP_ERR_PEER_FAILED = -18, /* another rank failed during zpp_comm_shrink  */
+  ZPP_ERR_DATA_LOST = -19 /* only dead ranks held it: no intact copy left   */
 } zpp_status_t;
 
 /* Static name and meaning of a status code ("ZPP_ERR_NULL_POINTER: ..."). */

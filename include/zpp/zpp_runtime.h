@@ -17,6 +17,8 @@
  *   params_changed
  *               after the optimizer step or a checkpoint load: cached
  *               copies (hpZ secondary partition) are stale
+ *   recover     after zpp_comm_shrink: the group over the survivors, a
+ *               dead rank's shard rebuilt from hpZ's secondary copy
  *
  * Every function is collective in the sense of the collectives: all ranks
  * call the same group functions in the same order.  Only this header's
@@ -199,7 +201,10 @@ ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
  * pending and none held, ZPP_ERR_INVALID_ARGUMENT. */
 ZPP_API zpp_status_t zpp_pgroup_wait(zpp_pgroup_t pg, void **full);
 /* The full buffer is not needed any more: the group frees it (attached:
- * only marks it free).  Waits for a pending fetch first. */
+ * only marks it free).  Waits for a pending fetch first.  After a fetch
+ * that failed, the group's own full buffer is leaked instead (here and in
+ * zpp_pgroup_destroy): the backend may still write into it until the
+ * communicator is destroyed (docs/api.md, faults). */
 ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg);
 
 /* full_grad (padded_numel elements of dtype; elements past numel should
@@ -241,6 +246,78 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
  * next backward fetch refreshes, never uses the stale copy).  Local, no
  * communication; call it on every rank. */
 ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg);
+
+/* ---- Recovery after a rank's death (docs/runtime.md, "Recovery") ------- */
+
+typedef struct {
+  size_t struct_size;     /* sizeof(zpp_pgroup_recovery_t): INIT macro */
+  int old_world_size;
+  int new_world_size;
+  int old_rank;           /* this rank in the old group */
+  int lost_ranks;         /* old ranks gone (zpp_pgroup_lost: which, and
+                             what of the flat buffer they owned) */
+  int exact;              /* 1: every rebuilt element is bitwise its value
+                             before the failure (unquantized hpZ copy, or no
+                             real element lost); 0: within the quantization
+                             bound of the copy (qwZ, docs/format.md) */
+  size_t rebuilt_numel;   /* elements (of numel) rebuilt from hpZ copies */
+  size_t state_lost_numel; /* of them, in this rank's new shard: their
+                              optimizer state is gone (zeroed by
+                              zpp_pgroup_recover_state) */
+  size_t residual_floats_dropped; /* this rank's qgZ error-feedback
+                                     residual, laid out for the old ranks:
+                                     the new group's starts at zero */
+  uint64_t generation;    /* the parameters' generation the survivors
+                             agreed on (zpp_pgroup_info_t.generation of the
+                             old group; the new group starts there) */
+} zpp_pgroup_recovery_t;
+
+#define ZPP_PGROUP_RECOVERY_INIT                                               \
+  { sizeof(zpp_pgroup_recovery_t), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* After zpp_comm_shrink(old's communicator, cfg, new_rank_of, &newcomm):
+ * every survivor calls this for every group, in creation order (it is
+ * collective on newcomm), with new_rank_of as zpp_comm_shrink returned it
+ * (the old size of ints, -1 for a rank left out).  It creates *out, the
+ * same tensors and configuration re-partitioned over newcomm's ranks, and
+ * fills its shard: elements a survivor owned keep their bits; a lost
+ * rank's shard is rebuilt from the hpZ secondary copy held by a survivor
+ * (the copy of the last forward gather: exact when unquantized, within
+ * qwZ's bound otherwise).  Reads only memory of old, never its (aborted)
+ * communicator; destroy old afterwards (and call zpp_pgroup_recover_state
+ * for the caller's per-element state first).  Host-memory groups only.
+ * report (NULL: not wanted) says what was lost; a WARN log line too.
+ * Errors: ZPP_ERR_DATA_LOST naming the old rank whose shard no survivor
+ * holds a current copy of, and why (hpZ off, one node, uneven nodes, the
+ * copy's holders dead too, the copies stale: parameters changed after the
+ * last forward gather); ZPP_ERR_MISMATCH when the survivors' groups
+ * differ (layout, generation); ZPP_ERR_UNSUPPORTED for device memory and
+ * qWD groups; a collective's error on newcomm.  *out is set only on
+ * success. */
+ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
+                                        const int *new_rank_of,
+                                        zpp_pgroup_t *out,
+                                        zpp_pgroup_recovery_t *report);
+
+/* Lost rank i (0 <= i < report.lost_ranks) of a group made by
+ * zpp_pgroup_recover: its old rank, the old rank whose hpZ copy rebuilt
+ * its shard (-1: its shard held only padding), and the elements of the
+ * flat buffer it owned, [begin, end) (end <= numel). */
+ZPP_API zpp_status_t zpp_pgroup_lost(zpp_pgroup_t pg, int i, int *old_rank,
+                                     int *from_rank, size_t *begin,
+                                     size_t *end);
+
+/* Moves per-element state the caller keeps for its shard (fp32 master
+ * weights, optimizer moments: elem_bytes per element) from the old
+ * layout to the new one: old_state holds the old group's shard_numel
+ * elements on this rank, new_state receives the new shard_numel.  Elements
+ * a survivor owned keep their bytes; those of lost ranks (zpp_pgroup_lost)
+ * and the padding are zero.  Collective on pg's communicator; pg must
+ * come from zpp_pgroup_recover (the old group may be destroyed). */
+ZPP_API zpp_status_t zpp_pgroup_recover_state(zpp_pgroup_t pg,
+                                              const void *old_state,
+                                              void *new_state,
+                                              size_t elem_bytes);
 
 #ifdef __cplusplus
 }

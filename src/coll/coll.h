@@ -179,6 +179,23 @@ zpp_status_t zpp_coll_check_quant(const char *func, const char *name,
  * the collective's (QWZ_PARTS, QGZ_PARTS); 0 counts as 1. */
 size_t zpp_plan_chunk(size_t count, size_t block, size_t parts);
 
+/* ---- hpZ's secondary copy as a source of recovery ----------------------
+ * zpp_pgroup_recover rebuilds a dead rank's primary shard from the copy a
+ * survivor keeps (docs/runtime.md, "Recovery").  *held says what this
+ * rank's secondary copy holds of world rank owner's shard: NONE (owner is
+ * not in my CROSS group, uneven nodes keep no copy, or no forward gather
+ * completed yet), STALE (the parameters changed since the copy was made)
+ * or CURRENT.  When held and out is not NULL, the shard is decoded (a
+ * quantized copy) or copied into out: count elements of the dtype, host
+ * memory only, a stale copy included.  Local: no communication, so it
+ * works on an aborted communicator. */
+enum {
+  ZPP_HPZ_COPY_NONE = 0,
+  ZPP_HPZ_COPY_STALE = 1,
+  ZPP_HPZ_COPY_CURRENT = 2
+};
+zpp_status_t zpp_hpz_copy_of(zpp_hpz_t hpz, int owner, void *out, int *held);
+
 #ifdef __cplusplus
 }
 #endif

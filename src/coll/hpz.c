@@ -499,3 +499,46 @@ zpp_status_t zpp_hpz_backward_gather(zpp_hpz_t hpz, const void *sendbuf,
                                      zpp_request_t *req) {
   return hpz_start(__func__, hpz, sendbuf, recvbuf, stream, req, 1);
 }
+
+zpp_status_t zpp_hpz_copy_of(zpp_hpz_t hpz, int owner, void *out, int *held) {
+  int me, l, lo, i;
+  const zpp_topo_t *topo;
+  const zpp_transport_t *t;
+  if (hpz == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "hpz is NULL");
+  if (held == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, __func__, "held is NULL");
+  t = zpp_comm_transport(hpz->comm);
+  topo = zpp_transport_topo(t);
+  if (owner < 0 || owner >= zpp_transport_size(t))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "owner %d: must be in [0, %d)", owner,
+                     zpp_transport_size(t));
+  *held = ZPP_HPZ_COPY_NONE;
+  me = zpp_transport_rank(t);
+  l = topo->local_rank_of[owner];
+  lo = topo->local_rank_of[me];
+  /* my CROSS group: the ranks with my local rank, one per node, in node
+   * order; the copy of owner is unit `node` when owner is one of them */
+  if (!hpz->hierarchical || l != lo || hpz->secondary_generation == 0)
+    return ZPP_OK;
+  i = -1;
+  for (int k = 0; k < hpz->nnodes; k++)
+    if (zpp_transport_group_member(t, ZPP_GROUP_CROSS, k) == owner)
+      i = k;
+  if (i < 0)
+    return ZPP_OK;
+  *held = hpz->secondary_generation == hpz->generation ? ZPP_HPZ_COPY_CURRENT
+                                                       : ZPP_HPZ_COPY_STALE;
+  if (out == NULL || hpz->count == 0)
+    return ZPP_OK;
+  {
+    const uint8_t *unit =
+        (const uint8_t *)hpz->secondary + (size_t)i * hpz->unit;
+    if (hpz->cfg.quantized)
+      return zpp_quant_decode(&hpz->cfg.quant, unit, hpz->unit, hpz->count,
+                              hpz->dtype, out);
+    memcpy(out, unit, hpz->unit);
+  }
+  return ZPP_OK;
+}

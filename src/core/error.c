@@ -29,6 +29,7 @@ const char *zpp_status_string(zpp_status_t status) {
   case ZPP_ERR_ABORTED: return "ZPP_ERR_ABORTED: the communicator was aborted (zpp_comm_abort)";
   case ZPP_ERR_EXCLUDED: return "ZPP_ERR_EXCLUDED: zpp_comm_shrink left this rank out of the new communicator";
   case ZPP_ERR_PEER_FAILED: return "ZPP_ERR_PEER_FAILED: another rank failed during zpp_comm_shrink";
+  case ZPP_ERR_DATA_LOST: return "ZPP_ERR_DATA_LOST: data held only by dead ranks is lost: no intact copy survives";
   }
   return "unknown zpp status";
 }

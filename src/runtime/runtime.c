@@ -9,6 +9,7 @@
  */
 #include <zpp/zpp_runtime.h>
 
+#include "coll/coll.h"
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
@@ -31,6 +32,10 @@ struct zpp_pgroup {
   void *shard, *own_shard;
   void *full, *own_full;    /* full: attached or allocated at fetch */
   int full_attached;
+  int full_in_doubt; /* a fetch into own_full failed: the backend may
+                        still write it until the communicator is
+                        destroyed (docs/api.md, faults), so it is
+                        leaked, never freed */
   void *residual, *own_residual;
   size_t residual_count; /* floats (INT8: the bytes rounded up to floats) */
   size_t residual_bytes;
@@ -44,7 +49,28 @@ struct zpp_pgroup {
                                ticket; 0: none or done inline) */
   int held;                 /* the full buffer holds gathered data */
   uint64_t generation;
+  struct pg_recovery *rec; /* made by zpp_pgroup_recover: the old layout */
 };
+
+/* What zpp_pgroup_recover_state needs of the old layout (the old group
+ * may be gone by then), and what zpp_pgroup_lost reports. */
+struct pg_recovery {
+  int old_size, old_rank;
+  size_t old_shard; /* the old group's shard_numel */
+  int *old_of;      /* [new size]: the old rank of each new rank */
+  int nlost;
+  int *lost, *from; /* [nlost]: old rank lost, old rank whose copy rebuilt
+                       it (-1: it owned only padding) */
+};
+
+static void recovery_free(struct pg_recovery *r) {
+  if (r == NULL)
+    return;
+  free(r->old_of);
+  free(r->lost);
+  free(r->from);
+  free(r);
+}
 
 static size_t gcd_size(size_t a, size_t b) {
   while (b) {
@@ -332,6 +358,8 @@ static zpp_status_t finish_pending(zpp_pgroup_t pg) {
   zpp_status_t st = zpp_request_wait(pg->pending);
   pg->pending = NULL;
   pg->held = st == ZPP_OK;
+  if (st != ZPP_OK && pg->own_full && !pg->cfg.qwd_bits)
+    pg->full_in_doubt = 1;
   return st;
 }
 
@@ -358,10 +386,12 @@ ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
                          "the reduction's request completes");
   if (st0 != ZPP_OK)
     pg->own_residual = NULL;
-  free(pg->own_full);
+  if (!pg->full_in_doubt)
+    free(pg->own_full);
   free(pg->own_residual);
   free(pg->own_shard);
   free(pg->offsets);
+  recovery_free(pg->rec);
   free(pg);
   if (st0 != ZPP_OK)
     return st0;
@@ -573,7 +603,9 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg) {
   zpp_status_t st = finish_pending(pg);
   pg->held = 0;
   if (pg->own_full && !pg->cfg.qwd_bits) { /* qWD keeps its reconstruction */
-    free(pg->own_full);
+    if (!pg->full_in_doubt)
+      free(pg->own_full);
+    pg->full_in_doubt = 0;
     pg->own_full = NULL;
     pg->full = NULL;
   }
@@ -671,4 +703,454 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
   if (req == NULL) /* completed inline */
     pg->held = 1;
   return ZPP_OK;
+}
+
+/* ---- Recovery after a rank's death (docs/runtime.md, "Recovery") ------- */
+
+/* The elements of the flat buffer old rank q owned, [*b, *e), clipped to
+ * numel (the rest is padding, zero). */
+static void owned_range(size_t numel, size_t shard, int q, size_t *b,
+                        size_t *e) {
+  size_t lo = (size_t)q * shard, hi = lo + shard;
+  *b = lo < numel ? lo : numel;
+  *e = hi < numel ? hi : numel;
+}
+
+/* [b, e) and [lo, hi) overlap in [*x, *y) (empty: *x >= *y). */
+static void intersect(size_t b, size_t e, size_t lo, size_t hi, size_t *x,
+                      size_t *y) {
+  *x = b > lo ? b : lo;
+  *y = e < hi ? e : hi;
+}
+
+/* Moves elements of esz bytes from the old layout (r, this rank's old
+ * shard `mine`) into this rank's new shard `dst` of new_shard elements
+ * on comm: every survivor's old shard travels in an all-gather of chunks
+ * of at most 32 MiB in all; the elements of lost rank i come from
+ * lost_data[i] (its whole old shard; NULL: zero).  Elements at or past
+ * numel are zero. */
+static zpp_status_t repartition(const char *func, zpp_comm_t comm,
+                                const struct pg_recovery *r, size_t numel,
+                                size_t new_shard, const void *mine, size_t esz,
+                                uint8_t *const *lost_data, void *dst) {
+  int n = 0, me = 0;
+  ZPP_CHECK(zpp_comm_size(comm, &n));
+  ZPP_CHECK(zpp_comm_rank(comm, &me));
+  size_t lo = (size_t)me * new_shard, hi = lo + new_shard;
+  if (hi > numel)
+    hi = numel;
+  if (new_shard)
+    memset(dst, 0, new_shard * esz);
+  size_t chunk = ((size_t)32 << 20) / ((size_t)n * esz);
+  if (chunk == 0)
+    chunk = 1;
+  if (chunk > r->old_shard)
+    chunk = r->old_shard;
+  uint8_t *buf = NULL;
+  if (chunk) {
+    buf = malloc((size_t)n * chunk * esz);
+    if (buf == NULL)
+      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                       "re-partition buffer of %zu bytes",
+                       (size_t)n * chunk * esz);
+  }
+  for (size_t off = 0; off < r->old_shard; off += chunk) {
+    size_t c = r->old_shard - off < chunk ? r->old_shard - off : chunk;
+    zpp_status_t st = zpp_allgather(comm, (const uint8_t *)mine + off * esz,
+                                    buf, c * esz, ZPP_UINT8, NULL, NULL);
+    if (st != ZPP_OK) {
+      free(buf);
+      return st;
+    }
+    for (int k = 0; k < n; k++) {
+      size_t gb = (size_t)r->old_of[k] * r->old_shard + off, x, y;
+      intersect(gb, gb + c, lo, hi, &x, &y);
+      if (x < y)
+        memcpy((uint8_t *)dst + (x - lo) * esz,
+               buf + ((size_t)k * c + (x - gb)) * esz, (y - x) * esz);
+    }
+  }
+  free(buf);
+  for (int i = 0; i < r->nlost; i++) {
+    size_t b, e, x, y;
+    owned_range(numel, r->old_shard, r->lost[i], &b, &e);
+    intersect(b, e, lo, hi, &x, &y);
+    if (x < y && lost_data != NULL && lost_data[i] != NULL)
+      memcpy((uint8_t *)dst + (x - lo) * esz,
+             lost_data[i] + (x - (size_t)r->lost[i] * r->old_shard) * esz,
+             (y - x) * esz);
+  }
+  return ZPP_OK;
+}
+
+/* What each survivor tells the others: its old rank and layout (which
+ * must agree), then one byte per old rank: what its hpZ copy holds of
+ * that rank's shard (ZPP_HPZ_COPY_*). */
+enum {
+  REC_OLD_RANK,
+  REC_GENERATION,
+  REC_NUMEL,
+  REC_SHARD,
+  REC_OLD_SIZE,
+  REC_NTENSORS,
+  REC_ESIZE,
+  REC_HPZ,
+  REC_WORDS
+};
+
+/* Why no survivor holds a current copy of old rank q's shard. */
+static zpp_status_t data_lost(const char *func, zpp_pgroup_t old,
+                              const int *new_rank_of, const uint64_t *recs,
+                              size_t words, int q, size_t b, size_t e) {
+  char why[512];
+  int nnodes = 1, uniform = 1, lq = 0, nq = 0;
+  (void)zpp_comm_nnodes(old->comm, &nnodes);
+  (void)zpp_comm_topo_uniform(old->comm, &uniform);
+  (void)zpp_comm_local_rank_of(old->comm, q, &lq);
+  (void)zpp_comm_node_of(old->comm, q, &nq);
+  if (!old->cfg.hpz) {
+    snprintf(why, sizeof why, "cfg->hpz 0: no secondary copy is kept");
+  } else if (nnodes == 1) {
+    snprintf(why, sizeof why,
+             "one node: the only hpZ copy of a shard is on its node");
+  } else if (!uniform) {
+    snprintf(why, sizeof why,
+             "uneven nodes: hpZ keeps no secondary copy (backward gathers "
+             "run over the world)");
+  } else {
+    /* the holders: local rank lq on every other node */
+    size_t len = (size_t)snprintf(why, sizeof why,
+                                  "its copies are on the ranks of local rank "
+                                  "%d of the other nodes:",
+                                  lq);
+    for (int w = 0; w < old->size && len < sizeof why; w++) {
+      int l = -1, nd = -1;
+      (void)zpp_comm_local_rank_of(old->comm, w, &l);
+      (void)zpp_comm_node_of(old->comm, w, &nd);
+      if (l != lq || w == q)
+        continue;
+      const char *state = "dead";
+      if (new_rank_of[w] >= 0) {
+        const uint8_t *hold =
+            (const uint8_t *)(recs + (size_t)new_rank_of[w] * words +
+                              REC_WORDS);
+        state = hold[q] == ZPP_HPZ_COPY_STALE
+                    ? "stale (the parameters changed after the last forward "
+                      "gather)"
+                    : "none (no forward gather completed)";
+      }
+      len += (size_t)snprintf(why + len, sizeof why - len,
+                              " old rank %d (node %d) %s;", w, nd, state);
+    }
+  }
+  return zpp_error(ZPP_ERR_DATA_LOST, func,
+                   "old rank %d (node %d) died and its shard, elements [%zu, "
+                   "%zu) of the group's %zu, has no current copy on a "
+                   "survivor: %s",
+                   q, nq, b, e, old->numel, why);
+}
+
+ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
+                                        const int *new_rank_of,
+                                        zpp_pgroup_t *out,
+                                        zpp_pgroup_recovery_t *report) {
+  static const char *F = "zpp_pgroup_recover";
+  zpp_status_t st = ZPP_OK;
+  if (old == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "old is NULL");
+  if (newcomm == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "newcomm is NULL");
+  if (new_rank_of == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "new_rank_of is NULL");
+  if (out == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "out is NULL");
+  if (report != NULL && report->struct_size < sizeof(zpp_pgroup_recovery_t))
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "report->struct_size %zu: must be %zu (use "
+                     "ZPP_PGROUP_RECOVERY_INIT)",
+                     report->struct_size, sizeof(zpp_pgroup_recovery_t));
+  if (newcomm == old->comm)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "newcomm is the old group's communicator: pass the one "
+                     "zpp_comm_shrink returned");
+  if (old->memory != ZPP_MEMORY_HOST)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, F,
+                     "old: a device-memory group; recovery reads host "
+                     "memory only");
+  if (old->cfg.qwd_bits)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, F,
+                     "old: a qWD group (cfg->qwd_bits %d): not supported",
+                     old->cfg.qwd_bits);
+  int nr = 0, nn = 0, W = old->size;
+  ZPP_CHECK(zpp_comm_rank(newcomm, &nr));
+  ZPP_CHECK(zpp_comm_size(newcomm, &nn));
+  /* new_rank_of as zpp_comm_shrink makes it: survivors 0, 1, ... in old
+   * rank order, me among them */
+  int next = 0;
+  for (int q = 0; q < W; q++) {
+    if (new_rank_of[q] < 0)
+      continue;
+    if (new_rank_of[q] != next)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                       "new_rank_of[%d] %d: zpp_comm_shrink numbers the "
+                       "survivors 0, 1, ... in old rank order (want %d)",
+                       q, new_rank_of[q], next);
+    next++;
+  }
+  if (next != nn || new_rank_of[old->rank] != nr)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "new_rank_of: names %d survivors with old rank %d as "
+                     "new rank %d, but newcomm has %d ranks and this is new "
+                     "rank %d",
+                     next, old->rank, new_rank_of[old->rank], nn, nr);
+  /* a fetch that failed with the old communicator is over */
+  (void)finish_pending(old);
+
+  struct pg_recovery *r = calloc(1, sizeof *r);
+  size_t words = REC_WORDS + ((size_t)W + 7) / 8;
+  uint64_t *recs = calloc((size_t)nn * words, sizeof(uint64_t));
+  uint64_t *mine = calloc(words, sizeof(uint64_t));
+  size_t *sizes = malloc(((size_t)old->ntensors + 1) * sizeof(size_t));
+  uint8_t **lost_data = NULL, *send = NULL, *gath = NULL;
+  zpp_pgroup_t ng = NULL;
+  int nlost = W - nn;
+  if (r == NULL || recs == NULL || mine == NULL || sizes == NULL) {
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "recovery records");
+    goto err;
+  }
+  r->old_size = W;
+  r->old_rank = old->rank;
+  r->old_shard = old->shard_numel;
+  r->old_of = malloc((size_t)nn * sizeof(int));
+  r->lost = malloc(((size_t)W - (size_t)nn + 1) * sizeof(int));
+  r->from = malloc(((size_t)W - (size_t)nn + 1) * sizeof(int));
+  if (r->old_of == NULL || r->lost == NULL || r->from == NULL) {
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "recovery records");
+    goto err;
+  }
+  for (int q = 0; q < W; q++) {
+    if (new_rank_of[q] >= 0)
+      r->old_of[new_rank_of[q]] = q;
+    else
+      r->lost[r->nlost++] = q;
+  }
+
+  /* every survivor's layout and what its hpZ copy holds of each lost rank */
+  mine[REC_OLD_RANK] = (uint64_t)old->rank;
+  mine[REC_GENERATION] = old->generation;
+  mine[REC_NUMEL] = old->numel;
+  mine[REC_SHARD] = old->shard_numel;
+  mine[REC_OLD_SIZE] = (uint64_t)W;
+  mine[REC_NTENSORS] = (uint64_t)old->ntensors;
+  mine[REC_ESIZE] = old->esize;
+  mine[REC_HPZ] = old->hpz != NULL;
+  for (int i = 0; i < r->nlost && old->hpz; i++) {
+    int held = ZPP_HPZ_COPY_NONE;
+    ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], NULL, &held), st, err);
+    ((uint8_t *)(mine + REC_WORDS))[r->lost[i]] = (uint8_t)held;
+  }
+  ZPP_CHECK_GOTO(zpp_allgather(newcomm, mine, recs, words * sizeof(uint64_t),
+                               ZPP_UINT8, NULL, NULL),
+                 st, err);
+  static const char *what[REC_WORDS] = {
+      "old rank",       "generation", "numel",        "shard_numel",
+      "old world size", "ntensors",   "element size", "hpz"};
+  for (int k = 0; k < nn; k++) {
+    const uint64_t *o = recs + (size_t)k * words;
+    if (o[REC_OLD_RANK] != (uint64_t)r->old_of[k]) {
+      st = zpp_error(ZPP_ERR_MISMATCH, F,
+                     "new rank %d says it was old rank %llu, new_rank_of "
+                     "here says old rank %d: the survivors' maps differ",
+                     k, (unsigned long long)o[REC_OLD_RANK], r->old_of[k]);
+      goto err;
+    }
+    for (int wd = REC_GENERATION; wd < REC_WORDS; wd++)
+      if (o[wd] != mine[wd]) {
+        st = zpp_error(ZPP_ERR_MISMATCH, F,
+                       "old rank %d's group has %s %llu, old rank %d's %llu "
+                       "(%s)",
+                       r->old_of[k], what[wd], (unsigned long long)o[wd],
+                       old->rank, (unsigned long long)mine[wd],
+                       wd == REC_GENERATION
+                           ? "the parameters changed on some survivors and "
+                             "not on others before the failure"
+                           : "not the same group on every survivor");
+        goto err;
+      }
+  }
+
+  /* who rebuilds each lost shard: the lowest survivor with a current copy */
+  size_t rebuilt = 0;
+  for (int i = 0; i < r->nlost; i++) {
+    int q = r->lost[i];
+    size_t b, e;
+    owned_range(old->numel, old->shard_numel, q, &b, &e);
+    r->from[i] = -1;
+    if (b >= e)
+      continue; /* padding only: zero */
+    for (int k = 0; k < nn && r->from[i] < 0; k++)
+      if (((const uint8_t *)(recs + (size_t)k * words + REC_WORDS))[q] ==
+          ZPP_HPZ_COPY_CURRENT)
+        r->from[i] = r->old_of[k];
+    if (r->from[i] < 0) {
+      st = data_lost(F, old, new_rank_of, recs, words, q, b, e);
+      goto err;
+    }
+    rebuilt += e - b;
+  }
+
+  /* the lost shards, from their copies: decoded by the holder, sent to all */
+  size_t sb = old->shard_numel * old->esize;
+  lost_data = calloc((size_t)r->nlost + 1, sizeof(uint8_t *));
+  if (lost_data == NULL) {
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shards");
+    goto err;
+  }
+  for (int i = 0; i < r->nlost; i++) {
+    if (r->from[i] < 0)
+      continue;
+    int k = new_rank_of[r->from[i]];
+    if (send == NULL) {
+      send = calloc(sb ? sb : 1, 1);
+      gath = malloc((size_t)nn * sb + 1);
+      if (send == NULL || gath == NULL) {
+        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes", sb);
+        goto err;
+      }
+    }
+    lost_data[i] = malloc(sb ? sb : 1);
+    if (lost_data[i] == NULL) {
+      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes", sb);
+      goto err;
+    }
+    if (k == nr) {
+      int held = ZPP_HPZ_COPY_NONE;
+      ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], send, &held), st,
+                     err);
+      if (held != ZPP_HPZ_COPY_CURRENT) {
+        st = zpp_error(ZPP_ERR_INTERNAL, F,
+                       "the copy of old rank %d's shard changed during "
+                       "recovery",
+                       r->lost[i]);
+        goto err;
+      }
+    }
+    ZPP_CHECK_GOTO(
+        zpp_allgather(newcomm, send, gath, sb, ZPP_UINT8, NULL, NULL), st, err);
+    memcpy(lost_data[i], gath + (size_t)k * sb, sb);
+  }
+
+  /* the same tensors and configuration over the survivors */
+  for (int t = 0; t < old->ntensors; t++)
+    sizes[t] = old->offsets[t + 1] - old->offsets[t];
+  ZPP_CHECK_GOTO(
+      zpp_pgroup_create(newcomm, &old->cfg, sizes, old->ntensors, &ng), st,
+      err);
+  ng->generation = old->generation;
+  ZPP_CHECK_GOTO(repartition(F, newcomm, r, old->numel, ng->shard_numel,
+                             old->shard, old->esize, lost_data, ng->shard),
+                 st, err);
+
+  /* what this rank's new shard lost */
+  size_t lo = (size_t)nr * ng->shard_numel, hi = lo + ng->shard_numel;
+  size_t state_lost = 0;
+  int quantized = old->cfg.hpz && old->cfg.qwz_bits;
+  for (int i = 0; i < r->nlost; i++) {
+    size_t b, e, x, y;
+    owned_range(old->numel, old->shard_numel, r->lost[i], &b, &e);
+    intersect(b, e, lo, hi, &x, &y);
+    if (x < y)
+      state_lost += y - x;
+    if (nr == 0 && b < e)
+      ZPP_WARN(ZPP_SUBSYS_COLL,
+               "zpp_pgroup_recover: group %llu: old rank %d died; its shard, "
+               "elements [%zu, %zu), rebuilt from old rank %d's hpZ copy (%s)"
+               "; their optimizer state is lost; %d -> %d ranks",
+               (unsigned long long)old->id, r->lost[i], b, e, r->from[i],
+               quantized ? "qwZ-quantized: within its bound" : "exact", W, nn);
+  }
+  if (report != NULL) {
+    zpp_pgroup_recovery_t rep = ZPP_PGROUP_RECOVERY_INIT;
+    rep.old_world_size = W;
+    rep.new_world_size = nn;
+    rep.old_rank = old->rank;
+    rep.lost_ranks = r->nlost;
+    rep.exact = !(quantized && rebuilt > 0);
+    rep.rebuilt_numel = rebuilt;
+    rep.state_lost_numel = state_lost;
+    rep.residual_floats_dropped = old->residual_count;
+    rep.generation = old->generation;
+    *report = rep;
+  }
+  ng->rec = r;
+  r = NULL;
+  *out = ng;
+  ng = NULL;
+err:
+  if (ng != NULL)
+    zpp_pgroup_destroy(ng);
+  if (lost_data != NULL)
+    for (int i = 0; i < nlost; i++)
+      free(lost_data[i]);
+  free(lost_data);
+  free(send);
+  free(gath);
+  free(sizes);
+  free(mine);
+  free(recs);
+  recovery_free(r);
+  return st;
+}
+
+ZPP_API zpp_status_t zpp_pgroup_lost(zpp_pgroup_t pg, int i, int *old_rank,
+                                     int *from_rank, size_t *begin,
+                                     size_t *end) {
+  static const char *F = "zpp_pgroup_lost";
+  if (pg == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
+  if (pg->rec == NULL)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "pg: not made by zpp_pgroup_recover");
+  if (i < 0 || i >= pg->rec->nlost)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F, "i %d: must be in [0, %d)", i,
+                     pg->rec->nlost);
+  size_t b, e;
+  owned_range(pg->numel, pg->rec->old_shard, pg->rec->lost[i], &b, &e);
+  if (old_rank)
+    *old_rank = pg->rec->lost[i];
+  if (from_rank)
+    *from_rank = pg->rec->from[i];
+  if (begin)
+    *begin = b;
+  if (end)
+    *end = e;
+  return ZPP_OK;
+}
+
+ZPP_API zpp_status_t zpp_pgroup_recover_state(zpp_pgroup_t pg,
+                                              const void *old_state,
+                                              void *new_state,
+                                              size_t elem_bytes) {
+  static const char *F = "zpp_pgroup_recover_state";
+  if (pg == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F, "pg is NULL");
+  if (pg->rec == NULL)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F,
+                     "pg: not made by zpp_pgroup_recover");
+  if (elem_bytes == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, F, "elem_bytes 0: must be >= 1");
+  if (pg->rec->old_shard && old_state == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F,
+                     "old_state is NULL (old shard_numel %zu)",
+                     pg->rec->old_shard);
+  if (pg->shard_numel && new_state == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, F,
+                     "new_state is NULL (shard_numel %zu)", pg->shard_numel);
+  if (pg->rec->old_shard > SIZE_MAX / elem_bytes / (size_t)pg->size ||
+      pg->shard_numel > SIZE_MAX / elem_bytes)
+    return zpp_error(ZPP_ERR_OVERFLOW, F,
+                     "elem_bytes %zu: the state's size overflows size_t",
+                     elem_bytes);
+  return repartition(F, pg->comm, pg->rec, pg->numel, pg->shard_numel,
+                     old_state, elem_bytes, NULL, new_state);
 }

@@ -10,6 +10,10 @@
 //   - --label-noise: the teacher's loss on the noisy targets is the noise's
 //     variance within 6 standard deviations, the noise is the same for any
 //     mode and rank count, and 0 is the run without the flag, bitwise;
+//   - --survive (under mpirun --enable-recovery): a rank killed at a step
+//     is survived on 7 ranks within zeropp's tolerance of a run on those 7
+//     ranks throughout; without hpZ every survivor names the lost shard;
+//     without a failure the run is bitwise the one without the flag;
 //   - its layer arithmetic (tools/train_math.h, no mpirun): bitwise the
 //     plain per-sample loops, whose summation order it must keep.
 // ZPP_RT_LAUNCH (mpirun and its flags) and ZPP_RT_TRAIN (the binary) come
@@ -544,6 +548,85 @@ void CheckLayerKernels(const TrainKernels &kern) {
             << ", weight gradient " << bad_g << ", input gradient " << bad_dp;
       }
   EXPECT_GT(reorder_seen, 0) << "the data cannot tell a reordered sum from the reference";
+}
+
+// --survive (docs/runtime.md, "Recovery"): under mpirun --enable-recovery
+// with ZPP_TIMEOUT_S 3, rank 5 of an emulated 2x4 SIGKILLs itself at step
+// 10; the survivors see the failure within the timeout, shrink, rebuild
+// the lost shards from hpZ's (qwZ-quantized) copies and finish on 7 ranks.
+// Its final loss is compared with a run on those 7 ranks throughout, with
+// zeropp's tolerance against zero3 (10%, "zeropp converges" says why): the
+// death must cost no more than the compression does.
+std::string survive_run(const std::string &args, int ranks, const std::string &topo) {
+  std::string cmd = "env ZPP_TOPO=" + topo + " ZPP_TIMEOUT_S=3 " + std::string(ZPP_RT_LAUNCH) +
+                    " --enable-recovery -x ZPP_TIMEOUT_S -np " + std::to_string(ranks) +
+                    " " ZPP_RT_TRAIN " --json --quiet --survive " + args + " 2>&1";
+  std::string out;
+  FILE *p = popen(cmd.c_str(), "r");
+  if (p) {
+    char buf[4096];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);  // mpirun --enable-recovery exits 0 after a death: the output says
+  }
+  std::printf("%s\n", cmd.c_str());
+  return out;
+}
+
+TEST(Train, SurviveKilledRankGoesOnOnSevenRanksWithinZeroppsTolerance) {
+  const std::string flags = "--mode zeropp --depth 4 --width 64 --batch 56 --steps 30";
+  std::string out = survive_run(flags + " --kill-rank 5 --kill-step 10", 8, "2x4");
+  size_t at = out.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string j = out.substr(at);
+  std::printf("  %s", j.c_str());
+  EXPECT_EQ(num(j, "failure_step"), 10);
+  EXPECT_EQ(num(j, "world_size_before"), 8);
+  EXPECT_EQ(num(j, "world_size_after"), 7);
+  EXPECT_EQ(num(j, "world_size"), 7);
+  EXPECT_GT(num(j, "rebuilt_elements"), 0);
+  EXPECT_EQ(num(j, "state_lost_elements"), num(j, "rebuilt_elements"));
+  EXPECT_EQ(num(j, "rebuilt_exact"), 0);  // qwZ INT8 copies
+  // seen within the timeout (plus scheduling on shared cores)
+  EXPECT_LE(num(j, "detect_s"), 3.0 + 3.0);
+  std::vector<double> curve = list(j, "loss_curve");
+  ASSERT_EQ(curve.size(), 30u);
+  for (double x : curve) EXPECT_TRUE(std::isfinite(x));
+  std::string out7 = survive_run(flags, 7, "0,0,0,0,1,1,1");
+  at = out7.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out7;
+  std::string j7 = out7.substr(at);
+  EXPECT_EQ(num(j7, "failure_step"), -1);
+  double k10 = num(j, "loss_last10"), u10 = num(j7, "loss_last10");
+  std::printf("last 10 steps: killed %.6g, 7 ranks throughout %.6g (%+.2f%%), first %.6g\n", k10,
+              u10, 100 * (k10 / u10 - 1), curve[0]);
+  EXPECT_LE(std::fabs(k10 / u10 - 1), 0.10);
+  EXPECT_LT(k10, 0.5 * curve[0]);
+}
+
+// Without a failure --survive changes nothing but who carries the
+// trainer's own exchanges (zpp instead of MPI, their bytes left out).
+TEST(Train, SurviveWithoutAFailureIsBitwiseTheRunWithout) {
+  const std::string flags = "--mode zeropp --steps 8";
+  std::string out = survive_run(flags, kRanks, "2x2");
+  size_t at = out.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string j = out.substr(at);
+  const std::string &ref = train(flags, kRanks, "2x2").json;
+  for (const char *k : {"param_checksum", "loss_curve_checksum", "inter_bytes_per_step",
+                        "intra_bytes_per_step"})
+    EXPECT_EQ(raw(j, k), raw(ref, k)) << k;
+  EXPECT_EQ(num(j, "failure_step"), -1);
+}
+
+// zero3 keeps no hpZ copy: every survivor names the lost shard and why.
+TEST(Train, SurviveWithoutHpzNamesTheLostShard) {
+  std::string out = survive_run(
+      "--mode zero3 --depth 3 --width 32 --batch 12 --steps 4 --kill-rank 2 --kill-step 2", 4,
+      "2x2");
+  EXPECT_NE(out.find("ZPP_ERR_DATA_LOST"), std::string::npos) << out;
+  EXPECT_NE(out.find("old rank 2 (node 1) died"), std::string::npos) << out;
+  EXPECT_NE(out.find("cfg->hpz 0: no secondary copy is kept"), std::string::npos) << out;
+  EXPECT_EQ(out.find("{\"mode\""), std::string::npos) << "a run that lost data reported: " << out;
 }
 
 TEST(TrainMath, LayerKernelsGiveTheBitsOfThePerSampleLoops) {

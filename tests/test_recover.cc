@@ -1,0 +1,607 @@
+// zpp_pgroup_recover: a parameter group re-partitioned over the survivors
+// of a rank's death (include/zpp/zpp_runtime.h, docs/runtime.md
+// "Recovery").  Each test forks plain processes that build a communicator
+// over zpp's TCP bootstrap (UCX backend, loopback, no MPI; ZPP_TOPO-style
+// emulated nodes), fill a bf16 group with random weights, run a forward
+// gather (hpZ keeps its secondary copy), and then the parent SIGKILLs the
+// victims.  Every survivor's next world gather fails; it shrinks the
+// communicator, recovers the group and checks, against the weights
+// regenerated from the seed:
+//   - every element a survivor owned: bitwise its old value;
+//   - every element of a lost shard: bitwise what the forward gather
+//     before the failure returned, and bitwise the old weight (unquantized
+//     hpZ copy) or within qwZ's bound of it (docs/format.md, "Error bound");
+//   - the padding: zero;
+//   - zpp_pgroup_recover_state: survivors' state moved bitwise, lost
+//     elements zero, and the report's counts;
+//   - a training step on the new group (gather, gradient reduce-scatter
+//     MEAN, SGD update) against a float64 reference of the same step on
+//     the recovered weights, with the bound of its bf16 roundings;
+// and that the cases with no current copy fail on every survivor with
+// ZPP_ERR_DATA_LOST naming the lost rank and why.
+//
+// Seed: ZPP_TEST_SEED (default 20261207), printed.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zpp/zpp.h>
+#include <zpp/zpp_coll.h>
+#include <zpp/zpp_comm.h>
+#include <zpp/zpp_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr double kTimeout = 3.0; // the communicator's ZPP_TIMEOUT_S
+
+uint64_t seed() {
+  const char *s = std::getenv("ZPP_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261207ull;
+}
+
+double mono_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+float bf2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f2bf(float f) { // round to nearest even (finite values)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The weight of flat element g before the failure (bf16), the target of
+// old rank q in the training step, and the caller's per-element state.
+uint16_t weight(size_t g) {
+  std::mt19937_64 r(seed() * 1000003ull + g);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  return f2bf(d(r) * (g % 7 == 0 ? 4.0f : 1.0f));
+}
+float target(int q, size_t g) {
+  std::mt19937_64 r(seed() * 7919ull + (uint64_t)q * 1000003ull + g);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  return d(r);
+}
+float state_of(size_t g) { return 1.0f + 0.25f * (float)g; }
+
+// One survivor's result, as text through a pipe.
+struct Res {
+  int status = 99; // of zpp_pgroup_recover; 99: died silently
+  int coll_status = 0;
+  long checked = 0, bad = 0;
+  int lost_ranks = -1, exact = -1, new_size = 0;
+  long rebuilt = 0, state_lost = 0;
+  double t_fail = 0, t_shrunk = 0, t_recovered = 0;
+  std::string msg;
+};
+
+std::string encode(const Res &r) {
+  std::ostringstream o;
+  o.precision(17);
+  o << r.status << ' ' << r.coll_status << ' ' << r.checked << ' ' << r.bad
+    << ' ' << r.lost_ranks << ' ' << r.exact << ' ' << r.new_size << ' '
+    << r.rebuilt << ' ' << r.state_lost << ' ' << r.t_fail << ' ' << r.t_shrunk
+    << ' ' << r.t_recovered << '\n'
+    << r.msg;
+  return o.str();
+}
+
+Res decode(const std::string &text) {
+  Res r;
+  std::istringstream in(text);
+  in >> r.status >> r.coll_status >> r.checked >> r.bad >> r.lost_ranks >>
+      r.exact >> r.new_size >> r.rebuilt >> r.state_lost >> r.t_fail >>
+      r.t_shrunk >> r.t_recovered;
+  if (!in)
+    return Res();
+  std::string line;
+  std::getline(in, line);
+  r.msg.assign(std::istreambuf_iterator<char>(in),
+               std::istreambuf_iterator<char>());
+  return r;
+}
+
+struct Scenario {
+  int n;
+  const char *topo;
+  std::vector<int> victims;
+  int hpz = 1;
+  int qwz_bits = 0;
+  bool stale = false; // parameters changed after the forward gather
+  int want = ZPP_OK;
+  std::vector<std::string> want_msg; // substrings of the error
+  Scenario(int n_, const char *topo_, std::vector<int> v, int hpz_, int qwz)
+      : n(n_), topo(topo_), victims(std::move(v)), hpz(hpz_), qwz_bits(qwz) {}
+};
+
+// Forked ranks with pipes: ready (child -> parent), go (parent -> child),
+// the unique id (rank 0 -> others) and the result.
+struct Job {
+  int n;
+  std::vector<pid_t> pid;
+  std::vector<int> res_r, ready_r, go_w;
+  std::vector<bool> reaped;
+
+  Job(int n_,
+      const std::function<Res(int, int, int, const std::vector<int> &, int)>
+          &body)
+      : n(n_), pid(n_), res_r(n_), ready_r(n_), go_w(n_), reaped(n_, false) {
+    std::vector<int> res_w(n), ready_w(n), go_r(n), id_r(n), id_w(n);
+    for (int i = 0; i < n; i++) {
+      int p[2], q[2], g[2], d[2];
+      if (pipe(p) || pipe(q) || pipe(g) || pipe(d))
+        std::abort();
+      res_r[i] = p[0], res_w[i] = p[1], ready_r[i] = q[0], ready_w[i] = q[1];
+      go_r[i] = g[0], go_w[i] = g[1], id_r[i] = d[0], id_w[i] = d[1];
+    }
+    for (int i = 0; i < n; i++) {
+      pid[i] = fork();
+      if (pid[i] == 0) {
+        std::string out = encode(body(i, ready_w[i], go_r[i], id_w, id_r[i]));
+        ssize_t k = write(res_w[i], out.data(), out.size());
+        (void)k;
+        _exit(0);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      close(res_w[i]);
+      close(ready_w[i]);
+      close(go_r[i]);
+      close(id_r[i]);
+      close(id_w[i]);
+    }
+  }
+
+  bool all_ready(double limit_s) {
+    double t0 = mono_s();
+    for (int i = 0; i < n; i++) {
+      for (;;) {
+        struct pollfd p = {ready_r[i], POLLIN, 0};
+        char b;
+        if (poll(&p, 1, 50) > 0) {
+          if (read(ready_r[i], &b, 1) != 1)
+            return false;
+          break;
+        }
+        if (mono_s() - t0 > limit_s)
+          return false;
+      }
+    }
+    return true;
+  }
+
+  void kill_rank(int v) {
+    kill(pid[v], SIGKILL);
+    int st;
+    waitpid(pid[v], &st, 0);
+    reaped[v] = true;
+  }
+
+  void go() {
+    for (int i = 0; i < n; i++) {
+      char b = 1;
+      if (!reaped[i] && write(go_w[i], &b, 1) != 1) {
+      }
+    }
+  }
+
+  std::vector<Res> finish(double limit_s) {
+    std::vector<Res> out(n);
+    double t0 = mono_s();
+    for (int i = 0; i < n; i++) {
+      int st = 0;
+      bool timed_out = false;
+      while (!reaped[i]) {
+        if (waitpid(pid[i], &st, WNOHANG) == pid[i])
+          break;
+        if (mono_s() - t0 > limit_s) {
+          kill(pid[i], SIGKILL);
+          waitpid(pid[i], &st, 0);
+          timed_out = true;
+          break;
+        }
+        usleep(10000);
+      }
+      reaped[i] = true;
+      std::string text;
+      char buf[4096];
+      ssize_t k;
+      while (!timed_out && (k = read(res_r[i], buf, sizeof buf)) > 0)
+        text.append(buf, (size_t)k);
+      if (timed_out)
+        out[i].status = 98;
+      else if (!text.empty())
+        out[i] = decode(text);
+      close(res_r[i]);
+      close(ready_r[i]);
+      close(go_w[i]);
+    }
+    return out;
+  }
+};
+
+zpp_comm_t make_comm(int i, int n, const std::vector<int> &id_w, int id_r,
+                     const char *topo) {
+  zpp_unique_id_t id;
+  std::memset(&id, 0, sizeof id);
+  if (i == 0) {
+    if (zpp_get_unique_id(&id) != ZPP_OK)
+      _exit(3);
+    for (int k = 1; k < n; k++)
+      if (write(id_w[k], &id, sizeof id) != (ssize_t)sizeof id)
+        _exit(3);
+  } else if (read(id_r, &id, sizeof id) != (ssize_t)sizeof id) {
+    _exit(3);
+  }
+  zpp_comm_config_t cfg = ZPP_COMM_CONFIG_INIT;
+  cfg.timeout_s = kTimeout;
+  cfg.topology = topo;
+  cfg.backend = ZPP_BACKEND_UCX;
+  zpp_comm_t comm = nullptr;
+  if (zpp_comm_create_from_id(&id, n, i, &cfg, &comm) != ZPP_OK) {
+    std::fprintf(stderr, "rank %d: create: %s\n", i, zpp_get_last_error());
+    _exit(5);
+  }
+  return comm;
+}
+
+const size_t kSizes[2] = {3000, 77}; // numel 3077: a short last shard
+const size_t kNumel = kSizes[0] + kSizes[1];
+
+// qwZ's bound for element x of the block whose absmax is amax (INT8 or
+// INT4 symmetric, docs/format.md "Error bound"), decoded to bf16.
+double qwz_bound(double x, double amax, int bits) {
+  double scale = amax / (bits == 8 ? 127.0 : 7.0);
+  double e = scale * (0.5 + std::ldexp(1.0, -12)) +
+             std::ldexp(1.0, -22) * (std::fabs(x) + amax) +
+             std::ldexp(1.0, -149);
+  return e + std::ldexp(1.0, -8) * (std::fabs(x) + e) + std::ldexp(1.0, -133);
+}
+
+#define BAD(...)                                                               \
+  do {                                                                         \
+    if (res.bad++ < 4) {                                                       \
+      char b_[256];                                                            \
+      std::snprintf(b_, sizeof b_, __VA_ARGS__);                               \
+      res.msg += std::string(b_) + "; ";                                       \
+    }                                                                          \
+  } while (0)
+
+Res survivor(int i, int ready_w, int go_r, const std::vector<int> &id_w,
+             int id_r, const Scenario &sc) {
+  Res res;
+  zpp_comm_t comm = make_comm(i, sc.n, id_w, id_r, sc.topo);
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.hpz = sc.hpz;
+  cfg.qwz_bits = sc.qwz_bits;
+  zpp_pgroup_t pg = nullptr;
+  if (zpp_pgroup_create(comm, &cfg, kSizes, 2, &pg) != ZPP_OK) {
+    res.status = -300;
+    res.msg = zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  const size_t s_old = info.shard_numel;
+  uint16_t *shard;
+  zpp_pgroup_shard(pg, (void **)&shard);
+  for (size_t j = 0; j < s_old; j++) {
+    size_t g = info.shard_offset + j;
+    shard[j] = g < kNumel ? weight(g) : 0;
+  }
+  // the forward gather: what every rank used, and hpZ's copy
+  std::vector<uint16_t> before(info.padded_numel);
+  void *full = nullptr;
+  if (zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr) != ZPP_OK ||
+      zpp_pgroup_wait(pg, &full) != ZPP_OK) {
+    res.status = -301;
+    res.msg = zpp_get_last_error();
+    return res;
+  }
+  std::memcpy(before.data(), full, before.size() * 2);
+  zpp_pgroup_release(pg);
+  if (sc.stale)
+    zpp_pgroup_params_changed(pg);
+  std::vector<float> old_state(s_old);
+  for (size_t j = 0; j < s_old; j++)
+    old_state[j] = state_of(info.shard_offset + j);
+  char b = 1;
+  if (write(ready_w, &b, 1) != 1 || read(go_r, &b, 1) != 1)
+    _exit(4);
+
+  // the victims are dead: a world gather fails (bounded)
+  res.coll_status = zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr);
+  if (res.coll_status == ZPP_OK)
+    res.coll_status = zpp_pgroup_wait(pg, nullptr);
+  res.t_fail = mono_s();
+  std::vector<int> map(sc.n, -7);
+  zpp_comm_t nc = nullptr;
+  int st = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+  res.t_shrunk = mono_s();
+  if (st != ZPP_OK) {
+    res.status = -302;
+    res.msg = std::string("shrink: ") + zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_t ng = nullptr;
+  zpp_pgroup_recovery_t rep = ZPP_PGROUP_RECOVERY_INIT;
+  res.status = zpp_pgroup_recover(pg, nc, map.data(), &ng, &rep);
+  res.t_recovered = mono_s();
+  zpp_comm_size(nc, &res.new_size);
+  if (res.status != ZPP_OK) {
+    res.msg = zpp_get_last_error();
+    zpp_pgroup_destroy(pg);
+    zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    return res;
+  }
+  res.lost_ranks = rep.lost_ranks;
+  res.exact = rep.exact;
+  res.rebuilt = (long)rep.rebuilt_numel;
+  res.state_lost = (long)rep.state_lost_numel;
+  std::vector<float> new_state;
+  zpp_pgroup_info_t ni = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(ng, &ni);
+  new_state.assign(ni.shard_numel, -1.0f);
+  int sst = zpp_pgroup_recover_state(ng, old_state.data(), new_state.data(),
+                                     sizeof(float));
+  zpp_pgroup_destroy(pg);
+  zpp_comm_destroy(comm);
+  if (sst != ZPP_OK) {
+    res.status = -303;
+    res.msg = std::string("recover_state: ") + zpp_get_last_error();
+    return res;
+  }
+  std::vector<int> old_of;
+  for (int q = 0; q < sc.n; q++)
+    if (map[q] >= 0)
+      old_of.push_back(q);
+  // which flat elements were lost
+  std::vector<char> lost(kNumel, 0);
+  for (int k = 0; k < rep.lost_ranks; k++) {
+    int q = -1, from = -1;
+    size_t lb = 0, le = 0;
+    zpp_pgroup_lost(ng, k, &q, &from, &lb, &le);
+    if (lb != std::min((size_t)q * s_old, kNumel) ||
+        le != std::min((size_t)(q + 1) * s_old, kNumel))
+      BAD("lost %d: old rank %d's range [%zu, %zu)", k, q, lb, le);
+    if (lb < le && (from < 0 || map[from] < 0))
+      BAD("lost %d: rebuilt from old rank %d, not a survivor", k, from);
+    for (size_t g = lb; g < le; g++)
+      lost[g] = 1;
+  }
+  // the new shard against the weights before the failure
+  uint16_t *ns;
+  zpp_pgroup_shard(ng, (void **)&ns);
+  std::vector<uint16_t> rec(ni.padded_numel, 0); // recovered, as the test
+                                                 // expects them
+  for (size_t j = 0; j < ni.shard_numel; j++) {
+    size_t g = ni.shard_offset + j;
+    res.checked++;
+    if (g >= kNumel) {
+      if (ns[j] != 0)
+        BAD("padding element %zu is %#x", g, ns[j]);
+      if (new_state[j] != 0.0f)
+        BAD("padding state %zu is %g", g, new_state[j]);
+      continue;
+    }
+    if (!lost[g]) {
+      if (ns[j] != weight(g))
+        BAD("survivor's element %zu: %#x, was %#x", g, ns[j], weight(g));
+      if (new_state[j] != state_of(g))
+        BAD("state of element %zu: %g, was %g", g, new_state[j], state_of(g));
+      continue;
+    }
+    if (new_state[j] != 0.0f)
+      BAD("lost state of element %zu: %g, want 0", g, new_state[j]);
+    if (ns[j] != before[g])
+      BAD("lost element %zu: %#x, the forward gather gave %#x", g, ns[j],
+          before[g]);
+    if (sc.qwz_bits == 0) {
+      if (ns[j] != weight(g))
+        BAD("lost element %zu: %#x, was %#x (unquantized copy)", g, ns[j],
+            weight(g));
+    } else {
+      // the block of the dead rank's shard this element was encoded in
+      size_t q = g / s_old, blk0 = q * s_old + (g - q * s_old) / 256 * 256;
+      double amax = 0;
+      for (size_t x = blk0; x < blk0 + 256 && x < (q + 1) * s_old; x++)
+        amax = std::max(amax,
+                        x < kNumel ? (double)std::fabs(bf2f(weight(x))) : 0.0);
+      double w = bf2f(weight(g)), got = bf2f(ns[j]);
+      if (!(std::fabs(got - w) <= qwz_bound(w, amax, sc.qwz_bits)))
+        BAD("lost element %zu: %g, was %g, bound %g", g, got, w,
+            qwz_bound(w, amax, sc.qwz_bits));
+    }
+  }
+
+  // a training step on the recovered weights: gather, local gradient
+  // (w - target of my old rank) in bf16, reduce-scatter MEAN, SGD
+  void *nf = nullptr;
+  if (zpp_pgroup_fetch(ng, ZPP_FETCH_FORWARD, nullptr) != ZPP_OK ||
+      zpp_pgroup_wait(ng, &nf) != ZPP_OK) {
+    res.status = -304;
+    res.msg = std::string("fetch after recovery: ") + zpp_get_last_error();
+    return res;
+  }
+  const uint16_t *wf = (const uint16_t *)nf;
+  std::vector<uint16_t> wcopy(wf, wf + ni.padded_numel);
+  zpp_pgroup_release(ng);
+  int nr = 0;
+  zpp_comm_rank(nc, &nr);
+  std::vector<uint16_t> grad(ni.padded_numel, 0), gs(ni.shard_numel);
+  for (size_t g = 0; g < kNumel; g++)
+    grad[g] = f2bf(bf2f(wcopy[g]) - target(old_of[nr], g));
+  if (zpp_pgroup_reduce_gradients(ng, grad.data(), gs.data(), ZPP_OP_MEAN,
+                                  nullptr, nullptr) != ZPP_OK) {
+    res.status = -305;
+    res.msg = std::string("reduce after recovery: ") + zpp_get_last_error();
+    return res;
+  }
+  const float lr = 0.01f;
+  for (size_t j = 0; j < ni.shard_numel; j++) {
+    size_t g = ni.shard_offset + j;
+    if (g >= kNumel)
+      continue;
+    // the gathered weight is the recovered one (exact without qwZ)
+    if (sc.qwz_bits == 0 && wcopy[g] != ns[j])
+      BAD("gathered element %zu: %#x, recovered %#x", g, wcopy[g], ns[j]);
+    double w = bf2f(wcopy[g]), gref = 0, m = 0;
+    for (int k = 0; k < res.new_size; k++) {
+      double d = w - (double)target(old_of[k], g);
+      gref += d;
+      m = std::max(m, std::fabs(d));
+    }
+    gref /= res.new_size;
+    // bf16 rounding of each local gradient, of the node partials and of
+    // the result: 2^-9 relative each, of values at most m; fp32 sums add
+    // 2^-24 per term (docs/design.md, "Reductions are deterministic")
+    double gb = 4 * std::ldexp(m, -9) + std::ldexp(m, -20);
+    double got = bf2f(gs[j]);
+    if (!(std::fabs(got - gref) <= gb))
+      BAD("gradient of element %zu: %.9g, float64 %.9g, bound %.3g", g, got,
+          gref, gb);
+    double upd = bf2f(f2bf((float)w - lr * (float)got)), uref = w - lr * gref;
+    double ub = lr * gb + std::ldexp(std::fabs(uref) + lr * gb, -8) +
+                std::ldexp(std::fabs(w) + lr * std::fabs(got), -23);
+    if (!(std::fabs(upd - uref) <= ub))
+      BAD("updated element %zu: %.9g, float64 %.9g, bound %.3g", g, upd, uref,
+          ub);
+  }
+  zpp_pgroup_destroy(ng);
+  zpp_comm_destroy(nc);
+  return res;
+}
+
+void run(const Scenario &sc) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Job job(sc.n, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
+    return survivor(i, rw, gr, iw, ir, sc);
+  });
+  ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
+  double t_kill = mono_s();
+  for (int v : sc.victims)
+    job.kill_rank(v);
+  job.go();
+  std::vector<Res> res = job.finish(25);
+  long state_lost = 0, rebuilt = -1;
+  double worst = 0;
+  for (int i = 0; i < sc.n; i++) {
+    if (std::find(sc.victims.begin(), sc.victims.end(), i) != sc.victims.end())
+      continue;
+    const Res &r = res[i];
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_NE(r.coll_status, 0) << "the gather with a dead rank did not fail";
+    ASSERT_EQ(r.status, sc.want)
+        << zpp_status_string((zpp_status_t)r.status) << ": " << r.msg;
+    for (const std::string &w : sc.want_msg)
+      EXPECT_NE(r.msg.find(w), std::string::npos)
+          << "the error does not say \"" << w << "\": " << r.msg;
+    if (sc.want != ZPP_OK) {
+      std::printf("rank %d: %s\n", i, r.msg.c_str());
+      continue;
+    }
+    EXPECT_EQ(r.bad, 0) << r.msg;
+    EXPECT_GT(r.checked, 0);
+    EXPECT_EQ(r.lost_ranks, (int)sc.victims.size());
+    EXPECT_EQ(r.new_size, sc.n - (int)sc.victims.size());
+    EXPECT_EQ(r.exact, sc.qwz_bits == 0 ? 1 : 0);
+    if (rebuilt < 0)
+      rebuilt = r.rebuilt;
+    EXPECT_EQ(r.rebuilt, rebuilt) << "survivors disagree on what was rebuilt";
+    state_lost += r.state_lost;
+    worst = std::max(worst, r.t_recovered - t_kill);
+    std::printf("rank %d: failed %.3f s after the kill, shrunk in %.3f s, "
+                "recovered in %.3f s; %ld elements checked\n",
+                i, r.t_fail - t_kill, r.t_shrunk - r.t_fail,
+                r.t_recovered - r.t_shrunk, r.checked);
+  }
+  if (sc.want != ZPP_OK)
+    return;
+  // every rebuilt element lost its state on exactly one survivor
+  EXPECT_EQ(state_lost, rebuilt);
+  EXPECT_GT(rebuilt, 0);
+  std::printf("kill to recovered group on every survivor: %.3f s "
+              "(ZPP_TIMEOUT_S %.1f)\n",
+              worst, kTimeout);
+}
+
+TEST(Recover, Kill1Exact2x2) { run({4, "2x2", {1}, 1, 0}); }
+
+TEST(Recover, Kill2Quantized2x2) { run({4, "2x2", {2}, 1, 8}); }
+
+TEST(Recover, Kill5Exact2x4) { run({8, "2x4", {5}, 1, 0}); }
+
+// rank 0: the old bootstrap's root and the shrink's first coordinator
+TEST(Recover, Kill0Quantized2x4) { run({8, "2x4", {0}, 1, 8}); }
+
+// A whole node: the other node's secondary partition holds every shard.
+TEST(Recover, WholeNodeKilled2x4) { run({8, "2x4", {4, 5, 6, 7}, 1, 0}); }
+
+TEST(Recover, HpzOffIsDataLost2x2) {
+  Scenario sc{4, "2x2", {3}, 0, 0};
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 3 (node 1) died", "cfg->hpz 0"};
+  run(sc);
+}
+
+// Ranks 1 and 3 are local rank 1 of both nodes: the only holders of each
+// other's copies.
+TEST(Recover, CopyHoldersDeadIsDataLost2x2) {
+  Scenario sc{4, "2x2", {1, 3}, 1, 8};
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 1 (node 0) died", "old rank 3 (node 1) dead"};
+  run(sc);
+}
+
+TEST(Recover, OneNodeIsDataLost1x4) {
+  Scenario sc{4, "1x4", {2}, 1, 0};
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 2 (node 0) died", "one node"};
+  run(sc);
+}
+
+// Uneven nodes (as after a first recovery): hpZ keeps no secondary copy,
+// so a death there is not recoverable, and says so.
+TEST(Recover, UnevenNodesAreDataLost) {
+  Scenario sc{5, "0,0,1,1,1", {3}, 1, 0};
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 3 (node 1) died", "uneven nodes"};
+  run(sc);
+}
+
+// The parameters changed after the last forward gather: the copies are
+// stale, never used.
+TEST(Recover, StaleCopyIsDataLost2x2) {
+  Scenario sc{4, "2x2", {2}, 1, 0};
+  sc.stale = true;
+  sc.want = ZPP_ERR_DATA_LOST;
+  sc.want_msg = {"old rank 2 (node 1) died", "old rank 0 (node 0) stale"};
+  run(sc);
+}
+
+} // namespace
