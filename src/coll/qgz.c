@@ -786,6 +786,9 @@ static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   memset(&r, 0, sizeof r);
   r.own = acc;
+  /* more than ZPP_ISUM_CUDA_SRCS other nodes: the finish goes on over
+   * launches, its fp32 sums in place of the int32 ones it has read */
+  r.part = p->slot[k % QGZ_DEPTH].acco;
   r.uexp = isum_uexp(p, slice_of(p, p->me1, p->mo), k);
   r.dst = (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype);
   r.count = len;

@@ -110,11 +110,18 @@ typedef struct {
 } zpp_isum_cuda_requant_run_t;
 
 /* finish: dst (dtype) = fl(fl(own 2^E) + the decoded messages srcs[first
- * .. first + n) in order) / div, as zpp_isum_finish_scalar. */
+ * .. first + n) in order) / div, as zpp_isum_finish_scalar.  A run of more
+ * than ZPP_ISUM_CUDA_SRCS messages goes on over launches: each but the last
+ * stores its fp32 sums in `part` (count floats; it may be `own` itself,
+ * each element is read before it is written), the next one adds on from
+ * there, and only the last divides and rounds to the dtype, so the bits
+ * are the host's; `part` may be NULL for a run of at most
+ * ZPP_ISUM_CUDA_SRCS messages (never split). */
 typedef struct {
   const int32_t *own;
   const int8_t *uexp;
   void *dst;
+  float *part;
   size_t count;
   size_t first, n;
 } zpp_isum_cuda_finish_run_t;
