@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
+#include <zpp/zpp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/exec.h"
 #include "kernels/isum_cuda.h"
 #include "kernels/quant_cpu.h"
 #include "kernels/quant_math.h"
@@ -782,6 +784,69 @@ TEST(IsumCuda, BatchesOfRunsAndBadConfigs) {
       zpp_isum_cuda_absmax(&cfg, ar.data(), nruns, nullptr, err, sizeof err),
       -1);
   EXPECT_NE(std::string(err).find("block 0"), std::string::npos) << err;
+}
+
+// The library's callers, zpp_k_isum_* (engine/exec.h), check the kernels'
+// limits before a launch: a bad argument is ZPP_ERR_INVALID_ARGUMENT or
+// ZPP_ERR_UNSUPPORTED with a message naming it, not a ZPP_ERR_CUDA, and
+// nothing is launched.
+TEST(IsumCuda, ExecWrappersNameBadArguments) {
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  zpp_exec_t ex = {};
+  ex.mem = ZPP_MEMORY_DEVICE;
+  ex.stream = ex.caller_stream = st;
+  Dev d(4096);
+  CUDA_OK(cudaMemset(d.p, 0, 4096));
+  const zpp_isum_cuda_t good = {8, 16, ZPP_QM_F32, 0, ZPP_QB_RES_NONE, 0, 0.0f};
+  zpp_isum_cuda_absmax_run_t ar = {
+      d.p, nullptr, nullptr, 32, (uint32_t *)(d.p + 1024), nullptr};
+  zpp_isum_cuda_encode_run_t er = {};
+  zpp_isum_cuda_sum_run_t sr = {};
+  zpp_isum_cuda_requant_run_t rr = {};
+  zpp_isum_cuda_finish_run_t fr = {};
+  er.count = sr.count = rr.count = fr.count = 32;
+  const uint8_t *srcs[ZPP_ISUM_CUDA_SRCS + 1] = {};
+  auto expect = [&](zpp_status_t got, zpp_status_t want, const char *text,
+                    const char *what) {
+    EXPECT_EQ(got, want) << what << ": " << zpp_get_last_error();
+    EXPECT_NE(std::string(zpp_get_last_error()).find(text), std::string::npos)
+        << what << ": " << zpp_get_last_error();
+  };
+  const size_t l0 = launches();
+  zpp_isum_cuda_t c = good;
+  c.bits = 3;
+  expect(zpp_k_isum_absmax(&ex, &c, &ar, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->bits 3", "absmax, bits 3");
+  c = good;
+  c.block = 0;
+  expect(zpp_k_isum_encode(&ex, &c, &er, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->block 0", "encode, block 0");
+  c = good;
+  c.dtype = 7;
+  expect(zpp_k_isum_sum(&ex, &c, &sr, 1, srcs), ZPP_ERR_UNSUPPORTED,
+         "c->dtype 7", "sum, dtype 7");
+  c = good;
+  c.res = 9;
+  expect(zpp_k_isum_requant(&ex, &c, &rr, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->res 9", "requant, residual kind 9");
+  expect(
+      zpp_k_isum_agree(&ex, (const int8_t *)d.p, 16, 0, (int8_t *)(d.p + 2048)),
+      ZPP_ERR_INVALID_ARGUMENT, "rows 0", "agreement, rows 0");
+  fr.n = ZPP_ISUM_CUDA_SRCS + 1;
+  expect(zpp_k_isum_finish(&ex, &good, &fr, 1, srcs, 1.0f),
+         ZPP_ERR_INVALID_ARGUMENT, "runs[0].part NULL",
+         "finish of 129 messages without part");
+  expect(zpp_k_isum_absmax(&ex, nullptr, &ar, 1), ZPP_ERR_NULL_POINTER,
+         "c NULL", "absmax, c NULL");
+  CUDA_OK(cudaStreamSynchronize(st));
+  EXPECT_EQ(launches(), l0) << "a refused call launched a kernel";
+  // and a good call through the same exec runs
+  ASSERT_EQ(zpp_k_isum_absmax(&ex, &good, &ar, 1), ZPP_OK)
+      << zpp_get_last_error();
+  CUDA_OK(cudaStreamSynchronize(st));
+  EXPECT_EQ(launches(), l0 + 1);
+  cudaStreamDestroy(st);
 }
 
 } // namespace

@@ -19,7 +19,13 @@
  * before use and whose new errors are encoded after, as the host path's
  * decode, kernel, encode.  A NULL `res` in a run: no residual for it.
  *
- * Return: 0, or -1 with the CUDA message in err (a failed launch).
+ * Return: 0, or -1 with a message in err: a failed launch (the CUDA
+ * message), or arguments outside these limits (bits other than 4 or 8,
+ * block 0, a dtype or residual kind not listed, rows < 1, a finish run of
+ * more than ZPP_ISUM_CUDA_SRCS messages without `part`).  The callers in
+ * the library, zpp_k_isum_* (engine/exec.h), check those limits first
+ * and report them as the caller's error, so a -1 that reaches them is a
+ * failed launch.
  * Internal header: not installed.
  */
 #ifndef ZPP_KERNELS_ISUM_CUDA_H
