@@ -817,10 +817,12 @@ TEST(QgzInt, OlderConfigStructTakesTheDefault) {
 // kernels of src/kernels/isum_cuda.cu over the whole input at once; a
 // host-memory communicator runs the CPU kernels chunk by chunk.  Both
 // follow docs/format.md ("Integer sums") to the bit, so the results and the
-// residuals after each of three steps (the third resets the residual) are
-// equal: every dtype, both widths at each stage, both roundings, no
-// residual, fp32 and INT8 residuals with and without LoCo's moving average,
-// blocks of a multiple of 8 elements and not, short last blocks.
+// residuals after each of four steps are equal (the third resets the
+// residual, the second and the fourth update one that is not zero, which
+// the moving average reads): every dtype, both widths at each stage, both
+// roundings, no residual, fp32 and INT8 residuals with and without LoCo's
+// moving average, blocks of a multiple of 8 elements and not, short last
+// blocks.
 TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
   if (!zpp_test::DeviceMemory())
     GTEST_SKIP() << "compares device memory with host memory: run with "
@@ -859,19 +861,20 @@ TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
       c.residual_reset = 3;
       EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, v.count, &rb), ZPP_OK);
     }
-    std::vector<std::vector<uint8_t>> in(3);
-    for (int step = 0; step < 3; step++)
+    const int steps = 4;
+    std::vector<std::vector<uint8_t>> in(steps);
+    for (int step = 0; step < steps; step++)
       in[step] =
           pack(gen(g_rank, g_size * v.count, v.dt, ++tag, LAPLACE), v.dt);
-    std::vector<uint8_t> res[2], out[2][3];
+    std::vector<uint8_t> res[2][steps], out[2][steps];
     for (int dev = 0; dev < 2; dev++) {
       zpp_comm_t comm = dev ? g_comm : g_host;
       zpp_test::Mem mem; // device copies (host pointers when !dev)
-      res[dev].assign(rb + 1, 0);
+      std::vector<uint8_t> rcur(rb + 1, 0);
       uint8_t *r = nullptr;
       if (v.residual_bits)
-        r = dev ? mem.out(res[dev]) : res[dev].data();
-      for (int step = 0; step < 3; step++) {
+        r = dev ? mem.out(rcur) : rcur.data();
+      for (int step = 0; step < steps; step++) {
         out[dev][step].assign(v.count * ds, 0);
         c.step = (uint64_t)step + 1;
         const uint8_t *src = dev ? mem.in(in[step]) : in[step].data();
@@ -880,14 +883,17 @@ TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
                                          v.op, r, nullptr, nullptr),
                   ZPP_OK)
             << what << ": " << zpp_comm_get_last_error(comm);
+        if (dev)
+          mem.back(); // this step's result and residual
+        res[dev][step] = rcur;
       }
-      if (dev)
-        mem.back();
     }
-    for (int step = 0; step < 3; step++)
+    for (int step = 0; step < steps; step++) {
       EXPECT_TRUE(out[1][step] == out[0][step])
           << what << ": result of step " << step + 1;
-    EXPECT_TRUE(res[1] == res[0]) << what << ": residual after 3 steps";
+      EXPECT_TRUE(res[1][step] == res[0][step])
+          << what << ": residual after step " << step + 1;
+    }
   }
 }
 
