@@ -7,6 +7,9 @@
 # through host memory) and the NCCL stand-in when it is built, against the
 # same model and bounds, and bit for bit against the host path
 # (qgz_int_device_<backend>_<layout>, zpp_add_device_suite).  Label "emu".
+# With the setting ZPP_QGZ_SUM=int, QgzInt.DefaultSumFollowsTheSetting on
+# 3x2 (qgz_int_sumenv_3x2, and on device memory
+# qgz_int_device_mpi_sumenv_3x2): the default config sums as integers.
 if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport_mpi.c)
   add_executable(test_qgz_int test_qgz_int.cc)
   target_link_libraries(test_qgz_int PRIVATE zpp_static GTest::gtest MPI::MPI_C)
@@ -30,6 +33,12 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
     set_tests_properties(qgz_int_${_tname} PROPERTIES LABELS mpi TIMEOUT 120
       ENVIRONMENT "ZPP_TOPO=${_topo};OMPI_MCA_mpi_yield_when_idle=1${_pipe}")
   endforeach()
+  set(_sumenv "ZPP_TOPO=3x2;ZPP_QGZ_SUM=int;OMPI_MCA_mpi_yield_when_idle=1")
+  add_test(NAME qgz_int_sumenv_3x2
+    COMMAND ${_mpirun} -np 6 $<TARGET_FILE:test_qgz_int>
+      --gtest_filter=QgzInt.DefaultSumFollowsTheSetting)
+  set_tests_properties(qgz_int_sumenv_3x2 PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "${_sumenv}")
   if(ZPP_CUDA_EMU)
     zpp_add_device_suite(qgz_int_device test_qgz_int "${_layouts}" "")
     # the emulated kernels of 8 ranks on a shared machine: more than the
@@ -41,5 +50,11 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
         endif()
       endforeach()
     endforeach()
+    add_test(NAME qgz_int_device_mpi_sumenv_3x2
+      COMMAND ${_mpirun} -np 6 $<TARGET_FILE:test_qgz_int>
+        --gtest_filter=QgzInt.DefaultSumFollowsTheSetting)
+    set_tests_properties(qgz_int_device_mpi_sumenv_3x2 PROPERTIES LABELS emu
+      TIMEOUT 300
+      ENVIRONMENT "${_sumenv};ZPP_TEST_MEMORY=device;ZPP_TEST_BACKEND=mpi")
   endif()
 endif()

@@ -813,6 +813,53 @@ TEST(QgzInt, OlderConfigStructTakesTheDefault) {
   EXPECT_EQ(a, b);
 }
 
+// ZPP_QGZ_SUM_DEFAULT follows the setting ZPP_QGZ_SUM, read when a
+// communicator is created (docs/collectives.md): with ZPP_QGZ_SUM=int
+// (the ctest entries qgz_int_sumenv_* of tests/qgz_int.cmake) a default
+// config gives the bits of an explicit INT, else those of FLOAT; INT and
+// FLOAT differ on this data (on some rank), so the comparison tells them
+// apart.  On device memory both the suite's communicator and the
+// host-memory one are checked.
+TEST(QgzInt, DefaultSumFollowsTheSetting) {
+  const char *env = std::getenv("ZPP_QGZ_SUM");
+  const bool want_int = env != nullptr && std::string(env) == "int";
+  if (g_rank == 0)
+    std::printf("[ info ] ZPP_QGZ_SUM=%s: the default is %s\n",
+                env ? env : "(unset)", want_int ? "INT" : "FLOAT");
+  const size_t count = 1000;
+  auto x = gen(g_rank, g_size * count, ZPP_BFLOAT16, 29, LAPLACE);
+  auto in = pack(x, ZPP_BFLOAT16);
+  for (int dev = 0; dev < 2; dev++) {
+    zpp_comm_t comm = dev ? g_comm : g_host;
+    if (!dev && g_host == nullptr)
+      continue; // host memory: the suite's communicator is the host one
+    const char *where =
+        dev && zpp_test::DeviceMemory() ? "device memory" : "host memory";
+    std::vector<uint8_t> y[3]; // DEFAULT, INT, FLOAT
+    const int sums[3] = {ZPP_QGZ_SUM_DEFAULT, ZPP_QGZ_SUM_INT,
+                         ZPP_QGZ_SUM_FLOAT};
+    zpp_test::Mem mem;
+    for (int k = 0; k < 3; k++) {
+      zpp_qgz_config_t c = ZPP_QGZ_CONFIG_INIT;
+      c.sum = sums[k];
+      y[k].assign(count * 2, 0);
+      const uint8_t *src = dev ? mem.in(in) : in.data();
+      uint8_t *dst = dev ? mem.out(y[k]) : y[k].data();
+      EXPECT_EQ(zpp_qgz_reduce_scatter(comm, &c, src, dst, count, ZPP_BFLOAT16,
+                                       ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+                ZPP_OK)
+          << where << ": " << zpp_comm_get_last_error(comm);
+    }
+    if (dev)
+      mem.back();
+    EXPECT_TRUE(y[0] == y[want_int ? 1 : 2])
+        << where << ": DEFAULT is not " << (want_int ? "INT" : "FLOAT");
+    int differs = y[1] != y[2], any = 0;
+    MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(any, 1) << where << ": INT and FLOAT gave the same bits";
+  }
+}
+
 // On device memory (ZPP_TEST_MEMORY=device) the integer sums run the CUDA
 // kernels of src/kernels/isum_cuda.cu over the whole input at once; a
 // host-memory communicator runs the CPU kernels chunk by chunk.  Both
