@@ -1097,7 +1097,10 @@ TEST(DevicePath, DeviceCollectivesDoNotBlockTheHost) {
 // encode, sums, re-quantization, finish) on the caller's stream and
 // return: the call returns while the stream is held, nothing has run
 // then, and after the release the result and the residual are those of a
-// host-memory communicator (bit for bit).
+// host-memory communicator (bit for bit).  The input holds NaN until a
+// copy queued on the held stream just before the call writes it, so a
+// step that ran off the stream (before the release, or on another stream
+// not ordered after it) would read NaN and the comparison would fail.
 TEST(DevicePath, QgzIntegerSumsDoNotBlockTheHost) {
   if (!run_case("stream"))
     GTEST_SKIP() << "ZPP_TEST_CASE";
@@ -1116,10 +1119,13 @@ TEST(DevicePath, QgzIntegerSumsDoNotBlockTheHost) {
   ASSERT_EQ(zpp_qgz_residual_bytes(comm, &q, n, &rb), ZPP_OK);
   std::vector<float> x = gen(g_rank, n * (size_t)g_size, 23), want(n),
                      res(rb / 4, 0.0f);
-  DevBuf dx(x.size() * 4), dy(n * 4), dr(rb);
-  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), dx.bytes, cudaMemcpyHostToDevice),
+  DevBuf dx(x.size() * 4), dx0(x.size() * 4), dy(n * 4), dr(rb);
+  ASSERT_EQ(cudaMemcpy(dx0.p, x.data(), dx0.bytes, cudaMemcpyHostToDevice),
             cudaSuccess);
+  ASSERT_EQ(cudaMemset(dx.p, 0xff, dx.bytes), cudaSuccess); // NaN
   ASSERT_EQ(cudaMemset(dr.p, 0, rb), cudaSuccess);
+  // before s (non-blocking: not ordered after the legacy stream) starts
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   float *hy = nullptr, *hr = nullptr;
@@ -1137,6 +1143,7 @@ TEST(DevicePath, QgzIntegerSumsDoNotBlockTheHost) {
   bool quick = returns_within(
       10.0,
       [&] {
+        cudaMemcpyAsync(dx.p, dx0.p, dx.bytes, cudaMemcpyDeviceToDevice, s);
         st = zpp_qgz_reduce_scatter(comm, &q, dx.p, dy.p, n, ZPP_FLOAT32,
                                     ZPP_OP_MEAN, dr.p, s, nullptr);
         cudaMemcpyAsync(hy, dy.p, dy.bytes, cudaMemcpyDeviceToHost, s);

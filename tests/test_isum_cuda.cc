@@ -7,14 +7,16 @@
 // rounding, all-zero and non-finite blocks, residuals beyond the unit clamp
 // and NaN, several runs per launch packed at 16-byte, element and odd byte
 // offsets, a sum with more messages than one launch takes (its own slice's
-// residual updated once).  An INT8
-// residual's reference is the host path's: decode, scalar kernel, encode.
+// residual updated once), a finish with more messages than one launch
+// takes (rounded once).  An INT8 residual's reference is the host path's:
+// decode, scalar kernel, encode.
 //
 // Seed: ZPP_TEST_SEED (default 20261129).  Label emu
 // (tests/isum_cuda_emu.cmake).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
+#include <zpp/zpp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/exec.h"
 #include "kernels/isum_cuda.h"
 #include "kernels/quant_cpu.h"
 #include "kernels/quant_math.h"
@@ -620,6 +623,112 @@ TEST(IsumCuda, RequantAndFinishAreTheScalarKernels) {
   cudaStreamDestroy(st);
 }
 
+// A finish of more messages than one launch takes (a stage 2 of more than
+// ZPP_ISUM_CUDA_SRCS + 1 nodes): the run goes on over launches through its
+// fp32 part (the own sums' buffer itself, or scratch of its own) and
+// rounds once, bit for bit the scalar finish.  Runs of 150, 4 and 300
+// messages: 454 sources, 128 a launch (the run of 4 is not split, the
+// others are), so ceil(454 / 128) = 4 launches.
+TEST(IsumCuda, FinishOfManyMessagesGoesOnOverLaunches) {
+  const uint64_t seed = test_seed();
+  std::printf("[ seed ] IsumCuda long finish: ZPP_TEST_SEED=%llu\n",
+              (unsigned long long)seed);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const size_t nmsg[] = {150, 4, 300};
+  const size_t nr = 3;
+  const size_t blocks[] = {64, 7, 33, 100, 1, 256};
+  size_t ci = 0;
+  for (int dt : {ZPP_QM_F32, ZPP_QM_F16, ZPP_QM_BF16})
+    for (int bits : {4, 8}) {
+      const size_t block = blocks[ci % 6];
+      SCOPED_TRACE("dtype " + std::to_string(dt) + " INT" +
+                   std::to_string(bits) + " block " + std::to_string(block));
+      std::mt19937_64 rng(seed * 1000037ull + ci++);
+      const size_t es = zpp_qm_dtype_bytes(dt);
+      zpp_qcfg_t q = {bits, 0, block, 0, 0, 0, 0};
+      std::vector<size_t> count(nr);
+      std::vector<std::vector<int32_t>> own(nr);
+      std::vector<std::vector<int8_t>> uexp(nr);
+      std::vector<std::vector<std::vector<uint8_t>>> msg(nr);
+      Packed pown, puexp, ppart, pout, pmsg;
+      size_t nm = 0;
+      for (size_t i = 0; i < nr; i++) {
+        count[i] = 1 + rng() % (3 * block + 20);
+        size_t nb = zpp_quant_nblocks(&q, count[i]);
+        own[i].resize(count[i]);
+        uexp[i].resize(nb);
+        for (size_t b = 0; b < nb; b++)
+          uexp[i][b] = (int8_t)((int)(rng() % 40) - 30);
+        for (auto &v : own[i])
+          v = (int32_t)(rng() % 20001) - 10000;
+        for (size_t k = 0; k < nmsg[i]; k++) {
+          std::vector<int32_t> s(count[i]);
+          for (auto &v : s)
+            v = (int32_t)(rng() % 20001) - 10000;
+          std::vector<uint8_t> m(nb * 4 + zpp_isum_code_bytes(&q, count[i]));
+          zpp_isum_requant_scalar(&q, s.data(), uexp[i].data(), nullptr, 0.0f,
+                                  count[i], m.data());
+          pmsg.add(m.size(), 4, nm++);
+          msg[i].push_back(std::move(m));
+        }
+        pown.add(count[i] * 4, 4, i);
+        puexp.add(nb, 1, i);
+        ppart.add(count[i] * 4, 4, i);
+        pout.add(count[i] * es, es, i);
+      }
+      Dev down(pown.bytes), duexp(puexp.bytes), dpart(ppart.bytes),
+          dout(pout.bytes), dmsg(pmsg.bytes);
+      std::vector<const uint8_t *> srcs;
+      std::vector<std::vector<const uint8_t *>> hsrc(nr);
+      std::vector<zpp_isum_cuda_finish_run_t> fr(nr);
+      nm = 0;
+      for (size_t i = 0; i < nr; i++) {
+        upload(duexp, puexp, i, uexp[i]);
+        fr[i].own = (const int32_t *)(down.p + pown.off[i]);
+        fr[i].uexp = (const int8_t *)(duexp.p + puexp.off[i]);
+        fr[i].dst = dout.p + pout.off[i];
+        fr[i].count = count[i];
+        fr[i].first = srcs.size();
+        fr[i].n = nmsg[i];
+        // run 0: its own sums' buffer (as qgz.c); run 1: none (one
+        // launch); run 2: scratch of its own
+        fr[i].part = i == 0   ? (float *)(down.p + pown.off[i])
+                     : i == 2 ? (float *)(dpart.p + ppart.off[i])
+                              : nullptr;
+        for (size_t k = 0; k < nmsg[i]; k++, nm++) {
+          upload(dmsg, pmsg, nm, msg[i][k]);
+          srcs.push_back(dmsg.p + pmsg.off[nm]);
+          hsrc[i].push_back(msg[i][k].data());
+        }
+      }
+      zpp_isum_cuda_t cfg = {bits, block, dt, 0, ZPP_QB_RES_NONE, 0, 0.0f};
+      char err[256] = "";
+      for (float div : {1.0f, 7.0f}) {
+        for (size_t i = 0; i < nr; i++) // run 0's part overwrote it
+          upload(down, pown, i, own[i]);
+        size_t l0 = launches();
+        ASSERT_EQ(zpp_isum_cuda_finish(&cfg, fr.data(), nr, srcs.data(), div,
+                                       st, err, sizeof err),
+                  0)
+            << err;
+        CUDA_OK(cudaStreamSynchronize(st));
+        EXPECT_EQ(launches() - l0, 4u)
+            << "454 messages: 4 launches of at most " << ZPP_ISUM_CUDA_SRCS;
+        for (size_t i = 0; i < nr; i++) {
+          std::vector<uint8_t> want(count[i] * es);
+          zpp_isum_finish_scalar(&q, own[i].data(), uexp[i].data(),
+                                 hsrc[i].data(), (int)nmsg[i], count[i], div,
+                                 dt, want.data());
+          ASSERT_TRUE(same(want, download(dout, pout, i, want.size())))
+              << "finish of run " << i << " (" << count[i] << " elements, "
+              << nmsg[i] << " messages), div " << div;
+        }
+      }
+    }
+  cudaStreamDestroy(st);
+}
+
 // More runs than a launch takes: one launch per ZPP_ISUM_CUDA_BATCH runs,
 // the same results as the scalar absmax; and a bad config is refused
 // with a message naming it.
@@ -675,6 +784,69 @@ TEST(IsumCuda, BatchesOfRunsAndBadConfigs) {
       zpp_isum_cuda_absmax(&cfg, ar.data(), nruns, nullptr, err, sizeof err),
       -1);
   EXPECT_NE(std::string(err).find("block 0"), std::string::npos) << err;
+}
+
+// The library's callers, zpp_k_isum_* (engine/exec.h), check the kernels'
+// limits before a launch: a bad argument is ZPP_ERR_INVALID_ARGUMENT or
+// ZPP_ERR_UNSUPPORTED with a message naming it, not a ZPP_ERR_CUDA, and
+// nothing is launched.
+TEST(IsumCuda, ExecWrappersNameBadArguments) {
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  zpp_exec_t ex = {};
+  ex.mem = ZPP_MEMORY_DEVICE;
+  ex.stream = ex.caller_stream = st;
+  Dev d(4096);
+  CUDA_OK(cudaMemset(d.p, 0, 4096));
+  const zpp_isum_cuda_t good = {8, 16, ZPP_QM_F32, 0, ZPP_QB_RES_NONE, 0, 0.0f};
+  zpp_isum_cuda_absmax_run_t ar = {
+      d.p, nullptr, nullptr, 32, (uint32_t *)(d.p + 1024), nullptr};
+  zpp_isum_cuda_encode_run_t er = {};
+  zpp_isum_cuda_sum_run_t sr = {};
+  zpp_isum_cuda_requant_run_t rr = {};
+  zpp_isum_cuda_finish_run_t fr = {};
+  er.count = sr.count = rr.count = fr.count = 32;
+  const uint8_t *srcs[ZPP_ISUM_CUDA_SRCS + 1] = {};
+  auto expect = [&](zpp_status_t got, zpp_status_t want, const char *text,
+                    const char *what) {
+    EXPECT_EQ(got, want) << what << ": " << zpp_get_last_error();
+    EXPECT_NE(std::string(zpp_get_last_error()).find(text), std::string::npos)
+        << what << ": " << zpp_get_last_error();
+  };
+  const size_t l0 = launches();
+  zpp_isum_cuda_t c = good;
+  c.bits = 3;
+  expect(zpp_k_isum_absmax(&ex, &c, &ar, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->bits 3", "absmax, bits 3");
+  c = good;
+  c.block = 0;
+  expect(zpp_k_isum_encode(&ex, &c, &er, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->block 0", "encode, block 0");
+  c = good;
+  c.dtype = 7;
+  expect(zpp_k_isum_sum(&ex, &c, &sr, 1, srcs), ZPP_ERR_UNSUPPORTED,
+         "c->dtype 7", "sum, dtype 7");
+  c = good;
+  c.res = 9;
+  expect(zpp_k_isum_requant(&ex, &c, &rr, 1), ZPP_ERR_INVALID_ARGUMENT,
+         "c->res 9", "requant, residual kind 9");
+  expect(
+      zpp_k_isum_agree(&ex, (const int8_t *)d.p, 16, 0, (int8_t *)(d.p + 2048)),
+      ZPP_ERR_INVALID_ARGUMENT, "rows 0", "agreement, rows 0");
+  fr.n = ZPP_ISUM_CUDA_SRCS + 1;
+  expect(zpp_k_isum_finish(&ex, &good, &fr, 1, srcs, 1.0f),
+         ZPP_ERR_INVALID_ARGUMENT, "runs[0].part NULL",
+         "finish of 129 messages without part");
+  expect(zpp_k_isum_absmax(&ex, nullptr, &ar, 1), ZPP_ERR_NULL_POINTER,
+         "c NULL", "absmax, c NULL");
+  CUDA_OK(cudaStreamSynchronize(st));
+  EXPECT_EQ(launches(), l0) << "a refused call launched a kernel";
+  // and a good call through the same exec runs
+  ASSERT_EQ(zpp_k_isum_absmax(&ex, &good, &ar, 1), ZPP_OK)
+      << zpp_get_last_error();
+  CUDA_OK(cudaStreamSynchronize(st));
+  EXPECT_EQ(launches(), l0 + 1);
+  cudaStreamDestroy(st);
 }
 
 } // namespace

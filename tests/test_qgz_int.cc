@@ -813,14 +813,63 @@ TEST(QgzInt, OlderConfigStructTakesTheDefault) {
   EXPECT_EQ(a, b);
 }
 
+// ZPP_QGZ_SUM_DEFAULT follows the setting ZPP_QGZ_SUM, read when a
+// communicator is created (docs/collectives.md): with ZPP_QGZ_SUM=int
+// (the ctest entries qgz_int_sumenv_* of tests/qgz_int.cmake) a default
+// config gives the bits of an explicit INT, else those of FLOAT; INT and
+// FLOAT differ on this data (on some rank), so the comparison tells them
+// apart.  On device memory both the suite's communicator and the
+// host-memory one are checked.
+TEST(QgzInt, DefaultSumFollowsTheSetting) {
+  const char *env = std::getenv("ZPP_QGZ_SUM");
+  const bool want_int = env != nullptr && std::string(env) == "int";
+  if (g_rank == 0)
+    std::printf("[ info ] ZPP_QGZ_SUM=%s: the default is %s\n",
+                env ? env : "(unset)", want_int ? "INT" : "FLOAT");
+  const size_t count = 1000;
+  auto x = gen(g_rank, g_size * count, ZPP_BFLOAT16, 29, LAPLACE);
+  auto in = pack(x, ZPP_BFLOAT16);
+  for (int dev = 0; dev < 2; dev++) {
+    zpp_comm_t comm = dev ? g_comm : g_host;
+    if (!dev && g_host == nullptr)
+      continue; // host memory: the suite's communicator is the host one
+    const char *where =
+        dev && zpp_test::DeviceMemory() ? "device memory" : "host memory";
+    std::vector<uint8_t> y[3]; // DEFAULT, INT, FLOAT
+    const int sums[3] = {ZPP_QGZ_SUM_DEFAULT, ZPP_QGZ_SUM_INT,
+                         ZPP_QGZ_SUM_FLOAT};
+    zpp_test::Mem mem;
+    for (int k = 0; k < 3; k++) {
+      zpp_qgz_config_t c = ZPP_QGZ_CONFIG_INIT;
+      c.sum = sums[k];
+      y[k].assign(count * 2, 0);
+      const uint8_t *src = dev ? mem.in(in) : in.data();
+      uint8_t *dst = dev ? mem.out(y[k]) : y[k].data();
+      EXPECT_EQ(zpp_qgz_reduce_scatter(comm, &c, src, dst, count, ZPP_BFLOAT16,
+                                       ZPP_OP_MEAN, nullptr, nullptr, nullptr),
+                ZPP_OK)
+          << where << ": " << zpp_comm_get_last_error(comm);
+    }
+    if (dev)
+      mem.back();
+    EXPECT_TRUE(y[0] == y[want_int ? 1 : 2])
+        << where << ": DEFAULT is not " << (want_int ? "INT" : "FLOAT");
+    int differs = y[1] != y[2], any = 0;
+    MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(any, 1) << where << ": INT and FLOAT gave the same bits";
+  }
+}
+
 // On device memory (ZPP_TEST_MEMORY=device) the integer sums run the CUDA
 // kernels of src/kernels/isum_cuda.cu over the whole input at once; a
 // host-memory communicator runs the CPU kernels chunk by chunk.  Both
 // follow docs/format.md ("Integer sums") to the bit, so the results and the
-// residuals after each of three steps (the third resets the residual) are
-// equal: every dtype, both widths at each stage, both roundings, no
-// residual, fp32 and INT8 residuals with and without LoCo's moving average,
-// blocks of a multiple of 8 elements and not, short last blocks.
+// residuals after each of four steps are equal (the third resets the
+// residual, the second and the fourth update one that is not zero, which
+// the moving average reads): every dtype, both widths at each stage, both
+// roundings, no residual, fp32 and INT8 residuals with and without LoCo's
+// moving average, blocks of a multiple of 8 elements and not, short last
+// blocks.
 TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
   if (!zpp_test::DeviceMemory())
     GTEST_SKIP() << "compares device memory with host memory: run with "
@@ -859,19 +908,20 @@ TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
       c.residual_reset = 3;
       EXPECT_EQ(zpp_qgz_residual_bytes(g_comm, &c, v.count, &rb), ZPP_OK);
     }
-    std::vector<std::vector<uint8_t>> in(3);
-    for (int step = 0; step < 3; step++)
+    const int steps = 4;
+    std::vector<std::vector<uint8_t>> in(steps);
+    for (int step = 0; step < steps; step++)
       in[step] =
           pack(gen(g_rank, g_size * v.count, v.dt, ++tag, LAPLACE), v.dt);
-    std::vector<uint8_t> res[2], out[2][3];
+    std::vector<uint8_t> res[2][steps], out[2][steps];
     for (int dev = 0; dev < 2; dev++) {
       zpp_comm_t comm = dev ? g_comm : g_host;
       zpp_test::Mem mem; // device copies (host pointers when !dev)
-      res[dev].assign(rb + 1, 0);
+      std::vector<uint8_t> rcur(rb + 1, 0);
       uint8_t *r = nullptr;
       if (v.residual_bits)
-        r = dev ? mem.out(res[dev]) : res[dev].data();
-      for (int step = 0; step < 3; step++) {
+        r = dev ? mem.out(rcur) : rcur.data();
+      for (int step = 0; step < steps; step++) {
         out[dev][step].assign(v.count * ds, 0);
         c.step = (uint64_t)step + 1;
         const uint8_t *src = dev ? mem.in(in[step]) : in[step].data();
@@ -880,14 +930,17 @@ TEST(QgzInt, DeviceEqualsTheHostPathBitForBit) {
                                          v.op, r, nullptr, nullptr),
                   ZPP_OK)
             << what << ": " << zpp_comm_get_last_error(comm);
+        if (dev)
+          mem.back(); // this step's result and residual
+        res[dev][step] = rcur;
       }
-      if (dev)
-        mem.back();
     }
-    for (int step = 0; step < 3; step++)
+    for (int step = 0; step < steps; step++) {
       EXPECT_TRUE(out[1][step] == out[0][step])
           << what << ": result of step " << step + 1;
-    EXPECT_TRUE(res[1] == res[0]) << what << ": residual after 3 steps";
+      EXPECT_TRUE(res[1][step] == res[0][step])
+          << what << ": residual after step " << step + 1;
+    }
   }
 }
 

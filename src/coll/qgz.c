@@ -236,8 +236,8 @@ typedef struct {
    * of one slice, this rank's absmax bits of every block of every slice
    * (W nb: amax_mine) and the unit exponents: this rank's (uexp_mine),
    * every g1 member's (uexp_all, s1 W nb bytes, all-gathered) and their
-   * max, the agreed ones (uexp).  The partial sums (accx, acco) hold int32
-   * then. */
+   * max, the agreed ones (uexp; uexp_mine itself when s1 is 1).  The partial
+   * sums (accx, acco) hold int32 then. */
   const zpp_isum_ops_t *iops;
   size_t nb;
   uint32_t *amax_mine;
@@ -516,20 +516,15 @@ static zpp_status_t isum_absmax(void *ctx, size_t unused) {
   return ZPP_OK;
 }
 
-/* The agreed exponents: the max over the g1 members. */
+/* The agreed exponents: the max over the g1 members (s1 > 1; with one
+ * member uexp is uexp_mine). */
 static zpp_status_t isum_agree(void *ctx, size_t unused) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
   size_t n = (size_t)zpp_transport_size(p->a.ex.t) * p->nb, i;
   int j;
   (void)unused;
   if (p->idev) /* on the stream, from the all-gathered bytes */
-    return p->s1 == 1
-               ? zpp_k_copy(&p->a.ex, p->uexp, p->uexp_mine, n)
-               : zpp_k_isum_agree(&p->a.ex, p->uexp_all, n, p->s1, p->uexp);
-  if (p->s1 == 1) {
-    memcpy(p->uexp, p->uexp_mine, n);
-    return ZPP_OK;
-  }
+    return zpp_k_isum_agree(&p->a.ex, p->uexp_all, n, p->s1, p->uexp);
   /* member by member over contiguous bytes (the compiler vectorizes it) */
   memcpy(p->uexp, p->uexp_all, n);
   for (j = 1; j < p->s1; j++) {
@@ -786,6 +781,9 @@ static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
       p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   memset(&r, 0, sizeof r);
   r.own = acc;
+  /* more than ZPP_ISUM_CUDA_SRCS other nodes: the finish goes on over
+   * launches, its fp32 sums in place of the int32 ones it has read */
+  r.part = p->slot[k % QGZ_DEPTH].acco;
   r.uexp = isum_uexp(p, slice_of(p, p->me1, p->mo), k);
   r.dst = (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype);
   r.count = len;
@@ -1062,9 +1060,10 @@ static void qgz_release(void *ctx) {
   free((void *)p->srcs);
   free((void *)p->fsrcs);
   zpp_k_free(ex, p->amax_mine);
+  if (p->uexp != p->uexp_mine) /* else the same buffer (s1 == 1) */
+    zpp_k_free(ex, p->uexp);
   zpp_k_free(ex, p->uexp_mine);
   zpp_k_free(ex, p->uexp_all);
-  zpp_k_free(ex, p->uexp);
   free(p->iabs);
   free(p->ienc);
   free(p->isr);
@@ -1153,10 +1152,12 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
     st = zpp_k_alloc(ex, w * p->nb * 4, (void **)&p->amax_mine);
     if (st == ZPP_OK)
       st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp_mine);
-    if (st == ZPP_OK)
+    if (st == ZPP_OK && s1 > 1)
       st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp);
     if (st == ZPP_OK && s1 > 1)
       st = zpp_k_alloc(ex, s1 * w * p->nb, (void **)&p->uexp_all);
+    if (s1 == 1) /* a stage of one rank agrees with itself */
+      p->uexp = p->uexp_mine;
     if (st == ZPP_OK) {
       p->fsrcs = (const uint8_t **)calloc(m1, sizeof *p->fsrcs);
       if (p->fsrcs == NULL)
@@ -1283,8 +1284,8 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       x.recv = p->uexp_all;
       x.bytes = (size_t)zpp_transport_size(ex->t) * p->nb;
       s = zpp_plan_xfer(plan, &x, s, ZPP_NO_STEP);
+      s = zpp_plan_kernel(plan, isum_agree, 0, s, ZPP_NO_STEP);
     }
-    s = zpp_plan_kernel(plan, isum_agree, 0, s, ZPP_NO_STEP);
     for (i = 0; i < QGZ_DEPTH; i++)
       kfree[i] = s;
   }

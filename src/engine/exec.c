@@ -664,10 +664,38 @@ static zpp_status_t isum_not_here(const char *func, const zpp_exec_t *ex) {
 #endif
 }
 
+/* The limits of src/kernels/isum_cuda.h, checked before a launch so that a
+ * bad argument is the caller's error, named, and not a ZPP_ERR_CUDA (the
+ * kernels' -1 is then a failed launch only). */
+static zpp_status_t isum_args(const char *func, const zpp_isum_cuda_t *c,
+                              const void *runs, size_t n) {
+  if (c == NULL)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "c NULL");
+  if (runs == NULL && n > 0)
+    return zpp_error(ZPP_ERR_NULL_POINTER, func, "runs NULL for %zu runs", n);
+  if (c->bits != 4 && c->bits != 8)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "c->bits %d: must be 4 or 8", c->bits);
+  if (c->block == 0)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "c->block 0: must be >= 1");
+  if (c->dtype != ZPP_QM_F32 && c->dtype != ZPP_QM_F16 &&
+      c->dtype != ZPP_QM_BF16)
+    return zpp_error(ZPP_ERR_UNSUPPORTED, func,
+                     "c->dtype %d: the integer sums take fp32, fp16 or bf16",
+                     c->dtype);
+  if (c->res != ZPP_QB_RES_NONE && c->res != ZPP_QB_RES_F32 &&
+      c->res != ZPP_QB_RES_I8)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, func,
+                     "c->res %d: must be ZPP_QB_RES_NONE, _F32 or _I8", c->res);
+  return ZPP_OK;
+}
+
 zpp_status_t zpp_k_isum_absmax(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                                const zpp_isum_cuda_absmax_run_t *runs,
                                size_t n) {
   ZPP_CHECK(isum_not_here(__func__, ex));
+  ZPP_CHECK(isum_args(__func__, c, runs, n));
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__,
               zpp_isum_cuda_absmax(c, runs, n, ex->stream, DEVICE_ERRBUF));
@@ -680,6 +708,9 @@ zpp_status_t zpp_k_isum_absmax(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
 zpp_status_t zpp_k_isum_agree(const zpp_exec_t *ex, const int8_t *all, size_t n,
                               int rows, int8_t *out) {
   ZPP_CHECK(isum_not_here(__func__, ex));
+  if (rows < 1)
+    return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                     "rows %d: must be >= 1", rows);
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__, zpp_isum_cuda_agree(all, n, rows, out, ex->stream,
                                             DEVICE_ERRBUF));
@@ -693,6 +724,7 @@ zpp_status_t zpp_k_isum_encode(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                                const zpp_isum_cuda_encode_run_t *runs,
                                size_t n) {
   ZPP_CHECK(isum_not_here(__func__, ex));
+  ZPP_CHECK(isum_args(__func__, c, runs, n));
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__,
               zpp_isum_cuda_encode(c, runs, n, ex->stream, DEVICE_ERRBUF));
@@ -706,6 +738,7 @@ zpp_status_t zpp_k_isum_sum(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                             const zpp_isum_cuda_sum_run_t *runs, size_t n,
                             const uint8_t *const *srcs) {
   ZPP_CHECK(isum_not_here(__func__, ex));
+  ZPP_CHECK(isum_args(__func__, c, runs, n));
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__,
               zpp_isum_cuda_sum(c, runs, n, srcs, ex->stream, DEVICE_ERRBUF));
@@ -719,6 +752,7 @@ zpp_status_t zpp_k_isum_requant(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                                 const zpp_isum_cuda_requant_run_t *runs,
                                 size_t n) {
   ZPP_CHECK(isum_not_here(__func__, ex));
+  ZPP_CHECK(isum_args(__func__, c, runs, n));
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__,
               zpp_isum_cuda_requant(c, runs, n, ex->stream, DEVICE_ERRBUF));
@@ -731,7 +765,16 @@ zpp_status_t zpp_k_isum_requant(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
 zpp_status_t zpp_k_isum_finish(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                                const zpp_isum_cuda_finish_run_t *runs, size_t n,
                                const uint8_t *const *srcs, float div) {
+  size_t i;
   ZPP_CHECK(isum_not_here(__func__, ex));
+  ZPP_CHECK(isum_args(__func__, c, runs, n));
+  for (i = 0; i < n; i++)
+    if (runs[i].n > ZPP_ISUM_CUDA_SRCS && runs[i].part == NULL)
+      return zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
+                       "runs[%zu].part NULL: a run of %zu messages (more "
+                       "than ZPP_ISUM_CUDA_SRCS, %d) needs scratch for its "
+                       "fp32 sums",
+                       i, runs[i].n, ZPP_ISUM_CUDA_SRCS);
 #if ZPP_HAVE_CUDA_KERNELS
   DEVICE_CALL(__func__, zpp_isum_cuda_finish(c, runs, n, srcs, div, ex->stream,
                                              DEVICE_ERRBUF));

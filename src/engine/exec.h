@@ -192,7 +192,13 @@ zpp_status_t zpp_k_hadamard_batch(const zpp_exec_t *ex, size_t group,
 /* The kernels of src/kernels/isum_cuda.h on the exec's stream: each a table
  * of runs in one launch per ZPP_ISUM_CUDA_BATCH runs, bitwise the host's
  * zpp_isum_ops_t (kernels/quant_cpu.h), which host plans call themselves.
- * Device memory only (else ZPP_ERR_UNSUPPORTED). */
+ * Device memory only (else ZPP_ERR_UNSUPPORTED).  The kernels' limits are
+ * checked first, naming the argument: c NULL or runs NULL
+ * (ZPP_ERR_NULL_POINTER), c->bits other than 4 or 8, c->block 0, c->res
+ * not a ZPP_QB_RES_*, rows < 1, a finish run of more than
+ * ZPP_ISUM_CUDA_SRCS messages with part NULL (ZPP_ERR_INVALID_ARGUMENT),
+ * a c->dtype other than fp32/fp16/bf16 (ZPP_ERR_UNSUPPORTED); ZPP_ERR_CUDA
+ * is a failed launch. */
 zpp_status_t zpp_k_isum_absmax(const zpp_exec_t *ex, const zpp_isum_cuda_t *c,
                                const zpp_isum_cuda_absmax_run_t *runs,
                                size_t n);

@@ -87,8 +87,11 @@ struct FinRun {
   const int32_t *own;
   const int8_t *uexp;
   void *dst;
+  float *part; /* fp32 sums between the launches of a split run */
   size_t count, nb;
   unsigned first, n;
+  int cont; /* start from part (not the first launch of the run) */
+  int last; /* divide and round to dst (else store into part) */
 };
 
 template <typename Run> struct Table {
@@ -696,20 +699,28 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
     const FinRun &run = tab.r[it.e];
     const float unit = zpp_qm_unit_value(run.uexp[it.b]);
     const int ip = path_of(run.own, 4, it.chunked);
+    const int pp = path_of(run.part, 4, it.chunked);
     const int dp = path_of(run.dst, elem_size(DT), it.chunked);
     for (size_t j = t; j * kC < it.len; j += G) {
       const int n = chunk_elems<kC>(it.len, j);
       const size_t e = it.off + j * kC;
-      uint32_t own[kC];
+      uint32_t w[kC];
       float acc[kC];
-      ld32(run.own, e, n, ip, own);
+      if (run.cont) {
+        ld32(run.part, e, n, pp, w);
 #pragma unroll
-      for (int i = 0; i < kC; i++)
+        for (int i = 0; i < kC; i++)
+          acc[i] = zpp_qm_bits_f32(w[i]);
+      } else {
+        ld32(run.own, e, n, ip, w);
+#pragma unroll
+        for (int i = 0; i < kC; i++)
 #if defined(__CUDA_ARCH__)
-        acc[i] = __fmul_rn((float)(int32_t)own[i], unit);
+          acc[i] = __fmul_rn((float)(int32_t)w[i], unit);
 #else
-        acc[i] = (float)(int32_t)own[i] * unit;
+          acc[i] = (float)(int32_t)w[i] * unit;
 #endif
+      }
       for (unsigned s = run.first; s < run.first + run.n; s++) {
         const uint8_t *src = tab.src[s];
         const float sc = zpp_qm_bits_f32(ld_u32(src + 4 * it.b));
@@ -720,6 +731,13 @@ __global__ void __launch_bounds__(kCta, kMinCtas)
         for (int i = 0; i < kC; i++)
           acc[i] = zpp_qm_add(
               acc[i], zpp_qm_dequantize(code_at<BITS>(word, i), sc, 0.0f));
+      }
+      if (!run.last) { /* the exact fp32 sums, for the next launch */
+#pragma unroll
+        for (int i = 0; i < kC; i++)
+          w[i] = zpp_qm_f32_bits(acc[i]);
+        st32(run.part, e, n, pp, w);
+        continue;
       }
 #pragma unroll
       for (int i = 0; i < kC; i++)
@@ -904,12 +922,14 @@ int requant_bits(const zpp_isum_cuda_t *c,
 
 /* The sum and the finish: tables of runs with their sources (Pub: the
  * public run, with count, first and n); a run whose sources do not fit
- * goes on in the next launch, from what the earlier one wrote (the sum's
- * `cont`; the finish takes at most kSrcs a run). */
+ * goes on in the next launch, from what the earlier one wrote (fill's
+ * `cont`: not the run's first piece, `last`: its last).  With `whole`
+ * (the finish) a run of at most kSrcs sources is never split, so only the
+ * runs of more need scratch (zpp_isum_cuda_finish_run_t.part). */
 template <typename Run, typename Pub, typename K, typename Fill>
 int run_src_table(const char *what, K kernel, const zpp_isum_cuda_t *c,
                   const Opts &o, const Pub *runs, size_t nruns,
-                  const uint8_t *const *srcs, bool split, Fill fill,
+                  const uint8_t *const *srcs, bool whole, Fill fill,
                   cudaStream_t st, char *err, size_t errlen) {
   SrcTable<Run> t = {};
   size_t total = 0, nsrc = 0;
@@ -924,7 +944,7 @@ int run_src_table(const char *what, K kernel, const zpp_isum_cuda_t *c,
   for (size_t i = 0; i < nruns; i++) {
     if (runs[i].count == 0)
       continue;
-    if (!split && nsrc + runs[i].n > kSrcs && flush())
+    if (whole && runs[i].n <= kSrcs && nsrc + runs[i].n > kSrcs && flush())
       return -1;
     size_t done = 0;
     do {
@@ -934,7 +954,7 @@ int run_src_table(const char *what, K kernel, const zpp_isum_cuda_t *c,
       if (take > kSrcs - nsrc)
         take = kSrcs - nsrc;
       Run &r = t.r[t.n];
-      fill(i, r, done > 0);
+      fill(i, r, done > 0, done + take == runs[i].n);
       r.count = runs[i].count;
       r.nb = ceil_div(runs[i].count, c->block);
       r.first = (unsigned)nsrc;
@@ -958,8 +978,8 @@ int sum_dt(const zpp_isum_cuda_t *c, const zpp_isum_cuda_sum_run_t *runs,
   const Opts o = opts_of(c, max_count(runs, nruns));
   return run_src_table<SumRun>(
       "integer-sum sum kernel", sum_kernel<DT, BITS>, c, o, runs, nruns, srcs,
-      true,
-      [&](size_t i, SumRun &r, bool cont) {
+      false,
+      [&](size_t i, SumRun &r, bool cont, bool) {
         r.own = runs[i].own;
         r.res = (uint8_t *)runs[i].res;
         r.res_codes = runs[i].res_codes;
@@ -979,11 +999,14 @@ int finish_dt(const zpp_isum_cuda_t *c, const zpp_isum_cuda_finish_run_t *runs,
   o.div = div;
   return run_src_table<FinRun>(
       "integer-sum finish kernel", finish_kernel<DT, BITS>, c, o, runs, nruns,
-      srcs, false,
-      [&](size_t i, FinRun &r, bool) {
+      srcs, true,
+      [&](size_t i, FinRun &r, bool cont, bool last) {
         r.own = runs[i].own;
         r.uexp = runs[i].uexp;
         r.dst = runs[i].dst;
+        r.part = runs[i].part;
+        r.cont = cont;
+        r.last = last;
       },
       st, err, errlen);
 }
@@ -1057,10 +1080,10 @@ extern "C" int zpp_isum_cuda_finish(const zpp_isum_cuda_t *c,
   if (bad_cfg(c, "integer-sum finish", err, errlen))
     return -1;
   for (size_t i = 0; i < nruns; i++)
-    if (runs[i].n > kSrcs) {
+    if (runs[i].n > kSrcs && runs[i].part == NULL) {
       snprintf(err, errlen,
-               "integer-sum finish: run %zu has %zu messages: at most %u (the "
-               "output is rounded once)",
+               "integer-sum finish: run %zu has %zu messages and part NULL: "
+               "more than %u need scratch for the fp32 sums",
                i, runs[i].n, kSrcs);
       return -1;
     }

@@ -19,7 +19,13 @@
  * before use and whose new errors are encoded after, as the host path's
  * decode, kernel, encode.  A NULL `res` in a run: no residual for it.
  *
- * Return: 0, or -1 with the CUDA message in err (a failed launch).
+ * Return: 0, or -1 with a message in err: a failed launch (the CUDA
+ * message), or arguments outside these limits (bits other than 4 or 8,
+ * block 0, a dtype or residual kind not listed, rows < 1, a finish run of
+ * more than ZPP_ISUM_CUDA_SRCS messages without `part`).  The callers in
+ * the library, zpp_k_isum_* (engine/exec.h), check those limits first
+ * and report them as the caller's error, so a -1 that reaches them is a
+ * failed launch.
  * Internal header: not installed.
  */
 #ifndef ZPP_KERNELS_ISUM_CUDA_H
@@ -110,11 +116,18 @@ typedef struct {
 } zpp_isum_cuda_requant_run_t;
 
 /* finish: dst (dtype) = fl(fl(own 2^E) + the decoded messages srcs[first
- * .. first + n) in order) / div, as zpp_isum_finish_scalar. */
+ * .. first + n) in order) / div, as zpp_isum_finish_scalar.  A run of more
+ * than ZPP_ISUM_CUDA_SRCS messages goes on over launches: each but the last
+ * stores its fp32 sums in `part` (count floats; it may be `own` itself,
+ * each element is read before it is written), the next one adds on from
+ * there, and only the last divides and rounds to the dtype, so the bits
+ * are the host's; `part` may be NULL for a run of at most
+ * ZPP_ISUM_CUDA_SRCS messages (never split). */
 typedef struct {
   const int32_t *own;
   const int8_t *uexp;
   void *dst;
+  float *part;
   size_t count;
   size_t first, n;
 } zpp_isum_cuda_finish_run_t;
