@@ -106,7 +106,7 @@ fuzz: deps
 EMU_TARGETS = zpp zpp_cudart_emu zpp_nccl_emu test_cuda_emu test_quant_cuda test_elementwise_cuda \
   test_coll test_coll_align test_transport \
   test_runtime test_device_path test_nccl_transport test_qgz_device test_build_features zpp-bench \
-  test_isum_cuda
+  test_isum_cuda test_qgz_int
 
 emu: deps
 	cmake -S . -B $(EMU_BUILD) -DCMAKE_BUILD_TYPE=Release -DZPP_CUDA_EMU=ON \
