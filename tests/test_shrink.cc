@@ -29,6 +29,7 @@
 
 #include "comm/comm_impl.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -345,13 +346,32 @@ struct Scenario {
   int second = -1;            // a rank killed during the shrink (-1: none)
   const char *second_at = ""; // ... at this point of zpp_comm_shrink
   int want = ZPP_OK;          // what every other survivor's shrink returns
+  // Rank `cut`'s first `cut_times` connections to rank `cut_to` fail here
+  // (EADDRNOTAVAIL, standing in for a lost SYN or a full descriptor
+  // table: no proof of death); cut_times < 0: all of them, and rank `cut`
+  // must end in a named error while the others leave it out.
+  int cut = -1, cut_to = 0, cut_times = 0;
+  const char *pause_at = ""; // every rank sleeps 50 ms at this point
 };
 
-// The second victim: SIGKILLs itself at a named point of the shrink.
+// Points of the shrink: the second victim SIGKILLs itself at g_die_at;
+// every rank sleeps at g_pause_at.
 const char *g_die_at = "";
-void die_at(int, const char *point) {
+const char *g_pause_at = "";
+void at_point(int, const char *point) {
   if (std::strcmp(point, g_die_at) == 0)
     raise(SIGKILL);
+  if (std::strcmp(point, g_pause_at) == 0)
+    usleep(50000);
+}
+
+int g_cut_to = -1, g_cut_left = 0;
+int cut_connect(int, int to) {
+  if (to != g_cut_to || g_cut_left == 0)
+    return 0;
+  if (g_cut_left > 0)
+    g_cut_left--;
+  return EADDRNOTAVAIL;
 }
 
 // Collectives until one fails; then the shrink, a check of the new
@@ -396,9 +416,14 @@ Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
     // alive, but calls shrink only long after the others decided
     usleep((useconds_t)(kTimeout * 2.5e6));
   }
-  if (i == sc.second) {
+  if (i == sc.second)
     g_die_at = sc.second_at;
-    zpp_shrink_test_hook = die_at;
+  g_pause_at = sc.pause_at;
+  zpp_shrink_test_hook = at_point;
+  if (i == sc.cut) {
+    g_cut_to = sc.cut_to;
+    g_cut_left = sc.cut_times;
+    zpp_shrink_test_connect = cut_connect;
   }
   zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
   cfg.timeout_s = sc.shrink_timeout;
@@ -473,6 +498,8 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     out.push_back(sc.idle);
   if (sc.second >= 0)
     out.push_back(sc.second);
+  if (sc.cut >= 0 && sc.cut_times < 0)
+    out.push_back(sc.cut);
   const std::string want = expected_map(sc.n, out);
   const double bound = sc.shrink_timeout > 0 ? sc.shrink_timeout : 3 * kTimeout;
   double worst = 0;
@@ -492,6 +519,13 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     if (i == sc.idle) {
       EXPECT_EQ(r.status, ZPP_ERR_EXCLUDED) << r.msg;
       EXPECT_NE(r.msg.find("after the decision"), std::string::npos) << r.msg;
+      continue;
+    }
+    if (i == sc.cut && sc.cut_times < 0) {
+      // it never reached the coordinator: left out, and told so
+      EXPECT_TRUE(r.status == ZPP_ERR_EXCLUDED || r.status == ZPP_ERR_SYSTEM ||
+                  r.status == ZPP_ERR_TIMEOUT)
+          << r.status << " " << r.map << " " << r.msg;
       continue;
     }
     if (sc.want != ZPP_OK) {
@@ -525,7 +559,7 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
   // the target: the slowest survivor's collective times out (ZPP_TIMEOUT_S),
   // then the shrink and the first collective take at most 2 s more; a rank
   // that never joins costs the coordinator's join window on top
-  if (sc.idle < 0 && sc.second < 0) {
+  if (sc.idle < 0 && sc.second < 0 && sc.cut_times >= 0) {
     EXPECT_LT(worst, kTimeout + 2.0);
   }
 }
@@ -581,6 +615,29 @@ TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
   sc.second = 0;
   sc.second_at = "deciding";
   run_scenario(sc, "1,1");
+}
+
+// Rank 2's first connection to rank 0, the coordinator, fails on its side
+// (no proof that rank 0 died), and rank 0 pauses between its DECIDE and its
+// EXCLUDED: rank 2 must try rank 0 again instead of joining rank 1 or
+// coordinating, and every survivor ends with the same members.
+TEST(Shrink, FailedConnectIsNoProofOfDeath) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.cut = 2;
+  sc.cut_times = 1;
+  sc.pause_at = "decide-sent";
+  run_scenario(sc, "3");
+}
+
+// Rank 2 never reaches rank 0: rank 0 and 1 decide without it once the
+// join window ends, and rank 2 ends in a named error (EXCLUDED on rank 0's
+// probe) instead of a communicator of its own.
+TEST(Shrink, UnreachableCoordinatorLeavesTheRankOut) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.cut = 2;
+  sc.cut_times = -1;
+  sc.pause_at = "decide-sent";
+  run_scenario(sc, "2");
 }
 
 // Nobody died: every rank calls shrink, and the new communicator holds
