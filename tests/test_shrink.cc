@@ -679,6 +679,34 @@ TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
   run_scenario(sc, "1,1");
 }
 
+// The coordinator dies after its DECIDE reached rank 1 only (it sends in
+// rank order): rank 1's creation fails (ZPP_ERR_PEER_FAILED); rank 2, to
+// which rank 0 now refuses, joins rank 1, which is creating and never
+// answers: ZPP_ERR_TIMEOUT, or, once rank 1 destroyed comm (its socket
+// then refuses), a communicator of rank 2 alone.  Never two survivors with
+// ZPP_OK and different members.
+TEST(Shrink, CoordinatorKilledAfterPartOfItsDecision) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.second = 0;
+  sc.second_at = "decide-one";
+  Job job(sc.n, [&](int i, const Ctl &c) { return survivor(i, c, sc); });
+  ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
+  job.kill_rank(3);
+  job.go();
+  std::vector<Res> res = job.finish(25);
+  EXPECT_EQ(res[0].status, 99) << "rank 0 did not die: " << res[0].msg;
+  EXPECT_EQ(res[1].status, ZPP_ERR_PEER_FAILED) << res[1].msg;
+  EXPECT_TRUE(res[2].status == ZPP_ERR_TIMEOUT ||
+              (res[2].status == ZPP_OK && res[2].map == "-1,-1,0,-1"))
+      << res[2].status << " " << res[2].map << " " << res[2].msg;
+  for (int i = 1; i <= 2; i++) {
+    EXPECT_LT(res[i].t_shrunk - res[i].t_fail, 3 * kTimeout + 1.0) << i;
+    std::printf("rank %d: status %d after %.3f s: %s\n", i, res[i].status,
+                res[i].t_shrunk - res[i].t_fail, res[i].msg.c_str());
+  }
+}
+
 // Rank 2's first connection to rank 0, the coordinator, fails on its side
 // (no proof that rank 0 died), and rank 0 pauses between its DECIDE and its
 // EXCLUDED: rank 2 must try rank 0 again instead of joining rank 1 or

@@ -341,7 +341,9 @@ ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
  *                          host does not answer; also the members the
  *                          coordinator's DECIDE did not reach when it died
  *                          while sending it (those it reached return
- *                          ZPP_ERR_PEER_FAILED);
+ *                          ZPP_ERR_PEER_FAILED; once they destroyed comm,
+ *                          the unreached ones coordinate among themselves
+ *                          and may return ZPP_OK: docs/api.md);
  *   ZPP_ERR_SYSTEM         connections to that rank failed on this host
  *                          until the deadline (no descriptor, port, route);
  *   ZPP_ERR_UNSUPPORTED    comm has no listening socket (it could not open

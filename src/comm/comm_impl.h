@@ -61,8 +61,9 @@ zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
 void zpp_rescue_free(zpp_comm_t c);
 /* Testing: called at named points of zpp_comm_shrink on every rank
  * ("joined": my join was sent; "decided": a member received the
- * decision; "deciding": the coordinator is about to send it; "decide-sent": the
- * coordinator sent DECIDE to every member, EXCLUDED follows). */
+ * decision; "deciding": the coordinator is about to send it; "decide-one": it sent
+ * one DECIDE, in members' rank order; "decide-sent": it sent DECIDE to
+ * every member, EXCLUDED follows). */
 extern void (*zpp_shrink_test_hook)(int rank, const char *point);
 /* Testing: when set, each connection this rank starts to rank `to` first
  * asks it; a nonzero errno fails that connect with it. */

@@ -760,18 +760,20 @@ static zpp_status_t coordinate(sh_t *s) {
            1;
   }
   /* A member that died since joining fails the creation on every member;
-   * sends are bounded and their failures need no answer here.  Answered
+   * sends are bounded and their failures need no answer here.  In rank
+   * order (if I die midway, the members reached are the lowest); answered
    * connections are closed. */
-  for (i = s->nc - 1; i >= 0; i--) {
-    conn_t *c = &s->cv[i];
-    if (c->kind == K_JOIN && s->joined[c->peer]) {
-      if (payload != NULL)
-        send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload, plen,
-                 soon(s, 2.0));
-      drop(s, i);
-      hook(s->me, "decide-one");
+  for (q = 0; q < s->nmem; q++)
+    for (i = s->nc - 1; i >= 0; i--) {
+      conn_t *c = &s->cv[i];
+      if (c->kind == K_JOIN && c->peer == s->mem[q]) {
+        if (payload != NULL)
+          send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload,
+                   plen, soon(s, 2.0));
+        drop(s, i);
+        hook(s->me, "decide-one");
+      }
     }
-  }
   hook(s->me, "decide-sent");
   /* the live ranks that did not join, and joins of ranks proven dead
    * (their listener refused: they cannot be members) */
