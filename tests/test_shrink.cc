@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -770,6 +771,55 @@ TEST(Shrink, WithoutAFailureKeepsEveryRank) {
     EXPECT_TRUE(res[i].exact) << res[i].msg;
     EXPECT_EQ(res[i].coll_status, ZPP_ERR_ABORTED);
   }
+}
+
+// A process forked from rank 1 after its communicator's creation (a data
+// loader's worker) outlives rank 1's SIGKILL: rank 1's shrink listener
+// must not live on in it, so that rank 0's probe is refused and rank 0
+// decides at once instead of waiting out its join window (1.5 T).
+TEST(Shrink, ForkedChildDoesNotKeepTheListener) {
+  Job job(2, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 2, c, nullptr);
+    if (i == 1) {
+      if (fork() == 0) {
+        // keeps the listening sockets it inherited, nothing else
+        for (int fd = 3; fd < 1024; fd++) {
+          int on = 0;
+          socklen_t len = sizeof on;
+          if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 ||
+              !on)
+            close(fd);
+        }
+        sleep(8);
+        _exit(0);
+      }
+      c.ready();
+      pause(); // SIGKILLed by the parent
+    }
+    c.ready();
+    c.wait_go();
+    std::vector<int> map(2, -7);
+    zpp_comm_t nc = nullptr;
+    res.t_fail = mono_s();
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.t_shrunk = mono_s();
+    res.msg = res.status == ZPP_OK ? "" : zpp_get_last_error();
+    res.map = std::to_string(map[0]) + "," + std::to_string(map[1]);
+    if (res.status == ZPP_OK)
+      zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  ASSERT_TRUE(job.all_ready(20));
+  job.kill_rank(1);
+  job.go_one(0);
+  std::vector<Res> res = job.finish(25);
+  ASSERT_EQ(res[0].status, ZPP_OK) << res[0].msg;
+  EXPECT_EQ(res[0].map, "0,-1");
+  EXPECT_LT(res[0].t_shrunk - res[0].t_fail, 1.0)
+      << "rank 1's listener outlived it in the forked process";
+  std::printf("rank 0 shrank in %.3f s\n", res[0].t_shrunk - res[0].t_fail);
 }
 
 // Bad arguments: errors naming them, and the communicator untouched (this

@@ -555,8 +555,7 @@ static zpp_status_t attach_rescue(zpp_comm_t c, const boot_rec_t *rec,
   if (fd < 0 || !all || ip == NULL || port == NULL) {
     free(ip);
     free(port);
-    if (fd >= 0)
-      close(fd);
+    zpp_rescue_close(fd);
     return ZPP_OK; /* zpp_comm_shrink then says it is unsupported */
   }
   for (r = 0; r < size; r++) {
@@ -899,8 +898,7 @@ err_tr:
 err_topo:
   zpp_topo_free(topo);
 err_comm:
-  if (rescue_fd >= 0)
-    close(rescue_fd);
+  zpp_rescue_close(rescue_fd);
   free(rec);
   if (c != NULL) {
     /* The creator's state stays the caller's. */

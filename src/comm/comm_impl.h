@@ -59,6 +59,10 @@ zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
                                const char *func);
 /* Closes the socket and frees the state (zpp_comm_destroy). */
 void zpp_rescue_free(zpp_comm_t c);
+/* Closes a listener of zpp_rescue_open not attached (a failed creation);
+ * a fork's child never keeps one (it becomes a socket that does not
+ * listen there). */
+void zpp_rescue_close(int fd);
 /* Testing: called at named points of zpp_comm_shrink on every rank
  * ("joined": my join was sent; "decided": a member received the
  * decision; "deciding": the coordinator is about to send it; "decide-one": it sent

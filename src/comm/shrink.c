@@ -42,11 +42,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <math.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -109,6 +111,71 @@ static uint32_t host_ip(void *tcp) {
   return ip;
 }
 
+/* The listeners of this process.  A process forked from a rank (a data
+ * loader's worker) must not keep them: the rank's death would leave its
+ * socket accepting, with no refusal to prove it.  In the fork's child each
+ * becomes a socket that does not listen (the descriptor stays valid for
+ * that process's own zpp_comm_destroy). */
+static pthread_mutex_t lis_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t lis_once = PTHREAD_ONCE_INIT;
+static int *lis_fd, lis_n, lis_cap, lis_hooked;
+
+static void lis_prepare(void) { pthread_mutex_lock(&lis_lock); }
+
+static void lis_parent(void) { pthread_mutex_unlock(&lis_lock); }
+
+static void lis_child(void) {
+  int i;
+  for (i = 0; i < lis_n; i++) {
+    int d = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (d < 0 || dup3(d, lis_fd[i], O_CLOEXEC) < 0)
+      close(lis_fd[i]); /* no descriptor to spare: closed outright */
+    if (d >= 0)
+      close(d);
+  }
+  lis_n = 0;
+  pthread_mutex_unlock(&lis_lock);
+}
+
+static void lis_init(void) {
+  lis_hooked = pthread_atfork(lis_prepare, lis_parent, lis_child) == 0;
+}
+
+/* 0 when fd is registered (the fork handler is in place). */
+static int lis_add(int fd) {
+  int ok = 0;
+  pthread_once(&lis_once, lis_init);
+  pthread_mutex_lock(&lis_lock);
+  if (lis_hooked && lis_n == lis_cap) {
+    int cap = lis_cap > 0 ? 2 * lis_cap : 8;
+    int *v = realloc(lis_fd, (size_t)cap * sizeof *v);
+    if (v != NULL) {
+      lis_fd = v;
+      lis_cap = cap;
+    }
+  }
+  if (lis_hooked && lis_n < lis_cap) {
+    lis_fd[lis_n++] = fd;
+    ok = 1;
+  }
+  pthread_mutex_unlock(&lis_lock);
+  return ok ? 0 : -1;
+}
+
+void zpp_rescue_close(int fd) {
+  int i;
+  if (fd < 0)
+    return;
+  pthread_mutex_lock(&lis_lock);
+  for (i = 0; i < lis_n; i++)
+    if (lis_fd[i] == fd) {
+      lis_fd[i] = lis_fd[--lis_n];
+      break;
+    }
+  pthread_mutex_unlock(&lis_lock);
+  close(fd);
+}
+
 void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   struct sockaddr_in sa;
   socklen_t sl = sizeof sa;
@@ -129,6 +196,12 @@ void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
     ZPP_WARN(ZPP_SUBSYS_INIT,
              "zpp_comm_shrink will be unsupported: bind/listen: %s",
              strerror(errno));
+    close(s);
+    return;
+  }
+  if (lis_add(s) != 0) {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: no "
+                              "memory or fork handler for its listener");
     close(s);
     return;
   }
@@ -155,7 +228,7 @@ zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
       free(rs->port);
     }
     free(rs);
-    close(fd);
+    zpp_rescue_close(fd);
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink addresses");
   }
   memcpy(rs->ip, ip, (size_t)size * sizeof *ip);
@@ -173,7 +246,7 @@ void zpp_rescue_free(zpp_comm_t c) {
   struct zpp_rescue *rs = c->rescue;
   if (rs == NULL)
     return;
-  close(rs->fd);
+  zpp_rescue_close(rs->fd);
   free(rs->ip);
   free(rs->port);
   free(rs);
