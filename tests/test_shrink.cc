@@ -16,7 +16,9 @@
 // exact collective is printed.
 //
 // Seed: ZPP_TEST_SEED (default 20261129), printed.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -820,6 +822,38 @@ TEST(Shrink, ForkedChildDoesNotKeepTheListener) {
   EXPECT_LT(res[0].t_shrunk - res[0].t_fail, 1.0)
       << "rank 1's listener outlived it in the forked process";
   std::printf("rank 0 shrank in %.3f s\n", res[0].t_shrunk - res[0].t_fail);
+}
+
+// ZPP_BOOTSTRAP_ADDR names the address this process is reached by: the
+// shrink listener binds it (not every address), and shrinking works
+// through it.
+TEST(Shrink, ListenerBindsZppBootstrapAddr) {
+  Job job(2, [](int i, const Ctl &c) {
+    Res res;
+    setenv("ZPP_BOOTSTRAP_ADDR", "127.0.0.2", 1);
+    zpp_comm_t comm = make_comm(i, 2, c, nullptr), nc = nullptr;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    char at[INET_ADDRSTRLEN] = "?";
+    if (getsockname(zpp_rescue_fd(comm), (struct sockaddr *)&sa, &sl) == 0)
+      inet_ntop(AF_INET, &sa.sin_addr, at, sizeof at);
+    res.node_sizes = at;
+    std::vector<int> map(2, -7);
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.msg = res.status == ZPP_OK ? "" : zpp_get_last_error();
+    res.map = std::to_string(map[0]) + "," + std::to_string(map[1]);
+    if (res.status == ZPP_OK)
+      zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  std::vector<Res> res = job.finish(25);
+  for (int i = 0; i < 2; i++) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_EQ(res[i].node_sizes, "127.0.0.2");
+    ASSERT_EQ(res[i].status, ZPP_OK) << res[i].msg;
+    EXPECT_EQ(res[i].map, "0,1");
+  }
 }
 
 // Bad arguments: errors naming them, and the communicator untouched (this

@@ -347,8 +347,10 @@ ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
  *   ZPP_ERR_SYSTEM         connections to that rank failed on this host
  *                          until the deadline (no descriptor, port, route);
  *   ZPP_ERR_UNSUPPORTED    comm has no listening socket (it could not open
- *                          one at creation: the warning said why); comm is
- *                          not aborted;
+ *                          one at creation: the warning said why; or its
+ *                          ranks span hosts that could not reach each
+ *                          other's: set ZPP_BOOTSTRAP_ADDR on each host to
+ *                          its own address); comm is not aborted;
  *   ZPP_ERR_INVALID_ARGUMENT, _NULL_POINTER  bad arguments (this rank then
  *                          does not take part, and is left out).
  * `comm` is unusable afterwards (aborted); destroy it (zpp_comm_destroy

@@ -43,9 +43,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
 #include <math.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -60,13 +58,14 @@
 #include "transport/transport_impl.h"
 
 struct zpp_rescue {
-  int fd; /* the listener */
+  int fd; /* the listener; -1: none, `why` says why */
   int rank, size;
   uint64_t epoch;   /* the same on every rank of this communicator */
   uint32_t self_ip; /* the address other hosts reach me by */
-  uint32_t *ip;     /* [size] network order (loopback for my host) */
+  uint32_t *ip;     /* [size] network order */
   uint16_t *port;   /* [size] */
   int used;         /* zpp_comm_shrink was called on it */
+  char why[ZPP_TCP_ERRLEN];
 };
 
 void (*zpp_shrink_test_hook)(int rank, const char *point) = NULL;
@@ -90,25 +89,18 @@ typedef struct {
   int32_t rank, pid;
 } sh_who_t;
 
-/* The address other hosts reach this process by: the TCP bootstrap's,
- * else the first IPv4 address of an interface that is up and not
- * loopback (no name lookup: creation must not wait for DNS), else
- * loopback (then only ranks of this host can reach it). */
-static uint32_t host_ip(void *tcp) {
-  struct ifaddrs *all = NULL, *a;
-  uint32_t ip = htonl(INADDR_LOOPBACK);
+/* The address other hosts reach this process by: ZPP_BOOTSTRAP_ADDR when
+ * set, else the TCP bootstrap's, else none (0: the listener takes
+ * loopback, and a communicator spanning hosts gets no listener).  No guess
+ * from the interfaces: a bridge such as docker0 has the same address on
+ * every host. */
+static zpp_status_t host_ip(void *tcp, uint32_t *ip) {
+  *ip = 0;
+  if (zpp_setting("ZPP_BOOTSTRAP_ADDR")[0] != '\0')
+    return zpp_tcp_listen_addr("zpp_comm_shrink's listener", ip);
   if (tcp != NULL)
-    return zpp_tcp_boot_ip(tcp);
-  if (getifaddrs(&all) != 0)
-    return ip;
-  for (a = all; a != NULL; a = a->ifa_next)
-    if (a->ifa_addr != NULL && a->ifa_addr->sa_family == AF_INET &&
-        (a->ifa_flags & IFF_UP) && !(a->ifa_flags & IFF_LOOPBACK)) {
-      ip = ((struct sockaddr_in *)a->ifa_addr)->sin_addr.s_addr;
-      break;
-    }
-  freeifaddrs(all);
-  return ip;
+    *ip = zpp_tcp_boot_ip(tcp);
+  return ZPP_OK;
 }
 
 /* The listeners of this process.  A process forked from a rank (a data
@@ -179,10 +171,19 @@ void zpp_rescue_close(int fd) {
 void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   struct sockaddr_in sa;
   socklen_t sl = sizeof sa;
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  uint32_t at = 0;
+  int s;
   *fd = -1;
   *port = 0;
   *ip = 0;
+  if (host_ip(tcp, &at) != ZPP_OK) {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: %s",
+             zpp_get_last_error());
+    return;
+  }
+  if (at == 0)
+    at = htonl(INADDR_LOOPBACK);
+  s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) {
     ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: socket: %s",
              strerror(errno));
@@ -190,7 +191,7 @@ void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   }
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_addr.s_addr = at;
   if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 1024) != 0 ||
       getsockname(s, (struct sockaddr *)&sa, &sl) != 0) {
     ZPP_WARN(ZPP_SUBSYS_INIT,
@@ -207,7 +208,21 @@ void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   }
   *fd = s;
   *port = ntohs(sa.sin_port);
-  *ip = host_ip(tcp);
+  *ip = at;
+}
+
+zpp_status_t zpp_rescue_none(zpp_comm_t c, const char *why, const char *func) {
+  struct zpp_rescue *rs = calloc(1, sizeof *rs);
+  if (rs == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink state");
+  rs->fd = -1;
+  snprintf(rs->why, sizeof rs->why, "%s", why);
+  c->rescue = rs;
+  return ZPP_OK;
+}
+
+int zpp_rescue_fd(zpp_comm_t c) {
+  return c->rescue != NULL ? c->rescue->fd : -1;
 }
 
 zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
@@ -772,7 +787,7 @@ static void probe_all(sh_t *s) {
 }
 
 static zpp_status_t coordinate(sh_t *s) {
-  int q, i, ready, all_local = 1;
+  int q, i, ready;
   /* the window, cut so that the creation keeps what the first coordinator
    * leaves it (a replacement starts late), yet at least 0.5 s */
   int64_t now = zpp_time_ns();
@@ -802,13 +817,11 @@ static zpp_status_t coordinate(sh_t *s) {
   /* the decision */
   s->nmem = 0;
   for (q = 0; q < s->n; q++)
-    if (s->joined[q]) {
+    if (s->joined[q])
       s->mem[s->nmem++] = q;
-      all_local &= s->rs->ip[q] == htonl(INADDR_LOOPBACK);
-    }
   s->coord = s->me;
   hook(s->me, "deciding");
-  star_ip = all_local ? htonl(INADDR_LOOPBACK) : s->rs->self_ip;
+  star_ip = s->rs->self_ip; /* where every member reached my listener */
   st = zpp_tcp_listen(star_ip, 0, zpp_tcp_random_session(), &s->id, s->func);
   plen = sizeof(int32_t) + (size_t)s->nmem * sizeof(int32_t) + sizeof s->id;
   payload = malloc(plen > ZPP_TCP_ERRLEN ? plen : ZPP_TCP_ERRLEN);
@@ -1044,11 +1057,15 @@ zpp_status_t zpp_comm_shrink(zpp_comm_t comm, const zpp_shrink_config_t *cfg,
                         "call, %g s (cfg->timeout_s, else the communicator's "
                         "timeout)",
                         cfg->join_s, bound));
-  if (comm->rescue == NULL)
+  if (comm->rescue == NULL || comm->rescue->fd < 0)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
                         "this communicator has no listening socket for the "
-                        "survivors (it could not open one at creation)"));
+                        "survivors: %s",
+                        comm->rescue != NULL
+                            ? comm->rescue->why
+                            : "it could not open one at creation (the "
+                              "warning said why)"));
   if (comm->rescue->used)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
