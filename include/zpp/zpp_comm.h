@@ -350,7 +350,9 @@ ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
  *                          one at creation: the warning said why; or its
  *                          ranks span hosts that could not reach each
  *                          other's: set ZPP_BOOTSTRAP_ADDR on each host to
- *                          its own address); comm is not aborted;
+ *                          its own address), or comm's backend is MPI
+ *                          and UCX, which replaces it, is not usable; comm
+ *                          is not aborted;
  *   ZPP_ERR_INVALID_ARGUMENT, _NULL_POINTER  bad arguments (this rank then
  *                          does not take part, and is left out).
  * `comm` is unusable afterwards (aborted); destroy it (zpp_comm_destroy

@@ -1066,6 +1066,16 @@ zpp_status_t zpp_comm_shrink(zpp_comm_t comm, const zpp_shrink_config_t *cfg,
                             ? comm->rescue->why
                             : "it could not open one at creation (the "
                               "warning said why)"));
+  if (comm->tr->backend == ZPP_BACKEND_MPI) {
+    char why[ZPP_TCP_ERRLEN];
+    if (!zpp_transport_ucx_available(why, sizeof why))
+      return zpp_comm_fail(
+          comm, zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                          "the survivors of an MPI communicator continue on "
+                          "UCX (MPI may not survive the death), and UCX is "
+                          "not usable here: %s",
+                          why));
+  }
   if (comm->rescue->used)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
