@@ -32,13 +32,13 @@
 
 #include "comm/comm_impl.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -789,8 +789,7 @@ TEST(Shrink, ForkedChildDoesNotKeepTheListener) {
         for (int fd = 3; fd < 1024; fd++) {
           int on = 0;
           socklen_t len = sizeof on;
-          if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 ||
-              !on)
+          if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 || !on)
             close(fd);
         }
         sleep(8);

@@ -71,8 +71,8 @@ void zpp_rescue_free(zpp_comm_t c);
 void zpp_rescue_close(int fd);
 /* Testing: called at named points of zpp_comm_shrink on every rank
  * ("joined": my join was sent; "decided": a member received the
- * decision; "deciding": the coordinator is about to send it; "decide-one": it sent
- * one DECIDE, in members' rank order; "decide-sent": it sent DECIDE to
+ * decision; "deciding": the coordinator is about to send it; "decide-one": it
+ * sent one DECIDE, in members' rank order; "decide-sent": it sent DECIDE to
  * every member, EXCLUDED follows). */
 extern void (*zpp_shrink_test_hook)(int rank, const char *point);
 /* Testing: when set, each connection this rank starts to rank `to` first

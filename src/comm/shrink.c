@@ -854,8 +854,8 @@ static zpp_status_t coordinate(sh_t *s) {
       conn_t *c = &s->cv[i];
       if (c->kind == K_JOIN && c->peer == s->mem[q]) {
         if (payload != NULL)
-          send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload,
-                   plen, soon(s, 2.0));
+          send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload, plen,
+                   soon(s, 2.0));
         drop(s, i);
         hook(s->me, "decide-one");
       }
