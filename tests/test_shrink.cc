@@ -16,9 +16,13 @@
 // exact collective is printed.
 //
 // Seed: ZPP_TEST_SEED (default 20261129), printed.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +33,8 @@
 
 #include "comm/comm_impl.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -117,11 +123,14 @@ struct Ctl {
   }
 };
 
+// A Job that ends (a failed ASSERT included) SIGKILLs and reaps the
+// children still running.
 struct Job {
   int n;
   std::vector<pid_t> pid;
   std::vector<int> res_r, ready_r, go_w;
   std::vector<bool> reaped;
+  bool closed = false;
   double t_kill = 0;
 
   Job(int n_, const std::function<Res(int, const Ctl &)> &body)
@@ -143,6 +152,21 @@ struct Job {
     for (int i = 0; i < n; i++) {
       pid[i] = fork();
       if (pid[i] == 0) {
+        // only its own ends stay open (another rank's write end held here
+        // would keep that rank's reader from seeing its end)
+        for (int j = 0; j < n; j++) {
+          close(res_r[j]);
+          close(ready_r[j]);
+          close(go_w[j]);
+          if (j != i) {
+            close(res_w[j]);
+            close(ready_w[j]);
+            close(go_r[j]);
+            close(id_r[j]);
+          }
+          if (i != 0)
+            close(id_w[j]);
+        }
         Ctl c;
         c.ready_w = ready_w[i];
         c.go_r = go_r[i];
@@ -164,12 +188,33 @@ struct Job {
     }
   }
 
-  // Waits until every rank but `skip` (-1: none) said ready; false after
+  ~Job() {
+    for (int i = 0; i < n; i++)
+      if (!reaped[i] && pid[i] > 0) {
+        kill(pid[i], SIGKILL);
+        waitpid(pid[i], nullptr, 0);
+        reaped[i] = true;
+      }
+    close_pipes();
+  }
+
+  void close_pipes() {
+    if (closed)
+      return;
+    closed = true;
+    for (int i = 0; i < n; i++) {
+      close(res_r[i]);
+      close(ready_r[i]);
+      close(go_w[i]);
+    }
+  }
+
+  // Waits until every rank but those in `skip` said ready; false after
   // limit_s.
-  bool all_ready(double limit_s, int skip = -1) {
+  bool all_ready(double limit_s, const std::vector<int> &skip = {}) {
     double t0 = mono_s();
     for (int i = 0; i < n; i++) {
-      if (i == skip)
+      if (std::find(skip.begin(), skip.end(), i) != skip.end())
         continue;
       char b;
       for (;;) {
@@ -195,10 +240,14 @@ struct Job {
   }
 
   void go() {
-    for (int i = 0; i < n; i++) {
-      char b = 1;
-      if (!reaped[i] && write(go_w[i], &b, 1) != 1) {
-      }
+    for (int i = 0; i < n; i++)
+      if (!reaped[i])
+        go_one(i);
+  }
+
+  void go_one(int i) {
+    char b = 1;
+    if (write(go_w[i], &b, 1) != 1) {
     }
   }
 
@@ -231,10 +280,8 @@ struct Job {
         out[i].status = 98;
       else if (!text.empty())
         out[i] = decode(text);
-      close(res_r[i]);
-      close(ready_r[i]);
-      close(go_w[i]);
     }
+    close_pipes();
     return out;
   }
 };
@@ -286,6 +333,11 @@ std::vector<float> data_of(int old_rank, int round, size_t n, bool integers) {
   return v;
 }
 
+// The buffers of failed calls: the backend may still write them until
+// zpp_comm_destroy returns (<zpp/zpp_comm.h>, "faults"), so they are freed
+// only after that.
+std::vector<std::vector<float>> g_keep;
+
 // One all-gather and one reduce-scatter SUM of small integers (exact in
 // fp32) on `comm`, whose rank r is old rank old_of[r]; 0 when both are
 // exact, the failing status otherwise, -100 when a result is wrong.
@@ -301,6 +353,8 @@ int exact_round(zpp_comm_t comm, const std::vector<int> &old_of, int round,
                          nullptr);
   if (st != ZPP_OK) {
     *why = zpp_comm_get_last_error(comm);
+    g_keep.push_back(std::move(mine));
+    g_keep.push_back(std::move(all));
     return st;
   }
   for (int r = 0; r < size; r++)
@@ -316,6 +370,8 @@ int exact_round(zpp_comm_t comm, const std::vector<int> &old_of, int round,
                           ZPP_OP_SUM, nullptr, nullptr);
   if (st != ZPP_OK) {
     *why = zpp_comm_get_last_error(comm);
+    g_keep.push_back(std::move(send));
+    g_keep.push_back(std::move(out));
     return st;
   }
   std::vector<double> ref(m, 0.0);
@@ -345,13 +401,32 @@ struct Scenario {
   int second = -1;            // a rank killed during the shrink (-1: none)
   const char *second_at = ""; // ... at this point of zpp_comm_shrink
   int want = ZPP_OK;          // what every other survivor's shrink returns
+  // Rank `cut`'s first `cut_times` connections to rank `cut_to` fail here
+  // (EADDRNOTAVAIL, standing in for a lost SYN or a full descriptor
+  // table: no proof of death); cut_times < 0: all of them, and rank `cut`
+  // must end in a named error while the others leave it out.
+  int cut = -1, cut_to = 0, cut_times = 0;
+  const char *pause_at = ""; // every rank sleeps 50 ms at this point
 };
 
-// The second victim: SIGKILLs itself at a named point of the shrink.
+// Points of the shrink: the second victim SIGKILLs itself at g_die_at;
+// every rank sleeps at g_pause_at.
 const char *g_die_at = "";
-void die_at(int, const char *point) {
+const char *g_pause_at = "";
+void at_point(int, const char *point) {
   if (std::strcmp(point, g_die_at) == 0)
     raise(SIGKILL);
+  if (std::strcmp(point, g_pause_at) == 0)
+    usleep(50000);
+}
+
+int g_cut_to = -1, g_cut_left = 0;
+int cut_connect(int, int to) {
+  if (to != g_cut_to || g_cut_left == 0)
+    return 0;
+  if (g_cut_left > 0)
+    g_cut_left--;
+  return EADDRNOTAVAIL;
 }
 
 // Collectives until one fails; then the shrink, a check of the new
@@ -393,12 +468,19 @@ Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
   }
   res.t_fail = mono_s();
   if (i == sc.idle) {
-    // alive, but calls shrink only long after the others decided
-    usleep((useconds_t)(kTimeout * 2.5e6));
+    // alive, but calls shrink only once the others returned from theirs
+    // (the parent's go); its bound counts from that call
+    ctl.wait_go();
+    res.t_fail = mono_s();
   }
-  if (i == sc.second) {
+  if (i == sc.second)
     g_die_at = sc.second_at;
-    zpp_shrink_test_hook = die_at;
+  g_pause_at = sc.pause_at;
+  zpp_shrink_test_hook = at_point;
+  if (i == sc.cut) {
+    g_cut_to = sc.cut_to;
+    g_cut_left = sc.cut_times;
+    zpp_shrink_test_connect = cut_connect;
   }
   zpp_shrink_config_t cfg = ZPP_SHRINK_CONFIG_INIT;
   cfg.timeout_s = sc.shrink_timeout;
@@ -406,6 +488,8 @@ Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
   zpp_comm_t nc = nullptr;
   res.status = zpp_comm_shrink(comm, &cfg, map.data(), &nc);
   res.t_shrunk = mono_s();
+  if (sc.idle >= 0 && i != sc.idle)
+    ctl.ready(); // returned: the idle rank may call now
   if (res.status != ZPP_OK) {
     res.msg = zpp_get_last_error();
   } else {
@@ -439,6 +523,7 @@ Res survivor(int i, const Ctl &ctl, const Scenario &sc) {
   }
   zpp_comm_destroy(comm);
   res.t_destroyed = mono_s();
+  g_keep.clear();
   return res;
 }
 
@@ -467,12 +552,20 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     usleep(300000); // the ranks are in the middle of their collectives
     job.kill_rank(sc.victim);
   }
+  if (sc.idle >= 0) {
+    std::vector<int> skip = {sc.victim, sc.idle, sc.second};
+    EXPECT_TRUE(job.all_ready(25, skip))
+        << "the other survivors did not return from zpp_comm_shrink";
+    job.go_one(sc.idle);
+  }
   std::vector<Res> res = job.finish(25);
   std::vector<int> out = {sc.victim};
   if (sc.idle >= 0)
     out.push_back(sc.idle);
   if (sc.second >= 0)
     out.push_back(sc.second);
+  if (sc.cut >= 0 && sc.cut_times < 0)
+    out.push_back(sc.cut);
   const std::string want = expected_map(sc.n, out);
   const double bound = sc.shrink_timeout > 0 ? sc.shrink_timeout : 3 * kTimeout;
   double worst = 0;
@@ -492,6 +585,13 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     if (i == sc.idle) {
       EXPECT_EQ(r.status, ZPP_ERR_EXCLUDED) << r.msg;
       EXPECT_NE(r.msg.find("after the decision"), std::string::npos) << r.msg;
+      continue;
+    }
+    if (i == sc.cut && sc.cut_times < 0) {
+      // it never reached the coordinator: left out, and told so
+      EXPECT_TRUE(r.status == ZPP_ERR_EXCLUDED || r.status == ZPP_ERR_SYSTEM ||
+                  r.status == ZPP_ERR_TIMEOUT)
+          << r.status << " " << r.map << " " << r.msg;
       continue;
     }
     if (sc.want != ZPP_OK) {
@@ -525,7 +625,7 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
   // the target: the slowest survivor's collective times out (ZPP_TIMEOUT_S),
   // then the shrink and the first collective take at most 2 s more; a rank
   // that never joins costs the coordinator's join window on top
-  if (sc.idle < 0 && sc.second < 0) {
+  if (sc.idle < 0 && sc.second < 0 && sc.cut_times >= 0) {
     EXPECT_LT(worst, kTimeout + 2.0);
   }
 }
@@ -583,6 +683,57 @@ TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
   run_scenario(sc, "1,1");
 }
 
+// The coordinator dies after its DECIDE reached rank 1 only (it sends in
+// rank order): rank 1's creation fails (ZPP_ERR_PEER_FAILED); rank 2, to
+// which rank 0 now refuses, joins rank 1, which is creating and never
+// answers: ZPP_ERR_TIMEOUT, or, once rank 1 destroyed comm (its socket
+// then refuses), a communicator of rank 2 alone.  Never two survivors with
+// ZPP_OK and different members.
+TEST(Shrink, CoordinatorKilledAfterPartOfItsDecision) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.second = 0;
+  sc.second_at = "decide-one";
+  Job job(sc.n, [&](int i, const Ctl &c) { return survivor(i, c, sc); });
+  ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
+  job.kill_rank(3);
+  job.go();
+  std::vector<Res> res = job.finish(25);
+  EXPECT_EQ(res[0].status, 99) << "rank 0 did not die: " << res[0].msg;
+  EXPECT_EQ(res[1].status, ZPP_ERR_PEER_FAILED) << res[1].msg;
+  EXPECT_TRUE(res[2].status == ZPP_ERR_TIMEOUT ||
+              (res[2].status == ZPP_OK && res[2].map == "-1,-1,0,-1"))
+      << res[2].status << " " << res[2].map << " " << res[2].msg;
+  for (int i = 1; i <= 2; i++) {
+    EXPECT_LT(res[i].t_shrunk - res[i].t_fail, 3 * kTimeout + 1.0) << i;
+    std::printf("rank %d: status %d after %.3f s: %s\n", i, res[i].status,
+                res[i].t_shrunk - res[i].t_fail, res[i].msg.c_str());
+  }
+}
+
+// Rank 2's first connection to rank 0, the coordinator, fails on its side
+// (no proof that rank 0 died), and rank 0 pauses between its DECIDE and its
+// EXCLUDED: rank 2 must try rank 0 again instead of joining rank 1 or
+// coordinating, and every survivor ends with the same members.
+TEST(Shrink, FailedConnectIsNoProofOfDeath) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.cut = 2;
+  sc.cut_times = 1;
+  sc.pause_at = "decide-sent";
+  run_scenario(sc, "3");
+}
+
+// Rank 2 never reaches rank 0: rank 0 and 1 decide without it once the
+// join window ends, and rank 2 ends in a named error (EXCLUDED on rank 0's
+// probe) instead of a communicator of its own.
+TEST(Shrink, UnreachableCoordinatorLeavesTheRankOut) {
+  Scenario sc{4, nullptr, 3, When::Before};
+  sc.cut = 2;
+  sc.cut_times = -1;
+  sc.pause_at = "decide-sent";
+  run_scenario(sc, "2");
+}
+
 // Nobody died: every rank calls shrink, and the new communicator holds
 // them all, in order; the old one is aborted.
 TEST(Shrink, WithoutAFailureKeepsEveryRank) {
@@ -622,6 +773,90 @@ TEST(Shrink, WithoutAFailureKeepsEveryRank) {
     EXPECT_EQ(res[i].nnodes, 2);
     EXPECT_TRUE(res[i].exact) << res[i].msg;
     EXPECT_EQ(res[i].coll_status, ZPP_ERR_ABORTED);
+  }
+}
+
+// A process forked from rank 1 after its communicator's creation (a data
+// loader's worker) outlives rank 1's SIGKILL: rank 1's shrink listener
+// must not live on in it, so that rank 0's probe is refused and rank 0
+// decides at once instead of waiting out its join window (1.5 T).
+TEST(Shrink, ForkedChildDoesNotKeepTheListener) {
+  Job job(2, [](int i, const Ctl &c) {
+    Res res;
+    zpp_comm_t comm = make_comm(i, 2, c, nullptr);
+    if (i == 1) {
+      if (fork() == 0) {
+        // keeps the listening sockets it inherited, nothing else (not the
+        // test's output either: ctest would wait for it)
+        int null = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd < 3 && null >= 0; fd++)
+          dup2(null, fd);
+        for (int fd = 3; fd < 1024; fd++) {
+          int on = 0;
+          socklen_t len = sizeof on;
+          if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 || !on)
+            close(fd);
+        }
+        sleep(8);
+        _exit(0);
+      }
+      c.ready();
+      pause(); // SIGKILLed by the parent
+    }
+    c.ready();
+    c.wait_go();
+    std::vector<int> map(2, -7);
+    zpp_comm_t nc = nullptr;
+    res.t_fail = mono_s();
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.t_shrunk = mono_s();
+    res.msg = res.status == ZPP_OK ? "" : zpp_get_last_error();
+    res.map = std::to_string(map[0]) + "," + std::to_string(map[1]);
+    if (res.status == ZPP_OK)
+      zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  ASSERT_TRUE(job.all_ready(20));
+  job.kill_rank(1);
+  job.go_one(0);
+  std::vector<Res> res = job.finish(25);
+  ASSERT_EQ(res[0].status, ZPP_OK) << res[0].msg;
+  EXPECT_EQ(res[0].map, "0,-1");
+  EXPECT_LT(res[0].t_shrunk - res[0].t_fail, 1.0)
+      << "rank 1's listener outlived it in the forked process";
+  std::printf("rank 0 shrank in %.3f s\n", res[0].t_shrunk - res[0].t_fail);
+}
+
+// ZPP_BOOTSTRAP_ADDR names the address this process is reached by: the
+// shrink listener binds it (not every address), and shrinking works
+// through it.
+TEST(Shrink, ListenerBindsZppBootstrapAddr) {
+  Job job(2, [](int i, const Ctl &c) {
+    Res res;
+    setenv("ZPP_BOOTSTRAP_ADDR", "127.0.0.2", 1);
+    zpp_comm_t comm = make_comm(i, 2, c, nullptr), nc = nullptr;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    char at[INET_ADDRSTRLEN] = "?";
+    if (getsockname(zpp_rescue_fd(comm), (struct sockaddr *)&sa, &sl) == 0)
+      inet_ntop(AF_INET, &sa.sin_addr, at, sizeof at);
+    res.node_sizes = at;
+    std::vector<int> map(2, -7);
+    res.status = zpp_comm_shrink(comm, nullptr, map.data(), &nc);
+    res.msg = res.status == ZPP_OK ? "" : zpp_get_last_error();
+    res.map = std::to_string(map[0]) + "," + std::to_string(map[1]);
+    if (res.status == ZPP_OK)
+      zpp_comm_destroy(nc);
+    zpp_comm_destroy(comm);
+    return res;
+  });
+  std::vector<Res> res = job.finish(25);
+  for (int i = 0; i < 2; i++) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_EQ(res[i].node_sizes, "127.0.0.2");
+    ASSERT_EQ(res[i].status, ZPP_OK) << res[i].msg;
+    EXPECT_EQ(res[i].map, "0,1");
   }
 }
 

@@ -309,32 +309,50 @@ ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
  * listening TCP socket per rank whose addresses all ranks know, and the
  * agreement runs over those (docs/api.md, "Shrinking after a failure").
  *
- * The agreement: the coordinator is the lowest rank whose socket accepts
- * (a dead process's socket refuses, so every survivor picks the same
- * one); each survivor joins it; the coordinator waits for the ranks it
- * cannot prove dead up to `join_s`, then sends its decision (the members
- * and a new TCP star it roots) to every member and ZPP_ERR_EXCLUDED to
- * the live ranks that did not join.  A coordinator that dies before its
- * decision is replaced by the next lowest rank.  The new communicator is
- * created over that star; it is the commit: if a member fails from the
- * decision on, every member fails.
+ * The agreement: the coordinator is the lowest rank whose socket does not
+ * refuse (a dead process's socket refuses; nothing else counts as death:
+ * no answer, a failure on this host or a closed connection is tried again
+ * until the deadline, so every survivor reaches the same one or fails);
+ * each survivor joins it; the coordinator waits for the ranks it cannot
+ * prove dead up to `join_s`, then sends its decision (the members and a
+ * new TCP star it roots) to every member and ZPP_ERR_EXCLUDED to the live
+ * ranks that did not join.  A coordinator that dies before its decision
+ * is replaced by the next lowest rank.  The new communicator is created
+ * over that star; it is the commit: if a member fails from the decision
+ * on, every member fails.
  *
- * Every rank returns within `timeout_s` of its call (the creation of the
- * new communicator included, unless a member stops in the middle of it:
- * its exchanges then wait for the communicator's timeout), with:
+ * Every rank returns within `timeout_s` of its call, except that the
+ * creation of the new communicator gets at least 0.5 s even when less is
+ * left, and a member that stops in the middle of it makes its exchanges
+ * wait for the communicator's timeout.  Results:
  *   ZPP_OK                 *newcomm holds the survivors; new_rank_of
  *                          (NULL, or an array of comm's size) maps each
  *                          rank of comm to its new rank, -1 if left out;
- *   ZPP_ERR_EXCLUDED       this rank joined too late (after the decision);
+ *   ZPP_ERR_EXCLUDED       this rank had not joined at the decision (it
+ *                          called too late, or could not reach the
+ *                          coordinator within its join window);
  *   ZPP_ERR_PEER_FAILED    a member failed after the decision (the message
- *                          names it), or the coordinator died after
- *                          sending part of it: start over from a new
- *                          unique id, `comm` cannot be shrunk twice;
- *   ZPP_ERR_TIMEOUT        the lowest live rank accepts but never took
- *                          part (it is alive and did not call shrink), or
- *                          nobody answered in time;
+ *                          names it), or the rank this rank joined failed:
+ *                          start over from a new unique id, `comm` cannot
+ *                          be shrunk twice;
+ *   ZPP_ERR_TIMEOUT        the lowest rank not proven dead never decided:
+ *                          it is alive and did not call shrink (or its own
+ *                          call was refused for bad arguments), or its
+ *                          host does not answer; also the members the
+ *                          coordinator's DECIDE did not reach when it died
+ *                          while sending it (those it reached return
+ *                          ZPP_ERR_PEER_FAILED; once they destroyed comm,
+ *                          the unreached ones coordinate among themselves
+ *                          and may return ZPP_OK: docs/api.md);
+ *   ZPP_ERR_SYSTEM         connections to that rank failed on this host
+ *                          until the deadline (no descriptor, port, route);
  *   ZPP_ERR_UNSUPPORTED    comm has no listening socket (it could not open
- *                          one at creation: the warning said why);
+ *                          one at creation: the warning said why; or its
+ *                          ranks span hosts that could not reach each
+ *                          other's: set ZPP_BOOTSTRAP_ADDR on each host to
+ *                          its own address), or comm's backend is MPI
+ *                          and UCX, which replaces it, is not usable; comm
+ *                          is not aborted;
  *   ZPP_ERR_INVALID_ARGUMENT, _NULL_POINTER  bad arguments (this rank then
  *                          does not take part, and is left out).
  * `comm` is unusable afterwards (aborted); destroy it (zpp_comm_destroy
@@ -342,14 +360,18 @@ ZPP_API zpp_status_t zpp_comm_abort(zpp_comm_t comm);
  *
  * The new communicator: bootstrap "tcp" (the coordinator's star), backend
  * the old one's, except MPI, which becomes UCX (host memory and staged
- * device memory); memory space, algorithm and timeout as `comm`'s; its
- * topology is rediscovered (an emulated map is `comm`'s restricted to the
- * members), so a node that lost a rank becomes an uneven node.
+ * device memory); memory space, algorithm, CUDA device and timeout as
+ * `comm`'s; its topology is rediscovered (an emulated map is `comm`'s
+ * restricted to the members), so a node that lost a rank becomes an
+ * uneven node.
  *
  * Assumes fail-stop processes on hosts that stay up: a rank is proven dead
- * by its socket refusing or closing.  A host that vanishes (no TCP reset)
- * counts as dead after 2 s without a connection; under a network split
- * the survivors may disagree (then the creation fails). */
+ * only by its socket refusing.  A host that vanishes (no refusal) is never
+ * proven dead: as the lowest rank not proven dead it makes the others time
+ * out, as a higher rank it is left out at the join window's end.  A
+ * network split that drops packets makes the cut-off ranks fail; one that
+ * answers with refusals looks like death, and both sides may then return
+ * ZPP_OK with disjoint members. */
 typedef struct {
   size_t struct_size; /* sizeof(zpp_shrink_config_t): ZPP_SHRINK_CONFIG_INIT */
   double timeout_s;   /* > 0: bound of the call on each rank; <= 0

@@ -538,10 +538,12 @@ static zpp_status_t resolve_backend(zpp_backend_t want,
 
 /* ---- creation ------------------------------------------------------------- */
 
-/* zpp_comm_shrink's addresses: loopback for the ranks of my host (the
- * listeners bind every address), else what each rank said; none unless
- * every rank has a listener.  The epoch tells this communicator's
- * messages from another's that reuses a port. */
+/* zpp_comm_shrink's addresses: each rank's listener where it is bound;
+ * none unless every rank has a listener, and none (zpp_comm_shrink says
+ * why) when ranks on different hosts could not reach each other: one of
+ * them has only loopback, or two report the same address.  Every rank
+ * decides alike (from the same records).  The epoch tells this
+ * communicator's messages from another's that reuses a port. */
 static zpp_status_t attach_rescue(zpp_comm_t c, const boot_rec_t *rec,
                                   const boot_rec_t *mine, int rank, int size,
                                   int fd, const char *func) {
@@ -549,20 +551,50 @@ static zpp_status_t attach_rescue(zpp_comm_t c, const boot_rec_t *rec,
   uint16_t *port = malloc((size_t)size * sizeof *port);
   uint64_t epoch = 1469598103934665603ull;
   zpp_status_t st = ZPP_OK;
-  int r, all = 1;
+  char why[256] = "";
+  int r, q, all = 1, one_host = 1;
   for (r = 0; r < size; r++)
     all &= rec[r].rescue_port != 0;
   if (fd < 0 || !all || ip == NULL || port == NULL) {
     free(ip);
     free(port);
-    if (fd >= 0)
-      close(fd);
+    zpp_rescue_close(fd);
     return ZPP_OK; /* zpp_comm_shrink then says it is unsupported */
   }
+  /* (hosts told apart by their identity hash: pairs of ranks on one host
+   * are skipped cheaply) */
+  for (r = 0; r < size; r++)
+    one_host &= rec[r].host_id == rec[0].host_id;
+  for (r = 0; r < size && !one_host && why[0] == '\0'; r++)
+    for (q = 0; q < r && why[0] == '\0'; q++) {
+      int same_host = rec[r].host_id == rec[q].host_id;
+      int lo = rec[r].rescue_ip == htonl(INADDR_LOOPBACK)   ? r
+               : rec[q].rescue_ip == htonl(INADDR_LOOPBACK) ? q
+                                                            : -1;
+      if (same_host)
+        continue;
+      if (lo >= 0)
+        snprintf(why, sizeof why,
+                 "ranks %d and %d are on different hosts and rank %d "
+                 "listens on loopback only (set ZPP_BOOTSTRAP_ADDR to the "
+                 "address each host is reached by, or use the TCP "
+                 "bootstrap)",
+                 q, r, lo);
+      else if (rec[r].rescue_ip == rec[q].rescue_ip)
+        snprintf(why, sizeof why,
+                 "ranks %d and %d are on different hosts but both listen on "
+                 "the same address (ZPP_BOOTSTRAP_ADDR must name each "
+                 "host's own)",
+                 q, r);
+    }
+  if (why[0] != '\0') {
+    free(ip);
+    free(port);
+    zpp_rescue_close(fd);
+    return zpp_rescue_none(c, why, func);
+  }
   for (r = 0; r < size; r++) {
-    int local = rec[r].host_id == mine->host_id &&
-                strncmp(rec[r].host, mine->host, ZPP_TOPO_HOST_LEN) == 0;
-    ip[r] = local ? htonl(INADDR_LOOPBACK) : rec[r].rescue_ip;
+    ip[r] = rec[r].rescue_ip;
     port[r] = (uint16_t)rec[r].rescue_port;
     epoch = zpp_comm_fnv_mix(epoch, &rec[r].host_id, sizeof rec[r].host_id);
     epoch = zpp_comm_fnv_mix(epoch, &rec[r].pid, sizeof rec[r].pid);
@@ -899,8 +931,7 @@ err_tr:
 err_topo:
   zpp_topo_free(topo);
 err_comm:
-  if (rescue_fd >= 0)
-    close(rescue_fd);
+  zpp_rescue_close(rescue_fd);
   free(rec);
   if (c != NULL) {
     /* The creator's state stays the caller's. */

@@ -45,24 +45,39 @@ zpp_status_t zpp_comm_child_spec(const struct zpp_topo *t, const int *members,
 void zpp_comm_release_tcp(zpp_comm_t c);
 
 /* ---- shrink.c: the listening socket each rank keeps for zpp_comm_shrink.
- * At creation, before the first exchange: opens it (any address, a free
- * port) and says the address other hosts reach it by (tcp: the TCP
- * bootstrap's state, else NULL).  *port 0 when it could not (warned). */
+ * At creation, before the first exchange: opens it on the address other
+ * hosts reach this process by (ZPP_BOOTSTRAP_ADDR, else the TCP
+ * bootstrap's: tcp is its state, else NULL; else loopback, *ip then
+ * loopback too) on a free port.  *port 0 when it could not (warned). */
 void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port);
 /* After the first exchange: the addresses of every rank (ip network
- * order, loopback for the ranks of my host; self_ip: what other hosts
+ * order, each where its listener is bound; self_ip: what other hosts
  * reach me by) and a number every rank computed alike for this
  * communicator.  Takes fd (also on failure: closed). */
 zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
                                uint32_t self_ip, const uint32_t *ip,
                                const uint16_t *port, uint64_t epoch,
                                const char *func);
+/* No listener for this communicator: zpp_comm_shrink returns
+ * ZPP_ERR_UNSUPPORTED with `why`. */
+zpp_status_t zpp_rescue_none(zpp_comm_t c, const char *why, const char *func);
+/* Testing: the listener's descriptor (-1: none). */
+int zpp_rescue_fd(zpp_comm_t c);
 /* Closes the socket and frees the state (zpp_comm_destroy). */
 void zpp_rescue_free(zpp_comm_t c);
+/* Closes a listener of zpp_rescue_open not attached (a failed creation);
+ * a fork's child never keeps one (it becomes a socket that does not
+ * listen there). */
+void zpp_rescue_close(int fd);
 /* Testing: called at named points of zpp_comm_shrink on every rank
  * ("joined": my join was sent; "decided": a member received the
- * decision; "deciding": the coordinator is about to send it). */
+ * decision; "deciding": the coordinator is about to send it; "decide-one": it
+ * sent one DECIDE, in members' rank order; "decide-sent": it sent DECIDE to
+ * every member, EXCLUDED follows). */
 extern void (*zpp_shrink_test_hook)(int rank, const char *point);
+/* Testing: when set, each connection this rank starts to rank `to` first
+ * asks it; a nonzero errno fails that connect with it. */
+extern int (*zpp_shrink_test_connect)(int rank, int to);
 
 #ifdef __cplusplus
 }

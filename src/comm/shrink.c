@@ -7,23 +7,30 @@
  * whose root died, its backend may hang on the dead peer, and MPI may
  * abort.  So every communicator keeps, from its creation, one listening
  * socket per rank (the rescue listener); the addresses travel in the first
- * creation exchange.  A dead process's socket refuses connections and
- * resets the ones it had: that is the proof of death the protocol uses.
+ * creation exchange.  A dead process's socket refuses connections: that
+ * is the only proof of death the protocol uses.  No answer, a failure on
+ * this host (EMFILE, EADDRNOTAVAIL, ENETUNREACH) or a closed connection
+ * proves nothing: the connection is tried again until the deadline.
  *
  * The protocol (one round, through a coordinator):
- *   - coordinator: the lowest rank whose listener accepts.  A survivor
- *     connects to ranks 0, 1, ... in turn; a refused or reset connection
- *     marks that rank dead.  It sends JOIN on the first that accepts and
- *     waits for the decision; a coordinator that closes before deciding
- *     is dead, and the next lowest takes over (it sees the same closing).
- *   - the coordinator probes every higher rank that has not joined (a
- *     connection carrying PROBE, held open: its reset says the rank died)
- *     until all are joined or dead, or its join window ends;
+ *   - coordinator: the lowest rank not proven dead.  A survivor connects
+ *     to ranks 0, 1, ... in turn; a refusal marks that rank dead.  It
+ *     sends JOIN on the first that accepts and waits for the decision; a
+ *     connection that closes first is opened again (a coordinator that
+ *     died refuses it, and the next lowest, which sees the same, takes
+ *     over).  A rank that a lower rank probes never coordinates.
+ *   - the coordinator probes every higher rank neither joined nor dead (a
+ *     connection carrying PROBE, held open, opened again when it closes)
+ *     until all are joined or dead, or its join window ends; it then reads
+ *     whatever already waits before deciding;
  *   - decision: members = the joined ranks in rank order (the coordinator
  *     first).  It listens on a new TCP star, sends DECIDE (members, the
  *     star's id) to each member and EXCLUDED on the probes of the live
  *     ranks that did not join (a late rank reads it from its listener's
- *     queue when it calls shrink, and fails instead of waiting);
+ *     queue when it calls shrink, and fails instead of waiting) and on
+ *     JOINs of ranks it found dead.  Every rank answers the JOINs it holds
+ *     when it leaves (EXCLUDED naming the coordinator, or FAIL with its
+ *     error), so no survivor reads a silent close;
  *   - commit: the members create the new communicator over that star; its
  *     creation exchanges agree on failure, so a member that dies from the
  *     decision on fails every member (ZPP_ERR_PEER_FAILED).
@@ -35,11 +42,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
+#include <fcntl.h>
 #include <math.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -51,16 +58,18 @@
 #include "transport/transport_impl.h"
 
 struct zpp_rescue {
-  int fd; /* the listener */
+  int fd; /* the listener; -1: none, `why` says why */
   int rank, size;
   uint64_t epoch;   /* the same on every rank of this communicator */
   uint32_t self_ip; /* the address other hosts reach me by */
-  uint32_t *ip;     /* [size] network order (loopback for my host) */
+  uint32_t *ip;     /* [size] network order */
   uint16_t *port;   /* [size] */
   int used;         /* zpp_comm_shrink was called on it */
+  char why[ZPP_TCP_ERRLEN];
 };
 
 void (*zpp_shrink_test_hook)(int rank, const char *point) = NULL;
+int (*zpp_shrink_test_connect)(int rank, int to) = NULL;
 
 static void hook(int rank, const char *point) {
   if (zpp_shrink_test_hook != NULL)
@@ -80,34 +89,101 @@ typedef struct {
   int32_t rank, pid;
 } sh_who_t;
 
-/* The address other hosts reach this process by: the TCP bootstrap's,
- * else the first IPv4 address of an interface that is up and not
- * loopback (no name lookup: creation must not wait for DNS), else
- * loopback (then only ranks of this host can reach it). */
-static uint32_t host_ip(void *tcp) {
-  struct ifaddrs *all = NULL, *a;
-  uint32_t ip = htonl(INADDR_LOOPBACK);
+/* The address other hosts reach this process by: ZPP_BOOTSTRAP_ADDR when
+ * set, else the TCP bootstrap's, else none (0: the listener takes
+ * loopback, and a communicator spanning hosts gets no listener).  No guess
+ * from the interfaces: a bridge such as docker0 has the same address on
+ * every host. */
+static zpp_status_t host_ip(void *tcp, uint32_t *ip) {
+  *ip = 0;
+  if (zpp_setting("ZPP_BOOTSTRAP_ADDR")[0] != '\0')
+    return zpp_tcp_listen_addr("zpp_comm_shrink's listener", ip);
   if (tcp != NULL)
-    return zpp_tcp_boot_ip(tcp);
-  if (getifaddrs(&all) != 0)
-    return ip;
-  for (a = all; a != NULL; a = a->ifa_next)
-    if (a->ifa_addr != NULL && a->ifa_addr->sa_family == AF_INET &&
-        (a->ifa_flags & IFF_UP) && !(a->ifa_flags & IFF_LOOPBACK)) {
-      ip = ((struct sockaddr_in *)a->ifa_addr)->sin_addr.s_addr;
+    *ip = zpp_tcp_boot_ip(tcp);
+  return ZPP_OK;
+}
+
+/* The listeners of this process.  A process forked from a rank (a data
+ * loader's worker) must not keep them: the rank's death would leave its
+ * socket accepting, with no refusal to prove it.  In the fork's child each
+ * becomes a socket that does not listen (the descriptor stays valid for
+ * that process's own zpp_comm_destroy). */
+static pthread_mutex_t lis_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t lis_once = PTHREAD_ONCE_INIT;
+static int *lis_fd, lis_n, lis_cap, lis_hooked;
+
+static void lis_prepare(void) { pthread_mutex_lock(&lis_lock); }
+
+static void lis_parent(void) { pthread_mutex_unlock(&lis_lock); }
+
+static void lis_child(void) {
+  int i;
+  for (i = 0; i < lis_n; i++) {
+    int d = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (d < 0 || dup3(d, lis_fd[i], O_CLOEXEC) < 0)
+      close(lis_fd[i]); /* no descriptor to spare: closed outright */
+    if (d >= 0)
+      close(d);
+  }
+  lis_n = 0;
+  pthread_mutex_unlock(&lis_lock);
+}
+
+static void lis_init(void) {
+  lis_hooked = pthread_atfork(lis_prepare, lis_parent, lis_child) == 0;
+}
+
+/* 0 when fd is registered (the fork handler is in place). */
+static int lis_add(int fd) {
+  int ok = 0;
+  pthread_once(&lis_once, lis_init);
+  pthread_mutex_lock(&lis_lock);
+  if (lis_hooked && lis_n == lis_cap) {
+    int cap = lis_cap > 0 ? 2 * lis_cap : 8;
+    int *v = realloc(lis_fd, (size_t)cap * sizeof *v);
+    if (v != NULL) {
+      lis_fd = v;
+      lis_cap = cap;
+    }
+  }
+  if (lis_hooked && lis_n < lis_cap) {
+    lis_fd[lis_n++] = fd;
+    ok = 1;
+  }
+  pthread_mutex_unlock(&lis_lock);
+  return ok ? 0 : -1;
+}
+
+void zpp_rescue_close(int fd) {
+  int i;
+  if (fd < 0)
+    return;
+  pthread_mutex_lock(&lis_lock);
+  for (i = 0; i < lis_n; i++)
+    if (lis_fd[i] == fd) {
+      lis_fd[i] = lis_fd[--lis_n];
       break;
     }
-  freeifaddrs(all);
-  return ip;
+  pthread_mutex_unlock(&lis_lock);
+  close(fd);
 }
 
 void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   struct sockaddr_in sa;
   socklen_t sl = sizeof sa;
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  uint32_t at = 0;
+  int s;
   *fd = -1;
   *port = 0;
   *ip = 0;
+  if (host_ip(tcp, &at) != ZPP_OK) {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: %s",
+             zpp_get_last_error());
+    return;
+  }
+  if (at == 0)
+    at = htonl(INADDR_LOOPBACK);
+  s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) {
     ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: socket: %s",
              strerror(errno));
@@ -115,7 +191,7 @@ void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
   }
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_addr.s_addr = at;
   if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 1024) != 0 ||
       getsockname(s, (struct sockaddr *)&sa, &sl) != 0) {
     ZPP_WARN(ZPP_SUBSYS_INIT,
@@ -124,9 +200,29 @@ void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
     close(s);
     return;
   }
+  if (lis_add(s) != 0) {
+    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: no "
+                              "memory or fork handler for its listener");
+    close(s);
+    return;
+  }
   *fd = s;
   *port = ntohs(sa.sin_port);
-  *ip = host_ip(tcp);
+  *ip = at;
+}
+
+zpp_status_t zpp_rescue_none(zpp_comm_t c, const char *why, const char *func) {
+  struct zpp_rescue *rs = calloc(1, sizeof *rs);
+  if (rs == NULL)
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink state");
+  rs->fd = -1;
+  snprintf(rs->why, sizeof rs->why, "%s", why);
+  c->rescue = rs;
+  return ZPP_OK;
+}
+
+int zpp_rescue_fd(zpp_comm_t c) {
+  return c->rescue != NULL ? c->rescue->fd : -1;
 }
 
 zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
@@ -147,7 +243,7 @@ zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
       free(rs->port);
     }
     free(rs);
-    close(fd);
+    zpp_rescue_close(fd);
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink addresses");
   }
   memcpy(rs->ip, ip, (size_t)size * sizeof *ip);
@@ -165,7 +261,7 @@ void zpp_rescue_free(zpp_comm_t c) {
   struct zpp_rescue *rs = c->rescue;
   if (rs == NULL)
     return;
-  close(rs->fd);
+  zpp_rescue_close(rs->fd);
   free(rs->ip);
   free(rs->port);
   free(rs);
@@ -183,6 +279,7 @@ enum {
 
 typedef struct {
   int fd, peer, kind, pending;
+  int64_t t0; /* opened (a probe that connects for 2 s is tried again) */
 } conn_t;
 
 typedef struct {
@@ -191,14 +288,18 @@ typedef struct {
   int me, n;
   int64_t deadline;
   double bound_s, join_s;
-  char *dead, *joined; /* [n] */
+  char *dead, *joined; /* [n]; dead: its listener refused (the only proof) */
+  int64_t *retry;      /* [n] a probe of that rank starts no sooner */
   conn_t *cv;
+  struct pollfd *pf; /* [cap + 2] */
   int nc, cap;
+  int64_t listen_rest; /* accept failed (no descriptor): not polled until */
+  int err, err_rank;   /* the last connection that failed here (errno) */
   size_t msg_cap;
   char *msg; /* a received message's payload (msg_cap bytes) */
-  /* the decision */
-  int nmem;
-  int *mem; /* [n] */
+  int coord; /* the rank whose decision this rank took */
+  int nmem;  /* the decision */
+  int *mem;  /* [n] */
   zpp_unique_id_t id;
 } sh_t;
 
@@ -207,6 +308,11 @@ static int64_t soon(const sh_t *s, double secs) {
   return t < s->deadline ? t : s->deadline;
 }
 
+/* A connection refused, or reset while connecting: the rank's listener is
+ * closed, so its process is gone.  Anything else (no answer, no local
+ * port or descriptor, no route) proves nothing about the rank. */
+static int refused(int e) { return e == ECONNREFUSED || e == ECONNRESET; }
+
 static void drop(sh_t *s, int i) {
   close(s->cv[i].fd);
   s->cv[i] = s->cv[--s->nc];
@@ -214,39 +320,63 @@ static void drop(sh_t *s, int i) {
 
 static int add_conn(sh_t *s, int fd, int peer, int kind, int pending) {
   if (s->nc == s->cap) {
-    close(fd); /* more than 2n + 8 connections: none of ours */
-    return -1;
+    int cap = 2 * s->cap;
+    conn_t *cv = realloc(s->cv, (size_t)cap * sizeof *cv);
+    struct pollfd *pf;
+    if (cv != NULL)
+      s->cv = cv;
+    pf = cv != NULL ? realloc(s->pf, ((size_t)cap + 2) * sizeof *pf) : NULL;
+    if (pf == NULL) {
+      close(fd); /* out of memory: as if it never came */
+      return -1;
+    }
+    s->pf = pf;
+    s->cap = cap;
   }
   s->cv[s->nc].fd = fd;
   s->cv[s->nc].peer = peer;
   s->cv[s->nc].kind = kind;
   s->cv[s->nc].pending = pending;
+  s->cv[s->nc].t0 = zpp_time_ns();
   return s->nc++;
 }
 
 /* Starts a non-blocking connection to rank r's listener: 0 connected, 1
- * in progress, -1 refused or failed at once. */
-static int connect_start(const sh_t *s, int r, int *fd) {
+ * in progress, -1 refused (r is dead), -2 failed here (s->err says why;
+ * r may well be alive). */
+static int connect_start(sh_t *s, int r, int *fd) {
   struct sockaddr_in sa;
-  int f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int f = -1, e = 0;
   *fd = -1;
-  if (f < 0)
+  if (zpp_shrink_test_connect != NULL)
+    e = zpp_shrink_test_connect(s->me, r);
+  if (e == 0) {
+    f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (f < 0)
+      e = errno;
+  }
+  if (e == 0) {
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = s->rs->ip[r];
+    sa.sin_port = htons(s->rs->port[r]);
+    if (connect(f, (struct sockaddr *)&sa, sizeof sa) == 0) {
+      zpp_tcp_set_sockopts(f);
+      *fd = f;
+      return 0;
+    }
+    if (errno == EINPROGRESS || errno == EINTR) {
+      *fd = f;
+      return 1;
+    }
+    e = errno;
+    close(f);
+  }
+  if (refused(e))
     return -1;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = s->rs->ip[r];
-  sa.sin_port = htons(s->rs->port[r]);
-  if (connect(f, (struct sockaddr *)&sa, sizeof sa) == 0) {
-    zpp_tcp_set_sockopts(f);
-    *fd = f;
-    return 0;
-  }
-  if (errno == EINPROGRESS) {
-    *fd = f;
-    return 1;
-  }
-  close(f);
-  return -1;
+  s->err = e;
+  s->err_rank = r;
+  return -2;
 }
 
 static int connect_error(int fd) {
@@ -261,6 +391,24 @@ static int send_who(const sh_t *s, int fd, uint32_t type, const void *extra,
                     size_t len, int64_t deadline) {
   sh_who_t w = {s->rs->epoch, s->me, (int32_t)getpid()};
   return zpp_tcp_send_msg(fd, type, 0, &w, sizeof w, extra, len, deadline);
+}
+
+/* EXCLUDED carries the rank that decided (int32). */
+static void send_excluded(const sh_t *s, int fd, int coord) {
+  int32_t c = coord;
+  send_who(s, fd, SH_EXCLUDED, &c, sizeof c, soon(s, 1.0));
+}
+
+static zpp_status_t excluded(const sh_t *s, int from, size_t len) {
+  int32_t c = from;
+  if (len >= sizeof c)
+    memcpy(&c, s->msg, sizeof c);
+  return zpp_error(ZPP_ERR_EXCLUDED, s->func,
+                   "rank %d decided the new communicator without this rank "
+                   "%d (told by rank %d): this rank was not joined to it at "
+                   "the decision (it called zpp_comm_shrink after the "
+                   "decision, or could not reach rank %d in time)",
+                   (int)c, s->me, from, (int)c);
 }
 
 /* One message: 0 ok (header in *h, who in *w, the rest in s->msg, its
@@ -286,12 +434,17 @@ static int recv_one(sh_t *s, int fd, zpp_tcp_msg_hdr_t *h, sh_who_t *w,
   return 0;
 }
 
-/* Accepts what waits on my listener. */
+/* Accepts what waits on my listener.  Out of descriptors, the listener
+ * rests 100 ms (it stays readable: polling it would spin). */
 static void accept_all(sh_t *s) {
   for (;;) {
     int fd = accept4(s->rs->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0)
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM)
+        s->listen_rest = zpp_time_ns() + 100000000;
       return;
+    }
     zpp_tcp_set_sockopts(fd);
     add_conn(s, fd, -1, K_NEW, 0);
   }
@@ -327,33 +480,25 @@ bad:
                    len);
 }
 
-/* A message on an accepted connection (any role).  Returns an error only
- * for EXCLUDED (this rank is out). */
-static zpp_status_t serve(sh_t *s, int i, int *removed) {
+/* A message on an accepted connection (any role).  A closed connection is
+ * dropped and proves nothing (its rank may have moved on).  Returns an
+ * error only for EXCLUDED (this rank is out). */
+static zpp_status_t serve(sh_t *s, int i) {
   zpp_tcp_msg_hdr_t h;
   sh_who_t w;
   size_t len = 0;
   conn_t *c = &s->cv[i];
   int rc;
-  *removed = 0;
 again:
   rc = recv_one(s, c->fd, &h, &w, &len);
   if (rc != 0) {
-    /* closed: a joined rank that closes has died (a survivor never leaves
-     * a coordinator it joined unless that one died first) */
-    if (c->kind == K_JOIN && rc == -2) {
-      s->joined[c->peer] = 0;
-      s->dead[c->peer] = 1;
-    }
     drop(s, i);
-    *removed = 1;
     return ZPP_OK;
   }
-  if (h.type == SH_EXCLUDED)
-    return zpp_error(ZPP_ERR_EXCLUDED, s->func,
-                     "rank %d decided the new communicator without this rank "
-                     "%d: it called zpp_comm_shrink after the decision",
-                     w.rank, s->me);
+  if (h.type == SH_EXCLUDED) {
+    s->coord = w.rank;
+    return excluded(s, w.rank, len);
+  }
   if (h.type == SH_JOIN && c->kind == K_NEW) {
     c->kind = K_JOIN;
     c->peer = w.rank;
@@ -370,19 +515,60 @@ again:
   return ZPP_OK;
 }
 
-/* Polls my listener, the connections and `extra` (-1: none) up to 100 ms.
- * *ready: extra became readable (or writable, for ev POLLOUT).  Serves
- * the connections; an error only for EXCLUDED. */
-static zpp_status_t step(sh_t *s, int extra, short ev, int *ready,
-                         struct pollfd *pf) {
-  int k = 0, i, ms;
-  int64_t left = (s->deadline - zpp_time_ns()) / 1000000;
-  ms = left < 0 ? 0 : left > 100 ? 100 : (int)left + 1;
-  pf[k].fd = s->rs->fd;
-  pf[k++].events = POLLIN;
+/* My probe of c->peer became ready: connected (PROBE sent), or it failed:
+ * refused, the rank is dead; else tried again later.  An open probe that
+ * reads end of file or a reset is tried again at once: its rank either
+ * refuses (dead) or accepts a new probe. */
+static void probe_ready(sh_t *s, int i) {
+  conn_t *c = &s->cv[i];
+  int q = c->peer;
+  if (c->pending) {
+    int e = connect_error(c->fd);
+    if (e == 0) {
+      c->pending = 0;
+      zpp_tcp_set_sockopts(c->fd);
+      if (send_who(s, c->fd, SH_PROBE, NULL, 0, soon(s, 2.0)) == 0)
+        return;
+      drop(s, i); /* tried again at once: a dead rank then refuses */
+      s->retry[q] = 0;
+      return;
+    }
+    drop(s, i);
+    if (refused(e)) {
+      s->dead[q] = 1;
+    } else {
+      s->err = e;
+      s->err_rank = q;
+      s->retry[q] = zpp_time_ns() + 100000000;
+    }
+    return;
+  }
+  {
+    char b;
+    ssize_t got = recv(c->fd, &b, 1, MSG_DONTWAIT);
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+      drop(s, i);
+      s->retry[q] = 0;
+    }
+  }
+}
+
+/* Polls my listener, the connections and `extra` (-1: none) up to `ms`
+ * (cut at the deadline).  *ready: extra became readable (or writable, for
+ * ev POLLOUT).  Serves the connections; an error only for EXCLUDED. */
+static zpp_status_t step_ms(sh_t *s, int extra, short ev, int *ready, int ms) {
+  struct pollfd *pf = s->pf;
+  int k = 0, i;
+  int64_t now = zpp_time_ns(), left = (s->deadline - now) / 1000000;
+  if (left < ms)
+    ms = left < 0 ? 0 : (int)left + 1;
+  pf[k].fd = now < s->listen_rest ? -1 : s->rs->fd;
+  pf[k].events = POLLIN;
+  pf[k++].revents = 0;
   for (i = 0; i < s->nc; i++) {
     pf[k].fd = s->cv[i].fd;
-    pf[k++].events = s->cv[i].pending ? POLLOUT : POLLIN;
+    pf[k].events = s->cv[i].pending ? POLLOUT : POLLIN;
+    pf[k++].revents = 0;
   }
   pf[k].fd = extra;
   pf[k].events = ev;
@@ -396,84 +582,109 @@ static zpp_status_t step(sh_t *s, int extra, short ev, int *ready,
     *ready = 1;
   /* connections first (pf[1 + i] is cv[i]; drop() reorders, so walk down) */
   for (i = s->nc - 1; i >= 0; i--) {
-    short re = pf[1 + i].revents;
-    conn_t *c = &s->cv[i];
-    int removed;
-    if (re == 0)
+    if (pf[1 + i].revents == 0)
       continue;
-    if (c->kind == K_PROBE) {
-      /* my probe: finished connecting, or the rank died (reset/closed) */
-      if (c->pending) {
-        if (connect_error(c->fd) != 0) {
-          s->dead[c->peer] = 1;
-          drop(s, i);
-          continue;
-        }
-        c->pending = 0;
-        zpp_tcp_set_sockopts(c->fd);
-        if (send_who(s, c->fd, SH_PROBE, NULL, 0, soon(s, 2.0)) != 0) {
-          s->dead[c->peer] = 1;
-          drop(s, i);
-        }
-        continue;
-      }
-      {
-        char b;
-        ssize_t got = recv(c->fd, &b, 1, MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
-          if (!s->joined[c->peer])
-            s->dead[c->peer] = 1;
-          drop(s, i);
-        }
-      }
-      continue;
-    }
-    ZPP_CHECK(serve(s, i, &removed));
+    if (s->cv[i].kind == K_PROBE)
+      probe_ready(s, i);
+    else
+      ZPP_CHECK(serve(s, i));
   }
   if (pf[0].revents & POLLIN)
     accept_all(s);
   return ZPP_OK;
 }
 
+static zpp_status_t step(sh_t *s, int extra, short ev, int *ready) {
+  return step_ms(s, extra, ev, ready, 100);
+}
+
+/* Waits `ms` serving the connections (a pause before trying again). */
+static zpp_status_t rest(sh_t *s, int ms) {
+  int64_t until = soon(s, ms * 1e-3);
+  int ready;
+  while (zpp_time_ns() < until)
+    ZPP_CHECK(step_ms(s, -1, 0, &ready,
+                      (int)((until - zpp_time_ns()) / 1000000) + 1));
+  return ZPP_OK;
+}
+
+/* Serves every input already waiting (accepts included), once. */
+static zpp_status_t drain(sh_t *s) {
+  int i;
+  if (zpp_time_ns() >= s->listen_rest)
+    accept_all(s);
+  for (i = s->nc - 1; i >= 0; i--) {
+    struct pollfd p = {s->cv[i].fd, s->cv[i].pending ? POLLOUT : POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0)
+      continue;
+    if (s->cv[i].kind == K_PROBE)
+      probe_ready(s, i);
+    else
+      ZPP_CHECK(serve(s, i));
+  }
+  return ZPP_OK;
+}
+
+/* The call's end without a decision from rank c (the lowest rank not
+ * proven dead). */
+static zpp_status_t give_up(const sh_t *s, int c) {
+  if (s->err != 0 && s->err != ETIMEDOUT && s->err_rank == c)
+    return zpp_error(ZPP_ERR_SYSTEM, s->func,
+                     "could not reach rank %d, the lowest rank not proven "
+                     "dead, within %.3g s: connect: %s (a failure on this "
+                     "host, no proof that rank %d died)",
+                     c, s->bound_s, strerror(s->err), c);
+  return zpp_error(ZPP_ERR_TIMEOUT, s->func,
+                   "rank %d, the lowest rank not proven dead, did not decide "
+                   "within %.3g s: it is alive but did not call "
+                   "zpp_comm_shrink (or called it more than %.3g s after "
+                   "this rank), or its host does not answer",
+                   c, s->bound_s, s->bound_s - s->join_s);
+}
+
 /* ---- participant ----------------------------------------------------------
  * Joins rank c.  Returns ZPP_OK with *decided = 1 (the decision is in s),
- * or with s->dead[c] set (c refused, or closed before deciding), or an
+ * with s->dead[c] set (c refused), or with neither (no answer, a failure
+ * here, or c closed without a word: the caller tries c again), or an
  * error. */
-static zpp_status_t follow(sh_t *s, int c, int *decided, struct pollfd *pf) {
+static zpp_status_t follow(sh_t *s, int c, int *decided) {
   int fd, rc, ready = 0;
   *decided = 0;
   rc = connect_start(s, c, &fd);
-  if (rc < 0) {
+  if (rc == -1) {
     s->dead[c] = 1;
     return ZPP_OK;
   }
+  if (rc == -2)
+    return rest(s, 50);
   if (rc == 1) {
     /* a host that is up answers at once (accepted or refused); 2 s
-     * without an answer: the host is gone */
+     * without an answer: tried again */
     int64_t until = soon(s, 2.0);
+    int e;
     while (!ready && zpp_time_ns() < until) {
-      zpp_status_t st = step(s, fd, POLLOUT, &ready, pf);
+      zpp_status_t st = step(s, fd, POLLOUT, &ready);
       if (st != ZPP_OK) {
         close(fd);
         return st;
       }
     }
-    if (!ready || connect_error(fd) != 0) {
+    e = ready ? connect_error(fd) : ETIMEDOUT;
+    if (e != 0) {
       close(fd);
-      if (zpp_time_ns() >= s->deadline)
-        return zpp_error(ZPP_ERR_TIMEOUT, s->func,
-                         "no rank answered within %.3g s (the last tried: "
-                         "rank %d)",
-                         s->bound_s, c);
-      s->dead[c] = 1;
-      return ZPP_OK;
+      if (refused(e)) {
+        s->dead[c] = 1;
+        return ZPP_OK;
+      }
+      s->err = e;
+      s->err_rank = c;
+      return rest(s, 50);
     }
     zpp_tcp_set_sockopts(fd);
   }
   if (send_who(s, fd, SH_JOIN, NULL, 0, soon(s, 2.0)) != 0) {
-    close(fd);
-    s->dead[c] = 1;
-    return ZPP_OK;
+    close(fd); /* tried again: a dead rank then refuses */
+    return rest(s, 50);
   }
   hook(s->me, "joined");
   for (;;) {
@@ -483,14 +694,9 @@ static zpp_status_t follow(sh_t *s, int c, int *decided, struct pollfd *pf) {
     zpp_status_t st;
     if (zpp_time_ns() >= s->deadline) {
       close(fd);
-      return zpp_error(ZPP_ERR_TIMEOUT, s->func,
-                       "rank %d, the lowest rank whose socket accepts, did "
-                       "not decide within %.3g s: it is alive but did not "
-                       "call zpp_comm_shrink (or called it more than %.3g s "
-                       "after this rank)",
-                       c, s->bound_s, s->bound_s - s->join_s);
+      return give_up(s, c);
     }
-    st = step(s, fd, POLLIN, &ready, pf);
+    st = step(s, fd, POLLIN, &ready);
     if (st != ZPP_OK) {
       close(fd);
       return st;
@@ -500,27 +706,27 @@ static zpp_status_t follow(sh_t *s, int c, int *decided, struct pollfd *pf) {
     rc = recv_one(s, fd, &h, &w, &len);
     if (rc == 1)
       continue;
-    if (rc != 0) {
-      /* the coordinator died before its decision reached me */
-      close(fd);
-      s->dead[c] = 1;
-      return ZPP_OK;
-    }
     close(fd);
+    if (rc != 0) {
+      /* closed before its decision reached me: died (then it refuses)
+       * or dropped me (then it takes me again) */
+      s->err = 0;
+      return rest(s, 10);
+    }
     if (h.type == SH_DECIDE) {
       ZPP_CHECK(take_decision(s, c, len));
+      s->coord = c;
       *decided = 1;
       return ZPP_OK;
     }
-    if (h.type == SH_EXCLUDED)
-      return zpp_error(ZPP_ERR_EXCLUDED, s->func,
-                       "rank %d decided the new communicator without this "
-                       "rank %d: it joined after the decision",
-                       c, s->me);
+    if (h.type == SH_EXCLUDED) {
+      s->coord = c;
+      return excluded(s, c, len);
+    }
     if (h.type == SH_FAIL) {
       s->msg[len < s->msg_cap ? len : s->msg_cap - 1] = '\0';
       return zpp_error(ZPP_ERR_PEER_FAILED, s->func,
-                       "the coordinator, rank %d, failed: %s", c, s->msg);
+                       "rank %d, whom this rank joined, failed: %s", c, s->msg);
     }
     return zpp_error(ZPP_ERR_INTERNAL, s->func,
                      "rank %d sent message type %u instead of a decision", c,
@@ -531,51 +737,91 @@ static zpp_status_t follow(sh_t *s, int c, int *decided, struct pollfd *pf) {
 /* ---- coordinator ----------------------------------------------------------
  */
 
-static zpp_status_t coordinate(sh_t *s, struct pollfd *pf) {
-  int q, i, ready, all_local = 1;
+/* joined[q]: q holds a JOIN connection to me and is not dead. */
+static void count_joined(sh_t *s) {
+  int i;
+  memset(s->joined, 0, (size_t)s->n);
+  s->joined[s->me] = 1;
+  for (i = 0; i < s->nc; i++)
+    if (s->cv[i].kind == K_JOIN && !s->dead[s->cv[i].peer])
+      s->joined[s->cv[i].peer] = 1;
+}
+
+/* Probes of the higher ranks neither joined nor dead (the lower ones are
+ * dead: that is why I coordinate): started where none is open, dropped
+ * once their rank joined, tried again after 2 s without a connection. */
+static void probe_all(sh_t *s) {
+  int64_t now = zpp_time_ns();
+  char *open = s->msg; /* [n] scratch: a probe of q is open */
+  int q, i;
+  memset(open, 0, (size_t)s->n);
+  for (i = s->nc - 1; i >= 0; i--) {
+    conn_t *c = &s->cv[i];
+    if (c->kind != K_PROBE)
+      continue;
+    if (s->joined[c->peer] || s->dead[c->peer]) {
+      drop(s, i);
+    } else if (c->pending && now - c->t0 > 2000000000) {
+      s->err = ETIMEDOUT;
+      s->err_rank = c->peer;
+      drop(s, i);
+    } else {
+      open[c->peer] = 1;
+    }
+  }
+  for (q = s->me + 1; q < s->n; q++) {
+    int fd, rc, k;
+    if (s->dead[q] || s->joined[q] || open[q] || now < s->retry[q])
+      continue;
+    rc = connect_start(s, q, &fd);
+    if (rc == -1) {
+      s->dead[q] = 1;
+    } else if (rc == -2) {
+      s->retry[q] = now + 100000000;
+    } else if ((k = add_conn(s, fd, q, K_PROBE, rc == 1)) >= 0 && rc == 0 &&
+               send_who(s, fd, SH_PROBE, NULL, 0, soon(s, 2.0)) != 0) {
+      drop(s, k);
+      s->retry[q] = now + 100000000;
+    }
+  }
+}
+
+static zpp_status_t coordinate(sh_t *s) {
+  int q, i, ready;
+  /* the window, cut so that the creation keeps what the first coordinator
+   * leaves it (a replacement starts late), yet at least 0.5 s */
+  int64_t now = zpp_time_ns();
   int64_t join_end = soon(s, s->join_s);
+  int64_t cut = s->deadline - (int64_t)((s->bound_s - s->join_s) * 1e9);
+  int64_t least = soon(s, s->join_s < 0.5 ? s->join_s : 0.5);
   zpp_status_t st = ZPP_OK;
   char *payload = NULL;
   size_t plen;
   uint32_t star_ip;
-  s->joined[s->me] = 1;
-  /* ranks that joined me while I followed a lower one */
-  for (i = 0; i < s->nc; i++)
-    if (s->cv[i].kind == K_JOIN && !s->dead[s->cv[i].peer])
-      s->joined[s->cv[i].peer] = 1;
-  /* probes of the higher ranks not joined (the lower ones are dead: that
-   * is why I coordinate) */
-  for (q = s->me + 1; q < s->n; q++) {
-    int fd, rc;
-    if (s->dead[q] || s->joined[q])
-      continue;
-    rc = connect_start(s, q, &fd);
-    if (rc < 0)
-      s->dead[q] = 1;
-    else if (add_conn(s, fd, q, K_PROBE, rc == 1) >= 0 && rc == 0 &&
-             send_who(s, fd, SH_PROBE, NULL, 0, soon(s, 2.0)) != 0)
-      s->dead[q] = 1;
-  }
+  (void)now;
+  if (join_end > cut)
+    join_end = cut > least ? cut : least;
   for (;;) {
     int open = 0;
+    count_joined(s);
+    probe_all(s);
     for (q = s->me + 1; q < s->n; q++)
       open += !s->dead[q] && !s->joined[q];
     if (open == 0 || zpp_time_ns() >= join_end)
       break;
-    ZPP_CHECK(step(s, -1, 0, &ready, pf));
-    for (i = 0; i < s->nc; i++)
-      if (s->cv[i].kind == K_JOIN && !s->dead[s->cv[i].peer])
-        s->joined[s->cv[i].peer] = 1;
+    ZPP_CHECK(step(s, -1, 0, &ready));
   }
+  /* what came meanwhile (a JOIN queued, a joined rank that left) */
+  ZPP_CHECK(drain(s));
+  count_joined(s);
   /* the decision */
   s->nmem = 0;
   for (q = 0; q < s->n; q++)
-    if (s->joined[q] && !s->dead[q]) {
+    if (s->joined[q])
       s->mem[s->nmem++] = q;
-      all_local &= s->rs->ip[q] == htonl(INADDR_LOOPBACK);
-    }
+  s->coord = s->me;
   hook(s->me, "deciding");
-  star_ip = all_local ? htonl(INADDR_LOOPBACK) : s->rs->self_ip;
+  star_ip = s->rs->self_ip; /* where every member reached my listener */
   st = zpp_tcp_listen(star_ip, 0, zpp_tcp_random_session(), &s->id, s->func);
   plen = sizeof(int32_t) + (size_t)s->nmem * sizeof(int32_t) + sizeof s->id;
   payload = malloc(plen > ZPP_TCP_ERRLEN ? plen : ZPP_TCP_ERRLEN);
@@ -593,21 +839,36 @@ static zpp_status_t coordinate(sh_t *s, struct pollfd *pf) {
     memcpy(payload + sizeof n + (size_t)s->nmem * sizeof(int32_t), &s->id,
            sizeof s->id);
   } else if (payload != NULL) {
-    plen =
-        (size_t)snprintf(payload, ZPP_TCP_ERRLEN, "%s", zpp_get_last_error()) +
-        1;
+    int k = snprintf(payload, ZPP_TCP_ERRLEN, "%s", zpp_get_last_error());
+    plen = (size_t)(k < 0                    ? 0
+                    : k < ZPP_TCP_ERRLEN - 1 ? k
+                                             : ZPP_TCP_ERRLEN - 1) +
+           1;
   }
   /* A member that died since joining fails the creation on every member;
-   * sends are bounded and their failures need no answer here. */
-  for (i = 0; i < s->nc; i++) {
+   * sends are bounded and their failures need no answer here.  In rank
+   * order (if I die midway, the members reached are the lowest); answered
+   * connections are closed. */
+  for (q = 0; q < s->nmem; q++)
+    for (i = s->nc - 1; i >= 0; i--) {
+      conn_t *c = &s->cv[i];
+      if (c->kind == K_JOIN && c->peer == s->mem[q]) {
+        if (payload != NULL)
+          send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload, plen,
+                   soon(s, 2.0));
+        drop(s, i);
+        hook(s->me, "decide-one");
+      }
+    }
+  hook(s->me, "decide-sent");
+  /* the live ranks that did not join, and joins of ranks proven dead
+   * (their listener refused: they cannot be members) */
+  for (i = s->nc - 1; i >= 0; i--) {
     conn_t *c = &s->cv[i];
-    if (c->kind == K_JOIN && s->joined[c->peer] && !s->dead[c->peer]) {
-      if (payload != NULL)
-        send_who(s, c->fd, st == ZPP_OK ? SH_DECIDE : SH_FAIL, payload, plen,
-                 soon(s, 2.0));
-    } else if (c->kind == K_PROBE && !c->pending && !s->dead[c->peer] &&
-               !s->joined[c->peer]) {
-      send_who(s, c->fd, SH_EXCLUDED, NULL, 0, soon(s, 1.0));
+    if ((c->kind == K_PROBE && !c->pending && !s->dead[c->peer]) ||
+        c->kind == K_JOIN) {
+      send_excluded(s, c->fd, s->me);
+      drop(s, i);
     }
   }
   free(payload);
@@ -618,8 +879,10 @@ static zpp_status_t coordinate(sh_t *s, struct pollfd *pf) {
  */
 
 /* The new communicator's config: comm's, backend MPI replaced by UCX
- * (it needs MPI, which may not survive), an emulated node map restricted
- * to the members, the creation bounded by what is left of the call. */
+ * (it needs MPI, which may not survive), the device comm resolved (a
+ * member keeps its GPU though its local rank changes), an emulated node
+ * map restricted to the members, the creation bounded by what is left of
+ * the call. */
 static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
                                zpp_comm_config_t *cfg, char *spec, size_t len) {
   const zpp_transport_t *t = comm->tr;
@@ -627,6 +890,8 @@ static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
   *cfg = comm->cfg;
   cfg->backend = t->backend == ZPP_BACKEND_MPI ? ZPP_BACKEND_UCX : t->backend;
   cfg->algorithm = t->algorithm;
+  if (comm->cuda_device >= 0)
+    cfg->cuda_device = comm->cuda_device;
   cfg->timeout_s = left > 0.5 ? left : 0.5;
   cfg->topology = NULL;
   spec[0] = '\0';
@@ -638,44 +903,82 @@ static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
   return ZPP_OK;
 }
 
+/* After the agreement: the JOINs still held (ranks that joined me while I
+ * followed another) get EXCLUDED naming the rank that decided, or, when
+ * this rank failed, FAIL with its error; then every connection closes. */
+static void answer_and_close(sh_t *s, zpp_status_t st) {
+  int i;
+  char why[ZPP_TCP_ERRLEN];
+  int k = snprintf(why, sizeof why, "%s", zpp_get_last_error());
+  size_t wl = (size_t)(k < 0                     ? 0
+                       : k < (int)sizeof why - 1 ? k
+                                                 : (int)sizeof why - 1) +
+              1;
+  /* JOINs that arrived meanwhile (read here, not served: the call's error
+   * message stays) */
+  if (zpp_time_ns() >= s->listen_rest)
+    accept_all(s);
+  for (i = s->nc - 1; i >= 0; i--) {
+    conn_t *c = &s->cv[i];
+    struct pollfd p = {c->fd, POLLIN, 0};
+    zpp_tcp_msg_hdr_t h;
+    sh_who_t w;
+    size_t len;
+    if (c->kind == K_NEW && poll(&p, 1, 0) > 0 &&
+        recv_one(s, c->fd, &h, &w, &len) == 0 && h.type == SH_JOIN) {
+      c->kind = K_JOIN;
+      c->peer = w.rank;
+    }
+    if (c->kind == K_JOIN) {
+      if (st == ZPP_OK || st == ZPP_ERR_EXCLUDED)
+        send_excluded(s, c->fd, s->coord);
+      else
+        send_who(s, c->fd, SH_FAIL, why, wl, soon(s, 1.0));
+    }
+    drop(s, i);
+  }
+}
+
 static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
                         zpp_comm_t *newcomm) {
-  struct pollfd *pf;
   zpp_status_t st = ZPP_OK;
   zpp_comm_config_t cfg;
   zpp_comm_t nc = NULL;
-  char spec[128];
+  char *spec = NULL; /* the emulated node map: one label per member */
   int i, me_new = -1;
-  pf = malloc(((size_t)s->cap + 2) * sizeof *pf);
-  if (pf == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, s->func, "poll set");
+  s->coord = -1;
   /* A rank excluded earlier finds the coordinator's EXCLUDED waiting. */
-  accept_all(s);
   for (;;) {
-    int c, decided = 0, ready;
-    for (i = s->nc - 1; i >= 0 && st == ZPP_OK; i--)
-      if (s->cv[i].kind == K_NEW) {
-        int removed;
-        struct pollfd p = {s->cv[i].fd, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0)
-          st = serve(s, i, &removed);
-      }
+    int c, p = s->n, decided = 0;
+    st = drain(s);
     if (st != ZPP_OK)
       break;
     for (c = 0; c < s->n && s->dead[c]; c++) {
     }
-    if (c == s->me) {
-      st = coordinate(s, pf);
+    /* a lower rank that probes me coordinates: never coordinate past it */
+    for (i = 0; i < s->nc; i++)
+      if (s->cv[i].kind == K_PROBED && s->cv[i].peer < p)
+        p = s->cv[i].peer;
+    if (c == s->me && p < s->me)
+      c = p;
+    if (zpp_time_ns() >= s->deadline) {
+      st = give_up(s, c);
       break;
     }
-    st = follow(s, c, &decided, pf);
+    if (c == s->me) {
+      st = coordinate(s);
+      break;
+    }
+    if (s->dead[c]) {
+      st = rest(s, 50); /* its probe is open yet: wait for its reset */
+      if (st != ZPP_OK)
+        break;
+    }
+    st = follow(s, c, &decided);
     if (st != ZPP_OK || decided)
       break;
-    (void)ready;
   }
-  for (i = s->nc - 1; i >= 0; i--)
-    drop(s, i);
-  free(pf);
+  answer_and_close(s, st);
   if (st != ZPP_OK)
     return st;
   hook(s->me, "decided");
@@ -686,11 +989,14 @@ static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
            "zpp_comm_shrink: %d of %d ranks survive (rank "
            "%d becomes %d; coordinator rank %d)",
            s->nmem, s->n, s->me, me_new, s->mem[0]);
-  st = new_config(comm, s, &cfg, spec, sizeof spec);
+  spec = malloc(12 * (size_t)s->nmem + 2);
+  st = spec == NULL ? zpp_error(ZPP_ERR_OUT_OF_MEMORY, s->func, "node map")
+                    : new_config(comm, s, &cfg, spec, 12 * (size_t)s->nmem + 2);
   if (st == ZPP_OK)
     st = zpp_comm_create_tcp(&s->id, s->nmem, me_new, &cfg, NULL, s->func, &nc);
   else if (me_new == 0)
     zpp_tcp_unlisten(&s->id);
+  free(spec);
   if (st != ZPP_OK) {
     char why[ZPP_TCP_ERRLEN];
     snprintf(why, sizeof why, "%s", zpp_get_last_error());
@@ -751,11 +1057,25 @@ zpp_status_t zpp_comm_shrink(zpp_comm_t comm, const zpp_shrink_config_t *cfg,
                         "call, %g s (cfg->timeout_s, else the communicator's "
                         "timeout)",
                         cfg->join_s, bound));
-  if (comm->rescue == NULL)
+  if (comm->rescue == NULL || comm->rescue->fd < 0)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
                         "this communicator has no listening socket for the "
-                        "survivors (it could not open one at creation)"));
+                        "survivors: %s",
+                        comm->rescue != NULL
+                            ? comm->rescue->why
+                            : "it could not open one at creation (the "
+                              "warning said why)"));
+  if (comm->tr->backend == ZPP_BACKEND_MPI) {
+    char why[ZPP_TCP_ERRLEN];
+    if (!zpp_transport_ucx_available(why, sizeof why))
+      return zpp_comm_fail(
+          comm, zpp_error(ZPP_ERR_UNSUPPORTED, __func__,
+                          "the survivors of an MPI communicator continue on "
+                          "UCX (MPI may not survive the death), and UCX is "
+                          "not usable here: %s",
+                          why));
+  }
   if (comm->rescue->used)
     return zpp_comm_fail(
         comm, zpp_error(ZPP_ERR_INVALID_ARGUMENT, __func__,
@@ -778,17 +1098,21 @@ zpp_status_t zpp_comm_shrink(zpp_comm_t comm, const zpp_shrink_config_t *cfg,
               ZPP_TCP_ERRLEN;
   s.dead = calloc((size_t)s.n, 1);
   s.joined = calloc((size_t)s.n, 1);
+  s.retry = calloc((size_t)s.n, sizeof *s.retry);
   s.cv = malloc((size_t)s.cap * sizeof *s.cv);
+  s.pf = malloc(((size_t)s.cap + 2) * sizeof *s.pf);
   s.msg = malloc(s.msg_cap);
   s.mem = malloc((size_t)s.n * sizeof *s.mem);
-  if (s.dead == NULL || s.joined == NULL || s.cv == NULL || s.msg == NULL ||
-      s.mem == NULL)
+  if (s.dead == NULL || s.joined == NULL || s.retry == NULL || s.cv == NULL ||
+      s.pf == NULL || s.msg == NULL || s.mem == NULL)
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, __func__, "state of %d ranks", s.n);
   else
     st = run(comm, &s, new_rank_of, newcomm);
   free(s.dead);
   free(s.joined);
+  free(s.retry);
   free(s.cv);
+  free(s.pf);
   free(s.msg);
   free(s.mem);
   return zpp_comm_fail(comm, st);
