@@ -3,8 +3,9 @@ in each mode its docstring documents, on a small model of Linear layers
 (U FSDP modules), S training steps each; one JSON line (rank 0)
 {"enable_modes": {mode: U, S, the hook counts, the losses, a digest of
 the last step's gradients}}.  Also the stale secondary shard: forward,
-the parameters changed in place, backward; and hpz=True refused with
-FSDP2's reshard_after_forward=<int>."""
+the parameters changed (in place, by a foreach or fused optimizer step,
+through .data or the local shard and invalidate()), backward; and
+hpz=True refused with FSDP2's reshard_after_forward=<int>."""
 import json
 
 import torch
@@ -16,6 +17,7 @@ import zpp
 import zpp.fsdp
 
 STEPS = 2
+CHANGES = ("sgd foreach", "adamw foreach", "adamw fused", "data", "local")
 
 
 def model(raf):
@@ -59,16 +61,46 @@ def train(world, raf, **kw):
     return out
 
 
-def stale(world, hpz):
-    """Forward, then every parameter changed in place, then backward: the
+def change(m, how, z):
+    """Every parameter changed between a forward and its backward, in one of
+    the ways a training loop does: an optimizer step (foreach, fused: their
+    _foreach_* ops leave the version counters alone), an in-place op on the
+    parameter, a write to .data or to the local shard (then invalidate())."""
+    ps = list(m.parameters())
+    if how in ("sgd foreach", "adamw foreach", "adamw fused"):
+        kind, impl = how.split()
+        opt = (torch.optim.SGD(ps, lr=0.1, **{impl: True}) if kind == "sgd"
+               else torch.optim.AdamW(ps, lr=0.1, **{impl: True}))
+        for p in ps:
+            p.grad = torch.full_like(p, 0.25)
+        opt.step()
+        for p in ps:
+            p.grad = None
+    elif how == "inplace":
+        with torch.no_grad():
+            for p in ps:
+                p.mul_(0.5)
+    elif how == "data":
+        for p in ps:
+            p.data.mul_(0.5)
+        z.invalidate()
+    elif how == "local":
+        with torch.no_grad():
+            for p in ps:
+                p.to_local().mul_(0.5)
+        z.invalidate()
+    else:
+        raise ValueError(how)
+
+
+def stale(world, hpz, how="inplace"):
+    """Forward, then every parameter changed (change()), then backward: the
     backward gathers must see the changed parameters, as FSDP2 does."""
     m = model(True)
     z = zpp.fsdp.enable(m, comm=world, qwz_bits=8, qgz_bits=4, hpz=hpz)
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(7 + dist.get_rank()))
     loss = m(x).square().mean()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(0.5)
+    change(m, how, z)
     loss.backward()
     out = {"units": units(m), "calls": z.hook_calls(), "grad_digest": digest(m)}
     z.close()
@@ -87,6 +119,9 @@ def check() -> None:
         "stale hpz": stale(world, None),
         "stale no hpz": stale(world, False),
     }
+    for how in CHANGES:
+        res["stale %s hpz" % how] = stale(world, None, how)
+        res["stale %s no hpz" % how] = stale(world, False, how)
     try:
         zpp.fsdp.enable(model(2), comm=world, qwz_bits=8, hpz=True)
         res["refused"] = "accepted"

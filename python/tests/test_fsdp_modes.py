@@ -96,7 +96,16 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
         assert en[name]["grad_digest"] == en["zeropp"]["grad_digest"], name
     assert en["exact hpz=True"]["grad_digest"] == en["exact"]["grad_digest"]
     # the stale secondary shard is not used: the gradients of the changed
-    # parameters, as without hpZ
+    # parameters, as without hpZ; for every way of changing them (an
+    # optimizer step with foreach or fused kernels, which move no version
+    # counter; a write through .data or to the local shard, then
+    # invalidate()): the backward gathers go over the world
     assert en["stale hpz"]["grad_digest"] == en["stale no hpz"]["grad_digest"]
+    for how in ("sgd foreach", "adamw foreach", "adamw fused", "data", "local"):
+        on, off = en["stale %s hpz" % how], en["stale %s no hpz" % how]
+        assert on["calls"] == off["calls"] == expect(U, 1, 2, 0, 1), (how, on, off)
+        assert on["grad_digest"] == off["grad_digest"], (how, on, off)
+    # the changes changed the gradients (the check above can fail)
+    assert en["stale sgd foreach no hpz"]["grad_digest"] != en["stale no hpz"]["grad_digest"]
     assert en["zeropp"]["hpz_modules"] == 3 and en["zeropp hpz=False"]["hpz_modules"] == 0
     assert re.search(r"hpz=True but FSDP module .* reshard_after_forward=2", en["refused"]), en

@@ -56,7 +56,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
-from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+try:
+    # what zpp's hpZ reads to tell a backward gather from a forward one;
+    # enable() names what is missing when hpZ is asked for without it
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
+except ImportError:  # pragma: no cover (another torch's layout)
+    _TrainingState = None
 
 from . import _lib
 from ._lib import Buf
@@ -200,7 +207,9 @@ class _Hpz:
         h = L.ffi.new("zpp_hpz_t *")
         L.check(L.lib.zpp_hpz_create(comm._c, cfg, count, dtype, h), comm._c)
         self.comm, self._h = comm, h[0]
-        self.fresh = None  # the parameters' versions its secondary shard was cut from
+        # the parameters' state its secondary shard was cut from: the
+        # generation of the Zpp and the versions of the parameters
+        self.fresh = None
 
     def gather(self, send, out, backward: bool, async_op: bool):
         L = _lib.get()
@@ -215,12 +224,34 @@ class _Hpz:
             L.check(L.lib.zpp_hpz_destroy(h), self.comm._c)
 
 
+class _Generation:
+    """A count of the writes to the parameters that no version counter
+    shows: every torch.optim step (foreach and fused steps write through
+    _foreach_* ops, which leave the counters alone) and every
+    Zpp.invalidate().  One per Zpp, read by all its gathers."""
+
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+    def bump(self, *_args) -> None:
+        self.n += 1
+
+
 def _versions(param_group) -> tuple:
-    """The version counters of the module's sharded parameters: an
-    optimizer step, a load or any in-place write bumps the DTensor's, a
-    write to its local tensor that one's."""
-    return tuple((fp.sharded_param._version, fp.sharded_param._local_tensor._version)
-                 for fp in param_group.fsdp_params)
+    """The sharded parameters' identities and version counters: an
+    in-place op on a parameter bumps its DTensor's counter, one on its
+    local tensor that one's, and a parameter or storage swapped for
+    another changes the id or the address.  Writes through ``.data``, the
+    optimizers' _foreach_* ops and fused kernels change none of them: the
+    generation (_Generation) covers those."""
+    out = []
+    for fp in param_group.fsdp_params:
+        p = fp.sharded_param
+        t = p._local_tensor
+        out.append((id(p), p._version, t._version, t.data_ptr()))
+    return tuple(out)
 
 
 class AllGather(_FsdpAllGather):
@@ -233,14 +264,18 @@ class AllGather(_FsdpAllGather):
     gather keeps this rank's share of the node's copy of the parameters
     in qwZ's encoding (or exact without qwZ), and the backward gather
     rebuilds them from the node's ranks alone, bitwise equal to what the
-    forward gathered.  A backward gather whose parameters changed since
-    that forward (their version counters moved), or with no forward before
-    it, gathers over the world instead."""
+    forward gathered.  A backward gather with no forward before it, or
+    after a change of the parameters since that forward (a torch.optim
+    step or :meth:`Zpp.invalidate`, which bump ``generation``, or an
+    in-place write that moved their version counters), gathers over the
+    world instead."""
 
-    def __init__(self, comms: Comms, options: Options, param_group=None):
+    def __init__(self, comms: Comms, options: Options, param_group=None,
+                 generation: Optional[_Generation] = None):
         self.comms = comms
         self.options = options
         self.param_group = param_group
+        self.generation = generation if generation is not None else _Generation()
         # zpp's hpZ on this module: FSDP2 gathers it over its whole mesh in
         # the backward (reshard_after_forward=True)
         self.hpz = bool(options.hpz and param_group is not None and _raf(param_group) is True)
@@ -271,10 +306,10 @@ class AllGather(_FsdpAllGather):
                 dtype = Buf(input_tensor, "the all-gather input").dtype
                 h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
                 self._hpz[key] = h
-            vers = _versions(pg)
-            backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == vers
+            now = (self.generation.n, _versions(pg))
+            backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == now
             w = h.gather(input_tensor, output_tensor, backward, async_op)
-            h.fresh = None if backward else vers  # a secondary shard serves one backward
+            h.fresh = None if backward else now  # a secondary shard serves one backward
             k = "%s %s" % ("hpz-node" if backward else "qwz" if quantize else "exact",
                            str(input_tensor.dtype)[6:])
         else:
@@ -349,14 +384,23 @@ class Zpp:
     :func:`enable` made; the model can then train on those, or be given
     to :func:`enable` again.  Communicators the caller passed stay open
     (``comms=``: all of them; ``comm=``: that world, while the node
-    communicators made from it for hpZ are closed)."""
+    communicators made from it for hpZ are closed).
+
+    zpp's hpZ serves a backward gather from the copy its forward kept
+    only while the parameters are unchanged: every torch.optim step of
+    the process (a global step hook, removed by ``close()``) and every
+    :meth:`invalidate` mark the copies stale."""
 
     def __init__(self, comms: Comms, options: Options, gathers: list, scatters: list,
-                 modules: Optional[list] = None, owns: str = "all"):
+                 modules: Optional[list] = None, owns: str = "all",
+                 generation: Optional[_Generation] = None):
         self.comms = comms
         self.options = options
         self.gathers = gathers
         self.scatters = scatters
+        # bumped by every torch.optim step (the hook below) and invalidate()
+        self.generation = generation if generation is not None else _Generation()
+        self._step_hook = register_optimizer_step_post_hook(self.generation.bump)
         # (module, its param groups, their hooks before enable())
         self._modules = modules if modules is not None else []
         # what close() frees: "all" (enable made the world), "splits" (the
@@ -387,6 +431,16 @@ class Zpp:
     def reset_stats(self) -> None:
         self.comms.reset_stats()
 
+    def invalidate(self) -> None:
+        """The parameters changed outside torch.optim (a write through
+        ``.data`` or to a parameter's local shard, a checkpoint load):
+        hpZ's copies of them are stale, and each module's next backward
+        gather goes over the world.  Call it on every rank, after every
+        such write between a forward and its backward: the ranks must
+        agree on which gathers run (a torch.optim step needs no call).
+        Local, no communication."""
+        self.generation.bump()
+
     def close(self) -> None:
         """Collective: puts back the FSDP modules' hooks from before
         :func:`enable`, then frees the communicators it made (not those
@@ -395,6 +449,7 @@ class Zpp:
         if self.closed:
             return
         self.closed = True
+        self._step_hook.remove()
         _restore(self._modules, self)
         for h in self.scatters:
             h.residuals.clear()
@@ -762,8 +817,13 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     and pass hpz=False there if so.  On
     nodes of different sizes zpp keeps no secondary shard and the
     backward gathers cross nodes as before.  A backward gather whose
-    parameters changed since the forward (their version counters moved)
-    gathers over the world.  hpz=True is refused for a module with
+    parameters changed since the forward gathers over the world: a
+    torch.optim step (any optimizer of the process: a global step hook,
+    removed by ``close()``) or an in-place op that moves the parameters'
+    version counters is seen; a write outside torch.optim (through
+    ``.data``, to a parameter's local shard, a checkpoint load) must be
+    followed by :meth:`Zpp.invalidate` on every rank, since the ranks must
+    agree on which gathers run.  hpz=True is refused for a module with
     ``reshard_after_forward=<int>`` (FSDP2's own hpZ, which zpp serves with
     exact gathers on the node's communicator; hpz unset leaves those
     modules to it).
@@ -870,6 +930,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
         comms = Comms(comm, **comm_kw)
     gathers, scatters, installed = [], [], []
     z = Zpp(comms, opts, gathers, scatters, installed, owns)
+    gen = z.generation
     line = detail = None
     try:
         if isinstance(comms, Comms):
@@ -883,7 +944,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
                     line = ("zpp.fsdp: %d FSDP modules; the summary of the choices failed: "
                             "%s: %s" % (len(mods), type(e).__name__, e))
         for _, m, groups in mods:
-            g, s = AllGather(comms, opts, groups[0]), ReduceScatter(comms, opts)
+            g, s = AllGather(comms, opts, groups[0], gen), ReduceScatter(comms, opts)
             before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
             installed.append((m, groups, before))
             m.set_custom_all_gather(g)
@@ -896,6 +957,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
         # nothing of this call stays: the hooks from before, no handle, and
         # the communicators it made closed
         z.closed = True
+        z._step_hook.remove()
         _restore(installed, z)
         if owns != "none":
             try:
