@@ -57,8 +57,16 @@ def train(world, raf, **kw):
         losses.append(float(loss.detach()))
     out = {"units": units(m), "steps": STEPS, "calls": z.hook_calls(), "losses": losses,
            "grad_digest": d, "hpz_modules": sum(1 for h in z.gathers if h.hpz)}
-    z.close()
+    out.update(close(z))
     return out
+
+
+def close(z):
+    """z.close(), and the hpZ handles before it and whether it freed them."""
+    hs = [h for g in z.gathers for h in g._hpz.values()]
+    z.close()
+    return {"handles": len(hs), "freed": all(h._h is None for h in hs)
+            and not any(g._hpz for g in z.gathers)}
 
 
 def change(m, how, z):
@@ -107,6 +115,33 @@ def stale(world, hpz, how="inplace"):
     return out
 
 
+def auto_root(world, hpz):
+    """The usual wrapping: fully_shard(model) after the blocks, with
+    reshard_after_forward left to FSDP2, which keeps the root's parameters
+    from the forward to the backward (no backward gather): zpp's hpZ keeps
+    no copy of it."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 1))
+    fully_shard(m[0])
+    fully_shard(m[1])
+    fully_shard(m)
+    z = zpp.fsdp.enable(m, comm=world, qwz_bits=8, qgz_bits=4, hpz=hpz)
+    summary = zpp.fsdp._hpz(zpp.fsdp._fsdp_modules(m), world, z.options)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(100 * step + dist.get_rank()))
+        m(x).square().mean().backward()
+        d = digest(m)
+        opt.step()
+        opt.zero_grad()
+    root = z.gathers[[g.param_group for g in z.gathers].index(
+        m._get_fsdp_state()._fsdp_param_groups[0])]
+    out = {"calls": z.hook_calls(), "grad_digest": d, "summary": summary,
+           "root_handles": len(root._hpz)}
+    out.update(close(z))
+    return out
+
+
 def check() -> None:
     world = zpp.Comm.from_mpi()
     zpp_ = dict(qwz_bits=8, qgz_bits=4, error_feedback=True)
@@ -122,6 +157,13 @@ def check() -> None:
     for how in CHANGES:
         res["stale %s hpz" % how] = stale(world, None, how)
         res["stale %s no hpz" % how] = stale(world, False, how)
+    res["auto root hpz"] = auto_root(world, None)
+    res["auto root no hpz"] = auto_root(world, False)
+    # nodes of different sizes (3 + 1 ranks): zpp's hpZ keeps no copy there
+    uneven = zpp.Comm.from_mpi(topology="0,0,0,1")
+    res["uneven hpz"] = train(uneven, True, qwz_bits=8, qgz_bits=4)
+    res["uneven no hpz"] = train(uneven, True, qwz_bits=8, qgz_bits=4, hpz=False)
+    uneven.close()
     try:
         zpp.fsdp.enable(model(2), comm=world, qwz_bits=8, hpz=True)
         res["refused"] = "accepted"

@@ -108,4 +108,28 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
     # the changes changed the gradients (the check above can fail)
     assert en["stale sgd foreach no hpz"]["grad_digest"] != en["stale no hpz"]["grad_digest"]
     assert en["zeropp"]["hpz_modules"] == 3 and en["zeropp hpz=False"]["hpz_modules"] == 0
+    # close() frees every hpZ handle (one per module with hpZ)
+    for name in ("zeropp", "exact hpz=True", "auto root hpz"):
+        assert en[name]["handles"] > 0 and en[name]["freed"], (name, en[name])
+
+    # fully_shard(model) with reshard_after_forward unset: FSDP2 keeps the
+    # root's parameters gathered from its forward to its backward, so the
+    # root has one world gather a step and no hpZ copy, and its blocks
+    # (L = 2 here) one world and one node gather each
+    L = U - 1
+    on, off = en["auto root hpz"], en["auto root no hpz"]
+    assert on["calls"] == {"qwz float32": (L + 1) * S, "hpz-node float32": L * S,
+                           "qgz avg": U * S}, on
+    assert off["calls"] == {"qwz float32": (2 * L + 1) * S, "qgz avg": U * S}, off
+    assert on["root_handles"] == 0 and on["handles"] == L, on
+    assert on["grad_digest"] == off["grad_digest"]
+    assert "on for %d of %d modules" % (L, U) in on["summary"], on["summary"]
+    assert "the root keeps its parameters gathered" in on["summary"], on["summary"]
+
+    # nodes of different sizes (3 + 1 ranks): no copy, every gather over the
+    # world and named so, the gradients of hpZ off
+    on, off = en["uneven hpz"], en["uneven no hpz"]
+    assert on["calls"] == off["calls"] == expect(U, S, 2, 0, 1), (on, off)
+    assert on["handles"] == 0 and on["hpz_modules"] == 0, on
+    assert on["grad_digest"] == off["grad_digest"] and on["losses"] == off["losses"]
     assert re.search(r"hpz=True but FSDP module .* reshard_after_forward=2", en["refused"]), en

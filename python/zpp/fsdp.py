@@ -207,6 +207,11 @@ class _Hpz:
         h = L.ffi.new("zpp_hpz_t *")
         L.check(L.lib.zpp_hpz_create(comm._c, cfg, count, dtype, h), comm._c)
         self.comm, self._h = comm, h[0]
+        info = L.new("zpp_hpz_info_t")
+        L.check(L.lib.zpp_hpz_get_info(self._h, info), comm._c)
+        # 0: nodes of different sizes, where zpp keeps no secondary shard
+        # and its backward gather is a world gather
+        self.hierarchical = bool(info.hierarchical)
         # the parameters' state its secondary shard was cut from: the
         # generation of the Zpp and the versions of the parameters
         self.fresh = None
@@ -276,20 +281,59 @@ class AllGather(_FsdpAllGather):
         self.options = options
         self.param_group = param_group
         self.generation = generation if generation is not None else _Generation()
-        # zpp's hpZ on this module: FSDP2 gathers it over its whole mesh in
-        # the backward (reshard_after_forward=True)
-        self.hpz = bool(options.hpz and param_group is not None and _raf(param_group) is True)
+        self._want = bool(options.hpz and param_group is not None)
         self.calls: dict = {}  # "qwz fp32", "exact uint8", "hpz-node float32" ... -> calls
         self._hpz: dict = {}   # (comm, count, dtype) -> _Hpz
+        self._uneven: set = set()  # the keys of _hpz whose nodes differ in size: no hpZ
+
+    @property
+    def hpz(self) -> bool:
+        """zpp's hpZ on this module now: asked for (``options.hpz``), FSDP2
+        reshards it after the forward over its whole mesh, so that it
+        gathers it again in the backward (``reshard_after_forward`` True at
+        this moment: FSDP2 sets the root's to False at its first forward
+        unless the application set it), and its nodes are of one size.
+        Each gather decides anew."""
+        return self._want and _raf(self.param_group) is True and not self._uneven
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def close(self) -> None:
-        """Frees the hpZ secondary shards (before their communicators close)."""
+        """Frees the hpZ secondary shards (before their communicators close):
+        every one, then raises the first error."""
         hs, self._hpz = list(self._hpz.values()), {}
+        first = None
         for h in hs:
-            h.close()
+            try:
+                h.close()
+            except Exception as e:  # noqa: BLE001 (the others are freed first)
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _handle(self, comm: Comm, input_tensor) -> "Optional[_Hpz]":
+        """The hpZ handle of this gather, made on first use; None where hpZ
+        does not apply now: FSDP2 keeps the module's parameters from the
+        forward to the backward (no backward gather: its handles are freed),
+        or the nodes differ in size (zpp keeps no copy there)."""
+        if _raf(self.param_group) is not True:
+            if self._hpz:
+                self.close()
+            return None
+        key = (id(comm), input_tensor.numel(), input_tensor.dtype)
+        h = self._hpz.get(key)
+        if h is None and key not in self._uneven:
+            dtype = Buf(input_tensor, "the all-gather input").dtype
+            o = self.options
+            h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
+            if h.hierarchical:
+                self._hpz[key] = h
+            else:
+                h.close()
+                self._uneven.add(key)
+                h = None
+        return h
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         comm = self.comms.get(group)
@@ -299,13 +343,8 @@ class AllGather(_FsdpAllGather):
         floats = input_tensor.dtype in (torch.float32, torch.bfloat16, torch.float16)
         quantize = bool(o.qwz_bits) and comm.nnodes > 1 and floats
         pg = self.param_group
-        if self.hpz and comm.nnodes > 1 and floats:
-            key = (id(comm), input_tensor.numel(), input_tensor.dtype)
-            h = self._hpz.get(key)
-            if h is None:
-                dtype = Buf(input_tensor, "the all-gather input").dtype
-                h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
-                self._hpz[key] = h
+        h = self._handle(comm, input_tensor) if self._want and comm.nnodes > 1 and floats else None
+        if h is not None:
             now = (self.generation.n, _versions(pg))
             backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == now
             w = h.gather(input_tensor, output_tensor, backward, async_op)
@@ -672,35 +711,63 @@ def _raf(g):
     return pf.shard_mesh_size
 
 
+def _raf_from_first_forward(qual: str, m, g, quals) -> object:
+    """_raf(g) as it will be from the first forward on: FSDP2's lazy init
+    sets the root's to False (it keeps the root's parameters gathered from
+    the forward to the backward) unless the application set it.  The root
+    is the outermost FSDP module, until the lazy init says which it is."""
+    raf = _raf(g)
+    st = m._get_fsdp_state()
+    if raf is not True or getattr(st, "_is_root", True) is not None:
+        return raf  # decided (or a torch that does not say: as it is now)
+    outer = not any(q != qual and (q == "" or qual.startswith(q + ".")) for q in quals)
+    return False if outer and getattr(st, "_auto_reshard_after_forward", False) else raf
+
+
 def _hpz(mods, world: Comm, opts: Options) -> str:
-    """What hpZ is for these modules, in words: zpp's (in the hooks) or
-    FSDP2's reshard_after_forward=<int>."""
-    sizes = [_raf(g) for _, _, groups in mods for g in groups]
+    """What hpZ is for these modules, in words: zpp's (in the hooks), FSDP2's
+    reshard_after_forward=<int>, or both."""
+    quals = [q for q, _, _ in mods]
+    sizes, roots = [], 0
+    for qual, m, groups in mods:
+        for g in groups:
+            raf = _raf_from_first_forward(qual, m, g, quals)
+            roots += raf is False and _raf(g) is True
+            sizes.append(raf)
     ints = sorted({s for s in sizes if not isinstance(s, bool)})
     n = sum(1 for s in sizes if s is True)
+    parts = []
     if opts.hpz and world.nnodes > 1 and n:
         even = world.nnodes * world.local_size == world.size
-        return ("hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
-                "forward gather keeps this rank's share of the node's copy %s, the backward "
-                "gather rebuilds the parameters inside the node%s" % (
-                    n, len(sizes), "in qwZ's encoding" if opts.qwz_bits else "exact",
-                    "" if even else " (nodes of different sizes here: it falls back to "
-                    "world gathers)"))
-    if not ints:
-        raf = "reshard_after_forward=%s" % "/".join(
-            str(v) for v in sorted({s for s in sizes}, reverse=True))
-        why = ("one node" if world.nnodes == 1 else "hpz=False" if opts.qwz_bits
-               else "exact gathers: hpz=True asks for it")
-        return "hpZ: off (%s; %s)" % (raf, why)
-    n = sum(1 for s in sizes if not isinstance(s, bool))
-    where = ", ".join(str(s) for s in ints)
-    if len(ints) == 1 and ints[0] == world.local_size and world.nnodes * world.local_size == world.size:
-        agree = "zpp's nodes have %d ranks: the backward gathers stay inside the node" % ints[0]
-    else:
-        agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
-                 "nodes" % (world.local_size, where))
-    return ("hpZ: FSDP2's, on for %d of %d modules (reshard_after_forward=%s; %s; exact "
-            "gathers of the parameters in their dtype)" % (n, len(sizes), where, agree))
+        parts.append(
+            "hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
+            "forward gather keeps this rank's share of the node's copy %s, the backward "
+            "gather rebuilds the parameters inside the node%s%s" % (
+                n, len(sizes), "in qwZ's encoding" if opts.qwz_bits else "exact",
+                "" if even else " (nodes of different sizes here: no copy is kept, the "
+                "backward gathers go over the world)",
+                "" if not roots else "; the root keeps its parameters gathered from the "
+                "forward to the backward (FSDP2's default for it): no copy"))
+    if ints:
+        k = sum(1 for s in sizes if not isinstance(s, bool))
+        where = ", ".join(str(s) for s in ints)
+        if (len(ints) == 1 and ints[0] == world.local_size
+                and world.nnodes * world.local_size == world.size):
+            agree = "zpp's nodes have %d ranks: the backward gathers stay inside the node" % ints[0]
+        else:
+            agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
+                     "nodes" % (world.local_size, where))
+        parts.append("%s, on for %d of %d modules (reshard_after_forward=%s; %s; exact "
+                     "gathers of the parameters in their dtype)"
+                     % ("FSDP2's" if parts else "hpZ: FSDP2's", k, len(sizes), where, agree))
+    if parts:
+        return "; ".join(parts)
+    raf = "reshard_after_forward=%s" % "/".join(
+        str(v) for v in sorted({s for s in sizes}, reverse=True))
+    why = ("one node" if world.nnodes == 1
+           else "no module is gathered again in the backward" if opts.hpz
+           else "hpz=False" if opts.qwz_bits else "exact gathers: hpz=True asks for it")
+    return "hpZ: off (%s; %s)" % (raf, why)
 
 
 def _summary(comms: Comms, opts: Options, mods, device, made: Optional[dict]) -> str:
@@ -814,9 +881,18 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     network; where the node's ranks share too few cores (8 ranks on 2
     cores) its node-local gathers can take longer than the link time it
     saves: measure (perf/fsdp2_hpz_profile.py, perf/fsdp2_hpz_study.sh)
-    and pass hpz=False there if so.  On
-    nodes of different sizes zpp keeps no secondary shard and the
-    backward gathers cross nodes as before.  A backward gather whose
+    and pass hpz=False there if so.  The secondary shard is allocated by
+    zpp (host memory, or device memory outside torch's caching
+    allocator: torch.cuda.memory_* does not count it) at the module's
+    first forward gather and held until close(), through the optimizer
+    step and eval.  Each gather decides anew: a module FSDP2 keeps
+    gathered from the forward to the backward (the root when
+    ``fully_shard(model)`` left reshard_after_forward unset: FSDP2 sets
+    it False at the first forward; set_reshard_after_forward(False)) has
+    no backward gather, keeps no secondary shard (one it kept is freed)
+    and is gathered with qwZ alone.  On nodes of different sizes zpp
+    keeps no secondary shard and the backward gathers cross nodes as
+    without hpZ (counted as "qwz").  A backward gather whose
     parameters changed since the forward gathers over the world: a
     torch.optim step (any optimizer of the process: a global step hook,
     removed by ``close()``) or an in-place op that moves the parameters'
