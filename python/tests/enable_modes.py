@@ -4,13 +4,18 @@ in each mode its docstring documents, on a small model of Linear layers
 {"enable_modes": {mode: U, S, the hook counts, the losses, a digest of
 the last step's gradients}}.  Also the stale secondary shard: forward,
 the parameters changed (in place, by a foreach or fused optimizer step,
-through .data or the local shard and invalidate()), backward; and
-hpz=True refused with FSDP2's reshard_after_forward=<int>."""
+through .data or the local shard and invalidate()), backward; training
+patterns (gradient accumulation, activation checkpointing, a module
+called twice, two forwards and one backward, an eval forward in between),
+the root's reshard_after_forward left to FSDP2, and nodes of different
+sizes, each with hpZ on and off; and hpz=True refused with FSDP2's
+reshard_after_forward=<int>."""
 import json
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.distributed.fsdp import fully_shard
 
 import zpp
@@ -18,6 +23,8 @@ import zpp.fsdp
 
 STEPS = 2
 CHANGES = ("sgd foreach", "adamw foreach", "adamw fused", "data", "local")
+SCENARIOS = ("accumulate", "checkpoint one", "checkpoint region", "called twice",
+             "two forwards", "eval between")
 
 
 def model(raf):
@@ -115,6 +122,61 @@ def stale(world, hpz, how="inplace"):
     return out
 
 
+class Net(nn.Module):
+    """Three FSDP modules (l0, l1, the root) run in the patterns of
+    scenario(): activation checkpointing, a module called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1, self.l2 = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 1)
+        self.how = ""
+
+    def forward(self, x):
+        ck = torch.utils.checkpoint.checkpoint
+        if self.how == "checkpoint one":
+            h = ck(self.l1, self.l0(x), use_reentrant=False)
+        elif self.how == "checkpoint region":
+            h = ck(lambda y: self.l1(torch.tanh(self.l0(y))), x, use_reentrant=False)
+        elif self.how == "called twice":
+            h = self.l1(torch.tanh(self.l1(self.l0(x))))
+        else:
+            h = self.l1(self.l0(x))
+        return self.l2(h)
+
+
+def scenario(world, hpz, how):
+    """One training pattern with zpp's hpZ on or off (the gradients must not
+    depend on it): gradient accumulation without sync, activation
+    checkpointing, a module called twice, two forwards and one backward,
+    an eval forward between forward and backward."""
+    torch.manual_seed(0)
+    m = Net()
+    fully_shard(m.l0)
+    fully_shard(m.l1)
+    fully_shard(m, reshard_after_forward=True)
+    z = zpp.fsdp.enable(m, comm=world, qwz_bits=8, qgz_bits=4, hpz=hpz)
+    xs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(11 * i + dist.get_rank()))
+          for i in range(2)]
+    m.how = how
+    if how == "accumulate":
+        m.set_requires_gradient_sync(False)
+        m(xs[0]).square().mean().backward()
+        m.set_requires_gradient_sync(True)
+        m(xs[1]).square().mean().backward()
+    elif how == "two forwards":
+        (m(xs[0]).square().mean() + m(xs[1]).abs().mean()).backward()
+    elif how == "eval between":
+        loss = m(xs[0]).square().mean()
+        with torch.no_grad():
+            m(xs[1])
+        loss.backward()
+    else:
+        m(xs[0]).square().mean().backward()
+    out = {"calls": z.hook_calls(), "grad_digest": digest(m)}
+    z.close()
+    return out
+
+
 def auto_root(world, hpz):
     """The usual wrapping: fully_shard(model) after the blocks, with
     reshard_after_forward left to FSDP2, which keeps the root's parameters
@@ -157,6 +219,9 @@ def check() -> None:
     for how in CHANGES:
         res["stale %s hpz" % how] = stale(world, None, how)
         res["stale %s no hpz" % how] = stale(world, False, how)
+    for how in SCENARIOS:
+        res["%s hpz" % how] = scenario(world, None, how)
+        res["%s no hpz" % how] = scenario(world, False, how)
     res["auto root hpz"] = auto_root(world, None)
     res["auto root no hpz"] = auto_root(world, False)
     # nodes of different sizes (3 + 1 ranks): zpp's hpZ keeps no copy there

@@ -71,6 +71,8 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
     for r in (off, f2):
         assert r["losses"] == z["losses"] and r["param_digest"] == z["param_digest"]
     assert z["inter_bytes_per_step"] == f2["inter_bytes_per_step"] < off["inter_bytes_per_step"]
+    # the node gather moves the encoded bytes the qwZ gather moves inside the node
+    assert z["intra_bytes_per_step"] == off["intra_bytes_per_step"], (z, off)
     assert z["intra_bytes_per_step"] < f2["intra_bytes_per_step"], (z, f2)
 
     # enable(): the model of enable_modes.py
@@ -132,4 +134,17 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
     assert on["calls"] == off["calls"] == expect(U, S, 2, 0, 1), (on, off)
     assert on["handles"] == 0 and on["hpz_modules"] == 0, on
     assert on["grad_digest"] == off["grad_digest"] and on["losses"] == off["losses"]
+
+    # training patterns whose gradients must not depend on hpZ: each
+    # module's copy serves one backward gather (two in "accumulate": two
+    # forward-backward passes), every other gather of hpZ off stays a world
+    # gather, and the gradients are hpZ off's bitwise
+    for how in ("accumulate", "checkpoint one", "checkpoint region", "called twice",
+                "two forwards", "eval between"):
+        on, off = en["%s hpz" % how]["calls"], en["%s no hpz" % how]["calls"]
+        node = on.get("hpz-node float32", 0)
+        assert node == U * (2 if how == "accumulate" else 1), (how, on)
+        assert on["qwz float32"] + node == off["qwz float32"], (how, on, off)
+        assert on["qgz avg"] == off["qgz avg"] == U, (how, on, off)
+        assert en["%s hpz" % how]["grad_digest"] == en["%s no hpz" % how]["grad_digest"], how
     assert re.search(r"hpz=True but FSDP module .* reshard_after_forward=2", en["refused"]), en
