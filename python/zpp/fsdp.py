@@ -695,6 +695,22 @@ def _check_model(model, mods) -> torch.device:
     return device
 
 
+def _hpz_missing(mods) -> Optional[str]:
+    """What of FSDP2's internals zpp's hpZ reads is missing in this torch
+    (the first one, named), or None."""
+    if _TrainingState is None or not hasattr(_TrainingState, "PRE_BACKWARD"):
+        return "torch.distributed.fsdp._fully_shard._fsdp_common.TrainingState.PRE_BACKWARD"
+    for qual, _, groups in mods:
+        for g in groups:
+            for a in ("_training_state", "post_forward_mesh_info", "mesh_info", "fsdp_params"):
+                if not hasattr(g, a):
+                    return "FSDPParamGroup.%s (FSDP module %s)" % (a, _name(qual))
+            for fp in g.fsdp_params:
+                if not hasattr(getattr(fp, "sharded_param", None), "_local_tensor"):
+                    return "FSDPParam.sharded_param._local_tensor (FSDP module %s)" % _name(qual)
+    return None
+
+
 def _memory_of(device: torch.device) -> str:
     return "device" if device.type == "cuda" else "host"
 
@@ -913,9 +929,10 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     bfloat16 or None); every parameter's gather and gradient dtype (by its
     qualified name); that all parameters are on one device, CPU or CUDA,
     the one of the communicators' memory; hpz (None, True or False, and
-    True only with reshard_after_forward True or False on every module);
-    that the model has an
-    FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
+    True only with reshard_after_forward True or False on every module;
+    with hpZ on, that this torch's FSDP2 has the internals it reads: the
+    param groups' training state and reshard state, the sharded
+    parameters' local tensors); that the model has an FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
     still open (close it first).  A failure while the hooks are set puts
     back every hook it set, closes the communicators it made and raises.
 
@@ -970,6 +987,12 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
                              "(FSDP2's own hpZ, whose backward gathers run inside groups of "
                              "%d ranks): zpp's hpZ takes reshard_after_forward=True; or leave "
                              "hpz unset" % (_name(qual), raf, raf))
+    if opts.hpz:
+        missing = _hpz_missing(mods)
+        if missing is not None:
+            raise _error("zpp's hpZ (hpz=%s) reads FSDP2's %s, which this torch %s lacks: "
+                         "pass hpz=False" % ("True" if hpz else "None: on with qwz_bits",
+                                             missing, torch.__version__))
     want = _memory_of(device)
     if comms is not None and isinstance(comms, Comms):
         comm = comms.world
