@@ -7,7 +7,8 @@ the parameters changed (in place, by a foreach or fused optimizer step,
 through .data or the local shard and invalidate()), backward; training
 patterns (gradient accumulation, activation checkpointing, a module
 called twice, two forwards and one backward, an eval forward in between),
-the root's reshard_after_forward left to FSDP2, and nodes of different
+the root's reshard_after_forward left to FSDP2 or set to False between
+steps, and nodes of different
 sizes, each with hpZ on and off; and hpz=True refused with FSDP2's
 reshard_after_forward=<int>."""
 import json
@@ -204,6 +205,29 @@ def auto_root(world, hpz):
     return out
 
 
+def stops_resharding(world, hpz):
+    """One step, then set_reshard_after_forward(False) on every module (as
+    before an eval) and a second step: FSDP2 no longer gathers in the
+    backward, and zpp's hpZ frees the copies it kept."""
+    m = model(True)
+    z = zpp.fsdp.enable(m, comm=world, qwz_bits=8, qgz_bits=4, hpz=hpz)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    held = []
+    for step in range(2):
+        if step == 1:
+            m.set_reshard_after_forward(False)
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5 * step + dist.get_rank()))
+        m(x).square().mean().backward()
+        held.append(sum(len(g._hpz) for g in z.gathers))
+        d = digest(m)
+        opt.step()
+        opt.zero_grad()
+    out = {"calls": z.hook_calls(), "grad_digest": d, "held": held,
+           "hpz_modules": sum(1 for g in z.gathers if g.hpz)}
+    z.close()
+    return out
+
+
 def check() -> None:
     world = zpp.Comm.from_mpi()
     zpp_ = dict(qwz_bits=8, qgz_bits=4, error_feedback=True)
@@ -222,6 +246,8 @@ def check() -> None:
     for how in SCENARIOS:
         res["%s hpz" % how] = scenario(world, None, how)
         res["%s no hpz" % how] = scenario(world, False, how)
+    res["stops resharding hpz"] = stops_resharding(world, None)
+    res["stops resharding no hpz"] = stops_resharding(world, False)
     res["auto root hpz"] = auto_root(world, None)
     res["auto root no hpz"] = auto_root(world, False)
     # nodes of different sizes (3 + 1 ranks): zpp's hpZ keeps no copy there

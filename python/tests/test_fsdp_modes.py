@@ -128,6 +128,14 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
     assert "on for %d of %d modules" % (L, U) in on["summary"], on["summary"]
     assert "the root keeps its parameters gathered" in on["summary"], on["summary"]
 
+    # set_reshard_after_forward(False) after one step: the second step has
+    # no backward gathers, and the copies kept for them are freed
+    on, off = en["stops resharding hpz"], en["stops resharding no hpz"]
+    assert on["calls"] == {"qwz float32": 2 * U, "hpz-node float32": U, "qgz avg": 2 * U}, on
+    assert off["calls"] == {"qwz float32": 3 * U, "qgz avg": 2 * U}, off
+    assert on["held"] == [U, 0] and on["hpz_modules"] == 0, on
+    assert on["grad_digest"] == off["grad_digest"]
+
     # nodes of different sizes (3 + 1 ranks): no copy, every gather over the
     # world and named so, the gradients of hpZ off
     on, off = en["uneven hpz"], en["uneven no hpz"]
