@@ -192,7 +192,8 @@ def auto_root(world, hpz):
     summary = zpp.fsdp._hpz(zpp.fsdp._fsdp_modules(m), world, z.options)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(STEPS):
-        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(100 * step + dist.get_rank()))
+        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        x = torch.randn(8, 64, generator=g)
         m(x).square().mean().backward()
         d = digest(m)
         opt.step()

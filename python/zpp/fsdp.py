@@ -932,8 +932,9 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     True only with reshard_after_forward True or False on every module;
     with hpZ on, that this torch's FSDP2 has the internals it reads: the
     param groups' training state and reshard state, the sharded
-    parameters' local tensors); that the model has an FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
-    still open (close it first).  A failure while the hooks are set puts
+    parameters' local tensors); that the model has an FSDPModule, and
+    none of them has the hooks of a :class:`Zpp` that is still open
+    (close it first).  A failure while the hooks are set puts
     back every hook it set, closes the communicators it made and raises.
 
     Logging: one INFO line on rank 0 of the ``"zpp"`` logger says which
