@@ -186,5 +186,15 @@ if __name__ == "__main__":
             table([d for d in (json.loads(l) for l in f if l.startswith("{")) if "run" in d])
         sys.exit(0)
     st["skip"] = max(1, a.skip)
+    # each run times its steps from --skip on: it needs one at least (a
+    # bad flag fails here too, before any rank starts)
+    sys.path.insert(0, str(ROOT / "examples"))
+    import fsdp2_train
+
+    for r in a.runs:
+        steps = fsdp2_train.parse(r.split()).steps
+        if steps <= st["skip"]:
+            p.error("run %r: --steps %d leaves no step timed: it must exceed --skip %d"
+                    % (r, steps, st["skip"]))
     run = _install()
     sys.exit(run([r.split() for _ in range(a.reps) for r in a.runs]))

@@ -71,6 +71,8 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
     for r in (off, f2):
         assert r["losses"] == z["losses"] and r["param_digest"] == z["param_digest"]
     assert z["inter_bytes_per_step"] == f2["inter_bytes_per_step"] < off["inter_bytes_per_step"]
+    # the node gather moves the encoded bytes the qwZ gather moves inside the node
+    assert z["intra_bytes_per_step"] == off["intra_bytes_per_step"], (z, off)
     assert z["intra_bytes_per_step"] < f2["intra_bytes_per_step"], (z, f2)
 
     # enable(): the model of enable_modes.py
@@ -96,7 +98,61 @@ def test_hook_calls_of_every_documented_mode(have_mpirun):
         assert en[name]["grad_digest"] == en["zeropp"]["grad_digest"], name
     assert en["exact hpz=True"]["grad_digest"] == en["exact"]["grad_digest"]
     # the stale secondary shard is not used: the gradients of the changed
-    # parameters, as without hpZ
+    # parameters, as without hpZ; for every way of changing them (an
+    # optimizer step with foreach or fused kernels, which move no version
+    # counter; a write through .data or to the local shard, then
+    # invalidate()): the backward gathers go over the world
     assert en["stale hpz"]["grad_digest"] == en["stale no hpz"]["grad_digest"]
+    for how in ("sgd foreach", "adamw foreach", "adamw fused", "data", "local"):
+        on, off = en["stale %s hpz" % how], en["stale %s no hpz" % how]
+        assert on["calls"] == off["calls"] == expect(U, 1, 2, 0, 1), (how, on, off)
+        assert on["grad_digest"] == off["grad_digest"], (how, on, off)
+    # the changes changed the gradients (the check above can fail)
+    assert en["stale sgd foreach no hpz"]["grad_digest"] != en["stale no hpz"]["grad_digest"]
     assert en["zeropp"]["hpz_modules"] == 3 and en["zeropp hpz=False"]["hpz_modules"] == 0
+    # close() frees every hpZ handle (one per module with hpZ)
+    for name in ("zeropp", "exact hpz=True", "auto root hpz"):
+        assert en[name]["handles"] > 0 and en[name]["freed"], (name, en[name])
+
+    # fully_shard(model) with reshard_after_forward unset: FSDP2 keeps the
+    # root's parameters gathered from its forward to its backward, so the
+    # root has one world gather a step and no hpZ copy, and its blocks
+    # (L = 2 here) one world and one node gather each
+    L = U - 1
+    on, off = en["auto root hpz"], en["auto root no hpz"]
+    assert on["calls"] == {"qwz float32": (L + 1) * S, "hpz-node float32": L * S,
+                           "qgz avg": U * S}, on
+    assert off["calls"] == {"qwz float32": (2 * L + 1) * S, "qgz avg": U * S}, off
+    assert on["root_handles"] == 0 and on["handles"] == L, on
+    assert on["grad_digest"] == off["grad_digest"]
+    assert "on for %d of %d modules" % (L, U) in on["summary"], on["summary"]
+    assert "the root keeps its parameters gathered" in on["summary"], on["summary"]
+
+    # set_reshard_after_forward(False) after one step: the second step has
+    # no backward gathers, and the copies kept for them are freed
+    on, off = en["stops resharding hpz"], en["stops resharding no hpz"]
+    assert on["calls"] == {"qwz float32": 2 * U, "hpz-node float32": U, "qgz avg": 2 * U}, on
+    assert off["calls"] == {"qwz float32": 3 * U, "qgz avg": 2 * U}, off
+    assert on["held"] == [U, 0] and on["hpz_modules"] == 0, on
+    assert on["grad_digest"] == off["grad_digest"]
+
+    # nodes of different sizes (3 + 1 ranks): no copy, every gather over the
+    # world and named so, the gradients of hpZ off
+    on, off = en["uneven hpz"], en["uneven no hpz"]
+    assert on["calls"] == off["calls"] == expect(U, S, 2, 0, 1), (on, off)
+    assert on["handles"] == 0 and on["hpz_modules"] == 0, on
+    assert on["grad_digest"] == off["grad_digest"] and on["losses"] == off["losses"]
+
+    # training patterns whose gradients must not depend on hpZ: each
+    # module's copy serves one backward gather (two in "accumulate": two
+    # forward-backward passes), every other gather of hpZ off stays a world
+    # gather, and the gradients are hpZ off's bitwise
+    for how in ("accumulate", "checkpoint one", "checkpoint region", "called twice",
+                "two forwards", "eval between"):
+        on, off = en["%s hpz" % how]["calls"], en["%s no hpz" % how]["calls"]
+        node = on.get("hpz-node float32", 0)
+        assert node == U * (2 if how == "accumulate" else 1), (how, on)
+        assert on["qwz float32"] + node == off["qwz float32"], (how, on, off)
+        assert on["qgz avg"] == off["qgz avg"] == U, (how, on, off)
+        assert en["%s hpz" % how]["grad_digest"] == en["%s no hpz" % how]["grad_digest"], how
     assert re.search(r"hpz=True but FSDP module .* reshard_after_forward=2", en["refused"]), en

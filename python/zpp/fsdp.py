@@ -56,7 +56,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
-from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+try:
+    # what zpp's hpZ reads to tell a backward gather from a forward one;
+    # enable() names what is missing when hpZ is asked for without it
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState as _TrainingState
+except ImportError:  # pragma: no cover (another torch's layout)
+    _TrainingState = None
 
 from . import _lib
 from ._lib import Buf
@@ -200,7 +207,14 @@ class _Hpz:
         h = L.ffi.new("zpp_hpz_t *")
         L.check(L.lib.zpp_hpz_create(comm._c, cfg, count, dtype, h), comm._c)
         self.comm, self._h = comm, h[0]
-        self.fresh = None  # the parameters' versions its secondary shard was cut from
+        info = L.new("zpp_hpz_info_t")
+        L.check(L.lib.zpp_hpz_get_info(self._h, info), comm._c)
+        # 0: nodes of different sizes, where zpp keeps no secondary shard
+        # and its backward gather is a world gather
+        self.hierarchical = bool(info.hierarchical)
+        # the parameters' state its secondary shard was cut from: the
+        # generation of the Zpp and the versions of the parameters
+        self.fresh = None
 
     def gather(self, send, out, backward: bool, async_op: bool):
         L = _lib.get()
@@ -215,12 +229,34 @@ class _Hpz:
             L.check(L.lib.zpp_hpz_destroy(h), self.comm._c)
 
 
+class _Generation:
+    """A count of the writes to the parameters that no version counter
+    shows: every torch.optim step (foreach and fused steps write through
+    _foreach_* ops, which leave the counters alone) and every
+    Zpp.invalidate().  One per Zpp, read by all its gathers."""
+
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+    def bump(self, *_args) -> None:
+        self.n += 1
+
+
 def _versions(param_group) -> tuple:
-    """The version counters of the module's sharded parameters: an
-    optimizer step, a load or any in-place write bumps the DTensor's, a
-    write to its local tensor that one's."""
-    return tuple((fp.sharded_param._version, fp.sharded_param._local_tensor._version)
-                 for fp in param_group.fsdp_params)
+    """The sharded parameters' identities and version counters: an
+    in-place op on a parameter bumps its DTensor's counter, one on its
+    local tensor that one's, and a parameter or storage swapped for
+    another changes the id or the address.  Writes through ``.data``, the
+    optimizers' _foreach_* ops and fused kernels change none of them: the
+    generation (_Generation) covers those."""
+    out = []
+    for fp in param_group.fsdp_params:
+        p = fp.sharded_param
+        t = p._local_tensor
+        out.append((id(p), p._version, t._version, t.data_ptr()))
+    return tuple(out)
 
 
 class AllGather(_FsdpAllGather):
@@ -233,28 +269,71 @@ class AllGather(_FsdpAllGather):
     gather keeps this rank's share of the node's copy of the parameters
     in qwZ's encoding (or exact without qwZ), and the backward gather
     rebuilds them from the node's ranks alone, bitwise equal to what the
-    forward gathered.  A backward gather whose parameters changed since
-    that forward (their version counters moved), or with no forward before
-    it, gathers over the world instead."""
+    forward gathered.  A backward gather with no forward before it, or
+    after a change of the parameters since that forward (a torch.optim
+    step or :meth:`Zpp.invalidate`, which bump ``generation``, or an
+    in-place write that moved their version counters), gathers over the
+    world instead."""
 
-    def __init__(self, comms: Comms, options: Options, param_group=None):
+    def __init__(self, comms: Comms, options: Options, param_group=None,
+                 generation: Optional[_Generation] = None):
         self.comms = comms
         self.options = options
         self.param_group = param_group
-        # zpp's hpZ on this module: FSDP2 gathers it over its whole mesh in
-        # the backward (reshard_after_forward=True)
-        self.hpz = bool(options.hpz and param_group is not None and _raf(param_group) is True)
+        self.generation = generation if generation is not None else _Generation()
+        self._want = bool(options.hpz and param_group is not None)
         self.calls: dict = {}  # "qwz fp32", "exact uint8", "hpz-node float32" ... -> calls
         self._hpz: dict = {}   # (comm, count, dtype) -> _Hpz
+        self._uneven: set = set()  # the keys of _hpz whose nodes differ in size: no hpZ
+
+    @property
+    def hpz(self) -> bool:
+        """zpp's hpZ on this module now: asked for (``options.hpz``), FSDP2
+        reshards it after the forward over its whole mesh, so that it
+        gathers it again in the backward (``reshard_after_forward`` True at
+        this moment: FSDP2 sets the root's to False at its first forward
+        unless the application set it), and its nodes are of one size.
+        Each gather decides anew."""
+        return self._want and _raf(self.param_group) is True and not self._uneven
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def close(self) -> None:
-        """Frees the hpZ secondary shards (before their communicators close)."""
+        """Frees the hpZ secondary shards (before their communicators close):
+        every one, then raises the first error."""
         hs, self._hpz = list(self._hpz.values()), {}
+        first = None
         for h in hs:
-            h.close()
+            try:
+                h.close()
+            except Exception as e:  # noqa: BLE001 (the others are freed first)
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _handle(self, comm: Comm, input_tensor) -> "Optional[_Hpz]":
+        """The hpZ handle of this gather, made on first use; None where hpZ
+        does not apply now: FSDP2 keeps the module's parameters from the
+        forward to the backward (no backward gather: its handles are freed),
+        or the nodes differ in size (zpp keeps no copy there)."""
+        if _raf(self.param_group) is not True:
+            if self._hpz:
+                self.close()
+            return None
+        key = (id(comm), input_tensor.numel(), input_tensor.dtype)
+        h = self._hpz.get(key)
+        if h is None and key not in self._uneven:
+            dtype = Buf(input_tensor, "the all-gather input").dtype
+            o = self.options
+            h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
+            if h.hierarchical:
+                self._hpz[key] = h
+            else:
+                h.close()
+                self._uneven.add(key)
+                h = None
+        return h
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         comm = self.comms.get(group)
@@ -264,17 +343,12 @@ class AllGather(_FsdpAllGather):
         floats = input_tensor.dtype in (torch.float32, torch.bfloat16, torch.float16)
         quantize = bool(o.qwz_bits) and comm.nnodes > 1 and floats
         pg = self.param_group
-        if self.hpz and comm.nnodes > 1 and floats:
-            key = (id(comm), input_tensor.numel(), input_tensor.dtype)
-            h = self._hpz.get(key)
-            if h is None:
-                dtype = Buf(input_tensor, "the all-gather input").dtype
-                h = _Hpz(comm, input_tensor.numel(), dtype, o.qwz_bits, o.qwz_block)
-                self._hpz[key] = h
-            vers = _versions(pg)
-            backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == vers
+        h = self._handle(comm, input_tensor) if self._want and comm.nnodes > 1 and floats else None
+        if h is not None:
+            now = (self.generation.n, _versions(pg))
+            backward = pg._training_state == _TrainingState.PRE_BACKWARD and h.fresh == now
             w = h.gather(input_tensor, output_tensor, backward, async_op)
-            h.fresh = None if backward else vers  # a secondary shard serves one backward
+            h.fresh = None if backward else now  # a secondary shard serves one backward
             k = "%s %s" % ("hpz-node" if backward else "qwz" if quantize else "exact",
                            str(input_tensor.dtype)[6:])
         else:
@@ -349,14 +423,23 @@ class Zpp:
     :func:`enable` made; the model can then train on those, or be given
     to :func:`enable` again.  Communicators the caller passed stay open
     (``comms=``: all of them; ``comm=``: that world, while the node
-    communicators made from it for hpZ are closed)."""
+    communicators made from it for hpZ are closed).
+
+    zpp's hpZ serves a backward gather from the copy its forward kept
+    only while the parameters are unchanged: every torch.optim step of
+    the process (a global step hook, removed by ``close()``) and every
+    :meth:`invalidate` mark the copies stale."""
 
     def __init__(self, comms: Comms, options: Options, gathers: list, scatters: list,
-                 modules: Optional[list] = None, owns: str = "all"):
+                 modules: Optional[list] = None, owns: str = "all",
+                 generation: Optional[_Generation] = None):
         self.comms = comms
         self.options = options
         self.gathers = gathers
         self.scatters = scatters
+        # bumped by every torch.optim step (the hook below) and invalidate()
+        self.generation = generation if generation is not None else _Generation()
+        self._step_hook = register_optimizer_step_post_hook(self.generation.bump)
         # (module, its param groups, their hooks before enable())
         self._modules = modules if modules is not None else []
         # what close() frees: "all" (enable made the world), "splits" (the
@@ -387,6 +470,16 @@ class Zpp:
     def reset_stats(self) -> None:
         self.comms.reset_stats()
 
+    def invalidate(self) -> None:
+        """The parameters changed outside torch.optim (a write through
+        ``.data`` or to a parameter's local shard, a checkpoint load):
+        hpZ's copies of them are stale, and each module's next backward
+        gather goes over the world.  Call it on every rank, after every
+        such write between a forward and its backward: the ranks must
+        agree on which gathers run (a torch.optim step needs no call).
+        Local, no communication."""
+        self.generation.bump()
+
     def close(self) -> None:
         """Collective: puts back the FSDP modules' hooks from before
         :func:`enable`, then frees the communicators it made (not those
@@ -395,6 +488,7 @@ class Zpp:
         if self.closed:
             return
         self.closed = True
+        self._step_hook.remove()
         _restore(self._modules, self)
         for h in self.scatters:
             h.residuals.clear()
@@ -601,6 +695,22 @@ def _check_model(model, mods) -> torch.device:
     return device
 
 
+def _hpz_missing(mods) -> Optional[str]:
+    """What of FSDP2's internals zpp's hpZ reads is missing in this torch
+    (the first one, named), or None."""
+    if _TrainingState is None or not hasattr(_TrainingState, "PRE_BACKWARD"):
+        return "torch.distributed.fsdp._fully_shard._fsdp_common.TrainingState.PRE_BACKWARD"
+    for qual, _, groups in mods:
+        for g in groups:
+            for a in ("_training_state", "post_forward_mesh_info", "mesh_info", "fsdp_params"):
+                if not hasattr(g, a):
+                    return "FSDPParamGroup.%s (FSDP module %s)" % (a, _name(qual))
+            for fp in g.fsdp_params:
+                if not hasattr(getattr(fp, "sharded_param", None), "_local_tensor"):
+                    return "FSDPParam.sharded_param._local_tensor (FSDP module %s)" % _name(qual)
+    return None
+
+
 def _memory_of(device: torch.device) -> str:
     return "device" if device.type == "cuda" else "host"
 
@@ -617,35 +727,63 @@ def _raf(g):
     return pf.shard_mesh_size
 
 
+def _raf_from_first_forward(qual: str, m, g, quals) -> object:
+    """_raf(g) as it will be from the first forward on: FSDP2's lazy init
+    sets the root's to False (it keeps the root's parameters gathered from
+    the forward to the backward) unless the application set it.  The root
+    is the outermost FSDP module, until the lazy init says which it is."""
+    raf = _raf(g)
+    st = m._get_fsdp_state()
+    if raf is not True or getattr(st, "_is_root", True) is not None:
+        return raf  # decided (or a torch that does not say: as it is now)
+    outer = not any(q != qual and (q == "" or qual.startswith(q + ".")) for q in quals)
+    return False if outer and getattr(st, "_auto_reshard_after_forward", False) else raf
+
+
 def _hpz(mods, world: Comm, opts: Options) -> str:
-    """What hpZ is for these modules, in words: zpp's (in the hooks) or
-    FSDP2's reshard_after_forward=<int>."""
-    sizes = [_raf(g) for _, _, groups in mods for g in groups]
+    """What hpZ is for these modules, in words: zpp's (in the hooks), FSDP2's
+    reshard_after_forward=<int>, or both."""
+    quals = [q for q, _, _ in mods]
+    sizes, roots = [], 0
+    for qual, m, groups in mods:
+        for g in groups:
+            raf = _raf_from_first_forward(qual, m, g, quals)
+            roots += raf is False and _raf(g) is True
+            sizes.append(raf)
     ints = sorted({s for s in sizes if not isinstance(s, bool)})
     n = sum(1 for s in sizes if s is True)
+    parts = []
     if opts.hpz and world.nnodes > 1 and n:
         even = world.nnodes * world.local_size == world.size
-        return ("hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
-                "forward gather keeps this rank's share of the node's copy %s, the backward "
-                "gather rebuilds the parameters inside the node%s" % (
-                    n, len(sizes), "in qwZ's encoding" if opts.qwz_bits else "exact",
-                    "" if even else " (nodes of different sizes here: it falls back to "
-                    "world gathers)"))
-    if not ints:
-        raf = "reshard_after_forward=%s" % "/".join(
-            str(v) for v in sorted({s for s in sizes}, reverse=True))
-        why = ("one node" if world.nnodes == 1 else "hpz=False" if opts.qwz_bits
-               else "exact gathers: hpz=True asks for it")
-        return "hpZ: off (%s; %s)" % (raf, why)
-    n = sum(1 for s in sizes if not isinstance(s, bool))
-    where = ", ".join(str(s) for s in ints)
-    if len(ints) == 1 and ints[0] == world.local_size and world.nnodes * world.local_size == world.size:
-        agree = "zpp's nodes have %d ranks: the backward gathers stay inside the node" % ints[0]
-    else:
-        agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
-                 "nodes" % (world.local_size, where))
-    return ("hpZ: FSDP2's, on for %d of %d modules (reshard_after_forward=%s; %s; exact "
-            "gathers of the parameters in their dtype)" % (n, len(sizes), where, agree))
+        parts.append(
+            "hpZ: zpp's, on for %d of %d modules (reshard_after_forward=True): the "
+            "forward gather keeps this rank's share of the node's copy %s, the backward "
+            "gather rebuilds the parameters inside the node%s%s" % (
+                n, len(sizes), "in qwZ's encoding" if opts.qwz_bits else "exact",
+                "" if even else " (nodes of different sizes here: no copy is kept, the "
+                "backward gathers go over the world)",
+                "" if not roots else "; the root keeps its parameters gathered from the "
+                "forward to the backward (FSDP2's default for it): no copy"))
+    if ints:
+        k = sum(1 for s in sizes if not isinstance(s, bool))
+        where = ", ".join(str(s) for s in ints)
+        if (len(ints) == 1 and ints[0] == world.local_size
+                and world.nnodes * world.local_size == world.size):
+            agree = "zpp's nodes have %d ranks: the backward gathers stay inside the node" % ints[0]
+        else:
+            agree = ("zpp's nodes have %d ranks: backward gathers over groups of %s may cross "
+                     "nodes" % (world.local_size, where))
+        parts.append("%s, on for %d of %d modules (reshard_after_forward=%s; %s; exact "
+                     "gathers of the parameters in their dtype)"
+                     % ("FSDP2's" if parts else "hpZ: FSDP2's", k, len(sizes), where, agree))
+    if parts:
+        return "; ".join(parts)
+    raf = "reshard_after_forward=%s" % "/".join(
+        str(v) for v in sorted({s for s in sizes}, reverse=True))
+    why = ("one node" if world.nnodes == 1
+           else "no module is gathered again in the backward" if opts.hpz
+           else "hpz=False" if opts.qwz_bits else "exact gathers: hpz=True asks for it")
+    return "hpZ: off (%s; %s)" % (raf, why)
 
 
 def _summary(comms: Comms, opts: Options, mods, device, made: Optional[dict]) -> str:
@@ -759,11 +897,25 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     network; where the node's ranks share too few cores (8 ranks on 2
     cores) its node-local gathers can take longer than the link time it
     saves: measure (perf/fsdp2_hpz_profile.py, perf/fsdp2_hpz_study.sh)
-    and pass hpz=False there if so.  On
-    nodes of different sizes zpp keeps no secondary shard and the
-    backward gathers cross nodes as before.  A backward gather whose
-    parameters changed since the forward (their version counters moved)
-    gathers over the world.  hpz=True is refused for a module with
+    and pass hpz=False there if so.  The secondary shard is allocated by
+    zpp (host memory, or device memory outside torch's caching
+    allocator: torch.cuda.memory_* does not count it) at the module's
+    first forward gather and held until close(), through the optimizer
+    step and eval.  Each gather decides anew: a module FSDP2 keeps
+    gathered from the forward to the backward (the root when
+    ``fully_shard(model)`` left reshard_after_forward unset: FSDP2 sets
+    it False at the first forward; set_reshard_after_forward(False)) has
+    no backward gather, keeps no secondary shard (one it kept is freed)
+    and is gathered with qwZ alone.  On nodes of different sizes zpp
+    keeps no secondary shard and the backward gathers cross nodes as
+    without hpZ (counted as "qwz").  A backward gather whose
+    parameters changed since the forward gathers over the world: a
+    torch.optim step (any optimizer of the process: a global step hook,
+    removed by ``close()``) or an in-place op that moves the parameters'
+    version counters is seen; a write outside torch.optim (through
+    ``.data``, to a parameter's local shard, a checkpoint load) must be
+    followed by :meth:`Zpp.invalidate` on every rank, since the ranks must
+    agree on which gathers run.  hpz=True is refused for a module with
     ``reshard_after_forward=<int>`` (FSDP2's own hpZ, which zpp serves with
     exact gathers on the node's communicator; hpz unset leaves those
     modules to it).
@@ -777,10 +929,12 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
     bfloat16 or None); every parameter's gather and gradient dtype (by its
     qualified name); that all parameters are on one device, CPU or CUDA,
     the one of the communicators' memory; hpz (None, True or False, and
-    True only with reshard_after_forward True or False on every module);
-    that the model has an
-    FSDPModule, and none of them has the hooks of a :class:`Zpp` that is
-    still open (close it first).  A failure while the hooks are set puts
+    True only with reshard_after_forward True or False on every module;
+    with hpZ on, that this torch's FSDP2 has the internals it reads: the
+    param groups' training state and reshard state, the sharded
+    parameters' local tensors); that the model has an FSDPModule, and
+    none of them has the hooks of a :class:`Zpp` that is still open
+    (close it first).  A failure while the hooks are set puts
     back every hook it set, closes the communicators it made and raises.
 
     Logging: one INFO line on rank 0 of the ``"zpp"`` logger says which
@@ -834,6 +988,12 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
                              "(FSDP2's own hpZ, whose backward gathers run inside groups of "
                              "%d ranks): zpp's hpZ takes reshard_after_forward=True; or leave "
                              "hpz unset" % (_name(qual), raf, raf))
+    if opts.hpz:
+        missing = _hpz_missing(mods)
+        if missing is not None:
+            raise _error("zpp's hpZ (hpz=%s) reads FSDP2's %s, which this torch %s lacks: "
+                         "pass hpz=False" % ("True" if hpz else "None: on with qwz_bits",
+                                             missing, torch.__version__))
     want = _memory_of(device)
     if comms is not None and isinstance(comms, Comms):
         comm = comms.world
@@ -870,6 +1030,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
         comms = Comms(comm, **comm_kw)
     gathers, scatters, installed = [], [], []
     z = Zpp(comms, opts, gathers, scatters, installed, owns)
+    gen = z.generation
     line = detail = None
     try:
         if isinstance(comms, Comms):
@@ -883,7 +1044,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
                     line = ("zpp.fsdp: %d FSDP modules; the summary of the choices failed: "
                             "%s: %s" % (len(mods), type(e).__name__, e))
         for _, m, groups in mods:
-            g, s = AllGather(comms, opts, groups[0]), ReduceScatter(comms, opts)
+            g, s = AllGather(comms, opts, groups[0], gen), ReduceScatter(comms, opts)
             before = [(pg._all_gather_comm, pg._reduce_scatter_comm) for pg in groups]
             installed.append((m, groups, before))
             m.set_custom_all_gather(g)
@@ -896,6 +1057,7 @@ def enable(model: torch.nn.Module, *, comm: Optional[Comm] = None,
         # nothing of this call stays: the hooks from before, no handle, and
         # the communicators it made closed
         z.closed = True
+        z._step_hook.remove()
         _restore(installed, z)
         if owns != "none":
             try:
