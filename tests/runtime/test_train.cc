@@ -104,7 +104,8 @@ const char *kStages[] = {"dp", "zero1", "zero2", "zero3"};
 
 // World totals of inter-node bytes per byte of a rank's block (all-gather)
 // or shard (reduce-scatter), W ranks on M equal nodes of S: hierarchical
-// (ZPP_ALGO unset or hier, with M > 1 and S > 1): every rank sends its
+// (ZPP_ALGO=hier, which the ctest entry sets, with M > 1 and S > 1;
+// ZPP_ALGO unset means auto, whose choice is per call): every rank sends its
 // block (M - 1) times across, and the partial sum of each other node's
 // slices once; flat: the ring crosses each node boundary once ((W - 1) M),
 // the pairwise reduce-scatter sends W^2 - M S^2 shards.
