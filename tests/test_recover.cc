@@ -787,6 +787,105 @@ TEST(Recover, TwoGroupsPairedInDifferentOrdersMismatch2x2) {
   run_two_groups(true);
 }
 
+// zpp_pgroup_recover_state with elements of 4 MiB: the re-partition's
+// all-gather moves at most 32 MiB in all per chunk, so with 3 survivors a
+// chunk holds 2 elements and an old shard of 3 (10 elements, align 1, over
+// 4 ranks) takes two chunks, the second short.  Every survivor's element
+// keeps its bytes (a pattern of its index and byte offset); rank 1's,
+// lost, are zero.
+Res big_state(int i, int ready_w, int go_r, const std::vector<int> &id_w,
+              int id_r) {
+  Res res;
+  const int n = 4;
+  const size_t eb = (size_t)4 << 20, sizes[1] = {10};
+  zpp_comm_t comm = make_comm(i, n, id_w, id_r, "2x2");
+  zpp_pgroup_config_t cfg = ZPP_PGROUP_CONFIG_INIT;
+  cfg.hpz = 1;
+  cfg.align = 1;
+  zpp_pgroup_t pg = nullptr;
+  if (zpp_pgroup_create(comm, &cfg, sizes, 1, &pg) != ZPP_OK) {
+    res.status = -300;
+    res.msg = zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_info_t info = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(pg, &info);
+  auto byte = [&](size_t g, size_t k) {
+    return (uint8_t)(g * 131 + k * 7 + (k >> 12) + seed());
+  };
+  std::vector<uint8_t> old_state(info.shard_numel * eb);
+  for (size_t j = 0; j < info.shard_numel; j++)
+    for (size_t k = 0; k < eb; k++)
+      old_state[j * eb + k] = byte(info.shard_offset + j, k);
+  if (zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr) != ZPP_OK ||
+      zpp_pgroup_wait(pg, nullptr) != ZPP_OK) {
+    res.status = -301;
+    res.msg = zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_release(pg);
+  char b = 1;
+  if (write(ready_w, &b, 1) != 1 || read(go_r, &b, 1) != 1)
+    _exit(4);
+  res.coll_status = zpp_pgroup_fetch(pg, ZPP_FETCH_FORWARD, nullptr);
+  if (res.coll_status == ZPP_OK)
+    res.coll_status = zpp_pgroup_wait(pg, nullptr);
+  std::vector<int> map(n, -7);
+  zpp_comm_t nc = nullptr;
+  if (zpp_comm_shrink(comm, nullptr, map.data(), &nc) != ZPP_OK) {
+    res.status = -302;
+    res.msg = std::string("shrink: ") + zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_t ng = nullptr;
+  res.status = zpp_pgroup_recover(pg, nc, map.data(), &ng, nullptr);
+  if (res.status != ZPP_OK) {
+    res.msg = zpp_get_last_error();
+    return res;
+  }
+  zpp_pgroup_info_t ni = ZPP_PGROUP_INFO_INIT;
+  zpp_pgroup_get_info(ng, &ni);
+  std::vector<uint8_t> ns(ni.shard_numel * eb, 0xee);
+  int st = zpp_pgroup_recover_state(ng, old_state.data(), ns.data(), eb);
+  if (st != ZPP_OK) {
+    res.status = -303;
+    res.msg = std::string("recover_state: ") + zpp_get_last_error();
+    return res;
+  }
+  for (size_t j = 0; j < ni.shard_numel; j++) {
+    size_t g = ni.shard_offset + j;
+    bool zero = g >= sizes[0] || g / info.shard_numel == 1;
+    for (size_t k = 0; k < eb; k++, res.checked++) {
+      uint8_t want = zero ? 0 : byte(g, k);
+      if (ns[j * eb + k] != want)
+        BAD("element %zu byte %zu: %#x, want %#x", g, k, ns[j * eb + k], want);
+    }
+  }
+  zpp_pgroup_destroy(ng);
+  zpp_pgroup_destroy(pg);
+  zpp_comm_destroy(nc);
+  zpp_comm_destroy(comm);
+  return res;
+}
+
+TEST(Recover, StateInSeveralChunks2x2) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  Job job(4, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
+    return big_state(i, rw, gr, iw, ir);
+  });
+  ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
+  job.kill_rank(1);
+  job.go();
+  std::vector<Res> res = job.finish(25);
+  for (int i : {0, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_EQ(res[i].status, ZPP_OK)
+        << zpp_status_string((zpp_status_t)res[i].status) << ": " << res[i].msg;
+    EXPECT_EQ(res[i].bad, 0) << res[i].msg;
+    EXPECT_GT(res[i].checked, 0);
+  }
+}
+
 // recover's and its companions' own argument checks, on one rank (a
 // communicator of one and a second one as the "shrunk" one).
 Res arg_checks(int i, int ready_w, const std::vector<int> &id_w, int id_r) {
