@@ -747,7 +747,7 @@ static void intersect(size_t b, size_t e, size_t lo, size_t hi, size_t *x,
  * copies only what overlaps its new shard, so the peak is the chunks,
  * the new shard and, on a holder, one decoded old shard.  Elements of
  * lost ranks without a holder, and at or past numel, are zero. */
-static size_t rec_chunk_bytes = (size_t)32 << 20;
+static const size_t rec_chunk_bytes = (size_t)32 << 20;
 
 /* The old rank whose shard survivor k sends in pass p of repartition
  * (-1: none). */
