@@ -86,8 +86,9 @@ typedef struct {
   int fwd_prefetch;
   /* --survive: a rank's death is survived (zpp_comm_shrink, then
    * zpp_pgroup_recover); --kill-rank R --kill-step S: rank R SIGKILLs
-   * itself at the start of step S's backward (-1: nobody) */
-  int survive, kill_rank, kill_step;
+   * itself at the start of step S's backward (-1: nobody), or with
+   * --kill-late after step S's optimizer update */
+  int survive, kill_rank, kill_step, kill_late;
 } opts_t;
 
 static int g_rank = 0, g_size = 1;
@@ -169,10 +170,10 @@ typedef struct {
   uint16_t *gfull;       /* bf16 full gradient (dp, zero1: state; zero2/3:
                             points to the shared one-layer buffer) */
   uint16_t *gshard;      /* bf16 reduced gradient shard */
-  /* after a recovery: elements [rb, re) of the shard lost their optimizer
-   * state and restarted Adam (moments and bias correction) at step rstep */
-  size_t rb, re;
-  int rstep;
+  /* after a recovery (NULL before): per element of the shard, the step
+   * Adam's moments and bias correction (re)started at (1, or the step
+   * after a recovery that lost the element's state) */
+  int *rstep;
 } layer_t;
 
 static void usage(FILE *out) {
@@ -220,13 +221,16 @@ static void usage(FILE *out) {
           "                  copies, redo the step); run under mpirun\n"
           "                  --enable-recovery\n"
           "  --kill-rank R --kill-step S  with --survive: rank R SIGKILLs\n"
-          "                  itself at the start of step S's backward\n");
+          "                  itself at the start of step S's backward\n"
+          "  --kill-late     with --kill-rank: after step S's optimizer\n"
+          "                  update instead (before the step's closing\n"
+          "                  exchanges)\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){M_ZERO3, 14, 62, 16, 4, 64, 50, 1e-3f, 1, 0, 0, 1,
                 8, 1, 4, 4, 1, 256, 0, 0, 0, 32, 2048, 0, 0, 0, 0, 0.0f, 0,
-                0.0f, 1, 1, 0, -1, 0};
+                0.0f, 1, 1, 0, -1, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -295,6 +299,7 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(a, "--survive")) { o->survive = 1;
     } else if (!strcmp(a, "--kill-rank")) { NEEDV; o->kill_rank = atoi(v);
     } else if (!strcmp(a, "--kill-step")) { NEEDV; o->kill_step = atoi(v);
+    } else if (!strcmp(a, "--kill-late")) { o->kill_late = 1;
     } else if (!strcmp(a, "--json")) { o->json = 1;
     } else if (!strcmp(a, "--quiet")) { o->quiet = 1;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -408,6 +413,22 @@ static zpp_status_t xallgather(const void *in, size_t bytes, void *out) {
   return st;
 }
 
+/* Buffers of a failed collective: zpp_comm.h keeps them in use until
+ * zpp_comm_destroy returns; the recovery frees them after it (a buffer
+ * beyond the list's room is left allocated) */
+static void *g_defer[64];
+static int g_ndefer;
+static void free_after(zpp_status_t st, void *p) {
+  if (st == ZPP_OK)
+    free(p);
+  else if (g_ndefer < (int)(sizeof g_defer / sizeof g_defer[0]))
+    g_defer[g_ndefer++] = p;
+}
+static void free_deferred(void) {
+  while (g_ndefer > 0)
+    free(g_defer[--g_ndefer]);
+}
+
 /* x[0..n) = the maximum over the ranks, element-wise */
 static zpp_status_t xmax(double *x, int n) {
   double *all = calloc((size_t)g_size * (size_t)n, sizeof(double));
@@ -418,7 +439,7 @@ static zpp_status_t xmax(double *x, int n) {
     for (int k = 0; k < n; k++)
       if (all[(size_t)r * n + k] > x[k])
         x[k] = all[(size_t)r * n + k];
-  free(all);
+  free_after(st, all);
   return st;
 }
 
@@ -434,7 +455,7 @@ static zpp_status_t xminmax_u64(uint64_t x, uint64_t *mn, uint64_t *mx) {
     if (all[r] > *mx)
       *mx = all[r];
   }
-  free(all);
+  free_after(st, all);
   return st;
 }
 
@@ -448,6 +469,13 @@ int main(int argc, char **argv) {
   if (pr) {
     MPI_Finalize();
     return pr == 1 ? 0 : 2;
+  }
+  if (o.kill_rank >= g_size) {
+    if (g_rank == 0)
+      fprintf(stderr, PROG ": --kill-rank %d: not a rank of the %d ranks\n",
+              o.kill_rank, g_size);
+    MPI_Finalize();
+    return 2;
   }
   if (o.batch % g_size) {
     if (g_rank == 0)
@@ -641,10 +669,13 @@ int main(int argc, char **argv) {
   int surv_exact = 1;
   for (int step = 1; step <= o.steps; step++) {
     double tp[PH_N] = {0}, tw;
+    /* the optimizer has updated the parameters: a later failure of this
+     * step's own exchanges is recovered from without redoing the step */
+    int opt_done = 0;
     if (g_survive) { /* a barrier */
       char b0 = 0, *bs = xcalloc((size_t)W, 1);
       zpp_status_t bst = xallgather(&b0, 1, bs);
-      free(bs);
+      free_after(bst, bs);
       SCALL(bst);
     } else {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -736,7 +767,7 @@ int main(int argc, char **argv) {
     tp[PH_FWD] = t_phase - t_step;
     /* the last exchange the killed rank takes part in */
     t_last_ok = t_phase;
-    if (world_rank == o.kill_rank && step == o.kill_step) {
+    if (world_rank == o.kill_rank && step == o.kill_step && !o.kill_late) {
       fflush(stdout);
       fflush(stderr);
       raise(SIGKILL);
@@ -831,6 +862,7 @@ int main(int argc, char **argv) {
     tp[PH_DRAIN] = t_now - t_phase;
     t_phase = t_now;
     /* ---- optimizer ---- */
+    opt_done = 1;
     float bc1 = 1.0f - powf(0.9f, (float)step);
     float bc2 = 1.0f - powf(0.999f, (float)step);
     for (int l = 0; l < L; l++) {
@@ -846,23 +878,24 @@ int main(int argc, char **argv) {
       void *shard;
       SCALL(zpp_pgroup_shard(y->pg, &shard));
       uint16_t *s = shard;
-      /* elements whose state a recovery lost restarted Adam at rstep */
-      float rbc1 = 1.0f - powf(0.9f, (float)(step - y->rstep + 1));
-      float rbc2 = 1.0f - powf(0.999f, (float)(step - y->rstep + 1));
-      for (int part = 0; part < 3; part++) { /* before, in, after [rb, re) */
-        size_t i0 = part == 0 ? 0 : part == 1 ? y->rb : y->re;
-        size_t i1 = part == 0 ? y->rb : part == 1 ? y->re : y->shard;
-        float c1 = part == 1 ? rbc1 : bc1, c2 = part == 1 ? rbc2 : bc2;
-        for (size_t i = i0; i < i1; i++) {
-          adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, c1,
-               c2);
-          /* qWD: my slice of the full copy is the reconstruction, the same
-           * on every rank; only the update below may write it */
-          if (!y->cfg.qwd_bits)
-            s[i] = tobf(y->master[i]);
+      /* elements whose state a recovery lost restarted Adam at rstep[i] */
+      int rs = 1;
+      float c1 = bc1, c2 = bc2;
+      for (size_t i = 0; i < y->shard; i++) {
+        if (y->rstep && y->rstep[i] != rs) {
+          rs = y->rstep[i];
+          c1 = 1.0f - powf(0.9f, (float)(step - rs + 1));
+          c2 = 1.0f - powf(0.999f, (float)(step - rs + 1));
         }
+        adam(&y->master[i], &y->m[i], &y->v[i], bf(y->gshard[i]), o.lr, c1, c2);
+        /* qWD: my slice of the full copy is the reconstruction, the same
+         * on every rank; only the update below may write it */
+        if (!y->cfg.qwd_bits)
+          s[i] = tobf(y->master[i]);
       }
-      SCALL(zpp_pgroup_params_changed(y->pg));
+      /* no failure handling between the writes and this call: a local
+       * error, not a recoverable one */
+      ZCALL(zpp_pgroup_params_changed(y->pg));
     }
     if (mode == M_ZERO1 || mode == M_ZERO2) /* refresh the full copies */
     {
@@ -875,7 +908,13 @@ int main(int argc, char **argv) {
         SCALL(zpp_pgroup_wait(ly[l].pg, NULL));
     }
 
-    /* the step is done (a failure before here redoes it) */
+    if (world_rank == o.kill_rank && step == o.kill_step && o.kill_late) {
+      fflush(stdout);
+      fflush(stderr);
+      raise(SIGKILL);
+    }
+
+    /* the step is done (a failure before the optimizer redoes it) */
     final_loss = loss;
     loss_hash = fnv(loss_hash, &loss, sizeof loss);
     loss_curve[step - 1] = loss;
@@ -941,6 +980,10 @@ int main(int argc, char **argv) {
       int new_rank = 0, new_size = 0;
       ZCALL(zpp_comm_rank(nc, &new_rank));
       ZCALL(zpp_comm_size(nc, &new_size));
+      if (new_size >= W) /* nothing to recover from: the error is the
+                            failure (redoing the step would meet it again) */
+        DIE("step %d: %s: %s (no rank was lost)", step,
+            zpp_status_string(fail_st), fail_msg);
       if (o.batch % new_size)
         DIE("--batch %d: not a multiple of the %d survivors (choose a batch "
             "both rank counts divide)",
@@ -959,11 +1002,25 @@ int main(int argc, char **argv) {
         ZCALL(zpp_pgroup_recover_state(ng, y->master, nm, 4));
         ZCALL(zpp_pgroup_recover_state(ng, y->m, nm1, 4));
         ZCALL(zpp_pgroup_recover_state(ng, y->v, nv, 4));
+        /* each element's restart step moves with it; the lost ones (and
+         * the padding) come zero and restart Adam's moments and bias
+         * correction at the next step run: this one redone, or the one
+         * after when the optimizer has run */
+        int *ors = xcalloc(y->shard, sizeof(int));
+        int *nrs = xcalloc(pi.shard_numel, sizeof(int));
+        for (size_t i = 0; i < y->shard; i++)
+          ors[i] = y->rstep ? y->rstep[i] : 1;
+        ZCALL(zpp_pgroup_recover_state(ng, ors, nrs, sizeof(int)));
+        free(ors);
+        for (size_t i = 0; i < pi.shard_numel; i++) /* lost, padding */
+          if (nrs[i] == 0)
+            nrs[i] = opt_done ? step + 1 : step;
+        free(y->rstep);
+        y->rstep = nrs;
         /* the lost elements: master = the rebuilt bf16 weight, moments
-         * zero (recover_state), Adam's bias correction from this step */
+         * zero (recover_state) */
         uint16_t *ws;
         ZCALL(zpp_pgroup_shard(ng, (void **)&ws));
-        y->rb = y->re = 0;
         for (int k = 0; k < rep.lost_ranks; k++) {
           size_t b, e, lo = pi.shard_offset, hi = lo + pi.shard_numel;
           ZCALL(zpp_pgroup_lost(ng, k, NULL, NULL, &b, &e));
@@ -975,9 +1032,6 @@ int main(int argc, char **argv) {
             continue;
           for (size_t i = b - lo; i < e - lo; i++)
             nm[i] = bf(ws[i]);
-          y->rb = b - lo;
-          y->re = e - lo;
-          y->rstep = step;
         }
         free(y->master);
         free(y->m);
@@ -990,7 +1044,7 @@ int main(int argc, char **argv) {
         state_bytes = state_bytes - 16 * y->shard + 16 * pi.shard_numel;
         y->shard = pi.shard_numel;
         y->padded = pi.padded_numel;
-        free(y->gshard);
+        free_after(ZPP_ERR_INTERNAL, y->gshard); /* after comm's destroy */
         y->gshard = xcalloc(y->shard, 2);
         psi += y->padded;
         if (y->padded > max_padded)
@@ -1001,6 +1055,7 @@ int main(int argc, char **argv) {
       }
       double t_groups = wtime();
       ZCALL(zpp_comm_destroy(comm));
+      free_deferred();
       comm = g_comm = nc;
       world_before = W;
       W = g_size = new_size;
@@ -1049,7 +1104,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
       }
       free(map);
-      step--; /* redo it on the survivors */
+      if (!opt_done)
+        step--; /* redo it on the survivors */
     }
   }
   for (int l = 0; l < L; l++) {
@@ -1217,6 +1273,7 @@ int main(int argc, char **argv) {
     ZCALL(zpp_pgroup_destroy(ly[l].pg));
     free(ly[l].master);
     free(ly[l].m);
+    free(ly[l].rstep);
     free(ly[l].v);
     free(ly[l].wfull);
     if (!sharded_grad)

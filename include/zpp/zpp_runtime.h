@@ -244,7 +244,9 @@ ZPP_API zpp_status_t zpp_pgroup_update_params(zpp_pgroup_t pg,
 /* The parameters changed (optimizer step, checkpoint load): the hpZ
  * secondary partition and a held full buffer are stale from now on (the
  * next backward fetch refreshes, never uses the stale copy).  Local, no
- * communication; call it on every rank. */
+ * communication; call it on every rank, right after writing the shard
+ * with no failure handling in between (a zpp_pgroup_recover between the
+ * two would trust the copies of the old values). */
 ZPP_API zpp_status_t zpp_pgroup_params_changed(zpp_pgroup_t pg);
 
 /* ---- Recovery after a rank's death (docs/runtime.md, "Recovery") ------- */
@@ -284,16 +286,22 @@ typedef struct {
  * rank's shard is rebuilt from the hpZ secondary copy held by a survivor
  * (the copy of the last forward gather: exact when unquantized, within
  * qwZ's bound otherwise).  Reads only memory of old, never its (aborted)
- * communicator; destroy old afterwards (and call zpp_pgroup_recover_state
- * for the caller's per-element state first).  Host-memory groups only.
- * report (NULL: not wanted) says what was lost; a WARN log line too.
+ * communicator's transfers: it waits (bounded) for old's pending request
+ * and reads old's rank, size and topology.  Destroy old afterwards.
+ * Host-memory groups only; buffers attached to old are not carried (the
+ * new group allocates its own).  Until the new group's first forward
+ * gather its hpZ copies hold nothing: a death before it is DATA_LOST.
+ * report (NULL: not wanted) says what was lost; new rank 0 logs a WARN
+ * line per lost rank that owned real elements.
  * Errors: ZPP_ERR_DATA_LOST naming the old rank whose shard no survivor
  * holds a current copy of, and why (hpZ off, one node, uneven nodes, the
  * copy's holders dead too, the copies stale: parameters changed after the
  * last forward gather); ZPP_ERR_MISMATCH when the survivors' groups
- * differ (layout, generation); ZPP_ERR_UNSUPPORTED for device memory and
- * qWD groups; a collective's error on newcomm.  *out is set only on
- * success. */
+ * differ (layout, generation, the group's id: groups recovered in
+ * different orders); ZPP_ERR_UNSUPPORTED for device memory and qWD
+ * groups; a collective's error on newcomm.  An error found after the
+ * survivors' first exchange is the same on every survivor; the argument
+ * checks before it are local.  *out is set only on success. */
 ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
                                         const int *new_rank_of,
                                         zpp_pgroup_t *out,
@@ -313,7 +321,8 @@ ZPP_API zpp_status_t zpp_pgroup_lost(zpp_pgroup_t pg, int i, int *old_rank,
  * elements on this rank, new_state receives the new shard_numel.  Elements
  * a survivor owned keep their bytes; those of lost ranks (zpp_pgroup_lost)
  * and the padding are zero.  Collective on pg's communicator; pg must
- * come from zpp_pgroup_recover (the old group may be destroyed). */
+ * come from zpp_pgroup_recover (the old group may be destroyed before or
+ * after; old_state must live until this returns). */
 ZPP_API zpp_status_t zpp_pgroup_recover_state(zpp_pgroup_t pg,
                                               const void *old_state,
                                               void *new_state,

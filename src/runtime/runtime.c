@@ -363,6 +363,22 @@ static zpp_status_t finish_pending(zpp_pgroup_t pg) {
   return st;
 }
 
+/* Lets go of the group's own full buffer: freed, or, when a failed fetch
+ * may still write it (zpp_comm.h: a failed collective's buffers stay in
+ * use until zpp_comm_destroy returns), left allocated with a WARN. */
+static void drop_own_full(zpp_pgroup_t pg, const char *func) {
+  if (pg->full_in_doubt && pg->own_full)
+    ZPP_WARN(ZPP_SUBSYS_COLL,
+             "%s: group %llu: the full buffer of %zu bytes a failed fetch "
+             "may still write is left allocated (leaked)",
+             func, (unsigned long long)pg->id,
+             pg->shard_numel * (size_t)pg->size * pg->esize);
+  else
+    free(pg->own_full);
+  pg->full_in_doubt = 0;
+  pg->own_full = NULL;
+}
+
 /* A zpp_pgroup_reduce_gradients of pg with error feedback is queued or
  * running on the engine: it reads and writes the residual. */
 static int reduction_in_flight(zpp_pgroup_t pg) {
@@ -386,8 +402,7 @@ ZPP_API zpp_status_t zpp_pgroup_destroy(zpp_pgroup_t pg) {
                          "the reduction's request completes");
   if (st0 != ZPP_OK)
     pg->own_residual = NULL;
-  if (!pg->full_in_doubt)
-    free(pg->own_full);
+  drop_own_full(pg, "zpp_pgroup_destroy");
   free(pg->own_residual);
   free(pg->own_shard);
   free(pg->offsets);
@@ -486,8 +501,7 @@ ZPP_API zpp_status_t zpp_pgroup_attach(zpp_pgroup_t pg, void *shard,
     pg->shard = shard;
   }
   if (full) {
-    free(pg->own_full);
-    pg->own_full = NULL;
+    drop_own_full(pg, F);
     pg->full = full;
     pg->full_attached = 1;
     pg->held = 0;
@@ -576,8 +590,11 @@ ZPP_API zpp_status_t zpp_pgroup_fetch(zpp_pgroup_t pg, zpp_fetch_t kind,
     st = zpp_allgather(pg->comm, pg->shard, pg->full, pg->shard_numel,
                        c->dtype, stream, &req);
   }
-  if (st != ZPP_OK)
+  if (st != ZPP_OK) { /* its transfers may still write the buffer */
+    if (pg->own_full && !pg->cfg.qwd_bits)
+      pg->full_in_doubt = 1;
     return st;
+  }
   pg->pending = req;
   return ZPP_OK;
 }
@@ -603,10 +620,7 @@ ZPP_API zpp_status_t zpp_pgroup_release(zpp_pgroup_t pg) {
   zpp_status_t st = finish_pending(pg);
   pg->held = 0;
   if (pg->own_full && !pg->cfg.qwd_bits) { /* qWD keeps its reconstruction */
-    if (!pg->full_in_doubt)
-      free(pg->own_full);
-    pg->full_in_doubt = 0;
-    pg->own_full = NULL;
+    drop_own_full(pg, F);
     pg->full = NULL;
   }
   return st;
@@ -725,14 +739,32 @@ static void intersect(size_t b, size_t e, size_t lo, size_t hi, size_t *x,
 
 /* Moves elements of esz bytes from the old layout (r, this rank's old
  * shard `mine`) into this rank's new shard `dst` of new_shard elements
- * on comm: every survivor's old shard travels in an all-gather of chunks
- * of at most 32 MiB in all; the elements of lost rank i come from
- * lost_data[i] (its whole old shard; NULL: zero).  Elements at or past
- * numel are zero. */
+ * on comm.  Old shards travel in all-gathers of chunks of at most 32 MiB
+ * in all (n ranks times the chunk), in passes: in pass 0 every survivor
+ * sends its own old shard; with hpz, in pass p >= 1 a survivor sends the
+ * p-th lost shard it rebuilds (r->from), decoded from its copy into one
+ * old shard's buffer (the others send zeros nobody reads).  Each rank
+ * copies only what overlaps its new shard, so the peak is the chunks,
+ * the new shard and, on a holder, one decoded old shard.  Elements of
+ * lost ranks without a holder, and at or past numel, are zero. */
+static const size_t rec_chunk_bytes = (size_t)32 << 20;
+
+/* The old rank whose shard survivor k sends in pass p of repartition
+ * (-1: none). */
+static int pass_src(const struct pg_recovery *r, int with_copies, int k,
+                    int p) {
+  if (p == 0)
+    return r->old_of[k];
+  for (int i = 0, c = 0; with_copies && i < r->nlost; i++)
+    if (r->from[i] == r->old_of[k] && ++c == p)
+      return r->lost[i];
+  return -1;
+}
+
 static zpp_status_t repartition(const char *func, zpp_comm_t comm,
                                 const struct pg_recovery *r, size_t numel,
                                 size_t new_shard, const void *mine, size_t esz,
-                                uint8_t *const *lost_data, void *dst) {
+                                zpp_hpz_t hpz, void *dst) {
   int n = 0, me = 0;
   ZPP_CHECK(zpp_comm_size(comm, &n));
   ZPP_CHECK(zpp_comm_rank(comm, &me));
@@ -741,46 +773,84 @@ static zpp_status_t repartition(const char *func, zpp_comm_t comm,
     hi = numel;
   if (new_shard)
     memset(dst, 0, new_shard * esz);
-  size_t chunk = ((size_t)32 << 20) / ((size_t)n * esz);
+  if (r->old_shard == 0)
+    return ZPP_OK;
+  int passes = 1;
+  for (int k = 0; k < n && hpz; k++) {
+    int c = 1;
+    for (int i = 0; i < r->nlost; i++)
+      c += r->from[i] == r->old_of[k];
+    if (c > passes)
+      passes = c;
+  }
+  size_t chunk = rec_chunk_bytes / ((size_t)n * esz);
   if (chunk == 0)
     chunk = 1;
   if (chunk > r->old_shard)
     chunk = r->old_shard;
-  uint8_t *buf = NULL;
-  if (chunk) {
-    buf = malloc((size_t)n * chunk * esz);
-    if (buf == NULL)
-      return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
-                       "re-partition buffer of %zu bytes",
-                       (size_t)n * chunk * esz);
+  size_t sb = r->old_shard * esz;
+  uint8_t *buf = malloc((size_t)n * chunk * esz);
+  uint8_t *dec = passes > 1 ? calloc(sb, 1) : NULL;
+  if (buf == NULL || (passes > 1 && dec == NULL)) {
+    free(buf);
+    free(dec);
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func,
+                     "re-partition buffers of %zu and %zu bytes",
+                     (size_t)n * chunk * esz, passes > 1 ? sb : (size_t)0);
   }
-  for (size_t off = 0; off < r->old_shard; off += chunk) {
-    size_t c = r->old_shard - off < chunk ? r->old_shard - off : chunk;
-    zpp_status_t st = zpp_allgather(comm, (const uint8_t *)mine + off * esz,
-                                    buf, c * esz, ZPP_UINT8, NULL, NULL);
-    if (st != ZPP_OK) {
-      free(buf);
-      return st;
+  zpp_status_t st = ZPP_OK;
+  int gather_failed = 0;
+  for (int p = 0; p < passes && st == ZPP_OK; p++) {
+    int q = pass_src(r, hpz != NULL, me, p);
+    const uint8_t *src = mine;
+    if (p > 0) {
+      memset(dec, 0, sb);
+      if (q >= 0) {
+        int held = ZPP_HPZ_COPY_NONE;
+        st = zpp_hpz_copy_of(hpz, q, dec, &held);
+        if (st != ZPP_OK)
+          break;
+        if (held != ZPP_HPZ_COPY_CURRENT) {
+          st = zpp_error(ZPP_ERR_INTERNAL, func,
+                         "the copy of old rank %d's shard changed during "
+                         "recovery",
+                         q);
+          break;
+        }
+      }
+      src = dec;
     }
-    for (int k = 0; k < n; k++) {
-      size_t gb = (size_t)r->old_of[k] * r->old_shard + off, x, y;
-      intersect(gb, gb + c, lo, hi, &x, &y);
-      if (x < y)
-        memcpy((uint8_t *)dst + (x - lo) * esz,
-               buf + ((size_t)k * c + (x - gb)) * esz, (y - x) * esz);
+    for (size_t off = 0; off < r->old_shard; off += chunk) {
+      size_t c = r->old_shard - off < chunk ? r->old_shard - off : chunk;
+      st = zpp_allgather(comm, src + off * esz, buf, c * esz, ZPP_UINT8, NULL,
+                         NULL);
+      gather_failed = st != ZPP_OK;
+      if (gather_failed)
+        break;
+      for (int k = 0; k < n; k++) {
+        int qk = pass_src(r, hpz != NULL, k, p);
+        if (qk < 0)
+          continue;
+        size_t gb = (size_t)qk * r->old_shard + off, x, y;
+        intersect(gb, gb + c, lo, hi, &x, &y);
+        if (x < y)
+          memcpy((uint8_t *)dst + (x - lo) * esz,
+                 buf + ((size_t)k * c + (x - gb)) * esz, (y - x) * esz);
+      }
     }
+  }
+  if (gather_failed) {
+    /* zpp_comm.h: a failed collective's buffers stay in use until
+     * zpp_comm_destroy returns */
+    ZPP_WARN(ZPP_SUBSYS_COLL,
+             "%s: a failed re-partition all-gather's buffers, %zu bytes, "
+             "are left allocated (leaked)",
+             func, (size_t)n * chunk * esz + (dec ? sb : 0));
+    return st;
   }
   free(buf);
-  for (int i = 0; i < r->nlost; i++) {
-    size_t b, e, x, y;
-    owned_range(numel, r->old_shard, r->lost[i], &b, &e);
-    intersect(b, e, lo, hi, &x, &y);
-    if (x < y && lost_data != NULL && lost_data[i] != NULL)
-      memcpy((uint8_t *)dst + (x - lo) * esz,
-             lost_data[i] + (x - (size_t)r->lost[i] * r->old_shard) * esz,
-             (y - x) * esz);
-  }
-  return ZPP_OK;
+  free(dec);
+  return st;
 }
 
 /* What each survivor tells the others: its old rank and layout (which
@@ -795,6 +865,7 @@ enum {
   REC_NTENSORS,
   REC_ESIZE,
   REC_HPZ,
+  REC_ID,
   REC_WORDS
 };
 
@@ -911,9 +982,7 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
   uint64_t *recs = calloc((size_t)nn * words, sizeof(uint64_t));
   uint64_t *mine = calloc(words, sizeof(uint64_t));
   size_t *sizes = malloc(((size_t)old->ntensors + 1) * sizeof(size_t));
-  uint8_t **lost_data = NULL, *send = NULL, *gath = NULL;
   zpp_pgroup_t ng = NULL;
-  int nlost = W - nn;
   if (r == NULL || recs == NULL || mine == NULL || sizes == NULL) {
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "recovery records");
     goto err;
@@ -944,17 +1013,27 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
   mine[REC_NTENSORS] = (uint64_t)old->ntensors;
   mine[REC_ESIZE] = old->esize;
   mine[REC_HPZ] = old->hpz != NULL;
+  mine[REC_ID] = old->id;
   for (int i = 0; i < r->nlost && old->hpz; i++) {
     int held = ZPP_HPZ_COPY_NONE;
     ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], NULL, &held), st, err);
     ((uint8_t *)(mine + REC_WORDS))[r->lost[i]] = (uint8_t)held;
   }
-  ZPP_CHECK_GOTO(zpp_allgather(newcomm, mine, recs, words * sizeof(uint64_t),
-                               ZPP_UINT8, NULL, NULL),
-                 st, err);
+  st = zpp_allgather(newcomm, mine, recs, words * sizeof(uint64_t), ZPP_UINT8,
+                     NULL, NULL);
+  if (st != ZPP_OK) { /* zpp_comm.h: its buffers stay in use until
+                         zpp_comm_destroy returns */
+    ZPP_WARN(ZPP_SUBSYS_COLL,
+             "%s: the failed all-gather's buffers, %zu bytes, are left "
+             "allocated (leaked)",
+             F, (nn + (size_t)1) * words * sizeof(uint64_t));
+    recs = mine = NULL;
+    goto err;
+  }
   static const char *what[REC_WORDS] = {
-      "old rank",       "generation", "numel",        "shard_numel",
-      "old world size", "ntensors",   "element size", "hpz"};
+      "old rank",           "generation", "numel",        "shard_numel",
+      "old world size",     "ntensors",   "element size", "hpz",
+      "id (creation order)"};
   for (int k = 0; k < nn; k++) {
     const uint64_t *o = recs + (size_t)k * words;
     if (o[REC_OLD_RANK] != (uint64_t)r->old_of[k]) {
@@ -999,47 +1078,6 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
     rebuilt += e - b;
   }
 
-  /* the lost shards, from their copies: decoded by the holder, sent to all */
-  size_t sb = old->shard_numel * old->esize;
-  lost_data = calloc((size_t)r->nlost + 1, sizeof(uint8_t *));
-  if (lost_data == NULL) {
-    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shards");
-    goto err;
-  }
-  for (int i = 0; i < r->nlost; i++) {
-    if (r->from[i] < 0)
-      continue;
-    int k = new_rank_of[r->from[i]];
-    if (send == NULL) {
-      send = calloc(sb ? sb : 1, 1);
-      gath = malloc((size_t)nn * sb + 1);
-      if (send == NULL || gath == NULL) {
-        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes", sb);
-        goto err;
-      }
-    }
-    lost_data[i] = malloc(sb ? sb : 1);
-    if (lost_data[i] == NULL) {
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, F, "lost shard of %zu bytes", sb);
-      goto err;
-    }
-    if (k == nr) {
-      int held = ZPP_HPZ_COPY_NONE;
-      ZPP_CHECK_GOTO(zpp_hpz_copy_of(old->hpz, r->lost[i], send, &held), st,
-                     err);
-      if (held != ZPP_HPZ_COPY_CURRENT) {
-        st = zpp_error(ZPP_ERR_INTERNAL, F,
-                       "the copy of old rank %d's shard changed during "
-                       "recovery",
-                       r->lost[i]);
-        goto err;
-      }
-    }
-    ZPP_CHECK_GOTO(
-        zpp_allgather(newcomm, send, gath, sb, ZPP_UINT8, NULL, NULL), st, err);
-    memcpy(lost_data[i], gath + (size_t)k * sb, sb);
-  }
-
   /* the same tensors and configuration over the survivors */
   for (int t = 0; t < old->ntensors; t++)
     sizes[t] = old->offsets[t + 1] - old->offsets[t];
@@ -1047,8 +1085,9 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
       zpp_pgroup_create(newcomm, &old->cfg, sizes, old->ntensors, &ng), st,
       err);
   ng->generation = old->generation;
+  /* the lost shards come from their holders' copies */
   ZPP_CHECK_GOTO(repartition(F, newcomm, r, old->numel, ng->shard_numel,
-                             old->shard, old->esize, lost_data, ng->shard),
+                             old->shard, old->esize, old->hpz, ng->shard),
                  st, err);
 
   /* what this rank's new shard lost */
@@ -1089,12 +1128,6 @@ ZPP_API zpp_status_t zpp_pgroup_recover(zpp_pgroup_t old, zpp_comm_t newcomm,
 err:
   if (ng != NULL)
     zpp_pgroup_destroy(ng);
-  if (lost_data != NULL)
-    for (int i = 0; i < nlost; i++)
-      free(lost_data[i]);
-  free(lost_data);
-  free(send);
-  free(gath);
   free(sizes);
   free(mine);
   free(recs);

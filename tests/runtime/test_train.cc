@@ -602,6 +602,67 @@ TEST(Train, SurviveKilledRankGoesOnOnSevenRanksWithinZeroppsTolerance) {
               u10, 100 * (k10 / u10 - 1), curve[0]);
   EXPECT_LE(std::fabs(k10 / u10 - 1), 0.10);
   EXPECT_LT(k10, 0.5 * curve[0]);
+  // The recovery keeps the data: the steps before the kill are the 8-rank
+  // run's (the same ranks and reductions: the printed values, bitwise),
+  // and the redone step 10 on 7 ranks computes the loss of the same
+  // weights (rebuilt bitwise as the forward gather saw them) with the
+  // batch split 7 ways instead of 8: only the order of the loss's float64
+  // sum differs, far below 1e-7 relative.  A recovery that lost or
+  // zeroed a shard, or redid a step whose update had been applied, moves
+  // it by orders of magnitude more.
+  std::string out8 = survive_run(flags, 8, "2x4");
+  at = out8.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out8;
+  std::vector<double> c8 = list(out8.substr(at), "loss_curve");
+  ASSERT_EQ(c8.size(), 30u);
+  for (int s = 0; s < 9; s++)
+    EXPECT_EQ(curve[s], c8[s]) << "step " << s + 1 << " before the kill";
+  std::printf("step 10: killed and redone on 7 ranks %.9g, 8 ranks %.9g\n",
+              curve[9], c8[9]);
+  EXPECT_LE(std::fabs(curve[9] / c8[9] - 1), 1e-7) << "the redone step 10";
+}
+
+// --kill-late: rank 5 dies after step 3's optimizer update, so the
+// survivors fail in the step's closing exchanges.  A model this small
+// (every group's shard of 2048 elements holds all its real elements on
+// rank 0) loses only padding: the recovery succeeds, and the step, whose
+// update and loss are in, is not redone.  Steps 1 to 3 are the 8-rank
+// run's, bitwise as printed; a redo would apply step 3's update twice and
+// record the loss of the twice-updated weights as step 3's.
+TEST(Train, SurviveAfterTheUpdateDoesNotRedoTheStep) {
+  const std::string flags =
+      "--mode zeropp --depth 2 --width 8 --batch 56 --steps 6";
+  std::string out =
+      survive_run(flags + " --kill-rank 5 --kill-step 3 --kill-late", 8, "2x4");
+  size_t at = out.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string j = out.substr(at);
+  std::printf("  %s", j.c_str());
+  EXPECT_EQ(num(j, "failure_step"), 3);
+  EXPECT_EQ(num(j, "world_size_after"), 7);
+  EXPECT_EQ(num(j, "rebuilt_elements"), 0);
+  std::vector<double> curve = list(j, "loss_curve");
+  ASSERT_EQ(curve.size(), 6u);
+  for (double x : curve)
+    EXPECT_TRUE(std::isfinite(x) && x > 0);
+  std::string out8 = survive_run(flags, 8, "2x4");
+  at = out8.rfind("{\"mode\"");
+  ASSERT_NE(at, std::string::npos) << out8;
+  std::vector<double> c8 = list(out8.substr(at), "loss_curve");
+  ASSERT_EQ(c8.size(), 6u);
+  for (int s = 0; s < 3; s++)
+    EXPECT_EQ(curve[s], c8[s]) << "step " << s + 1;
+  // step 4 runs once, on 7 ranks, from step 3's weights
+  EXPECT_LE(std::fabs(curve[3] / c8[3] - 1), 1e-7) << "step 4";
+}
+
+TEST(Train, KillRankOutsideTheWorldIsRefused) {
+  std::string out = survive_run(
+      "--mode zeropp --steps 2 --kill-rank 4 --kill-step 1", kRanks, "2x2");
+  EXPECT_NE(out.find("--kill-rank 4: not a rank of the 4 ranks"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("{\"mode\""), std::string::npos) << out;
 }
 
 // Without a failure --survive changes nothing but who carries the
