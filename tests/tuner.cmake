@@ -55,7 +55,8 @@ if(ZPP_WITH_MPI_ENABLED)
              "file_bad_one_rank|IO|ZPP_TUNER_FILE=${_tf}/force_hier.txt|ZPP_TUNER_FILE=${_tf}/bad_key.txt|line 3: unknown key \"inter_gbitt\""
              "file_absent|IO|ZPP_TUNER_FILE=${_tf}/absent.txt|ZPP_TUNER_FILE=${_tf}/absent.txt|absent.txt: No such file"
              "algo_invalid|INVALID|ZPP_ALGO=fastest|ZPP_ALGO=auto|ZPP_ALGO \"fastest\": must be auto, hier or flat"
-             "probe_mismatch|MISMATCH|ZPP_TUNER_PROBE=1|ZPP_TUNER_PROBE=0|ZPP_TUNER_PROBE: rank")
+             "probe_mismatch|MISMATCH|ZPP_TUNER_PROBE=1|ZPP_TUNER_PROBE=0|ZPP_TUNER_PROBE: rank"
+             "rings_mismatch|MISMATCH|ZPP_NET_RINGS=2|ZPP_NET_RINGS=1|ZPP_NET_RINGS: rank")
     string(REPLACE "|" ";" _f "${_l}")
     list(GET _f 0 _name)
     list(GET _f 1 _case)

@@ -7,6 +7,7 @@
 #include "algo/tune.h"
 
 #include "algo/algo.h"
+#include "algo/algo_impl.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
 
@@ -429,8 +430,9 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
   }
   es = coll == ZPP_TUNE_AG ? 1 : (int)zpp_dtype_size(dtype);
   ps = dtype == ZPP_FLOAT16 && coll != ZPP_TUNE_AG ? 4 : es;
+  /* the rings the ring all-gather really runs on this group */
   zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es,
-                   ps, t->rings, &p);
+                   ps, zpp_algo_ring_channels(t, gr), &p);
   f = t->model.force[coll];
   *hier = f != 0 ? f == ZPP_ALGORITHM_HIER : p.hier;
   if (*hier && !t->hier_chunk_set) {

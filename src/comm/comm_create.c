@@ -53,6 +53,7 @@ typedef struct {
                          peer that is gone or stopped) */
   int32_t pid;
   int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
+  int32_t net_rings;    /* ZPP_NET_RINGS resolved: the model prices it */
   uint32_t rescue_ip;   /* zpp_comm_shrink's listener (shrink.c): the */
   uint32_t rescue_port; /* address other hosts reach it by; port 0: none */
   char host[ZPP_TOPO_HOST_LEN];
@@ -624,7 +625,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
   zpp_algorithm_t algo = ZPP_ALGORITHM_AUTO;
-  long hier_chunk = 0, net_seg = -1;
+  long hier_chunk = 0, net_seg = -1, net_rings = 1;
   int32_t probe = -1;
   uint64_t tuner_hash = 0;
   int qgz_sum = 0, rescue_fd = -1;
@@ -683,6 +684,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                    "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
                    "[4096, 2^30] bytes (unset: %d on real inter-node links)",
                    net_seg, ZPP_NET_SEGMENT_AUTO);
+  /* as the transport resolves it (transport.c): out of range is 1 */
+  net_rings = zpp_setting_long("ZPP_NET_RINGS", 1);
+  if (net_rings < 1 || net_rings > 64)
+    net_rings = 1;
   /* Also after a failure here (a bad setting on this rank only): the
    * records are needed to take part in the first exchange, which tells
    * every rank of the failure instead of leaving them to time out in it
@@ -728,6 +733,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.tuner_hash = tuner_hash;
   mine.qgz_sum = (int32_t)qgz_sum;
   mine.net_seg = (int32_t)net_seg;
+  mine.net_rings = (int32_t)net_rings;
   if (st == ZPP_OK)
     zpp_rescue_open(cr->tcp, &rescue_fd, &mine.rescue_ip, &rescue_port);
   mine.rescue_port = rescue_port;
@@ -842,6 +848,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "ZPP_NET_SEGMENT: rank %d uses %d but rank %d %d (-1: "
                      "unset); set it alike on every rank",
                      rank, (int)mine.net_seg, r, (int)rec[r].net_seg);
+    else if (rec[r].net_rings != mine.net_rings)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_NET_RINGS: rank %d uses %d but rank %d %d; set it "
+                     "alike on every rank",
+                     rank, (int)mine.net_rings, r, (int)rec[r].net_rings);
   }
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
