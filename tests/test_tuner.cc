@@ -14,11 +14,13 @@
 #include <mpi.h>
 #include <zpp/zpp_mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -200,6 +202,7 @@ TEST(Model, ForcedChunksAreKept) {
 // The median of every rank's measurements, NaN (not measured) skipped.
 TEST(Model, AgreementIsTheMedian) {
   zpp_link_model_t def, all[4], out;
+  double scratch[4];
   zpp_tune_defaults(&def, 0);
   for (int r = 0; r < 4; r++) {
     all[r] = def;
@@ -210,13 +213,37 @@ TEST(Model, AgreementIsTheMedian) {
   all[3].inter_lat_us = NAN;
   all[0].inter_lat_us = 7;
   all[1].inter_lat_us = 9;
-  zpp_tune_agree(all, 4, &def, &out);
+  zpp_tune_agree(all, 4, &def, scratch, &out);
   EXPECT_EQ(out.inter_bw, 200.0);  // the lower middle of 100..400
   EXPECT_EQ(out.intra_bw, 1002.0);
   EXPECT_EQ(out.inter_lat_us, 7.0);
   for (auto &a : all) a.inter_lat_us = NAN;
-  zpp_tune_agree(all, 4, &def, &out);
+  zpp_tune_agree(all, 4, &def, scratch, &out);
   EXPECT_EQ(out.inter_lat_us, def.inter_lat_us);
+}
+
+// More ranks than any fixed buffer: the median over the caller's scratch,
+// against a sort of the measured values (NaN skipped).
+TEST(Model, AgreementOfManyRanksUsesTheScratch) {
+  unsigned seed = (unsigned)std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(1.0, 1000.0);
+  const int n = 257;
+  std::vector<zpp_link_model_t> all(n);
+  std::vector<double> scratch(n, -1.0), want;
+  zpp_link_model_t def, out;
+  zpp_tune_defaults(&def, 0);
+  for (int r = 0; r < n; r++) {
+    all[r] = def;
+    all[r].inter_bw = rng() % 5 == 0 ? NAN : u(rng);
+    if (!std::isnan(all[r].inter_bw))
+      want.push_back(all[r].inter_bw);
+  }
+  std::sort(want.begin(), want.end());
+  zpp_tune_agree(all.data(), n, &def, scratch.data(), &out);
+  EXPECT_EQ(out.inter_bw, want[(want.size() - 1) / 2]);
+  EXPECT_EQ(out.intra_bw, def.intra_bw);
 }
 
 // ---- the tuner file ---------------------------------------------------------

@@ -233,18 +233,21 @@ zpp_status_t zpp_tune_read_file(const char *path, zpp_link_model_t *m,
 /* ---- the model
  * --------------------------------------------------------------- */
 
-void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
+/* Node k's size: v[k], or with offs v[k + 1] - v[k] (a group's hoff). */
+#define SIZE_OF(k) (offs ? v[(k) + 1] - v[k] : v[k])
+
+static void shape_core(const int *v, int nodes, int offs, zpp_tune_shape_t *s) {
   int k, j;
   s->n = 0;
   s->nodes = nodes;
   s->smax = 0;
-  s->smin = nodes > 0 ? sizes[0] : 0;
+  s->smin = nodes > 0 ? SIZE_OF(0) : 0;
   for (k = 0; k < nodes; k++) {
-    s->n += sizes[k];
-    if (sizes[k] > s->smax)
-      s->smax = sizes[k];
-    if (sizes[k] < s->smin)
-      s->smin = sizes[k];
+    s->n += SIZE_OF(k);
+    if (SIZE_OF(k) > s->smax)
+      s->smax = SIZE_OF(k);
+    if (SIZE_OF(k) < s->smin)
+      s->smin = SIZE_OF(k);
   }
   /* The owner at position 0 of node k holds every member of local rank
    * l = 0, s_k, 2 s_k, ...: cnt(l) of them, the nodes with more than l
@@ -252,15 +255,21 @@ void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
   s->own_max = 1;
   for (k = 0; k < nodes; k++) {
     int own = 0, l;
-    if (sizes[k] < 1)
+    if (SIZE_OF(k) < 1)
       continue;
-    for (l = 0; l < s->smax; l += sizes[k])
+    for (l = 0; l < s->smax; l += SIZE_OF(k))
       for (j = 0; j < nodes; j++)
-        own += sizes[j] > l;
+        own += SIZE_OF(j) > l;
     if (own > s->own_max)
       s->own_max = own;
   }
   s->own_x = s->own_max - 1;
+}
+
+#undef SIZE_OF
+
+void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
+  shape_core(sizes, nodes, 0, s);
 }
 
 /* One transfer of `bytes` on a link: latency plus bytes over bandwidth. */
@@ -388,22 +397,7 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
 static const zpp_tune_shape_t *group_shape(zpp_tgroup_t *g) {
   if (!g->shape_ok) {
     zpp_tune_shape_t s;
-    int sizes[64] = {0},
-        *sz = g->nh <= 64 ? sizes : malloc((size_t)g->nh * sizeof *sz);
-    int k;
-    if (sz == NULL) { /* the owners' estimate without the per-node sizes */
-      s.n = g->size;
-      s.nodes = g->nh;
-      s.smax = s.smin = g->size / (g->nh > 0 ? g->nh : 1);
-      s.own_max = g->nh;
-      s.own_x = g->nh - 1;
-    } else {
-      for (k = 0; k < g->nh; k++)
-        sz[k] = g->hoff[k + 1] - g->hoff[k];
-      zpp_tune_shape_of(sz, g->nh, &s);
-      if (sz != sizes)
-        free(sz);
-    }
+    shape_core(g->hoff, g->nh, 1, &s);
     g->shape[0] = s.n;
     g->shape[1] = s.nodes;
     g->shape[2] = s.smax;
@@ -536,11 +530,8 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
 }
 
 static double median_of(const zpp_link_model_t *all, int n, size_t off,
-                        double def) {
-  double v[64], *x = n <= 64 ? v : malloc((size_t)n * sizeof *x), r;
+                        double def, double *x) {
   int k = 0, i, j;
-  if (x == NULL)
-    return def;
   for (i = 0; i < n; i++) {
     double d = *(const double *)((const char *)&all[i] + off);
     if (isnan(d))
@@ -550,14 +541,12 @@ static double median_of(const zpp_link_model_t *all, int n, size_t off,
     x[j] = d;
     k++;
   }
-  r = k > 0 ? x[(k - 1) / 2] : def;
-  if (x != v)
-    free(x);
-  return r;
+  return k > 0 ? x[(k - 1) / 2] : def;
 }
 
 void zpp_tune_agree(const zpp_link_model_t *all, int n,
-                    const zpp_link_model_t *def, zpp_link_model_t *out) {
+                    const zpp_link_model_t *def, double *scratch,
+                    zpp_link_model_t *out) {
   static const size_t offs[] = {offsetof(zpp_link_model_t, intra_lat_us),
                                 offsetof(zpp_link_model_t, intra_bw),
                                 offsetof(zpp_link_model_t, inter_lat_us),
@@ -568,6 +557,7 @@ void zpp_tune_agree(const zpp_link_model_t *all, int n,
   size_t i;
   *out = all[0];
   for (i = 0; i < sizeof offs / sizeof offs[0]; i++)
-    *(double *)((char *)out + offs[i]) = median_of(
-        all, n, offs[i], *(const double *)((const char *)def + offs[i]));
+    *(double *)((char *)out + offs[i]) =
+        median_of(all, n, offs[i],
+                  *(const double *)((const char *)def + offs[i]), scratch);
 }

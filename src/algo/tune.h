@@ -77,10 +77,13 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
 
 /* The agreed model: the median over the n ranks' records of each measured
- * constant (NaN: not measured, skipped; none measured: def's), the
- * forced choices of rank 0's. */
+ * constant (NaN: not measured, skipped; none measured: def's, which must
+ * be the same on every rank: rank 0's), the forced choices of rank 0's.
+ * scratch: n doubles, allocated by the caller before the exchange, so
+ * that no rank-local failure can make one rank's model differ. */
 void zpp_tune_agree(const zpp_link_model_t *all, int n,
-                    const zpp_link_model_t *def, zpp_link_model_t *out);
+                    const zpp_link_model_t *def, double *scratch,
+                    zpp_link_model_t *out);
 
 #ifdef __cplusplus
 }

@@ -392,6 +392,7 @@ typedef struct {
   int32_t status;
   char msg[ZPP_COMM_MSGLEN];
   zpp_link_model_t m;
+  zpp_link_model_t def; /* the constants a rank measures none of: rank 0's */
 } tune_rec_t;
 
 /* ZPP_ALGO=auto: the cost model's constants, the same on every rank.
@@ -405,8 +406,9 @@ typedef struct {
 static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
                                zpp_transport_t *t, int32_t probe,
                                zpp_status_t st, const char *func) {
-  zpp_link_model_t def;
+  zpp_link_model_t def, *ms;
   tune_rec_t mine, *all;
+  double *scratch;
   const char *file = zpp_setting("ZPP_TUNER_FILE");
   zpp_status_t xs;
   uint64_t hash;
@@ -419,6 +421,15 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
   }
   memset(&mine, 0, sizeof mine);
   mine.m = def;
+  mine.def = def;
+  /* everything the agreement needs, allocated before the exchange: a
+   * failure here is this rank's status, which every rank then sees */
+  all = malloc((size_t)bs->size * sizeof *all);
+  ms = malloc((size_t)bs->size * sizeof *ms);
+  scratch = malloc((size_t)bs->size * sizeof *scratch);
+  if (st == ZPP_OK && (ms == NULL || scratch == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement of %d ranks",
+                   bs->size);
   if (st == ZPP_OK && file[0] != '\0')
     st = zpp_tune_read_file(file, &mine.m, &hash, func);
   else if (st == ZPP_OK && t->backend != ZPP_BACKEND_NCCL &&
@@ -427,30 +438,31 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
     st = zpp_tune_probe(t, &mine.m);
   mine.status = st;
   zpp_comm_fill_msg(mine.msg, st);
-  all = malloc((size_t)bs->size * sizeof *all);
-  if (all == NULL)
+  if (all == NULL) {
+    /* Cannot take part: the others time out in the exchange. */
+    free(ms);
+    free(scratch);
     return st != ZPP_OK ? st
                         : zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
+  }
   xs = bs->allgather(bs->ctx, &mine, sizeof mine, all, timeout);
   if (xs != ZPP_OK) {
     free(all);
+    free(ms);
+    free(scratch);
     return st != ZPP_OK ? st : xs;
   }
   st = zpp_comm_first_failure(all, sizeof *all, offsetof(tune_rec_t, status),
                               offsetof(tune_rec_t, msg), bs->size, st, func);
   if (st == ZPP_OK) {
-    zpp_link_model_t *ms = malloc((size_t)bs->size * sizeof *ms);
     int r;
-    if (ms == NULL) {
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
-    } else {
-      for (r = 0; r < bs->size; r++)
-        ms[r] = all[r].m;
-      zpp_tune_agree(ms, bs->size, &def, &t->model);
-      free(ms);
-    }
+    for (r = 0; r < bs->size; r++)
+      ms[r] = all[r].m;
+    zpp_tune_agree(ms, bs->size, &all[0].def, scratch, &t->model);
   }
   free(all);
+  free(ms);
+  free(scratch);
   if (st == ZPP_OK)
     ZPP_INFO(ZPP_SUBSYS_NET, "algorithm auto (%s, %.2f ms): intra %.3g us "
              "%.3g Gbit/s, inter %.3g us %.3g Gbit/s, round %.3g us, "
