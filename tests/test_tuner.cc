@@ -342,6 +342,20 @@ Layout GetLayout() {
 
 const size_t kCounts[] = {1, 7, 1000, 4096, 65536};
 
+// Creation (with the probe where it runs) leaves every counter at zero:
+// the first Auto test, before any collective.
+TEST(Auto, StatsAreZeroAfterCreation) {
+  zpp_comm_stats_t s = ZPP_COMM_STATS_INIT;
+  ASSERT_EQ(zpp_comm_get_stats(g_comm, &s), ZPP_OK);
+  EXPECT_EQ(s.intra_bytes_sent, 0u);
+  EXPECT_EQ(s.intra_bytes_recv, 0u);
+  EXPECT_EQ(s.inter_bytes_sent, 0u);
+  EXPECT_EQ(s.inter_bytes_recv, 0u);
+  for (int g = 0; g < ZPP_NGROUPS; g++)
+    EXPECT_EQ(s.calls[g], 0u) << "group " << g;
+  EXPECT_EQ(s.emu_wait_s, 0.0);
+}
+
 TEST(Auto, EveryRankChoosesAlike) {
   zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
   ASSERT_EQ(zpp_comm_algorithm(g_comm, &al), ZPP_OK);

@@ -22,6 +22,7 @@ if(ZPP_WITH_MPI_ENABLED)
              "uneven_3_1|4|ZPP_TOPO=0,0,0,1"
              "2x4_emu|8|ZPP_TOPO=2x4,ZPP_EMU_INTER_GBIT=0.4,ZPP_EMU_INTER_LAT_US=200"
              "2x4_probe|8|ZPP_TOPO=2x4,ZPP_TUNER_PROBE=1"
+             "2x4_emu_probe|8|ZPP_TOPO=2x4,ZPP_TUNER_PROBE=1,ZPP_EMU_INTER_GBIT=2,ZPP_EMU_INTER_LAT_US=50"
              "uneven_3_1_probe|4|ZPP_TOPO=0,0,0,1,ZPP_TUNER_PROBE=1"
              "2x4_file_slow|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/slow_link.txt"
              "2x4_force_hier|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/force_hier.txt,ZPP_TEST_TUNER_EXPECT=hier"

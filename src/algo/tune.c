@@ -507,7 +507,7 @@ static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g,
 
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   uint_fast64_t sent[ZPP_NLINKCLASSES], recv[ZPP_NLINKCLASSES],
-      calls[ZPP_NGROUPS];
+      calls[ZPP_NGROUPS], emu_wait = atomic_load(&t->emu_wait_ns);
   zpp_status_t st;
   int i;
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
@@ -526,6 +526,7 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   }
   for (i = 0; i < ZPP_NGROUPS; i++)
     atomic_store(&t->calls[i], calls[i]);
+  atomic_store(&t->emu_wait_ns, emu_wait);
   return st;
 }
 

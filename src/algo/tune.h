@@ -73,7 +73,8 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
 /* Measures the links of t (a host backend) with a few small all-gathers
  * on the CROSS and NODE groups, every rank alike, and writes what it
  * measured into m (fields it could not measure: NaN).  Bounded by the
- * timeout; the counters are left as they were. */
+ * timeout; the counters (bytes, calls, emulated waits) are left as they
+ * were. */
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
 
 /* The agreed model: the median over the n ranks' records of each measured
