@@ -199,6 +199,34 @@ TEST(Model, ForcedChunksAreKept) {
   EXPECT_EQ(p.chunks_ag, 3);
 }
 
+// docs/bench/collectives.md's rows (2x4 emulated on 2 cores: 8 ranks on
+// one host of 2 cores, 16 MiB per rank bf16): at each link rate the model,
+// from the constants creation starts from, picks the family measured
+// faster.  all-gather: hier at 0.4 and 10 Gbit/s and unlimited;
+// reduce-scatter of 2 MiB shards: hier at 0.4 Gbit/s (51.9 vs 173.5 ms),
+// flat at 10 Gbit/s (20.8 vs 23.8 ms) and unlimited (18.3 vs 27.4 ms).
+TEST(Model, EmulatedBenchRowsPickTheMeasuredFaster) {
+  int sizes[2] = {4, 4};
+  zpp_tune_shape_t s;
+  zpp_tune_shape_of(sizes, 2, &s);
+  const struct {
+    double gbit;
+    int ag_hier, rs_hier;
+  } rows[] = {{0.4, 1, 1}, {10, 1, 0}, {0, 1, 0}};
+  for (const auto &r : rows) {
+    zpp_link_model_t m;
+    zpp_tune_pick_t p;
+    zpp_tune_start(&m, 1, r.gbit > 0, r.gbit, 0.0, 8, 2);
+    EXPECT_EQ(m.cpu, 4.0);
+    zpp_tune_predict(&m, &s, ZPP_TUNE_AG, 16777216.0, 1, 1, 1, &p);
+    EXPECT_EQ(p.hier, r.ag_hier) << r.gbit << " Gbit/s all-gather: flat "
+                                 << p.flat_us << " us, hier " << p.hier_us;
+    zpp_tune_predict(&m, &s, ZPP_TUNE_RS, 2097152.0, 2, 2, 1, &p);
+    EXPECT_EQ(p.hier, r.rs_hier) << r.gbit << " Gbit/s reduce-scatter: flat "
+                                 << p.flat_us << " us, hier " << p.hier_us;
+  }
+}
+
 // The median of every rank's measurements, NaN (not measured) skipped.
 TEST(Model, AgreementIsTheMedian) {
   zpp_link_model_t def, all[4], out;

@@ -39,6 +39,18 @@ void zpp_tune_defaults(zpp_link_model_t *m, int shared_path) {
   }
 }
 
+void zpp_tune_start(zpp_link_model_t *m, int topo_emulated, int emu_on,
+                    double emu_gbit, double emu_lat_us, int host_ranks,
+                    int cores) {
+  zpp_tune_defaults(m, topo_emulated && emu_gbit <= 0);
+  if (emu_on) {
+    m->inter_lat_us = m->intra_lat_us + emu_lat_us;
+    if (emu_gbit > 0)
+      m->inter_bw = emu_gbit * GBIT_TO_BPUS;
+  }
+  m->cpu = cores > 0 && host_ranks > cores ? (double)host_ranks / cores : 1.0;
+}
+
 /* ---- the tuner file --------------------------------------------------------
  */
 
@@ -72,6 +84,7 @@ static const struct {
     {"msg_us", K_NUM, offsetof(zpp_link_model_t, msg_us), 1, 0},
     {"reduce_gbit", K_NUM, offsetof(zpp_link_model_t, reduce_bw), GBIT_TO_BPUS,
      1},
+    {"ranks_per_core", K_NUM, offsetof(zpp_link_model_t, cpu), 1, 0},
     {"shared_path", K_BOOL, 0, 0, 0},
     {"allgather", K_ALGO, 0, 0, 0},
     {"reduce_scatter", K_ALGO, 1, 0, 0},
@@ -366,9 +379,20 @@ static double best_chunks(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
   return best;
 }
 
-void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
+void zpp_tune_predict(const zpp_link_model_t *m0, const zpp_tune_shape_t *s,
                       int coll, double bytes, int esize, int psize, int rings,
                       zpp_tune_pick_t *out) {
+  /* ranks sharing a core share its time and its memory bandwidth: the
+   * costs the CPU pays grow by cpu, the memory paths' rates shrink by it
+   * (an emulated link that is shared memory too) */
+  zpp_link_model_t cm = *m0, *m = &cm;
+  double cpu = m0->cpu > 1 ? m0->cpu : 1;
+  cm.round_us *= cpu;
+  cm.msg_us *= cpu;
+  cm.reduce_bw /= cpu;
+  cm.intra_bw /= cpu;
+  if (cm.shared_path && cm.inter_bw > cm.intra_bw)
+    cm.inter_bw = cm.intra_bw;
   double pf = esize > 0 ? (double)psize / esize : 1.0;
   int applies = s->nodes > 1 && s->nodes < s->n;
   memset(out, 0, sizeof *out);
@@ -554,7 +578,8 @@ void zpp_tune_agree(const zpp_link_model_t *all, int n,
                                 offsetof(zpp_link_model_t, inter_bw),
                                 offsetof(zpp_link_model_t, round_us),
                                 offsetof(zpp_link_model_t, msg_us),
-                                offsetof(zpp_link_model_t, reduce_bw)};
+                                offsetof(zpp_link_model_t, reduce_bw),
+                                offsetof(zpp_link_model_t, cpu)};
   size_t i;
   *out = all[0];
   for (i = 0; i < sizeof offs / sizeof offs[0]; i++)

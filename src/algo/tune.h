@@ -43,6 +43,14 @@ typedef struct {
  * topology), else a 10 Gbit/s network between nodes. */
 void zpp_tune_defaults(zpp_link_model_t *m, int shared_path);
 
+/* The constants a rank starts from before the tuner file or the probe:
+ * the defaults (shared_path for an emulated topology without a slowed
+ * link), the emulated link's rate and latency when emu_on (gbit <= 0:
+ * not slowed), and cpu = host_ranks / cores (at least 1). */
+void zpp_tune_start(zpp_link_model_t *m, int topo_emulated, int emu_on,
+                    double emu_gbit, double emu_lat_us, int host_ranks,
+                    int cores);
+
 /* Parses a tuner file's text (docs/design.md gives the format) over *m;
  * errors (ZPP_ERR_IO) name `path`, the line and the key. */
 zpp_status_t zpp_tune_parse(const char *path, const char *text,

@@ -405,7 +405,8 @@ typedef struct {
  * happen. */
 static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
                                zpp_transport_t *t, int32_t probe,
-                               zpp_status_t st, const char *func) {
+                               int host_ranks, zpp_status_t st,
+                               const char *func) {
   zpp_link_model_t def, *ms;
   tune_rec_t mine, *all;
   double *scratch;
@@ -413,12 +414,8 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
   zpp_status_t xs;
   uint64_t hash;
   int64_t t0 = zpp_time_ns();
-  zpp_tune_defaults(&def, t->topo->emulated && t->emu_gbit <= 0);
-  if (t->emu_on) {
-    def.inter_lat_us = def.intra_lat_us + t->emu_lat_us;
-    if (t->emu_gbit > 0)
-      def.inter_bw = t->emu_gbit * 125.0;
-  }
+  zpp_tune_start(&def, t->topo->emulated, t->emu_on, t->emu_gbit, t->emu_lat_us,
+                 host_ranks, (int)sysconf(_SC_NPROCESSORS_ONLN));
   memset(&mine, 0, sizeof mine);
   mine.m = def;
   mine.def = def;
@@ -464,14 +461,15 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
   free(ms);
   free(scratch);
   if (st == ZPP_OK)
-    ZPP_INFO(ZPP_SUBSYS_NET, "algorithm auto (%s, %.2f ms): intra %.3g us "
+    ZPP_INFO(ZPP_SUBSYS_NET,
+             "algorithm auto (%s, %.2f ms): intra %.3g us "
              "%.3g Gbit/s, inter %.3g us %.3g Gbit/s, round %.3g us, "
-             "message %.3g us, sum %.3g Gbit/s%s",
+             "message %.3g us, sum %.3g Gbit/s, %.3g ranks per core%s",
              file[0] ? file : "defaults and probe",
              (double)(zpp_time_ns() - t0) / 1e6, t->model.intra_lat_us,
              t->model.intra_bw / 125.0, t->model.inter_lat_us,
              t->model.inter_bw / 125.0, t->model.round_us, t->model.msg_us,
-             t->model.reduce_bw / 125.0,
+             t->model.reduce_bw / 125.0, t->model.cpu,
              t->model.shared_path ? ", one shared path" : "");
   return st;
 }
@@ -927,9 +925,14 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = cr->mpi_transport(c->tr, cr->state, c->cuda_device);
   }
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
-  if (algo == ZPP_ALGORITHM_AUTO)
-    ZPP_CHECK_GOTO(tune_model(bs, timeout, c->tr, probe, ZPP_OK, func), st,
-                   err_tr);
+  if (algo == ZPP_ALGORITHM_AUTO) {
+    int host_ranks = 0; /* ranks on this real machine: they share its cores */
+    for (r = 0; r < size; r++)
+      host_ranks += rec[r].key == rec[rank].key;
+    ZPP_CHECK_GOTO(
+        tune_model(bs, timeout, c->tr, probe, host_ranks, ZPP_OK, func), st,
+        err_tr);
+  }
 
   c->creator = cr->state;
   c->release = cr->release;
