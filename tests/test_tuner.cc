@@ -471,6 +471,47 @@ TEST(Auto, EveryRankChoosesAlike) {
   }
 }
 
+extern "C" int zpp_test_op_hier_chunks(const zpp_xop_t *op); // tuner_whitebox.c
+
+// White box: the chunks the hierarchical op runs (op->hc, read after it
+// completed) are the ones zpp_comm_choose_algorithm answers (the model's
+// unless ZPP_HIER_CHUNK is set), for the all-gather and the reduce-scatter.
+TEST(Auto, TheOpRunsTheChosenChunks) {
+  Layout l = GetLayout();
+  if (!l.applies())
+    GTEST_SKIP() << "one node or one rank per node";
+  zpp_transport_t *t = g_comm->tr;
+  int hier_seen = 0;
+  for (size_t count = 4096; count <= (size_t(1) << 21); count *= 4) {
+    for (int coll = 0; coll < 2; coll++) {
+      zpp_algorithm_t a = ZPP_ALGORITHM_DEFAULT;
+      int chunks = -1;
+      ASSERT_EQ(zpp_comm_choose_algorithm(g_comm, (zpp_algo_coll_t)coll, count,
+                                          ZPP_FLOAT32, &a, &chunks),
+                ZPP_OK);
+      std::vector<float> in(count * g_size, 1.0f), out(count * g_size);
+      zpp_xop_t *op = nullptr;
+      zpp_status_t st =
+          coll == 0
+              ? start_allgather(t, ZPP_GROUP_WORLD, in.data(), count * 4,
+                                out.data(), ZPP_MEMORY_HOST, nullptr, &op)
+              : start_reduce_scatter(t, ZPP_GROUP_WORLD, in.data(), out.data(),
+                                     count, ZPP_FLOAT32, ZPP_REDUCE_SUM,
+                                     ZPP_MEMORY_HOST, nullptr, &op);
+      ASSERT_EQ(st, ZPP_OK) << zpp_get_last_error();
+      ASSERT_EQ(xop_wait(t, op), ZPP_OK) << zpp_get_last_error();
+      if (a == ZPP_ALGORITHM_HIER) {
+        hier_seen++;
+        EXPECT_EQ(zpp_test_op_hier_chunks(op), chunks)
+            << "coll " << coll << ", count " << count;
+      }
+      zpp_xop_free(op);
+    }
+  }
+  if (g_rank == 0)
+    std::printf("[ chunks ] %d hierarchical calls checked\n", hier_seen);
+}
+
 uint64_t WorldSum(uint64_t v) {
   uint64_t s = 0;
   MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);

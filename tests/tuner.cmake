@@ -4,7 +4,7 @@
 # (a bad tuner file, ZPP_ALGO or ZPP_TUNER_FILE that differ between ranks).
 # tests/CMakeLists.txt includes this.
 if(ZPP_WITH_MPI_ENABLED)
-  add_executable(test_tuner test_tuner.cc)
+  add_executable(test_tuner test_tuner.cc tuner_whitebox.c)
   target_link_libraries(test_tuner PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   target_include_directories(test_tuner PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_tuner PRIVATE
