@@ -445,6 +445,13 @@ TEST(Auto, EveryRankChoosesAlike) {
         if (predict) { // the answer is the model's at the agreed constants
           zpp_tune_pick_t p;
           int es = (int)zpp_dtype_size(dt);
+          if (const char *hc = std::getenv("ZPP_HIER_CHUNK"); hc && *hc) {
+            // the count hier.c runs: of the block, shard or all-reduce shard
+            size_t part = (coll == 2 ? (c + g_size - 1) / g_size : c) * es,
+                   h = std::strtoull(hc, nullptr, 10);
+            size_t k = h == 0 || part <= h ? 1 : (part + h - 1) / h;
+            model.chunks = k > 8 ? 8 : (int)k;
+          }
           zpp_tune_predict(
               &model, &shape, coll, (double)(c * es), coll == 0 ? 1 : es,
               dt == ZPP_FLOAT16 && coll != 0 ? 4 : (coll == 0 ? 1 : es), 1, &p);

@@ -25,6 +25,7 @@ if(ZPP_WITH_MPI_ENABLED)
              "2x4_emu_probe|8|ZPP_TOPO=2x4,ZPP_TUNER_PROBE=1,ZPP_EMU_INTER_GBIT=2,ZPP_EMU_INTER_LAT_US=50"
              "uneven_3_1_probe|4|ZPP_TOPO=0,0,0,1,ZPP_TUNER_PROBE=1"
              "2x4_file_slow|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/slow_link.txt"
+             "2x4_chunk|8|ZPP_TOPO=2x4,ZPP_EMU_INTER_GBIT=10,ZPP_HIER_CHUNK=4096"
              "2x4_force_hier|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/force_hier.txt,ZPP_TEST_TUNER_EXPECT=hier"
              "uneven_3_1_force_hier|4|ZPP_TOPO=0,0,0,1,ZPP_TUNER_FILE=${_tf}/force_hier.txt,ZPP_TEST_TUNER_EXPECT=hier"
              "2x2_force_flat|4|ZPP_TOPO=2x2,ZPP_TUNER_FILE=${_tf}/force_flat.txt,ZPP_TEST_TUNER_EXPECT=flat")

@@ -449,8 +449,24 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
   es = coll == ZPP_TUNE_AG ? 1 : (int)zpp_dtype_size(dtype);
   ps = dtype == ZPP_FLOAT16 && coll != ZPP_TUNE_AG ? 4 : es;
   /* the rings the ring all-gather really runs on this group */
-  zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es,
-                   ps, zpp_algo_ring_channels(t, gr), &p);
+  if (t->hier_chunk_set) {
+    /* ZPP_HIER_CHUNK: price the chunks hier.c will run (per part: the
+     * block, the shard, or the all-reduce's shard of the buffer) */
+    zpp_link_model_t m = t->model;
+    size_t part = coll == ZPP_TUNE_AR
+                      ? (bytes / (size_t)es + (size_t)gr->size - 1) /
+                            (size_t)gr->size * (size_t)es
+                      : bytes;
+    size_t k = t->hier_chunk == 0 || part <= t->hier_chunk
+                   ? 1
+                   : (part + t->hier_chunk - 1) / t->hier_chunk;
+    m.chunks = k > 8 ? 8 : (int)k;
+    zpp_tune_predict(&m, group_shape(&t->grp[g]), coll, (double)bytes, es, ps,
+                     zpp_algo_ring_channels(t, gr), &p);
+  } else {
+    zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes,
+                     es, ps, zpp_algo_ring_channels(t, gr), &p);
+  }
   f = t->model.force[coll];
   *hier = f != 0 ? f == ZPP_ALGORITHM_HIER : p.hier;
   if (*hier && !t->hier_chunk_set) {
