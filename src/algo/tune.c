@@ -125,6 +125,12 @@ static zpp_status_t parse_value(const char *path, int line, size_t k,
   }
   errno = 0;
   d = strtod(v, &end);
+  if (v[0] != '\0' && *end == '\0' && errno == ERANGE)
+    return zpp_error(ZPP_ERR_IO, func,
+                     "ZPP_TUNER_FILE %s line %d: key %s: \"%s\" is out of "
+                     "range (%s)",
+                     path, line, keys[k].key, v,
+                     fabs(d) < 1 ? "underflows" : "overflows");
   if (v[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(d))
     return zpp_error(ZPP_ERR_IO, func,
                      "ZPP_TUNER_FILE %s line %d: key %s: \"%s\" is not a "
@@ -152,6 +158,13 @@ static zpp_status_t parse_value(const char *path, int line, size_t k,
                        "ZPP_TUNER_FILE %s line %d: key %s: %s must be %s 0",
                        path, line, keys[k].key, v,
                        keys[k].positive ? ">" : ">=");
+    /* rates in [1e-3, 1e6] Gbit/s, times (and ranks per core) at most 1e6:
+     * every sum and product of the model stays finite */
+    if (keys[k].positive ? !(d >= 1e-3 && d <= 1e6) : !(d <= 1e6))
+      return zpp_error(ZPP_ERR_IO, func,
+                       "ZPP_TUNER_FILE %s line %d: key %s: %s must be in %s",
+                       path, line, keys[k].key, v,
+                       keys[k].positive ? "[1e-3, 1e6]" : "[0, 1e6]");
     *(double *)((char *)m + keys[k].off) = d * keys[k].scale;
     return ZPP_OK;
   }
