@@ -1665,10 +1665,18 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     }
     if (ctx.algo_auto) { /* the check's reference follows each size's choice */
       zpp_algorithm_t a = ZPP_ALGORITHM_FLAT;
-      zpp_comm_choose_algorithm(comm, coll == &zpp_bench_allgather
-                                          ? ZPP_ALGO_COLL_ALLGATHER
-                                          : ZPP_ALGO_COLL_REDUCE_SCATTER,
-                                count, o->dtype, &a, NULL);
+      zpp_status_t cs = zpp_comm_choose_algorithm(
+          comm,
+          coll == &zpp_bench_allgather ? ZPP_ALGO_COLL_ALLGATHER
+                                       : ZPP_ALGO_COLL_REDUCE_SCATTER,
+          count, o->dtype, &a, NULL);
+      if (cs != ZPP_OK) {
+        snprintf(error, sizeof error, "zpp_comm_choose_algorithm: %s",
+                 zpp_get_last_error());
+        zpp_bench_buf_free(&ctx, &in);
+        zpp_bench_buf_free(&ctx, &outb);
+        break;
+      }
       ctx.hier = a == ZPP_ALGORITHM_HIER;
     }
     {

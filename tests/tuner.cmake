@@ -4,7 +4,7 @@
 # (a bad tuner file, ZPP_ALGO or ZPP_TUNER_FILE that differ between ranks).
 # tests/CMakeLists.txt includes this.
 if(ZPP_WITH_MPI_ENABLED)
-  add_executable(test_tuner test_tuner.cc)
+  add_executable(test_tuner test_tuner.cc tuner_whitebox.c)
   target_link_libraries(test_tuner PRIVATE zpp_static GTest::gtest MPI::MPI_C)
   target_include_directories(test_tuner PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_tuner PRIVATE
@@ -22,8 +22,10 @@ if(ZPP_WITH_MPI_ENABLED)
              "uneven_3_1|4|ZPP_TOPO=0,0,0,1"
              "2x4_emu|8|ZPP_TOPO=2x4,ZPP_EMU_INTER_GBIT=0.4,ZPP_EMU_INTER_LAT_US=200"
              "2x4_probe|8|ZPP_TOPO=2x4,ZPP_TUNER_PROBE=1"
+             "2x4_emu_probe|8|ZPP_TOPO=2x4,ZPP_TUNER_PROBE=1,ZPP_EMU_INTER_GBIT=2,ZPP_EMU_INTER_LAT_US=50"
              "uneven_3_1_probe|4|ZPP_TOPO=0,0,0,1,ZPP_TUNER_PROBE=1"
              "2x4_file_slow|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/slow_link.txt"
+             "2x4_chunk|8|ZPP_TOPO=2x4,ZPP_EMU_INTER_GBIT=10,ZPP_HIER_CHUNK=4096"
              "2x4_force_hier|8|ZPP_TOPO=2x4,ZPP_TUNER_FILE=${_tf}/force_hier.txt,ZPP_TEST_TUNER_EXPECT=hier"
              "uneven_3_1_force_hier|4|ZPP_TOPO=0,0,0,1,ZPP_TUNER_FILE=${_tf}/force_hier.txt,ZPP_TEST_TUNER_EXPECT=hier"
              "2x2_force_flat|4|ZPP_TOPO=2x2,ZPP_TUNER_FILE=${_tf}/force_flat.txt,ZPP_TEST_TUNER_EXPECT=flat")
@@ -55,7 +57,8 @@ if(ZPP_WITH_MPI_ENABLED)
              "file_bad_one_rank|IO|ZPP_TUNER_FILE=${_tf}/force_hier.txt|ZPP_TUNER_FILE=${_tf}/bad_key.txt|line 3: unknown key \"inter_gbitt\""
              "file_absent|IO|ZPP_TUNER_FILE=${_tf}/absent.txt|ZPP_TUNER_FILE=${_tf}/absent.txt|absent.txt: No such file"
              "algo_invalid|INVALID|ZPP_ALGO=fastest|ZPP_ALGO=auto|ZPP_ALGO \"fastest\": must be auto, hier or flat"
-             "probe_mismatch|MISMATCH|ZPP_TUNER_PROBE=1|ZPP_TUNER_PROBE=0|ZPP_TUNER_PROBE: rank")
+             "probe_mismatch|MISMATCH|ZPP_TUNER_PROBE=1|ZPP_TUNER_PROBE=0|ZPP_TUNER_PROBE: rank"
+             "rings_mismatch|MISMATCH|ZPP_NET_RINGS=2|ZPP_NET_RINGS=1|ZPP_NET_RINGS: rank")
     string(REPLACE "|" ";" _f "${_l}")
     list(GET _f 0 _name)
     list(GET _f 1 _case)

@@ -427,8 +427,11 @@ typedef enum {
  * elements of `dtype` on the world group: ZPP_ALGORITHM_HIER or _FLAT (the
  * same answer on every rank, the one the call itself takes), and in
  * *chunks (may be NULL) the hierarchical pipeline's chunk count (0 when
- * flat).  A forced setting answers itself where the hierarchical
- * algorithms apply (several nodes, some with more than one rank). */
+ * flat; ZPP_ALGO_COLL_ALLREDUCE: the chunks of its reduce-scatter part).
+ * A forced setting answers itself where the hierarchical algorithms apply
+ * (several nodes, some with more than one rank).  On an NCCL communicator
+ * the answer is what the host algorithms would run; NCCL routes its
+ * collectives itself, so it says nothing of what NCCL runs. */
 ZPP_API zpp_status_t zpp_comm_choose_algorithm(zpp_comm_t comm,
                                                zpp_algo_coll_t coll,
                                                size_t count, zpp_dtype_t dtype,

@@ -7,6 +7,7 @@
 #include "algo/tune.h"
 
 #include "algo/algo.h"
+#include "algo/algo_impl.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
 
@@ -36,6 +37,18 @@ void zpp_tune_defaults(zpp_link_model_t *m, int shared_path) {
     m->inter_lat_us = 30.0;
     m->inter_bw = 10.0 * GBIT_TO_BPUS;
   }
+}
+
+void zpp_tune_start(zpp_link_model_t *m, int topo_emulated, int emu_on,
+                    double emu_gbit, double emu_lat_us, int host_ranks,
+                    int cores) {
+  zpp_tune_defaults(m, topo_emulated && emu_gbit <= 0);
+  if (emu_on) {
+    m->inter_lat_us = m->intra_lat_us + emu_lat_us;
+    if (emu_gbit > 0)
+      m->inter_bw = emu_gbit * GBIT_TO_BPUS;
+  }
+  m->cpu = cores > 0 && host_ranks > cores ? (double)host_ranks / cores : 1.0;
 }
 
 /* ---- the tuner file --------------------------------------------------------
@@ -71,6 +84,7 @@ static const struct {
     {"msg_us", K_NUM, offsetof(zpp_link_model_t, msg_us), 1, 0},
     {"reduce_gbit", K_NUM, offsetof(zpp_link_model_t, reduce_bw), GBIT_TO_BPUS,
      1},
+    {"ranks_per_core", K_NUM, offsetof(zpp_link_model_t, cpu), 1, 0},
     {"shared_path", K_BOOL, 0, 0, 0},
     {"allgather", K_ALGO, 0, 0, 0},
     {"reduce_scatter", K_ALGO, 1, 0, 0},
@@ -111,6 +125,12 @@ static zpp_status_t parse_value(const char *path, int line, size_t k,
   }
   errno = 0;
   d = strtod(v, &end);
+  if (v[0] != '\0' && *end == '\0' && errno == ERANGE)
+    return zpp_error(ZPP_ERR_IO, func,
+                     "ZPP_TUNER_FILE %s line %d: key %s: \"%s\" is out of "
+                     "range (%s)",
+                     path, line, keys[k].key, v,
+                     fabs(d) < 1 ? "underflows" : "overflows");
   if (v[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(d))
     return zpp_error(ZPP_ERR_IO, func,
                      "ZPP_TUNER_FILE %s line %d: key %s: \"%s\" is not a "
@@ -138,6 +158,13 @@ static zpp_status_t parse_value(const char *path, int line, size_t k,
                        "ZPP_TUNER_FILE %s line %d: key %s: %s must be %s 0",
                        path, line, keys[k].key, v,
                        keys[k].positive ? ">" : ">=");
+    /* rates in [1e-3, 1e6] Gbit/s, times (and ranks per core) at most 1e6:
+     * every sum and product of the model stays finite */
+    if (keys[k].positive ? !(d >= 1e-3 && d <= 1e6) : !(d <= 1e6))
+      return zpp_error(ZPP_ERR_IO, func,
+                       "ZPP_TUNER_FILE %s line %d: key %s: %s must be in %s",
+                       path, line, keys[k].key, v,
+                       keys[k].positive ? "[1e-3, 1e6]" : "[0, 1e6]");
     *(double *)((char *)m + keys[k].off) = d * keys[k].scale;
     return ZPP_OK;
   }
@@ -232,18 +259,21 @@ zpp_status_t zpp_tune_read_file(const char *path, zpp_link_model_t *m,
 /* ---- the model
  * --------------------------------------------------------------- */
 
-void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
+/* Node k's size: v[k], or with offs v[k + 1] - v[k] (a group's hoff). */
+#define SIZE_OF(k) (offs ? v[(k) + 1] - v[k] : v[k])
+
+static void shape_core(const int *v, int nodes, int offs, zpp_tune_shape_t *s) {
   int k, j;
   s->n = 0;
   s->nodes = nodes;
   s->smax = 0;
-  s->smin = nodes > 0 ? sizes[0] : 0;
+  s->smin = nodes > 0 ? SIZE_OF(0) : 0;
   for (k = 0; k < nodes; k++) {
-    s->n += sizes[k];
-    if (sizes[k] > s->smax)
-      s->smax = sizes[k];
-    if (sizes[k] < s->smin)
-      s->smin = sizes[k];
+    s->n += SIZE_OF(k);
+    if (SIZE_OF(k) > s->smax)
+      s->smax = SIZE_OF(k);
+    if (SIZE_OF(k) < s->smin)
+      s->smin = SIZE_OF(k);
   }
   /* The owner at position 0 of node k holds every member of local rank
    * l = 0, s_k, 2 s_k, ...: cnt(l) of them, the nodes with more than l
@@ -251,15 +281,21 @@ void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
   s->own_max = 1;
   for (k = 0; k < nodes; k++) {
     int own = 0, l;
-    if (sizes[k] < 1)
+    if (SIZE_OF(k) < 1)
       continue;
-    for (l = 0; l < s->smax; l += sizes[k])
+    for (l = 0; l < s->smax; l += SIZE_OF(k))
       for (j = 0; j < nodes; j++)
-        own += sizes[j] > l;
+        own += SIZE_OF(j) > l;
     if (own > s->own_max)
       s->own_max = own;
   }
   s->own_x = s->own_max - 1;
+}
+
+#undef SIZE_OF
+
+void zpp_tune_shape_of(const int *sizes, int nodes, zpp_tune_shape_t *s) {
+  shape_core(sizes, nodes, 0, s);
 }
 
 /* One transfer of `bytes` on a link: latency plus bytes over bandwidth. */
@@ -356,9 +392,20 @@ static double best_chunks(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
   return best;
 }
 
-void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
+void zpp_tune_predict(const zpp_link_model_t *m0, const zpp_tune_shape_t *s,
                       int coll, double bytes, int esize, int psize, int rings,
                       zpp_tune_pick_t *out) {
+  /* ranks sharing a core share its time and its memory bandwidth: the
+   * costs the CPU pays grow by cpu, the memory paths' rates shrink by it
+   * (an emulated link that is shared memory too) */
+  zpp_link_model_t cm = *m0, *m = &cm;
+  double cpu = m0->cpu > 1 ? m0->cpu : 1;
+  cm.round_us *= cpu;
+  cm.msg_us *= cpu;
+  cm.reduce_bw /= cpu;
+  cm.intra_bw /= cpu;
+  if (cm.shared_path && cm.inter_bw > cm.intra_bw)
+    cm.inter_bw = cm.intra_bw;
   double pf = esize > 0 ? (double)psize / esize : 1.0;
   int applies = s->nodes > 1 && s->nodes < s->n;
   memset(out, 0, sizeof *out);
@@ -387,22 +434,7 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
 static const zpp_tune_shape_t *group_shape(zpp_tgroup_t *g) {
   if (!g->shape_ok) {
     zpp_tune_shape_t s;
-    int sizes[64] = {0},
-        *sz = g->nh <= 64 ? sizes : malloc((size_t)g->nh * sizeof *sz);
-    int k;
-    if (sz == NULL) { /* the owners' estimate without the per-node sizes */
-      s.n = g->size;
-      s.nodes = g->nh;
-      s.smax = s.smin = g->size / (g->nh > 0 ? g->nh : 1);
-      s.own_max = g->nh;
-      s.own_x = g->nh - 1;
-    } else {
-      for (k = 0; k < g->nh; k++)
-        sz[k] = g->hoff[k + 1] - g->hoff[k];
-      zpp_tune_shape_of(sz, g->nh, &s);
-      if (sz != sizes)
-        free(sz);
-    }
+    shape_core(g->hoff, g->nh, 1, &s);
     g->shape[0] = s.n;
     g->shape[1] = s.nodes;
     g->shape[2] = s.smax;
@@ -429,8 +461,25 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
   }
   es = coll == ZPP_TUNE_AG ? 1 : (int)zpp_dtype_size(dtype);
   ps = dtype == ZPP_FLOAT16 && coll != ZPP_TUNE_AG ? 4 : es;
-  zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes, es,
-                   ps, t->rings, &p);
+  /* the rings the ring all-gather really runs on this group */
+  if (t->hier_chunk_set) {
+    /* ZPP_HIER_CHUNK: price the chunks hier.c will run (per part: the
+     * block, the shard, or the all-reduce's shard of the buffer) */
+    zpp_link_model_t m = t->model;
+    size_t part = coll == ZPP_TUNE_AR
+                      ? (bytes / (size_t)es + (size_t)gr->size - 1) /
+                            (size_t)gr->size * (size_t)es
+                      : bytes;
+    size_t k = t->hier_chunk == 0 || part <= t->hier_chunk
+                   ? 1
+                   : (part + t->hier_chunk - 1) / t->hier_chunk;
+    m.chunks = k > 8 ? 8 : (int)k;
+    zpp_tune_predict(&m, group_shape(&t->grp[g]), coll, (double)bytes, es, ps,
+                     zpp_algo_ring_channels(t, gr), &p);
+  } else {
+    zpp_tune_predict(&t->model, group_shape(&t->grp[g]), coll, (double)bytes,
+                     es, ps, zpp_algo_ring_channels(t, gr), &p);
+  }
   f = t->model.force[coll];
   *hier = f != 0 ? f == ZPP_ALGORITHM_HIER : p.hier;
   if (*hier && !t->hier_chunk_set) {
@@ -511,7 +560,7 @@ static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g,
 
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   uint_fast64_t sent[ZPP_NLINKCLASSES], recv[ZPP_NLINKCLASSES],
-      calls[ZPP_NGROUPS];
+      calls[ZPP_NGROUPS], emu_wait = atomic_load(&t->emu_wait_ns);
   zpp_status_t st;
   int i;
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
@@ -530,15 +579,13 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   }
   for (i = 0; i < ZPP_NGROUPS; i++)
     atomic_store(&t->calls[i], calls[i]);
+  atomic_store(&t->emu_wait_ns, emu_wait);
   return st;
 }
 
 static double median_of(const zpp_link_model_t *all, int n, size_t off,
-                        double def) {
-  double v[64], *x = n <= 64 ? v : malloc((size_t)n * sizeof *x), r;
+                        double def, double *x) {
   int k = 0, i, j;
-  if (x == NULL)
-    return def;
   for (i = 0; i < n; i++) {
     double d = *(const double *)((const char *)&all[i] + off);
     if (isnan(d))
@@ -548,24 +595,24 @@ static double median_of(const zpp_link_model_t *all, int n, size_t off,
     x[j] = d;
     k++;
   }
-  r = k > 0 ? x[(k - 1) / 2] : def;
-  if (x != v)
-    free(x);
-  return r;
+  return k > 0 ? x[(k - 1) / 2] : def;
 }
 
 void zpp_tune_agree(const zpp_link_model_t *all, int n,
-                    const zpp_link_model_t *def, zpp_link_model_t *out) {
+                    const zpp_link_model_t *def, double *scratch,
+                    zpp_link_model_t *out) {
   static const size_t offs[] = {offsetof(zpp_link_model_t, intra_lat_us),
                                 offsetof(zpp_link_model_t, intra_bw),
                                 offsetof(zpp_link_model_t, inter_lat_us),
                                 offsetof(zpp_link_model_t, inter_bw),
                                 offsetof(zpp_link_model_t, round_us),
                                 offsetof(zpp_link_model_t, msg_us),
-                                offsetof(zpp_link_model_t, reduce_bw)};
+                                offsetof(zpp_link_model_t, reduce_bw),
+                                offsetof(zpp_link_model_t, cpu)};
   size_t i;
   *out = all[0];
   for (i = 0; i < sizeof offs / sizeof offs[0]; i++)
-    *(double *)((char *)out + offs[i]) = median_of(
-        all, n, offs[i], *(const double *)((const char *)def + offs[i]));
+    *(double *)((char *)out + offs[i]) =
+        median_of(all, n, offs[i],
+                  *(const double *)((const char *)def + offs[i]), scratch);
 }

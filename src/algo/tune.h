@@ -43,6 +43,14 @@ typedef struct {
  * topology), else a 10 Gbit/s network between nodes. */
 void zpp_tune_defaults(zpp_link_model_t *m, int shared_path);
 
+/* The constants a rank starts from before the tuner file or the probe:
+ * the defaults (shared_path for an emulated topology without a slowed
+ * link), the emulated link's rate and latency when emu_on (gbit <= 0:
+ * not slowed), and cpu = host_ranks / cores (at least 1). */
+void zpp_tune_start(zpp_link_model_t *m, int topo_emulated, int emu_on,
+                    double emu_gbit, double emu_lat_us, int host_ranks,
+                    int cores);
+
 /* Parses a tuner file's text (docs/design.md gives the format) over *m;
  * errors (ZPP_ERR_IO) name `path`, the line and the key. */
 zpp_status_t zpp_tune_parse(const char *path, const char *text,
@@ -73,14 +81,18 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
 /* Measures the links of t (a host backend) with a few small all-gathers
  * on the CROSS and NODE groups, every rank alike, and writes what it
  * measured into m (fields it could not measure: NaN).  Bounded by the
- * timeout; the counters are left as they were. */
+ * timeout; the counters (bytes, calls, emulated waits) are left as they
+ * were. */
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
 
 /* The agreed model: the median over the n ranks' records of each measured
- * constant (NaN: not measured, skipped; none measured: def's), the
- * forced choices of rank 0's. */
+ * constant (NaN: not measured, skipped; none measured: def's, which must
+ * be the same on every rank: rank 0's), the forced choices of rank 0's.
+ * scratch: n doubles, allocated by the caller before the exchange, so
+ * that no rank-local failure can make one rank's model differ. */
 void zpp_tune_agree(const zpp_link_model_t *all, int n,
-                    const zpp_link_model_t *def, zpp_link_model_t *out);
+                    const zpp_link_model_t *def, double *scratch,
+                    zpp_link_model_t *out);
 
 #ifdef __cplusplus
 }

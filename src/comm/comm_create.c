@@ -53,6 +53,7 @@ typedef struct {
                          peer that is gone or stopped) */
   int32_t pid;
   int32_t net_seg; /* ZPP_NET_SEGMENT as set (-1: unset): must match */
+  int32_t net_rings;    /* ZPP_NET_RINGS resolved: the model prices it */
   uint32_t rescue_ip;   /* zpp_comm_shrink's listener (shrink.c): the */
   uint32_t rescue_port; /* address other hosts reach it by; port 0: none */
   char host[ZPP_TOPO_HOST_LEN];
@@ -391,6 +392,7 @@ typedef struct {
   int32_t status;
   char msg[ZPP_COMM_MSGLEN];
   zpp_link_model_t m;
+  zpp_link_model_t def; /* the constants a rank measures none of: rank 0's */
 } tune_rec_t;
 
 /* ZPP_ALGO=auto: the cost model's constants, the same on every rank.
@@ -403,21 +405,28 @@ typedef struct {
  * happen. */
 static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
                                zpp_transport_t *t, int32_t probe,
-                               zpp_status_t st, const char *func) {
-  zpp_link_model_t def;
+                               int host_ranks, zpp_status_t st,
+                               const char *func) {
+  zpp_link_model_t def, *ms;
   tune_rec_t mine, *all;
+  double *scratch;
   const char *file = zpp_setting("ZPP_TUNER_FILE");
   zpp_status_t xs;
   uint64_t hash;
   int64_t t0 = zpp_time_ns();
-  zpp_tune_defaults(&def, t->topo->emulated && t->emu_gbit <= 0);
-  if (t->emu_on) {
-    def.inter_lat_us = def.intra_lat_us + t->emu_lat_us;
-    if (t->emu_gbit > 0)
-      def.inter_bw = t->emu_gbit * 125.0;
-  }
+  zpp_tune_start(&def, t->topo->emulated, t->emu_on, t->emu_gbit, t->emu_lat_us,
+                 host_ranks, (int)sysconf(_SC_NPROCESSORS_ONLN));
   memset(&mine, 0, sizeof mine);
   mine.m = def;
+  mine.def = def;
+  /* everything the agreement needs, allocated before the exchange: a
+   * failure here is this rank's status, which every rank then sees */
+  all = malloc((size_t)bs->size * sizeof *all);
+  ms = malloc((size_t)bs->size * sizeof *ms);
+  scratch = malloc((size_t)bs->size * sizeof *scratch);
+  if (st == ZPP_OK && (ms == NULL || scratch == NULL))
+    st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement of %d ranks",
+                   bs->size);
   if (st == ZPP_OK && file[0] != '\0')
     st = zpp_tune_read_file(file, &mine.m, &hash, func);
   else if (st == ZPP_OK && t->backend != ZPP_BACKEND_NCCL &&
@@ -426,39 +435,41 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
     st = zpp_tune_probe(t, &mine.m);
   mine.status = st;
   zpp_comm_fill_msg(mine.msg, st);
-  all = malloc((size_t)bs->size * sizeof *all);
-  if (all == NULL)
+  if (all == NULL) {
+    /* Cannot take part: the others time out in the exchange. */
+    free(ms);
+    free(scratch);
     return st != ZPP_OK ? st
                         : zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
+  }
   xs = bs->allgather(bs->ctx, &mine, sizeof mine, all, timeout);
   if (xs != ZPP_OK) {
     free(all);
+    free(ms);
+    free(scratch);
     return st != ZPP_OK ? st : xs;
   }
   st = zpp_comm_first_failure(all, sizeof *all, offsetof(tune_rec_t, status),
                               offsetof(tune_rec_t, msg), bs->size, st, func);
   if (st == ZPP_OK) {
-    zpp_link_model_t *ms = malloc((size_t)bs->size * sizeof *ms);
     int r;
-    if (ms == NULL) {
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement");
-    } else {
-      for (r = 0; r < bs->size; r++)
-        ms[r] = all[r].m;
-      zpp_tune_agree(ms, bs->size, &def, &t->model);
-      free(ms);
-    }
+    for (r = 0; r < bs->size; r++)
+      ms[r] = all[r].m;
+    zpp_tune_agree(ms, bs->size, &all[0].def, scratch, &t->model);
   }
   free(all);
+  free(ms);
+  free(scratch);
   if (st == ZPP_OK)
-    ZPP_INFO(ZPP_SUBSYS_NET, "algorithm auto (%s, %.2f ms): intra %.3g us "
+    ZPP_INFO(ZPP_SUBSYS_NET,
+             "algorithm auto (%s, %.2f ms): intra %.3g us "
              "%.3g Gbit/s, inter %.3g us %.3g Gbit/s, round %.3g us, "
-             "message %.3g us, sum %.3g Gbit/s%s",
+             "message %.3g us, sum %.3g Gbit/s, %.3g ranks per core%s",
              file[0] ? file : "defaults and probe",
              (double)(zpp_time_ns() - t0) / 1e6, t->model.intra_lat_us,
              t->model.intra_bw / 125.0, t->model.inter_lat_us,
              t->model.inter_bw / 125.0, t->model.round_us, t->model.msg_us,
-             t->model.reduce_bw / 125.0,
+             t->model.reduce_bw / 125.0, t->model.cpu,
              t->model.shared_path ? ", one shared path" : "");
   return st;
 }
@@ -624,7 +635,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
   zpp_algorithm_t algo = ZPP_ALGORITHM_AUTO;
-  long hier_chunk = 0, net_seg = -1;
+  long hier_chunk = 0, net_seg = -1, net_rings = 1;
   int32_t probe = -1;
   uint64_t tuner_hash = 0;
   int qgz_sum = 0, rescue_fd = -1;
@@ -683,6 +694,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                    "ZPP_NET_SEGMENT %ld: must be 0 (whole transfers) or in "
                    "[4096, 2^30] bytes (unset: %d on real inter-node links)",
                    net_seg, ZPP_NET_SEGMENT_AUTO);
+  /* as the transport resolves it (transport.c): out of range is 1 */
+  net_rings = zpp_setting_long("ZPP_NET_RINGS", 1);
+  if (net_rings < 1 || net_rings > 64)
+    net_rings = 1;
   /* Also after a failure here (a bad setting on this rank only): the
    * records are needed to take part in the first exchange, which tells
    * every rank of the failure instead of leaving them to time out in it
@@ -728,6 +743,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   mine.tuner_hash = tuner_hash;
   mine.qgz_sum = (int32_t)qgz_sum;
   mine.net_seg = (int32_t)net_seg;
+  mine.net_rings = (int32_t)net_rings;
   if (st == ZPP_OK)
     zpp_rescue_open(cr->tcp, &rescue_fd, &mine.rescue_ip, &rescue_port);
   mine.rescue_port = rescue_port;
@@ -842,6 +858,11 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
                      "ZPP_NET_SEGMENT: rank %d uses %d but rank %d %d (-1: "
                      "unset); set it alike on every rank",
                      rank, (int)mine.net_seg, r, (int)rec[r].net_seg);
+    else if (rec[r].net_rings != mine.net_rings)
+      st = zpp_error(ZPP_ERR_MISMATCH, func,
+                     "ZPP_NET_RINGS: rank %d uses %d but rank %d %d; set it "
+                     "alike on every rank",
+                     rank, (int)mine.net_rings, r, (int)rec[r].net_rings);
   }
   if (st == ZPP_OK)
     st = build_topo(rec, size, spec, c->boot_name, &topo);
@@ -904,9 +925,14 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     st = cr->mpi_transport(c->tr, cr->state, c->cuda_device);
   }
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
-  if (algo == ZPP_ALGORITHM_AUTO)
-    ZPP_CHECK_GOTO(tune_model(bs, timeout, c->tr, probe, ZPP_OK, func), st,
-                   err_tr);
+  if (algo == ZPP_ALGORITHM_AUTO) {
+    int host_ranks = 0; /* ranks on this real machine: they share its cores */
+    for (r = 0; r < size; r++)
+      host_ranks += rec[r].key == rec[rank].key;
+    ZPP_CHECK_GOTO(
+        tune_model(bs, timeout, c->tr, probe, host_ranks, ZPP_OK, func), st,
+        err_tr);
+  }
 
   c->creator = cr->state;
   c->release = cr->release;
