@@ -414,8 +414,9 @@ bool ExpectedModel(zpp_link_model_t *m) {
                  (int)sysconf(_SC_NPROCESSORS_ONLN));
   const char *file = std::getenv("ZPP_TUNER_FILE");
   uint64_t hash = 0;
-  if (file && *file)
+  if (file && *file) {
     EXPECT_EQ(zpp_tune_read_file(file, m, &hash, "test"), ZPP_OK);
+  }
   return true;
 }
 
@@ -470,8 +471,9 @@ TEST(Auto, EveryRankChoosesAlike) {
           EXPECT_EQ(a, p.hier ? ZPP_ALGORITHM_HIER : ZPP_ALGORITHM_FLAT)
               << "coll " << coll << " dtype " << dt << " count " << c
               << ": flat " << p.flat_us << " us, hier " << p.hier_us;
-          if (p.hier)
+          if (p.hier) {
             EXPECT_EQ(chunks, p.chunks) << "coll " << coll << " count " << c;
+          }
         }
         mine.push_back((int)a * 16 + chunks);
       }
