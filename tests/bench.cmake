@@ -116,6 +116,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
     --mca btl self,tcp --mca btl_tcp_if_include lo
     --mca oob_tcp_if_include lo --bind-to none)
   string(REPLACE ";" "|" _fake_mpi "${_fake_mpirun}")
+  set(_fake_env "ZPP_FAKE_NODE_DIR=${CMAKE_CURRENT_BINARY_DIR}/bench_fake_nodes")
   set(_peer_args -b 1K -e 4K -f 4 -n 2 -w 1 -c 1 --format csv)
   foreach(_coll allgather reducescatter)
     if(_coll STREQUAL "allgather")
@@ -131,7 +132,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
         "-DEXPECT_OUT=${_han}.*# mpi-best size 4096 \\(1 \\+ 2 calls each\\):.* -> [a-z_]+ \\(each run verified.*${_coll},mpi-best\\[[a-z_]+\\],4096,"
         -P ${_zpp_bench_check})
     set_tests_properties(bench_mpi_peers_${_coll}_2x2 PROPERTIES LABELS mpi
-      TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+      TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;${_fake_env}")
   endforeach()
   # The checker catches a spoiled element of the mpi-han and mpi-best rows
   # (the 13th column, wrong, of each).
@@ -144,7 +145,7 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
       "-DEXPECT_OUT=allgather,mpi-han,4096,${_w}.*allgather,mpi-best\\[[a-z_]+\\],4096,${_w}"
       -P ${_zpp_bench_check})
   set_tests_properties(bench_mpi_peers_corrupt_2x2 PROPERTIES LABELS mpi
-    TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+    TIMEOUT 60 ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1;${_fake_env}")
   # An algorithm that hands off to another is not run and says so: at 6
   # ranks recursive doubling hands off to bruck, and no row is named after
   # it.
