@@ -28,7 +28,7 @@
 # setting, zpp-bench's columns), OUT_DIR/cluster_study.md (tables, the
 # command above each) and OUT_DIR/cluster_study_time.png,
 # OUT_DIR/cluster_study_emu.png.  Needs root (exits 1 saying why if a
-# cluster cannot be made).  Run time: about 8 minutes on 2 cores, more when launches are
+# cluster cannot be made).  Run time: 30-40 minutes on 2 cores, more when launches are
 # discarded and run again.
 # Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
 # ZPP_CLUSTER_STUDY_EMU=0.
@@ -87,15 +87,23 @@ maxb=$(bytes_of "$maxbytes") && [ "$maxb" -ge $((64 << 10)) ] || {
   echo "$prog: ZPP_CLUSTER_STUDY_MAXBYTES '$maxbytes': must be an integer with an optional K, M or G suffix, at least 64K" >&2
   exit 2
 }
-# zpp-bench's sizes, 64 KiB x 4^k up to maxbytes, in up to three runs
-# ("-b B -e E -n N -w W" each): below 1 MiB small_iters timed iterations
-# after 5 untimed ones, 1-4 MiB mid_iters after 2 (one slow TCP recovery
-# among 5 moved a median by 2.8x there), from 16 MiB iters after 1.
+# zpp-bench's sizes, 64 KiB x 4^k up to maxbytes, one launch each ("-b S
+# -e S -n N -w W"): the ksoftirqd rule below is a total over a launch, and
+# a launch of two sizes with every tuned algorithm of mpi-best runs for
+# minutes, long enough for the waits of an ordinary launch to add up past
+# the limit.  Below 1 MiB small_iters timed iterations after 5 untimed
+# ones, 1-4 MiB mid_iters after 2 (one slow TCP recovery among 5 moved a
+# median by 2.8x there), from 16 MiB iters after 1.
 size_runs=()
-smallest() { [ "$maxb" -lt "$(bytes_of "$1")" ] && echo "$maxbytes" || echo "$1"; }
-size_runs+=("-b 64K -e $(smallest 256K) -n $small_iters -w 5")
-[ "$maxb" -ge $((1 << 20)) ] && size_runs+=("-b 1M -e $(smallest 4M) -n $mid_iters -w 2")
-[ "$maxb" -ge $((16 << 20)) ] && size_runs+=("-b 16M -e $maxbytes -n $iters -w 1")
+for ((sz = 64 << 10; sz <= maxb; sz *= 4)); do
+  if [ "$sz" -lt $((1 << 20)) ]; then
+    size_runs+=("-b $((sz >> 10))K -e $((sz >> 10))K -n $small_iters -w 5")
+  elif [ "$sz" -lt $((16 << 20)) ]; then
+    size_runs+=("-b $((sz >> 20))M -e $((sz >> 20))M -n $mid_iters -w 2")
+  else
+    size_runs+=("-b $((sz >> 20))M -e $((sz >> 20))M -n $iters -w 1")
+  fi
+done
 # mpi-han, mpi-best: Open MPI's HAN and the fastest of tuned's algorithms
 # per size (perf/bench_mpi_peers.c), beside its default selection (mpi).
 declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi,mpi-han,mpi-best [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi,mpi-han,mpi-best)
