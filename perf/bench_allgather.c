@@ -42,6 +42,13 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->flat = 1;
     return 0;
   }
+  if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
+          0 &&
+      strcmp(tok + strlen(zpp_dtype_name(dtype)), "-hier") == 0) {
+    v->kind = AG_BASE;
+    v->hier = 1;
+    return 0;
+  }
   if (strcmp(tok, "qwz8") == 0 || strcmp(tok, "qwz4") == 0) {
     v->kind = AG_QWZ;
     v->bits = tok[3] - '0';
@@ -57,9 +64,10 @@ static int ag_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   snprintf(err, errlen,
-           "must be %s (baseline), %s-flat, qwz8, qwz4, mpi, mpi-han or "
-           "mpi-best",
-           zpp_dtype_name(dtype), zpp_dtype_name(dtype));
+           "must be %s (baseline), %s-flat, %s-hier, qwz8, qwz4, mpi, "
+           "mpi-han or mpi-best",
+           zpp_dtype_name(dtype), zpp_dtype_name(dtype),
+           zpp_dtype_name(dtype));
   return -1;
 }
 
@@ -97,7 +105,7 @@ static zpp_status_t ag_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_quant_config_t q = ZPP_QUANT_CONFIG_INIT;
   if (c->v->kind == AG_BASE)
-    return zpp_allgather(c->v->flat ? ctx->comm_flat : ctx->comm, c->in->dev,
+    return zpp_allgather(zpp_bench_comm_of(ctx, c->v), c->in->dev,
                          c->out->dev, c->count, o->dtype, NULL, NULL);
   if (c->v->kind == AG_MPI)
     return zpp_bench_mpi_allgather(ctx, c, c->count * zpp_dtype_size(o->dtype));

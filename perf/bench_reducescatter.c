@@ -57,6 +57,13 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     v->flat = 1;
     return 0;
   }
+  if (strncmp(tok, zpp_dtype_name(dtype), strlen(zpp_dtype_name(dtype))) ==
+          0 &&
+      strcmp(tok + strlen(zpp_dtype_name(dtype)), "-hier") == 0) {
+    v->kind = RS_BASE;
+    v->hier = 1;
+    return 0;
+  }
   if (sscanf(tok, "qgz%d-%d%n", &a, &b, &n) == 2 && tok[n] == '\0' &&
       (bits_ok(a) || a == ZPP_QGZ_INTRA_RAW) && bits_ok(b)) {
     v->kind = RS_QGZ;
@@ -70,10 +77,11 @@ static int rs_parse_variant(const char *tok, zpp_dtype_t dtype,
     return 0;
   }
   snprintf(err, errlen,
-           "must be %s (baseline), %s-flat, qgz4, qgz8, qgzA-B with A in "
-           "{4, 8, 16} and B in {4, 8} (A bits inside the node, 16: not "
-           "quantized; B across nodes), mpi, mpi-han or mpi-best",
-           zpp_dtype_name(dtype), zpp_dtype_name(dtype));
+           "must be %s (baseline), %s-flat, %s-hier, qgz4, qgz8, qgzA-B "
+           "with A in {4, 8, 16} and B in {4, 8} (A bits inside the node, "
+           "16: not quantized; B across nodes), mpi, mpi-han or mpi-best",
+           zpp_dtype_name(dtype), zpp_dtype_name(dtype),
+           zpp_dtype_name(dtype));
   return -1;
 }
 
@@ -110,7 +118,7 @@ static zpp_status_t rs_run(const zpp_bench_ctx_t *ctx, zpp_bench_case_t *c) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_qgz_config_t q = ZPP_QGZ_CONFIG_INIT;
   if (c->v->kind == RS_BASE)
-    return zpp_reduce_scatter(c->v->flat ? ctx->comm_flat : ctx->comm,
+    return zpp_reduce_scatter(zpp_bench_comm_of(ctx, c->v),
                               c->in->dev, c->out->dev, c->count, o->dtype,
                               o->op, NULL, NULL);
   if (c->v->kind == RS_MPI)
@@ -132,7 +140,10 @@ static void rs_check_base(const zpp_bench_ctx_t *ctx, const zpp_bench_case_t *c,
                           size_t b0, size_t len, zpp_bench_check_t *chk) {
   const zpp_bench_opts_t *o = ctx->opt;
   size_t base = (size_t)ctx->rank * c->count, i;
-  int r, k, hier = ctx->hier && !c->v->flat;
+  int r, k;
+  int hier = c->v->flat   ? 0
+             : c->v->hier ? ctx->hier_capable
+                          : ctx->hier;
   for (i = 0; i < len; i++) {
     float acc = 0.0f;
     double ref = 0.0, want, got;

@@ -8,8 +8,10 @@
 #             (docs/bench/collectives.md, "Why 0.4 Gbit/s")
 #   400mbit   per node = 4 x 0.1 Gbit/s: 100 Gb Ethernet
 #   none      unshaped veth (what 2 shared cores move through TCP)
-# At each: zpp-bench all-gather (bf16, bf16-flat, qwz8, qwz4, Open MPI's
-# MPI_Allgather) and reduce-scatter (bf16, bf16-flat, qgz4, qgz8-4, qgz16-4
+# At each: zpp-bench all-gather (bf16 as ZPP_ALGO=auto chooses, bf16-flat
+# and bf16-hier (each of zpp's algorithms forced), qwz8, qwz4, Open MPI's
+# MPI_Allgather) and reduce-scatter (bf16, bf16-flat, bf16-hier, qgz4,
+# qgz8-4, qgz16-4
 # (bf16 inside the node, INT4 across), Open MPI's
 # MPI_Reduce_scatter_block), 64 KiB .. 16 MiB (x4): median and spread of
 # 50 timed iterations below 1 MiB (-w 5; one call takes milliseconds, and 5
@@ -106,7 +108,7 @@ for ((sz = 64 << 10; sz <= maxb; sz *= 4)); do
 done
 # mpi-han, mpi-best: Open MPI's HAN and the fastest of tuned's algorithms
 # per size (perf/bench_mpi_peers.c), beside its default selection (mpi).
-declare -A variants=([allgather]=bf16,bf16-flat,qwz8,qwz4,mpi,mpi-han,mpi-best [reducescatter]=bf16,bf16-flat,qgz4,qgz8-4,qgz16-4,mpi,mpi-han,mpi-best)
+declare -A variants=([allgather]=bf16,bf16-flat,bf16-hier,qwz8,qwz4,mpi,mpi-han,mpi-best [reducescatter]=bf16,bf16-flat,bf16-hier,qgz4,qgz8-4,qgz16-4,mpi,mpi-han,mpi-best)
 declare -A emu_variants=([allgather]=bf16,qwz8 [reducescatter]=bf16,qgz4)
 # zpp over its UCX backend on the same links (UCX's TCP between the nodes,
 # shared memory inside one): rows named ucx-<variant>.

@@ -883,6 +883,27 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
 
 /* Splits o->variants (or the default list) into parsed variants and puts
  * the baseline first when it is missing. */
+/* A second communicator of the job's ranks whose world all-gather and
+ * reduce-scatter run algorithm `algo` (the "-flat" / "-hier" baselines):
+ * over the job's bootstrap, or MPI_COMM_WORLD's.  Collective. */
+static zpp_status_t forced_comm(zpp_comm_t comm, const zpp_comm_config_t *cfg,
+                                zpp_algorithm_t algo, int rank,
+                                zpp_comm_t *out) {
+  zpp_comm_config_t fc = *cfg;
+  zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
+  zpp_status_t st;
+  fc.algorithm = algo;
+  st = g_env ? zpp_comm_get_bootstrap(comm, &bs) : ZPP_OK;
+  if (st == ZPP_OK)
+    st = g_env ? zpp_comm_create(&bs, &fc, out)
+               : zpp_comm_create_mpi(MPI_COMM_WORLD, &fc, out);
+  if (st != ZPP_OK)
+    fprintf(stderr, "zpp-bench: rank %d: the %s communicator: %s: %s\n", rank,
+            algo == ZPP_ALGORITHM_HIER ? "hierarchical" : "flat",
+            zpp_status_string(st), zpp_get_last_error());
+  return st;
+}
+
 static int parse_variants(const zpp_bench_coll_t *coll,
                           const zpp_bench_opts_t *o, zpp_bench_variant_t *v,
                           int *nv, int *added_baseline) {
@@ -972,6 +993,7 @@ typedef struct {
   const char *peers; /* how mpi-han / mpi-best were selected, or "" */
   const char *backend, *topo, *bootstrap;
   int any_flat; /* a "-flat" variant runs on a second communicator */
+  int any_hier; /* a "-hier" variant runs on another one */
   int topo_emulated, link_emulated, bytes_derived;
   double gbit, lat_us;
   int *node_sizes;
@@ -1082,9 +1104,15 @@ static void header_texts(const header_t *h, char lines[][HEADER_LINE],
              "hierarchical across nodes, docs/collectives.md)"
            : "flat (ring all-gather, pairwise reduce-scatter: one node, one "
              "rank per node, NCCL's own, or ZPP_ALGO=flat)",
-       h->any_flat ? "; the -flat variants run the flat algorithms on a "
-                     "second communicator of the same ranks"
-                   : "");
+       h->any_flat && h->any_hier
+           ? "; the -flat and -hier variants run the flat and the "
+             "hierarchical algorithms on communicators of their own of the "
+             "same ranks"
+       : h->any_flat ? "; the -flat variants run the flat algorithms on a "
+                       "second communicator of the same ranks"
+       : h->any_hier ? "; the -hier variants run the hierarchical algorithms "
+                       "on a second communicator of the same ranks"
+                     : "");
   if (h->coll == &zpp_bench_hpz && !h->ctx->uniform)
     LINE("hpz", "uneven nodes: hpZ keeps no secondary copy, so hpz-bwd "
                 "variants run the documented fallback, a world gather from "
@@ -1294,7 +1322,7 @@ static void report_failure(const zpp_bench_ctx_t *ctx, const char *what,
       zpp_status_string(st),
       c->v->foreign
           ? "(the message above says why)"
-          : zpp_comm_get_last_error(c->v->flat ? ctx->comm_flat : ctx->comm));
+          : zpp_comm_get_last_error(zpp_bench_comm_of(ctx, c->v)));
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -1347,7 +1375,7 @@ static zpp_status_t tc_begin(const zpp_bench_coll_t *coll,
                              const zpp_bench_ctx_t *ctx, timed_t *tc) {
   const zpp_bench_opts_t *o = ctx->opt;
   zpp_status_t st, all;
-  tc->comm = tc->c.v->flat ? ctx->comm_flat : ctx->comm;
+  tc->comm = zpp_bench_comm_of(ctx, tc->c.v);
   tc->times = calloc((size_t)o->iters, sizeof *tc->times);
   st = tc->times != NULL ? ZPP_OK : ZPP_ERR_OUT_OF_MEMORY;
   /* setup may call collectives: every rank calls it, or none */
@@ -1423,6 +1451,8 @@ static const char *row_algo(const zpp_bench_coll_t *coll,
     return "nccl";
   if (v->flat)
     return "flat";
+  if (v->hier)
+    return ctx->hier_capable ? "hier" : "flat";
   if (!v->baseline || (coll != &zpp_bench_allgather &&
                        coll != &zpp_bench_reducescatter))
     return "-";
@@ -1569,35 +1599,30 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
     free(h.node_sizes);
     return EXIT_USAGE;
   }
-  for (i = 0; i < nv; i++)
+  for (i = 0; i < nv; i++) {
     h.any_flat |= v[i].flat;
-  if (h.any_flat) {
-    /* every rank parsed the same list: all create it (over the same
-     * bootstrap), or all fail alike */
-    zpp_comm_config_t fc = *cfg;
-    zpp_bootstrap_t bs = ZPP_BOOTSTRAP_INIT;
-    zpp_status_t st;
-    fc.algorithm = ZPP_ALGORITHM_FLAT;
-    st = g_env ? zpp_comm_get_bootstrap(comm, &bs) : ZPP_OK;
-    if (st == ZPP_OK)
-      st = g_env ? zpp_comm_create(&bs, &fc, &ctx.comm_flat)
-                 : zpp_comm_create_mpi(MPI_COMM_WORLD, &fc, &ctx.comm_flat);
-    if (st != ZPP_OK) {
-      fprintf(stderr, "zpp-bench: rank %d: the flat communicator: %s: %s\n",
-              ctx.rank, zpp_status_string(st), zpp_get_last_error());
-      free(ctx.node_of);
-      free(ctx.local_of);
-      free(h.node_sizes);
-      return EXIT_ZPP;
-    }
+    h.any_hier |= v[i].hier;
+  }
+  /* every rank parsed the same list: all create them (over the same
+   * bootstrap), or all fail alike */
+  if ((h.any_flat && forced_comm(comm, cfg, ZPP_ALGORITHM_FLAT, ctx.rank,
+                                 &ctx.comm_flat) != ZPP_OK) ||
+      (h.any_hier && forced_comm(comm, cfg, ZPP_ALGORITHM_HIER, ctx.rank,
+                                 &ctx.comm_hier) != ZPP_OK)) {
+    zpp_comm_destroy(ctx.comm_flat);
+    free(ctx.node_of);
+    free(ctx.local_of);
+    free(h.node_sizes);
+    return EXIT_ZPP;
   }
   zpp_comm_get_stats(comm, &stats);
   zpp_comm_backend(comm, &backend);
   {
     zpp_algorithm_t al = ZPP_ALGORITHM_FLAT;
     zpp_comm_algorithm(comm, &al);
-    ctx.hier = al == ZPP_ALGORITHM_HIER && backend != ZPP_BACKEND_NCCL &&
-               ctx.nnodes > 1 && ctx.nnodes < ctx.world;
+    ctx.hier_capable = backend != ZPP_BACKEND_NCCL && ctx.nnodes > 1 &&
+                       ctx.nnodes < ctx.world;
+    ctx.hier = al == ZPP_ALGORITHM_HIER && ctx.hier_capable;
     ctx.algo_auto = al == ZPP_ALGORITHM_AUTO && backend != ZPP_BACKEND_NCCL;
   }
   zpp_comm_topo_emulated(comm, &h.topo_emulated);
@@ -1627,6 +1652,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
         fprintf(stderr, "zpp-bench: the Open MPI peers cannot be selected "
                         "as asked (each rank printed why)\n");
       zpp_comm_destroy(ctx.comm_flat);
+      zpp_comm_destroy(ctx.comm_hier);
       free(ctx.node_of);
       free(ctx.local_of);
       free(h.node_sizes);
@@ -1724,6 +1750,7 @@ static int bench(const zpp_bench_coll_t *coll, zpp_bench_opts_t *o,
   if (ctx.rank == 0)
     print_footer(&h, out, wrong_total, error);
   zpp_comm_destroy(ctx.comm_flat);
+  zpp_comm_destroy(ctx.comm_hier);
   free(ctx.node_of);
   free(ctx.local_of);
   free(h.node_sizes);

@@ -53,6 +53,14 @@ typedef struct {
    * all-gather, pairwise reduce-scatter), for the "-flat" variants; NULL
    * when no variant asks for it. */
   zpp_comm_t comm_flat;
+  /* The same ranks with the hierarchical algorithms (ZPP_ALGORITHM_HIER,
+   * ZPP_HIER_CHUNK's chunks), for the "-hier" variants; NULL when no
+   * variant asks for it. */
+  zpp_comm_t comm_hier;
+  /* 1 when the hierarchical algorithms can run here: a host backend,
+   * several nodes and more than one rank on some node (elsewhere hier
+   * falls back to the flat ones) */
+  int hier_capable;
   /* 1 when comm's world all-gather and reduce-scatter run hierarchically
    * (docs/collectives.md): algorithm hier, a host backend, several nodes
    * and more than one rank on some node. */
@@ -84,8 +92,16 @@ typedef struct {
   int foreign;  /* 1: not zpp's (Open MPI's own collective): zpp counts
                  * none of its bytes */
   int flat;     /* runs on ctx->comm_flat (the "-flat" baselines) */
+  int hier;     /* runs on ctx->comm_hier (the "-hier" baselines) */
   int peer;     /* foreign: ZPP_BENCH_PEER_* (which Open MPI selection) */
 } zpp_bench_variant_t;
+
+/* The communicator a variant runs on: the flat or hierarchical one of the
+ * "-flat" / "-hier" baselines, else the job's. */
+static inline zpp_comm_t zpp_bench_comm_of(const zpp_bench_ctx_t *ctx,
+                                           const zpp_bench_variant_t *v) {
+  return v->flat ? ctx->comm_flat : v->hier ? ctx->comm_hier : ctx->comm;
+}
 
 /* The Open MPI peers (perf/bench_mpi_peers.c): mpi, Open MPI's default
  * selection; mpi-han, the HAN component; mpi-best, the fastest algorithm

@@ -40,13 +40,14 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
     --variant qgz4,qgz8,qgz8-4,qgz4-8,qgz16-4,qgz16-8,fp16 ${_zpp_bench_small} --format json)
   zpp_bench_test(bench_json_2x2 4 2x2 "${_args}" -DFORMAT=json)
 
-  # The hierarchical baselines against the flat ones of a second
-  # communicator in one run (the -flat variants), MEAN over 6 ranks (a
-  # division that is not a power of two), 3 nodes: each checked bitwise
-  # against its own summation order.
+  # The baseline of ZPP_ALGO's choice against the flat and the
+  # hierarchical ones of communicators of their own in one run (the -flat
+  # and -hier variants), MEAN over 6 ranks (a division that is not a
+  # power of two), 3 nodes: each checked bitwise against its own summation
+  # order.
   foreach(_coll allgather reducescatter)
     zpp_bench_test(bench_${_coll}_flat_3x2 6 3x2
-      "--coll;${_coll};--variant;bf16,bf16-flat;--op;mean;${_zpp_bench_small};--format;csv")
+      "--coll;${_coll};--variant;bf16,bf16-flat,bf16-hier;--op;mean;${_zpp_bench_small};--format;csv")
   endforeach()
 
   # The checker must catch one spoiled element (exit 1, wrong > 0).

@@ -17,8 +17,10 @@ m4=$((4 << 20)) m16=$((16 << 20))
   echo "$hdr"
   row bf16 $m4 10000; row mpi $m4 12000; row mpi-han $m4 9000
   row "mpi-best[ring]" $m4 8000; row qwz8 $m4 4000
+  row bf16-flat $m4 9500; row bf16-hier $m4 11000
   row bf16 $m16 40000; row mpi $m16 30000; row mpi-han $m16 50000
   row "mpi-best[bruck]" $m16 45000; row qwz8 $m16 15000
+  row bf16-flat $m16 48000; row bf16-hier $m16 40000
 } >"$dir/study.csv"
 echo "real|400mbit|zpp-bench --coll allgather" >"$dir/cmds"
 echo "start 2026-01-01" >"$dir/meta"
@@ -37,4 +39,11 @@ grep -q '| qwz8 <= 0.6 x best bf16 | 0.4 Gbit/s | 16 MiB | 0.50 (mpi) | yes |' \
 # zpp bf16 / the fastest peer: 10 / 8 at 4 MiB, 40 / 30 at 16 MiB
 grep -q 'worst 1.33 (16 MiB, mpi) | no |' "$dir/out.md" ||
   fail "bf16 not against the fastest Open MPI peer"
+# auto (bf16) / the fastest of bf16-flat, bf16-hier: 10 / 9.5 at 4 MiB,
+# 40 / 40 at 16 MiB
+grep -q "| auto bf16 / zpp's best algorithm all-gather <= 1.1 at every size | 0.4 Gbit/s | 4 MiB..16 MiB | worst 1.05 (4 MiB, bf16-flat) | yes |" \
+  "$dir/out.md" || fail "auto not against the fastest of zpp's own algorithms"
+# the bound target's factor is 1.2
+grep -q '| bf16 all-gather <= 1.2 x bound | 0.4 Gbit/s | 4 MiB |' "$dir/out.md" ||
+  fail "no bound target at 1.2"
 echo "plot_cluster_study: ok"
