@@ -27,7 +27,8 @@ torchrun or srun is classified, and the test fails on one that is not:
 An ALLOWED entry that no longer matches a line fails the test too, and
 each of run, srun and cluster must have at least MIN_LINES[kind] lines.
 
-Each line to run runs exactly as printed (a leading `$ ` prompt left out),
+Each line to run runs exactly as printed (a leading `$ ` prompt left out;
+a line printed in several places runs once),
 from the repository's root, through bash, with only environment added:
   - OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (as root;
     README: "as root, mpirun needs --allow-run-as-root --oversubscribe")
@@ -325,11 +326,20 @@ def main():
     print("launch_lines_test: %d lines mention a launcher (%s)"
           % (len(lines), ", ".join("%d %s" % (v, k) for k, v in sorted(counts.items()))))
     failed, t_all = [], time.monotonic()
+    done = {}  # a line printed in several places runs once (same root, same env)
     for kind, where, cmd, why in lines:
         if kind != "run":
             print("  SKIP %s %s: %s\n       %s" % (kind, where, why, cmd))
             continue
+        if cmd in done:
+            ok, first, out = done[cmd]
+            print("  %s %s (the line of %s, run once)\n       %s"
+                  % ("ok  " if ok else "FAIL", where, first, cmd), flush=True)
+            if not ok:
+                failed.append((where, cmd, out))
+            continue
         ok, secs, out = run_line(cmd, env, a.timeout)
+        done[cmd] = (ok, where, out)
         print("  %s %s (%.1f s)\n       %s" % ("ok  " if ok else "FAIL", where, secs, cmd),
               flush=True)
         if not ok:

@@ -33,6 +33,8 @@
 #include <zpp/zpp_comm.h>
 #include <zpp/zpp_runtime.h>
 
+#include "fork_job.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -55,11 +57,7 @@ uint64_t seed() {
   return s ? std::strtoull(s, nullptr, 10) : 20261207ull;
 }
 
-double mono_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+using zpp_test::mono_s;
 
 float bf2f(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -142,111 +140,9 @@ struct Scenario {
       : n(n_), topo(topo_), victims(std::move(v)), hpz(hpz_), qwz_bits(qwz) {}
 };
 
-// Forked ranks with pipes: ready (child -> parent), go (parent -> child),
-// the unique id (rank 0 -> others) and the result.
-struct Job {
-  int n;
-  std::vector<pid_t> pid;
-  std::vector<int> res_r, ready_r, go_w;
-  std::vector<bool> reaped;
-
-  Job(int n_,
-      const std::function<Res(int, int, int, const std::vector<int> &, int)>
-          &body)
-      : n(n_), pid(n_), res_r(n_), ready_r(n_), go_w(n_), reaped(n_, false) {
-    std::vector<int> res_w(n), ready_w(n), go_r(n), id_r(n), id_w(n);
-    for (int i = 0; i < n; i++) {
-      int p[2], q[2], g[2], d[2];
-      if (pipe(p) || pipe(q) || pipe(g) || pipe(d))
-        std::abort();
-      res_r[i] = p[0], res_w[i] = p[1], ready_r[i] = q[0], ready_w[i] = q[1];
-      go_r[i] = g[0], go_w[i] = g[1], id_r[i] = d[0], id_w[i] = d[1];
-    }
-    for (int i = 0; i < n; i++) {
-      pid[i] = fork();
-      if (pid[i] == 0) {
-        std::string out = encode(body(i, ready_w[i], go_r[i], id_w, id_r[i]));
-        ssize_t k = write(res_w[i], out.data(), out.size());
-        (void)k;
-        _exit(0);
-      }
-    }
-    for (int i = 0; i < n; i++) {
-      close(res_w[i]);
-      close(ready_w[i]);
-      close(go_r[i]);
-      close(id_r[i]);
-      close(id_w[i]);
-    }
-  }
-
-  bool all_ready(double limit_s) {
-    double t0 = mono_s();
-    for (int i = 0; i < n; i++) {
-      for (;;) {
-        struct pollfd p = {ready_r[i], POLLIN, 0};
-        char b;
-        if (poll(&p, 1, 50) > 0) {
-          if (read(ready_r[i], &b, 1) != 1)
-            return false;
-          break;
-        }
-        if (mono_s() - t0 > limit_s)
-          return false;
-      }
-    }
-    return true;
-  }
-
-  void kill_rank(int v) {
-    kill(pid[v], SIGKILL);
-    int st;
-    waitpid(pid[v], &st, 0);
-    reaped[v] = true;
-  }
-
-  void go() {
-    for (int i = 0; i < n; i++) {
-      char b = 1;
-      if (!reaped[i] && write(go_w[i], &b, 1) != 1) {
-      }
-    }
-  }
-
-  std::vector<Res> finish(double limit_s) {
-    std::vector<Res> out(n);
-    double t0 = mono_s();
-    for (int i = 0; i < n; i++) {
-      int st = 0;
-      bool timed_out = false;
-      while (!reaped[i]) {
-        if (waitpid(pid[i], &st, WNOHANG) == pid[i])
-          break;
-        if (mono_s() - t0 > limit_s) {
-          kill(pid[i], SIGKILL);
-          waitpid(pid[i], &st, 0);
-          timed_out = true;
-          break;
-        }
-        usleep(10000);
-      }
-      reaped[i] = true;
-      std::string text;
-      char buf[4096];
-      ssize_t k;
-      while (!timed_out && (k = read(res_r[i], buf, sizeof buf)) > 0)
-        text.append(buf, (size_t)k);
-      if (timed_out)
-        out[i].status = 98;
-      else if (!text.empty())
-        out[i] = decode(text);
-      close(res_r[i]);
-      close(ready_r[i]);
-      close(go_w[i]);
-    }
-    return out;
-  }
-};
+// Forked ranks (tests/fork_job.h).
+using Ctl = zpp_test::ForkCtl;
+using Job = zpp_test::ForkJob<Res, encode, decode>;
 
 zpp_comm_t make_comm(int i, int n, const std::vector<int> &id_w, int id_r,
                      const char *topo) {
@@ -540,8 +436,8 @@ Res survivor(int i, int ready_w, int go_r, const std::vector<int> &id_w,
 
 void run(const Scenario &sc) {
   std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
-  Job job(sc.n, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
-    return survivor(i, rw, gr, iw, ir, sc);
+  Job job(sc.n, [&](int i, const Ctl &c) {
+    return survivor(i, c.ready_w, c.go_r, c.id_w, c.id_r, sc);
   });
   ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
   double t_kill = mono_s();
@@ -756,8 +652,8 @@ Res two_groups(int i, int ready_w, int go_r, const std::vector<int> &id_w,
 
 void run_two_groups(bool swap) {
   std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
-  Job job(4, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
-    return two_groups(i, rw, gr, iw, ir, swap);
+  Job job(4, [&](int i, const Ctl &c) {
+    return two_groups(i, c.ready_w, c.go_r, c.id_w, c.id_r, swap);
   });
   ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
   job.kill_rank(3);
@@ -870,8 +766,8 @@ Res big_state(int i, int ready_w, int go_r, const std::vector<int> &id_w,
 
 TEST(Recover, StateInSeveralChunks2x2) {
   std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
-  Job job(4, [&](int i, int rw, int gr, const std::vector<int> &iw, int ir) {
-    return big_state(i, rw, gr, iw, ir);
+  Job job(4, [&](int i, const Ctl &c) {
+    return big_state(i, c.ready_w, c.go_r, c.id_w, c.id_r);
   });
   ASSERT_TRUE(job.all_ready(20)) << "the ranks did not start";
   job.kill_rank(1);
@@ -965,8 +861,8 @@ Res arg_checks(int i, int ready_w, const std::vector<int> &id_w, int id_r) {
 }
 
 TEST(Recover, OwnChecksNameTheBadArgument) {
-  Job job(1, [&](int i, int rw, int, const std::vector<int> &iw, int ir) {
-    return arg_checks(i, rw, iw, ir);
+  Job job(1, [&](int i, const Ctl &c) {
+    return arg_checks(i, c.ready_w, c.id_w, c.id_r);
   });
   ASSERT_TRUE(job.all_ready(20)) << "the rank did not start";
   std::vector<Res> res = job.finish(25);
