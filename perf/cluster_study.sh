@@ -33,7 +33,8 @@
 # cluster cannot be made).  Run time: 30-40 minutes on 2 cores, more when launches are
 # discarded and run again.
 # Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
-# ZPP_CLUSTER_STUDY_EMU=0.
+# ZPP_CLUSTER_STUDY_EMU=0 ZPP_CLUSTER_STUDY_UCX=0 (no UCX launches: no
+# ucx-* rows).
 # Every launch on the cluster runs under scripts/softirq_wait.sh: one during
 # which ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5) s on a run
 # queue is discarded and run again (at most ZPP_SOFTIRQ_TRIES, 3, tries; a
@@ -69,6 +70,9 @@ trap 'exit 143' TERM
 
 read -r -a rates <<< "${ZPP_CLUSTER_STUDY_RATES:-1600mbit 400mbit none}"
 maxbytes=${ZPP_CLUSTER_STUDY_MAXBYTES:-16M}
+ucx=${ZPP_CLUSTER_STUDY_UCX:-1}
+[[ "$ucx" =~ ^[01]$ ]] || {
+  echo "$prog: ZPP_CLUSTER_STUDY_UCX '$ucx': must be 0 or 1" >&2; exit 2; }
 iters=${ZPP_CLUSTER_STUDY_ITERS:-5}
 small_iters=${ZPP_CLUSTER_STUDY_SMALL_ITERS:-50}
 mid_iters=${ZPP_CLUSTER_STUDY_MID_ITERS:-15}
@@ -180,6 +184,7 @@ for rate in "${rates[@]}"; do
           --interleave -c 1 --format csv)
     run real "$rate" "scripts/netns_cluster.sh up -n 2 -p 4 -r $rate; scripts/netns_cluster.sh run -np 8 ${yield_env[*]} zpp-bench ${args[*]}" \
       timeout -k 10 900 "$cluster" run -np 8 "${yield_env[@]}" "$bench" "${args[@]}"
+    [ "$ucx" = 1 ] || continue
     args=(--backend ucx --coll "$coll" --variant "${ucx_variants[$coll]}" "${sargs[@]}"
           -f 4 --interleave -c 1 --format csv)
     row_prefix=ucx- run real "$rate" "scripts/netns_cluster.sh run -np 8 ${yield_env[*]} ${ucx_env[*]} zpp-bench ${args[*]} (rows ucx-*)" \
