@@ -28,37 +28,21 @@
  * residual); the flat stage of uneven nodes, which crosses the network,
  * then quantizes in inter_bits, and one node quantizes nothing.  Bytes and
  * the error bound: docs/collectives.md, "qgZ".
+ * This file is the plan: the config, the layout, the chunks, the buffers
+ * and the steps in their order.  The steps sum in fp32 (qgz_float.c) or,
+ * with ZPP_QGZ_SUM_INT, in the compressed domain (qgz_int.c); what the
+ * three share is in qgz_internal.h.
  */
-#include "coll/coll.h"
+#include "coll/qgz_internal.h"
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
-#include "kernels/quant_cpu.h"
-#include "kernels/quant_math.h"
 #include "quant/quant.h"
-#include "topology/topo.h"
 
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-  zpp_exec_t ex;
-  zpp_quant_config_t q1, q2; /* stage 1 (intra) and stage 2 (inter) */
-  zpp_quant_config_t qr;     /* INT8 residual storage (residual_bits 8) */
-  const void *send;
-  void *recv;
-  size_t count;
-  zpp_dtype_t dtype;
-  zpp_redop_t op;
-  void *residual;
-  size_t hadamard;   /* rotation group, 0: off */
-  int residual_bits; /* 32 or 8 */
-  float beta;        /* moving average of the errors (LoCo), 0: plain EF */
-  int reset;         /* this call starts from a zero residual */
-  int isum;          /* compressed-domain sums (ZPP_QGZ_SUM_INT) */
-} qgz_arg_t;
 
 static int qgz_two_level(const zpp_transport_t *t) {
   const zpp_topo_t *topo = zpp_transport_topo(t);
@@ -175,870 +159,26 @@ zpp_status_t zpp_qgz_residual_bytes(zpp_comm_t comm,
   return ZPP_OK;
 }
 
-#define QGZ_DEPTH 3 /* chunk slots in flight */
-/* qgz_plan appends N_k before K_{k-1} and relies on their slots differing */
-_Static_assert(QGZ_DEPTH >= 2, "QGZ_DEPTH");
 /* Chunks of a call (zpp_plan_chunk).  qwZ takes 32; here 16 were within
  * the spread of an alternated run on the real 2x4 link at 1.6 Gbit/s, 16
  * MiB per rank (docs/benchmarks.md, section 9, "qwZ's chunks"). */
 #define QGZ_PARTS 8
 
-/* The state of one call: stage 1 sends, to each member j of group g1, the
- * chunk of slices slice(j, 0..m1-1) (to itself: nothing); stage 2 (two
- * levels only) sends partial sum m to CROSS member m (to itself:
- * nothing). */
-typedef struct {
-  qgz_arg_t a;
-  const zpp_topo_t *topo;
-  zpp_group_t g1;
-  int s1, m1, two;
-  int raw1;       /* stage 1 moves the dtype, unquantized (ZPP_QGZ_INTRA_RAW) */
-  /* A rank's own share of each stage, which it would send to itself: its
-   * index in g1 (me1, stage 1: its own slices) and in CROSS (mo, stage 2:
-   * the partial sum its node keeps; 0 on one level).  That share skips the
-   * quantizer and the message: it is summed from sendbuf, or kept in the
-   * partial sums, in fp32 (no encode, no decode, no error), and its residual
-   * segments are neither read nor written (docs/collectives.md, "qgZ"; integer
-   * sums round the own slices to a unit and feed that error back). */
-  int me1, mo;
-  int rot1, rot2; /* Hadamard: before the stage-1 encode, or (raw stage 1)
-                     on the partial sums before the stage-2 encode */
-  size_t seg2;    /* residual segment of partial sum 0: after the W
-                     stage-1 ones, or first when stage 1 is raw */
-  size_t chunk, nchunks;
-  /* Scratch of one kernel step (kernel steps of a plan run one at a time,
-   * and none of these outlives its step, so one of each serves all
-   * slots). */
-  float *tmp;  /* one slice chunk: rotated and/or gradient + residual */
-  float *tmp2; /* INT8 residual: the chunk's residual, then its new error */
-  float *tmp3; /* moving average: the chunk's decoded value */
-  uint8_t *rs; /* INT8 residual: the chunk's encoded residual */
-  const void **srcs; /* s1 - 1: the other members' messages of one part */
-  /* Device memory: each kernel step makes one batched launch per kind of
-   * work (encode, decode-sum, rotation) over a table of its slices or
-   * partial sums, however many ranks there are (zpp_k_*_batch); host
-   * memory runs them one by one.  The tables of one step: */
-  int batch;
-  zpp_qb_enc_run_t *eruns; /* (s1 - 1) m1 stage-1 encodes, or m1 - 1 */
-  zpp_qb_sum_run_t *sruns; /* m1 partial sums */
-  zpp_tf_run_t *hruns;     /* m1 rotations */
-  const void **bsrcs;      /* (s1 - 1) m1 + m1 messages to decode */
-  /* The all-to-alls' layouts (the same for send and recv): bytes and
-   * displacements per member, [0] for a whole chunk, [1] for the last
-   * one; the block to itself is empty (it would only be copied, and it is
-   * never read). */
-  struct {
-    size_t *bytes, *displs;
-  } lay1[2], lay2[2];
-  size_t *lay_mem;
-  size_t res_seg; /* INT8 residual: bytes of one segment (E8(count)) */
-  /* Compressed-domain sums (a.isum): the integer-sum kernels, the blocks
-   * of one slice, this rank's absmax bits of every block of every slice
-   * (W nb: amax_mine) and the unit exponents: this rank's (uexp_mine),
-   * every g1 member's (uexp_all, s1 W nb bytes, all-gathered) and their
-   * max, the agreed ones (uexp; uexp_mine itself when s1 is 1).  The partial
-   * sums (accx, acco) hold int32 then. */
-  const zpp_isum_ops_t *iops;
-  size_t nb;
-  uint32_t *amax_mine;
-  int8_t *uexp_mine, *uexp_all, *uexp;
-  const uint8_t **fsrcs; /* m1 - 1: the other nodes' stage-2 messages */
-  /* Integer sums on device memory (idev): one chunk, each step one
-   * launch per kind of work over a table of its slices or partial sums
-   * (the kernels of src/kernels/isum_cuda.h, bitwise the host's), on the
-   * plan's stream.  The tables of one step and its message pointers: */
-  int idev;
-  zpp_isum_cuda_absmax_run_t *iabs;  /* W slices */
-  zpp_isum_cuda_encode_run_t *ienc;  /* (s1 - 1) m1 stage-1 messages */
-  zpp_isum_cuda_sum_run_t *isr;      /* m1 partial sums */
-  zpp_isum_cuda_requant_run_t *ireq; /* m1 - 1 stage-2 messages */
-  const uint8_t **isrcs;             /* s1 m1 */
-  /* Per slot: stage 1's messages (to each member j the m1 parts of slices
-   * slice(j, 0..m1-1), in node order), and its partial sums in two sets:
-   * X, the m1 - 1 that other nodes keep, and O, the one this node keeps
-   * (one level: the only one); qgz_plan reduces them in separate steps. */
-  struct {
-    uint8_t *s1, *r1;
-    float *accx;     /* X: m1 - 1 partial sums of the chunk */
-    uint8_t *s2, *r2; /* stage 2 (two levels), m1 parts (own: unused) */
-    float *acco;     /* O: the kept partial sum, then the result */
-  } slot[QGZ_DEPTH];
-} qgz_ctx_t;
-
-static int slice_of(const qgz_ctx_t *p, int j, int m) {
-  if (!p->two)
-    return zpp_transport_group_member(p->a.ex.t, p->g1, j);
-  return p->topo->node_ranks[p->topo->node_off[m] + j];
-}
-
-static size_t chunk_len(const qgz_ctx_t *p, size_t k) {
-  size_t off = k * p->chunk;
-  return p->a.count - off < p->chunk ? p->a.count - off : p->chunk;
-}
-
-/* Bytes of one stage-1 message part: `len` elements encoded, or in the
- * dtype when stage 1 is raw. */
-static size_t s1_bytes(const qgz_ctx_t *p, size_t len) {
-  if (p->a.isum) { /* codes and multipliers: the unit is agreed */
-    zpp_qcfg_t c;
-    memset(&c, 0, sizeof c);
-    c.bits = p->a.q1.bits;
-    c.block = p->a.q1.block_size;
-    return zpp_isum_msg_bytes(&c, len);
-  }
-  return p->raw1 ? len * zpp_dtype_size(p->a.dtype)
-                 : zpp_coll_encoded_size(&p->a.q1, len);
-}
-
-/* Stochastic rounding: the config of one encode, with a seed of its own
- * for each (stage, rank, slice or partial sum), so no two encodes of a
- * call share random bits; elements draw at their index in the slice. */
-static zpp_quant_config_t stream_q(const zpp_quant_config_t *q, int stage,
-                                   int rank, int slice) {
-  zpp_quant_config_t r = *q;
-  if (r.rounding == ZPP_ROUND_STOCHASTIC) {
-    zpp_qm_keys_t k = zpp_qm_rng_keys(q->seed ^ ((uint64_t)stage << 62));
-    r.seed = ((uint64_t)k.k1 << 32 | k.k0) ^
-             ((uint64_t)(uint32_t)rank << 32 | (uint32_t)slice);
-  }
-  return r;
-}
-
-/* Error feedback around one encode of `len` elements at `off` of slice
- * (or partial sum) `seg`: x (fp32, may be p->tmp) += residual, encode x
- * into out, store the new error.  fp32 residual: seg * count + off floats
- * in; INT8: segment seg (E8(count) bytes, the format of docs/format.md),
- * the chunk's blocks gathered into p->rs and decoded, then re-encoded and
- * scattered back (chunks are whole blocks, so they own whole blocks).  A
- * call with a->reset uses a zero residual instead of the stored one. */
-static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
-                              size_t seg, size_t off, size_t len,
-                              zpp_dtype_t dt, const void *x, uint8_t *out) {
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  if (a->residual == NULL)
-    return zpp_k_encode_at(ex, q, dt, x, len, off, out);
-  if (a->residual_bits == 32) {
-    float *res = (float *)a->residual + seg * a->count + off;
-    if (a->reset)
-      ZPP_CHECK(zpp_k_zero(ex, res, len * sizeof(float)));
-    return zpp_k_encode_ef(ex, q, dt, x, len, off, res, a->beta, p->tmp,
-                           p->tmp3, out);
-  }
-  {
-    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-    uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
-    if (a->reset) {
-      ZPP_CHECK(zpp_k_zero(ex, p->tmp2, len * sizeof(float)));
-    } else {
-      ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
-      ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-      ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
-    }
-    ZPP_CHECK(zpp_k_encode_ef(ex, q, dt, x, len, off, p->tmp2, a->beta,
-                              p->tmp, p->tmp3, out));
-    ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
-    ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
-    return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
-  }
-}
-
-/* Batched steps: the residual of slice (or partial sum) `seg` for `len`
- * elements at `off`, as encode_ef finds it: fp32, seg * count + off
- * floats in; INT8, segment seg's blocks from off / block on, their scales
- * and their codes. */
-static void residual_at(const qgz_ctx_t *p, size_t seg, size_t off, void **res,
-                        uint8_t **res_codes) {
-  const qgz_arg_t *a = &p->a;
-  *res = NULL;
-  *res_codes = NULL;
-  if (a->residual == NULL)
-    return;
-  if (a->residual_bits == 32) {
-    *res = (float *)a->residual + seg * a->count + off;
-  } else {
-    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-    uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
-    *res = segp + off / bs * 4;
-    *res_codes = segp + nbt * 4 + off / bs * bs;
-  }
-}
-
-static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,
-                           zpp_qb_enc_run_t *r) {
-  residual_at(p, seg, off, &r->res, &r->res_codes);
-}
-
-/* Batched steps: what the encodes of one step share. */
-static zpp_k_enc_batch_t batch_opts(const qgz_ctx_t *p,
-                                    const zpp_quant_config_t *q, zpp_dtype_t dt,
-                                    size_t hadamard) {
-  zpp_k_enc_batch_t b;
-  memset(&b, 0, sizeof b);
-  b.q = q;
-  b.dtype = dt;
-  b.residual_bits = p->a.residual != NULL ? p->a.residual_bits : 0;
-  b.reset = p->a.reset;
-  b.beta = p->a.beta;
-  b.hadamard = hadamard;
-  return b;
-}
-
-/* The two sets of stage 1's partial sums. */
-enum { HALF_X = 0, HALF_O = 1 };
-
-static int half_parts(const qgz_ctx_t *p, int h) {
-  return h == HALF_O ? 1 : p->m1 - 1;
-}
-
-/* The partial sum (node index) of part i of set h: X skips mo. */
-static int half_part(const qgz_ctx_t *p, int h, int i) {
-  if (h == HALF_O)
-    return p->mo;
-  return i < p->mo ? i : i + 1;
-}
-
-static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m);
-
-/* ---- compressed-domain sums (ZPP_QGZ_SUM_INT, host memory) ---------------
- * Before the chunks: every rank takes the absmax of each block of every
- * slice (data + stage-1 residual) and its unit exponent, the g1 members
- * all-gather the exponents and each takes the max, so all members of a
- * stage quantize a slice's block with steps that are integer multiples of
- * the same power-of-two unit.  Stage 1 then sends codes and one multiplier
- * per block and sums them as integers in units (the rank's own slice
- * rounded to a unit); stage 2 re-quantizes the integer sums into the
- * format of docs/format.md; the finish decodes once.  docs/collectives.md,
- * "Compressed-domain sums". */
-
-/* The kernels' config: width, block, stochastic rounding of stream q
- * (stream_q) from element `base`. */
-static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
-  zpp_qcfg_t c;
-  memset(&c, 0, sizeof c);
-  c.bits = q->bits;
-  c.block = q->block_size;
-  if (q->rounding == ZPP_ROUND_STOCHASTIC) {
-    zpp_qm_keys_t k = zpp_qm_rng_keys(q->seed);
-    c.sr = 1;
-    c.k0 = k.k0;
-    c.k1 = k.k1;
-    c.base = base;
-  }
-  return c;
-}
-
-/* The fp32 residual of segment seg for `len` elements at `off`, for the
- * integer-sum kernels: fp32, in place (zeroed first when the call resets,
- * if `zero`); INT8, decoded into buf (p->tmp2, or p->tmp for the own
- * slice's beside stage 2's; zero when the call resets).  *r NULL: no error
- * feedback. */
-static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
-                                  size_t len, int zero, float *buf, float **r) {
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  *r = NULL;
-  if (a->residual == NULL)
-    return ZPP_OK;
-  if (a->residual_bits == 32) {
-    *r = (float *)a->residual + seg * a->count + off;
-    if (a->reset && zero)
-      memset(*r, 0, len * sizeof(float));
-    return ZPP_OK;
-  }
-  *r = buf;
-  if (a->reset)
-    return zpp_k_zero(ex, buf, len * sizeof(float));
-  {
-    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-    const uint8_t *segp = (const uint8_t *)a->residual + seg * p->res_seg;
-    ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
-    ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, buf);
-  }
-}
-
-/* INT8 residual: buf (the new errors) encoded back into segment seg. */
-static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
-                                   size_t len, const float *buf) {
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-  size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-  uint8_t *segp;
-  if (a->residual == NULL || a->residual_bits == 32)
-    return ZPP_OK;
-  segp = (uint8_t *)a->residual + seg * p->res_seg;
-  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, buf, len, p->rs));
-  ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
-  return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
-}
-
-/* The steps on device memory (after the host ones). */
-static zpp_status_t isum_absmax_dev(qgz_ctx_t *p);
-static zpp_status_t isum_encode_dev(qgz_ctx_t *p, size_t k);
-static zpp_status_t isum_reduce_x_dev(qgz_ctx_t *p, size_t k);
-static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k);
-
-/* The absmax of every block of every slice: its data plus its stage-1
- * residual (the own slices' too: their rounding to a unit is fed back),
- * chunk by chunk. */
-static zpp_status_t isum_absmax(void *ctx, size_t unused) {
-  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
-  const qgz_arg_t *a = &p->a;
-  size_t ds = zpp_dtype_size(a->dtype), k;
-  zpp_qcfg_t c = isum_qcfg(&a->q1, 0);
-  int j, m;
-  (void)unused;
-  if (p->idev)
-    return isum_absmax_dev(p);
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1; m++) {
-      size_t sl = (size_t)slice_of(p, j, m);
-      for (k = 0; k < p->nchunks; k++) {
-        size_t off = k * p->chunk, len = chunk_len(p, k);
-        float *r = NULL;
-        if (!a->reset)
-          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, p->tmp2, &r));
-        size_t b0 = sl * p->nb + off / c.block, b;
-        size_t nb = (len + c.block - 1) / c.block;
-        p->iops->absmax(&c, (int)a->dtype,
-                        (const uint8_t *)a->send + (sl * a->count + off) * ds,
-                        r, len, p->amax_mine + b0);
-        for (b = b0; b < b0 + nb; b++)
-          p->uexp_mine[b] =
-              (int8_t)zpp_qm_unit_exp(p->amax_mine[b], a->q1.bits);
-        zpp_plan_poll();
-      }
-    }
-  return ZPP_OK;
-}
-
-/* The agreed exponents: the max over the g1 members (s1 > 1; with one
- * member uexp is uexp_mine). */
-static zpp_status_t isum_agree(void *ctx, size_t unused) {
-  qgz_ctx_t *p = (qgz_ctx_t *)ctx;
-  size_t n = (size_t)zpp_transport_size(p->a.ex.t) * p->nb, i;
-  int j;
-  (void)unused;
-  if (p->idev) /* on the stream, from the all-gathered bytes */
-    return zpp_k_isum_agree(&p->a.ex, p->uexp_all, n, p->s1, p->uexp);
-  /* member by member over contiguous bytes (the compiler vectorizes it) */
-  memcpy(p->uexp, p->uexp_all, n);
-  for (j = 1; j < p->s1; j++) {
-    const int8_t *u = p->uexp_all + (size_t)j * n;
-    for (i = 0; i < n; i++)
-      p->uexp[i] = u[i] > p->uexp[i] ? u[i] : p->uexp[i];
-  }
-  return ZPP_OK;
-}
-
-/* The agreed exponents of chunk k of slice sl, and this rank's absmax. */
-static const int8_t *isum_uexp(const qgz_ctx_t *p, int sl, size_t k) {
-  return p->uexp + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
-}
-
-static const uint32_t *isum_amax(const qgz_ctx_t *p, int sl, size_t k) {
-  return p->amax_mine + (size_t)sl * p->nb + k * p->chunk / p->a.q1.block_size;
-}
-
-/* Stage 1 encode of chunk k on the agreed units (codes, multipliers). */
-static zpp_status_t isum_encode(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
-  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
-  int j, m, me = zpp_transport_rank(a->ex.t);
-  if (p->idev)
-    return isum_encode_dev(p, k);
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1; m++) {
-      int sl = slice_of(p, j, m);
-      zpp_quant_config_t q = stream_q(&a->q1, 1, me, sl);
-      zpp_qcfg_t c = isum_qcfg(&q, off);
-      float *r;
-      uint8_t *o = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      if (j == p->me1)
-        continue;
-      zpp_plan_poll();
-      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, p->tmp2, &r));
-      p->iops->encode(&c, (int)a->dtype,
-                      (const uint8_t *)a->send +
-                          ((size_t)sl * a->count + off) * ds,
-                      r, a->beta, isum_amax(p, sl, k), isum_uexp(p, sl, k), len,
-                      o);
-      ZPP_CHECK(isum_res_store(p, (size_t)sl, off, len, p->tmp2));
-    }
-  return ZPP_OK;
-}
-
-/* The stage-1 messages of partial sum m of chunk k from the other members
- * into p->srcs; their number. */
-static int isum_srcs(qgz_ctx_t *p, size_t k, int m) {
-  size_t e1 = s1_bytes(p, chunk_len(p, k));
-  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  int j, n = 0;
-  for (j = 0; j < p->s1; j++)
-    if (j != p->me1)
-      p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-  return n;
-}
-
-/* Set X of chunk k, integer sums: each partial sum (the own slice, plus
- * its stage-1 residual, in units plus the other members' multiplied codes)
- * re-quantized for stage 2 in the same pass, its int32 sums in a
- * cache-sized tile of accx. */
-static zpp_status_t isum_reduce_x(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
-  zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0);
-  int i, me = zpp_transport_rank(a->ex.t);
-  if (p->idev)
-    return isum_reduce_x_dev(p, k);
-  for (i = 0; i < half_parts(p, HALF_X); i++) {
-    int m = half_part(p, HALF_X, i), n = isum_srcs(p, k, m);
-    size_t own = (size_t)slice_of(p, p->me1, m);
-    zpp_quant_config_t q = stream_q(&a->q2, 2, me, m);
-    zpp_qcfg_t c = isum_qcfg(&q, off);
-    float *r, *r1;
-    zpp_plan_poll();
-    ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
-    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, p->tmp2, &r));
-    p->iops->sum_requant(&c1, &c, (int)a->dtype, own_ptr(p, k, m), r1,
-                         isum_uexp(p, (int)own, k),
-                         (const uint8_t *const *)p->srcs, n, r, a->beta, len,
-                         tmp, p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2);
-    ZPP_CHECK(isum_res_store(p, own, off, len, p->tmp));
-    ZPP_CHECK(isum_res_store(p, p->seg2 + (size_t)m, off, len, p->tmp2));
-  }
-  return ZPP_OK;
-}
-
-/* Set O of chunk k, integer sums: the kept partial sum and the other
- * nodes' messages, decoded once into recvbuf in the same pass (its int32
- * sums in a cache-sized tile of acco). */
-static zpp_status_t isum_keep(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
-  zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0), c = isum_qcfg(&a->q2, 0);
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  int m, n = 0, n1 = isum_srcs(p, k, p->mo);
-  size_t own = (size_t)slice_of(p, p->me1, p->mo);
-  float *r1;
-  if (p->idev)
-    return isum_keep_dev(p, k);
-  for (m = 0; m < p->m1 && p->two; m++)
-    if (m != p->mo)
-      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
-  zpp_plan_poll();
-  ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
-  p->iops->sum_finish(
-      &c1, &c, (int)a->dtype, own_ptr(p, k, p->mo), r1, a->beta,
-      isum_uexp(p, (int)own, k), (const uint8_t *const *)p->srcs, n1, p->fsrcs,
-      n, len, div, tmp, (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
-  return isum_res_store(p, own, off, len, p->tmp);
-}
-
-/* ---- integer sums on device memory ------------------------------------------
- * The same steps as above on the plan's stream, one chunk (the whole
- * slices), each kind of work one batched launch over a table: bitwise the
- * host path's (tests/test_qgz_int.cc, QgzInt.DeviceEqualsTheHostPathBitFor-
- * Bit).  The residuals stay in their layout (fp32, or INT8 blocks the
- * kernels decode and re-encode themselves); the partial sums are int32 in
- * accx and acco, written by the sum kernel and read by the requant and the
- * finish. */
-
-/* The kernels' config of stage q (width, block, rounding) on this call's
- * dtype and residual. */
-static zpp_isum_cuda_t isum_dcfg(const qgz_ctx_t *p,
-                                 const zpp_quant_config_t *q) {
-  const qgz_arg_t *a = &p->a;
-  zpp_isum_cuda_t c;
-  memset(&c, 0, sizeof c);
-  c.bits = q->bits;
-  c.block = q->block_size;
-  c.dtype = (int)a->dtype;
-  c.sr = q->rounding == ZPP_ROUND_STOCHASTIC;
-  c.res = a->residual == NULL      ? ZPP_QB_RES_NONE
-          : a->residual_bits == 32 ? ZPP_QB_RES_F32
-                                   : ZPP_QB_RES_I8;
-  c.reset = a->reset;
-  c.beta = a->beta;
-  return c;
-}
-
-static zpp_status_t isum_absmax_dev(qgz_ctx_t *p) {
-  const qgz_arg_t *a = &p->a;
-  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
-  size_t w = (size_t)zpp_transport_size(a->ex.t), ds = zpp_dtype_size(a->dtype);
-  size_t sl;
-  for (sl = 0; sl < w; sl++) {
-    zpp_isum_cuda_absmax_run_t *r = &p->iabs[sl];
-    void *res;
-    uint8_t *codes;
-    residual_at(p, sl, 0, &res, &codes);
-    r->src = (const uint8_t *)a->send + sl * a->count * ds;
-    r->res = res;
-    r->res_codes = codes;
-    r->count = a->count;
-    r->amax = p->amax_mine + sl * p->nb;
-    r->uexp = p->uexp_mine + sl * p->nb;
-  }
-  return zpp_k_isum_absmax(&a->ex, &c, p->iabs, w);
-}
-
-static zpp_status_t isum_encode_dev(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k), n = 0;
-  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
-  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
-  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
-  int j, m, me = zpp_transport_rank(a->ex.t);
-  for (j = 0; j < p->s1; j++)
-    for (m = 0; m < p->m1 && j != p->me1; m++) {
-      int sl = slice_of(p, j, m);
-      zpp_isum_cuda_encode_run_t *r = &p->ienc[n++];
-      residual_at(p, (size_t)sl, off, &r->res, &r->res_codes);
-      r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
-      r->amax = isum_amax(p, sl, k);
-      r->uexp = isum_uexp(p, sl, k);
-      r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      r->count = len;
-      r->base = off;
-      r->seed = stream_q(&a->q1, 1, me, sl).seed;
-    }
-  return zpp_k_isum_encode(&a->ex, &c, p->ienc, n);
-}
-
-/* The integer sums of set h of chunk k, one after the other in acc: the
- * own slices (their stage-1 residuals updated) and the other members'
- * messages (p->isrcs). */
-static zpp_status_t isum_sum_dev(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k), ns = 0;
-  size_t e1 = s1_bytes(p, len);
-  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  zpp_isum_cuda_t c = isum_dcfg(p, &a->q1);
-  int i, j, np = half_parts(p, h);
-  for (i = 0; i < np; i++) {
-    int m = half_part(p, h, i);
-    int own = slice_of(p, p->me1, m);
-    zpp_isum_cuda_sum_run_t *r = &p->isr[i];
-    residual_at(p, (size_t)own, off, &r->res, &r->res_codes);
-    r->own = own_ptr(p, k, m);
-    r->uexp = isum_uexp(p, own, k);
-    r->out = acc + (size_t)i * len;
-    r->count = len;
-    r->first = ns;
-    for (j = 0; j < p->s1; j++)
-      if (j != p->me1)
-        p->isrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-    r->n = ns - r->first;
-  }
-  return zpp_k_isum_sum(&a->ex, &c, p->isr, (size_t)np, p->isrcs);
-}
-
-static zpp_status_t isum_reduce_x_dev(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].accx;
-  zpp_isum_cuda_t c = isum_dcfg(p, &a->q2);
-  int i, np = half_parts(p, HALF_X), me = zpp_transport_rank(a->ex.t);
-  ZPP_CHECK(isum_sum_dev(p, k, HALF_X, acc));
-  for (i = 0; i < np; i++) {
-    int m = half_part(p, HALF_X, i);
-    zpp_isum_cuda_requant_run_t *r = &p->ireq[i];
-    residual_at(p, p->seg2 + (size_t)m, off, &r->res, &r->res_codes);
-    r->in = acc + (size_t)i * len;
-    r->uexp = isum_uexp(p, slice_of(p, p->me1, m), k);
-    r->dst = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
-    r->count = len;
-    r->base = off;
-    r->seed = stream_q(&a->q2, 2, me, m).seed;
-  }
-  return zpp_k_isum_requant(&a->ex, &c, p->ireq, (size_t)np);
-}
-
-static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len), n = 0;
-  int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
-  zpp_isum_cuda_t c = isum_dcfg(p, &a->q2);
-  zpp_isum_cuda_finish_run_t r;
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  int m;
-  ZPP_CHECK(isum_sum_dev(p, k, HALF_O, acc));
-  for (m = 0; m < p->m1 && p->two; m++)
-    if (m != p->mo)
-      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
-  memset(&r, 0, sizeof r);
-  r.own = acc;
-  /* more than ZPP_ISUM_CUDA_SRCS other nodes: the finish goes on over
-   * launches, its fp32 sums in place of the int32 ones it has read */
-  r.part = p->slot[k % QGZ_DEPTH].acco;
-  r.uexp = isum_uexp(p, slice_of(p, p->me1, p->mo), k);
-  r.dst = (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype);
-  r.count = len;
-  r.first = 0;
-  r.n = n;
-  return zpp_k_isum_finish(&a->ex, &c, &r, 1, p->fsrcs, div);
-}
-
-/* Stage 1 encode of chunk k into its slot, residuals updated. */
+/* The steps of a chunk, by how the stages sum: in fp32 (qgz_float.c) or
+ * in the compressed domain (qgz_int.c). */
 static zpp_status_t stage1_encode(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e1 = s1_bytes(p, len), ds = zpp_dtype_size(a->dtype);
-  uint8_t *out = p->slot[k % QGZ_DEPTH].s1;
-  int j, m, me = zpp_transport_rank(ex->t);
-  if (a->isum)
-    return isum_encode(p, k);
-  if (p->batch && !p->raw1) { /* every slice to every member: one table */
-    zpp_k_enc_batch_t b =
-        batch_opts(p, &a->q1, a->dtype, p->rot1 ? a->hadamard : 0);
-    size_t n = 0;
-    for (j = 0; j < p->s1; j++)
-      for (m = 0; m < p->m1 && j != p->me1; m++) {
-        int sl = slice_of(p, j, m);
-        zpp_qb_enc_run_t *r = &p->eruns[n++];
-        r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
-        r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-        batch_residual(p, (size_t)sl, off, r);
-        r->count = len;
-        r->base = off;
-        r->seed = stream_q(&a->q1, 1, me, sl).seed;
-      }
-    return zpp_k_encode_batch(ex, &b, p->eruns, n);
-  }
-  for (j = 0; j < p->s1; j++) {
-    if (j == p->me1) { /* not sent: summed from sendbuf by stage1_sum */
-      out += (size_t)p->m1 * e1;
-      continue;
-    }
-    for (m = 0; m < p->m1; m++, out += e1) {
-      int sl = slice_of(p, j, m);
-      zpp_plan_poll(); /* keep the transfers in flight moving */
-      size_t at = (size_t)sl * a->count + off;
-      const void *g = (const uint8_t *)a->send + at * ds;
-      zpp_dtype_t dt = a->dtype;
-      zpp_quant_config_t q;
-      if (p->raw1) { /* the slice as it is, into its message */
-        ZPP_CHECK(zpp_k_copy(ex, out, g, e1));
-        continue;
-      }
-      q = stream_q(&a->q1, 1, me, sl);
-      if (p->rot1) { /* groups start at the slice's first element */
-        ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, dt, g, len, p->tmp));
-        g = p->tmp;
-        dt = ZPP_FLOAT32;
-      }
-      ZPP_CHECK(encode_ef(p, &q, (size_t)sl, off, len, dt, g, out));
-    }
-  }
-  return ZPP_OK;
+  return p->a.isum ? zpp_qgz_int_encode(p, k) : zpp_qgz_float_encode(p, k);
 }
 
-/* acc is the slot's (this chunk's until its last step, which this is), so
- * the inverse rotation may work in place. */
-static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
-  const qgz_arg_t *a = &p->a;
-  size_t off = k * p->chunk;
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  if (p->rot1 || p->rot2) /* back from the rotated domain, in place */
-    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
-                             chunk_len(p, k), acc));
-  return zpp_k_finish(&a->ex, acc, chunk_len(p, k), div, a->dtype,
-                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
-}
-
-/* Chunk k of this rank's own slice of partial sum m, in sendbuf. */
-static const void *own_ptr(const qgz_ctx_t *p, size_t k, int m) {
-  size_t at = (size_t)slice_of(p, p->me1, m) * p->a.count + k * p->chunk;
-  return (const uint8_t *)p->a.send + at * zpp_dtype_size(p->a.dtype);
-}
-
-/* part = this rank's own slice of partial sum m, chunk k, in fp32, read
- * from sendbuf (rotated first when stage 1 rotates). */
-static zpp_status_t own_slice(qgz_ctx_t *p, size_t k, int m, float *part) {
-  const qgz_arg_t *a = &p->a;
-  size_t len = chunk_len(p, k);
-  const void *g = own_ptr(p, k, m);
-  if (p->rot1) /* straight into part: the rotation writes fp32 */
-    return zpp_k_hadamard(&a->ex, a->hadamard, a->dtype, g, len, part);
-  return zpp_k_to_f32(&a->ex, a->dtype, g, len, part);
-}
-
-/* Stage 1's partial sums come from zpp_k_sum_decoded (its message table
- * p->srcs) unless stage 1 is raw or rotated. */
-static int sum_in_one_call(const qgz_ctx_t *p) {
-  return !p->raw1 && !p->rot1;
-}
-
-/* Stage 1 decode-accumulate (raw: convert-accumulate) of set h of chunk
- * k into acc (its partial sums one after the other): each partial sum starts as
- * this rank's own slice, then the other members' messages are added in
- * member order (unrotated and quantized: in one pass of L1 tiles on the
- * host, zpp_k_sum_decoded). */
-static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t len = chunk_len(p, k), e1 = s1_bytes(p, len);
-  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  int i, j, np = half_parts(p, h);
-  if (p->batch) { /* every partial sum of the set: one table */
-    size_t ns = 0;
-    for (i = 0; i < np && p->rot1; i++) { /* own slices, rotated, first */
-      p->hruns[i].src = own_ptr(p, k, half_part(p, h, i));
-      p->hruns[i].dst = acc + (size_t)i * len;
-      p->hruns[i].count = len;
-    }
-    if (p->rot1)
-      ZPP_CHECK(zpp_k_hadamard_batch(ex, a->hadamard, a->dtype, p->hruns,
-                                     (size_t)np));
-    for (i = 0; i < np; i++) {
-      int m = half_part(p, h, i);
-      zpp_qb_sum_run_t *r = &p->sruns[i];
-      r->out = acc + (size_t)i * len;
-      r->init = p->rot1 ? NULL : own_ptr(p, k, m);
-      r->count = len;
-      r->first = ns;
-      for (j = 0; j < p->s1; j++)
-        if (j != p->me1)
-          p->bsrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      r->n = ns - r->first;
-    }
-    return zpp_k_sum_batch(ex, p->raw1 ? NULL : &a->q1, a->dtype, a->dtype,
-                           p->sruns, (size_t)np, p->bsrcs);
-  }
-  for (i = 0; i < np; i++) {
-    int m = half_part(p, h, i);
-    float *part = acc + (size_t)i * len;
-    if (sum_in_one_call(p)) { /* own slice and messages in one pass */
-      int n = 0;
-      for (j = 0; j < p->s1; j++)
-        if (j != p->me1)
-          p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      zpp_plan_poll();
-      ZPP_CHECK(zpp_k_sum_decoded(ex, &a->q1, a->dtype, own_ptr(p, k, m),
-                                  p->srcs, n, len, part));
-      continue;
-    }
-    ZPP_CHECK(own_slice(p, k, m, part));
-    for (j = 0; j < p->s1; j++) {
-      const uint8_t *in = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      if (j == p->me1)
-        continue; /* already in part */
-      zpp_plan_poll();
-      if (p->raw1) /* part = part + fp32(slice), in place */
-        ZPP_CHECK(zpp_k_add_residual(ex, a->dtype, in, part, len, part));
-      else
-        ZPP_CHECK(zpp_k_decode_acc(ex, &a->q1, in, len, part));
-    }
-  }
-  return ZPP_OK;
-}
-
-/* Set X of chunk k (two levels): the partial sums other nodes keep, then
- * stage 2's encode of each into its part of s2 (stage-2 residual segments
- * from p->seg2; own part: not written).  A raw stage 1 leaves the rotation to
- * here: the partial sums are rotated in place, and the sum of rotated
- * partial sums is the rotated sum (stage2_keep rotates the kept one). */
 static zpp_status_t stage1_reduce_x(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
-  const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t off = k * p->chunk, len = chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
-  float *acc = p->slot[k % QGZ_DEPTH].accx;
-  int i, me = zpp_transport_rank(ex->t);
-  if (a->isum)
-    return isum_reduce_x(p, k);
-  ZPP_CHECK(stage1_sum(p, k, HALF_X, acc));
-  if (p->batch) { /* every partial sum to send: one table */
-    zpp_k_enc_batch_t b = batch_opts(p, &a->q2, ZPP_FLOAT32, 0);
-    int np = half_parts(p, HALF_X);
-    for (i = 0; i < np; i++) {
-      int m = half_part(p, HALF_X, i);
-      zpp_qb_enc_run_t *r = &p->eruns[i];
-      p->hruns[i].src = p->hruns[i].dst = acc + (size_t)i * len;
-      p->hruns[i].count = len;
-      r->src = acc + (size_t)i * len;
-      r->dst = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
-      batch_residual(p, p->seg2 + (size_t)m, off, r);
-      r->count = len;
-      r->base = off;
-      r->seed = stream_q(&a->q2, 2, me, m).seed;
-    }
-    if (p->rot2) /* in place, before the encode */
-      ZPP_CHECK(zpp_k_hadamard_batch(ex, a->hadamard, ZPP_FLOAT32, p->hruns,
-                                     (size_t)np));
-    return zpp_k_encode_batch(ex, &b, p->eruns, (size_t)np);
-  }
-  for (i = 0; i < half_parts(p, HALF_X); i++) { /* part mo: not sent */
-    int m = half_part(p, HALF_X, i);
-    float *part = acc + (size_t)i * len;
-    uint8_t *out = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
-    zpp_quant_config_t q;
-    zpp_plan_poll();
-    q = stream_q(&a->q2, 2, me, m);
-    if (p->rot2)
-      ZPP_CHECK(zpp_k_hadamard(ex, a->hadamard, ZPP_FLOAT32, part, len, part));
-    ZPP_CHECK(encode_ef(p, &q, p->seg2 + (size_t)m, off, len, ZPP_FLOAT32,
-                        part, out));
-  }
-  return ZPP_OK;
+  return p->a.isum ? zpp_qgz_int_reduce_x(p, k) : zpp_qgz_float_reduce_x(p, k);
 }
 
-/* Set O of chunk k: the partial sum this node keeps; one level: the
- * finish.  Two levels: rotated when stage 2 rotates, the other nodes'
- * partial sums decoded and added to it in node order (in place, fp32),
- * then the finish. */
 static zpp_status_t stage2_keep(void *ctx, size_t k) {
   qgz_ctx_t *p = (qgz_ctx_t *)ctx;
-  const qgz_arg_t *a = &p->a;
-  size_t len = chunk_len(p, k), e2 = zpp_coll_encoded_size(&a->q2, len);
-  float *sum = p->slot[k % QGZ_DEPTH].acco;
-  const uint8_t *in;
-  int m;
-  if (a->isum)
-    return isum_keep(p, k);
-  ZPP_CHECK(stage1_sum(p, k, HALF_O, sum));
-  if (!p->two)
-    return finish(p, k, sum);
-  if (p->rot2)
-    ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, sum, len, sum));
-  in = p->slot[k % QGZ_DEPTH].r2;
-  if (p->batch) { /* the other nodes' partial sums: one table */
-    size_t n = 0;
-    for (m = 0; m < p->m1; m++)
-      if (m != p->mo)
-        p->bsrcs[n++] = in + (size_t)m * e2;
-    p->sruns[0].out = sum;
-    p->sruns[0].init = NULL;
-    p->sruns[0].count = len;
-    p->sruns[0].first = 0;
-    p->sruns[0].n = n;
-    ZPP_CHECK(zpp_k_sum_batch(&a->ex, &a->q2, ZPP_FLOAT32, ZPP_FLOAT32,
-                              p->sruns, 1, p->bsrcs));
-    return finish(p, k, sum);
-  }
-  for (m = 0; m < p->m1; m++, in += e2) {
-    if (m == p->mo)
-      continue; /* the start of the sum */
-    zpp_plan_poll();
-    ZPP_CHECK(zpp_k_decode_acc(&a->ex, &a->q2, in, len, sum));
-  }
-  return finish(p, k, sum);
+  return p->a.isum ? zpp_qgz_int_keep(p, k) : zpp_qgz_float_keep(p, k);
 }
 
 static void qgz_release(void *ctx) {
@@ -1105,7 +245,7 @@ static void a2a_layout(size_t *bytes, size_t *displs, int n, int me,
 static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
-  size_t e1 = s1_bytes(p, p->chunk), s1 = (size_t)p->s1;
+  size_t e1 = qgz_s1_bytes(p, p->chunk), s1 = (size_t)p->s1;
   size_t e2 = zpp_coll_encoded_size(&a->q2, p->chunk), m1 = (size_t)p->m1;
   size_t nslots = p->nchunks < QGZ_DEPTH ? p->nchunks : QGZ_DEPTH, i;
   zpp_status_t st = ZPP_OK;
@@ -1124,7 +264,7 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
       st = zpp_k_alloc(ex, m1 * e2, (void **)&p->slot[i].r2);
   }
   if (st == ZPP_OK && p->nchunks > 0) { /* the all-to-alls' layouts */
-    size_t nl = 4 * (s1 + m1), last = chunk_len(p, p->nchunks - 1), t;
+    size_t nl = 4 * (s1 + m1), last = qgz_chunk_len(p, p->nchunks - 1), t;
     p->lay_mem = (size_t *)malloc(nl * sizeof *p->lay_mem);
     if (p->lay_mem == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ all-to-all layouts");
@@ -1135,49 +275,20 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
       p->lay2[t].bytes = p->lay_mem + 4 * s1 + t * 2 * m1;
       p->lay2[t].displs = p->lay2[t].bytes + m1;
       a2a_layout(p->lay1[t].bytes, p->lay1[t].displs, p->s1, p->me1,
-                 m1 * s1_bytes(p, len));
+                 m1 * qgz_s1_bytes(p, len));
       a2a_layout(p->lay2[t].bytes, p->lay2[t].displs, p->m1, p->mo,
                  zpp_coll_encoded_size(&a->q2, len));
     }
   }
-  if (st == ZPP_OK && p->s1 > 1 && sum_in_one_call(p)) { /* stage1_sum */
+  if (st == ZPP_OK && p->s1 > 1 && qgz_sum_in_one_call(p)) { /* stage1_sum */
     p->srcs = (const void **)calloc(s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
   }
-  if (st == ZPP_OK && a->isum && p->nchunks > 0) { /* the absmax tables */
-    size_t w = (size_t)zpp_transport_size(ex->t);
-    p->nb = (a->count + a->q1.block_size - 1) / a->q1.block_size;
-    p->iops = &zpp_quant_cpu_ops()->isum;
-    st = zpp_k_alloc(ex, w * p->nb * 4, (void **)&p->amax_mine);
-    if (st == ZPP_OK)
-      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp_mine);
-    if (st == ZPP_OK && s1 > 1)
-      st = zpp_k_alloc(ex, w * p->nb, (void **)&p->uexp);
-    if (st == ZPP_OK && s1 > 1)
-      st = zpp_k_alloc(ex, s1 * w * p->nb, (void **)&p->uexp_all);
-    if (s1 == 1) /* a stage of one rank agrees with itself */
-      p->uexp = p->uexp_mine;
-    if (st == ZPP_OK) {
-      p->fsrcs = (const uint8_t **)calloc(m1, sizeof *p->fsrcs);
-      if (p->fsrcs == NULL)
-        st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");
-    }
-  }
-  if (st == ZPP_OK && p->idev && p->nchunks > 0) { /* the tables, no scratch */
-    size_t w = (size_t)zpp_transport_size(ex->t);
-    p->iabs = (zpp_isum_cuda_absmax_run_t *)calloc(w, sizeof *p->iabs);
-    p->ienc = (zpp_isum_cuda_encode_run_t *)calloc(s1 * m1, sizeof *p->ienc);
-    p->isr = (zpp_isum_cuda_sum_run_t *)calloc(m1, sizeof *p->isr);
-    p->ireq = (zpp_isum_cuda_requant_run_t *)calloc(m1, sizeof *p->ireq);
-    p->isrcs = (const uint8_t **)calloc(s1 * m1, sizeof *p->isrcs);
-    if (p->iabs == NULL || p->ienc == NULL || p->isr == NULL ||
-        p->ireq == NULL || p->isrcs == NULL)
-      st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ integer-sum tables");
-    if (st == ZPP_OK && a->residual != NULL && a->residual_bits == 8)
-      p->res_seg = zpp_coll_encoded_size(&a->qr, a->count);
+  if (st == ZPP_OK && a->isum && p->nchunks > 0)
+    st = zpp_qgz_int_alloc(func, p);
+  if (st == ZPP_OK && p->idev && p->nchunks > 0) /* the tables, no scratch */
     return st;
-  }
   if (st == ZPP_OK && p->batch) { /* the tables; no per-slice scratch */
     size_t ne = (s1 - 1) * m1 > m1 ? (s1 - 1) * m1 : m1;
     p->eruns = (zpp_qb_enc_run_t *)calloc(ne, sizeof *p->eruns);
@@ -1270,7 +381,8 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
   for (i = 0; i < QGZ_DEPTH; i++)
     kfree[i] = cprev[i] = nstep[i] = ZPP_NO_STEP;
   if (a->isum && n > 0) { /* the scale agreement, before every encode */
-    int s = zpp_plan_kernel(plan, isum_absmax, 0, ZPP_NO_STEP, ZPP_NO_STEP);
+    int s =
+        zpp_plan_kernel(plan, zpp_qgz_int_absmax, 0, ZPP_NO_STEP, ZPP_NO_STEP);
     /* an all-gather of the exponent bytes, (s1 - 1) W nb sent per rank;
      * a max all-reduce would send about 2 (s1 - 1) / s1 W nb, but the
      * transports reduce only SUM/MEAN of floating-point dtypes
@@ -1284,7 +396,7 @@ static zpp_status_t qgz_plan(const char *func, qgz_ctx_t *p,
       x.recv = p->uexp_all;
       x.bytes = (size_t)zpp_transport_size(ex->t) * p->nb;
       s = zpp_plan_xfer(plan, &x, s, ZPP_NO_STEP);
-      s = zpp_plan_kernel(plan, isum_agree, 0, s, ZPP_NO_STEP);
+      s = zpp_plan_kernel(plan, zpp_qgz_int_agree, 0, s, ZPP_NO_STEP);
     }
     for (i = 0; i < QGZ_DEPTH; i++)
       kfree[i] = s;
