@@ -36,23 +36,13 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
     return zpp_k_encode_ef(ex, q, dt, x, len, off, res, a->beta, p->tmp,
                            p->tmp3, out);
   }
-  {
-    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-    uint8_t *segp = (uint8_t *)a->residual + seg * p->res_seg;
-    if (a->reset) {
-      ZPP_CHECK(zpp_k_zero(ex, p->tmp2, len * sizeof(float)));
-    } else {
-      ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
-      ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-      ZPP_CHECK(zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, p->tmp2));
-    }
-    ZPP_CHECK(zpp_k_encode_ef(ex, q, dt, x, len, off, p->tmp2, a->beta, p->tmp,
-                              p->tmp3, out));
-    ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, p->tmp2, len, p->rs));
-    ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
-    return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
-  }
+  if (a->reset)
+    ZPP_CHECK(zpp_k_zero(ex, p->tmp2, len * sizeof(float)));
+  else
+    ZPP_CHECK(qgz_res8_load(p, seg, off, len, p->tmp2));
+  ZPP_CHECK(zpp_k_encode_ef(ex, q, dt, x, len, off, p->tmp2, a->beta, p->tmp,
+                            p->tmp3, out));
+  return qgz_res8_store(p, seg, off, len, p->tmp2);
 }
 
 static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,

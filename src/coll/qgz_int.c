@@ -50,7 +50,6 @@ static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
 static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
                                   size_t len, int zero, float *buf, float **r) {
   const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
   *r = NULL;
   if (a->residual == NULL)
     return ZPP_OK;
@@ -62,31 +61,17 @@ static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
   }
   *r = buf;
   if (a->reset)
-    return zpp_k_zero(ex, buf, len * sizeof(float));
-  {
-    size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-    size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-    const uint8_t *segp = (const uint8_t *)a->residual + seg * p->res_seg;
-    ZPP_CHECK(zpp_k_copy(ex, p->rs, segp + b0 * 4, nb * 4));
-    ZPP_CHECK(zpp_k_copy(ex, p->rs + nb * 4, segp + nbt * 4 + b0 * bs, len));
-    return zpp_k_decode(ex, &a->qr, p->rs, len, ZPP_FLOAT32, buf);
-  }
+    return zpp_k_zero(&a->ex, buf, len * sizeof(float));
+  return qgz_res8_load(p, seg, off, len, buf);
 }
 
 /* INT8 residual: buf (the new errors) encoded back into segment seg. */
 static zpp_status_t isum_res_store(qgz_ctx_t *p, size_t seg, size_t off,
                                    size_t len, const float *buf) {
   const qgz_arg_t *a = &p->a;
-  const zpp_exec_t *ex = &a->ex;
-  size_t bs = a->qr.block_size, nbt = (a->count + bs - 1) / bs;
-  size_t b0 = off / bs, nb = (len + bs - 1) / bs;
-  uint8_t *segp;
   if (a->residual == NULL || a->residual_bits == 32)
     return ZPP_OK;
-  segp = (uint8_t *)a->residual + seg * p->res_seg;
-  ZPP_CHECK(zpp_k_encode(ex, &a->qr, ZPP_FLOAT32, buf, len, p->rs));
-  ZPP_CHECK(zpp_k_copy(ex, segp + b0 * 4, p->rs, nb * 4));
-  return zpp_k_copy(ex, segp + nbt * 4 + b0 * bs, p->rs + nb * 4, len);
+  return qgz_res8_store(p, seg, off, len, buf);
 }
 
 /* The steps on device memory (after the host ones). */

@@ -8,6 +8,7 @@
 #define ZPP_SRC_COLL_QGZ_INTERNAL_H
 
 #include "coll/coll.h"
+#include "core/core.h"
 #include "engine/exec.h"
 #include "kernels/quant_cpu.h"
 #include "kernels/quant_math.h"
@@ -179,6 +180,37 @@ static inline void qgz_residual_at(const qgz_ctx_t *p, size_t seg, size_t off,
     *res = segp + off / bs * 4;
     *res_codes = segp + nbt * 4 + off / bs * bs;
   }
+}
+
+/* INT8 residual (a.residual_bits 8): the blocks of segment seg that hold
+ * the `len` elements at `off` (chunks are whole blocks, so they own whole
+ * blocks) gathered into p->rs, their scales then their codes, and decoded
+ * into buf (fp32). */
+static inline zpp_status_t qgz_res8_load(qgz_ctx_t *p, size_t seg, size_t off,
+                                         size_t len, float *buf) {
+  const qgz_arg_t *a = &p->a;
+  size_t nb = (len + a->qr.block_size - 1) / a->qr.block_size;
+  void *scales;
+  uint8_t *codes;
+  qgz_residual_at(p, seg, off, &scales, &codes);
+  ZPP_CHECK(zpp_k_copy(&a->ex, p->rs, scales, nb * 4));
+  ZPP_CHECK(zpp_k_copy(&a->ex, p->rs + nb * 4, codes, len));
+  return zpp_k_decode(&a->ex, &a->qr, p->rs, len, ZPP_FLOAT32, buf);
+}
+
+/* The way back: buf (the new errors) encoded into p->rs and scattered
+ * into those blocks of segment seg. */
+static inline zpp_status_t qgz_res8_store(qgz_ctx_t *p, size_t seg,
+                                          size_t off, size_t len,
+                                          const float *buf) {
+  const qgz_arg_t *a = &p->a;
+  size_t nb = (len + a->qr.block_size - 1) / a->qr.block_size;
+  void *scales;
+  uint8_t *codes;
+  qgz_residual_at(p, seg, off, &scales, &codes);
+  ZPP_CHECK(zpp_k_encode(&a->ex, &a->qr, ZPP_FLOAT32, buf, len, p->rs));
+  ZPP_CHECK(zpp_k_copy(&a->ex, scales, p->rs, nb * 4));
+  return zpp_k_copy(&a->ex, codes, p->rs + nb * 4, len);
 }
 
 /* The two sets of stage 1's partial sums. */
