@@ -45,11 +45,6 @@ static zpp_status_t encode_ef(qgz_ctx_t *p, const zpp_quant_config_t *q,
   return qgz_res8_store(p, seg, off, len, p->tmp2);
 }
 
-static void batch_residual(const qgz_ctx_t *p, size_t seg, size_t off,
-                           zpp_qb_enc_run_t *r) {
-  qgz_residual_at(p, seg, off, &r->res, &r->res_codes);
-}
-
 /* Batched steps: what the encodes of one step share. */
 static zpp_k_enc_batch_t batch_opts(const qgz_ctx_t *p,
                                     const zpp_quant_config_t *q, zpp_dtype_t dt,
@@ -82,8 +77,8 @@ zpp_status_t zpp_qgz_float_encode(qgz_ctx_t *p, size_t k) {
         int sl = qgz_slice_of(p, j, m);
         zpp_qb_enc_run_t *r = &p->eruns[n++];
         r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
-        r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-        batch_residual(p, (size_t)sl, off, r);
+        r->dst = out + qgz_s1_at(p, j, m, e1);
+        qgz_residual_at(p, (size_t)sl, off, &r->res, &r->res_codes);
         r->count = len;
         r->base = off;
         r->seed = qgz_stream_q(&a->q1, 1, me, sl).seed;
@@ -123,11 +118,10 @@ zpp_status_t zpp_qgz_float_encode(qgz_ctx_t *p, size_t k) {
 static zpp_status_t finish(const qgz_ctx_t *p, size_t k, float *acc) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk;
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
   if (p->rot1 || p->rot2) /* back from the rotated domain, in place */
     ZPP_CHECK(zpp_k_hadamard(&a->ex, a->hadamard, ZPP_FLOAT32, acc,
                              qgz_chunk_len(p, k), acc));
-  return zpp_k_finish(&a->ex, acc, qgz_chunk_len(p, k), div, a->dtype,
+  return zpp_k_finish(&a->ex, acc, qgz_chunk_len(p, k), qgz_div(p), a->dtype,
                       (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
 }
 
@@ -170,10 +164,8 @@ static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
       r->init = p->rot1 ? NULL : qgz_own_ptr(p, k, m);
       r->count = len;
       r->first = ns;
-      for (j = 0; j < p->s1; j++)
-        if (j != p->me1)
-          p->bsrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
-      r->n = ns - r->first;
+      r->n = (size_t)qgz_s1_srcs(p, k, m, p->bsrcs + ns);
+      ns += r->n;
     }
     return zpp_k_sum_batch(ex, p->raw1 ? NULL : &a->q1, a->dtype, a->dtype,
                            p->sruns, (size_t)np, p->bsrcs);
@@ -182,10 +174,7 @@ static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
     int m = qgz_half_part(p, h, i);
     float *part = acc + (size_t)i * len;
     if (qgz_sum_in_one_call(p)) { /* own slice and messages in one pass */
-      int n = 0;
-      for (j = 0; j < p->s1; j++)
-        if (j != p->me1)
-          p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      int n = qgz_s1_srcs(p, k, m, p->srcs);
       zpp_plan_poll();
       ZPP_CHECK(zpp_k_sum_decoded(ex, &a->q1, a->dtype, qgz_own_ptr(p, k, m),
                                   p->srcs, n, len, part));
@@ -193,7 +182,7 @@ static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
     }
     ZPP_CHECK(own_slice(p, k, m, part));
     for (j = 0; j < p->s1; j++) {
-      const uint8_t *in = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      const uint8_t *in = r1 + qgz_s1_at(p, j, m, e1);
       if (j == p->me1)
         continue; /* already in part */
       zpp_plan_poll();
@@ -229,7 +218,7 @@ zpp_status_t zpp_qgz_float_reduce_x(qgz_ctx_t *p, size_t k) {
       p->hruns[i].count = len;
       r->src = acc + (size_t)i * len;
       r->dst = p->slot[k % QGZ_DEPTH].s2 + (size_t)m * e2;
-      batch_residual(p, p->seg2 + (size_t)m, off, r);
+      qgz_residual_at(p, p->seg2 + (size_t)m, off, &r->res, &r->res_codes);
       r->count = len;
       r->base = off;
       r->seed = qgz_stream_q(&a->q2, 2, me, m).seed;

@@ -157,7 +157,7 @@ zpp_status_t zpp_qgz_int_encode(qgz_ctx_t *p, size_t k) {
       zpp_quant_config_t q = qgz_stream_q(&a->q1, 1, me, sl);
       zpp_qcfg_t c = isum_qcfg(&q, off);
       float *r;
-      uint8_t *o = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      uint8_t *o = out + qgz_s1_at(p, j, m, e1);
       if (j == p->me1)
         continue;
       zpp_plan_poll();
@@ -171,15 +171,14 @@ zpp_status_t zpp_qgz_int_encode(qgz_ctx_t *p, size_t k) {
   return ZPP_OK;
 }
 
-/* The stage-1 messages of partial sum m of chunk k from the other members
- * into p->srcs; their number. */
-static int isum_srcs(qgz_ctx_t *p, size_t k, int m) {
-  size_t e1 = qgz_s1_bytes(p, qgz_chunk_len(p, k));
-  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
-  int j, n = 0;
-  for (j = 0; j < p->s1; j++)
-    if (j != p->me1)
-      p->srcs[n++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+/* The other nodes' stage-2 messages of chunk k, in node order, into
+ * p->fsrcs; their number (none on one level). */
+static size_t isum_s2_srcs(qgz_ctx_t *p, size_t k) {
+  size_t e2 = zpp_coll_encoded_size(&p->a.q2, qgz_chunk_len(p, k)), n = 0;
+  int m;
+  for (m = 0; m < p->m1 && p->two; m++)
+    if (m != p->mo)
+      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   return n;
 }
 
@@ -197,7 +196,7 @@ zpp_status_t zpp_qgz_int_reduce_x(qgz_ctx_t *p, size_t k) {
   if (p->idev)
     return isum_reduce_x_dev(p, k);
   for (i = 0; i < qgz_half_parts(p, QGZ_HALF_X); i++) {
-    int m = qgz_half_part(p, QGZ_HALF_X, i), n = isum_srcs(p, k, m);
+    int m = qgz_half_part(p, QGZ_HALF_X, i), n = qgz_s1_srcs(p, k, m, p->srcs);
     size_t own = (size_t)qgz_slice_of(p, p->me1, m);
     zpp_quant_config_t q = qgz_stream_q(&a->q2, 2, me, m);
     zpp_qcfg_t c = isum_qcfg(&q, off);
@@ -221,24 +220,22 @@ zpp_status_t zpp_qgz_int_reduce_x(qgz_ctx_t *p, size_t k) {
 zpp_status_t zpp_qgz_int_keep(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = qgz_chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len);
   int32_t *tmp = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
   zpp_qcfg_t c1 = isum_qcfg(&a->q1, 0), c = isum_qcfg(&a->q2, 0);
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  int m, n = 0, n1 = isum_srcs(p, k, p->mo);
   size_t own = (size_t)qgz_slice_of(p, p->me1, p->mo);
   float *r1;
+  int n, n1;
   if (p->idev)
     return isum_keep_dev(p, k);
-  for (m = 0; m < p->m1 && p->two; m++)
-    if (m != p->mo)
-      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
+  n1 = qgz_s1_srcs(p, k, p->mo, p->srcs);
+  n = (int)isum_s2_srcs(p, k);
   zpp_plan_poll();
   ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
-  p->iops->sum_finish(
-      &c1, &c, (int)a->dtype, qgz_own_ptr(p, k, p->mo), r1, a->beta,
-      isum_uexp(p, (int)own, k), (const uint8_t *const *)p->srcs, n1, p->fsrcs,
-      n, len, div, tmp, (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
+  p->iops->sum_finish(&c1, &c, (int)a->dtype, qgz_own_ptr(p, k, p->mo), r1,
+                      a->beta, isum_uexp(p, (int)own, k),
+                      (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
+                      qgz_div(p), tmp,
+                      (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype));
   return isum_res_store(p, own, off, len, p->tmp);
 }
 
@@ -305,7 +302,7 @@ static zpp_status_t isum_encode_dev(qgz_ctx_t *p, size_t k) {
       r->src = (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds;
       r->amax = isum_amax(p, sl, k);
       r->uexp = isum_uexp(p, sl, k);
-      r->dst = out + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+      r->dst = out + qgz_s1_at(p, j, m, e1);
       r->count = len;
       r->base = off;
       r->seed = qgz_stream_q(&a->q1, 1, me, sl).seed;
@@ -335,7 +332,7 @@ static zpp_status_t isum_sum_dev(qgz_ctx_t *p, size_t k, int h, int32_t *acc) {
     r->first = ns;
     for (j = 0; j < p->s1; j++)
       if (j != p->me1)
-        p->isrcs[ns++] = r1 + ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+        p->isrcs[ns++] = r1 + qgz_s1_at(p, j, m, e1);
     r->n = ns - r->first;
   }
   return zpp_k_isum_sum(&a->ex, &c, p->isr, (size_t)np, p->isrcs);
@@ -366,16 +363,10 @@ static zpp_status_t isum_reduce_x_dev(qgz_ctx_t *p, size_t k) {
 static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   size_t off = k * p->chunk, len = qgz_chunk_len(p, k);
-  size_t e2 = zpp_coll_encoded_size(&a->q2, len), n = 0;
   int32_t *acc = (int32_t *)(void *)p->slot[k % QGZ_DEPTH].acco;
   zpp_isum_cuda_t c = isum_dcfg(p, &a->q2);
   zpp_isum_cuda_finish_run_t r;
-  float div = a->op == ZPP_OP_MEAN ? (float)zpp_transport_size(a->ex.t) : 1.0f;
-  int m;
   ZPP_CHECK(isum_sum_dev(p, k, QGZ_HALF_O, acc));
-  for (m = 0; m < p->m1 && p->two; m++)
-    if (m != p->mo)
-      p->fsrcs[n++] = p->slot[k % QGZ_DEPTH].r2 + (size_t)m * e2;
   memset(&r, 0, sizeof r);
   r.own = acc;
   /* more than ZPP_ISUM_CUDA_SRCS other nodes: the finish goes on over
@@ -385,8 +376,8 @@ static zpp_status_t isum_keep_dev(qgz_ctx_t *p, size_t k) {
   r.dst = (uint8_t *)a->recv + off * zpp_dtype_size(a->dtype);
   r.count = len;
   r.first = 0;
-  r.n = n;
-  return zpp_k_isum_finish(&a->ex, &c, &r, 1, p->fsrcs, div);
+  r.n = isum_s2_srcs(p, k);
+  return zpp_k_isum_finish(&a->ex, &c, &r, 1, p->fsrcs, qgz_div(p));
 }
 
 /* The buffers of integer sums (a.isum, nchunks > 0): this rank's absmax

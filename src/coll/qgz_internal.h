@@ -147,6 +147,31 @@ static inline size_t qgz_s1_bytes(const qgz_ctx_t *p, size_t len) {
                  : zpp_coll_encoded_size(&p->a.q1, len);
 }
 
+/* Where part m of the stage-1 message to (or from) member j lies in a
+ * slot's s1 (or r1): member after member, each its m1 parts of e1 bytes in
+ * node order. */
+static inline size_t qgz_s1_at(const qgz_ctx_t *p, int j, int m, size_t e1) {
+  return ((size_t)j * (size_t)p->m1 + (size_t)m) * e1;
+}
+
+/* The stage-1 messages of partial sum m of chunk k from the other members,
+ * in member order, into srcs; their number (s1 - 1). */
+static inline int qgz_s1_srcs(const qgz_ctx_t *p, size_t k, int m,
+                              const void **srcs) {
+  size_t e1 = qgz_s1_bytes(p, qgz_chunk_len(p, k));
+  const uint8_t *r1 = p->slot[k % QGZ_DEPTH].r1;
+  int j, n = 0;
+  for (j = 0; j < p->s1; j++)
+    if (j != p->me1)
+      srcs[n++] = r1 + qgz_s1_at(p, j, m, e1);
+  return n;
+}
+
+/* The finish's divisor: the world size for MEAN, else 1. */
+static inline float qgz_div(const qgz_ctx_t *p) {
+  return p->a.op == ZPP_OP_MEAN ? (float)zpp_transport_size(p->a.ex.t) : 1.0f;
+}
+
 /* Stochastic rounding: the config of one encode, with a seed of its own
  * for each (stage, rank, slice or partial sum), so no two encodes of a
  * call share random bits; elements draw at their index in the slice. */
