@@ -36,9 +36,7 @@
 #include "coll/qgz_internal.h"
 #include "comm/comm.h"
 #include "core/core.h"
-#include "engine/engine.h"
 #include "engine/plan.h"
-#include "quant/quant.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -43,19 +43,18 @@ static zpp_qcfg_t isum_qcfg(const zpp_quant_config_t *q, uint64_t base) {
 }
 
 /* The fp32 residual of segment seg for `len` elements at `off`, for the
- * integer-sum kernels: fp32, in place (zeroed first when the call resets,
- * if `zero`); INT8, decoded into buf (p->tmp2, or p->tmp for the own
- * slice's beside stage 2's; zero when the call resets).  *r NULL: no error
- * feedback. */
+ * integer-sum kernels: fp32, in place (zeroed first when the call resets);
+ * INT8, decoded into buf (p->tmp2, or p->tmp for the own slice's beside
+ * stage 2's; zero when the call resets).  *r NULL: no error feedback. */
 static zpp_status_t isum_res_load(qgz_ctx_t *p, size_t seg, size_t off,
-                                  size_t len, int zero, float *buf, float **r) {
+                                  size_t len, float *buf, float **r) {
   const qgz_arg_t *a = &p->a;
   *r = NULL;
   if (a->residual == NULL)
     return ZPP_OK;
   if (a->residual_bits == 32) {
     *r = (float *)a->residual + seg * a->count + off;
-    if (a->reset && zero)
+    if (a->reset)
       memset(*r, 0, len * sizeof(float));
     return ZPP_OK;
   }
@@ -99,7 +98,7 @@ zpp_status_t zpp_qgz_int_absmax(void *ctx, size_t unused) {
         size_t off = k * p->chunk, len = qgz_chunk_len(p, k);
         float *r = NULL;
         if (!a->reset)
-          ZPP_CHECK(isum_res_load(p, sl, off, len, 0, p->tmp2, &r));
+          ZPP_CHECK(isum_res_load(p, sl, off, len, p->tmp2, &r));
         size_t b0 = sl * p->nb + off / c.block, b;
         size_t nb = (len + c.block - 1) / c.block;
         p->iops->absmax(&c, (int)a->dtype,
@@ -161,7 +160,7 @@ zpp_status_t zpp_qgz_int_encode(qgz_ctx_t *p, size_t k) {
       if (j == p->me1)
         continue;
       zpp_plan_poll();
-      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, 1, p->tmp2, &r));
+      ZPP_CHECK(isum_res_load(p, (size_t)sl, off, len, p->tmp2, &r));
       p->iops->encode(
           &c, (int)a->dtype,
           (const uint8_t *)a->send + ((size_t)sl * a->count + off) * ds, r,
@@ -202,8 +201,8 @@ zpp_status_t zpp_qgz_int_reduce_x(qgz_ctx_t *p, size_t k) {
     zpp_qcfg_t c = isum_qcfg(&q, off);
     float *r, *r1;
     zpp_plan_poll();
-    ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
-    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, 1, p->tmp2, &r));
+    ZPP_CHECK(isum_res_load(p, own, off, len, p->tmp, &r1));
+    ZPP_CHECK(isum_res_load(p, p->seg2 + (size_t)m, off, len, p->tmp2, &r));
     p->iops->sum_requant(&c1, &c, (int)a->dtype, qgz_own_ptr(p, k, m), r1,
                          isum_uexp(p, (int)own, k),
                          (const uint8_t *const *)p->srcs, n, r, a->beta, len,
@@ -230,7 +229,7 @@ zpp_status_t zpp_qgz_int_keep(qgz_ctx_t *p, size_t k) {
   n1 = qgz_s1_srcs(p, k, p->mo, p->srcs);
   n = (int)isum_s2_srcs(p, k);
   zpp_plan_poll();
-  ZPP_CHECK(isum_res_load(p, own, off, len, 1, p->tmp, &r1));
+  ZPP_CHECK(isum_res_load(p, own, off, len, p->tmp, &r1));
   p->iops->sum_finish(&c1, &c, (int)a->dtype, qgz_own_ptr(p, k, p->mo), r1,
                       a->beta, isum_uexp(p, (int)own, k),
                       (const uint8_t *const *)p->srcs, n1, p->fsrcs, n, len,
