@@ -278,7 +278,7 @@ static zpp_status_t qgz_alloc(const char *func, qgz_ctx_t *p) {
                  zpp_coll_encoded_size(&a->q2, len));
     }
   }
-  if (st == ZPP_OK && p->s1 > 1 && qgz_sum_in_one_call(p)) { /* stage1_sum */
+  if (st == ZPP_OK && p->s1 > 1 && qgz_sum_in_one_call(p)) { /* qgz_s1_srcs */
     p->srcs = (const void **)calloc(s1 - 1, sizeof *p->srcs);
     if (p->srcs == NULL)
       st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "qgZ message table");

@@ -197,9 +197,10 @@ static zpp_status_t stage1_sum(qgz_ctx_t *p, size_t k, int h, float *acc) {
 
 /* Set X of chunk k (two levels): the partial sums other nodes keep, then
  * stage 2's encode of each into its part of s2 (stage-2 residual segments
- * from p->seg2; own part: not written).  A raw stage 1 leaves the rotation to
- * here: the partial sums are rotated in place, and the sum of rotated
- * partial sums is the rotated sum (stage2_keep rotates the kept one). */
+ * from p->seg2; own part: not written).  A raw stage 1 leaves the rotation
+ * to here: the partial sums are rotated in place, and the sum of rotated
+ * partial sums is the rotated sum (zpp_qgz_float_keep rotates the kept
+ * one). */
 zpp_status_t zpp_qgz_float_reduce_x(qgz_ctx_t *p, size_t k) {
   const qgz_arg_t *a = &p->a;
   const zpp_exec_t *ex = &a->ex;
