@@ -374,13 +374,13 @@ static void print_row(const opts_t *o, const char *isa, const row_t *r,
 /* ---- --qgz-chain ----------------------------------------------------------
  * One rank of a 2x4 qgZ (node 0, local rank 0: it keeps partial sum 0 and
  * sends partial sum 1), with the messages it would receive stood in for by
- * the ones it encodes (the same sizes and work).  Kernels as qgz.c's host
- * path calls them. */
+ * the ones it encodes (the same sizes and work).  Kernels as qgZ's host
+ * path calls them (src/coll/qgz_float.c, qgz_int.c). */
 #define QC_S 4
 #define QC_M 2
 #define QC_W (QC_S * QC_M)
 
-#define QC_DEPTH 3 /* chunk slots, as qgz.c's QGZ_DEPTH */
+#define QC_DEPTH 3 /* chunk slots, as qgz_internal.h's QGZ_DEPTH */
 
 typedef struct {
   const zpp_quant_cpu_ops_t *ops;
@@ -439,7 +439,7 @@ static void qc_float(const qc_t *c, size_t k) {
                      (uint8_t *)c->out + off * zpp_qm_dtype_bytes(c->dtype));
 }
 
-/* INT variants: QC_INT the chain of qgz.c (the agreement: the absmax of
+/* INT variants: QC_INT the chain of qgz_int.c (the agreement: the absmax of
  * the whole input, before the chunks; per chunk the encode, the fused
  * stage-1 sum + re-quantization of the partial sum sent and the fused
  * stage-1 sum + finish of the one kept); QC_INT_UNFUSED the unfused steps
@@ -460,9 +460,10 @@ enum {
 static const char *const qc_kind_name[QC_KINDS] = {"float", "int", "int_unf",
                                                    "int_cagr", "int_noag"};
 
-/* The agreement of elements [off, off + len) of every slice, as qgz.c's
- * isum_absmax and isum_agree (the other members' exponents: copies of
- * this rank's, standing in for the all-gather). */
+/* The agreement of elements [off, off + len) of every slice, as
+ * qgz_int.c's zpp_qgz_int_absmax and zpp_qgz_int_agree (the other
+ * members' exponents: copies of this rank's, standing in for the
+ * all-gather). */
 static void qc_agree(const qc_t *c, size_t off, size_t len) {
   zpp_qcfg_t q = {4, 0, c->block, 0, 0, 0, 0};
   size_t nb = (c->count + c->block - 1) / c->block, n = QC_W * nb, b;

@@ -373,7 +373,7 @@ TEST(IsumCuda, AbsmaxEncodeAndSumAreTheScalarKernels) {
       // of the run and of run 2 when counts agree, own NULL for run 4.
       // The own slices' residuals (runs 0, 2, 3: run 0's in the first of
       // its two launches only), on exponents whose absmax takes them in
-      // (as qgz.c's agreement does).
+      // (as qgz_int.c's agreement does).
       std::vector<Resid> ores;
       std::vector<int> has_ores(kRuns);
       std::vector<std::vector<int8_t>> uexp_s(kRuns);
@@ -691,7 +691,7 @@ TEST(IsumCuda, FinishOfManyMessagesGoesOnOverLaunches) {
         fr[i].count = count[i];
         fr[i].first = srcs.size();
         fr[i].n = nmsg[i];
-        // run 0: its own sums' buffer (as qgz.c); run 1: none (one
+        // run 0: its own sums' buffer (as qgz_int.c); run 1: none (one
         // launch); run 2: scratch of its own
         fr[i].part = i == 0   ? (float *)(down.p + pown.off[i])
                      : i == 2 ? (float *)(dpart.p + ppart.off[i])

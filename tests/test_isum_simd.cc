@@ -549,7 +549,7 @@ TEST(IsumSimd, FusedStepsAreBitwiseEqualToTheScalarSteps) {
         zpp_qcfg_t q1 = make_cfg(c, rng), q2 = make_cfg(c, rng);
         size_t n = c.s.count, nb = zpp_quant_nblocks(&q1, n);
         std::vector<uint8_t> x = make_input(rng, dt, n, c.s.block);
-        // the own slice's residual: taken into the absmax, as qgz.c does
+        // the own slice's residual: taken into the absmax, as qgz_int.c does
         std::vector<float> ores = make_res(rng, n, std::ldexp(1.0f, -8));
         const float *orp = c.feedback ? ores.data() : nullptr;
         std::vector<uint32_t> am(nb);
