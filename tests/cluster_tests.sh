@@ -41,7 +41,10 @@
 # /run/zpp-cluster.lock.  Everything is torn down on exit, also on failure.
 # Wall time here: 68 s at a load average of 5, 114 s at 20; with the
 # netns_cluster.sh checks and the 16 s short-cut timeout 157 and 187 s at
-# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180).
+# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180).  The shrink_cluster_worker
+# steps add 83 s at a load average of 45 (11-13 s per kill, 18 s for the
+# cut, 19 s for the second kill; each launch about 5 s of it, and 3 s of
+# waiting for mpirun to end).
 set -uo pipefail
 prog=cluster_tests.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
