@@ -5,6 +5,8 @@
 # network, ranks of one node share memory, ranks of different nodes talk TCP
 # over their shaped links.
 #   usage: tests/cluster_tests.sh [BUILD_DIR]
+#   ZPP_CLUSTER_STEPS=faults: only the 2x4 cluster's fault steps
+#   (shrink_cluster_worker), the other binaries not needed
 # Steps, each bounded by `timeout`:
 #   netns_cluster.sh         a failed up tears down what it made; up and
 #                            down refuse while another run holds the lock
@@ -15,6 +17,23 @@
 #     test_linkcut           link down (bridge port) and 100% loss: a cut
 #                            shorter than the timeout completes exactly, a
 #                            longer one times out on every rank, no hang
+#     shrink_cluster_worker  faults (mpirun --enable-recovery; MPI only
+#                            starts the ranks, zpp's TCP bootstrap and UCX
+#                            carry the communicator, ZPP_TIMEOUT_S T = 3 s
+#                            unless said; tests/shrink_cluster_worker.c):
+#       kill qwz|hpz|qgz     rank 5 SIGKILLed in the middle of that call:
+#                            the 7 survivors shrink, the node map is
+#                            rediscovered (4 and 3 ranks), all-gather and
+#                            reduce-scatter exact, qwZ within its bound;
+#                            the kill to the first exact collective printed
+#       node                 node 1's 4 ranks SIGKILLed: shrink to one node,
+#                            a group recovered bitwise from hpZ's copies, a
+#                            stale one ZPP_ERR_DATA_LOST naming the rank
+#       cut (T = 2 s)        node 1's link down while collectives run: node
+#                            0 shrinks to its 4 ranks (exact), node 1's ranks
+#                            end in a named error, all within T + 3 T + 2 s
+#       second               rank 6 SIGKILLs itself after the decision: every
+#                            other survivor ZPP_ERR_PEER_FAILED naming it
 #   3 nodes x 2 ranks, unshaped:
 #     test_transport, test_coll
 # Where a cluster cannot be made (not root, no iproute2, no namespaces) it
@@ -22,7 +41,10 @@
 # /run/zpp-cluster.lock.  Everything is torn down on exit, also on failure.
 # Wall time here: 68 s at a load average of 5, 114 s at 20; with the
 # netns_cluster.sh checks and the 16 s short-cut timeout 157 and 187 s at
-# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180).
+# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180).  The shrink_cluster_worker
+# steps add 83 s at a load average of 45 (11-13 s per kill, 18 s for the
+# cut, 19 s for the second kill; each launch about 5 s of it, and 3 s of
+# waiting for mpirun to end).
 set -uo pipefail
 prog=cluster_tests.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,7 +61,13 @@ elif [ $rc -ne 0 ]; then
   echo "$prog: scripts/netns_cluster.sh check failed (exit $rc): $why" >&2
   exit 1
 fi
-for b in tools/zpp-topo tests/test_transport tests/test_coll tests/test_linkcut; do
+only=${ZPP_CLUSTER_STEPS:-all}
+case $only in
+  all) bins="tools/zpp-topo tests/test_transport tests/test_coll tests/test_linkcut tests/shrink_cluster_worker" ;;
+  faults) bins=tests/shrink_cluster_worker ;;
+  *) echo "$prog: ZPP_CLUSTER_STEPS '$only': must be all or faults" >&2; exit 1 ;;
+esac
+for b in $bins; do
   [ -x "$build/$b" ] || { echo "$prog: no $build/$b: build first" >&2; exit 1; }
 done
 
@@ -75,6 +103,83 @@ step() {
 }
 log=$(mktemp /tmp/zpp-cluster-tests.XXXXXX)
 trap '"$cluster" down; rm -f "$log"' EXIT
+
+# reported_run WANT LIMIT_S FILE CMD...: CMD (an mpirun whose output the
+# caller sends to FILE) under timeout LIMIT_S; once FILE holds WANT lines
+# "PASS rank" or "FAIL rank", CMD gets 3 s to end and is then stopped
+# (exit 143): mpirun with --enable-recovery on these nodes does not always
+# end after a rank was killed, its daemons wait (Open MPI 4.1).  Exit 124:
+# the limit ran out first (a rank hung).
+reported_run() {
+  local want=$1 limit=$2 file=$3 pid waited=0
+  shift 3
+  timeout -k 10 "$limit" "$@" &
+  pid=$!
+  while kill -0 "$pid" 2> /dev/null; do
+    if [ "$(grep -c -E '^(PASS|FAIL) rank' "$file" 2> /dev/null)" -ge "$want" ]; then
+      waited=$((waited + 1))
+      [ $waited -ge 30 ] && { kill -TERM "$pid" 2> /dev/null; break; }
+    fi
+    sleep 0.1
+  done
+  wait "$pid"
+}
+# fault_step NAME LIMIT_S PASSES MPIRUN_ARGS...: a run of
+# shrink_cluster_worker, which survives the death of ranks
+# (--enable-recovery: the job goes on without them); it passes when
+# exactly PASSES survivors printed PASS and none FAIL (a hung rank prints
+# nothing and the run ends at LIMIT_S).  mpirun's own status is not
+# judged (the survivors end without MPI_Finalize), but for 124: the limit.
+fault_step() {
+  local name=$1 limit=$2 want=$3 t0 rc np nf
+  shift 3
+  echo "== $name"
+  t0=$(date +%s)
+  rm -f "$stamp"
+  reported_run "$want" "$limit" "$log" "$cluster" run --enable-recovery \
+    -x OMPI_MCA_mpi_yield_when_idle=1 -x ZPP_TEST_KILL_STAMP="$stamp" "$@" > "$log" 2>&1 9>&-
+  rc=$?
+  np=$(grep -c '^PASS rank' "$log")
+  nf=$(grep -c '^FAIL rank' "$log")
+  if [ "$np" -eq "$want" ] && [ "$nf" -eq 0 ] && [ $rc -ne 124 ]; then
+    grep -E '^(seed|kill to) ' "$log" | sed 's/^/   /'
+    grep -E '^PASS rank' "$log" | sort -k3n | head -3 | sed 's/^/   /'
+    echo "   passed: $np survivors ($(( $(date +%s) - t0 )) s)"
+  else
+    grep -E '^(FAIL|PASS) rank' "$log" | sed 's/^/   /'
+    echo "   ... (the end of the log:)"
+    tail -15 "$log" | sed 's/^/   /'
+    [ $rc -eq 124 ] && echo "   TIMED OUT after $limit s"
+    echo "   FAILED ($np of $want survivors passed, $nf failed; mpirun exit $rc, $(( $(date +%s) - t0 )) s)"
+    failed+=("$name")
+  fi
+}
+stamp=$(mktemp /tmp/zpp-cluster-stamp.XXXXXX)
+trap '"$cluster" down; rm -f "$log" "$stamp"' EXIT
+worker=$build/tests/shrink_cluster_worker
+fault_steps() {
+  local c
+  for c in qwz hpz qgz; do
+    fault_step "shrink_cluster_worker 2x4: rank 5 killed during $c" 60 7 -np 8 \
+      -x ZPP_TIMEOUT_S=3 "$worker" kill $c
+  done
+  fault_step "shrink_cluster_worker 2x4: node 1 killed, recover" 60 4 -np 8 \
+    -x ZPP_TIMEOUT_S=3 "$worker" node
+  fault_step "shrink_cluster_worker 2x4: node 1's link cut" 60 8 -np 8 -x ZPP_TIMEOUT_S=2 \
+    -x ZPP_TEST_LINK_CUT="$cluster link 1 down" -x ZPP_TEST_LINK_RESTORE="$cluster link 1 up" \
+    "$worker" cut
+  "$cluster" link 1 up
+  fault_step "shrink_cluster_worker 2x4: second kill during the shrink" 60 6 -np 8 \
+    -x ZPP_TIMEOUT_S=3 "$worker" second
+}
+if [ "$only" = faults ]; then
+  "$cluster" up -n 2 -p 4 -r 1gbit || exit 1
+  fault_steps
+  echo "$prog: $(( $(date +%s) - t_all )) s"
+  if [ ${#failed[@]} -gt 0 ]; then echo "$prog: FAILED: ${failed[*]}"; exit 1; fi
+  echo "$prog: the fault steps passed"
+  exit 0
+fi
 
 # ---- netns_cluster.sh itself ---------------------------------------------------
 # A failed up (here: tc refuses to shape, through a stand-in tc first in
@@ -145,6 +250,7 @@ for v in "link down:down:up" "100% loss:loss:unloss"; do
     "$cluster" link 1 "$restore"
   done
 done
+fault_steps
 
 # ---- 3 nodes x 2 ranks, unshaped ----------------------------------------------
 "$cluster" up -n 3 -p 2 || exit 1

@@ -18,4 +18,11 @@ if(ZPP_WITH_MPI_ENABLED)
       -P ${CMAKE_CURRENT_SOURCE_DIR}/shrink/check_mpi.cmake)
   set_tests_properties(shrink_mpi_kill_2x2 PROPERTIES LABELS mpi TIMEOUT 30
     ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
+
+  # The faults on the namespace cluster (real nodes, the node map
+  # discovered).  Not a ctest entry: it needs root and the nodes of
+  # scripts/netns_cluster.sh; tests/cluster_tests.sh runs it there.
+  add_executable(shrink_cluster_worker shrink_cluster_worker.c)
+  target_link_libraries(shrink_cluster_worker PRIVATE zpp_static MPI::MPI_C m)
+  target_include_directories(shrink_cluster_worker PRIVATE ${PROJECT_SOURCE_DIR}/src)
 endif()

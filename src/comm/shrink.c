@@ -939,6 +939,71 @@ static void answer_and_close(sh_t *s, zpp_status_t st) {
   }
 }
 
+/* After a failed creation: the members whose listener now refuses, by old
+ * rank (dead, or done with comm: a member that failed the creation
+ * sooner may have destroyed it), and the old ranks of the new ones in
+ * order.  The creation's error numbers the new ranks, which are not the
+ * ranks the caller knows.
+ * The connections are tried together for 0.1 s at most (a refusal takes
+ * one round trip; the creation may have used the call's bound up): a
+ * member that does not answer in that time is not named. */
+static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
+                         size_t olen) {
+  struct pollfd *pf = s->pf; /* cap + 2 > n entries, unused after the
+                                agreement (every connection is closed) */
+  int *peer = malloc((size_t)s->n * sizeof *peer);
+  char *isdead = s->joined; /* [n] scratch, unused after the agreement */
+  int i, k = 0, nd = 0;
+  size_t at = 0, ot = 0;
+  int64_t end = zpp_time_ns() + 100000000;
+  dead[0] = olds[0] = '\0';
+  memset(isdead, 0, (size_t)s->n);
+  for (i = 0; i < s->nmem && ot < olen; i++)
+    ot +=
+        (size_t)snprintf(olds + ot, olen - ot, "%s%d", i ? "," : "", s->mem[i]);
+  for (i = 0; i < s->nmem; i++) {
+    int fd = -1, rc, r = s->mem[i];
+    if (r == s->me)
+      continue;
+    rc = connect_start(s, r, &fd);
+    if (rc == -1) {
+      isdead[r] = 1;
+    } else if (rc == 1 && peer != NULL) {
+      pf[k].fd = fd;
+      pf[k].events = POLLOUT;
+      pf[k].revents = 0;
+      peer[k++] = r;
+    } else if (fd >= 0) {
+      close(fd);
+    }
+  }
+  while (k > 0) {
+    int64_t left = (end - zpp_time_ns()) / 1000000;
+    int j = 0;
+    if (left <= 0 || poll(pf, (nfds_t)k, (int)left) <= 0)
+      break;
+    for (i = 0; i < k; i++) {
+      if (pf[i].revents == 0) {
+        pf[j] = pf[i];
+        peer[j++] = peer[i];
+        continue;
+      }
+      isdead[peer[i]] = (char)refused(connect_error(pf[i].fd));
+      close(pf[i].fd);
+    }
+    k = j;
+  }
+  for (i = 0; i < k; i++)
+    close(pf[i].fd);
+  free(peer);
+  for (i = 0; i < s->n && at < dlen; i++)
+    if (isdead[i])
+      at += (size_t)snprintf(dead + at, dlen - at, "%sold rank %d",
+                             nd++ ? ", " : "", i);
+  if (nd == 0)
+    snprintf(dead, dlen, "none proven");
+}
+
 static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
                         zpp_comm_t *newcomm) {
   zpp_status_t st = ZPP_OK;
@@ -998,12 +1063,15 @@ static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
     zpp_tcp_unlisten(&s->id);
   free(spec);
   if (st != ZPP_OK) {
-    char why[ZPP_TCP_ERRLEN];
+    char why[ZPP_TCP_ERRLEN], dead[160], olds[160];
     snprintf(why, sizeof why, "%s", zpp_get_last_error());
+    dead_members(s, dead, sizeof dead, olds, sizeof olds);
     return zpp_error(ZPP_ERR_PEER_FAILED, s->func,
                      "the communicator of the %d survivors could not be "
-                     "created (a member failed after the decision): %s",
-                     s->nmem, why);
+                     "created: a member failed after the decision (no "
+                     "longer listening, dead or done with comm: %s; the "
+                     "ranks below are new ranks, of old ranks %s): %s",
+                     s->nmem, dead, olds, why);
   }
   /* the creation was bounded by the call; the communicator keeps comm's */
   nc->tr->timeout_s = comm->tr->timeout_s;
