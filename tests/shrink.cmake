@@ -19,3 +19,10 @@ if(ZPP_WITH_MPI_ENABLED)
   set_tests_properties(shrink_mpi_kill_2x2 PROPERTIES LABELS mpi TIMEOUT 30
     ENVIRONMENT "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
 endif()
+
+# The fork harness of test_shrink and test_recover (tests/fork_job.h): a
+# rank dead before its go, a crash, an exit code, a fork that fails.
+add_executable(test_fork_job test_fork_job.cc)
+target_link_libraries(test_fork_job PRIVATE GTest::gtest GTest::gtest_main)
+gtest_discover_tests(test_fork_job DISCOVERY_TIMEOUT 60
+  PROPERTIES LABELS unit TIMEOUT 30)
