@@ -881,9 +881,7 @@ static int parse_args(int argc, char **argv, zpp_bench_opts_t *o,
   return 0;
 }
 
-/* Splits o->variants (or the default list) into parsed variants and puts
- * the baseline first when it is missing. */
-/* A second communicator of the job's ranks whose world all-gather and
+/* A communicator of its own of the job's ranks whose world all-gather and
  * reduce-scatter run algorithm `algo` (the "-flat" / "-hier" baselines):
  * over the job's bootstrap, or MPI_COMM_WORLD's.  Collective. */
 static zpp_status_t forced_comm(zpp_comm_t comm, const zpp_comm_config_t *cfg,
@@ -904,6 +902,8 @@ static zpp_status_t forced_comm(zpp_comm_t comm, const zpp_comm_config_t *cfg,
   return st;
 }
 
+/* Splits o->variants (or the default list) into parsed variants and puts
+ * the baseline first when it is missing. */
 static int parse_variants(const zpp_bench_coll_t *coll,
                           const zpp_bench_opts_t *o, zpp_bench_variant_t *v,
                           int *nv, int *added_baseline) {
@@ -1094,8 +1094,7 @@ static void header_texts(const header_t *h, char lines[][HEADER_LINE],
              : "each row's serving function is named per size in a "
                "'# served' or '# mpi-best' line",
          h->peers);
-  LINE("algorithm",
-       "algorithm: %s%s",
+  LINE("algorithm", "algorithm: %s%s%s%s",
        h->ctx->algo_auto
            ? "auto (per call, the family the cost model predicts faster: "
              "the algo column; docs/design.md, \"Choosing the algorithm\")"
@@ -1104,15 +1103,18 @@ static void header_texts(const header_t *h, char lines[][HEADER_LINE],
              "hierarchical across nodes, docs/collectives.md)"
            : "flat (ring all-gather, pairwise reduce-scatter: one node, one "
              "rank per node, NCCL's own, or ZPP_ALGO=flat)",
+       h->any_flat ? "; the -flat variants run the flat algorithms" : "",
+       !h->any_hier ? ""
+       : h->ctx->hier_capable
+           ? "; the -hier variants run the hierarchical algorithms"
+           : "; the -hier variants run what the flat ones run (one node, "
+             "one rank per node or NCCL: no hierarchy; the algo column says "
+             "which)",
        h->any_flat && h->any_hier
-           ? "; the -flat and -hier variants run the flat and the "
-             "hierarchical algorithms on communicators of their own of the "
-             "same ranks"
-       : h->any_flat ? "; the -flat variants run the flat algorithms on a "
-                       "second communicator of the same ranks"
-       : h->any_hier ? "; the -hier variants run the hierarchical algorithms "
-                       "on a second communicator of the same ranks"
-                     : "");
+           ? ", each on a communicator of its own of the same ranks"
+       : h->any_flat || h->any_hier
+           ? ", on a communicator of its own of the same ranks"
+           : "");
   if (h->coll == &zpp_bench_hpz && !h->ctx->uniform)
     LINE("hpz", "uneven nodes: hpZ keeps no secondary copy, so hpz-bwd "
                 "variants run the documented fallback, a world gather from "

@@ -44,11 +44,16 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
   # hierarchical ones of communicators of their own in one run (the -flat
   # and -hier variants), MEAN over 6 ranks (a division that is not a
   # power of two), 3 nodes: each checked bitwise against its own summation
-  # order.
+  # order, and each variant must have a row at every size.  Then the same
+  # reduce-scatter on uneven nodes (3 + 2 ranks).
   foreach(_coll allgather reducescatter)
     zpp_bench_test(bench_${_coll}_flat_3x2 6 3x2
-      "--coll;${_coll};--variant;bf16,bf16-flat,bf16-hier;--op;mean;${_zpp_bench_small};--format;csv")
+      "--coll;${_coll};--variant;bf16,bf16-flat,bf16-hier;--op;mean;${_zpp_bench_small};--format;csv"
+      "-DEXPECT_VARIANTS=bf16|bf16-flat|bf16-hier")
   endforeach()
+  zpp_bench_test(bench_reducescatter_flat_uneven_3+2 5 0,0,0,1,1
+    "--coll;reducescatter;--variant;bf16,bf16-flat,bf16-hier;--op;mean;${_zpp_bench_small};--format;csv"
+    "-DEXPECT_VARIANTS=bf16|bf16-flat|bf16-hier")
 
   # The checker must catch one spoiled element (exit 1, wrong > 0).
   set(_args --coll allgather -b 4K -e 4K -n 1 -w 0 --corrupt --format csv)
@@ -210,8 +215,20 @@ if(ZPP_WITH_MPI_ENABLED AND TARGET zpp-bench)
     foreach(_be ${_backends})
       foreach(_coll allgather reducescatter hpz-gather)
         set(_name bench_device_${_be}_${_coll}_2x2)
+        # with NCCL, bf16-hier too: its communicator of its own on NCCL
+        set(_var "")
+        set(_want "")
+        if(_be STREQUAL "nccl" AND _coll STREQUAL "allgather")
+          set(_var "--variant;bf16,qwz8,qwz4,bf16-hier;")
+        elseif(_be STREQUAL "nccl" AND _coll STREQUAL "reducescatter")
+          set(_var "--variant;bf16,qgz4,qgz8,qgz8-4,bf16-hier;")
+        endif()
+        if(_var)
+          set(_want "-DEXPECT_VARIANTS=bf16|bf16-hier")
+        endif()
         zpp_bench_test(${_name} 4 2x2
-          "--coll;${_coll};--memory;device;--backend;${_be};-b;1K;-e;16K;-f;4;-n;1;-w;1;-c;1;--format;csv")
+          "--coll;${_coll};--memory;device;--backend;${_be};${_var}-b;1K;-e;16K;-f;4;-n;1;-w;1;-c;1;--format;csv"
+          ${_want})
         set(_env "ZPP_TOPO=2x2;OMPI_MCA_mpi_yield_when_idle=1")
         if(_be STREQUAL "nccl")
           string(APPEND _env ";ZPP_NCCL_LIBRARY=$<TARGET_FILE:zpp_nccl_emu>")

@@ -25,7 +25,8 @@ torchrun or srun is classified, and the test fails on one that is not:
   allowed   not run, by the ALLOWED list below, each with its reason
             (a template, a failure the text describes, ...)
 An ALLOWED entry that no longer matches a line fails the test too, and
-each of run, srun and cluster must have at least MIN_LINES[kind] lines.
+each of run, srun and cluster must have at least MIN_LINES[kind] distinct
+lines.
 
 Each line to run runs exactly as printed (a leading `$ ` prompt left out;
 a line printed in several places runs once),
@@ -70,9 +71,9 @@ LAUNCH = re.compile(r"^(?:env\s+(?:-\S+\s+)*)?(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*
                     r"scripts/netns_cluster\.sh\s+run)(?=\s|$)")
 MENTION = re.compile(r"\b(mpirun|mpiexec|torchrun|srun)\b")
 SHELL = ("", "sh", "bash", "shell", "console")
-# at least this many lines of each kind: fewer means the extraction broke
-# (or the documentation lost its examples), and a test that finds nothing
-# passes
+# at least this many distinct lines of each kind: fewer means the
+# extraction broke (or the documentation lost its examples), and a test
+# that finds nothing passes
 MIN_LINES = {"run": 8, "srun": 2, "cluster": 1}
 # Lines that mention a launcher and are not run: (file, the text's start,
 # why).  The text is the line or span as printed (continuations joined,
@@ -206,10 +207,11 @@ def check_inventory(lines):
                    for k, w, c, _ in lines):
             bad.append("ALLOWED entry (%s, %r) matches no line" % (f, start))
     for kind, least in MIN_LINES.items():
-        n = sum(1 for l in lines if l[0] == kind)
+        # distinct commands: a line printed in several places runs once
+        n = len({l[2] for l in lines if l[0] == kind})
         if n < least:
-            bad.append("only %d %s lines found (at least %d expected): the extraction no "
-                       "longer matches the documentation" % (n, kind, least))
+            bad.append("only %d %s lines found (distinct, at least %d expected): the "
+                       "extraction no longer matches the documentation" % (n, kind, least))
     return bad
 
 

@@ -26,3 +26,10 @@ if(ZPP_WITH_MPI_ENABLED)
   target_link_libraries(shrink_cluster_worker PRIVATE zpp_static MPI::MPI_C m)
   target_include_directories(shrink_cluster_worker PRIVATE ${PROJECT_SOURCE_DIR}/src)
 endif()
+
+# The fork harness of test_shrink and test_recover (tests/fork_job.h): a
+# rank dead before its go, a crash, an exit code, a fork that fails.
+add_executable(test_fork_job test_fork_job.cc)
+target_link_libraries(test_fork_job PRIVATE GTest::gtest GTest::gtest_main)
+gtest_discover_tests(test_fork_job DISCOVERY_TIMEOUT 60
+  PROPERTIES LABELS unit TIMEOUT 30)

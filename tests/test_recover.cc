@@ -88,7 +88,8 @@ float state_of(size_t g) { return 1.0f + 0.25f * (float)g; }
 
 // One survivor's result, as text through a pipe.
 struct Res {
-  int status = 99; // of zpp_pgroup_recover; 99: died silently
+  int status = 99; // of zpp_pgroup_recover; 99: no result (msg: how the
+                   // child ended, tests/fork_job.h)
   int coll_status = 0;
   long checked = 0, bad = 0;
   int lost_ranks = -1, exact = -1, new_size = 0;

@@ -63,7 +63,8 @@ using zpp_test::mono_s;
 // What a child reports through its pipe: "key value" lines, the message
 // last.
 struct Res {
-  int status = 99; // zpp_status_t of the shrink; 99: the child died silently
+  int status = 99; // zpp_status_t of the shrink; 99: no result (msg: how
+                   // the child ended, tests/fork_job.h)
   int coll_status = 0; // of the collective that failed first
   int new_rank = -1, new_size = 0, nnodes = 0, uniform = -1;
   std::string map; // new_rank_of, "0,1,-1,2"
@@ -394,7 +395,9 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     const Res &r = res[i];
     SCOPED_TRACE("rank " + std::to_string(i));
     if (i == sc.second) {
+      // it SIGKILLs itself: any other end (a crash, an exit) is a failure
       EXPECT_EQ(r.status, 99) << "the second victim did not die: " << r.msg;
+      EXPECT_TRUE(job.died_by(i, SIGKILL)) << job.how(i);
       continue;
     }
     EXPECT_NE(r.coll_status, 0)
@@ -519,6 +522,7 @@ TEST(Shrink, CoordinatorKilledAfterPartOfItsDecision) {
   job.go();
   std::vector<Res> res = job.finish(25);
   EXPECT_EQ(res[0].status, 99) << "rank 0 did not die: " << res[0].msg;
+  EXPECT_TRUE(job.died_by(0, SIGKILL)) << "rank 0: " << job.how(0);
   EXPECT_EQ(res[1].status, ZPP_ERR_PEER_FAILED) << res[1].msg;
   EXPECT_TRUE(res[2].status == ZPP_ERR_TIMEOUT ||
               (res[2].status == ZPP_OK && res[2].map == "-1,-1,0,-1"))

@@ -10,6 +10,8 @@
 #   EXPECT_TOPO optional ZPP_TOPO value the header must call emulated
 #   EXPECT_OUT  optional regular expression stdout must match
 #   EXPECT_NOT_OUT optional regular expression stdout must not match
+#   EXPECT_VARIANTS optional variants (joined with '|') that must each have
+#               a row at every size of the run
 # With EXPECT_RC 0 it checks: the CSV header line is exactly right, every
 # row has all columns, every row has wrong = 0, each size has a baseline row
 # (variant = dtype) with ratio 1 and bytes counted (NP > 1), and the footer
@@ -52,6 +54,7 @@ set(_nrows 0)
 set(_nwrong 0)
 set(_sizes "")
 set(_base_sizes "")
+set(_rows_seen "") # variant@size of every row
 
 # One row as a list of column values in CSV order.
 macro(check_row values)
@@ -73,6 +76,7 @@ macro(check_row values)
   endif()
   math(EXPR _nrows "${_nrows} + 1")
   list(APPEND _sizes ${_size})
+  list(APPEND _rows_seen "${_variant}@${_size}")
   if(NOT _wrong MATCHES "^[0-9]+$")
     message(FATAL_ERROR "wrong '${_wrong}' is not a count (check on?)")
   endif()
@@ -173,6 +177,16 @@ list(REMOVE_DUPLICATES _sizes)
 list(REMOVE_DUPLICATES _base_sizes)
 if(NOT _sizes STREQUAL _base_sizes)
   message(FATAL_ERROR "sizes ${_sizes} but baseline rows only for ${_base_sizes}")
+endif()
+if(DEFINED EXPECT_VARIANTS)
+  string(REPLACE "|" ";" _want_variants "${EXPECT_VARIANTS}")
+  foreach(_v IN LISTS _want_variants)
+    foreach(_s IN LISTS _sizes)
+      if(NOT "${_v}@${_s}" IN_LIST _rows_seen)
+        message(FATAL_ERROR "no row of variant ${_v} at size ${_s}")
+      endif()
+    endforeach()
+  endforeach()
 endif()
 if(EXPECT_RC EQUAL 0 AND _nwrong GREATER 0)
   message(FATAL_ERROR "${_nwrong} rows with wrong > 0")
