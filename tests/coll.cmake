@@ -61,6 +61,18 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
   if(ZPP_CUDA_EMU)
     zpp_add_device_suite(coll_device test_coll "1x1:1;2x2:4;2x4:8;3x2:6"
       "ZPP_PIPE_MIN_CHUNK=256;ZPP_HIER_CHUNK=4096")
+    # The longest cases on the emulator (the qgZ float64 reference over
+    # every case and bit width, the 100-step qWD reconstruction) run on
+    # device memory on two nodes (2x2) and on three nodes in small
+    # pipeline chunks (3x2) with each backend, and on one rank (1x1);
+    # 2x4 runs the rest of the suite.  Every layout runs them on host
+    # memory (coll_<layout>).
+    foreach(_be mpi nccl)
+      if(TEST coll_device_${_be}_2x4)
+        set_property(TEST coll_device_${_be}_2x4 APPEND PROPERTY ENVIRONMENT
+          "GTEST_FILTER=-Qgz.MatchesFloat64ReferenceWithinTheTwoStageBound:Qwd.ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate")
+      endif()
+    endforeach()
     # the flat algorithms on device memory (MPI staging; NCCL routes by
     # itself)
     add_test(NAME coll_device_mpi_flat_2x4
