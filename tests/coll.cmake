@@ -67,11 +67,20 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
     # pipeline chunks (3x2) with each backend, and on one rank (1x1);
     # 2x4 runs the rest of the suite.  Every layout runs them on host
     # memory (coll_<layout>).
+    # The emulator's delay per operation: the full default on 2x4, a short
+    # one (0..100 us) on the other layouts, whose subject is the numbers
+    # (tests/cuda_emu/README.md, "The delay under make test").
     foreach(_be mpi nccl)
       if(TEST coll_device_${_be}_2x4)
         set_property(TEST coll_device_${_be}_2x4 APPEND PROPERTY ENVIRONMENT
           "GTEST_FILTER=-Qgz.MatchesFloat64ReferenceWithinTheTwoStageBound:Qwd.ReconstructionIsIdenticalOnAllRanksAndItsErrorDoesNotAccumulate")
       endif()
+      foreach(_n 1x1 2x2 3x2)
+        if(TEST coll_device_${_be}_${_n})
+          set_property(TEST coll_device_${_be}_${_n} APPEND PROPERTY ENVIRONMENT
+            "ZPP_EMU_DELAY_US=50")
+        endif()
+      endforeach()
     endforeach()
     # the flat algorithms on device memory (MPI staging; NCCL routes by
     # itself)
