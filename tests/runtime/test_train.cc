@@ -238,8 +238,10 @@ TEST(Train, BwdPrefetchDeeperThanTheModelFetchesEachLayerOnce) {
 // modes with no fetch (dp, zero1, zero2) refuse a D other than 1 rather
 // than ignore it;
 // the message names the flag and the value (or the mode).  One rank on
-// one node: an accepted flag would run one step and exit 0.  (0 and 5 were
-// refused already; each case is an mpirun start, about 2 s here.)
+// one node, started without mpirun (an MPI singleton: the options are
+// checked after MPI_Init as under mpirun, and the start costs half of an
+// mpirun's): an accepted flag would run one step and exit 0.  (0 and 5
+// were refused already.)
 TEST(Train, BwdPrefetchRefusesBadValuesAndModesWithoutFetches) {
   struct Case {
     const char *args, *says;
@@ -250,8 +252,8 @@ TEST(Train, BwdPrefetchRefusesBadValuesAndModesWithoutFetches) {
                {"--fwd-prefetch 0", "--fwd-prefetch 0"},
                {"--mode zero1 --fwd-prefetch 2", "--fwd-prefetch 2"}};
   for (const Case &c : cases) {
-    std::string cmd = "env ZPP_TOPO=1x1 " + std::string(ZPP_RT_LAUNCH) + " -np 1 " ZPP_RT_TRAIN
-                      " --quiet --steps 1 " + c.args + " 2>&1";
+    std::string cmd = "env ZPP_TOPO=1x1 " ZPP_RT_TRAIN " --quiet --steps 1 " +
+                      std::string(c.args) + " 2>&1";
     FILE *p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr) << cmd;
     std::string out;
