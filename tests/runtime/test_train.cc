@@ -240,8 +240,7 @@ TEST(Train, BwdPrefetchDeeperThanTheModelFetchesEachLayerOnce) {
 // the message names the flag and the value (or the mode).  One rank on
 // one node, started without mpirun (an MPI singleton: the options are
 // checked after MPI_Init as under mpirun, and the start costs half of an
-// mpirun's): an accepted flag would run one step and exit 0.  (0 and 5
-// were refused already.)
+// mpirun's): an accepted flag would run one step and exit 0.
 TEST(Train, BwdPrefetchRefusesBadValuesAndModesWithoutFetches) {
   struct Case {
     const char *args, *says;
