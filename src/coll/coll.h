@@ -1,7 +1,7 @@
 /*
  * The collectives layer (src/coll): the shared argument checks of every
  * collective (check.c) and the helpers the plans of baseline.c, qwz.c,
- * hpz.c, qgz.c and qwd.c share.  Each collective builds a plan
+ * hpz.c, qgZ's files (qgz*.c) and qwd.c share.  Each collective builds a plan
  * (src/engine/plan.h) of kernel steps (src/engine/exec.h) and transport
  * operations, never calling MPI, NCCL or CUDA directly.  Not installed.
  */

@@ -186,10 +186,11 @@ static inline zpp_quant_config_t qgz_stream_q(const zpp_quant_config_t *q,
   return r;
 }
 
-/* Batched steps: the residual of slice (or partial sum) `seg` for `len`
- * elements at `off`, as encode_ef (qgz_float.c) finds it: fp32, seg *
- * count + off floats in; INT8, segment seg's blocks from off / block on,
- * their scales and their codes. */
+/* Where the residual of slice (or partial sum) `seg` starts at element
+ * `off`, as encode_ef (qgz_float.c) finds it (used by the batched and
+ * device message tables and by qgz_res8_load / qgz_res8_store): fp32,
+ * seg * count + off floats in; INT8, segment seg's blocks from off /
+ * block on, their scales and their codes. */
 static inline void qgz_residual_at(const qgz_ctx_t *p, size_t seg, size_t off,
                                    void **res, uint8_t **res_codes) {
   const qgz_arg_t *a = &p->a;
@@ -225,9 +226,8 @@ static inline zpp_status_t qgz_res8_load(qgz_ctx_t *p, size_t seg, size_t off,
 
 /* The way back: buf (the new errors) encoded into p->rs and scattered
  * into those blocks of segment seg. */
-static inline zpp_status_t qgz_res8_store(qgz_ctx_t *p, size_t seg,
-                                          size_t off, size_t len,
-                                          const float *buf) {
+static inline zpp_status_t qgz_res8_store(qgz_ctx_t *p, size_t seg, size_t off,
+                                          size_t len, const float *buf) {
   const qgz_arg_t *a = &p->a;
   size_t nb = (len + a->qr.block_size - 1) / a->qr.block_size;
   void *scales;
@@ -259,7 +259,10 @@ static inline const void *qgz_own_ptr(const qgz_ctx_t *p, size_t k, int m) {
 }
 
 /* Stage 1's partial sums come from zpp_k_sum_decoded (its message table
- * p->srcs) unless stage 1 is raw or rotated. */
+ * p->srcs) unless stage 1 is raw or rotated.  The integer sums
+ * (qgz_int.c) fill p->srcs too, through qgz_s1_srcs: they run with
+ * neither (qgz_isum picks FLOAT for a raw or rotated stage 1, check_cfg
+ * refuses INT asked for with either), so p->srcs is there for them. */
 static inline int qgz_sum_in_one_call(const qgz_ctx_t *p) {
   return !p->raw1 && !p->rot1;
 }
