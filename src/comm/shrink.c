@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "comm/bootstrap.h"
+#include "comm/shrink_report.h"
 #include "comm/tcp.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
@@ -83,6 +84,11 @@ enum {
   SH_EXCLUDED = 35, /* coordinator -> a live rank that did not join */
   SH_FAIL = 36      /* coordinator -> member: it could not decide (text) */
 };
+
+/* Seconds the probe of the members after a failed creation tries at most
+ * (a refusal takes one round trip); the creation ends that much before
+ * the call's deadline. */
+#define SH_PROBE_S 0.1
 
 typedef struct {
   uint64_t epoch;
@@ -939,35 +945,25 @@ static void answer_and_close(sh_t *s, zpp_status_t st) {
   }
 }
 
-/* After a failed creation: the members whose listener now refuses, by old
- * rank (dead, or done with comm: a member that failed the creation
- * sooner may have destroyed it), and the old ranks of the new ones in
- * order.  The creation's error numbers the new ranks, which are not the
- * ranks the caller knows.
- * The connections are tried together for 0.1 s at most (a refusal takes
- * one round trip; the creation may have used the call's bound up): a
- * member that does not answer in that time is not named. */
-static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
-                         size_t olen) {
+/* After a failed creation: the members whose listener now refuses, in
+ * gone[] by old rank, ascending (dead, or done with comm: a member that
+ * failed the creation sooner may have destroyed it); their count.  The
+ * connections are tried together until `end` at most (a refusal takes
+ * one round trip): a member that does not answer by then is not named. */
+static int gone_members(sh_t *s, int64_t end, int *gone) {
   struct pollfd *pf = s->pf; /* cap + 2 > n entries, unused after the
                                 agreement (every connection is closed) */
   int *peer = malloc((size_t)s->n * sizeof *peer);
-  char *isdead = s->joined; /* [n] scratch, unused after the agreement */
-  int i, k = 0, nd = 0;
-  size_t at = 0, ot = 0;
-  int64_t end = zpp_time_ns() + 100000000;
-  dead[0] = olds[0] = '\0';
-  memset(isdead, 0, (size_t)s->n);
-  for (i = 0; i < s->nmem && ot < olen; i++)
-    ot +=
-        (size_t)snprintf(olds + ot, olen - ot, "%s%d", i ? "," : "", s->mem[i]);
+  char *isgone = s->joined; /* [n] scratch, unused after the agreement */
+  int i, k = 0, ng = 0;
+  memset(isgone, 0, (size_t)s->n);
   for (i = 0; i < s->nmem; i++) {
     int fd = -1, rc, r = s->mem[i];
     if (r == s->me)
       continue;
     rc = connect_start(s, r, &fd);
     if (rc == -1) {
-      isdead[r] = 1;
+      isgone[r] = 1;
     } else if (rc == 1 && peer != NULL) {
       pf[k].fd = fd;
       pf[k].events = POLLOUT;
@@ -988,7 +984,7 @@ static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
         peer[j++] = peer[i];
         continue;
       }
-      isdead[peer[i]] = (char)refused(connect_error(pf[i].fd));
+      isgone[peer[i]] = (char)refused(connect_error(pf[i].fd));
       close(pf[i].fd);
     }
     k = j;
@@ -996,12 +992,10 @@ static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
   for (i = 0; i < k; i++)
     close(pf[i].fd);
   free(peer);
-  for (i = 0; i < s->n && at < dlen; i++)
-    if (isdead[i])
-      at += (size_t)snprintf(dead + at, dlen - at, "%sold rank %d",
-                             nd++ ? ", " : "", i);
-  if (nd == 0)
-    snprintf(dead, dlen, "none proven");
+  for (i = 0; i < s->n; i++)
+    if (isgone[i])
+      gone[ng++] = i;
+  return ng;
 }
 
 static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
@@ -1063,15 +1057,26 @@ static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
     zpp_tcp_unlisten(&s->id);
   free(spec);
   if (st != ZPP_OK) {
-    char why[ZPP_TCP_ERRLEN], dead[160], olds[160];
-    snprintf(why, sizeof why, "%s", zpp_get_last_error());
-    dead_members(s, dead, sizeof dead, olds, sizeof olds);
+    /* the creation numbers the new ranks: written as the caller's; the
+     * whole message fits an error message (512 bytes, core/error.c) */
+    char why[512], cause[512], msg[512];
+    int *gone = malloc((size_t)s->n * sizeof *gone), ng = 0;
+    size_t room = 512 - strlen(s->func) - 80;
+    const char *e = zpp_get_last_error();
+    size_t fl = strlen(s->func);
+    /* the creation's error, without the prefix of this same call */
+    if (strncmp(e, s->func, fl) == 0 && strncmp(e + fl, ": ", 2) == 0)
+      e += fl + 2;
+    snprintf(why, sizeof why, "%s", e);
+    zpp_shrink_old_ranks(why, s->mem, s->nmem, cause, sizeof cause);
+    if (gone != NULL)
+      ng = gone_members(s, soon(s, SH_PROBE_S), gone);
+    zpp_shrink_commit_msg(cause, gone, ng, s->mem, s->nmem, msg, room);
+    free(gone);
     return zpp_error(ZPP_ERR_PEER_FAILED, s->func,
                      "the communicator of the %d survivors could not be "
-                     "created: a member failed after the decision (no "
-                     "longer listening, dead or done with comm: %s; the "
-                     "ranks below are new ranks, of old ranks %s): %s",
-                     s->nmem, dead, olds, why);
+                     "created: %s",
+                     s->nmem, msg);
   }
   /* the creation was bounded by the call; the communicator keeps comm's */
   nc->tr->timeout_s = comm->tr->timeout_s;
