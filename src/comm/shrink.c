@@ -888,17 +888,20 @@ static zpp_status_t coordinate(sh_t *s) {
  * (it needs MPI, which may not survive), the device comm resolved (a
  * member keeps its GPU though its local rank changes), an emulated node
  * map restricted to the members, the creation bounded by what is left of
- * the call. */
+ * the call less the reserve of the probe after a failure. */
 static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
                                zpp_comm_config_t *cfg, char *spec, size_t len) {
   const zpp_transport_t *t = comm->tr;
   double left = (double)(s->deadline - zpp_time_ns()) * 1e-9;
+  /* the creation ends SH_PROBE_S before the call's deadline: a failed
+   * creation's probe (gone_members) runs in the rest */
+  double create_s = left > 2 * SH_PROBE_S ? left - SH_PROBE_S : left / 2;
   *cfg = comm->cfg;
   cfg->backend = t->backend == ZPP_BACKEND_MPI ? ZPP_BACKEND_UCX : t->backend;
   cfg->algorithm = t->algorithm;
   if (comm->cuda_device >= 0)
     cfg->cuda_device = comm->cuda_device;
-  cfg->timeout_s = left > 0.5 ? left : 0.5;
+  cfg->timeout_s = create_s > 0.001 ? create_s : 0.001;
   cfg->topology = NULL;
   spec[0] = '\0';
   if (t->topo->emulated) {
