@@ -512,6 +512,16 @@ TEST(Shrink, SecondKillAfterTheDecisionFailsEverySurvivor) {
   run_scenario(sc, "");
 }
 
+// As above with old and new numbering apart: rank 1 dead, old rank 3 is
+// new rank 2 of the members 0, 2, 3; the error names it as old rank 3.
+TEST(Shrink, SecondKillIsNamedByItsOldRank) {
+  Scenario sc{4, nullptr, 1, When::Before};
+  sc.second = 3;
+  sc.second_at = "decided";
+  sc.want = ZPP_ERR_PEER_FAILED;
+  run_scenario(sc, "");
+}
+
 // The coordinator (rank 0) dies while it decides: the others saw its
 // connection close before any decision, and rank 1 takes over.
 TEST(Shrink, CoordinatorKilledBeforeDecidingIsReplaced) {
