@@ -26,6 +26,7 @@ worker=$build/tests/shrink_cluster_worker
 cluster=$root/scripts/netns_cluster.sh
 [ -x "$worker" ] || { echo "$prog: no $worker: build first (target shrink_cluster_worker)" >&2; exit 1; }
 . "$root/scripts/softirq_wait.sh"
+. "$root/scripts/reported_run.sh"
 runs=${RUNS:-5}
 read -r -a tmos <<< "${TIMEOUTS:-3 5}"
 coll=${COLL:-qwz}
@@ -48,23 +49,6 @@ trap 'exit 130' INT TERM
 echo "# $prog: 2x4 namespace cluster, $rate per node link, rank 5 SIGKILLed in a $coll call; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# command of each run: scripts/netns_cluster.sh run --enable-recovery -np 8 -x ZPP_TIMEOUT_S=T -x ZPP_TEST_KILL_STAMP=FILE $worker kill $coll"
 echo "timeout_s,run,kill_to_first_exact_s,survivors_passed"
-# reported_run WANT LIMIT_S FILE CMD...: as in tests/cluster_tests.sh (CMD
-# stopped 3 s after FILE holds WANT PASS/FAIL lines: mpirun does not always
-# end after a rank was killed on these nodes).
-reported_run() {
-  local want=$1 limit=$2 file=$3 pid waited=0
-  shift 3
-  timeout -k 10 "$limit" "$@" &
-  pid=$!
-  while kill -0 "$pid" 2> /dev/null; do
-    if [ "$(grep -c -E '^(PASS|FAIL) rank' "$file" 2> /dev/null)" -ge "$want" ]; then
-      waited=$((waited + 1))
-      [ $waited -ge 30 ] && { kill -TERM "$pid" 2> /dev/null; break; }
-    fi
-    sleep 0.1
-  done
-  wait "$pid"
-}
 status=0
 declare -A got=()
 for ((r = 1; r <= runs; r++)); do

@@ -104,26 +104,7 @@ step() {
 log=$(mktemp /tmp/zpp-cluster-tests.XXXXXX)
 trap '"$cluster" down; rm -f "$log"' EXIT
 
-# reported_run WANT LIMIT_S FILE CMD...: CMD (an mpirun whose output the
-# caller sends to FILE) under timeout LIMIT_S; once FILE holds WANT lines
-# "PASS rank" or "FAIL rank", CMD gets 3 s to end and is then stopped
-# (exit 143): mpirun with --enable-recovery on these nodes does not always
-# end after a rank was killed, its daemons wait (Open MPI 4.1).  Exit 124:
-# the limit ran out first (a rank hung).
-reported_run() {
-  local want=$1 limit=$2 file=$3 pid waited=0
-  shift 3
-  timeout -k 10 "$limit" "$@" &
-  pid=$!
-  while kill -0 "$pid" 2> /dev/null; do
-    if [ "$(grep -c -E '^(PASS|FAIL) rank' "$file" 2> /dev/null)" -ge "$want" ]; then
-      waited=$((waited + 1))
-      [ $waited -ge 30 ] && { kill -TERM "$pid" 2> /dev/null; break; }
-    fi
-    sleep 0.1
-  done
-  wait "$pid"
-}
+. "$root/scripts/reported_run.sh"
 # fault_step NAME LIMIT_S PASSES MPIRUN_ARGS...: a run of
 # shrink_cluster_worker, which survives the death of ranks
 # (--enable-recovery: the job goes on without them); it passes when
