@@ -37,6 +37,7 @@
  * CLOCK_MONOTONIC time into; the namespaces share one clock and /tmp).
  * Each survivor prints one line "PASS rank R: ..." or "FAIL rank R: ...";
  * the driver counts them (a rank that hangs prints nothing). */
+#include <ctype.h>
 #include <math.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -387,8 +388,40 @@ static double slowest(zpp_comm_t nc, double v) {
 /* ---- the modes ------------------------------------------------------------
  */
 
+/* The members a failed shrink names no longer listening: the text after
+ * "dead or done with comm: " up to ';'.  0: found. */
+static int gone_list(const char *msg, char *out, size_t len) {
+  const char *k = "dead or done with comm: ", *p = strstr(msg, k), *e;
+  out[0] = '\0';
+  if (p == NULL)
+    return -1;
+  p += strlen(k);
+  e = strchr(p, ';');
+  if (e == NULL)
+    return -1;
+  snprintf(out, len, "%.*s", (int)(e - p), p);
+  return 0;
+}
+
+/* The first "rank N" or "ranks N" of msg not labelled "old " (a number
+ * in the new communicator's numbering, which the caller does not know);
+ * NULL: none. */
+static const char *bare_rank(const char *msg) {
+  const char *p = msg;
+  while ((p = strstr(p, "rank")) != NULL) {
+    const char *q = p + 4 + (p[4] == 's');
+    int word = p == msg || !(isalnum((unsigned char)p[-1]));
+    if (word && q[0] == ' ' && isdigit((unsigned char)q[1]) &&
+        !(p - msg >= 4 && strncmp(p - 4, "old ", 4) == 0))
+      return p;
+    p += 4;
+  }
+  return NULL;
+}
+
 static int run_kill(const char *what, const zpp_unique_id_t *id, int second) {
   loop_t l = {what, create(id, N_WORLD), NULL, NULL, NULL};
+  char gone[256] = "";
   size_t len = strcmp(what, "qgz") == 0 ? (size_t)N_WORLD * COUNT : COUNT;
   int map[N_WORLD], st, coll;
   zpp_comm_t nc = NULL;
@@ -421,16 +454,32 @@ static int run_kill(const char *what, const zpp_unique_id_t *id, int second) {
     if (st != ZPP_ERR_PEER_FAILED)
       fail("shrink returned %s, want ZPP_ERR_PEER_FAILED: %s",
            zpp_status_string(st), st ? zpp_get_last_error() : "");
-    else if (strstr(zpp_get_last_error(), "no longer listening") == NULL ||
-             strstr(zpp_get_last_error(), "old rank 6") == NULL)
-      fail("the error does not name old rank 6: %s", zpp_get_last_error());
+    else if (gone_list(zpp_get_last_error(), gone, sizeof gone) != 0 ||
+             strcmp(gone, "old rank 6") != 0)
+      fail("the members named no longer listening are \"%s\", want exactly "
+           "\"old rank 6\": %s",
+           gone, zpp_get_last_error());
+    else if (bare_rank(zpp_get_last_error()) != NULL)
+      fail("the error names a rank that is not an old rank (\"%.12s\"): %s",
+           bare_rank(zpp_get_last_error()), zpp_get_last_error());
     if (t_shrunk - t_fail > 3 * g_t + 1)
       fail("the shrink took %.2f s, bound %.2f s", t_shrunk - t_fail,
            3 * g_t + 1);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st ? zpp_get_last_error() : "");
+    /* comm stays (its listener accepting) until every survivor's shrink
+     * returned: each fails by its own call's bound, at most T + 3 T after
+     * the kill; a destroyed one would refuse the others' probes and be
+     * named with the dead.  The report comes after: the driver stops the
+     * run soon after the last one. */
+    if (t_kill > 0) {
+      double wait = t_kill + 4 * g_t + 1 - mono();
+      if (wait > 0)
+        usleep((useconds_t)(wait * 1e6));
+    }
     report("%s died mid-call, rank 6 after the decision: shrink %s after "
            "%.3f s: %s",
-           what, zpp_status_string(st), t_shrunk - t_fail,
-           st ? zpp_get_last_error() : "");
+           what, zpp_status_string(st), t_shrunk - t_fail, msg);
   } else if (st != ZPP_OK) {
     fail("shrink: %s", zpp_get_last_error());
     report("%s", what);
