@@ -605,6 +605,22 @@ static int run_node(const zpp_unique_id_t *id) {
         break;
       }
     }
+    /* every element, not only this rank's shard: a forward fetch of the
+     * whole group on the new communicator */
+    uint16_t *full = NULL;
+    if (zpp_pgroup_fetch(na, ZPP_FETCH_FORWARD, NULL) != ZPP_OK ||
+        zpp_pgroup_wait(na, (void **)&full) != ZPP_OK) {
+      fail("forward fetch of recovered A: %s", zpp_get_last_error());
+    } else {
+      for (size_t g = 0; g < GROUP_NUMEL; g++)
+        if (full[g] != weight(0, g)) {
+          fail("recover A: element %zu of the fetched group is %#x, want "
+               "%#x",
+               g, full[g], weight(0, g));
+          break;
+        }
+      zpp_pgroup_release(na);
+    }
   }
   /* B: no current copy of node 1's shards */
   zpp_pgroup_recovery_t repb = ZPP_PGROUP_RECOVERY_INIT;
