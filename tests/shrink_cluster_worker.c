@@ -32,6 +32,8 @@
  *       itself once the decision reached it: every other survivor's shrink
  *       fails with ZPP_ERR_PEER_FAILED naming rank 6.
  *
+ * On one host, ZPP_TOPO=2x4 emulates the two nodes (the node map is then
+ * checked as emulated).
  * Environment: ZPP_TIMEOUT_S (T, default 3), ZPP_TEST_SEED (default
  * 20261211, printed), ZPP_TEST_KILL_STAMP (the file the killer writes its
  * CLOCK_MONOTONIC time into; the namespaces share one clock and /tmp).
@@ -373,8 +375,10 @@ static double slowest(zpp_comm_t nc, double v) {
   int n = 0;
   double all[N_WORLD], worst = v;
   zpp_comm_size(nc, &n);
-  if (zpp_allgather(nc, &v, all, sizeof v, ZPP_UINT8, NULL, NULL) != ZPP_OK)
+  if (zpp_allgather(nc, &v, all, sizeof v, ZPP_UINT8, NULL, NULL) != ZPP_OK) {
+    fail("the all-gather of the times: %s", zpp_comm_get_last_error(nc));
     return -1;
+  }
   for (int i = 0; i < n; i++)
     worst = all[i] > worst ? all[i] : worst;
   return worst;
