@@ -74,9 +74,10 @@ enum {
 };
 
 /* Seconds the probe of the members after a failed creation tries at most
- * (a refusal takes one round trip); the creation ends that much before
- * the call's deadline. */
-#define SH_PROBE_S 0.1
+ * (a refusal takes one round trip), and the creation ends that much before
+ * the call's deadline: a creation that returns late on a loaded host
+ * still leaves the probe time, and the probe never passes the deadline. */
+#define SH_PROBE_S 0.3
 
 typedef struct {
   uint64_t epoch;
