@@ -24,13 +24,16 @@
  *   shrink_cluster_worker cut   rank 0 cuts node 1's link
  *       (ZPP_TEST_LINK_CUT) while collectives run and restores it
  *       (ZPP_TEST_LINK_RESTORE) only after every rank's bound: every call
- *       times out, node 0 shrinks to its 4 ranks (exact round), each rank
- *       of node 1 ends in a named error (it cannot reach rank 0, the
- *       coordinator, and no refusal proves it dead).  Bound per rank:
- *       T (the collective) + 3 T (the shrink) + 2 s.
+ *       times out (or sees a reset once a peer on its node timed out and
+ *       left), node 0 shrinks to its 4 ranks (exact round), each rank of
+ *       node 1 ends in ZPP_ERR_TIMEOUT or _SYSTEM naming rank 0, the
+ *       coordinator it cannot reach (no refusal proves it dead).  Bound
+ *       per rank: T (the collective) + 3 T (the shrink) + 2 s.
  *   shrink_cluster_worker second   as kill qwz, and rank 6 SIGKILLs
  *       itself once the decision reached it: every other survivor's shrink
- *       fails with ZPP_ERR_PEER_FAILED naming rank 6.
+ *       fails with ZPP_ERR_PEER_FAILED naming exactly old rank 6 as no
+ *       longer listening and no rank by its new number; each keeps its
+ *       communicator until T + 3 T + 1 s after the kill, then reports.
  *
  * On one host, ZPP_TOPO=2x4 emulates the two nodes (the node map is then
  * checked as emulated).
