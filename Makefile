@@ -183,10 +183,12 @@ test-fuzz: fuzz
 	  echo "make test-fuzz: skipped: no fuzz build (clang missing, see above)"; \
 	fi
 
-# The transport and collective suites on a real cluster on this machine:
+# The transport and collective suites and the shrink and recovery faults
+# (tests/shrink_cluster_worker.c) on a real cluster on this machine:
 # network namespaces as nodes, shaped veth links, topology discovered
-# (tests/cluster_tests.sh; about 1-3 minutes, up to 3 at a load of 20).  Skipped, saying why, where
-# namespaces cannot be made (not root, no iproute2).
+# (tests/cluster_tests.sh; about 4-5 minutes on this shared machine, its
+# header has the measured times).  Skipped, saying why, where namespaces
+# cannot be made (not root, no iproute2).
 test-cluster: build
 	@bash tests/cluster_tests.sh $(BUILD)
 

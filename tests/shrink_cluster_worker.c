@@ -24,24 +24,31 @@
  *   shrink_cluster_worker cut   rank 0 cuts node 1's link
  *       (ZPP_TEST_LINK_CUT) while collectives run and restores it
  *       (ZPP_TEST_LINK_RESTORE) only after every rank's bound: every call
- *       times out, node 0 shrinks to its 4 ranks (exact round), each rank
- *       of node 1 ends in a named error (it cannot reach rank 0, the
- *       coordinator, and no refusal proves it dead).  Bound per rank:
- *       T (the collective) + 3 T (the shrink) + 2 s.
+ *       times out (or sees a reset once a peer on its node timed out and
+ *       left), node 0 shrinks to its 4 ranks (exact round), each rank of
+ *       node 1 ends in ZPP_ERR_TIMEOUT or _SYSTEM naming rank 0, the
+ *       coordinator it cannot reach (no refusal proves it dead).  Bound
+ *       per rank: T (the collective) + 3 T (the shrink) + 2 s.
  *   shrink_cluster_worker second   as kill qwz, and rank 6 SIGKILLs
  *       itself once the decision reached it: every other survivor's shrink
- *       fails with ZPP_ERR_PEER_FAILED naming rank 6.
+ *       fails with ZPP_ERR_PEER_FAILED naming exactly old rank 6 as no
+ *       longer listening and no rank by its new number; each keeps its
+ *       communicator until T + 3 T + 1 s after the kill, then reports.
  *
+ * On one host, ZPP_TOPO=2x4 emulates the two nodes (the node map is then
+ * checked as emulated).
  * Environment: ZPP_TIMEOUT_S (T, default 3), ZPP_TEST_SEED (default
  * 20261211, printed), ZPP_TEST_KILL_STAMP (the file the killer writes its
  * CLOCK_MONOTONIC time into; the namespaces share one clock and /tmp).
  * Each survivor prints one line "PASS rank R: ..." or "FAIL rank R: ...";
  * the driver counts them (a rank that hangs prints nothing). */
+#include <ctype.h>
 #include <math.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +75,7 @@ static int g_rank = -1;
 static double g_t; /* ZPP_TIMEOUT_S */
 static uint64_t g_seed;
 static const char *g_stamp;
-static volatile int g_in_call;
+static atomic_int g_in_call; /* the collective thread sets, the killer reads */
 static char g_why[1024]; /* the first failed check */
 
 static double mono(void) {
@@ -262,11 +269,6 @@ static void node_sizes(zpp_comm_t c, char *out, size_t len) {
   }
 }
 
-static int named_error(int st) {
-  return st == ZPP_ERR_TIMEOUT || st == ZPP_ERR_EXCLUDED ||
-         st == ZPP_ERR_PEER_FAILED || st == ZPP_ERR_SYSTEM;
-}
-
 /* ---- the collective the victim dies in ---------------------------------- */
 
 typedef struct {
@@ -362,10 +364,14 @@ static double check_new(zpp_comm_t nc, const int *map, int n,
     fail("new_rank_of %s, want %s", got, want_map);
   if (size != k)
     fail("the new communicator has %d ranks, new_rank_of names %d", size, k);
-  if (strcmp(nodes, want_nodes) != 0 || uniform != want_uniform || emulated)
+  /* discovered on the cluster; ZPP_TOPO (one host) emulates the nodes */
+  int want_emulated = getenv("ZPP_TOPO") != NULL;
+  if (strcmp(nodes, want_nodes) != 0 || uniform != want_uniform ||
+      emulated != want_emulated)
     fail("the new node map: sizes %s uniform %d emulated %d, want %s uniform "
-         "%d, discovered",
-         nodes, uniform, emulated, want_nodes, want_uniform);
+         "%d, %s",
+         nodes, uniform, emulated, want_nodes, want_uniform,
+         want_emulated ? "emulated (ZPP_TOPO)" : "discovered");
   if (g_why[0] == '\0' && exact_round(nc, old_of, 100, &t_exact) != 0)
     t_exact = 0;
   return t_exact;
@@ -377,8 +383,10 @@ static double slowest(zpp_comm_t nc, double v) {
   int n = 0;
   double all[N_WORLD], worst = v;
   zpp_comm_size(nc, &n);
-  if (zpp_allgather(nc, &v, all, sizeof v, ZPP_UINT8, NULL, NULL) != ZPP_OK)
+  if (zpp_allgather(nc, &v, all, sizeof v, ZPP_UINT8, NULL, NULL) != ZPP_OK) {
+    fail("the all-gather of the times: %s", zpp_comm_get_last_error(nc));
     return -1;
+  }
   for (int i = 0; i < n; i++)
     worst = all[i] > worst ? all[i] : worst;
   return worst;
@@ -387,8 +395,40 @@ static double slowest(zpp_comm_t nc, double v) {
 /* ---- the modes ------------------------------------------------------------
  */
 
+/* The members a failed shrink names no longer listening: the text after
+ * "dead or done with comm: " up to ';'.  0: found. */
+static int gone_list(const char *msg, char *out, size_t len) {
+  const char *k = "dead or done with comm: ", *p = strstr(msg, k), *e;
+  out[0] = '\0';
+  if (p == NULL)
+    return -1;
+  p += strlen(k);
+  e = strchr(p, ';');
+  if (e == NULL)
+    return -1;
+  snprintf(out, len, "%.*s", (int)(e - p), p);
+  return 0;
+}
+
+/* The first "rank N" or "ranks N" of msg not labelled "old " (a number
+ * in the new communicator's numbering, which the caller does not know);
+ * NULL: none. */
+static const char *bare_rank(const char *msg) {
+  const char *p = msg;
+  while ((p = strstr(p, "rank")) != NULL) {
+    const char *q = p + 4 + (p[4] == 's');
+    int word = p == msg || !(isalnum((unsigned char)p[-1]));
+    if (word && q[0] == ' ' && isdigit((unsigned char)q[1]) &&
+        !(p - msg >= 4 && strncmp(p - 4, "old ", 4) == 0))
+      return p;
+    p += 4;
+  }
+  return NULL;
+}
+
 static int run_kill(const char *what, const zpp_unique_id_t *id, int second) {
   loop_t l = {what, create(id, N_WORLD), NULL, NULL, NULL};
+  char gone[256] = "";
   size_t len = strcmp(what, "qgz") == 0 ? (size_t)N_WORLD * COUNT : COUNT;
   int map[N_WORLD], st, coll;
   zpp_comm_t nc = NULL;
@@ -421,16 +461,32 @@ static int run_kill(const char *what, const zpp_unique_id_t *id, int second) {
     if (st != ZPP_ERR_PEER_FAILED)
       fail("shrink returned %s, want ZPP_ERR_PEER_FAILED: %s",
            zpp_status_string(st), st ? zpp_get_last_error() : "");
-    else if (strstr(zpp_get_last_error(), "no longer listening") == NULL ||
-             strstr(zpp_get_last_error(), "old rank 6") == NULL)
-      fail("the error does not name old rank 6: %s", zpp_get_last_error());
+    else if (gone_list(zpp_get_last_error(), gone, sizeof gone) != 0 ||
+             strcmp(gone, "old rank 6") != 0)
+      fail("the members named no longer listening are \"%s\", want exactly "
+           "\"old rank 6\": %s",
+           gone, zpp_get_last_error());
+    else if (bare_rank(zpp_get_last_error()) != NULL)
+      fail("the error names a rank that is not an old rank (\"%.12s\"): %s",
+           bare_rank(zpp_get_last_error()), zpp_get_last_error());
     if (t_shrunk - t_fail > 3 * g_t + 1)
       fail("the shrink took %.2f s, bound %.2f s", t_shrunk - t_fail,
            3 * g_t + 1);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st ? zpp_get_last_error() : "");
+    /* comm stays (its listener accepting) until every survivor's shrink
+     * returned: each fails by its own call's bound, at most T + 3 T after
+     * the kill; a destroyed one would refuse the others' probes and be
+     * named with the dead.  The report comes after: the driver stops the
+     * run soon after the last one. */
+    if (t_kill > 0) {
+      double wait = t_kill + 4 * g_t + 1 - mono();
+      if (wait > 0)
+        usleep((useconds_t)(wait * 1e6));
+    }
     report("%s died mid-call, rank 6 after the decision: shrink %s after "
            "%.3f s: %s",
-           what, zpp_status_string(st), t_shrunk - t_fail,
-           st ? zpp_get_last_error() : "");
+           what, zpp_status_string(st), t_shrunk - t_fail, msg);
   } else if (st != ZPP_OK) {
     fail("shrink: %s", zpp_get_last_error());
     report("%s", what);
@@ -556,6 +612,22 @@ static int run_node(const zpp_unique_id_t *id) {
         break;
       }
     }
+    /* every element, not only this rank's shard: a forward fetch of the
+     * whole group on the new communicator */
+    uint16_t *full = NULL;
+    if (zpp_pgroup_fetch(na, ZPP_FETCH_FORWARD, NULL) != ZPP_OK ||
+        zpp_pgroup_wait(na, (void **)&full) != ZPP_OK) {
+      fail("forward fetch of recovered A: %s", zpp_get_last_error());
+    } else {
+      for (size_t g = 0; g < GROUP_NUMEL; g++)
+        if (full[g] != weight(0, g)) {
+          fail("recover A: element %zu of the fetched group is %#x, want "
+               "%#x",
+               g, full[g], weight(0, g));
+          break;
+        }
+      zpp_pgroup_release(na);
+    }
   }
   /* B: no current copy of node 1's shards */
   zpp_pgroup_recovery_t repb = ZPP_PGROUP_RECOVERY_INIT;
@@ -640,6 +712,15 @@ static int run_cut(const zpp_unique_id_t *id) {
   double t_shrunk = mono(), t_cut = kill_time();
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", st ? zpp_get_last_error() : "");
+  if (t_cut == 0)
+    fail("no cut time in %s", g_stamp);
+  /* a cut breaks no connection: the call times out, or sees a reset once
+   * a peer on its own node timed out and aborted (its shrink) */
+  if (coll != ZPP_ERR_TIMEOUT &&
+      !(coll == ZPP_ERR_SYSTEM && t_fail - t_cut >= 0.5 * g_t))
+    fail("the collective returned %s %.3f s after the cut: want "
+         "ZPP_ERR_TIMEOUT, or ZPP_ERR_SYSTEM after a peer's timeout",
+         zpp_status_string(coll), t_fail - t_cut);
   if (t_shrunk - t_cut > 4 * g_t + 2)
     fail("returned %.3f s after the cut, bound T + 3 T + 2 s = %.1f s",
          t_shrunk - t_cut, 4 * g_t + 2);
@@ -651,8 +732,16 @@ static int run_cut(const zpp_unique_id_t *id) {
       check_new(nc, map, N_WORLD, "0,1,2,3,-1,-1,-1,-1", "4", 1);
   } else if (st == ZPP_OK) {
     fail("a rank of the cut node shrank to a communicator");
-  } else if (!named_error(st)) {
-    fail("shrink on the cut node: %s, want a named error", msg);
+  } else if (st == ZPP_ERR_EXCLUDED ? strstr(msg, "rank 0 decided") == NULL
+             : st == ZPP_ERR_TIMEOUT || st == ZPP_ERR_SYSTEM
+                 ? strstr(msg, "rank 0, the lowest rank not proven dead") ==
+                       NULL
+                 : 1) {
+    /* rank 0 coordinates (no refusal proves it dead): it never answered,
+     * or, had the link come back in time, excluded this rank */
+    fail("shrink on the cut node: %s: %s, want ZPP_ERR_TIMEOUT, _SYSTEM or "
+         "_EXCLUDED naming rank 0",
+         zpp_status_string(st), msg);
   }
   report("node 1's link cut while all-gathers ran: this rank's call failed "
          "%.3f s after the cut (%s), shrink %s %.3f s later%s%s",
@@ -704,7 +793,9 @@ int main(int argc, char **argv) {
     }
   }
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-  if (strcmp(mode, "kill") == 0 && argc > 2)
+  if (strcmp(mode, "kill") == 0 && argc > 2 &&
+      (strcmp(argv[2], "qwz") == 0 || strcmp(argv[2], "hpz") == 0 ||
+       strcmp(argv[2], "qgz") == 0))
     run_kill(argv[2], &id, 0);
   else if (strcmp(mode, "second") == 0)
     run_kill("qwz", &id, 1);

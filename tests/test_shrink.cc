@@ -32,9 +32,11 @@
 #include <zpp/zpp_comm.h>
 
 #include "comm/comm_impl.h"
+#include "comm/shrink_report.h"
 #include "fork_job.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -418,9 +420,20 @@ void run_scenario(const Scenario &sc, const std::string &want_nodes) {
     }
     if (sc.want != ZPP_OK) {
       EXPECT_EQ(r.status, sc.want) << r.msg;
-      EXPECT_NE(r.msg.find("rank " + std::to_string(sc.second)),
+      // the caller's numbering: the creation's own numbers new ranks
+      EXPECT_NE(r.msg.find("old rank " + std::to_string(sc.second)),
                 std::string::npos)
           << "the error does not name the second victim: " << r.msg;
+      // and no number of the new communicator's creation as a bare rank
+      for (size_t p = r.msg.find("rank"); p != std::string::npos;
+           p = r.msg.find("rank", p + 4)) {
+        size_t q = p + 4 + (r.msg.compare(p + 4, 1, "s") == 0);
+        bool word = p == 0 || !std::isalnum((unsigned char)r.msg[p - 1]);
+        bool old = p >= 4 && r.msg.compare(p - 4, 4, "old ") == 0;
+        EXPECT_FALSE(word && !old && q + 1 < r.msg.size() && r.msg[q] == ' ' &&
+                     std::isdigit((unsigned char)r.msg[q + 1]))
+            << "a rank not labelled old at " << p << ": " << r.msg;
+      }
       std::printf("rank %d: shrink failed %.3f s after its call: %s\n", i,
                   r.t_shrunk - r.t_fail, r.msg.c_str());
       continue;
@@ -494,6 +507,16 @@ TEST(Shrink, LiveRankThatDoesNotJoinIsExcluded) {
 TEST(Shrink, SecondKillAfterTheDecisionFailsEverySurvivor) {
   Scenario sc{4, nullptr, 3, When::Before};
   sc.second = 2;
+  sc.second_at = "decided";
+  sc.want = ZPP_ERR_PEER_FAILED;
+  run_scenario(sc, "");
+}
+
+// As above with old and new numbering apart: rank 1 dead, old rank 3 is
+// new rank 2 of the members 0, 2, 3; the error names it as old rank 3.
+TEST(Shrink, SecondKillIsNamedByItsOldRank) {
+  Scenario sc{4, nullptr, 1, When::Before};
+  sc.second = 3;
   sc.second_at = "decided";
   sc.want = ZPP_ERR_PEER_FAILED;
   run_scenario(sc, "");
@@ -737,6 +760,123 @@ TEST(Shrink, BadArguments) {
   });
   std::vector<Res> res = job.finish(25);
   EXPECT_EQ(res[0].status, 0) << res[0].msg;
+}
+
+// ---- the commit's error message (comm/shrink_report.h) -----------------
+
+// Parses "0-4,6-63" (with a trailing "..." when cut) back into ranks.
+std::vector<int> parse_ranges(const std::string &s, bool *cut) {
+  std::vector<int> v;
+  std::string t = s;
+  *cut = t.size() >= 3 && t.compare(t.size() - 3, 3, "...") == 0;
+  if (*cut)
+    t.resize(t.size() - 3);
+  std::stringstream in(t);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty())
+      continue;
+    size_t dash = item.find('-');
+    int a = std::stoi(item.substr(0, dash));
+    int b = dash == std::string::npos ? a : std::stoi(item.substr(dash + 1));
+    for (int r = a; r <= b; r++)
+      v.push_back(r);
+  }
+  return v;
+}
+
+TEST(ShrinkReport, RangesOfRandomSetsParseBack) {
+  std::printf("seed ZPP_TEST_SEED=%llu\n", (unsigned long long)seed());
+  std::mt19937_64 rng(seed());
+  char fixed[64];
+  const int six[] = {0, 1, 2, 3, 4, 6, 7, 8};
+  zpp_shrink_ranges(six, 8, fixed, sizeof fixed);
+  EXPECT_STREQ(fixed, "0-4,6-8");
+  zpp_shrink_ranges(six, 0, fixed, sizeof fixed);
+  EXPECT_STREQ(fixed, "none");
+  for (int trial = 0; trial < 500; trial++) {
+    int n = 1 + (int)(rng() % 300);
+    std::vector<int> set;
+    for (int r = 0; r < n; r++)
+      if (rng() % 3 != 0)
+        set.push_back(r);
+    size_t len = 4 + rng() % 120;
+    std::vector<char> buf(len, 'x');
+    zpp_shrink_ranges(set.data(), (int)set.size(), buf.data(), len);
+    std::string got(buf.data());
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + got);
+    ASSERT_LT(got.size(), len);
+    if (set.empty()) {
+      EXPECT_EQ(got, "none");
+      continue;
+    }
+    bool cut = false;
+    std::vector<int> back = parse_ranges(got, &cut);
+    if (!cut) {
+      EXPECT_EQ(back, set);
+      continue;
+    }
+    // a cut list is a prefix of the set, its last range whole
+    ASSERT_LT(back.size(), set.size());
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), set.begin()));
+    if (!back.empty()) {
+      EXPECT_NE(set[back.size()], back.back() + 1) << "a range was cut";
+    }
+  }
+}
+
+TEST(ShrinkReport, CreationRanksBecomeOldRanks) {
+  const int mem[] = {0, 1, 2, 3, 4, 6, 7}; // old ranks of new ranks 0..6
+  char out[512];
+  zpp_shrink_old_ranks("zpp_comm_shrink: the root at 10.0.0.1:41000 did not "
+                       "welcome rank 6 within 8.9 s",
+                       mem, 7, out, sizeof out);
+  EXPECT_STREQ(out, "zpp_comm_shrink: the root at 10.0.0.1:41000 did not "
+                    "welcome old rank 7 within 8.9 s");
+  zpp_shrink_old_ranks("bootstrap root at h:1: ranks 5, 6 never arrived; 5 of "
+                       "7 ranks did; rank 5: x; a process claims rank 9; "
+                       "old rank 3 and frank 2 stay",
+                       mem, 7, out, sizeof out);
+  EXPECT_STREQ(out, "bootstrap root at h:1: old ranks 6, 7 never arrived; 5 "
+                    "of 7 ranks did; old rank 6: x; a process claims new "
+                    "rank 9; old rank 3 and frank 2 stay");
+  // cut: always terminated, marked
+  char small[20];
+  zpp_shrink_old_ranks("rank 1 and rank 2 and rank 3 and rank 4", mem, 7, small,
+                       sizeof small);
+  EXPECT_LT(std::strlen(small), sizeof small);
+  EXPECT_EQ(std::string(small).substr(std::strlen(small) - 3), "...");
+}
+
+// 64 ranks, 8 of them gone, a long cause: the cause comes first and whole,
+// both lists as ranges, and the whole fits the room.
+TEST(ShrinkReport, CommitMessageKeepsTheCauseAndTheLists) {
+  std::vector<int> mem, gone = {3, 9, 17, 25, 33, 41, 49, 57};
+  for (int r = 0; r < 64; r++)
+    mem.push_back(r);
+  std::string cause = "bootstrap root at 10.0.0.1:41000: old rank 57 never "
+                      "arrived at the bootstrap within 8.9 s";
+  while (cause.size() < 220)
+    cause += " (padding of a long cause)";
+  char out[417]; // what zpp_comm_shrink leaves the message (shrink.c)
+  zpp_shrink_commit_msg(cause.c_str(), gone.data(), 8, mem.data(), 64, out,
+                        sizeof out);
+  std::string m(out);
+  EXPECT_LT(m.size(), sizeof out);
+  EXPECT_EQ(m.compare(0, cause.size(), cause), 0) << m;
+  EXPECT_NE(m.find("old ranks 3,9,17,25,33,41,49,57;"), std::string::npos) << m;
+  EXPECT_NE(m.find("old ranks 0-63)"), std::string::npos) << m;
+  // a cause too long for the room is cut, marked, and the lists stay
+  std::string huge(1000, 'c');
+  zpp_shrink_commit_msg(huge.c_str(), gone.data(), 8, mem.data(), 64, out,
+                        sizeof out);
+  m = out;
+  EXPECT_LT(m.size(), sizeof out);
+  EXPECT_NE(m.find("c... (a member failed"), std::string::npos) << m;
+  EXPECT_NE(m.find("old ranks 0-63)"), std::string::npos) << m;
+  zpp_shrink_commit_msg("x", nullptr, 0, mem.data(), 64, out, sizeof out);
+  EXPECT_NE(std::string(out).find("comm: none proven;"), std::string::npos)
+      << out;
 }
 
 } // namespace

@@ -6,8 +6,8 @@
  * Why its own sockets: the old communicator's bootstrap may be a star
  * whose root died, its backend may hang on the dead peer, and MPI may
  * abort.  So every communicator keeps, from its creation, one listening
- * socket per rank (the rescue listener); the addresses travel in the first
- * creation exchange.  A dead process's socket refuses connections: that
+ * socket per rank (the rescue listener, comm/rescue.c); the addresses
+ * travel in the first creation exchange.  A dead process's socket refuses connections: that
  * is the only proof of death the protocol uses.  No answer, a failure on
  * this host (EMFILE, EADDRNOTAVAIL, ENETUNREACH) or a closed connection
  * proves nothing: the connection is tried again until the deadline.
@@ -42,31 +42,20 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "comm/bootstrap.h"
+#include "comm/rescue.h"
+#include "comm/shrink_report.h"
 #include "comm/tcp.h"
 #include "core/core.h"
 #include "transport/transport_impl.h"
-
-struct zpp_rescue {
-  int fd; /* the listener; -1: none, `why` says why */
-  int rank, size;
-  uint64_t epoch;   /* the same on every rank of this communicator */
-  uint32_t self_ip; /* the address other hosts reach me by */
-  uint32_t *ip;     /* [size] network order */
-  uint16_t *port;   /* [size] */
-  int used;         /* zpp_comm_shrink was called on it */
-  char why[ZPP_TCP_ERRLEN];
-};
 
 void (*zpp_shrink_test_hook)(int rank, const char *point) = NULL;
 int (*zpp_shrink_test_connect)(int rank, int to) = NULL;
@@ -84,189 +73,16 @@ enum {
   SH_FAIL = 36      /* coordinator -> member: it could not decide (text) */
 };
 
+/* Seconds the probe of the members after a failed creation tries at most
+ * (a refusal takes one round trip), and the creation ends that much before
+ * the call's deadline: a creation that returns late on a loaded host
+ * still leaves the probe time, and the probe never passes the deadline. */
+#define SH_PROBE_S 0.3
+
 typedef struct {
   uint64_t epoch;
   int32_t rank, pid;
 } sh_who_t;
-
-/* The address other hosts reach this process by: ZPP_BOOTSTRAP_ADDR when
- * set, else the TCP bootstrap's, else none (0: the listener takes
- * loopback, and a communicator spanning hosts gets no listener).  No guess
- * from the interfaces: a bridge such as docker0 has the same address on
- * every host. */
-static zpp_status_t host_ip(void *tcp, uint32_t *ip) {
-  *ip = 0;
-  if (zpp_setting("ZPP_BOOTSTRAP_ADDR")[0] != '\0')
-    return zpp_tcp_listen_addr("zpp_comm_shrink's listener", ip);
-  if (tcp != NULL)
-    *ip = zpp_tcp_boot_ip(tcp);
-  return ZPP_OK;
-}
-
-/* The listeners of this process.  A process forked from a rank (a data
- * loader's worker) must not keep them: the rank's death would leave its
- * socket accepting, with no refusal to prove it.  In the fork's child each
- * becomes a socket that does not listen (the descriptor stays valid for
- * that process's own zpp_comm_destroy). */
-static pthread_mutex_t lis_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t lis_once = PTHREAD_ONCE_INIT;
-static int *lis_fd, lis_n, lis_cap, lis_hooked;
-
-static void lis_prepare(void) { pthread_mutex_lock(&lis_lock); }
-
-static void lis_parent(void) { pthread_mutex_unlock(&lis_lock); }
-
-static void lis_child(void) {
-  int i;
-  for (i = 0; i < lis_n; i++) {
-    int d = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (d < 0 || dup3(d, lis_fd[i], O_CLOEXEC) < 0)
-      close(lis_fd[i]); /* no descriptor to spare: closed outright */
-    if (d >= 0)
-      close(d);
-  }
-  lis_n = 0;
-  pthread_mutex_unlock(&lis_lock);
-}
-
-static void lis_init(void) {
-  lis_hooked = pthread_atfork(lis_prepare, lis_parent, lis_child) == 0;
-}
-
-/* 0 when fd is registered (the fork handler is in place). */
-static int lis_add(int fd) {
-  int ok = 0;
-  pthread_once(&lis_once, lis_init);
-  pthread_mutex_lock(&lis_lock);
-  if (lis_hooked && lis_n == lis_cap) {
-    int cap = lis_cap > 0 ? 2 * lis_cap : 8;
-    int *v = realloc(lis_fd, (size_t)cap * sizeof *v);
-    if (v != NULL) {
-      lis_fd = v;
-      lis_cap = cap;
-    }
-  }
-  if (lis_hooked && lis_n < lis_cap) {
-    lis_fd[lis_n++] = fd;
-    ok = 1;
-  }
-  pthread_mutex_unlock(&lis_lock);
-  return ok ? 0 : -1;
-}
-
-void zpp_rescue_close(int fd) {
-  int i;
-  if (fd < 0)
-    return;
-  pthread_mutex_lock(&lis_lock);
-  for (i = 0; i < lis_n; i++)
-    if (lis_fd[i] == fd) {
-      lis_fd[i] = lis_fd[--lis_n];
-      break;
-    }
-  pthread_mutex_unlock(&lis_lock);
-  close(fd);
-}
-
-void zpp_rescue_open(void *tcp, int *fd, uint32_t *ip, uint16_t *port) {
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof sa;
-  uint32_t at = 0;
-  int s;
-  *fd = -1;
-  *port = 0;
-  *ip = 0;
-  if (host_ip(tcp, &at) != ZPP_OK) {
-    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: %s",
-             zpp_get_last_error());
-    return;
-  }
-  if (at == 0)
-    at = htonl(INADDR_LOOPBACK);
-  s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (s < 0) {
-    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: socket: %s",
-             strerror(errno));
-    return;
-  }
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = at;
-  if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 1024) != 0 ||
-      getsockname(s, (struct sockaddr *)&sa, &sl) != 0) {
-    ZPP_WARN(ZPP_SUBSYS_INIT,
-             "zpp_comm_shrink will be unsupported: bind/listen: %s",
-             strerror(errno));
-    close(s);
-    return;
-  }
-  if (lis_add(s) != 0) {
-    ZPP_WARN(ZPP_SUBSYS_INIT, "zpp_comm_shrink will be unsupported: no "
-                              "memory or fork handler for its listener");
-    close(s);
-    return;
-  }
-  *fd = s;
-  *port = ntohs(sa.sin_port);
-  *ip = at;
-}
-
-zpp_status_t zpp_rescue_none(zpp_comm_t c, const char *why, const char *func) {
-  struct zpp_rescue *rs = calloc(1, sizeof *rs);
-  if (rs == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink state");
-  rs->fd = -1;
-  snprintf(rs->why, sizeof rs->why, "%s", why);
-  c->rescue = rs;
-  return ZPP_OK;
-}
-
-int zpp_rescue_fd(zpp_comm_t c) {
-  return c->rescue != NULL ? c->rescue->fd : -1;
-}
-
-zpp_status_t zpp_rescue_attach(zpp_comm_t c, int fd, int rank, int size,
-                               uint32_t self_ip, const uint32_t *ip,
-                               const uint16_t *port, uint64_t epoch,
-                               const char *func) {
-  struct zpp_rescue *rs;
-  if (fd < 0)
-    return ZPP_OK;
-  rs = calloc(1, sizeof *rs);
-  if (rs != NULL) {
-    rs->ip = malloc((size_t)size * sizeof *rs->ip);
-    rs->port = malloc((size_t)size * sizeof *rs->port);
-  }
-  if (rs == NULL || rs->ip == NULL || rs->port == NULL) {
-    if (rs != NULL) {
-      free(rs->ip);
-      free(rs->port);
-    }
-    free(rs);
-    zpp_rescue_close(fd);
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "shrink addresses");
-  }
-  memcpy(rs->ip, ip, (size_t)size * sizeof *ip);
-  memcpy(rs->port, port, (size_t)size * sizeof *port);
-  rs->fd = fd;
-  rs->rank = rank;
-  rs->size = size;
-  rs->epoch = epoch;
-  rs->self_ip = self_ip;
-  c->rescue = rs;
-  return ZPP_OK;
-}
-
-void zpp_rescue_free(zpp_comm_t c) {
-  struct zpp_rescue *rs = c->rescue;
-  if (rs == NULL)
-    return;
-  zpp_rescue_close(rs->fd);
-  free(rs->ip);
-  free(rs->port);
-  free(rs);
-  c->rescue = NULL;
-}
 
 /* ---- one call's state --------------------------------------------------- */
 
@@ -882,17 +698,20 @@ static zpp_status_t coordinate(sh_t *s) {
  * (it needs MPI, which may not survive), the device comm resolved (a
  * member keeps its GPU though its local rank changes), an emulated node
  * map restricted to the members, the creation bounded by what is left of
- * the call. */
+ * the call less the reserve of the probe after a failure. */
 static zpp_status_t new_config(zpp_comm_t comm, const sh_t *s,
                                zpp_comm_config_t *cfg, char *spec, size_t len) {
   const zpp_transport_t *t = comm->tr;
   double left = (double)(s->deadline - zpp_time_ns()) * 1e-9;
+  /* the creation ends SH_PROBE_S before the call's deadline: a failed
+   * creation's probe (gone_members) runs in the rest */
+  double create_s = left > 2 * SH_PROBE_S ? left - SH_PROBE_S : left / 2;
   *cfg = comm->cfg;
   cfg->backend = t->backend == ZPP_BACKEND_MPI ? ZPP_BACKEND_UCX : t->backend;
   cfg->algorithm = t->algorithm;
   if (comm->cuda_device >= 0)
     cfg->cuda_device = comm->cuda_device;
-  cfg->timeout_s = left > 0.5 ? left : 0.5;
+  cfg->timeout_s = create_s > 0.001 ? create_s : 0.001;
   cfg->topology = NULL;
   spec[0] = '\0';
   if (t->topo->emulated) {
@@ -939,35 +758,25 @@ static void answer_and_close(sh_t *s, zpp_status_t st) {
   }
 }
 
-/* After a failed creation: the members whose listener now refuses, by old
- * rank (dead, or done with comm: a member that failed the creation
- * sooner may have destroyed it), and the old ranks of the new ones in
- * order.  The creation's error numbers the new ranks, which are not the
- * ranks the caller knows.
- * The connections are tried together for 0.1 s at most (a refusal takes
- * one round trip; the creation may have used the call's bound up): a
- * member that does not answer in that time is not named. */
-static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
-                         size_t olen) {
+/* After a failed creation: the members whose listener now refuses, in
+ * gone[] by old rank, ascending (dead, or done with comm: a member that
+ * failed the creation sooner may have destroyed it); their count.  The
+ * connections are tried together until `end` at most (a refusal takes
+ * one round trip): a member that does not answer by then is not named. */
+static int gone_members(sh_t *s, int64_t end, int *gone) {
   struct pollfd *pf = s->pf; /* cap + 2 > n entries, unused after the
                                 agreement (every connection is closed) */
   int *peer = malloc((size_t)s->n * sizeof *peer);
-  char *isdead = s->joined; /* [n] scratch, unused after the agreement */
-  int i, k = 0, nd = 0;
-  size_t at = 0, ot = 0;
-  int64_t end = zpp_time_ns() + 100000000;
-  dead[0] = olds[0] = '\0';
-  memset(isdead, 0, (size_t)s->n);
-  for (i = 0; i < s->nmem && ot < olen; i++)
-    ot +=
-        (size_t)snprintf(olds + ot, olen - ot, "%s%d", i ? "," : "", s->mem[i]);
+  char *isgone = s->joined; /* [n] scratch, unused after the agreement */
+  int i, k = 0, ng = 0;
+  memset(isgone, 0, (size_t)s->n);
   for (i = 0; i < s->nmem; i++) {
     int fd = -1, rc, r = s->mem[i];
     if (r == s->me)
       continue;
     rc = connect_start(s, r, &fd);
     if (rc == -1) {
-      isdead[r] = 1;
+      isgone[r] = 1;
     } else if (rc == 1 && peer != NULL) {
       pf[k].fd = fd;
       pf[k].events = POLLOUT;
@@ -988,7 +797,7 @@ static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
         peer[j++] = peer[i];
         continue;
       }
-      isdead[peer[i]] = (char)refused(connect_error(pf[i].fd));
+      isgone[peer[i]] = (char)refused(connect_error(pf[i].fd));
       close(pf[i].fd);
     }
     k = j;
@@ -996,12 +805,10 @@ static void dead_members(sh_t *s, char *dead, size_t dlen, char *olds,
   for (i = 0; i < k; i++)
     close(pf[i].fd);
   free(peer);
-  for (i = 0; i < s->n && at < dlen; i++)
-    if (isdead[i])
-      at += (size_t)snprintf(dead + at, dlen - at, "%sold rank %d",
-                             nd++ ? ", " : "", i);
-  if (nd == 0)
-    snprintf(dead, dlen, "none proven");
+  for (i = 0; i < s->n; i++)
+    if (isgone[i])
+      gone[ng++] = i;
+  return ng;
 }
 
 static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
@@ -1063,15 +870,26 @@ static zpp_status_t run(zpp_comm_t comm, sh_t *s, int *new_rank_of,
     zpp_tcp_unlisten(&s->id);
   free(spec);
   if (st != ZPP_OK) {
-    char why[ZPP_TCP_ERRLEN], dead[160], olds[160];
-    snprintf(why, sizeof why, "%s", zpp_get_last_error());
-    dead_members(s, dead, sizeof dead, olds, sizeof olds);
+    /* the creation numbers the new ranks: written as the caller's; the
+     * whole message fits an error message (512 bytes, core/error.c) */
+    char why[512], cause[512], msg[512];
+    int *gone = malloc((size_t)s->n * sizeof *gone), ng = 0;
+    size_t room = 512 - strlen(s->func) - 80;
+    const char *e = zpp_get_last_error();
+    size_t fl = strlen(s->func);
+    /* the creation's error, without the prefix of this same call */
+    if (strncmp(e, s->func, fl) == 0 && strncmp(e + fl, ": ", 2) == 0)
+      e += fl + 2;
+    snprintf(why, sizeof why, "%s", e);
+    zpp_shrink_old_ranks(why, s->mem, s->nmem, cause, sizeof cause);
+    if (gone != NULL)
+      ng = gone_members(s, soon(s, SH_PROBE_S), gone);
+    zpp_shrink_commit_msg(cause, gone, ng, s->mem, s->nmem, msg, room);
+    free(gone);
     return zpp_error(ZPP_ERR_PEER_FAILED, s->func,
                      "the communicator of the %d survivors could not be "
-                     "created: a member failed after the decision (no "
-                     "longer listening, dead or done with comm: %s; the "
-                     "ranks below are new ranks, of old ranks %s): %s",
-                     s->nmem, dead, olds, why);
+                     "created: %s",
+                     s->nmem, msg);
   }
   /* the creation was bounded by the call; the communicator keeps comm's */
   nc->tr->timeout_s = comm->tr->timeout_s;
