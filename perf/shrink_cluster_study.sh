@@ -7,8 +7,8 @@
 # T), shrink over zpp's own sockets, check an all-gather bitwise, and new
 # rank 0 prints the slowest survivor's time from the kill to that result.
 # RUNS runs for each T in TIMEOUTS (alternated); per T the median and
-# min..max, against the target of ZPP_TIMEOUT_S + 2 s.  It has not been
-# run: docs/runtime.md quotes no figure of it.
+# min..max, against the target of ZPP_TIMEOUT_S + 2 s (docs/runtime.md,
+# "Measured", quotes a run).
 #   usage: perf/shrink_cluster_study.sh [BUILD_DIR]
 #   env:   RUNS (5), TIMEOUTS ("3 5": ZPP_TIMEOUT_S of the runs, seconds),
 #          COLL (qwz, or hpz, qgz: the call rank 5 dies in), RATE (per node
