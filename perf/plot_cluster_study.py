@@ -280,32 +280,25 @@ def targets(p, real, by, rates):
                     best, name = b
                     p(f"| {v} <= {goal} x best bf16 | {rate_label(link)} | {size_label(s)} "
                       f"| {m / best:.2f} ({name}) | {'yes' if m / best <= goal else 'no'} |")
-        for coll, word in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter")):
+        def worst_row(coll, against, what, goal):
+            """One row: bf16 over the fastest of `against` at each size,
+            the worst of them against `goal`."""
             ratios = []
             for s in sizes:
-                z, o = med(coll, "bf16", s), fastest(coll, PEERS, s)
+                z, o = med(coll, "bf16", s), fastest(coll, against, s)
                 if z and o:
                     ratios.append((z / o[0], s, o[1]))
             if ratios:
                 worst, ws, wname = max(ratios)
-                p(f"| zpp bf16 / Open MPI {word} <= {PEER_GOAL} at every size | {rate_label(link)} | "
+                p(f"| {what} <= {goal} at every size | {rate_label(link)} | "
                   f"{size_label(min(s for _, s, _ in ratios))}..{size_label(max(s for _, s, _ in ratios))} "
                   f"| worst {worst:.2f} ({size_label(ws)}, {wname}) | "
-                  f"{'yes' if worst <= PEER_GOAL else 'no'} |")
+                  f"{'yes' if worst <= goal else 'no'} |")
+        for coll, word in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter")):
+            worst_row(coll, PEERS, f"zpp bf16 / Open MPI {word}", PEER_GOAL)
             # ZPP_ALGO=auto (the bf16 row) against the fastest of zpp's own
             # algorithms forced (bf16-flat, bf16-hier) at each size
-            ratios = []
-            for s in sizes:
-                z, o = med(coll, "bf16", s), fastest(coll, OWN, s)
-                if z and o:
-                    ratios.append((z / o[0], s, o[1]))
-            if ratios:
-                worst, ws, wname = max(ratios)
-                p(f"| auto bf16 / zpp's best algorithm {word} <= {AUTO_GOAL} at every size | "
-                  f"{rate_label(link)} | "
-                  f"{size_label(min(s for _, s, _ in ratios))}..{size_label(max(s for _, s, _ in ratios))} "
-                  f"| worst {worst:.2f} ({size_label(ws)}, {wname}) | "
-                  f"{'yes' if worst <= AUTO_GOAL else 'no'} |")
+            worst_row(coll, OWN, f"auto bf16 / zpp's best algorithm {word}", AUTO_GOAL)
 
 
 def emulation(p, by, rates, cmds):
