@@ -30,8 +30,12 @@
 # setting, zpp-bench's columns), OUT_DIR/cluster_study.md (tables, the
 # command above each) and OUT_DIR/cluster_study_time.png,
 # OUT_DIR/cluster_study_emu.png.  Needs root (exits 1 saying why if a
-# cluster cannot be made).  Run time: 30-40 minutes on 2 cores, more when launches are
-# discarded and run again.
+# cluster cannot be made).  Run time on 2 idle cores: the three links to
+# 4 MiB without the UCX launches (ZPP_CLUSTER_STUDY_MAXBYTES=4M
+# ZPP_CLUSTER_STUDY_UCX=0 ZPP_CLUSTER_STUDY_MID_ITERS=10
+# ZPP_CLUSTER_STUDY_ITERS=3) 410 s on the cluster and 35 s of emulation;
+# the defaults (to 16 MiB, every tuned algorithm of mpi-best at each
+# size, the UCX launches) take longer, and discarded launches run again.
 # Smaller: ZPP_CLUSTER_STUDY_RATES="400mbit" ZPP_CLUSTER_STUDY_MAXBYTES=1M
 # ZPP_CLUSTER_STUDY_EMU=0 ZPP_CLUSTER_STUDY_UCX=0 (no UCX launches: no
 # ucx-* rows).
