@@ -103,7 +103,8 @@ step() {
   fi
 }
 log=$(mktemp /tmp/zpp-cluster-tests.XXXXXX)
-trap '"$cluster" down; rm -f "$log"' EXIT
+stamp=$(mktemp /tmp/zpp-cluster-stamp.XXXXXX)
+trap '"$cluster" down; rm -f "$log" "$stamp"' EXIT
 
 . "$root/scripts/reported_run.sh"
 # fault_step NAME LIMIT_S RANKS MPIRUN_ARGS...: a run of
@@ -142,8 +143,6 @@ fault_step() {
     failed+=("$name")
   fi
 }
-stamp=$(mktemp /tmp/zpp-cluster-stamp.XXXXXX)
-trap '"$cluster" down; rm -f "$log" "$stamp"' EXIT
 worker=$build/tests/shrink_cluster_worker
 fault_steps() {
   local c
