@@ -14,6 +14,9 @@
 #     zpp-topo --json        2 nodes, hosts zpp-n0 and zpp-n1, not emulated
 #     test_transport         every operation, counts, errors (not Emu.*)
 #     test_coll              baselines, qwZ, hpZ, qgZ, qWD
+#     test_tuner             ZPP_ALGO=auto's probe: counters left at zero,
+#                            ranks per core of the whole machine (both
+#                            nodes' ranks), every rank choosing alike
 #     test_linkcut           link down (bridge port) and 100% loss: a cut
 #                            shorter than the timeout completes exactly, a
 #                            longer one times out on every rank, no hang
@@ -64,7 +67,7 @@ elif [ $rc -ne 0 ]; then
 fi
 only=${ZPP_CLUSTER_STEPS:-all}
 case $only in
-  all) bins="tools/zpp-topo tests/test_transport tests/test_coll tests/test_linkcut tests/shrink_cluster_worker" ;;
+  all) bins="tools/zpp-topo tests/test_transport tests/test_coll tests/test_tuner tests/test_linkcut tests/shrink_cluster_worker" ;;
   faults) bins=tests/shrink_cluster_worker ;;
   *) echo "$prog: ZPP_CLUSTER_STEPS '$only': must be all or faults" >&2; exit 1 ;;
 esac
@@ -229,6 +232,8 @@ fi
 step "test_transport 2x4" 180 -np 8 -x ZPP_TEST_EXPECT_NODES=2x4 \
   "$build/tests/test_transport" --gtest_filter=-Emu.*
 step "test_coll 2x4" 180 -np 8 "$build/tests/test_coll"
+step "test_tuner 2x4, the probe on real links" 120 -np 8 "$build/tests/test_tuner" \
+  --gtest_filter='Auto.StatsAreZeroAfterCreation:Auto.RanksPerCore*:Auto.EveryRankChoosesAlike'
 # A failed or killed run may leave the link cut: restore it after each
 # step, so that one failure does not turn into the next step's.  Each test
 # runs in its own mpirun: its TCP connections are fresh, not still backing

@@ -251,6 +251,52 @@ TEST(Model, AgreementIsTheMedian) {
   EXPECT_EQ(out.inter_lat_us, def.inter_lat_us);
 }
 
+// A rate the probe measured ran with every rank's probe at once, so it
+// already holds the cores' and links' sharing: the model does not divide
+// it by the ranks per core again (a default or a file's rate it does).
+TEST(Model, MeasuredIntraRateIsNotDividedByRanksPerCore) {
+  zpp_link_model_t m, u;
+  zpp_tune_defaults(&m, 0);
+  m.intra_bw = 500.0;
+  m.inter_bw = 60.0;
+  m.cpu = 4.0;
+  u = m;
+  u.intra_bw = m.intra_bw * m.cpu; // divided by cpu: m's measured rate
+  m.measured = ZPP_TUNE_MEASURED_INTRA | ZPP_TUNE_MEASURED_INTER;
+  zpp_tune_shape_t s = Shape({4, 4});
+  for (int coll = 0; coll < 3; coll++)
+    for (double b = 1024; b <= 16 << 20; b *= 8) {
+      zpp_tune_pick_t pm, pu;
+      zpp_tune_predict(&m, &s, coll, b, 2, 2, 1, &pm);
+      zpp_tune_predict(&u, &s, coll, b, 2, 2, 1, &pu);
+      EXPECT_DOUBLE_EQ(pm.flat_us, pu.flat_us) << coll << " " << b;
+      EXPECT_DOUBLE_EQ(pm.hier_us, pu.hier_us) << coll << " " << b;
+      EXPECT_EQ(pm.chunks, pu.chunks);
+    }
+  // not measured: the same rate is divided, so the prediction is slower
+  zpp_link_model_t d = m;
+  d.measured = 0;
+  zpp_tune_pick_t pm, pd;
+  zpp_tune_predict(&m, &s, ZPP_TUNE_RS, 1 << 20, 2, 2, 1, &pm);
+  zpp_tune_predict(&d, &s, ZPP_TUNE_RS, 1 << 20, 2, 2, 1, &pd);
+  EXPECT_GT(pd.hier_us, pm.hier_us);
+}
+
+// A rate measured on any rank makes the agreed one measured (the median
+// is over the measurements only); none measured: not measured.
+TEST(Model, AgreementKeepsWhatWasMeasured) {
+  zpp_link_model_t def, all[3], out;
+  double scratch[3];
+  zpp_tune_defaults(&def, 0);
+  for (auto &a : all) a = def;
+  zpp_tune_agree(all, 3, &def, scratch, &out);
+  EXPECT_EQ(out.measured, 0);
+  all[2].measured = ZPP_TUNE_MEASURED_INTER; // alone on its node: no intra
+  all[1].measured = ZPP_TUNE_MEASURED_INTRA;
+  zpp_tune_agree(all, 3, &def, scratch, &out);
+  EXPECT_EQ(out.measured, ZPP_TUNE_MEASURED_INTRA | ZPP_TUNE_MEASURED_INTER);
+}
+
 // More ranks than any fixed buffer: the median over the caller's scratch,
 // against a sort of the measured values (NaN skipped).
 TEST(Model, AgreementOfManyRanksUsesTheScratch) {
@@ -400,24 +446,59 @@ TEST(Auto, StatsAreZeroAfterCreation) {
 // The constants creation agrees on where nothing is measured (no probe:
 // ZPP_TUNER_PROBE unset on an emulated topology, or 0), built here
 // independently of the communicator: the start constants of 8 ranks on
-// this machine, then the tuner file.  false: a probe ran.
+// this machine, then the tuner file.  false: a probe ran (ZPP_TUNER_PROBE
+// set, or real nodes without ZPP_TUNER_PROBE=0).
 bool ExpectedModel(zpp_link_model_t *m) {
   const char *probe = std::getenv("ZPP_TUNER_PROBE");
-  if (probe && *probe && std::string(probe) != "0")
+  const char *topo = std::getenv("ZPP_TOPO");
+  const char *file = std::getenv("ZPP_TUNER_FILE");
+  bool emulated = topo && *topo, has_file = file && *file;
+  std::string pr = probe && *probe ? probe : "auto";
+  // the probe runs without a file where set to 1, or on real nodes (no
+  // ZPP_TOPO) unless set to 0
+  if (!has_file && (pr == "1" || (pr == "auto" && !emulated)))
     return false;
   auto num = [](const char *k) {
     const char *v = std::getenv(k);
     return v && *v ? std::strtod(v, nullptr) : 0.0;
   };
   double gbit = num("ZPP_EMU_INTER_GBIT"), lat = num("ZPP_EMU_INTER_LAT_US");
-  zpp_tune_start(m, 1, gbit > 0 || lat > 0, gbit, lat, g_size,
+  zpp_tune_start(m, emulated, gbit > 0 || lat > 0, gbit, lat, g_size,
                  (int)sysconf(_SC_NPROCESSORS_ONLN));
-  const char *file = std::getenv("ZPP_TUNER_FILE");
   uint64_t hash = 0;
-  if (file && *file) {
+  if (has_file) {
     EXPECT_EQ(zpp_tune_read_file(file, m, &hash, "test"), ZPP_OK);
   }
   return true;
+}
+
+extern "C" double zpp_test_comm_ranks_per_core(const struct zpp_comm *c); // tuner_whitebox.c
+
+// The ranks per core count every rank on this kernel (the boot id), not
+// on this host name or network namespace: nodes that are namespaces or
+// containers of one machine share its cores (on the namespace cluster,
+// 2 nodes x 4 ranks on 2 cores: 4).
+TEST(Auto, RanksPerCoreCountEveryRankOfThisKernel) {
+  const char *file = std::getenv("ZPP_TUNER_FILE");
+  if (file && *file) GTEST_SKIP() << "a tuner file may set ranks_per_core";
+  char boot[64] = {0};
+  if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!std::fgets(boot, sizeof boot, f)) boot[0] = 0;
+    std::fclose(f);
+  }
+  if (!boot[0]) GTEST_SKIP() << "no boot id here";
+  std::vector<char> all((size_t)g_size * sizeof boot);
+  MPI_Allgather(boot, sizeof boot, MPI_CHAR, all.data(), sizeof boot, MPI_CHAR,
+                MPI_COMM_WORLD);
+  int mine = 0;
+  for (int r = 0; r < g_size; r++)
+    mine += std::strncmp(&all[(size_t)r * sizeof boot], boot, sizeof boot) == 0;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  double want = cores > 0 && mine > cores ? (double)mine / (double)cores : 1.0;
+  // the agreed value is the median over the ranks (all on this kernel here
+  // unless the launcher spans machines)
+  EXPECT_DOUBLE_EQ(zpp_test_comm_ranks_per_core(g_comm), want)
+      << mine << " ranks on this kernel, " << cores << " cores";
 }
 
 TEST(Auto, EveryRankChoosesAlike) {

@@ -403,7 +403,8 @@ void zpp_tune_predict(const zpp_link_model_t *m0, const zpp_tune_shape_t *s,
   cm.round_us *= cpu;
   cm.msg_us *= cpu;
   cm.reduce_bw /= cpu;
-  cm.intra_bw /= cpu;
+  if (!(cm.measured & ZPP_TUNE_MEASURED_INTRA))
+    cm.intra_bw /= cpu;
   if (cm.shared_path && cm.inter_bw > cm.intra_bw)
     cm.inter_bw = cm.intra_bw;
   double pf = esize > 0 ? (double)psize / esize : 1.0;
@@ -519,42 +520,80 @@ static zpp_status_t probe_ag(zpp_transport_t *t, zpp_group_t g, char *buf,
   return st;
 }
 
-/* Per-round latency and bandwidth of a ring over group g (NaN when the
- * group has one member): the least of a few small and large all-gathers. */
+/* A barrier of the whole communicator (an all-gather of 8 bytes over
+ * WORLD completes on a rank only after every rank started it): each
+ * timed probe then starts with every other rank's, so that the ranks
+ * sharing a node link, a core or a memory bus share them in the probe as
+ * they do in a collective. */
+static zpp_status_t probe_sync(zpp_transport_t *t, char *buf) {
+  double us;
+  return t->grp[ZPP_GROUP_WORLD].size < 2
+             ? ZPP_OK
+             : probe_ag(t, ZPP_GROUP_WORLD, buf, 8, &us);
+}
+
+/* `runs` all-gathers of `bytes` back to back; *us: the time of one.  A
+ * peer that left the barrier earlier has sent its block before this rank
+ * starts: one all-gather alone can look faster than its link, runs of
+ * them are late by at most that lead. */
+static zpp_status_t probe_runs(zpp_transport_t *t, zpp_group_t g, char *buf,
+                               size_t bytes, int runs, double *us) {
+  int64_t t0 = zpp_time_ns();
+  zpp_status_t st = ZPP_OK;
+  int i;
+  for (i = 0; i < runs && st == ZPP_OK; i++)
+    st = probe_ag(t, g, buf, bytes, us);
+  *us = (double)(zpp_time_ns() - t0) / 1e3 / runs;
+  return st;
+}
+
+/* Per-round latency and bandwidth of a ring over group g, every rank's
+ * group at once (NaN when this rank's group has one member; it still
+ * takes part in the barriers): the least of REPS runs of RUNS small and
+ * RUNS large all-gathers.  LARGE is past the burst a shaped link lets
+ * through at its line rate (72 KiB per node link on the namespace
+ * cluster), and each of the node's ranks sends it at once. */
 static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g,
                                 const zpp_link_model_t *m, double *lat,
                                 double *bw) {
-  enum { SMALL = 8, LARGE = 65536, REPS = 3 };
+  enum { SMALL = 8, LARGE = 131072, REPS = 2, RUNS = 4 };
   int n = t->grp[g].size, i;
   double small = INFINITY, large = INFINITY, us;
+  size_t len = (size_t)(n > 1 ? n : 1) * LARGE,
+         wlen = (size_t)t->grp[ZPP_GROUP_WORLD].size * 8;
   char *buf;
+  zpp_status_t st = ZPP_OK;
   *lat = *bw = NAN;
-  if (n < 2)
-    return ZPP_OK;
-  buf = calloc((size_t)n, LARGE);
+  buf = calloc(len > wlen ? len : wlen, 1);
   if (buf == NULL)
     return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_tune_probe",
                      "probe buffer of %d x %d bytes", n, LARGE);
-  for (i = 0; i < REPS; i++) {
-    zpp_status_t st = probe_ag(t, g, buf, SMALL, &us);
-    if (st == ZPP_OK && us < small)
-      small = us;
-    if (st == ZPP_OK)
-      st = probe_ag(t, g, buf, LARGE, &us);
-    if (st != ZPP_OK) {
-      free(buf);
-      return st;
+  for (i = 0; i < REPS && st == ZPP_OK; i++) {
+    st = probe_sync(t, buf);
+    if (st == ZPP_OK && n > 1) {
+      st = probe_runs(t, g, buf, SMALL, RUNS, &us);
+      if (st == ZPP_OK && us < small)
+        small = us;
     }
-    if (us < large)
-      large = us;
+    if (st == ZPP_OK)
+      st = probe_sync(t, buf);
+    if (st == ZPP_OK && n > 1) {
+      st = probe_runs(t, g, buf, LARGE, RUNS, &us);
+      if (st == ZPP_OK && us < large)
+        large = us;
+    }
   }
   free(buf);
+  if (st != ZPP_OK || n < 2)
+    return st;
   /* a ring of n members: n - 1 rounds of one block */
   *lat = small / (n - 1) - m->round_us - 2.0 * m->msg_us;
   if (*lat < 0.1)
     *lat = 0.1;
-  if (large > small)
-    *bw = (double)LARGE * (n - 1) / (large - small);
+  /* the large all-gather's time less its rounds' latency; a small run
+   * slowed by a late peer counts for at most half of it */
+  *bw = (double)LARGE * (n - 1) /
+        (large - (small < large / 2 ? small : large / 2));
   return ZPP_OK;
 }
 
@@ -569,10 +608,13 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   }
   for (i = 0; i < ZPP_NGROUPS; i++)
     calls[i] = atomic_load(&t->calls[i]);
-  /* every rank: CROSS first, then NODE (a group of one skips its part) */
+  /* every rank: CROSS first, then NODE (a rank alone in its group takes
+   * part in the barriers only) */
   st = probe_group(t, ZPP_GROUP_CROSS, m, &m->inter_lat_us, &m->inter_bw);
   if (st == ZPP_OK)
     st = probe_group(t, ZPP_GROUP_NODE, m, &m->intra_lat_us, &m->intra_bw);
+  m->measured = (isnan(m->intra_bw) ? 0 : ZPP_TUNE_MEASURED_INTRA) |
+                (isnan(m->inter_bw) ? 0 : ZPP_TUNE_MEASURED_INTER);
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
     atomic_store(&t->sent[i], sent[i]);
     atomic_store(&t->recv[i], recv[i]);
@@ -610,7 +652,11 @@ void zpp_tune_agree(const zpp_link_model_t *all, int n,
                                 offsetof(zpp_link_model_t, reduce_bw),
                                 offsetof(zpp_link_model_t, cpu)};
   size_t i;
+  int k;
   *out = all[0];
+  /* a rate measured anywhere is agreed from the measurements only */
+  for (k = 1; k < n; k++)
+    out->measured |= all[k].measured;
   for (i = 0; i < sizeof offs / sizeof offs[0]; i++)
     *(double *)((char *)out + offs[i]) =
         median_of(all, n, offs[i],

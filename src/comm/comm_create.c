@@ -48,6 +48,9 @@ typedef struct {
   int32_t qgz_sum;    /* ZPP_QGZ_SUM resolved: 1 int, 0 float */
   uint64_t spec_hash;
   uint64_t host_id; /* hash of host name, boot id, network namespace */
+  uint64_t kernel_id; /* hash of the boot id (0: unknown): equal ones run
+                         on one kernel, so on its cores (containers and
+                         network namespaces of one machine) */
   uint64_t pid_space; /* hash of boot id and pid namespace: equal ones see
                          each other's processes (error messages name a
                          peer that is gone or stopped) */
@@ -100,6 +103,13 @@ static uint64_t host_identity(const char *host) {
   if (stat("/proc/self/ns/net", &sb) == 0)
     h = zpp_comm_fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
   return h;
+}
+
+/* Processes with equal values run on one kernel; 0: unknown. */
+static uint64_t kernel_identity(void) {
+  char boot[64];
+  boot_id(boot, sizeof boot);
+  return boot[0] == '\0' ? 0 : hash_str(boot);
 }
 
 /* Processes with equal values see each other's pids; 0: unknown. */
@@ -732,6 +742,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   }
   mine.host_id = host_identity(mine.host);
   mine.pid_space = pid_space();
+  mine.kernel_id = kernel_identity();
   mine.pid = (int32_t)getpid();
   mine.spec_hash = hash_str(spec);
   mine.spec_len = (int32_t)strlen(spec);
@@ -926,9 +937,13 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   }
   ZPP_CHECK_GOTO(agree(bs, timeout, st, func), st, err_tr);
   if (algo == ZPP_ALGORITHM_AUTO) {
-    int host_ranks = 0; /* ranks on this real machine: they share its cores */
+    /* ranks on this machine's kernel (else on this host): they share its
+     * cores, nodes in containers or namespaces of one machine included */
+    int host_ranks = 0;
     for (r = 0; r < size; r++)
-      host_ranks += rec[r].key == rec[rank].key;
+      host_ranks += rec[rank].kernel_id != 0
+                        ? rec[r].kernel_id == rec[rank].kernel_id
+                        : rec[r].key == rec[rank].key;
     ZPP_CHECK_GOTO(
         tune_model(bs, timeout, c->tr, probe, host_ranks, ZPP_OK, func), st,
         err_tr);

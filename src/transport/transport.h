@@ -88,11 +88,16 @@ typedef struct {
                       memory bandwidth are shared by that many ranks */
   int shared_path; /* 1: inter- and intra-node bytes share one path (an
                       emulated topology on one machine): their times add */
+  int measured;    /* ZPP_TUNE_MEASURED_*: rates the probe measured with
+                      every rank's probe at once, so with the cores and
+                      links shared as in a collective (not divided by cpu) */
   /* Forced choices (tuner file): 0 model, else ZPP_ALGORITHM_HIER/FLAT,
    * per collective: all-gather, reduce-scatter, all-reduce. */
   int force[3];
   int chunks; /* hierarchical chunks (1..8); 0: the model's */
 } zpp_link_model_t;
+
+enum { ZPP_TUNE_MEASURED_INTRA = 1, ZPP_TUNE_MEASURED_INTER = 2 };
 
 /* Byte counters of one rank (exact, see docs/design.md "Transports"). */
 typedef struct {
