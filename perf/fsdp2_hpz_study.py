@@ -12,6 +12,7 @@ summed; zpp's counters, empty for gloo), intra_mb, final_loss, wall_s (the
 launch's, all modes together).
 """
 import csv
+import os
 import json
 import statistics
 import sys
@@ -53,8 +54,9 @@ def rows(topo, rate, rep, status, wall, path):
             w.writerow([topo, rate, rep, m, status, "%.5f" % d["step_time_s"],
                         mb("inter_bytes_per_step"), mb("intra_bytes_per_step"),
                         "%.5f" % d["losses"][-1], wall])
+    run = os.environ.get("ZPP_HPZ_STUDY_MODES", " ".join(m for m, _ in MODES)).split()
     for m, _ in MODES:
-        if m not in seen:  # a failed launch: one row per missing mode
+        if m in run and m not in seen:  # a failed launch: one row per missing mode
             w.writerow([topo, rate, rep, m, status if status != "ok" else "no result",
                         "", "", "", "", wall])
 
@@ -98,8 +100,11 @@ def markdown(path, meta):
         for r in rs:
             by.setdefault(r["mode"], {})[r["rep"]] = r
         base = by.get("zeropp-nohpz", {})
+        ran = set(r["mode"] for r in data if r["topo"] == topo and r["rate"] == rate)
         for m, what in MODES:
             got = by.get(m, {})
+            if m not in ran:  # not among ZPP_HPZ_STUDY_MODES
+                continue
             if not got:
                 out.append("| %s | 0 | - | - | - | - | - | - |" % what)
                 continue

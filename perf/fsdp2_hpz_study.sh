@@ -25,6 +25,10 @@
 # Settings (environment):
 #   ZPP_HPZ_STUDY_TOPOS    NODESxRANKS clusters ("2x2 2x4")
 #   ZPP_HPZ_STUDY_RATES    tc rates per node link ("400mbit 1600mbit"; none: unshaped)
+#   ZPP_HPZ_STUDY_MODES    the modes each launch runs, of gloo exact
+#                          zeropp-nohpz zeropp zeropp-fsdp2hpz (all five;
+#                          "zeropp-nohpz zeropp": the paired ratio alone,
+#                          in launches half as long)
 #   ZPP_HPZ_STUDY_REPS     repetitions (5)
 #   ZPP_HPZ_STUDY_STEPS    steps per run, >= 2: step 0 is not timed (12)
 #   ZPP_HPZ_STUDY_ARGS     the model ("--dim 256 --layers 4")
@@ -51,6 +55,15 @@ lock=/run/zpp-cluster.lock
 bad() { echo "$prog: $1" >&2; exit 2; }
 read -r -a topos <<< "${ZPP_HPZ_STUDY_TOPOS-2x2 2x4}"
 read -r -a rates <<< "${ZPP_HPZ_STUDY_RATES-400mbit 1600mbit}"
+read -r -a want <<< "${ZPP_HPZ_STUDY_MODES-gloo exact zeropp-nohpz zeropp zeropp-fsdp2hpz}"
+[ ${#want[@]} -gt 0 ] || bad "ZPP_HPZ_STUDY_MODES is empty: give modes, e.g. zeropp-nohpz zeropp"
+for m in "${want[@]}"; do
+  case $m in
+    gloo | exact | zeropp-nohpz | zeropp | zeropp-fsdp2hpz) ;;
+    *) bad "ZPP_HPZ_STUDY_MODES: '$m': must be gloo, exact, zeropp-nohpz, zeropp or zeropp-fsdp2hpz" ;;
+  esac
+done
+export ZPP_HPZ_STUDY_MODES="${want[*]}"
 reps=${ZPP_HPZ_STUDY_REPS-5}
 steps=${ZPP_HPZ_STUDY_STEPS-12}
 margs=${ZPP_HPZ_STUDY_ARGS---dim 256 --layers 4}
@@ -116,8 +129,16 @@ for topo in "${topos[@]}"; do
   nodes=${topo%x*} ppn=${topo#*x}
   np=$((nodes * ppn))
   common="$margs --steps $steps --json --quiet"
-  modes=("--comm gloo $common" "--comm zppmpi $common" "--comm zppmpi --zeropp --zpp-hpz 0 $common"
-    "--comm zppmpi --zeropp $common" "--comm zppmpi --zeropp --hpz $ppn $common")
+  modes=()
+  for m in "${want[@]}"; do
+    case $m in
+      gloo) modes+=("--comm gloo $common") ;;
+      exact) modes+=("--comm zppmpi $common") ;;
+      zeropp-nohpz) modes+=("--comm zppmpi --zeropp --zpp-hpz 0 $common") ;;
+      zeropp) modes+=("--comm zppmpi --zeropp $common") ;;
+      zeropp-fsdp2hpz) modes+=("--comm zppmpi --zeropp --hpz $ppn $common") ;;
+    esac
+  done
   for rate in "${rates[@]}"; do
     exec 9> "$lock"
     if ! flock -n 9; then
