@@ -9,11 +9,13 @@
 Columns: topo, rate, rep, mode, status, step_s (median step of the run,
 step 0 left out), inter_mb (inter-node MB per step, all ranks' sent bytes
 summed; zpp's counters, empty for gloo), intra_mb, final_loss, wall_s (the
-launch's, all modes together).
+launch's, all modes together).  --rows writes a "no result" row for each
+mode of ZPP_HPZ_STUDY_MODES (the environment; all modes when unset) that
+the output lacks; --markdown leaves out the modes no row names.
 """
 import csv
-import os
 import json
+import os
 import statistics
 import sys
 

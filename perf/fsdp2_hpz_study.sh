@@ -3,12 +3,12 @@
 # --layers 4) on scripts/netns_cluster.sh clusters (network namespaces as
 # nodes, each node's link shaped by tc tbf both ways, the tbf burst the
 # cluster script's default unless ZPP_CLUSTER_BURST says otherwise), in
-# five modes: FSDP2 over gloo, zpp exact, ZeRO++ without hpZ
+# up to five modes: FSDP2 over gloo, zpp exact, ZeRO++ without hpZ
 # (--zeropp --zpp-hpz 0), ZeRO++ with zpp's hpZ (--zeropp) and ZeRO++ with
 # FSDP2's hpZ (--zeropp --hpz <ranks per node>).
 # Per (topology, rate) block: take /run/zpp-cluster.lock, make the
-# cluster, then R repetitions, each one launch running the five modes one
-# after the other in one process group (python/tests/fsdp_runs.py), their
+# cluster, then R repetitions, each one launch running the modes
+# (ZPP_HPZ_STUDY_MODES, all five unless said) one after the other in one process group (python/tests/fsdp_runs.py), their
 # order rotated from one repetition to the next; tear the cluster down
 # and let the lock go.  Each launch runs under scripts/softirq_wait.sh: one
 # during which ksoftirqd waited more than ZPP_SOFTIRQ_MAX_WAIT_S (5 s) on a
@@ -57,11 +57,14 @@ read -r -a topos <<< "${ZPP_HPZ_STUDY_TOPOS-2x2 2x4}"
 read -r -a rates <<< "${ZPP_HPZ_STUDY_RATES-400mbit 1600mbit}"
 read -r -a want <<< "${ZPP_HPZ_STUDY_MODES-gloo exact zeropp-nohpz zeropp zeropp-fsdp2hpz}"
 [ ${#want[@]} -gt 0 ] || bad "ZPP_HPZ_STUDY_MODES is empty: give modes, e.g. zeropp-nohpz zeropp"
+seen_modes=" "
 for m in "${want[@]}"; do
   case $m in
     gloo | exact | zeropp-nohpz | zeropp | zeropp-fsdp2hpz) ;;
     *) bad "ZPP_HPZ_STUDY_MODES: '$m': must be gloo, exact, zeropp-nohpz, zeropp or zeropp-fsdp2hpz" ;;
   esac
+  [[ "$seen_modes" != *" $m "* ]] || bad "ZPP_HPZ_STUDY_MODES: '$m' given twice"
+  seen_modes+="$m "
 done
 export ZPP_HPZ_STUDY_MODES="${want[*]}"
 reps=${ZPP_HPZ_STUDY_REPS-5}

@@ -16,7 +16,9 @@
 #     test_coll              baselines, qwZ, hpZ, qgZ, qWD
 #     test_tuner             ZPP_ALGO=auto's probe: counters left at zero,
 #                            ranks per core of the whole machine (both
-#                            nodes' ranks), every rank choosing alike
+#                            nodes' ranks), the rate between nodes a
+#                            rank's share of the link, every rank choosing
+#                            alike
 #     test_linkcut           link down (bridge port) and 100% loss: a cut
 #                            shorter than the timeout completes exactly, a
 #                            longer one times out on every rank, no hang
@@ -44,7 +46,7 @@
 # /run/zpp-cluster.lock.  Everything is torn down on exit, also on failure.
 # Wall time here: 68 s at a load average of 5, 114 s at 20; with the
 # netns_cluster.sh checks and the 16 s short-cut timeout 157 and 187 s at
-# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180).  The shrink_cluster_worker
+# 20-22 (test_coll 2x4 alone 29 and 83 s of its 180; test_tuner 2x4 about 5 s).  The shrink_cluster_worker
 # steps add 83 s at a load average of 45 (11-13 s per kill, 18 s for the
 # cut, 19 s for the second kill, timed without its survivors' hold of
 # their communicator until 4 T + 1 s after the kill, about 4 s more; each
@@ -232,8 +234,9 @@ fi
 step "test_transport 2x4" 180 -np 8 -x ZPP_TEST_EXPECT_NODES=2x4 \
   "$build/tests/test_transport" --gtest_filter=-Emu.*
 step "test_coll 2x4" 180 -np 8 "$build/tests/test_coll"
-step "test_tuner 2x4, the probe on real links" 120 -np 8 "$build/tests/test_tuner" \
-  --gtest_filter='Auto.StatsAreZeroAfterCreation:Auto.RanksPerCore*:Auto.EveryRankChoosesAlike'
+step "test_tuner 2x4, the probe on real links" 120 -np 8 -x ZPP_TEST_LINK_GBIT=1 \
+  "$build/tests/test_tuner" \
+  --gtest_filter='Auto.StatsAreZeroAfterCreation:Auto.RanksPerCore*:Auto.ProbedRate*:Auto.EveryRankChoosesAlike'
 # A failed or killed run may leave the link cut: restore it after each
 # step, so that one failure does not turn into the next step's.  Each test
 # runs in its own mpirun: its TCP connections are fresh, not still backing

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 
 #include "algo/tune.h"
 #include "comm/comm.h"
+#include "comm/comm_impl.h"
 #include "xfer_blocking.h"
 
 namespace {
@@ -282,6 +284,73 @@ TEST(Model, MeasuredIntraRateIsNotDividedByRanksPerCore) {
   EXPECT_GT(pd.hier_us, pm.hier_us);
 }
 
+// The probe's arithmetic against the formulas worked by hand: latency
+// per round less K (O + 2m), at least 0.1 us; the rate from the
+// difference of the two times; NaN where the large time is not at least
+// twice the small one (the block too small to tell the rate), for a ring
+// of one, or for a time not measured.
+TEST(Model, ProbeFitFollowsTheDocumentedFormulas) {
+  zpp_link_model_t m;
+  zpp_tune_defaults(&m, 0);
+  m.round_us = 15;
+  m.msg_us = 1.5;
+  m.cpu = 4;
+  double lat, bw;
+  // n = 2: one round; 200 us small, 1000 us large of 131072 bytes
+  zpp_tune_probe_fit(&m, 2, 200.0, 1000.0, 131072.0, &lat, &bw);
+  EXPECT_DOUBLE_EQ(lat, 200.0 - 4 * (15 + 3));  // 128
+  EXPECT_DOUBLE_EQ(bw, 131072.0 / 800.0);
+  // n = 4: three rounds; cpu below 1 counts as 1
+  m.cpu = 0.5;
+  zpp_tune_probe_fit(&m, 4, 90.0, 3090.0, 131072.0, &lat, &bw);
+  EXPECT_DOUBLE_EQ(lat, 30.0 - 18.0);
+  EXPECT_DOUBLE_EQ(bw, 131072.0 * 3 / 3000.0);
+  // latency floor
+  zpp_tune_probe_fit(&m, 2, 5.0, 1000.0, 131072.0, &lat, &bw);
+  EXPECT_DOUBLE_EQ(lat, 0.1);
+  // the small run half the large one or more: no rate (was capped before)
+  zpp_tune_probe_fit(&m, 2, 500.0, 1000.0, 131072.0, &lat, &bw);
+  EXPECT_TRUE(std::isnan(bw));
+  EXPECT_FALSE(std::isnan(lat));
+  zpp_tune_probe_fit(&m, 2, 499.0, 1000.0, 131072.0, &lat, &bw);
+  EXPECT_DOUBLE_EQ(bw, 131072.0 / 501.0);
+  // nothing to measure
+  zpp_tune_probe_fit(&m, 1, 10.0, 100.0, 131072.0, &lat, &bw);
+  EXPECT_TRUE(std::isnan(lat) && std::isnan(bw));
+  zpp_tune_probe_fit(&m, 2, INFINITY, INFINITY, 131072.0, &lat, &bw);
+  EXPECT_TRUE(std::isnan(bw));
+  zpp_tune_probe_fit(&m, 2, 0.0, 100.0, 131072.0, &lat, &bw);
+  EXPECT_TRUE(std::isnan(lat) && std::isnan(bw));
+}
+
+// The ranks that share a rank's cores: equal kernel ids (namespaces of
+// one machine: different host keys, one kernel), the host key where a
+// kernel id is unknown (0), and nothing across kernels.
+TEST(Model, RanksOnAKernelCountTheMachineNotTheNode) {
+  struct Rec {
+    int32_t pad;
+    uint64_t kernel;
+    int64_t key;
+  };
+  // ranks 0-3: node A, 4-7: node B, one kernel 11; 8-9: kernel 22, keys
+  // 8; 10-11: kernel unknown, key 10; 12: kernel unknown, key 8
+  std::vector<Rec> r(13);
+  for (int i = 0; i < 13; i++) {
+    r[i].pad = -1;
+    r[i].kernel = i < 8 ? 11 : i < 10 ? 22 : 0;
+    r[i].key = i < 4 ? 0 : i < 8 ? 4 : i < 10 ? 8 : i < 12 ? 10 : 8;
+  }
+  auto count = [&](int me) {
+    return zpp_comm_ranks_on_kernel(r.data(), sizeof(Rec), offsetof(Rec, kernel),
+                                    offsetof(Rec, key), (int)r.size(), me);
+  };
+  EXPECT_EQ(count(0), 8);
+  EXPECT_EQ(count(5), 8);
+  EXPECT_EQ(count(8), 3);  // kernel 22 (8, 9), and 12 by key 8
+  EXPECT_EQ(count(10), 2); // key 10
+  EXPECT_EQ(count(12), 3); // key 8: 8, 9, 12
+}
+
 // A rate measured on any rank makes the agreed one measured (the median
 // is over the measurements only); none measured: not measured.
 TEST(Model, AgreementKeepsWhatWasMeasured) {
@@ -443,6 +512,26 @@ TEST(Auto, StatsAreZeroAfterCreation) {
   EXPECT_EQ(s.emu_wait_s, 0.0);
 }
 
+// The ranks of MPI_COMM_WORLD on this rank's kernel (by boot id), as
+// creation counts them for the ranks per core; -1: no boot id.
+int RanksOnThisKernel() {
+  char boot[64] = {0};
+  if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!std::fgets(boot, sizeof boot, f)) boot[0] = 0;
+    std::fclose(f);
+  }
+  int have = boot[0] != 0, all_have = 0;
+  MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  std::vector<char> all((size_t)g_size * sizeof boot);
+  MPI_Allgather(boot, sizeof boot, MPI_CHAR, all.data(), sizeof boot, MPI_CHAR,
+                MPI_COMM_WORLD);
+  if (!all_have) return -1;
+  int n = 0;
+  for (int r = 0; r < g_size; r++)
+    n += std::strncmp(&all[(size_t)r * sizeof boot], boot, sizeof boot) == 0;
+  return n;
+}
+
 // The constants creation agrees on where nothing is measured (no probe:
 // ZPP_TUNER_PROBE unset on an emulated topology, or 0), built here
 // independently of the communicator: the start constants of 8 ranks on
@@ -463,7 +552,8 @@ bool ExpectedModel(zpp_link_model_t *m) {
     return v && *v ? std::strtod(v, nullptr) : 0.0;
   };
   double gbit = num("ZPP_EMU_INTER_GBIT"), lat = num("ZPP_EMU_INTER_LAT_US");
-  zpp_tune_start(m, emulated, gbit > 0 || lat > 0, gbit, lat, g_size,
+  int here = RanksOnThisKernel();
+  zpp_tune_start(m, emulated, gbit > 0 || lat > 0, gbit, lat, here > 0 ? here : g_size,
                  (int)sysconf(_SC_NPROCESSORS_ONLN));
   uint64_t hash = 0;
   if (has_file) {
@@ -472,33 +562,59 @@ bool ExpectedModel(zpp_link_model_t *m) {
   return true;
 }
 
-extern "C" double zpp_test_comm_ranks_per_core(const struct zpp_comm *c); // tuner_whitebox.c
+extern "C" void zpp_test_comm_model(const struct zpp_comm *c,
+                                    zpp_link_model_t *m); // tuner_whitebox.c
+
+bool AlgoIsAuto() {
+  zpp_algorithm_t al = ZPP_ALGORITHM_DEFAULT;
+  return zpp_comm_algorithm(g_comm, &al) == ZPP_OK && al == ZPP_ALGORITHM_AUTO;
+}
 
 // The ranks per core count every rank on this kernel (the boot id), not
 // on this host name or network namespace: nodes that are namespaces or
 // containers of one machine share its cores (on the namespace cluster,
-// 2 nodes x 4 ranks on 2 cores: 4).
+// 2 nodes x 4 ranks on 2 cores: 4).  The agreed value is the median of
+// every rank's (the lower middle).
 TEST(Auto, RanksPerCoreCountEveryRankOfThisKernel) {
   const char *file = std::getenv("ZPP_TUNER_FILE");
   if (file && *file) GTEST_SKIP() << "a tuner file may set ranks_per_core";
-  char boot[64] = {0};
-  if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    if (!std::fgets(boot, sizeof boot, f)) boot[0] = 0;
-    std::fclose(f);
-  }
-  if (!boot[0]) GTEST_SKIP() << "no boot id here";
-  std::vector<char> all((size_t)g_size * sizeof boot);
-  MPI_Allgather(boot, sizeof boot, MPI_CHAR, all.data(), sizeof boot, MPI_CHAR,
-                MPI_COMM_WORLD);
-  int mine = 0;
-  for (int r = 0; r < g_size; r++)
-    mine += std::strncmp(&all[(size_t)r * sizeof boot], boot, sizeof boot) == 0;
+  if (!AlgoIsAuto()) GTEST_SKIP() << "no model without ZPP_ALGO=auto";
+  int mine = RanksOnThisKernel();
+  if (mine < 0) GTEST_SKIP() << "no boot id here";
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   double want = cores > 0 && mine > cores ? (double)mine / (double)cores : 1.0;
-  // the agreed value is the median over the ranks (all on this kernel here
-  // unless the launcher spans machines)
-  EXPECT_DOUBLE_EQ(zpp_test_comm_ranks_per_core(g_comm), want)
+  std::vector<double> all(g_size);
+  MPI_Allgather(&want, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+  std::sort(all.begin(), all.end());
+  zpp_link_model_t m;
+  zpp_test_comm_model(g_comm, &m);
+  EXPECT_DOUBLE_EQ(m.cpu, all[(g_size - 1) / 2])
       << mine << " ranks on this kernel, " << cores << " cores";
+}
+
+// Real links (the cluster suite sets ZPP_TEST_LINK_GBIT to each node's
+// shaped rate): the probe measured the rate between nodes with every rank
+// at once, so a rank's share of its node's link, not the link, and not
+// what a tbf burst or a peer's head start lets one all-gather see.  The
+// bound: twice the share (runs of four all-gathers are late by at most
+// one peer's lead: at most 4/3 of the share).
+TEST(Auto, ProbedRateBetweenNodesIsAShareOfTheLink) {
+  const char *g = std::getenv("ZPP_TEST_LINK_GBIT");
+  if (!(g && *g)) GTEST_SKIP() << "ZPP_TEST_LINK_GBIT not set";
+  if (!AlgoIsAuto()) GTEST_SKIP() << "no model without ZPP_ALGO=auto";
+  int me = 0, node = 0, ppn = 0, nodes = 0;
+  zpp_comm_nnodes(g_comm, &nodes);
+  zpp_comm_rank(g_comm, &me);
+  zpp_comm_node_of(g_comm, me, &node);
+  zpp_comm_node_size(g_comm, node, &ppn);
+  ASSERT_GT(nodes, 1);
+  zpp_link_model_t m;
+  zpp_test_comm_model(g_comm, &m);
+  double gbit = std::strtod(g, nullptr), got = m.inter_bw / 125.0;
+  EXPECT_TRUE(m.measured & ZPP_TUNE_MEASURED_INTER);
+  EXPECT_GT(got, 0.0);
+  EXPECT_LE(got, 2.0 * gbit / ppn) << "per rank, " << ppn << " ranks share " << gbit
+                                   << " Gbit/s";
 }
 
 TEST(Auto, EveryRankChoosesAlike) {

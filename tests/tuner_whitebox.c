@@ -1,13 +1,13 @@
-/* test_tuner's view into an op (C: the library's internal headers use C11
- * atomics): the hierarchical chunks it ran. */
+/* test_tuner's view into an op and a communicator (C: the library's
+ * internal headers use C11 atomics): the hierarchical chunks an op ran,
+ * the agreed cost model of a communicator. */
 #include "algo/algo_impl.h"
-
-int zpp_test_op_hier_chunks(const zpp_xop_t *op) { return op->hc; }
-
 #include "comm/comm.h"
 #include "transport/transport_impl.h"
 
-/* The agreed model's ranks per core. */
-double zpp_test_comm_ranks_per_core(const struct zpp_comm *c) {
-  return c->tr->model.cpu;
+int zpp_test_op_hier_chunks(const zpp_xop_t *op) { return op->hc; }
+
+/* The agreed model. */
+void zpp_test_comm_model(const struct zpp_comm *c, zpp_link_model_t *m) {
+  *m = c->tr->model;
 }

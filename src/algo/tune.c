@@ -520,16 +520,28 @@ static zpp_status_t probe_ag(zpp_transport_t *t, zpp_group_t g, char *buf,
   return st;
 }
 
-/* A barrier of the whole communicator (an all-gather of 8 bytes over
- * WORLD completes on a rank only after every rank started it): each
- * timed probe then starts with every other rank's, so that the ranks
- * sharing a node link, a core or a memory bus share them in the probe as
- * they do in a collective. */
-static zpp_status_t probe_sync(zpp_transport_t *t, char *buf) {
-  double us;
-  return t->grp[ZPP_GROUP_WORLD].size < 2
-             ? ZPP_OK
-             : probe_ag(t, ZPP_GROUP_WORLD, buf, 8, &us);
+/* A barrier of the whole communicator: each timed probe then starts
+ * with every other rank's, so that the ranks sharing a node link, a core
+ * or a memory bus share them in the probe as they do in a collective. */
+static zpp_status_t probe_sync(zpp_transport_t *t) {
+  zpp_xfer_desc_t d;
+  zpp_xop_t *op = NULL;
+  zpp_status_t st;
+  int done = 0;
+  if (t->grp[ZPP_GROUP_WORLD].size < 2)
+    return ZPP_OK;
+  memset(&d, 0, sizeof d);
+  d.kind = ZPP_XFER_BARRIER;
+  d.group = ZPP_GROUP_WORLD;
+  d.mem = ZPP_MEMORY_HOST;
+  st = zpp_xfer_start(t, &d, 0, &op);
+  while (st == ZPP_OK && !done) {
+    st = zpp_xop_test(op, &done);
+    if (st == ZPP_OK && !done)
+      sched_yield();
+  }
+  zpp_xop_free(op);
+  return st;
 }
 
 /* `runs` all-gathers of `bytes` back to back; *us: the time of one.  A
@@ -547,61 +559,75 @@ static zpp_status_t probe_runs(zpp_transport_t *t, zpp_group_t g, char *buf,
   return st;
 }
 
+void zpp_tune_probe_fit(const zpp_link_model_t *m, int n, double t_small,
+                        double t_large, double large_bytes, double *lat,
+                        double *bw) {
+  double cpu = m->cpu > 1 ? m->cpu : 1;
+  *lat = *bw = NAN;
+  if (n < 2 || !(t_small > 0) || !(t_large > 0))
+    return;
+  /* a ring of n members: n - 1 rounds of one block, each paying the
+   * round's and its two transfers' costs, which ranks sharing a core pay
+   * K times (the probe ran on every rank at once) */
+  *lat = t_small / (n - 1) - cpu * (m->round_us + 2.0 * m->msg_us);
+  if (*lat < 0.1)
+    *lat = 0.1;
+  /* the large all-gathers' time less their rounds' latency; where that
+   * latency is half their time or more the block is too small to tell
+   * the rate from it */
+  if (t_small < t_large / 2)
+    *bw = large_bytes * (n - 1) / (t_large - t_small);
+}
+
 /* Per-round latency and bandwidth of a ring over group g, every rank's
- * group at once (NaN when this rank's group has one member; it still
- * takes part in the barriers): the least of REPS runs of RUNS small and
- * RUNS large all-gathers.  LARGE is past the burst a shaped link lets
- * through at its line rate (72 KiB per node link on the namespace
- * cluster), and each of the node's ranks sends it at once. */
-static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g,
+ * group at once (NaN when this rank's group has one member or buf is
+ * NULL: it still takes part in the barriers): the least of REPS runs of
+ * ZPP_TUNE_PROBE_RUNS small and as many large all-gathers. */
+static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g, char *buf,
                                 const zpp_link_model_t *m, double *lat,
                                 double *bw) {
-  enum { SMALL = 8, LARGE = 131072, REPS = 2, RUNS = 4 };
-  int n = t->grp[g].size, i;
+  enum { SMALL = 8, REPS = 2 };
+  int n = t->grp[g].size, i, timed = n > 1 && buf != NULL;
   double small = INFINITY, large = INFINITY, us;
-  size_t len = (size_t)(n > 1 ? n : 1) * LARGE,
-         wlen = (size_t)t->grp[ZPP_GROUP_WORLD].size * 8;
-  char *buf;
   zpp_status_t st = ZPP_OK;
   *lat = *bw = NAN;
-  buf = calloc(len > wlen ? len : wlen, 1);
-  if (buf == NULL)
-    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_tune_probe",
-                     "probe buffer of %d x %d bytes", n, LARGE);
   for (i = 0; i < REPS && st == ZPP_OK; i++) {
-    st = probe_sync(t, buf);
-    if (st == ZPP_OK && n > 1) {
-      st = probe_runs(t, g, buf, SMALL, RUNS, &us);
+    st = probe_sync(t);
+    if (st == ZPP_OK && timed) {
+      st = probe_runs(t, g, buf, SMALL, ZPP_TUNE_PROBE_RUNS, &us);
       if (st == ZPP_OK && us < small)
         small = us;
     }
     if (st == ZPP_OK)
-      st = probe_sync(t, buf);
-    if (st == ZPP_OK && n > 1) {
-      st = probe_runs(t, g, buf, LARGE, RUNS, &us);
+      st = probe_sync(t);
+    if (st == ZPP_OK && timed) {
+      st = probe_runs(t, g, buf, ZPP_TUNE_PROBE_BYTES, ZPP_TUNE_PROBE_RUNS,
+                      &us);
       if (st == ZPP_OK && us < large)
         large = us;
     }
   }
-  free(buf);
-  if (st != ZPP_OK || n < 2)
-    return st;
-  /* a ring of n members: n - 1 rounds of one block */
-  *lat = small / (n - 1) - m->round_us - 2.0 * m->msg_us;
-  if (*lat < 0.1)
-    *lat = 0.1;
-  /* the large all-gather's time less its rounds' latency; a small run
-   * slowed by a late peer counts for at most half of it */
-  *bw = (double)LARGE * (n - 1) /
-        (large - (small < large / 2 ? small : large / 2));
-  return ZPP_OK;
+  if (st == ZPP_OK && timed)
+    zpp_tune_probe_fit(m, n, small, large, ZPP_TUNE_PROBE_BYTES, lat, bw);
+  return st;
 }
 
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   uint_fast64_t sent[ZPP_NLINKCLASSES], recv[ZPP_NLINKCLASSES],
       calls[ZPP_NGROUPS], emu_wait = atomic_load(&t->emu_wait_ns);
-  zpp_status_t st;
-  int i;
+  int i, nmax = t->grp[ZPP_GROUP_CROSS].size > t->grp[ZPP_GROUP_NODE].size
+                    ? t->grp[ZPP_GROUP_CROSS].size
+                    : t->grp[ZPP_GROUP_NODE].size;
+  size_t len = (size_t)(nmax > 1 ? nmax : 1) * ZPP_TUNE_PROBE_BYTES;
+  /* one buffer for both groups, before the first barrier: a rank that
+   * cannot have it still takes part in every barrier (unmeasured), so
+   * the others finish the probe and see its error in the agreement */
+  char *buf = calloc(len, 1);
+  zpp_status_t st, mem = ZPP_OK;
+  if (buf == NULL)
+    mem = zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_tune_probe",
+                    "probe buffer of %zu bytes (%d members x %d)", len, nmax,
+                    ZPP_TUNE_PROBE_BYTES);
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
     sent[i] = atomic_load(&t->sent[i]);
     recv[i] = atomic_load(&t->recv[i]);
@@ -610,9 +636,12 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
     calls[i] = atomic_load(&t->calls[i]);
   /* every rank: CROSS first, then NODE (a rank alone in its group takes
    * part in the barriers only) */
-  st = probe_group(t, ZPP_GROUP_CROSS, m, &m->inter_lat_us, &m->inter_bw);
+  st = probe_group(t, ZPP_GROUP_CROSS, buf, m, &m->inter_lat_us,
+                   &m->inter_bw);
   if (st == ZPP_OK)
-    st = probe_group(t, ZPP_GROUP_NODE, m, &m->intra_lat_us, &m->intra_bw);
+    st = probe_group(t, ZPP_GROUP_NODE, buf, m, &m->intra_lat_us,
+                     &m->intra_bw);
+  free(buf);
   m->measured = (isnan(m->intra_bw) ? 0 : ZPP_TUNE_MEASURED_INTRA) |
                 (isnan(m->inter_bw) ? 0 : ZPP_TUNE_MEASURED_INTER);
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
@@ -622,7 +651,7 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
   for (i = 0; i < ZPP_NGROUPS; i++)
     atomic_store(&t->calls[i], calls[i]);
   atomic_store(&t->emu_wait_ns, emu_wait);
-  return st;
+  return st != ZPP_OK ? st : mem;
 }
 
 static double median_of(const zpp_link_model_t *all, int n, size_t off,

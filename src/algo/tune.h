@@ -78,16 +78,32 @@ void zpp_tune_predict(const zpp_link_model_t *m, const zpp_tune_shape_t *s,
 void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
                      zpp_dtype_t dtype, int *hier, int *c_rs, int *c_ag);
 
-/* Measures the links of t (a host backend) with a few small all-gathers
- * on the CROSS and NODE groups, every rank alike, and writes what it
- * measured into m (fields it could not measure: NaN).  Bounded by the
+/* The probe's block per member and how many all-gathers each timing
+ * runs back to back (docs/design.md, the probe). */
+enum { ZPP_TUNE_PROBE_BYTES = 131072, ZPP_TUNE_PROBE_RUNS = 4 };
+
+/* Measures the links of t (a host backend): on the CROSS group, then the
+ * NODE group, every rank's group at once after a barrier of the whole
+ * communicator, runs of small and of ZPP_TUNE_PROBE_BYTES all-gathers;
+ * writes what it measured into m (fields it could not measure: NaN) and
+ * m->measured.  m->cpu, round_us and msg_us must be set.  Bounded by the
  * timeout; the counters (bytes, calls, emulated waits) are left as they
  * were. */
 zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
 
+/* The probe's arithmetic: from the time of one all-gather of 8 bytes
+ * (t_small) and of large_bytes (t_large) per member over a ring of n,
+ * every rank at once, the per-round latency (less m's round and transfer
+ * costs, times m->cpu) and the rate; NaN where not measurable (n < 2, a
+ * time not positive; the rate also where t_small >= t_large / 2). */
+void zpp_tune_probe_fit(const zpp_link_model_t *m, int n, double t_small,
+                        double t_large, double large_bytes, double *lat,
+                        double *bw);
+
 /* The agreed model: the median over the n ranks' records of each measured
  * constant (NaN: not measured, skipped; none measured: def's, which must
- * be the same on every rank: rank 0's), the forced choices of rank 0's.
+ * be the same on every rank: rank 0's), the forced choices of rank 0's,
+ * `measured` the union of every rank's.
  * scratch: n doubles, allocated by the caller before the exchange, so
  * that no rank-local failure can make one rank's model differ. */
 void zpp_tune_agree(const zpp_link_model_t *all, int n,

@@ -112,6 +112,22 @@ static uint64_t kernel_identity(void) {
   return boot[0] == '\0' ? 0 : hash_str(boot);
 }
 
+int zpp_comm_ranks_on_kernel(const void *recs, size_t stride,
+                             size_t kernel_off, size_t key_off, int n, int me) {
+  const char *b = recs;
+  uint64_t mk, rk;
+  int64_t mkey, rkey;
+  int r, k = 0;
+  memcpy(&mk, b + (size_t)me * stride + kernel_off, sizeof mk);
+  memcpy(&mkey, b + (size_t)me * stride + key_off, sizeof mkey);
+  for (r = 0; r < n; r++) {
+    memcpy(&rk, b + (size_t)r * stride + kernel_off, sizeof rk);
+    memcpy(&rkey, b + (size_t)r * stride + key_off, sizeof rkey);
+    k += mk != 0 && rk != 0 ? rk == mk : rkey == mkey;
+  }
+  return k;
+}
+
 /* Processes with equal values see each other's pids; 0: unknown. */
 static uint64_t pid_space(void) {
   char boot[64];
@@ -939,11 +955,9 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   if (algo == ZPP_ALGORITHM_AUTO) {
     /* ranks on this machine's kernel (else on this host): they share its
      * cores, nodes in containers or namespaces of one machine included */
-    int host_ranks = 0;
-    for (r = 0; r < size; r++)
-      host_ranks += rec[rank].kernel_id != 0
-                        ? rec[r].kernel_id == rec[rank].kernel_id
-                        : rec[r].key == rec[rank].key;
+    int host_ranks = zpp_comm_ranks_on_kernel(
+        rec, sizeof *rec, offsetof(boot_rec_t, kernel_id),
+        offsetof(boot_rec_t, key), size, rank);
     ZPP_CHECK_GOTO(
         tune_model(bs, timeout, c->tr, probe, host_ranks, ZPP_OK, func), st,
         err_tr);

@@ -28,6 +28,14 @@ zpp_status_t zpp_comm_first_failure(const void *recs, size_t stride,
                                     zpp_status_t mine, const char *func);
 /* FNV-1a over n bytes, continuing from h. */
 uint64_t zpp_comm_fnv_mix(uint64_t h, const void *p, size_t n);
+
+/* The ranks that share rank `me`'s cores, among n records `stride`
+ * bytes apart: those on its kernel (the uint64_t at kernel_off, the boot
+ * id's hash: equal on containers and network namespaces of one machine),
+ * or where a kernel id is 0 (unknown), those with its host key (the
+ * int64_t at key_off). */
+int zpp_comm_ranks_on_kernel(const void *recs, size_t stride,
+                             size_t kernel_off, size_t key_off, int n, int me);
 /* A communicator over zpp's TCP star joined with `id` (comm_tcp.c);
  * rank_error: a message to fail with at once, after taking part (NULL:
  * none). */

@@ -83,7 +83,8 @@ typedef struct {
   double round_us;               /* fixed cost of one round (post, test) */
   double msg_us;                 /* cost of each transfer posted */
   double reduce_bw;              /* host sum, bytes of input per us */
-  double cpu;      /* ranks per core on the busiest host (>= 1; 0 counts as 1):
+  double cpu;      /* ranks per core of a machine (agreed: the median over
+                      the ranks; >= 1, 0 counts as 1):
                       the host's per-round, per-transfer and sum costs and its
                       memory bandwidth are shared by that many ranks */
   int shared_path; /* 1: inter- and intra-node bytes share one path (an
