@@ -65,9 +65,10 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
     # every case and bit width, the 100-step qWD reconstruction, the
     # chunked plan against the one-chunk plan, error feedback with
     # Hadamard and LoCo, the raw intra-node stage) run on device memory on
-    # two nodes (2x2) and on three nodes in small pipeline chunks (3x2)
-    # with each backend, and on one rank (1x1); 2x4 runs the rest of the
-    # suite.  Every layout runs them on host memory (coll_<layout>).
+    # one rank (1x1) with each backend, on three nodes in small pipeline
+    # chunks (3x2) with MPI and on two nodes with the full delay (2x2)
+    # with NCCL; mpi_2x2, nccl_3x2 and 2x4 run the rest of the suite.
+    # Every layout runs them on host memory (coll_<layout>).
     # The emulator's delay per operation: the full default on 2x4 and on
     # nccl 2x2, a short one (0..100 us) on the other layouts
     # (tests/cuda_emu/README.md, "The delay under make test").
@@ -77,11 +78,13 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
       Qgz.ErrorFeedbackWithHadamardAndLoCoMatchesFloat64Identity
       Qgz.RawIntraStageKeepsOnlyTheQuantizedStagesResidual)
     string(REPLACE ";" ":" _zpp_coll_long "${_zpp_coll_long}")
-    foreach(_be mpi nccl)
-      if(TEST coll_device_${_be}_2x4)
-        set_property(TEST coll_device_${_be}_2x4 APPEND PROPERTY ENVIRONMENT
+    foreach(_t mpi_2x4 nccl_2x4 mpi_2x2 nccl_3x2)
+      if(TEST coll_device_${_t})
+        set_property(TEST coll_device_${_t} APPEND PROPERTY ENVIRONMENT
           "GTEST_FILTER=-${_zpp_coll_long}")
       endif()
+    endforeach()
+    foreach(_be mpi nccl)
       foreach(_n 1x1 2x2 3x2)
         # nccl 2x2 keeps the full delay: the long cases (residuals carried
         # between calls, chunked plans) meet it on the backend whose own

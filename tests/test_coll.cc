@@ -227,6 +227,18 @@ TEST(Baseline, AllgatherOfBytesIsExactOutOfPlaceAndInPlace) {
   }
 }
 
+// Slice `me` (count elements) of every rank's input gen(r, g_size * count,
+// dt, tag): the first (me + 1) * count values of each rank's sequence are
+// the same whatever its length, so only those are drawn.
+std::vector<std::vector<float>> slices_of(const Case &c, uint64_t tag, int me) {
+  std::vector<std::vector<float>> x(g_size);
+  for (int r = 0; r < g_size; r++) {
+    auto full = gen(r, (size_t)(me + 1) * c.count, c.dt, tag);
+    x[r].assign(full.begin() + (size_t)me * c.count, full.end());
+  }
+  return x;
+}
+
 TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
   for (const Case &c : cases()) {
     size_t n = g_size * c.count;
@@ -262,15 +274,15 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
     std::vector<double> ref(c.count, 0.0), mag(c.count, 0.0), pmag(c.count, 0.0);
     std::vector<int> node(g_size);
     for (int r = 0; r < g_size; r++) zpp_comm_node_of(g_comm, r, &node[r]);
+    const auto xs = slices_of(c, 2, g_rank);  // xs[r][i]: gen(r, n, ...)[g_rank * count + i]
     if (hier) {  // node order, then rank order inside each node
       for (int k = 0; k < g_nnodes; k++) {
         std::vector<float> part(c.count, 0.0f);
         bool first = true;
         for (int r = 0; r < g_size; r++) {
           if (node[r] != k) continue;
-          auto x = gen(r, n, c.dt, 2);
-          for (size_t i = 0; i < c.count; i++)
-            part[i] = first ? x[g_rank * c.count + i] : part[i] + x[g_rank * c.count + i];
+          const auto &x = xs[r];
+          for (size_t i = 0; i < c.count; i++) part[i] = first ? x[i] : part[i] + x[i];
           first = false;
         }
         for (size_t i = 0; i < c.count; i++) {
@@ -280,18 +292,14 @@ TEST(Baseline, ReduceScatterSumAndMeanAreExact) {
         }
       }
     } else {
-      for (int r = 0; r < g_size; r++) {
-        auto x = gen(r, n, c.dt, 2);
-        for (size_t i = 0; i < c.count; i++) acc[i] += x[g_rank * c.count + i];
-      }
+      for (int r = 0; r < g_size; r++)
+        for (size_t i = 0; i < c.count; i++) acc[i] += xs[r][i];
     }
-    for (int r = 0; r < g_size; r++) {
-      auto x = gen(r, n, c.dt, 2);
+    for (int r = 0; r < g_size; r++)
       for (size_t i = 0; i < c.count; i++) {
-        ref[i] += (double)x[g_rank * c.count + i];
-        mag[i] += std::fabs((double)x[g_rank * c.count + i]);
+        ref[i] += (double)xs[r][i];
+        mag[i] += std::fabs((double)xs[r][i]);
       }
-    }
     const double u = std::ldexp(1.0, -24), k = (double)(g_size - 1);
     const double gamma = k * u / (1.0 - k * u);
     const double ud = c.dt == ZPP_BFLOAT16 ? std::ldexp(1.0, -8)
@@ -530,11 +538,9 @@ struct QgzRef {
   std::vector<double> sum, bound;
 };
 
+// x: slices_of(c, tag, me), drawn once per case for all its configs.
 QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
-                     uint64_t tag, int me) {
-  size_t n = g_size * c.count;
-  std::vector<std::vector<float>> x(g_size);
-  for (int r = 0; r < g_size; r++) x[r] = gen(r, n, c.dt, tag);
+                     const std::vector<std::vector<float>> &x, int me) {
   int node_of_me, local_me;
   zpp_comm_node_of(g_comm, me, &node_of_me);
   zpp_comm_local_rank_of(g_comm, me, &local_me);
@@ -556,7 +562,7 @@ QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
     // slice `me` is collected on each node by its rank with local rank
     // local_me (two levels), or by `me` itself (one flat stage)
     bool own = two ? local == local_me : r == me;
-    const float *xs = &x[r][(size_t)me * c.count];
+    const float *xs = x[r].data();
     for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
       size_t len = std::min(c.block, c.count - b0);
       double scale = 0, range = 0;
@@ -571,16 +577,19 @@ QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
     }
   }
   double levels2 = asym ? (1 << inter_bits) - 1 : (1 << (inter_bits - 1)) - 1;
+  std::vector<double> umaxs(g_nnodes);
   for (size_t b0 = 0; b0 < c.count; b0 += c.block) {
     size_t len = std::min(c.block, c.count - b0);
+    for (int m = 0; m < g_nnodes; m++) {
+      umaxs[m] = 0;  // stage-2 input of node m in this block is bounded by U
+      for (size_t j = b0; j < b0 + len; j++) umaxs[m] = std::max(umaxs[m], nodeU[m][j]);
+    }
     for (size_t i = b0; i < b0 + len; i++) {
       double h2 = 0;
       if (two) {
         for (int m = 0; m < g_nnodes; m++) {
           if (m == node_of_me) continue;  // my node's partial sum stays fp32
-          double umax = 0;  // stage-2 input of node m is bounded by U
-          for (size_t j = b0; j < b0 + len; j++) umax = std::max(umax, nodeU[m][j]);
-          double range2 = (asym ? 2 : 1) * umax;
+          double range2 = (asym ? 2 : 1) * umaxs[m];
           double scale2 = range2 / levels2 * (1 + std::ldexp(1.0, -22));
           h2 += block_bound(scale2, range2, nodeU[m][i], 0, ZPP_FLOAT32);
         }
@@ -597,7 +606,9 @@ QgzRef qgz_reference(const Case &c, int intra_bits, int inter_bits, bool asym,
 
 TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
   int me = g_rank;
-  for (const Case &c : cases())
+  for (const Case &c : cases()) {
+    const auto xs = slices_of(c, 8, me);
+    const auto mine = pack(gen(g_rank, g_size * c.count, c.dt, 8), c.dt);
     for (int intra_bits : {4, 8, ZPP_QGZ_INTRA_RAW}) {
       if (c.bits == 8 && intra_bits == 4) continue;  // covers 4/4, 8/4... below
       int inter_bits = c.bits == 8 ? 8 : 4;
@@ -609,8 +620,7 @@ TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
         cfg.inter_bits = inter_bits;
         cfg.block_size = c.block;
         cfg.mode = asym ? ZPP_QUANT_ASYMMETRIC : ZPP_QUANT_SYMMETRIC;
-        size_t n = g_size * c.count, ds = zpp_dtype_size(c.dt);
-        auto mine = pack(gen(g_rank, n, c.dt, 8), c.dt);
+        size_t ds = zpp_dtype_size(c.dt);
         std::vector<uint8_t> sum(c.count * ds), mean(c.count * ds);
         Mem m;
         EXPECT_EQ(zpp_qgz_reduce_scatter(g_comm, &cfg, m.in(mine), m.out(sum), c.count,
@@ -621,7 +631,7 @@ TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
                                          c.dt, ZPP_OP_MEAN, nullptr, nullptr, nullptr),
                   ZPP_OK);
         m.back();
-        QgzRef ref = qgz_reference(c, intra_bits, inter_bits, asym, 8, me);
+        QgzRef ref = qgz_reference(c, intra_bits, inter_bits, asym, xs, me);
         int bad = 0;
         for (size_t i = 0; i < c.count && bad < 3; i++) {
           double s = at(sum, c.dt, i), m = at(mean, c.dt, i);
@@ -645,6 +655,7 @@ TEST(Qgz, MatchesFloat64ReferenceWithinTheTwoStageBound) {
         }
       }
     }
+  }
 }
 
 TEST(Qgz, NonFiniteGradientShowsUpInTheOwningShard) {
