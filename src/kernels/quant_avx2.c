@@ -1081,6 +1081,37 @@ ZPP_AVX2_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* INT4 codes of 64 bf16 elements (no residual, MUL block): 32 bytes of
+ * payload.  A dword of the input holds elements 2 j (low half) and 2 j + 1
+ * (high half); shifting the low half up and masking the high half widens
+ * them to fp32 exactly, with no shuffle, into an even and an odd vector of
+ * the same 8 pairs, each quantized as iquant8.  The signed packs (exact:
+ * the codes fit in int8) put the even codes and the odd codes of the same
+ * pairs at the same bytes, so the even code's low nibble and the odd one's
+ * shifted up make the payload byte of the pair; a dword permutation
+ * undoes the packs' 128-bit interleave (pair group 2 a + k, a the 16
+ * elements, k the 128-bit lane, lies at dword 4 k + a). */
+ZPP_AVX2_INLINE __m256i isum_bf16_nibbles64(const uint16_t *x,
+                                            const qvec_t *v) {
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+  __m256i qe[4], qo[4], e, o;
+  int a;
+  for (a = 0; a < 4; a++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(x + 16 * a));
+    qe[a] = iquant8(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), v);
+    qo[a] = iquant8(_mm256_castsi256_ps(_mm256_and_si256(w, hi)), v);
+  }
+  e = _mm256_packs_epi16(_mm256_packs_epi32(qe[0], qe[1]),
+                         _mm256_packs_epi32(qe[2], qe[3]));
+  o = _mm256_packs_epi16(_mm256_packs_epi32(qo[0], qo[1]),
+                         _mm256_packs_epi32(qo[2], qo[3]));
+  e = _mm256_or_si256(_mm256_and_si256(e, _mm256_set1_epi8(0x0f)),
+                      _mm256_and_si256(_mm256_slli_epi16(o, 4),
+                                       _mm256_set1_epi8((char)0xf0)));
+  return _mm256_permutevar8x32_epi32(e,
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
                                      int sr, const void *src, float *res,
                                      float beta, const uint32_t *amax,
@@ -1103,7 +1134,13 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
                       count * es);
     mult[b] = (uint8_t)m;
     set_qvec(&v, &p);
-    for (i = 0; i + 8 <= len; i += 8) {
+    i = 0;
+    if (dtype == ZPP_QM_BF16 && bits == 4 && !sr && live && res == NULL)
+      for (; i + 64 <= len; i += 64)
+        _mm256_storeu_si256(
+            (__m256i *)(pl + i / 2),
+            isum_bf16_nibbles64((const uint16_t *)src + off + i, &v));
+    for (; i + 8 <= len; i += 8) {
       uint64_t idx = cfg->base + off + i;
       __m256 x;
       __m256i q = _mm256_setzero_si256();
