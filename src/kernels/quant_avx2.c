@@ -14,7 +14,10 @@
  *     (checked on all 2^32 inputs, NaN quietening included); bf16 output
  *     uses the integer rounding of zpp_qm_f32_to_bf16;
  *   - INT4 to fp16/bf16 looks the 16 values of a block up in a table
- *     built with the same arithmetic.
+ *     built with the same arithmetic;
+ *   - the integer-sum encode packs INT4 codes through signed packs (exact:
+ *     the codes fit in int8), 32 at a time, and for bf16 without a
+ *     residual widens by a shift and a mask (exact), 64 at a time.
  * Blocks shorter than one vector, and the last (< 8) elements of a block,
  * go through the shared scalar code.
  *
@@ -1081,6 +1084,67 @@ ZPP_AVX2_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* The multipliers (into mult) and quantizer parameters of blocks [b0,
+ * min(b0 + ISUM_PARAM_GROUP, nb)), the scalar formulas one block after
+ * another: their divisions do not wait on each other, nor on the vector
+ * work of the blocks before, as they do computed block by block. */
+#define ISUM_PARAM_GROUP 32
+ZPP_AVX2_INLINE void isum_unit_group(int bits, const uint32_t *amax,
+                                     const int8_t *uexp, size_t b0, size_t nb,
+                                     uint8_t *mult, zpp_qm_params_t *pg) {
+  size_t b, b1 = nb - b0 < ISUM_PARAM_GROUP ? nb : b0 + ISUM_PARAM_GROUP;
+  for (b = b0; b < b1; b++) {
+    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
+    mult[b] = (uint8_t)m;
+    pg[b - b0] = zpp_qm_unit_params(uexp[b], m, bits);
+  }
+}
+
+/* 32 INT4 codes in element order (q0: elements 0-7, ..., q3: 24-31) as
+ * their 16 payload bytes.  The signed packs (exact: the codes fit in
+ * int8) leave the elements in groups of 4 in order, [0-3 8-11 16-19 24-27
+ * | 4-7 12-15 20-23 28-31], so each 16-bit word holds a pair (nibbles256);
+ * the pair bytes of the two 128-bit halves interleave by 16 bits. */
+ZPP_AVX2_INLINE __m128i nibbles32(__m256i q0, __m256i q1, __m256i q2,
+                                  __m256i q3) {
+  __m256i b = nibbles256(_mm256_packs_epi16(_mm256_packs_epi32(q0, q1),
+                                            _mm256_packs_epi32(q2, q3)));
+  b = _mm256_packus_epi16(b, b); /* every word <= 0xff: exact */
+  return _mm_unpacklo_epi16(_mm256_castsi256_si128(b),
+                            _mm256_extracti128_si256(b, 1));
+}
+
+/* INT4 codes of 64 bf16 elements (no residual, MUL block): 32 bytes of
+ * payload.  A dword of the input holds elements 2 j (low half) and 2 j + 1
+ * (high half); shifting the low half up and masking the high half widens
+ * them to fp32 exactly, with no shuffle, into an even and an odd vector of
+ * the same 8 pairs, each quantized as iquant8.  The signed packs (exact:
+ * the codes fit in int8) put the even codes and the odd codes of the same
+ * pairs at the same bytes, so the even code's low nibble and the odd one's
+ * shifted up make the payload byte of the pair; a dword permutation
+ * undoes the packs' 128-bit interleave (pair group 2 a + k, a the 16
+ * elements, k the 128-bit lane, lies at dword 4 k + a). */
+ZPP_AVX2_INLINE __m256i isum_bf16_nibbles64(const uint16_t *x,
+                                            const qvec_t *v) {
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+  __m256i qe[4], qo[4], e, o;
+  int a;
+  for (a = 0; a < 4; a++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(x + 16 * a));
+    qe[a] = iquant8(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), v);
+    qo[a] = iquant8(_mm256_castsi256_ps(_mm256_and_si256(w, hi)), v);
+  }
+  e = _mm256_packs_epi16(_mm256_packs_epi32(qe[0], qe[1]),
+                         _mm256_packs_epi32(qe[2], qe[3]));
+  o = _mm256_packs_epi16(_mm256_packs_epi32(qo[0], qo[1]),
+                         _mm256_packs_epi32(qo[2], qo[3]));
+  e = _mm256_or_si256(
+      _mm256_and_si256(e, _mm256_set1_epi8(0x0f)),
+      _mm256_and_si256(_mm256_slli_epi16(o, 4), _mm256_set1_epi8((char)0xf0)));
+  return _mm256_permutevar8x32_epi32(e,
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
                                      int sr, const void *src, float *res,
                                      float beta, const uint32_t *amax,
@@ -1091,19 +1155,46 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
   uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
   zpp_qm_keys_t k = {cfg->k0, cfg->k1};
   float omega = 1.0f - beta;
+  zpp_qm_params_t pg[ISUM_PARAM_GROUP];
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
-    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
-    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, bits);
+    zpp_qm_params_t p;
     uint8_t *pl = dst + b * pb;
-    int live = p.kind == ZPP_QM_KIND_MUL;
+    int live;
     qvec_t v;
+    if (b % ISUM_PARAM_GROUP == 0) /* the group's multipliers first */
+      isum_unit_group(bits, amax, uexp, b, nb, mult, pg);
+    p = pg[b % ISUM_PARAM_GROUP];
+    live = p.kind == ZPP_QM_KIND_MUL;
     zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);
-    mult[b] = (uint8_t)m;
     set_qvec(&v, &p);
-    for (i = 0; i + 8 <= len; i += 8) {
+    i = 0;
+    if (dtype == ZPP_QM_BF16 && bits == 4 && !sr && live && res == NULL)
+      for (; i + 64 <= len; i += 64)
+        _mm256_storeu_si256(
+            (__m256i *)(pl + i / 2),
+            isum_bf16_nibbles64((const uint16_t *)src + off + i, &v));
+    if (bits == 4 && !sr && live) /* 32 codes at a time: nibbles32 */
+      for (; i + 32 <= len; i += 32) {
+        __m256 x[4];
+        __m256i q[4];
+        int a;
+        for (a = 0; a < 4; a++) {
+          x[a] = isum_load8(src, res, off + i + 8 * a, dtype);
+          q[a] = iquant8(x[a], &v);
+        }
+        _mm_storeu_si128((__m128i *)(pl + i / 2),
+                         nibbles32(q[0], q[1], q[2], q[3]));
+        if (res != NULL)
+          for (a = 0; a < 4; a++) {
+            float *r = res + off + i + 8 * a;
+            _mm256_storeu_ps(r, feedback8(_mm256_loadu_ps(r), x[a], q[a],
+                                          v.scale, beta, omega));
+          }
+      }
+    for (; i + 8 <= len; i += 8) {
       uint64_t idx = cfg->base + off + i;
       __m256 x;
       __m256i q = _mm256_setzero_si256();

@@ -18,7 +18,9 @@
  *   - INT4 decode (to fp32, fp16 or bf16, or accumulated) looks the 16
  *     values of a block up in a table built with the same arithmetic;
  *   - INT4 encode packs 64 codes at a time through signed packs (exact:
- *     the codes fit in int8).
+ *     the codes fit in int8); the integer-sum encode of bf16 without a
+ *     residual widens by a shift and a mask (exact) and packs 128 codes
+ *     at a time (isum_bf16_nibbles128).
  * Blocks shorter than one vector, and the last (< 16) elements of a block,
  * go through the shared scalar code.
  *
@@ -1042,6 +1044,54 @@ ZPP_AVX512_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
+/* INT4 codes of 128 bf16 elements (no residual, MUL block): 64 bytes of
+ * payload.  A dword of the input holds elements 2 j (low half) and 2 j + 1
+ * (high half); shifting the low half up and masking the high half widens
+ * them to fp32 exactly, with no shuffle, into an even and an odd vector of
+ * the same 16 pairs, each quantized as iquant16.  The signed packs (exact:
+ * the codes fit in int8) put the even codes and the odd codes of the same
+ * pairs at the same bytes, so the even code's low nibble and the odd one's
+ * shifted up make the payload byte of the pair; a dword permutation
+ * undoes the packs' 128-bit interleave (pair group 4 a + k, a the 32
+ * elements, k the 128-bit lane, lies at dword 4 k + a). */
+ZPP_AVX512_INLINE __m512i isum_bf16_nibbles128(const uint16_t *x,
+                                               const qvec_t *v) {
+  static const int32_t order[16] = {0, 4, 8,  12, 1, 5, 9,  13,
+                                    2, 6, 10, 14, 3, 7, 11, 15};
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+  __m512i qe[4], qo[4], e, o;
+  int a;
+  for (a = 0; a < 4; a++) {
+    __m512i w = _mm512_loadu_si512(x + 32 * a);
+    qe[a] = iquant16(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), v);
+    qo[a] = iquant16(_mm512_castsi512_ps(_mm512_and_si512(w, hi)), v);
+  }
+  e = _mm512_packs_epi16(_mm512_packs_epi32(qe[0], qe[1]),
+                         _mm512_packs_epi32(qe[2], qe[3]));
+  o = _mm512_packs_epi16(_mm512_packs_epi32(qo[0], qo[1]),
+                         _mm512_packs_epi32(qo[2], qo[3]));
+  e = _mm512_or_si512(
+      _mm512_and_si512(e, _mm512_set1_epi8(0x0f)),
+      _mm512_and_si512(_mm512_slli_epi16(o, 4), _mm512_set1_epi8((char)0xf0)));
+  return _mm512_permutexvar_epi32(_mm512_loadu_si512(order), e);
+}
+
+/* The multipliers (into mult) and quantizer parameters of blocks [b0,
+ * min(b0 + ISUM_PARAM_GROUP, nb)), the scalar formulas one block after
+ * another: their divisions do not wait on each other, nor on the vector
+ * work of the blocks before, as they do computed block by block. */
+#define ISUM_PARAM_GROUP 32
+ZPP_AVX512_INLINE void isum_unit_group(int bits, const uint32_t *amax,
+                                       const int8_t *uexp, size_t b0, size_t nb,
+                                       uint8_t *mult, zpp_qm_params_t *pg) {
+  size_t b, b1 = nb - b0 < ISUM_PARAM_GROUP ? nb : b0 + ISUM_PARAM_GROUP;
+  for (b = b0; b < b1; b++) {
+    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
+    mult[b] = (uint8_t)m;
+    pg[b - b0] = zpp_qm_unit_params(uexp[b], m, bits);
+  }
+}
+
 ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
                                        int bits, int sr, const void *src,
                                        float *res, float beta,
@@ -1052,19 +1102,27 @@ ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
   uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
   zpp_qm_keys_t k = {cfg->k0, cfg->k1};
   float omega = 1.0f - beta;
+  zpp_qm_params_t pg[ISUM_PARAM_GROUP];
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
-    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
-    zpp_qm_params_t p = zpp_qm_unit_params(uexp[b], m, bits);
+    zpp_qm_params_t p;
     uint8_t *pl = dst + b * pb;
-    int live = p.kind == ZPP_QM_KIND_MUL;
+    int live;
     qvec_t v;
+    if (b % ISUM_PARAM_GROUP == 0) /* the group's multipliers first */
+      isum_unit_group(bits, amax, uexp, b, nb, mult, pg);
+    p = pg[b % ISUM_PARAM_GROUP];
+    live = p.kind == ZPP_QM_KIND_MUL;
     zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);
-    mult[b] = (uint8_t)m;
     set_qvec(&v, &p);
     i = 0;
+    if (dtype == ZPP_QM_BF16 && bits == 4 && !sr && live && res == NULL)
+      for (; i + 128 <= len; i += 128)
+        _mm512_storeu_si512(
+            pl + i / 2,
+            isum_bf16_nibbles128((const uint16_t *)src + off + i, &v));
     if (bits == 4 && !sr && live) /* 64 codes at a time: nibbles64 */
       for (; i + 64 <= len; i += 64) {
         __m512 x0 = isum_load16(src, res, off + i, dtype);
