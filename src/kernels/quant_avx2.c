@@ -16,8 +16,9 @@
  *   - INT4 to fp16/bf16 looks the 16 values of a block up in a table
  *     built with the same arithmetic;
  *   - the integer-sum encode packs INT4 codes through signed packs (exact:
- *     the codes fit in int8), 32 at a time, and for bf16 without a
- *     residual widens by a shift and a mask (exact), 64 at a time.
+ *     the codes fit in int8), 32 at a time, and for bf16 INT4 rounded to
+ *     nearest without a residual widens by a shift and a mask (exact),
+ *     64 at a time.
  * Blocks shorter than one vector, and the last (< 8) elements of a block,
  * go through the shared scalar code.
  *
@@ -1084,22 +1085,6 @@ ZPP_AVX2_INLINE void isum_absmax_all(const zpp_qcfg_t *cfg, int dtype,
   }
 }
 
-/* The multipliers (into mult) and quantizer parameters of blocks [b0,
- * min(b0 + ISUM_PARAM_GROUP, nb)), the scalar formulas one block after
- * another: their divisions do not wait on each other, nor on the vector
- * work of the blocks before, as they do computed block by block. */
-#define ISUM_PARAM_GROUP 32
-ZPP_AVX2_INLINE void isum_unit_group(int bits, const uint32_t *amax,
-                                     const int8_t *uexp, size_t b0, size_t nb,
-                                     uint8_t *mult, zpp_qm_params_t *pg) {
-  size_t b, b1 = nb - b0 < ISUM_PARAM_GROUP ? nb : b0 + ISUM_PARAM_GROUP;
-  for (b = b0; b < b1; b++) {
-    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
-    mult[b] = (uint8_t)m;
-    pg[b - b0] = zpp_qm_unit_params(uexp[b], m, bits);
-  }
-}
-
 /* 32 INT4 codes in element order (q0: elements 0-7, ..., q3: 24-31) as
  * their 16 payload bytes.  The signed packs (exact: the codes fit in
  * int8) leave the elements in groups of 4 in order, [0-3 8-11 16-19 24-27
@@ -1155,7 +1140,7 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
   uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
   zpp_qm_keys_t k = {cfg->k0, cfg->k1};
   float omega = 1.0f - beta;
-  zpp_qm_params_t pg[ISUM_PARAM_GROUP];
+  zpp_qm_params_t pg[ZPP_QM_UNIT_GROUP];
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
@@ -1163,9 +1148,9 @@ ZPP_AVX2_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype, int bits,
     uint8_t *pl = dst + b * pb;
     int live;
     qvec_t v;
-    if (b % ISUM_PARAM_GROUP == 0) /* the group's multipliers first */
-      isum_unit_group(bits, amax, uexp, b, nb, mult, pg);
-    p = pg[b % ISUM_PARAM_GROUP];
+    if (b % ZPP_QM_UNIT_GROUP == 0) /* the group's multipliers first */
+      zpp_qm_unit_group(bits, amax, uexp, b, nb, mult, pg);
+    p = pg[b % ZPP_QM_UNIT_GROUP];
     live = p.kind == ZPP_QM_KIND_MUL;
     zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);

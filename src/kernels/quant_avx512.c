@@ -18,9 +18,9 @@
  *   - INT4 decode (to fp32, fp16 or bf16, or accumulated) looks the 16
  *     values of a block up in a table built with the same arithmetic;
  *   - INT4 encode packs 64 codes at a time through signed packs (exact:
- *     the codes fit in int8); the integer-sum encode of bf16 without a
- *     residual widens by a shift and a mask (exact) and packs 128 codes
- *     at a time (isum_bf16_nibbles128).
+ *     the codes fit in int8); the integer-sum encode of bf16 INT4 rounded
+ *     to nearest without a residual widens by a shift and a mask (exact)
+ *     and packs 128 codes at a time (isum_bf16_nibbles128).
  * Blocks shorter than one vector, and the last (< 16) elements of a block,
  * go through the shared scalar code.
  *
@@ -1076,22 +1076,6 @@ ZPP_AVX512_INLINE __m512i isum_bf16_nibbles128(const uint16_t *x,
   return _mm512_permutexvar_epi32(_mm512_loadu_si512(order), e);
 }
 
-/* The multipliers (into mult) and quantizer parameters of blocks [b0,
- * min(b0 + ISUM_PARAM_GROUP, nb)), the scalar formulas one block after
- * another: their divisions do not wait on each other, nor on the vector
- * work of the blocks before, as they do computed block by block. */
-#define ISUM_PARAM_GROUP 32
-ZPP_AVX512_INLINE void isum_unit_group(int bits, const uint32_t *amax,
-                                       const int8_t *uexp, size_t b0, size_t nb,
-                                       uint8_t *mult, zpp_qm_params_t *pg) {
-  size_t b, b1 = nb - b0 < ISUM_PARAM_GROUP ? nb : b0 + ISUM_PARAM_GROUP;
-  for (b = b0; b < b1; b++) {
-    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
-    mult[b] = (uint8_t)m;
-    pg[b - b0] = zpp_qm_unit_params(uexp[b], m, bits);
-  }
-}
-
 ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
                                        int bits, int sr, const void *src,
                                        float *res, float beta,
@@ -1102,7 +1086,7 @@ ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
   uint8_t *mult = dst + zpp_isum_code_bytes(cfg, count);
   zpp_qm_keys_t k = {cfg->k0, cfg->k1};
   float omega = 1.0f - beta;
-  zpp_qm_params_t pg[ISUM_PARAM_GROUP];
+  zpp_qm_params_t pg[ZPP_QM_UNIT_GROUP];
   for (b = 0; b < nb; b++) {
     size_t off = b * cfg->block;
     size_t len = count - off < cfg->block ? count - off : cfg->block;
@@ -1110,9 +1094,9 @@ ZPP_AVX512_INLINE void isum_encode_all(const zpp_qcfg_t *cfg, int dtype,
     uint8_t *pl = dst + b * pb;
     int live;
     qvec_t v;
-    if (b % ISUM_PARAM_GROUP == 0) /* the group's multipliers first */
-      isum_unit_group(bits, amax, uexp, b, nb, mult, pg);
-    p = pg[b % ISUM_PARAM_GROUP];
+    if (b % ZPP_QM_UNIT_GROUP == 0) /* the group's multipliers first */
+      zpp_qm_unit_group(bits, amax, uexp, b, nb, mult, pg);
+    p = pg[b % ZPP_QM_UNIT_GROUP];
     live = p.kind == ZPP_QM_KIND_MUL;
     zpp_qcpu_prefetch(src, &pf, (off + len) * es + ZPP_QCPU_PREFETCH_AHEAD,
                       count * es);

@@ -547,6 +547,23 @@ static ZPP_QM_HD zpp_qm_params_t zpp_qm_unit_params(int e, uint32_t m,
   return p;
 }
 
+/* The multipliers (into mult) and quantizer parameters of blocks [b0,
+ * min(b0 + ZPP_QM_UNIT_GROUP, nb)), the formulas above one block after
+ * another: in the SIMD encodes their divisions then wait neither on each
+ * other nor on the vector work of the blocks before, as they do computed
+ * block by block (host code). */
+#define ZPP_QM_UNIT_GROUP 32
+static inline void zpp_qm_unit_group(int bits, const uint32_t *amax,
+                                     const int8_t *uexp, size_t b0, size_t nb,
+                                     uint8_t *mult, zpp_qm_params_t *pg) {
+  size_t b, b1 = nb - b0 < ZPP_QM_UNIT_GROUP ? nb : b0 + ZPP_QM_UNIT_GROUP;
+  for (b = b0; b < b1; b++) {
+    uint32_t m = zpp_qm_unit_mult(amax[b], bits, uexp[b]);
+    mult[b] = (uint8_t)m;
+    pg[b - b0] = zpp_qm_unit_params(uexp[b], m, bits);
+  }
+}
+
 /* A rank's own (unsent) value in units of 2^e: rint(fl(x 2^-e)), exact
  * scaling; |x| <= its absmax bounds it by 255 qmax + 1.  0 for an
  * all-zero or non-finite block. */
