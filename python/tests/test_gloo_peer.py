@@ -20,7 +20,9 @@ cluster (perf/gloo_peer_study.sh runs them on one):
   collective are refused (exit 2); without FSDP2's divide factors it says
   why, on stderr and in the row;
 - the worker itself under mpirun -np 4 (ZPP_TOPO=2x2, loopback, 64 KiB, 2
-  repetitions): every row, none wrong, every element checked, exit 0; and
+  repetitions; once more with a tuner file that makes auto choose the
+  hierarchical reduce-scatter, whose summation order the check follows):
+  every row, none wrong, every element checked, exit 0; and
   under mpirun -np 2 with zpp's all-gather made wrong in one timed call
   of one rank: that row alone is wrong, every row printed, exit 3; a size
   that is no multiple of W elements is refused before any call (exit 2).
@@ -365,12 +367,12 @@ def test_worker_refuses(args, text, capsys):
     assert text in capsys.readouterr().err
 
 
-def launch(np_, args, topo, tmp_path=None, driver=None):
-    e = env(ZPP_TOPO=topo)
+def launch(np_, args, topo, tmp_path=None, driver=None, tuner_file=""):
+    e = env(ZPP_TOPO=topo, ZPP_TUNER_FILE=tuner_file)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
            "--bind-to", "none", "-np", str(np_)]
     for k in ("PYTHONPATH", "ZPP_LIBRARY", "MASTER_ADDR", "MASTER_PORT",
-              "OMPI_MCA_mpi_yield_when_idle", "ZPP_TOPO"):
+              "OMPI_MCA_mpi_yield_when_idle", "ZPP_TOPO", "ZPP_TUNER_FILE"):
         cmd += ["-x", k]
     prog = driver or ROOT / "perf" / "gloo_peer.py"
     return run_bounded(cmd + [sys.executable, str(prog)] + args, 240, env=e, text=True)
@@ -383,10 +385,14 @@ def rows_of(stdout):
     return [dict(zip(keys, l.split(","))) for l in lines[1:]]
 
 
-def test_worker_under_mpirun(have_mpirun):
+# ZPP_ALGO=auto (the default) with a tuner file that makes its choice the
+# hierarchical reduce-scatter: the check follows the family the call
+# chose, not the communicator's setting ("auto").
+@pytest.mark.parametrize("tuner", ["", "force_hier.txt"])
+def test_worker_under_mpirun(have_mpirun, tuner):
     reps = 2
     p = launch(4, ["--sizes", "64K", "--reps", str(reps), "--label", "2x2,none", "--header"],
-               "2x2")
+               "2x2", tuner_file=str(ROOT / "tests" / "tuner" / tuner) if tuner else "")
     assert p.returncode == 0, p.stderr[-4000:]
     rows = rows_of(p.stdout)
     w, n = 4, 65536 // 2
