@@ -493,14 +493,26 @@ void zpp_algo_choose(zpp_transport_t *t, zpp_group_t g, int coll, size_t bytes,
 /* ---- the probe and the agreement
  * ---------------------------------------------- */
 
+/* Transfer d started and waited for, yielding the core between tests. */
+static zpp_status_t probe_wait(zpp_transport_t *t, const zpp_xfer_desc_t *d) {
+  zpp_xop_t *op = NULL;
+  int done = 0;
+  zpp_status_t st = zpp_xfer_start(t, d, 0, &op);
+  while (st == ZPP_OK && !done) {
+    st = zpp_xop_test(op, &done);
+    if (st == ZPP_OK && !done)
+      sched_yield();
+  }
+  zpp_xop_free(op);
+  return st;
+}
+
 /* One in-place all-gather of `bytes` per member on group g, waited for;
  * *us its time. */
 static zpp_status_t probe_ag(zpp_transport_t *t, zpp_group_t g, char *buf,
                              size_t bytes, double *us) {
   zpp_xfer_desc_t d;
-  zpp_xop_t *op = NULL;
   zpp_status_t st;
-  int done = 0;
   int64_t t0 = zpp_time_ns();
   memset(&d, 0, sizeof d);
   d.kind = ZPP_XFER_ALLGATHER;
@@ -509,13 +521,7 @@ static zpp_status_t probe_ag(zpp_transport_t *t, zpp_group_t g, char *buf,
   d.send = buf + (size_t)t->grp[g].index * bytes;
   d.bytes = bytes;
   d.mem = ZPP_MEMORY_HOST;
-  st = zpp_xfer_start(t, &d, 0, &op);
-  while (st == ZPP_OK && !done) {
-    st = zpp_xop_test(op, &done);
-    if (st == ZPP_OK && !done)
-      sched_yield();
-  }
-  zpp_xop_free(op);
+  st = probe_wait(t, &d);
   *us = (double)(zpp_time_ns() - t0) / 1e3;
   return st;
 }
@@ -525,23 +531,13 @@ static zpp_status_t probe_ag(zpp_transport_t *t, zpp_group_t g, char *buf,
  * or a memory bus share them in the probe as they do in a collective. */
 static zpp_status_t probe_sync(zpp_transport_t *t) {
   zpp_xfer_desc_t d;
-  zpp_xop_t *op = NULL;
-  zpp_status_t st;
-  int done = 0;
   if (t->grp[ZPP_GROUP_WORLD].size < 2)
     return ZPP_OK;
   memset(&d, 0, sizeof d);
   d.kind = ZPP_XFER_BARRIER;
   d.group = ZPP_GROUP_WORLD;
   d.mem = ZPP_MEMORY_HOST;
-  st = zpp_xfer_start(t, &d, 0, &op);
-  while (st == ZPP_OK && !done) {
-    st = zpp_xop_test(op, &done);
-    if (st == ZPP_OK && !done)
-      sched_yield();
-  }
-  zpp_xop_free(op);
-  return st;
+  return probe_wait(t, &d);
 }
 
 /* `runs` all-gathers of `bytes` back to back; *us: the time of one.  A
