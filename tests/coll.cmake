@@ -65,8 +65,9 @@ if(ZPP_WITH_MPI_ENABLED AND EXISTS ${PROJECT_SOURCE_DIR}/src/transport/transport
     # every case and bit width, the 100-step qWD reconstruction, the
     # chunked plan against the one-chunk plan, error feedback with
     # Hadamard and LoCo, the raw intra-node stage) run on device memory on
-    # one rank (1x1) with each backend, on three nodes (3x2,
-    # ZPP_HIER_CHUNK=4096) with MPI and on two nodes with the full delay (2x2)
+    # one rank (1x1) with each backend, on three nodes (3x2; like every
+    # coll_device entry with ZPP_HIER_CHUNK=4096) with MPI and on two
+    # nodes with the full delay (2x2)
     # with NCCL; mpi_2x2, nccl_3x2 and 2x4 run the rest of the suite.
     # Every layout runs them on host memory (coll_<layout>).
     # The emulator's delay per operation: the full default on 2x4 and on

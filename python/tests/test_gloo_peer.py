@@ -409,6 +409,11 @@ def test_worker_under_mpirun(have_mpirun, tuner):
         assert int(r["checked"]) == (w * n if r["coll"] == "allgather" else n), r
         assert float(r["time_us"]) > 0
         assert (r["link_bytes"] == "") == r["variant"].startswith("gloo"), r
+        if tuner and r["coll"] == "reducescatter" and r["variant"] == "zpp-bf16":
+            # the hierarchical family ran: one partial sum of N / W bf16
+            # elements crosses per rank, 2 of the busiest node's (the
+            # pairwise one sends 2 shards per rank across)
+            assert int(r["link_bytes"]) == 2 * (n // w) * 2, r
     assert {v for c, v, _ in seen if c == "allgather"} == set(gp.AG_VARIANTS)
     assert {v for c, v, _ in seen if c == "reducescatter"} == set(gp.RS_VARIANTS)
 

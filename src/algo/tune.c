@@ -560,7 +560,8 @@ void zpp_tune_probe_fit(const zpp_link_model_t *m, int n, double t_small,
                         double *bw) {
   double cpu = m->cpu > 1 ? m->cpu : 1;
   *lat = *bw = NAN;
-  if (n < 2 || !(t_small > 0) || !(t_large > 0))
+  if (n < 2 || !(t_small > 0) || !(t_large > 0) || !isfinite(t_small) ||
+      !isfinite(t_large))
     return;
   /* a ring of n members: n - 1 rounds of one block, each paying the
    * round's and its two transfers' costs, which ranks sharing a core pay
@@ -569,10 +570,11 @@ void zpp_tune_probe_fit(const zpp_link_model_t *m, int n, double t_small,
   if (*lat < 0.1)
     *lat = 0.1;
   /* the large all-gathers' time less their rounds' latency; where that
-   * latency is half their time or more the block is too small to tell
-   * the rate from it */
-  if (t_small < t_large / 2)
-    *bw = large_bytes * (n - 1) / (t_large - t_small);
+   * latency is half their time or more (a fast link, or a small run
+   * slowed by a late peer) the block is too small to tell the rate, and
+   * half their time gives a lower bound of it */
+  *bw = large_bytes * (n - 1) /
+        (t_small < t_large / 2 ? t_large - t_small : t_large / 2);
 }
 
 /* Per-round latency and bandwidth of a ring over group g, every rank's
@@ -608,33 +610,61 @@ static zpp_status_t probe_group(zpp_transport_t *t, zpp_group_t g, char *buf,
   return st;
 }
 
-zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m) {
+/* Every rank's `able` (1: it has the probe's buffer) over the
+ * communicator: *all 1 when every rank has. */
+static zpp_status_t probe_agree(zpp_transport_t *t, int able, int *all) {
+  int n = t->grp[ZPP_GROUP_WORLD].size, i;
+  char *f;
+  double us;
+  zpp_status_t st;
+  *all = able;
+  if (n < 2)
+    return ZPP_OK;
+  f = calloc((size_t)n, 1);
+  if (f == NULL) /* cannot take part: the others time out (bounded) */
+    return zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_tune_probe",
+                     "probe flags of %d ranks", n);
+  f[t->grp[ZPP_GROUP_WORLD].index] = (char)able;
+  st = probe_ag(t, ZPP_GROUP_WORLD, f, 1, &us);
+  for (i = 0; i < n && st == ZPP_OK; i++)
+    *all &= f[i] != 0;
+  free(f);
+  return st;
+}
+
+zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m,
+                            int able) {
   uint_fast64_t sent[ZPP_NLINKCLASSES], recv[ZPP_NLINKCLASSES],
       calls[ZPP_NGROUPS], emu_wait = atomic_load(&t->emu_wait_ns);
-  int i, nmax = t->grp[ZPP_GROUP_CROSS].size > t->grp[ZPP_GROUP_NODE].size
+  int i, all = 0, nmax = t->grp[ZPP_GROUP_CROSS].size > t->grp[ZPP_GROUP_NODE].size
                     ? t->grp[ZPP_GROUP_CROSS].size
                     : t->grp[ZPP_GROUP_NODE].size;
   size_t len = (size_t)(nmax > 1 ? nmax : 1) * ZPP_TUNE_PROBE_BYTES;
-  /* one buffer for both groups, before the first barrier: a rank that
-   * cannot have it still takes part in every barrier (unmeasured), so
-   * the others finish the probe and see its error in the agreement */
-  char *buf = calloc(len, 1);
+  char *buf = able ? calloc(len, 1) : NULL;
   zpp_status_t st, mem = ZPP_OK;
-  if (buf == NULL)
+  if (able && buf == NULL)
     mem = zpp_error(ZPP_ERR_OUT_OF_MEMORY, "zpp_tune_probe",
                     "probe buffer of %zu bytes (%d members x %d)", len, nmax,
                     ZPP_TUNE_PROBE_BYTES);
+  m->inter_lat_us = m->inter_bw = m->intra_lat_us = m->intra_bw = NAN;
+  m->measured = 0;
   for (i = 0; i < ZPP_NLINKCLASSES; i++) {
     sent[i] = atomic_load(&t->sent[i]);
     recv[i] = atomic_load(&t->recv[i]);
   }
   for (i = 0; i < ZPP_NGROUPS; i++)
     calls[i] = atomic_load(&t->calls[i]);
+  /* first every rank says whether it can probe: one that cannot (no
+   * buffer, or a failure before) takes part in that exchange only, and
+   * nobody times anything, so every rank reaches the agreement after it
+   * and sees that rank's error there */
+  st = probe_agree(t, buf != NULL, &all);
   /* every rank: CROSS first, then NODE (a rank alone in its group takes
    * part in the barriers only) */
-  st = probe_group(t, ZPP_GROUP_CROSS, buf, m, &m->inter_lat_us,
-                   &m->inter_bw);
-  if (st == ZPP_OK)
+  if (st == ZPP_OK && all)
+    st = probe_group(t, ZPP_GROUP_CROSS, buf, m, &m->inter_lat_us,
+                     &m->inter_bw);
+  if (st == ZPP_OK && all)
     st = probe_group(t, ZPP_GROUP_NODE, buf, m, &m->intra_lat_us,
                      &m->intra_bw);
   free(buf);

@@ -86,16 +86,21 @@ enum { ZPP_TUNE_PROBE_BYTES = 131072, ZPP_TUNE_PROBE_RUNS = 4 };
  * NODE group, every rank's group at once after a barrier of the whole
  * communicator, runs of small and of ZPP_TUNE_PROBE_BYTES all-gathers;
  * writes what it measured into m (fields it could not measure: NaN) and
- * m->measured.  m->cpu, round_us and msg_us must be set.  Bounded by the
+ * m->measured.  m->cpu, round_us and msg_us must be set.  Every rank of
+ * the communicator calls it; able = 0 (the caller failed before): this
+ * rank says so first and nobody times anything (every rank returns with
+ * its rates NaN and this one with nothing measured).  Bounded by the
  * timeout; the counters (bytes, calls, emulated waits) are left as they
  * were. */
-zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m);
+zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m,
+                            int able);
 
 /* The probe's arithmetic: from the time of one all-gather of 8 bytes
  * (t_small) and of large_bytes (t_large) per member over a ring of n,
  * every rank at once, the per-round latency (less m's round and transfer
- * costs, times m->cpu) and the rate; NaN where not measurable (n < 2, a
- * time not positive; the rate also where t_small >= t_large / 2). */
+ * costs, times m->cpu) and the rate (where t_small >= t_large / 2, the
+ * lower bound 2 large_bytes (n - 1) / t_large); NaN where not measurable
+ * (n < 2, a time not positive and finite). */
 void zpp_tune_probe_fit(const zpp_link_model_t *m, int n, double t_small,
                         double t_large, double large_bytes, double *lat,
                         double *bw);

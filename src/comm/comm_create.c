@@ -453,12 +453,16 @@ static zpp_status_t tune_model(const zpp_bootstrap_t *bs, double timeout,
   if (st == ZPP_OK && (ms == NULL || scratch == NULL))
     st = zpp_error(ZPP_ERR_OUT_OF_MEMORY, func, "agreement of %d ranks",
                    bs->size);
-  if (st == ZPP_OK && file[0] != '\0')
-    st = zpp_tune_read_file(file, &mine.m, &hash, func);
-  else if (st == ZPP_OK && t->backend != ZPP_BACKEND_NCCL &&
-           t->topo->nnodes > 1 &&
-           (probe == 1 || (probe == -1 && !t->topo->emulated)))
-    st = zpp_tune_probe(t, &mine.m);
+  if (file[0] != '\0') {
+    if (st == ZPP_OK)
+      st = zpp_tune_read_file(file, &mine.m, &hash, func);
+  } else if (t->backend != ZPP_BACKEND_NCCL && t->topo->nnodes > 1 &&
+             (probe == 1 || (probe == -1 && !t->topo->emulated))) {
+    /* every rank takes part (agreed facts decide), one that failed too */
+    zpp_status_t ps = zpp_tune_probe(t, &mine.m, st == ZPP_OK);
+    if (st == ZPP_OK)
+      st = ps;
+  }
   mine.status = st;
   zpp_comm_fill_msg(mine.msg, st);
   if (all == NULL) {
