@@ -351,7 +351,7 @@ TEST(Model, RanksOnAKernelCountTheMachineNotTheNode) {
   EXPECT_EQ(count(0), 8);
   EXPECT_EQ(count(5), 8);
   EXPECT_EQ(count(8), 3);  // kernel 22 (8, 9), and 12 by key 8
-  EXPECT_EQ(count(10), 2);  // key 10
+  EXPECT_EQ(count(10), 2); // key 10
   EXPECT_EQ(count(12), 3); // key 8: 8, 9, 12
 }
 
@@ -624,7 +624,8 @@ TEST(Auto, ProbedRateBetweenNodesIsAShareOfTheLink) {
       << "per rank, " << ppn << " ranks share " << gbit << " Gbit/s";
 }
 
-extern "C" int zpp_test_comm_probe(const struct zpp_comm *c, zpp_link_model_t *m,
+extern "C" int zpp_test_comm_probe(const struct zpp_comm *c,
+                                   zpp_link_model_t *m,
                                    int able); // tuner_whitebox.c
 
 // The probe with one rank that cannot take part (it failed before, or
@@ -635,7 +636,8 @@ extern "C" int zpp_test_comm_probe(const struct zpp_comm *c, zpp_link_model_t *m
 TEST(Auto, ProbeWithARankThatCannotMeasuresNothingAndEndsEverywhere) {
   int nodes = 0;
   ASSERT_EQ(zpp_comm_nnodes(g_comm, &nodes), ZPP_OK);
-  if (g_size < 2) GTEST_SKIP() << "one rank";
+  if (g_size < 2)
+    GTEST_SKIP() << "one rank";
   for (int unable = -1; unable < std::min(g_size, 2); unable++) {
     zpp_link_model_t m;
     double t0 = MPI_Wtime();

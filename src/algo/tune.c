@@ -632,11 +632,11 @@ static zpp_status_t probe_agree(zpp_transport_t *t, int able, int *all) {
   return st;
 }
 
-zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m,
-                            int able) {
+zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m, int able) {
   uint_fast64_t sent[ZPP_NLINKCLASSES], recv[ZPP_NLINKCLASSES],
       calls[ZPP_NGROUPS], emu_wait = atomic_load(&t->emu_wait_ns);
-  int i, all = 0, nmax = t->grp[ZPP_GROUP_CROSS].size > t->grp[ZPP_GROUP_NODE].size
+  int i, all = 0,
+         nmax = t->grp[ZPP_GROUP_CROSS].size > t->grp[ZPP_GROUP_NODE].size
                     ? t->grp[ZPP_GROUP_CROSS].size
                     : t->grp[ZPP_GROUP_NODE].size;
   size_t len = (size_t)(nmax > 1 ? nmax : 1) * ZPP_TUNE_PROBE_BYTES;
@@ -662,8 +662,8 @@ zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m,
   /* every rank: CROSS first, then NODE (a rank alone in its group takes
    * part in the barriers only) */
   if (st == ZPP_OK && all)
-    st = probe_group(t, ZPP_GROUP_CROSS, buf, m, &m->inter_lat_us,
-                     &m->inter_bw);
+    st =
+        probe_group(t, ZPP_GROUP_CROSS, buf, m, &m->inter_lat_us, &m->inter_bw);
   if (st == ZPP_OK && all)
     st = probe_group(t, ZPP_GROUP_NODE, buf, m, &m->intra_lat_us,
                      &m->intra_bw);

@@ -92,8 +92,7 @@ enum { ZPP_TUNE_PROBE_BYTES = 131072, ZPP_TUNE_PROBE_RUNS = 4 };
  * its rates NaN and this one with nothing measured).  Bounded by the
  * timeout; the counters (bytes, calls, emulated waits) are left as they
  * were. */
-zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m,
-                            int able);
+zpp_status_t zpp_tune_probe(zpp_transport_t *t, zpp_link_model_t *m, int able);
 
 /* The probe's arithmetic: from the time of one all-gather of 8 bytes
  * (t_small) and of large_bytes (t_large) per member over a ring of n,
