@@ -81,7 +81,8 @@ def markdown(path, meta):
            % (info.get("start", ["?"])[0], info.get("cores", ["?"])[0],
               info.get("cpu", ["?"])[0]), "",
            "`examples/fsdp2_train.py %s` on `scripts/netns_cluster.sh` clusters (network "
-           "namespaces, each node's link shaped by tc tbf both ways, burst %s bytes), "
+           "namespaces, each node's link shaped by tc tbf both ways, burst %s bytes, "
+           "in the blocks of a rate; none: unshaped, no tbf), "
            "the modes alternated in one launch per repetition (their order rotated), "
            "%s repetitions, %s steps a run (the run's median step, step 0 left out). "
            "Ratio hpZ / no hpZ: the median over repetitions of each repetition's ZeRO++ "
