@@ -94,11 +94,9 @@ static void boot_id(char *boot, size_t len) {
   }
 }
 
-static uint64_t host_identity(const char *host) {
+static uint64_t host_identity(const char *host, const char *boot) {
   uint64_t h = hash_str(host);
-  char boot[64];
   struct stat sb;
-  boot_id(boot, sizeof boot);
   h = zpp_comm_fnv_mix(h, boot, strlen(boot));
   if (stat("/proc/self/ns/net", &sb) == 0)
     h = zpp_comm_fnv_mix(h, &sb.st_ino, sizeof sb.st_ino);
@@ -106,9 +104,7 @@ static uint64_t host_identity(const char *host) {
 }
 
 /* Processes with equal values run on one kernel; 0: unknown. */
-static uint64_t kernel_identity(void) {
-  char boot[64];
-  boot_id(boot, sizeof boot);
+static uint64_t kernel_identity(const char *boot) {
   return boot[0] == '\0' ? 0 : hash_str(boot);
 }
 
@@ -129,10 +125,8 @@ int zpp_comm_ranks_on_kernel(const void *recs, size_t stride,
 }
 
 /* Processes with equal values see each other's pids; 0: unknown. */
-static uint64_t pid_space(void) {
-  char boot[64];
+static uint64_t pid_space(const char *boot) {
   struct stat sb;
-  boot_id(boot, sizeof boot);
   if (boot[0] == '\0' || stat("/proc/self/ns/pid", &sb) != 0)
     return 0;
   return zpp_comm_fnv_mix(hash_str(boot), &sb.st_ino, sizeof sb.st_ino);
@@ -661,6 +655,7 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
   zpp_comm_config_t def = ZPP_COMM_CONFIG_INIT, whole;
   zpp_comm_t c = NULL;
   boot_rec_t mine, *rec = NULL;
+  char boot[64]; /* the kernel's boot id (empty: unknown) */
   zpp_topo_t *topo = NULL;
   const char *spec = "";
   zpp_backend_t want = ZPP_BACKEND_AUTO, backend = ZPP_BACKEND_MPI;
@@ -760,9 +755,10 @@ zpp_status_t zpp_comm_create_with(const zpp_bootstrap_t *bs,
     mine.key = cr->host_key;
     mine.real_local_rank = cr->real_local_rank;
   }
-  mine.host_id = host_identity(mine.host);
-  mine.pid_space = pid_space();
-  mine.kernel_id = kernel_identity();
+  boot_id(boot, sizeof boot); /* read once: the three identities below */
+  mine.host_id = host_identity(mine.host, boot);
+  mine.pid_space = pid_space(boot);
+  mine.kernel_id = kernel_identity(boot);
   mine.pid = (int32_t)getpid();
   mine.spec_hash = hash_str(spec);
   mine.spec_len = (int32_t)strlen(spec);
